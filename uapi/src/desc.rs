@@ -1,0 +1,411 @@
+//! Work descriptors (host → NIC, in the port's rings in SRAM), completions
+//! (NIC → host, in the completion queue in host memory), and the physically
+//! addressed translation formats the driver (or daemon) writes into the MR
+//! table for the NIC (EMP thesis §2.3.2: short, chained, indirect).
+
+use crate::{le_struct, DecodeError, Le, ANY_NODE, ANY_PORT};
+
+/// Scatter/gather entries carried inline in a work descriptor.
+pub const SGE_MAX: usize = 6;
+
+/// Work descriptor opcodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Opcode {
+    /// Tagged send to (node, port).
+    Send = 1,
+    /// Tagged receive, matched on (source, tag & !ignore).
+    Recv = 2,
+}
+
+impl Opcode {
+    /// Decodes an opcode byte.
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Opcode::Send),
+            2 => Some(Opcode::Recv),
+            _ => None,
+        }
+    }
+}
+
+/// Descriptor flag: produce a completion (always on for receives).
+pub const WD_SIGNALED: u8 = 1 << 0;
+/// All defined descriptor flags.
+pub const WD_FLAGS_ALL: u8 = WD_SIGNALED;
+
+le_struct! {
+    /// One scatter/gather element: `len` bytes at `offset` within the memory
+    /// region named by `key` (16 bytes).
+    pub struct Sge {
+        /// Memory region key (from registration).
+        pub key: u32,
+        /// Length in bytes.
+        pub len: u32,
+        /// Offset within the region.
+        pub offset: u64,
+    }
+    size = 16;
+}
+
+le_struct! {
+    /// A send or receive work descriptor (128 bytes), written by the host
+    /// into a port ring slot in SRAM; the NIC copies it when it consumes the
+    /// slot.
+    pub struct WorkDesc {
+        /// Caller's cookie, echoed in the completion.
+        pub wr_id: u64,
+        /// [`Opcode`].
+        pub opcode: u8,
+        /// `WD_*` flags.
+        pub flags: u8,
+        /// Valid entries in `sge`.
+        pub num_sge: u8,
+        /// Reserved, zero.
+        pub reserved0: u8,
+        /// Send: destination node. Receive: source node or [`ANY_NODE`].
+        pub node: u16,
+        /// Send: destination port. Receive: source port or [`ANY_PORT`].
+        pub port: u16,
+        /// Tag sent / tag wanted.
+        pub tag: u64,
+        /// Receive: bits set here are ignored when matching the tag. Send: zero.
+        pub ignore: u64,
+        /// Scatter/gather list.
+        pub sge: [Sge; SGE_MAX],
+    }
+    size = 128;
+}
+
+impl WorkDesc {
+    /// Validates a descriptor read from a host-writable ring. Checks only
+    /// what can be checked without the MR table.
+    pub fn validate(&self) -> Result<Opcode, DecodeError> {
+        let op = Opcode::from_u8(self.opcode).ok_or(DecodeError::BadKind)?;
+        if self.reserved0 != 0 {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        if self.flags & !WD_FLAGS_ALL != 0 {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        if self.num_sge as usize > SGE_MAX {
+            return Err(DecodeError::BadIndex);
+        }
+        if op == Opcode::Send && (self.ignore != 0 || self.node == ANY_NODE || self.port == ANY_PORT) {
+            return Err(DecodeError::BadIndex);
+        }
+        let unused = &self.sge[self.num_sge as usize..];
+        if unused.iter().any(|s| *s != Sge::default()) {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        if self.sge[..self.num_sge as usize].iter().any(|s| s.offset.checked_add(s.len as u64).is_none()) {
+            return Err(DecodeError::BadLength);
+        }
+        Ok(op)
+    }
+
+    /// Total bytes described by the scatter/gather list.
+    pub fn total_len(&self) -> u64 {
+        let n = (self.num_sge as usize).min(SGE_MAX);
+        self.sge[..n].iter().map(|s| s.len as u64).sum()
+    }
+
+    /// Does a receive with this descriptor's filter accept a message from
+    /// (node, port) with `tag`?
+    pub fn matches(&self, node: u16, port: u16, tag: u64) -> bool {
+        (self.node == ANY_NODE || self.node == node)
+            && (self.port == ANY_PORT || self.port == port)
+            && (self.tag ^ tag) & !self.ignore == 0
+    }
+}
+
+/// Completion status codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Status {
+    /// Done.
+    Success = 0,
+    /// Receive buffer shorter than the message: the prefix was delivered.
+    Truncated = 1,
+    /// The destination port is not open (or closed during the transfer).
+    RemotePortClosed = 2,
+    /// No acknowledgement after the retry limit.
+    RetryLimitExceeded = 3,
+    /// A key does not name a valid region of this port.
+    BadKey = 4,
+    /// Offset/length outside the region, or access rights missing.
+    AccessDenied = 5,
+    /// The port was closed with this work outstanding.
+    Flushed = 6,
+    /// A NIC table (peers, messages) is full.
+    TableFull = 7,
+    /// Message larger than the NIC's limit.
+    TooLarge = 8,
+    /// The descriptor itself is malformed.
+    BadDescriptor = 9,
+    /// The sender abandoned a message this receive had matched.
+    SenderAborted = 10,
+    /// A DMA to or from host memory failed.
+    DmaError = 11,
+    /// Receiver-not-ready retries exhausted (only with a finite RNR limit).
+    RnrRetryExceeded = 12,
+    /// The remote peer table was full.
+    RemoteTableFull = 13,
+}
+
+impl Status {
+    /// Decodes a status byte.
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        use Status::*;
+        Some(match v {
+            0 => Success,
+            1 => Truncated,
+            2 => RemotePortClosed,
+            3 => RetryLimitExceeded,
+            4 => BadKey,
+            5 => AccessDenied,
+            6 => Flushed,
+            7 => TableFull,
+            8 => TooLarge,
+            9 => BadDescriptor,
+            10 => SenderAborted,
+            11 => DmaError,
+            12 => RnrRetryExceeded,
+            13 => RemoteTableFull,
+            _ => return None,
+        })
+    }
+
+    /// Human-readable text, like `ibv_wc_status_str`.
+    pub const fn as_str(self) -> &'static str {
+        use Status::*;
+        match self {
+            Success => "success",
+            Truncated => "message truncated",
+            RemotePortClosed => "remote port closed",
+            RetryLimitExceeded => "retry limit exceeded",
+            BadKey => "bad memory key",
+            AccessDenied => "access outside region or rights",
+            Flushed => "flushed: port closed",
+            TableFull => "NIC table full",
+            TooLarge => "message too large",
+            BadDescriptor => "malformed descriptor",
+            SenderAborted => "sender aborted the message",
+            DmaError => "DMA error",
+            RnrRetryExceeded => "receiver-not-ready retries exceeded",
+            RemoteTableFull => "remote NIC table full",
+        }
+    }
+}
+
+/// Completion flag: the owner bit; flips each time the CQ wraps (the host
+/// knows an entry is new when it equals the expected phase).
+pub const CQE_PHASE: u8 = 1 << 0;
+
+le_struct! {
+    /// A completion queue entry (32 bytes), DMA-written by the NIC.
+    /// The NIC writes bytes 0..31 first and `flags` (with the phase bit) last.
+    pub struct Cqe {
+        /// The descriptor's cookie.
+        pub wr_id: u64,
+        /// Bytes transferred (receive: bytes delivered into the buffer).
+        pub byte_len: u32,
+        /// [`Status`].
+        pub status: u8,
+        /// [`Opcode`] of the completed descriptor.
+        pub opcode: u8,
+        /// Reserved, zero.
+        pub reserved: u8,
+        /// [`CQE_PHASE`] bit.
+        pub flags: u8,
+        /// Receive: the message's tag.
+        pub tag: u64,
+        /// Receive: source node.
+        pub src_node: u16,
+        /// Receive: source port.
+        pub src_port: u16,
+        /// Receive: the message's full length (> byte_len when truncated).
+        pub msg_len: u32,
+    }
+    size = 32;
+}
+
+/// Byte offset of `Cqe::flags` (written last).
+pub const CQE_FLAGS_OFFSET: usize = core::mem::offset_of!(Cqe, flags);
+
+/// Translation formats of an MR table entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MrFormat {
+    /// Entry unused.
+    Invalid = 0,
+    /// One segment of at most one page, inline.
+    Short = 1,
+    /// Up to [`MR_INLINE_SEGS`] segments inline.
+    Chained = 2,
+    /// Segments in host memory: `indirect_addr` is a page of [`PhysSeg`];
+    /// a segment with [`SEG_LINK`] points at the next such page.
+    Indirect = 3,
+}
+
+impl MrFormat {
+    /// Decodes a format byte.
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(MrFormat::Invalid),
+            1 => Some(MrFormat::Short),
+            2 => Some(MrFormat::Chained),
+            3 => Some(MrFormat::Indirect),
+            _ => None,
+        }
+    }
+}
+
+/// Segments held inline in an MR entry (EMP's chained format: 7 pages).
+pub const MR_INLINE_SEGS: usize = 7;
+/// [`PhysSeg`] entries per indirect page.
+pub const SEGS_PER_PAGE: usize = crate::PAGE_SIZE / PhysSeg::SIZE;
+/// Segment flag: `addr` is the next page of segments, not data.
+pub const SEG_LINK: u32 = 1 << 0;
+
+/// MR access: the NIC may read (local send source).
+pub const MR_LOCAL_READ: u8 = 1 << 0;
+/// MR access: the NIC may write (local receive target, completion queue).
+pub const MR_LOCAL_WRITE: u8 = 1 << 1;
+/// MR access: remote peers may read with the key.
+pub const MR_REMOTE_READ: u8 = 1 << 2;
+/// MR access: remote peers may write with the key.
+pub const MR_REMOTE_WRITE: u8 = 1 << 3;
+/// MR access: remote atomics with the key.
+pub const MR_REMOTE_ATOMIC: u8 = 1 << 4;
+/// All defined access bits.
+pub const MR_ACCESS_ALL: u8 = 0x1F;
+
+le_struct! {
+    /// A physically addressed segment: `len` bytes at host physical (or DMA)
+    /// address `addr` (16 bytes). EMP used 16-bit lengths; ours are 32-bit
+    /// so contiguous runs longer than a page take one entry.
+    pub struct PhysSeg {
+        /// Host physical / DMA address.
+        pub addr: u64,
+        /// Length in bytes (0 only for a link).
+        pub len: u32,
+        /// `SEG_*` flags.
+        pub flags: u32,
+    }
+    size = 16;
+}
+
+le_struct! {
+    /// An MR (translation) table entry in SRAM (144 bytes). Written only by
+    /// the trusted side (driver or daemon); the NIC reads it on every use.
+    pub struct MrEntry {
+        /// Key; the low 16 bits are this entry's index in the table.
+        pub key: u32,
+        /// Owning port.
+        pub port: u16,
+        /// `MR_*` access bits.
+        pub access: u8,
+        /// [`MrFormat`].
+        pub format: u8,
+        /// Bytes in the region.
+        pub length: u64,
+        /// Indirect: address of the first page of segments.
+        pub indirect_addr: u64,
+        /// Indirect: number of data segments (links not counted).
+        pub indirect_count: u32,
+        /// Reserved, zero.
+        pub reserved: u32,
+        /// Short/Chained: the segments.
+        pub segs: [PhysSeg; MR_INLINE_SEGS],
+    }
+    size = 144;
+}
+
+impl MrEntry {
+    /// Index of the table slot a key names.
+    pub const fn slot_of(key: u32) -> usize {
+        (key & 0xFFFF) as usize
+    }
+
+    /// Validates an entry the NIC is about to use; returns its format.
+    pub fn validate(&self) -> Result<MrFormat, DecodeError> {
+        let format = MrFormat::from_u8(self.format).ok_or(DecodeError::BadKind)?;
+        if self.reserved != 0 || self.access & !MR_ACCESS_ALL != 0 {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        let inline = |n: usize| -> Result<(), DecodeError> {
+            let sum: u64 = self.segs[..n].iter().map(|s| s.len as u64).sum();
+            if self.segs[..n].iter().any(|s| s.flags != 0) || self.segs[n..].iter().any(|s| *s != PhysSeg::default()) {
+                return Err(DecodeError::ReservedNotZero);
+            }
+            if sum != self.length {
+                return Err(DecodeError::BadLength);
+            }
+            Ok(())
+        };
+        match format {
+            MrFormat::Invalid => {}
+            MrFormat::Short => {
+                if self.length > crate::PAGE_SIZE as u64 {
+                    return Err(DecodeError::BadLength);
+                }
+                inline(1)?;
+            }
+            MrFormat::Chained => {
+                let n = self.segs.iter().take_while(|s| s.len != 0).count();
+                inline(n)?;
+            }
+            MrFormat::Indirect => {
+                if self.indirect_count == 0 || self.segs.iter().any(|s| *s != PhysSeg::default()) {
+                    return Err(DecodeError::BadLength);
+                }
+            }
+        }
+        Ok(format)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_desc_validation() {
+        let mut d = WorkDesc {
+            opcode: Opcode::Send as u8,
+            num_sge: 1,
+            node: 1,
+            port: 2,
+            ..Default::default()
+        };
+        d.sge[0] = Sge { key: 1, len: 10, offset: 0 };
+        assert_eq!(d.validate(), Ok(Opcode::Send));
+        d.sge[1].len = 1; // beyond num_sge
+        assert_eq!(d.validate(), Err(DecodeError::ReservedNotZero));
+        d.sge[1].len = 0;
+        d.num_sge = 7;
+        assert_eq!(d.validate(), Err(DecodeError::BadIndex));
+        d.num_sge = 1;
+        d.node = ANY_NODE;
+        assert_eq!(d.validate(), Err(DecodeError::BadIndex));
+    }
+
+    #[test]
+    fn matching_with_wildcards_and_mask() {
+        let r = WorkDesc { node: ANY_NODE, port: 3, tag: 0xAB00, ignore: 0xFF, ..Default::default() };
+        assert!(r.matches(7, 3, 0xAB42));
+        assert!(!r.matches(7, 4, 0xAB42));
+        assert!(!r.matches(7, 3, 0xAC42));
+    }
+
+    #[test]
+    fn status_round_trip() {
+        for v in 0..=255u8 {
+            if let Some(s) = Status::from_u8(v) {
+                assert_eq!(s as u8, v);
+                assert!(!s.as_str().is_empty());
+            }
+        }
+    }
+}

@@ -1,0 +1,649 @@
+//! The NIC memory map (SRAM). For a guest it is the ivshmem BAR2; for direct
+//! attach a shared memfd. Offsets are computed once by [`Layout::new`] and
+//! published in the [`SramHeader`], which the NIC validates at boot.
+//!
+//! ```text
+//! 0x0000  SramHeader (page)            board signature, status, counters
+//! 0x1000  AdminMailbox (page)          trusted host <-> NIC commands
+//!         firmware staging area        image written here before boot
+//!         MR table                     MrEntry × mr_entries
+//!         route table                  RouteEntry × route_entries
+//!         group table                  GroupEntry × group_entries
+//!         port windows                 PortCtl page + send ring + recv ring, × ports
+//! ```
+//! Each field says who writes it. Producer and consumer indices live on
+//! separate cache lines.
+
+use crate::desc::{MrEntry, WorkDesc};
+use crate::{le_struct, DecodeError, Le, PAGE_SIZE};
+
+/// Board signature at SRAM offset 0: "EMP-NIC\0" little-endian.
+pub const BOARD_SIGNATURE: u64 = u64::from_le_bytes(*b"EMP-NIC\0");
+/// Version of this memory map.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// NIC status (header `status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum NicStatus {
+    /// Powered, no firmware.
+    Reset = 0,
+    /// An image is being verified / started.
+    Loading = 1,
+    /// Firmware running.
+    Running = 2,
+    /// Boot refused or firmware died; see `fail_reason`.
+    Failed = 3,
+}
+
+impl NicStatus {
+    /// Decodes a status word.
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(NicStatus::Reset),
+            1 => Some(NicStatus::Loading),
+            2 => Some(NicStatus::Running),
+            3 => Some(NicStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// Why the NIC is in [`NicStatus::Failed`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum FailReason {
+    /// Not failed.
+    None = 0,
+    /// Image has no valid header.
+    BadImageHeader = 1,
+    /// Image built for another firmware ABI.
+    WrongAbi = 2,
+    /// Payload digest does not match the header.
+    DigestMismatch = 3,
+    /// No signature, or not by a trusted key.
+    BadSignature = 4,
+    /// The payload could not be loaded / has no entry point.
+    LoadFailed = 5,
+    /// The SRAM layout is invalid for the firmware.
+    BadLayout = 6,
+    /// The firmware stopped on an internal error.
+    FirmwareCrashed = 7,
+}
+
+impl FailReason {
+    /// Decodes a reason word.
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        use FailReason::*;
+        Some(match v {
+            0 => None,
+            1 => BadImageHeader,
+            2 => WrongAbi,
+            3 => DigestMismatch,
+            4 => BadSignature,
+            5 => LoadFailed,
+            6 => BadLayout,
+            7 => FirmwareCrashed,
+            _ => return Option::None,
+        })
+    }
+
+    /// Human-readable reason.
+    pub const fn as_str(self) -> &'static str {
+        use FailReason::*;
+        match self {
+            None => "none",
+            BadImageHeader => "bad firmware image header",
+            WrongAbi => "firmware built for another ABI",
+            DigestMismatch => "firmware digest mismatch (tampered image)",
+            BadSignature => "firmware signature missing or untrusted",
+            LoadFailed => "firmware payload could not be loaded",
+            BadLayout => "invalid SRAM layout",
+            FirmwareCrashed => "firmware crashed",
+        }
+    }
+}
+
+/// Feature bit: bounded overflow buffer for small unexpected messages.
+pub const FEATURE_OVERFLOW: u32 = 1 << 0;
+/// Feature bit: PM Modified ACK/NACK flow control (else EMP piggyback).
+pub const FEATURE_MODIFIED_ACK_NACK: u32 = 1 << 1;
+
+/// Counter slots in the header (`counters[i]`), written by the NIC.
+pub mod counter {
+    /// DATA frames transmitted (first transmissions).
+    pub const TX_FRAMES: usize = 0;
+    /// DATA frames received and accepted.
+    pub const RX_FRAMES: usize = 1;
+    /// DATA frames retransmitted.
+    pub const RETRANSMITS: usize = 2;
+    /// Duplicate DATA frames dropped.
+    pub const DUPLICATES: usize = 3;
+    /// DATA frames accepted out of order.
+    pub const OUT_OF_ORDER: usize = 4;
+    /// ACK frames sent.
+    pub const ACKS_TX: usize = 5;
+    /// NACK frames sent.
+    pub const NACKS_TX: usize = 6;
+    /// Frames dropped: no matching receive / not in order / no header yet.
+    pub const DROPPED_UNEXPECTED: usize = 7;
+    /// Frames dropped as malformed.
+    pub const DROPPED_MALFORMED: usize = 8;
+    /// Group retransmission timeouts.
+    pub const TIMEOUTS: usize = 9;
+    /// Messages sent successfully.
+    pub const MSGS_TX: usize = 10;
+    /// Messages delivered.
+    pub const MSGS_RX: usize = 11;
+    /// Messages completed with an error (either side).
+    pub const MSGS_FAILED: usize = 12;
+    /// Messages taken into the overflow buffer.
+    pub const OVERFLOW_MSGS: usize = 13;
+    /// Descriptors refused as malformed.
+    pub const BAD_DESCRIPTORS: usize = 14;
+    /// ACK/NACK frames received.
+    pub const ACKS_RX: usize = 15;
+    /// Number of counters.
+    pub const COUNT: usize = 16;
+    /// Names, for tools.
+    pub const NAMES: [&str; COUNT] = [
+        "tx_frames", "rx_frames", "retransmits", "duplicates", "out_of_order", "acks_tx",
+        "nacks_tx", "dropped_unexpected", "dropped_malformed", "timeouts", "msgs_tx",
+        "msgs_rx", "msgs_failed", "overflow_msgs", "bad_descriptors", "acks_rx",
+    ];
+}
+
+le_struct! {
+    /// SRAM header at offset 0 (256 bytes).
+    pub struct SramHeader {
+        /// [`BOARD_SIGNATURE`]. Hardware.
+        pub magic: u64,
+        /// [`LAYOUT_VERSION`]. Hardware.
+        pub layout_version: u32,
+        /// [`NicStatus`]. Hardware / NIC.
+        pub status: u32,
+        /// [`FailReason`]. Hardware / NIC.
+        pub fail_reason: u32,
+        /// This NIC's node id. Hardware (configured).
+        pub node_id: u16,
+        /// Number of port windows. Hardware.
+        pub port_count: u16,
+        /// MTU in bytes (frame = EMP headers + payload). Hardware.
+        pub mtu: u32,
+        /// `FEATURE_*` bits. Hardware (configured).
+        pub features: u32,
+        /// SRAM size in bytes. Hardware.
+        pub sram_size: u32,
+        /// Incremented by the running NIC. NIC.
+        pub heartbeat: u32,
+        /// Offset of the admin mailbox.
+        pub admin_off: u32,
+        /// Offset of the firmware staging area.
+        pub staging_off: u32,
+        /// Size of the staging area.
+        pub staging_size: u32,
+        /// Offset of the MR table.
+        pub mr_off: u32,
+        /// MR table entries.
+        pub mr_entries: u32,
+        /// Offset of the route table.
+        pub route_off: u32,
+        /// Route table entries (= max node id + 1).
+        pub route_entries: u32,
+        /// Offset of the group table.
+        pub group_off: u32,
+        /// Group table entries.
+        pub group_entries: u32,
+        /// Offset of port window 0.
+        pub ports_off: u32,
+        /// Bytes between port windows (page multiple).
+        pub port_stride: u32,
+        /// Entries in each port's send ring (power of two).
+        pub send_entries: u32,
+        /// Entries in each port's receive ring (power of two).
+        pub recv_entries: u32,
+        /// Reserved, zero.
+        pub reserved0: u32,
+        /// Counters (see [`counter`]). NIC.
+        pub counters: [u64; counter::COUNT],
+        /// Reserved, zero.
+        pub reserved1: [u64; 4],
+    }
+    size = 256;
+}
+
+/// Parameters from which a [`Layout`] is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayoutParams {
+    /// Port windows.
+    pub ports: u16,
+    /// MR table entries.
+    pub mr_entries: u32,
+    /// Route table entries.
+    pub route_entries: u32,
+    /// Group table entries.
+    pub group_entries: u32,
+    /// Staging area bytes (page multiple).
+    pub staging_size: u32,
+    /// Send ring entries per port (power of two).
+    pub send_entries: u32,
+    /// Receive ring entries per port (power of two).
+    pub recv_entries: u32,
+}
+
+impl Default for LayoutParams {
+    fn default() -> Self {
+        LayoutParams {
+            ports: 8,
+            mr_entries: 256,
+            route_entries: 64,
+            group_entries: 16,
+            staging_size: 8 << 20,
+            send_entries: 64,
+            recv_entries: 64,
+        }
+    }
+}
+
+/// Computed SRAM layout: offsets of every area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Inputs.
+    pub params: LayoutParams,
+    /// Admin mailbox offset.
+    pub admin_off: u32,
+    /// Staging area offset.
+    pub staging_off: u32,
+    /// MR table offset.
+    pub mr_off: u32,
+    /// Route table offset.
+    pub route_off: u32,
+    /// Group table offset.
+    pub group_off: u32,
+    /// First port window offset.
+    pub ports_off: u32,
+    /// Port window stride.
+    pub port_stride: u32,
+    /// Total SRAM bytes (power of two: ivshmem BARs are).
+    pub sram_size: u32,
+}
+
+const fn page_up(v: u64) -> u64 {
+    v.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64
+}
+
+/// Largest SRAM we lay out.
+pub const SRAM_SIZE_MAX: u64 = 1 << 30;
+/// Largest ring.
+pub const RING_ENTRIES_MAX: u32 = 4096;
+
+impl Layout {
+    /// Computes the layout; refuses parameters that do not fit.
+    pub fn new(p: LayoutParams) -> Result<Layout, DecodeError> {
+        let ring_ok = |n: u32| n.is_power_of_two() && n <= RING_ENTRIES_MAX;
+        if p.ports == 0 || !ring_ok(p.send_entries) || !ring_ok(p.recv_entries) {
+            return Err(DecodeError::BadLength);
+        }
+        if p.mr_entries == 0 || p.mr_entries > 0x10000 || p.route_entries == 0 || p.route_entries > 0xFFFF {
+            return Err(DecodeError::BadLength);
+        }
+        if p.staging_size as usize % PAGE_SIZE != 0 {
+            return Err(DecodeError::BadLength);
+        }
+        let admin = PAGE_SIZE as u64;
+        let staging = admin + PAGE_SIZE as u64;
+        let mr = staging + p.staging_size as u64;
+        let route = page_up(mr + p.mr_entries as u64 * MrEntry::SIZE as u64);
+        let group = page_up(route + p.route_entries as u64 * RouteEntry::SIZE as u64);
+        let ports = page_up(group + p.group_entries as u64 * GroupEntry::SIZE as u64);
+        let stride = PortWindow::stride(p.send_entries, p.recv_entries);
+        let end = ports + stride as u64 * p.ports as u64;
+        let size = end.next_power_of_two();
+        if size > SRAM_SIZE_MAX {
+            return Err(DecodeError::BadLength);
+        }
+        Ok(Layout {
+            params: p,
+            admin_off: admin as u32,
+            staging_off: staging as u32,
+            mr_off: mr as u32,
+            route_off: route as u32,
+            group_off: group as u32,
+            ports_off: ports as u32,
+            port_stride: stride,
+            sram_size: size as u32,
+        })
+    }
+
+    /// A fresh header (status RESET) describing this layout.
+    pub fn header(&self, node_id: u16, mtu: u32, features: u32) -> SramHeader {
+        SramHeader {
+            magic: BOARD_SIGNATURE,
+            layout_version: LAYOUT_VERSION,
+            node_id,
+            port_count: self.params.ports,
+            mtu,
+            features,
+            sram_size: self.sram_size,
+            admin_off: self.admin_off,
+            staging_off: self.staging_off,
+            staging_size: self.params.staging_size,
+            mr_off: self.mr_off,
+            mr_entries: self.params.mr_entries,
+            route_off: self.route_off,
+            route_entries: self.params.route_entries,
+            group_off: self.group_off,
+            group_entries: self.params.group_entries,
+            ports_off: self.ports_off,
+            port_stride: self.port_stride,
+            send_entries: self.params.send_entries,
+            recv_entries: self.params.recv_entries,
+            ..Default::default()
+        }
+    }
+
+    /// Validates a header read from SRAM and recomputes the layout from it:
+    /// the offsets in the header must be exactly the computed ones.
+    pub fn from_header(h: &SramHeader) -> Result<Layout, DecodeError> {
+        if h.magic != BOARD_SIGNATURE {
+            return Err(DecodeError::BadMagic);
+        }
+        if h.layout_version != LAYOUT_VERSION {
+            return Err(DecodeError::BadVersion);
+        }
+        if h.mtu < crate::wire::MTU_MIN || h.mtu > crate::wire::MTU_MAX {
+            return Err(DecodeError::BadLength);
+        }
+        let l = Layout::new(LayoutParams {
+            ports: h.port_count,
+            mr_entries: h.mr_entries,
+            route_entries: h.route_entries,
+            group_entries: h.group_entries,
+            staging_size: h.staging_size,
+            send_entries: h.send_entries,
+            recv_entries: h.recv_entries,
+        })?;
+        let same = l.admin_off == h.admin_off
+            && l.staging_off == h.staging_off
+            && l.mr_off == h.mr_off
+            && l.route_off == h.route_off
+            && l.group_off == h.group_off
+            && l.ports_off == h.ports_off
+            && l.port_stride == h.port_stride
+            && l.sram_size <= h.sram_size;
+        if !same {
+            return Err(DecodeError::BadLength);
+        }
+        Ok(l)
+    }
+
+    /// Offset of MR table entry `slot`.
+    pub const fn mr_entry(&self, slot: usize) -> usize {
+        self.mr_off as usize + slot * MrEntry::SIZE
+    }
+
+    /// Offset of route table entry `node`.
+    pub const fn route_entry(&self, node: usize) -> usize {
+        self.route_off as usize + node * RouteEntry::SIZE
+    }
+
+    /// Offset of group table entry `slot`.
+    pub const fn group_entry(&self, slot: usize) -> usize {
+        self.group_off as usize + slot * GroupEntry::SIZE
+    }
+
+    /// The window of `port`.
+    pub const fn port(&self, port: u16) -> PortWindow {
+        PortWindow {
+            base: self.ports_off as usize + port as usize * self.port_stride as usize,
+            send_entries: self.params.send_entries,
+            recv_entries: self.params.recv_entries,
+        }
+    }
+}
+
+/// Admin commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum AdminOp {
+    /// No-op (ping).
+    Nop = 0,
+    /// Open a port: args[0] = port, args[1] = CQ key, args[2] = CQ offset,
+    /// args[3] = CQ entries (power of two).
+    PortOpen = 1,
+    /// Close a port: args[0] = port. Flushes its work, frees its tables.
+    PortClose = 2,
+    /// The trusted side invalidated MR slot args[0]; the NIC acknowledges
+    /// that no further DMA uses the old translation.
+    MrFence = 3,
+}
+
+impl AdminOp {
+    /// Decodes an op word.
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(AdminOp::Nop),
+            1 => Some(AdminOp::PortOpen),
+            2 => Some(AdminOp::PortClose),
+            3 => Some(AdminOp::MrFence),
+            _ => None,
+        }
+    }
+}
+
+/// Admin result codes (`AdminMailbox::result`).
+pub mod admin_result {
+    /// Done.
+    pub const OK: u32 = 0;
+    /// Unknown op.
+    pub const BAD_OP: u32 = 1;
+    /// Bad argument (port out of range, CQ not a power of two, …).
+    pub const BAD_ARG: u32 = 2;
+    /// Port already open / not open.
+    pub const BAD_STATE: u32 = 3;
+    /// CQ key does not name a writable region of the port.
+    pub const BAD_KEY: u32 = 4;
+}
+
+le_struct! {
+    /// Admin mailbox (64 bytes at `admin_off`). The trusted host writes
+    /// `op` and `args`, then increments `request_seq`; the NIC executes and
+    /// sets `result` then `done_seq = request_seq`.
+    pub struct AdminMailbox {
+        /// Host: sequence of the posted command.
+        pub request_seq: u32,
+        /// Host: [`AdminOp`].
+        pub op: u32,
+        /// NIC: sequence of the last completed command.
+        pub done_seq: u32,
+        /// NIC: [`admin_result`] code.
+        pub result: u32,
+        /// Host: arguments.
+        pub args: [u64; 6],
+    }
+    size = 64;
+}
+
+le_struct! {
+    /// Route table entry (32 bytes): how to reach node `index` on the wire.
+    pub struct RouteEntry {
+        /// 1 = valid.
+        pub valid: u32,
+        /// IPv4 address (UDP backend), network order as u32 LE of octets.
+        pub ipv4: u32,
+        /// UDP port (UDP backend).
+        pub udp_port: u16,
+        /// Ethernet MAC (packet backend).
+        pub mac: [u8; 6],
+        /// Reserved, zero.
+        pub reserved: [u64; 2],
+    }
+    size = 32;
+}
+
+/// Most members a group table entry holds.
+pub const GROUP_MEMBERS_MAX: usize = 60;
+
+le_struct! {
+    /// Group table entry (256 bytes): an ordered list of endpoints used by
+    /// collectives. A member is `(node << 16) | port`.
+    pub struct GroupEntry {
+        /// Group id (0 = unused).
+        pub group_id: u32,
+        /// Epoch: bumped on every re-creation so stale frames are recognised.
+        pub epoch: u32,
+        /// Members in use.
+        pub member_count: u16,
+        /// This NIC's rank in the group.
+        pub my_rank: u16,
+        /// Owning port.
+        pub port: u16,
+        /// Reserved, zero.
+        pub reserved: u16,
+        /// Members.
+        pub members: [u32; GROUP_MEMBERS_MAX],
+    }
+    size = 256;
+}
+
+/// Port states (`PortCtl::state`).
+pub mod port_state {
+    /// Closed.
+    pub const CLOSED: u32 = 0;
+    /// Open and serving.
+    pub const OPEN: u32 = 1;
+}
+
+le_struct! {
+    /// The control page at the start of every port window (first 192 bytes
+    /// used; the rest of the page is reserved).
+    pub struct PortCtl {
+        /// Host: send ring producer index (free-running).
+        pub send_prod: u32,
+        /// Host: receive ring producer index (free-running).
+        pub recv_prod: u32,
+        /// Host: completion queue consumer index (free-running).
+        pub cq_cons: u32,
+        /// Host: event-arm word; nonzero asks for an interrupt on the next
+        /// completion. The NIC clears it when it fires.
+        pub arm: u32,
+        /// Reserved (cache line of host-written words).
+        pub host_pad: [u32; 12],
+        /// NIC: send ring consumer index.
+        pub send_cons: u32,
+        /// NIC: receive ring consumer index.
+        pub recv_cons: u32,
+        /// NIC: completions written (free-running).
+        pub cq_prod: u32,
+        /// NIC: completions dropped because the CQ was full.
+        pub cq_overruns: u32,
+        /// Reserved (cache line of NIC-written words).
+        pub nic_pad: [u32; 12],
+        /// Trusted side: [`port_state`].
+        pub state: u32,
+        /// Trusted side: generation of this opening.
+        pub gen: u32,
+        /// Trusted side: CQ region key.
+        pub cq_key: u32,
+        /// Trusted side: CQ entries (power of two).
+        pub cq_entries: u32,
+        /// Trusted side: CQ offset in the region.
+        pub cq_offset: u64,
+        /// Reserved.
+        pub cfg_pad: [u64; 5],
+    }
+    size = 192;
+}
+
+/// Where a port's pieces are in SRAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortWindow {
+    /// Offset of the window (its `PortCtl`).
+    pub base: usize,
+    /// Send ring entries.
+    pub send_entries: u32,
+    /// Receive ring entries.
+    pub recv_entries: u32,
+}
+
+impl PortWindow {
+    /// Bytes of one window: a control page and the two rings, page aligned.
+    pub const fn stride(send_entries: u32, recv_entries: u32) -> u32 {
+        page_up(PAGE_SIZE as u64 + (send_entries + recv_entries) as u64 * WorkDesc::SIZE as u64) as u32
+    }
+
+    /// Offset of field `off` of the control page.
+    pub const fn ctl(&self, off: usize) -> usize {
+        self.base + off
+    }
+
+    /// Offset of send ring slot `idx` (wrapped).
+    pub const fn send_slot(&self, idx: u32) -> usize {
+        self.base + PAGE_SIZE + (idx & (self.send_entries - 1)) as usize * WorkDesc::SIZE
+    }
+
+    /// Offset of receive ring slot `idx` (wrapped).
+    pub const fn recv_slot(&self, idx: u32) -> usize {
+        self.base
+            + PAGE_SIZE
+            + self.send_entries as usize * WorkDesc::SIZE
+            + (idx & (self.recv_entries - 1)) as usize * WorkDesc::SIZE
+    }
+}
+
+/// Offsets of `PortCtl` fields, for single-word accesses.
+pub mod ctl {
+    use super::PortCtl;
+    use core::mem::offset_of;
+    /// See [`PortCtl::send_prod`].
+    pub const SEND_PROD: usize = offset_of!(PortCtl, send_prod);
+    /// See [`PortCtl::recv_prod`].
+    pub const RECV_PROD: usize = offset_of!(PortCtl, recv_prod);
+    /// See [`PortCtl::cq_cons`].
+    pub const CQ_CONS: usize = offset_of!(PortCtl, cq_cons);
+    /// See [`PortCtl::arm`].
+    pub const ARM: usize = offset_of!(PortCtl, arm);
+    /// See [`PortCtl::send_cons`].
+    pub const SEND_CONS: usize = offset_of!(PortCtl, send_cons);
+    /// See [`PortCtl::recv_cons`].
+    pub const RECV_CONS: usize = offset_of!(PortCtl, recv_cons);
+    /// See [`PortCtl::cq_prod`].
+    pub const CQ_PROD: usize = offset_of!(PortCtl, cq_prod);
+    /// See [`PortCtl::cq_overruns`].
+    pub const CQ_OVERRUNS: usize = offset_of!(PortCtl, cq_overruns);
+    /// See [`PortCtl::state`].
+    pub const STATE: usize = offset_of!(PortCtl, state);
+    /// See [`PortCtl::gen`].
+    pub const GEN: usize = offset_of!(PortCtl, gen);
+    const _: () = assert!(SEND_PROD / 64 != SEND_CONS / 64, "indices share a cache line");
+    const _: () = assert!(RECV_PROD / 64 != RECV_CONS / 64, "indices share a cache line");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_layout_round_trips_through_header() {
+        let l = Layout::new(LayoutParams::default()).unwrap();
+        assert!(l.sram_size.is_power_of_two());
+        assert_eq!(l.port_stride as usize % PAGE_SIZE, 0);
+        let h = l.header(3, 1500, 0);
+        let mut b = [0u8; 256];
+        h.encode(&mut b).unwrap();
+        assert_eq!(Layout::from_header(&SramHeader::decode(&b).unwrap()), Ok(l));
+        let end = l.port(l.params.ports - 1).recv_slot(l.params.recv_entries - 1) + WorkDesc::SIZE;
+        assert!(end <= l.sram_size as usize);
+    }
+
+    #[test]
+    fn header_with_moved_offset_is_refused() {
+        let l = Layout::new(LayoutParams::default()).unwrap();
+        let mut h = l.header(0, 1500, 0);
+        h.mr_off += 16;
+        assert_eq!(Layout::from_header(&h), Err(DecodeError::BadLength));
+        h = l.header(0, 1500, 0);
+        h.magic ^= 1;
+        assert_eq!(Layout::from_header(&h), Err(DecodeError::BadMagic));
+    }
+}

@@ -1,0 +1,381 @@
+//! EMP wire frames.
+//!
+//! Every frame starts with a [`FrameHeader`]. The first frame of a message
+//! (frame index 0 of a DATA frame) carries a [`MsgHeader`] right after it
+//! (EMP thesis §2.3.1: "the first frame also carries a message header that
+//! embeds the frame header"). ACK and NACK frames carry an [`AckBody`] with
+//! the receiver's piggybacked buffer state.
+//!
+//! ```text
+//! DATA, index 0:  FrameHeader | MsgHeader | payload
+//! DATA, index >0: FrameHeader | payload
+//! ACK / NACK:     FrameHeader | AckBody
+//! ```
+//! On raw Ethernet the frame follows a 14-byte MAC header with ethertype
+//! [`crate::ETHERTYPE_EMP`]; on UDP it is the datagram.
+
+use crate::{le_struct, DecodeError, Le};
+
+/// Wire protocol version carried in every frame.
+pub const WIRE_VERSION: u8 = 1;
+/// Largest frame (header + payload) a NIC accepts: jumbo MTU.
+pub const MTU_MAX: u32 = 9000;
+/// Smallest MTU that still carries headers plus a useful payload.
+pub const MTU_MIN: u32 = 256;
+
+/// Frame kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// Message data.
+    Data = 1,
+    /// Acknowledges one complete group of frames.
+    Ack = 2,
+    /// Negative acknowledgement: a hole, a receiver not ready, a closed port.
+    Nack = 3,
+}
+
+impl FrameKind {
+    /// Decodes a kind byte.
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(FrameKind::Data),
+            2 => Some(FrameKind::Ack),
+            3 => Some(FrameKind::Nack),
+            _ => None,
+        }
+    }
+}
+
+/// Why a NACK was sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum NackReason {
+    /// Frames of the group are missing (`missing_mask`): fast retransmission.
+    Loss = 1,
+    /// No posted receive matches and no overflow slot: receiver not ready.
+    /// The sender retransmits later; this does not count as a lost attempt.
+    NoMatch = 2,
+    /// The destination port is not open.
+    PortClosed = 3,
+    /// The receiver's peer table is full.
+    PeerTableFull = 4,
+    /// The message is larger than the receiver accepts.
+    TooLarge = 5,
+}
+
+impl NackReason {
+    /// Decodes a reason byte.
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(NackReason::Loss),
+            2 => Some(NackReason::NoMatch),
+            3 => Some(NackReason::PortClosed),
+            4 => Some(NackReason::PeerTableFull),
+            5 => Some(NackReason::TooLarge),
+            _ => None,
+        }
+    }
+}
+
+le_struct! {
+    /// Header of every EMP frame (32 bytes).
+    pub struct FrameHeader {
+        /// [`WIRE_VERSION`].
+        pub version: u8,
+        /// [`FrameKind`].
+        pub kind: u8,
+        /// Reserved, zero.
+        pub flags: u8,
+        /// Reserved, zero.
+        pub reserved: u8,
+        /// Sending node.
+        pub src_node: u16,
+        /// Destination node.
+        pub dst_node: u16,
+        /// Sending port.
+        pub src_port: u16,
+        /// Destination port.
+        pub dst_port: u16,
+        /// Generation of the sending port (changes each time the port is
+        /// opened, so a receiver can tell a new incarnation from stale frames).
+        pub src_gen: u16,
+        /// Bytes of payload after the header(s) (DATA only; 0 otherwise).
+        pub payload_len: u16,
+        /// Per-(endpoint → endpoint) message sequence number.
+        pub msg_seq: u32,
+        /// Every message before this sequence number is finished or abandoned
+        /// by the sender: the receiver may skip them.
+        pub tx_floor: u32,
+        /// Frame index within the message (DATA) / first frame of the
+        /// acknowledged group (ACK/NACK).
+        pub frame_index: u32,
+        /// Frames in the message.
+        pub frame_count: u32,
+    }
+    size = 32;
+}
+
+le_struct! {
+    /// Message header, carried by frame 0 of every message (16 bytes).
+    pub struct MsgHeader {
+        /// Tag the receiver matches on.
+        pub tag: u64,
+        /// Total message length in bytes.
+        pub total_len: u64,
+    }
+    size = 16;
+}
+
+le_struct! {
+    /// Body of ACK and NACK frames (16 bytes).
+    pub struct AckBody {
+        /// Group index acknowledged (ACK) or reported (NACK).
+        pub group: u32,
+        /// NACK(Loss): bit i set = frame `group_first + i` is missing.
+        pub missing_mask: u32,
+        /// Piggybacked receiver state: receives posted and free overflow
+        /// slots on the destination port (saturating).
+        pub rx_credits: u16,
+        /// [`NackReason`] for NACK, zero for ACK.
+        pub reason: u8,
+        /// Flow-control feedback: 0 = go, 1 = slow down, 2 = stop.
+        pub fc_level: u8,
+        /// Receiver's next expected message sequence number from this sender.
+        pub rx_expected: u32,
+    }
+    size = 16;
+}
+
+/// Bytes of headers before the payload in a DATA frame.
+pub const fn data_header_len(frame_index: u32) -> usize {
+    if frame_index == 0 {
+        FrameHeader::SIZE + MsgHeader::SIZE
+    } else {
+        FrameHeader::SIZE
+    }
+}
+
+/// Payload bytes one DATA frame carries at `mtu` (frame 0 carries less).
+pub const fn payload_capacity(mtu: u32, frame_index: u32) -> usize {
+    mtu as usize - data_header_len(frame_index)
+}
+
+/// Number of frames a message of `len` bytes needs at `mtu` (at least one:
+/// a zero-length message is one frame).
+pub const fn frames_for(len: u64, mtu: u32) -> u64 {
+    let first = payload_capacity(mtu, 0) as u64;
+    if len <= first {
+        1
+    } else {
+        let rest = payload_capacity(mtu, 1) as u64;
+        1 + (len - first).div_ceil(rest)
+    }
+}
+
+/// Byte offset within the message of the first payload byte of `frame_index`.
+pub const fn frame_offset(frame_index: u32, mtu: u32) -> u64 {
+    if frame_index == 0 {
+        0
+    } else {
+        payload_capacity(mtu, 0) as u64 + (frame_index as u64 - 1) * payload_capacity(mtu, 1) as u64
+    }
+}
+
+/// A validated frame, borrowing its payload from the received bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame<'a> {
+    /// A data frame; `msg` is present exactly when `hdr.frame_index == 0`.
+    Data { hdr: FrameHeader, msg: Option<MsgHeader>, payload: &'a [u8] },
+    /// An acknowledgement.
+    Ack { hdr: FrameHeader, body: AckBody },
+    /// A negative acknowledgement with its reason.
+    Nack { hdr: FrameHeader, body: AckBody, reason: NackReason },
+}
+
+impl<'a> Frame<'a> {
+    /// Parses and validates a frame from untrusted bytes. Never panics.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, DecodeError> {
+        let hdr = FrameHeader::decode(bytes)?;
+        if hdr.version != WIRE_VERSION {
+            return Err(DecodeError::BadVersion);
+        }
+        if hdr.flags != 0 || hdr.reserved != 0 {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        if bytes.len() > MTU_MAX as usize {
+            return Err(DecodeError::BadLength);
+        }
+        let rest = &bytes[FrameHeader::SIZE..];
+        match FrameKind::from_u8(hdr.kind).ok_or(DecodeError::BadKind)? {
+            FrameKind::Data => {
+                if hdr.frame_count == 0 || hdr.frame_index >= hdr.frame_count {
+                    return Err(DecodeError::BadIndex);
+                }
+                let (msg, payload) = if hdr.frame_index == 0 {
+                    let msg = MsgHeader::decode(rest)?;
+                    (Some(msg), &rest[MsgHeader::SIZE..])
+                } else {
+                    (None, rest)
+                };
+                if payload.len() != hdr.payload_len as usize {
+                    return Err(DecodeError::BadLength);
+                }
+                if let Some(m) = msg {
+                    // A message that claims more frames than its length could
+                    // need (at the smallest MTU) is malformed.
+                    if m.total_len < hdr.payload_len as u64
+                        || hdr.frame_count as u64 > frames_for(m.total_len, MTU_MIN)
+                    {
+                        return Err(DecodeError::BadLength);
+                    }
+                }
+                Ok(Frame::Data { hdr, msg, payload })
+            }
+            kind @ (FrameKind::Ack | FrameKind::Nack) => {
+                if hdr.payload_len != 0 {
+                    return Err(DecodeError::BadLength);
+                }
+                let body = AckBody::decode(rest)?;
+                if rest.len() != AckBody::SIZE {
+                    return Err(DecodeError::BadLength);
+                }
+                if kind == FrameKind::Ack {
+                    if body.reason != 0 || body.missing_mask != 0 {
+                        return Err(DecodeError::ReservedNotZero);
+                    }
+                    Ok(Frame::Ack { hdr, body })
+                } else {
+                    let reason = NackReason::from_u8(body.reason).ok_or(DecodeError::BadKind)?;
+                    Ok(Frame::Nack { hdr, body, reason })
+                }
+            }
+        }
+    }
+
+    /// The frame header.
+    pub fn header(&self) -> &FrameHeader {
+        match self {
+            Frame::Data { hdr, .. } | Frame::Ack { hdr, .. } | Frame::Nack { hdr, .. } => hdr,
+        }
+    }
+}
+
+/// Writes the headers of a DATA frame into `out` and returns the offset where
+/// the payload (`hdr.payload_len` bytes) goes. `msg` must be `Some` exactly
+/// for frame 0.
+pub fn emit_data_headers(
+    hdr: &FrameHeader,
+    msg: Option<&MsgHeader>,
+    out: &mut [u8],
+) -> Result<usize, DecodeError> {
+    debug_assert_eq!(hdr.kind, FrameKind::Data as u8);
+    debug_assert_eq!(msg.is_some(), hdr.frame_index == 0);
+    let head = data_header_len(hdr.frame_index);
+    if out.len() < head + hdr.payload_len as usize {
+        return Err(DecodeError::Truncated);
+    }
+    hdr.encode(out)?;
+    if let Some(m) = msg {
+        m.encode(&mut out[FrameHeader::SIZE..])?;
+    }
+    Ok(head)
+}
+
+/// Writes an ACK or NACK frame into `out`; returns its length.
+pub fn emit_ack(hdr: &FrameHeader, body: &AckBody, out: &mut [u8]) -> Result<usize, DecodeError> {
+    debug_assert!(hdr.kind == FrameKind::Ack as u8 || hdr.kind == FrameKind::Nack as u8);
+    let len = FrameHeader::SIZE + AckBody::SIZE;
+    if out.len() < len {
+        return Err(DecodeError::Truncated);
+    }
+    hdr.encode(out)?;
+    body.encode(&mut out[FrameHeader::SIZE..])?;
+    Ok(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Byte-exact fixture: an ACK for group 2 of message 7, 0 -> 1.
+    static ACK_BYTES: [u8; 48] = [
+        1, 2, 0, 0, // version, kind, flags, reserved
+        0, 0, 1, 0, // src_node 0, dst_node 1
+        3, 0, 4, 0, // src_port 3, dst_port 4
+        9, 0, 0, 0, // src_gen 9, payload_len 0
+        7, 0, 0, 0, // msg_seq
+        5, 0, 0, 0, // tx_floor
+        6, 0, 0, 0, // frame_index
+        10, 0, 0, 0, // frame_count
+        2, 0, 0, 0, // group
+        0, 0, 0, 0, // missing_mask
+        12, 0, 0, 1, // rx_credits 12, reason 0, fc_level 1
+        8, 0, 0, 0, // rx_expected
+    ];
+
+    fn ack_fixture() -> (FrameHeader, AckBody) {
+        let hdr = FrameHeader {
+            version: 1,
+            kind: FrameKind::Ack as u8,
+            src_node: 0,
+            dst_node: 1,
+            src_port: 3,
+            dst_port: 4,
+            src_gen: 9,
+            msg_seq: 7,
+            tx_floor: 5,
+            frame_index: 6,
+            frame_count: 10,
+            ..Default::default()
+        };
+        let body = AckBody { group: 2, rx_credits: 12, fc_level: 1, rx_expected: 8, ..Default::default() };
+        (hdr, body)
+    }
+
+    #[test]
+    fn test_ack_construct() {
+        let (hdr, body) = ack_fixture();
+        let mut out = [0u8; 64];
+        let n = emit_ack(&hdr, &body, &mut out).unwrap();
+        assert_eq!(&out[..n], &ACK_BYTES[..]);
+    }
+
+    #[test]
+    fn test_ack_deconstruct() {
+        let (hdr, body) = ack_fixture();
+        assert_eq!(Frame::parse(&ACK_BYTES).unwrap(), Frame::Ack { hdr, body });
+    }
+
+    #[test]
+    fn frames_for_boundaries() {
+        let mtu = 1500;
+        let first = payload_capacity(mtu, 0) as u64;
+        let rest = payload_capacity(mtu, 1) as u64;
+        assert_eq!(frames_for(0, mtu), 1);
+        assert_eq!(frames_for(first, mtu), 1);
+        assert_eq!(frames_for(first + 1, mtu), 2);
+        assert_eq!(frames_for(first + rest, mtu), 2);
+        assert_eq!(frames_for(first + rest + 1, mtu), 3);
+        assert_eq!(frame_offset(2, mtu), first + rest);
+    }
+
+    #[test]
+    fn data_frame_rejects_bad_lengths() {
+        let hdr = FrameHeader {
+            version: 1,
+            kind: 1,
+            frame_count: 1,
+            payload_len: 4,
+            ..Default::default()
+        };
+        let msg = MsgHeader { tag: 1, total_len: 4 };
+        let mut buf = [0u8; 64];
+        let at = emit_data_headers(&hdr, Some(&msg), &mut buf).unwrap();
+        assert!(Frame::parse(&buf[..at + 4]).is_ok());
+        assert_eq!(Frame::parse(&buf[..at + 3]), Err(DecodeError::BadLength));
+        assert_eq!(Frame::parse(&buf[..10]), Err(DecodeError::Truncated));
+        buf[0] = 2;
+        assert_eq!(Frame::parse(&buf[..at + 4]), Err(DecodeError::BadVersion));
+    }
+}
