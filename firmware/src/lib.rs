@@ -1,1 +1,549 @@
+//! The EMP control program: the protocol a NIC runs, as a sans-IO state
+//! machine. It owns no threads, sockets or clocks. Effects go out through a
+//! [`Hal`] (SRAM, DMA, MAC, interrupts); inputs come in through the
+//! `handle_*` methods, each given the current time; the caller asks
+//! [`Nic::poll_timeout`] when to call [`Nic::handle_timeout`] next.
+//!
+//! Calling order for a driver (the simulator, the NIC daemon):
+//! 1. [`Nic::boot`] once, after the firmware image was accepted;
+//! 2. [`Nic::handle_doorbell`] when the host may have written the admin
+//!    mailbox or a ring (or periodically, when polling);
+//! 3. [`Nic::handle_frame`] for every frame the MAC received;
+//! 4. [`Nic::handle_timeout`] when `poll_timeout()` has passed.
+//!
+//! The protocol is the EMP thesis' (seed 004 ch. 2): tagged messages to
+//! (node, port) endpoints, pre-posted receives matched on (source, tag) with
+//! wildcards and an ignore mask in posting order, fragmentation into MTU
+//! frames pulled from host memory one frame at a time, groups of frames
+//! acknowledged together with a timer per group, NACKs for fast recovery,
+//! drop-and-retransmit for unexpected messages (plus an optional bounded
+//! overflow buffer), and flow control either by receiver state piggybacked
+//! on ACKs (EMP) or by PM's Modified ACK/NACK (seed 003 §3.3).
 
+mod host;
+mod mr;
+mod rx;
+mod timer;
+mod tx;
+
+use std::collections::{HashMap, VecDeque};
+
+use emp_uapi::desc::{Sge, SGE_MAX};
+use emp_uapi::sram::{counter, FailReason, Layout, NicStatus, SramHeader, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
+use emp_uapi::wire::MTU_MAX;
+use emp_uapi::Le;
+
+pub use timer::TimerHeap;
+
+/// A failed DMA (address outside host memory, process gone, …).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaError;
+
+/// What the control program needs from the hardware. The NIC daemon
+/// implements it over shared memory and sockets; the simulator over byte
+/// vectors and a virtual wire.
+pub trait Hal {
+    /// Reads SRAM bytes at `off` (the caller keeps `off + buf.len()` inside SRAM).
+    fn sram_read(&mut self, off: usize, buf: &mut [u8]);
+    /// Writes SRAM bytes at `off`.
+    fn sram_write(&mut self, off: usize, data: &[u8]);
+    /// DMA from host memory at bus address `addr` into `buf`.
+    fn dma_read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError>;
+    /// DMA `data` into host memory at bus address `addr`.
+    fn dma_write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError>;
+    /// Puts a frame on the wire towards `dst_node` (the MAC adds its own
+    /// framing from the route table).
+    fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]);
+    /// Raises MSI-X `vector` (0 = admin, 1 + port = port events).
+    fn raise_interrupt(&mut self, vector: u16);
+    /// Signals another NIC CPU (multi-CPU plans); single-CPU plans never call it.
+    fn cpu_event(&mut self, _cpu: u8, _event: u32) {}
+}
+
+/// Flow-control scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlowControl {
+    /// None: the sender relies on retransmission (the thesis' final choice).
+    Off,
+    /// EMP: the receiver's buffer state rides on every ACK; the sender keeps
+    /// at most that many messages in flight to that receiver (at least one).
+    Piggyback,
+    /// PM's Modified ACK/NACK: a receiver short of buffers NACKs the message
+    /// and refuses everything after it; the sender stops, then resends from
+    /// the refused message, so order is kept without per-sender buffers.
+    ModifiedAckNack,
+}
+
+/// Tunables and table bounds. Every table is sized here, once.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Frames acknowledged together (EMP used 3). 1..=32.
+    pub group_size: u32,
+    /// Unacknowledged frames in flight per peer.
+    pub window_frames: u32,
+    /// Initial retransmission timeout.
+    pub rto_ns: u64,
+    /// Backoff cap.
+    pub rto_ns_max: u64,
+    /// Retransmissions of one group before the message fails.
+    pub retry_limit: u32,
+    /// Delay before resending a message the receiver was not ready for.
+    pub rnr_delay_ns: u64,
+    /// Receiver-not-ready retries before failing (0 = forever, EMP's rule).
+    pub rnr_retry_limit: u32,
+    /// A partially received message with no frame for this long is aborted.
+    /// Must exceed the sender's whole retry budget.
+    pub rx_idle_timeout_ns: u64,
+    /// Flow-control scheme.
+    pub flow_control: FlowControl,
+    /// Peers (local port × remote endpoint) tracked.
+    pub peers_max: u32,
+    /// Outstanding send messages.
+    pub tx_max: u32,
+    /// Messages being received.
+    pub rx_max: u32,
+    /// Posted receives not yet matched.
+    pub recv_posted_max: u32,
+    /// Overflow slots for small unexpected messages (0 = EMP's pure drop).
+    pub overflow_slots: u32,
+    /// Largest message the overflow buffer takes.
+    pub overflow_slot_size: u32,
+    /// Largest message.
+    pub msg_max: u64,
+    /// First port generation (vary per boot so peers can tell incarnations).
+    pub gen_seed: u16,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            group_size: 3,
+            window_frames: 48,
+            rto_ns: 500_000,
+            rto_ns_max: 50_000_000,
+            retry_limit: 64,
+            rnr_delay_ns: 200_000,
+            rnr_retry_limit: 0,
+            rx_idle_timeout_ns: 30_000_000_000,
+            flow_control: FlowControl::Off,
+            peers_max: 1024,
+            tx_max: 1024,
+            rx_max: 1024,
+            recv_posted_max: 4096,
+            overflow_slots: 0,
+            overflow_slot_size: 1024,
+            msg_max: 1 << 30,
+            gen_seed: 1,
+        }
+    }
+}
+
+impl Config {
+    /// Checks the configuration; returns the first rule broken.
+    pub fn invalid(&self) -> Option<&'static str> {
+        if self.group_size == 0 || self.group_size > 32 {
+            return Some("group_size must be 1..=32");
+        }
+        if self.window_frames < self.group_size {
+            return Some("window_frames < group_size");
+        }
+        if self.rto_ns == 0 || self.rto_ns_max < self.rto_ns {
+            return Some("rto_ns must be > 0 and <= rto_ns_max");
+        }
+        if self.retry_limit == 0 || self.retry_limit > 255 {
+            return Some("retry_limit must be 1..=255");
+        }
+        if self.rx_idle_timeout_ns <= self.rto_ns_max * self.retry_limit as u64 {
+            return Some("rx_idle_timeout_ns must exceed the sender's retry budget");
+        }
+        if self.peers_max == 0 || self.tx_max == 0 || self.rx_max == 0 || self.recv_posted_max == 0 {
+            return Some("table bounds must be > 0");
+        }
+        if self.overflow_slots > 0 && self.overflow_slot_size == 0 {
+            return Some("overflow_slot_size must be > 0");
+        }
+        None
+    }
+}
+
+/// NIC table occupancy, for leak checks at quiesce.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Occupancy {
+    /// Send messages outstanding.
+    pub tx_msgs: u32,
+    /// Messages being received.
+    pub rx_msgs: u32,
+    /// Posted receives not yet matched.
+    pub posted_recvs: u32,
+    /// Overflow slots holding a message.
+    pub overflow_used: u32,
+    /// Peer entries.
+    pub peers: u32,
+    /// Ports open.
+    pub ports_open: u32,
+}
+
+/// A send or receive descriptor as the NIC keeps it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LocalDesc {
+    pub wr_id: u64,
+    pub signaled: bool,
+    pub node: u16,
+    pub port: u16,
+    pub tag: u64,
+    pub ignore: u64,
+    pub num_sge: u8,
+    pub sge: [Sge; SGE_MAX],
+    pub len: u64,
+}
+
+impl LocalDesc {
+    pub(crate) fn sges(&self) -> &[Sge] {
+        &self.sge[..self.num_sge as usize]
+    }
+
+    /// Does this receive accept a message from (node, port) with `tag`?
+    pub(crate) fn matches(&self, node: u16, port: u16, tag: u64) -> bool {
+        (self.node == emp_uapi::ANY_NODE || self.node == node)
+            && (self.port == emp_uapi::ANY_PORT || self.port == port)
+            && (self.tag ^ tag) & !self.ignore == 0
+    }
+}
+
+/// Per-port state.
+#[derive(Debug)]
+pub(crate) struct Port {
+    pub open: bool,
+    pub gen: u16,
+    pub cq_key: u32,
+    pub cq_offset: u64,
+    pub cq_entries: u32,
+    pub cq_prod: u32,
+    /// Descriptors consumed and not yet completed (CQ space is reserved for them).
+    pub outstanding: u32,
+    pub send_cons: u32,
+    pub recv_cons: u32,
+    /// Posted receives, in posting order.
+    pub posted: VecDeque<LocalDesc>,
+    /// Overflow slots holding unexpected messages, in arrival order.
+    pub overflow: VecDeque<u32>,
+}
+
+/// Peer = (local port, remote node, remote port): the unit of sequencing.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    pub port: u16,
+    pub node: u16,
+    pub rport: u16,
+    // Send side.
+    pub tx_seq_next: u32,
+    /// Outstanding messages to this peer, in sequence order (tx slots).
+    pub tx_queue: VecDeque<u32>,
+    pub inflight_frames: u32,
+    pub credits: u32,
+    /// Modified ACK/NACK: the sender is in Not-to-send until this message is accepted.
+    pub not_to_send: Option<u32>,
+    pub ready: bool,
+    /// The remote port's generation, learned from its ACKs (0 = unknown).
+    pub remote_gen: u16,
+    // Receive side.
+    pub rx_gen: Option<u16>,
+    pub rx_expected: u32,
+    /// Message the receiver refused for lack of buffers (RNR), if any.
+    pub rnr_seq: Option<u32>,
+    /// Messages being received from this peer (rx slots).
+    pub rx_active: Vec<u32>,
+    pub last_loss_nack_ns: u64,
+}
+
+/// Everything the control program holds.
+pub struct Nic {
+    pub(crate) cfg: Config,
+    pub(crate) layout: Layout,
+    pub(crate) node: u16,
+    pub(crate) mtu: u32,
+    pub(crate) ports: Vec<Port>,
+    pub(crate) peers: Vec<Option<Peer>>,
+    pub(crate) peer_index: HashMap<(u16, u16, u16), u32>,
+    pub(crate) peer_free: Vec<u32>,
+    pub(crate) tx: tx::TxTable,
+    pub(crate) rx: rx::RxTable,
+    pub(crate) overflow: rx::Overflow,
+    pub(crate) timers: TimerHeap,
+    pub(crate) ready: VecDeque<u32>,
+    pub(crate) mr_cursors: mr::CursorCache,
+    pub(crate) counters: [u64; counter::COUNT],
+    pub(crate) counters_dirty: bool,
+    pub(crate) heartbeat: u32,
+    /// Source of timer stamps (unique across slot reuse).
+    pub(crate) stamp: u32,
+    /// One frame of scratch: payloads pass through here between DMA and MAC;
+    /// whole messages are never staged on the NIC.
+    pub(crate) frame_buf: Vec<u8>,
+}
+
+impl Nic {
+    /// Starts the control program on a NIC whose SRAM header was set up by
+    /// the hardware. Validates the layout, marks the NIC RUNNING.
+    pub fn boot<H: Hal>(hal: &mut H, mut cfg: Config) -> Result<Nic, FailReason> {
+        let mut hb = [0u8; SramHeader::SIZE];
+        hal.sram_read(0, &mut hb);
+        let header = SramHeader::get(&hb);
+        let layout = match Layout::from_header(&header) {
+            Ok(l) => l,
+            Err(_) => {
+                fail(hal, FailReason::BadLayout);
+                return Err(FailReason::BadLayout);
+            }
+        };
+        if cfg.invalid().is_some() {
+            fail(hal, FailReason::BadLayout);
+            return Err(FailReason::BadLayout);
+        }
+        if header.features & FEATURE_MODIFIED_ACK_NACK != 0 {
+            cfg.flow_control = FlowControl::ModifiedAckNack;
+        }
+        if header.features & FEATURE_OVERFLOW == 0 {
+            cfg.overflow_slots = 0;
+        }
+        cfg.overflow_slot_size = cfg
+            .overflow_slot_size
+            .min(emp_uapi::wire::payload_capacity(header.mtu, 0) as u32);
+        let ports = (0..layout.params.ports)
+            .map(|i| Port {
+                open: false,
+                gen: cfg.gen_seed.wrapping_add(i.wrapping_mul(257)),
+                cq_key: 0,
+                cq_offset: 0,
+                cq_entries: 0,
+                cq_prod: 0,
+                outstanding: 0,
+                send_cons: 0,
+                recv_cons: 0,
+                posted: VecDeque::new(),
+                overflow: VecDeque::new(),
+            })
+            .collect();
+        let nic = Nic {
+            layout,
+            node: header.node_id,
+            mtu: header.mtu,
+            ports,
+            peers: (0..cfg.peers_max).map(|_| None).collect(),
+            peer_index: HashMap::new(),
+            peer_free: (0..cfg.peers_max).rev().collect(),
+            tx: tx::TxTable::new(cfg.tx_max),
+            rx: rx::RxTable::new(cfg.rx_max),
+            overflow: rx::Overflow::new(cfg.overflow_slots, cfg.overflow_slot_size),
+            timers: TimerHeap::default(),
+            ready: VecDeque::new(),
+            mr_cursors: mr::CursorCache::new(layout.params.mr_entries),
+            counters: [0; counter::COUNT],
+            counters_dirty: true,
+            heartbeat: 0,
+            stamp: 0,
+            frame_buf: vec![0; MTU_MAX as usize],
+            cfg,
+        };
+        set_status(hal, NicStatus::Running, FailReason::None);
+        Ok(nic)
+    }
+
+    /// This NIC's node id.
+    pub fn node(&self) -> u16 {
+        self.node
+    }
+
+    /// The configuration in effect.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The host may have posted work: run admin commands, consume rings.
+    pub fn handle_doorbell<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        self.service_admin(hal, now);
+        for p in 0..self.ports.len() as u16 {
+            if self.ports[p as usize].open {
+                self.consume_rings(hal, now, p);
+            }
+        }
+        self.pump(hal, now);
+        self.publish(hal);
+    }
+
+    /// A frame arrived from the MAC.
+    pub fn handle_frame<H: Hal>(&mut self, hal: &mut H, now: u64, bytes: &[u8]) {
+        self.receive_frame(hal, now, bytes);
+        self.pump(hal, now);
+        self.publish(hal);
+    }
+
+    /// Time passed: fire expired timers (no-op when nothing expired).
+    pub fn handle_timeout<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        while let Some(t) = self.timers.pop_expired(now) {
+            match t {
+                timer::Timer::Group { slot, group, stamp } => self.on_group_timeout(hal, now, slot, group, stamp),
+                timer::Timer::RxIdle { slot, stamp } => self.on_rx_idle(hal, now, slot, stamp),
+            }
+        }
+        self.pump(hal, now);
+        self.publish(hal);
+    }
+
+    /// Earliest time `handle_timeout` has work (may be early: a spurious
+    /// call is a no-op).
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.timers.next_deadline()
+    }
+
+    /// Counters (also published in the SRAM header).
+    pub fn counters(&self) -> &[u64; counter::COUNT] {
+        &self.counters
+    }
+
+    /// Table occupancy.
+    pub fn occupancy(&self) -> Occupancy {
+        Occupancy {
+            tx_msgs: self.tx.used(),
+            rx_msgs: self.rx.used(),
+            posted_recvs: self.ports.iter().map(|p| p.posted.len() as u32).sum(),
+            overflow_used: self.overflow.used(),
+            peers: self.peer_index.len() as u32,
+            ports_open: self.ports.iter().filter(|p| p.open).count() as u32,
+        }
+    }
+
+    /// Checks internal invariants; returns the first one broken.
+    pub fn invariants(&self) -> Result<(), String> {
+        let mut tx_seen = 0;
+        for (i, p) in self.peers.iter().enumerate() {
+            let Some(p) = p else { continue };
+            if self.peer_index.get(&(p.port, p.node, p.rport)) != Some(&(i as u32)) {
+                return Err(format!("peer {i} not indexed"));
+            }
+            let mut inflight = 0;
+            for &s in &p.tx_queue {
+                let m = self.tx.get(s).ok_or_else(|| format!("peer {i} queues free tx slot {s}"))?;
+                if m.peer != i as u32 {
+                    return Err(format!("tx slot {s} belongs to peer {} not {i}", m.peer));
+                }
+                inflight += m.inflight_frames;
+                tx_seen += 1;
+            }
+            if inflight != p.inflight_frames {
+                return Err(format!("peer {i} inflight {} != sum {inflight}", p.inflight_frames));
+            }
+            for &r in &p.rx_active {
+                let m = self.rx.get(r).ok_or_else(|| format!("peer {i} lists free rx slot {r}"))?;
+                if m.peer != i as u32 {
+                    return Err(format!("rx slot {r} belongs to peer {} not {i}", m.peer));
+                }
+            }
+        }
+        if tx_seen != self.tx.used() {
+            return Err(format!("{} tx records, {tx_seen} queued", self.tx.used()));
+        }
+        let rx_listed: usize = self.peers.iter().flatten().map(|p| p.rx_active.len()).sum();
+        if rx_listed as u32 != self.rx.used() {
+            return Err(format!("{} rx records, {rx_listed} listed", self.rx.used()));
+        }
+        let ov: usize = self.ports.iter().map(|p| p.overflow.len()).sum();
+        if ov as u32 != self.overflow.used() {
+            return Err(format!("{} overflow slots used, {ov} queued", self.overflow.used()));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn count(&mut self, c: usize, n: u64) {
+        self.counters[c] += n;
+        self.counters_dirty = true;
+    }
+
+    /// Publishes counters and the heartbeat in the SRAM header.
+    fn publish<H: Hal>(&mut self, hal: &mut H) {
+        if !self.counters_dirty {
+            return;
+        }
+        self.counters_dirty = false;
+        self.heartbeat = self.heartbeat.wrapping_add(1);
+        let mut b = [0u8; 8 * counter::COUNT];
+        self.counters.put(&mut b);
+        hal.sram_write(core::mem::offset_of!(SramHeader, counters), &b);
+        hal.sram_write(core::mem::offset_of!(SramHeader, heartbeat), &self.heartbeat.to_le_bytes());
+    }
+
+    /// Looks up a peer entry.
+    pub(crate) fn find_peer(&self, port: u16, node: u16, rport: u16) -> Option<u32> {
+        self.peer_index.get(&(port, node, rport)).copied()
+    }
+
+    /// Finds or creates a peer entry; `None` when the table is full.
+    pub(crate) fn peer_for(&mut self, port: u16, node: u16, rport: u16, rx_floor: u32) -> Option<u32> {
+        if let Some(i) = self.find_peer(port, node, rport) {
+            return Some(i);
+        }
+        let i = self.peer_free.pop()?;
+        self.peers[i as usize] = Some(Peer {
+            port,
+            node,
+            rport,
+            tx_seq_next: 0,
+            tx_queue: VecDeque::new(),
+            inflight_frames: 0,
+            credits: u32::MAX,
+            not_to_send: None,
+            ready: false,
+            remote_gen: 0,
+            rx_gen: None,
+            rx_expected: rx_floor,
+            rnr_seq: None,
+            rx_active: Vec::new(),
+            last_loss_nack_ns: 0,
+        });
+        self.peer_index.insert((port, node, rport), i);
+        Some(i)
+    }
+
+    pub(crate) fn peer(&self, i: u32) -> &Peer {
+        self.peers[i as usize].as_ref().expect("live peer")
+    }
+
+    pub(crate) fn peer_mut(&mut self, i: u32) -> &mut Peer {
+        self.peers[i as usize].as_mut().expect("live peer")
+    }
+
+    /// Frees every peer entry of a closed port (their records are gone).
+    pub(crate) fn free_peers_of(&mut self, port: u16) {
+        for i in 0..self.peers.len() {
+            if self.peers[i].as_ref().is_some_and(|p| p.port == port) {
+                let p = self.peers[i].take().expect("checked");
+                debug_assert!(p.tx_queue.is_empty() && p.rx_active.is_empty());
+                self.peer_index.remove(&(p.port, p.node, p.rport));
+                self.peer_free.push(i as u32);
+            }
+        }
+        self.ready.retain(|&i| self.peers[i as usize].is_some());
+    }
+}
+
+fn set_status<H: Hal>(hal: &mut H, status: NicStatus, reason: FailReason) {
+    hal.sram_write(core::mem::offset_of!(SramHeader, fail_reason), &(reason as u32).to_le_bytes());
+    hal.sram_write(core::mem::offset_of!(SramHeader, status), &(status as u32).to_le_bytes());
+}
+
+/// Marks the NIC FAILED with `reason` (used by boot and by loaders).
+pub fn fail<H: Hal>(hal: &mut H, reason: FailReason) {
+    set_status(hal, NicStatus::Failed, reason);
+}
+
+/// Reads a little-endian u32 from SRAM.
+pub(crate) fn sram_u32<H: Hal>(hal: &mut H, off: usize) -> u32 {
+    let mut b = [0u8; 4];
+    hal.sram_read(off, &mut b);
+    u32::from_le_bytes(b)
+}
+
+/// Writes a little-endian u32 to SRAM.
+pub(crate) fn sram_put_u32<H: Hal>(hal: &mut H, off: usize, v: u32) {
+    hal.sram_write(off, &v.to_le_bytes());
+}

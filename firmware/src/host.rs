@@ -1,0 +1,321 @@
+//! The host interface: admin mailbox, descriptor rings, completions.
+//!
+//! Rings and the admin mailbox live in SRAM; completions are DMA-written to
+//! the port's completion queue in host memory (a region the port registered).
+//! A descriptor is consumed only when the CQ has room for its completion, so
+//! the CQ can never overflow.
+
+use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, CQE_PHASE, MR_LOCAL_READ, MR_LOCAL_WRITE, WD_SIGNALED};
+use emp_uapi::sram::{admin_result, ctl, port_state, AdminMailbox, AdminOp, RouteEntry};
+use emp_uapi::{sram::counter, Le};
+
+use crate::mr::Dir;
+use crate::{sram_put_u32, sram_u32, Hal, LocalDesc, Nic};
+
+/// What a completion reports.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Completion {
+    pub wr_id: u64,
+    pub opcode: Opcode,
+    pub status: Status,
+    pub byte_len: u32,
+    pub signaled: bool,
+    pub tag: u64,
+    pub src_node: u16,
+    pub src_port: u16,
+    pub msg_len: u32,
+}
+
+impl Completion {
+    pub(crate) fn of(d: &LocalDesc, opcode: Opcode, status: Status) -> Completion {
+        Completion {
+            wr_id: d.wr_id,
+            opcode,
+            status,
+            byte_len: 0,
+            signaled: d.signaled,
+            tag: 0,
+            src_node: 0,
+            src_port: 0,
+            msg_len: 0,
+        }
+    }
+}
+
+impl Nic {
+    /// Executes a pending admin command, if any.
+    pub(crate) fn service_admin<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        let off = self.layout.admin_off as usize;
+        let mut b = [0u8; AdminMailbox::SIZE];
+        hal.sram_read(off, &mut b);
+        let mb = AdminMailbox::get(&b);
+        if mb.request_seq == mb.done_seq {
+            return;
+        }
+        let result = match AdminOp::from_u32(mb.op) {
+            Some(AdminOp::Nop) => admin_result::OK,
+            Some(AdminOp::PortOpen) => self.port_open(hal, &mb.args),
+            Some(AdminOp::PortClose) => self.admin_port_close(hal, now, mb.args[0]),
+            Some(AdminOp::MrFence) => {
+                if mb.args[0] < self.layout.params.mr_entries as u64 {
+                    self.mr_cursors.invalidate(mb.args[0] as usize);
+                    admin_result::OK
+                } else {
+                    admin_result::BAD_ARG
+                }
+            }
+            None => admin_result::BAD_OP,
+        };
+        sram_put_u32(hal, off + core::mem::offset_of!(AdminMailbox, result), result);
+        sram_put_u32(hal, off + core::mem::offset_of!(AdminMailbox, done_seq), mb.request_seq);
+        hal.raise_interrupt(0);
+    }
+
+    fn port_open<H: Hal>(&mut self, hal: &mut H, args: &[u64; 6]) -> u32 {
+        let (port, cq_key, cq_offset, cq_entries) = (args[0], args[1], args[2], args[3]);
+        if port >= self.ports.len() as u64 || cq_key > u32::MAX as u64 {
+            return admin_result::BAD_ARG;
+        }
+        if cq_entries == 0 || !cq_entries.is_power_of_two() || cq_entries > 1 << 20 {
+            return admin_result::BAD_ARG;
+        }
+        let p = port as u16;
+        if self.ports[p as usize].open {
+            return admin_result::BAD_STATE;
+        }
+        let cq_bytes = cq_entries * Cqe::SIZE as u64;
+        if self.mr_lookup(hal, p, cq_key as u32, cq_offset, cq_bytes, MR_LOCAL_WRITE).is_err() {
+            return admin_result::BAD_KEY;
+        }
+        let w = self.layout.port(p);
+        let gen = {
+            let st = &mut self.ports[p as usize];
+            st.gen = st.gen.wrapping_add(1).max(1);
+            st.open = true;
+            st.cq_key = cq_key as u32;
+            st.cq_offset = cq_offset;
+            st.cq_entries = cq_entries as u32;
+            st.cq_prod = 0;
+            st.outstanding = 0;
+            // The trusted side zeroed the host-written words before opening.
+            st.send_cons = sram_u32(hal, w.ctl(ctl::SEND_PROD));
+            st.recv_cons = sram_u32(hal, w.ctl(ctl::RECV_PROD));
+            st.gen
+        };
+        let st = &self.ports[p as usize];
+        let (sc, rc) = (st.send_cons, st.recv_cons);
+        sram_put_u32(hal, w.ctl(ctl::SEND_CONS), sc);
+        sram_put_u32(hal, w.ctl(ctl::RECV_CONS), rc);
+        sram_put_u32(hal, w.ctl(ctl::CQ_PROD), 0);
+        sram_put_u32(hal, w.ctl(ctl::CQ_OVERRUNS), 0);
+        sram_put_u32(hal, w.ctl(ctl::GEN), gen as u32);
+        sram_put_u32(hal, w.ctl(ctl::STATE), port_state::OPEN);
+        admin_result::OK
+    }
+
+    fn admin_port_close<H: Hal>(&mut self, hal: &mut H, now: u64, port: u64) -> u32 {
+        if port >= self.ports.len() as u64 {
+            return admin_result::BAD_ARG;
+        }
+        if !self.ports[port as usize].open {
+            return admin_result::BAD_STATE;
+        }
+        self.port_close(hal, now, port as u16);
+        admin_result::OK
+    }
+
+    /// Closes a port: everything outstanding completes `Flushed` (best
+    /// effort: the process may be gone), every table entry is freed.
+    pub(crate) fn port_close<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
+        let peers: Vec<u32> = (0..self.peers.len() as u32)
+            .filter(|&i| self.peers[i as usize].as_ref().is_some_and(|p| p.port == port))
+            .collect();
+        for i in peers {
+            while let Some(&slot) = self.peer(i).tx_queue.front() {
+                self.finish_tx(hal, now, slot, Status::Flushed);
+            }
+            while let Some(&slot) = self.peer(i).rx_active.first() {
+                self.finish_rx(hal, slot, Some(Status::Flushed));
+            }
+        }
+        while let Some(d) = self.ports[port as usize].posted.pop_front() {
+            self.complete(hal, port, Completion::of(&d, Opcode::Recv, Status::Flushed));
+        }
+        while let Some(s) = self.ports[port as usize].overflow.pop_front() {
+            self.overflow.free(s);
+        }
+        self.free_peers_of(port);
+        debug_assert_eq!(self.ports[port as usize].outstanding, 0);
+        self.ports[port as usize].open = false;
+        let w = self.layout.port(port);
+        sram_put_u32(hal, w.ctl(ctl::STATE), port_state::CLOSED);
+    }
+
+    /// Room in the CQ for one more consumed descriptor.
+    fn cq_has_room<H: Hal>(&self, hal: &mut H, port: u16) -> bool {
+        let st = &self.ports[port as usize];
+        let cons = sram_u32(hal, self.layout.port(port).ctl(ctl::CQ_CONS));
+        let used = st.cq_prod.wrapping_sub(cons);
+        // A host that wrote a consumer index ahead of the producer gets no room.
+        used <= st.cq_entries && used + st.outstanding < st.cq_entries
+    }
+
+    /// Consumes new descriptors from a port's rings.
+    pub(crate) fn consume_rings<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
+        let w = self.layout.port(port);
+        let recv_prod = sram_u32(hal, w.ctl(ctl::RECV_PROD));
+        let mut budget = w.recv_entries;
+        while self.ports[port as usize].recv_cons != recv_prod && budget > 0 {
+            let posted: u32 = self.ports.iter().map(|p| p.posted.len() as u32).sum();
+            if posted >= self.cfg.recv_posted_max || !self.cq_has_room(hal, port) {
+                break;
+            }
+            budget -= 1;
+            let idx = self.ports[port as usize].recv_cons;
+            let d = read_desc(hal, w.recv_slot(idx));
+            self.ports[port as usize].recv_cons = idx.wrapping_add(1);
+            self.ports[port as usize].outstanding += 1;
+            self.post_recv(hal, port, &d);
+        }
+        let rc = self.ports[port as usize].recv_cons;
+        sram_put_u32(hal, w.ctl(ctl::RECV_CONS), rc);
+
+        let send_prod = sram_u32(hal, w.ctl(ctl::SEND_PROD));
+        let mut budget = w.send_entries;
+        while self.ports[port as usize].send_cons != send_prod && budget > 0 {
+            if self.tx.is_full() || !self.cq_has_room(hal, port) {
+                break;
+            }
+            budget -= 1;
+            let idx = self.ports[port as usize].send_cons;
+            let d = read_desc(hal, w.send_slot(idx));
+            self.ports[port as usize].send_cons = idx.wrapping_add(1);
+            self.ports[port as usize].outstanding += 1;
+            self.post_send(hal, now, port, &d);
+        }
+        let sc = self.ports[port as usize].send_cons;
+        sram_put_u32(hal, w.ctl(ctl::SEND_CONS), sc);
+    }
+
+    fn post_recv<H: Hal>(&mut self, hal: &mut H, port: u16, d: &WorkDesc) {
+        let ld = local_desc(d);
+        match d.validate() {
+            Ok(Opcode::Recv) => {}
+            _ => return self.bad_descriptor(hal, port, &ld, Opcode::Recv),
+        }
+        if let Err(st) = self.check_sges(hal, port, ld.sges(), MR_LOCAL_WRITE) {
+            return self.complete(hal, port, Completion::of(&ld, Opcode::Recv, st));
+        }
+        if self.match_overflow(hal, port, &ld) {
+            return;
+        }
+        self.ports[port as usize].posted.push_back(ld);
+    }
+
+    fn post_send<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
+        let ld = local_desc(d);
+        match d.validate() {
+            Ok(Opcode::Send) => {}
+            _ => return self.bad_descriptor(hal, port, &ld, Opcode::Send),
+        }
+        if let Err(st) = self.check_sges(hal, port, ld.sges(), MR_LOCAL_READ) {
+            return self.complete(hal, port, Completion::of(&ld, Opcode::Send, st));
+        }
+        if ld.len > self.cfg.msg_max {
+            return self.complete(hal, port, Completion::of(&ld, Opcode::Send, Status::TooLarge));
+        }
+        if !self.route_valid(hal, ld.node) {
+            return self.bad_descriptor(hal, port, &ld, Opcode::Send);
+        }
+        let Some(peer) = self.peer_for(port, ld.node, ld.port, 0) else {
+            return self.complete(hal, port, Completion::of(&ld, Opcode::Send, Status::TableFull));
+        };
+        self.enqueue_tx(now, port, peer, ld);
+    }
+
+    fn bad_descriptor<H: Hal>(&mut self, hal: &mut H, port: u16, ld: &LocalDesc, op: Opcode) {
+        self.count(counter::BAD_DESCRIPTORS, 1);
+        let mut c = Completion::of(ld, op, Status::BadDescriptor);
+        c.signaled = true;
+        self.complete(hal, port, c);
+    }
+
+    fn route_valid<H: Hal>(&self, hal: &mut H, node: u16) -> bool {
+        if node as u32 >= self.layout.params.route_entries {
+            return false;
+        }
+        sram_u32(hal, self.layout.route_entry(node as usize) + core::mem::offset_of!(RouteEntry, valid)) == 1
+    }
+
+    /// Reports a finished descriptor: writes a CQE unless it is an
+    /// unsignaled success, and releases its CQ reservation.
+    pub(crate) fn complete<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
+        let st = &mut self.ports[port as usize];
+        debug_assert!(st.outstanding > 0, "completion without a consumed descriptor");
+        st.outstanding = st.outstanding.saturating_sub(1);
+        if c.status != Status::Success {
+            self.count(counter::MSGS_FAILED, 1);
+        }
+        if !c.signaled && c.status == Status::Success {
+            return;
+        }
+        let st = &self.ports[port as usize];
+        let (key, entries, prod) = (st.cq_key, st.cq_entries, st.cq_prod);
+        let idx = prod & (entries - 1);
+        let phase = if (prod / entries) & 1 == 0 { CQE_PHASE } else { 0 };
+        let cqe = Cqe {
+            wr_id: c.wr_id,
+            byte_len: c.byte_len,
+            status: c.status as u8,
+            opcode: c.opcode as u8,
+            reserved: 0,
+            flags: phase,
+            tag: c.tag,
+            src_node: c.src_node,
+            src_port: c.src_port,
+            msg_len: c.msg_len,
+        };
+        let mut b = [0u8; Cqe::SIZE];
+        cqe.put(&mut b);
+        let at = st.cq_offset + idx as u64 * Cqe::SIZE as u64;
+        let w = self.layout.port(port);
+        // Body first, the phase byte last: the host never sees a torn entry.
+        let (body, tail) = b.split_at_mut(CQE_FLAGS_OFFSET);
+        let ok = self.region_io(hal, port, key, at, body, Dir::ToHost, MR_LOCAL_WRITE).is_ok()
+            && self
+                .region_io(hal, port, key, at + CQE_FLAGS_OFFSET as u64, tail, Dir::ToHost, MR_LOCAL_WRITE)
+                .is_ok();
+        if !ok {
+            let o = sram_u32(hal, w.ctl(ctl::CQ_OVERRUNS));
+            sram_put_u32(hal, w.ctl(ctl::CQ_OVERRUNS), o.wrapping_add(1));
+            return;
+        }
+        let st = &mut self.ports[port as usize];
+        st.cq_prod = st.cq_prod.wrapping_add(1);
+        sram_put_u32(hal, w.ctl(ctl::CQ_PROD), st.cq_prod);
+        if sram_u32(hal, w.ctl(ctl::ARM)) != 0 {
+            sram_put_u32(hal, w.ctl(ctl::ARM), 0);
+            hal.raise_interrupt(1 + port);
+        }
+    }
+}
+
+fn read_desc<H: Hal>(hal: &mut H, off: usize) -> WorkDesc {
+    let mut b = [0u8; WorkDesc::SIZE];
+    hal.sram_read(off, &mut b);
+    WorkDesc::get(&b)
+}
+
+fn local_desc(d: &WorkDesc) -> LocalDesc {
+    LocalDesc {
+        wr_id: d.wr_id,
+        signaled: d.flags & WD_SIGNALED != 0 || d.opcode == Opcode::Recv as u8,
+        node: d.node,
+        port: d.port,
+        tag: d.tag,
+        ignore: d.ignore,
+        num_sge: d.num_sge.min(emp_uapi::desc::SGE_MAX as u8),
+        sge: d.sge,
+        len: d.total_len(),
+    }
+}

@@ -1,0 +1,549 @@
+//! Receive side (EMP thesis §2.3.1, §3.1): classify the frame, find its
+//! message, drop duplicates, accept out-of-order frames, DMA the payload
+//! straight into the matched receive buffer, ACK each complete group, NACK
+//! holes. Messages from one peer are matched strictly in sequence order,
+//! which keeps MPI's non-overtaking rule: a message whose header cannot be
+//! matched blocks later ones from the same peer until a receive is posted
+//! (EMP's unexpected-message rule: drop, the sender retransmits) — unless
+//! the bounded overflow buffer takes it.
+
+use emp_uapi::desc::{Opcode, Status, MR_LOCAL_WRITE};
+use emp_uapi::sram::counter;
+use emp_uapi::wire::{self, AckBody, Frame, FrameHeader, FrameKind, MsgHeader, NackReason};
+use emp_uapi::{seq_lt, Le};
+
+use crate::host::Completion;
+use crate::mr::Dir;
+use crate::timer::Timer;
+use crate::{FlowControl, Hal, LocalDesc, Nic};
+
+/// A message being received into a matched receive.
+#[derive(Debug)]
+pub(crate) struct RxMsg {
+    pub port: u16,
+    pub peer: u32,
+    pub seq: u32,
+    pub desc: LocalDesc,
+    pub tag: u64,
+    pub total_len: u64,
+    pub frame_count: u32,
+    pub received: Vec<u64>,
+    pub group_counts: Vec<u8>,
+    pub frames_received: u32,
+    pub highest: u32,
+    pub last_activity: u64,
+    pub stamp: u32,
+    pub error: Option<Status>,
+}
+
+/// Bounded table of receive records.
+#[derive(Debug)]
+pub(crate) struct RxTable {
+    slots: Vec<Option<RxMsg>>,
+    free: Vec<u32>,
+}
+
+impl RxTable {
+    pub(crate) fn new(max: u32) -> Self {
+        RxTable { slots: (0..max).map(|_| None).collect(), free: (0..max).rev().collect() }
+    }
+    pub(crate) fn used(&self) -> u32 {
+        (self.slots.len() - self.free.len()) as u32
+    }
+    pub(crate) fn get(&self, s: u32) -> Option<&RxMsg> {
+        self.slots.get(s as usize)?.as_ref()
+    }
+    fn get_mut(&mut self, s: u32) -> &mut RxMsg {
+        self.slots[s as usize].as_mut().expect("live rx record")
+    }
+    fn insert(&mut self, m: RxMsg) -> Option<u32> {
+        let s = self.free.pop()?;
+        self.slots[s as usize] = Some(m);
+        Some(s)
+    }
+    fn remove(&mut self, s: u32) -> RxMsg {
+        let m = self.slots[s as usize].take().expect("live rx record");
+        self.free.push(s);
+        m
+    }
+}
+
+/// A small unexpected message held on the NIC until a receive matches it.
+#[derive(Debug, Default)]
+struct OverflowSlot {
+    data: Vec<u8>,
+    tag: u64,
+    src_node: u16,
+    src_port: u16,
+}
+
+/// The bounded overflow buffer (Portals-style), `slots × slot_size` bytes.
+#[derive(Debug)]
+pub(crate) struct Overflow {
+    slots: Vec<OverflowSlot>,
+    free: Vec<u32>,
+    slot_size: u32,
+}
+
+impl Overflow {
+    pub(crate) fn new(slots: u32, slot_size: u32) -> Self {
+        Overflow {
+            slots: (0..slots).map(|_| OverflowSlot { data: Vec::with_capacity(slot_size as usize), ..Default::default() }).collect(),
+            free: (0..slots).rev().collect(),
+            slot_size,
+        }
+    }
+    pub(crate) fn used(&self) -> u32 {
+        (self.slots.len() - self.free.len()) as u32
+    }
+    pub(crate) fn free(&mut self, s: u32) {
+        self.slots[s as usize].data.clear();
+        self.free.push(s);
+    }
+    fn available(&self) -> u32 {
+        self.free.len() as u32
+    }
+}
+
+/// What happened to the header frame of the next message from a peer.
+enum MatchOutcome {
+    Matched(u32),
+    Overflowed,
+    NotReady,
+    TooLarge,
+}
+
+impl Nic {
+    /// Entry point for every received frame.
+    pub(crate) fn receive_frame<H: Hal>(&mut self, hal: &mut H, now: u64, bytes: &[u8]) {
+        let frame = match Frame::parse(bytes) {
+            Ok(f) if f.header().dst_node == self.node && (f.header().dst_port as usize) < self.ports.len() => f,
+            _ => return self.count(counter::DROPPED_MALFORMED, 1),
+        };
+        match frame {
+            Frame::Data { hdr, msg, payload } => self.on_data(hal, now, &hdr, msg.as_ref(), payload),
+            Frame::Ack { hdr, body } => {
+                self.count(counter::ACKS_RX, 1);
+                if self.ports[hdr.dst_port as usize].open {
+                    self.on_ack(hal, now, &hdr, &body);
+                }
+            }
+            Frame::Nack { hdr, body, reason } => {
+                self.count(counter::ACKS_RX, 1);
+                if self.ports[hdr.dst_port as usize].open {
+                    self.on_nack(hal, now, &hdr, &body, reason);
+                }
+            }
+        }
+    }
+
+    fn on_data<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, msg: Option<&MsgHeader>, payload: &[u8]) {
+        let port = hdr.dst_port;
+        let st = &self.ports[port as usize];
+        if !st.open || (hdr.dst_gen != 0 && hdr.dst_gen != st.gen) {
+            // Closed, or meant for an earlier process on this port.
+            return self.send_raw_nack(hal, hdr, NackReason::PortClosed);
+        }
+        let Some(peer) = self.peer_for(port, hdr.src_node, hdr.src_port, hdr.tx_floor) else {
+            return self.send_raw_nack(hal, hdr, NackReason::PeerTableFull);
+        };
+        if !self.check_incarnation(hal, peer, hdr) {
+            return self.count(counter::DROPPED_UNEXPECTED, 1);
+        }
+        self.skip_to_floor(hal, peer, hdr.tx_floor);
+        let seq = hdr.msg_seq;
+        let found = self.peer(peer).rx_active.iter().copied().find(|&r| self.rx.get(r).is_some_and(|m| m.seq == seq));
+        if let Some(r) = found {
+            return self.accept_frame(hal, now, r, hdr, msg, payload);
+        }
+        let expected = self.peer(peer).rx_expected;
+        let g = hdr.frame_index / self.cfg.group_size;
+        if seq_lt(seq, expected) {
+            // The message is finished here: its ACK was lost. ACK again.
+            self.count(counter::DUPLICATES, 1);
+            return self.send_ack(hal, peer, seq, g);
+        }
+        if seq == expected && hdr.frame_index == 0 {
+            let msg = msg.expect("frame 0 carries the message header");
+            return match self.try_match(hal, now, peer, hdr, msg, payload) {
+                MatchOutcome::Matched(r) => self.accept_frame(hal, now, r, hdr, Some(msg), payload),
+                MatchOutcome::Overflowed => self.send_ack(hal, peer, seq, 0),
+                MatchOutcome::TooLarge => self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge),
+                MatchOutcome::NotReady => {
+                    self.count(counter::DROPPED_UNEXPECTED, 1);
+                    self.peer_mut(peer).rnr_seq = Some(seq);
+                    self.send_nack(hal, peer, seq, 0, 0, NackReason::NoMatch)
+                }
+            };
+        }
+        // A frame of a message that cannot be matched yet: its own header is
+        // missing, or an earlier message of this peer is not matched.
+        self.count(counter::DROPPED_UNEXPECTED, 1);
+        let (first, end) = self.group_bounds(hdr.frame_count, g);
+        let _ = first;
+        if hdr.frame_index + 1 != end {
+            return; // Answer once per group transmission, on its last frame.
+        }
+        let refused = self.peer(peer).rnr_seq == Some(expected);
+        if refused {
+            if self.cfg.flow_control != FlowControl::ModifiedAckNack || seq == expected {
+                // Alive but not ready: keeps the sender from burning retries.
+                self.send_nack(hal, peer, seq, g, 0, NackReason::NoMatch);
+            }
+        } else if now >= self.peer(peer).last_loss_nack_ns + self.cfg.rto_ns / 2 {
+            // The expected message's header frame was lost: ask for it now.
+            self.peer_mut(peer).last_loss_nack_ns = now;
+            self.send_nack(hal, peer, expected, 0, 1, NackReason::Loss);
+        }
+    }
+
+    fn group_bounds(&self, frame_count: u32, g: u32) -> (u32, u32) {
+        let first = g * self.cfg.group_size;
+        (first, (first + self.cfg.group_size).min(frame_count))
+    }
+
+    /// Tracks the sender's port generation; a new incarnation resets the
+    /// receive side. Returns false for frames from an older incarnation.
+    fn check_incarnation<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader) -> bool {
+        match self.peer(peer).rx_gen {
+            None => {
+                self.peer_mut(peer).rx_gen = Some(hdr.src_gen);
+                true
+            }
+            Some(g) if g == hdr.src_gen => true,
+            Some(g) if (hdr.src_gen.wrapping_sub(g) as i16) > 0 => {
+                while let Some(&r) = self.peer(peer).rx_active.first() {
+                    self.finish_rx(hal, r, Some(Status::SenderAborted));
+                }
+                let p = self.peer_mut(peer);
+                p.rx_gen = Some(hdr.src_gen);
+                p.rx_expected = hdr.tx_floor;
+                p.rnr_seq = None;
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    /// The sender finished or abandoned everything below `floor`: skip
+    /// those messages and abort any partially received one.
+    fn skip_to_floor<H: Hal>(&mut self, hal: &mut H, peer: u32, floor: u32) {
+        if !seq_lt(self.peer(peer).rx_expected, floor) {
+            return;
+        }
+        let stale: Vec<u32> = self
+            .peer(peer)
+            .rx_active
+            .iter()
+            .copied()
+            .filter(|&r| seq_lt(self.rx.get(r).expect("listed").seq, floor))
+            .collect();
+        for r in stale {
+            self.finish_rx(hal, r, Some(Status::SenderAborted));
+        }
+        let p = self.peer_mut(peer);
+        p.rx_expected = floor;
+        if p.rnr_seq.is_some_and(|s| seq_lt(s, floor)) {
+            p.rnr_seq = None;
+        }
+    }
+
+    /// Matches the header frame of the next message against the port's
+    /// posted receives (in posting order), else the overflow buffer.
+    fn try_match<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        peer: u32,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        payload: &[u8],
+    ) -> MatchOutcome {
+        if msg.total_len > self.cfg.msg_max {
+            return MatchOutcome::TooLarge;
+        }
+        let port = hdr.dst_port;
+        let frame_count = wire::frames_for(msg.total_len, self.mtu);
+        if frame_count != hdr.frame_count as u64 {
+            return MatchOutcome::TooLarge; // Sender's MTU differs: refuse loudly.
+        }
+        let posted = &self.ports[port as usize].posted;
+        if let Some(i) = posted.iter().position(|d| d.matches(hdr.src_node, hdr.src_port, msg.tag)) {
+            let desc = posted[i];
+            let groups = hdr.frame_count.div_ceil(self.cfg.group_size) as usize;
+            let stamp = self.next_stamp();
+            let rec = RxMsg {
+                port,
+                peer,
+                seq: hdr.msg_seq,
+                desc,
+                tag: msg.tag,
+                total_len: msg.total_len,
+                frame_count: hdr.frame_count,
+                received: vec![0; (hdr.frame_count as usize).div_ceil(64)],
+                group_counts: vec![0; groups],
+                frames_received: 0,
+                highest: 0,
+                last_activity: now,
+                stamp,
+                error: None,
+            };
+            let Some(r) = self.rx.insert(rec) else { return MatchOutcome::NotReady };
+            self.ports[port as usize].posted.remove(i);
+            self.timers.arm(now + self.cfg.rx_idle_timeout_ns, Timer::RxIdle { slot: r, stamp });
+            let p = self.peer_mut(peer);
+            p.rx_active.push(r);
+            p.rx_expected = hdr.msg_seq.wrapping_add(1);
+            p.rnr_seq = None;
+            return MatchOutcome::Matched(r);
+        }
+        let fits = hdr.frame_count == 1 && msg.total_len <= self.overflow.slot_size as u64;
+        if fits {
+            if let Some(s) = self.overflow.free.pop() {
+                let slot = &mut self.overflow.slots[s as usize];
+                slot.data.clear();
+                slot.data.extend_from_slice(payload);
+                slot.tag = msg.tag;
+                slot.src_node = hdr.src_node;
+                slot.src_port = hdr.src_port;
+                self.ports[port as usize].overflow.push_back(s);
+                let p = self.peer_mut(peer);
+                p.rx_expected = hdr.msg_seq.wrapping_add(1);
+                p.rnr_seq = None;
+                self.count(counter::OVERFLOW_MSGS, 1);
+                self.count(counter::RX_FRAMES, 1);
+                return MatchOutcome::Overflowed;
+            }
+        }
+        let _ = hal;
+        MatchOutcome::NotReady
+    }
+
+    /// A receive was posted: take the oldest matching overflowed message.
+    pub(crate) fn match_overflow<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) -> bool {
+        let q = &self.ports[port as usize].overflow;
+        let Some(i) = q.iter().position(|&s| {
+            let o = &self.overflow.slots[s as usize];
+            d.matches(o.src_node, o.src_port, o.tag)
+        }) else {
+            return false;
+        };
+        let s = self.ports[port as usize].overflow.remove(i).expect("found");
+        let mut data = core::mem::take(&mut self.overflow.slots[s as usize].data);
+        let (tag, src_node, src_port) = {
+            let o = &self.overflow.slots[s as usize];
+            (o.tag, o.src_node, o.src_port)
+        };
+        let total = data.len() as u64;
+        let n = total.min(d.len) as usize;
+        let io = self.sge_io(hal, port, d.sges(), 0, &mut data[..n], Dir::ToHost, MR_LOCAL_WRITE);
+        self.overflow.slots[s as usize].data = data;
+        self.overflow.free(s);
+        let status = match io {
+            Err(e) => e,
+            Ok(()) if total > d.len => Status::Truncated,
+            Ok(()) => Status::Success,
+        };
+        self.count(counter::MSGS_RX, 1);
+        let mut c = Completion::of(d, Opcode::Recv, status);
+        c.byte_len = n as u32;
+        c.tag = tag;
+        c.src_node = src_node;
+        c.src_port = src_port;
+        c.msg_len = total.min(u32::MAX as u64) as u32;
+        self.complete(hal, port, c);
+        true
+    }
+
+    /// A DATA frame of a matched message.
+    fn accept_frame<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        r: u32,
+        hdr: &FrameHeader,
+        msg: Option<&MsgHeader>,
+        payload: &[u8],
+    ) {
+        let m = self.rx.get(r).expect("live");
+        let f = hdr.frame_index;
+        let off = wire::frame_offset(f, self.mtu);
+        let expect_len = (wire::payload_capacity(self.mtu, f) as u64).min(m.total_len.saturating_sub(off));
+        let consistent = hdr.frame_count == m.frame_count
+            && msg.is_none_or(|h| h.total_len == m.total_len && h.tag == m.tag)
+            && payload.len() as u64 == expect_len;
+        if !consistent {
+            return self.count(counter::DROPPED_MALFORMED, 1);
+        }
+        let (peer, seq, port) = (m.peer, m.seq, m.port);
+        let g = f / self.cfg.group_size;
+        let (first, end) = self.group_bounds(m.frame_count, g);
+        let group_len = (end - first) as u8;
+        if m.received[f as usize / 64] & (1 << (f % 64)) != 0 {
+            let complete = m.group_counts[g as usize] == group_len;
+            self.count(counter::DUPLICATES, 1);
+            if complete {
+                self.send_ack(hal, peer, seq, g);
+            }
+            return;
+        }
+        // Zero-copy into the user's buffer; bytes beyond it are dropped (truncation).
+        let buf_len = m.desc.len;
+        let desc = m.desc;
+        let n = (buf_len.saturating_sub(off)).min(payload.len() as u64) as usize;
+        let mut io = Ok(());
+        if n > 0 {
+            let mut buf = core::mem::take(&mut self.frame_buf);
+            buf[..n].copy_from_slice(&payload[..n]);
+            io = self.sge_io(hal, port, desc.sges(), off, &mut buf[..n], Dir::ToHost, MR_LOCAL_WRITE);
+            self.frame_buf = buf;
+        }
+        self.count(counter::RX_FRAMES, 1);
+        let m = self.rx.get_mut(r);
+        if f != 0 && f != m.highest + 1 && m.frames_received > 0 {
+            self.counters[counter::OUT_OF_ORDER] += 1;
+        }
+        if let Err(e) = io {
+            m.error.get_or_insert(e);
+        }
+        m.received[f as usize / 64] |= 1 << (f % 64);
+        m.frames_received += 1;
+        m.highest = m.highest.max(f);
+        m.last_activity = now;
+        m.group_counts[g as usize] += 1;
+        let group_done = m.group_counts[g as usize] == group_len;
+        let all_done = m.frames_received == m.frame_count;
+        let missing = if !group_done && f + 1 == end {
+            (first..end).filter(|&i| m.received[i as usize / 64] & (1 << (i % 64)) == 0).fold(0u32, |a, i| a | 1 << (i - first))
+        } else {
+            0
+        };
+        if group_done {
+            self.send_ack(hal, peer, seq, g);
+        } else if missing != 0 {
+            self.send_nack(hal, peer, seq, g, missing, NackReason::Loss);
+        }
+        if all_done {
+            self.finish_rx(hal, r, None);
+        }
+    }
+
+    /// Retires a receive record: reports the receive (`error` overrides).
+    pub(crate) fn finish_rx<H: Hal>(&mut self, hal: &mut H, r: u32, error: Option<Status>) {
+        let m = self.rx.remove(r);
+        self.peer_mut(m.peer).rx_active.retain(|&x| x != r);
+        let status = match error.or(m.error) {
+            Some(e) => e,
+            None if m.total_len > m.desc.len => Status::Truncated,
+            None => Status::Success,
+        };
+        if error.is_none() {
+            self.count(counter::MSGS_RX, 1);
+        }
+        let src = self.peer(m.peer);
+        let mut c = Completion::of(&m.desc, Opcode::Recv, status);
+        c.byte_len = m.total_len.min(m.desc.len) as u32;
+        c.tag = m.tag;
+        c.src_node = src.node;
+        c.src_port = src.rport;
+        c.msg_len = m.total_len.min(u32::MAX as u64) as u32;
+        self.complete(hal, m.port, c);
+    }
+
+    /// Inactivity timer of a partially received message.
+    pub(crate) fn on_rx_idle<H: Hal>(&mut self, hal: &mut H, now: u64, r: u32, stamp: u32) {
+        let Some(m) = self.rx.get(r) else { return };
+        if m.stamp != stamp {
+            return;
+        }
+        let deadline = m.last_activity + self.cfg.rx_idle_timeout_ns;
+        if now >= deadline {
+            self.finish_rx(hal, r, Some(Status::SenderAborted));
+        } else {
+            self.timers.arm(deadline, Timer::RxIdle { slot: r, stamp });
+        }
+    }
+
+    /// Receiver state piggybacked on ACKs: posted receives plus free
+    /// overflow slots on the port, and a coarse "slow down" level.
+    fn rx_credits(&self, port: u16) -> (u16, u8) {
+        let posted = self.ports[port as usize].posted.len() as u32;
+        let credits = posted + self.overflow.available();
+        let level = match credits {
+            0 => 2,
+            1..=3 => 1,
+            _ => 0,
+        };
+        (credits.min(u16::MAX as u32) as u16, level)
+    }
+
+    fn ack_header(&self, peer: u32, kind: FrameKind, seq: u32, g: u32) -> FrameHeader {
+        let p = self.peer(peer);
+        FrameHeader {
+            version: wire::WIRE_VERSION,
+            kind: kind as u8,
+            dst_gen: p.rx_gen.unwrap_or(0),
+            src_node: self.node,
+            dst_node: p.node,
+            src_port: p.port,
+            dst_port: p.rport,
+            src_gen: self.ports[p.port as usize].gen,
+            payload_len: 0,
+            msg_seq: seq,
+            tx_floor: 0,
+            frame_index: g * self.cfg.group_size,
+            frame_count: 0,
+        }
+    }
+
+    fn send_ack<H: Hal>(&mut self, hal: &mut H, peer: u32, seq: u32, g: u32) {
+        let hdr = self.ack_header(peer, FrameKind::Ack, seq, g);
+        let (rx_credits, fc_level) = self.rx_credits(hdr.src_port);
+        let body = AckBody { group: g, rx_credits, fc_level, rx_expected: self.peer(peer).rx_expected, ..Default::default() };
+        self.emit_control(hal, &hdr, &body);
+        self.count(counter::ACKS_TX, 1);
+    }
+
+    fn send_nack<H: Hal>(&mut self, hal: &mut H, peer: u32, seq: u32, g: u32, mask: u32, reason: NackReason) {
+        let hdr = self.ack_header(peer, FrameKind::Nack, seq, g);
+        let (rx_credits, fc_level) = self.rx_credits(hdr.src_port);
+        let body = AckBody {
+            group: g,
+            missing_mask: mask,
+            rx_credits,
+            reason: reason as u8,
+            fc_level,
+            rx_expected: self.peer(peer).rx_expected,
+        };
+        self.emit_control(hal, &hdr, &body);
+        self.count(counter::NACKS_TX, 1);
+    }
+
+    /// A NACK to a sender we keep no state for (closed port, full table).
+    fn send_raw_nack<H: Hal>(&mut self, hal: &mut H, data: &FrameHeader, reason: NackReason) {
+        let hdr = FrameHeader {
+            version: wire::WIRE_VERSION,
+            kind: FrameKind::Nack as u8,
+            dst_gen: data.src_gen,
+            src_node: self.node,
+            dst_node: data.src_node,
+            src_port: data.dst_port,
+            dst_port: data.src_port,
+            src_gen: 0,
+            payload_len: 0,
+            msg_seq: data.msg_seq,
+            tx_floor: 0,
+            frame_index: data.frame_index - data.frame_index % self.cfg.group_size,
+            frame_count: 0,
+        };
+        let body = AckBody { group: data.frame_index / self.cfg.group_size, reason: reason as u8, fc_level: 2, ..Default::default() };
+        self.emit_control(hal, &hdr, &body);
+        self.count(counter::NACKS_TX, 1);
+    }
+
+    fn emit_control<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) {
+        let mut b = [0u8; FrameHeader::SIZE + AckBody::SIZE];
+        wire::emit_ack(hdr, body, &mut b).expect("fits");
+        hal.mac_transmit(hdr.dst_node, &b);
+    }
+}

@@ -1,0 +1,51 @@
+//! Timers: a min-heap of deadlines with lazy cancellation. Every record that
+//! owns a timer keeps a stamp; re-arming or cancelling bumps the stamp, and
+//! a popped entry whose stamp no longer matches is ignored by its handler.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// What a timer is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Timer {
+    /// Retransmission timer of group `group` of tx record `slot`.
+    Group { slot: u32, group: u32, stamp: u32 },
+    /// Inactivity timer of rx record `slot`.
+    RxIdle { slot: u32, stamp: u32 },
+}
+
+/// Deadline-ordered timers.
+#[derive(Debug, Default)]
+pub struct TimerHeap {
+    heap: BinaryHeap<Reverse<(u64, Timer)>>,
+}
+
+impl TimerHeap {
+    /// Arms `t` at `deadline`.
+    pub fn arm(&mut self, deadline: u64, t: Timer) {
+        self.heap.push(Reverse((deadline, t)));
+    }
+
+    /// Pops one timer due at `now`.
+    pub fn pop_expired(&mut self, now: u64) -> Option<Timer> {
+        match self.heap.peek() {
+            Some(Reverse((d, _))) if *d <= now => self.heap.pop().map(|Reverse((_, t))| t),
+            _ => None,
+        }
+    }
+
+    /// Earliest deadline (possibly of a cancelled timer).
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.heap.peek().map(|Reverse((d, _))| *d)
+    }
+
+    /// Entries held, live or stale.
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    /// True when no entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+}

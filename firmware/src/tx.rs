@@ -1,0 +1,427 @@
+//! Send side (EMP thesis §2.3.1, Fig. 2.4): a transmission record per
+//! message; frames pulled from host memory one at a time and put on the
+//! wire; a timer per group of frames; the group resent on timeout with
+//! exponential backoff up to a retry limit; NACKs for fast recovery.
+
+use emp_uapi::desc::{Opcode, Status, MR_LOCAL_READ};
+use emp_uapi::sram::counter;
+use emp_uapi::wire::{self, AckBody, FrameHeader, FrameKind, MsgHeader, NackReason};
+use emp_uapi::seq_lt;
+
+use crate::host::Completion;
+use crate::mr::Dir;
+use crate::timer::Timer;
+use crate::{FlowControl, Hal, LocalDesc, Nic};
+
+/// One group of frames.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Group {
+    pub acked: bool,
+    /// Timeouts so far (reset when the receiver says it is alive but not ready).
+    pub retries: u32,
+    /// Stamp of the armed timer (0 = none).
+    pub stamp: u32,
+    /// Frames of this group sent and counted in the peer's window.
+    pub inflight: u32,
+    pub last_tx_ns: u64,
+}
+
+/// A message being sent.
+#[derive(Debug)]
+pub(crate) struct TxMsg {
+    pub port: u16,
+    pub peer: u32,
+    pub desc: LocalDesc,
+    pub seq: u32,
+    pub frame_count: u32,
+    /// Next frame to send for the first time.
+    pub next_frame: u32,
+    pub groups: Vec<Group>,
+    pub groups_acked: u32,
+    pub inflight_frames: u32,
+    pub rnr_retries: u32,
+}
+
+/// Bounded table of transmission records.
+#[derive(Debug)]
+pub(crate) struct TxTable {
+    slots: Vec<Option<TxMsg>>,
+    free: Vec<u32>,
+}
+
+impl TxTable {
+    pub(crate) fn new(max: u32) -> Self {
+        TxTable { slots: (0..max).map(|_| None).collect(), free: (0..max).rev().collect() }
+    }
+    pub(crate) fn is_full(&self) -> bool {
+        self.free.is_empty()
+    }
+    pub(crate) fn used(&self) -> u32 {
+        (self.slots.len() - self.free.len()) as u32
+    }
+    pub(crate) fn get(&self, s: u32) -> Option<&TxMsg> {
+        self.slots.get(s as usize)?.as_ref()
+    }
+    fn get_mut(&mut self, s: u32) -> &mut TxMsg {
+        self.slots[s as usize].as_mut().expect("live tx record")
+    }
+    fn insert(&mut self, m: TxMsg) -> u32 {
+        let s = self.free.pop().expect("caller checked is_full");
+        self.slots[s as usize] = Some(m);
+        s
+    }
+    fn remove(&mut self, s: u32) -> TxMsg {
+        let m = self.slots[s as usize].take().expect("live tx record");
+        self.free.push(s);
+        m
+    }
+}
+
+impl Nic {
+    fn group_range(&self, frame_count: u32, g: u32) -> (u32, u32) {
+        let first = g * self.cfg.group_size;
+        (first, (first + self.cfg.group_size).min(frame_count))
+    }
+
+    /// Queues a validated send on its peer.
+    pub(crate) fn enqueue_tx(&mut self, _now: u64, port: u16, peer: u32, desc: LocalDesc) {
+        let frame_count = wire::frames_for(desc.len, self.mtu) as u32;
+        let groups = frame_count.div_ceil(self.cfg.group_size);
+        let seq = {
+            let p = self.peer_mut(peer);
+            let s = p.tx_seq_next;
+            p.tx_seq_next = s.wrapping_add(1);
+            s
+        };
+        let slot = self.tx.insert(TxMsg {
+            port,
+            peer,
+            desc,
+            seq,
+            frame_count,
+            next_frame: 0,
+            groups: vec![Group::default(); groups as usize],
+            groups_acked: 0,
+            inflight_frames: 0,
+            rnr_retries: 0,
+        });
+        self.peer_mut(peer).tx_queue.push_back(slot);
+        self.mark_ready(peer);
+    }
+
+    pub(crate) fn mark_ready(&mut self, peer: u32) {
+        let p = self.peer_mut(peer);
+        if !p.ready {
+            p.ready = true;
+            self.ready.push_back(peer);
+        }
+    }
+
+    /// Sends what windows and flow control allow, peer by peer.
+    pub(crate) fn pump<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        // Each peer is taken once per call; a peer that becomes ready again
+        // while pumping waits for the next call.
+        let n = self.ready.len();
+        for _ in 0..n {
+            let Some(p) = self.ready.pop_front() else { break };
+            if self.peers[p as usize].is_none() {
+                continue;
+            }
+            self.peer_mut(p).ready = false;
+            self.send_peer(hal, now, p);
+        }
+    }
+
+    fn send_peer<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32) {
+        if self.peer(peer).not_to_send.is_some() {
+            return;
+        }
+        let msgs_max = match self.cfg.flow_control {
+            FlowControl::Piggyback => self.peer(peer).credits.max(1),
+            _ => u32::MAX,
+        };
+        let mut started = 0u32;
+        let mut qi = 0usize;
+        while let Some(&slot) = self.peer(peer).tx_queue.get(qi) {
+            qi += 1;
+            let (next, count) = {
+                let m = self.tx.get(slot).expect("queued");
+                (m.next_frame, m.frame_count)
+            };
+            if next > 0 || next == count {
+                started += 1;
+            }
+            if next == count {
+                continue;
+            }
+            if next == 0 {
+                if started >= msgs_max {
+                    return;
+                }
+                started += 1;
+            }
+            for f in next..count {
+                if self.peer(peer).inflight_frames >= self.cfg.window_frames {
+                    return;
+                }
+                if let Err(st) = self.send_frame(hal, now, slot, f, false) {
+                    self.finish_tx(hal, now, slot, st);
+                    qi -= 1;
+                    break;
+                }
+                let g = f / self.cfg.group_size;
+                let (_, end) = self.group_range(count, g);
+                let m = self.tx.get_mut(slot);
+                m.next_frame = f + 1;
+                m.inflight_frames += 1;
+                m.groups[g as usize].inflight += 1;
+                self.peer_mut(peer).inflight_frames += 1;
+                if f + 1 == end {
+                    self.arm_group(now, slot, g, None);
+                }
+            }
+        }
+    }
+
+    /// Arms (or re-arms) a group's retransmission timer.
+    fn arm_group(&mut self, now: u64, slot: u32, g: u32, delay: Option<u64>) {
+        let stamp = self.next_stamp();
+        let (rto, rto_max) = (self.cfg.rto_ns, self.cfg.rto_ns_max);
+        let grp = &mut self.tx.get_mut(slot).groups[g as usize];
+        grp.stamp = stamp;
+        let backoff = rto.saturating_mul(1u64 << grp.retries.min(20)).min(rto_max);
+        self.timers.arm(now + delay.unwrap_or(backoff), Timer::Group { slot, group: g, stamp });
+    }
+
+    pub(crate) fn next_stamp(&mut self) -> u32 {
+        self.stamp = self.stamp.wrapping_add(1).max(1);
+        self.stamp
+    }
+
+    /// Builds frame `f` of a message from host memory and transmits it.
+    fn send_frame<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, f: u32, retransmit: bool) -> Result<(), Status> {
+        let m = self.tx.get(slot).expect("live");
+        let p = self.peer(m.peer);
+        let off = wire::frame_offset(f, self.mtu);
+        let len = (wire::payload_capacity(self.mtu, f) as u64).min(m.desc.len - off.min(m.desc.len)) as usize;
+        let hdr = FrameHeader {
+            version: wire::WIRE_VERSION,
+            kind: FrameKind::Data as u8,
+            dst_gen: p.remote_gen,
+            src_node: self.node,
+            dst_node: p.node,
+            src_port: m.port,
+            dst_port: p.rport,
+            src_gen: self.ports[m.port as usize].gen,
+            payload_len: len as u16,
+            msg_seq: m.seq,
+            tx_floor: self.tx_floor(m.peer),
+            frame_index: f,
+            frame_count: m.frame_count,
+        };
+        let msg = MsgHeader { tag: m.desc.tag, total_len: m.desc.len };
+        let (port, dst, desc) = (m.port, p.node, m.desc);
+        let mut buf = core::mem::take(&mut self.frame_buf);
+        let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");
+        let r = self.sge_io(hal, port, desc.sges(), off, &mut buf[head..head + len], Dir::FromHost, MR_LOCAL_READ);
+        if r.is_ok() {
+            hal.mac_transmit(dst, &buf[..head + len]);
+        }
+        self.frame_buf = buf;
+        r?;
+        self.count(if retransmit { counter::RETRANSMITS } else { counter::TX_FRAMES }, 1);
+        let g = f / self.cfg.group_size;
+        self.tx.get_mut(slot).groups[g as usize].last_tx_ns = now;
+        Ok(())
+    }
+
+    /// Every message below this sequence number is finished at the sender.
+    pub(crate) fn tx_floor(&self, peer: u32) -> u32 {
+        let p = self.peer(peer);
+        match p.tx_queue.front() {
+            Some(&s) => self.tx.get(s).expect("queued").seq,
+            None => p.tx_seq_next,
+        }
+    }
+
+    /// Resends the frames of group `g` already sent once (all of them, or
+    /// those in `mask` relative to the group's first frame).
+    fn resend_group<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, mask: u32) -> Result<(), Status> {
+        let m = self.tx.get(slot).expect("live");
+        let (first, end) = self.group_range(m.frame_count, g);
+        let end = end.min(m.next_frame);
+        for f in first..end {
+            if mask & (1 << (f - first)) != 0 {
+                self.send_frame(hal, now, slot, f, true)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn on_group_timeout<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, stamp: u32) {
+        let Some(m) = self.tx.get(slot) else { return };
+        let grp = m.groups[g as usize];
+        if grp.stamp != stamp || grp.acked {
+            return;
+        }
+        self.count(counter::TIMEOUTS, 1);
+        if grp.retries >= self.cfg.retry_limit {
+            return self.finish_tx(hal, now, slot, Status::RetryLimitExceeded);
+        }
+        self.tx.get_mut(slot).groups[g as usize].retries += 1;
+        if let Err(st) = self.resend_group(hal, now, slot, g, u32::MAX) {
+            return self.finish_tx(hal, now, slot, st);
+        }
+        self.arm_group(now, slot, g, None);
+    }
+
+    fn find_tx(&self, peer: u32, seq: u32) -> Option<u32> {
+        self.peer(peer).tx_queue.iter().copied().find(|&s| self.tx.get(s).is_some_and(|m| m.seq == seq))
+    }
+
+    /// An ACK for group `body.group` of message `hdr.msg_seq`.
+    pub(crate) fn on_ack<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &AckBody) {
+        let Some(peer) = self.find_peer(hdr.dst_port, hdr.src_node, hdr.src_port) else { return };
+        self.learn_remote(peer, hdr, body);
+        let Some(slot) = self.find_tx(peer, hdr.msg_seq) else { return };
+        if self.peer(peer).not_to_send == Some(hdr.msg_seq) {
+            // Modified ACK/NACK: the refused message was accepted; back to Normal.
+            self.peer_mut(peer).not_to_send = None;
+        }
+        let m = self.tx.get_mut(slot);
+        let Some(grp) = m.groups.get_mut(body.group as usize) else { return };
+        if !grp.acked {
+            grp.acked = true;
+            grp.stamp = 0;
+            let n = core::mem::take(&mut grp.inflight);
+            m.inflight_frames -= n;
+            m.groups_acked += 1;
+            let done = m.groups_acked as usize == m.groups.len();
+            self.peer_mut(peer).inflight_frames -= n;
+            if done {
+                self.finish_tx(hal, now, slot, Status::Success);
+            }
+        }
+        self.mark_ready(peer);
+    }
+
+    /// Receiver state piggybacked on ACKs and NACKs.
+    fn learn_remote(&mut self, peer: u32, hdr: &FrameHeader, body: &AckBody) {
+        let p = self.peer_mut(peer);
+        p.credits = body.rx_credits as u32;
+        p.remote_gen = hdr.src_gen;
+    }
+
+    pub(crate) fn on_nack<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &AckBody, reason: NackReason) {
+        let Some(peer) = self.find_peer(hdr.dst_port, hdr.src_node, hdr.src_port) else { return };
+        if reason == NackReason::PortClosed {
+            // Everything queued to a closed port fails now.
+            while let Some(&slot) = self.peer(peer).tx_queue.front() {
+                self.finish_tx(hal, now, slot, Status::RemotePortClosed);
+            }
+            self.peer_mut(peer).remote_gen = 0;
+            return;
+        }
+        self.learn_remote(peer, hdr, body);
+        let Some(slot) = self.find_tx(peer, hdr.msg_seq) else { return };
+        let g = body.group;
+        if g as usize >= self.tx.get(slot).expect("live").groups.len() {
+            return;
+        }
+        match reason {
+            NackReason::Loss => self.on_loss_nack(hal, now, slot, g, body.missing_mask),
+            NackReason::NoMatch => self.on_not_ready(hal, now, peer, slot, g),
+            NackReason::PeerTableFull => self.finish_tx(hal, now, slot, Status::RemoteTableFull),
+            NackReason::TooLarge => self.finish_tx(hal, now, slot, Status::TooLarge),
+            NackReason::PortClosed => unreachable!("handled above"),
+        }
+    }
+
+    fn on_loss_nack<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, mask: u32) {
+        let grp = self.tx.get(slot).expect("live").groups[g as usize];
+        // One fast retransmission per half RTO: a burst of NACKs costs one resend.
+        if grp.acked || now < grp.last_tx_ns + self.cfg.rto_ns / 2 {
+            return;
+        }
+        if let Err(st) = self.resend_group(hal, now, slot, g, mask) {
+            return self.finish_tx(hal, now, slot, st);
+        }
+        if grp.stamp != 0 {
+            self.arm_group(now, slot, g, None);
+        }
+    }
+
+    /// The receiver is alive but had no buffer for the message: resend
+    /// after a delay, without counting it as a lost attempt.
+    fn on_not_ready<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, slot: u32, g: u32) {
+        let seq = self.tx.get(slot).expect("live").seq;
+        if let Some(refused) = self.peer(peer).not_to_send {
+            if seq_lt(refused, seq) {
+                return; // Already rewound behind the refused message.
+            }
+        }
+        let m = self.tx.get_mut(slot);
+        m.rnr_retries += 1;
+        if self.cfg.rnr_retry_limit != 0 && m.rnr_retries > self.cfg.rnr_retry_limit {
+            return self.finish_tx(hal, now, slot, Status::RnrRetryExceeded);
+        }
+        let grp = &mut m.groups[g as usize];
+        if grp.acked {
+            return;
+        }
+        grp.retries = 0;
+        if grp.inflight > 0 {
+            self.arm_group(now, slot, g, Some(self.cfg.rnr_delay_ns));
+        }
+        if self.cfg.flow_control == FlowControl::ModifiedAckNack && g == 0 {
+            self.peer_mut(peer).not_to_send = Some(seq);
+            self.rewind_after(peer, seq);
+        }
+    }
+
+    /// Modified ACK/NACK: the receiver refuses everything after a refused
+    /// message, so every later message is sent again from its first
+    /// unacknowledged group once the refused one is accepted.
+    fn rewind_after(&mut self, peer: u32, seq: u32) {
+        let later: Vec<u32> =
+            self.peer(peer).tx_queue.iter().copied().filter(|&s| seq_lt(seq, self.tx.get(s).expect("q").seq)).collect();
+        let gs = self.cfg.group_size;
+        for s in later {
+            let m = self.tx.get_mut(s);
+            let mut freed = 0;
+            let mut first_unacked = None;
+            for (i, grp) in m.groups.iter_mut().enumerate() {
+                if grp.acked {
+                    continue;
+                }
+                first_unacked.get_or_insert(i as u32);
+                freed += core::mem::take(&mut grp.inflight);
+                grp.stamp = 0;
+                grp.retries = 0;
+            }
+            m.inflight_frames -= freed;
+            if let Some(g) = first_unacked {
+                m.next_frame = m.next_frame.min(g * gs);
+            }
+            self.peer_mut(peer).inflight_frames -= freed;
+        }
+    }
+
+    /// Retires a transmission record and reports it.
+    pub(crate) fn finish_tx<H: Hal>(&mut self, hal: &mut H, _now: u64, slot: u32, status: Status) {
+        let m = self.tx.remove(slot);
+        let p = self.peer_mut(m.peer);
+        p.inflight_frames -= m.inflight_frames;
+        p.tx_queue.retain(|&s| s != slot);
+        if p.not_to_send == Some(m.seq) {
+            p.not_to_send = None;
+        }
+        if status == Status::Success {
+            self.count(counter::MSGS_TX, 1);
+        }
+        let mut c = Completion::of(&m.desc, Opcode::Send, status);
+        c.byte_len = m.desc.len.min(u32::MAX as u64) as u32;
+        self.complete(hal, m.port, c);
+        self.mark_ready(m.peer);
+    }
+}
