@@ -259,8 +259,9 @@ impl Nic {
     }
 
     pub(crate) fn on_group_timeout<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, stamp: u32) {
-        let Some(m) = self.tx.get(slot) else { return };
-        let grp = m.groups[g as usize];
+        // Stamps are unique across slot reuse; the slot may now hold a
+        // shorter message.
+        let Some(&grp) = self.tx.get(slot).and_then(|m| m.groups.get(g as usize)) else { return };
         if grp.stamp != stamp || grp.acked {
             return;
         }

@@ -85,10 +85,10 @@ le_struct! {
         pub version: u8,
         /// [`FrameKind`].
         pub kind: u8,
-        /// Reserved, zero.
-        pub flags: u8,
-        /// Reserved, zero.
-        pub reserved: u8,
+        /// Generation of the destination port as last learned from its ACKs
+        /// (0 = not known yet). A port re-opened by another process has a
+        /// new generation and refuses frames meant for its predecessor.
+        pub dst_gen: u16,
         /// Sending node.
         pub src_node: u16,
         /// Destination node.
@@ -200,9 +200,6 @@ impl<'a> Frame<'a> {
         if hdr.version != WIRE_VERSION {
             return Err(DecodeError::BadVersion);
         }
-        if hdr.flags != 0 || hdr.reserved != 0 {
-            return Err(DecodeError::ReservedNotZero);
-        }
         if bytes.len() > MTU_MAX as usize {
             return Err(DecodeError::BadLength);
         }
@@ -300,7 +297,7 @@ mod tests {
 
     /// Byte-exact fixture: an ACK for group 2 of message 7, 0 -> 1.
     static ACK_BYTES: [u8; 48] = [
-        1, 2, 0, 0, // version, kind, flags, reserved
+        1, 2, 0, 0, // version, kind, dst_gen
         0, 0, 1, 0, // src_node 0, dst_node 1
         3, 0, 4, 0, // src_port 3, dst_port 4
         9, 0, 0, 0, // src_gen 9, payload_len 0

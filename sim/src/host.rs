@@ -1,0 +1,307 @@
+//! A simulated host: physical memory, registered regions whose pages are
+//! scattered over it, and the host side of the NIC interface (admin
+//! mailbox, rings, completion queue) written exactly as the driver and the
+//! verbs library write them.
+
+use emp_uapi::desc::{
+    Cqe, MrEntry, MrFormat, PhysSeg, Sge, WorkDesc, CQE_PHASE, MR_INLINE_SEGS, SEGS_PER_PAGE, SEG_LINK,
+};
+use emp_uapi::sram::{ctl, AdminMailbox, AdminOp, Layout, PortCtl, RouteEntry};
+use emp_uapi::{Le, PAGE_SIZE};
+
+use crate::rng::Rng;
+
+/// Bus address of physical byte 0 (non-zero so a zero address is a bug).
+pub const PHYS_BASE: u64 = 0x1_0000_0000;
+
+/// Host physical memory.
+#[derive(Debug, Default)]
+pub struct HostMem {
+    /// Bytes; physical address = `PHYS_BASE + index`.
+    pub bytes: Vec<u8>,
+}
+
+impl HostMem {
+    /// Allocates `pages` fresh physical pages (zeroed) and returns their addresses.
+    pub fn alloc_pages(&mut self, pages: usize) -> Vec<u64> {
+        let first = self.bytes.len();
+        self.bytes.resize(first + pages * PAGE_SIZE, 0);
+        (0..pages).map(|i| PHYS_BASE + (first + i * PAGE_SIZE) as u64).collect()
+    }
+
+    /// Resolves a bus address range to an index range.
+    pub fn range(&self, addr: u64, len: usize) -> Option<core::ops::Range<usize>> {
+        let start = addr.checked_sub(PHYS_BASE)? as usize;
+        let end = start.checked_add(len)?;
+        (end <= self.bytes.len()).then_some(start..end)
+    }
+}
+
+/// A registered region: virtually contiguous, physically scattered pages.
+#[derive(Clone, Debug)]
+pub struct Region {
+    /// Key the NIC knows it by.
+    pub key: u32,
+    /// Bytes.
+    pub len: u64,
+    /// Physical page of each virtual page.
+    pub pages: Vec<u64>,
+}
+
+impl Region {
+    /// Copies `data` into the region at `off` (through the host's page table).
+    pub fn write(&self, mem: &mut HostMem, off: u64, data: &[u8]) {
+        self.walk(off, data.len(), |pa, at, n| {
+            let r = mem.range(pa, n).expect("region page");
+            mem.bytes[r].copy_from_slice(&data[at..at + n]);
+        });
+    }
+
+    /// Reads `out.len()` bytes at `off`.
+    pub fn read(&self, mem: &HostMem, off: u64, out: &mut [u8]) {
+        let len = out.len();
+        self.walk(off, len, |pa, at, n| {
+            let r = mem.range(pa, n).expect("region page");
+            out[at..at + n].copy_from_slice(&mem.bytes[r]);
+        });
+    }
+
+    fn walk(&self, off: u64, len: usize, mut f: impl FnMut(u64, usize, usize)) {
+        assert!(off + len as u64 <= self.len, "access beyond region");
+        let mut done = 0;
+        while done < len {
+            let v = off as usize + done;
+            let (page, in_page) = (v / PAGE_SIZE, v % PAGE_SIZE);
+            let n = (PAGE_SIZE - in_page).min(len - done);
+            f(self.pages[page] + in_page as u64, done, n);
+            done += n;
+        }
+    }
+
+    /// Physically contiguous runs of the region, as (addr, len).
+    fn runs(&self) -> Vec<(u64, u32)> {
+        let mut runs: Vec<(u64, u32)> = Vec::new();
+        let mut left = self.len;
+        for &pa in &self.pages {
+            let n = left.min(PAGE_SIZE as u64) as u32;
+            left -= n as u64;
+            match runs.last_mut() {
+                Some((a, l)) if *a + *l as u64 == pa && (*l as u64 + n as u64) < u32::MAX as u64 => *l += n,
+                _ => runs.push((pa, n)),
+            }
+            if left == 0 {
+                break;
+            }
+        }
+        runs
+    }
+}
+
+/// Builds the MR table entry for `region` in the format the region
+/// allows, choosing randomly among the valid ones so every format is
+/// exercised; indirect page lists are written into host memory.
+pub fn mr_entry(region: &Region, port: u16, access: u8, mem: &mut HostMem, rng: &mut Rng) -> MrEntry {
+    let runs = region.runs();
+    let mut e = MrEntry { key: region.key, port, access, length: region.len, ..Default::default() };
+    let page_segs: Vec<(u64, u32)> = {
+        // Page-granular segments (EMP's layout) or merged runs.
+        let mut v = Vec::new();
+        let mut left = region.len;
+        for &pa in &region.pages {
+            let n = left.min(PAGE_SIZE as u64) as u32;
+            if n == 0 {
+                break;
+            }
+            v.push((pa, n));
+            left -= n as u64;
+        }
+        v
+    };
+    if region.len <= PAGE_SIZE as u64 && region.len > 0 && rng.chance(0.5) {
+        e.format = MrFormat::Short as u8;
+        e.segs[0] = PhysSeg { addr: region.pages[0], len: region.len as u32, flags: 0 };
+        return e;
+    }
+    let segs = if rng.chance(0.5) { runs } else { page_segs };
+    if segs.len() <= MR_INLINE_SEGS && rng.chance(0.7) {
+        e.format = MrFormat::Chained as u8;
+        for (i, &(a, l)) in segs.iter().enumerate() {
+            e.segs[i] = PhysSeg { addr: a, len: l, flags: 0 };
+        }
+        return e;
+    }
+    // Indirect: pages of segments, the last slot of a full page links on.
+    let per_page = SEGS_PER_PAGE - 1;
+    let pages = segs.len().div_ceil(per_page).max(1);
+    let list = mem.alloc_pages(pages);
+    for (pi, &page) in list.iter().enumerate() {
+        let chunk = &segs[pi * per_page..((pi + 1) * per_page).min(segs.len())];
+        let mut b = vec![0u8; PAGE_SIZE];
+        for (i, &(a, l)) in chunk.iter().enumerate() {
+            PhysSeg { addr: a, len: l, flags: 0 }.put(&mut b[i * PhysSeg::SIZE..]);
+        }
+        if pi + 1 < pages {
+            PhysSeg { addr: list[pi + 1], len: 0, flags: SEG_LINK }.put(&mut b[per_page * PhysSeg::SIZE..]);
+        }
+        let r = mem.range(page, PAGE_SIZE).expect("list page");
+        mem.bytes[r].copy_from_slice(&b);
+    }
+    e.format = MrFormat::Indirect as u8;
+    e.indirect_addr = list[0];
+    e.indirect_count = segs.len() as u32;
+    e
+}
+
+/// Allocates a region of `len` bytes whose pages are shuffled over fresh
+/// physical memory (some adjacent pairs kept, so runs vary).
+pub fn alloc_region(mem: &mut HostMem, len: u64, key: u32, rng: &mut Rng) -> Region {
+    let n = (len as usize).div_ceil(PAGE_SIZE).max(1);
+    let mut pages = mem.alloc_pages(n);
+    if rng.chance(0.6) {
+        for i in (1..n).rev() {
+            if rng.chance(0.5) {
+                let j = rng.below(i as u64 + 1) as usize;
+                pages.swap(i, j);
+            }
+        }
+    }
+    Region { key, len, pages }
+}
+
+/// SRAM accessors used by the host side.
+pub struct Sram<'a>(pub &'a mut [u8]);
+
+impl Sram<'_> {
+    /// Reads a u32.
+    pub fn u32(&self, off: usize) -> u32 {
+        u32::from_le_bytes(self.0[off..off + 4].try_into().expect("4 bytes"))
+    }
+    /// Writes a u32.
+    pub fn put_u32(&mut self, off: usize, v: u32) {
+        self.0[off..off + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    /// Writes an encodable value.
+    pub fn put<T: Le>(&mut self, off: usize, v: &T) {
+        v.put(&mut self.0[off..off + T::SIZE]);
+    }
+    /// Reads a decodable value.
+    pub fn get<T: Le>(&self, off: usize) -> T {
+        T::get(&self.0[off..off + T::SIZE])
+    }
+}
+
+/// Writes route entries so that every node id below `nodes` is reachable.
+pub fn write_routes(sram: &mut [u8], layout: &Layout, nodes: u16) {
+    let mut s = Sram(sram);
+    for n in 0..nodes {
+        s.put(layout.route_entry(n as usize), &RouteEntry { valid: 1, udp_port: 7000 + n, ..Default::default() });
+    }
+}
+
+/// Posts an admin command (the caller then rings the doorbell and checks
+/// [`admin_result`] after the NIC ran).
+pub fn admin_post(sram: &mut [u8], layout: &Layout, op: AdminOp, args: [u64; 6]) {
+    let mut s = Sram(sram);
+    let off = layout.admin_off as usize;
+    let mut mb: AdminMailbox = s.get(off);
+    mb.op = op as u32;
+    mb.args = args;
+    mb.request_seq = mb.request_seq.wrapping_add(1);
+    s.put(off, &mb);
+}
+
+/// Result of the last admin command, once done.
+pub fn admin_result(sram: &mut [u8], layout: &Layout) -> Option<u32> {
+    let mb: AdminMailbox = Sram(sram).get(layout.admin_off as usize);
+    (mb.done_seq == mb.request_seq).then_some(mb.result)
+}
+
+/// Zeroes a port's control page before opening it (trusted side).
+pub fn reset_port_ctl(sram: &mut [u8], layout: &Layout, port: u16) {
+    let base = layout.port(port).base;
+    Sram(sram).put(base, &PortCtl::default());
+}
+
+/// The host side of one open port: ring producer indices, CQ consumer.
+#[derive(Debug)]
+pub struct HostPort {
+    /// Port number.
+    pub port: u16,
+    /// Data region (send and receive buffers).
+    pub data: Region,
+    /// CQ region.
+    pub cq: Region,
+    /// CQ entries.
+    pub cq_entries: u32,
+    /// Next CQ index to read.
+    pub cq_head: u32,
+    /// Send ring producer.
+    pub send_prod: u32,
+    /// Receive ring producer.
+    pub recv_prod: u32,
+}
+
+impl HostPort {
+    /// Writes a descriptor into the send (or receive) ring if it has room.
+    pub fn post(&mut self, sram: &mut [u8], layout: &Layout, d: &WorkDesc, send: bool) -> bool {
+        let w = layout.port(self.port);
+        let mut s = Sram(sram);
+        let (prod, cons_off, entries) = if send {
+            (self.send_prod, ctl::SEND_CONS, w.send_entries)
+        } else {
+            (self.recv_prod, ctl::RECV_CONS, w.recv_entries)
+        };
+        let cons = s.u32(w.ctl(cons_off));
+        if prod.wrapping_sub(cons) >= entries {
+            return false;
+        }
+        let slot = if send { w.send_slot(prod) } else { w.recv_slot(prod) };
+        s.put(slot, d);
+        if send {
+            self.send_prod = prod.wrapping_add(1);
+            s.put_u32(w.ctl(ctl::SEND_PROD), self.send_prod);
+        } else {
+            self.recv_prod = prod.wrapping_add(1);
+            s.put_u32(w.ctl(ctl::RECV_PROD), self.recv_prod);
+        }
+        true
+    }
+
+    /// Takes the next completion, if the NIC wrote one.
+    pub fn poll_cq(&mut self, sram: &mut [u8], layout: &Layout, mem: &HostMem) -> Option<Cqe> {
+        let idx = self.cq_head & (self.cq_entries - 1);
+        let phase = if (self.cq_head / self.cq_entries) & 1 == 0 { CQE_PHASE } else { 0 };
+        let mut b = [0u8; Cqe::SIZE];
+        self.cq.read(mem, idx as u64 * Cqe::SIZE as u64, &mut b);
+        let cqe = Cqe::get(&b);
+        if cqe.flags & CQE_PHASE != phase {
+            return None;
+        }
+        self.cq_head = self.cq_head.wrapping_add(1);
+        Sram(sram).put_u32(layout.port(self.port).ctl(ctl::CQ_CONS), self.cq_head);
+        Some(cqe)
+    }
+}
+
+/// A send or receive descriptor for one buffer, split into `pieces` SGEs.
+pub fn work_desc(opcode: u8, wr_id: u64, node: u16, port: u16, tag: u64, ignore: u64, key: u32, off: u64, len: u64, pieces: usize) -> WorkDesc {
+    let mut d = WorkDesc {
+        wr_id,
+        opcode,
+        flags: emp_uapi::desc::WD_SIGNALED,
+        node,
+        port,
+        tag,
+        ignore,
+        ..Default::default()
+    };
+    let pieces = pieces.clamp(1, emp_uapi::desc::SGE_MAX).min(len.max(1) as usize);
+    let mut at = 0u64;
+    for i in 0..pieces {
+        let n = if i + 1 == pieces { len - at } else { len / pieces as u64 };
+        d.sge[i] = Sge { key, len: n as u32, offset: off + at };
+        at += n;
+    }
+    d.num_sge = pieces as u8;
+    d
+}

@@ -1,0 +1,345 @@
+//! The simulated machine room: N NICs running the real control program, a
+//! wire with latency, bandwidth, loss, duplication, reordering and
+//! partitions, all in virtual time driven by one seeded event queue.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use emp_firmware::{Config, DmaError, Hal, Nic};
+use emp_uapi::sram::{Layout, LayoutParams, NicStatus, SramHeader};
+use emp_uapi::Le;
+
+use crate::host::{write_routes, HostMem};
+use crate::rng::Rng;
+
+/// A partition: frames between `side[a] != side[b]` nodes are lost between
+/// `start_ns` and `end_ns`, then the network heals.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Partition {
+    /// Start (virtual ns).
+    pub start_ns: u64,
+    /// End (virtual ns).
+    pub end_ns: u64,
+    /// Which side each node is on.
+    pub side: Vec<bool>,
+}
+
+/// Wire behaviour.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WireConfig {
+    /// One-way propagation + switching latency.
+    pub latency_ns: u64,
+    /// Link rate of every NIC's egress (bits per second).
+    pub bandwidth_bps: u64,
+    /// Probability a frame is lost.
+    pub loss: f64,
+    /// Probability a frame is delivered twice.
+    pub dup: f64,
+    /// Probability a frame is delayed by a random extra amount (reordering).
+    pub reorder: f64,
+    /// Largest extra delay of a reordered frame.
+    pub reorder_jitter_ns: u64,
+    /// Optional healing partition.
+    pub partition: Option<Partition>,
+}
+
+impl Default for WireConfig {
+    fn default() -> Self {
+        WireConfig {
+            latency_ns: 5_000,
+            bandwidth_bps: 10_000_000_000,
+            loss: 0.0,
+            dup: 0.0,
+            reorder: 0.0,
+            reorder_jitter_ns: 20_000,
+            partition: None,
+        }
+    }
+}
+
+/// What the wire did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WireStats {
+    /// Frames put on the wire by NICs.
+    pub frames: u64,
+    /// Frames lost (random loss).
+    pub lost: u64,
+    /// Frames lost to the partition.
+    pub partitioned: u64,
+    /// Extra copies delivered.
+    pub duplicated: u64,
+    /// Frames delayed out of order.
+    pub reordered: u64,
+    /// Bytes put on the wire.
+    pub bytes: u64,
+}
+
+/// One NIC and its host's memory.
+pub struct Node {
+    /// The control program.
+    pub nic: Nic,
+    /// SRAM.
+    pub sram: Vec<u8>,
+    /// Host physical memory.
+    pub mem: HostMem,
+    /// Interrupts raised (count per vector is not needed by the checks).
+    pub interrupts: u64,
+    timer_at: Option<u64>,
+    egress_free_at: u64,
+    doorbell_at: Option<u64>,
+}
+
+struct SimHal<'a> {
+    sram: &'a mut [u8],
+    mem: &'a mut HostMem,
+    out: &'a mut Vec<(u16, Vec<u8>)>,
+    interrupts: &'a mut u64,
+}
+
+impl Hal for SimHal<'_> {
+    fn sram_read(&mut self, off: usize, buf: &mut [u8]) {
+        buf.copy_from_slice(&self.sram[off..off + buf.len()]);
+    }
+    fn sram_write(&mut self, off: usize, data: &[u8]) {
+        self.sram[off..off + data.len()].copy_from_slice(data);
+    }
+    fn dma_read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        let r = self.mem.range(addr, buf.len()).ok_or(DmaError)?;
+        buf.copy_from_slice(&self.mem.bytes[r]);
+        Ok(())
+    }
+    fn dma_write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
+        let r = self.mem.range(addr, data.len()).ok_or(DmaError)?;
+        self.mem.bytes[r].copy_from_slice(data);
+        Ok(())
+    }
+    fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]) {
+        self.out.push((dst_node, frame.to_vec()));
+    }
+    fn raise_interrupt(&mut self, _vector: u16) {
+        *self.interrupts += 1;
+    }
+}
+
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Frame,
+    Timer,
+    Doorbell,
+    Host,
+}
+
+#[derive(Debug)]
+struct Event {
+    at: u64,
+    seq: u64,
+    node: u16,
+    kind: Kind,
+    data: Vec<u8>,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, o: &Self) -> Option<core::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Event {
+    fn cmp(&self, o: &Self) -> core::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// What an event was, as seen by the workload driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A NIC ran (frame, timer or doorbell): its host should poll.
+    Nic(u16),
+    /// A host wake-up the driver scheduled.
+    Host(u16),
+}
+
+/// The world.
+pub struct World {
+    /// Virtual time (ns).
+    pub now: u64,
+    /// Nodes, by node id.
+    pub nodes: Vec<Node>,
+    /// SRAM layout (same on every NIC).
+    pub layout: Layout,
+    /// Wire behaviour.
+    pub wire: WireConfig,
+    /// Wire counters.
+    pub stats: WireStats,
+    /// Events processed.
+    pub events: u64,
+    /// Delay between a host's doorbell write and the NIC noticing it.
+    pub doorbell_ns: u64,
+    queue: BinaryHeap<Reverse<Event>>,
+    seq: u64,
+    rng: Rng,
+    out: Vec<(u16, Vec<u8>)>,
+}
+
+impl World {
+    /// Boots `n` NICs with the same configuration.
+    pub fn new(n: u16, params: LayoutParams, mtu: u32, features: u32, cfg: Config, wire: WireConfig, rng: Rng) -> World {
+        let layout = Layout::new(params).expect("valid layout");
+        let nodes = (0..n)
+            .map(|id| {
+                let mut sram = vec![0u8; layout.sram_size as usize];
+                layout.header(id, mtu, features).put(&mut sram[..SramHeader::SIZE]);
+                write_routes(&mut sram, &layout, n);
+                let mut mem = HostMem::default();
+                let mut out = Vec::new();
+                let mut interrupts = 0;
+                let mut hal = SimHal { sram: &mut sram, mem: &mut mem, out: &mut out, interrupts: &mut interrupts };
+                let mut c = cfg;
+                c.gen_seed = 1 + id.wrapping_mul(31);
+                let nic = Nic::boot(&mut hal, c).expect("boot");
+                debug_assert_eq!(SramHeader::get(&sram).status, NicStatus::Running as u32);
+                Node { nic, sram, mem, interrupts, timer_at: None, egress_free_at: 0, doorbell_at: None }
+            })
+            .collect();
+        World {
+            now: 0,
+            nodes,
+            layout,
+            wire,
+            stats: WireStats::default(),
+            events: 0,
+            doorbell_ns: 1_000,
+            queue: BinaryHeap::new(),
+            seq: 0,
+            rng,
+            out: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, at: u64, node: u16, kind: Kind, data: Vec<u8>) {
+        self.seq += 1;
+        self.queue.push(Reverse(Event { at, seq: self.seq, node, kind, data }));
+    }
+
+    /// The host of `node` wrote a doorbell.
+    pub fn ring(&mut self, node: u16) {
+        let at = self.now + self.doorbell_ns;
+        let n = &mut self.nodes[node as usize];
+        if n.doorbell_at.is_none() {
+            n.doorbell_at = Some(at);
+            self.push(at, node, Kind::Doorbell, Vec::new());
+        }
+    }
+
+    /// Wakes the driver for `node` at `at`.
+    pub fn wake_host(&mut self, node: u16, at: u64) {
+        self.push(at.max(self.now), node, Kind::Host, Vec::new());
+    }
+
+    /// Runs the NIC of `node` synchronously on its doorbell (setup phase).
+    pub fn doorbell_now(&mut self, node: u16) {
+        self.run_nic(node, |nic, hal, now| nic.handle_doorbell(hal, now));
+    }
+
+    /// Processes the next event; `None` when nothing is left.
+    pub fn step(&mut self) -> Option<Step> {
+        let Reverse(ev) = self.queue.pop()?;
+        debug_assert!(ev.at >= self.now, "time went backwards");
+        self.now = ev.at;
+        self.events += 1;
+        let node = ev.node;
+        match ev.kind {
+            Kind::Host => return Some(Step::Host(node)),
+            Kind::Frame => {
+                let data = ev.data;
+                self.run_nic(node, |nic, hal, now| nic.handle_frame(hal, now, &data));
+            }
+            Kind::Timer => {
+                if self.nodes[node as usize].timer_at != Some(ev.at) {
+                    return Some(Step::Nic(node)); // Superseded.
+                }
+                self.nodes[node as usize].timer_at = None;
+                self.run_nic(node, |nic, hal, now| nic.handle_timeout(hal, now));
+            }
+            Kind::Doorbell => {
+                self.nodes[node as usize].doorbell_at = None;
+                self.run_nic(node, |nic, hal, now| nic.handle_doorbell(hal, now));
+            }
+        }
+        Some(Step::Nic(node))
+    }
+
+    fn run_nic(&mut self, node: u16, f: impl FnOnce(&mut Nic, &mut SimHal<'_>, u64)) {
+        let now = self.now;
+        let mut out = core::mem::take(&mut self.out);
+        {
+            let n = &mut self.nodes[node as usize];
+            let mut hal = SimHal { sram: &mut n.sram, mem: &mut n.mem, out: &mut out, interrupts: &mut n.interrupts };
+            f(&mut n.nic, &mut hal, now);
+        }
+        for (dst, frame) in out.drain(..) {
+            self.transmit(node, dst, frame);
+        }
+        self.out = out;
+        let next = self.nodes[node as usize].nic.poll_timeout();
+        if let Some(t) = next {
+            let t = t.max(now);
+            let n = &mut self.nodes[node as usize];
+            if n.timer_at.is_none_or(|cur| t < cur) {
+                n.timer_at = Some(t);
+                self.push(t, node, Kind::Timer, Vec::new());
+            }
+        }
+    }
+
+    fn transmit(&mut self, src: u16, dst: u16, frame: Vec<u8>) {
+        self.stats.frames += 1;
+        self.stats.bytes += frame.len() as u64;
+        // Serialization on the sender's link (Ethernet overhead: 38 bytes).
+        let bits = (frame.len() as u64 + 38) * 8;
+        let tx_ns = bits * 1_000_000_000 / self.wire.bandwidth_bps;
+        let n = &mut self.nodes[src as usize];
+        let start = n.egress_free_at.max(self.now);
+        n.egress_free_at = start + tx_ns;
+        let mut at = start + tx_ns + self.wire.latency_ns;
+        if dst as usize >= self.nodes.len() {
+            self.stats.lost += 1;
+            return;
+        }
+        if let Some(p) = &self.wire.partition {
+            if self.now >= p.start_ns && self.now < p.end_ns && p.side[src as usize] != p.side[dst as usize] {
+                self.stats.partitioned += 1;
+                return;
+            }
+        }
+        if self.rng.chance(self.wire.loss) {
+            self.stats.lost += 1;
+            return;
+        }
+        if self.rng.chance(self.wire.reorder) {
+            self.stats.reordered += 1;
+            at += 1 + self.rng.below(self.wire.reorder_jitter_ns.max(1));
+        }
+        if self.rng.chance(self.wire.dup) {
+            self.stats.duplicated += 1;
+            let extra = self.rng.below(self.wire.reorder_jitter_ns.max(1));
+            self.push(at + extra, dst, Kind::Frame, frame.clone());
+        }
+        self.push(at, dst, Kind::Frame, frame);
+    }
+
+    /// True when no event is pending.
+    pub fn idle(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Time of the next event.
+    pub fn next_at(&self) -> Option<u64> {
+        self.queue.peek().map(|Reverse(e)| e.at)
+    }
+}

@@ -1,0 +1,539 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * emp_uapi.h - EMP contracts, C view.
+ *
+ * Mirrors the Rust crate `emp-uapi` (uapi/src/), which is the source of
+ * truth: the NIC memory map (SRAM header, admin mailbox, MR/route/group
+ * tables, port windows), work descriptors and completions, physically
+ * addressed translation formats, wire frames, the firmware image header and
+ * the ioctl ABI of /dev/emp-nic.
+ *
+ * Every structure has no implicit padding and is stored little-endian field
+ * by field; on a little-endian host the in-memory layout below is the byte
+ * image. On a big-endian host convert each field (le16toh / le32toh /
+ * le64toh) when reading and writing shared memory or frames.
+ *
+ * uapi/tests/c_layout.rs compiles this header and checks the size of every
+ * structure, the offset and size of every field, and the value of every
+ * constant against the Rust definitions.
+ *
+ * Usable from C (C11 or later), from C++ (C++11 or later) and from a kernel
+ * build (__KERNEL__).
+ */
+#ifndef EMP_UAPI_H
+#define EMP_UAPI_H
+
+#ifdef __KERNEL__
+#include <linux/types.h>  /* uint8_t .. uint64_t, int32_t */
+#include <linux/stddef.h> /* offsetof */
+#else
+#include <stdint.h>
+#include <stddef.h>
+#endif
+
+#if defined(__cplusplus)
+#define EMP_STATIC_ASSERT(e, m) static_assert(e, m)
+#else
+#define EMP_STATIC_ASSERT(e, m) _Static_assert(e, m)
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ */
+/* General (lib.rs)                                                    */
+/* ------------------------------------------------------------------ */
+
+/* Node id / port number meaning "any" in a receive's source filter. */
+#define EMP_ANY_NODE 0xFFFFU
+#define EMP_ANY_PORT 0xFFFFU
+/* Ethertype of EMP frames on raw Ethernet. */
+#define EMP_ETHERTYPE_EMP 0x88B5U
+/* Host page size assumed by the physically addressed formats. */
+#define EMP_PAGE_SIZE 4096U
+
+/* ------------------------------------------------------------------ */
+/* Wire frames (wire.rs)                                               */
+/*                                                                     */
+/*   DATA, index 0:  emp_frame_header | emp_msg_header | payload       */
+/*   DATA, index >0: emp_frame_header | payload                        */
+/*   ACK / NACK:     emp_frame_header | emp_ack_body                   */
+/* ------------------------------------------------------------------ */
+
+#define EMP_WIRE_VERSION 1U
+/* Largest frame (headers + payload) a NIC accepts. */
+#define EMP_MTU_MAX 9000U
+/* Smallest MTU. */
+#define EMP_MTU_MIN 256U
+
+/* Frame kinds (emp_frame_header.kind). */
+#define EMP_FRAME_DATA 1U
+#define EMP_FRAME_ACK 2U
+#define EMP_FRAME_NACK 3U
+
+/* NACK reasons (emp_ack_body.reason). */
+#define EMP_NACK_LOSS 1U
+#define EMP_NACK_NO_MATCH 2U
+#define EMP_NACK_PORT_CLOSED 3U
+#define EMP_NACK_PEER_TABLE_FULL 4U
+#define EMP_NACK_TOO_LARGE 5U
+
+/* Header of every EMP frame (32 bytes). */
+struct emp_frame_header {
+	uint8_t version;      /* EMP_WIRE_VERSION */
+	uint8_t kind;         /* EMP_FRAME_* */
+	uint16_t dst_gen;     /* destination port generation as learned from
+	                       * its ACKs (0 = not known yet) */
+	uint16_t src_node;
+	uint16_t dst_node;
+	uint16_t src_port;
+	uint16_t dst_port;
+	uint16_t src_gen;     /* generation of the sending port */
+	uint16_t payload_len; /* DATA: payload bytes after the header(s) */
+	uint32_t msg_seq;
+	uint32_t tx_floor;
+	uint32_t frame_index;
+	uint32_t frame_count;
+};
+
+/* Message header, carried by frame 0 of every message (16 bytes). */
+struct emp_msg_header {
+	uint64_t tag;
+	uint64_t total_len;
+};
+
+/* Body of ACK and NACK frames (16 bytes). */
+struct emp_ack_body {
+	uint32_t group;
+	uint32_t missing_mask; /* NACK(LOSS): bit i = frame group_first + i missing */
+	uint16_t rx_credits;
+	uint8_t reason;        /* EMP_NACK_* for NACK, zero for ACK */
+	uint8_t fc_level;      /* 0 = go, 1 = slow down, 2 = stop */
+	uint32_t rx_expected;
+};
+
+/* ------------------------------------------------------------------ */
+/* Descriptors, completions, MR table (desc.rs)                        */
+/* ------------------------------------------------------------------ */
+
+#define EMP_SGE_MAX 6U
+
+/* Work descriptor opcodes (emp_work_desc.opcode, emp_cqe.opcode). */
+#define EMP_OP_SEND 1U
+#define EMP_OP_RECV 2U
+
+/* Work descriptor flags. */
+#define EMP_WD_SIGNALED (1U << 0)
+#define EMP_WD_FLAGS_ALL EMP_WD_SIGNALED
+
+/* Completion status codes (emp_cqe.status). */
+#define EMP_STATUS_SUCCESS 0U
+#define EMP_STATUS_TRUNCATED 1U
+#define EMP_STATUS_REMOTE_PORT_CLOSED 2U
+#define EMP_STATUS_RETRY_LIMIT_EXCEEDED 3U
+#define EMP_STATUS_BAD_KEY 4U
+#define EMP_STATUS_ACCESS_DENIED 5U
+#define EMP_STATUS_FLUSHED 6U
+#define EMP_STATUS_TABLE_FULL 7U
+#define EMP_STATUS_TOO_LARGE 8U
+#define EMP_STATUS_BAD_DESCRIPTOR 9U
+#define EMP_STATUS_SENDER_ABORTED 10U
+#define EMP_STATUS_DMA_ERROR 11U
+#define EMP_STATUS_RNR_RETRY_EXCEEDED 12U
+#define EMP_STATUS_REMOTE_TABLE_FULL 13U
+
+/* Completion flag: owner (phase) bit, flips each time the CQ wraps. */
+#define EMP_CQE_PHASE (1U << 0)
+
+/* MR translation formats (emp_mr_entry.format). */
+#define EMP_MR_FORMAT_INVALID 0U
+#define EMP_MR_FORMAT_SHORT 1U
+#define EMP_MR_FORMAT_CHAINED 2U
+#define EMP_MR_FORMAT_INDIRECT 3U
+
+/* Segments held inline in an MR entry. */
+#define EMP_MR_INLINE_SEGS 7U
+/* emp_phys_seg entries per indirect page. */
+#define EMP_SEGS_PER_PAGE (EMP_PAGE_SIZE / 16U)
+/* Segment flag: addr is the next page of segments, not data. */
+#define EMP_SEG_LINK (1U << 0)
+
+/* MR access bits (emp_mr_entry.access, emp_reg_mr.access). */
+#define EMP_MR_LOCAL_READ (1U << 0)
+#define EMP_MR_LOCAL_WRITE (1U << 1)
+#define EMP_MR_REMOTE_READ (1U << 2)
+#define EMP_MR_REMOTE_WRITE (1U << 3)
+#define EMP_MR_REMOTE_ATOMIC (1U << 4)
+#define EMP_MR_ACCESS_ALL 0x1FU
+
+/* One scatter/gather element (16 bytes). */
+struct emp_sge {
+	uint32_t key;    /* memory region key */
+	uint32_t len;
+	uint64_t offset; /* within the region */
+};
+
+/* A send or receive work descriptor (128 bytes), in a port ring slot. */
+struct emp_work_desc {
+	uint64_t wr_id;
+	uint8_t opcode;    /* EMP_OP_* */
+	uint8_t flags;     /* EMP_WD_* */
+	uint8_t num_sge;
+	uint8_t reserved0; /* zero */
+	uint16_t node;     /* send: destination; recv: source or EMP_ANY_NODE */
+	uint16_t port;     /* send: destination; recv: source or EMP_ANY_PORT */
+	uint64_t tag;
+	uint64_t ignore;   /* recv: tag bits ignored when matching; send: zero */
+	struct emp_sge sge[EMP_SGE_MAX];
+};
+
+/* A completion queue entry (32 bytes). The NIC writes `flags` last. */
+struct emp_cqe {
+	uint64_t wr_id;
+	uint32_t byte_len;
+	uint8_t status;   /* EMP_STATUS_* */
+	uint8_t opcode;   /* EMP_OP_* */
+	uint8_t reserved;
+	uint8_t flags;    /* EMP_CQE_PHASE */
+	uint64_t tag;
+	uint16_t src_node;
+	uint16_t src_port;
+	uint32_t msg_len;
+};
+
+/* Byte offset of emp_cqe.flags (written last). */
+#define EMP_CQE_FLAGS_OFFSET 15U
+
+/* A physically addressed segment (16 bytes). */
+struct emp_phys_seg {
+	uint64_t addr;
+	uint32_t len;
+	uint32_t flags; /* EMP_SEG_* */
+};
+
+/* An MR (translation) table entry in SRAM (144 bytes). */
+struct emp_mr_entry {
+	uint32_t key;    /* low 16 bits: index in the table */
+	uint16_t port;   /* owning port */
+	uint8_t access;  /* EMP_MR_* access bits */
+	uint8_t format;  /* EMP_MR_FORMAT_* */
+	uint64_t length;
+	uint64_t indirect_addr;
+	uint32_t indirect_count;
+	uint32_t reserved;
+	struct emp_phys_seg segs[EMP_MR_INLINE_SEGS];
+};
+
+/* ------------------------------------------------------------------ */
+/* NIC memory map (sram.rs)                                            */
+/* ------------------------------------------------------------------ */
+
+/* Board signature at SRAM offset 0: "EMP-NIC\0" little-endian. */
+#define EMP_BOARD_SIGNATURE 0x0043494E2D504D45ULL
+#define EMP_LAYOUT_VERSION 1U
+
+/* NIC status (emp_sram_header.status). */
+#define EMP_NIC_STATUS_RESET 0U
+#define EMP_NIC_STATUS_LOADING 1U
+#define EMP_NIC_STATUS_RUNNING 2U
+#define EMP_NIC_STATUS_FAILED 3U
+
+/* Why the NIC failed (emp_sram_header.fail_reason). */
+#define EMP_FAIL_NONE 0U
+#define EMP_FAIL_BAD_IMAGE_HEADER 1U
+#define EMP_FAIL_WRONG_ABI 2U
+#define EMP_FAIL_DIGEST_MISMATCH 3U
+#define EMP_FAIL_BAD_SIGNATURE 4U
+#define EMP_FAIL_LOAD_FAILED 5U
+#define EMP_FAIL_BAD_LAYOUT 6U
+#define EMP_FAIL_FIRMWARE_CRASHED 7U
+
+/* Feature bits (emp_sram_header.features, emp_query.features). */
+#define EMP_FEATURE_OVERFLOW (1U << 0)
+#define EMP_FEATURE_MODIFIED_ACK_NACK (1U << 1)
+
+/* Counter slots (emp_sram_header.counters[i]). */
+#define EMP_COUNTER_TX_FRAMES 0U
+#define EMP_COUNTER_RX_FRAMES 1U
+#define EMP_COUNTER_RETRANSMITS 2U
+#define EMP_COUNTER_DUPLICATES 3U
+#define EMP_COUNTER_OUT_OF_ORDER 4U
+#define EMP_COUNTER_ACKS_TX 5U
+#define EMP_COUNTER_NACKS_TX 6U
+#define EMP_COUNTER_DROPPED_UNEXPECTED 7U
+#define EMP_COUNTER_DROPPED_MALFORMED 8U
+#define EMP_COUNTER_TIMEOUTS 9U
+#define EMP_COUNTER_MSGS_TX 10U
+#define EMP_COUNTER_MSGS_RX 11U
+#define EMP_COUNTER_MSGS_FAILED 12U
+#define EMP_COUNTER_OVERFLOW_MSGS 13U
+#define EMP_COUNTER_BAD_DESCRIPTORS 14U
+#define EMP_COUNTER_ACKS_RX 15U
+#define EMP_COUNTER_COUNT 16U
+
+/* Largest SRAM laid out; largest ring. */
+#define EMP_SRAM_SIZE_MAX (1U << 30)
+#define EMP_RING_ENTRIES_MAX 4096U
+
+/* SRAM header at offset 0 (256 bytes). */
+struct emp_sram_header {
+	uint64_t magic;          /* EMP_BOARD_SIGNATURE */
+	uint32_t layout_version; /* EMP_LAYOUT_VERSION */
+	uint32_t status;         /* EMP_NIC_STATUS_* */
+	uint32_t fail_reason;    /* EMP_FAIL_* */
+	uint16_t node_id;
+	uint16_t port_count;
+	uint32_t mtu;
+	uint32_t features;       /* EMP_FEATURE_* */
+	uint32_t sram_size;
+	uint32_t heartbeat;
+	uint32_t admin_off;
+	uint32_t staging_off;
+	uint32_t staging_size;
+	uint32_t mr_off;
+	uint32_t mr_entries;
+	uint32_t route_off;
+	uint32_t route_entries;
+	uint32_t group_off;
+	uint32_t group_entries;
+	uint32_t ports_off;
+	uint32_t port_stride;
+	uint32_t send_entries;
+	uint32_t recv_entries;
+	uint32_t reserved0;
+	uint64_t counters[EMP_COUNTER_COUNT]; /* EMP_COUNTER_* */
+	uint64_t reserved1[4];
+};
+
+/* Admin commands (emp_admin_mailbox.op). */
+#define EMP_ADMIN_OP_NOP 0U
+#define EMP_ADMIN_OP_PORT_OPEN 1U
+#define EMP_ADMIN_OP_PORT_CLOSE 2U
+#define EMP_ADMIN_OP_MR_FENCE 3U
+
+/* Admin result codes (emp_admin_mailbox.result). */
+#define EMP_ADMIN_RESULT_OK 0U
+#define EMP_ADMIN_RESULT_BAD_OP 1U
+#define EMP_ADMIN_RESULT_BAD_ARG 2U
+#define EMP_ADMIN_RESULT_BAD_STATE 3U
+#define EMP_ADMIN_RESULT_BAD_KEY 4U
+
+/* Admin mailbox (64 bytes at admin_off). */
+struct emp_admin_mailbox {
+	uint32_t request_seq; /* host */
+	uint32_t op;          /* host: EMP_ADMIN_OP_* */
+	uint32_t done_seq;    /* NIC */
+	uint32_t result;      /* NIC: EMP_ADMIN_RESULT_* */
+	uint64_t args[6];     /* host */
+};
+
+/* Route table entry (32 bytes). */
+struct emp_route_entry {
+	uint32_t valid;     /* 1 = valid */
+	uint32_t ipv4;      /* UDP backend */
+	uint16_t udp_port;  /* UDP backend */
+	uint8_t mac[6];     /* packet backend */
+	uint64_t reserved[2];
+};
+
+/* Most members a group table entry holds. */
+#define EMP_GROUP_MEMBERS_MAX 60U
+
+/* Group table entry (256 bytes). A member is (node << 16) | port. */
+struct emp_group_entry {
+	uint32_t group_id; /* 0 = unused */
+	uint32_t epoch;
+	uint16_t member_count;
+	uint16_t my_rank;
+	uint16_t port;     /* owning port */
+	uint16_t reserved;
+	uint32_t members[EMP_GROUP_MEMBERS_MAX];
+};
+
+/* Port states (emp_port_ctl.state). */
+#define EMP_PORT_STATE_CLOSED 0U
+#define EMP_PORT_STATE_OPEN 1U
+
+/* Control page at the start of every port window (first 192 bytes used). */
+struct emp_port_ctl {
+	/* host-written cache line */
+	uint32_t send_prod;
+	uint32_t recv_prod;
+	uint32_t cq_cons;
+	uint32_t arm;
+	uint32_t host_pad[12];
+	/* NIC-written cache line */
+	uint32_t send_cons;
+	uint32_t recv_cons;
+	uint32_t cq_prod;
+	uint32_t cq_overruns;
+	uint32_t nic_pad[12];
+	/* trusted side */
+	uint32_t state;      /* EMP_PORT_STATE_* */
+	uint32_t gen;
+	uint32_t cq_key;
+	uint32_t cq_entries; /* power of two */
+	uint64_t cq_offset;
+	uint64_t cfg_pad[5];
+};
+
+/* Offsets of emp_port_ctl fields, for single-word accesses. */
+#define EMP_CTL_SEND_PROD 0U
+#define EMP_CTL_RECV_PROD 4U
+#define EMP_CTL_CQ_CONS 8U
+#define EMP_CTL_ARM 12U
+#define EMP_CTL_SEND_CONS 64U
+#define EMP_CTL_RECV_CONS 68U
+#define EMP_CTL_CQ_PROD 72U
+#define EMP_CTL_CQ_OVERRUNS 76U
+#define EMP_CTL_STATE 128U
+#define EMP_CTL_GEN 132U
+
+/* ------------------------------------------------------------------ */
+/* Firmware image (image.rs)                                           */
+/* ------------------------------------------------------------------ */
+
+/* Image magic: "EMPFWIMG" little-endian. */
+#define EMP_IMAGE_MAGIC 0x474D495746504D45ULL
+#define EMP_IMAGE_HEADER_VERSION 1U
+#define EMP_FIRMWARE_ABI 1U
+/* Bytes covered by the signature (everything before `signature`). */
+#define EMP_IMAGE_SIGNED_LEN 152U
+/* Largest payload accepted. */
+#define EMP_IMAGE_PAYLOAD_MAX (64ULL << 20)
+
+/* CPU plans (emp_image_header.cpu_plan). */
+#define EMP_CPU_PLAN_BASE 0U
+#define EMP_CPU_PLAN_SO 1U
+#define EMP_CPU_PLAN_RO 2U
+#define EMP_CPU_PLAN_SR 3U
+#define EMP_CPU_PLAN_DSR 4U
+
+/* Firmware image header (256 bytes), followed by the payload. */
+struct emp_image_header {
+	uint64_t magic;          /* EMP_IMAGE_MAGIC */
+	uint32_t header_version; /* EMP_IMAGE_HEADER_VERSION */
+	uint32_t abi;            /* EMP_FIRMWARE_ABI */
+	uint8_t build_id[20];
+	uint32_t cpu_plan;       /* EMP_CPU_PLAN_* */
+	uint64_t payload_len;
+	uint8_t sha256[32];      /* of the payload */
+	uint8_t key_id[8];       /* first 8 bytes of SHA-256 of the public key */
+	uint64_t reserved[8];
+	uint8_t signature[64];   /* ed25519 over bytes 0..EMP_IMAGE_SIGNED_LEN */
+	uint64_t reserved_tail[5];
+};
+
+/* ------------------------------------------------------------------ */
+/* ioctl ABI of /dev/emp-nic (ioctl.rs)                                */
+/* ------------------------------------------------------------------ */
+
+/* EMP_IOC_QUERY result (80 bytes). */
+struct emp_query {
+	uint32_t size; /* caller sets sizeof(struct emp_query) */
+	uint16_t port;
+	uint16_t node_id;
+	uint32_t mtu;
+	uint32_t features;
+	uint64_t window_size; /* mmap length of the port window */
+	uint32_t send_entries;
+	uint32_t recv_entries;
+	uint64_t msg_max;
+	uint32_t port_gen;
+	uint16_t port_count;
+	uint16_t reserved0;
+	uint64_t reserved[4];
+};
+
+/* EMP_IOC_REG_MR argument (48 bytes). */
+struct emp_reg_mr {
+	uint32_t size;   /* caller sets sizeof(struct emp_reg_mr) */
+	uint32_t access; /* EMP_MR_* */
+	uint64_t addr;
+	uint64_t length;
+	uint32_t key;    /* out */
+	uint32_t reserved0;
+	uint64_t reserved[2];
+};
+
+/* EMP_IOC_DEREG_MR argument (8 bytes). */
+struct emp_dereg_mr {
+	uint32_t size;
+	uint32_t key;
+};
+
+/* EMP_IOC_SET_EVENTFD argument (16 bytes). */
+struct emp_set_eventfd {
+	uint32_t size;
+	int32_t fd;      /* eventfd, or -1 to detach */
+	uint32_t signal; /* signal to send instead (0 = none) */
+	uint32_t reserved;
+};
+
+/* EMP_IOC_ARM argument (8 bytes). */
+struct emp_arm {
+	uint32_t size;
+	uint32_t events; /* bit 0 = next completion */
+};
+
+/*
+ * Command numbers use the asm-generic _IOC encoding on every architecture
+ * (as the Rust constants do): dir:2 | size:14 | type:8 | nr:8. On x86,
+ * arm, arm64 and riscv they equal _IOWR('E', nr, struct ...) /
+ * _IOW('E', nr, struct ...) from <linux/ioctl.h>.
+ */
+#define EMP_IOC_MAGIC 0x45U /* 'E' */
+#define EMP_IOC_DIR_WRITE 1U
+#define EMP_IOC_DIR_READ 2U
+#define EMP_IOC_ENCODE(dir, nr, size) \
+	((uint32_t)(((uint32_t)(dir) << 30) | ((uint32_t)(size) << 16) | \
+		    ((uint32_t)EMP_IOC_MAGIC << 8) | (uint32_t)(nr)))
+
+#define EMP_IOC_QUERY \
+	EMP_IOC_ENCODE(EMP_IOC_DIR_READ | EMP_IOC_DIR_WRITE, 1U, sizeof(struct emp_query))
+#define EMP_IOC_REG_MR \
+	EMP_IOC_ENCODE(EMP_IOC_DIR_READ | EMP_IOC_DIR_WRITE, 2U, sizeof(struct emp_reg_mr))
+#define EMP_IOC_DEREG_MR \
+	EMP_IOC_ENCODE(EMP_IOC_DIR_WRITE, 3U, sizeof(struct emp_dereg_mr))
+#define EMP_IOC_ARM \
+	EMP_IOC_ENCODE(EMP_IOC_DIR_WRITE, 4U, sizeof(struct emp_arm))
+#define EMP_IOC_SET_EVENTFD \
+	EMP_IOC_ENCODE(EMP_IOC_DIR_WRITE, 5U, sizeof(struct emp_set_eventfd))
+
+/* ------------------------------------------------------------------ */
+/* Compile-time layout checks                                          */
+/* ------------------------------------------------------------------ */
+
+EMP_STATIC_ASSERT(sizeof(struct emp_frame_header) == 32, "emp_frame_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_msg_header) == 16, "emp_msg_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_ack_body) == 16, "emp_ack_body");
+EMP_STATIC_ASSERT(sizeof(struct emp_sge) == 16, "emp_sge");
+EMP_STATIC_ASSERT(sizeof(struct emp_work_desc) == 128, "emp_work_desc");
+EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 32, "emp_cqe");
+EMP_STATIC_ASSERT(sizeof(struct emp_phys_seg) == 16, "emp_phys_seg");
+EMP_STATIC_ASSERT(sizeof(struct emp_mr_entry) == 144, "emp_mr_entry");
+EMP_STATIC_ASSERT(sizeof(struct emp_sram_header) == 256, "emp_sram_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_admin_mailbox) == 64, "emp_admin_mailbox");
+EMP_STATIC_ASSERT(sizeof(struct emp_route_entry) == 32, "emp_route_entry");
+EMP_STATIC_ASSERT(sizeof(struct emp_group_entry) == 256, "emp_group_entry");
+EMP_STATIC_ASSERT(sizeof(struct emp_port_ctl) == 192, "emp_port_ctl");
+EMP_STATIC_ASSERT(sizeof(struct emp_image_header) == 256, "emp_image_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_query) == 80, "emp_query");
+EMP_STATIC_ASSERT(sizeof(struct emp_reg_mr) == 48, "emp_reg_mr");
+EMP_STATIC_ASSERT(sizeof(struct emp_dereg_mr) == 8, "emp_dereg_mr");
+EMP_STATIC_ASSERT(sizeof(struct emp_set_eventfd) == 16, "emp_set_eventfd");
+EMP_STATIC_ASSERT(sizeof(struct emp_arm) == 8, "emp_arm");
+
+EMP_STATIC_ASSERT(offsetof(struct emp_cqe, flags) == EMP_CQE_FLAGS_OFFSET, "emp_cqe.flags");
+EMP_STATIC_ASSERT(offsetof(struct emp_image_header, signature) == EMP_IMAGE_SIGNED_LEN,
+		  "emp_image_header.signature");
+EMP_STATIC_ASSERT(offsetof(struct emp_port_ctl, send_cons) == EMP_CTL_SEND_CONS, "emp_port_ctl.send_cons");
+EMP_STATIC_ASSERT(offsetof(struct emp_port_ctl, state) == EMP_CTL_STATE, "emp_port_ctl.state");
+EMP_STATIC_ASSERT(EMP_SEGS_PER_PAGE * sizeof(struct emp_phys_seg) == EMP_PAGE_SIZE, "EMP_SEGS_PER_PAGE");
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EMP_UAPI_H */

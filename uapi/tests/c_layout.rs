@@ -1,0 +1,706 @@
+//! Checks `include/emp_uapi.h` against the Rust definitions.
+//!
+//! A C program is generated that includes the header and prints, for every
+//! structure, its size and the offset, size, element size and element kind
+//! of every field, and the value of every constant (ioctl numbers included).
+//! It is compiled with the system C compiler (`$CC`, else `cc`, `gcc`,
+//! `clang`), run, and every line is compared with the Rust side
+//! (`size_of`, `offset_of!`, the constants). A missing C compiler is a
+//! failure, not a skip.
+//!
+//! Completeness is checked too: every `le_struct!` in `src/` must be listed
+//! here, the listed fields must tile their structure exactly (so none is
+//! forgotten), every numeric `pub const` in `src/` must have a C counterpart,
+//! and every value the enums decode must have a C constant.
+
+use core::mem::{offset_of, size_of};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use emp_uapi::desc::{self, *};
+use emp_uapi::image::{self, *};
+use emp_uapi::ioctl::*;
+use emp_uapi::sram::{self, *};
+use emp_uapi::wire::{self, *};
+use emp_uapi::Le;
+
+// ---------------------------------------------------------------------------
+// Field descriptions
+// ---------------------------------------------------------------------------
+
+/// What a field's element is, as C sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Elem {
+    /// A fixed-width integer type (its `<stdint.h>` name).
+    Int(&'static str),
+    /// Another EMP structure (its C tag name).
+    Struct(&'static str),
+}
+
+/// Type information of a field type.
+trait Kind {
+    /// Size of one element.
+    const ELEM_SIZE: usize;
+    /// Element kind.
+    const ELEM: Elem;
+    /// Is the field an array (C `f[N]`)?
+    const ARRAY: bool = false;
+}
+
+macro_rules! int_kind {
+    ($($t:ty => $e:literal),*) => {$(
+        impl Kind for $t {
+            const ELEM_SIZE: usize = size_of::<$t>();
+            const ELEM: Elem = Elem::Int($e);
+        }
+    )*};
+}
+int_kind!(u8 => "uint8_t", u16 => "uint16_t", u32 => "uint32_t", u64 => "uint64_t", i32 => "int32_t", i64 => "int64_t");
+
+impl Kind for Sge {
+    const ELEM_SIZE: usize = size_of::<Sge>();
+    const ELEM: Elem = Elem::Struct("emp_sge");
+}
+impl Kind for PhysSeg {
+    const ELEM_SIZE: usize = size_of::<PhysSeg>();
+    const ELEM: Elem = Elem::Struct("emp_phys_seg");
+}
+impl<T: Kind, const N: usize> Kind for [T; N] {
+    const ELEM_SIZE: usize = T::ELEM_SIZE;
+    const ELEM: Elem = T::ELEM;
+    const ARRAY: bool = true;
+}
+
+#[derive(Debug)]
+struct FieldDesc {
+    name: &'static str,
+    offset: usize,
+    size: usize,
+    elem_size: usize,
+    elem: Elem,
+    array: bool,
+}
+
+fn field<F: Kind>(name: &'static str, offset: usize, _v: &F) -> FieldDesc {
+    FieldDesc { name, offset, size: size_of::<F>(), elem_size: F::ELEM_SIZE, elem: F::ELEM, array: F::ARRAY }
+}
+
+#[derive(Debug)]
+struct StructDesc {
+    /// C tag, without `struct`.
+    c: &'static str,
+    /// Rust type name.
+    rust: &'static str,
+    size: usize,
+    le_size: usize,
+    fields: Vec<FieldDesc>,
+}
+
+macro_rules! st {
+    ($c:literal, $ty:ident { $($f:ident),* $(,)? }) => {
+        StructDesc {
+            c: $c,
+            rust: stringify!($ty),
+            size: size_of::<$ty>(),
+            le_size: <$ty as Le>::SIZE,
+            fields: vec![$( field(stringify!($f), offset_of!($ty, $f), &<$ty as Default>::default().$f) ),*],
+        }
+    };
+}
+
+fn structs() -> Vec<StructDesc> {
+    vec![
+        st!("emp_frame_header", FrameHeader {
+            version, kind, dst_gen, src_node, dst_node, src_port, dst_port, src_gen,
+            payload_len, msg_seq, tx_floor, frame_index, frame_count,
+        }),
+        st!("emp_msg_header", MsgHeader { tag, total_len }),
+        st!("emp_ack_body", AckBody { group, missing_mask, rx_credits, reason, fc_level, rx_expected }),
+        st!("emp_sge", Sge { key, len, offset }),
+        st!("emp_work_desc", WorkDesc { wr_id, opcode, flags, num_sge, reserved0, node, port, tag, ignore, sge }),
+        st!("emp_cqe", Cqe { wr_id, byte_len, status, opcode, reserved, flags, tag, src_node, src_port, msg_len }),
+        st!("emp_phys_seg", PhysSeg { addr, len, flags }),
+        st!("emp_mr_entry", MrEntry {
+            key, port, access, format, length, indirect_addr, indirect_count, reserved, segs,
+        }),
+        st!("emp_sram_header", SramHeader {
+            magic, layout_version, status, fail_reason, node_id, port_count, mtu, features,
+            sram_size, heartbeat, admin_off, staging_off, staging_size, mr_off, mr_entries,
+            route_off, route_entries, group_off, group_entries, ports_off, port_stride,
+            send_entries, recv_entries, reserved0, counters, reserved1,
+        }),
+        st!("emp_admin_mailbox", AdminMailbox { request_seq, op, done_seq, result, args }),
+        st!("emp_route_entry", RouteEntry { valid, ipv4, udp_port, mac, reserved }),
+        st!("emp_group_entry", GroupEntry { group_id, epoch, member_count, my_rank, port, reserved, members }),
+        st!("emp_port_ctl", PortCtl {
+            send_prod, recv_prod, cq_cons, arm, host_pad, send_cons, recv_cons, cq_prod,
+            cq_overruns, nic_pad, state, gen, cq_key, cq_entries, cq_offset, cfg_pad,
+        }),
+        st!("emp_image_header", ImageHeader {
+            magic, header_version, abi, build_id, cpu_plan, payload_len, sha256, key_id,
+            reserved, signature, reserved_tail,
+        }),
+        st!("emp_query", EmpQuery {
+            size, port, node_id, mtu, features, window_size, send_entries, recv_entries,
+            msg_max, port_gen, port_count, reserved0, reserved,
+        }),
+        st!("emp_reg_mr", EmpRegMr { size, access, addr, length, key, reserved0, reserved }),
+        st!("emp_dereg_mr", EmpDeregMr { size, key }),
+        st!("emp_set_eventfd", EmpSetEventfd { size, fd, signal, reserved }),
+        st!("emp_arm", EmpArm { size, events }),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// Constants
+// ---------------------------------------------------------------------------
+
+struct ConstDesc {
+    c: &'static str,
+    /// Rust expression (for messages and the completeness check).
+    rust: &'static str,
+    value: u64,
+}
+
+macro_rules! consts {
+    ($($c:ident = $e:expr),* $(,)?) => {
+        vec![$( ConstDesc { c: stringify!($c), rust: stringify!($e), value: ($e) as u64 } ),*]
+    };
+}
+
+fn constants() -> Vec<ConstDesc> {
+    use emp_uapi::{ANY_NODE, ANY_PORT, ETHERTYPE_EMP, PAGE_SIZE};
+    consts![
+        // lib.rs
+        EMP_ANY_NODE = ANY_NODE,
+        EMP_ANY_PORT = ANY_PORT,
+        EMP_ETHERTYPE_EMP = ETHERTYPE_EMP,
+        EMP_PAGE_SIZE = PAGE_SIZE,
+        // wire.rs
+        EMP_WIRE_VERSION = wire::WIRE_VERSION,
+        EMP_MTU_MAX = wire::MTU_MAX,
+        EMP_MTU_MIN = wire::MTU_MIN,
+        EMP_FRAME_DATA = FrameKind::Data as u8,
+        EMP_FRAME_ACK = FrameKind::Ack as u8,
+        EMP_FRAME_NACK = FrameKind::Nack as u8,
+        EMP_NACK_LOSS = NackReason::Loss as u8,
+        EMP_NACK_NO_MATCH = NackReason::NoMatch as u8,
+        EMP_NACK_PORT_CLOSED = NackReason::PortClosed as u8,
+        EMP_NACK_PEER_TABLE_FULL = NackReason::PeerTableFull as u8,
+        EMP_NACK_TOO_LARGE = NackReason::TooLarge as u8,
+        // desc.rs
+        EMP_SGE_MAX = desc::SGE_MAX,
+        EMP_OP_SEND = Opcode::Send as u8,
+        EMP_OP_RECV = Opcode::Recv as u8,
+        EMP_WD_SIGNALED = desc::WD_SIGNALED,
+        EMP_WD_FLAGS_ALL = desc::WD_FLAGS_ALL,
+        EMP_STATUS_SUCCESS = Status::Success as u8,
+        EMP_STATUS_TRUNCATED = Status::Truncated as u8,
+        EMP_STATUS_REMOTE_PORT_CLOSED = Status::RemotePortClosed as u8,
+        EMP_STATUS_RETRY_LIMIT_EXCEEDED = Status::RetryLimitExceeded as u8,
+        EMP_STATUS_BAD_KEY = Status::BadKey as u8,
+        EMP_STATUS_ACCESS_DENIED = Status::AccessDenied as u8,
+        EMP_STATUS_FLUSHED = Status::Flushed as u8,
+        EMP_STATUS_TABLE_FULL = Status::TableFull as u8,
+        EMP_STATUS_TOO_LARGE = Status::TooLarge as u8,
+        EMP_STATUS_BAD_DESCRIPTOR = Status::BadDescriptor as u8,
+        EMP_STATUS_SENDER_ABORTED = Status::SenderAborted as u8,
+        EMP_STATUS_DMA_ERROR = Status::DmaError as u8,
+        EMP_STATUS_RNR_RETRY_EXCEEDED = Status::RnrRetryExceeded as u8,
+        EMP_STATUS_REMOTE_TABLE_FULL = Status::RemoteTableFull as u8,
+        EMP_CQE_PHASE = desc::CQE_PHASE,
+        EMP_CQE_FLAGS_OFFSET = desc::CQE_FLAGS_OFFSET,
+        EMP_MR_FORMAT_INVALID = MrFormat::Invalid as u8,
+        EMP_MR_FORMAT_SHORT = MrFormat::Short as u8,
+        EMP_MR_FORMAT_CHAINED = MrFormat::Chained as u8,
+        EMP_MR_FORMAT_INDIRECT = MrFormat::Indirect as u8,
+        EMP_MR_INLINE_SEGS = desc::MR_INLINE_SEGS,
+        EMP_SEGS_PER_PAGE = desc::SEGS_PER_PAGE,
+        EMP_SEG_LINK = desc::SEG_LINK,
+        EMP_MR_LOCAL_READ = desc::MR_LOCAL_READ,
+        EMP_MR_LOCAL_WRITE = desc::MR_LOCAL_WRITE,
+        EMP_MR_REMOTE_READ = desc::MR_REMOTE_READ,
+        EMP_MR_REMOTE_WRITE = desc::MR_REMOTE_WRITE,
+        EMP_MR_REMOTE_ATOMIC = desc::MR_REMOTE_ATOMIC,
+        EMP_MR_ACCESS_ALL = desc::MR_ACCESS_ALL,
+        // sram.rs
+        EMP_BOARD_SIGNATURE = sram::BOARD_SIGNATURE,
+        EMP_LAYOUT_VERSION = sram::LAYOUT_VERSION,
+        EMP_NIC_STATUS_RESET = NicStatus::Reset as u32,
+        EMP_NIC_STATUS_LOADING = NicStatus::Loading as u32,
+        EMP_NIC_STATUS_RUNNING = NicStatus::Running as u32,
+        EMP_NIC_STATUS_FAILED = NicStatus::Failed as u32,
+        EMP_FAIL_NONE = FailReason::None as u32,
+        EMP_FAIL_BAD_IMAGE_HEADER = FailReason::BadImageHeader as u32,
+        EMP_FAIL_WRONG_ABI = FailReason::WrongAbi as u32,
+        EMP_FAIL_DIGEST_MISMATCH = FailReason::DigestMismatch as u32,
+        EMP_FAIL_BAD_SIGNATURE = FailReason::BadSignature as u32,
+        EMP_FAIL_LOAD_FAILED = FailReason::LoadFailed as u32,
+        EMP_FAIL_BAD_LAYOUT = FailReason::BadLayout as u32,
+        EMP_FAIL_FIRMWARE_CRASHED = FailReason::FirmwareCrashed as u32,
+        EMP_FEATURE_OVERFLOW = sram::FEATURE_OVERFLOW,
+        EMP_FEATURE_MODIFIED_ACK_NACK = sram::FEATURE_MODIFIED_ACK_NACK,
+        EMP_COUNTER_TX_FRAMES = counter::TX_FRAMES,
+        EMP_COUNTER_RX_FRAMES = counter::RX_FRAMES,
+        EMP_COUNTER_RETRANSMITS = counter::RETRANSMITS,
+        EMP_COUNTER_DUPLICATES = counter::DUPLICATES,
+        EMP_COUNTER_OUT_OF_ORDER = counter::OUT_OF_ORDER,
+        EMP_COUNTER_ACKS_TX = counter::ACKS_TX,
+        EMP_COUNTER_NACKS_TX = counter::NACKS_TX,
+        EMP_COUNTER_DROPPED_UNEXPECTED = counter::DROPPED_UNEXPECTED,
+        EMP_COUNTER_DROPPED_MALFORMED = counter::DROPPED_MALFORMED,
+        EMP_COUNTER_TIMEOUTS = counter::TIMEOUTS,
+        EMP_COUNTER_MSGS_TX = counter::MSGS_TX,
+        EMP_COUNTER_MSGS_RX = counter::MSGS_RX,
+        EMP_COUNTER_MSGS_FAILED = counter::MSGS_FAILED,
+        EMP_COUNTER_OVERFLOW_MSGS = counter::OVERFLOW_MSGS,
+        EMP_COUNTER_BAD_DESCRIPTORS = counter::BAD_DESCRIPTORS,
+        EMP_COUNTER_ACKS_RX = counter::ACKS_RX,
+        EMP_COUNTER_COUNT = counter::COUNT,
+        EMP_SRAM_SIZE_MAX = sram::SRAM_SIZE_MAX,
+        EMP_RING_ENTRIES_MAX = sram::RING_ENTRIES_MAX,
+        EMP_ADMIN_OP_NOP = AdminOp::Nop as u32,
+        EMP_ADMIN_OP_PORT_OPEN = AdminOp::PortOpen as u32,
+        EMP_ADMIN_OP_PORT_CLOSE = AdminOp::PortClose as u32,
+        EMP_ADMIN_OP_MR_FENCE = AdminOp::MrFence as u32,
+        EMP_ADMIN_RESULT_OK = admin_result::OK,
+        EMP_ADMIN_RESULT_BAD_OP = admin_result::BAD_OP,
+        EMP_ADMIN_RESULT_BAD_ARG = admin_result::BAD_ARG,
+        EMP_ADMIN_RESULT_BAD_STATE = admin_result::BAD_STATE,
+        EMP_ADMIN_RESULT_BAD_KEY = admin_result::BAD_KEY,
+        EMP_GROUP_MEMBERS_MAX = sram::GROUP_MEMBERS_MAX,
+        EMP_PORT_STATE_CLOSED = port_state::CLOSED,
+        EMP_PORT_STATE_OPEN = port_state::OPEN,
+        EMP_CTL_SEND_PROD = ctl::SEND_PROD,
+        EMP_CTL_RECV_PROD = ctl::RECV_PROD,
+        EMP_CTL_CQ_CONS = ctl::CQ_CONS,
+        EMP_CTL_ARM = ctl::ARM,
+        EMP_CTL_SEND_CONS = ctl::SEND_CONS,
+        EMP_CTL_RECV_CONS = ctl::RECV_CONS,
+        EMP_CTL_CQ_PROD = ctl::CQ_PROD,
+        EMP_CTL_CQ_OVERRUNS = ctl::CQ_OVERRUNS,
+        EMP_CTL_STATE = ctl::STATE,
+        EMP_CTL_GEN = ctl::GEN,
+        // image.rs
+        EMP_IMAGE_MAGIC = image::IMAGE_MAGIC,
+        EMP_IMAGE_HEADER_VERSION = image::IMAGE_HEADER_VERSION,
+        EMP_FIRMWARE_ABI = image::FIRMWARE_ABI,
+        EMP_IMAGE_SIGNED_LEN = image::SIGNED_LEN,
+        EMP_IMAGE_PAYLOAD_MAX = image::PAYLOAD_MAX,
+        EMP_CPU_PLAN_BASE = cpu_plan::BASE,
+        EMP_CPU_PLAN_SO = cpu_plan::SO,
+        EMP_CPU_PLAN_RO = cpu_plan::RO,
+        EMP_CPU_PLAN_SR = cpu_plan::SR,
+        EMP_CPU_PLAN_DSR = cpu_plan::DSR,
+        // ioctl.rs
+        EMP_IOC_MAGIC = EMP_IOC_MAGIC,
+        EMP_IOC_QUERY = EMP_IOC_QUERY,
+        EMP_IOC_REG_MR = EMP_IOC_REG_MR,
+        EMP_IOC_DEREG_MR = EMP_IOC_DEREG_MR,
+        EMP_IOC_ARM = EMP_IOC_ARM,
+        EMP_IOC_SET_EVENTFD = EMP_IOC_SET_EVENTFD,
+    ]
+}
+
+/// Rust `pub const`s deliberately without a C counterpart.
+const NOT_IN_C: &[&str] = &[
+    // Counter names for tools: strings.
+    "NAMES",
+];
+
+/// The ioctl commands and their `<linux/ioctl.h>` spelling:
+/// (C name, `_IOWR` or `_IOW`, nr, C struct).
+const LINUX_IOCTLS: &[(&str, &str, u32, &str)] = &[
+    ("EMP_IOC_QUERY", "_IOWR", 1, "emp_query"),
+    ("EMP_IOC_REG_MR", "_IOWR", 2, "emp_reg_mr"),
+    ("EMP_IOC_DEREG_MR", "_IOW", 3, "emp_dereg_mr"),
+    ("EMP_IOC_ARM", "_IOW", 4, "emp_arm"),
+    ("EMP_IOC_SET_EVENTFD", "_IOW", 5, "emp_set_eventfd"),
+];
+
+/// Architectures whose `<linux/ioctl.h>` uses the asm-generic encoding that
+/// the Rust constants hard-code.
+const GENERIC_IOCTL_ARCH: bool = cfg!(all(
+    target_os = "linux",
+    any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64",
+        target_arch = "loongarch64",
+        target_arch = "s390x"
+    )
+));
+
+// ---------------------------------------------------------------------------
+// Expected lines and the C program
+// ---------------------------------------------------------------------------
+
+fn elem_str(e: Elem) -> String {
+    match e {
+        Elem::Int(t) => t.into(),
+        Elem::Struct(s) => format!("struct_{s}"),
+    }
+}
+
+/// Key → value pairs the C program must print.
+fn expected() -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    for s in structs() {
+        m.insert(format!("size {}", s.c), format!("{}", s.size));
+        for f in &s.fields {
+            m.insert(
+                format!("field {} {}", s.c, f.name),
+                format!("offset={} size={} elem_size={} elem={}", f.offset, f.size, f.elem_size, elem_str(f.elem)),
+            );
+        }
+    }
+    for c in constants() {
+        m.insert(format!("const {}", c.c), format!("{}", c.value));
+    }
+    if GENERIC_IOCTL_ARCH {
+        let by_name: BTreeMap<_, _> = constants().into_iter().map(|c| (c.c, c.value)).collect();
+        for (name, _, _, _) in LINUX_IOCTLS {
+            m.insert(format!("linux {name}"), format!("{}", by_name[name]));
+        }
+    }
+    m
+}
+
+fn c_program() -> String {
+    let mut p = String::new();
+    p.push_str("#include <stdio.h>\n#include <stddef.h>\n#include \"emp_uapi.h\"\n");
+    if GENERIC_IOCTL_ARCH {
+        p.push_str("#include <linux/ioctl.h>\n");
+    }
+    // The exact <stdint.h> type of an integer field (no integer promotion
+    // in a _Generic controlling expression).
+    p.push_str(
+        "#define EMP_INT_TYPE(x) _Generic((x), \\\n\
+         \tuint8_t: \"uint8_t\", uint16_t: \"uint16_t\", uint32_t: \"uint32_t\", uint64_t: \"uint64_t\", \\\n\
+         \tint8_t: \"int8_t\", int16_t: \"int16_t\", int32_t: \"int32_t\", int64_t: \"int64_t\", \\\n\
+         \tdefault: \"(not-a-fixed-width-integer)\")\n",
+    );
+    p.push_str("int main(void)\n{\n");
+    for s in structs() {
+        let t = format!("struct {}", s.c);
+        p.push_str(&format!("\tprintf(\"size {} %zu\\n\", sizeof({t}));\n", s.c));
+        for f in &s.fields {
+            let lv = format!("(({t} *)0)->{}", f.name);
+            let el = if f.array { format!("{lv}[0]") } else { lv.clone() };
+            let kind = match f.elem {
+                Elem::Int(_) => format!("EMP_INT_TYPE({el})"),
+                Elem::Struct(c) => format!(
+                    "(__builtin_types_compatible_p(__typeof__({el}), struct {c}) ? \"struct_{c}\" : \"(not_struct_{c})\")"
+                ),
+            };
+            p.push_str(&format!(
+                "\tprintf(\"field {} {} offset=%zu size=%zu elem_size=%zu elem=%s\\n\", offsetof({t}, {}), sizeof({lv}), sizeof({el}), {kind});\n",
+                s.c, f.name, f.name
+            ));
+        }
+    }
+    for c in constants() {
+        p.push_str(&format!("\tprintf(\"const {0} %llu\\n\", (unsigned long long)({0}));\n", c.c));
+    }
+    if GENERIC_IOCTL_ARCH {
+        for (name, mac, nr, st) in LINUX_IOCTLS {
+            p.push_str(&format!(
+                "\tprintf(\"linux {name} %llu\\n\", (unsigned long long)({mac}('E', {nr}, struct {st})));\n"
+            ));
+        }
+    }
+    p.push_str("\treturn 0;\n}\n");
+    p
+}
+
+// ---------------------------------------------------------------------------
+// Compiling and running
+// ---------------------------------------------------------------------------
+
+fn include_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("include")
+}
+
+/// A compiler command (program + leading arguments) that runs: `$env_var`
+/// when set (and then only it), else the first candidate that runs.
+fn find_compiler(env_var: &str, candidates: &[&str]) -> Result<Vec<String>, String> {
+    let runs = |cmd: &[String]| {
+        Command::new(&cmd[0]).args(&cmd[1..]).arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
+    };
+    if let Ok(v) = std::env::var(env_var) {
+        let words: Vec<String> = v.split_whitespace().map(String::from).collect();
+        if !words.is_empty() {
+            return if runs(&words) {
+                Ok(words)
+            } else {
+                Err(format!("{env_var}={v:?} is set but `{v} --version` does not run"))
+            };
+        }
+    }
+    candidates
+        .iter()
+        .map(|c| vec![c.to_string()])
+        .find(|cmd| runs(cmd))
+        .ok_or_else(|| format!("{env_var} is not set and none of {candidates:?} runs"))
+}
+
+/// A fresh, unique directory under the system temp dir, removed on drop
+/// unless the test failed (then it is kept for inspection).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!(
+            "emp-uapi-{tag}-{}-{nanos}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        } else {
+            eprintln!("kept {} for inspection", self.0.display());
+        }
+    }
+}
+
+fn compile(cmd: &[String], flags: &[&str], src: &Path, out: &Path) {
+    let o = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .args(flags)
+        .arg("-I")
+        .arg(include_dir())
+        .arg(src)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(
+        o.status.success(),
+        "{cmd:?} {flags:?} failed on {}:\n{}{}",
+        src.display(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn split_line(l: &str) -> Option<(String, String)> {
+    // "size S N", "field S f rest…", "const N V", "linux N V"
+    let words: Vec<&str> = l.split_whitespace().collect();
+    match words.first().copied()? {
+        "size" | "const" | "linux" if words.len() == 3 => Some((format!("{} {}", words[0], words[1]), words[2].into())),
+        "field" if words.len() >= 4 => Some((words[..3].join(" "), words[3..].join(" "))),
+        _ => None,
+    }
+}
+
+/// "struct emp_cqe field flags (Cqe::flags)" style names for messages.
+fn describe(key: &str) -> String {
+    let w: Vec<&str> = key.split(' ').collect();
+    let rust_of = |c: &str| structs().into_iter().find(|s| s.c == c).map(|s| s.rust).unwrap_or("?");
+    match w[0] {
+        "size" => format!("sizeof(struct {}) (Rust {})", w[1], rust_of(w[1])),
+        "field" => format!("struct {} field {} (Rust {}::{})", w[1], w[2], rust_of(w[1]), w[2]),
+        "const" => {
+            let r = constants().into_iter().find(|c| c.c == w[1]).map(|c| c.rust).unwrap_or("?");
+            format!("constant {} (Rust {r})", w[1])
+        }
+        "linux" => format!("{} vs <linux/ioctl.h> _IOW/_IOWR", w[1]),
+        _ => key.into(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+/// The Rust-side tables are complete and self-consistent: every `le_struct!`
+/// is listed, listed fields tile their structure, every numeric constant
+/// and enum value has a C name.
+#[test]
+fn rust_tables_are_complete() {
+    let mut errors = Vec::new();
+
+    // Every le_struct! in src/ is listed.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut in_src = Vec::new();
+    let mut const_idents = Vec::new();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut in_macro = false;
+        for line in text.lines() {
+            let t = line.trim();
+            if t.starts_with("le_struct! {") {
+                in_macro = true;
+            } else if in_macro && t.starts_with("pub struct ") {
+                let name = t["pub struct ".len()..].split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap();
+                in_src.push(name.to_string());
+                in_macro = false;
+            }
+            if let Some(rest) = t.strip_prefix("pub const ") {
+                if !rest.starts_with("fn ") {
+                    let id = rest.split(':').next().unwrap().trim();
+                    const_idents.push(id.to_string());
+                }
+            }
+        }
+    }
+    let listed: Vec<&str> = structs().iter().map(|s| s.rust).collect();
+    for s in &in_src {
+        if !listed.contains(&s.as_str()) {
+            errors.push(format!("le_struct {s} (in src/) has no entry in c_layout.rs / emp_uapi.h"));
+        }
+    }
+    assert!(in_src.len() >= 19, "found only {} le_structs in src/: {in_src:?}", in_src.len());
+
+    // Fields tile each structure exactly: no field forgotten.
+    for s in structs() {
+        if s.size != s.le_size {
+            errors.push(format!("{}: size_of {} != Le::SIZE {}", s.rust, s.size, s.le_size));
+        }
+        let mut fields: Vec<&FieldDesc> = s.fields.iter().collect();
+        fields.sort_by_key(|f| f.offset);
+        let mut at = 0;
+        for f in fields {
+            if f.offset != at {
+                errors.push(format!("{}::{}: at offset {} but previous field ends at {at} (field missing from the list?)", s.rust, f.name, f.offset));
+            }
+            if f.size % f.elem_size != 0 || (!f.array && f.size != f.elem_size) {
+                errors.push(format!("{}::{}: size {} / element size {}", s.rust, f.name, f.size, f.elem_size));
+            }
+            at = f.offset + f.size;
+        }
+        if at != s.size {
+            errors.push(format!("{}: fields end at {at}, struct is {} bytes (field missing from the list?)", s.rust, s.size));
+        }
+    }
+
+    // Every numeric pub const has a C counterpart.
+    let consts = constants();
+    let covered: Vec<&str> =
+        consts.iter().filter(|c| !c.rust.contains(" as ")).map(|c| c.rust.rsplit("::").next().unwrap().trim()).collect();
+    for id in &const_idents {
+        if !covered.contains(&id.as_str()) && !NOT_IN_C.contains(&id.as_str()) {
+            errors.push(format!("pub const {id} (in src/) has no C constant in emp_uapi.h / c_layout.rs"));
+        }
+    }
+    let mut names: Vec<&str> = consts.iter().map(|c| c.c).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), consts.len(), "duplicate C constant names");
+
+    // Every enum value has a C constant.
+    fn count(f: impl Fn(u32) -> bool) -> usize {
+        (0..=0xFFFF).filter(|&v| f(v)).count()
+    }
+    let prefixed = |p: &str| consts.iter().filter(|c| c.c.starts_with(p)).count();
+    let enums: [(&str, usize, usize); 7] = [
+        ("EMP_FRAME_", count(|v| v <= 255 && FrameKind::from_u8(v as u8).is_some()), prefixed("EMP_FRAME_")),
+        ("EMP_NACK_", count(|v| v <= 255 && NackReason::from_u8(v as u8).is_some()), prefixed("EMP_NACK_")),
+        ("EMP_OP_", count(|v| v <= 255 && Opcode::from_u8(v as u8).is_some()), prefixed("EMP_OP_")),
+        ("EMP_STATUS_", count(|v| v <= 255 && Status::from_u8(v as u8).is_some()), prefixed("EMP_STATUS_")),
+        ("EMP_MR_FORMAT_", count(|v| v <= 255 && MrFormat::from_u8(v as u8).is_some()), prefixed("EMP_MR_FORMAT_")),
+        ("EMP_NIC_STATUS_", count(|v| NicStatus::from_u32(v).is_some()), prefixed("EMP_NIC_STATUS_")),
+        ("EMP_FAIL_", count(|v| FailReason::from_u32(v).is_some()), prefixed("EMP_FAIL_")),
+    ];
+    for (p, decodable, listed) in enums {
+        if decodable != listed {
+            errors.push(format!("{p}*: the Rust enum decodes {decodable} values, {listed} C constants listed"));
+        }
+    }
+    let admin_ops = count(|v| AdminOp::from_u32(v).is_some());
+    if admin_ops != prefixed("EMP_ADMIN_OP_") {
+        errors.push(format!("EMP_ADMIN_OP_*: AdminOp decodes {admin_ops} values"));
+    }
+
+    assert!(errors.is_empty(), "{} problem(s):\n  {}", errors.len(), errors.join("\n  "));
+}
+
+/// The C header's layout and constants equal the Rust ones.
+#[test]
+fn c_header_matches_rust() {
+    let cc = find_compiler("CC", &["cc", "gcc", "clang"]).unwrap_or_else(|e| {
+        panic!(
+            "no C compiler found ({e}): set CC or install cc/gcc/clang. The C header \
+             include/emp_uapi.h cannot be checked against the Rust layout without one."
+        )
+    });
+    let dir = TempDir::new("c-layout");
+    let src = dir.0.join("layout.c");
+    let exe = dir.0.join("layout");
+    std::fs::write(&src, c_program()).unwrap();
+    compile(&cc, &["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"], &src, &exe);
+    let out = Command::new(&exe).output().unwrap_or_else(|e| panic!("running {}: {e}", exe.display()));
+    assert!(out.status.success(), "{} exited with {}", exe.display(), out.status);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+
+    let mut got = BTreeMap::new();
+    for line in stdout.lines() {
+        let (k, v) = split_line(line).unwrap_or_else(|| panic!("unparsable output line {line:?}"));
+        assert!(got.insert(k.clone(), v).is_none(), "duplicate output line for {k}");
+    }
+
+    let want = expected();
+    let mut errors = Vec::new();
+    for (k, w) in &want {
+        match got.get(k) {
+            None => errors.push(format!("{}: not printed by the C program", describe(k))),
+            Some(g) if g != w => errors.push(format!("{}: C has `{g}`, Rust has `{w}`", describe(k))),
+            Some(_) => {}
+        }
+    }
+    for k in got.keys() {
+        if !want.contains_key(k) {
+            errors.push(format!("{}: printed by C but not expected", describe(k)));
+        }
+    }
+    assert!(errors.is_empty(), "C header disagrees with Rust ({} problem(s)):\n  {}", errors.len(), errors.join("\n  "));
+    assert!(want.len() > 200, "suspiciously few checks: {}", want.len());
+}
+
+/// The header also compiles as C++ (for C++ users of libemp), with its
+/// static assertions. Skipped with a message when no C++ compiler exists:
+/// the C check above is the mandatory one.
+#[test]
+fn c_header_compiles_as_cxx() {
+    let cxx = match find_compiler("CXX", &["c++", "g++", "clang++"]) {
+        Ok(c) => c,
+        Err(e) if std::env::var_os("CXX").is_none() => {
+            eprintln!("no C++ compiler found ({e}); C++ compile check of emp_uapi.h not run");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let dir = TempDir::new("cxx");
+    let src = dir.0.join("hdr.cpp");
+    let exe = dir.0.join("hdr");
+    std::fs::write(
+        &src,
+        "#include \"emp_uapi.h\"\n\
+         static_assert(sizeof(emp_work_desc) == 128, \"work desc\");\n\
+         int main() { emp_query q = {}; q.size = sizeof q; return EMP_IOC_QUERY == 0 ? 1 : (int)(q.size != 80); }\n",
+    )
+    .unwrap();
+    compile(&cxx, &["-std=c++11", "-Wall", "-Wextra", "-Werror", "-pedantic"], &src, &exe);
+    let st = Command::new(&exe).status().unwrap();
+    assert!(st.success(), "C++ check program failed: {st}");
+}
