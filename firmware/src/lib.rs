@@ -87,8 +87,11 @@ pub struct Config {
     pub rto_ns_max: u64,
     /// Retransmissions of one group before the message fails.
     pub retry_limit: u32,
-    /// Delay before resending a message the receiver was not ready for.
+    /// Delay before resending a message the receiver was not ready for;
+    /// doubles with every refusal of the same message.
     pub rnr_delay_ns: u64,
+    /// Cap of that delay.
+    pub rnr_delay_ns_max: u64,
     /// Receiver-not-ready retries before failing (0 = forever, EMP's rule).
     pub rnr_retry_limit: u32,
     /// A partially received message with no frame for this long is aborted.
@@ -122,7 +125,8 @@ impl Default for Config {
             rto_ns: 500_000,
             rto_ns_max: 50_000_000,
             retry_limit: 64,
-            rnr_delay_ns: 200_000,
+            rnr_delay_ns: 100_000,
+            rnr_delay_ns_max: 5_000_000,
             rnr_retry_limit: 0,
             rx_idle_timeout_ns: 30_000_000_000,
             flow_control: FlowControl::Off,
@@ -149,6 +153,9 @@ impl Config {
         }
         if self.rto_ns == 0 || self.rto_ns_max < self.rto_ns {
             return Some("rto_ns must be > 0 and <= rto_ns_max");
+        }
+        if self.rnr_delay_ns == 0 || self.rnr_delay_ns_max < self.rnr_delay_ns {
+            return Some("rnr_delay_ns must be > 0 and <= rnr_delay_ns_max");
         }
         if self.retry_limit == 0 || self.retry_limit > 255 {
             return Some("retry_limit must be 1..=255");
@@ -362,11 +369,7 @@ impl Nic {
     /// The host may have posted work: run admin commands, consume rings.
     pub fn handle_doorbell<H: Hal>(&mut self, hal: &mut H, now: u64) {
         self.service_admin(hal, now);
-        for p in 0..self.ports.len() as u16 {
-            if self.ports[p as usize].open {
-                self.consume_rings(hal, now, p);
-            }
-        }
+        self.poll_rings(hal, now);
         self.pump(hal, now);
         self.publish(hal);
     }
@@ -374,8 +377,20 @@ impl Nic {
     /// A frame arrived from the MAC.
     pub fn handle_frame<H: Hal>(&mut self, hal: &mut H, now: u64, bytes: &[u8]) {
         self.receive_frame(hal, now, bytes);
+        // Completions may have freed table or CQ room that descriptors
+        // still in the rings were waiting for: the NIC polls producer
+        // indices, it does not rely on a doorbell for them.
+        self.poll_rings(hal, now);
         self.pump(hal, now);
         self.publish(hal);
+    }
+
+    fn poll_rings<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        for p in 0..self.ports.len() as u16 {
+            if self.ports[p as usize].open {
+                self.consume_rings(hal, now, p);
+            }
+        }
     }
 
     /// Time passed: fire expired timers (no-op when nothing expired).
@@ -386,6 +401,7 @@ impl Nic {
                 timer::Timer::RxIdle { slot, stamp } => self.on_rx_idle(hal, now, slot, stamp),
             }
         }
+        self.poll_rings(hal, now);
         self.pump(hal, now);
         self.publish(hal);
     }
@@ -411,6 +427,27 @@ impl Nic {
             peers: self.peer_index.len() as u32,
             ports_open: self.ports.iter().filter(|p| p.open).count() as u32,
         }
+    }
+
+    /// A one-line-per-peer description of protocol state, for diagnosing a
+    /// stuck simulation.
+    pub fn describe_peers(&self) -> String {
+        let mut s = String::new();
+        for p in self.peers.iter().flatten() {
+            let head = p.tx_queue.front().and_then(|&t| self.tx.get(t)).map(|m| {
+                let armed = m.groups.iter().filter(|g| g.stamp != 0).count();
+                format!(
+                    "head seq {} next {}/{} acked {}/{} armed {} rnr {}",
+                    m.seq, m.next_frame, m.frame_count, m.groups_acked, m.groups.len(), armed, m.rnr_retries
+                )
+            });
+            s += &format!(
+                "  port {} -> ({},{}): tx_next {} queued {} inflight {} credits {} nts {:?} {:?} | rx_expected {} rnr {:?} active {}\n",
+                p.port, p.node, p.rport, p.tx_seq_next, p.tx_queue.len(), p.inflight_frames, p.credits,
+                p.not_to_send, head, p.rx_expected, p.rnr_seq, p.rx_active.len()
+            );
+        }
+        s
     }
 
     /// Checks internal invariants; returns the first one broken.

@@ -372,7 +372,10 @@ impl Nic {
         }
         grp.retries = 0;
         if grp.inflight > 0 {
-            self.arm_group(now, slot, g, Some(self.cfg.rnr_delay_ns));
+            // RNR backoff: a receiver that stays unready costs less and less.
+            let shift = (m.rnr_retries - 1).min(20);
+            let delay = self.cfg.rnr_delay_ns.saturating_mul(1 << shift).min(self.cfg.rnr_delay_ns_max);
+            self.arm_group(now, slot, g, Some(delay));
         }
         if self.cfg.flow_control == FlowControl::ModifiedAckNack && g == 0 {
             self.peer_mut(peer).not_to_send = Some(seq);

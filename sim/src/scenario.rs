@@ -373,13 +373,13 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
     };
     d.setup(spec, &mut r).map_err(|e| fail(spec, e))?;
     d.schedule_posts();
-    let limit_ns = 600_000_000_000;
+    let limit_ns = 60_000_000_000;
     while d.outstanding > 0 {
         let Some(step) = d.world.step() else {
             return Err(fail(spec, format!("deadlock: event queue empty with {} operations outstanding", d.outstanding)));
         };
-        if d.world.now > limit_ns {
-            return Err(fail(spec, format!("liveness: {} operations outstanding after {} s", d.outstanding, limit_ns / 1_000_000_000)));
+        if d.world.now > limit_ns || d.world.events > 200_000_000 {
+            return Err(fail(spec, format!("liveness: {} operations outstanding at {} ns; {}", d.outstanding, d.world.now, d.stuck())));
         }
         match step {
             Step::Host(n) => d.post_due(n),
@@ -393,6 +393,35 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
 }
 
 impl Driver {
+    /// What is outstanding, for a liveness failure.
+    fn stuck(&self) -> String {
+        let mut s = String::new();
+        for (n, node) in self.world.nodes.iter().enumerate() {
+            let _ = write!(s, "\n  node {n}: {:?}\n{}", node.nic.occupancy(), node.nic.describe_peers());
+        }
+        let sends: Vec<usize> = (0..self.send_done.len()).filter(|&i| self.send_done[i].is_none()).take(8).collect();
+        for i in sends {
+            let m = &self.plan.msgs[i];
+            let _ = write!(s, "\n  send {i} {:?}->{:?} len {} tag {:#x} at {}", m.src, m.dst, m.len, m.tag, m.send_at);
+            for (ri, r) in self.plan.recvs.iter().enumerate() {
+                let matches = r.dst == m.dst
+                    && (r.node == ANY_NODE || r.node == m.src.0)
+                    && (r.port == ANY_PORT || r.port == m.src.1)
+                    && (r.tag ^ m.tag) & !r.ignore == 0;
+                if matches {
+                    let got = self.recv_done[ri].map(|c| c.tag);
+                    let _ = write!(s, "\n    could match recv {ri} posted at {} done with {:x?}", r.post_at, got);
+                }
+            }
+        }
+        let recvs: Vec<usize> = (0..self.recv_done.len()).filter(|&i| self.recv_done[i].is_none()).take(8).collect();
+        for i in recvs {
+            let r = &self.plan.recvs[i];
+            let _ = write!(s, "\n  recv {i} at {:?} from {:?} tag {:#x}/{:#x} at {}", r.dst, (r.node, r.port), r.tag, r.ignore, r.post_at);
+        }
+        s
+    }
+
     fn setup(&mut self, spec: &Spec, r: &mut Rng) -> Result<(), String> {
         let layout = self.world.layout;
         for n in 0..spec.nodes {
@@ -402,7 +431,11 @@ impl Driver {
                 let len = self.plan.region_len.get(&(n, p)).copied().unwrap_or(0).max(1);
                 let key_gen = (r.range(1, 0x7FFF) as u32) << 16;
                 let data = alloc_region(&mut node.mem, len, key_gen | (2 * p as u32), r);
-                let cq_entries = 1024u32;
+                // Like verbs, the CQ must hold every completion that can be
+                // outstanding: otherwise the NIC stops taking descriptors.
+                let posts = self.plan.msgs.iter().filter(|m| m.src == (n, p)).count()
+                    + self.plan.recvs.iter().filter(|r| r.dst == (n, p)).count();
+                let cq_entries = ((posts + 1) as u32).next_power_of_two().max(64);
                 let cq = alloc_region(&mut node.mem, cq_entries as u64 * 32, key_gen | (2 * p as u32 + 1), r);
                 for (reg, acc) in [(&data, MR_LOCAL_READ | MR_LOCAL_WRITE), (&cq, MR_LOCAL_WRITE)] {
                     let e = mr_entry(reg, p, acc, &mut node.mem, r);

@@ -582,7 +582,10 @@ fn rust_tables_are_complete() {
         let mut at = 0;
         for f in fields {
             if f.offset != at {
-                errors.push(format!("{}::{}: at offset {} but previous field ends at {at} (field missing from the list?)", s.rust, f.name, f.offset));
+                errors.push(format!(
+                    "{}::{}: at offset {} but previous field ends at {at} (field missing from the list?)",
+                    s.rust, f.name, f.offset
+                ));
             }
             if f.size % f.elem_size != 0 || (!f.array && f.size != f.elem_size) {
                 errors.push(format!("{}::{}: size {} / element size {}", s.rust, f.name, f.size, f.elem_size));
@@ -590,14 +593,20 @@ fn rust_tables_are_complete() {
             at = f.offset + f.size;
         }
         if at != s.size {
-            errors.push(format!("{}: fields end at {at}, struct is {} bytes (field missing from the list?)", s.rust, s.size));
+            errors.push(format!(
+                "{}: fields end at {at}, struct is {} bytes (field missing from the list?)",
+                s.rust, s.size
+            ));
         }
     }
 
     // Every numeric pub const has a C counterpart.
     let consts = constants();
-    let covered: Vec<&str> =
-        consts.iter().filter(|c| !c.rust.contains(" as ")).map(|c| c.rust.rsplit("::").next().unwrap().trim()).collect();
+    let covered: Vec<&str> = consts
+        .iter()
+        .filter(|c| !c.rust.contains(" as "))
+        .map(|c| c.rust.rsplit("::").next().unwrap().trim())
+        .collect();
     for id in &const_idents {
         if !covered.contains(&id.as_str()) && !NOT_IN_C.contains(&id.as_str()) {
             errors.push(format!("pub const {id} (in src/) has no C constant in emp_uapi.h / c_layout.rs"));
@@ -673,7 +682,12 @@ fn c_header_matches_rust() {
             errors.push(format!("{}: printed by C but not expected", describe(k)));
         }
     }
-    assert!(errors.is_empty(), "C header disagrees with Rust ({} problem(s)):\n  {}", errors.len(), errors.join("\n  "));
+    assert!(
+        errors.is_empty(),
+        "C header disagrees with Rust ({} problem(s)):\n  {}",
+        errors.len(),
+        errors.join("\n  ")
+    );
     assert!(want.len() > 200, "suspiciously few checks: {}", want.len());
 }
 
