@@ -8,35 +8,36 @@ use emp_uapi::Le;
 
 use crate::{Hal, Nic};
 
-/// Where the last indirect walk of a slot stopped, so that sequential frame
-/// transfers walk each page list once instead of once per frame.
-#[derive(Clone, Copy, Debug)]
-struct Cursor {
+/// What the NIC learned about one indirect page list: where each page of
+/// segments lives and at which region offset its first segment starts
+/// (binary-searchable), plus the last page read, decoded. Built by one
+/// walk of the list; dropped when the key changes or on `MrFence`.
+#[derive(Clone, Debug, Default)]
+struct Directory {
     key: u32,
-    /// Region offset where segment `seg_idx` starts.
-    seg_start: u64,
-    seg_idx: u32,
-    /// Page of segments holding `seg_idx`, and its index there.
-    page_addr: u64,
-    idx_in_page: u32,
-    /// Pages of segments walked so far (bounds link chains).
-    pages: u32,
+    /// (region offset of the page's first segment, page address).
+    pages: Vec<(u64, u64)>,
+    /// Region length the directory covers.
+    covered: u64,
+    /// Address and decoded data segments of the last page read.
+    cached_addr: u64,
+    cached: Vec<PhysSeg>,
 }
 
-/// One cursor per MR slot.
+/// One translation directory per MR slot.
 #[derive(Debug)]
 pub(crate) struct CursorCache {
-    cur: Vec<Option<Cursor>>,
+    dirs: Vec<Option<Directory>>,
 }
 
 impl CursorCache {
     pub(crate) fn new(entries: u32) -> Self {
-        CursorCache { cur: vec![None; entries as usize] }
+        CursorCache { dirs: vec![None; entries as usize] }
     }
 
-    /// Forgets the cursor of `slot` (its entry changed).
+    /// Forgets what was learned about `slot` (its entry changed).
     pub(crate) fn invalidate(&mut self, slot: usize) {
-        if let Some(c) = self.cur.get_mut(slot) {
+        if let Some(c) = self.dirs.get_mut(slot) {
             *c = None;
         }
     }
@@ -167,50 +168,96 @@ impl Nic {
 
     fn indirect_io<H: Hal>(&mut self, hal: &mut H, e: &MrEntry, off: u64, buf: &mut [u8], dir: Dir) -> Result<(), Status> {
         let slot = MrEntry::slot_of(e.key);
-        let fresh = Cursor { key: e.key, seg_start: 0, seg_idx: 0, page_addr: e.indirect_addr, idx_in_page: 0, pages: 1 };
-        let mut c = match self.mr_cursors.cur[slot] {
-            Some(c) if c.key == e.key && c.seg_start <= off => c,
-            _ => fresh,
+        let mut d = match self.mr_cursors.dirs[slot].take() {
+            Some(d) if d.key == e.key => d,
+            _ => build_directory(hal, e)?,
         };
-        // A page list may link at most this many pages: bounds hostile chains.
-        let pages_max = e.indirect_count / (SEGS_PER_PAGE as u32 - 1) + 2;
-        let mut done = 0usize;
-        while done < buf.len() {
-            if c.seg_idx >= e.indirect_count || c.idx_in_page as usize >= SEGS_PER_PAGE {
-                return Err(Status::AccessDenied);
-            }
-            let mut sb = [0u8; PhysSeg::SIZE];
-            dma(hal, c.page_addr + c.idx_in_page as u64 * PhysSeg::SIZE as u64, &mut sb, Dir::FromHost)?;
-            let seg = PhysSeg::get(&sb);
-            if seg.flags & SEG_LINK != 0 {
-                c.pages += 1;
-                if c.pages > pages_max {
-                    return Err(Status::AccessDenied);
-                }
-                c.page_addr = seg.addr;
-                c.idx_in_page = 0;
-                continue;
-            }
-            if seg.flags != 0 || seg.len == 0 {
-                return Err(Status::AccessDenied);
-            }
-            let seg_end = c.seg_start + seg.len as u64;
+        let r = directory_io(hal, &mut d, off, buf, dir);
+        self.mr_cursors.dirs[slot] = Some(d);
+        r
+    }
+}
+
+/// Reads one page of segments: its data segments and its link, if any.
+fn read_list_page<H: Hal>(hal: &mut H, addr: u64, out: &mut Vec<PhysSeg>) -> Result<Option<u64>, Status> {
+    let mut page = [0u8; emp_uapi::PAGE_SIZE];
+    dma(hal, addr, &mut page, Dir::FromHost)?;
+    out.clear();
+    for i in 0..SEGS_PER_PAGE {
+        let seg = PhysSeg::get(&page[i * PhysSeg::SIZE..]);
+        if seg.flags & SEG_LINK != 0 {
+            return Ok(Some(seg.addr));
+        }
+        if seg.flags != 0 {
+            return Err(Status::AccessDenied);
+        }
+        if seg.len == 0 {
+            break; // End of the list.
+        }
+        out.push(seg);
+    }
+    Ok(None)
+}
+
+/// Walks a page list once; refuses lists that are longer than the entry
+/// says, loop, or do not cover the region.
+fn build_directory<H: Hal>(hal: &mut H, e: &MrEntry) -> Result<Directory, Status> {
+    let mut d = Directory { key: e.key, ..Default::default() };
+    let pages_max = e.indirect_count as usize / (SEGS_PER_PAGE - 1) + 2;
+    let mut addr = Some(e.indirect_addr);
+    let (mut segs, mut offset, mut count) = (Vec::new(), 0u64, 0u64);
+    while let Some(a) = addr {
+        if d.pages.len() >= pages_max {
+            return Err(Status::AccessDenied);
+        }
+        let next = read_list_page(hal, a, &mut segs)?;
+        d.pages.push((offset, a));
+        count += segs.len() as u64;
+        offset += segs.iter().map(|s| s.len as u64).sum::<u64>();
+        if count > e.indirect_count as u64 {
+            return Err(Status::AccessDenied);
+        }
+        addr = next;
+        if count == e.indirect_count as u64 {
+            break;
+        }
+    }
+    if count != e.indirect_count as u64 || offset < e.length {
+        return Err(Status::AccessDenied);
+    }
+    d.covered = offset;
+    Ok(d)
+}
+
+/// Moves bytes at region offset `off` through a directory.
+fn directory_io<H: Hal>(hal: &mut H, d: &mut Directory, off: u64, buf: &mut [u8], dir: Dir) -> Result<(), Status> {
+    if off + buf.len() as u64 > d.covered {
+        return Err(Status::AccessDenied);
+    }
+    let mut page = d.pages.partition_point(|&(start, _)| start <= off) - 1;
+    let mut done = 0usize;
+    while done < buf.len() {
+        let (mut seg_start, addr) = *d.pages.get(page).ok_or(Status::AccessDenied)?;
+        if d.cached_addr != addr || d.cached.is_empty() {
+            read_list_page(hal, addr, &mut d.cached)?;
+            d.cached_addr = addr;
+        }
+        for seg in &d.cached {
+            let seg_end = seg_start + seg.len as u64;
             let cur = off + done as u64;
-            if cur < seg_end {
+            if cur < seg_end && cur >= seg_start {
                 let n = ((seg_end - cur) as usize).min(buf.len() - done);
-                dma(hal, seg.addr + (cur - c.seg_start), &mut buf[done..done + n], dir)?;
+                dma(hal, seg.addr + (cur - seg_start), &mut buf[done..done + n], dir)?;
                 done += n;
                 if done == buf.len() {
-                    break;
+                    return Ok(());
                 }
             }
-            c.seg_start = seg_end;
-            c.seg_idx += 1;
-            c.idx_in_page += 1;
+            seg_start = seg_end;
         }
-        self.mr_cursors.cur[slot] = Some(c);
-        Ok(())
+        page += 1;
     }
+    Ok(())
 }
 
 fn dma<H: Hal>(hal: &mut H, addr: u64, buf: &mut [u8], dir: Dir) -> Result<(), Status> {

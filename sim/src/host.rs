@@ -14,19 +14,37 @@ use crate::rng::Rng;
 /// Bus address of physical byte 0 (non-zero so a zero address is a bug).
 pub const PHYS_BASE: u64 = 0x1_0000_0000;
 
-/// Host physical memory.
+/// Host physical memory: sized once (zero pages are mapped lazily by the
+/// OS, so untouched memory costs nothing), then handed out page by page.
 #[derive(Debug, Default)]
 pub struct HostMem {
     /// Bytes; physical address = `PHYS_BASE + index`.
     pub bytes: Vec<u8>,
+    used: usize,
 }
 
 impl HostMem {
+    /// Memory of `bytes` (rounded up to pages).
+    pub fn new(bytes: usize) -> HostMem {
+        HostMem { bytes: vec![0; bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE], used: 0 }
+    }
+
     /// Allocates `pages` fresh physical pages (zeroed) and returns their addresses.
+    ///
+    /// # Panics
+    /// When the memory is exhausted (the scenario sized it too small).
     pub fn alloc_pages(&mut self, pages: usize) -> Vec<u64> {
-        let first = self.bytes.len();
-        self.bytes.resize(first + pages * PAGE_SIZE, 0);
+        let first = self.used;
+        self.used += pages * PAGE_SIZE;
+        assert!(self.used <= self.bytes.len(), "host memory exhausted: size it with HostMem::new");
         (0..pages).map(|i| PHYS_BASE + (first + i * PAGE_SIZE) as u64).collect()
+    }
+
+    /// Pages needed to register a region of `len` bytes in any format
+    /// (data pages plus the longest possible page list).
+    pub fn pages_for_region(len: u64) -> usize {
+        let data = (len as usize).div_ceil(PAGE_SIZE).max(1);
+        data + data.div_ceil(SEGS_PER_PAGE - 1) + 1
     }
 
     /// Resolves a bus address range to an index range.

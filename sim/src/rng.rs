@@ -62,11 +62,18 @@ impl Rng {
     }
 }
 
-/// Deterministic message content: byte `i` of message `id`.
+/// Deterministic message content: byte `i` of message `id` is byte `i % 8`
+/// of a 64-bit word derived from (`id`, `i / 8`).
 pub fn fill_pattern(id: u64, start: u64, out: &mut [u8]) {
-    for (k, b) in out.iter_mut().enumerate() {
-        let i = start + k as u64;
-        let w = (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (i >> 3).wrapping_mul(0xD6E8_FEB8_6659_FD93)).rotate_left(29);
-        *b = (w >> ((i & 7) * 8)) as u8;
+    let word = |w: u64| (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w.wrapping_mul(0xD6E8_FEB8_6659_FD93)).rotate_left(29);
+    let mut i = start;
+    let mut k = 0;
+    while k < out.len() {
+        let bytes = word(i >> 3).to_le_bytes();
+        let in_word = (i & 7) as usize;
+        let n = (8 - in_word).min(out.len() - k);
+        out[k..k + n].copy_from_slice(&bytes[in_word..in_word + n]);
+        k += n;
+        i += n as u64;
     }
 }

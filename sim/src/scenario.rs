@@ -16,7 +16,7 @@ use emp_uapi::desc::{Cqe, Opcode, Status, MR_LOCAL_READ, MR_LOCAL_WRITE};
 use emp_uapi::sram::{admin_result as ar, ctl, AdminOp, LayoutParams, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
 use emp_uapi::{sram::counter, ANY_NODE, ANY_PORT, PAGE_SIZE};
 
-use crate::host::{admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostPort, Sram};
+use crate::host::{HostMem, admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostPort, Sram};
 use crate::rng::{fill_pattern, Rng};
 use crate::world::{Partition, Step, WireConfig, World};
 
@@ -359,7 +359,20 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
         features |= FEATURE_MODIFIED_ACK_NACK;
     }
     let params = LayoutParams { ports: spec.ports + 1, mr_entries: 64, route_entries: spec.nodes as u32 + 1, group_entries: 1, staging_size: PAGE_SIZE as u32, send_entries: 64, recv_entries: 64 };
-    let world = World::new(spec.nodes, params, spec.mtu, features, spec.firmware_config(), spec.wire.clone(), r.fork());
+    let mem: Vec<usize> = (0..spec.nodes)
+        .map(|n| {
+            (0..spec.ports)
+                .map(|p| {
+                    let posts = plan.msgs.iter().filter(|m| m.src == (n, p)).count() + plan.recvs.iter().filter(|r| r.dst == (n, p)).count();
+                    let data = plan.region_len.get(&(n, p)).copied().unwrap_or(0).max(1);
+                    let cq = ((posts + 1) as u64).next_power_of_two().max(64) * 32;
+                    HostMem::pages_for_region(data) + HostMem::pages_for_region(cq)
+                })
+                .sum::<usize>()
+                * PAGE_SIZE
+        })
+        .collect();
+    let world = World::new(spec.nodes, params, spec.mtu, features, spec.firmware_config(), spec.wire.clone(), r.fork(), &mem);
     let mut d = Driver {
         world,
         ports: Vec::new(),

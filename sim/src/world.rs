@@ -93,6 +93,7 @@ struct SimHal<'a> {
     sram: &'a mut [u8],
     mem: &'a mut HostMem,
     out: &'a mut Vec<(u16, Vec<u8>)>,
+    pool: &'a mut Vec<Vec<u8>>,
     interrupts: &'a mut u64,
 }
 
@@ -114,7 +115,10 @@ impl Hal for SimHal<'_> {
         Ok(())
     }
     fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]) {
-        self.out.push((dst_node, frame.to_vec()));
+        let mut b = self.pool.pop().unwrap_or_default();
+        b.clear();
+        b.extend_from_slice(frame);
+        self.out.push((dst_node, b));
     }
     fn raise_interrupt(&mut self, _vector: u16) {
         *self.interrupts += 1;
@@ -184,21 +188,35 @@ pub struct World {
     seq: u64,
     rng: Rng,
     out: Vec<(u16, Vec<u8>)>,
+    /// Frame buffers for reuse (bounded).
+    pool: Vec<Vec<u8>>,
 }
 
 impl World {
-    /// Boots `n` NICs with the same configuration.
-    pub fn new(n: u16, params: LayoutParams, mtu: u32, features: u32, cfg: Config, wire: WireConfig, rng: Rng) -> World {
+    /// Boots `n` NICs with the same configuration; host `i` gets
+    /// `mem_bytes[i]` bytes of memory.
+    pub fn new(
+        n: u16,
+        params: LayoutParams,
+        mtu: u32,
+        features: u32,
+        cfg: Config,
+        wire: WireConfig,
+        rng: Rng,
+        mem_bytes: &[usize],
+    ) -> World {
         let layout = Layout::new(params).expect("valid layout");
         let nodes = (0..n)
             .map(|id| {
                 let mut sram = vec![0u8; layout.sram_size as usize];
                 layout.header(id, mtu, features).put(&mut sram[..SramHeader::SIZE]);
                 write_routes(&mut sram, &layout, n);
-                let mut mem = HostMem::default();
+                let mut mem = HostMem::new(mem_bytes[id as usize]);
                 let mut out = Vec::new();
+                let mut pool = Vec::new();
                 let mut interrupts = 0;
-                let mut hal = SimHal { sram: &mut sram, mem: &mut mem, out: &mut out, interrupts: &mut interrupts };
+                let mut hal =
+                    SimHal { sram: &mut sram, mem: &mut mem, out: &mut out, pool: &mut pool, interrupts: &mut interrupts };
                 let mut c = cfg;
                 c.gen_seed = 1 + id.wrapping_mul(31);
                 let nic = Nic::boot(&mut hal, c).expect("boot");
@@ -218,6 +236,7 @@ impl World {
             seq: 0,
             rng,
             out: Vec::new(),
+            pool: Vec::new(),
         }
     }
 
@@ -258,6 +277,9 @@ impl World {
             Kind::Frame => {
                 let data = ev.data;
                 self.run_nic(node, |nic, hal, now| nic.handle_frame(hal, now, &data));
+                if self.pool.len() < 4096 {
+                    self.pool.push(data);
+                }
             }
             Kind::Timer => {
                 if self.nodes[node as usize].timer_at != Some(ev.at) {
@@ -279,7 +301,8 @@ impl World {
         let mut out = core::mem::take(&mut self.out);
         {
             let n = &mut self.nodes[node as usize];
-            let mut hal = SimHal { sram: &mut n.sram, mem: &mut n.mem, out: &mut out, interrupts: &mut n.interrupts };
+            let mut hal =
+                SimHal { sram: &mut n.sram, mem: &mut n.mem, out: &mut out, pool: &mut self.pool, interrupts: &mut n.interrupts };
             f(&mut n.nic, &mut hal, now);
         }
         for (dst, frame) in out.drain(..) {
@@ -319,6 +342,7 @@ impl World {
         }
         if self.rng.chance(self.wire.loss) {
             self.stats.lost += 1;
+            self.pool.push(frame);
             return;
         }
         if self.rng.chance(self.wire.reorder) {
