@@ -19,9 +19,11 @@ struct Directory {
     pages: Vec<(u64, u64)>,
     /// Region length the directory covers.
     covered: u64,
-    /// Address and decoded data segments of the last page read.
+    /// Address, decoded data segments and their region offsets of the
+    /// last page read.
     cached_addr: u64,
     cached: Vec<PhysSeg>,
+    cached_starts: Vec<u64>,
 }
 
 /// One translation directory per MR slot.
@@ -237,23 +239,29 @@ fn directory_io<H: Hal>(hal: &mut H, d: &mut Directory, off: u64, buf: &mut [u8]
     let mut page = d.pages.partition_point(|&(start, _)| start <= off) - 1;
     let mut done = 0usize;
     while done < buf.len() {
-        let (mut seg_start, addr) = *d.pages.get(page).ok_or(Status::AccessDenied)?;
+        let (page_start, addr) = *d.pages.get(page).ok_or(Status::AccessDenied)?;
         if d.cached_addr != addr || d.cached.is_empty() {
             read_list_page(hal, addr, &mut d.cached)?;
             d.cached_addr = addr;
+            d.cached_starts.clear();
+            let mut at = page_start;
+            for seg in &d.cached {
+                d.cached_starts.push(at);
+                at += seg.len as u64;
+            }
         }
-        for seg in &d.cached {
-            let seg_end = seg_start + seg.len as u64;
+        let cur = off + done as u64;
+        let mut i = d.cached_starts.partition_point(|&st| st <= cur).saturating_sub(1);
+        while i < d.cached.len() && done < buf.len() {
+            let (seg, seg_start) = (d.cached[i], d.cached_starts[i]);
             let cur = off + done as u64;
-            if cur < seg_end && cur >= seg_start {
+            let seg_end = seg_start + seg.len as u64;
+            if cur >= seg_start && cur < seg_end {
                 let n = ((seg_end - cur) as usize).min(buf.len() - done);
                 dma(hal, seg.addr + (cur - seg_start), &mut buf[done..done + n], dir)?;
                 done += n;
-                if done == buf.len() {
-                    return Ok(());
-                }
             }
-            seg_start = seg_end;
+            i += 1;
         }
         page += 1;
     }

@@ -24,6 +24,8 @@ pub(crate) struct Group {
     /// Frames of this group sent and counted in the peer's window.
     pub inflight: u32,
     pub last_tx_ns: u64,
+    /// When a NACK last triggered a resend of this group.
+    pub nack_resend_ns: Option<u64>,
 }
 
 /// A message being sent.
@@ -341,9 +343,10 @@ impl Nic {
     fn on_loss_nack<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, mask: u32) {
         let grp = self.tx.get(slot).expect("live").groups[g as usize];
         // One fast retransmission per half RTO: a burst of NACKs costs one resend.
-        if grp.acked || now < grp.last_tx_ns + self.cfg.rto_ns / 2 {
+        if grp.acked || grp.nack_resend_ns.is_some_and(|t| now < t + self.cfg.rto_ns / 2) {
             return;
         }
+        self.tx.get_mut(slot).groups[g as usize].nack_resend_ns = Some(now);
         if let Err(st) = self.resend_group(hal, now, slot, g, mask) {
             return self.finish_tx(hal, now, slot, st);
         }

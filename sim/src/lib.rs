@@ -4,6 +4,7 @@
 //! bandwidth, loss, duplication, reordering and partitions, in virtual
 //! time. A seed reproduces a run bit for bit.
 
+pub mod cluster;
 pub mod host;
 pub mod rng;
 pub mod scenario;

@@ -51,6 +51,8 @@ pub struct Spec {
     pub errors: bool,
     /// Wire behaviour.
     pub wire: WireConfig,
+    /// Drawn by [`Spec::swarm`] (replayed by seed) or set from flags.
+    pub swarm: bool,
 }
 
 impl Spec {
@@ -71,6 +73,7 @@ impl Spec {
             truncate_prob: 0.0,
             errors: false,
             wire: WireConfig::default(),
+            swarm: false,
         }
     }
 
@@ -112,13 +115,32 @@ impl Spec {
                 reorder: if r.chance(0.3) { r.unit() * 0.3 } else { 0.0 },
                 reorder_jitter_ns: r.range(1_000, 100_000),
                 partition,
+                corrupt: 0.0,
             },
+            swarm: true,
         }
     }
 
-    /// Command that replays a swarm seed.
+    /// Command that replays this scenario exactly.
     pub fn replay_command(&self) -> String {
-        format!("cargo run --release -p emp-sim -- swarm --seed {} --count 1 --verbose", self.seed)
+        if self.swarm {
+            return format!("cargo run --release -p emp-sim -- swarm --seed {} --count 1 --verbose", self.seed);
+        }
+        let flow = match self.flow {
+            FlowControl::Off => "off",
+            FlowControl::Piggyback => "piggyback",
+            FlowControl::ModifiedAckNack => "mack",
+        };
+        let mut cmd = format!(
+            "cargo run --release -p emp-sim -- --nodes {} --messages {} --seed {} --loss {} --dup {} --reorder {} \
+             --max-size {} --mtu {} --group {} --flow {flow} --overflow {} --ports {}",
+            self.nodes, self.messages, self.seed, self.wire.loss, self.wire.dup, self.wire.reorder,
+            self.size_max, self.mtu, self.group_size, self.overflow_slots, self.ports
+        );
+        if let Some(p) = &self.wire.partition {
+            cmd += &format!(" --partition-ms {}", p.end_ns / 1_000_000);
+        }
+        cmd
     }
 
     fn firmware_config(&self) -> Config {

@@ -41,6 +41,10 @@ pub struct WireConfig {
     pub reorder_jitter_ns: u64,
     /// Optional healing partition.
     pub partition: Option<Partition>,
+    /// Probability a DATA frame's payload gets one byte flipped without the
+    /// headers noticing (an undetected corruption: only used to prove the
+    /// checker catches corrupted deliveries).
+    pub corrupt: f64,
 }
 
 impl Default for WireConfig {
@@ -53,6 +57,7 @@ impl Default for WireConfig {
             reorder: 0.0,
             reorder_jitter_ns: 20_000,
             partition: None,
+            corrupt: 0.0,
         }
     }
 }
@@ -190,6 +195,8 @@ pub struct World {
     out: Vec<(u16, Vec<u8>)>,
     /// Frame buffers for reuse (bounded).
     pool: Vec<Vec<u8>>,
+    /// Test hook: return true to lose a frame (src, dst, bytes).
+    pub drop_filter: Option<Box<dyn FnMut(u16, u16, &[u8]) -> bool>>,
 }
 
 impl World {
@@ -237,6 +244,7 @@ impl World {
             rng,
             out: Vec::new(),
             pool: Vec::new(),
+            drop_filter: None,
         }
     }
 
@@ -340,10 +348,21 @@ impl World {
                 return;
             }
         }
-        if self.rng.chance(self.wire.loss) {
+        let filtered = self.drop_filter.as_mut().is_some_and(|f| f(src, dst, &frame));
+        if filtered || self.rng.chance(self.wire.loss) {
             self.stats.lost += 1;
             self.pool.push(frame);
             return;
+        }
+        let mut frame = frame;
+        if self.rng.chance(self.wire.corrupt) {
+            if let Ok(emp_uapi::wire::Frame::Data { hdr, .. }) = emp_uapi::wire::Frame::parse(&frame) {
+                let head = emp_uapi::wire::data_header_len(hdr.frame_index);
+                if hdr.payload_len > 0 {
+                    let at = head + self.rng.below(hdr.payload_len as u64) as usize;
+                    frame[at] ^= 0x5A;
+                }
+            }
         }
         if self.rng.chance(self.wire.reorder) {
             self.stats.reordered += 1;

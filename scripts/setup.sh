@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what EMP needs to build and test, idempotently. Safe to rerun.
+# Today: a Rust toolchain (cargo) and a C compiler (the uapi layout test
+# compiles the C header). Kernel and QEMU tooling arrive with the driver.
+set -euo pipefail
+
+need_apt=()
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
+command -v make >/dev/null 2>&1 || need_apt+=(make)
+if ((${#need_apt[@]})); then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "setup: need ${need_apt[*]}; run as root or install them" >&2
+        exit 1
+    fi
+    echo "setup: installing ${need_apt[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo not found; install Rust (rustup) first: https://rustup.rs" >&2
+    exit 1
+fi
+echo "setup: ok ($(cargo --version), $(cc --version | head -1))"

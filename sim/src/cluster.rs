@@ -1,0 +1,185 @@
+//! A scripted cluster for targeted protocol tests (in the spirit of
+//! quinn's `Pair`): N NICs with one open port each, explicit sends and
+//! receives, explicit time, and completions to assert on.
+
+use emp_firmware::Config;
+use emp_uapi::desc::{Cqe, MrEntry, Opcode, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::sram::{admin_result as ar, AdminOp, LayoutParams};
+use emp_uapi::PAGE_SIZE;
+
+use crate::host::{admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostMem, HostPort, Sram};
+use crate::rng::Rng;
+use crate::world::{Step, WireConfig, World};
+
+/// Bytes of each node's data region.
+const REGION: u64 = 8 << 20;
+/// CQ entries per port.
+const CQ_ENTRIES: u32 = 1024;
+
+/// N nodes, port 0 open on each.
+pub struct Cluster {
+    /// The simulated world.
+    pub world: World,
+    ports: Vec<HostPort>,
+    bump: Vec<u64>,
+    /// Receive buffers by wr_id: (node, offset, len).
+    bufs: Vec<(u16, u64, u64)>,
+    completions: Vec<Vec<Cqe>>,
+    rng: Rng,
+}
+
+impl Cluster {
+    /// Boots `nodes` NICs (`ports` windows each, port 0 opened) and opens port 0.
+    pub fn new(nodes: u16, cfg: Config, features: u32, mtu: u32, wire: WireConfig) -> Cluster {
+        let params = LayoutParams {
+            ports: 4,
+            mr_entries: 64,
+            route_entries: nodes as u32,
+            group_entries: 1,
+            staging_size: PAGE_SIZE as u32,
+            send_entries: 64,
+            recv_entries: 64,
+        };
+        let mut rng = Rng::new(7);
+        let mem = vec![(HostMem::pages_for_region(REGION) + HostMem::pages_for_region(CQ_ENTRIES as u64 * 32)) * PAGE_SIZE; nodes as usize];
+        let world = World::new(nodes, params, mtu, features, cfg, wire, rng.fork(), &mem);
+        let mut c = Cluster { world, ports: Vec::new(), bump: vec![0; nodes as usize], bufs: Vec::new(), completions: vec![Vec::new(); nodes as usize], rng };
+        for n in 0..nodes {
+            let p = c.open_port(n, 0).expect("open port 0");
+            c.ports.push(p);
+        }
+        c
+    }
+
+    /// Registers regions for `port` on `node` and opens it.
+    fn open_port(&mut self, n: u16, port: u16) -> Result<HostPort, u32> {
+        let layout = self.world.layout;
+        let node = &mut self.world.nodes[n as usize];
+        let data = alloc_region(&mut node.mem, REGION, (0x11 << 16) | (2 * port as u32), &mut self.rng);
+        let cq = alloc_region(&mut node.mem, CQ_ENTRIES as u64 * 32, (0x22 << 16) | (2 * port as u32 + 1), &mut self.rng);
+        for (reg, acc) in [(&data, MR_LOCAL_READ | MR_LOCAL_WRITE), (&cq, MR_LOCAL_WRITE)] {
+            let e = mr_entry(reg, port, acc, &mut node.mem, &mut self.rng);
+            Sram(&mut node.sram).put(layout.mr_entry(MrEntry::slot_of(reg.key)), &e);
+        }
+        reset_port_ctl(&mut node.sram, &layout, port);
+        admin_post(&mut node.sram, &layout, AdminOp::PortOpen, [port as u64, cq.key as u64, 0, CQ_ENTRIES as u64, 0, 0]);
+        self.world.doorbell_now(n);
+        match admin_result(&mut self.world.nodes[n as usize].sram, &layout) {
+            Some(ar::OK) => Ok(HostPort { port, data, cq, cq_entries: CQ_ENTRIES, cq_head: 0, send_prod: 0, recv_prod: 0 }),
+            r => Err(r.unwrap_or(u32::MAX)),
+        }
+    }
+
+    /// Closes port 0 of `node` (as when its process dies).
+    pub fn close_port(&mut self, n: u16) -> Option<u32> {
+        let layout = self.world.layout;
+        admin_post(&mut self.world.nodes[n as usize].sram, &layout, AdminOp::PortClose, [0; 6]);
+        self.world.doorbell_now(n);
+        self.drain(n);
+        admin_result(&mut self.world.nodes[n as usize].sram, &layout)
+    }
+
+    fn alloc(&mut self, n: u16, len: u64) -> u64 {
+        let off = self.bump[n as usize];
+        self.bump[n as usize] += len + 64;
+        assert!(self.bump[n as usize] <= REGION, "test region exhausted");
+        off
+    }
+
+    /// Posts a send of `data` from `node` to (dst node, port 0); returns its wr_id.
+    pub fn send(&mut self, n: u16, dst: u16, tag: u64, data: &[u8]) -> u64 {
+        let off = self.alloc(n, data.len() as u64);
+        let node = &mut self.world.nodes[n as usize];
+        self.ports[n as usize].data.write(&mut node.mem, off, data);
+        let key = self.ports[n as usize].data.key;
+        let d = work_desc(Opcode::Send as u8, self.bufs.len() as u64, dst, 0, tag, 0, key, off, data.len() as u64, 2);
+        self.post(n, d, true)
+    }
+
+    /// Posts a raw descriptor (for malformed-input tests); returns its wr_id.
+    pub fn post_raw(&mut self, n: u16, mut d: WorkDesc, send: bool) -> u64 {
+        d.wr_id = self.bufs.len() as u64;
+        self.post(n, d, send)
+    }
+
+    /// The data region key of `node`'s port 0.
+    pub fn data_key(&self, n: u16) -> u32 {
+        self.ports[n as usize].data.key
+    }
+
+    /// Posts a receive of up to `len` bytes from (src node, src port) (or
+    /// wildcards) with `tag`/`ignore`; returns its wr_id.
+    pub fn recv(&mut self, n: u16, src: (u16, u16), tag: u64, ignore: u64, len: u64) -> u64 {
+        let off = self.alloc(n, len);
+        let key = self.ports[n as usize].data.key;
+        let wr = self.bufs.len() as u64;
+        let d = work_desc(Opcode::Recv as u8, wr, src.0, src.1, tag, ignore, key, off, len, 3);
+        self.bufs.push((n, off, len));
+        self.post(n, d, false);
+        wr
+    }
+
+    fn post(&mut self, n: u16, d: WorkDesc, send: bool) -> u64 {
+        if send {
+            self.bufs.push((n, 0, 0));
+        }
+        let layout = self.world.layout;
+        let ok = self.ports[n as usize].post(&mut self.world.nodes[n as usize].sram, &layout, &d, send);
+        assert!(ok, "ring full in a scripted test");
+        self.world.ring(n);
+        d.wr_id
+    }
+
+    /// Bytes a receive delivered.
+    pub fn received(&self, wr: u64, len: usize) -> Vec<u8> {
+        let (n, off, _) = self.bufs[wr as usize];
+        let mut out = vec![0u8; len];
+        self.ports[n as usize].data.read(&self.world.nodes[n as usize].mem, off, &mut out);
+        out
+    }
+
+    fn drain(&mut self, n: u16) {
+        let layout = self.world.layout;
+        let node = &mut self.world.nodes[n as usize];
+        while let Some(c) = self.ports[n as usize].poll_cq(&mut node.sram, &layout, &node.mem) {
+            self.completions[n as usize].push(c);
+        }
+    }
+
+    /// Runs until virtual time `now + ns` (or no event is left).
+    pub fn run_for(&mut self, ns: u64) {
+        let end = self.world.now + ns;
+        while self.world.next_at().is_some_and(|t| t <= end) {
+            if let Some(Step::Nic(n)) = self.world.step() {
+                self.drain(n);
+            }
+        }
+        self.world.now = self.world.now.max(end);
+    }
+
+    /// Takes the completions `node` has seen so far.
+    pub fn completions(&mut self, n: u16) -> Vec<Cqe> {
+        core::mem::take(&mut self.completions[n as usize])
+    }
+
+    /// Runs until `node` has a completion for `wr` (at most `limit_ns`).
+    pub fn wait(&mut self, n: u16, wr: u64, limit_ns: u64) -> Option<Cqe> {
+        let end = self.world.now + limit_ns;
+        loop {
+            if let Some(i) = self.completions[n as usize].iter().position(|c| c.wr_id == wr) {
+                return Some(self.completions[n as usize].remove(i));
+            }
+            if self.world.next_at().is_none_or(|t| t > end) {
+                return None;
+            }
+            if let Some(Step::Nic(k)) = self.world.step() {
+                self.drain(k);
+            }
+        }
+    }
+
+    /// A NIC counter of `node`.
+    pub fn counter(&self, n: u16, c: usize) -> u64 {
+        self.world.nodes[n as usize].nic.counters()[c]
+    }
+}
