@@ -19,12 +19,20 @@ struct Directory {
     pages: Vec<(u64, u64)>,
     /// Region length the directory covers.
     covered: u64,
-    /// Address, decoded data segments and their region offsets of the
-    /// last page read.
-    cached_addr: u64,
-    cached: Vec<PhysSeg>,
-    cached_starts: Vec<u64>,
+    /// Recently read list pages, decoded (direct-mapped by page index).
+    cache: Vec<CachedPage>,
 }
+
+/// A list page held decoded: its segments and their region offsets.
+#[derive(Clone, Debug, Default)]
+struct CachedPage {
+    addr: u64,
+    segs: Vec<PhysSeg>,
+    starts: Vec<u64>,
+}
+
+/// Decoded list pages kept per directory.
+const PAGE_CACHE: usize = 16;
 
 /// One translation directory per MR slot.
 #[derive(Debug)]
@@ -237,23 +245,27 @@ fn directory_io<H: Hal>(hal: &mut H, d: &mut Directory, off: u64, buf: &mut [u8]
         return Err(Status::AccessDenied);
     }
     let mut page = d.pages.partition_point(|&(start, _)| start <= off) - 1;
+    if d.cache.is_empty() {
+        d.cache = vec![CachedPage::default(); PAGE_CACHE];
+    }
     let mut done = 0usize;
     while done < buf.len() {
         let (page_start, addr) = *d.pages.get(page).ok_or(Status::AccessDenied)?;
-        if d.cached_addr != addr || d.cached.is_empty() {
-            read_list_page(hal, addr, &mut d.cached)?;
-            d.cached_addr = addr;
-            d.cached_starts.clear();
+        let c = &mut d.cache[page % PAGE_CACHE];
+        if c.addr != addr || c.segs.is_empty() {
+            read_list_page(hal, addr, &mut c.segs)?;
+            c.addr = addr;
+            c.starts.clear();
             let mut at = page_start;
-            for seg in &d.cached {
-                d.cached_starts.push(at);
+            for seg in &c.segs {
+                c.starts.push(at);
                 at += seg.len as u64;
             }
         }
         let cur = off + done as u64;
-        let mut i = d.cached_starts.partition_point(|&st| st <= cur).saturating_sub(1);
-        while i < d.cached.len() && done < buf.len() {
-            let (seg, seg_start) = (d.cached[i], d.cached_starts[i]);
+        let mut i = c.starts.partition_point(|&st| st <= cur).saturating_sub(1);
+        while i < c.segs.len() && done < buf.len() {
+            let (seg, seg_start) = (c.segs[i], c.starts[i]);
             let cur = off + done as u64;
             let seg_end = seg_start + seg.len as u64;
             if cur >= seg_start && cur < seg_end {

@@ -149,6 +149,12 @@ impl Spec {
             window_frames: (16 * self.group_size).max(48),
             overflow_slots: self.overflow_slots,
             flow_control: self.flow,
+            // The workload posts every receive and send up front, as a
+            // bulk-synchronous program would: size the tables for it (a
+            // smaller bound is a resource deadlock the application owns,
+            // as with a verbs queue depth).
+            tx_max: self.messages.max(1024),
+            recv_posted_max: self.messages.max(4096),
             ..Config::default()
         }
     }
@@ -355,8 +361,10 @@ struct Driver {
     world: World,
     plan: Plan,
     ports: Vec<Vec<HostPort>>,
-    /// Per (node, port): posts waiting for ring room, in order.
-    backlog: HashMap<(u16, u16), VecDeque<Post>>,
+    /// Per (node, port, is_send): posts waiting for ring room, in order.
+    /// Sends and receives wait apart: a full send ring must not hold back
+    /// the receives that would let those sends complete.
+    backlog: HashMap<(u16, u16, bool), VecDeque<Post>>,
     /// Per node: posts not yet due, sorted by time.
     schedule: Vec<VecDeque<(u64, u16, Post)>>,
     send_done: Vec<Option<Status>>,
@@ -524,7 +532,8 @@ impl Driver {
                 break;
             }
             let (_, p, post) = self.schedule[n as usize].pop_front().expect("front");
-            self.backlog.entry((n, p)).or_default().push_back(post);
+            let send = matches!(post, Post::Send(_));
+            self.backlog.entry((n, p, send)).or_default().push_back(post);
         }
         self.flush_backlog(n);
     }
@@ -532,8 +541,8 @@ impl Driver {
     fn flush_backlog(&mut self, n: u16) {
         let layout = self.world.layout;
         let mut rang = false;
-        for p in 0..self.ports[n as usize].len() as u16 {
-            let Some(q) = self.backlog.get_mut(&(n, p)) else { continue };
+        for (p, send) in (0..self.ports[n as usize].len() as u16).flat_map(|p| [(p, false), (p, true)]) {
+            let Some(q) = self.backlog.get_mut(&(n, p, send)) else { continue };
             while let Some(post) = q.front() {
                 let hp = &mut self.ports[n as usize][p as usize];
                 let sram = &mut self.world.nodes[n as usize].sram;

@@ -11,7 +11,7 @@ use emp_sim::{run, Spec};
 
 /// Seeds in the suite (override with EMP_SIM_SEEDS).
 fn seeds() -> u64 {
-    std::env::var("EMP_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(6000)
+    std::env::var("EMP_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20000)
 }
 
 #[derive(Default)]
