@@ -5,7 +5,7 @@
 //! A descriptor is consumed only when the CQ has room for its completion, so
 //! the CQ can never overflow.
 
-use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, CQE_PHASE, MR_LOCAL_READ, MR_LOCAL_WRITE, WD_SIGNALED};
+use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, CQE_PHASE, MR_LOCAL_READ, MR_LOCAL_WRITE};
 use emp_uapi::sram::{admin_result, ctl, port_state, AdminMailbox, AdminOp, RouteEntry};
 use emp_uapi::{sram::counter, Le};
 
@@ -29,7 +29,7 @@ pub(crate) struct Completion {
 impl Completion {
     pub(crate) fn of(d: &LocalDesc, opcode: Opcode, status: Status) -> Completion {
         Completion {
-            wr_id: d.wr_id,
+            wr_id: d.wd.wr_id,
             opcode,
             status,
             byte_len: 0,
@@ -198,7 +198,7 @@ impl Nic {
     }
 
     fn post_recv<H: Hal>(&mut self, hal: &mut H, port: u16, d: &WorkDesc) {
-        let ld = local_desc(d);
+        let ld = LocalDesc::new(d);
         match d.validate() {
             Ok(Opcode::Recv) => {}
             _ => return self.bad_descriptor(hal, port, &ld, Opcode::Recv),
@@ -213,7 +213,7 @@ impl Nic {
     }
 
     fn post_send<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
-        let ld = local_desc(d);
+        let ld = LocalDesc::new(d);
         match d.validate() {
             Ok(Opcode::Send) => {}
             _ => return self.bad_descriptor(hal, port, &ld, Opcode::Send),
@@ -224,10 +224,10 @@ impl Nic {
         if ld.len > self.cfg.msg_max {
             return self.complete(hal, port, Completion::of(&ld, Opcode::Send, Status::TooLarge));
         }
-        if !self.route_valid(hal, ld.node) {
+        if !self.route_valid(hal, ld.wd.node) {
             return self.bad_descriptor(hal, port, &ld, Opcode::Send);
         }
-        let Some(peer) = self.peer_for(port, ld.node, ld.port, 0) else {
+        let Some(peer) = self.peer_for(port, ld.wd.node, ld.wd.port, 0) else {
             return self.complete(hal, port, Completion::of(&ld, Opcode::Send, Status::TableFull));
         };
         self.enqueue_tx(now, port, peer, ld);
@@ -306,16 +306,3 @@ fn read_desc<H: Hal>(hal: &mut H, off: usize) -> WorkDesc {
     WorkDesc::get(&b)
 }
 
-fn local_desc(d: &WorkDesc) -> LocalDesc {
-    LocalDesc {
-        wr_id: d.wr_id,
-        signaled: d.flags & WD_SIGNALED != 0 || d.opcode == Opcode::Recv as u8,
-        node: d.node,
-        port: d.port,
-        tag: d.tag,
-        ignore: d.ignore,
-        num_sge: d.num_sge.min(emp_uapi::desc::SGE_MAX as u8),
-        sge: d.sge,
-        len: d.total_len(),
-    }
-}

@@ -28,7 +28,7 @@ mod tx;
 
 use std::collections::{HashMap, VecDeque};
 
-use emp_uapi::desc::{Sge, SGE_MAX};
+use emp_uapi::desc::{Opcode, Sge, WorkDesc, SGE_MAX, WD_SIGNALED};
 use emp_uapi::sram::{counter, FailReason, Layout, NicStatus, SramHeader, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
 use emp_uapi::wire::MTU_MAX;
 use emp_uapi::Le;
@@ -190,30 +190,33 @@ pub struct Occupancy {
     pub ports_open: u32,
 }
 
-/// A send or receive descriptor as the NIC keeps it.
+/// A send or receive descriptor as the NIC keeps it: the validated
+/// descriptor plus what is derived from it once.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LocalDesc {
-    pub wr_id: u64,
+    pub wd: WorkDesc,
     pub signaled: bool,
-    pub node: u16,
-    pub port: u16,
-    pub tag: u64,
-    pub ignore: u64,
-    pub num_sge: u8,
-    pub sge: [Sge; SGE_MAX],
     pub len: u64,
 }
 
 impl LocalDesc {
+    pub(crate) fn new(wd: &WorkDesc) -> LocalDesc {
+        let mut wd = *wd;
+        wd.num_sge = wd.num_sge.min(SGE_MAX as u8);
+        LocalDesc {
+            signaled: wd.flags & WD_SIGNALED != 0 || wd.opcode == Opcode::Recv as u8,
+            len: wd.total_len(),
+            wd,
+        }
+    }
+
     pub(crate) fn sges(&self) -> &[Sge] {
-        &self.sge[..self.num_sge as usize]
+        &self.wd.sge[..self.wd.num_sge as usize]
     }
 
     /// Does this receive accept a message from (node, port) with `tag`?
     pub(crate) fn matches(&self, node: u16, port: u16, tag: u64) -> bool {
-        (self.node == emp_uapi::ANY_NODE || self.node == node)
-            && (self.port == emp_uapi::ANY_PORT || self.port == port)
-            && (self.tag ^ tag) & !self.ignore == 0
+        self.wd.matches(node, port, tag)
     }
 }
 
@@ -583,4 +586,85 @@ pub(crate) fn sram_u32<H: Hal>(hal: &mut H, off: usize) -> u32 {
 /// Writes a little-endian u32 to SRAM.
 pub(crate) fn sram_put_u32<H: Hal>(hal: &mut H, off: usize, v: u32) {
     hal.sram_write(off, &v.to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_valid() {
+        assert_eq!(Config::default().invalid(), None);
+    }
+
+    #[test]
+    fn config_rules_are_enforced() {
+        let bad = [
+            Config { group_size: 0, ..Config::default() },
+            Config { group_size: 33, ..Config::default() },
+            Config { window_frames: 2, ..Config::default() },
+            Config { rto_ns_max: 1, ..Config::default() },
+            Config { retry_limit: 0, ..Config::default() },
+            Config { rx_idle_timeout_ns: 1, ..Config::default() },
+            Config { tx_max: 0, ..Config::default() },
+            Config { rnr_delay_ns_max: 1, ..Config::default() },
+        ];
+        for c in bad {
+            assert!(c.invalid().is_some(), "{c:?} accepted");
+        }
+    }
+
+    #[test]
+    fn timers_pop_in_deadline_order() {
+        let mut t = TimerHeap::default();
+        t.arm(30, timer::Timer::RxIdle { slot: 3, stamp: 1 });
+        t.arm(10, timer::Timer::RxIdle { slot: 1, stamp: 1 });
+        t.arm(20, timer::Timer::RxIdle { slot: 2, stamp: 1 });
+        assert_eq!(t.next_deadline(), Some(10));
+        assert_eq!(t.pop_expired(5), None);
+        assert_eq!(t.pop_expired(25), Some(timer::Timer::RxIdle { slot: 1, stamp: 1 }));
+        assert_eq!(t.pop_expired(25), Some(timer::Timer::RxIdle { slot: 2, stamp: 1 }));
+        assert_eq!(t.pop_expired(25), None);
+        assert_eq!(t.len(), 1);
+    }
+
+    struct NullHal(Vec<u8>);
+    impl Hal for NullHal {
+        fn sram_read(&mut self, off: usize, buf: &mut [u8]) {
+            buf.copy_from_slice(&self.0[off..off + buf.len()]);
+        }
+        fn sram_write(&mut self, off: usize, data: &[u8]) {
+            self.0[off..off + data.len()].copy_from_slice(data);
+        }
+        fn dma_read(&mut self, _: u64, _: &mut [u8]) -> Result<(), DmaError> {
+            Err(DmaError)
+        }
+        fn dma_write(&mut self, _: u64, _: &[u8]) -> Result<(), DmaError> {
+            Err(DmaError)
+        }
+        fn mac_transmit(&mut self, _: u16, _: &[u8]) {}
+        fn raise_interrupt(&mut self, _: u16) {}
+    }
+
+    #[test]
+    fn boot_refuses_a_bad_layout_and_says_why() {
+        let mut hal = NullHal(vec![0; 4096]);
+        assert_eq!(Nic::boot(&mut hal, Config::default()).err(), Some(FailReason::BadLayout));
+        let h = SramHeader::get(&hal.0);
+        assert_eq!((h.status, h.fail_reason), (NicStatus::Failed as u32, FailReason::BadLayout as u32));
+    }
+
+    #[test]
+    fn boot_marks_running_and_garbage_frames_are_counted() {
+        let l = Layout::new(emp_uapi::sram::LayoutParams { staging_size: 4096, ..Default::default() }).unwrap();
+        let mut hal = NullHal(vec![0; l.sram_size as usize]);
+        l.header(0, 1500, 0).put(&mut hal.0);
+        let mut nic = Nic::boot(&mut hal, Config::default()).unwrap();
+        assert_eq!(SramHeader::get(&hal.0).status, NicStatus::Running as u32);
+        for junk in [&[][..], &[1, 2, 3], &[0xFF; 100]] {
+            nic.handle_frame(&mut hal, 0, junk);
+        }
+        assert_eq!(nic.counters()[counter::DROPPED_MALFORMED], 3);
+        assert_eq!(SramHeader::get(&hal.0).counters[counter::DROPPED_MALFORMED], 3, "published in SRAM");
+    }
 }

@@ -165,7 +165,7 @@ impl Nic {
         }
         if seq == expected && hdr.frame_index == 0 {
             let msg = msg.expect("frame 0 carries the message header");
-            return match self.try_match(hal, now, peer, hdr, msg, payload) {
+            return match self.try_match(now, peer, hdr, msg, payload) {
                 MatchOutcome::Matched(r) => self.accept_frame(hal, now, r, hdr, Some(msg), payload),
                 MatchOutcome::Overflowed => self.send_ack(hal, peer, seq, 0),
                 MatchOutcome::TooLarge => self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge),
@@ -179,8 +179,7 @@ impl Nic {
         // A frame of a message that cannot be matched yet: its own header is
         // missing, or an earlier message of this peer is not matched.
         self.count(counter::DROPPED_UNEXPECTED, 1);
-        let (first, end) = self.group_bounds(hdr.frame_count, g);
-        let _ = first;
+        let (_, end) = self.group_bounds(hdr.frame_count, g);
         if hdr.frame_index + 1 != end {
             return; // Answer once per group transmission, on its last frame.
         }
@@ -250,9 +249,8 @@ impl Nic {
 
     /// Matches the header frame of the next message against the port's
     /// posted receives (in posting order), else the overflow buffer.
-    fn try_match<H: Hal>(
+    fn try_match(
         &mut self,
-        hal: &mut H,
         now: u64,
         peer: u32,
         hdr: &FrameHeader,
@@ -315,7 +313,6 @@ impl Nic {
                 return MatchOutcome::Overflowed;
             }
         }
-        let _ = hal;
         MatchOutcome::NotReady
     }
 

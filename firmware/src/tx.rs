@@ -221,7 +221,7 @@ impl Nic {
             frame_index: f,
             frame_count: m.frame_count,
         };
-        let msg = MsgHeader { tag: m.desc.tag, total_len: m.desc.len };
+        let msg = MsgHeader { tag: m.desc.wd.tag, total_len: m.desc.len };
         let (port, dst, desc) = (m.port, p.node, m.desc);
         let mut buf = core::mem::take(&mut self.frame_buf);
         let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");
