@@ -20,6 +20,7 @@
 //! overflow buffer), and flow control either by receiver state piggybacked
 //! on ACKs (EMP) or by PM's Modified ACK/NACK (seed 003 §3.3).
 
+mod ffi;
 mod host;
 mod mr;
 mod rx;

@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod desc;
+pub mod fwabi;
 pub mod image;
 pub mod ioctl;
 pub mod sram;

@@ -1,0 +1,170 @@
+//! The loadable entry points (see `emp_uapi::fwabi`): the NIC `dlopen`s the
+//! image payload and drives the control program through these. Panics never
+//! cross the boundary: a panicking call marks the NIC FAILED.
+
+use core::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use emp_uapi::fwabi::{FwConfig, FwHal};
+use emp_uapi::image::FIRMWARE_ABI;
+use emp_uapi::sram::FailReason;
+
+use crate::{fail, Config, DmaError, Hal, Nic};
+
+/// Adapts the C function table to [`Hal`].
+struct CHal(FwHal);
+
+impl Hal for CHal {
+    fn sram_read(&mut self, off: usize, buf: &mut [u8]) {
+        (self.0.sram_read)(self.0.ctx, off, buf.as_mut_ptr(), buf.len());
+    }
+    fn sram_write(&mut self, off: usize, data: &[u8]) {
+        (self.0.sram_write)(self.0.ctx, off, data.as_ptr(), data.len());
+    }
+    fn dma_read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        match (self.0.dma_read)(self.0.ctx, addr, buf.as_mut_ptr(), buf.len()) {
+            0 => Ok(()),
+            _ => Err(DmaError),
+        }
+    }
+    fn dma_write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
+        match (self.0.dma_write)(self.0.ctx, addr, data.as_ptr(), data.len()) {
+            0 => Ok(()),
+            _ => Err(DmaError),
+        }
+    }
+    fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]) {
+        (self.0.mac_transmit)(self.0.ctx, dst_node, frame.as_ptr(), frame.len());
+    }
+    fn raise_interrupt(&mut self, vector: u16) {
+        (self.0.raise_interrupt)(self.0.ctx, vector);
+    }
+}
+
+fn config_from(c: &FwConfig) -> Config {
+    let d = Config::default();
+    let or = |v: u32, dv: u32| if v == 0 { dv } else { v };
+    let or64 = |v: u64, dv: u64| if v == 0 { dv } else { v };
+    Config {
+        group_size: or(c.group_size, d.group_size),
+        window_frames: or(c.window_frames, d.window_frames),
+        rto_ns: or64(c.rto_ns, d.rto_ns),
+        rto_ns_max: or64(c.rto_ns_max, d.rto_ns_max),
+        retry_limit: or(c.retry_limit, d.retry_limit),
+        overflow_slots: c.overflow_slots,
+        tx_max: or(c.tx_max, d.tx_max),
+        recv_posted_max: or(c.recv_posted_max, d.recv_posted_max),
+        gen_seed: c.gen_seed as u16,
+        ..d
+    }
+}
+
+/// Runs `f`; on panic marks the NIC FAILED (firmware crashed).
+fn guarded<R>(hal: &FwHal, dflt: R, f: impl FnOnce(&mut CHal) -> R) -> R {
+    let mut h = CHal(*hal);
+    match catch_unwind(AssertUnwindSafe(|| f(&mut h))) {
+        Ok(r) => r,
+        Err(_) => {
+            fail(&mut CHal(*hal), FailReason::FirmwareCrashed);
+            dflt
+        }
+    }
+}
+
+/// The ABI this control program implements.
+#[no_mangle]
+pub extern "C" fn emp_fw_abi() -> u32 {
+    FIRMWARE_ABI
+}
+
+/// Boots the control program.
+///
+/// # Safety
+/// `hal` and `cfg` point to valid values for the duration of the call.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_boot(hal: *const FwHal, cfg: *const FwConfig) -> *mut c_void {
+    // SAFETY: the caller guarantees both pointers are valid.
+    let (hal, cfg) = unsafe { (&*hal, &*cfg) };
+    let nic = guarded(hal, None, |h| Nic::boot(h, config_from(cfg)).ok());
+    match nic {
+        Some(n) => Box::into_raw(Box::new(n)).cast(),
+        None => core::ptr::null_mut(),
+    }
+}
+
+/// # Safety
+/// `nic` came from `emp_fw_boot` and is not used concurrently; `hal` is valid.
+unsafe fn with_nic(nic: *mut c_void, hal: *const FwHal, f: impl FnOnce(&mut Nic, &mut CHal)) {
+    // SAFETY: guaranteed by the caller (see above).
+    let (nic, hal) = unsafe { (&mut *nic.cast::<Nic>(), &*hal) };
+    guarded(hal, (), |h| f(nic, h));
+}
+
+/// The host rang a doorbell.
+///
+/// # Safety
+/// `nic` came from `emp_fw_boot`; `hal` is valid; calls are not concurrent.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_doorbell(nic: *mut c_void, hal: *const FwHal, now: u64) {
+    // SAFETY: forwarded caller guarantees.
+    unsafe { with_nic(nic, hal, |n, h| n.handle_doorbell(h, now)) }
+}
+
+/// A frame arrived.
+///
+/// # Safety
+/// As `emp_fw_doorbell`; `frame` points to `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_frame(nic: *mut c_void, hal: *const FwHal, now: u64, frame: *const u8, len: usize) {
+    // SAFETY: the caller guarantees `frame` is valid for `len` bytes.
+    let bytes = unsafe { core::slice::from_raw_parts(frame, len) };
+    // SAFETY: forwarded caller guarantees.
+    unsafe { with_nic(nic, hal, |n, h| n.handle_frame(h, now, bytes)) }
+}
+
+/// Timers may be due.
+///
+/// # Safety
+/// As `emp_fw_doorbell`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_timeout(nic: *mut c_void, hal: *const FwHal, now: u64) {
+    // SAFETY: forwarded caller guarantees.
+    unsafe { with_nic(nic, hal, |n, h| n.handle_timeout(h, now)) }
+}
+
+/// Next deadline, `u64::MAX` when none.
+///
+/// # Safety
+/// `nic` came from `emp_fw_boot`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_poll_timeout(nic: *mut c_void) -> u64 {
+    // SAFETY: the caller guarantees `nic` is live.
+    let nic = unsafe { &*nic.cast::<Nic>() };
+    nic.poll_timeout().unwrap_or(u64::MAX)
+}
+
+/// Describes the NIC's tables into `buf`; returns the bytes written.
+///
+/// # Safety
+/// `nic` came from `emp_fw_boot`; `buf` is writable for `cap` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_describe(nic: *mut c_void, buf: *mut u8, cap: usize) -> usize {
+    // SAFETY: the caller guarantees `nic` is live and `buf` writable.
+    let (nic, out) = unsafe { (&*nic.cast::<Nic>(), core::slice::from_raw_parts_mut(buf, cap)) };
+    let text = format!("{:?}\n{}", nic.occupancy(), nic.describe_peers());
+    let n = text.len().min(cap);
+    out[..n].copy_from_slice(&text.as_bytes()[..n]);
+    n
+}
+
+/// Frees the control program.
+///
+/// # Safety
+/// `nic` came from `emp_fw_boot` and is not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_free(nic: *mut c_void) {
+    if !nic.is_null() {
+        // SAFETY: `nic` was made by `Box::into_raw` in `emp_fw_boot`.
+        drop(unsafe { Box::from_raw(nic.cast::<Nic>()) });
+    }
+}

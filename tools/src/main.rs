@@ -1,0 +1,3 @@
+//! The `emp` command.
+mod fw;
+fn main() {}

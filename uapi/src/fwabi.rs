@@ -1,0 +1,81 @@
+//! The ABI between the NIC hardware model and a loaded control program.
+//!
+//! A firmware image's payload is an ELF shared object exporting the symbols
+//! below. The NIC passes its hardware services as an [`FwHal`] table of
+//! C function pointers, so the control program never links against the NIC
+//! (or vice versa): the image is loaded, not linked.
+//!
+//! Calling order: `emp_fw_abi` (must equal [`crate::image::FIRMWARE_ABI`]),
+//! `emp_fw_boot` once, then `emp_fw_doorbell` / `emp_fw_frame` /
+//! `emp_fw_timeout` as events happen, `emp_fw_poll_timeout` after each,
+//! `emp_fw_free` at shutdown. All calls for one NIC come from one thread
+//! at a time.
+
+use core::ffi::c_void;
+
+/// `extern "C" fn() -> u32`: the ABI the payload was built for.
+pub const SYM_ABI: &str = "emp_fw_abi";
+/// `extern "C" fn(*const FwHal, *const FwConfig) -> *mut c_void`: boots;
+/// null when boot failed (the reason is in SRAM status).
+pub const SYM_BOOT: &str = "emp_fw_boot";
+/// `extern "C" fn(*mut c_void, *const FwHal, u64)`: host doorbell.
+pub const SYM_DOORBELL: &str = "emp_fw_doorbell";
+/// `extern "C" fn(*mut c_void, *const FwHal, u64, *const u8, usize)`: frame received.
+pub const SYM_FRAME: &str = "emp_fw_frame";
+/// `extern "C" fn(*mut c_void, *const FwHal, u64)`: timers due.
+pub const SYM_TIMEOUT: &str = "emp_fw_timeout";
+/// `extern "C" fn(*mut c_void) -> u64`: next deadline, `u64::MAX` = none.
+pub const SYM_POLL_TIMEOUT: &str = "emp_fw_poll_timeout";
+/// `extern "C" fn(*mut c_void, *mut u8, usize) -> usize`: writes a
+/// description of the NIC's tables (UTF-8) and returns its length.
+pub const SYM_DESCRIBE: &str = "emp_fw_describe";
+/// `extern "C" fn(*mut c_void)`: frees the control program's state.
+pub const SYM_FREE: &str = "emp_fw_free";
+
+/// Hardware services, as C function pointers over an opaque context.
+/// Return codes: 0 = done, nonzero = the DMA failed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FwHal {
+    /// Passed back as the first argument of every call.
+    pub ctx: *mut c_void,
+    /// Read SRAM `[off, off + len)` into `buf`.
+    pub sram_read: extern "C" fn(ctx: *mut c_void, off: usize, buf: *mut u8, len: usize),
+    /// Write `data` to SRAM at `off`.
+    pub sram_write: extern "C" fn(ctx: *mut c_void, off: usize, data: *const u8, len: usize),
+    /// DMA host memory at bus address `addr` into `buf`.
+    pub dma_read: extern "C" fn(ctx: *mut c_void, addr: u64, buf: *mut u8, len: usize) -> i32,
+    /// DMA `data` into host memory at bus address `addr`.
+    pub dma_write: extern "C" fn(ctx: *mut c_void, addr: u64, data: *const u8, len: usize) -> i32,
+    /// Transmit a frame to `dst_node`.
+    pub mac_transmit: extern "C" fn(ctx: *mut c_void, dst_node: u16, frame: *const u8, len: usize),
+    /// Raise MSI-X vector `vector`.
+    pub raise_interrupt: extern "C" fn(ctx: *mut c_void, vector: u16),
+}
+
+/// Control-program tunables passed at boot (mirrors the firmware's config;
+/// zero means "use the default").
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FwConfig {
+    /// Frames per ACK group.
+    pub group_size: u32,
+    /// Frames in flight per peer.
+    pub window_frames: u32,
+    /// Initial retransmission timeout (ns).
+    pub rto_ns: u64,
+    /// Retransmission timeout cap (ns).
+    pub rto_ns_max: u64,
+    /// Retries per group.
+    pub retry_limit: u32,
+    /// Overflow buffer slots.
+    pub overflow_slots: u32,
+    /// Outstanding sends per NIC.
+    pub tx_max: u32,
+    /// Posted receives per NIC.
+    pub recv_posted_max: u32,
+    /// Seed of port generations (vary per boot).
+    pub gen_seed: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
