@@ -1,6 +1,13 @@
 //! The emulated programmable NIC ("the hardware"): SRAM in shared memory,
 //! DMA engines into host memory, a MAC on a wire backend, doorbells and
 //! interrupts as eventfds, and a loader that verifies and runs a signed
-//! control-program image.
+//! control-program image. `emp-nicd` hosts one or more NICs (a chassis).
 
+pub mod attach;
+pub mod dma;
+pub mod engine;
+pub mod fwlib;
 pub mod image;
+pub mod nic;
+pub mod sram;
+pub mod wire;

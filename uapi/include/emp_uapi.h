@@ -5,13 +5,16 @@
  * Mirrors the Rust crate `emp-uapi` (uapi/src/), which is the source of
  * truth: the NIC memory map (SRAM header, admin mailbox, MR/route/group
  * tables, port windows), work descriptors and completions, physically
- * addressed translation formats, wire frames, the firmware image header and
- * the ioctl ABI of /dev/emp-nic.
+ * addressed translation formats, wire frames, the firmware image header,
+ * the ioctl ABI of /dev/emp-nic, the direct-attach protocol of emp-nicd and
+ * the in-process ABI of a loaded control program (firmware).
  *
  * Every structure has no implicit padding and is stored little-endian field
  * by field; on a little-endian host the in-memory layout below is the byte
  * image. On a big-endian host convert each field (le16toh / le32toh /
- * le64toh) when reading and writing shared memory or frames.
+ * le64toh) when reading and writing shared memory or frames. The firmware
+ * ABI structures (emp_fw_hal, emp_fw_config) are the exception: they are
+ * passed in-process, in native byte order and layout.
  *
  * uapi/tests/c_layout.rs compiles this header and checks the size of every
  * structure, the offset and size of every field, and the value of every
@@ -24,7 +27,7 @@
 #define EMP_UAPI_H
 
 #ifdef __KERNEL__
-#include <linux/types.h>  /* uint8_t .. uint64_t, int32_t */
+#include <linux/types.h>  /* uint8_t .. uint64_t, int32_t, size_t */
 #include <linux/stddef.h> /* offsetof */
 #else
 #include <stdint.h>
@@ -368,7 +371,9 @@ struct emp_port_ctl {
 	uint32_t recv_cons;
 	uint32_t cq_prod;
 	uint32_t cq_overruns;
-	uint32_t nic_pad[12];
+	uint32_t nic_sleeping; /* nonzero while the NIC sleeps on the doorbell:
+	                        * the host rings the doorbell only then */
+	uint32_t nic_pad[11];
 	/* trusted side */
 	uint32_t state;      /* EMP_PORT_STATE_* */
 	uint32_t gen;
@@ -387,6 +392,7 @@ struct emp_port_ctl {
 #define EMP_CTL_RECV_CONS 68U
 #define EMP_CTL_CQ_PROD 72U
 #define EMP_CTL_CQ_OVERRUNS 76U
+#define EMP_CTL_NIC_SLEEPING 80U
 #define EMP_CTL_STATE 128U
 #define EMP_CTL_GEN 132U
 
@@ -502,6 +508,133 @@ struct emp_arm {
 	EMP_IOC_ENCODE(EMP_IOC_DIR_WRITE, 5U, sizeof(struct emp_set_eventfd))
 
 /* ------------------------------------------------------------------ */
+/* Direct attach to emp-nicd (attach.rs)                               */
+/*                                                                     */
+/* A process connects to the NIC's Unix socket (SOCK_SEQPACKET); every */
+/* message is one struct emp_attach_msg, some carrying file            */
+/* descriptors (SCM_RIGHTS). Control path only.                        */
+/*                                                                     */
+/*   ATTACH    reply: the port, geometry in arg[EMP_ATTACH_REPLY_*],   */
+/*             three fds: port window memfd (map window_size bytes at  */
+/*             offset 0), doorbell eventfd, event eventfd              */
+/*   REG_ARENA memfd attached; arg[0] offset, arg[1] length,           */
+/*             arg[2] access (EMP_MR_*) -> reply arg[0] key            */
+/*   REG_VM    arg[0] address, arg[1] length, arg[2] access -> key     */
+/*             (allow the daemon: prctl(PR_SET_PTRACER, daemon pid))   */
+/*   START     arg[0] CQ key, arg[1] CQ offset, arg[2] CQ entries      */
+/*   DEREG     arg[0] key                                              */
+/*   STATS     reply arg[0..16] = NIC counters (EMP_COUNTER_*)         */
+/*                                                                     */
+/* Closing the socket closes the port.                                 */
+/* ------------------------------------------------------------------ */
+
+#define EMP_ATTACH_VERSION 1U
+
+/* Request / reply codes (emp_attach_msg.op). */
+#define EMP_ATTACH_OP_ATTACH 1U
+#define EMP_ATTACH_OP_REG_ARENA 2U
+#define EMP_ATTACH_OP_REG_VM 3U
+#define EMP_ATTACH_OP_START 4U
+#define EMP_ATTACH_OP_DEREG 5U
+#define EMP_ATTACH_OP_STATS 6U
+
+/* Reply status codes (emp_attach_msg.status): errno numbers. */
+#define EMP_ATTACH_STATUS_OK 0
+#define EMP_ATTACH_STATUS_EINVAL 22
+#define EMP_ATTACH_STATUS_ENOSPC 28
+#define EMP_ATTACH_STATUS_ENOMEM 12
+#define EMP_ATTACH_STATUS_EPERM 1
+#define EMP_ATTACH_STATUS_ENOENT 2
+#define EMP_ATTACH_STATUS_ENODEV 19
+#define EMP_ATTACH_STATUS_EPROTO 71
+#define EMP_ATTACH_STATUS_EOPNOTSUPP 95
+
+/* Reply of ATTACH: indices into emp_attach_msg.arg. */
+#define EMP_ATTACH_REPLY_DAEMON_PID 0U   /* for PR_SET_PTRACER */
+#define EMP_ATTACH_REPLY_NODE 1U
+#define EMP_ATTACH_REPLY_PORT 2U
+#define EMP_ATTACH_REPLY_GEN 3U
+#define EMP_ATTACH_REPLY_MTU 4U
+#define EMP_ATTACH_REPLY_WINDOW_SIZE 5U  /* bytes of the window to map */
+#define EMP_ATTACH_REPLY_SEND_ENTRIES 6U
+#define EMP_ATTACH_REPLY_RECV_ENTRIES 7U
+#define EMP_ATTACH_REPLY_FEATURES 8U     /* EMP_FEATURE_* */
+#define EMP_ATTACH_REPLY_PORT_COUNT 9U
+#define EMP_ATTACH_REPLY_NODES 10U       /* route table entries */
+#define EMP_ATTACH_REPLY_MSG_MAX 11U
+
+/* One request or reply (192 bytes). */
+struct emp_attach_msg {
+	uint32_t version;  /* EMP_ATTACH_VERSION */
+	uint32_t op;       /* EMP_ATTACH_OP_* (a reply repeats the request's) */
+	int32_t status;    /* reply: EMP_ATTACH_STATUS_* */
+	uint32_t reserved; /* zero */
+	uint64_t arg[22];  /* arguments / results, see above */
+};
+
+/* ------------------------------------------------------------------ */
+/* Firmware (control program) ABI (fwabi.rs)                           */
+/*                                                                     */
+/* A firmware image's payload is an ELF shared object exporting the    */
+/* symbols below; the NIC passes its hardware services as a table of   */
+/* function pointers (struct emp_fw_hal). Native layout, in-process.   */
+/* Call order: abi (must equal EMP_FIRMWARE_ABI), boot once, then      */
+/* doorbell / frame / timeout as events happen, poll_timeout after     */
+/* each, free at shutdown; one thread at a time per NIC.               */
+/* ------------------------------------------------------------------ */
+
+/* uint32_t emp_fw_abi(void); */
+#define EMP_FW_SYM_ABI "emp_fw_abi"
+/* void *emp_fw_boot(const struct emp_fw_hal *, const struct emp_fw_config *);
+ * NULL when boot failed (the reason is in SRAM status). */
+#define EMP_FW_SYM_BOOT "emp_fw_boot"
+/* void emp_fw_doorbell(void *fw, const struct emp_fw_hal *, uint64_t now); */
+#define EMP_FW_SYM_DOORBELL "emp_fw_doorbell"
+/* void emp_fw_frame(void *fw, const struct emp_fw_hal *, uint64_t now,
+ *                   const uint8_t *frame, size_t len); */
+#define EMP_FW_SYM_FRAME "emp_fw_frame"
+/* void emp_fw_timeout(void *fw, const struct emp_fw_hal *, uint64_t now); */
+#define EMP_FW_SYM_TIMEOUT "emp_fw_timeout"
+/* uint64_t emp_fw_poll_timeout(void *fw); next deadline, UINT64_MAX = none */
+#define EMP_FW_SYM_POLL_TIMEOUT "emp_fw_poll_timeout"
+/* size_t emp_fw_describe(void *fw, uint8_t *buf, size_t len); UTF-8 text */
+#define EMP_FW_SYM_DESCRIBE "emp_fw_describe"
+/* void emp_fw_free(void *fw); */
+#define EMP_FW_SYM_FREE "emp_fw_free"
+
+/* Hardware services over an opaque context. DMA calls return 0 when done,
+ * nonzero when the DMA failed. */
+struct emp_fw_hal {
+	void *ctx; /* passed back as the first argument of every call */
+	/* read SRAM [off, off + len) into buf */
+	void (*sram_read)(void *ctx, size_t off, uint8_t *buf, size_t len);
+	/* write data to SRAM at off */
+	void (*sram_write)(void *ctx, size_t off, const uint8_t *data, size_t len);
+	/* DMA host memory at bus address addr into buf */
+	int32_t (*dma_read)(void *ctx, uint64_t addr, uint8_t *buf, size_t len);
+	/* DMA data into host memory at bus address addr */
+	int32_t (*dma_write)(void *ctx, uint64_t addr, const uint8_t *data, size_t len);
+	/* transmit a frame to dst_node */
+	void (*mac_transmit)(void *ctx, uint16_t dst_node, const uint8_t *frame, size_t len);
+	/* raise MSI-X vector */
+	void (*raise_interrupt)(void *ctx, uint16_t vector);
+};
+
+/* Control-program tunables passed at boot; zero means "use the default". */
+struct emp_fw_config {
+	uint32_t group_size;      /* frames per ACK group */
+	uint32_t window_frames;   /* frames in flight per peer */
+	uint64_t rto_ns;          /* initial retransmission timeout */
+	uint64_t rto_ns_max;      /* retransmission timeout cap */
+	uint32_t retry_limit;     /* retries per group */
+	uint32_t overflow_slots;  /* overflow buffer slots */
+	uint32_t tx_max;          /* outstanding sends per NIC */
+	uint32_t recv_posted_max; /* posted receives per NIC */
+	uint32_t gen_seed;        /* seed of port generations (vary per boot) */
+	uint32_t reserved;        /* zero */
+};
+
+/* ------------------------------------------------------------------ */
 /* Compile-time layout checks                                          */
 /* ------------------------------------------------------------------ */
 
@@ -524,11 +657,16 @@ EMP_STATIC_ASSERT(sizeof(struct emp_reg_mr) == 48, "emp_reg_mr");
 EMP_STATIC_ASSERT(sizeof(struct emp_dereg_mr) == 8, "emp_dereg_mr");
 EMP_STATIC_ASSERT(sizeof(struct emp_set_eventfd) == 16, "emp_set_eventfd");
 EMP_STATIC_ASSERT(sizeof(struct emp_arm) == 8, "emp_arm");
+EMP_STATIC_ASSERT(sizeof(struct emp_attach_msg) == 192, "emp_attach_msg");
+EMP_STATIC_ASSERT(sizeof(struct emp_fw_hal) == 7 * sizeof(void *), "emp_fw_hal");
+EMP_STATIC_ASSERT(sizeof(struct emp_fw_config) == 48, "emp_fw_config");
 
 EMP_STATIC_ASSERT(offsetof(struct emp_cqe, flags) == EMP_CQE_FLAGS_OFFSET, "emp_cqe.flags");
 EMP_STATIC_ASSERT(offsetof(struct emp_image_header, signature) == EMP_IMAGE_SIGNED_LEN,
 		  "emp_image_header.signature");
 EMP_STATIC_ASSERT(offsetof(struct emp_port_ctl, send_cons) == EMP_CTL_SEND_CONS, "emp_port_ctl.send_cons");
+EMP_STATIC_ASSERT(offsetof(struct emp_port_ctl, nic_sleeping) == EMP_CTL_NIC_SLEEPING,
+		  "emp_port_ctl.nic_sleeping");
 EMP_STATIC_ASSERT(offsetof(struct emp_port_ctl, state) == EMP_CTL_STATE, "emp_port_ctl.state");
 EMP_STATIC_ASSERT(EMP_SEGS_PER_PAGE * sizeof(struct emp_phys_seg) == EMP_PAGE_SIZE, "EMP_SEGS_PER_PAGE");
 

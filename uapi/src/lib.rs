@@ -14,6 +14,7 @@
 #![no_std]
 #![forbid(unsafe_code)]
 
+pub mod attach;
 pub mod desc;
 pub mod fwabi;
 pub mod image;

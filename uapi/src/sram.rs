@@ -537,8 +537,11 @@ le_struct! {
         pub cq_prod: u32,
         /// NIC: completions dropped because the CQ was full.
         pub cq_overruns: u32,
+        /// NIC: nonzero while the NIC sleeps on the doorbell; the host
+        /// writes the doorbell only then (no system call while it polls).
+        pub nic_sleeping: u32,
         /// Reserved (cache line of NIC-written words).
-        pub nic_pad: [u32; 12],
+        pub nic_pad: [u32; 11],
         /// Trusted side: [`port_state`].
         pub state: u32,
         /// Trusted side: generation of this opening.
@@ -611,6 +614,8 @@ pub mod ctl {
     pub const CQ_PROD: usize = offset_of!(PortCtl, cq_prod);
     /// See [`PortCtl::cq_overruns`].
     pub const CQ_OVERRUNS: usize = offset_of!(PortCtl, cq_overruns);
+    /// See [`PortCtl::nic_sleeping`].
+    pub const NIC_SLEEPING: usize = offset_of!(PortCtl, nic_sleeping);
     /// See [`PortCtl::state`].
     pub const STATE: usize = offset_of!(PortCtl, state);
     /// See [`PortCtl::gen`].

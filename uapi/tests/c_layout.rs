@@ -2,24 +2,30 @@
 //!
 //! A C program is generated that includes the header and prints, for every
 //! structure, its size and the offset, size, element size and element kind
-//! of every field, and the value of every constant (ioctl numbers included).
+//! of every field (for pointer fields: whether the C type is the one the
+//! Rust type maps to), the value of every constant (ioctl numbers included)
+//! and of every string constant (firmware symbol names).
 //! It is compiled with the system C compiler (`$CC`, else `cc`, `gcc`,
 //! `clang`), run, and every line is compared with the Rust side
 //! (`size_of`, `offset_of!`, the constants). A missing C compiler is a
 //! failure, not a skip.
 //!
-//! Completeness is checked too: every `le_struct!` in `src/` must be listed
-//! here, the listed fields must tile their structure exactly (so none is
-//! forgotten), every numeric `pub const` in `src/` must have a C counterpart,
-//! and every value the enums decode must have a C constant.
+//! Completeness is checked too: every `le_struct!` and every other
+//! `#[repr(C)]` struct in `src/` must be listed here, the listed fields must
+//! tile their structure exactly (so none is forgotten), every `pub const` in
+//! `src/` (numeric or string) must have a C counterpart, and every value the
+//! enums decode must have a C constant.
 
+use core::ffi::c_void;
 use core::mem::{offset_of, size_of};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use emp_uapi::attach::{self, AttachMsg};
 use emp_uapi::desc::{self, *};
+use emp_uapi::fwabi::{self, FwConfig, FwHal};
 use emp_uapi::image::{self, *};
 use emp_uapi::ioctl::*;
 use emp_uapi::sram::{self, *};
@@ -37,6 +43,10 @@ enum Elem {
     Int(&'static str),
     /// Another EMP structure (its C tag name).
     Struct(&'static str),
+    /// A data or function pointer: the C type it must be (compatible with,
+    /// in the `__builtin_types_compatible_p` sense), spelled with single
+    /// spaces.
+    Ptr(&'static str),
 }
 
 /// Type information of a field type.
@@ -67,6 +77,29 @@ impl Kind for PhysSeg {
     const ELEM_SIZE: usize = size_of::<PhysSeg>();
     const ELEM: Elem = Elem::Struct("emp_phys_seg");
 }
+
+/// Pointer types of the firmware ABI and their C spelling. Each Rust type
+/// is distinct, so the C type checked for a field follows from the Rust
+/// field's type: a changed Rust signature no longer compiles here (no
+/// `Kind` impl) until its C spelling is updated too.
+macro_rules! ptr_kind {
+    ($($c:literal => $t:ty),* $(,)?) => {$(
+        impl Kind for $t {
+            const ELEM_SIZE: usize = size_of::<$t>();
+            const ELEM: Elem = Elem::Ptr($c);
+        }
+    )*};
+}
+ptr_kind! {
+    "void *" => *mut c_void,
+    "void (*)(void *, size_t, uint8_t *, size_t)" => extern "C" fn(*mut c_void, usize, *mut u8, usize),
+    "void (*)(void *, size_t, const uint8_t *, size_t)" => extern "C" fn(*mut c_void, usize, *const u8, usize),
+    "int32_t (*)(void *, uint64_t, uint8_t *, size_t)" => extern "C" fn(*mut c_void, u64, *mut u8, usize) -> i32,
+    "int32_t (*)(void *, uint64_t, const uint8_t *, size_t)" => extern "C" fn(*mut c_void, u64, *const u8, usize) -> i32,
+    "void (*)(void *, uint16_t, const uint8_t *, size_t)" => extern "C" fn(*mut c_void, u16, *const u8, usize),
+    "void (*)(void *, uint16_t)" => extern "C" fn(*mut c_void, u16),
+}
+
 impl<T: Kind, const N: usize> Kind for [T; N] {
     const ELEM_SIZE: usize = T::ELEM_SIZE;
     const ELEM: Elem = T::ELEM;
@@ -87,6 +120,12 @@ fn field<F: Kind>(name: &'static str, offset: usize, _v: &F) -> FieldDesc {
     FieldDesc { name, offset, size: size_of::<F>(), elem_size: F::ELEM_SIZE, elem: F::ELEM, array: F::ARRAY }
 }
 
+/// Like [`field`], typed through a projection (no value of the structure
+/// needed: `FwHal` has no `Default`).
+fn field_of<S, F: Kind>(name: &'static str, offset: usize, _p: impl Fn(&S) -> &F) -> FieldDesc {
+    FieldDesc { name, offset, size: size_of::<F>(), elem_size: F::ELEM_SIZE, elem: F::ELEM, array: F::ARRAY }
+}
+
 #[derive(Debug)]
 struct StructDesc {
     /// C tag, without `struct`.
@@ -94,7 +133,9 @@ struct StructDesc {
     /// Rust type name.
     rust: &'static str,
     size: usize,
-    le_size: usize,
+    /// `Le::SIZE` for `le_struct!` types; `None` for plain `#[repr(C)]`
+    /// structures (native layout, no byte encoding).
+    le_size: Option<usize>,
     fields: Vec<FieldDesc>,
 }
 
@@ -104,8 +145,21 @@ macro_rules! st {
             c: $c,
             rust: stringify!($ty),
             size: size_of::<$ty>(),
-            le_size: <$ty as Le>::SIZE,
+            le_size: Some(<$ty as Le>::SIZE),
             fields: vec![$( field(stringify!($f), offset_of!($ty, $f), &<$ty as Default>::default().$f) ),*],
+        }
+    };
+}
+
+/// A plain `#[repr(C)]` structure (not `le_struct!`).
+macro_rules! st_repr_c {
+    ($c:literal, $ty:ident { $($f:ident),* $(,)? }) => {
+        StructDesc {
+            c: $c,
+            rust: stringify!($ty),
+            size: size_of::<$ty>(),
+            le_size: None,
+            fields: vec![$( field_of(stringify!($f), offset_of!($ty, $f), |s: &$ty| &s.$f) ),*],
         }
     };
 }
@@ -136,7 +190,7 @@ fn structs() -> Vec<StructDesc> {
         st!("emp_group_entry", GroupEntry { group_id, epoch, member_count, my_rank, port, reserved, members }),
         st!("emp_port_ctl", PortCtl {
             send_prod, recv_prod, cq_cons, arm, host_pad, send_cons, recv_cons, cq_prod,
-            cq_overruns, nic_pad, state, gen, cq_key, cq_entries, cq_offset, cfg_pad,
+            cq_overruns, nic_sleeping, nic_pad, state, gen, cq_key, cq_entries, cq_offset, cfg_pad,
         }),
         st!("emp_image_header", ImageHeader {
             magic, header_version, abi, build_id, cpu_plan, payload_len, sha256, key_id,
@@ -150,6 +204,14 @@ fn structs() -> Vec<StructDesc> {
         st!("emp_dereg_mr", EmpDeregMr { size, key }),
         st!("emp_set_eventfd", EmpSetEventfd { size, fd, signal, reserved }),
         st!("emp_arm", EmpArm { size, events }),
+        st!("emp_attach_msg", AttachMsg { version, op, status, reserved, arg }),
+        st_repr_c!("emp_fw_hal", FwHal {
+            ctx, sram_read, sram_write, dma_read, dma_write, mac_transmit, raise_interrupt,
+        }),
+        st_repr_c!("emp_fw_config", FwConfig {
+            group_size, window_frames, rto_ns, rto_ns_max, retry_limit, overflow_slots, tx_max,
+            recv_posted_max, gen_seed, reserved,
+        }),
     ]
 }
 
@@ -281,6 +343,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_CTL_RECV_CONS = ctl::RECV_CONS,
         EMP_CTL_CQ_PROD = ctl::CQ_PROD,
         EMP_CTL_CQ_OVERRUNS = ctl::CQ_OVERRUNS,
+        EMP_CTL_NIC_SLEEPING = ctl::NIC_SLEEPING,
         EMP_CTL_STATE = ctl::STATE,
         EMP_CTL_GEN = ctl::GEN,
         // image.rs
@@ -301,6 +364,63 @@ fn constants() -> Vec<ConstDesc> {
         EMP_IOC_DEREG_MR = EMP_IOC_DEREG_MR,
         EMP_IOC_ARM = EMP_IOC_ARM,
         EMP_IOC_SET_EVENTFD = EMP_IOC_SET_EVENTFD,
+        // attach.rs
+        EMP_ATTACH_VERSION = attach::ATTACH_VERSION,
+        EMP_ATTACH_OP_ATTACH = attach::op::ATTACH,
+        EMP_ATTACH_OP_REG_ARENA = attach::op::REG_ARENA,
+        EMP_ATTACH_OP_REG_VM = attach::op::REG_VM,
+        EMP_ATTACH_OP_START = attach::op::START,
+        EMP_ATTACH_OP_DEREG = attach::op::DEREG,
+        EMP_ATTACH_OP_STATS = attach::op::STATS,
+        EMP_ATTACH_STATUS_OK = attach::status::OK,
+        EMP_ATTACH_STATUS_EINVAL = attach::status::EINVAL,
+        EMP_ATTACH_STATUS_ENOSPC = attach::status::ENOSPC,
+        EMP_ATTACH_STATUS_ENOMEM = attach::status::ENOMEM,
+        EMP_ATTACH_STATUS_EPERM = attach::status::EPERM,
+        EMP_ATTACH_STATUS_ENOENT = attach::status::ENOENT,
+        EMP_ATTACH_STATUS_ENODEV = attach::status::ENODEV,
+        EMP_ATTACH_STATUS_EPROTO = attach::status::EPROTO,
+        EMP_ATTACH_STATUS_EOPNOTSUPP = attach::status::EOPNOTSUPP,
+        EMP_ATTACH_REPLY_DAEMON_PID = attach::attach_reply::DAEMON_PID,
+        EMP_ATTACH_REPLY_NODE = attach::attach_reply::NODE,
+        EMP_ATTACH_REPLY_PORT = attach::attach_reply::PORT,
+        EMP_ATTACH_REPLY_GEN = attach::attach_reply::GEN,
+        EMP_ATTACH_REPLY_MTU = attach::attach_reply::MTU,
+        EMP_ATTACH_REPLY_WINDOW_SIZE = attach::attach_reply::WINDOW_SIZE,
+        EMP_ATTACH_REPLY_SEND_ENTRIES = attach::attach_reply::SEND_ENTRIES,
+        EMP_ATTACH_REPLY_RECV_ENTRIES = attach::attach_reply::RECV_ENTRIES,
+        EMP_ATTACH_REPLY_FEATURES = attach::attach_reply::FEATURES,
+        EMP_ATTACH_REPLY_PORT_COUNT = attach::attach_reply::PORT_COUNT,
+        EMP_ATTACH_REPLY_NODES = attach::attach_reply::NODES,
+        EMP_ATTACH_REPLY_MSG_MAX = attach::attach_reply::MSG_MAX,
+    ]
+}
+
+struct StrConstDesc {
+    c: &'static str,
+    /// Rust expression (for messages and the completeness check).
+    rust: &'static str,
+    value: &'static str,
+}
+
+macro_rules! str_consts {
+    ($($c:ident = $e:expr),* $(,)?) => {
+        vec![$( StrConstDesc { c: stringify!($c), rust: stringify!($e), value: $e } ),*]
+    };
+}
+
+/// String constants: C string-literal macros.
+fn string_constants() -> Vec<StrConstDesc> {
+    str_consts![
+        // fwabi.rs
+        EMP_FW_SYM_ABI = fwabi::SYM_ABI,
+        EMP_FW_SYM_BOOT = fwabi::SYM_BOOT,
+        EMP_FW_SYM_DOORBELL = fwabi::SYM_DOORBELL,
+        EMP_FW_SYM_FRAME = fwabi::SYM_FRAME,
+        EMP_FW_SYM_TIMEOUT = fwabi::SYM_TIMEOUT,
+        EMP_FW_SYM_POLL_TIMEOUT = fwabi::SYM_POLL_TIMEOUT,
+        EMP_FW_SYM_DESCRIBE = fwabi::SYM_DESCRIBE,
+        EMP_FW_SYM_FREE = fwabi::SYM_FREE,
     ]
 }
 
@@ -343,6 +463,7 @@ fn elem_str(e: Elem) -> String {
     match e {
         Elem::Int(t) => t.into(),
         Elem::Struct(s) => format!("struct_{s}"),
+        Elem::Ptr(c) => c.into(),
     }
 }
 
@@ -360,6 +481,9 @@ fn expected() -> BTreeMap<String, String> {
     }
     for c in constants() {
         m.insert(format!("const {}", c.c), format!("{}", c.value));
+    }
+    for c in string_constants() {
+        m.insert(format!("str {}", c.c), c.value.into());
     }
     if GENERIC_IOCTL_ARCH {
         let by_name: BTreeMap<_, _> = constants().into_iter().map(|c| (c.c, c.value)).collect();
@@ -396,6 +520,9 @@ fn c_program() -> String {
                 Elem::Struct(c) => format!(
                     "(__builtin_types_compatible_p(__typeof__({el}), struct {c}) ? \"struct_{c}\" : \"(not_struct_{c})\")"
                 ),
+                Elem::Ptr(c) => format!(
+                    "(__builtin_types_compatible_p(__typeof__({el}), {c}) ? \"{c}\" : \"(not: {c})\")"
+                ),
             };
             p.push_str(&format!(
                 "\tprintf(\"field {} {} offset=%zu size=%zu elem_size=%zu elem=%s\\n\", offsetof({t}, {}), sizeof({lv}), sizeof({el}), {kind});\n",
@@ -405,6 +532,10 @@ fn c_program() -> String {
     }
     for c in constants() {
         p.push_str(&format!("\tprintf(\"const {0} %llu\\n\", (unsigned long long)({0}));\n", c.c));
+    }
+    for c in string_constants() {
+        // `"" X` compiles only when X is a string literal.
+        p.push_str(&format!("\tprintf(\"str {0} %s\\n\", \"\" {0});\n", c.c));
     }
     if GENERIC_IOCTL_ARCH {
         for (name, mac, nr, st) in LINUX_IOCTLS {
@@ -500,10 +631,12 @@ fn compile(cmd: &[String], flags: &[&str], src: &Path, out: &Path) {
 }
 
 fn split_line(l: &str) -> Option<(String, String)> {
-    // "size S N", "field S f rest…", "const N V", "linux N V"
+    // "size S N", "field S f rest…", "const N V", "linux N V", "str N V"
     let words: Vec<&str> = l.split_whitespace().collect();
     match words.first().copied()? {
-        "size" | "const" | "linux" if words.len() == 3 => Some((format!("{} {}", words[0], words[1]), words[2].into())),
+        "size" | "const" | "linux" | "str" if words.len() == 3 => {
+            Some((format!("{} {}", words[0], words[1]), words[2].into()))
+        }
         "field" if words.len() >= 4 => Some((words[..3].join(" "), words[3..].join(" "))),
         _ => None,
     }
@@ -521,6 +654,10 @@ fn describe(key: &str) -> String {
             format!("constant {} (Rust {r})", w[1])
         }
         "linux" => format!("{} vs <linux/ioctl.h> _IOW/_IOWR", w[1]),
+        "str" => {
+            let r = string_constants().into_iter().find(|c| c.c == w[1]).map(|c| c.rust).unwrap_or("?");
+            format!("string constant {} (Rust {r})", w[1])
+        }
         _ => key.into(),
     }
 }
@@ -530,8 +667,8 @@ fn describe(key: &str) -> String {
 // ---------------------------------------------------------------------------
 
 /// The Rust-side tables are complete and self-consistent: every `le_struct!`
-/// is listed, listed fields tile their structure, every numeric constant
-/// and enum value has a C name.
+/// and `#[repr(C)]` struct is listed, listed fields tile their structure,
+/// every constant and enum value has a C name.
 #[test]
 fn rust_tables_are_complete() {
     let mut errors = Vec::new();
@@ -539,6 +676,7 @@ fn rust_tables_are_complete() {
     // Every le_struct! in src/ is listed.
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut in_src = Vec::new();
+    let mut repr_c = Vec::new();
     let mut const_idents = Vec::new();
     for entry in std::fs::read_dir(&src).unwrap() {
         let path = entry.unwrap().path();
@@ -547,14 +685,25 @@ fn rust_tables_are_complete() {
         }
         let text = std::fs::read_to_string(&path).unwrap();
         let mut in_macro = false;
+        let mut after_repr_c = false;
+        let struct_name =
+            |t: &str| t["pub struct ".len()..].split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap().to_string();
         for line in text.lines() {
             let t = line.trim();
             if t.starts_with("le_struct! {") {
                 in_macro = true;
             } else if in_macro && t.starts_with("pub struct ") {
-                let name = t["pub struct ".len()..].split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap();
-                in_src.push(name.to_string());
+                in_src.push(struct_name(t));
                 in_macro = false;
+            } else if t.starts_with("#[repr(C)]") {
+                after_repr_c = true;
+            } else if after_repr_c && t.starts_with("pub struct ") {
+                // (The `le_struct!` definition's own `pub struct $name` yields "".)
+                let name = struct_name(t);
+                if !name.is_empty() {
+                    repr_c.push(name);
+                }
+                after_repr_c = false;
             }
             if let Some(rest) = t.strip_prefix("pub const ") {
                 if !rest.starts_with("fn ") {
@@ -570,12 +719,26 @@ fn rust_tables_are_complete() {
             errors.push(format!("le_struct {s} (in src/) has no entry in c_layout.rs / emp_uapi.h"));
         }
     }
-    assert!(in_src.len() >= 19, "found only {} le_structs in src/: {in_src:?}", in_src.len());
+    for s in &repr_c {
+        if !listed.contains(&s.as_str()) {
+            errors.push(format!("#[repr(C)] struct {s} (in src/) has no entry in c_layout.rs / emp_uapi.h"));
+        }
+    }
+    assert!(in_src.len() >= 20, "found only {} le_structs in src/: {in_src:?}", in_src.len());
+    assert!(repr_c.len() >= 2, "found only {} plain #[repr(C)] structs in src/: {repr_c:?}", repr_c.len());
+    for s in structs() {
+        let is_le = in_src.iter().any(|n| n == s.rust);
+        if is_le != s.le_size.is_some() {
+            errors.push(format!("{}: listed with st!/st_repr_c! but is{} an le_struct", s.rust, if is_le { "" } else { " not" }));
+        }
+    }
 
     // Fields tile each structure exactly: no field forgotten.
     for s in structs() {
-        if s.size != s.le_size {
-            errors.push(format!("{}: size_of {} != Le::SIZE {}", s.rust, s.size, s.le_size));
+        if let Some(le_size) = s.le_size {
+            if s.size != le_size {
+                errors.push(format!("{}: size_of {} != Le::SIZE {le_size}", s.rust, s.size));
+            }
         }
         let mut fields: Vec<&FieldDesc> = s.fields.iter().collect();
         fields.sort_by_key(|f| f.offset);
@@ -600,22 +763,25 @@ fn rust_tables_are_complete() {
         }
     }
 
-    // Every numeric pub const has a C counterpart.
+    // Every pub const (numeric or string) has a C counterpart.
     let consts = constants();
+    let str_consts = string_constants();
     let covered: Vec<&str> = consts
         .iter()
         .filter(|c| !c.rust.contains(" as "))
-        .map(|c| c.rust.rsplit("::").next().unwrap().trim())
+        .map(|c| c.rust)
+        .chain(str_consts.iter().map(|c| c.rust))
+        .map(|r| r.rsplit("::").next().unwrap().trim())
         .collect();
     for id in &const_idents {
         if !covered.contains(&id.as_str()) && !NOT_IN_C.contains(&id.as_str()) {
             errors.push(format!("pub const {id} (in src/) has no C constant in emp_uapi.h / c_layout.rs"));
         }
     }
-    let mut names: Vec<&str> = consts.iter().map(|c| c.c).collect();
+    let mut names: Vec<&str> = consts.iter().map(|c| c.c).chain(str_consts.iter().map(|c| c.c)).collect();
     names.sort();
     names.dedup();
-    assert_eq!(names.len(), consts.len(), "duplicate C constant names");
+    assert_eq!(names.len(), consts.len() + str_consts.len(), "duplicate C constant names");
 
     // Every enum value has a C constant.
     fn count(f: impl Fn(u32) -> bool) -> usize {

@@ -20,6 +20,7 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
+use emp_uapi::attach::AttachMsg;
 use emp_uapi::desc::*;
 use emp_uapi::image::*;
 use emp_uapi::ioctl::*;
@@ -182,7 +183,8 @@ arb_struct!(arb_port_ctl -> PortCtl {
     recv_cons: any::<u32>(),
     cq_prod: any::<u32>(),
     cq_overruns: any::<u32>(),
-    nic_pad: any::<[u32; 12]>(),
+    nic_sleeping: any::<u32>(),
+    nic_pad: any::<[u32; 11]>(),
     state: any::<u32>(),
     gen: any::<u32>(),
     cq_key: any::<u32>(),
@@ -235,6 +237,13 @@ arb_struct!(arb_emp_set_eventfd -> EmpSetEventfd {
     reserved: any::<u32>(),
 });
 arb_struct!(arb_emp_arm -> EmpArm { size: any::<u32>(), events: any::<u32>() });
+arb_struct!(arb_attach_msg -> AttachMsg {
+    version: any::<u32>(),
+    op: any::<u32>(),
+    status: any::<i32>(),
+    reserved: any::<u32>(),
+    arg: any::<[u64; 22]>(),
+});
 
 // ---------------------------------------------------------------------------
 // Generic codec properties
@@ -336,6 +345,7 @@ codec_props! {
     emp_dereg_mr: EmpDeregMr = arb_emp_dereg_mr();
     emp_set_eventfd: EmpSetEventfd = arb_emp_set_eventfd();
     emp_arm: EmpArm = arb_emp_arm();
+    attach_msg: AttachMsg = arb_attach_msg();
 }
 
 /// `Default` is the all-zero encoding for every type.
@@ -366,6 +376,7 @@ fn default_is_all_zero() {
     zero::<EmpDeregMr>();
     zero::<EmpSetEventfd>();
     zero::<EmpArm>();
+    zero::<AttachMsg>();
 }
 
 // ---------------------------------------------------------------------------

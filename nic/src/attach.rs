@@ -1,0 +1,180 @@
+//! Direct attach server: one listening Unix socket per NIC, one thread per
+//! connected process (few, long-lived). See `emp_uapi::attach` for the
+//! protocol. Whatever a client sends, the worst it gets is an error reply
+//! or a closed connection; its death releases everything it held.
+
+use std::io::IoSliceMut;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use emp_uapi::attach::{attach_reply as ar, op, status, AttachMsg, ATTACH_VERSION};
+use emp_uapi::Le;
+use nix::sys::socket::{
+    accept, bind, getsockopt, listen, recvmsg, sendmsg, socket, sockopt, AddressFamily, Backlog, ControlMessage,
+    ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
+};
+
+use crate::nic::NicShared;
+
+/// Socket path of node `node` under `dir`.
+pub fn socket_path(dir: &Path, node: u16) -> PathBuf {
+    dir.join(format!("nic{node}.sock"))
+}
+
+/// Binds the NIC's socket and serves it on a new thread.
+pub fn serve(nic: Arc<NicShared>, path: PathBuf) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(&path);
+    let fd = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
+    bind(fd.as_raw_fd(), &UnixAddr::new(&path)?)?;
+    listen(&fd, Backlog::new(64)?)?;
+    std::thread::Builder::new().name(format!("emp-attach{}", nic.node)).spawn(move || loop {
+        match accept(fd.as_raw_fd()) {
+            Ok(c) => {
+                // SAFETY: accept returned a new descriptor we own.
+                let conn = unsafe { OwnedFd::from_raw_fd(c) };
+                let nic = nic.clone();
+                let _ = std::thread::Builder::new().name("emp-client".into()).spawn(move || client(nic, conn));
+            }
+            Err(e) => {
+                tracing::warn!("accept: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    })?;
+    Ok(())
+}
+
+fn reply(conn: RawFd, mut m: AttachMsg, st: i32, fds: &[RawFd]) -> bool {
+    m.version = ATTACH_VERSION;
+    m.status = st;
+    let mut b = [0u8; AttachMsg::SIZE];
+    m.put(&mut b);
+    let iov = [std::io::IoSlice::new(&b)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let cm: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    sendmsg::<()>(conn, &iov, cm, MsgFlags::MSG_NOSIGNAL, None).is_ok()
+}
+
+fn client(nic: Arc<NicShared>, conn: OwnedFd) {
+    let pid = getsockopt(&conn, sockopt::PeerCredentials).map(|c| c.pid()).unwrap_or(0);
+    let mut port: Option<u16> = None;
+    let mut buf = [0u8; AttachMsg::SIZE + 1];
+    let mut cspace = nix::cmsg_space!([RawFd; 4]);
+    loop {
+        let (n, fds) = {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            match recvmsg::<()>(conn.as_raw_fd(), &mut iov, Some(&mut cspace), MsgFlags::MSG_CMSG_CLOEXEC) {
+                Ok(m) => {
+                    let mut fds: Vec<OwnedFd> = Vec::new();
+                    if let Ok(cmsgs) = m.cmsgs() {
+                        for c in cmsgs {
+                            if let ControlMessageOwned::ScmRights(v) = c {
+                                // SAFETY: SCM_RIGHTS gave us new descriptors we now own.
+                                fds.extend(v.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                            }
+                        }
+                    }
+                    (m.bytes, fds)
+                }
+                Err(_) => break,
+            }
+        };
+        if n == 0 {
+            break; // The process closed the socket or died.
+        }
+        let req = match AttachMsg::decode(&buf[..n]) {
+            Ok(m) if n == AttachMsg::SIZE => m,
+            _ => {
+                if !reply(conn.as_raw_fd(), AttachMsg::default(), status::EINVAL, &[]) {
+                    break;
+                }
+                continue;
+            }
+        };
+        if req.version != ATTACH_VERSION {
+            if !reply(conn.as_raw_fd(), req, status::EOPNOTSUPP, &[]) {
+                break;
+            }
+            continue;
+        }
+        if !handle(&nic, conn.as_raw_fd(), pid, &mut port, req, fds) {
+            break;
+        }
+    }
+    if let Some(p) = port {
+        tracing::info!(node = nic.node, port = p, pid, "process detached: releasing its port");
+        nic.release_port(p);
+    }
+}
+
+fn handle(nic: &NicShared, conn: RawFd, pid: i32, port: &mut Option<u16>, req: AttachMsg, mut fds: Vec<OwnedFd>) -> bool {
+    let mut out = AttachMsg { op: req.op, ..Default::default() };
+    let st = match (req.op, *port) {
+        (op::STATS, _) => {
+            let h = nic.header();
+            out.arg[..16].copy_from_slice(&h.counters);
+            out.arg[16] = h.status as u64;
+            out.arg[17] = h.fail_reason as u64;
+            out.arg[18] = nic.ports.lock().expect("ports").iter().filter(|p| p.is_some()).count() as u64;
+            out.arg[19] = nic.node as u64;
+            out.arg[20] = h.port_count as u64;
+            status::OK
+        }
+        (op::ATTACH, None) => match nic.alloc_port(pid) {
+            Ok(p) => {
+                *port = Some(p);
+                let h = nic.header();
+                out.arg[ar::DAEMON_PID] = std::process::id() as u64;
+                out.arg[ar::NODE] = nic.node as u64;
+                out.arg[ar::PORT] = p as u64;
+                out.arg[ar::GEN] = 0;
+                out.arg[ar::MTU] = h.mtu as u64;
+                out.arg[ar::WINDOW_SIZE] = h.port_stride as u64;
+                out.arg[ar::SEND_ENTRIES] = h.send_entries as u64;
+                out.arg[ar::RECV_ENTRIES] = h.recv_entries as u64;
+                out.arg[ar::FEATURES] = h.features as u64;
+                out.arg[ar::PORT_COUNT] = h.port_count as u64;
+                out.arg[ar::NODES] = h.route_entries as u64;
+                out.arg[ar::MSG_MAX] = nic.msg_max;
+                let ports = nic.ports.lock().expect("ports");
+                let ps = ports[p as usize].as_ref().expect("just allocated");
+                let fds = [nic.sram.port_fd(p).as_raw_fd(), ps.doorbell.as_raw_fd(), ps.event.as_raw_fd()];
+                return reply(conn, out, status::OK, &fds);
+            }
+            Err(e) => e,
+        },
+        (op::ATTACH, Some(_)) => status::EPROTO,
+        (_, None) => status::EPROTO,
+        (op::REG_ARENA, Some(p)) => match (fds.len(), u8::try_from(req.arg[2])) {
+            (1, Ok(access)) => match nic.reg_arena(p, fds.remove(0), req.arg[0], req.arg[1], access) {
+                Ok(k) => {
+                    out.arg[0] = k as u64;
+                    status::OK
+                }
+                Err(e) => e,
+            },
+            _ => status::EINVAL,
+        },
+        (op::REG_VM, Some(p)) => match u8::try_from(req.arg[2]) {
+            Ok(access) => match nic.reg_vm(p, pid, req.arg[0], req.arg[1], access) {
+                Ok(k) => {
+                    out.arg[0] = k as u64;
+                    status::OK
+                }
+                Err(e) => e,
+            },
+            Err(_) => status::EINVAL,
+        },
+        (op::START, Some(p)) => match u32::try_from(req.arg[0]) {
+            Ok(key) => nic.start(p, key, req.arg[1], req.arg[2]).err().unwrap_or(status::OK),
+            Err(_) => status::EINVAL,
+        },
+        (op::DEREG, Some(p)) => match u32::try_from(req.arg[0]) {
+            Ok(key) => nic.dereg(p, key).err().unwrap_or(status::OK),
+            Err(_) => status::ENOENT,
+        },
+        _ => status::EOPNOTSUPP,
+    };
+    reply(conn, out, st, &[])
+}

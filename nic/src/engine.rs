@@ -1,0 +1,369 @@
+//! The engine: one host thread running the control programs of every NIC of
+//! a chassis (NIC CPUs share host threads: the machine has 2 cores). It
+//! polls ring indices while there is work, spins briefly when work stops,
+//! then sleeps on the doorbells, the wire and a timer: an idle NIC costs no
+//! CPU, and a process posting to a polling NIC makes no system call.
+
+use core::ffi::c_void;
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use emp_uapi::fwabi::{FwConfig, FwHal};
+use emp_uapi::sram::{ctl, AdminMailbox};
+
+use crate::fwlib::FwLib;
+use crate::nic::{drain, signal, NicShared};
+use crate::wire::Wire;
+
+/// What the control program's hardware calls reach.
+struct HwCtx {
+    shared: Arc<NicShared>,
+    outbox: Vec<(u16, Vec<u8>)>,
+}
+
+extern "C" fn hw_sram_read(ctx: *mut c_void, off: usize, buf: *mut u8, len: usize) {
+    // SAFETY: `ctx` is the HwCtx the engine passed for this call and `buf`
+    // is the control program's live buffer of `len` bytes.
+    let (hw, buf) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts_mut(buf, len)) };
+    hw.shared.sram.read(off, buf);
+}
+
+extern "C" fn hw_sram_write(ctx: *mut c_void, off: usize, data: *const u8, len: usize) {
+    // SAFETY: as in `hw_sram_read`.
+    let (hw, data) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
+    hw.shared.sram.write(off, data);
+}
+
+extern "C" fn hw_dma_read(ctx: *mut c_void, addr: u64, buf: *mut u8, len: usize) -> i32 {
+    // SAFETY: as in `hw_sram_read`.
+    let (hw, buf) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts_mut(buf, len)) };
+    match hw.shared.dma.lock().expect("dma").read(addr, buf) {
+        Ok(()) => 0,
+        Err(()) => -1,
+    }
+}
+
+extern "C" fn hw_dma_write(ctx: *mut c_void, addr: u64, data: *const u8, len: usize) -> i32 {
+    // SAFETY: as in `hw_sram_read`.
+    let (hw, data) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
+    match hw.shared.dma.lock().expect("dma").write(addr, data) {
+        Ok(()) => 0,
+        Err(()) => -1,
+    }
+}
+
+extern "C" fn hw_mac_transmit(ctx: *mut c_void, dst: u16, frame: *const u8, len: usize) {
+    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call;
+    // `frame` is valid for `len` bytes.
+    let (hw, frame) = unsafe { (&mut *ctx.cast::<HwCtx>(), core::slice::from_raw_parts(frame, len)) };
+    hw.outbox.push((dst, frame.to_vec()));
+}
+
+extern "C" fn hw_raise_interrupt(ctx: *mut c_void, vector: u16) {
+    // SAFETY: as in `hw_sram_read`.
+    let hw = unsafe { &*ctx.cast::<HwCtx>() };
+    if vector == 0 {
+        return; // Admin: control threads poll the mailbox.
+    }
+    if let Some(Some(p)) = hw.shared.ports.lock().expect("ports").get(vector as usize - 1) {
+        signal(p.event.as_raw_fd());
+    }
+}
+
+/// A running control program and its hardware context.
+pub struct Firmware {
+    lib: Arc<FwLib>,
+    state: *mut c_void,
+    hw: Box<HwCtx>,
+    /// Next timer deadline.
+    deadline: u64,
+}
+
+// SAFETY: the control program's state is only touched by the thread that
+// owns this Firmware (the engine).
+unsafe impl Send for Firmware {}
+
+impl Firmware {
+    /// Boots the control program on a NIC; `None` if it refused to boot.
+    pub fn boot(lib: Arc<FwLib>, shared: Arc<NicShared>, cfg: FwConfig) -> Option<Firmware> {
+        let mut hw = Box::new(HwCtx { shared, outbox: Vec::new() });
+        let hal = hal_for(&mut hw);
+        // SAFETY: `hal` and `cfg` are valid for the call; `boot` follows the
+        // firmware ABI.
+        let state = unsafe { (lib.boot)(&hal, &cfg) };
+        if state.is_null() {
+            return None;
+        }
+        Some(Firmware { lib, state, hw, deadline: u64::MAX })
+    }
+
+    fn hal(&mut self) -> FwHal {
+        hal_for(&mut self.hw)
+    }
+
+    fn after_call(&mut self) {
+        // SAFETY: `state` is live (freed only in Drop).
+        self.deadline = unsafe { (self.lib.poll_timeout)(self.state) };
+    }
+
+    fn doorbell(&mut self, now: u64) {
+        let hal = self.hal();
+        // SAFETY: live state, valid hal, single-threaded use.
+        unsafe { (self.lib.doorbell)(self.state, &hal, now) };
+        self.after_call();
+    }
+
+    fn frame(&mut self, now: u64, f: &[u8]) {
+        let hal = self.hal();
+        // SAFETY: as above; `f` is valid for its length.
+        unsafe { (self.lib.frame)(self.state, &hal, now, f.as_ptr(), f.len()) };
+        self.after_call();
+    }
+
+    fn timeout(&mut self, now: u64) {
+        let hal = self.hal();
+        // SAFETY: as above.
+        unsafe { (self.lib.timeout)(self.state, &hal, now) };
+        self.after_call();
+    }
+
+    /// The control program's description of its tables.
+    pub fn describe(&self) -> String {
+        let mut buf = vec![0u8; 64 << 10];
+        // SAFETY: live state; `buf` is writable for its length.
+        let n = unsafe { (self.lib.describe)(self.state, buf.as_mut_ptr(), buf.len()) };
+        String::from_utf8_lossy(&buf[..n.min(buf.len())]).into_owned()
+    }
+}
+
+fn hal_for(hw: &mut HwCtx) -> FwHal {
+    FwHal {
+        ctx: (hw as *mut HwCtx).cast(),
+        sram_read: hw_sram_read,
+        sram_write: hw_sram_write,
+        dma_read: hw_dma_read,
+        dma_write: hw_dma_write,
+        mac_transmit: hw_mac_transmit,
+        raise_interrupt: hw_raise_interrupt,
+    }
+}
+
+impl Drop for Firmware {
+    fn drop(&mut self) {
+        // SAFETY: `state` came from boot and is not used afterwards.
+        unsafe { (self.lib.free)(self.state) };
+    }
+}
+
+struct Card {
+    shared: Arc<NicShared>,
+    fw: Option<Firmware>,
+    /// Last seen host-written words: admin seq, then per port send/recv/cq.
+    seen: Vec<u32>,
+}
+
+/// The engine thread's state.
+pub struct Engine {
+    cards: Vec<Card>,
+    rx: Vec<VecDeque<Vec<u8>>>,
+    wire: Box<dyn Wire>,
+    t0: Instant,
+    epoll: OwnedFd,
+    timer: OwnedFd,
+    /// Spin this long after the last work before sleeping.
+    pub spin_ns: u64,
+    stop: Arc<AtomicBool>,
+    /// The wire's descriptors: woken by them, never drained like eventfds.
+    wire_fds: Vec<RawFd>,
+}
+
+fn epoll_add(ep: RawFd, fd: RawFd) {
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: fd as u64 };
+    // SAFETY: valid epoll fd and target fd; `ev` is a live struct.
+    unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+}
+
+impl Engine {
+    /// An engine for these NICs (local index = position) on `wire`.
+    pub fn new(nics: Vec<(Arc<NicShared>, Option<Firmware>)>, wire: Box<dyn Wire>, stop: Arc<AtomicBool>) -> std::io::Result<Engine> {
+        // SAFETY: plain syscalls creating new descriptors.
+        let (ep, tfd) = unsafe {
+            (libc::epoll_create1(libc::EPOLL_CLOEXEC), libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC))
+        };
+        if ep < 0 || tfd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptors we own.
+        let (epoll, timer) = unsafe { (OwnedFd::from_raw_fd(ep), OwnedFd::from_raw_fd(tfd)) };
+        epoll_add(ep, tfd);
+        let wire_fds = wire.fds();
+        for &fd in &wire_fds {
+            epoll_add(ep, fd);
+        }
+        let cards: Vec<Card> = nics
+            .into_iter()
+            .map(|(shared, fw)| {
+                epoll_add(ep, shared.wake.as_raw_fd());
+                let n = 1 + 3 * shared.layout.params.ports as usize;
+                Card { shared, fw, seen: vec![0; n] }
+            })
+            .collect();
+        let rx = cards.iter().map(|_| VecDeque::new()).collect();
+        Ok(Engine { cards, rx, wire, t0: Instant::now(), epoll, timer, spin_ns: 50_000, stop, wire_fds })
+    }
+
+    fn now(&self) -> u64 {
+        self.t0.elapsed().as_nanos() as u64
+    }
+
+    /// Did the host write anything the control program must look at?
+    fn host_changed(c: &mut Card) -> bool {
+        let s = &c.shared;
+        let admin = s.layout.admin_off as usize;
+        let mut changed = s.sram.u32(admin) != s.sram.u32(admin + core::mem::offset_of!(AdminMailbox, done_seq));
+        for p in 0..s.layout.params.ports {
+            let w = s.layout.port(p);
+            for (k, off) in [ctl::SEND_PROD, ctl::RECV_PROD, ctl::CQ_CONS].into_iter().enumerate() {
+                let v = s.sram.u32(w.ctl(off));
+                let slot = &mut c.seen[1 + 3 * p as usize + k];
+                if *slot != v {
+                    *slot = v;
+                    changed = true;
+                }
+            }
+        }
+        changed
+    }
+
+    fn flush(&mut self, i: usize, now: u64) {
+        if let Some(fw) = self.cards[i].fw.as_mut() {
+            let out = core::mem::take(&mut fw.hw.outbox);
+            for (dst, f) in &out {
+                self.wire.send(now, i, *dst, f);
+            }
+        }
+    }
+
+    /// One pass over every NIC; true when anything was done.
+    fn pass(&mut self) -> bool {
+        let now = self.now();
+        let mut work = self.wire.poll(now, &mut self.rx) > 0;
+        for i in 0..self.cards.len() {
+            let c = &mut self.cards[i];
+            if c.fw.is_none() {
+                continue;
+            }
+            if Self::host_changed(c) {
+                c.fw.as_mut().expect("checked").doorbell(now);
+                work = true;
+            }
+            let fw = c.fw.as_mut().expect("checked");
+            for _ in 0..256 {
+                let Some(f) = self.rx[i].pop_front() else { break };
+                fw.frame(now, &f);
+                work = true;
+            }
+            if fw.deadline <= now {
+                fw.timeout(now);
+                work = true;
+            }
+            self.flush(i, now);
+        }
+        work
+    }
+
+    fn set_sleeping(&self, v: u32) {
+        for c in &self.cards {
+            for p in 0..c.shared.layout.params.ports {
+                c.shared.sram.put_u32(c.shared.layout.port(p).ctl(ctl::NIC_SLEEPING), v);
+            }
+        }
+    }
+
+    fn refresh_doorbells(&mut self, registered: &mut Vec<RawFd>) {
+        if !self.cards.iter().any(|c| c.shared.ports_changed.swap(false, Ordering::AcqRel)) {
+            return;
+        }
+        let ep = self.epoll.as_raw_fd();
+        for fd in registered.drain(..) {
+            // SAFETY: removing a descriptor we added (it may already be closed: harmless).
+            unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, core::ptr::null_mut()) };
+        }
+        for c in &self.cards {
+            for p in c.shared.ports.lock().expect("ports").iter().flatten() {
+                let fd = p.doorbell.as_raw_fd();
+                epoll_add(ep, fd);
+                registered.push(fd);
+            }
+        }
+    }
+
+    fn sleep(&mut self) {
+        let now = self.now();
+        let mut due = self.cards.iter().filter_map(|c| c.fw.as_ref()).map(|f| f.deadline).min().unwrap_or(u64::MAX);
+        due = due.min(self.wire.next_due().unwrap_or(u64::MAX));
+        if due <= now + 2_000 {
+            std::thread::yield_now();
+            return;
+        }
+        self.set_sleeping(1);
+        // Pairs with the host's fence between publishing a producer index
+        // and reading `nic_sleeping`: one of the two sides sees the other.
+        fence(Ordering::SeqCst);
+        if self.cards.iter_mut().any(Self::host_changed) {
+            // Rewind the snapshot so the next pass sees the change too.
+            for c in &mut self.cards {
+                c.seen.iter_mut().for_each(|v| *v = v.wrapping_sub(1));
+            }
+            self.set_sleeping(0);
+            return;
+        }
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: if due == u64::MAX {
+                libc::timespec { tv_sec: 0, tv_nsec: 0 }
+            } else {
+                let d = due - now;
+                libc::timespec { tv_sec: (d / 1_000_000_000) as i64, tv_nsec: (d % 1_000_000_000) as i64 }
+            },
+        };
+        // SAFETY: valid timerfd and a live itimerspec.
+        unsafe { libc::timerfd_settime(self.timer.as_raw_fd(), 0, &spec, core::ptr::null_mut()) };
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 32];
+        // SAFETY: valid epoll fd; `evs` is writable for 32 entries.
+        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), evs.as_mut_ptr(), 32, 1000) };
+        for ev in evs.iter().take(n.max(0) as usize) {
+            let fd = ev.u64 as RawFd;
+            if !self.wire_fds.contains(&fd) {
+                drain(fd);
+            }
+        }
+        self.set_sleeping(0);
+    }
+
+    /// Runs until `stop` is set.
+    pub fn run(mut self) {
+        let mut registered = Vec::new();
+        let mut idle_since = self.now();
+        while !self.stop.load(Ordering::Acquire) {
+            self.refresh_doorbells(&mut registered);
+            if self.pass() {
+                idle_since = self.now();
+                continue;
+            }
+            if self.now() - idle_since < self.spin_ns {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.sleep();
+        }
+    }
+}
+
+/// Wakes an engine from another thread (e.g. to stop it).
+pub fn wake(shared: &NicShared) {
+    signal(shared.wake.as_raw_fd());
+}

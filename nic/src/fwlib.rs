@@ -1,0 +1,107 @@
+//! Runs a verified control-program payload: the ELF shared object is
+//! written to a memfd and `dlopen`ed from there; its entry points are looked
+//! up by the names in `emp_uapi::fwabi`.
+
+use core::ffi::c_void;
+use std::ffi::CString;
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd};
+
+use emp_uapi::fwabi::{self, FwConfig, FwHal};
+use emp_uapi::image::FIRMWARE_ABI;
+
+type BootFn = unsafe extern "C" fn(*const FwHal, *const FwConfig) -> *mut c_void;
+type EventFn = unsafe extern "C" fn(*mut c_void, *const FwHal, u64);
+type FrameFn = unsafe extern "C" fn(*mut c_void, *const FwHal, u64, *const u8, usize);
+type PollFn = unsafe extern "C" fn(*mut c_void) -> u64;
+type DescribeFn = unsafe extern "C" fn(*mut c_void, *mut u8, usize) -> usize;
+type FreeFn = unsafe extern "C" fn(*mut c_void);
+
+/// A loaded control program.
+pub struct FwLib {
+    handle: *mut c_void,
+    pub(crate) boot: BootFn,
+    pub(crate) doorbell: EventFn,
+    pub(crate) frame: FrameFn,
+    pub(crate) timeout: EventFn,
+    pub(crate) poll_timeout: PollFn,
+    pub(crate) describe: DescribeFn,
+    pub(crate) free: FreeFn,
+}
+
+// SAFETY: the library handle and function pointers are plain addresses;
+// the control program's state is driven from one thread at a time.
+unsafe impl Send for FwLib {}
+// SAFETY: as above.
+unsafe impl Sync for FwLib {}
+
+fn dlerror() -> String {
+    // SAFETY: dlerror returns null or a valid C string.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "unknown dlopen error".into()
+    } else {
+        // SAFETY: non-null C string from dlerror.
+        unsafe { std::ffi::CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}
+
+impl FwLib {
+    /// Loads an ELF payload (already verified) and resolves its entry points.
+    pub fn load(payload: &[u8]) -> Result<FwLib, String> {
+        let fd = crate::sram::new_memfd("emp-fw", 0).map_err(|e| format!("memfd: {e}"))?;
+        // SAFETY: we own `fd`; the File takes it over for writing.
+        let mut f = unsafe { std::fs::File::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
+        f.write_all(payload).map_err(|e| format!("writing payload: {e}"))?;
+        let path = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).expect("no NUL");
+        // SAFETY: `path` names a readable ELF object; RTLD_LOCAL keeps its
+        // symbols private to this handle.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        drop(f);
+        if handle.is_null() {
+            return Err(format!("dlopen: {}", dlerror()));
+        }
+        let sym = |name: &str| -> Result<*mut c_void, String> {
+            let c = CString::new(name).expect("no NUL");
+            // SAFETY: `handle` is a live dlopen handle, `c` a valid C string.
+            let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+            if p.is_null() { Err(format!("payload lacks symbol {name}")) } else { Ok(p) }
+        };
+        let close = |e: String| {
+            // SAFETY: `handle` came from dlopen and is not used afterwards.
+            unsafe { libc::dlclose(handle) };
+            e
+        };
+        let abi_fn = sym(fwabi::SYM_ABI).map_err(close)?;
+        // SAFETY: the symbol is `extern "C" fn() -> u32` per the ABI contract.
+        let abi = unsafe { core::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u32>(abi_fn)() };
+        if abi != FIRMWARE_ABI {
+            return Err(close(format!("payload implements ABI {abi}, NIC wants {FIRMWARE_ABI}")));
+        }
+        macro_rules! get {
+            ($name:expr, $ty:ty) => {{
+                let p = sym($name).map_err(close)?;
+                // SAFETY: the symbol has this signature per `emp_uapi::fwabi`.
+                unsafe { core::mem::transmute::<*mut c_void, $ty>(p) }
+            }};
+        }
+        Ok(FwLib {
+            handle,
+            boot: get!(fwabi::SYM_BOOT, BootFn),
+            doorbell: get!(fwabi::SYM_DOORBELL, EventFn),
+            frame: get!(fwabi::SYM_FRAME, FrameFn),
+            timeout: get!(fwabi::SYM_TIMEOUT, EventFn),
+            poll_timeout: get!(fwabi::SYM_POLL_TIMEOUT, PollFn),
+            describe: get!(fwabi::SYM_DESCRIBE, DescribeFn),
+            free: get!(fwabi::SYM_FREE, FreeFn),
+        })
+    }
+}
+
+impl Drop for FwLib {
+    fn drop(&mut self) {
+        // SAFETY: every control-program instance was freed by its owner
+        // before the library is dropped (FwInstance holds an Arc<FwLib>).
+        unsafe { libc::dlclose(self.handle) };
+    }
+}

@@ -1,0 +1,367 @@
+//! One emulated NIC: its SRAM, DMA map, ports, and the trusted-side
+//! operations (what a driver does: register memory, open and close ports
+//! through the admin mailbox). The control program itself runs on the
+//! engine thread (`engine.rs`).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, MR_ACCESS_ALL, MR_INLINE_SEGS};
+use emp_uapi::fwabi::FwConfig;
+use emp_uapi::sram::{admin_result, AdminMailbox, AdminOp, FailReason, Layout, LayoutParams, NicStatus, PortCtl, RouteEntry, SramHeader};
+use emp_uapi::Le;
+
+use crate::dma::{bus_addr, DmaMap, Region, SPACE_ARENA, SPACE_VM};
+use crate::fwlib::FwLib;
+use crate::image::{verify, TrustedKeys};
+use crate::sram::Sram;
+
+/// How a NIC is built.
+#[derive(Clone, Debug)]
+pub struct NicConfig {
+    /// Node id.
+    pub node: u16,
+    /// Nodes in the route table (ids `0..nodes`).
+    pub nodes: u16,
+    /// MTU.
+    pub mtu: u32,
+    /// `FEATURE_*` bits.
+    pub features: u32,
+    /// SRAM geometry.
+    pub layout: LayoutParams,
+    /// Control-program tunables.
+    pub fw: FwConfig,
+    /// UDP port of node 0 (node n listens on `udp_base + n`).
+    pub udp_base: u16,
+}
+
+/// An allocated port.
+pub struct PortState {
+    /// Doorbell eventfd (process → NIC).
+    pub doorbell: OwnedFd,
+    /// Event eventfd (NIC → process).
+    pub event: OwnedFd,
+    /// Owning process.
+    pub pid: i32,
+    /// Keys of regions it registered.
+    pub keys: Vec<u32>,
+    /// START done.
+    pub started: bool,
+}
+
+/// Errors of trusted-side operations: an errno.
+pub type Errno = i32;
+
+/// The parts of a NIC shared between the engine and control threads.
+pub struct NicShared {
+    /// Node id.
+    pub node: u16,
+    /// SRAM geometry.
+    pub layout: Layout,
+    /// SRAM.
+    pub sram: Sram,
+    /// DMA regions by MR slot.
+    pub dma: Mutex<DmaMap>,
+    /// Ports by number.
+    pub ports: Mutex<Vec<Option<PortState>>>,
+    mr_free: Mutex<Vec<u16>>,
+    admin: Mutex<()>,
+    /// Wakes the engine (admin requests).
+    pub wake: OwnedFd,
+    /// Set when the port set changed (the engine re-reads its sleep set).
+    pub ports_changed: AtomicBool,
+    key_salt: Mutex<u32>,
+    /// Largest message.
+    pub msg_max: u64,
+}
+
+pub(crate) fn eventfd(flags: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: eventfd with valid flags returns a new descriptor or -1.
+    let fd = unsafe { libc::eventfd(0, flags | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds 1 to an eventfd.
+pub(crate) fn signal(fd: RawFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writing 8 bytes from a live buffer to an eventfd.
+    unsafe { libc::write(fd, one.as_ptr().cast(), 8) };
+}
+
+/// Empties a nonblocking eventfd.
+pub(crate) fn drain(fd: RawFd) {
+    let mut b = [0u8; 8];
+    // SAFETY: reading 8 bytes into a live buffer; nonblocking fd.
+    unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
+}
+
+impl NicShared {
+    /// Status word from SRAM.
+    pub fn status(&self) -> (NicStatus, FailReason) {
+        let h: SramHeader = self.header();
+        (
+            NicStatus::from_u32(h.status).unwrap_or(NicStatus::Failed),
+            FailReason::from_u32(h.fail_reason).unwrap_or(FailReason::FirmwareCrashed),
+        )
+    }
+
+    /// The SRAM header.
+    pub fn header(&self) -> SramHeader {
+        let mut b = [0u8; SramHeader::SIZE];
+        self.sram.read(0, &mut b);
+        SramHeader::get(&b)
+    }
+
+    fn running(&self) -> Result<(), Errno> {
+        match self.status().0 {
+            NicStatus::Running => Ok(()),
+            _ => Err(libc::ENODEV),
+        }
+    }
+
+    /// Runs an admin command and waits (bounded) for the control program.
+    pub fn admin(&self, op: AdminOp, args: [u64; 6]) -> Result<u32, Errno> {
+        self.running()?;
+        let _g = self.admin.lock().expect("admin lock");
+        let off = self.layout.admin_off as usize;
+        let mut b = [0u8; AdminMailbox::SIZE];
+        self.sram.read(off, &mut b);
+        let mut mb = AdminMailbox::get(&b);
+        mb.op = op as u32;
+        mb.args = args;
+        mb.request_seq = mb.request_seq.wrapping_add(1);
+        let want = mb.request_seq;
+        mb.put(&mut b);
+        // Arguments first, the sequence number (which the engine watches) last.
+        self.sram.write(off + 4, &b[4..]);
+        self.sram.put_u32(off, want);
+        signal(self.wake.as_raw_fd());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let done_off = off + core::mem::offset_of!(AdminMailbox, done_seq);
+        while self.sram.u32(done_off) != want {
+            if Instant::now() > deadline || self.running().is_err() {
+                return Err(libc::ETIMEDOUT);
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        Ok(self.sram.u32(off + core::mem::offset_of!(AdminMailbox, result)))
+    }
+
+    /// Allocates a free port to process `pid`.
+    pub fn alloc_port(&self, pid: i32) -> Result<u16, Errno> {
+        self.running()?;
+        let mut ports = self.ports.lock().expect("ports");
+        let p = ports.iter().position(|p| p.is_none()).ok_or(libc::EBUSY)? as u16;
+        let doorbell = eventfd(libc::EFD_NONBLOCK).map_err(|_| libc::EMFILE)?;
+        let event = eventfd(0).map_err(|_| libc::EMFILE)?;
+        let w = self.layout.port(p);
+        let mut z = [0u8; PortCtl::SIZE];
+        PortCtl::default().put(&mut z);
+        self.sram.write(w.base, &z);
+        ports[p as usize] = Some(PortState { doorbell, event, pid, keys: Vec::new(), started: false });
+        self.ports_changed.store(true, Ordering::Release);
+        Ok(p)
+    }
+
+    fn new_key(&self, slot: u16) -> u32 {
+        let mut s = self.key_salt.lock().expect("salt");
+        *s = s.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        ((*s >> 8) & 0x7FFF | 1) << 16 | slot as u32
+    }
+
+    fn install_mr(&self, port: u16, region: Region, access: u8, space: u64) -> Result<u32, Errno> {
+        if access & !MR_ACCESS_ALL != 0 || access == 0 {
+            return Err(libc::EINVAL);
+        }
+        let len = region.len();
+        let seg_max = 1u64 << 31;
+        if len.div_ceil(seg_max) > MR_INLINE_SEGS as u64 {
+            return Err(libc::EINVAL);
+        }
+        let slot = self.mr_free.lock().expect("mr").pop().ok_or(libc::ENOSPC)?;
+        let key = self.new_key(slot);
+        let mut e = MrEntry { key, port, access, format: MrFormat::Chained as u8, length: len, ..Default::default() };
+        let mut at = 0;
+        let mut i = 0;
+        while at < len {
+            let n = (len - at).min(seg_max);
+            e.segs[i] = PhysSeg { addr: bus_addr(space, slot, at), len: n as u32, flags: 0 };
+            at += n;
+            i += 1;
+        }
+        self.dma.lock().expect("dma").insert(slot, region);
+        let mut b = [0u8; MrEntry::SIZE];
+        e.put(&mut b);
+        self.sram.write(self.layout.mr_entry(slot as usize), &b);
+        if let Some(ps) = self.ports.lock().expect("ports").get_mut(port as usize).and_then(|p| p.as_mut()) {
+            ps.keys.push(key);
+        }
+        Ok(key)
+    }
+
+    /// Registers `len` bytes at `offset` of a process's memfd.
+    pub fn reg_arena(&self, port: u16, fd: OwnedFd, offset: u64, len: u64, access: u8) -> Result<u32, Errno> {
+        self.running()?;
+        let r = Region::map_arena(fd, offset, len).map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
+        self.install_mr(port, r, access, SPACE_ARENA)
+    }
+
+    /// Registers process memory reached by `process_vm_*`.
+    pub fn reg_vm(&self, port: u16, pid: i32, addr: u64, len: u64, access: u8) -> Result<u32, Errno> {
+        self.running()?;
+        if len == 0 || len >= crate::dma::REGION_MAX || addr.checked_add(len).is_none() {
+            return Err(libc::EINVAL);
+        }
+        let r = Region::Vm { pid, addr, len };
+        // Prove the NIC can reach both ends now, rather than failing later.
+        let mut b = [0u8; 1];
+        if r.read(0, &mut b).is_err() || r.read(len - 1, &mut b).is_err() {
+            return Err(libc::EPERM);
+        }
+        self.install_mr(port, r, access, SPACE_VM)
+    }
+
+    /// Deregisters `key` of `port`: invalidate the entry, fence the NIC,
+    /// then unmap.
+    pub fn dereg(&self, port: u16, key: u32) -> Result<(), Errno> {
+        let slot = MrEntry::slot_of(key);
+        if slot >= self.layout.params.mr_entries as usize {
+            return Err(libc::ENOENT);
+        }
+        let mut b = [0u8; MrEntry::SIZE];
+        self.sram.read(self.layout.mr_entry(slot), &mut b);
+        let e = MrEntry::get(&b);
+        if e.key != key || e.port != port || e.format == MrFormat::Invalid as u8 {
+            return Err(libc::ENOENT);
+        }
+        MrEntry::default().put(&mut b);
+        self.sram.write(self.layout.mr_entry(slot), &b);
+        if self.running().is_ok() {
+            // After the fence no DMA uses the old translation.
+            self.admin(AdminOp::MrFence, [slot as u64, 0, 0, 0, 0, 0])?;
+        }
+        self.dma.lock().expect("dma").remove(slot as u16);
+        self.mr_free.lock().expect("mr").push(slot as u16);
+        if let Some(ps) = self.ports.lock().expect("ports").get_mut(port as usize).and_then(|p| p.as_mut()) {
+            ps.keys.retain(|&k| k != key);
+        }
+        Ok(())
+    }
+
+    /// Opens `port` with its completion queue.
+    pub fn start(&self, port: u16, cq_key: u32, cq_off: u64, cq_entries: u64) -> Result<(), Errno> {
+        let r = self.admin(AdminOp::PortOpen, [port as u64, cq_key as u64, cq_off, cq_entries, 0, 0])?;
+        match r {
+            admin_result::OK => {
+                if let Some(ps) = self.ports.lock().expect("ports").get_mut(port as usize).and_then(|p| p.as_mut()) {
+                    ps.started = true;
+                }
+                Ok(())
+            }
+            admin_result::BAD_KEY => Err(libc::ENOENT),
+            admin_result::BAD_STATE => Err(libc::EALREADY),
+            _ => Err(libc::EINVAL),
+        }
+    }
+
+    /// Releases a port: closes it on the NIC (flushing its work), then
+    /// deregisters everything it registered.
+    pub fn release_port(&self, port: u16) {
+        let (started, keys) = match self.ports.lock().expect("ports").get(port as usize).and_then(|p| p.as_ref()) {
+            Some(ps) => (ps.started, ps.keys.clone()),
+            None => return,
+        };
+        if started {
+            let _ = self.admin(AdminOp::PortClose, [port as u64, 0, 0, 0, 0, 0]);
+        }
+        for k in keys {
+            let _ = self.dereg(port, k);
+        }
+        self.ports.lock().expect("ports")[port as usize] = None;
+        self.ports_changed.store(true, Ordering::Release);
+        signal(self.wake.as_raw_fd());
+    }
+
+    /// NIC counters from SRAM.
+    pub fn counters(&self) -> [u64; emp_uapi::sram::counter::COUNT] {
+        self.header().counters
+    }
+}
+
+/// Builds a NIC: SRAM with its header and routes; then, as the driver
+/// would, writes `image` into the staging area, lets the NIC verify it and
+/// boots it. A refused image leaves the NIC FAILED with the reason in SRAM.
+pub fn power_on(cfg: &NicConfig, image: &[u8], trusted: &TrustedKeys) -> std::io::Result<(Arc<NicShared>, Option<crate::engine::Firmware>)> {
+    let layout = Layout::new(cfg.layout).map_err(|e| std::io::Error::other(format!("layout: {e}")))?;
+    let sram = Sram::new(&layout)?;
+    let mut hb = [0u8; SramHeader::SIZE];
+    layout.header(cfg.node, cfg.mtu, cfg.features).put(&mut hb);
+    sram.write(0, &hb);
+    for n in 0..cfg.nodes.min(layout.params.route_entries as u16) {
+        let r = RouteEntry { valid: 1, ipv4: u32::from_le_bytes([127, 0, 0, 1]), udp_port: cfg.udp_base.wrapping_add(n), ..Default::default() };
+        let mut b = [0u8; RouteEntry::SIZE];
+        r.put(&mut b);
+        sram.write(layout.route_entry(n as usize), &b);
+    }
+    let shared = Arc::new(NicShared {
+        node: cfg.node,
+        layout,
+        sram,
+        dma: Mutex::new(DmaMap::new(layout.params.mr_entries as usize)),
+        ports: Mutex::new((0..layout.params.ports).map(|_| None).collect()),
+        mr_free: Mutex::new((0..layout.params.mr_entries as u16).rev().collect()),
+        admin: Mutex::new(()),
+        wake: eventfd(libc::EFD_NONBLOCK)?,
+        ports_changed: AtomicBool::new(true),
+        key_salt: Mutex::new(cfg.node as u32 ^ std::process::id() ^ 0x5EED),
+        msg_max: 1 << 30,
+    });
+    let set = |st: NicStatus, r: FailReason| {
+        shared.sram.put_u32(core::mem::offset_of!(SramHeader, fail_reason), r as u32);
+        shared.sram.put_u32(core::mem::offset_of!(SramHeader, status), st as u32);
+    };
+    set(NicStatus::Loading, FailReason::None);
+    let staging = layout.staging_off as usize;
+    if image.len() > layout.params.staging_size as usize {
+        set(NicStatus::Failed, FailReason::BadImageHeader);
+        tracing::error!(node = cfg.node, "firmware image ({} bytes) larger than the staging area", image.len());
+        return Ok((shared, None));
+    }
+    shared.sram.write(staging, image);
+    // The NIC verifies what is in its own staging area.
+    let mut staged = vec![0u8; image.len()];
+    shared.sram.read(staging, &mut staged);
+    let payload = match verify(&staged, trusted) {
+        Ok((_, payload)) => payload.to_vec(),
+        Err(reason) => {
+            set(NicStatus::Failed, reason);
+            tracing::error!(node = cfg.node, "firmware refused: {}", reason.as_str());
+            return Ok((shared, None));
+        }
+    };
+    let lib = match FwLib::load(&payload) {
+        Ok(l) => Arc::new(l),
+        Err(e) => {
+            set(NicStatus::Failed, FailReason::LoadFailed);
+            tracing::error!(node = cfg.node, "firmware load failed: {e}");
+            return Ok((shared, None));
+        }
+    };
+    let fw = crate::engine::Firmware::boot(lib, shared.clone(), cfg.fw);
+    match shared.status() {
+        (NicStatus::Running, _) if fw.is_some() => {
+            tracing::info!(node = cfg.node, "firmware running");
+            Ok((shared, fw))
+        }
+        (_, reason) => {
+            tracing::error!(node = cfg.node, "firmware boot failed: {}", reason.as_str());
+            Ok((shared, None))
+        }
+    }
+}
