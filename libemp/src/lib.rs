@@ -1,1 +1,217 @@
-//! libemp
+//! `emp`: the EMP verbs library. Open a device, register memory, post tagged
+//! sends and receives straight into the NIC's rings, poll completions, block
+//! on an armed event.
+//!
+//! ```no_run
+//! let mut dev = emp::Device::open()?;          // EMP_DEVICE
+//! let buf = dev.alloc(4096)?;                  // registered, zero-copy
+//! dev.post_recv(1, emp::ANY, 7, 0, &[buf.sge(0, 4096)])?;
+//! let mut wc = [emp::Completion::default(); 16];
+//! let n = dev.wait_cq(&mut wc, None)?;
+//! # Ok::<(), emp::Error>(())
+//! ```
+//!
+//! The data path (post, poll) is loads and stores to the mapped port window
+//! and shared memory: no system call. The only exception is the doorbell
+//! after a post when the NIC has gone to sleep (it polls while busy).
+
+mod direct;
+pub mod ffi;
+
+use std::fmt;
+use std::os::fd::RawFd;
+
+pub use direct::{nic_stats, Device};
+pub use emp_uapi::desc::{Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE};
+pub use emp_uapi::{ANY_NODE, ANY_PORT};
+
+/// An endpoint: (node, port).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    /// Node id.
+    pub node: u16,
+    /// Port on that node.
+    pub port: u16,
+}
+
+/// "Any source" for receives.
+pub const ANY: Endpoint = Endpoint { node: ANY_NODE, port: ANY_PORT };
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.node, self.port)
+    }
+}
+
+/// Errors of the control path and of posting.
+#[derive(Debug)]
+pub enum Error {
+    /// A system call failed.
+    Os(std::io::Error),
+    /// `EMP_DEVICE` is not set and no path was given.
+    NoDevice,
+    /// The NIC refused a request (errno from the daemon).
+    Nic { op: &'static str, errno: i32 },
+    /// The daemon went away or spoke nonsense.
+    Protocol(String),
+    /// The ring has no free slot: poll completions, then post again.
+    RingFull,
+    /// Too many scatter/gather entries (at most 6).
+    TooManySges,
+    /// Out of registered arena memory.
+    ArenaFull,
+    /// Timed out waiting.
+    Timeout,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Os(e) => write!(f, "{e}"),
+            Error::NoDevice => write!(f, "EMP_DEVICE is not set (path of an emp-nicd socket or /dev/emp-nic)"),
+            Error::Nic { op, errno } => write!(f, "{op}: {}", std::io::Error::from_raw_os_error(*errno)),
+            Error::Protocol(s) => write!(f, "NIC connection: {s}"),
+            Error::RingFull => write!(f, "ring full"),
+            Error::TooManySges => write!(f, "too many scatter/gather entries"),
+            Error::ArenaFull => write!(f, "registered arena exhausted"),
+            Error::Timeout => write!(f, "timed out"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Os(e)
+    }
+}
+
+impl From<nix::Error> for Error {
+    fn from(e: nix::Error) -> Self {
+        Error::Os(std::io::Error::from_raw_os_error(e as i32))
+    }
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// What a port is.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PortInfo {
+    /// This port's endpoint.
+    pub node: u16,
+    /// Port number.
+    pub port: u16,
+    /// MTU.
+    pub mtu: u32,
+    /// Send ring entries.
+    pub send_entries: u32,
+    /// Receive ring entries.
+    pub recv_entries: u32,
+    /// Nodes reachable.
+    pub nodes: u32,
+    /// Ports per NIC.
+    pub port_count: u32,
+    /// Largest message.
+    pub msg_max: u64,
+    /// NIC feature bits.
+    pub features: u32,
+}
+
+impl PortInfo {
+    /// This port as an endpoint.
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint { node: self.node, port: self.port }
+    }
+}
+
+/// A work completion (like `ibv_wc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The posted cookie.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: Status,
+    /// True for a receive.
+    pub is_recv: bool,
+    /// Bytes transferred.
+    pub byte_len: u32,
+    /// Receive: the message's tag.
+    pub tag: u64,
+    /// Receive: the sender.
+    pub src: Endpoint,
+    /// Receive: the message's full length.
+    pub msg_len: u32,
+}
+
+impl Default for Completion {
+    fn default() -> Self {
+        Completion { wr_id: 0, status: Status::Success, is_recv: false, byte_len: 0, tag: 0, src: Endpoint { node: 0, port: 0 }, msg_len: 0 }
+    }
+}
+
+/// Registered memory handed out by [`Device::alloc`]: lives in the shared
+/// arena (true zero-copy) until the device is closed.
+#[derive(Clone, Copy, Debug)]
+pub struct Buffer {
+    ptr: *mut u8,
+    len: usize,
+    key: u32,
+    offset: u64,
+}
+
+// SAFETY: a Buffer is a view of shared memory that outlives it (the
+// device's arena); synchronising access is the caller's business, as with
+// any DMA buffer.
+unsafe impl Send for Buffer {}
+
+impl Buffer {
+    /// The bytes (valid while the device is open; the NIC writes received
+    /// data here, so read it only after the receive completed).
+    #[allow(clippy::mut_from_ref)]
+    pub fn as_mut_slice(&self) -> &mut [u8] {
+        // SAFETY: ptr/len describe a live part of the arena mapping that
+        // only this Buffer hands out.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+    /// Length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// A scatter/gather entry for `len` bytes at `off` within this buffer.
+    pub fn sge(&self, off: usize, len: usize) -> Sge {
+        assert!(off + len <= self.len, "sge beyond buffer");
+        Sge { key: self.key, len: len as u32, offset: self.offset + off as u64 }
+    }
+}
+
+/// A region registered by address (the NIC reaches it through
+/// `process_vm_readv/writev`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryRegion {
+    /// Key.
+    pub key: u32,
+    /// Start address.
+    pub addr: usize,
+    /// Length.
+    pub len: usize,
+}
+
+impl MemoryRegion {
+    /// A scatter/gather entry for `[addr, addr+len)` inside the region.
+    pub fn sge(&self, addr: usize, len: usize) -> Sge {
+        assert!(addr >= self.addr && addr + len <= self.addr + self.len, "sge outside region");
+        Sge { key: self.key, len: len as u32, offset: (addr - self.addr) as u64 }
+    }
+}
+
+/// Something with a pollable event descriptor.
+pub trait EventSource {
+    /// The eventfd that becomes readable after an armed completion.
+    fn event_fd(&self) -> RawFd;
+}

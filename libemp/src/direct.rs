@@ -1,0 +1,423 @@
+//! Direct attach: the device is an `emp-nicd` NIC reached over its Unix
+//! socket (see `emp_uapi::attach`). The socket is the control path; the
+//! data path is the mapped port window and a shared memfd arena.
+
+use std::io::IoSliceMut;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use emp_uapi::attach::{attach_reply as ar, op, AttachMsg, ATTACH_VERSION};
+use emp_uapi::desc::{Cqe, Opcode, Sge, Status, WorkDesc, CQE_PHASE, MR_LOCAL_READ, MR_LOCAL_WRITE, SGE_MAX, WD_SIGNALED};
+use emp_uapi::sram::ctl;
+use emp_uapi::{Le, PAGE_SIZE};
+use nix::sys::socket::{connect, recvmsg, sendmsg, socket, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr};
+
+use crate::{Buffer, Completion, Endpoint, Error, EventSource, MemoryRegion, PortInfo, Result};
+
+/// Default arena size (pages are allocated only when touched).
+const ARENA_DEFAULT: usize = 256 << 20;
+/// Completion queue entries.
+const CQ_ENTRIES: u32 = 4096;
+
+/// An open port on an EMP NIC.
+pub struct Device {
+    sock: OwnedFd,
+    window: *mut u8,
+    window_len: usize,
+    doorbell: OwnedFd,
+    event: OwnedFd,
+    info: PortInfo,
+    arena: *mut u8,
+    arena_len: usize,
+    arena_key: u32,
+    arena_next: usize,
+    _arena_fd: OwnedFd,
+    cq_head: u32,
+    send_prod: u32,
+    recv_prod: u32,
+    daemon_pid: i32,
+}
+
+// SAFETY: the raw pointers are mappings owned by this Device; it is used
+// by one thread at a time (it is not Sync).
+unsafe impl Send for Device {}
+
+fn memfd(name: &str, len: usize) -> Result<OwnedFd> {
+    let c = std::ffi::CString::new(name).expect("no NUL");
+    // SAFETY: valid C string and flags.
+    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate on a valid fd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(fd)
+}
+
+fn map_shared(fd: RawFd, len: usize) -> Result<*mut u8> {
+    // SAFETY: mapping `len` bytes of a descriptor we hold, shared, RW.
+    let p = unsafe { libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(p.cast())
+}
+
+fn request(sock: RawFd, opcode: u32, args: &[u64], fds: &[RawFd]) -> Result<(AttachMsg, Vec<OwnedFd>)> {
+    let mut m = AttachMsg { version: ATTACH_VERSION, op: opcode, ..Default::default() };
+    m.arg[..args.len()].copy_from_slice(args);
+    let mut b = [0u8; AttachMsg::SIZE];
+    m.put(&mut b);
+    let iov = [std::io::IoSlice::new(&b)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let cm: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    sendmsg::<()>(sock, &iov, cm, MsgFlags::MSG_NOSIGNAL, None).map_err(|e| Error::Protocol(format!("send: {e}")))?;
+    let mut rb = [0u8; AttachMsg::SIZE];
+    let mut cspace = nix::cmsg_space!([RawFd; 4]);
+    let mut iov = [IoSliceMut::new(&mut rb)];
+    let msg = recvmsg::<()>(sock, &mut iov, Some(&mut cspace), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(|e| Error::Protocol(format!("receive: {e}")))?;
+    let mut got = Vec::new();
+    for c in msg.cmsgs().map_err(|e| Error::Protocol(e.to_string()))? {
+        if let ControlMessageOwned::ScmRights(v) = c {
+            // SAFETY: SCM_RIGHTS handed us new descriptors.
+            got.extend(v.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    if msg.bytes != AttachMsg::SIZE {
+        return Err(Error::Protocol(if msg.bytes == 0 { "the NIC daemon went away".into() } else { "short reply".into() }));
+    }
+    let r = AttachMsg::get(&rb);
+    if r.op != opcode {
+        return Err(Error::Protocol(format!("reply to op {} for op {opcode}", r.op)));
+    }
+    Ok((r, got))
+}
+
+fn op_name(o: u32) -> &'static str {
+    match o {
+        op::ATTACH => "attach",
+        op::REG_ARENA => "register arena",
+        op::REG_VM => "register memory",
+        op::START => "start port",
+        op::DEREG => "deregister memory",
+        _ => "stats",
+    }
+}
+
+fn call(sock: RawFd, opcode: u32, args: &[u64], fds: &[RawFd]) -> Result<(AttachMsg, Vec<OwnedFd>)> {
+    let (r, f) = request(sock, opcode, args, fds)?;
+    if r.status != 0 {
+        return Err(Error::Nic { op: op_name(opcode), errno: r.status });
+    }
+    Ok((r, f))
+}
+
+/// NIC counters and status read through a NIC's socket without attaching.
+pub fn nic_stats(path: &str) -> Result<AttachMsg> {
+    let sock = connect_to(path)?;
+    Ok(call(sock.as_raw_fd(), op::STATS, &[], &[])?.0)
+}
+
+fn connect_to(path: &str) -> Result<OwnedFd> {
+    let sock = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
+    connect(sock.as_raw_fd(), &UnixAddr::new(path)?).map_err(|e| Error::Protocol(format!("connect {path}: {e}")))?;
+    Ok(sock)
+}
+
+impl Device {
+    /// Opens the device named by `EMP_DEVICE`.
+    pub fn open() -> Result<Device> {
+        let path = std::env::var("EMP_DEVICE").map_err(|_| Error::NoDevice)?;
+        Device::open_path(&path)
+    }
+
+    /// Opens a NIC socket path; the arena size comes from `EMP_ARENA_MB`.
+    pub fn open_path(path: &str) -> Result<Device> {
+        let arena_len = std::env::var("EMP_ARENA_MB").ok().and_then(|v| v.parse::<usize>().ok()).map(|mb| mb << 20).unwrap_or(ARENA_DEFAULT);
+        let sock = connect_to(path)?;
+        let (r, mut fds) = call(sock.as_raw_fd(), op::ATTACH, &[], &[])?;
+        if fds.len() != 3 {
+            return Err(Error::Protocol(format!("attach returned {} descriptors, expected 3", fds.len())));
+        }
+        let event = fds.pop().expect("3");
+        let doorbell = fds.pop().expect("3");
+        let window_fd = fds.pop().expect("3");
+        let window_len = r.arg[ar::WINDOW_SIZE] as usize;
+        let info = PortInfo {
+            node: r.arg[ar::NODE] as u16,
+            port: r.arg[ar::PORT] as u16,
+            mtu: r.arg[ar::MTU] as u32,
+            send_entries: r.arg[ar::SEND_ENTRIES] as u32,
+            recv_entries: r.arg[ar::RECV_ENTRIES] as u32,
+            nodes: r.arg[ar::NODES] as u32,
+            port_count: r.arg[ar::PORT_COUNT] as u32,
+            msg_max: r.arg[ar::MSG_MAX],
+            features: r.arg[ar::FEATURES] as u32,
+        };
+        let ok_geometry = info.send_entries.is_power_of_two()
+            && info.recv_entries.is_power_of_two()
+            && window_len >= PAGE_SIZE + (info.send_entries + info.recv_entries) as usize * WorkDesc::SIZE;
+        if !ok_geometry {
+            return Err(Error::Protocol("port geometry does not fit the window".into()));
+        }
+        let window = map_shared(window_fd.as_raw_fd(), window_len)?;
+        let arena_fd = memfd("emp-arena", arena_len)?;
+        let arena = map_shared(arena_fd.as_raw_fd(), arena_len)?;
+        let mut dev = Device {
+            sock,
+            window,
+            window_len,
+            doorbell,
+            event,
+            info,
+            arena,
+            arena_len,
+            arena_key: 0,
+            arena_next: 0,
+            _arena_fd: arena_fd,
+            cq_head: 0,
+            send_prod: 0,
+            recv_prod: 0,
+            daemon_pid: r.arg[ar::DAEMON_PID] as i32,
+        };
+        let access = (MR_LOCAL_READ | MR_LOCAL_WRITE) as u64;
+        let (r, _) = call(dev.sock.as_raw_fd(), op::REG_ARENA, &[0, arena_len as u64, access], &[dev._arena_fd.as_raw_fd()])?;
+        dev.arena_key = r.arg[0] as u32;
+        let cq_bytes = CQ_ENTRIES as usize * Cqe::SIZE;
+        dev.arena_next = cq_bytes.next_multiple_of(PAGE_SIZE);
+        call(dev.sock.as_raw_fd(), op::START, &[dev.arena_key as u64, 0, CQ_ENTRIES as u64], &[])?;
+        Ok(dev)
+    }
+
+    /// What this port is.
+    pub fn info(&self) -> &PortInfo {
+        &self.info
+    }
+
+    /// This port's endpoint.
+    pub fn endpoint(&self) -> Endpoint {
+        self.info.endpoint()
+    }
+
+    /// Registered, NIC-shared memory of `len` bytes (64-byte aligned).
+    pub fn alloc(&mut self, len: usize) -> Result<Buffer> {
+        let off = self.arena_next.next_multiple_of(64);
+        if off.checked_add(len).is_none_or(|e| e > self.arena_len) {
+            return Err(Error::ArenaFull);
+        }
+        self.arena_next = off + len;
+        // SAFETY: `off + len <= arena_len`, inside our mapping.
+        let ptr = unsafe { self.arena.add(off) };
+        Ok(Buffer { ptr, len, key: self.arena_key, offset: off as u64 })
+    }
+
+    /// Registers arbitrary memory of this process. The NIC reaches it with
+    /// `process_vm_readv/writev`, which this call permits with
+    /// `prctl(PR_SET_PTRACER)`.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must stay mapped until `dereg_mr`, and must not
+    /// be accessed while a posted operation on it is in flight.
+    pub unsafe fn reg_mr(&mut self, addr: *const u8, len: usize, access: u8) -> Result<MemoryRegion> {
+        // SAFETY: prctl with a pid argument has no memory effects.
+        unsafe { libc::prctl(libc::PR_SET_PTRACER, self.daemon_pid as libc::c_ulong, 0, 0, 0) };
+        let (r, _) = call(self.sock.as_raw_fd(), op::REG_VM, &[addr as u64, len as u64, access as u64], &[])?;
+        Ok(MemoryRegion { key: r.arg[0] as u32, addr: addr as usize, len })
+    }
+
+    /// Deregisters a region.
+    pub fn dereg_mr(&mut self, mr: MemoryRegion) -> Result<()> {
+        call(self.sock.as_raw_fd(), op::DEREG, &[mr.key as u64], &[]).map(|_| ())
+    }
+
+    fn word(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off % 4 == 0 && off + 4 <= self.window_len);
+        // SAFETY: in-window, aligned; shared memory accessed atomically.
+        unsafe { &*self.window.add(off).cast::<AtomicU32>() }
+    }
+
+    fn post(&mut self, send: bool, d: &WorkDesc) -> Result<()> {
+        let (prod, cons_off, prod_off, entries, ring) = if send {
+            (self.send_prod, ctl::SEND_CONS, ctl::SEND_PROD, self.info.send_entries, PAGE_SIZE)
+        } else {
+            (self.recv_prod, ctl::RECV_CONS, ctl::RECV_PROD, self.info.recv_entries, PAGE_SIZE + self.info.send_entries as usize * WorkDesc::SIZE)
+        };
+        let cons = self.word(cons_off).load(Ordering::Acquire);
+        if prod.wrapping_sub(cons) >= entries {
+            return Err(Error::RingFull);
+        }
+        let mut b = [0u8; WorkDesc::SIZE];
+        d.put(&mut b);
+        let slot = ring + (prod & (entries - 1)) as usize * WorkDesc::SIZE;
+        // SAFETY: the slot lies inside the window (geometry checked at open).
+        unsafe { core::ptr::copy_nonoverlapping(b.as_ptr(), self.window.add(slot), WorkDesc::SIZE) };
+        let next = prod.wrapping_add(1);
+        // The descriptor is visible before the index that publishes it.
+        self.word(prod_off).store(next, Ordering::Release);
+        if send {
+            self.send_prod = next;
+        } else {
+            self.recv_prod = next;
+        }
+        // Pairs with the NIC's fence before it sleeps: either it sees our
+        // index, or we see that it sleeps and ring the doorbell.
+        fence(Ordering::SeqCst);
+        if self.word(ctl::NIC_SLEEPING).load(Ordering::Relaxed) != 0 {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: 8-byte write to our doorbell eventfd.
+            unsafe { libc::write(self.doorbell.as_raw_fd(), one.as_ptr().cast(), 8) };
+        }
+        Ok(())
+    }
+
+    fn desc(opcode: Opcode, wr_id: u64, ep: Endpoint, tag: u64, ignore: u64, sges: &[Sge]) -> Result<WorkDesc> {
+        if sges.len() > SGE_MAX {
+            return Err(Error::TooManySges);
+        }
+        let mut d = WorkDesc { wr_id, opcode: opcode as u8, flags: WD_SIGNALED, num_sge: sges.len() as u8, node: ep.node, port: ep.port, tag, ignore, ..Default::default() };
+        d.sge[..sges.len()].copy_from_slice(sges);
+        Ok(d)
+    }
+
+    /// Posts a tagged send of the bytes named by `sges` to `dst`.
+    pub fn post_send(&mut self, wr_id: u64, dst: Endpoint, tag: u64, sges: &[Sge]) -> Result<()> {
+        let d = Self::desc(Opcode::Send, wr_id, dst, tag, 0, sges)?;
+        self.post(true, &d)
+    }
+
+    /// Posts a receive for a message from `src` (or [`crate::ANY`]) whose tag
+    /// equals `tag` in every bit not set in `ignore`.
+    pub fn post_recv(&mut self, wr_id: u64, src: Endpoint, tag: u64, ignore: u64, sges: &[Sge]) -> Result<()> {
+        let d = Self::desc(Opcode::Recv, wr_id, src, tag, ignore, sges)?;
+        self.post(false, &d)
+    }
+
+    /// Posts a raw descriptor (tests of the NIC's input validation).
+    pub fn post_raw(&mut self, send: bool, d: &WorkDesc) -> Result<()> {
+        self.post(send, d)
+    }
+
+    /// Takes up to `out.len()` completions; returns how many.
+    pub fn poll_cq(&mut self, out: &mut [Completion]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            let idx = self.cq_head & (CQ_ENTRIES - 1);
+            let phase = if (self.cq_head / CQ_ENTRIES) & 1 == 0 { CQE_PHASE } else { 0 };
+            // SAFETY: the CQ occupies the first CQ_ENTRIES * 32 bytes of the arena.
+            let entry = unsafe { self.arena.add(idx as usize * Cqe::SIZE) };
+            // SAFETY: reading the flags byte of a live entry; the NIC writes
+            // it last, so observing the phase means the body is complete.
+            let flags = unsafe { core::ptr::read_volatile(entry.add(emp_uapi::desc::CQE_FLAGS_OFFSET)) };
+            if flags & CQE_PHASE != phase {
+                break;
+            }
+            fence(Ordering::Acquire);
+            let mut b = [0u8; Cqe::SIZE];
+            // SAFETY: the entry is complete (phase observed above).
+            unsafe { core::ptr::copy_nonoverlapping(entry, b.as_mut_ptr(), Cqe::SIZE) };
+            let c = Cqe::get(&b);
+            out[n] = Completion {
+                wr_id: c.wr_id,
+                status: Status::from_u8(c.status).unwrap_or(Status::BadDescriptor),
+                is_recv: c.opcode == Opcode::Recv as u8,
+                byte_len: c.byte_len,
+                tag: c.tag,
+                src: Endpoint { node: c.src_node, port: c.src_port },
+                msg_len: c.msg_len,
+            };
+            n += 1;
+            self.cq_head = self.cq_head.wrapping_add(1);
+        }
+        if n > 0 {
+            self.word(ctl::CQ_CONS).store(self.cq_head, Ordering::Release);
+        }
+        n
+    }
+
+    /// Asks for an event on the next completion (like `ibv_req_notify_cq`).
+    pub fn arm(&mut self) {
+        self.word(ctl::ARM).store(1, Ordering::Release);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Waits for completions: polls briefly, then arms and blocks on the
+    /// event descriptor. `None` = wait forever.
+    pub fn wait_cq(&mut self, out: &mut [Completion], timeout: Option<Duration>) -> Result<usize> {
+        let start = Instant::now();
+        let spin_until = start + Duration::from_micros(20);
+        loop {
+            let n = self.poll_cq(out);
+            if n > 0 {
+                return Ok(n);
+            }
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.arm();
+            let n = self.poll_cq(out);
+            if n > 0 {
+                return Ok(n);
+            }
+            let left = match timeout {
+                Some(t) => match t.checked_sub(start.elapsed()) {
+                    Some(l) => l.as_millis().min(1000) as i32,
+                    None => return Err(Error::Timeout),
+                },
+                None => 1000,
+            };
+            let mut pfd = libc::pollfd { fd: self.event.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: polling one valid descriptor.
+            let r = unsafe { libc::poll(&mut pfd, 1, left.max(1)) };
+            if r > 0 {
+                let mut b = [0u8; 8];
+                // SAFETY: reading the eventfd counter into a live buffer.
+                unsafe { libc::read(self.event.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+            }
+            self.check_daemon()?;
+        }
+    }
+
+    /// Errors out if the NIC daemon is gone (the socket hung up).
+    fn check_daemon(&self) -> Result<()> {
+        let mut pfd = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: polling one valid descriptor without blocking.
+        let r = unsafe { libc::poll(&mut pfd, 1, 0) };
+        if r > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLIN) != 0 {
+            return Err(Error::Protocol("the NIC daemon went away".into()));
+        }
+        Ok(())
+    }
+
+    /// NIC counters (`emp_uapi::sram::counter`).
+    pub fn nic_counters(&self) -> Result<[u64; 16]> {
+        let (r, _) = call(self.sock.as_raw_fd(), op::STATS, &[], &[])?;
+        let mut c = [0u64; 16];
+        c.copy_from_slice(&r.arg[..16]);
+        Ok(c)
+    }
+}
+
+impl EventSource for Device {
+    fn event_fd(&self) -> RawFd {
+        self.event.as_raw_fd()
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: our own mappings, not used after this.
+        unsafe {
+            libc::munmap(self.window.cast(), self.window_len);
+            libc::munmap(self.arena.cast(), self.arena_len);
+        }
+        // Closing the socket makes the daemon close the port and release
+        // everything registered.
+    }
+}
