@@ -17,6 +17,7 @@
 
 mod direct;
 pub mod ffi;
+pub mod rdv;
 
 use std::fmt;
 use std::os::fd::RawFd;

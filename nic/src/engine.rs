@@ -355,7 +355,9 @@ impl Engine {
                 continue;
             }
             if self.now() - idle_since < self.spin_ns {
-                std::hint::spin_loop();
+                // Poll, but give the core away between polls: on a small
+                // machine the processes we serve need it to post work.
+                std::thread::yield_now();
                 continue;
             }
             self.sleep();

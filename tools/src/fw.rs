@@ -511,11 +511,12 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(t: &[u8]) -> Option<Vec<u8>> {
-    if t.len() % 2 != 0 {
+    let pairs = t.chunks_exact(2);
+    if !pairs.remainder().is_empty() {
         return None;
     }
     let v = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    t.chunks_exact(2)
+    pairs
         .map(|p| Some(v(p[0])? << 4 | v(p[1])?))
         .collect()
 }

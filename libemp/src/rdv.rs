@@ -1,0 +1,82 @@
+//! Rank rendezvous for programs started by `emp run`: every rank publishes
+//! its endpoint as a file in `EMP_RDV_DIR` and reads everyone else's (like
+//! an MPI process-management interface, reduced to what EMP needs).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::{Endpoint, Error, Result};
+
+/// This process's place in a job.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// Rank (`EMP_RANK`).
+    pub rank: usize,
+    /// Ranks in the job (`EMP_SIZE`).
+    pub size: usize,
+    dir: PathBuf,
+}
+
+fn env_num(name: &str) -> Result<usize> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Error::Protocol(format!("{name} is not set: start the program with `emp run`")))
+}
+
+impl Job {
+    /// The job from `EMP_RANK`, `EMP_SIZE` and `EMP_RDV_DIR`.
+    pub fn from_env() -> Result<Job> {
+        let rank = env_num("EMP_RANK")?;
+        let size = env_num("EMP_SIZE")?;
+        let dir = std::env::var("EMP_RDV_DIR").map_err(|_| Error::Protocol("EMP_RDV_DIR is not set: start the program with `emp run`".into()))?;
+        if rank >= size {
+            return Err(Error::Protocol(format!("EMP_RANK {rank} >= EMP_SIZE {size}")));
+        }
+        Ok(Job { rank, size, dir: dir.into() })
+    }
+
+    /// Publishes `value` under `key` for this rank and returns every rank's
+    /// value (waiting up to `timeout` for all of them).
+    pub fn exchange(&self, key: &str, value: &str, timeout: Duration) -> Result<Vec<String>> {
+        let path = |r: usize| self.dir.join(format!("{key}.{r}"));
+        let tmp = self.dir.join(format!(".{key}.{}.tmp", self.rank));
+        std::fs::write(&tmp, value)?;
+        std::fs::rename(&tmp, path(self.rank))?;
+        let end = Instant::now() + timeout;
+        let mut out = Vec::with_capacity(self.size);
+        for r in 0..self.size {
+            loop {
+                match std::fs::read_to_string(path(r)) {
+                    Ok(v) => {
+                        out.push(v);
+                        break;
+                    }
+                    Err(_) if Instant::now() < end => std::thread::sleep(Duration::from_millis(2)),
+                    Err(_) => return Err(Error::Timeout),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Exchanges endpoints: element `r` is rank `r`'s.
+    pub fn endpoints(&self, mine: Endpoint) -> Result<Vec<Endpoint>> {
+        let all = self.exchange("ep", &format!("{} {}", mine.node, mine.port), Duration::from_secs(30))?;
+        all.iter()
+            .map(|s| {
+                let mut it = s.split_whitespace().map(|x| x.parse::<u16>());
+                match (it.next(), it.next()) {
+                    (Some(Ok(node)), Some(Ok(port))) => Ok(Endpoint { node, port }),
+                    _ => Err(Error::Protocol(format!("bad endpoint record {s:?}"))),
+                }
+            })
+            .collect()
+    }
+
+    /// Waits until every rank reached the same `name` (a slow barrier for
+    /// setup and teardown; collectives will have a NIC barrier).
+    pub fn sync(&self, name: &str) -> Result<()> {
+        self.exchange(name, "", Duration::from_secs(60)).map(|_| ())
+    }
+}

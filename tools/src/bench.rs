@@ -1,0 +1,449 @@
+//! `emp bench latency|bw|bibw`: OSU-style micro-benchmarks between two
+//! ranks, EMP and TCP over loopback measured side by side in the same run
+//! by the same method (the TCP side is implemented here too).
+//!
+//! - latency: ping-pong, one-way latency = round trip / 2 (µs);
+//! - bw: the sender streams windows of 64 messages, the receiver answers
+//!   each window with a 4-byte ack (MB/s, 10^6 bytes);
+//! - bibw: both ranks stream at once (MB/s, both directions summed).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use emp::rdv::Job;
+use emp::{Buffer, Completion, Device, Endpoint, Status};
+
+use crate::cluster::{self, UpArgs, WireKind};
+
+/// Which benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Kind {
+    /// Ping-pong latency.
+    Latency,
+    /// Unidirectional bandwidth.
+    Bw,
+    /// Bidirectional bandwidth.
+    Bibw,
+}
+
+/// Options shared by `emp bench` and its ranks.
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Benchmark.
+    #[arg(value_enum)]
+    pub kind: Kind,
+    /// Message sizes (comma separated); default depends on the benchmark.
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<usize>,
+    /// Iterations (latency) or windows (bandwidth) per size; default scales with size.
+    #[arg(long)]
+    pub iters: Option<usize>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Skip the TCP comparison.
+    #[arg(long)]
+    pub no_tcp: bool,
+    /// Cluster directory (default: a private 2-NIC chassis for this run).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+const WINDOW: usize = 64;
+
+fn default_sizes(k: Kind) -> Vec<usize> {
+    match k {
+        Kind::Latency => vec![1, 8, 64, 512, 4096, 16384, 65536, 262144, 1 << 20],
+        Kind::Bw | Kind::Bibw => vec![64, 1024, 8192, 65536, 262144, 1 << 20],
+    }
+}
+
+fn iters_for(k: Kind, size: usize, given: Option<usize>) -> (usize, usize) {
+    if let Some(n) = given {
+        return (n, (n / 10).max(1));
+    }
+    match k {
+        Kind::Latency if size <= 4096 => (2000, 200),
+        Kind::Latency if size <= 65536 => (500, 50),
+        Kind::Latency => (100, 10),
+        _ if size <= 65536 => (40, 4),
+        _ => (8, 2),
+    }
+}
+
+/// `emp bench …`: starts a private chassis unless `--dir` names a running
+/// cluster, runs two ranks, prints rank 0's report.
+pub fn bench(a: &BenchArgs) -> Result<(), String> {
+    let (dir, private) = match &a.dir {
+        Some(d) => (d.clone(), false),
+        None => {
+            let d = std::env::temp_dir().join(format!("emp-bench-{}", std::process::id()));
+            let up = UpArgs {
+                nics: 2,
+                wire: WireKind::Mem,
+                loss: 0.0,
+                dup: 0.0,
+                reorder: 0.0,
+                ports: 4,
+                firmware: None,
+                udp_base: 47000,
+                nicd_args: None,
+            };
+            cluster::up(&d, &up).map_err(|e| format!("starting a chassis for the benchmark: {e}"))?;
+            (d, true)
+        }
+    };
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut argv = vec![exe.to_string_lossy().into_owned(), "bench-rank".into(), format!("{:?}", a.kind).to_lowercase()];
+    if !a.sizes.is_empty() {
+        argv.push(format!("--sizes={}", a.sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")));
+    }
+    if let Some(i) = a.iters {
+        argv.push(format!("--iters={i}"));
+    }
+    if a.json {
+        argv.push("--json".into());
+    }
+    if a.no_tcp {
+        argv.push("--no-tcp".into());
+    }
+    let r = crate::run::run(&dir, 2, &argv, Some(Duration::from_secs(1800)));
+    if private {
+        let _ = cluster::down(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    match r? {
+        0 => Ok(()),
+        c => Err(format!("benchmark ranks failed (status {c})")),
+    }
+}
+
+/// Counts completions; any error completion aborts the benchmark.
+struct Cq {
+    sends: usize,
+    /// Data receives.
+    recvs: usize,
+    /// Handshake receives (tag bit HS).
+    hs: usize,
+    buf: [Completion; 64],
+}
+
+/// Tag bit of handshake messages.
+const HS: u64 = 1 << 32;
+
+impl Cq {
+    fn new() -> Cq {
+        Cq { sends: 0, recvs: 0, hs: 0, buf: [Completion::default(); 64] }
+    }
+
+    fn poll(&mut self, dev: &mut Device) -> Result<(), String> {
+        let n = dev.poll_cq(&mut self.buf);
+        if n == 0 {
+            // Yield: the NIC and the other rank share two cores with us.
+            std::thread::yield_now();
+        }
+        for c in &self.buf[..n] {
+            if c.status != Status::Success {
+                return Err(format!("completion {} failed: {}", c.wr_id, c.status.as_str()));
+            }
+            match (c.is_recv, c.tag & HS != 0) {
+                (false, _) => self.sends += 1,
+                (true, false) => self.recvs += 1,
+                (true, true) => self.hs += 1,
+            }
+        }
+        Ok(())
+    }
+
+    fn until(&mut self, dev: &mut Device, what: impl Fn(&Cq) -> bool) -> Result<(), String> {
+        let end = Instant::now() + Duration::from_secs(30);
+        while !what(self) {
+            self.poll(dev)?;
+            if Instant::now() > end {
+                return Err(format!("stalled: {} sends, {} receives, {} handshakes complete", self.sends, self.recvs, self.hs));
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Emp {
+    dev: Device,
+    cq: Cq,
+    peer: Endpoint,
+    rank: usize,
+    sbuf: Buffer,
+    rbuf: Buffer,
+    ack: Buffer,
+    posted_sends: usize,
+    job: Job,
+}
+
+impl Emp {
+    fn send(&mut self, tag: u64, b: Buffer, len: usize) -> Result<(), String> {
+        loop {
+            match self.dev.post_send(0, self.peer, tag, &[b.sge(0, len)]) {
+                Ok(()) => {
+                    self.posted_sends += 1;
+                    return Ok(());
+                }
+                Err(emp::Error::RingFull) => self.cq.poll(&mut self.dev)?,
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    fn recv(&mut self, tag: u64, b: Buffer, len: usize) -> Result<(), String> {
+        loop {
+            match self.dev.post_recv(1, self.peer, tag, 0, &[b.sge(0, len)]) {
+                Ok(()) => return Ok(()),
+                Err(emp::Error::RingFull) => self.cq.poll(&mut self.dev)?,
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    /// Waits until every posted send completed (buffers may be reused).
+    fn drain_sends(&mut self) -> Result<(), String> {
+        let n = self.posted_sends;
+        self.cq.until(&mut self.dev, |c| c.sends >= n)
+    }
+
+    /// Ping-pong; `tag` is unique per size so a receive left posted at the
+    /// end never matches a later size's messages.
+    fn latency(&mut self, tag: u64, size: usize, iters: usize, warm: usize) -> Result<f64, String> {
+        let (s, r) = (self.sbuf, self.rbuf);
+        self.recv(tag, r, size)?;
+        self.job.sync(&format!("lat{tag}")).map_err(|e| e.to_string())?;
+        let mut t0 = Instant::now();
+        for i in 0..warm + iters {
+            if i == warm {
+                t0 = Instant::now();
+            }
+            let want = self.cq.recvs + 1;
+            if self.rank == 0 {
+                self.send(tag, s, size)?;
+                self.cq.until(&mut self.dev, |c| c.recvs >= want)?;
+                self.recv(tag, r, size)?;
+            } else {
+                self.cq.until(&mut self.dev, |c| c.recvs >= want)?;
+                // The next receive goes up before the reply, so the next
+                // ping never finds it missing.
+                self.recv(tag, r, size)?;
+                self.send(tag, s, size)?;
+            }
+        }
+        let us = t0.elapsed().as_secs_f64() * 1e6 / (2 * iters) as f64;
+        self.drain_sends()?;
+        Ok(us)
+    }
+
+    /// Windows of 64 messages after a handshake that says the peer's
+    /// receives are posted.
+    fn bw(&mut self, tag: u64, size: usize, windows: usize, warm: usize, bidir: bool) -> Result<f64, String> {
+        let (s, r, a) = (self.sbuf, self.rbuf, self.ack);
+        let sender = bidir || self.rank == 0;
+        let receiver = bidir || self.rank == 1;
+        self.recv(tag | HS, a, 4)?;
+        self.job.sync(&format!("bw{tag}")).map_err(|e| e.to_string())?;
+        let mut t0 = Instant::now();
+        for w in 0..warm + windows {
+            if w == warm {
+                t0 = Instant::now();
+            }
+            let r0 = self.cq.recvs;
+            if receiver {
+                for _ in 0..WINDOW {
+                    self.recv(tag, r, size)?;
+                }
+            }
+            self.send(tag | HS, a, 4)?;
+            let h = self.cq.hs + 1;
+            self.cq.until(&mut self.dev, |c| c.hs >= h)?;
+            self.recv(tag | HS, a, 4)?; // for the next window
+            if sender {
+                for _ in 0..WINDOW {
+                    self.send(tag, s, size)?;
+                }
+            }
+            let want_r = r0 + if receiver { WINDOW } else { 0 };
+            let want_s = self.posted_sends;
+            self.cq.until(&mut self.dev, |c| c.recvs >= want_r && c.sends >= want_s)?;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let dirs = if bidir { 2.0 } else { 1.0 };
+        Ok((size * WINDOW * windows) as f64 * dirs / secs / 1e6)
+    }
+}
+
+struct Tcp {
+    s: TcpStream,
+    rank: usize,
+    buf: Vec<u8>,
+}
+
+impl Tcp {
+    fn latency(&mut self, size: usize, iters: usize, warm: usize) -> Result<f64, String> {
+        let e = |e: std::io::Error| e.to_string();
+        let mut t0 = Instant::now();
+        let msg = vec![1u8; size];
+        for i in 0..warm + iters {
+            if i == warm {
+                t0 = Instant::now();
+            }
+            if self.rank == 0 {
+                self.s.write_all(&msg).map_err(e)?;
+                self.s.read_exact(&mut self.buf[..size]).map_err(e)?;
+            } else {
+                self.s.read_exact(&mut self.buf[..size]).map_err(e)?;
+                self.s.write_all(&msg).map_err(e)?;
+            }
+        }
+        Ok(t0.elapsed().as_secs_f64() * 1e6 / (2 * iters) as f64)
+    }
+
+    fn bw(&mut self, size: usize, windows: usize, warm: usize, bidir: bool) -> Result<f64, String> {
+        let e = |e: std::io::Error| e.to_string();
+        let msg = vec![2u8; size];
+        let mut t0 = Instant::now();
+        let sender = bidir || self.rank == 0;
+        let receiver = bidir || self.rank == 1;
+        for w in 0..warm + windows {
+            if w == warm {
+                t0 = Instant::now();
+            }
+            let writer = if sender {
+                let mut s = self.s.try_clone().map_err(e)?;
+                let m = msg.clone();
+                Some(std::thread::spawn(move || -> std::io::Result<()> {
+                    for _ in 0..WINDOW {
+                        s.write_all(&m)?;
+                    }
+                    Ok(())
+                }))
+            } else {
+                None
+            };
+            if receiver {
+                for _ in 0..WINDOW {
+                    self.s.read_exact(&mut self.buf[..size]).map_err(e)?;
+                }
+            }
+            if let Some(t) = writer {
+                t.join().map_err(|_| "writer panicked".to_string())?.map_err(e)?;
+            }
+            // The window's ack, both ways, like the EMP side.
+            self.s.write_all(&[0u8; 4]).map_err(e)?;
+            self.s.read_exact(&mut self.buf[..4]).map_err(e)?;
+        }
+        let dirs = if bidir { 2.0 } else { 1.0 };
+        Ok((size * WINDOW * windows) as f64 * dirs / t0.elapsed().as_secs_f64() / 1e6)
+    }
+}
+
+/// One rank of a benchmark (`emp bench-rank`, started by `emp bench`).
+pub fn rank(a: &BenchArgs) -> Result<(), String> {
+    let job = Job::from_env().map_err(|e| e.to_string())?;
+    if job.size != 2 {
+        return Err("benchmarks run with exactly 2 ranks".into());
+    }
+    let sizes = if a.sizes.is_empty() { default_sizes(a.kind) } else { a.sizes.clone() };
+    let max = sizes.iter().copied().max().unwrap_or(1).max(4);
+    let mut dev = Device::open().map_err(|e| e.to_string())?;
+    let eps = job.endpoints(dev.endpoint()).map_err(|e| e.to_string())?;
+    let peer = eps[1 - job.rank];
+    let (sbuf, rbuf, ack) = (
+        dev.alloc(max).map_err(|e| e.to_string())?,
+        dev.alloc(max).map_err(|e| e.to_string())?,
+        dev.alloc(64).map_err(|e| e.to_string())?,
+    );
+    let mut emp = Emp { dev, cq: Cq::new(), peer, rank: job.rank, sbuf, rbuf, ack, posted_sends: 0, job: job.clone() };
+    let mut tcp = if a.no_tcp { None } else { Some(tcp_connect(&job, max)?) };
+    let mut rows = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        let (n, warm) = iters_for(a.kind, size, a.iters);
+        let tag = (i as u64 + 1) << 40;
+        let e = match a.kind {
+            Kind::Latency => emp.latency(tag, size, n, warm)?,
+            Kind::Bw => emp.bw(tag, size, n, warm, false)?,
+            Kind::Bibw => emp.bw(tag, size, n, warm, true)?,
+        };
+        let t = match tcp.as_mut() {
+            None => None,
+            Some(t) => Some(match a.kind {
+                Kind::Latency => t.latency(size, n, warm)?,
+                Kind::Bw => t.bw(size, n, warm, false)?,
+                Kind::Bibw => t.bw(size, n, warm, true)?,
+            }),
+        };
+        rows.push((size, e, t));
+        if job.rank == 0 && !a.json && rows.len() == 1 {
+            print_header(a.kind, tcp.is_some());
+        }
+        if job.rank == 0 && !a.json {
+            print_row(a.kind, size, e, t);
+        }
+    }
+    if job.rank == 0 && a.json {
+        print_json(a.kind, &rows);
+    }
+    job.sync("bench-done").map_err(|e| e.to_string())
+}
+
+fn tcp_connect(job: &Job, max: usize) -> Result<Tcp, String> {
+    let e = |e: std::io::Error| e.to_string();
+    let s = if job.rank == 0 {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(e)?;
+        let port = l.local_addr().map_err(e)?.port();
+        job.exchange("tcp", &port.to_string(), Duration::from_secs(30)).map_err(|e| e.to_string())?;
+        l.accept().map_err(e)?.0
+    } else {
+        let all = job.exchange("tcp", "", Duration::from_secs(30)).map_err(|e| e.to_string())?;
+        TcpStream::connect(("127.0.0.1", all[0].trim().parse::<u16>().map_err(|e| e.to_string())?)).map_err(e)?
+    };
+    s.set_nodelay(true).map_err(e)?;
+    Ok(Tcp { s, rank: job.rank, buf: vec![0; max] })
+}
+
+fn unit(k: Kind) -> &'static str {
+    match k {
+        Kind::Latency => "us",
+        _ => "MB/s",
+    }
+}
+
+fn print_header(k: Kind, tcp: bool) {
+    let what = match k {
+        Kind::Latency => "one-way latency, ping-pong",
+        Kind::Bw => "bandwidth, windows of 64",
+        Kind::Bibw => "bidirectional bandwidth, windows of 64",
+    };
+    println!("# EMP {what} ({}); emp-nicd chassis vs TCP loopback, same run", unit(k));
+    if tcp {
+        println!("# {:<10} {:>12} {:>12} {:>10}", "Size", "EMP", "TCP", "EMP/TCP");
+    } else {
+        println!("# {:<10} {:>12}", "Size", "EMP");
+    }
+}
+
+fn print_row(_k: Kind, size: usize, e: f64, t: Option<f64>) {
+    match t {
+        Some(t) => println!("{:<12} {:>12.2} {:>12.2} {:>10.3}", size, e, t, e / t),
+        None => println!("{:<12} {:>12.2}", size, e),
+    }
+}
+
+fn print_json(k: Kind, rows: &[(usize, f64, Option<f64>)]) {
+    let body: Vec<String> = rows
+        .iter()
+        .map(|(s, e, t)| match t {
+            Some(t) => format!("{{\"size\":{s},\"emp\":{e:.3},\"tcp\":{t:.3}}}"),
+            None => format!("{{\"size\":{s},\"emp\":{e:.3}}}"),
+        })
+        .collect();
+    println!("{{\"benchmark\":\"{:?}\",\"unit\":\"{}\",\"rows\":[{}]}}", k, unit(k), body.join(","));
+}
+
