@@ -516,9 +516,7 @@ fn unhex(t: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     let v = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    pairs
-        .map(|p| Some(v(p[0])? << 4 | v(p[1])?))
-        .collect()
+    pairs.map(|p| Some(v(p[0])? << 4 | v(p[1])?)).collect()
 }
 
 #[cfg(test)]
