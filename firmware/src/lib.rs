@@ -437,6 +437,12 @@ impl Nic {
     /// stuck simulation.
     pub fn describe_peers(&self) -> String {
         let mut s = String::new();
+        for (i, p) in self.ports.iter().enumerate().filter(|(_, p)| p.open) {
+            s += &format!(
+                "  port {i}: send_cons {} recv_cons {} cq_prod {}/{} outstanding {} posted {} overflow {}\n",
+                p.send_cons, p.recv_cons, p.cq_prod, p.cq_entries, p.outstanding, p.posted.len(), p.overflow.len()
+            );
+        }
         for p in self.peers.iter().flatten() {
             let head = p.tx_queue.front().and_then(|&t| self.tx.get(t)).map(|m| {
                 let armed = m.groups.iter().filter(|g| g.stamp != 0).count();

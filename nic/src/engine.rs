@@ -344,11 +344,31 @@ impl Engine {
         self.set_sleeping(0);
     }
 
+    /// Logs every NIC's protocol tables (on SIGUSR1: see [`DUMP`]).
+    fn dump(&self) {
+        for c in &self.cards {
+            let mut text = c.fw.as_ref().map(|f| f.describe()).unwrap_or_else(|| "not running".into());
+            for p in 0..c.shared.layout.params.ports {
+                let w = c.shared.layout.port(p);
+                let r = |o| c.shared.sram.u32(w.ctl(o));
+                text += &format!(
+                    "  window {p}: send_prod {} recv_prod {} cq_cons {} arm {} sleeping {} | seen {:?}\n",
+                    r(ctl::SEND_PROD), r(ctl::RECV_PROD), r(ctl::CQ_CONS), r(ctl::ARM), r(ctl::NIC_SLEEPING),
+                    &c.seen[1 + 3 * p as usize..4 + 3 * p as usize]
+                );
+            }
+            tracing::info!(node = c.shared.node, "tables:\n{text}");
+        }
+    }
+
     /// Runs until `stop` is set.
     pub fn run(mut self) {
         let mut registered = Vec::new();
         let mut idle_since = self.now();
         while !self.stop.load(Ordering::Acquire) {
+            if DUMP.swap(false, Ordering::AcqRel) {
+                self.dump();
+            }
             self.refresh_doorbells(&mut registered);
             if self.pass() {
                 idle_since = self.now();
@@ -364,6 +384,9 @@ impl Engine {
         }
     }
 }
+
+/// Set (e.g. from a SIGUSR1 handler) to log every NIC's tables once.
+pub static DUMP: AtomicBool = AtomicBool::new(false);
 
 /// Wakes an engine from another thread (e.g. to stop it).
 pub fn wake(shared: &NicShared) {

@@ -91,6 +91,10 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Release);
 }
 
+extern "C" fn on_usr1(_: libc::c_int) {
+    emp_nic::engine::DUMP.store(true, Ordering::Release);
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("EMP_LOG").unwrap_or_else(|_| "info".into()))
@@ -170,6 +174,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t);
     }
     let stop = Arc::new(AtomicBool::new(false));
     let mut engine = Engine::new(nics, wire, stop.clone()).map_err(|e| format!("engine: {e}"))?;

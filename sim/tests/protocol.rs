@@ -321,3 +321,68 @@ fn test_large_message_over_lossy_reordering_wire() {
     assert!(c.counter(1, counter::OUT_OF_ORDER) > 0);
     assert!(c.counter(0, counter::RETRANSMITS) > 0);
 }
+
+/// The `emp bench bw` pattern: windows of 64 messages, each preceded by a
+/// handshake in both directions that says the receives are posted.
+#[test]
+fn test_windowed_stream_with_handshakes() {
+    let mut c = cluster(2);
+    const HS: u64 = 1 << 32;
+    let w_count = 6;
+    // Pre-post the first handshake receive on both sides.
+    c.recv(0, (1, 0), HS, 0, 4);
+    c.recv(1, (0, 0), HS, 0, 4);
+    let mut hs = [0usize; 2];
+    let mut data_recv = 0usize;
+    let mut sends_done = [0usize; 2];
+    let mut sends_posted = [0usize; 2];
+    for w in 0..w_count {
+        for _ in 0..64 {
+            c.recv(1, (0, 0), 0, 0, 64);
+        }
+        for r in 0..2u16 {
+            c.send(r, 1 - r, HS, &[0; 4]);
+            sends_posted[r as usize] += 1;
+        }
+        // Both wait for the peer's handshake, then post the next one.
+        let mut guard = 0;
+        while hs[0] <= w || hs[1] <= w {
+            c.run_for(10_000);
+            for r in 0..2u16 {
+                for x in c.completions(r) {
+                    assert_eq!(status(&x), Status::Success, "window {w} rank {r}: {x:?}");
+                    if x.opcode == Opcode::Recv as u8 {
+                        if x.tag & HS != 0 { hs[r as usize] += 1 } else { data_recv += 1 }
+                    } else {
+                        sends_done[r as usize] += 1;
+                    }
+                }
+            }
+            guard += 1;
+            assert!(guard < 10_000, "window {w}: handshakes {hs:?}\n{}\n{}", c.world.nodes[0].nic.describe_peers(), c.world.nodes[1].nic.describe_peers());
+        }
+        c.recv(0, (1, 0), HS, 0, 4);
+        c.recv(1, (0, 0), HS, 0, 4);
+        for _ in 0..64 {
+            c.send(0, 1, 0, &[7; 64]);
+        }
+        sends_posted[0] += 64;
+        let want = 64 * (w + 1);
+        let mut guard = 0;
+        while data_recv < want || sends_done[0] < sends_posted[0] {
+            c.run_for(10_000);
+            for r in 0..2u16 {
+                for x in c.completions(r) {
+                    assert_eq!(status(&x), Status::Success);
+                    if x.opcode == Opcode::Recv as u8 {
+                        if x.tag & HS != 0 { hs[r as usize] += 1 } else { data_recv += 1 }
+                    } else {
+                        sends_done[r as usize] += 1;
+                    }
+                }
+            }
+            guard += 1;
+            assert!(guard < 10_000, "window {w} data stalled at {data_recv}/{want}");
+        }
+    }
+}

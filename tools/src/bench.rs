@@ -249,6 +249,9 @@ impl Emp {
         let receiver = bidir || self.rank == 1;
         self.recv(tag | HS, a, 4)?;
         self.job.sync(&format!("bw{tag}")).map_err(|e| e.to_string())?;
+        // Absolute targets: posting may poll, and a handshake can be
+        // counted before this window's wait begins.
+        let hs0 = self.cq.hs;
         let mut t0 = Instant::now();
         for w in 0..warm + windows {
             if w == warm {
@@ -261,7 +264,7 @@ impl Emp {
                 }
             }
             self.send(tag | HS, a, 4)?;
-            let h = self.cq.hs + 1;
+            let h = hs0 + w + 1;
             self.cq.until(&mut self.dev, |c| c.hs >= h)?;
             self.recv(tag | HS, a, 4)?; // for the next window
             if sender {
