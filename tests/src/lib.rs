@@ -1,0 +1,105 @@
+//! Helpers for the TAP programs: TAP output (kselftest style, ending in
+//! `N passed, N failed`), deterministic payloads, waiting for completions.
+
+use std::time::{Duration, Instant};
+
+use emp::{Completion, Device, Status};
+
+/// A TAP reporter. Only rank 0 prints; other ranks report failures on stderr.
+pub struct Tap {
+    planned: usize,
+    n: usize,
+    passed: usize,
+    failed: usize,
+    quiet: bool,
+}
+
+impl Tap {
+    /// Starts a plan of `planned` tests.
+    pub fn new(planned: usize, quiet: bool) -> Tap {
+        if !quiet {
+            println!("TAP version 13");
+            println!("1..{planned}");
+        }
+        Tap { planned, n: 0, passed: 0, failed: 0, quiet }
+    }
+
+    /// Records one test.
+    pub fn check(&mut self, name: &str, r: Result<(), String>) {
+        self.n += 1;
+        match r {
+            Ok(()) => {
+                self.passed += 1;
+                if !self.quiet {
+                    println!("ok {} - {name}", self.n);
+                }
+            }
+            Err(e) => {
+                self.failed += 1;
+                if self.quiet {
+                    eprintln!("not ok {} - {name} # {e}", self.n);
+                } else {
+                    println!("not ok {} - {name} # {e}", self.n);
+                }
+            }
+        }
+    }
+
+    /// Prints the summary; returns the process exit code.
+    pub fn finish(self) -> i32 {
+        let missing = self.planned.saturating_sub(self.n);
+        if !self.quiet {
+            println!("# {} passed, {} failed", self.passed, self.failed + missing);
+        }
+        if self.failed + missing == 0 { 0 } else { 1 }
+    }
+}
+
+/// Byte `i` of message `id`.
+pub fn pattern(id: u64, out: &mut [u8]) {
+    let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in out.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+}
+
+/// Checks `got` against message `id`'s pattern; names the first bad byte.
+pub fn check_pattern(id: u64, got: &[u8]) -> Result<(), String> {
+    let mut want = vec![0u8; got.len()];
+    pattern(id, &mut want);
+    match got.iter().zip(&want).position(|(a, b)| a != b) {
+        None => Ok(()),
+        Some(i) => Err(format!("message {id}: byte {i} of {} differs", got.len())),
+    }
+}
+
+/// Waits for the completion of `wr_id` (others seen meanwhile are kept in
+/// `stash` for later calls).
+pub fn wait_for(dev: &mut Device, stash: &mut Vec<Completion>, wr_id: u64, timeout: Duration) -> Result<Completion, String> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(i) = stash.iter().position(|c| c.wr_id == wr_id) {
+            return Ok(stash.remove(i));
+        }
+        let mut buf = [Completion::default(); 32];
+        let left = end.checked_duration_since(Instant::now()).ok_or_else(|| format!("no completion for {wr_id} within {timeout:?}"))?;
+        match dev.wait_cq(&mut buf, Some(left)) {
+            Ok(n) => stash.extend_from_slice(&buf[..n]),
+            Err(emp::Error::Timeout) => return Err(format!("no completion for {wr_id} within {timeout:?}")),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Expects a successful completion.
+pub fn expect_ok(c: &Completion) -> Result<(), String> {
+    if c.status == Status::Success {
+        Ok(())
+    } else {
+        Err(format!("wr {} completed with {}", c.wr_id, c.status.as_str()))
+    }
+}
