@@ -1,24 +1,30 @@
 # EMP top-level entry points.
-#   make        build everything (release)
-#   make test   every test: unit, property, C layout, simulation suite
-#   make demo   the main job: a seeded 8-NIC simulation with loss
+#   make           build everything (release) and the signed firmware image
+#   make test      every test: unit, property, C layout, simulation suite,
+#                  firmware signing, chassis integration (real emp-nicd)
+#   make demo      the main job: a 4-NIC chassis, latency and bandwidth
+#   make firmware  (re)build firmware-blobs/emp-fw.bin, signed with the
+#                  development key (generated once, never committed)
 CARGO ?= cargo
 
-.PHONY: all build test demo setup clean
+.PHONY: all build firmware test demo setup clean
 
 all: build
 
 setup:
 	@scripts/setup.sh
 
-build: setup
-	$(CARGO) build --release --workspace
+firmware: setup
+	@scripts/fw-image.sh
 
-test: setup
+build: firmware
+	$(CARGO) build --release --workspace --bins --examples --lib
+
+test: build
 	$(CARGO) test --workspace --no-fail-fast
 
 demo: build
-	./target/release/emp-sim --nodes 8 --loss 0.05 --seed 42 --messages 10000
+	@scripts/demo.sh
 
 clean:
 	$(CARGO) clean

@@ -119,6 +119,7 @@ fn handle(nic: &NicShared, conn: RawFd, pid: i32, port: &mut Option<u16>, req: A
             out.arg[18] = nic.ports.lock().expect("ports").iter().filter(|p| p.is_some()).count() as u64;
             out.arg[19] = nic.node as u64;
             out.arg[20] = h.port_count as u64;
+            out.arg[21] = nic.mrs_in_use() as u64;
             status::OK
         }
         (op::ATTACH, None) => match nic.alloc_port(pid) {

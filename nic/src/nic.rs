@@ -288,6 +288,11 @@ impl NicShared {
         signal(self.wake.as_raw_fd());
     }
 
+    /// MR slots in use.
+    pub fn mrs_in_use(&self) -> usize {
+        self.layout.params.mr_entries as usize - self.mr_free.lock().expect("mr").len()
+    }
+
     /// NIC counters from SRAM.
     pub fn counters(&self) -> [u64; emp_uapi::sram::counter::COUNT] {
         self.header().counters

@@ -19,7 +19,10 @@
 //!    the daemon's pid).
 //! 4. `START`: `arg[0]` = CQ key, `arg[1]` = CQ offset, `arg[2]` = CQ
 //!    entries → the port opens.
-//! 5. `DEREG`: `arg[0]` = key. `STATS`: reply `arg[..16]` = NIC counters.
+//! 5. `DEREG`: `arg[0]` = key. `STATS` (also before `ATTACH`): reply
+//!    `arg[..16]` = NIC counters, `arg[16]` = status, `arg[17]` = fail
+//!    reason, `arg[18]` = ports in use, `arg[19]` = node, `arg[20]` = ports,
+//!    `arg[21]` = memory regions registered.
 //!
 //! Closing the socket (or dying) closes the port: outstanding work is
 //! flushed, every region deregistered, every table entry freed.

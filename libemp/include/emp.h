@@ -1,0 +1,102 @@
+/* EMP verbs library, C ABI (libemp.so). Errors are negative errno values.
+ *
+ *   struct emp_device *dev = emp_open_device(NULL, &err);   // EMP_DEVICE
+ *   uint32_t key; uint64_t off;
+ *   char *buf = emp_alloc(dev, 4096, &key, &off);             // registered
+ *   struct emp_sge sge = { key, 4096, off };
+ *   emp_post_recv(dev, 1, EMP_ANY_NODE, EMP_ANY_PORT, 7, 0, &sge, 1);
+ *   struct emp_wc wc;
+ *   int n = emp_wait_cq(dev, &wc, 1, -1);
+ *
+ * Posting and polling make no system call.
+ */
+#ifndef EMP_H
+#define EMP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EMP_ANY_NODE 0xFFFFu
+#define EMP_ANY_PORT 0xFFFFu
+
+/* Memory access rights. */
+#define EMP_ACCESS_LOCAL_READ   (1u << 0)
+#define EMP_ACCESS_LOCAL_WRITE  (1u << 1)
+#define EMP_ACCESS_REMOTE_READ  (1u << 2)
+#define EMP_ACCESS_REMOTE_WRITE (1u << 3)
+#define EMP_ACCESS_REMOTE_ATOMIC (1u << 4)
+
+/* Completion status codes (struct emp_wc.status). */
+enum emp_wc_status {
+	EMP_WC_SUCCESS = 0,
+	EMP_WC_TRUNCATED = 1,
+	EMP_WC_REMOTE_PORT_CLOSED = 2,
+	EMP_WC_RETRY_LIMIT_EXCEEDED = 3,
+	EMP_WC_BAD_KEY = 4,
+	EMP_WC_ACCESS_DENIED = 5,
+	EMP_WC_FLUSHED = 6,
+	EMP_WC_TABLE_FULL = 7,
+	EMP_WC_TOO_LARGE = 8,
+	EMP_WC_BAD_DESCRIPTOR = 9,
+	EMP_WC_SENDER_ABORTED = 10,
+	EMP_WC_DMA_ERROR = 11,
+	EMP_WC_RNR_RETRY_EXCEEDED = 12,
+	EMP_WC_REMOTE_TABLE_FULL = 13,
+};
+
+struct emp_device;
+
+/* A scatter/gather entry: len bytes at offset within the region named by key. */
+struct emp_sge {
+	uint32_t key;
+	uint32_t len;
+	uint64_t offset;
+};
+
+struct emp_wc {
+	uint64_t wr_id;
+	uint32_t status;
+	uint32_t is_recv;
+	uint32_t byte_len;
+	uint32_t msg_len;
+	uint64_t tag;
+	uint16_t src_node;
+	uint16_t src_port;
+	uint32_t reserved;
+};
+
+struct emp_port_info {
+	uint16_t node;
+	uint16_t port;
+	uint32_t mtu;
+	uint32_t nodes;
+	uint32_t send_entries;
+	uint32_t recv_entries;
+	uint32_t reserved;
+	uint64_t msg_max;
+};
+
+struct emp_device *emp_open_device(const char *path, int *err);
+void emp_close_device(struct emp_device *dev);
+int emp_query_port(struct emp_device *dev, struct emp_port_info *info);
+void *emp_alloc(struct emp_device *dev, size_t len, uint32_t *key, uint64_t *offset);
+int64_t emp_reg_mr(struct emp_device *dev, const void *addr, size_t len, uint32_t access);
+int emp_dereg_mr(struct emp_device *dev, uint32_t key);
+int emp_post_send(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port, uint64_t tag,
+		  const struct emp_sge *sge, size_t n);
+int emp_post_recv(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port, uint64_t tag,
+		  uint64_t ignore, const struct emp_sge *sge, size_t n);
+int emp_poll_cq(struct emp_device *dev, struct emp_wc *wc, size_t n);
+int emp_wait_cq(struct emp_device *dev, struct emp_wc *wc, size_t n, int timeout_ms);
+int emp_req_notify_cq(struct emp_device *dev);
+int emp_get_event_fd(struct emp_device *dev);
+const char *emp_wc_status_str(uint32_t status);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,211 @@
+//! Integration tests with real `emp-nicd` processes: the TAP programs over
+//! direct attach on mem and UDP wires, with loss; a client killed
+//! mid-transfer; a daemon that goes away; a tampered firmware image; the C
+//! example. They need the release binaries and the signed image, which
+//! `make test` builds first (`EMP_BIN_DIR` overrides where they are).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The machine has 2 cores: one chassis at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace").to_path_buf()
+}
+
+fn bin_dir() -> PathBuf {
+    std::env::var_os("EMP_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target/release"))
+}
+
+fn emp() -> Command {
+    let p = bin_dir().join("emp");
+    assert!(p.exists(), "{} missing: run `make test` (it builds the release binaries and the firmware image)", p.display());
+    Command::new(p)
+}
+
+fn image() -> PathBuf {
+    let p = root().join("firmware-blobs/emp-fw.bin");
+    assert!(p.exists(), "{} missing: run `make firmware`", p.display());
+    p
+}
+
+struct Cluster {
+    dir: PathBuf,
+}
+
+impl Cluster {
+    fn up(name: &str, args: &[&str]) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("emp-it-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = emp().args(["cluster", "up", "--dir"]).arg(&dir).arg("--firmware").arg(image()).args(args).output().expect("emp");
+        assert!(out.status.success(), "cluster up failed: {}", String::from_utf8_lossy(&out.stderr));
+        Cluster { dir }
+    }
+
+    fn run(&self, n: usize, argv: &[&str]) -> Output {
+        emp().args(["run", "--timeout", "300", "-n", &n.to_string(), "--dir"]).arg(&self.dir).arg("--").args(argv).output().expect("emp run")
+    }
+
+    fn socket(&self, n: u16) -> PathBuf {
+        self.dir.join(format!("nic{n}.sock"))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = emp().args(["cluster", "down", "--dir"]).arg(&self.dir).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn assert_tap(out: &Output, passed: usize) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "exit {:?}", out.status);
+    assert!(stdout.contains(&format!("# {passed} passed, 0 failed")), "TAP summary missing");
+}
+
+#[test]
+fn tap_p2p_two_ranks_mem_wire() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::up("p2p2", &["-n", "2"]);
+    assert_tap(&c.run(2, &[env!("CARGO_BIN_EXE_tap-p2p")]), 10);
+}
+
+#[test]
+fn tap_p2p_eight_ranks_on_four_nics_with_loss() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::up("p2p8", &["-n", "4", "--loss", "0.05", "--dup", "0.02", "--reorder", "0.1"]);
+    assert_tap(&c.run(8, &[env!("CARGO_BIN_EXE_tap-p2p")]), 10);
+    let stats = emp().args(["stats", "--dir"]).arg(&c.dir).output().expect("stats");
+    let text = String::from_utf8_lossy(&stats.stdout);
+    let retrans: u64 = text.lines().find(|l| l.starts_with("retransmits")).expect("row").split_whitespace().skip(1).map(|v| v.parse::<u64>().unwrap()).sum();
+    assert!(retrans > 0, "loss was injected, so frames must have been retransmitted:\n{text}");
+}
+
+#[test]
+fn tap_p2p_three_ranks_udp_wire() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let base = 40000 + (std::process::id() % 20000) as u16;
+    let c = Cluster::up("udp", &["-n", "3", "--wire", "udp", "--udp-base", &base.to_string()]);
+    assert_tap(&c.run(3, &[env!("CARGO_BIN_EXE_tap-p2p")]), 10);
+}
+
+#[test]
+fn garbage_descriptors_do_not_disturb_other_ports() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::up("garbage", &["-n", "3"]);
+    assert_tap(&c.run(3, &[env!("CARGO_BIN_EXE_tap-robust"), "garbage"]), 2);
+}
+
+#[test]
+fn client_killed_mid_transfer_peer_errors_and_nic_reclaims() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::up("victim", &["-n", "2"]);
+    let rdv = c.dir.join("rdv");
+    std::fs::create_dir_all(&rdv).unwrap();
+    let spawn = |rank: usize| {
+        Command::new(env!("CARGO_BIN_EXE_tap-robust"))
+            .arg("victim")
+            .env("EMP_DEVICE", c.socket(rank as u16))
+            .env("EMP_PEER_DEVICE", c.socket(1))
+            .env("EMP_RANK", rank.to_string())
+            .env("EMP_SIZE", "2")
+            .env("EMP_RDV_DIR", &rdv)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    };
+    let (r0, r1) = (spawn(0), spawn(1));
+    let o1 = r1.wait_with_output().unwrap();
+    assert!(!o1.status.success(), "the victim must have died");
+    assert_tap(&r0.wait_with_output().unwrap(), 3);
+}
+
+#[test]
+fn client_sees_error_when_the_daemon_goes_away() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::up("orphan", &["-n", "1"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tap-robust"))
+        .arg("orphan")
+        .env("EMP_DEVICE", c.socket(0))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "waiting");
+    let t = Instant::now();
+    let down = emp().args(["cluster", "down", "--dir"]).arg(&c.dir).output().unwrap();
+    assert!(down.status.success());
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let st = child.wait().unwrap();
+    println!("{}", rest.join("\n"));
+    assert!(st.success(), "orphan: {rest:?}");
+    assert!(t.elapsed() < Duration::from_secs(15));
+}
+
+fn tampered_copy(dir: &Path, flip_at: impl Fn(usize) -> usize) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut img = std::fs::read(image()).unwrap();
+    let at = flip_at(img.len());
+    img[at] ^= 0x01;
+    let p = dir.join("emp-fw.bin");
+    std::fs::write(&p, img).unwrap();
+    std::fs::copy(root().join("firmware-blobs/dev.pub"), dir.join("dev.pub")).unwrap();
+    p
+}
+
+fn up_fails_with(fw: &Path, dir: &Path, reason: &str) {
+    let out = emp().args(["cluster", "up", "-n", "1", "--dir"]).arg(dir).arg("--firmware").arg(fw).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a bad image must not boot");
+    assert!(err.contains(reason), "expected {reason:?} in: {err}");
+    let log = std::fs::read_to_string(dir.join("nicd.0.log")).unwrap_or_default();
+    assert!(log.contains(reason), "the daemon's log must say why: {log}");
+    assert!(!dir.join("nic0.sock").exists() || emp().args(["info", "--dir"]).arg(dir).output().map(|o| !o.status.success()).unwrap_or(true));
+}
+
+#[test]
+fn tampered_or_unsigned_firmware_is_refused_with_the_reason() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let base = std::env::temp_dir().join(format!("emp-it-{}-fw", std::process::id()));
+    let payload_byte = tampered_copy(&base.join("payload"), |len| len - 100);
+    up_fails_with(&payload_byte, &base.join("payload"), "digest mismatch");
+    // A byte of the signed header (the build id) changed: the signature fails.
+    let header_byte = tampered_copy(&base.join("header"), |_| 20);
+    up_fails_with(&header_byte, &base.join("header"), "signature");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn c_example_builds_and_runs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out_bin = std::env::temp_dir().join(format!("emp-c-pingpong-{}", std::process::id()));
+    let lib = bin_dir();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(&cc)
+        .args(["-Wall", "-Wextra", "-Werror", "-O2", "-I"])
+        .arg(root().join("libemp/include"))
+        .arg(root().join("libemp/examples/c/pingpong.c"))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-lemp")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&out_bin)
+        .status()
+        .expect("a C compiler (cc) is required");
+    assert!(st.success(), "the C example must compile");
+    let c = Cluster::up("c", &["-n", "2"]);
+    let out = c.run(2, &[out_bin.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let _ = std::fs::remove_file(&out_bin);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("rank 1 got \"ping from node 0\"") && text.contains("rank 0 got \"pong from node 1\""), "{text}");
+}
