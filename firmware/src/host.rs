@@ -210,6 +210,7 @@ impl Nic {
             return;
         }
         self.ports[port as usize].posted.push_back(ld);
+        self.kick_refused(hal, port, &ld);
     }
 
     fn post_send<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {

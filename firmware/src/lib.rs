@@ -260,11 +260,15 @@ pub(crate) struct Peer {
     // Receive side.
     pub rx_gen: Option<u16>,
     pub rx_expected: u32,
-    /// Message the receiver refused for lack of buffers (RNR), if any.
+    /// Message the receiver refused for lack of buffers (RNR), if any, and
+    /// its tag (PM's record of the refused ⟨sender, message⟩).
     pub rnr_seq: Option<u32>,
+    pub rnr_tag: u64,
     /// Messages being received from this peer (rx slots).
     pub rx_active: Vec<u32>,
     pub last_loss_nack_ns: u64,
+    /// Highest message sequence number seen from this sender.
+    pub max_seen: u32,
 }
 
 /// Everything the control program holds.
@@ -288,6 +292,9 @@ pub struct Nic {
     pub(crate) heartbeat: u32,
     /// Source of timer stamps (unique across slot reuse).
     pub(crate) stamp: u32,
+    /// Last DATA-frame decisions (seq, frame index, rx_expected, outcome),
+    /// for diagnosis (`describe_peers`).
+    pub(crate) trace: VecDeque<(u32, u32, u32, u8)>,
     /// One frame of scratch: payloads pass through here between DMA and MAC;
     /// whole messages are never staged on the NIC.
     pub(crate) frame_buf: Vec<u8>,
@@ -353,6 +360,7 @@ impl Nic {
             counters_dirty: true,
             heartbeat: 0,
             stamp: 0,
+            trace: VecDeque::with_capacity(32),
             frame_buf: vec![0; MTU_MAX as usize],
             cfg,
         };
@@ -443,6 +451,7 @@ impl Nic {
                 p.send_cons, p.recv_cons, p.cq_prod, p.cq_entries, p.outstanding, p.posted.len(), p.overflow.len()
             );
         }
+        s += &format!("  recent rx decisions (seq, frame, expected, outcome): {:?}\n", self.trace);
         for p in self.peers.iter().flatten() {
             let head = p.tx_queue.front().and_then(|&t| self.tx.get(t)).map(|m| {
                 let armed = m.groups.iter().filter(|g| g.stamp != 0).count();
@@ -544,8 +553,10 @@ impl Nic {
             rx_gen: None,
             rx_expected: rx_floor,
             rnr_seq: None,
+            rnr_tag: 0,
             rx_active: Vec::new(),
             last_loss_nack_ns: 0,
+            max_seen: rx_floor,
         });
         self.peer_index.insert((port, node, rport), i);
         Some(i)

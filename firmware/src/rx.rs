@@ -10,7 +10,7 @@
 use emp_uapi::desc::{Opcode, Status, MR_LOCAL_WRITE};
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, AckBody, Frame, FrameHeader, FrameKind, MsgHeader, NackReason};
-use emp_uapi::{seq_lt, Le};
+use emp_uapi::{seq_le, seq_lt, Le};
 
 use crate::host::Completion;
 use crate::mr::Dir;
@@ -148,16 +148,23 @@ impl Nic {
             return self.send_raw_nack(hal, hdr, NackReason::PeerTableFull);
         };
         if !self.check_incarnation(hal, peer, hdr) {
+            self.note(hdr, 0, 1);
             return self.count(counter::DROPPED_UNEXPECTED, 1);
         }
         self.skip_to_floor(hal, peer, hdr.tx_floor);
         let seq = hdr.msg_seq;
+        if seq_lt(self.peer(peer).max_seen, seq) {
+            self.peer_mut(peer).max_seen = seq;
+        }
         let found = self.peer(peer).rx_active.iter().copied().find(|&r| self.rx.get(r).is_some_and(|m| m.seq == seq));
         if let Some(r) = found {
             return self.accept_frame(hal, now, r, hdr, msg, payload);
         }
         let expected = self.peer(peer).rx_expected;
         let g = hdr.frame_index / self.cfg.group_size;
+        if seq != expected || hdr.frame_index != 0 {
+            self.note(hdr, expected, 2);
+        }
         if seq_lt(seq, expected) {
             // The message is finished here: its ACK was lost. ACK again.
             self.count(counter::DUPLICATES, 1);
@@ -166,12 +173,20 @@ impl Nic {
         if seq == expected && hdr.frame_index == 0 {
             let msg = msg.expect("frame 0 carries the message header");
             return match self.try_match(now, peer, hdr, msg, payload) {
-                MatchOutcome::Matched(r) => self.accept_frame(hal, now, r, hdr, Some(msg), payload),
-                MatchOutcome::Overflowed => self.send_ack(hal, peer, seq, 0),
+                MatchOutcome::Matched(r) => {
+                    self.accept_frame(hal, now, r, hdr, Some(msg), payload);
+                    self.nack_gap(hal, peer);
+                }
+                MatchOutcome::Overflowed => {
+                    self.send_ack(hal, peer, seq, 0);
+                    self.nack_gap(hal, peer);
+                }
                 MatchOutcome::TooLarge => self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge),
                 MatchOutcome::NotReady => {
+                    self.note(hdr, expected, 3);
                     self.count(counter::DROPPED_UNEXPECTED, 1);
                     self.peer_mut(peer).rnr_seq = Some(seq);
+                    self.peer_mut(peer).rnr_tag = msg.tag;
                     self.send_nack(hal, peer, seq, 0, 0, NackReason::NoMatch)
                 }
             };
@@ -194,6 +209,43 @@ impl Nic {
             self.peer_mut(peer).last_loss_nack_ns = now;
             self.send_nack(hal, peer, expected, 0, 1, NackReason::Loss);
         }
+    }
+
+    /// The next message became matchable, but frames of it or of later
+    /// messages were already seen and dropped (they arrived before their
+    /// turn): ask for it now rather than wait for the sender's timer.
+    fn nack_gap<H: Hal>(&mut self, hal: &mut H, peer: u32) {
+        let p = self.peer(peer);
+        if seq_le(p.rx_expected, p.max_seen) {
+            let expected = p.rx_expected;
+            self.peer_mut(peer).last_loss_nack_ns = 0;
+            self.send_nack(hal, peer, expected, 0, 1, NackReason::Loss);
+        }
+    }
+
+    /// A receive was posted: if it matches a message this port refused,
+    /// tell that sender to send it now instead of waiting out its backoff.
+    pub(crate) fn kick_refused<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
+        let ready: Vec<(u32, u32)> = self
+            .peers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let p = p.as_ref()?;
+                let refused = p.port == port && p.rnr_seq == Some(p.rx_expected) && d.matches(p.node, p.rport, p.rnr_tag);
+                refused.then_some((i as u32, p.rx_expected))
+            })
+            .collect();
+        for (peer, seq) in ready {
+            self.send_nack(hal, peer, seq, 0, 1, NackReason::Loss);
+        }
+    }
+
+    fn note(&mut self, hdr: &FrameHeader, expected: u32, outcome: u8) {
+        if self.trace.len() == 32 {
+            self.trace.pop_front();
+        }
+        self.trace.push_back((hdr.msg_seq, hdr.frame_index, expected, outcome));
     }
 
     fn group_bounds(&self, frame_count: u32, g: u32) -> (u32, u32) {

@@ -42,6 +42,8 @@ pub(crate) struct TxMsg {
     pub groups_acked: u32,
     pub inflight_frames: u32,
     pub rnr_retries: u32,
+    /// Refused by the receiver (not ready) and waiting on an RNR timer.
+    pub rnr_waiting: bool,
 }
 
 /// Bounded table of transmission records.
@@ -106,6 +108,7 @@ impl Nic {
             groups_acked: 0,
             inflight_frames: 0,
             rnr_retries: 0,
+            rnr_waiting: false,
         });
         self.peer_mut(peer).tx_queue.push_back(slot);
         self.mark_ready(peer);
@@ -292,6 +295,8 @@ impl Nic {
             self.peer_mut(peer).not_to_send = None;
         }
         let m = self.tx.get_mut(slot);
+        let was_refused = core::mem::take(&mut m.rnr_waiting);
+        let seq = m.seq;
         let Some(grp) = m.groups.get_mut(body.group as usize) else { return };
         if !grp.acked {
             grp.acked = true;
@@ -305,7 +310,37 @@ impl Nic {
                 self.finish_tx(hal, now, slot, Status::Success);
             }
         }
+        if was_refused {
+            self.resume_refused(hal, now, peer, seq);
+        }
         self.mark_ready(peer);
+    }
+
+    /// A message the receiver had refused was accepted: the receiver has
+    /// buffers again, so the later messages it also refused are resent now
+    /// instead of each waiting out its own backoff.
+    fn resume_refused<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, after: u32) {
+        let later: Vec<u32> = self
+            .peer(peer)
+            .tx_queue
+            .iter()
+            .copied()
+            .filter(|&s| self.tx.get(s).is_some_and(|m| m.rnr_waiting && seq_lt(after, m.seq)))
+            .collect();
+        for s in later {
+            let m = self.tx.get_mut(s);
+            m.rnr_waiting = false;
+            m.rnr_retries = 0;
+            let groups: Vec<u32> =
+                m.groups.iter().enumerate().filter(|(_, g)| !g.acked && g.inflight > 0).map(|(i, _)| i as u32).collect();
+            for g in groups {
+                if let Err(st) = self.resend_group(hal, now, s, g, u32::MAX) {
+                    self.finish_tx(hal, now, s, st);
+                    break;
+                }
+                self.arm_group(now, s, g, None);
+            }
+        }
     }
 
     /// Receiver state piggybacked on ACKs and NACKs.
@@ -332,6 +367,17 @@ impl Nic {
             return;
         }
         match reason {
+            NackReason::Loss if g == 0 && body.missing_mask & 1 != 0 => {
+                // No header reached the receiver: nothing of the message was
+                // kept, so every unacknowledged group goes again.
+                let groups = self.tx.get(slot).expect("live").groups.len() as u32;
+                for g in 0..groups {
+                    if self.tx.get(slot).is_none() {
+                        break;
+                    }
+                    self.on_loss_nack(hal, now, slot, g, u32::MAX);
+                }
+            }
             NackReason::Loss => self.on_loss_nack(hal, now, slot, g, body.missing_mask),
             NackReason::NoMatch => self.on_not_ready(hal, now, peer, slot, g),
             NackReason::PeerTableFull => self.finish_tx(hal, now, slot, Status::RemoteTableFull),
@@ -343,7 +389,7 @@ impl Nic {
     fn on_loss_nack<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, mask: u32) {
         let grp = self.tx.get(slot).expect("live").groups[g as usize];
         // One fast retransmission per half RTO: a burst of NACKs costs one resend.
-        if grp.acked || grp.nack_resend_ns.is_some_and(|t| now < t + self.cfg.rto_ns / 2) {
+        if grp.acked || grp.inflight == 0 || grp.nack_resend_ns.is_some_and(|t| now < t + self.cfg.rto_ns / 2) {
             return;
         }
         self.tx.get_mut(slot).groups[g as usize].nack_resend_ns = Some(now);
@@ -366,6 +412,7 @@ impl Nic {
         }
         let m = self.tx.get_mut(slot);
         m.rnr_retries += 1;
+        m.rnr_waiting = true;
         if self.cfg.rnr_retry_limit != 0 && m.rnr_retries > self.cfg.rnr_retry_limit {
             return self.finish_tx(hal, now, slot, Status::RnrRetryExceeded);
         }

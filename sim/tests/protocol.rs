@@ -328,7 +328,7 @@ fn test_large_message_over_lossy_reordering_wire() {
 fn test_windowed_stream_with_handshakes() {
     let mut c = cluster(2);
     const HS: u64 = 1 << 32;
-    let w_count = 6;
+    let w_count = 30;
     // Pre-post the first handshake receive on both sides.
     c.recv(0, (1, 0), HS, 0, 4);
     c.recv(1, (0, 0), HS, 0, 4);
@@ -338,7 +338,7 @@ fn test_windowed_stream_with_handshakes() {
     let mut sends_posted = [0usize; 2];
     for w in 0..w_count {
         for _ in 0..64 {
-            c.recv(1, (0, 0), 0, 0, 64);
+            c.recv(1, (0, 0), 0, 0, 1024);
         }
         for r in 0..2u16 {
             c.send(r, 1 - r, HS, &[0; 4]);
@@ -362,9 +362,11 @@ fn test_windowed_stream_with_handshakes() {
             assert!(guard < 10_000, "window {w}: handshakes {hs:?}\n{}\n{}", c.world.nodes[0].nic.describe_peers(), c.world.nodes[1].nic.describe_peers());
         }
         c.recv(0, (1, 0), HS, 0, 4);
+        // The receiver is slow to post its next handshake receive.
+        c.run_for(700_000);
         c.recv(1, (0, 0), HS, 0, 4);
         for _ in 0..64 {
-            c.send(0, 1, 0, &[7; 64]);
+            c.send(0, 1, 0, &[7; 1024]);
         }
         sends_posted[0] += 64;
         let want = 64 * (w + 1);
@@ -383,6 +385,33 @@ fn test_windowed_stream_with_handshakes() {
             }
             guard += 1;
             assert!(guard < 10_000, "window {w} data stalled at {data_recv}/{want}");
+        }
+    }
+    let drops = c.counter(1, counter::DROPPED_UNEXPECTED);
+    assert!(c.world.now < 200 * MS, "took {} ms, {drops} drops", c.world.now / MS);
+}
+
+/// After a burst the receiver was not ready for, posting the receives must
+/// release every message within a few round trips, not one backoff per
+/// message (the receiver asks for the next message as soon as it can take
+/// it, and the sender resends the refused ones when the first is accepted).
+#[test]
+fn test_refused_burst_resumes_within_round_trips() {
+    for len in [1000usize, 4000] {
+        let mut c = cluster(2);
+        let sends: Vec<u64> = (0..64).map(|i| c.send(0, 1, 9, &data(len, i as u8))).collect();
+        c.run_for(20 * MS); // every message refused, backoffs grown
+        let t0 = c.world.now;
+        let recvs: Vec<u64> = (0..64).map(|_| c.recv(1, (0, 0), 9, 0, len as u64)).collect();
+        for (i, r) in recvs.iter().enumerate() {
+            let rc = c.wait(1, *r, 100 * MS).unwrap();
+            assert_eq!(status(&rc), Status::Success);
+            assert_eq!(c.received(*r, len), data(len, i as u8), "message {i} in order");
+        }
+        let took = c.world.now - t0;
+        assert!(took < 3 * MS, "{len} B: 64 refused messages took {} µs after the receives were posted", took / 1000);
+        for s in sends {
+            assert_eq!(status(&c.wait(0, s, 100 * MS).unwrap()), Status::Success);
         }
     }
 }
