@@ -9,7 +9,7 @@ use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, CQE_PHASE,
 use emp_uapi::sram::{admin_result, ctl, port_state, AdminMailbox, AdminOp, RouteEntry};
 use emp_uapi::{sram::counter, Le};
 
-use crate::mr::Dir;
+use crate::mr::Buf;
 use crate::{sram_put_u32, sram_u32, Hal, LocalDesc, Nic};
 
 /// What a completion reports.
@@ -281,11 +281,9 @@ impl Nic {
         let at = st.cq_offset + idx as u64 * Cqe::SIZE as u64;
         let w = self.layout.port(port);
         // Body first, the phase byte last: the host never sees a torn entry.
-        let (body, tail) = b.split_at_mut(CQE_FLAGS_OFFSET);
-        let ok = self.region_io(hal, port, key, at, body, Dir::ToHost, MR_LOCAL_WRITE).is_ok()
-            && self
-                .region_io(hal, port, key, at + CQE_FLAGS_OFFSET as u64, tail, Dir::ToHost, MR_LOCAL_WRITE)
-                .is_ok();
+        let (body, tail) = b.split_at(CQE_FLAGS_OFFSET);
+        let ok = self.region_io(hal, port, key, at, Buf::ToHost(body), MR_LOCAL_WRITE).is_ok()
+            && self.region_io(hal, port, key, at + CQE_FLAGS_OFFSET as u64, Buf::ToHost(tail), MR_LOCAL_WRITE).is_ok();
         if !ok {
             let o = sram_u32(hal, w.ctl(ctl::CQ_OVERRUNS));
             sram_put_u32(hal, w.ctl(ctl::CQ_OVERRUNS), o.wrapping_add(1));

@@ -53,13 +53,30 @@ impl CursorCache {
     }
 }
 
-/// Transfer direction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Dir {
-    /// Host memory → NIC buffer.
-    FromHost,
-    /// NIC buffer → host memory.
-    ToHost,
+/// A transfer's NIC-side buffer, which also says the direction.
+#[derive(Debug)]
+pub(crate) enum Buf<'a> {
+    /// Host memory → this buffer.
+    FromHost(&'a mut [u8]),
+    /// This data → host memory.
+    ToHost(&'a [u8]),
+}
+
+impl Buf<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Buf::FromHost(b) => b.len(),
+            Buf::ToHost(b) => b.len(),
+        }
+    }
+
+    /// The sub-buffer `[from, to)`.
+    fn slice(&mut self, from: usize, to: usize) -> Buf<'_> {
+        match self {
+            Buf::FromHost(b) => Buf::FromHost(&mut b[from..to]),
+            Buf::ToHost(b) => Buf::ToHost(&b[from..to]),
+        }
+    }
 }
 
 impl Nic {
@@ -114,8 +131,7 @@ impl Nic {
         port: u16,
         sges: &[Sge],
         msg_off: u64,
-        buf: &mut [u8],
-        dir: Dir,
+        mut buf: Buf<'_>,
         access: u8,
     ) -> Result<(), Status> {
         let want_end = msg_off + buf.len() as u64;
@@ -128,8 +144,8 @@ impl Nic {
             if lo >= hi {
                 continue;
             }
-            let chunk = &mut buf[(lo - msg_off) as usize..(hi - msg_off) as usize];
-            self.region_io(hal, port, s.key, s.offset + (lo - s_start), chunk, dir, access)?;
+            let chunk = buf.slice((lo - msg_off) as usize, (hi - msg_off) as usize);
+            self.region_io(hal, port, s.key, s.offset + (lo - s_start), chunk, access)?;
         }
         if pos < want_end {
             return Err(Status::AccessDenied);
@@ -144,11 +160,10 @@ impl Nic {
         port: u16,
         key: u32,
         off: u64,
-        buf: &mut [u8],
-        dir: Dir,
+        mut buf: Buf<'_>,
         access: u8,
     ) -> Result<(), Status> {
-        if buf.is_empty() {
+        if buf.len() == 0 {
             return Ok(());
         }
         let e = self.mr_lookup(hal, port, key, off, buf.len() as u64, access)?;
@@ -161,7 +176,7 @@ impl Nic {
                     let cur = off + done as u64;
                     if cur < seg_end {
                         let n = ((seg_end - cur) as usize).min(buf.len() - done);
-                        dma(hal, seg.addr + (cur - seg_start), &mut buf[done..done + n], dir)?;
+                        dma(hal, seg.addr + (cur - seg_start), buf.slice(done, done + n))?;
                         done += n;
                         if done == buf.len() {
                             return Ok(());
@@ -171,18 +186,18 @@ impl Nic {
                 }
                 Err(Status::AccessDenied)
             }
-            Some(MrFormat::Indirect) => self.indirect_io(hal, &e, off, buf, dir),
+            Some(MrFormat::Indirect) => self.indirect_io(hal, &e, off, buf),
             _ => Err(Status::BadKey),
         }
     }
 
-    fn indirect_io<H: Hal>(&mut self, hal: &mut H, e: &MrEntry, off: u64, buf: &mut [u8], dir: Dir) -> Result<(), Status> {
+    fn indirect_io<H: Hal>(&mut self, hal: &mut H, e: &MrEntry, off: u64, buf: Buf<'_>) -> Result<(), Status> {
         let slot = MrEntry::slot_of(e.key);
         let mut d = match self.mr_cursors.dirs[slot].take() {
             Some(d) if d.key == e.key => d,
             _ => build_directory(hal, e)?,
         };
-        let r = directory_io(hal, &mut d, off, buf, dir);
+        let r = directory_io(hal, &mut d, off, buf);
         self.mr_cursors.dirs[slot] = Some(d);
         r
     }
@@ -191,7 +206,7 @@ impl Nic {
 /// Reads one page of segments: its data segments and its link, if any.
 fn read_list_page<H: Hal>(hal: &mut H, addr: u64, out: &mut Vec<PhysSeg>) -> Result<Option<u64>, Status> {
     let mut page = [0u8; emp_uapi::PAGE_SIZE];
-    dma(hal, addr, &mut page, Dir::FromHost)?;
+    dma(hal, addr, Buf::FromHost(&mut page))?;
     out.clear();
     for i in 0..SEGS_PER_PAGE {
         let seg = PhysSeg::get(&page[i * PhysSeg::SIZE..]);
@@ -240,7 +255,7 @@ fn build_directory<H: Hal>(hal: &mut H, e: &MrEntry) -> Result<Directory, Status
 }
 
 /// Moves bytes at region offset `off` through a directory.
-fn directory_io<H: Hal>(hal: &mut H, d: &mut Directory, off: u64, buf: &mut [u8], dir: Dir) -> Result<(), Status> {
+fn directory_io<H: Hal>(hal: &mut H, d: &mut Directory, off: u64, mut buf: Buf<'_>) -> Result<(), Status> {
     if off + buf.len() as u64 > d.covered {
         return Err(Status::AccessDenied);
     }
@@ -270,7 +285,7 @@ fn directory_io<H: Hal>(hal: &mut H, d: &mut Directory, off: u64, buf: &mut [u8]
             let seg_end = seg_start + seg.len as u64;
             if cur >= seg_start && cur < seg_end {
                 let n = ((seg_end - cur) as usize).min(buf.len() - done);
-                dma(hal, seg.addr + (cur - seg_start), &mut buf[done..done + n], dir)?;
+                dma(hal, seg.addr + (cur - seg_start), buf.slice(done, done + n))?;
                 done += n;
             }
             i += 1;
@@ -280,10 +295,10 @@ fn directory_io<H: Hal>(hal: &mut H, d: &mut Directory, off: u64, buf: &mut [u8]
     Ok(())
 }
 
-fn dma<H: Hal>(hal: &mut H, addr: u64, buf: &mut [u8], dir: Dir) -> Result<(), Status> {
-    match dir {
-        Dir::FromHost => hal.dma_read(addr, buf),
-        Dir::ToHost => hal.dma_write(addr, buf),
+fn dma<H: Hal>(hal: &mut H, addr: u64, buf: Buf<'_>) -> Result<(), Status> {
+    match buf {
+        Buf::FromHost(b) => hal.dma_read(addr, b),
+        Buf::ToHost(b) => hal.dma_write(addr, b),
     }
     .map_err(|_| Status::DmaError)
 }

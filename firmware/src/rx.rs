@@ -13,7 +13,7 @@ use emp_uapi::wire::{self, AckBody, Frame, FrameHeader, FrameKind, MsgHeader, Na
 use emp_uapi::{seq_le, seq_lt, Le};
 
 use crate::host::Completion;
-use crate::mr::Dir;
+use crate::mr::Buf;
 use crate::timer::Timer;
 use crate::{FlowControl, Hal, LocalDesc, Nic};
 
@@ -378,14 +378,14 @@ impl Nic {
             return false;
         };
         let s = self.ports[port as usize].overflow.remove(i).expect("found");
-        let mut data = core::mem::take(&mut self.overflow.slots[s as usize].data);
+        let data = core::mem::take(&mut self.overflow.slots[s as usize].data);
         let (tag, src_node, src_port) = {
             let o = &self.overflow.slots[s as usize];
             (o.tag, o.src_node, o.src_port)
         };
         let total = data.len() as u64;
         let n = total.min(d.len) as usize;
-        let io = self.sge_io(hal, port, d.sges(), 0, &mut data[..n], Dir::ToHost, MR_LOCAL_WRITE);
+        let io = self.sge_io(hal, port, d.sges(), 0, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE);
         self.overflow.slots[s as usize].data = data;
         self.overflow.free(s);
         let status = match io {
@@ -440,13 +440,7 @@ impl Nic {
         let buf_len = m.desc.len;
         let desc = m.desc;
         let n = (buf_len.saturating_sub(off)).min(payload.len() as u64) as usize;
-        let mut io = Ok(());
-        if n > 0 {
-            let mut buf = core::mem::take(&mut self.frame_buf);
-            buf[..n].copy_from_slice(&payload[..n]);
-            io = self.sge_io(hal, port, desc.sges(), off, &mut buf[..n], Dir::ToHost, MR_LOCAL_WRITE);
-            self.frame_buf = buf;
-        }
+        let io = if n > 0 { self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&payload[..n]), MR_LOCAL_WRITE) } else { Ok(()) };
         self.count(counter::RX_FRAMES, 1);
         let m = self.rx.get_mut(r);
         if f != 0 && f != m.highest + 1 && m.frames_received > 0 {

@@ -9,7 +9,7 @@ use emp_uapi::wire::{self, AckBody, FrameHeader, FrameKind, MsgHeader, NackReaso
 use emp_uapi::seq_lt;
 
 use crate::host::Completion;
-use crate::mr::Dir;
+use crate::mr::Buf;
 use crate::timer::Timer;
 use crate::{FlowControl, Hal, LocalDesc, Nic};
 
@@ -228,7 +228,7 @@ impl Nic {
         let (port, dst, desc) = (m.port, p.node, m.desc);
         let mut buf = core::mem::take(&mut self.frame_buf);
         let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");
-        let r = self.sge_io(hal, port, desc.sges(), off, &mut buf[head..head + len], Dir::FromHost, MR_LOCAL_READ);
+        let r = self.sge_io(hal, port, desc.sges(), off, Buf::FromHost(&mut buf[head..head + len]), MR_LOCAL_READ);
         if r.is_ok() {
             hal.mac_transmit(dst, &buf[..head + len]);
         }

@@ -22,6 +22,8 @@ use crate::wire::Wire;
 struct HwCtx {
     shared: Arc<NicShared>,
     outbox: Vec<(u16, Vec<u8>)>,
+    /// Frame buffers for reuse (bounded): no allocation per frame.
+    pool: Vec<Vec<u8>>,
 }
 
 extern "C" fn hw_sram_read(ctx: *mut c_void, off: usize, buf: *mut u8, len: usize) {
@@ -59,7 +61,10 @@ extern "C" fn hw_mac_transmit(ctx: *mut c_void, dst: u16, frame: *const u8, len:
     // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call;
     // `frame` is valid for `len` bytes.
     let (hw, frame) = unsafe { (&mut *ctx.cast::<HwCtx>(), core::slice::from_raw_parts(frame, len)) };
-    hw.outbox.push((dst, frame.to_vec()));
+    let mut b = hw.pool.pop().unwrap_or_default();
+    b.clear();
+    b.extend_from_slice(frame);
+    hw.outbox.push((dst, b));
 }
 
 extern "C" fn hw_raise_interrupt(ctx: *mut c_void, vector: u16) {
@@ -89,7 +94,7 @@ unsafe impl Send for Firmware {}
 impl Firmware {
     /// Boots the control program on a NIC; `None` if it refused to boot.
     pub fn boot(lib: Arc<FwLib>, shared: Arc<NicShared>, cfg: FwConfig) -> Option<Firmware> {
-        let mut hw = Box::new(HwCtx { shared, outbox: Vec::new() });
+        let mut hw = Box::new(HwCtx { shared, outbox: Vec::new(), pool: Vec::new() });
         let hal = hal_for(&mut hw);
         // SAFETY: `hal` and `cfg` are valid for the call; `boot` follows the
         // firmware ABI.
@@ -116,11 +121,14 @@ impl Firmware {
         self.after_call();
     }
 
-    fn frame(&mut self, now: u64, f: &[u8]) {
+    fn frame(&mut self, now: u64, f: Vec<u8>) {
         let hal = self.hal();
         // SAFETY: as above; `f` is valid for its length.
         unsafe { (self.lib.frame)(self.state, &hal, now, f.as_ptr(), f.len()) };
         self.after_call();
+        if self.hw.pool.len() < 1024 {
+            self.hw.pool.push(f);
+        }
     }
 
     fn timeout(&mut self, now: u64) {
@@ -178,6 +186,7 @@ pub struct Engine {
     stop: Arc<AtomicBool>,
     /// The wire's descriptors: woken by them, never drained like eventfds.
     wire_fds: Vec<RawFd>,
+    pool: Vec<Vec<u8>>,
 }
 
 fn epoll_add(ep: RawFd, fd: RawFd) {
@@ -212,7 +221,7 @@ impl Engine {
             })
             .collect();
         let rx = cards.iter().map(|_| VecDeque::new()).collect();
-        Ok(Engine { cards, rx, wire, t0: Instant::now(), epoll, timer, spin_ns: 50_000, stop, wire_fds })
+        Ok(Engine { cards, rx, wire, t0: Instant::now(), epoll, timer, spin_ns: 50_000, stop, wire_fds, pool: Vec::new() })
     }
 
     fn now(&self) -> u64 {
@@ -240,9 +249,8 @@ impl Engine {
 
     fn flush(&mut self, i: usize, now: u64) {
         if let Some(fw) = self.cards[i].fw.as_mut() {
-            let out = core::mem::take(&mut fw.hw.outbox);
-            for (dst, f) in &out {
-                self.wire.send(now, i, *dst, f);
+            for (dst, f) in fw.hw.outbox.drain(..) {
+                self.wire.send(now, i, dst, f);
             }
         }
     }
@@ -256,6 +264,9 @@ impl Engine {
             if c.fw.is_none() {
                 continue;
             }
+            // One pool of frame buffers for the whole chassis: frames one NIC
+            // receives become the buffers another transmits from.
+            core::mem::swap(&mut c.fw.as_mut().expect("checked").hw.pool, &mut self.pool);
             if Self::host_changed(c) {
                 c.fw.as_mut().expect("checked").doorbell(now);
                 work = true;
@@ -263,13 +274,14 @@ impl Engine {
             let fw = c.fw.as_mut().expect("checked");
             for _ in 0..256 {
                 let Some(f) = self.rx[i].pop_front() else { break };
-                fw.frame(now, &f);
+                fw.frame(now, f);
                 work = true;
             }
             if fw.deadline <= now {
                 fw.timeout(now);
                 work = true;
             }
+            core::mem::swap(&mut fw.hw.pool, &mut self.pool);
             self.flush(i, now);
         }
         work

@@ -54,7 +54,7 @@ pub struct WireStats {
 /// A wire: frames out of local NICs, frames into local NICs' queues.
 pub trait Wire: Send {
     /// NIC `src` (local index) transmits to node `dst`.
-    fn send(&mut self, now: u64, src: usize, dst: u16, frame: &[u8]);
+    fn send(&mut self, now: u64, src: usize, dst: u16, frame: Vec<u8>);
     /// Moves arrived frames into `rx[local index]`; returns how many.
     fn poll(&mut self, now: u64, rx: &mut [VecDeque<Vec<u8>>]) -> usize;
     /// Earliest time a delayed frame is due.
@@ -129,18 +129,22 @@ impl MemWire {
 }
 
 impl Wire for MemWire {
-    fn send(&mut self, now: u64, _src: usize, dst: u16, frame: &[u8]) {
+    fn send(&mut self, now: u64, _src: usize, dst: u16, frame: Vec<u8>) {
         let Some(&d) = self.local.get(&dst) else {
             self.stats.frames += 1;
             self.stats.lost += 1;
             return;
         };
-        for delay in inject(&self.faults, &mut self.rng, &mut self.stats) {
-            if delay == 0 {
-                self.now_queue.push_back((d, frame.to_vec()));
+        let copies = inject(&self.faults, &mut self.rng, &mut self.stats);
+        let mut frame = Some(frame);
+        for (i, delay) in copies.iter().enumerate() {
+            // The last copy takes the buffer itself: no copy without faults.
+            let f = if i + 1 == copies.len() { frame.take().expect("once") } else { frame.as_ref().expect("kept").clone() };
+            if *delay == 0 {
+                self.now_queue.push_back((d, f));
             } else {
                 self.seq += 1;
-                self.delayed.push(Delayed(now + delay, self.seq, d, frame.to_vec()));
+                self.delayed.push(Delayed(now + delay, self.seq, d, f));
             }
         }
     }
@@ -206,7 +210,7 @@ impl UdpWire {
 }
 
 impl Wire for UdpWire {
-    fn send(&mut self, _now: u64, src: usize, dst: u16, frame: &[u8]) {
+    fn send(&mut self, _now: u64, src: usize, dst: u16, frame: Vec<u8>) {
         let Some(addr) = self.routes.get(&dst).copied() else {
             self.stats.frames += 1;
             self.stats.lost += 1;
@@ -217,7 +221,7 @@ impl Wire for UdpWire {
         let copies = inject(&self.faults, &mut self.rng, &mut self.stats);
         for _ in copies {
             // A full socket buffer is a lost frame: reliability recovers it.
-            let _ = self.socks[src].send_to(frame, addr);
+            let _ = self.socks[src].send_to(&frame, addr);
         }
     }
 

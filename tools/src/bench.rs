@@ -88,6 +88,7 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
                 dup: 0.0,
                 reorder: 0.0,
                 ports: 4,
+                mtu: None,
                 firmware: None,
                 udp_base: 47000,
                 nicd_args: None,

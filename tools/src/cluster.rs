@@ -39,6 +39,9 @@ pub struct UpArgs {
     /// Ports (processes) per NIC.
     #[arg(long, default_value_t = 8)]
     pub ports: u16,
+    /// MTU (default: 9000, jumbo frames, on the in-memory switch; 1500 on UDP).
+    #[arg(long)]
+    pub mtu: Option<u32>,
     /// Signed firmware image.
     #[arg(long)]
     pub firmware: Option<PathBuf>,
@@ -150,6 +153,7 @@ pub fn up(dir: &Path, a: &UpArgs) -> Result<(), String> {
             .args(["--wire", if a.wire == WireKind::Mem { "mem" } else { "udp" }])
             .args(["--loss", &a.loss.to_string(), "--dup", &a.dup.to_string(), "--reorder", &a.reorder.to_string()])
             .args(["--ports", &a.ports.to_string(), "--udp-base", &a.udp_base.to_string()])
+            .args(["--mtu", &a.mtu.unwrap_or(if a.wire == WireKind::Mem { 9000 } else { 1500 }).to_string()])
             .arg("--socket-dir")
             .arg(dir)
             .arg("--firmware")
