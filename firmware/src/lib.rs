@@ -24,6 +24,7 @@ mod ffi;
 mod host;
 mod mr;
 mod rx;
+mod slots;
 mod timer;
 mod tx;
 
@@ -350,8 +351,8 @@ impl Nic {
             peers: (0..cfg.peers_max).map(|_| None).collect(),
             peer_index: HashMap::new(),
             peer_free: (0..cfg.peers_max).rev().collect(),
-            tx: tx::TxTable::new(cfg.tx_max),
-            rx: rx::RxTable::new(cfg.rx_max),
+            tx: slots::Slots::new(cfg.tx_max),
+            rx: slots::Slots::new(cfg.rx_max),
             overflow: rx::Overflow::new(cfg.overflow_slots, cfg.overflow_slot_size),
             timers: TimerHeap::default(),
             ready: VecDeque::new(),

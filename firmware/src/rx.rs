@@ -37,36 +37,7 @@ pub(crate) struct RxMsg {
 }
 
 /// Bounded table of receive records.
-#[derive(Debug)]
-pub(crate) struct RxTable {
-    slots: Vec<Option<RxMsg>>,
-    free: Vec<u32>,
-}
-
-impl RxTable {
-    pub(crate) fn new(max: u32) -> Self {
-        RxTable { slots: (0..max).map(|_| None).collect(), free: (0..max).rev().collect() }
-    }
-    pub(crate) fn used(&self) -> u32 {
-        (self.slots.len() - self.free.len()) as u32
-    }
-    pub(crate) fn get(&self, s: u32) -> Option<&RxMsg> {
-        self.slots.get(s as usize)?.as_ref()
-    }
-    fn get_mut(&mut self, s: u32) -> &mut RxMsg {
-        self.slots[s as usize].as_mut().expect("live rx record")
-    }
-    fn insert(&mut self, m: RxMsg) -> Option<u32> {
-        let s = self.free.pop()?;
-        self.slots[s as usize] = Some(m);
-        Some(s)
-    }
-    fn remove(&mut self, s: u32) -> RxMsg {
-        let m = self.slots[s as usize].take().expect("live rx record");
-        self.free.push(s);
-        m
-    }
-}
+pub(crate) type RxTable = crate::slots::Slots<RxMsg>;
 
 /// A small unexpected message held on the NIC until a receive matches it.
 #[derive(Debug, Default)]

@@ -47,39 +47,7 @@ pub(crate) struct TxMsg {
 }
 
 /// Bounded table of transmission records.
-#[derive(Debug)]
-pub(crate) struct TxTable {
-    slots: Vec<Option<TxMsg>>,
-    free: Vec<u32>,
-}
-
-impl TxTable {
-    pub(crate) fn new(max: u32) -> Self {
-        TxTable { slots: (0..max).map(|_| None).collect(), free: (0..max).rev().collect() }
-    }
-    pub(crate) fn is_full(&self) -> bool {
-        self.free.is_empty()
-    }
-    pub(crate) fn used(&self) -> u32 {
-        (self.slots.len() - self.free.len()) as u32
-    }
-    pub(crate) fn get(&self, s: u32) -> Option<&TxMsg> {
-        self.slots.get(s as usize)?.as_ref()
-    }
-    fn get_mut(&mut self, s: u32) -> &mut TxMsg {
-        self.slots[s as usize].as_mut().expect("live tx record")
-    }
-    fn insert(&mut self, m: TxMsg) -> u32 {
-        let s = self.free.pop().expect("caller checked is_full");
-        self.slots[s as usize] = Some(m);
-        s
-    }
-    fn remove(&mut self, s: u32) -> TxMsg {
-        let m = self.slots[s as usize].take().expect("live tx record");
-        self.free.push(s);
-        m
-    }
-}
+pub(crate) type TxTable = crate::slots::Slots<TxMsg>;
 
 impl Nic {
     fn group_range(&self, frame_count: u32, g: u32) -> (u32, u32) {
@@ -97,7 +65,7 @@ impl Nic {
             p.tx_seq_next = s.wrapping_add(1);
             s
         };
-        let slot = self.tx.insert(TxMsg {
+        let slot = self.tx.insert_checked(TxMsg {
             port,
             peer,
             desc,
