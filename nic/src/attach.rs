@@ -140,7 +140,13 @@ fn handle(nic: &NicShared, conn: RawFd, pid: i32, port: &mut Option<u16>, req: A
                 out.arg[ar::MSG_MAX] = nic.msg_max;
                 let ports = nic.ports.lock().expect("ports");
                 let ps = ports[p as usize].as_ref().expect("just allocated");
-                let fds = [nic.sram.port_fd(p).as_raw_fd(), ps.doorbell.as_raw_fd(), ps.event.as_raw_fd()];
+                let Some(window) = nic.sram.port_fd(p) else {
+                    drop(ports);
+                    nic.release_port(p);
+                    *port = None;
+                    return reply(conn, out, status::EOPNOTSUPP, &[]);
+                };
+                let fds = [window.as_raw_fd(), ps.doorbell.as_raw_fd(), ps.event.as_raw_fd()];
                 return reply(conn, out, status::OK, &fds);
             }
             Err(e) => e,

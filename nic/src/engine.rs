@@ -15,6 +15,7 @@ use emp_uapi::fwabi::{FwConfig, FwHal};
 use emp_uapi::sram::{ctl, AdminMailbox};
 
 use crate::fwlib::FwLib;
+use crate::image::TrustedKeys;
 use crate::nic::{drain, signal, NicShared};
 use crate::wire::Wire;
 
@@ -169,6 +170,8 @@ impl Drop for Firmware {
 struct Card {
     shared: Arc<NicShared>,
     fw: Option<Firmware>,
+    /// Tunables for a control program a driver asks this NIC to start.
+    fw_cfg: FwConfig,
     /// Last seen host-written words: admin seq, then per port send/recv/cq.
     seen: Vec<u32>,
 }
@@ -187,6 +190,7 @@ pub struct Engine {
     /// The wire's descriptors: woken by them, never drained like eventfds.
     wire_fds: Vec<RawFd>,
     pool: Vec<Vec<u8>>,
+    trusted: Arc<TrustedKeys>,
 }
 
 fn epoll_add(ep: RawFd, fd: RawFd) {
@@ -197,7 +201,12 @@ fn epoll_add(ep: RawFd, fd: RawFd) {
 
 impl Engine {
     /// An engine for these NICs (local index = position) on `wire`.
-    pub fn new(nics: Vec<(Arc<NicShared>, Option<Firmware>)>, wire: Box<dyn Wire>, stop: Arc<AtomicBool>) -> std::io::Result<Engine> {
+    pub fn new(
+        nics: Vec<(Arc<NicShared>, Option<Firmware>, FwConfig)>,
+        wire: Box<dyn Wire>,
+        stop: Arc<AtomicBool>,
+        trusted: Arc<TrustedKeys>,
+    ) -> std::io::Result<Engine> {
         // SAFETY: plain syscalls creating new descriptors.
         let (ep, tfd) = unsafe {
             (libc::epoll_create1(libc::EPOLL_CLOEXEC), libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC))
@@ -214,14 +223,14 @@ impl Engine {
         }
         let cards: Vec<Card> = nics
             .into_iter()
-            .map(|(shared, fw)| {
+            .map(|(shared, fw, fw_cfg)| {
                 epoll_add(ep, shared.wake.as_raw_fd());
                 let n = 1 + 3 * shared.layout.params.ports as usize;
-                Card { shared, fw, seen: vec![0; n] }
+                Card { shared, fw, fw_cfg, seen: vec![0; n] }
             })
             .collect();
         let rx = cards.iter().map(|_| VecDeque::new()).collect();
-        Ok(Engine { cards, rx, wire, t0: Instant::now(), epoll, timer, spin_ns: 50_000, stop, wire_fds, pool: Vec::new() })
+        Ok(Engine { cards, rx, wire, t0: Instant::now(), epoll, timer, spin_ns: 50_000, stop, wire_fds, pool: Vec::new(), trusted })
     }
 
     fn now(&self) -> u64 {
@@ -262,6 +271,11 @@ impl Engine {
         for i in 0..self.cards.len() {
             let c = &mut self.cards[i];
             if c.fw.is_none() {
+                // A driver staged an image and set LOADING: verify and start it.
+                if c.shared.loading() {
+                    c.fw = crate::nic::boot_staged(&c.shared, &self.trusted, c.fw_cfg);
+                    work = true;
+                }
                 continue;
             }
             // One pool of frame buffers for the whole chassis: frames one NIC

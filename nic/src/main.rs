@@ -12,7 +12,7 @@ use clap::{Parser, ValueEnum};
 use emp_nic::attach::{self, socket_path};
 use emp_nic::engine::Engine;
 use emp_nic::image::TrustedKeys;
-use emp_nic::nic::{power_on, NicConfig};
+use emp_nic::nic::{boot_staged, power_on, NicConfig, SramBacking};
 use emp_nic::wire::{Faults, MemWire, UdpWire, Wire};
 use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{LayoutParams, NicStatus, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
@@ -74,6 +74,10 @@ struct Args {
     /// Spin this long (µs) after the last work before sleeping.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
+    /// Guest NICs: put NIC n's SRAM in `<dir>/sram<n>` for QEMU to map as
+    /// the ivshmem BAR2; the guest's driver stages the firmware.
+    #[arg(long)]
+    vm_sram_dir: Option<PathBuf>,
     /// Write the pid here once every NIC is serving.
     #[arg(long)]
     pidfile: Option<PathBuf>,
@@ -124,8 +128,15 @@ fn run(a: Args) -> Result<ExitCode, String> {
             return Err(format!("{name} must be in [0, 1)"));
         }
     }
-    let image = std::fs::read(&a.firmware).map_err(|e| format!("{}: {e} (run `make firmware`)", a.firmware.display()))?;
-    let trusted = TrustedKeys::load_dir(&a.trusted).map_err(|e| format!("trusted keys: {e}"))?;
+    let image = match &a.vm_sram_dir {
+        Some(_) => Vec::new(),
+        None => std::fs::read(&a.firmware).map_err(|e| format!("{}: {e} (run `make firmware`)", a.firmware.display()))?,
+    };
+    let trusted = Arc::new(TrustedKeys::load_dir(&a.trusted).map_err(|e| format!("trusted keys: {e}"))?);
+    let staging = if a.vm_sram_dir.is_some() { 16 << 20 } else { (image.len().div_ceil(4096) * 4096).max(4096) };
+    if let Some(d) = &a.vm_sram_dir {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
     std::fs::create_dir_all(&a.socket_dir).map_err(|e| format!("{}: {e}", a.socket_dir.display()))?;
     let mut features = 0;
     if a.overflow > 0 {
@@ -146,18 +157,30 @@ fn run(a: Args) -> Result<ExitCode, String> {
             layout: LayoutParams {
                 ports: a.ports,
                 route_entries: nodes as u32,
-                staging_size: (image.len().div_ceil(4096) * 4096).max(4096) as u32,
+                staging_size: staging as u32,
                 ..LayoutParams::default()
             },
             fw: FwConfig { overflow_slots: a.overflow, gen_seed: std::process::id() ^ (node as u32) << 8, ..Default::default() },
             udp_base: a.udp_base,
         };
-        let (shared, fw) = power_on(&cfg, &image, &trusted).map_err(|e| format!("nic {node}: {e}"))?;
-        if shared.status().0 != NicStatus::Running {
+        let sram_path = a.vm_sram_dir.as_ref().map(|d| d.join(format!("sram{node}")));
+        let backing = match &sram_path {
+            Some(p) => SramBacking::File(p),
+            None => SramBacking::Memfd,
+        };
+        let shared = power_on(&cfg, backing).map_err(|e| format!("nic {node}: {e}"))?;
+        let fw = if a.vm_sram_dir.is_none() {
+            // Direct attach: the daemon is the driver and stages the image.
+            let _ = shared.stage(&image);
+            boot_staged(&shared, &trusted, cfg.fw)
+        } else {
+            None
+        };
+        if a.vm_sram_dir.is_none() && shared.status().0 != NicStatus::Running {
             failed += 1;
         }
         attach::serve(shared.clone(), socket_path(&a.socket_dir, node)).map_err(|e| format!("socket: {e}"))?;
-        nics.push((shared, fw));
+        nics.push((shared, fw, cfg.fw));
     }
     let faults = Faults { loss: a.loss, dup: a.dup, reorder: a.reorder, jitter_ns: a.jitter_us * 1000, seed: a.seed };
     let local: Vec<u16> = (a.node_base..a.node_base + a.nics).collect();
@@ -177,7 +200,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
         libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t);
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let mut engine = Engine::new(nics, wire, stop.clone()).map_err(|e| format!("engine: {e}"))?;
+    let mut engine = Engine::new(nics, wire, stop.clone(), trusted).map_err(|e| format!("engine: {e}"))?;
     engine.spin_ns = a.spin_us * 1000;
     if let Some(p) = &a.pidfile {
         std::fs::write(p, format!("{}\n", std::process::id())).map_err(|e| format!("{}: {e}", p.display()))?;

@@ -299,12 +299,21 @@ impl NicShared {
     }
 }
 
-/// Builds a NIC: SRAM with its header and routes; then, as the driver
-/// would, writes `image` into the staging area, lets the NIC verify it and
-/// boots it. A refused image leaves the NIC FAILED with the reason in SRAM.
-pub fn power_on(cfg: &NicConfig, image: &[u8], trusted: &TrustedKeys) -> std::io::Result<(Arc<NicShared>, Option<crate::engine::Firmware>)> {
+/// Where a NIC's SRAM lives.
+pub enum SramBacking<'a> {
+    /// Private memfds (direct attach).
+    Memfd,
+    /// A file QEMU maps as a guest's BAR2.
+    File(&'a std::path::Path),
+}
+
+/// Builds a NIC in RESET: SRAM with its header and routes, no firmware.
+pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Arc<NicShared>> {
     let layout = Layout::new(cfg.layout).map_err(|e| std::io::Error::other(format!("layout: {e}")))?;
-    let sram = Sram::new(&layout)?;
+    let sram = match backing {
+        SramBacking::Memfd => Sram::new(&layout)?,
+        SramBacking::File(p) => Sram::from_file(p, &layout)?,
+    };
     let mut hb = [0u8; SramHeader::SIZE];
     layout.header(cfg.node, cfg.mtu, cfg.features).put(&mut hb);
     sram.write(0, &hb);
@@ -314,7 +323,7 @@ pub fn power_on(cfg: &NicConfig, image: &[u8], trusted: &TrustedKeys) -> std::io
         r.put(&mut b);
         sram.write(layout.route_entry(n as usize), &b);
     }
-    let shared = Arc::new(NicShared {
+    Ok(Arc::new(NicShared {
         node: cfg.node,
         layout,
         sram,
@@ -326,47 +335,71 @@ pub fn power_on(cfg: &NicConfig, image: &[u8], trusted: &TrustedKeys) -> std::io
         ports_changed: AtomicBool::new(true),
         key_salt: Mutex::new(cfg.node as u32 ^ std::process::id() ^ 0x5EED),
         msg_max: 1 << 30,
-    });
-    let set = |st: NicStatus, r: FailReason| {
-        shared.sram.put_u32(core::mem::offset_of!(SramHeader, fail_reason), r as u32);
-        shared.sram.put_u32(core::mem::offset_of!(SramHeader, status), st as u32);
-    };
-    set(NicStatus::Loading, FailReason::None);
-    let staging = layout.staging_off as usize;
-    if image.len() > layout.params.staging_size as usize {
-        set(NicStatus::Failed, FailReason::BadImageHeader);
-        tracing::error!(node = cfg.node, "firmware image ({} bytes) larger than the staging area", image.len());
-        return Ok((shared, None));
+    }))
+}
+
+impl NicShared {
+    fn set_status(&self, st: NicStatus, r: FailReason) {
+        self.sram.put_u32(core::mem::offset_of!(SramHeader, fail_reason), r as u32);
+        self.sram.put_u32(core::mem::offset_of!(SramHeader, status), st as u32);
     }
-    shared.sram.write(staging, image);
-    // The NIC verifies what is in its own staging area.
-    let mut staged = vec![0u8; image.len()];
-    shared.sram.read(staging, &mut staged);
+
+    /// What the driver does: writes `image` into the staging area and sets
+    /// status LOADING (the NIC then verifies and starts it).
+    pub fn stage(&self, image: &[u8]) -> Result<(), FailReason> {
+        if image.len() > self.layout.params.staging_size as usize {
+            self.set_status(NicStatus::Failed, FailReason::BadImageHeader);
+            return Err(FailReason::BadImageHeader);
+        }
+        self.sram.write(self.layout.staging_off as usize, image);
+        self.sram.put_u32(core::mem::offset_of!(SramHeader, staged_len), image.len() as u32);
+        self.set_status(NicStatus::Loading, FailReason::None);
+        Ok(())
+    }
+
+    /// True when a driver asked the NIC to start a staged image.
+    pub fn loading(&self) -> bool {
+        self.status().0 == NicStatus::Loading
+    }
+}
+
+/// The NIC's loader: verifies the image in its staging area against the
+/// trusted keys and starts it. A refused image leaves the NIC FAILED with
+/// the reason in SRAM (and in the log).
+pub fn boot_staged(shared: &Arc<NicShared>, trusted: &TrustedKeys, fw_cfg: FwConfig) -> Option<crate::engine::Firmware> {
+    let len = shared.header().staged_len as usize;
+    if len > shared.layout.params.staging_size as usize {
+        shared.set_status(NicStatus::Failed, FailReason::BadImageHeader);
+        tracing::error!(node = shared.node, "staged image length {len} exceeds the staging area");
+        return None;
+    }
+    let mut staged = vec![0u8; len];
+    shared.sram.read(shared.layout.staging_off as usize, &mut staged);
     let payload = match verify(&staged, trusted) {
         Ok((_, payload)) => payload.to_vec(),
         Err(reason) => {
-            set(NicStatus::Failed, reason);
-            tracing::error!(node = cfg.node, "firmware refused: {}", reason.as_str());
-            return Ok((shared, None));
+            shared.set_status(NicStatus::Failed, reason);
+            tracing::error!(node = shared.node, "firmware refused: {}", reason.as_str());
+            return None;
         }
     };
     let lib = match FwLib::load(&payload) {
         Ok(l) => Arc::new(l),
         Err(e) => {
-            set(NicStatus::Failed, FailReason::LoadFailed);
-            tracing::error!(node = cfg.node, "firmware load failed: {e}");
-            return Ok((shared, None));
+            shared.set_status(NicStatus::Failed, FailReason::LoadFailed);
+            tracing::error!(node = shared.node, "firmware load failed: {e}");
+            return None;
         }
     };
-    let fw = crate::engine::Firmware::boot(lib, shared.clone(), cfg.fw);
+    let fw = crate::engine::Firmware::boot(lib, shared.clone(), fw_cfg);
     match shared.status() {
         (NicStatus::Running, _) if fw.is_some() => {
-            tracing::info!(node = cfg.node, "firmware running");
-            Ok((shared, fw))
+            tracing::info!(node = shared.node, "firmware running");
+            fw
         }
         (_, reason) => {
-            tracing::error!(node = cfg.node, "firmware boot failed: {}", reason.as_str());
-            Ok((shared, None))
+            tracing::error!(node = shared.node, "firmware boot failed: {}", reason.as_str());
+            None
         }
     }
 }

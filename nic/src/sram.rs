@@ -84,6 +84,25 @@ impl Sram {
         Ok(s)
     }
 
+    /// SRAM in a file (e.g. under /dev/shm) that QEMU maps as the ivshmem
+    /// BAR2 of a guest (`memory-backend-file,share=on`): the guest's driver
+    /// sees the same bytes. Ports are reached through the guest's driver,
+    /// so no per-port memfds exist.
+    pub fn from_file(path: &std::path::Path, layout: &Layout) -> io::Result<Sram> {
+        let len = layout.sram_size as usize;
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        f.set_len(len as u64)?;
+        let fd: OwnedFd = f.into();
+        // SAFETY: mapping a file we just sized to `len`, shared, read-write.
+        let base = unsafe {
+            libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Sram { base: base.cast(), len, _whole: fd, ports: Vec::new() })
+    }
+
     /// Bytes of SRAM.
     pub fn len(&self) -> usize {
         self.len
@@ -94,9 +113,9 @@ impl Sram {
         self.len == 0
     }
 
-    /// The memfd behind port window `p`.
-    pub fn port_fd(&self, p: u16) -> BorrowedFd<'_> {
-        self.ports[p as usize].as_fd()
+    /// The memfd behind port window `p` (`None` for file-backed SRAM).
+    pub fn port_fd(&self, p: u16) -> Option<BorrowedFd<'_>> {
+        self.ports.get(p as usize).map(|f| f.as_fd())
     }
 
     fn check(&self, off: usize, len: usize) -> bool {

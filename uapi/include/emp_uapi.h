@@ -304,7 +304,7 @@ struct emp_sram_header {
 	uint32_t port_stride;
 	uint32_t send_entries;
 	uint32_t recv_entries;
-	uint32_t reserved0;
+	uint32_t staged_len;
 	uint64_t counters[EMP_COUNTER_COUNT]; /* EMP_COUNTER_* */
 	uint64_t reserved1[4];
 };

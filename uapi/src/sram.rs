@@ -202,8 +202,10 @@ le_struct! {
         pub send_entries: u32,
         /// Entries in each port's receive ring (power of two).
         pub recv_entries: u32,
-        /// Reserved, zero.
-        pub reserved0: u32,
+        /// Trusted side: bytes of the firmware image written into the
+        /// staging area; set before status goes to LOADING, which asks the
+        /// NIC to verify and start it.
+        pub staged_len: u32,
         /// Counters (see [`counter`]). NIC.
         pub counters: [u64; counter::COUNT],
         /// Reserved, zero.

@@ -183,7 +183,7 @@ fn structs() -> Vec<StructDesc> {
             magic, layout_version, status, fail_reason, node_id, port_count, mtu, features,
             sram_size, heartbeat, admin_off, staging_off, staging_size, mr_off, mr_entries,
             route_off, route_entries, group_off, group_entries, ports_off, port_stride,
-            send_entries, recv_entries, reserved0, counters, reserved1,
+            send_entries, recv_entries, staged_len, counters, reserved1,
         }),
         st!("emp_admin_mailbox", AdminMailbox { request_seq, op, done_seq, result, args }),
         st!("emp_route_entry", RouteEntry { valid, ipv4, udp_port, mac, reserved }),

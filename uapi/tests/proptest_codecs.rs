@@ -146,7 +146,7 @@ arb_struct!(arb_sram_header -> SramHeader {
     port_stride: any::<u32>(),
     send_entries: any::<u32>(),
     recv_entries: any::<u32>(),
-    reserved0: any::<u32>(),
+    staged_len: any::<u32>(),
     counters: any::<[u64; counter::COUNT]>(),
     reserved1: any::<[u64; 4]>(),
 });
