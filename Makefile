@@ -7,7 +7,21 @@
 #                  development key (generated once, never committed)
 CARGO ?= cargo
 
-.PHONY: all build firmware test demo setup clean
+.PHONY: all build firmware test demo setup clean driver kernel vm-test
+
+# The Rust-for-Linux toolchain and guest kernel (cached in ~/.cache/emp).
+kernel:
+	@scripts/kernel/build.sh >/dev/null
+
+# emp.ko against the cached guest kernel, or any Rust-enabled tree (KDIR=…).
+KLLVM ?= -22
+driver:
+	$(MAKE) -C "$(if $(KDIR),$(KDIR),$$(scripts/kernel/build.sh))" M=$(CURDIR) LLVM=$(KLLVM) \
+		RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc \
+		BINDGEN=$(if $(BINDGEN),$(BINDGEN),$$HOME/.cache/emp/bindgen/bin/bindgen) modules
+
+vm-test: build
+	@scripts/vm/run.sh
 
 all: build
 

@@ -19,7 +19,6 @@ struct EmpDriver;
 
 kernel::pci_device_table!(
     PCI_TABLE,
-    MODULE_PCI_TABLE,
     <EmpDriver as pci::Driver>::IdInfo,
     [(pci::DeviceId::from_id(pci::Vendor::REDHAT_QUMRANET, 0x1110), ())]
 );

@@ -10,7 +10,7 @@
 
 use core::mem::offset_of;
 
-use kernel::{device::Core, firmware::Firmware, pci, prelude::*, time::{delay::fsleep, Delta}};
+use kernel::{device::Core, firmware::Firmware, io::Io, pci, prelude::*, time::{delay::fsleep, Delta}};
 
 use crate::sram::{FailReason, Layout, NicStatus, SramHeader, BOARD_SIGNATURE, LAYOUT_VERSION};
 use crate::Le;

@@ -40,7 +40,7 @@ start=$(date +%s)
   done ) &
 ticker=$!
 trap 'kill $ticker 2>/dev/null || true' EXIT
-if ! "${kmake[@]}" -j"$(nproc)" bzImage modules_prepare > "$log" 2>&1; then
+if ! "${kmake[@]}" -j"$(nproc)" all > "$log" 2>&1; then
     tail -40 "$log" >&2
     echo "kernel: build failed (full log: $log)" >&2
     exit 1

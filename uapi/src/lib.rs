@@ -11,7 +11,9 @@
 //! `unsafe` transmute is needed. Decoders of bytes that come from outside
 //! (frames, descriptors, images, tables written by a less trusted party)
 //! validate and return [`DecodeError`]; none panics on any input.
-#![no_std]
+// The kernel module includes this file as a module of its own crate (built
+// with `--cfg CONFIG_RUST`), where `no_std` is the crate's business.
+#![cfg_attr(not(CONFIG_RUST), no_std)]
 #![forbid(unsafe_code)]
 
 pub mod attach;
