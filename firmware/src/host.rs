@@ -171,10 +171,7 @@ impl Nic {
                 break;
             }
             budget -= 1;
-            let idx = self.ports[port as usize].recv_cons;
-            let d = read_desc(hal, w.recv_slot(idx));
-            self.ports[port as usize].recv_cons = idx.wrapping_add(1);
-            self.ports[port as usize].outstanding += 1;
+            let d = self.take_desc(hal, port, false);
             self.post_recv(hal, port, &d);
         }
         let rc = self.ports[port as usize].recv_cons;
@@ -187,14 +184,22 @@ impl Nic {
                 break;
             }
             budget -= 1;
-            let idx = self.ports[port as usize].send_cons;
-            let d = read_desc(hal, w.send_slot(idx));
-            self.ports[port as usize].send_cons = idx.wrapping_add(1);
-            self.ports[port as usize].outstanding += 1;
+            let d = self.take_desc(hal, port, true);
             self.post_send(hal, now, port, &d);
         }
         let sc = self.ports[port as usize].send_cons;
         sram_put_u32(hal, w.ctl(ctl::SEND_CONS), sc);
+    }
+
+    /// Copies the next descriptor out of a ring and reserves CQ room for it.
+    fn take_desc<H: Hal>(&mut self, hal: &mut H, port: u16, send: bool) -> WorkDesc {
+        let w = self.layout.port(port);
+        let st = &mut self.ports[port as usize];
+        let cons = if send { &mut st.send_cons } else { &mut st.recv_cons };
+        let off = if send { w.send_slot(*cons) } else { w.recv_slot(*cons) };
+        *cons = cons.wrapping_add(1);
+        st.outstanding += 1;
+        read_desc(hal, off)
     }
 
     fn post_recv<H: Hal>(&mut self, hal: &mut H, port: u16, d: &WorkDesc) {
