@@ -55,6 +55,7 @@ fn config_from(c: &FwConfig) -> Config {
         tx_max: or(c.tx_max, d.tx_max),
         recv_posted_max: or(c.recv_posted_max, d.recv_posted_max),
         gen_seed: c.gen_seed as u16,
+        cpu_plan: c.cpu_plan,
         ..d
     }
 }
@@ -155,6 +156,28 @@ pub unsafe extern "C" fn emp_fw_describe(nic: *mut c_void, buf: *mut u8, cap: us
     let n = text.len().min(cap);
     out[..n].copy_from_slice(&text.as_bytes()[..n]);
     n
+}
+
+/// NIC CPUs the control program uses.
+///
+/// # Safety
+/// `nic` came from `emp_fw_boot`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_cpus(nic: *mut c_void) -> u32 {
+    // SAFETY: the caller guarantees `nic` is live.
+    unsafe { &*nic.cast::<Nic>() }.cpus() as u32
+}
+
+/// Runs the steps queued for NIC CPU `cpu`; returns how many ran.
+///
+/// # Safety
+/// As `emp_fw_doorbell`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_cpu(nic: *mut c_void, hal: *const FwHal, now: u64, cpu: u32) -> u32 {
+    let mut ran = 0;
+    // SAFETY: forwarded caller guarantees.
+    unsafe { with_nic(nic, hal, |n, h| ran = n.handle_cpu(h, now, cpu as usize) as u32) };
+    ran
 }
 
 /// Frees the control program.

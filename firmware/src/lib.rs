@@ -20,6 +20,7 @@
 //! overflow buffer), and flow control either by receiver state piggybacked
 //! on ACKs (EMP) or by PM's Modified ACK/NACK (seed 003 §3.3).
 
+mod cpu;
 mod ffi;
 mod host;
 mod mr;
@@ -117,6 +118,8 @@ pub struct Config {
     pub msg_max: u64,
     /// First port generation (vary per boot so peers can tell incarnations).
     pub gen_seed: u16,
+    /// How the steps are split over the NIC CPUs (`emp_uapi::image::cpu_plan`).
+    pub cpu_plan: u32,
 }
 
 impl Default for Config {
@@ -140,6 +143,7 @@ impl Default for Config {
             overflow_slot_size: 1024,
             msg_max: 1 << 30,
             gen_seed: 1,
+            cpu_plan: emp_uapi::image::cpu_plan::BASE,
         }
     }
 }
@@ -167,6 +171,9 @@ impl Config {
         }
         if self.peers_max == 0 || self.tx_max == 0 || self.rx_max == 0 || self.recv_posted_max == 0 {
             return Some("table bounds must be > 0");
+        }
+        if self.cpu_plan > emp_uapi::image::cpu_plan::DSR {
+            return Some("cpu_plan must be base, SO, RO, SR or DSR");
         }
         if self.overflow_slots > 0 && self.overflow_slot_size == 0 {
             return Some("overflow_slot_size must be > 0");
@@ -293,6 +300,9 @@ pub struct Nic {
     pub(crate) heartbeat: u32,
     /// Source of timer stamps (unique across slot reuse).
     pub(crate) stamp: u32,
+    /// The NIC CPU running now, and the other CPU's queued steps.
+    pub(crate) cpu: u8,
+    pub(crate) queues: cpu::Queues,
     /// Last DATA-frame decisions (seq, frame index, rx_expected, outcome),
     /// for diagnosis (`describe_peers`).
     pub(crate) trace: VecDeque<(u32, u32, u32, u8)>,
@@ -361,6 +371,8 @@ impl Nic {
             counters_dirty: true,
             heartbeat: 0,
             stamp: 0,
+            cpu: 0,
+            queues: cpu::Queues::default(),
             trace: VecDeque::with_capacity(32),
             frame_buf: vec![0; MTU_MAX as usize],
             cfg,
@@ -381,6 +393,7 @@ impl Nic {
 
     /// The host may have posted work: run admin commands, consume rings.
     pub fn handle_doorbell<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        self.cpu = 0;
         self.service_admin(hal, now);
         self.poll_rings(hal, now);
         self.pump(hal, now);
@@ -389,6 +402,7 @@ impl Nic {
 
     /// A frame arrived from the MAC.
     pub fn handle_frame<H: Hal>(&mut self, hal: &mut H, now: u64, bytes: &[u8]) {
+        self.cpu = cpu::cpu_of(self.cfg.cpu_plan, cpu::Step::Classify);
         self.receive_frame(hal, now, bytes);
         // Completions may have freed table or CQ room that descriptors
         // still in the rings were waiting for: the NIC polls producer
@@ -408,6 +422,7 @@ impl Nic {
 
     /// Time passed: fire expired timers (no-op when nothing expired).
     pub fn handle_timeout<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        self.cpu = 0;
         while let Some(t) = self.timers.pop_expired(now) {
             match t {
                 timer::Timer::Group { slot, group, stamp } => self.on_group_timeout(hal, now, slot, group, stamp),
@@ -517,7 +532,7 @@ impl Nic {
     }
 
     /// Publishes counters and the heartbeat in the SRAM header.
-    fn publish<H: Hal>(&mut self, hal: &mut H) {
+    pub(crate) fn publish<H: Hal>(&mut self, hal: &mut H) {
         if !self.counters_dirty {
             return;
         }

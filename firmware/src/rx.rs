@@ -258,7 +258,8 @@ impl Nic {
             .rx_active
             .iter()
             .copied()
-            .filter(|&r| seq_lt(self.rx.get(r).expect("listed").seq, floor))
+            // A complete record only waits for its receiving CPU: keep it.
+            .filter(|&r| self.rx.get(r).is_some_and(|m| seq_lt(m.seq, floor) && m.frames_received < m.frame_count))
             .collect();
         for r in stale {
             self.finish_rx(hal, r, Some(Status::SenderAborted));
@@ -411,7 +412,16 @@ impl Nic {
         let buf_len = m.desc.len;
         let desc = m.desc;
         let n = (buf_len.saturating_sub(off)).min(payload.len() as u64) as usize;
-        let io = if n > 0 { self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&payload[..n]), MR_LOCAL_WRITE) } else { Ok(()) };
+        let deferred = self.defer(crate::cpu::Step::Receiving);
+        let io = match deferred {
+            _ if n == 0 => Ok(()),
+            Some(cpu) => {
+                let work = crate::cpu::Work::Receive { slot: r, seq, off, data: payload[..n].to_vec() };
+                self.enqueue(hal, cpu, work);
+                Ok(())
+            }
+            None => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&payload[..n]), MR_LOCAL_WRITE),
+        };
         self.count(counter::RX_FRAMES, 1);
         let m = self.rx.get_mut(r);
         if f != 0 && f != m.highest + 1 && m.frames_received > 0 {
@@ -438,8 +448,17 @@ impl Nic {
             self.send_nack(hal, peer, seq, g, missing, NackReason::Loss);
         }
         if all_done {
-            self.finish_rx(hal, r, None);
+            match deferred {
+                // After this record's last payload DMA on the receiving CPU.
+                Some(cpu) => self.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq }),
+                None => self.finish_rx(hal, r, None),
+            }
         }
+    }
+
+    /// A payload DMA failed: the receive will complete with `e`.
+    pub(crate) fn rx_error(&mut self, r: u32, e: Status) {
+        self.rx.get_mut(r).error.get_or_insert(e);
     }
 
     /// Retires a receive record: reports the receive (`error` overrides).
@@ -555,7 +574,15 @@ impl Nic {
         self.count(counter::NACKS_TX, 1);
     }
 
+    /// The send-ack step: runs now, or on the CPU the plan gives it.
     fn emit_control<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) {
+        match self.defer(crate::cpu::Step::SendAck) {
+            Some(cpu) => self.enqueue(hal, cpu, crate::cpu::Work::Control { hdr: *hdr, body: *body }),
+            None => self.put_control(hal, hdr, body),
+        }
+    }
+
+    pub(crate) fn put_control<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) {
         let mut b = [0u8; FrameHeader::SIZE + AckBody::SIZE];
         wire::emit_ack(hdr, body, &mut b).expect("fits");
         hal.mac_transmit(hdr.dst_node, &b);

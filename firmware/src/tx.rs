@@ -137,7 +137,7 @@ impl Nic {
                 if self.peer(peer).inflight_frames >= self.cfg.window_frames {
                     return;
                 }
-                if let Err(st) = self.send_frame(hal, now, slot, f, false) {
+                if let Err(st) = self.transmit(hal, now, slot, f, false) {
                     self.finish_tx(hal, now, slot, st);
                     qi -= 1;
                     break;
@@ -171,8 +171,20 @@ impl Nic {
         self.stamp
     }
 
+    /// The transmission step: runs now, or on the CPU the plan gives it.
+    fn transmit<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, f: u32, retransmit: bool) -> Result<(), Status> {
+        match self.defer(crate::cpu::Step::Transmission) {
+            Some(cpu) => {
+                let seq = self.tx.get(slot).expect("live").seq;
+                self.enqueue(hal, cpu, crate::cpu::Work::Transmit { slot, seq, frame: f, retransmit });
+                Ok(())
+            }
+            None => self.send_frame(hal, now, slot, f, retransmit),
+        }
+    }
+
     /// Builds frame `f` of a message from host memory and transmits it.
-    fn send_frame<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, f: u32, retransmit: bool) -> Result<(), Status> {
+    pub(crate) fn send_frame<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, f: u32, retransmit: bool) -> Result<(), Status> {
         let m = self.tx.get(slot).expect("live");
         let p = self.peer(m.peer);
         let off = wire::frame_offset(f, self.mtu);
@@ -225,7 +237,7 @@ impl Nic {
         let end = end.min(m.next_frame);
         for f in first..end {
             if mask & (1 << (f - first)) != 0 {
-                self.send_frame(hal, now, slot, f, true)?;
+                self.transmit(hal, now, slot, f, true)?;
             }
         }
         Ok(())

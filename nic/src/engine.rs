@@ -86,6 +86,10 @@ pub struct Firmware {
     hw: Box<HwCtx>,
     /// Next timer deadline.
     deadline: u64,
+    /// NIC CPUs in the control program's plan.
+    cpus: u32,
+    /// Time of the current call.
+    now: u64,
 }
 
 // SAFETY: the control program's state is only touched by the thread that
@@ -103,7 +107,9 @@ impl Firmware {
         if state.is_null() {
             return None;
         }
-        Some(Firmware { lib, state, hw, deadline: u64::MAX })
+        // SAFETY: `state` was just returned by boot.
+        let cpus = unsafe { (lib.cpus)(state) };
+        Some(Firmware { lib, state, hw, deadline: u64::MAX, cpus, now: 0 })
     }
 
     fn hal(&mut self) -> FwHal {
@@ -111,11 +117,24 @@ impl Firmware {
     }
 
     fn after_call(&mut self) {
+        // The NIC's other CPUs run what the step queued for them.
+        let hal = self.hal();
+        loop {
+            let mut ran = 0;
+            for c in 0..self.cpus {
+                // SAFETY: live state, valid hal, single-threaded use.
+                ran += unsafe { (self.lib.cpu)(self.state, &hal, self.now, c) };
+            }
+            if ran == 0 {
+                break;
+            }
+        }
         // SAFETY: `state` is live (freed only in Drop).
         self.deadline = unsafe { (self.lib.poll_timeout)(self.state) };
     }
 
     fn doorbell(&mut self, now: u64) {
+        self.now = now;
         let hal = self.hal();
         // SAFETY: live state, valid hal, single-threaded use.
         unsafe { (self.lib.doorbell)(self.state, &hal, now) };
@@ -123,6 +142,7 @@ impl Firmware {
     }
 
     fn frame(&mut self, now: u64, f: Vec<u8>) {
+        self.now = now;
         let hal = self.hal();
         // SAFETY: as above; `f` is valid for its length.
         unsafe { (self.lib.frame)(self.state, &hal, now, f.as_ptr(), f.len()) };
@@ -133,6 +153,7 @@ impl Firmware {
     }
 
     fn timeout(&mut self, now: u64) {
+        self.now = now;
         let hal = self.hal();
         // SAFETY: as above.
         unsafe { (self.lib.timeout)(self.state, &hal, now) };

@@ -16,6 +16,8 @@ type FrameFn = unsafe extern "C" fn(*mut c_void, *const FwHal, u64, *const u8, u
 type PollFn = unsafe extern "C" fn(*mut c_void) -> u64;
 type DescribeFn = unsafe extern "C" fn(*mut c_void, *mut u8, usize) -> usize;
 type FreeFn = unsafe extern "C" fn(*mut c_void);
+type CpusFn = unsafe extern "C" fn(*mut c_void) -> u32;
+type CpuFn = unsafe extern "C" fn(*mut c_void, *const FwHal, u64, u32) -> u32;
 
 /// A loaded control program.
 pub struct FwLib {
@@ -27,6 +29,8 @@ pub struct FwLib {
     pub(crate) poll_timeout: PollFn,
     pub(crate) describe: DescribeFn,
     pub(crate) free: FreeFn,
+    pub(crate) cpus: CpusFn,
+    pub(crate) cpu: CpuFn,
 }
 
 // SAFETY: the library handle and function pointers are plain addresses;
@@ -94,6 +98,8 @@ impl FwLib {
             poll_timeout: get!(fwabi::SYM_POLL_TIMEOUT, PollFn),
             describe: get!(fwabi::SYM_DESCRIBE, DescribeFn),
             free: get!(fwabi::SYM_FREE, FreeFn),
+            cpus: get!(fwabi::SYM_CPUS, CpusFn),
+            cpu: get!(fwabi::SYM_CPU, CpuFn),
         })
     }
 }

@@ -71,6 +71,10 @@ struct Args {
     /// Use PM's Modified ACK/NACK flow control.
     #[arg(long)]
     modified_ack_nack: bool,
+    /// NIC CPU plan (EMP thesis ch. 3): how the control program's steps are
+    /// split over two NIC CPUs.
+    #[arg(long, value_enum, default_value_t = Plan::Base)]
+    cpu_plan: Plan,
     /// Spin this long (µs) after the last work before sleeping.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
@@ -81,6 +85,15 @@ struct Args {
     /// Write the pid here once every NIC is serving.
     #[arg(long)]
     pidfile: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Plan {
+    Base,
+    So,
+    Ro,
+    Sr,
+    Dsr,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -160,7 +173,12 @@ fn run(a: Args) -> Result<ExitCode, String> {
                 staging_size: staging as u32,
                 ..LayoutParams::default()
             },
-            fw: FwConfig { overflow_slots: a.overflow, gen_seed: std::process::id() ^ (node as u32) << 8, ..Default::default() },
+            fw: FwConfig {
+                overflow_slots: a.overflow,
+                gen_seed: std::process::id() ^ (node as u32) << 8,
+                cpu_plan: a.cpu_plan as u32,
+                ..Default::default()
+            },
             udp_base: a.udp_base,
         };
         let sram_path = a.vm_sram_dir.as_ref().map(|d| d.join(format!("sram{node}")));

@@ -49,6 +49,8 @@ pub struct Spec {
     pub truncate_prob: f64,
     /// Add sends that must fail (closed port, bad key, bad descriptor).
     pub errors: bool,
+    /// NIC CPU plan (`emp_uapi::image::cpu_plan`).
+    pub cpu_plan: u32,
     /// Wire behaviour.
     pub wire: WireConfig,
     /// Drawn by [`Spec::swarm`] (replayed by seed) or set from flags.
@@ -72,6 +74,7 @@ impl Spec {
             spread_ns: messages as u64 * 2_000,
             truncate_prob: 0.0,
             errors: false,
+            cpu_plan: 0,
             wire: WireConfig::default(),
             swarm: false,
         }
@@ -107,6 +110,7 @@ impl Spec {
             spread_ns: r.range(0, 2_000_000),
             truncate_prob: if r.chance(0.3) { 0.1 } else { 0.0 },
             errors: r.chance(0.15),
+            cpu_plan: r.below(5) as u32,
             wire: WireConfig {
                 latency_ns: r.range(1_000, 50_000),
                 bandwidth_bps: [1_000_000_000, 10_000_000_000, 25_000_000_000][r.below(3) as usize],
@@ -133,9 +137,9 @@ impl Spec {
         };
         let mut cmd = format!(
             "cargo run --release -p emp-sim -- --nodes {} --messages {} --seed {} --loss {} --dup {} --reorder {} \
-             --max-size {} --mtu {} --group {} --flow {flow} --overflow {} --ports {}",
+             --max-size {} --mtu {} --group {} --flow {flow} --overflow {} --ports {} --cpu-plan {}",
             self.nodes, self.messages, self.seed, self.wire.loss, self.wire.dup, self.wire.reorder,
-            self.size_max, self.mtu, self.group_size, self.overflow_slots, self.ports
+            self.size_max, self.mtu, self.group_size, self.overflow_slots, self.ports, self.cpu_plan
         );
         if let Some(p) = &self.wire.partition {
             cmd += &format!(" --partition-ms {}", p.end_ns / 1_000_000);
@@ -153,6 +157,7 @@ impl Spec {
             // bulk-synchronous program would: size the tables for it (a
             // smaller bound is a resource deadlock the application owns,
             // as with a verbs queue depth).
+            cpu_plan: self.cpu_plan,
             tx_max: self.messages.max(1024),
             recv_posted_max: self.messages.max(4096),
             ..Config::default()

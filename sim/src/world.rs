@@ -312,6 +312,12 @@ impl World {
             let mut hal =
                 SimHal { sram: &mut n.sram, mem: &mut n.mem, out: &mut out, pool: &mut self.pool, interrupts: &mut n.interrupts };
             f(&mut n.nic, &mut hal, now);
+            // The NIC's other CPUs run the steps queued for them.
+            while (0..n.nic.cpus()).any(|c| n.nic.cpu_pending(c) > 0) {
+                for c in 0..n.nic.cpus() {
+                    n.nic.handle_cpu(&mut hal, now, c);
+                }
+            }
         }
         for (dst, frame) in out.drain(..) {
             self.transmit(node, dst, frame);

@@ -1,6 +1,6 @@
 //! The simulation suite: thousands of seeded scenarios across 2–16 nodes,
 //! messages of 0 B–4 MiB, loss 0–20 %, duplication, reordering and healing
-//! partitions, every flow-control scheme; every run checked by the
+//! partitions, every flow-control scheme and NIC CPU plan; every run checked by the
 //! scenario checker. A failure prints the command that replays it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +24,7 @@ struct Coverage {
     dup: u64,
     reorder: u64,
     flows: [u64; 3],
+    plans: [u64; 5],
     jumbo: u64,
     overflow: u64,
     errors: u64,
@@ -57,6 +58,7 @@ fn swarm_every_seed_passes_every_invariant() {
                         c.dup += (r.wire.duplicated > 0) as u64;
                         c.reorder += (r.wire.reordered > 0) as u64;
                         c.flows[spec.flow as usize] += 1;
+                        c.plans[spec.cpu_plan as usize] += 1;
                         c.jumbo += (spec.mtu == 9000) as u64;
                         c.overflow += (r.counters[emp_uapi::sram::counter::OVERFLOW_MSGS] > 0) as u64;
                         c.errors += r.expected_errors;
@@ -89,6 +91,7 @@ fn swarm_every_seed_passes_every_invariant() {
         assert!(c.loss_max > 0.19, "loss up to 20 %");
         assert!(c.partitions > 100 && c.dup > 100 && c.reorder > 100);
         assert!(c.flows.iter().all(|&f| f > 100), "every flow-control scheme: {:?}", c.flows);
+        assert!(c.plans.iter().all(|&p| p > 100), "every NIC CPU plan: {:?}", c.plans);
         assert!(c.jumbo > 100 && c.overflow > 50 && c.errors > 100 && c.truncated > 50);
         assert!(c.retransmits > 1000);
     }

@@ -89,6 +89,15 @@ fn tap_p2p_eight_ranks_on_four_nics_with_loss() {
 }
 
 #[test]
+fn tap_p2p_on_two_nic_cpus_every_plan() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for plan in ["so", "ro", "sr", "dsr"] {
+        let c = Cluster::up(&format!("plan-{plan}"), &["-n", "2", "--cpu-plan", plan, "--loss", "0.02"]);
+        assert_tap(&c.run(2, &[env!("CARGO_BIN_EXE_tap-p2p")]), 10);
+    }
+}
+
+#[test]
 fn tap_p2p_three_ranks_udp_wire() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let base = 40000 + (std::process::id() % 20000) as u16;

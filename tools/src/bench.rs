@@ -89,6 +89,7 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
                 reorder: 0.0,
                 ports: 4,
                 mtu: None,
+                cpu_plan: "base".into(),
                 firmware: None,
                 udp_base: 47000,
                 nicd_args: None,

@@ -42,6 +42,9 @@ pub struct UpArgs {
     /// MTU (default: 9000, jumbo frames, on the in-memory switch; 1500 on UDP).
     #[arg(long)]
     pub mtu: Option<u32>,
+    /// NIC CPU plan (base, so, ro, sr, dsr: EMP thesis ch. 3).
+    #[arg(long, default_value = "base")]
+    pub cpu_plan: String,
     /// Signed firmware image.
     #[arg(long)]
     pub firmware: Option<PathBuf>,
@@ -153,6 +156,7 @@ pub fn up(dir: &Path, a: &UpArgs) -> Result<(), String> {
             .args(["--wire", if a.wire == WireKind::Mem { "mem" } else { "udp" }])
             .args(["--loss", &a.loss.to_string(), "--dup", &a.dup.to_string(), "--reorder", &a.reorder.to_string()])
             .args(["--ports", &a.ports.to_string(), "--udp-base", &a.udp_base.to_string()])
+            .args(["--cpu-plan", &a.cpu_plan])
             .args(["--mtu", &a.mtu.unwrap_or(if a.wire == WireKind::Mem { 9000 } else { 1500 }).to_string()])
             .arg("--socket-dir")
             .arg(dir)

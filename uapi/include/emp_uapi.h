@@ -601,6 +601,10 @@ struct emp_attach_msg {
 #define EMP_FW_SYM_DESCRIBE "emp_fw_describe"
 /* void emp_fw_free(void *fw); */
 #define EMP_FW_SYM_FREE "emp_fw_free"
+/* uint32_t emp_fw_cpus(void *nic); */
+#define EMP_FW_SYM_CPUS "emp_fw_cpus"
+/* uint32_t emp_fw_cpu(void *nic, const struct emp_fw_hal *hal, uint64_t now, uint32_t cpu); */
+#define EMP_FW_SYM_CPU "emp_fw_cpu"
 
 /* Hardware services over an opaque context. DMA calls return 0 when done,
  * nonzero when the DMA failed. */
@@ -631,7 +635,7 @@ struct emp_fw_config {
 	uint32_t tx_max;          /* outstanding sends per NIC */
 	uint32_t recv_posted_max; /* posted receives per NIC */
 	uint32_t gen_seed;        /* seed of port generations (vary per boot) */
-	uint32_t reserved;        /* zero */
+	uint32_t cpu_plan;        /* NIC CPU plan (EMP_CPU_PLAN_*) */
 };
 
 /* ------------------------------------------------------------------ */

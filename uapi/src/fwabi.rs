@@ -31,6 +31,11 @@ pub const SYM_POLL_TIMEOUT: &str = "emp_fw_poll_timeout";
 pub const SYM_DESCRIBE: &str = "emp_fw_describe";
 /// `extern "C" fn(*mut c_void)`: frees the control program's state.
 pub const SYM_FREE: &str = "emp_fw_free";
+/// `extern "C" fn(*mut c_void) -> u32`: NIC CPUs the control program uses.
+pub const SYM_CPUS: &str = "emp_fw_cpus";
+/// `extern "C" fn(*mut c_void, *const FwHal, u64, u32) -> u32`: runs the
+/// steps queued for one NIC CPU; returns how many ran.
+pub const SYM_CPU: &str = "emp_fw_cpu";
 
 /// Hardware services, as C function pointers over an opaque context.
 /// Return codes: 0 = done, nonzero = the DMA failed.
@@ -76,6 +81,6 @@ pub struct FwConfig {
     pub recv_posted_max: u32,
     /// Seed of port generations (vary per boot).
     pub gen_seed: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// NIC CPU plan (`crate::image::cpu_plan`).
+    pub cpu_plan: u32,
 }

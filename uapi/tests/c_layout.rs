@@ -210,7 +210,7 @@ fn structs() -> Vec<StructDesc> {
         }),
         st_repr_c!("emp_fw_config", FwConfig {
             group_size, window_frames, rto_ns, rto_ns_max, retry_limit, overflow_slots, tx_max,
-            recv_posted_max, gen_seed, reserved,
+            recv_posted_max, gen_seed, cpu_plan,
         }),
     ]
 }
@@ -421,6 +421,8 @@ fn string_constants() -> Vec<StrConstDesc> {
         EMP_FW_SYM_POLL_TIMEOUT = fwabi::SYM_POLL_TIMEOUT,
         EMP_FW_SYM_DESCRIBE = fwabi::SYM_DESCRIBE,
         EMP_FW_SYM_FREE = fwabi::SYM_FREE,
+        EMP_FW_SYM_CPUS = fwabi::SYM_CPUS,
+        EMP_FW_SYM_CPU = fwabi::SYM_CPU,
     ]
 }
 

@@ -1,0 +1,133 @@
+//! NIC CPUs (EMP thesis ch. 3). The control program's steps are assigned to
+//! CPU A (0) or CPU B (1) by the plan chosen at boot; a step that belongs to
+//! the other CPU is queued there (the thesis' cross-CPU event through the
+//! common area) instead of running inline. Every CPU of a NIC runs on the
+//! host thread that drives the NIC, one after the other: the queues change
+//! which step runs when, exactly as the thesis' pipelining does, while the
+//! state stays one structure (the thesis' single semaphore).
+//!
+//! | plan | transmission | receiving (frame DMA) | send ack | frames classified on |
+//! |------|--------------|-----------------------|----------|----------------------|
+//! | base | A            | A                     | A        | A                    |
+//! | SO   | B            | A                     | B        | A                    |
+//! | RO   | A            | B                     | A        | A                    |
+//! | SR   | B            | B                     | B        | A                    |
+//! | DSR  | A            | B                     | A        | B                    |
+
+use std::collections::VecDeque;
+
+use emp_uapi::image::cpu_plan;
+use emp_uapi::wire::{AckBody, FrameHeader};
+
+use crate::mr::Buf;
+use crate::{Hal, Nic};
+
+/// Steps that can move between CPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    Transmission,
+    Receiving,
+    SendAck,
+    Classify,
+}
+
+/// Which CPU runs `step` under `plan`.
+pub(crate) const fn cpu_of(plan: u32, step: Step) -> u8 {
+    match (plan, step) {
+        (cpu_plan::SO, Step::Transmission | Step::SendAck) => 1,
+        (cpu_plan::RO, Step::Receiving) => 1,
+        (cpu_plan::SR, Step::Transmission | Step::Receiving | Step::SendAck) => 1,
+        (cpu_plan::DSR, Step::Receiving | Step::Classify) => 1,
+        _ => 0,
+    }
+}
+
+/// CPUs a plan uses.
+pub(crate) const fn cpus(plan: u32) -> u8 {
+    if plan == cpu_plan::BASE { 1 } else { 2 }
+}
+
+/// Work queued for another CPU.
+#[derive(Debug)]
+pub(crate) enum Work {
+    /// Send frame `frame` of tx record `slot` (message `seq`).
+    Transmit { slot: u32, seq: u32, frame: u32, retransmit: bool },
+    /// DMA a received payload into rx record `slot` at message offset `off`.
+    Receive { slot: u32, seq: u32, off: u64, data: Vec<u8> },
+    /// Every frame of rx record `slot` is in: complete the receive.
+    Finish { slot: u32, seq: u32 },
+    /// Put an ACK/NACK on the wire.
+    Control { hdr: FrameHeader, body: AckBody },
+}
+
+/// Bound of each queue: beyond it a step runs inline (never dropped).
+pub(crate) const QUEUE_MAX: usize = 1 << 16;
+
+/// The per-CPU queues.
+#[derive(Debug, Default)]
+pub(crate) struct Queues {
+    q: [VecDeque<Work>; 2],
+}
+
+impl Nic {
+    /// Should `step` be queued rather than run now?
+    pub(crate) fn defer(&self, step: Step) -> Option<u8> {
+        let cpu = cpu_of(self.cfg.cpu_plan, step);
+        (cpu != self.cpu && self.queues.q[cpu as usize].len() < QUEUE_MAX).then_some(cpu)
+    }
+
+    pub(crate) fn enqueue<H: Hal>(&mut self, hal: &mut H, cpu: u8, w: Work) {
+        self.queues.q[cpu as usize].push_back(w);
+        hal.cpu_event(cpu, 1);
+    }
+
+    /// NIC CPUs in use.
+    pub fn cpus(&self) -> usize {
+        cpus(self.cfg.cpu_plan) as usize
+    }
+
+    /// Work waiting for `cpu`.
+    pub fn cpu_pending(&self, cpu: usize) -> usize {
+        self.queues.q.get(cpu).map_or(0, |q| q.len())
+    }
+
+    /// Runs CPU `cpu`'s queued steps; returns how many ran.
+    pub fn handle_cpu<H: Hal>(&mut self, hal: &mut H, now: u64, cpu: usize) -> usize {
+        let Some(n) = self.queues.q.get(cpu).map(|q| q.len()) else { return 0 };
+        let prev = core::mem::replace(&mut self.cpu, cpu as u8);
+        for _ in 0..n {
+            let Some(w) = self.queues.q[cpu].pop_front() else { break };
+            self.run_work(hal, now, w);
+        }
+        self.pump(hal, now);
+        self.cpu = prev;
+        self.publish(hal);
+        n
+    }
+
+    fn run_work<H: Hal>(&mut self, hal: &mut H, now: u64, w: Work) {
+        match w {
+            Work::Transmit { slot, seq, frame, retransmit } => {
+                if self.tx.get(slot).is_some_and(|m| m.seq == seq) {
+                    if let Err(st) = self.send_frame(hal, now, slot, frame, retransmit) {
+                        self.finish_tx(hal, now, slot, st);
+                    }
+                }
+            }
+            Work::Receive { slot, seq, off, data } => {
+                let Some(m) = self.rx.get(slot).filter(|m| m.seq == seq) else { return };
+                let (port, desc) = (m.port, m.desc);
+                let io = self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data), emp_uapi::desc::MR_LOCAL_WRITE);
+                if let Err(e) = io {
+                    self.rx_error(slot, e);
+                }
+            }
+            Work::Finish { slot, seq } => {
+                if self.rx.get(slot).is_some_and(|m| m.seq == seq) {
+                    self.finish_rx(hal, slot, None);
+                }
+            }
+            Work::Control { hdr, body } => self.put_control(hal, &hdr, &body),
+        }
+    }
+}
