@@ -46,7 +46,7 @@ unsafe impl Send for Device {}
 fn memfd(name: &str, len: usize) -> Result<OwnedFd> {
     let c = std::ffi::CString::new(name).expect("no NUL");
     // SAFETY: valid C string and flags.
-    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error().into());
     }
@@ -54,6 +54,11 @@ fn memfd(name: &str, len: usize) -> Result<OwnedFd> {
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: ftruncate on a valid fd.
     if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // The NIC maps this memory: it must never shrink under it.
+    // SAFETY: fcntl(F_ADD_SEALS) on our own memfd.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL) } != 0 {
         return Err(std::io::Error::last_os_error().into());
     }
     Ok(fd)

@@ -36,6 +36,14 @@ impl Region {
         if len == 0 || len >= REGION_MAX || offset % emp_uapi::PAGE_SIZE as u64 != 0 {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
+        // The file must be sealed against shrinking: a process that
+        // truncated a registered arena would make the NIC's DMA fault
+        // (SIGBUS) and take every port down with it.
+        // SAFETY: fcntl(F_GET_SEALS) on a valid fd.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+        }
         // Refuse a mapping beyond the file: touching it would SIGBUS the NIC.
         // SAFETY: fstat on a valid fd into a zeroed struct.
         let mut st: libc::stat = unsafe { core::mem::zeroed() };

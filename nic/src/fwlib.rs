@@ -53,7 +53,7 @@ fn dlerror() -> String {
 impl FwLib {
     /// Loads an ELF payload (already verified) and resolves its entry points.
     pub fn load(payload: &[u8]) -> Result<FwLib, String> {
-        let fd = crate::sram::new_memfd("emp-fw", 0).map_err(|e| format!("memfd: {e}"))?;
+        let fd = crate::sram::new_memfd("emp-fw", payload.len()).map_err(|e| format!("memfd: {e}"))?;
         // SAFETY: we own `fd`; the File takes it over for writing.
         let mut f = unsafe { std::fs::File::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
         f.write_all(payload).map_err(|e| format!("writing payload: {e}"))?;

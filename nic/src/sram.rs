@@ -27,7 +27,7 @@ unsafe impl Sync for Sram {}
 fn memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
     let cname = std::ffi::CString::new(name).expect("no NUL");
     // SAFETY: `cname` is a valid C string; the flags are valid.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -35,6 +35,12 @@ fn memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: ftruncate on a valid fd.
     if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Port windows are handed to processes: none may resize the memory the
+    // NIC has mapped (a shrink would fault the NIC).
+    // SAFETY: fcntl(F_ADD_SEALS) on our own memfd.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(fd)
