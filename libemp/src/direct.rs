@@ -242,7 +242,7 @@ impl Device {
     }
 
     fn word(&self, off: usize) -> &AtomicU32 {
-        debug_assert!(off % 4 == 0 && off + 4 <= self.window_len);
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= self.window_len);
         // SAFETY: in-window, aligned; shared memory accessed atomically.
         unsafe { &*self.window.add(off).cast::<AtomicU32>() }
     }

@@ -18,6 +18,10 @@ pub const fn bus_addr(space: u64, id: u16, offset: u64) -> u64 {
     (space << 56) | ((id as u64) << 40) | offset
 }
 
+/// A DMA that missed: outside every region, or the process memory is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaFault;
+
 /// One registered region.
 pub enum Region {
     /// A shared memfd, mapped in the daemon.
@@ -33,7 +37,7 @@ unsafe impl Send for Region {}
 impl Region {
     /// Maps `len` bytes at `offset` of a process's memfd.
     pub fn map_arena(fd: OwnedFd, offset: u64, len: u64) -> std::io::Result<Region> {
-        if len == 0 || len >= REGION_MAX || offset % emp_uapi::PAGE_SIZE as u64 != 0 {
+        if len == 0 || len >= REGION_MAX || !offset.is_multiple_of(emp_uapi::PAGE_SIZE as u64) {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
         // The file must be sealed against shrinking: a process that
@@ -85,9 +89,9 @@ impl Region {
     }
 
     /// Copies `buf.len()` bytes at `off` out of the region.
-    pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), ()> {
+    pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
         if off.checked_add(buf.len() as u64).is_none_or(|e| e > self.len()) {
-            return Err(());
+            return Err(DmaFault);
         }
         match self {
             Region::Arena { base, .. } => {
@@ -101,9 +105,9 @@ impl Region {
     }
 
     /// Copies `data` into the region at `off`.
-    pub fn write(&self, off: u64, data: &[u8]) -> Result<(), ()> {
+    pub fn write(&self, off: u64, data: &[u8]) -> Result<(), DmaFault> {
         if off.checked_add(data.len() as u64).is_none_or(|e| e > self.len()) {
-            return Err(());
+            return Err(DmaFault);
         }
         match self {
             Region::Arena { base, .. } => {
@@ -116,7 +120,7 @@ impl Region {
     }
 }
 
-fn vm_io(pid: i32, remote: u64, local: *mut u8, len: usize, write: bool) -> Result<(), ()> {
+fn vm_io(pid: i32, remote: u64, local: *mut u8, len: usize, write: bool) -> Result<(), DmaFault> {
     if len == 0 {
         return Ok(());
     }
@@ -131,7 +135,7 @@ fn vm_io(pid: i32, remote: u64, local: *mut u8, len: usize, write: bool) -> Resu
             libc::process_vm_readv(pid, &l, 1, &r, 1, 0)
         }
     };
-    if n == len as isize { Ok(()) } else { Err(()) }
+    if n == len as isize { Ok(()) } else { Err(DmaFault) }
 }
 
 impl Drop for Region {
@@ -174,14 +178,14 @@ impl DmaMap {
     }
 
     /// DMA read.
-    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), ()> {
-        let (r, off) = self.resolve(addr).ok_or(())?;
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        let (r, off) = self.resolve(addr).ok_or(DmaFault)?;
         r.read(off, buf)
     }
 
     /// DMA write.
-    pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), ()> {
-        let (r, off) = self.resolve(addr).ok_or(())?;
+    pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
+        let (r, off) = self.resolve(addr).ok_or(DmaFault)?;
         r.write(off, data)
     }
 }

@@ -45,7 +45,7 @@ extern "C" fn hw_dma_read(ctx: *mut c_void, addr: u64, buf: *mut u8, len: usize)
     let (hw, buf) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts_mut(buf, len)) };
     match hw.shared.dma.lock().expect("dma").read(addr, buf) {
         Ok(()) => 0,
-        Err(()) => -1,
+        Err(_) => -1,
     }
 }
 
@@ -54,7 +54,7 @@ extern "C" fn hw_dma_write(ctx: *mut c_void, addr: u64, data: *const u8, len: us
     let (hw, data) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
     match hw.shared.dma.lock().expect("dma").write(addr, data) {
         Ok(()) => 0,
-        Err(()) => -1,
+        Err(_) => -1,
     }
 }
 

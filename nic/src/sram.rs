@@ -68,7 +68,7 @@ impl Sram {
         for p in 0..layout.params.ports {
             let fd = memfd(&format!("emp-port{p}"), stride)?;
             let at = layout.port(p).base;
-            assert!(at + stride <= len && at % emp_uapi::PAGE_SIZE == 0);
+            assert!(at + stride <= len && at.is_multiple_of(emp_uapi::PAGE_SIZE));
             // SAFETY: `at..at+stride` lies inside our own mapping (checked
             // above), page aligned; MAP_FIXED replaces those pages with the
             // port's memfd, which is what we want.
@@ -151,7 +151,7 @@ impl Sram {
     }
 
     fn word(&self, off: usize) -> &AtomicU32 {
-        assert!(off % 4 == 0 && self.check(off, 4), "SRAM word {off:#x} out of range");
+        assert!(off.is_multiple_of(4) && self.check(off, 4), "SRAM word {off:#x} out of range");
         // SAFETY: in range and 4-byte aligned (asserted); AtomicU32 has the
         // layout of u32 and shared memory is what atomics are for.
         unsafe { &*self.base.add(off).cast::<AtomicU32>() }

@@ -101,7 +101,7 @@ impl Spec {
             nodes,
             ports: r.range(1, 3) as u16,
             messages,
-            size_max: if large { 4 << 20 } else { r.range(0, 3) as u64 * 8192 + 4096 },
+            size_max: if large { 4 << 20 } else { r.range(0, 3) * 8192 + 4096 },
             large_prob: if large { 0.1 } else { 0.2 },
             mtu: if r.chance(0.2) { 9000 } else { 1500 },
             group_size: [1, 2, 3, 3, 4, 8][r.below(6) as usize],

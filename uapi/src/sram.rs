@@ -289,7 +289,7 @@ impl Layout {
         if p.mr_entries == 0 || p.mr_entries > 0x10000 || p.route_entries == 0 || p.route_entries > 0xFFFF {
             return Err(DecodeError::BadLength);
         }
-        if p.staging_size as usize % PAGE_SIZE != 0 {
+        if !(p.staging_size as usize).is_multiple_of(PAGE_SIZE) {
             return Err(DecodeError::BadLength);
         }
         let admin = PAGE_SIZE as u64;
