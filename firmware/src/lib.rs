@@ -306,6 +306,8 @@ pub struct Nic {
     /// Last DATA-frame decisions (seq, frame index, rx_expected, outcome),
     /// for diagnosis (`describe_peers`).
     pub(crate) trace: VecDeque<(u32, u32, u32, u8)>,
+    /// An RxSweep timer is armed.
+    pub(crate) sweep_armed: bool,
     /// One frame of scratch: payloads pass through here between DMA and MAC;
     /// whole messages are never staged on the NIC.
     pub(crate) frame_buf: Vec<u8>,
@@ -374,6 +376,7 @@ impl Nic {
             cpu: 0,
             queues: cpu::Queues::default(),
             trace: VecDeque::with_capacity(32),
+            sweep_armed: false,
             frame_buf: vec![0; MTU_MAX as usize],
             cfg,
         };
@@ -426,7 +429,7 @@ impl Nic {
         while let Some(t) = self.timers.pop_expired(now) {
             match t {
                 timer::Timer::Group { slot, group, stamp } => self.on_group_timeout(hal, now, slot, group, stamp),
-                timer::Timer::RxIdle { slot, stamp } => self.on_rx_idle(hal, now, slot, stamp),
+                timer::Timer::RxSweep => self.on_rx_sweep(hal, now),
             }
         }
         self.poll_rings(hal, now);
@@ -651,13 +654,14 @@ mod tests {
     #[test]
     fn timers_pop_in_deadline_order() {
         let mut t = TimerHeap::default();
-        t.arm(30, timer::Timer::RxIdle { slot: 3, stamp: 1 });
-        t.arm(10, timer::Timer::RxIdle { slot: 1, stamp: 1 });
-        t.arm(20, timer::Timer::RxIdle { slot: 2, stamp: 1 });
+        let g = |slot| timer::Timer::Group { slot, group: 0, stamp: 1 };
+        t.arm(30, g(3));
+        t.arm(10, g(1));
+        t.arm(20, g(2));
         assert_eq!(t.next_deadline(), Some(10));
         assert_eq!(t.pop_expired(5), None);
-        assert_eq!(t.pop_expired(25), Some(timer::Timer::RxIdle { slot: 1, stamp: 1 }));
-        assert_eq!(t.pop_expired(25), Some(timer::Timer::RxIdle { slot: 2, stamp: 1 }));
+        assert_eq!(t.pop_expired(25), Some(g(1)));
+        assert_eq!(t.pop_expired(25), Some(g(2)));
         assert_eq!(t.pop_expired(25), None);
         assert_eq!(t.len(), 1);
     }

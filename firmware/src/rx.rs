@@ -32,7 +32,6 @@ pub(crate) struct RxMsg {
     pub frames_received: u32,
     pub highest: u32,
     pub last_activity: u64,
-    pub stamp: u32,
     pub error: Option<Status>,
 }
 
@@ -293,7 +292,6 @@ impl Nic {
         if let Some(i) = posted.iter().position(|d| d.matches(hdr.src_node, hdr.src_port, msg.tag)) {
             let desc = posted[i];
             let groups = hdr.frame_count.div_ceil(self.cfg.group_size) as usize;
-            let stamp = self.next_stamp();
             let rec = RxMsg {
                 port,
                 peer,
@@ -307,12 +305,14 @@ impl Nic {
                 frames_received: 0,
                 highest: 0,
                 last_activity: now,
-                stamp,
                 error: None,
             };
             let Some(r) = self.rx.insert(rec) else { return MatchOutcome::NotReady };
             self.ports[port as usize].posted.remove(i);
-            self.timers.arm(now + self.cfg.rx_idle_timeout_ns, Timer::RxIdle { slot: r, stamp });
+            if !self.sweep_armed {
+                self.sweep_armed = true;
+                self.timers.arm(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
+            }
             let p = self.peer_mut(peer);
             p.rx_active.push(r);
             p.rx_expected = hdr.msg_seq.wrapping_add(1);
@@ -483,17 +483,22 @@ impl Nic {
         self.complete(hal, m.port, c);
     }
 
-    /// Inactivity timer of a partially received message.
-    pub(crate) fn on_rx_idle<H: Hal>(&mut self, hal: &mut H, now: u64, r: u32, stamp: u32) {
-        let Some(m) = self.rx.get(r) else { return };
-        if m.stamp != stamp {
-            return;
-        }
-        let deadline = m.last_activity + self.cfg.rx_idle_timeout_ns;
-        if now >= deadline {
+    /// Every quarter of the idle timeout: abort partially received
+    /// messages no frame arrived for within the timeout (one timer for all
+    /// records, not one per message).
+    pub(crate) fn on_rx_sweep<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        let idle: Vec<u32> = self
+            .rx
+            .iter()
+            .filter(|(_, m)| now >= m.last_activity + self.cfg.rx_idle_timeout_ns)
+            .map(|(s, _)| s)
+            .collect();
+        for r in idle {
             self.finish_rx(hal, r, Some(Status::SenderAborted));
-        } else {
-            self.timers.arm(deadline, Timer::RxIdle { slot: r, stamp });
+        }
+        self.sweep_armed = self.rx.used() > 0;
+        if self.sweep_armed {
+            self.timers.arm(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
         }
     }
 

@@ -31,6 +31,10 @@ impl<T> Slots<T> {
         self.slots[s as usize] = Some(v);
         Some(s)
     }
+    /// Live records with their slots.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
+        self.slots.iter().enumerate().filter_map(|(i, v)| v.as_ref().map(|v| (i as u32, v)))
+    }
     /// Stores `v` in a table the caller checked is not full.
     pub(crate) fn insert_checked(&mut self, v: T) -> u32 {
         self.insert(v).expect("caller checked is_full")

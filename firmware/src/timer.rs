@@ -10,8 +10,8 @@ use std::collections::BinaryHeap;
 pub enum Timer {
     /// Retransmission timer of group `group` of tx record `slot`.
     Group { slot: u32, group: u32, stamp: u32 },
-    /// Inactivity timer of rx record `slot`.
-    RxIdle { slot: u32, stamp: u32 },
+    /// Periodic sweep for partially received messages that went idle.
+    RxSweep,
 }
 
 /// Deadline-ordered timers.

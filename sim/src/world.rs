@@ -138,30 +138,13 @@ enum Kind {
     Host,
 }
 
+/// An event's payload, kept in a slab: the heap only orders small
+/// `(time, sequence, slab index)` keys.
 #[derive(Debug)]
 struct Event {
-    at: u64,
-    seq: u64,
     node: u16,
     kind: Kind,
     data: Vec<u8>,
-}
-
-impl PartialEq for Event {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, o: &Self) -> Option<core::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Event {
-    fn cmp(&self, o: &Self) -> core::cmp::Ordering {
-        (self.at, self.seq).cmp(&(o.at, o.seq))
-    }
 }
 
 /// What an event was, as seen by the workload driver.
@@ -189,7 +172,9 @@ pub struct World {
     pub events: u64,
     /// Delay between a host's doorbell write and the NIC noticing it.
     pub doorbell_ns: u64,
-    queue: BinaryHeap<Reverse<Event>>,
+    queue: BinaryHeap<Reverse<(u64, u64, u32)>>,
+    slab: Vec<Option<Event>>,
+    slab_free: Vec<u32>,
     seq: u64,
     rng: Rng,
     out: Vec<(u16, Vec<u8>)>,
@@ -240,6 +225,8 @@ impl World {
             events: 0,
             doorbell_ns: 1_000,
             queue: BinaryHeap::new(),
+            slab: Vec::new(),
+            slab_free: Vec::new(),
             seq: 0,
             rng,
             out: Vec::new(),
@@ -250,7 +237,18 @@ impl World {
 
     fn push(&mut self, at: u64, node: u16, kind: Kind, data: Vec<u8>) {
         self.seq += 1;
-        self.queue.push(Reverse(Event { at, seq: self.seq, node, kind, data }));
+        let ev = Some(Event { node, kind, data });
+        let i = match self.slab_free.pop() {
+            Some(i) => {
+                self.slab[i as usize] = ev;
+                i
+            }
+            None => {
+                self.slab.push(ev);
+                (self.slab.len() - 1) as u32
+            }
+        };
+        self.queue.push(Reverse((at, self.seq, i)));
     }
 
     /// The host of `node` wrote a doorbell.
@@ -275,9 +273,11 @@ impl World {
 
     /// Processes the next event; `None` when nothing is left.
     pub fn step(&mut self) -> Option<Step> {
-        let Reverse(ev) = self.queue.pop()?;
-        debug_assert!(ev.at >= self.now, "time went backwards");
-        self.now = ev.at;
+        let Reverse((at, _, i)) = self.queue.pop()?;
+        let ev = self.slab[i as usize].take().expect("queued event");
+        self.slab_free.push(i);
+        debug_assert!(at >= self.now, "time went backwards");
+        self.now = at;
         self.events += 1;
         let node = ev.node;
         match ev.kind {
@@ -290,7 +290,7 @@ impl World {
                 }
             }
             Kind::Timer => {
-                if self.nodes[node as usize].timer_at != Some(ev.at) {
+                if self.nodes[node as usize].timer_at != Some(at) {
                     return Some(Step::Nic(node)); // Superseded.
                 }
                 self.nodes[node as usize].timer_at = None;
@@ -389,6 +389,6 @@ impl World {
 
     /// Time of the next event.
     pub fn next_at(&self) -> Option<u64> {
-        self.queue.peek().map(|Reverse(e)| e.at)
+        self.queue.peek().map(|Reverse((at, _, _))| *at)
     }
 }
