@@ -14,6 +14,7 @@ mod uapi;
 pub(crate) use uapi::{attach, desc, fwabi, image, ioctl, sram, wire, DecodeError, Le, ANY_NODE, ANY_PORT, PAGE_SIZE, ZEROS};
 
 mod nic;
+mod port;
 
 struct EmpDriver;
 

@@ -10,7 +10,7 @@
 
 use core::mem::offset_of;
 
-use kernel::{device::Core, firmware::Firmware, io::Io, pci, prelude::*, time::{delay::fsleep, Delta}};
+use kernel::{device::Core, firmware::Firmware, io::Io, pci, prelude::*, sync::Arc, time::{delay::fsleep, Delta}};
 
 use crate::sram::{FailReason, Layout, NicStatus, SramHeader, BOARD_SIGNATURE, LAYOUT_VERSION};
 use crate::Le;
@@ -19,11 +19,11 @@ use crate::Le;
 // TIMEOUT: verifying a 5 MB image (SHA-256 + ed25519) takes well under 1 s.
 const BOOT_TIMEOUT_MS: i64 = 5000;
 
-/// A bound EMP NIC.
+/// A bound EMP NIC. Fields drop in order: `/dev/emp-nic` goes away before
+/// BAR2 is unmapped and released.
 pub(crate) struct Nic<'bound> {
-    pdev: &'bound pci::Device,
-    bar: pci::Bar<'bound>,
-    layout: Layout,
+    _dev: Pin<KBox<crate::port::NicDev>>,
+    _bar: pci::Bar<'bound>,
 }
 
 impl<'bound> Nic<'bound> {
@@ -54,48 +54,50 @@ impl<'bound> Nic<'bound> {
             dev_err!(pdev, "SRAM of {} bytes does not fit BAR2 ({} bytes)\n", layout.sram_size, bar_len);
             return Err(ENODEV);
         }
-        let nic = Nic { pdev, bar, layout };
-        nic.load_firmware()?;
+        load_firmware(pdev, &bar, &layout)?;
+        let info = Arc::pin_init(
+            crate::port::NicInfo::new(header.node_id, header.mtu, header.features, layout, pdev.resource_start(2)?),
+            GFP_KERNEL,
+        )?;
+        let dev = KBox::pin_init(crate::port::NicDev::new(info), GFP_KERNEL)?;
         dev_info!(pdev, "EMP NIC node {} running, {} ports, MTU {}\n", header.node_id, header.port_count, header.mtu);
-        Ok(nic)
+        Ok(Nic { _dev: dev, _bar: bar })
     }
+}
 
-    fn status(&self) -> Result<(u32, u32)> {
-        Ok((
-            self.bar.try_read32(offset_of!(SramHeader, status))?,
-            self.bar.try_read32(offset_of!(SramHeader, fail_reason))?,
-        ))
-    }
+fn status(bar: &pci::Bar<'_>) -> Result<(u32, u32)> {
+    Ok((bar.try_read32(offset_of!(SramHeader, status))?, bar.try_read32(offset_of!(SramHeader, fail_reason))?))
+}
 
-    /// Writes the signed image into the staging area and asks the NIC to
-    /// verify and start it.
-    fn load_firmware(&self) -> Result {
-        let fw = Firmware::request(c"emp/emp-fw.bin", self.pdev.as_ref())?;
+/// Writes the signed image into the staging area and asks the NIC to
+/// verify and start it.
+fn load_firmware(pdev: &pci::Device, bar: &pci::Bar<'_>, layout: &Layout) -> Result {
+    let fw = Firmware::request(c"emp/emp-fw.bin", pdev.as_ref())?;
         let data = fw.data();
-        if data.len() > self.layout.params.staging_size as usize {
-            dev_err!(self.pdev, "firmware image of {} bytes exceeds the staging area\n", data.len());
+        if data.len() > layout.params.staging_size as usize {
+            dev_err!(pdev, "firmware image of {} bytes exceeds the staging area\n", data.len());
             return Err(EFBIG);
         }
-        let base = self.layout.staging_off as usize;
+        let base = layout.staging_off as usize;
         for (i, chunk) in data.chunks(4).enumerate() {
             let mut w = [0u8; 4];
             w[..chunk.len()].copy_from_slice(chunk);
-            self.bar.try_write32(u32::from_le_bytes(w), base + 4 * i)?;
+            bar.try_write32(u32::from_le_bytes(w), base + 4 * i)?;
         }
-        self.bar.try_write32(data.len() as u32, offset_of!(SramHeader, staged_len))?;
-        self.bar.try_write32(NicStatus::Loading as u32, offset_of!(SramHeader, status))?;
+        bar.try_write32(data.len() as u32, offset_of!(SramHeader, staged_len))?;
+        bar.try_write32(NicStatus::Loading as u32, offset_of!(SramHeader, status))?;
         let mut waited = 0;
         loop {
-            let (status, reason) = self.status()?;
+            let (status, reason) = status(bar)?;
             match NicStatus::from_u32(status) {
                 Some(NicStatus::Running) => return Ok(()),
                 Some(NicStatus::Failed) => {
                     let why = FailReason::from_u32(reason).map(|r| r.as_str()).unwrap_or("unknown reason");
-                    dev_err!(self.pdev, "the NIC refused the firmware: {}\n", why);
+                    dev_err!(pdev, "the NIC refused the firmware: {}\n", why);
                     return Err(EIO);
                 }
                 _ if waited >= BOOT_TIMEOUT_MS => {
-                    dev_err!(self.pdev, "the NIC did not start the firmware within {} ms\n", BOOT_TIMEOUT_MS);
+                    dev_err!(pdev, "the NIC did not start the firmware within {} ms\n", BOOT_TIMEOUT_MS);
                     return Err(ETIMEDOUT);
                 }
                 _ => {
@@ -104,7 +106,6 @@ impl<'bound> Nic<'bound> {
                 }
             }
         }
-    }
 }
 
 fn read_header(bar: &pci::Bar<'_>) -> Result<SramHeader> {

@@ -19,9 +19,14 @@ while [ $# -gt 0 ]; do
     esac
 done
 guest_cmd="${*:-}"
+[ -n "$guest_cmd" ] || [ -n "$expect_fail" ] || guest_cmd=/bin/tap-driver
 
 kbuild=$(scripts/kernel/build.sh)
 make -s driver KDIR="$kbuild" >&2
+# Guest test programs: static binaries (the guest has no libc).
+static=target/static/x86_64-unknown-linux-gnu/release
+CARGO_TARGET_DIR=target/static RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo build -q --release -p emp-tests --bins --target x86_64-unknown-linux-gnu >&2
 cache="${EMP_CACHE:-$HOME/.cache/emp}"
 work=$(mktemp -d /tmp/emp-vm.XXXXXX)
 shm=/dev/shm/$(basename "$work")
@@ -68,6 +73,8 @@ slink /bin/sh busybox 777 0 0
 file /init $work/init 755 0 0
 file /emp.ko $root/driver/emp.ko 644 0 0
 file /lib/firmware/emp/emp-fw.bin $root/$firmware 644 0 0
+file /bin/tap-driver $root/$static/tap-driver 755 0 0
+file /bin/tap-p2p $root/$static/tap-p2p 755 0 0
 LIST
 "$kbuild/usr/gen_init_cpio" "$work/cpio.list" | gzip -1 > "$work/initramfs.gz"
 
