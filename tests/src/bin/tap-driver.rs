@@ -36,7 +36,7 @@ fn expect_errno(what: &str, r: i64, want: i32) -> Result<(), String> {
 }
 
 fn main() {
-    let mut t = Tap::new(8, false);
+    let mut t = Tap::new(9, false);
     let fd = open_dev();
     t.check("open /dev/emp-nic", fd.as_ref().map(|_| ()).map_err(|e| e.clone()));
     let Ok(fd) = fd else { std::process::exit(t.finish()) };
@@ -91,7 +91,68 @@ fn main() {
         .map(|(w, _, _)| w.to_string())
         .collect();
     t.check("mmap out of range, wrong size or executable: refused", if bad.is_empty() { Ok(()) } else { Err(format!("accepted: {bad:?}")) });
-    // SAFETY: closing our descriptor; the mapping stays valid until unmapped.
+    t.check("unbind with a port open and mapped: the mapping is torn down, the port answers ENODEV", unbind_with_port_open(fd, win));
+    // SAFETY: closing our descriptor.
     unsafe { libc::close(fd) };
     std::process::exit(t.finish());
+}
+
+/// A child maps its port window and waits; the device is unbound; the
+/// child's next touch of the window must fault (SIGBUS), and the parent's
+/// still-open port must refuse requests.
+fn unbind_with_port_open(fd: i32, win: usize) -> Result<(), String> {
+    let dev = std::fs::read_dir("/sys/bus/pci/drivers/emp")
+        .map_err(|e| e.to_string())?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("0000:"))
+        .ok_or("no device bound to emp")?;
+    let mut ready = [0i32; 2];
+    let mut go = [0i32; 2];
+    // SAFETY: creating pipes into live arrays.
+    unsafe {
+        libc::pipe(ready.as_mut_ptr());
+        libc::pipe(go.as_mut_ptr());
+    }
+    // SAFETY: fork in a single-threaded test program.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // Child: its own port, mapped.
+        let cfd = open_dev().unwrap_or(-1);
+        // SAFETY: a new shared mapping of our port window.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), win, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, cfd, 0) };
+        if p == libc::MAP_FAILED {
+            // SAFETY: exiting the child.
+            unsafe { libc::_exit(3) };
+        }
+        // SAFETY: the mapping is live; touching it proves it works.
+        unsafe { std::ptr::write_volatile(p.cast::<u8>().add(16), 1) };
+        let mut b = [0u8; 1];
+        // SAFETY: pipe I/O on live buffers.
+        unsafe {
+            libc::write(ready[1], b.as_ptr().cast(), 1);
+            libc::read(go[0], b.as_mut_ptr().cast(), 1);
+            // After the unbind this must fault.
+            std::ptr::read_volatile(p.cast::<u8>().add(16));
+            libc::_exit(0);
+        }
+    }
+    let mut b = [0u8; 1];
+    // SAFETY: pipe I/O on live buffers.
+    unsafe { libc::read(ready[0], b.as_mut_ptr().cast(), 1) };
+    std::fs::write("/sys/bus/pci/drivers/emp/unbind", &dev).map_err(|e| format!("unbind: {e}"))?;
+    // SAFETY: as above.
+    unsafe { libc::write(go[1], b.as_ptr().cast(), 1) };
+    let mut status = 0;
+    // SAFETY: waiting for our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let killed_by_bus = libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS;
+    if !killed_by_bus {
+        return Err(format!("the child's mapping survived the unbind (status {status:#x})"));
+    }
+    let mut q = [0u8; EmpQuery::SIZE];
+    EmpQuery { size: EmpQuery::SIZE as u32, ..Default::default() }.put(&mut q);
+    // SAFETY: valid buffer.
+    let r = unsafe { libc::ioctl(fd, EMP_IOC_QUERY as _, q.as_mut_ptr()) };
+    expect_errno("QUERY after unbind", r as i64, libc::ENODEV)
 }
