@@ -103,3 +103,79 @@ pub fn expect_ok(c: &Completion) -> Result<(), String> {
         Err(format!("wr {} completed with {}", c.wr_id, c.status.as_str()))
     }
 }
+
+/// A chassis for integration tests: `emp cluster up` in a private
+/// directory, `emp cluster down` on drop. Needs the release binaries and
+/// the signed image (`make test` builds them; `EMP_BIN_DIR` overrides).
+pub mod harness {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Output};
+
+    /// The repository root.
+    pub fn root() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace").to_path_buf()
+    }
+
+    /// Where the release binaries are.
+    pub fn bin_dir() -> PathBuf {
+        std::env::var_os("EMP_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target/release"))
+    }
+
+    /// The `emp` command.
+    pub fn emp() -> Command {
+        let p = bin_dir().join("emp");
+        assert!(p.exists(), "{} missing: run `make test` (it builds the release binaries and the firmware image)", p.display());
+        Command::new(p)
+    }
+
+    /// The signed firmware image.
+    pub fn image() -> PathBuf {
+        let p = root().join("firmware-blobs/emp-fw.bin");
+        assert!(p.exists(), "{} missing: run `make firmware`", p.display());
+        p
+    }
+
+    /// A running chassis.
+    pub struct Cluster {
+        /// Its state directory.
+        pub dir: PathBuf,
+    }
+
+    impl Cluster {
+        /// `emp cluster up <args>` in a directory named after the test.
+        pub fn up(name: &str, args: &[&str]) -> Cluster {
+            let dir = std::env::temp_dir().join(format!("emp-it-{}-{name}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let out = emp().args(["cluster", "up", "--dir"]).arg(&dir).arg("--firmware").arg(image()).args(args).output().expect("emp");
+            assert!(out.status.success(), "cluster up failed: {}", String::from_utf8_lossy(&out.stderr));
+            Cluster { dir }
+        }
+
+        /// `emp run -n <n> -- argv…` on this chassis.
+        pub fn run(&self, n: usize, argv: &[&str]) -> Output {
+            emp().args(["run", "--timeout", "300", "-n", &n.to_string(), "--dir"]).arg(&self.dir).arg("--").args(argv).output().expect("emp run")
+        }
+
+        /// Socket of NIC `n`.
+        pub fn socket(&self, n: u16) -> PathBuf {
+            self.dir.join(format!("nic{n}.sock"))
+        }
+
+        /// Socket of NIC `n`, as a string (for `Device::open_path`).
+        pub fn sock(&self, n: u16) -> String {
+            self.socket(n).to_string_lossy().into_owned()
+        }
+
+        /// The directory.
+        pub fn path(&self) -> &Path {
+            &self.dir
+        }
+    }
+
+    impl Drop for Cluster {
+        fn drop(&mut self) {
+            let _ = emp().args(["cluster", "down", "--dir"]).arg(&self.dir).output();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

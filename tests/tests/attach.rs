@@ -4,49 +4,13 @@
 
 use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use emp::{Completion, Device, Status};
+use emp_tests::harness::Cluster;
 use emp_uapi::attach::{op, AttachMsg, ATTACH_VERSION};
 use emp_uapi::Le;
 use nix::sys::socket::{connect, recvmsg, send, sendmsg, socket, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("root").to_path_buf()
-}
-
-fn emp_bin() -> PathBuf {
-    std::env::var_os("EMP_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target/release")).join("emp")
-}
-
-struct Cluster(PathBuf);
-
-impl Cluster {
-    fn up(name: &str, n: u16) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("emp-at-{}-{name}", std::process::id()));
-        let out = Command::new(emp_bin())
-            .args(["cluster", "up", "-n", &n.to_string(), "--dir"])
-            .arg(&dir)
-            .arg("--firmware")
-            .arg(root().join("firmware-blobs/emp-fw.bin"))
-            .output()
-            .expect("emp (run `make test`, which builds it)");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        Cluster(dir)
-    }
-    fn sock(&self, n: u16) -> String {
-        self.0.join(format!("nic{n}.sock")).to_string_lossy().into_owned()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(emp_bin()).args(["cluster", "down", "--dir"]).arg(&self.0).output();
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn raw(path: &str) -> OwnedFd {
     let s = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None).unwrap();
@@ -108,7 +72,7 @@ fn ping_pong(a: &mut Device, b: &mut Device, rounds: u64) {
 
 #[test]
 fn malformed_requests_get_errors_and_the_daemon_keeps_serving() {
-    let c = Cluster::up("garbage", 2);
+    let c = Cluster::up("garbage", &["-n", "2"]);
     let s = raw(&c.sock(0));
     // Before ATTACH, port operations are refused.
     let (r, _) = exchange(s.as_raw_fd(), &msg(op::START, &[1, 0, 64]), &[]);
@@ -147,7 +111,7 @@ fn malformed_requests_get_errors_and_the_daemon_keeps_serving() {
 
 #[test]
 fn doorbell_storm_on_one_port_does_not_disturb_others() {
-    let c = Cluster::up("storm", 2);
+    let c = Cluster::up("storm", &["-n", "2"]);
     let s = raw(&c.sock(0));
     let (r, fds) = exchange(s.as_raw_fd(), &msg(op::ATTACH, &[]), &[]);
     assert_eq!(r.status, 0);
@@ -173,7 +137,7 @@ fn doorbell_storm_on_one_port_does_not_disturb_others() {
 
 #[test]
 fn a_process_cannot_resize_its_port_window() {
-    let c = Cluster::up("resize", 1);
+    let c = Cluster::up("resize", &["-n", "1"]);
     let s = raw(&c.sock(0));
     let (r, fds) = exchange(s.as_raw_fd(), &msg(op::ATTACH, &[]), &[]);
     assert_eq!(r.status, 0);
@@ -188,7 +152,7 @@ fn a_process_cannot_resize_its_port_window() {
 
 #[test]
 fn a_port_cannot_use_another_ports_memory_key() {
-    let c = Cluster::up("isolation", 2);
+    let c = Cluster::up("isolation", &["-n", "2"]);
     let mut owner = Device::open_path(&c.sock(0)).unwrap();
     let mut thief = Device::open_path(&c.sock(0)).unwrap();
     let mut peer = Device::open_path(&c.sock(1)).unwrap();

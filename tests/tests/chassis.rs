@@ -13,54 +13,7 @@ use std::time::{Duration, Instant};
 /// The machine has 2 cores: one chassis at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace").to_path_buf()
-}
-
-fn bin_dir() -> PathBuf {
-    std::env::var_os("EMP_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target/release"))
-}
-
-fn emp() -> Command {
-    let p = bin_dir().join("emp");
-    assert!(p.exists(), "{} missing: run `make test` (it builds the release binaries and the firmware image)", p.display());
-    Command::new(p)
-}
-
-fn image() -> PathBuf {
-    let p = root().join("firmware-blobs/emp-fw.bin");
-    assert!(p.exists(), "{} missing: run `make firmware`", p.display());
-    p
-}
-
-struct Cluster {
-    dir: PathBuf,
-}
-
-impl Cluster {
-    fn up(name: &str, args: &[&str]) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("emp-it-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let out = emp().args(["cluster", "up", "--dir"]).arg(&dir).arg("--firmware").arg(image()).args(args).output().expect("emp");
-        assert!(out.status.success(), "cluster up failed: {}", String::from_utf8_lossy(&out.stderr));
-        Cluster { dir }
-    }
-
-    fn run(&self, n: usize, argv: &[&str]) -> Output {
-        emp().args(["run", "--timeout", "300", "-n", &n.to_string(), "--dir"]).arg(&self.dir).arg("--").args(argv).output().expect("emp run")
-    }
-
-    fn socket(&self, n: u16) -> PathBuf {
-        self.dir.join(format!("nic{n}.sock"))
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = emp().args(["cluster", "down", "--dir"]).arg(&self.dir).output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use emp_tests::harness::{bin_dir, emp, image, root, Cluster};
 
 fn assert_tap(out: &Output, passed: usize) {
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -2,51 +2,19 @@
 //! usable from io_uring; a process waiting on it wakes when a completion
 //! arrives, and sleeps (no CPU) until then.
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use emp::{Completion, Device, EventSource, ANY};
+use emp_tests::harness::Cluster;
 
-fn emp_bin() -> PathBuf {
-    let dir = std::env::var_os("EMP_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("root").join("target/release")
-    });
-    dir.join("emp")
-}
-
-struct Cluster(PathBuf);
-
-impl Cluster {
-    fn up(name: &str) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("emp-ev-{}-{name}", std::process::id()));
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("root").to_path_buf();
-        let out = Command::new(emp_bin())
-            .args(["cluster", "up", "-n", "2", "--dir"])
-            .arg(&dir)
-            .arg("--firmware")
-            .arg(root.join("firmware-blobs/emp-fw.bin"))
-            .output()
-            .expect("emp (run `make test`, which builds it)");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        Cluster(dir)
-    }
-    fn dev(&self, n: u16) -> Device {
-        Device::open_path(&self.0.join(format!("nic{n}.sock")).to_string_lossy()).expect("open")
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(emp_bin()).args(["cluster", "down", "--dir"]).arg(&self.0).output();
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+fn dev(c: &Cluster, n: u16) -> Device {
+    Device::open_path(&c.sock(n)).expect("open")
 }
 
 #[test]
 fn armed_event_wakes_an_io_uring_read_and_an_epoll_waiter() {
-    let c = Cluster::up("uring");
-    let (mut a, mut b) = (c.dev(0), c.dev(1));
+    let c = Cluster::up("uring", &["-n", "2"]);
+    let (mut a, mut b) = (dev(&c, 0), dev(&c, 1));
     let (sa, rb) = (a.alloc(64).unwrap(), b.alloc(64).unwrap());
     let mut wc = [Completion::default(); 4];
 
