@@ -59,6 +59,7 @@ impl<'bound> Nic<'bound> {
             crate::port::NicInfo::new(header.node_id, header.mtu, header.features, layout, pdev.resource_start(2)?),
             GFP_KERNEL,
         )?;
+        info.attach_mmio()?;
         let dev = KBox::pin_init(crate::port::NicDev::new(info), GFP_KERNEL)?;
         dev_info!(pdev, "EMP NIC node {} running, {} ports, MTU {}\n", header.node_id, header.port_count, header.mtu);
         Ok(Nic { _dev: dev, _bar: bar })

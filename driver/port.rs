@@ -3,7 +3,9 @@
 //! `/dev/emp-nic`: every open file is a port of the NIC. `mmap` maps that
 //! port's window of SRAM (BAR2) and nothing else; `ioctl` serves QUERY.
 //!
-//! Lock order: `NicInfo::state` is the only lock here.
+//! Lock order: mmap_lock (held by the kernel around `mmap`), then a port's
+//! `regions`, then `NicInfo::state`. Pinning and unpinning take mmap_lock,
+//! so they run with none of our locks held.
 //!
 //! Unbind with files open is safe: the device is marked gone (later
 //! opens, ioctls and mmaps fail with `ENODEV`) and every user mapping of a
@@ -22,9 +24,22 @@ use kernel::{
     uaccess::{UserPtr, UserSlice},
 };
 
-use crate::ioctl::{EmpQuery, EMP_IOC_QUERY};
-use crate::sram::Layout;
+use crate::desc::{MrEntry, MR_ACCESS_ALL};
+use crate::ioctl::{EmpDeregMr, EmpQuery, EmpRegMr, EMP_IOC_DEREG_MR, EMP_IOC_QUERY, EMP_IOC_REG_MR};
+use crate::mr::Pinned;
+use crate::sram::{AdminMailbox, AdminOp, Layout};
 use crate::{Le, PAGE_SIZE};
+
+extern "C" {
+    fn emp_ioremap(start: u64, len: usize) -> *mut core::ffi::c_void;
+    fn emp_iounmap(base: *mut core::ffi::c_void);
+    fn emp_readl(base: *mut core::ffi::c_void, off: usize) -> u32;
+    fn emp_writel(base: *mut core::ffi::c_void, off: usize, v: u32);
+}
+
+/// How long the NIC may take to run an admin command.
+// TIMEOUT: the NIC answers admin commands within microseconds while running.
+const ADMIN_TIMEOUT_MS: i64 = 2000;
 
 /// What open files need of the NIC. Plain data: no mapping, so it may
 /// outlive the device binding.
@@ -51,6 +66,50 @@ struct State {
     mapping: Mapping,
     /// The device was unbound.
     gone: bool,
+    /// BAR2 mapped for the driver's own SRAM accesses (MR table, admin
+    /// mailbox); unmapped when the device goes.
+    mmio: Mapping2,
+    /// Free MR table slots.
+    mr_free: KVec<u16>,
+    /// Changes every registration so keys are not reused.
+    key_salt: u32,
+    /// Pages pinned by all ports.
+    pinned: u64,
+}
+
+struct Mapping2(*mut core::ffi::c_void);
+
+// SAFETY: an iomem cookie, used only under `state`'s lock and unmapped
+// once when the device goes.
+unsafe impl Send for Mapping2 {}
+
+impl State {
+    fn write32(&self, off: usize, v: u32) -> Result {
+        if self.gone || self.mmio.0.is_null() {
+            return Err(ENODEV);
+        }
+        // SAFETY: `mmio` maps the whole SRAM; callers pass offsets of the
+        // layout's tables (inside it), 4-byte aligned.
+        unsafe { emp_writel(self.mmio.0, off, v) };
+        Ok(())
+    }
+
+    fn read32(&self, off: usize) -> Result<u32> {
+        if self.gone || self.mmio.0.is_null() {
+            return Err(ENODEV);
+        }
+        // SAFETY: as in `write32`.
+        Ok(unsafe { emp_readl(self.mmio.0, off) })
+    }
+
+    fn write_bytes(&self, off: usize, b: &[u8]) -> Result {
+        for (i, c) in b.chunks(4).enumerate() {
+            let mut w = [0u8; 4];
+            w[..c.len()].copy_from_slice(c);
+            self.write32(off + 4 * i, u32::from_le_bytes(w))?;
+        }
+        Ok(())
+    }
 }
 
 struct Mapping(*mut bindings::address_space);
@@ -64,12 +123,72 @@ impl NicInfo {
     pub(crate) fn new(node: u16, mtu: u32, features: u32, layout: Layout, bar_start: u64) -> impl PinInit<Self> {
         pin_init!(Self {
             node, mtu, features, layout, bar_start,
-            state <- new_mutex!(State { used: 0, open: 0, mapping: Mapping(core::ptr::null_mut()), gone: false }),
+            state <- new_mutex!(State {
+                used: 0,
+                open: 0,
+                mapping: Mapping(core::ptr::null_mut()),
+                gone: false,
+                mmio: Mapping2(core::ptr::null_mut()),
+                mr_free: KVec::new(),
+                key_salt: 0x5eed,
+                pinned: 0,
+            }),
         })
     }
 
     fn ports(&self) -> u16 {
         self.layout.params.ports.min(64)
+    }
+
+    /// Maps BAR2 for the driver and fills the MR slot pool.
+    pub(crate) fn attach_mmio(&self) -> Result {
+        let mut st = self.state.lock();
+        // SAFETY: mapping the device's own BAR2 range (start/len from the PCI core).
+        let base = unsafe { emp_ioremap(self.bar_start, self.layout.sram_size as usize) };
+        if base.is_null() {
+            return Err(ENOMEM);
+        }
+        st.mmio = Mapping2(base);
+        for slot in (0..self.layout.params.mr_entries.min(0x1_0000) as u16).rev() {
+            st.mr_free.push(slot, GFP_KERNEL)?;
+        }
+        Ok(())
+    }
+
+    /// Runs an admin command on the NIC (the caller holds the state lock).
+    fn admin(st: &State, layout: &Layout, op: AdminOp, args: [u64; 2]) -> Result<u32> {
+        let base = layout.admin_off as usize;
+        let seq = st.read32(base + core::mem::offset_of!(AdminMailbox, request_seq))?.wrapping_add(1);
+        let a = base + core::mem::offset_of!(AdminMailbox, args);
+        for (i, v) in args.iter().enumerate() {
+            st.write32(a + 8 * i, *v as u32)?;
+            st.write32(a + 8 * i + 4, (*v >> 32) as u32)?;
+        }
+        st.write32(base + core::mem::offset_of!(AdminMailbox, op), op as u32)?;
+        // The sequence number last: it is what the NIC watches.
+        st.write32(base + core::mem::offset_of!(AdminMailbox, request_seq), seq)?;
+        let mut waited = 0;
+        while st.read32(base + core::mem::offset_of!(AdminMailbox, done_seq))? != seq {
+            if waited >= ADMIN_TIMEOUT_MS {
+                return Err(ETIMEDOUT);
+            }
+            kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
+            waited += 1;
+        }
+        st.read32(base + core::mem::offset_of!(AdminMailbox, result))
+    }
+
+    /// Clears MR slot `slot` and fences the NIC so no DMA uses it again.
+    fn clear_mr(&self, st: &mut State, slot: u16, pages: usize) {
+        let off = self.layout.mr_entry(slot as usize);
+        let mut zero = [0u8; MrEntry::SIZE];
+        MrEntry::default().put(&mut zero);
+        // A device that is gone does no DMA: nothing to fence.
+        if st.write_bytes(off, &zero).is_ok() {
+            let _ = Self::admin(st, &self.layout, AdminOp::MrFence, [slot as u64, 0]);
+        }
+        let _ = st.mr_free.push(slot, GFP_KERNEL);
+        st.pinned -= pages as u64;
     }
 }
 
@@ -101,20 +220,48 @@ impl PinnedDrop for NicDev {
             // windows before BAR2 is released is what unmap_mapping_range is for.
             unsafe { bindings::unmap_mapping_range(st.mapping.0, 0, 0, 1) };
         }
+        if !st.mmio.0.is_null() {
+            // SAFETY: mapped in `attach_mmio`, unmapped once; `gone` keeps
+            // every later access away (checked under this lock).
+            unsafe { emp_iounmap(st.mmio.0) };
+            st.mmio = Mapping2(core::ptr::null_mut());
+        }
     }
 }
 
+/// A registration held by a port.
+struct Region {
+    key: u32,
+    slot: u16,
+    pinned: Pinned,
+}
+
 /// One open file = one port.
+#[pin_data(PinnedDrop)]
 pub(crate) struct Port {
     info: Arc<NicInfo>,
     port: u16,
+    #[pin]
+    regions: Mutex<KVec<Region>>,
 }
 
-impl Drop for Port {
-    fn drop(&mut self) {
-        let mut st = self.info.state.lock();
-        st.used &= !(1u64 << self.port);
-        st.open -= 1;
+#[pinned_drop]
+impl PinnedDrop for Port {
+    fn drop(self: Pin<&mut Self>) {
+        // Lock order: mmap_lock (mmap path), a port's regions, the NIC state.
+        // Unpinning takes mmap_lock, so regions are dropped only after both
+        // of our locks are released.
+        let gone = {
+            let mut regions = self.regions.lock();
+            let mut st = self.info.state.lock();
+            for r in regions.iter() {
+                self.info.clear_mr(&mut st, r.slot, r.pinned.page_count());
+            }
+            st.used &= !(1u64 << self.port);
+            st.open -= 1;
+            core::mem::take(&mut *regions)
+        };
+        drop(gone);
     }
 }
 
@@ -140,8 +287,7 @@ impl MiscDevice for Port {
             st.mapping = Mapping(unsafe { (*file.as_ptr()).f_mapping });
             free
         };
-        let p = KBox::pin(Port { info, port }, GFP_KERNEL);
-        Ok(p?)
+        KBox::pin_init(try_pin_init!(Port { info, port, regions <- new_mutex!(KVec::new()) }), GFP_KERNEL)
     }
 
     fn mmap(me: Pin<&Port>, _file: &File, vma: &VmaNew) -> Result {
@@ -182,6 +328,8 @@ impl MiscDevice for Port {
         }
         match cmd {
             EMP_IOC_QUERY => me.query(arg),
+            EMP_IOC_REG_MR => me.reg_mr(arg),
+            EMP_IOC_DEREG_MR => me.dereg_mr(arg),
             _ => Err(ENOTTY),
         }
     }
@@ -213,10 +361,82 @@ impl Port {
             msg_max: 1 << 30,
             port_gen: 0,
             port_count: i.layout.params.ports,
+            pinned_pages: i.state.lock().pinned,
             ..Default::default()
         };
         out.put(&mut b);
         w.write_slice(&b)?;
+        Ok(0)
+    }
+
+    /// REG_MR: pin, charge, describe to the NIC, return the key.
+    ///
+    /// # Errors
+    /// `EFAULT` bad pointers or unmapped memory, `EINVAL` bad size, access
+    /// or length, `ENOMEM` over RLIMIT_MEMLOCK, `ENOSPC` MR table full,
+    /// `ENODEV` device gone.
+    fn reg_mr(&self, arg: usize) -> Result<isize> {
+        let (mut r, mut w) = UserSlice::new(UserPtr::from_addr(arg), size_of::<EmpRegMr>()).reader_writer();
+        let mut b = [0u8; EmpRegMr::SIZE];
+        r.read_slice(&mut b)?;
+        let mut q = EmpRegMr::get(&b);
+        if q.size as usize != EmpRegMr::SIZE || q.access == 0 || q.access & !(MR_ACCESS_ALL as u32) != 0 {
+            return Err(EINVAL);
+        }
+        let mut pinned = Pinned::pin(q.addr, q.length)?;
+        let mut regions = self.regions.lock();
+        let mut st = self.info.state.lock();
+        if st.gone {
+            return Err(ENODEV);
+        }
+        let slot = st.mr_free.pop().ok_or(ENOSPC)?;
+        st.key_salt = st.key_salt.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        let key = ((st.key_salt >> 8) & 0x7FFF | 1) << 16 | slot as u32;
+        let entry = match pinned.entry(q.addr, q.length, key, self.port, q.access as u8) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = st.mr_free.push(slot, GFP_KERNEL);
+                return Err(e);
+            }
+        };
+        let mut eb = [0u8; MrEntry::SIZE];
+        entry.put(&mut eb);
+        if let Err(e) = st.write_bytes(self.info.layout.mr_entry(slot as usize), &eb) {
+            let _ = st.mr_free.push(slot, GFP_KERNEL);
+            return Err(e);
+        }
+        st.pinned += pinned.page_count() as u64;
+        drop(st);
+        regions.push(Region { key, slot, pinned }, GFP_KERNEL)?;
+        q.key = key;
+        q.put(&mut b);
+        w.write_slice(&b)?;
+        Ok(0)
+    }
+
+    /// DEREG_MR: only this port's keys; the NIC is fenced before unpinning.
+    ///
+    /// # Errors
+    /// `ENOENT` for a key this port does not hold (another port's, or
+    /// already deregistered), `EINVAL` bad size, `EFAULT` bad pointer.
+    fn dereg_mr(&self, arg: usize) -> Result<isize> {
+        let mut r = UserSlice::new(UserPtr::from_addr(arg), size_of::<EmpDeregMr>()).reader();
+        let mut b = [0u8; EmpDeregMr::SIZE];
+        r.read_slice(&mut b)?;
+        let q = EmpDeregMr::get(&b);
+        if q.size as usize != EmpDeregMr::SIZE {
+            return Err(EINVAL);
+        }
+        let region = {
+            let mut regions = self.regions.lock();
+            let i = regions.iter().position(|x| x.key == q.key).ok_or(ENOENT)?;
+            let region = regions.remove(i)?;
+            let mut st = self.info.state.lock();
+            self.info.clear_mr(&mut st, region.slot, region.pinned.page_count());
+            region
+        };
+        // Unpinned with none of our locks held (unpinning takes mmap_lock).
+        drop(region);
         Ok(0)
     }
 }

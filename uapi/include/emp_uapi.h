@@ -449,7 +449,8 @@ struct emp_query {
 	uint32_t port_gen;
 	uint16_t port_count;
 	uint16_t reserved0;
-	uint64_t reserved[4];
+	uint64_t pinned_pages; /* pages the driver holds pinned for this NIC */
+	uint64_t reserved[3];
 };
 
 /* EMP_IOC_REG_MR argument (48 bytes). */

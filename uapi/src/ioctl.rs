@@ -54,8 +54,10 @@ le_struct! {
         pub port_count: u16,
         /// Reserved.
         pub reserved0: u16,
+        /// Pages the driver holds pinned for this NIC (all ports).
+        pub pinned_pages: u64,
         /// Reserved.
-        pub reserved: [u64; 4],
+        pub reserved: [u64; 3],
     }
     size = 80;
 }

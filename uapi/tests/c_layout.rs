@@ -198,7 +198,7 @@ fn structs() -> Vec<StructDesc> {
         }),
         st!("emp_query", EmpQuery {
             size, port, node_id, mtu, features, window_size, send_entries, recv_entries,
-            msg_max, port_gen, port_count, reserved0, reserved,
+            msg_max, port_gen, port_count, reserved0, pinned_pages, reserved,
         }),
         st!("emp_reg_mr", EmpRegMr { size, access, addr, length, key, reserved0, reserved }),
         st!("emp_dereg_mr", EmpDeregMr { size, key }),

@@ -218,7 +218,8 @@ arb_struct!(arb_emp_query -> EmpQuery {
     port_gen: any::<u32>(),
     port_count: any::<u16>(),
     reserved0: any::<u16>(),
-    reserved: any::<[u64; 4]>(),
+    pinned_pages: any::<u64>(),
+    reserved: any::<[u64; 3]>(),
 });
 arb_struct!(arb_emp_reg_mr -> EmpRegMr {
     size: any::<u32>(),

@@ -5,7 +5,7 @@
 use std::ffi::CString;
 
 use emp_tests::Tap;
-use emp_uapi::ioctl::{ioc, EmpQuery, EMP_IOC_MAGIC, EMP_IOC_QUERY};
+use emp_uapi::ioctl::{ioc, EmpDeregMr, EmpQuery, EmpRegMr, EMP_IOC_DEREG_MR, EMP_IOC_MAGIC, EMP_IOC_QUERY, EMP_IOC_REG_MR};
 use emp_uapi::Le;
 
 fn open_dev() -> Result<i32, String> {
@@ -36,7 +36,7 @@ fn expect_errno(what: &str, r: i64, want: i32) -> Result<(), String> {
 }
 
 fn main() {
-    let mut t = Tap::new(9, false);
+    let mut t = Tap::new(15, false);
     let fd = open_dev();
     t.check("open /dev/emp-nic", fd.as_ref().map(|_| ()).map_err(|e| e.clone()));
     let Ok(fd) = fd else { std::process::exit(t.finish()) };
@@ -91,10 +91,160 @@ fn main() {
         .map(|(w, _, _)| w.to_string())
         .collect();
     t.check("mmap out of range, wrong size or executable: refused", if bad.is_empty() { Ok(()) } else { Err(format!("accepted: {bad:?}")) });
+    registration_tests(&mut t, fd);
     t.check("unbind with a port open and mapped: the mapping is torn down, the port answers ENODEV", unbind_with_port_open(fd, win));
     // SAFETY: closing our descriptor.
     unsafe { libc::close(fd) };
     std::process::exit(t.finish());
+}
+
+fn reg_mr(fd: i32, addr: u64, length: u64, access: u32) -> Result<u32, i32> {
+    let mut b = [0u8; EmpRegMr::SIZE];
+    EmpRegMr { size: EmpRegMr::SIZE as u32, access, addr, length, ..Default::default() }.put(&mut b);
+    // SAFETY: the buffer is as large as the command says.
+    let r = unsafe { libc::ioctl(fd, EMP_IOC_REG_MR as _, b.as_mut_ptr()) };
+    if r != 0 { Err(errno()) } else { Ok(EmpRegMr::get(&b).key) }
+}
+
+fn dereg_mr(fd: i32, key: u32) -> Result<(), i32> {
+    let mut b = [0u8; EmpDeregMr::SIZE];
+    EmpDeregMr { size: EmpDeregMr::SIZE as u32, key }.put(&mut b);
+    // SAFETY: the buffer is as large as the command says.
+    let r = unsafe { libc::ioctl(fd, EMP_IOC_DEREG_MR as _, b.as_mut_ptr()) };
+    if r != 0 { Err(errno()) } else { Ok(()) }
+}
+
+fn pinned(fd: i32) -> u64 {
+    query(fd).map(|q| q.pinned_pages).unwrap_or(u64::MAX)
+}
+
+fn anon(len: usize) -> u64 {
+    // SAFETY: a fresh private anonymous mapping.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+    p as u64
+}
+
+fn registration_tests(t: &mut Tap, fd: i32) {
+    const RW: u32 = 3;
+    let buf = anon(1 << 20);
+    let base = pinned(fd);
+    t.check(
+        "REG_MR pins, DEREG_MR unpins (driver counter)",
+        (|| {
+            let k = reg_mr(fd, buf + 100, 300_000, RW).map_err(|e| format!("reg: errno {e}"))?;
+            let held = pinned(fd) - base;
+            dereg_mr(fd, k).map_err(|e| format!("dereg: errno {e}"))?;
+            if held != 74 || pinned(fd) != base {
+                return Err(format!("pinned {held} pages (want 74), after dereg {}", pinned(fd) - base));
+            }
+            Ok(())
+        })(),
+    );
+    let bad: [(&str, Result<u32, i32>, i32); 5] = [
+        ("unmapped address", reg_mr(fd, 16, 4096, RW), libc::EFAULT),
+        ("zero length", reg_mr(fd, buf, 0, RW), libc::EINVAL),
+        ("huge length", reg_mr(fd, buf, 1 << 40, RW), libc::EINVAL),
+        ("no access bits", reg_mr(fd, buf, 4096, 0), libc::EINVAL),
+        ("unknown access bits", reg_mr(fd, buf, 4096, 0x100), libc::EINVAL),
+    ];
+    let wrong: Vec<String> = bad.iter().filter(|(_, r, want)| *r != Err(*want)).map(|(w, r, want)| format!("{w}: {r:?}, want errno {want}")).collect();
+    t.check("REG_MR refuses bad arguments with clean errnos", if wrong.is_empty() { Ok(()) } else { Err(wrong.join("; ")) });
+    t.check(
+        "overlapping registrations, double DEREG_MR: ENOENT",
+        (|| {
+            let a = reg_mr(fd, buf, 65536, RW).map_err(|e| format!("a: {e}"))?;
+            let b = reg_mr(fd, buf + 4096, 65536, RW).map_err(|e| format!("b: {e}"))?;
+            dereg_mr(fd, a).map_err(|e| format!("dereg a: {e}"))?;
+            let again = dereg_mr(fd, a);
+            dereg_mr(fd, b).map_err(|e| format!("dereg b: {e}"))?;
+            if again != Err(libc::ENOENT) { Err(format!("second dereg: {again:?}")) } else { Ok(()) }
+        })(),
+    );
+    t.check(
+        "another port's key: ENOENT",
+        (|| {
+            let other = open_dev()?;
+            let k = reg_mr(other, buf, 4096, RW).map_err(|e| format!("reg: {e}"))?;
+            let r = dereg_mr(fd, k);
+            // SAFETY: closing our descriptor (releases its registration).
+            unsafe { libc::close(other) };
+            if r != Err(libc::ENOENT) { Err(format!("{r:?}")) } else { Ok(()) }
+        })(),
+    );
+    t.check("RLIMIT_MEMLOCK is enforced for an unprivileged process", rlimit_test());
+    t.check("a process killed with registered memory leaves no pinned pages", killed_test(fd, base));
+}
+
+/// In a child: open, drop root (and CAP_IPC_LOCK), cap RLIMIT_MEMLOCK at
+/// 64 KiB; 32 KiB may be pinned, 1 MiB may not.
+fn rlimit_test() -> Result<(), String> {
+    // SAFETY: fork in a single-threaded program.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = (|| {
+            let fd = open_dev().map_err(|_| 10)?;
+            let lim = libc::rlimit { rlim_cur: 65536, rlim_max: 65536 };
+            // SAFETY: plain syscalls on our own process.
+            unsafe {
+                if libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) != 0 || libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                    return Err(11);
+                }
+            }
+            let buf = anon(1 << 20);
+            let small = reg_mr(fd, buf, 32768, 3).map_err(|_| 12)?;
+            let big = reg_mr(fd, buf, 1 << 20, 3);
+            dereg_mr(fd, small).map_err(|_| 13)?;
+            if big != Err(libc::ENOMEM) {
+                return Err(14);
+            }
+            Ok(())
+        })();
+        // SAFETY: exiting the child with its verdict.
+        unsafe { libc::_exit(code.err().unwrap_or(0)) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 { Ok(()) } else { Err(format!("child status {status:#x}")) }
+}
+
+/// A child registers 2 MiB and is killed; every page comes back.
+fn killed_test(fd: i32, base: u64) -> Result<(), String> {
+    let meminfo = || std::fs::read_to_string("/proc/meminfo").unwrap_or_default().lines().find(|l| l.starts_with("Mlocked:")).unwrap_or("").to_string();
+    let before = meminfo();
+    let mut ready = [0i32; 2];
+    // SAFETY: a pipe into a live array.
+    unsafe { libc::pipe(ready.as_mut_ptr()) };
+    // SAFETY: fork in a single-threaded program.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let cfd = open_dev().unwrap_or(-1);
+        let buf = anon(2 << 20);
+        let ok = reg_mr(cfd, buf, 2 << 20, 3).is_ok();
+        let b = [ok as u8];
+        // SAFETY: tell the parent, then wait to be killed.
+        unsafe {
+            libc::write(ready[1], b.as_ptr().cast(), 1);
+            libc::pause();
+            libc::_exit(0);
+        }
+    }
+    let mut b = [0u8; 1];
+    // SAFETY: pipe read into a live buffer.
+    unsafe { libc::read(ready[0], b.as_mut_ptr().cast(), 1) };
+    let during = pinned(fd) - base;
+    // SAFETY: killing and reaping our child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    let after = pinned(fd) - base;
+    if b[0] != 1 || during != 512 || after != 0 {
+        return Err(format!("registered {} pinned during {during}, after {after}", b[0]));
+    }
+    let now = meminfo();
+    println!("# /proc/meminfo {before} -> (child pinned 2 MiB) -> {now}");
+    Ok(())
 }
 
 /// A child maps its port window and waits; the device is unbound; the
