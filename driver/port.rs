@@ -25,9 +25,9 @@ use kernel::{
 };
 
 use crate::desc::{MrEntry, MR_ACCESS_ALL};
-use crate::ioctl::{EmpDeregMr, EmpQuery, EmpRegMr, EMP_IOC_DEREG_MR, EMP_IOC_QUERY, EMP_IOC_REG_MR};
+use crate::ioctl::{EmpDeregMr, EmpQuery, EmpRegMr, EmpStart, EMP_IOC_DEREG_MR, EMP_IOC_QUERY, EMP_IOC_REG_MR, EMP_IOC_START};
 use crate::mr::Pinned;
-use crate::sram::{AdminMailbox, AdminOp, Layout};
+use crate::sram::{admin_result, AdminMailbox, AdminOp, Layout, PortCtl};
 use crate::{Le, PAGE_SIZE};
 
 extern "C" {
@@ -156,7 +156,7 @@ impl NicInfo {
     }
 
     /// Runs an admin command on the NIC (the caller holds the state lock).
-    fn admin(st: &State, layout: &Layout, op: AdminOp, args: [u64; 2]) -> Result<u32> {
+    fn admin(st: &State, layout: &Layout, op: AdminOp, args: [u64; 4]) -> Result<u32> {
         let base = layout.admin_off as usize;
         let seq = st.read32(base + core::mem::offset_of!(AdminMailbox, request_seq))?.wrapping_add(1);
         let a = base + core::mem::offset_of!(AdminMailbox, args);
@@ -185,7 +185,7 @@ impl NicInfo {
         MrEntry::default().put(&mut zero);
         // A device that is gone does no DMA: nothing to fence.
         if st.write_bytes(off, &zero).is_ok() {
-            let _ = Self::admin(st, &self.layout, AdminOp::MrFence, [slot as u64, 0]);
+            let _ = Self::admin(st, &self.layout, AdminOp::MrFence, [slot as u64, 0, 0, 0]);
         }
         let _ = st.mr_free.push(slot, GFP_KERNEL);
         st.pinned -= pages as u64;
@@ -241,8 +241,11 @@ struct Region {
 pub(crate) struct Port {
     info: Arc<NicInfo>,
     port: u16,
+    /// Regions, and whether the NIC opened the port (START).
     #[pin]
     regions: Mutex<KVec<Region>>,
+    #[pin]
+    started: Mutex<bool>,
 }
 
 #[pinned_drop]
@@ -252,8 +255,13 @@ impl PinnedDrop for Port {
         // Unpinning takes mmap_lock, so regions are dropped only after both
         // of our locks are released.
         let gone = {
+            let started = core::mem::replace(&mut *self.started.lock(), false);
             let mut regions = self.regions.lock();
             let mut st = self.info.state.lock();
+            if started {
+                // The NIC flushes the port's work before any memory goes.
+                let _ = NicInfo::admin(&st, &self.info.layout, AdminOp::PortClose, [self.port as u64, 0, 0, 0]);
+            }
             for r in regions.iter() {
                 self.info.clear_mr(&mut st, r.slot, r.pinned.page_count());
             }
@@ -287,7 +295,10 @@ impl MiscDevice for Port {
             st.mapping = Mapping(unsafe { (*file.as_ptr()).f_mapping });
             free
         };
-        KBox::pin_init(try_pin_init!(Port { info, port, regions <- new_mutex!(KVec::new()) }), GFP_KERNEL)
+        KBox::pin_init(
+            try_pin_init!(Port { info, port, regions <- new_mutex!(KVec::new()), started <- new_mutex!(false) }),
+            GFP_KERNEL,
+        )
     }
 
     fn mmap(me: Pin<&Port>, _file: &File, vma: &VmaNew) -> Result {
@@ -330,6 +341,7 @@ impl MiscDevice for Port {
             EMP_IOC_QUERY => me.query(arg),
             EMP_IOC_REG_MR => me.reg_mr(arg),
             EMP_IOC_DEREG_MR => me.dereg_mr(arg),
+            EMP_IOC_START => me.start(arg),
             _ => Err(ENOTTY),
         }
     }
@@ -412,6 +424,40 @@ impl Port {
         q.put(&mut b);
         w.write_slice(&b)?;
         Ok(0)
+    }
+
+    /// START: the NIC opens the port with its CQ in a region of this port.
+    ///
+    /// # Errors
+    /// `EALREADY` when started, `ENOENT` when the CQ key is not a writable
+    /// region of this port, `EINVAL` bad size or entries, `ENODEV` gone.
+    fn start(&self, arg: usize) -> Result<isize> {
+        let mut r = UserSlice::new(UserPtr::from_addr(arg), size_of::<EmpStart>()).reader();
+        let mut b = [0u8; EmpStart::SIZE];
+        r.read_slice(&mut b)?;
+        let q = EmpStart::get(&b);
+        if q.size as usize != EmpStart::SIZE || q.reserved != 0 {
+            return Err(EINVAL);
+        }
+        let mut started = self.started.lock();
+        if *started {
+            return Err(EALREADY);
+        }
+        let st = self.info.state.lock();
+        let w = self.info.layout.port(self.port);
+        let mut z = [0u8; PortCtl::SIZE];
+        PortCtl::default().put(&mut z);
+        st.write_bytes(w.base, &z)?;
+        let args = [self.port as u64, q.cq_key as u64, q.cq_offset, q.cq_entries as u64];
+        match NicInfo::admin(&st, &self.info.layout, AdminOp::PortOpen, args)? {
+            admin_result::OK => {
+                *started = true;
+                Ok(0)
+            }
+            admin_result::BAD_KEY => Err(ENOENT),
+            admin_result::BAD_STATE => Err(EALREADY),
+            _ => Err(EINVAL),
+        }
     }
 
     /// DEREG_MR: only this port's keys; the NIC is fenced before unpinning.

@@ -18,21 +18,27 @@ use crate::{Buffer, Completion, Endpoint, Error, EventSource, MemoryRegion, Port
 /// Default arena size (pages are allocated only when touched).
 const ARENA_DEFAULT: usize = 256 << 20;
 /// Completion queue entries.
-const CQ_ENTRIES: u32 = 4096;
+pub(crate) const CQ_ENTRIES: u32 = 4096;
+
+/// How the device's control path is reached.
+pub(crate) enum Control {
+    /// An `emp-nicd` socket, with the port's doorbell and event eventfds.
+    Direct { sock: OwnedFd, doorbell: OwnedFd, event: OwnedFd },
+    /// `/dev/emp-nic` (emp.ko): ioctls; the NIC polls the rings.
+    Kernel { dev: OwnedFd },
+}
 
 /// An open port on an EMP NIC.
 pub struct Device {
-    sock: OwnedFd,
+    ctl: Control,
     window: *mut u8,
     window_len: usize,
-    doorbell: OwnedFd,
-    event: OwnedFd,
     info: PortInfo,
     arena: *mut u8,
     arena_len: usize,
     arena_key: u32,
     arena_next: usize,
-    _arena_fd: OwnedFd,
+    _arena_fd: Option<OwnedFd>,
     cq_head: u32,
     send_prod: u32,
     recv_prod: u32,
@@ -64,7 +70,7 @@ fn memfd(name: &str, len: usize) -> Result<OwnedFd> {
     Ok(fd)
 }
 
-fn map_shared(fd: RawFd, len: usize) -> Result<*mut u8> {
+pub(crate) fn map_shared(fd: RawFd, len: usize) -> Result<*mut u8> {
     // SAFETY: mapping `len` bytes of a descriptor we hold, shared, RW.
     let p = unsafe { libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
     if p == libc::MAP_FAILED {
@@ -142,8 +148,12 @@ impl Device {
         Device::open_path(&path)
     }
 
-    /// Opens a NIC socket path; the arena size comes from `EMP_ARENA_MB`.
+    /// Opens `/dev/emp-nic…` (the kernel driver) or an `emp-nicd` socket;
+    /// the arena size comes from `EMP_ARENA_MB`.
     pub fn open_path(path: &str) -> Result<Device> {
+        if path.starts_with("/dev/") {
+            return crate::kernel::open(path);
+        }
         let arena_len = std::env::var("EMP_ARENA_MB").ok().and_then(|v| v.parse::<usize>().ok()).map(|mb| mb << 20).unwrap_or(ARENA_DEFAULT);
         let sock = connect_to(path)?;
         let (r, mut fds) = call(sock.as_raw_fd(), op::ATTACH, &[], &[])?;
@@ -174,30 +184,44 @@ impl Device {
         let window = map_shared(window_fd.as_raw_fd(), window_len)?;
         let arena_fd = memfd("emp-arena", arena_len)?;
         let arena = map_shared(arena_fd.as_raw_fd(), arena_len)?;
-        let mut dev = Device {
-            sock,
+        let access = (MR_LOCAL_READ | MR_LOCAL_WRITE) as u64;
+        let (r2, _) = call(sock.as_raw_fd(), op::REG_ARENA, &[0, arena_len as u64, access], &[arena_fd.as_raw_fd()])?;
+        let arena_key = r2.arg[0] as u32;
+        call(sock.as_raw_fd(), op::START, &[arena_key as u64, 0, CQ_ENTRIES as u64], &[])?;
+        Ok(Device::assemble(
+            Control::Direct { sock, doorbell, event },
             window,
             window_len,
-            doorbell,
-            event,
             info,
-            arena,
-            arena_len,
-            arena_key: 0,
-            arena_next: 0,
-            _arena_fd: arena_fd,
+            (arena, arena_len, arena_key, Some(arena_fd)),
+            r.arg[ar::DAEMON_PID] as i32,
+        ))
+    }
+
+    /// A device from its parts; the CQ sits at the start of the arena.
+    pub(crate) fn assemble(
+        ctl: Control,
+        window: *mut u8,
+        window_len: usize,
+        info: PortInfo,
+        arena: (*mut u8, usize, u32, Option<OwnedFd>),
+        daemon_pid: i32,
+    ) -> Device {
+        Device {
+            ctl,
+            window,
+            window_len,
+            info,
+            arena: arena.0,
+            arena_len: arena.1,
+            arena_key: arena.2,
+            arena_next: (CQ_ENTRIES as usize * Cqe::SIZE).next_multiple_of(PAGE_SIZE),
+            _arena_fd: arena.3,
             cq_head: 0,
             send_prod: 0,
             recv_prod: 0,
-            daemon_pid: r.arg[ar::DAEMON_PID] as i32,
-        };
-        let access = (MR_LOCAL_READ | MR_LOCAL_WRITE) as u64;
-        let (r, _) = call(dev.sock.as_raw_fd(), op::REG_ARENA, &[0, arena_len as u64, access], &[dev._arena_fd.as_raw_fd()])?;
-        dev.arena_key = r.arg[0] as u32;
-        let cq_bytes = CQ_ENTRIES as usize * Cqe::SIZE;
-        dev.arena_next = cq_bytes.next_multiple_of(PAGE_SIZE);
-        call(dev.sock.as_raw_fd(), op::START, &[dev.arena_key as u64, 0, CQ_ENTRIES as u64], &[])?;
-        Ok(dev)
+            daemon_pid,
+        }
     }
 
     /// What this port is.
@@ -232,13 +256,21 @@ impl Device {
     pub unsafe fn reg_mr(&mut self, addr: *const u8, len: usize, access: u8) -> Result<MemoryRegion> {
         // SAFETY: prctl with a pid argument has no memory effects.
         unsafe { libc::prctl(libc::PR_SET_PTRACER, self.daemon_pid as libc::c_ulong, 0, 0, 0) };
-        let (r, _) = call(self.sock.as_raw_fd(), op::REG_VM, &[addr as u64, len as u64, access as u64], &[])?;
-        Ok(MemoryRegion { key: r.arg[0] as u32, addr: addr as usize, len })
+        let key = match &self.ctl {
+            Control::Direct { sock, .. } => {
+                call(sock.as_raw_fd(), op::REG_VM, &[addr as u64, len as u64, access as u64], &[])?.0.arg[0] as u32
+            }
+            Control::Kernel { dev } => crate::kernel::reg_mr(dev.as_raw_fd(), addr as u64, len as u64, access)?,
+        };
+        Ok(MemoryRegion { key, addr: addr as usize, len })
     }
 
     /// Deregisters a region.
     pub fn dereg_mr(&mut self, mr: MemoryRegion) -> Result<()> {
-        call(self.sock.as_raw_fd(), op::DEREG, &[mr.key as u64], &[]).map(|_| ())
+        match &self.ctl {
+            Control::Direct { sock, .. } => call(sock.as_raw_fd(), op::DEREG, &[mr.key as u64], &[]).map(|_| ()),
+            Control::Kernel { dev } => crate::kernel::dereg_mr(dev.as_raw_fd(), mr.key),
+        }
     }
 
     fn word(&self, off: usize) -> &AtomicU32 {
@@ -273,10 +305,12 @@ impl Device {
         // Pairs with the NIC's fence before it sleeps: either it sees our
         // index, or we see that it sleeps and ring the doorbell.
         fence(Ordering::SeqCst);
-        if self.word(ctl::NIC_SLEEPING).load(Ordering::Relaxed) != 0 {
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: 8-byte write to our doorbell eventfd.
-            unsafe { libc::write(self.doorbell.as_raw_fd(), one.as_ptr().cast(), 8) };
+        if let Control::Direct { doorbell, .. } = &self.ctl {
+            if self.word(ctl::NIC_SLEEPING).load(Ordering::Relaxed) != 0 {
+                let one = 1u64.to_ne_bytes();
+                // SAFETY: 8-byte write to our doorbell eventfd.
+                unsafe { libc::write(doorbell.as_raw_fd(), one.as_ptr().cast(), 8) };
+            }
         }
         Ok(())
     }
@@ -377,13 +411,22 @@ impl Device {
                 },
                 None => 1000,
             };
-            let mut pfd = libc::pollfd { fd: self.event.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            let Control::Direct { event, .. } = &self.ctl else {
+                // The kernel backend has no completion event yet: poll.
+                if timeout.is_some_and(|t| start.elapsed() > t) {
+                    return Err(Error::Timeout);
+                }
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            };
+            let event = event.as_raw_fd();
+            let mut pfd = libc::pollfd { fd: event, events: libc::POLLIN, revents: 0 };
             // SAFETY: polling one valid descriptor.
             let r = unsafe { libc::poll(&mut pfd, 1, left.max(1)) };
             if r > 0 {
                 let mut b = [0u8; 8];
                 // SAFETY: reading the eventfd counter into a live buffer.
-                unsafe { libc::read(self.event.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+                unsafe { libc::read(event, b.as_mut_ptr().cast(), 8) };
             }
             self.check_daemon()?;
         }
@@ -391,7 +434,8 @@ impl Device {
 
     /// Errors out if the NIC daemon is gone (the socket hung up).
     fn check_daemon(&self) -> Result<()> {
-        let mut pfd = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let Control::Direct { sock, .. } = &self.ctl else { return Ok(()) };
+        let mut pfd = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: polling one valid descriptor without blocking.
         let r = unsafe { libc::poll(&mut pfd, 1, 0) };
         if r > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLIN) != 0 {
@@ -402,7 +446,10 @@ impl Device {
 
     /// NIC counters (`emp_uapi::sram::counter`).
     pub fn nic_counters(&self) -> Result<[u64; 16]> {
-        let (r, _) = call(self.sock.as_raw_fd(), op::STATS, &[], &[])?;
+        let Control::Direct { sock, .. } = &self.ctl else {
+            return Err(Error::Protocol("NIC counters are read through emp-nicd, not /dev/emp-nic".into()));
+        };
+        let (r, _) = call(sock.as_raw_fd(), op::STATS, &[], &[])?;
         let mut c = [0u64; 16];
         c.copy_from_slice(&r.arg[..16]);
         Ok(c)
@@ -411,7 +458,10 @@ impl Device {
 
 impl EventSource for Device {
     fn event_fd(&self) -> RawFd {
-        self.event.as_raw_fd()
+        match &self.ctl {
+            Control::Direct { event, .. } => event.as_raw_fd(),
+            Control::Kernel { .. } => -1,
+        }
     }
 }
 
@@ -422,7 +472,7 @@ impl Drop for Device {
             libc::munmap(self.window.cast(), self.window_len);
             libc::munmap(self.arena.cast(), self.arena_len);
         }
-        // Closing the socket makes the daemon close the port and release
-        // everything registered.
+        // Closing the socket (or the device file) makes the NIC close the
+        // port and release everything registered.
     }
 }

@@ -16,6 +16,7 @@
 //! after a post when the NIC has gone to sleep (it polls while busy).
 
 mod direct;
+mod kernel;
 pub mod ffi;
 pub mod rdv;
 

@@ -75,6 +75,25 @@ impl Region {
         Ok(Region::Arena { base: p.cast(), len: len as usize, _fd: fd })
     }
 
+    /// Maps a guest's RAM file (QEMU `memory-backend-file,share=on`): bus
+    /// address = guest-physical address = file offset.
+    pub fn map_guest_ram(path: &std::path::Path) -> std::io::Result<Region> {
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+        let len = f.metadata()?.len();
+        if len == 0 || len >= REGION_MAX {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let fd: OwnedFd = f.into();
+        // SAFETY: mapping the whole file (length just read), shared, read-write.
+        let p = unsafe {
+            libc::mmap(core::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Region::Arena { base: p.cast(), len: len as usize, _fd: fd })
+    }
+
     /// Bytes in the region.
     pub fn len(&self) -> u64 {
         match self {
@@ -147,15 +166,23 @@ impl Drop for Region {
     }
 }
 
-/// Regions by id (the MR slot that owns them).
+/// Regions by id (the MR slot that owns them), or a guest's whole RAM.
 pub struct DmaMap {
     regions: Vec<Option<Region>>,
+    /// For a NIC serving a QEMU guest: its RAM, addressed physically (the
+    /// guest's driver writes guest-physical addresses into the MR table).
+    guest: Option<Region>,
 }
 
 impl DmaMap {
     /// Room for `n` regions.
     pub fn new(n: usize) -> DmaMap {
-        DmaMap { regions: (0..n).map(|_| None).collect() }
+        DmaMap { regions: (0..n).map(|_| None).collect(), guest: None }
+    }
+
+    /// Serves a guest: DMA goes to its RAM by physical address.
+    pub fn set_guest(&mut self, ram: Region) {
+        self.guest = Some(ram);
     }
 
     /// Installs region `id`.
@@ -169,6 +196,10 @@ impl DmaMap {
     }
 
     fn resolve(&self, addr: u64) -> Option<(&Region, u64)> {
+        if let Some(g) = &self.guest {
+            // Anything outside guest RAM is refused (Region bounds-checks).
+            return Some((g, addr));
+        }
         let space = addr >> 56;
         let id = ((addr >> 40) & 0xFFFF) as usize;
         let off = addr & (REGION_MAX - 1);

@@ -193,6 +193,8 @@ struct Card {
     fw: Option<Firmware>,
     /// Tunables for a control program a driver asks this NIC to start.
     fw_cfg: FwConfig,
+    /// The guest RAM file this NIC DMAs into (guest NICs).
+    guest_ram: Option<std::path::PathBuf>,
     /// Last seen host-written words: admin seq, then per port send/recv/cq.
     seen: Vec<u32>,
 }
@@ -207,6 +209,9 @@ pub struct Engine {
     timer: OwnedFd,
     /// Spin this long after the last work before sleeping.
     pub spin_ns: u64,
+    /// Never sleep longer than this (guests ring no doorbell yet: the NIC
+    /// polls their rings).
+    pub max_sleep_ns: Option<u64>,
     stop: Arc<AtomicBool>,
     /// The wire's descriptors: woken by them, never drained like eventfds.
     wire_fds: Vec<RawFd>,
@@ -247,11 +252,11 @@ impl Engine {
             .map(|(shared, fw, fw_cfg)| {
                 epoll_add(ep, shared.wake.as_raw_fd());
                 let n = 1 + 3 * shared.layout.params.ports as usize;
-                Card { shared, fw, fw_cfg, seen: vec![0; n] }
+                Card { shared, fw, fw_cfg, guest_ram: None, seen: vec![0; n] }
             })
             .collect();
         let rx = cards.iter().map(|_| VecDeque::new()).collect();
-        Ok(Engine { cards, rx, wire, t0: Instant::now(), epoll, timer, spin_ns: 50_000, stop, wire_fds, pool: Vec::new(), trusted })
+        Ok(Engine { cards, rx, wire, t0: Instant::now(), epoll, timer, spin_ns: 50_000, max_sleep_ns: None, stop, wire_fds, pool: Vec::new(), trusted })
     }
 
     fn now(&self) -> u64 {
@@ -294,6 +299,12 @@ impl Engine {
             if c.fw.is_none() {
                 // A driver staged an image and set LOADING: verify and start it.
                 if c.shared.loading() {
+                    if let Some(ram) = &c.guest_ram {
+                        match crate::dma::Region::map_guest_ram(ram) {
+                            Ok(r) => c.shared.dma.lock().expect("dma").set_guest(r),
+                            Err(e) => tracing::error!(node = c.shared.node, "guest RAM {}: {e}", ram.display()),
+                        }
+                    }
                     c.fw = crate::nic::boot_staged(&c.shared, &self.trusted, c.fw_cfg);
                     work = true;
                 }
@@ -356,6 +367,10 @@ impl Engine {
             std::thread::yield_now();
             return;
         }
+        if let Some(max) = self.max_sleep_ns {
+            std::thread::sleep(std::time::Duration::from_nanos((due - now).min(max)));
+            return;
+        }
         self.set_sleeping(1);
         // Pairs with the host's fence between publishing a producer index
         // and reading `nic_sleeping`: one of the two sides sees the other.
@@ -406,6 +421,11 @@ impl Engine {
             }
             tracing::info!(node = c.shared.node, "tables:\n{text}");
         }
+    }
+
+    /// NIC `i` serves a guest whose RAM is the file at `path`.
+    pub fn set_guest_ram(&mut self, i: usize, path: std::path::PathBuf) {
+        self.cards[i].guest_ram = Some(path);
     }
 
     /// Runs until `stop` is set.

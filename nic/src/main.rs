@@ -220,6 +220,13 @@ fn run(a: Args) -> Result<ExitCode, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut engine = Engine::new(nics, wire, stop.clone(), trusted).map_err(|e| format!("engine: {e}"))?;
     engine.spin_ns = a.spin_us * 1000;
+    if let Some(d) = &a.vm_sram_dir {
+        // Guests map their RAM from `<dir>/ram<node>` (QEMU creates it).
+        for i in 0..a.nics {
+            engine.set_guest_ram(i as usize, d.join(format!("ram{}", a.node_base + i)));
+        }
+        engine.max_sleep_ns = Some(50_000);
+    }
     if let Some(p) = &a.pidfile {
         std::fs::write(p, format!("{}\n", std::process::id())).map_err(|e| format!("{}: {e}", p.display()))?;
     }

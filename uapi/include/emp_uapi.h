@@ -484,6 +484,15 @@ struct emp_arm {
 	uint32_t events; /* bit 0 = next completion */
 };
 
+/* EMP_IOC_START argument (24 bytes): open the port with its CQ. */
+struct emp_start {
+	uint32_t size;
+	uint32_t cq_entries; /* power of two */
+	uint32_t cq_key;     /* region holding the CQ */
+	uint32_t reserved;
+	uint64_t cq_offset;  /* offset of the CQ in that region */
+};
+
 /*
  * Command numbers use the asm-generic _IOC encoding on every architecture
  * (as the Rust constants do): dir:2 | size:14 | type:8 | nr:8. On x86,
@@ -507,6 +516,8 @@ struct emp_arm {
 	EMP_IOC_ENCODE(EMP_IOC_DIR_WRITE, 4U, sizeof(struct emp_arm))
 #define EMP_IOC_SET_EVENTFD \
 	EMP_IOC_ENCODE(EMP_IOC_DIR_WRITE, 5U, sizeof(struct emp_set_eventfd))
+#define EMP_IOC_START \
+	EMP_IOC_ENCODE(EMP_IOC_DIR_WRITE, 6U, sizeof(struct emp_start))
 
 /* ------------------------------------------------------------------ */
 /* Direct attach to emp-nicd (attach.rs)                               */
@@ -662,6 +673,7 @@ EMP_STATIC_ASSERT(sizeof(struct emp_reg_mr) == 48, "emp_reg_mr");
 EMP_STATIC_ASSERT(sizeof(struct emp_dereg_mr) == 8, "emp_dereg_mr");
 EMP_STATIC_ASSERT(sizeof(struct emp_set_eventfd) == 16, "emp_set_eventfd");
 EMP_STATIC_ASSERT(sizeof(struct emp_arm) == 8, "emp_arm");
+EMP_STATIC_ASSERT(sizeof(struct emp_start) == 24, "emp_start");
 EMP_STATIC_ASSERT(sizeof(struct emp_attach_msg) == 192, "emp_attach_msg");
 EMP_STATIC_ASSERT(sizeof(struct emp_fw_hal) == 7 * sizeof(void *), "emp_fw_hal");
 EMP_STATIC_ASSERT(sizeof(struct emp_fw_config) == 48, "emp_fw_config");

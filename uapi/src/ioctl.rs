@@ -120,6 +120,24 @@ le_struct! {
     size = 8;
 }
 
+le_struct! {
+    /// `EMP_IOC_START` argument: open the port with its completion queue,
+    /// which lives in memory the port registered (`cq_key`).
+    pub struct EmpStart {
+        /// Caller sets `size_of::<EmpStart>()`.
+        pub size: u32,
+        /// CQ entries (power of two).
+        pub cq_entries: u32,
+        /// Key of the region holding the CQ.
+        pub cq_key: u32,
+        /// Reserved.
+        pub reserved: u32,
+        /// Offset of the CQ in that region.
+        pub cq_offset: u64,
+    }
+    size = 24;
+}
+
 /// Query the port and NIC.
 pub const EMP_IOC_QUERY: u32 = ioc(IOC_READ | IOC_WRITE, EMP_IOC_MAGIC, 1, core::mem::size_of::<EmpQuery>());
 /// Register (pin) memory.
@@ -128,6 +146,8 @@ pub const EMP_IOC_REG_MR: u32 = ioc(IOC_READ | IOC_WRITE, EMP_IOC_MAGIC, 2, core
 pub const EMP_IOC_DEREG_MR: u32 = ioc(IOC_WRITE, EMP_IOC_MAGIC, 3, core::mem::size_of::<EmpDeregMr>());
 /// Arm an event.
 pub const EMP_IOC_ARM: u32 = ioc(IOC_WRITE, EMP_IOC_MAGIC, 4, core::mem::size_of::<EmpArm>());
+/// Open the port with its completion queue.
+pub const EMP_IOC_START: u32 = ioc(IOC_WRITE, EMP_IOC_MAGIC, 6, core::mem::size_of::<EmpStart>());
 /// Set the event eventfd / signal.
 pub const EMP_IOC_SET_EVENTFD: u32 = ioc(IOC_WRITE, EMP_IOC_MAGIC, 5, core::mem::size_of::<EmpSetEventfd>());
 

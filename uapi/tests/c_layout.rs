@@ -204,6 +204,7 @@ fn structs() -> Vec<StructDesc> {
         st!("emp_dereg_mr", EmpDeregMr { size, key }),
         st!("emp_set_eventfd", EmpSetEventfd { size, fd, signal, reserved }),
         st!("emp_arm", EmpArm { size, events }),
+        st!("emp_start", EmpStart { size, cq_entries, cq_key, reserved, cq_offset }),
         st!("emp_attach_msg", AttachMsg { version, op, status, reserved, arg }),
         st_repr_c!("emp_fw_hal", FwHal {
             ctx, sram_read, sram_write, dma_read, dma_write, mac_transmit, raise_interrupt,
@@ -364,6 +365,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_IOC_DEREG_MR = EMP_IOC_DEREG_MR,
         EMP_IOC_ARM = EMP_IOC_ARM,
         EMP_IOC_SET_EVENTFD = EMP_IOC_SET_EVENTFD,
+        EMP_IOC_START = EMP_IOC_START,
         // attach.rs
         EMP_ATTACH_VERSION = attach::ATTACH_VERSION,
         EMP_ATTACH_OP_ATTACH = attach::op::ATTACH,
@@ -440,6 +442,7 @@ const LINUX_IOCTLS: &[(&str, &str, u32, &str)] = &[
     ("EMP_IOC_DEREG_MR", "_IOW", 3, "emp_dereg_mr"),
     ("EMP_IOC_ARM", "_IOW", 4, "emp_arm"),
     ("EMP_IOC_SET_EVENTFD", "_IOW", 5, "emp_set_eventfd"),
+    ("EMP_IOC_START", "_IOW", 6, "emp_start"),
 ];
 
 /// Architectures whose `<linux/ioctl.h>` uses the asm-generic encoding that

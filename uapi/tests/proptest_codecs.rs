@@ -238,6 +238,7 @@ arb_struct!(arb_emp_set_eventfd -> EmpSetEventfd {
     reserved: any::<u32>(),
 });
 arb_struct!(arb_emp_arm -> EmpArm { size: any::<u32>(), events: any::<u32>() });
+arb_struct!(arb_emp_start -> EmpStart { size: any::<u32>(), cq_entries: any::<u32>(), cq_key: any::<u32>(), reserved: any::<u32>(), cq_offset: any::<u64>() });
 arb_struct!(arb_attach_msg -> AttachMsg {
     version: any::<u32>(),
     op: any::<u32>(),
@@ -346,6 +347,7 @@ codec_props! {
     emp_dereg_mr: EmpDeregMr = arb_emp_dereg_mr();
     emp_set_eventfd: EmpSetEventfd = arb_emp_set_eventfd();
     emp_arm: EmpArm = arb_emp_arm();
+    emp_start: EmpStart = arb_emp_start();
     attach_msg: AttachMsg = arb_attach_msg();
 }
 
@@ -377,6 +379,7 @@ fn default_is_all_zero() {
     zero::<EmpDeregMr>();
     zero::<EmpSetEventfd>();
     zero::<EmpArm>();
+    zero::<EmpStart>();
     zero::<AttachMsg>();
 }
 

@@ -1,0 +1,80 @@
+//! The kernel backend: `/dev/emp-nic` from `emp.ko`. The control path is
+//! ioctls (QUERY, REG_MR, DEREG_MR, START); the data path is the same
+//! mapped window and completion queue as direct attach.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use emp_uapi::desc::{MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::ioctl::{EmpDeregMr, EmpQuery, EmpRegMr, EmpStart, EMP_IOC_DEREG_MR, EMP_IOC_QUERY, EMP_IOC_REG_MR, EMP_IOC_START};
+use emp_uapi::Le;
+
+use crate::direct::{map_shared, Control, CQ_ENTRIES};
+use crate::{Device, Error, PortInfo, Result};
+
+/// Default arena for the kernel backend (pinned memory: keep it modest).
+const ARENA_DEFAULT_MB: usize = 16;
+
+fn ioctl_buf(fd: RawFd, cmd: u32, buf: &mut [u8], what: &'static str) -> Result<()> {
+    // SAFETY: `buf` is as large as the command's size field says.
+    let r = unsafe { libc::ioctl(fd, cmd as _, buf.as_mut_ptr()) };
+    if r != 0 {
+        return Err(Error::Nic { op: what, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) });
+    }
+    Ok(())
+}
+
+pub(crate) fn reg_mr(fd: RawFd, addr: u64, length: u64, access: u8) -> Result<u32> {
+    let mut b = [0u8; EmpRegMr::SIZE];
+    EmpRegMr { size: EmpRegMr::SIZE as u32, access: access as u32, addr, length, ..Default::default() }.put(&mut b);
+    ioctl_buf(fd, EMP_IOC_REG_MR, &mut b, "register memory")?;
+    Ok(EmpRegMr::get(&b).key)
+}
+
+pub(crate) fn dereg_mr(fd: RawFd, key: u32) -> Result<()> {
+    let mut b = [0u8; EmpDeregMr::SIZE];
+    EmpDeregMr { size: EmpDeregMr::SIZE as u32, key }.put(&mut b);
+    ioctl_buf(fd, EMP_IOC_DEREG_MR, &mut b, "deregister memory")
+}
+
+/// Opens a port through the driver.
+pub(crate) fn open(path: &str) -> Result<Device> {
+    let c = CString::new(path).map_err(|_| Error::NoDevice)?;
+    // SAFETY: opening a valid C path.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let dev = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut b = [0u8; EmpQuery::SIZE];
+    EmpQuery { size: EmpQuery::SIZE as u32, ..Default::default() }.put(&mut b);
+    ioctl_buf(dev.as_raw_fd(), EMP_IOC_QUERY, &mut b, "query")?;
+    let q = EmpQuery::get(&b);
+    let info = PortInfo {
+        node: q.node_id,
+        port: q.port,
+        mtu: q.mtu,
+        send_entries: q.send_entries,
+        recv_entries: q.recv_entries,
+        nodes: u32::MAX,
+        port_count: q.port_count as u32,
+        msg_max: q.msg_max,
+        features: q.features,
+    };
+    let window_len = q.window_size as usize;
+    let window = map_shared(dev.as_raw_fd(), window_len)?;
+    let arena_len = std::env::var("EMP_ARENA_MB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(ARENA_DEFAULT_MB) << 20;
+    // SAFETY: a fresh private anonymous mapping, pinned by REG_MR below.
+    let arena = unsafe {
+        libc::mmap(core::ptr::null_mut(), arena_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, -1, 0)
+    };
+    if arena == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    let key = reg_mr(dev.as_raw_fd(), arena as u64, arena_len as u64, MR_LOCAL_READ | MR_LOCAL_WRITE)?;
+    let mut s = [0u8; EmpStart::SIZE];
+    EmpStart { size: EmpStart::SIZE as u32, cq_entries: CQ_ENTRIES, cq_key: key, ..Default::default() }.put(&mut s);
+    ioctl_buf(dev.as_raw_fd(), EMP_IOC_START, &mut s, "start port")?;
+    Ok(Device::assemble(Control::Kernel { dev }, window, window_len, info, (arena.cast(), arena_len, key, None), 0))
+}
