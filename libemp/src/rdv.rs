@@ -14,7 +14,10 @@ pub struct Job {
     pub rank: usize,
     /// Ranks in the job (`EMP_SIZE`).
     pub size: usize,
-    dir: PathBuf,
+    /// The rendezvous directory; `None` for a static job (one rank per
+    /// node, each on port 0: e.g. one rank per VM), which has no
+    /// file-based exchange.
+    dir: Option<PathBuf>,
 }
 
 fn env_num(name: &str) -> Result<usize> {
@@ -25,22 +28,29 @@ fn env_num(name: &str) -> Result<usize> {
 }
 
 impl Job {
-    /// The job from `EMP_RANK`, `EMP_SIZE` and `EMP_RDV_DIR`.
+    /// The job from `EMP_RANK`, `EMP_SIZE` and `EMP_RDV_DIR` (without the
+    /// latter: a static job where rank r is node r, port 0).
     pub fn from_env() -> Result<Job> {
         let rank = env_num("EMP_RANK")?;
         let size = env_num("EMP_SIZE")?;
-        let dir = std::env::var("EMP_RDV_DIR").map_err(|_| Error::Protocol("EMP_RDV_DIR is not set: start the program with `emp run`".into()))?;
+        let dir = std::env::var("EMP_RDV_DIR").ok().map(PathBuf::from);
         if rank >= size {
             return Err(Error::Protocol(format!("EMP_RANK {rank} >= EMP_SIZE {size}")));
         }
-        Ok(Job { rank, size, dir: dir.into() })
+        Ok(Job { rank, size, dir })
+    }
+
+    /// True when ranks can meet through a rendezvous directory.
+    pub fn has_rendezvous(&self) -> bool {
+        self.dir.is_some()
     }
 
     /// Publishes `value` under `key` for this rank and returns every rank's
     /// value (waiting up to `timeout` for all of them).
     pub fn exchange(&self, key: &str, value: &str, timeout: Duration) -> Result<Vec<String>> {
-        let path = |r: usize| self.dir.join(format!("{key}.{r}"));
-        let tmp = self.dir.join(format!(".{key}.{}.tmp", self.rank));
+        let dir = self.dir.as_ref().ok_or_else(|| Error::Protocol("no rendezvous directory (EMP_RDV_DIR) in a static job".into()))?;
+        let path = |r: usize| dir.join(format!("{key}.{r}"));
+        let tmp = dir.join(format!(".{key}.{}.tmp", self.rank));
         std::fs::write(&tmp, value)?;
         std::fs::rename(&tmp, path(self.rank))?;
         let end = Instant::now() + timeout;
@@ -62,6 +72,13 @@ impl Job {
 
     /// Exchanges endpoints: element `r` is rank `r`'s.
     pub fn endpoints(&self, mine: Endpoint) -> Result<Vec<Endpoint>> {
+        if self.dir.is_none() {
+            let eps: Vec<Endpoint> = (0..self.size).map(|r| Endpoint { node: r as u16, port: 0 }).collect();
+            if eps[self.rank] != mine {
+                return Err(Error::Protocol(format!("static job: rank {} should be {}, is {mine}", self.rank, eps[self.rank])));
+            }
+            return Ok(eps);
+        }
         let all = self.exchange("ep", &format!("{} {}", mine.node, mine.port), Duration::from_secs(30))?;
         all.iter()
             .map(|s| {

@@ -5,21 +5,32 @@
 # console, fails on any test failure, timeout, kernel warning, lockdep
 # splat, kmemleak report or oops.
 #
-#   scripts/vm/run.sh [--firmware IMAGE] [--expect-probe-failure REASON] [guest command…]
+#   scripts/vm/run.sh [--vms N] [--firmware IMAGE] [--expect-probe-failure REASON] [guest command…]
+# One VM runs the driver tests (tap-driver); N >= 2 VMs run the
+# point-to-point suite (tap-p2p) between them, one rank per VM, over one
+# emp-nicd with N NICs on its in-memory switch.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 firmware=firmware-blobs/emp-fw.bin
 expect_fail=""
+vms=1
 while [ $# -gt 0 ]; do
     case "$1" in
+        --vms) vms="$2"; shift 2 ;;
         --firmware) firmware="$2"; shift 2 ;;
         --expect-probe-failure) expect_fail="$2"; shift 2 ;;
         *) break ;;
     esac
 done
 guest_cmd="${*:-}"
-[ -n "$guest_cmd" ] || [ -n "$expect_fail" ] || guest_cmd=/bin/tap-driver
+if [ -z "$guest_cmd" ] && [ -z "$expect_fail" ]; then
+    if [ "$vms" -gt 1 ]; then
+        guest_cmd='EMP_DEVICE=/dev/emp-nic EMP_RANK=$rank EMP_SIZE=$size EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p'
+    else
+        guest_cmd=/bin/tap-driver
+    fi
+fi
 
 kbuild=$(scripts/kernel/build.sh)
 make -s driver KDIR="$kbuild" >&2
@@ -46,6 +57,10 @@ cat > "$work/init" <<INIT
 /bin/busybox mount -t devtmpfs dev /dev
 /bin/busybox mkdir -p /sys/kernel/debug && /bin/busybox mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 echo "EMP-VM: booted"
+rank=0; size=1
+for w in \$(/bin/busybox cat /proc/cmdline); do
+    case "\$w" in emp.rank=*) rank=\${w#emp.rank=} ;; emp.size=*) size=\${w#emp.size=} ;; esac
+done
 /bin/busybox insmod /emp.ko
 echo "EMP-VM: insmod rc=\$?"
 $guest_cmd
@@ -78,41 +93,51 @@ file /bin/tap-p2p $root/$static/tap-p2p 755 0 0
 LIST
 "$kbuild/usr/gen_init_cpio" "$work/cpio.list" | gzip -1 > "$work/initramfs.gz"
 
-# --- the NIC ---
-target/release/emp-nicd --nics 1 --vm-sram-dir "$shm" --socket-dir "$work" --trusted firmware-blobs \
+# --- the NICs: one emp-nicd, one NIC per guest, on its in-memory switch ---
+target/release/emp-nicd --nics "$vms" --vm-sram-dir "$shm" --socket-dir "$work" --trusted firmware-blobs \
     > "$work/nicd.log" 2>&1 &
 nicd_pid=$!
-for _ in $(seq 100); do [ -f "$shm/sram0" ] && break; sleep 0.05; done
-size=$(stat -c %s "$shm/sram0")
+for _ in $(seq 100); do [ -f "$shm/sram$((vms - 1))" ] && break; sleep 0.05; done
+sram_size=$(stat -c %s "$shm/sram0")
 
-# --- the guest ---
+# --- the guests (TCG; KVM only where it really works, see KERNEL.md) ---
 accel="tcg,thread=multi"
 cpu=max
 if grep -qE 'vmx|svm' /proc/cpuinfo && ! lsmod 2>/dev/null | grep -q kvm_pvm && [ -w /dev/kvm ]; then
     accel=kvm; cpu=host
 fi
-set +e
-timeout 300 qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -smp 1 -m 256M -machine q35 \
-    -kernel "$kbuild/arch/x86/boot/bzImage" -initrd "$work/initramfs.gz" \
-    -append "console=ttyS0 panic=-1 oops=panic rdinit=/init" \
-    -object memory-backend-file,id=sram0,size="$size",mem-path="$shm/sram0",share=on \
-    -device ivshmem-plain,memdev=sram0 \
-    -nographic -no-reboot -serial stdio -monitor none -display none > "$work/console.log" 2>&1
-rc=$?
-set -e
-cat "$work/console.log"
+pids=()
+for i in $(seq 0 $((vms - 1))); do
+    timeout 300 qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -smp 1 -m 256M \
+        -object memory-backend-file,id=ram,size=256M,mem-path="$shm/ram$i",share=on \
+        -machine q35,memory-backend=ram \
+        -kernel "$kbuild/arch/x86/boot/bzImage" -initrd "$work/initramfs.gz" \
+        -append "console=ttyS0 panic=-1 oops=panic rdinit=/init emp.rank=$i emp.size=$vms" \
+        -object memory-backend-file,id=sram0,size="$sram_size",mem-path="$shm/sram$i",share=on \
+        -device ivshmem-plain,memdev=sram0 \
+        -nographic -no-reboot -serial stdio -monitor none -display none > "$work/console$i.log" 2>&1 &
+    pids+=($!)
+done
+fail=0
+for i in $(seq 0 $((vms - 1))); do
+    if ! wait "${pids[$i]}"; then echo "vm$i: qemu failed or timed out"; fail=1; fi
+done
+for i in $(seq 0 $((vms - 1))); do
+    c="$work/console$i.log"
+    echo "--- guest $i ---"
+    cat "$c"
+    grep -q "EMP-VM: done" "$c" || { echo "vm$i: the guest did not finish"; fail=1; }
+    if grep -qE "WARNING:|BUG:|Oops|possible circular locking|possible recursive locking|unreferenced object|Call Trace" "$c"; then
+        echo "vm$i: kernel splat"; fail=1
+    fi
+    if [ -n "$expect_fail" ]; then
+        grep -q "$expect_fail" "$c" || { echo "vm$i: expected the probe to fail with: $expect_fail"; fail=1; }
+    else
+        grep -q "EMP NIC node $i running" "$c" || { echo "vm$i: the driver did not bring the NIC up"; fail=1; }
+        grep -q "passed, 0 failed" "$c" || [ "$i" -ne 0 ] || { echo "vm$i: no TAP summary"; fail=1; }
+    fi
+    grep -q "^not ok" "$c" && { echo "vm$i: a guest test failed"; fail=1; }
+done
 echo "--- emp-nicd log ---"
 cat "$work/nicd.log"
-fail=0
-[ $rc -eq 0 ] || { echo "vm: qemu exited with $rc"; fail=1; }
-grep -q "EMP-VM: done" "$work/console.log" || { echo "vm: the guest did not finish"; fail=1; }
-if grep -qE "WARNING:|BUG:|Oops|possible circular locking|possible recursive locking|unreferenced object|Call Trace" "$work/console.log"; then
-    echo "vm: kernel splat"; fail=1
-fi
-if [ -n "$expect_fail" ]; then
-    grep -q "$expect_fail" "$work/console.log" || { echo "vm: expected the probe to fail with: $expect_fail"; fail=1; }
-else
-    grep -q "EMP NIC node 0 running" "$work/console.log" || { echo "vm: the driver did not bring the NIC up"; fail=1; }
-fi
-grep -q "not ok" "$work/console.log" && { echo "vm: a guest test failed"; fail=1; }
 exit $fail
