@@ -13,6 +13,7 @@ mod uapi;
 #[allow(unused_imports)]
 pub(crate) use uapi::{attach, desc, fwabi, image, ioctl, sram, wire, DecodeError, Le, ANY_NODE, ANY_PORT, PAGE_SIZE, ZEROS};
 
+mod irq;
 mod mr;
 mod nic;
 mod port;

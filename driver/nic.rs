@@ -19,9 +19,11 @@ use crate::Le;
 // TIMEOUT: verifying a 5 MB image (SHA-256 + ed25519) takes well under 1 s.
 const BOOT_TIMEOUT_MS: i64 = 5000;
 
-/// A bound EMP NIC. Fields drop in order: `/dev/emp-nic` goes away before
+/// A bound EMP NIC. Fields drop in order: the interrupt is freed, then
+/// `/dev/emp-nic` goes away, before
 /// BAR2 is unmapped and released.
 pub(crate) struct Nic<'bound> {
+    _irq: Option<crate::irq::Irq>,
     _dev: Pin<KBox<crate::port::NicDev>>,
     _bar: pci::Bar<'bound>,
 }
@@ -60,9 +62,16 @@ impl<'bound> Nic<'bound> {
             GFP_KERNEL,
         )?;
         info.attach_mmio()?;
+        let irq = match crate::irq::Irq::request(pdev.as_ref(), info.clone()) {
+            Ok(irq) => Some(irq),
+            Err(e) => {
+                dev_info!(pdev, "no MSI-X vector ({:?}): ports get no completion events\n", e);
+                None
+            }
+        };
         let dev = KBox::pin_init(crate::port::NicDev::new(info), GFP_KERNEL)?;
         dev_info!(pdev, "EMP NIC node {} running, {} ports, MTU {}\n", header.node_id, header.port_count, header.mtu);
-        Ok(Nic { _dev: dev, _bar: bar })
+        Ok(Nic { _irq: irq, _dev: dev, _bar: bar })
     }
 }
 

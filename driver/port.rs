@@ -25,9 +25,12 @@ use kernel::{
 };
 
 use crate::desc::{MrEntry, MR_ACCESS_ALL};
-use crate::ioctl::{EmpDeregMr, EmpQuery, EmpRegMr, EmpStart, EMP_IOC_DEREG_MR, EMP_IOC_QUERY, EMP_IOC_REG_MR, EMP_IOC_START};
+use crate::ioctl::{
+    EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM, EMP_IOC_DEREG_MR, EMP_IOC_QUERY,
+    EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD, EMP_IOC_START,
+};
 use crate::mr::Pinned;
-use crate::sram::{admin_result, AdminMailbox, AdminOp, Layout, PortCtl};
+use crate::sram::{admin_result, ctl, AdminMailbox, AdminOp, Layout, PortCtl};
 use crate::{Le, PAGE_SIZE};
 
 extern "C" {
@@ -35,6 +38,7 @@ extern "C" {
     fn emp_iounmap(base: *mut core::ffi::c_void);
     fn emp_readl(base: *mut core::ffi::c_void, off: usize) -> u32;
     fn emp_writel(base: *mut core::ffi::c_void, off: usize, v: u32);
+    fn emp_eventfd_signal(ctx: *mut bindings::eventfd_ctx);
 }
 
 /// How long the NIC may take to run an admin command.
@@ -75,6 +79,33 @@ struct State {
     key_salt: u32,
     /// Pages pinned by all ports.
     pinned: u64,
+    /// The NIC's MSI-X vector is set up (events can be delivered).
+    events_available: bool,
+    /// Ports armed through ARM whose event is not delivered yet.
+    armed: u64,
+    /// Each port's eventfd (SET_EVENTFD), or null.
+    events: [EventCtx; 64],
+}
+
+/// A reference on an eventfd context (`eventfd_ctx_fdget`), or null.
+#[derive(Clone, Copy)]
+struct EventCtx(*mut bindings::eventfd_ctx);
+
+// SAFETY: an eventfd context may be signalled and put from any thread; we
+// hold one reference per non-null value stored in `State::events`.
+unsafe impl Send for EventCtx {}
+
+impl EventCtx {
+    const NONE: EventCtx = EventCtx(core::ptr::null_mut());
+
+    /// Drops our reference (call with none of our locks held: cheap, but
+    /// the last put frees).
+    fn put(self) {
+        if !self.0.is_null() {
+            // SAFETY: a reference taken by `eventfd_ctx_fdget`, put once.
+            unsafe { bindings::eventfd_ctx_put(self.0) };
+        }
+    }
 }
 
 struct Mapping2(*mut core::ffi::c_void);
@@ -132,6 +163,9 @@ impl NicInfo {
                 mr_free: KVec::new(),
                 key_salt: 0x5eed,
                 pinned: 0,
+                events_available: false,
+                armed: 0,
+                events: [EventCtx::NONE; 64],
             }),
         })
     }
@@ -153,6 +187,34 @@ impl NicInfo {
             st.mr_free.push(slot, GFP_KERNEL)?;
         }
         Ok(())
+    }
+
+    /// Whether ARM / SET_EVENTFD can work (the NIC's vector is set up).
+    pub(crate) fn set_events_available(&self, on: bool) {
+        self.state.lock().events_available = on;
+    }
+
+    /// From the interrupt thread: signals every armed port whose ARM word
+    /// the control program cleared (it clears it, then interrupts).
+    pub(crate) fn deliver_events(&self) {
+        let mut st = self.state.lock();
+        let mut pending = st.armed;
+        while pending != 0 {
+            let p = pending.trailing_zeros() as usize;
+            pending &= pending - 1;
+            match st.read32(self.layout.port(p as u16).ctl(ctl::ARM)) {
+                Ok(0) => {
+                    st.armed &= !(1u64 << p);
+                    let e = st.events[p];
+                    if !e.0.is_null() {
+                        // SAFETY: we hold a reference on the context (`State::events`).
+                        unsafe { emp_eventfd_signal(e.0) };
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return, // Device gone.
+            }
+        }
     }
 
     /// Runs an admin command on the NIC (the caller holds the state lock).
@@ -267,8 +329,11 @@ impl PinnedDrop for Port {
             }
             st.used &= !(1u64 << self.port);
             st.open -= 1;
-            core::mem::take(&mut *regions)
+            st.armed &= !(1u64 << self.port);
+            let event = core::mem::replace(&mut st.events[self.port as usize], EventCtx::NONE);
+            (core::mem::take(&mut *regions), event)
         };
+        gone.1.put();
         drop(gone);
     }
 }
@@ -342,6 +407,8 @@ impl MiscDevice for Port {
             EMP_IOC_REG_MR => me.reg_mr(arg),
             EMP_IOC_DEREG_MR => me.dereg_mr(arg),
             EMP_IOC_START => me.start(arg),
+            EMP_IOC_SET_EVENTFD => me.set_eventfd(arg),
+            EMP_IOC_ARM => me.arm(arg),
             _ => Err(ENOTTY),
         }
     }
@@ -458,6 +525,69 @@ impl Port {
             admin_result::BAD_STATE => Err(EALREADY),
             _ => Err(EINVAL),
         }
+    }
+
+    /// SET_EVENTFD: the eventfd signalled when an armed event fires
+    /// (`fd` = -1 detaches). Signal delivery (`signal` != 0) is not
+    /// offered: use the eventfd (pollable, epoll- and io_uring-usable).
+    ///
+    /// # Errors
+    /// `EOPNOTSUPP` the NIC has no interrupt (no MSI-X), `EBADF`/`EINVAL`
+    /// `fd` is not an eventfd, `EINVAL` bad size, reserved bits or a signal.
+    fn set_eventfd(&self, arg: usize) -> Result<isize> {
+        let mut r = UserSlice::new(UserPtr::from_addr(arg), size_of::<EmpSetEventfd>()).reader();
+        let mut b = [0u8; EmpSetEventfd::SIZE];
+        r.read_slice(&mut b)?;
+        let q = EmpSetEventfd::get(&b);
+        if q.size as usize != EmpSetEventfd::SIZE || q.reserved != 0 || q.signal != 0 || q.fd < -1 {
+            return Err(EINVAL);
+        }
+        if !self.info.state.lock().events_available {
+            return Err(EOPNOTSUPP);
+        }
+        let new = if q.fd == -1 {
+            EventCtx::NONE
+        } else {
+            // SAFETY: looks up a descriptor of the calling task; returns a
+            // referenced context or an error pointer.
+            EventCtx(kernel::error::from_err_ptr(unsafe { bindings::eventfd_ctx_fdget(q.fd) })?)
+        };
+        let old = {
+            let mut st = self.info.state.lock();
+            st.armed &= !(1u64 << self.port);
+            core::mem::replace(&mut st.events[self.port as usize], new)
+        };
+        old.put();
+        Ok(0)
+    }
+
+    /// ARM: the next completion of this port signals its eventfd (like
+    /// `ibv_req_notify_cq`). Check the CQ after arming: a completion that
+    /// landed before the ARM word was set raises nothing.
+    ///
+    /// # Errors
+    /// `EOPNOTSUPP` no interrupt, `EINVAL` bad size, unknown event bits or
+    /// no eventfd set, `ENODEV` gone.
+    fn arm(&self, arg: usize) -> Result<isize> {
+        let mut r = UserSlice::new(UserPtr::from_addr(arg), size_of::<EmpArm>()).reader();
+        let mut b = [0u8; EmpArm::SIZE];
+        r.read_slice(&mut b)?;
+        let q = EmpArm::get(&b);
+        if q.size as usize != EmpArm::SIZE || q.events != 1 {
+            return Err(EINVAL);
+        }
+        let mut st = self.info.state.lock();
+        if !st.events_available {
+            return Err(EOPNOTSUPP);
+        }
+        if st.events[self.port as usize].0.is_null() {
+            return Err(EINVAL);
+        }
+        // Armed in the driver first, then for the NIC: an interrupt in
+        // between at worst signals early (spurious wake-ups are allowed).
+        st.armed |= 1u64 << self.port;
+        st.write32(self.info.layout.port(self.port).ctl(ctl::ARM), 1)?;
+        Ok(0)
     }
 
     /// DEREG_MR: only this port's keys; the NIC is fenced before unpinning.

@@ -1,12 +1,28 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * Static inlines emp.ko needs that have no Rust binding in 7.3
- * (../shared/KERNEL.md: "the escape hatch for static inlines").
+ * (../shared/KERNEL.md: "the escape hatch for static inlines"), and the
+ * NIC's MSI-X vector setup (see irq.rs for why it is here).
  */
+#include <linux/eventfd.h>
+#include <linux/interrupt.h>
 #include <linux/io.h>
 #include <linux/mm.h>
+#include <linux/pci.h>
 #include <linux/sched.h>
 #include <linux/sched/mm.h>
+
+/* Called from Rust only (extern "C" blocks in port.rs, mr.rs, irq.rs). */
+phys_addr_t emp_page_to_phys(struct page *page);
+struct mm_struct *emp_current_mm_grab(void);
+void emp_mmdrop(struct mm_struct *mm);
+void __iomem *emp_ioremap(phys_addr_t start, size_t len);
+void emp_iounmap(void __iomem *base);
+u32 emp_readl(void __iomem *base, size_t off);
+void emp_writel(void __iomem *base, size_t off, u32 v);
+int emp_irq_setup(struct device *dev, void *cookie, irqreturn_t (*thread)(int, void *));
+void emp_irq_teardown(struct device *dev, int irq, void *cookie);
+void emp_eventfd_signal(struct eventfd_ctx *ctx);
 
 phys_addr_t emp_page_to_phys(struct page *page)
 {
@@ -46,4 +62,43 @@ u32 emp_readl(void __iomem *base, size_t off)
 void emp_writel(void __iomem *base, size_t off, u32 v)
 {
 	writel(v, base + off);
+}
+
+/*
+ * One MSI-X vector with a threaded handler (the handler takes a mutex).
+ * Returns the Linux IRQ number, or a negative errno (no MSI-X: e.g. the
+ * guest has ivshmem-plain, which has no interrupts).
+ */
+int emp_irq_setup(struct device *dev, void *cookie, irqreturn_t (*thread)(int, void *))
+{
+	struct pci_dev *pdev = to_pci_dev(dev);
+	int irq, ret;
+
+	ret = pci_alloc_irq_vectors(pdev, 1, 1, PCI_IRQ_MSIX);
+	if (ret < 0)
+		return ret;
+	irq = pci_irq_vector(pdev, 0);
+	if (irq < 0) {
+		pci_free_irq_vectors(pdev);
+		return irq;
+	}
+	ret = request_threaded_irq(irq, NULL, thread, IRQF_ONESHOT, "emp", cookie);
+	if (ret) {
+		pci_free_irq_vectors(pdev);
+		return ret;
+	}
+	return irq;
+}
+
+/* Waits for a running handler, then frees the vector. */
+void emp_irq_teardown(struct device *dev, int irq, void *cookie)
+{
+	free_irq(irq, cookie);
+	pci_free_irq_vectors(to_pci_dev(dev));
+}
+
+/* eventfd_signal is a static inline. */
+void emp_eventfd_signal(struct eventfd_ctx *ctx)
+{
+	eventfd_signal(ctx);
 }

@@ -24,8 +24,10 @@ pub(crate) const CQ_ENTRIES: u32 = 4096;
 pub(crate) enum Control {
     /// An `emp-nicd` socket, with the port's doorbell and event eventfds.
     Direct { sock: OwnedFd, doorbell: OwnedFd, event: OwnedFd },
-    /// `/dev/emp-nic` (emp.ko): ioctls; the NIC polls the rings.
-    Kernel { dev: OwnedFd },
+    /// `/dev/emp-nic` (emp.ko): ioctls; the NIC polls the rings. `event`
+    /// is the eventfd handed to the driver (SET_EVENTFD) when the NIC has
+    /// an interrupt; without one, waiting polls.
+    Kernel { dev: OwnedFd, event: Option<OwnedFd> },
 }
 
 /// An open port on an EMP NIC.
@@ -260,7 +262,7 @@ impl Device {
             Control::Direct { sock, .. } => {
                 call(sock.as_raw_fd(), op::REG_VM, &[addr as u64, len as u64, access as u64], &[])?.0.arg[0] as u32
             }
-            Control::Kernel { dev } => crate::kernel::reg_mr(dev.as_raw_fd(), addr as u64, len as u64, access)?,
+            Control::Kernel { dev, .. } => crate::kernel::reg_mr(dev.as_raw_fd(), addr as u64, len as u64, access)?,
         };
         Ok(MemoryRegion { key, addr: addr as usize, len })
     }
@@ -269,7 +271,7 @@ impl Device {
     pub fn dereg_mr(&mut self, mr: MemoryRegion) -> Result<()> {
         match &self.ctl {
             Control::Direct { sock, .. } => call(sock.as_raw_fd(), op::DEREG, &[mr.key as u64], &[]).map(|_| ()),
-            Control::Kernel { dev } => crate::kernel::dereg_mr(dev.as_raw_fd(), mr.key),
+            Control::Kernel { dev, .. } => crate::kernel::dereg_mr(dev.as_raw_fd(), mr.key),
         }
     }
 
@@ -381,6 +383,13 @@ impl Device {
 
     /// Asks for an event on the next completion (like `ibv_req_notify_cq`).
     pub fn arm(&mut self) {
+        if let Control::Kernel { dev, event: Some(_) } = &self.ctl {
+            // The driver must know the port is armed to route the
+            // interrupt; it writes the ARM word itself.
+            if crate::kernel::arm(dev.as_raw_fd()).is_ok() {
+                return;
+            }
+        }
         self.word(ctl::ARM).store(1, Ordering::Release);
         fence(Ordering::SeqCst);
     }
@@ -411,8 +420,8 @@ impl Device {
                 },
                 None => 1000,
             };
-            let Control::Direct { event, .. } = &self.ctl else {
-                // The kernel backend has no completion event yet: poll.
+            let (Control::Direct { event, .. } | Control::Kernel { event: Some(event), .. }) = &self.ctl else {
+                // A NIC without an interrupt (kernel backend, no MSI-X): poll.
                 if timeout.is_some_and(|t| start.elapsed() > t) {
                     return Err(Error::Timeout);
                 }
@@ -460,7 +469,8 @@ impl EventSource for Device {
     fn event_fd(&self) -> RawFd {
         match &self.ctl {
             Control::Direct { event, .. } => event.as_raw_fd(),
-            Control::Kernel { .. } => -1,
+            Control::Kernel { event: Some(e), .. } => e.as_raw_fd(),
+            Control::Kernel { event: None, .. } => -1,
         }
     }
 }

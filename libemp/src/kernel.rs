@@ -1,12 +1,15 @@
 //! The kernel backend: `/dev/emp-nic` from `emp.ko`. The control path is
-//! ioctls (QUERY, REG_MR, DEREG_MR, START); the data path is the same
+//! ioctls (QUERY, REG_MR, DEREG_MR, START, SET_EVENTFD, ARM); the data path is the same
 //! mapped window and completion queue as direct attach.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use emp_uapi::desc::{MR_LOCAL_READ, MR_LOCAL_WRITE};
-use emp_uapi::ioctl::{EmpDeregMr, EmpQuery, EmpRegMr, EmpStart, EMP_IOC_DEREG_MR, EMP_IOC_QUERY, EMP_IOC_REG_MR, EMP_IOC_START};
+use emp_uapi::ioctl::{
+    EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM, EMP_IOC_DEREG_MR, EMP_IOC_QUERY,
+    EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD, EMP_IOC_START,
+};
 use emp_uapi::Le;
 
 use crate::direct::{map_shared, Control, CQ_ENTRIES};
@@ -35,6 +38,32 @@ pub(crate) fn dereg_mr(fd: RawFd, key: u32) -> Result<()> {
     let mut b = [0u8; EmpDeregMr::SIZE];
     EmpDeregMr { size: EmpDeregMr::SIZE as u32, key }.put(&mut b);
     ioctl_buf(fd, EMP_IOC_DEREG_MR, &mut b, "deregister memory")
+}
+
+/// ARM: the next completion signals the port's eventfd.
+pub(crate) fn arm(fd: RawFd) -> Result<()> {
+    let mut b = [0u8; EmpArm::SIZE];
+    EmpArm { size: EmpArm::SIZE as u32, events: 1 }.put(&mut b);
+    ioctl_buf(fd, EMP_IOC_ARM, &mut b, "arm")
+}
+
+/// Hands the driver an eventfd for completion events; `None` when the NIC
+/// has no interrupt (`EOPNOTSUPP`: e.g. an `ivshmem-plain` function).
+fn event_fd(fd: RawFd) -> Result<Option<OwnedFd>> {
+    // SAFETY: creating an eventfd; we own the result.
+    let e = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if e < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let event = unsafe { OwnedFd::from_raw_fd(e) };
+    let mut b = [0u8; EmpSetEventfd::SIZE];
+    EmpSetEventfd { size: EmpSetEventfd::SIZE as u32, fd: e, ..Default::default() }.put(&mut b);
+    match ioctl_buf(fd, EMP_IOC_SET_EVENTFD, &mut b, "set event fd") {
+        Ok(()) => Ok(Some(event)),
+        Err(Error::Nic { errno: libc::EOPNOTSUPP, .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Opens a port through the driver.
@@ -76,5 +105,6 @@ pub(crate) fn open(path: &str) -> Result<Device> {
     let mut s = [0u8; EmpStart::SIZE];
     EmpStart { size: EmpStart::SIZE as u32, cq_entries: CQ_ENTRIES, cq_key: key, ..Default::default() }.put(&mut s);
     ioctl_buf(dev.as_raw_fd(), EMP_IOC_START, &mut s, "start port")?;
-    Ok(Device::assemble(Control::Kernel { dev }, window, window_len, info, (arena.cast(), arena_len, key, None), 0))
+    let event = event_fd(dev.as_raw_fd())?;
+    Ok(Device::assemble(Control::Kernel { dev, event }, window, window_len, info, (arena.cast(), arena_len, key, None), 0))
 }

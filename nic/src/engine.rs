@@ -76,6 +76,10 @@ extern "C" fn hw_raise_interrupt(ctx: *mut c_void, vector: u16) {
     }
     if let Some(Some(p)) = hw.shared.ports.lock().expect("ports").get(vector as usize - 1) {
         signal(p.event.as_raw_fd());
+    } else if let Some(irq) = &*hw.shared.guest_irq.lock().expect("guest_irq") {
+        // A guest's port: one MSI-X vector; the guest's driver finds the
+        // port(s) whose armed event the control program consumed.
+        signal(irq.as_raw_fd());
     }
 }
 

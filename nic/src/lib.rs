@@ -8,6 +8,7 @@ pub mod dma;
 pub mod engine;
 pub mod fwlib;
 pub mod image;
+pub mod ivshmem;
 pub mod nic;
 pub mod sram;
 pub mod wire;

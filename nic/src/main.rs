@@ -78,8 +78,11 @@ struct Args {
     /// Spin this long (µs) after the last work before sleeping.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
-    /// Guest NICs: put NIC n's SRAM in `<dir>/sram<n>` for QEMU to map as
-    /// the ivshmem BAR2; the guest's driver stages the firmware.
+    /// Guest NICs: put NIC n's SRAM in `<dir>/sram<n>`; QEMU guests reach
+    /// it as the ivshmem BAR2, either mapping the file (`ivshmem-plain`, no
+    /// interrupts) or through `<socket-dir>/ivshmem<n>.sock`
+    /// (`ivshmem-doorbell,vectors=1`: MSI-X). The guest's driver stages the
+    /// firmware.
     #[arg(long)]
     vm_sram_dir: Option<PathBuf>,
     /// Write the pid here once every NIC is serving.
@@ -198,6 +201,11 @@ fn run(a: Args) -> Result<ExitCode, String> {
             failed += 1;
         }
         attach::serve(shared.clone(), socket_path(&a.socket_dir, node)).map_err(|e| format!("socket: {e}"))?;
+        if let Some(p) = &sram_path {
+            // A QEMU guest connects here (`-device ivshmem-doorbell,vectors=1`).
+            let sock = a.socket_dir.join(format!("ivshmem{node}.sock"));
+            emp_nic::ivshmem::serve(shared.clone(), sock, p.clone(), 1).map_err(|e| format!("ivshmem socket: {e}"))?;
+        }
         nics.push((shared, fw, cfg.fw));
     }
     let faults = Faults { loss: a.loss, dup: a.dup, reorder: a.reorder, jitter_ns: a.jitter_us * 1000, seed: a.seed };
@@ -240,6 +248,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
     engine.run();
     for n in local {
         let _ = std::fs::remove_file(socket_path(&a.socket_dir, n));
+        let _ = std::fs::remove_file(a.socket_dir.join(format!("ivshmem{n}.sock")));
     }
     if let Some(p) = &a.pidfile {
         let _ = std::fs::remove_file(p);

@@ -75,6 +75,9 @@ pub struct NicShared {
     key_salt: Mutex<u32>,
     /// Largest message.
     pub msg_max: u64,
+    /// A guest NIC's interrupt: the eventfd behind the guest's MSI-X
+    /// vector 0 (ivshmem-doorbell), while a guest is attached.
+    pub guest_irq: Mutex<Option<OwnedFd>>,
 }
 
 pub(crate) fn eventfd(flags: i32) -> std::io::Result<OwnedFd> {
@@ -335,6 +338,7 @@ pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Ar
         ports_changed: AtomicBool::new(true),
         key_salt: Mutex::new(cfg.node as u32 ^ std::process::id() ^ 0x5EED),
         msg_max: 1 << 30,
+        guest_irq: Mutex::new(None),
     }))
 }
 

@@ -5,7 +5,10 @@
 # console, fails on any test failure, timeout, kernel warning, lockdep
 # splat, kmemleak report or oops.
 #
-#   scripts/vm/run.sh [--vms N] [--firmware IMAGE] [--expect-probe-failure REASON] [guest command…]
+#   scripts/vm/run.sh [--vms N] [--plain] [--firmware IMAGE] [--expect-probe-failure REASON] [guest command…]
+# The NIC is an ivshmem-doorbell function served by emp-nicd (MSI-X for
+# completion events); --plain maps its SRAM as ivshmem-plain instead (no
+# interrupts: libemp polls).
 # One VM runs the driver tests (tap-driver); N >= 2 VMs run the
 # point-to-point suite (tap-p2p) between them, one rank per VM, over one
 # emp-nicd with N NICs on its in-memory switch.
@@ -15,10 +18,12 @@ cd "$root"
 firmware=firmware-blobs/emp-fw.bin
 expect_fail=""
 vms=1
+plain=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --vms) vms="$2"; shift 2 ;;
         --firmware) firmware="$2"; shift 2 ;;
+        --plain) plain=1; shift ;;
         --expect-probe-failure) expect_fail="$2"; shift 2 ;;
         *) break ;;
     esac
@@ -97,7 +102,7 @@ LIST
 target/release/emp-nicd --nics "$vms" --vm-sram-dir "$shm" --socket-dir "$work" --trusted firmware-blobs \
     > "$work/nicd.log" 2>&1 &
 nicd_pid=$!
-for _ in $(seq 100); do [ -f "$shm/sram$((vms - 1))" ] && break; sleep 0.05; done
+for _ in $(seq 100); do [ -S "$work/ivshmem$((vms - 1)).sock" ] && break; sleep 0.05; done
 sram_size=$(stat -c %s "$shm/sram0")
 
 # --- the guests (TCG; KVM only where it really works, see KERNEL.md) ---
@@ -108,13 +113,20 @@ if grep -qE 'vmx|svm' /proc/cpuinfo && ! lsmod 2>/dev/null | grep -q kvm_pvm && 
 fi
 pids=()
 for i in $(seq 0 $((vms - 1))); do
+    if [ "$plain" = 1 ]; then
+        # No interrupts: the NIC's SRAM file mapped directly (ports poll).
+        nic_dev=(-object memory-backend-file,id=sram0,size="$sram_size",mem-path="$shm/sram$i",share=on
+                 -device ivshmem-plain,memdev=sram0)
+    else
+        # emp-nicd's ivshmem server hands QEMU the SRAM and the MSI-X eventfd.
+        nic_dev=(-chardev socket,id=nic,path="$work/ivshmem$i.sock" -device ivshmem-doorbell,chardev=nic,vectors=1)
+    fi
     timeout 300 qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -smp 1 -m 256M \
         -object memory-backend-file,id=ram,size=256M,mem-path="$shm/ram$i",share=on \
         -machine q35,memory-backend=ram \
         -kernel "$kbuild/arch/x86/boot/bzImage" -initrd "$work/initramfs.gz" \
         -append "console=ttyS0 panic=-1 oops=panic rdinit=/init emp.rank=$i emp.size=$vms" \
-        -object memory-backend-file,id=sram0,size="$sram_size",mem-path="$shm/sram$i",share=on \
-        -device ivshmem-plain,memdev=sram0 \
+        "${nic_dev[@]}" \
         -nographic -no-reboot -serial stdio -monitor none -display none > "$work/console$i.log" 2>&1 &
     pids+=($!)
 done

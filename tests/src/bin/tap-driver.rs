@@ -5,7 +5,10 @@
 use std::ffi::CString;
 
 use emp_tests::Tap;
-use emp_uapi::ioctl::{ioc, EmpDeregMr, EmpQuery, EmpRegMr, EMP_IOC_DEREG_MR, EMP_IOC_MAGIC, EMP_IOC_QUERY, EMP_IOC_REG_MR};
+use emp_uapi::ioctl::{
+    ioc, EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EMP_IOC_ARM, EMP_IOC_DEREG_MR, EMP_IOC_MAGIC, EMP_IOC_QUERY,
+    EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD,
+};
 use emp_uapi::Le;
 
 fn open_dev() -> Result<i32, String> {
@@ -36,7 +39,7 @@ fn expect_errno(what: &str, r: i64, want: i32) -> Result<(), String> {
 }
 
 fn main() {
-    let mut t = Tap::new(15, false);
+    let mut t = Tap::new(17, false);
     let fd = open_dev();
     t.check("open /dev/emp-nic", fd.as_ref().map(|_| ()).map_err(|e| e.clone()));
     let Ok(fd) = fd else { std::process::exit(t.finish()) };
@@ -92,6 +95,8 @@ fn main() {
         .collect();
     t.check("mmap out of range, wrong size or executable: refused", if bad.is_empty() { Ok(()) } else { Err(format!("accepted: {bad:?}")) });
     registration_tests(&mut t, fd);
+    t.check("SET_EVENTFD and ARM refuse bad arguments with clean errnos", event_arg_tests(fd));
+    t.check("signal-on-packet: an armed port's eventfd wakes an epoll waiter when a message arrives", signal_on_packet());
     t.check("unbind with a port open and mapped: the mapping is torn down, the port answers ENODEV", unbind_with_port_open(fd, win));
     // SAFETY: closing our descriptor.
     unsafe { libc::close(fd) };
@@ -305,4 +310,89 @@ fn unbind_with_port_open(fd: i32, win: usize) -> Result<(), String> {
     // SAFETY: valid buffer.
     let r = unsafe { libc::ioctl(fd, EMP_IOC_QUERY as _, q.as_mut_ptr()) };
     expect_errno("QUERY after unbind", r as i64, libc::ENODEV)
+}
+
+fn set_eventfd(fd: i32, efd: i32, signal: u32) -> Result<(), i32> {
+    let mut b = [0u8; EmpSetEventfd::SIZE];
+    EmpSetEventfd { size: EmpSetEventfd::SIZE as u32, fd: efd, signal, reserved: 0 }.put(&mut b);
+    // SAFETY: the buffer is as large as the command says.
+    let r = unsafe { libc::ioctl(fd, EMP_IOC_SET_EVENTFD as _, b.as_mut_ptr()) };
+    if r == 0 { Ok(()) } else { Err(errno()) }
+}
+
+fn arm(fd: i32, events: u32) -> Result<(), i32> {
+    let mut b = [0u8; EmpArm::SIZE];
+    EmpArm { size: EmpArm::SIZE as u32, events }.put(&mut b);
+    // SAFETY: the buffer is as large as the command says.
+    let r = unsafe { libc::ioctl(fd, EMP_IOC_ARM as _, b.as_mut_ptr()) };
+    if r == 0 { Ok(()) } else { Err(errno()) }
+}
+
+/// Event ioctls with bad arguments: each gets its errno, nothing changes.
+fn event_arg_tests(fd: i32) -> Result<(), String> {
+    let null = CString::new("/dev/null").expect("no NUL");
+    // SAFETY: opening a path with a valid C string; creating an eventfd.
+    let (notev, efd) = unsafe { (libc::open(null.as_ptr(), libc::O_RDONLY), libc::eventfd(0, libc::EFD_NONBLOCK)) };
+    let got = [
+        ("ARM before SET_EVENTFD", arm(fd, 1), Err(libc::EINVAL)),
+        ("SET_EVENTFD of a non-eventfd", set_eventfd(fd, notev, 0), Err(libc::EINVAL)),
+        ("SET_EVENTFD of a closed descriptor", set_eventfd(fd, 999, 0), Err(libc::EBADF)),
+        ("SET_EVENTFD asking for a signal", set_eventfd(fd, efd, 10), Err(libc::EINVAL)),
+        ("SET_EVENTFD of an eventfd", set_eventfd(fd, efd, 0), Ok(())),
+        ("ARM of unknown events", arm(fd, 2), Err(libc::EINVAL)),
+        ("ARM", arm(fd, 1), Ok(())),
+        ("SET_EVENTFD -1 (detach)", set_eventfd(fd, -1, 0), Ok(())),
+        ("ARM after detaching", arm(fd, 1), Err(libc::EINVAL)),
+    ];
+    // SAFETY: closing our descriptors.
+    unsafe {
+        libc::close(notev);
+        libc::close(efd);
+    }
+    let wrong: Vec<String> =
+        got.iter().filter(|(_, g, w)| g != w).map(|(what, g, w)| format!("{what}: got {g:?}, wanted {w:?}")).collect();
+    if wrong.is_empty() { Ok(()) } else { Err(wrong.join("; ")) }
+}
+
+/// Two ports through libemp's kernel backend: the receiver arms and its
+/// eventfd (in an epoll set) stays quiet until the sender's message lands;
+/// then epoll wakes (NIC completion → MSI-X → driver → eventfd).
+fn signal_on_packet() -> Result<(), String> {
+    use emp::{Completion, EventSource, ANY};
+    let mut a = emp::Device::open_path("/dev/emp-nic").map_err(|e| format!("open: {e}"))?;
+    let mut b = emp::Device::open_path("/dev/emp-nic").map_err(|e| format!("open: {e}"))?;
+    if b.event_fd() < 0 {
+        return Err("the port has no event descriptor (no MSI-X?)".into());
+    }
+    let sa = a.alloc(64).map_err(|e| e.to_string())?;
+    let rb = b.alloc(64).map_err(|e| e.to_string())?;
+    let mut wc = [Completion::default(); 4];
+    b.post_recv(1, ANY, 77, 0, &[rb.sge(0, 64)]).map_err(|e| e.to_string())?;
+    b.arm();
+    if b.poll_cq(&mut wc) != 0 {
+        return Err("a completion before anything was sent".into());
+    }
+    // SAFETY: plain epoll calls on descriptors we own, into live structs.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 1 };
+    // SAFETY: as above.
+    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, b.event_fd(), &mut ev) } != 0 {
+        return Err(format!("epoll_ctl: {}", std::io::Error::last_os_error()));
+    }
+    let mut out = [libc::epoll_event { events: 0, u64: 0 }; 1];
+    // SAFETY: waiting on our epoll fd into a live array.
+    let early = unsafe { libc::epoll_wait(ep, out.as_mut_ptr(), 1, 100) };
+    a.post_send(2, b.endpoint(), 77, &[sa.sge(0, 64)]).map_err(|e| e.to_string())?;
+    let t = std::time::Instant::now();
+    // SAFETY: as above.
+    let woke = unsafe { libc::epoll_wait(ep, out.as_mut_ptr(), 1, 10_000) };
+    let took = t.elapsed();
+    // SAFETY: closing our epoll fd.
+    unsafe { libc::close(ep) };
+    let n = b.wait_cq(&mut wc, Some(std::time::Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    println!("# epoll woke {took:?} after the send");
+    match (early, woke, n, wc[0].tag) {
+        (0, 1, 1, 77) => Ok(()),
+        _ => Err(format!("epoll before the send {early}, after {woke}; completions {n}, tag {}", wc[0].tag)),
+    }
 }
