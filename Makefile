@@ -1,7 +1,9 @@
 # EMP top-level entry points.
 #   make           build everything (release) and the signed firmware image
 #   make test      every test: unit, property, C layout, simulation suite,
-#                  firmware signing, chassis integration (real emp-nicd)
+#                  firmware signing, chassis integration (real emp-nicd),
+#                  then the kernel path in QEMU guests (scripts/vm/suite.sh;
+#                  builds the toolchain and guest kernel once, cached)
 #   make demo      the main job: a 4-NIC chassis, latency and bandwidth
 #   make firmware  (re)build firmware-blobs/emp-fw.bin, signed with the
 #                  development key (generated once, never committed)
@@ -21,7 +23,7 @@ driver:
 		BINDGEN=$(if $(BINDGEN),$(BINDGEN),$$HOME/.cache/emp/bindgen/bin/bindgen) modules
 
 vm-test: build
-	@scripts/vm/run.sh
+	@scripts/vm/suite.sh
 
 all: build
 
@@ -36,6 +38,7 @@ build: firmware
 
 test: build
 	$(CARGO) test --workspace --no-fail-fast
+	@scripts/vm/suite.sh
 
 demo: build
 	@scripts/demo.sh

@@ -8,7 +8,10 @@
 #   scripts/vm/run.sh [--vms N] [--plain] [--firmware IMAGE] [--expect-probe-failure REASON] [guest command…]
 # The NIC is an ivshmem-doorbell function served by emp-nicd (MSI-X for
 # completion events); --plain maps its SRAM as ivshmem-plain instead (no
-# interrupts: libemp polls).
+# interrupts: libemp polls). --bench SIZES runs `emp bench latency`
+# between two guests instead: EMP through emp.ko against TCP over a
+# virtio-net link joining the two guests, in one run (ranks block on
+# their port events: --blocking; EMP_BENCH_FLAGS overrides).
 # One VM runs the driver tests (tap-driver); N >= 2 VMs run the
 # point-to-point suite (tap-p2p) between them, one rank per VM, over one
 # emp-nicd with N NICs on its in-memory switch.
@@ -19,17 +22,24 @@ firmware=firmware-blobs/emp-fw.bin
 expect_fail=""
 vms=1
 plain=0
+bench=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --vms) vms="$2"; shift 2 ;;
         --firmware) firmware="$2"; shift 2 ;;
         --plain) plain=1; shift ;;
+        --bench) bench="$2"; shift 2 ;;
         --expect-probe-failure) expect_fail="$2"; shift 2 ;;
         *) break ;;
     esac
 done
 guest_cmd="${*:-}"
-if [ -z "$guest_cmd" ] && [ -z "$expect_fail" ]; then
+firmware=$(realpath "$firmware")
+if [ -n "$bench" ]; then
+    vms=2
+    guest_cmd="/bin/busybox ip link set eth0 up && /bin/busybox ip addr add 10.9.0.\$((rank + 1))/24 dev eth0 && \\
+EMP_DEVICE=/dev/emp-nic EMP_RANK=\$rank EMP_SIZE=2 EMP_ARENA_MB=24 EMP_BENCH_TCP=10.9.0.1:7000 /bin/emp bench-rank latency --sizes=$bench ${EMP_BENCH_FLAGS:---blocking} && echo 'EMP-VM: bench ok'"
+elif [ -z "$guest_cmd" ] && [ -z "$expect_fail" ]; then
     if [ "$vms" -gt 1 ]; then
         guest_cmd='EMP_DEVICE=/dev/emp-nic EMP_RANK=$rank EMP_SIZE=$size EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p'
     else
@@ -42,7 +52,7 @@ make -s driver KDIR="$kbuild" >&2
 # Guest test programs: static binaries (the guest has no libc).
 static=target/static/x86_64-unknown-linux-gnu/release
 CARGO_TARGET_DIR=target/static RUSTFLAGS="-C target-feature=+crt-static" \
-    cargo build -q --release -p emp-tests --bins --target x86_64-unknown-linux-gnu >&2
+    cargo build -q --release -p emp-tests -p emp-tools --bins --target x86_64-unknown-linux-gnu >&2
 cache="${EMP_CACHE:-$HOME/.cache/emp}"
 work=$(mktemp -d /tmp/emp-vm.XXXXXX)
 shm=/dev/shm/$(basename "$work")
@@ -92,9 +102,10 @@ file /bin/busybox /bin/busybox 755 0 0
 slink /bin/sh busybox 777 0 0
 file /init $work/init 755 0 0
 file /emp.ko $root/driver/emp.ko 644 0 0
-file /lib/firmware/emp/emp-fw.bin $root/$firmware 644 0 0
+file /lib/firmware/emp/emp-fw.bin $firmware 644 0 0
 file /bin/tap-driver $root/$static/tap-driver 755 0 0
 file /bin/tap-p2p $root/$static/tap-p2p 755 0 0
+file /bin/emp $root/$static/emp 755 0 0
 LIST
 "$kbuild/usr/gen_init_cpio" "$work/cpio.list" | gzip -1 > "$work/initramfs.gz"
 
@@ -112,6 +123,7 @@ if grep -qE 'vmx|svm' /proc/cpuinfo && ! lsmod 2>/dev/null | grep -q kvm_pvm && 
     accel=kvm; cpu=host
 fi
 pids=()
+net_base=$((20000 + $$ % 20000))
 for i in $(seq 0 $((vms - 1))); do
     if [ "$plain" = 1 ]; then
         # No interrupts: the NIC's SRAM file mapped directly (ports poll).
@@ -121,12 +133,18 @@ for i in $(seq 0 $((vms - 1))); do
         # emp-nicd's ivshmem server hands QEMU the SRAM and the MSI-X eventfd.
         nic_dev=(-chardev socket,id=nic,path="$work/ivshmem$i.sock" -device ivshmem-doorbell,chardev=nic,vectors=1)
     fi
+    net=()
+    if [ -n "$bench" ]; then
+        # A virtio-net link between the two guests (UDP datagrams on the host).
+        net=(-netdev "dgram,id=net0,local.type=inet,local.host=127.0.0.1,local.port=$((net_base + i)),remote.type=inet,remote.host=127.0.0.1,remote.port=$((net_base + 1 - i))"
+             -device "virtio-net-pci,netdev=net0,mac=52:54:00:e0:00:0$i")
+    fi
     timeout 300 qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -smp 1 -m 256M \
         -object memory-backend-file,id=ram,size=256M,mem-path="$shm/ram$i",share=on \
         -machine q35,memory-backend=ram \
         -kernel "$kbuild/arch/x86/boot/bzImage" -initrd "$work/initramfs.gz" \
         -append "console=ttyS0 panic=-1 oops=panic rdinit=/init emp.rank=$i emp.size=$vms" \
-        "${nic_dev[@]}" \
+        "${nic_dev[@]}" "${net[@]}" \
         -nographic -no-reboot -serial stdio -monitor none -display none > "$work/console$i.log" 2>&1 &
     pids+=($!)
 done
@@ -146,7 +164,11 @@ for i in $(seq 0 $((vms - 1))); do
         grep -q "$expect_fail" "$c" || { echo "vm$i: expected the probe to fail with: $expect_fail"; fail=1; }
     else
         grep -q "EMP NIC node $i running" "$c" || { echo "vm$i: the driver did not bring the NIC up"; fail=1; }
-        grep -q "passed, 0 failed" "$c" || [ "$i" -ne 0 ] || { echo "vm$i: no TAP summary"; fail=1; }
+        if [ -n "$bench" ]; then
+            grep -q "EMP-VM: bench ok" "$c" || { echo "vm$i: the benchmark failed"; fail=1; }
+        else
+            grep -q "passed, 0 failed" "$c" || [ "$i" -ne 0 ] || { echo "vm$i: no TAP summary"; fail=1; }
+        fi
     fi
     grep -q "^not ok" "$c" && { echo "vm$i: a guest test failed"; fail=1; }
 done

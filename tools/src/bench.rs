@@ -47,6 +47,11 @@ pub struct BenchArgs {
     /// Skip the TCP comparison.
     #[arg(long)]
     pub no_tcp: bool,
+    /// Wait for completions by blocking on the port's event (arm + eventfd)
+    /// instead of polling: what ranks should do when they outnumber cores
+    /// (e.g. guests under TCG sharing the host's CPUs with the NIC).
+    #[arg(long)]
+    pub blocking: bool,
     /// Cluster directory (default: a private 2-NIC chassis for this run).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -112,6 +117,9 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
     if a.no_tcp {
         argv.push("--no-tcp".into());
     }
+    if a.blocking {
+        argv.push("--blocking".into());
+    }
     let r = crate::run::run(&dir, 2, &argv, Some(Duration::from_secs(1800)));
     if private {
         let _ = cluster::down(&dir);
@@ -130,29 +138,51 @@ struct Cq {
     recvs: usize,
     /// Handshake receives (tag bit HS).
     hs: usize,
+    /// Barrier receives of a static job (tag bits HS | SYNC).
+    sync_recvs: usize,
+    /// Sends the peer refused because its port was not open yet (only
+    /// counted, not fatal, while `tolerate_closed`).
+    closed: usize,
+    tolerate_closed: bool,
+    blocking: bool,
     buf: [Completion; 64],
 }
 
 /// Tag bit of handshake messages.
 const HS: u64 = 1 << 32;
+/// With HS: barrier messages of a static job (no rendezvous directory).
+const SYNC: u64 = 1 << 31;
 
 impl Cq {
     fn new() -> Cq {
-        Cq { sends: 0, recvs: 0, hs: 0, buf: [Completion::default(); 64] }
+        Cq { sends: 0, recvs: 0, hs: 0, sync_recvs: 0, closed: 0, tolerate_closed: false, blocking: false, buf: [Completion::default(); 64] }
     }
 
     fn poll(&mut self, dev: &mut Device) -> Result<(), String> {
-        let n = dev.poll_cq(&mut self.buf);
+        let n = if self.blocking {
+            match dev.wait_cq(&mut self.buf, Some(Duration::from_millis(100))) {
+                Ok(n) => n,
+                Err(emp::Error::Timeout) => 0,
+                Err(e) => return Err(e.to_string()),
+            }
+        } else {
+            dev.poll_cq(&mut self.buf)
+        };
         if n == 0 {
             // Yield: the NIC and the other rank share two cores with us.
             std::thread::yield_now();
         }
         for c in &self.buf[..n] {
+            if c.status == Status::RemotePortClosed && self.tolerate_closed && !c.is_recv {
+                self.closed += 1;
+                continue;
+            }
             if c.status != Status::Success {
                 return Err(format!("completion {} failed: {}", c.wr_id, c.status.as_str()));
             }
             match (c.is_recv, c.tag & HS != 0) {
                 (false, _) => self.sends += 1,
+                (true, true) if c.tag & SYNC != 0 => self.sync_recvs += 1,
                 (true, false) => self.recvs += 1,
                 (true, true) => self.hs += 1,
             }
@@ -182,6 +212,7 @@ struct Emp {
     ack: Buffer,
     posted_sends: usize,
     job: Job,
+    syncs: u64,
 }
 
 impl Emp {
@@ -208,6 +239,41 @@ impl Emp {
         }
     }
 
+    /// A barrier of the two ranks: the rendezvous directory's, or in a
+    /// static job (ranks in separate VMs) zero-byte messages over EMP,
+    /// retried while the peer's port is not open yet.
+    fn sync(&mut self, name: &str) -> Result<(), String> {
+        if self.job.has_rendezvous() {
+            return self.job.sync(name).map_err(|e| e.to_string());
+        }
+        self.syncs += 1;
+        let tag = HS | SYNC | self.syncs;
+        let want = self.cq.sync_recvs + 1;
+        let ack = self.ack;
+        self.dev.post_recv(1, self.peer, tag, 0, &[ack.sge(0, 0)]).map_err(|e| e.to_string())?;
+        self.cq.tolerate_closed = true;
+        let mut tries = 0;
+        let r = loop {
+            let (sends, closed) = (self.cq.sends, self.cq.closed);
+            self.send(tag, ack, 0)?;
+            if let Err(e) = self.cq.until(&mut self.dev, |c| c.sends > sends || c.closed > closed) {
+                break Err(e);
+            }
+            if self.cq.closed == closed {
+                break Ok(());
+            }
+            self.posted_sends -= 1;
+            tries += 1;
+            if tries > 1500 {
+                break Err("the peer's port never opened".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.cq.tolerate_closed = false;
+        r?;
+        self.cq.until(&mut self.dev, |c| c.sync_recvs >= want)
+    }
+
     /// Waits until every posted send completed (buffers may be reused).
     fn drain_sends(&mut self) -> Result<(), String> {
         let n = self.posted_sends;
@@ -219,7 +285,7 @@ impl Emp {
     fn latency(&mut self, tag: u64, size: usize, iters: usize, warm: usize) -> Result<f64, String> {
         let (s, r) = (self.sbuf, self.rbuf);
         self.recv(tag, r, size)?;
-        self.job.sync(&format!("lat{tag}")).map_err(|e| e.to_string())?;
+        self.sync(&format!("lat{tag}"))?;
         let mut t0 = Instant::now();
         for i in 0..warm + iters {
             if i == warm {
@@ -250,7 +316,7 @@ impl Emp {
         let sender = bidir || self.rank == 0;
         let receiver = bidir || self.rank == 1;
         self.recv(tag | HS, a, 4)?;
-        self.job.sync(&format!("bw{tag}")).map_err(|e| e.to_string())?;
+        self.sync(&format!("bw{tag}"))?;
         // Absolute targets: posting may poll, and a handshake can be
         // counted before this window's wait begins.
         let hs0 = self.cq.hs;
@@ -365,7 +431,9 @@ pub fn rank(a: &BenchArgs) -> Result<(), String> {
         dev.alloc(max).map_err(|e| e.to_string())?,
         dev.alloc(64).map_err(|e| e.to_string())?,
     );
-    let mut emp = Emp { dev, cq: Cq::new(), peer, rank: job.rank, sbuf, rbuf, ack, posted_sends: 0, job: job.clone() };
+    let mut cq = Cq::new();
+    cq.blocking = a.blocking;
+    let mut emp = Emp { dev, cq, peer, rank: job.rank, sbuf, rbuf, ack, posted_sends: 0, job: job.clone(), syncs: 0 };
     let mut tcp = if a.no_tcp { None } else { Some(tcp_connect(&job, max)?) };
     let mut rows = Vec::new();
     for (i, &size) in sizes.iter().enumerate() {
@@ -395,12 +463,33 @@ pub fn rank(a: &BenchArgs) -> Result<(), String> {
     if job.rank == 0 && a.json {
         print_json(a.kind, &rows);
     }
-    job.sync("bench-done").map_err(|e| e.to_string())
+    emp.sync("bench-done")
 }
 
+/// The TCP side of the comparison. Over loopback by default (the port is
+/// exchanged through the rendezvous directory); `EMP_BENCH_TCP=host:port`
+/// names rank 0's address instead (e.g. between two VMs over virtio-net,
+/// where a static job has no rendezvous directory): rank 0 listens on that
+/// port, rank 1 connects, retrying for 30 s.
 fn tcp_connect(job: &Job, max: usize) -> Result<Tcp, String> {
     let e = |e: std::io::Error| e.to_string();
-    let s = if job.rank == 0 {
+    let named = std::env::var("EMP_BENCH_TCP").ok();
+    let s = if let Some(addr) = named {
+        let sa: std::net::SocketAddr = addr.parse().map_err(|_| format!("EMP_BENCH_TCP={addr}: not host:port"))?;
+        if job.rank == 0 {
+            let l = TcpListener::bind(("0.0.0.0", sa.port())).map_err(|err| format!("listen on {}: {err}", sa.port()))?;
+            l.accept().map_err(e)?.0
+        } else {
+            let end = Instant::now() + Duration::from_secs(30);
+            loop {
+                match TcpStream::connect(sa) {
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < end => std::thread::sleep(Duration::from_millis(50)),
+                    Err(err) => return Err(format!("connect to {sa}: {err}")),
+                }
+            }
+        }
+    } else if job.rank == 0 {
         let l = TcpListener::bind("127.0.0.1:0").map_err(e)?;
         let port = l.local_addr().map_err(e)?.port();
         job.exchange("tcp", &port.to_string(), Duration::from_secs(30)).map_err(|e| e.to_string())?;
@@ -426,7 +515,13 @@ fn print_header(k: Kind, tcp: bool) {
         Kind::Bw => "bandwidth, windows of 64",
         Kind::Bibw => "bidirectional bandwidth, windows of 64",
     };
-    println!("# EMP {what} ({}); emp-nicd chassis vs TCP loopback, same run", unit(k));
+    let tcp_path = match std::env::var("EMP_BENCH_TCP") {
+        Ok(a) => format!("TCP to {a}"),
+        Err(_) => "TCP loopback".into(),
+    };
+    let device = std::env::var("EMP_DEVICE").unwrap_or_default();
+    let emp_path = if device.starts_with("/dev/") { format!("EMP through {device}") } else { "EMP on an emp-nicd chassis".into() };
+    println!("# EMP {what} ({}); {emp_path} vs {tcp_path}, same run", unit(k));
     if tcp {
         println!("# {:<10} {:>12} {:>12} {:>10}", "Size", "EMP", "TCP", "EMP/TCP");
     } else {
