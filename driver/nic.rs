@@ -69,8 +69,15 @@ impl<'bound> Nic<'bound> {
                 None
             }
         };
-        let dev = KBox::pin_init(crate::port::NicDev::new(info), GFP_KERNEL)?;
-        dev_info!(pdev, "EMP NIC node {} running, {} ports, MTU {}\n", header.node_id, header.port_count, header.mtu);
+        let dev = KBox::pin_init(crate::port::NicDev::new(info)?, GFP_KERNEL)?;
+        dev_info!(
+            pdev,
+            "EMP NIC node {} running, {} ports, MTU {}: /dev/{}\n",
+            header.node_id,
+            header.port_count,
+            header.mtu,
+            dev.node_name().to_str().unwrap_or("?")
+        );
         Ok(Nic { _irq: irq, _dev: dev, _bar: bar })
     }
 }

@@ -254,20 +254,63 @@ impl NicInfo {
     }
 }
 
-/// The misc device and what its files share.
+/// Device node names: the first NIC is `/dev/emp-nic`, further ones
+/// `/dev/emp-nicN`.
+const NODE_NAMES: [&core::ffi::CStr; 8] =
+    [c"emp-nic", c"emp-nic1", c"emp-nic2", c"emp-nic3", c"emp-nic4", c"emp-nic5", c"emp-nic6", c"emp-nic7"];
+
+/// Which node names are taken (bit `i` = `NODE_NAMES[i]`).
+static NODE_NAMES_USED: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+
+/// A claimed node name, released on drop.
+struct NodeName(usize);
+
+impl NodeName {
+    /// The lowest free name; `ENOSPC` when every name is taken.
+    fn claim() -> Result<NodeName> {
+        use core::sync::atomic::Ordering;
+        let all = (1u32 << NODE_NAMES.len()) - 1;
+        NODE_NAMES_USED
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (used != all).then(|| used | 1 << (!used & all).trailing_zeros())
+            })
+            .map(|used| NodeName((!used & all).trailing_zeros() as usize))
+            .map_err(|_| ENOSPC)
+    }
+}
+
+impl Drop for NodeName {
+    fn drop(&mut self) {
+        NODE_NAMES_USED.fetch_and(!(1u32 << self.0), core::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// The misc device and what its files share. Fields drop in order: the
+/// device node goes before its name is released.
 #[pin_data(PinnedDrop)]
 pub(crate) struct NicDev {
     #[pin]
     misc: MiscDeviceRegistration<Port>,
     info: Arc<NicInfo>,
+    name: NodeName,
 }
 
 impl NicDev {
-    pub(crate) fn new(info: Arc<NicInfo>) -> impl PinInit<Self, Error> {
-        try_pin_init!(Self {
-            misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"emp-nic" }),
+    /// Claims a node name now; the initializer registers the node. A
+    /// failed registration drops the initializer and so the name.
+    pub(crate) fn new(info: Arc<NicInfo>) -> Result<impl PinInit<Self, Error>> {
+        let name = NodeName::claim()?;
+        let node = NODE_NAMES[name.0];
+        Ok(try_pin_init!(Self {
+            misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: node }),
             info,
-        })
+            name,
+        }))
+    }
+
+    /// The device node's name (`emp-nic`, `emp-nic1`, …).
+    pub(crate) fn node_name(&self) -> &'static core::ffi::CStr {
+        NODE_NAMES[self.name.0]
     }
 }
 

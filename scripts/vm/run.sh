@@ -8,7 +8,9 @@
 #   scripts/vm/run.sh [--vms N] [--plain] [--firmware IMAGE] [--expect-probe-failure REASON] [guest command…]
 # The NIC is an ivshmem-doorbell function served by emp-nicd (MSI-X for
 # completion events); --plain maps its SRAM as ivshmem-plain instead (no
-# interrupts: libemp polls). --bench SIZES runs `emp bench latency`
+# interrupts: libemp polls). --two-nics gives one guest two NICs
+# (/dev/emp-nic and /dev/emp-nic1, both DMAing into its RAM) and runs
+# tap-p2p between them, one rank per NIC. --bench SIZES runs `emp bench latency`
 # between two guests instead: EMP through emp.ko against TCP over a
 # virtio-net link joining the two guests, in one run (ranks block on
 # their port events: --blocking; EMP_BENCH_FLAGS overrides).
@@ -22,12 +24,14 @@ firmware=firmware-blobs/emp-fw.bin
 expect_fail=""
 vms=1
 plain=0
+two_nics=0
 bench=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --vms) vms="$2"; shift 2 ;;
         --firmware) firmware="$2"; shift 2 ;;
         --plain) plain=1; shift ;;
+        --two-nics) two_nics=1; shift ;;
         --bench) bench="$2"; shift 2 ;;
         --expect-probe-failure) expect_fail="$2"; shift 2 ;;
         *) break ;;
@@ -35,7 +39,10 @@ while [ $# -gt 0 ]; do
 done
 guest_cmd="${*:-}"
 firmware=$(realpath "$firmware")
-if [ -n "$bench" ]; then
+if [ "$two_nics" = 1 ]; then
+    vms=1
+    guest_cmd='ls /dev/emp-nic /dev/emp-nic1 && { EMP_DEVICE=/dev/emp-nic1 EMP_RANK=1 EMP_SIZE=2 EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p & EMP_DEVICE=/dev/emp-nic EMP_RANK=0 EMP_SIZE=2 EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p; wait; }'
+elif [ -n "$bench" ]; then
     vms=2
     guest_cmd="/bin/busybox ip link set eth0 up && /bin/busybox ip addr add 10.9.0.\$((rank + 1))/24 dev eth0 && \\
 EMP_DEVICE=/dev/emp-nic EMP_RANK=\$rank EMP_SIZE=2 EMP_ARENA_MB=24 EMP_BENCH_TCP=10.9.0.1:7000 /bin/emp bench-rank latency --sizes=$bench ${EMP_BENCH_FLAGS:---blocking} && echo 'EMP-VM: bench ok'"
@@ -110,10 +117,12 @@ LIST
 "$kbuild/usr/gen_init_cpio" "$work/cpio.list" | gzip -1 > "$work/initramfs.gz"
 
 # --- the NICs: one emp-nicd, one NIC per guest, on its in-memory switch ---
-target/release/emp-nicd --nics "$vms" --vm-sram-dir "$shm" --socket-dir "$work" --trusted firmware-blobs \
+nics=$((vms + two_nics))
+[ "$two_nics" = 1 ] && ln -s ram0 "$shm/ram1"   # NIC 1 DMAs into the same guest
+target/release/emp-nicd --nics "$nics" --vm-sram-dir "$shm" --socket-dir "$work" --trusted firmware-blobs \
     > "$work/nicd.log" 2>&1 &
 nicd_pid=$!
-for _ in $(seq 100); do [ -S "$work/ivshmem$((vms - 1)).sock" ] && break; sleep 0.05; done
+for _ in $(seq 100); do [ -S "$work/ivshmem$((nics - 1)).sock" ] && break; sleep 0.05; done
 sram_size=$(stat -c %s "$shm/sram0")
 
 # --- the guests (TCG; KVM only where it really works, see KERNEL.md) ---
@@ -132,6 +141,9 @@ for i in $(seq 0 $((vms - 1))); do
     else
         # emp-nicd's ivshmem server hands QEMU the SRAM and the MSI-X eventfd.
         nic_dev=(-chardev socket,id=nic,path="$work/ivshmem$i.sock" -device ivshmem-doorbell,chardev=nic,vectors=1)
+        if [ "$two_nics" = 1 ]; then
+            nic_dev+=(-chardev socket,id=nic1,path="$work/ivshmem1.sock" -device ivshmem-doorbell,chardev=nic1,vectors=1)
+        fi
     fi
     net=()
     if [ -n "$bench" ]; then

@@ -4,7 +4,8 @@
 #   1. driver tests (tap-driver) in one guest, after checking that rmmod
 #      with a port open is refused safely;
 #   2. the point-to-point TAP suite between two guests over /dev/emp-nic;
-#   3. the same with the NIC as ivshmem-plain (no MSI-X: libemp polls);
+#   3. the same with the NIC as ivshmem-plain (no MSI-X: libemp polls),
+#      and one guest with two NICs (a rank on each);
 #   4. a tampered firmware image: the probe fails with the NIC's reason and
 #      no port device appears;
 #   5. `emp bench latency` between two guests, EMP against TCP over
@@ -49,6 +50,7 @@ exec 3<&-
 step "driver tests in a guest (tap-driver; rmmod with a port open)" scripts/vm/run.sh "$rmmod_busy"
 step "two guests exchange messages through emp.ko (tap-p2p, MSI-X events)" scripts/vm/run.sh --vms 2
 step "two guests, NIC without interrupts (ivshmem-plain, polling)" scripts/vm/run.sh --vms 2 --plain
+step "one guest with two NICs (/dev/emp-nic, /dev/emp-nic1): tap-p2p between them" scripts/vm/run.sh --two-nics
 
 bad="$log_dir/tampered.bin"
 cp firmware-blobs/emp-fw.bin "$bad"
