@@ -19,6 +19,7 @@ mod direct;
 mod kernel;
 pub mod ffi;
 pub mod rdv;
+pub mod tree;
 
 use std::fmt;
 use std::os::fd::RawFd;
