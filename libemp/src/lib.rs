@@ -19,6 +19,7 @@ mod direct;
 mod kernel;
 pub mod ffi;
 pub mod rdv;
+pub mod schedule;
 pub mod tree;
 
 use std::fmt;

@@ -1,0 +1,146 @@
+//! Barrier schedules (seed 001 ch. 3): which rank sends to and waits for
+//! whom, step by step. The host computes a schedule once per group; the
+//! NIC (or the host baseline) only follows it.
+//!
+//! - Pairwise exchange (PE, 001 §3.3.1, MPICH's): with S the largest power
+//!   of two ≤ N, ranks r ≥ S first hand their arrival to r − S and later
+//!   wait for its release; ranks r < S exchange with r XOR 2^i for each
+//!   round i; then release r + S. ⌊log2 N⌋ + 2 steps at most.
+//! - Dissemination (Hensgen, Finkel and Manber): ⌈log2 N⌉ rounds for any
+//!   N; in round k rank r sends to r + 2^k and waits for r − 2^k (mod N).
+
+/// One step of a rank's barrier schedule. `round` tells messages of
+/// different rounds apart (it travels in the message).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Step {
+    /// Send this rank's arrival to `to`.
+    Send { to: u16, round: u8 },
+    /// Wait for `from`'s message of `round`.
+    Recv { from: u16, round: u8 },
+}
+
+/// Barrier algorithms with a host-computed schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BarrierAlgo {
+    /// Pairwise exchange (MPICH's; the one seed 001 wires into MPI).
+    PairwiseExchange,
+    /// Dissemination: ⌈log2 N⌉ rounds, no fix-up for N not a power of two.
+    Dissemination,
+}
+
+/// Round numbers of PE's fix-up messages (exchange rounds are 0..16).
+const PE_PRE: u8 = 0xF0;
+const PE_RELEASE: u8 = 0xF1;
+
+/// The steps rank `rank` of `n` runs, in order.
+///
+/// # Panics
+/// If `n` is 0 or above 65 536, or `rank` ≥ `n`.
+pub fn barrier_schedule(algo: BarrierAlgo, n: usize, rank: usize) -> Vec<Step> {
+    assert!((1..=1 << 16).contains(&n) && rank < n, "rank {rank} of {n}");
+    let mut steps = Vec::new();
+    match algo {
+        BarrierAlgo::PairwiseExchange => {
+            let s = 1usize << (usize::BITS - 1 - n.leading_zeros());
+            if rank >= s {
+                let partner = (rank - s) as u16;
+                steps.push(Step::Send { to: partner, round: PE_PRE });
+                steps.push(Step::Recv { from: partner, round: PE_RELEASE });
+                return steps;
+            }
+            let extra = rank + s < n;
+            if extra {
+                steps.push(Step::Recv { from: (rank + s) as u16, round: PE_PRE });
+            }
+            for i in 0..s.trailing_zeros() {
+                let partner = (rank ^ (1 << i)) as u16;
+                steps.push(Step::Send { to: partner, round: i as u8 });
+                steps.push(Step::Recv { from: partner, round: i as u8 });
+            }
+            if extra {
+                steps.push(Step::Send { to: (rank + s) as u16, round: PE_RELEASE });
+            }
+        }
+        BarrierAlgo::Dissemination => {
+            let mut k = 0;
+            while (1usize << k) < n {
+                let d = 1usize << k;
+                steps.push(Step::Send { to: ((rank + d) % n) as u16, round: k as u8 });
+                steps.push(Step::Recv { from: ((rank + n - d) % n) as u16, round: k as u8 });
+                k += 1;
+            }
+        }
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{BTreeSet, VecDeque};
+
+    /// Runs every rank's schedule with asynchronous sends and blocking
+    /// receives; each message carries the set of ranks its sender knows
+    /// have arrived. Returns each rank's final knowledge, or `None` on
+    /// deadlock or an unmatched message.
+    fn run(algo: BarrierAlgo, n: usize, order: &[usize]) -> Option<Vec<BTreeSet<usize>>> {
+        let scheds: Vec<Vec<Step>> = (0..n).map(|r| barrier_schedule(algo, n, r)).collect();
+        let mut pc = vec![0usize; n];
+        let mut know: Vec<BTreeSet<usize>> = (0..n).map(|r| BTreeSet::from([r])).collect();
+        // In flight: (from, to, round, knowledge).
+        let mut wire: VecDeque<(usize, usize, u8, BTreeSet<usize>)> = VecDeque::new();
+        loop {
+            let mut progressed = false;
+            for &r in order {
+                while let Some(step) = scheds[r].get(pc[r]) {
+                    match *step {
+                        Step::Send { to, round } => wire.push_back((r, to as usize, round, know[r].clone())),
+                        Step::Recv { from, round } => {
+                            let Some(i) = wire.iter().position(|m| m.0 == from as usize && m.1 == r && m.2 == round) else {
+                                break;
+                            };
+                            let m = wire.remove(i).expect("found");
+                            know[r].extend(m.3);
+                        }
+                    }
+                    pc[r] += 1;
+                    progressed = true;
+                }
+            }
+            if (0..n).all(|r| pc[r] == scheds[r].len()) {
+                return wire.is_empty().then_some(know);
+            }
+            if !progressed {
+                return None;
+            }
+        }
+    }
+
+    #[test]
+    fn every_schedule_completes_and_is_a_barrier() {
+        for algo in [BarrierAlgo::PairwiseExchange, BarrierAlgo::Dissemination] {
+            for n in 1..=64 {
+                let all: BTreeSet<usize> = (0..n).collect();
+                // Two interleavings: ranks in order and reversed.
+                for order in [(0..n).collect::<Vec<_>>(), (0..n).rev().collect()] {
+                    let know = run(algo, n, &order).unwrap_or_else(|| panic!("{algo:?} n={n}: deadlock or stray message"));
+                    // No rank leaves before it has heard (transitively) from every rank.
+                    for (r, k) in know.iter().enumerate() {
+                        assert_eq!(k, &all, "{algo:?} n={n}: rank {r} left knowing only {k:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn step_counts_match_the_papers() {
+        // PE: log2 S exchanges, +2 steps of fix-up for N not a power of two.
+        let sends = |a, n, r| barrier_schedule(a, n, r).iter().filter(|s| matches!(s, Step::Send { .. })).count();
+        assert_eq!(sends(BarrierAlgo::PairwiseExchange, 8, 3), 3);
+        assert_eq!(sends(BarrierAlgo::PairwiseExchange, 10, 1), 4); // 3 exchanges + release of rank 9
+        assert_eq!(barrier_schedule(BarrierAlgo::PairwiseExchange, 10, 9).len(), 2);
+        assert_eq!(sends(BarrierAlgo::Dissemination, 10, 0), 4); // ⌈log2 10⌉
+        assert!(barrier_schedule(BarrierAlgo::Dissemination, 1, 0).is_empty());
+    }
+}
