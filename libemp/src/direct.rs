@@ -2,6 +2,7 @@
 //! socket (see `emp_uapi::attach`). The socket is the control path; the
 //! data path is the mapped port window and a shared memfd arena.
 
+use std::collections::VecDeque;
 use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
@@ -42,6 +43,8 @@ pub struct Device {
     arena_next: usize,
     _arena_fd: Option<OwnedFd>,
     cq_head: u32,
+    /// Completions taken from the CQ by `wait_wr` for someone else.
+    stash: VecDeque<Completion>,
     send_prod: u32,
     recv_prod: u32,
     daemon_pid: i32,
@@ -220,6 +223,7 @@ impl Device {
             arena_next: (CQ_ENTRIES as usize * Cqe::SIZE).next_multiple_of(PAGE_SIZE),
             _arena_fd: arena.3,
             cq_head: 0,
+            stash: VecDeque::new(),
             send_prod: 0,
             recv_prod: 0,
             daemon_pid,
@@ -344,8 +348,40 @@ impl Device {
         self.post(send, d)
     }
 
-    /// Takes up to `out.len()` completions; returns how many.
+    /// Takes up to `out.len()` completions (those [`Device::wait_wr`] set
+    /// aside first); returns how many.
     pub fn poll_cq(&mut self, out: &mut [Completion]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            let Some(c) = self.stash.pop_front() else { break };
+            out[n] = c;
+            n += 1;
+        }
+        n + self.poll_ring(&mut out[n..])
+    }
+
+    /// Waits for the completion of work request `wr_id`; other completions
+    /// are set aside for the next [`Device::poll_cq`] / [`Device::wait_cq`].
+    /// What is set aside is bounded by the work outstanding (the send and
+    /// receive rings). `None` = wait forever.
+    pub fn wait_wr(&mut self, wr_id: u64, timeout: Option<Duration>) -> Result<Completion> {
+        let start = Instant::now();
+        let mut buf = [Completion::default(); 16];
+        loop {
+            if let Some(i) = self.stash.iter().position(|c| c.wr_id == wr_id) {
+                return Ok(self.stash.remove(i).expect("found"));
+            }
+            let left = match timeout {
+                Some(t) => Some(t.checked_sub(start.elapsed()).ok_or(Error::Timeout)?),
+                None => None,
+            };
+            let n = self.wait_ring(&mut buf, left)?;
+            self.stash.extend(&buf[..n]);
+        }
+    }
+
+    /// Takes completions from the CQ ring itself.
+    fn poll_ring(&mut self, out: &mut [Completion]) -> usize {
         let mut n = 0;
         while n < out.len() {
             let idx = self.cq_head & (CQ_ENTRIES - 1);
@@ -397,10 +433,17 @@ impl Device {
     /// Waits for completions: polls briefly, then arms and blocks on the
     /// event descriptor. `None` = wait forever.
     pub fn wait_cq(&mut self, out: &mut [Completion], timeout: Option<Duration>) -> Result<usize> {
+        if !self.stash.is_empty() {
+            return Ok(self.poll_cq(out));
+        }
+        self.wait_ring(out, timeout)
+    }
+
+    fn wait_ring(&mut self, out: &mut [Completion], timeout: Option<Duration>) -> Result<usize> {
         let start = Instant::now();
         let spin_until = start + Duration::from_micros(20);
         loop {
-            let n = self.poll_cq(out);
+            let n = self.poll_ring(out);
             if n > 0 {
                 return Ok(n);
             }
@@ -409,7 +452,7 @@ impl Device {
                 continue;
             }
             self.arm();
-            let n = self.poll_cq(out);
+            let n = self.poll_ring(out);
             if n > 0 {
                 return Ok(n);
             }

@@ -7,6 +7,11 @@ use std::time::{Duration, Instant};
 
 use crate::{Endpoint, Error, Result};
 
+/// Tag of [`Job::barrier`]'s messages in a static job.
+pub const BARRIER_TAG: u64 = 0xEB00_0000_0000_0000;
+/// Bit 63 of a work request id: [`Job::barrier`]'s own requests.
+const BARRIER_WR: u64 = 1 << 63;
+
 /// This process's place in a job.
 #[derive(Clone, Debug)]
 pub struct Job {
@@ -89,6 +94,49 @@ impl Job {
                 }
             })
             .collect()
+    }
+
+    /// A barrier of all ranks through `dev`'s port. With a rendezvous
+    /// directory it is [`Job::sync`]; a static job (ranks in separate VMs)
+    /// exchanges zero-byte messages with every other rank over EMP itself,
+    /// retrying while a peer's port is not open yet. Its completions are
+    /// consumed with [`Device::wait_wr`]; the caller's stay in the CQ.
+    ///
+    /// Reserved: tag [`BARRIER_TAG`] from these endpoints, and work
+    /// request ids with bit 63 set.
+    pub fn barrier(&self, dev: &mut crate::Device, name: &str) -> Result<()> {
+        if self.dir.is_some() {
+            return self.sync(name);
+        }
+        // Matching is in order per pair of endpoints, so one tag serves
+        // every barrier: a peer's next barrier message cannot overtake.
+        let eps = self.endpoints(dev.endpoint())?;
+        let others: Vec<usize> = (0..self.size).filter(|&r| r != self.rank).collect();
+        for &r in &others {
+            dev.post_recv(BARRIER_WR | r as u64, eps[r], BARRIER_TAG, 0, &[])?;
+        }
+        for &r in &others {
+            let wr = BARRIER_WR | 1 << 62 | r as u64;
+            let end = Instant::now() + Duration::from_secs(60);
+            loop {
+                dev.post_send(wr, eps[r], BARRIER_TAG, &[])?;
+                let c = dev.wait_wr(wr, Some(Duration::from_secs(60)))?;
+                match c.status {
+                    crate::Status::Success => break,
+                    crate::Status::RemotePortClosed if Instant::now() < end => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    s => return Err(Error::Protocol(format!("barrier {name:?}: send to rank {r}: {}", s.as_str()))),
+                }
+            }
+        }
+        for &r in &others {
+            let c = dev.wait_wr(BARRIER_WR | r as u64, Some(Duration::from_secs(60)))?;
+            if c.status != crate::Status::Success {
+                return Err(Error::Protocol(format!("barrier {name:?}: from rank {r}: {}", c.status.as_str())));
+            }
+        }
+        Ok(())
     }
 
     /// Waits until every rank reached the same `name` (a slow barrier for

@@ -1,7 +1,7 @@
 //! Helpers for the TAP programs: TAP output (kselftest style, ending in
 //! `N passed, N failed`), deterministic payloads, waiting for completions.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use emp::{Completion, Device, Status};
 
@@ -77,22 +77,13 @@ pub fn check_pattern(id: u64, got: &[u8]) -> Result<(), String> {
     }
 }
 
-/// Waits for the completion of `wr_id` (others seen meanwhile are kept in
-/// `stash` for later calls).
-pub fn wait_for(dev: &mut Device, stash: &mut Vec<Completion>, wr_id: u64, timeout: Duration) -> Result<Completion, String> {
-    let end = Instant::now() + timeout;
-    loop {
-        if let Some(i) = stash.iter().position(|c| c.wr_id == wr_id) {
-            return Ok(stash.remove(i));
-        }
-        let mut buf = [Completion::default(); 32];
-        let left = end.checked_duration_since(Instant::now()).ok_or_else(|| format!("no completion for {wr_id} within {timeout:?}"))?;
-        match dev.wait_cq(&mut buf, Some(left)) {
-            Ok(n) => stash.extend_from_slice(&buf[..n]),
-            Err(emp::Error::Timeout) => return Err(format!("no completion for {wr_id} within {timeout:?}")),
-            Err(e) => return Err(e.to_string()),
-        }
-    }
+/// Waits for the completion of `wr_id` ([`Device::wait_wr`]: others seen
+/// meanwhile stay for later calls), with the error as text.
+pub fn wait_for(dev: &mut Device, wr_id: u64, timeout: Duration) -> Result<Completion, String> {
+    dev.wait_wr(wr_id, Some(timeout)).map_err(|e| match e {
+        emp::Error::Timeout => format!("no completion for {wr_id} within {timeout:?}"),
+        e => e.to_string(),
+    })
 }
 
 /// Expects a successful completion.

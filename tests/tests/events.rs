@@ -64,3 +64,24 @@ fn armed_event_wakes_an_io_uring_read_and_an_epoll_waiter() {
     // SAFETY: closing our epoll fd.
     unsafe { libc::close(ep) };
 }
+
+#[test]
+fn wait_wr_sets_other_completions_aside_for_poll_cq() {
+    let c = Cluster::up("waitwr", &["-n", "2"]);
+    let (mut a, mut b) = (dev(&c, 0), dev(&c, 1));
+    let (sa, rb) = (a.alloc(64).unwrap(), b.alloc(128).unwrap());
+    b.post_recv(1, ANY, 9, 0, &[rb.sge(0, 64)]).unwrap();
+    b.post_recv(2, ANY, 9, 0, &[rb.sge(64, 64)]).unwrap();
+    a.post_send(3, b.endpoint(), 9, &[sa.sge(0, 8)]).unwrap();
+    a.post_send(4, b.endpoint(), 9, &[sa.sge(0, 8)]).unwrap();
+    // Waiting for the second receive takes the first off the CQ too.
+    assert_eq!(b.wait_wr(2, Some(Duration::from_secs(10))).unwrap().wr_id, 2);
+    let mut wc = [Completion::default(); 4];
+    assert_eq!(b.poll_cq(&mut wc), 1, "the first receive was set aside, not lost");
+    assert_eq!(wc[0].wr_id, 1);
+    assert_eq!(b.poll_cq(&mut wc), 0);
+    assert!(matches!(b.wait_wr(7, Some(Duration::from_millis(50))), Err(emp::Error::Timeout)));
+    for wr in [3, 4] {
+        assert_eq!(a.wait_wr(wr, Some(Duration::from_secs(10))).unwrap().wr_id, wr);
+    }
+}

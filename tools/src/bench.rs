@@ -138,24 +138,16 @@ struct Cq {
     recvs: usize,
     /// Handshake receives (tag bit HS).
     hs: usize,
-    /// Barrier receives of a static job (tag bits HS | SYNC).
-    sync_recvs: usize,
-    /// Sends the peer refused because its port was not open yet (only
-    /// counted, not fatal, while `tolerate_closed`).
-    closed: usize,
-    tolerate_closed: bool,
     blocking: bool,
     buf: [Completion; 64],
 }
 
 /// Tag bit of handshake messages.
 const HS: u64 = 1 << 32;
-/// With HS: barrier messages of a static job (no rendezvous directory).
-const SYNC: u64 = 1 << 31;
 
 impl Cq {
     fn new() -> Cq {
-        Cq { sends: 0, recvs: 0, hs: 0, sync_recvs: 0, closed: 0, tolerate_closed: false, blocking: false, buf: [Completion::default(); 64] }
+        Cq { sends: 0, recvs: 0, hs: 0, blocking: false, buf: [Completion::default(); 64] }
     }
 
     fn poll(&mut self, dev: &mut Device) -> Result<(), String> {
@@ -173,16 +165,11 @@ impl Cq {
             std::thread::yield_now();
         }
         for c in &self.buf[..n] {
-            if c.status == Status::RemotePortClosed && self.tolerate_closed && !c.is_recv {
-                self.closed += 1;
-                continue;
-            }
             if c.status != Status::Success {
                 return Err(format!("completion {} failed: {}", c.wr_id, c.status.as_str()));
             }
             match (c.is_recv, c.tag & HS != 0) {
                 (false, _) => self.sends += 1,
-                (true, true) if c.tag & SYNC != 0 => self.sync_recvs += 1,
                 (true, false) => self.recvs += 1,
                 (true, true) => self.hs += 1,
             }
@@ -212,7 +199,6 @@ struct Emp {
     ack: Buffer,
     posted_sends: usize,
     job: Job,
-    syncs: u64,
 }
 
 impl Emp {
@@ -239,41 +225,6 @@ impl Emp {
         }
     }
 
-    /// A barrier of the two ranks: the rendezvous directory's, or in a
-    /// static job (ranks in separate VMs) zero-byte messages over EMP,
-    /// retried while the peer's port is not open yet.
-    fn sync(&mut self, name: &str) -> Result<(), String> {
-        if self.job.has_rendezvous() {
-            return self.job.sync(name).map_err(|e| e.to_string());
-        }
-        self.syncs += 1;
-        let tag = HS | SYNC | self.syncs;
-        let want = self.cq.sync_recvs + 1;
-        let ack = self.ack;
-        self.dev.post_recv(1, self.peer, tag, 0, &[ack.sge(0, 0)]).map_err(|e| e.to_string())?;
-        self.cq.tolerate_closed = true;
-        let mut tries = 0;
-        let r = loop {
-            let (sends, closed) = (self.cq.sends, self.cq.closed);
-            self.send(tag, ack, 0)?;
-            if let Err(e) = self.cq.until(&mut self.dev, |c| c.sends > sends || c.closed > closed) {
-                break Err(e);
-            }
-            if self.cq.closed == closed {
-                break Ok(());
-            }
-            self.posted_sends -= 1;
-            tries += 1;
-            if tries > 1500 {
-                break Err("the peer's port never opened".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        self.cq.tolerate_closed = false;
-        r?;
-        self.cq.until(&mut self.dev, |c| c.sync_recvs >= want)
-    }
-
     /// Waits until every posted send completed (buffers may be reused).
     fn drain_sends(&mut self) -> Result<(), String> {
         let n = self.posted_sends;
@@ -285,7 +236,7 @@ impl Emp {
     fn latency(&mut self, tag: u64, size: usize, iters: usize, warm: usize) -> Result<f64, String> {
         let (s, r) = (self.sbuf, self.rbuf);
         self.recv(tag, r, size)?;
-        self.sync(&format!("lat{tag}"))?;
+        self.job.barrier(&mut self.dev, &format!("lat{tag}")).map_err(|e| e.to_string())?;
         let mut t0 = Instant::now();
         for i in 0..warm + iters {
             if i == warm {
@@ -316,7 +267,7 @@ impl Emp {
         let sender = bidir || self.rank == 0;
         let receiver = bidir || self.rank == 1;
         self.recv(tag | HS, a, 4)?;
-        self.sync(&format!("bw{tag}"))?;
+        self.job.barrier(&mut self.dev, &format!("bw{tag}")).map_err(|e| e.to_string())?;
         // Absolute targets: posting may poll, and a handshake can be
         // counted before this window's wait begins.
         let hs0 = self.cq.hs;
@@ -433,7 +384,7 @@ pub fn rank(a: &BenchArgs) -> Result<(), String> {
     );
     let mut cq = Cq::new();
     cq.blocking = a.blocking;
-    let mut emp = Emp { dev, cq, peer, rank: job.rank, sbuf, rbuf, ack, posted_sends: 0, job: job.clone(), syncs: 0 };
+    let mut emp = Emp { dev, cq, peer, rank: job.rank, sbuf, rbuf, ack, posted_sends: 0, job: job.clone() };
     let mut tcp = if a.no_tcp { None } else { Some(tcp_connect(&job, max)?) };
     let mut rows = Vec::new();
     for (i, &size) in sizes.iter().enumerate() {
@@ -463,7 +414,7 @@ pub fn rank(a: &BenchArgs) -> Result<(), String> {
     if job.rank == 0 && a.json {
         print_json(a.kind, &rows);
     }
-    emp.sync("bench-done")
+    emp.job.barrier(&mut emp.dev, "bench-done").map_err(|e| e.to_string())
 }
 
 /// The TCP side of the comparison. Over loopback by default (the port is

@@ -19,11 +19,9 @@ struct Ctx {
     dev: Device,
     job: Job,
     eps: Vec<Endpoint>,
-    stash: Vec<Completion>,
     sbuf: Buffer,
     rbuf: Buffer,
     next_wr: u64,
-    syncs: u64,
 }
 
 impl Ctx {
@@ -35,40 +33,10 @@ impl Ctx {
         self.next_wr
     }
     fn sync(&mut self, name: &str) -> Result<(), String> {
-        if self.job.has_rendezvous() {
-            return self.job.sync(name).map_err(|e| e.to_string());
-        }
-        // A static job (ranks in separate VMs): a barrier over EMP itself,
-        // zero-byte messages to and from everyone with a fresh tag.
-        self.syncs += 1;
-        let tag = 0xFFFF << 48 | self.syncs;
-        let others: Vec<usize> = (0..self.job.size).filter(|&r| r != self.rank()).collect();
-        let mut recvs = Vec::new();
-        for _ in &others {
-            recvs.push(self.recv(emp::ANY, tag, 0, 0, 0)?);
-        }
-        for &r in &others {
-            // A peer VM may not have opened its port yet: try again shortly.
-            let mut tries = 0;
-            loop {
-                let wr = self.send(r, tag, 0, 0)?;
-                let c = self.wait(wr)?;
-                if c.status == Status::RemotePortClosed && tries < 1000 {
-                    tries += 1;
-                    std::thread::sleep(Duration::from_millis(20));
-                    continue;
-                }
-                expect_ok(&c)?;
-                break;
-            }
-        }
-        for wr in recvs {
-            expect_ok(&self.wait(wr)?)?;
-        }
-        Ok(())
+        self.job.barrier(&mut self.dev, name).map_err(|e| e.to_string())
     }
     fn wait(&mut self, wr: u64) -> Result<Completion, String> {
-        wait_for(&mut self.dev, &mut self.stash, wr, T)
+        wait_for(&mut self.dev, wr, T)
     }
     fn send(&mut self, to: usize, tag: u64, off: usize, len: usize) -> Result<u64, String> {
         let wr = self.wr();
@@ -370,7 +338,7 @@ fn main() {
     let eps = job.endpoints(dev.endpoint()).expect("endpoint exchange");
     let sbuf = dev.alloc(big() + 4096).expect("arena");
     let rbuf = dev.alloc(big() + 4096).expect("arena");
-    let mut c = Ctx { dev, job, eps, stash: Vec::new(), sbuf, rbuf, next_wr: 0, syncs: 0 };
+    let mut c = Ctx { dev, job, eps, sbuf, rbuf, next_wr: 0 };
     let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 10] = [
         ("tagged ping-pong, 8 B", ping_pong),
         ("messages of 0 B to 64 MiB (EMP_TAP_BIG_MB) arrive intact", sizes),

@@ -45,7 +45,6 @@ fn garbage(job: &Job, dev: &mut Device) -> i32 {
         return 0;
     }
     let peer = if job.rank == 1 { 2 } else { 1 };
-    let mut stash = Vec::new();
     let buf = dev.alloc(1 << 20).expect("arena");
     let rbuf = dev.alloc(1 << 20).expect("arena");
     job.sync("go").expect("sync");
@@ -60,16 +59,16 @@ fn garbage(job: &Job, dev: &mut Device) -> i32 {
                 let rw = 2 * i + 1;
                 dev.post_recv(rw, eps[peer], i, 0, &[rbuf.sge(0, len)]).map_err(|e| e.to_string())?;
                 dev.post_send(2 * i, eps[peer], i, &[buf.sge(0, len)]).map_err(|e| e.to_string())?;
-                expect_ok(&wait_for(dev, &mut stash, 2 * i, Duration::from_secs(30))?)?;
-                expect_ok(&wait_for(dev, &mut stash, rw, Duration::from_secs(30))?)?;
+                expect_ok(&wait_for(dev, 2 * i, Duration::from_secs(30))?)?;
+                expect_ok(&wait_for(dev, rw, Duration::from_secs(30))?)?;
                 check_pattern(i + 1000, &rbuf.as_mut_slice()[..len])?;
             } else {
                 dev.post_recv(2 * i + 1, eps[peer], i, 0, &[rbuf.sge(0, len)]).map_err(|e| e.to_string())?;
-                expect_ok(&wait_for(dev, &mut stash, 2 * i + 1, Duration::from_secs(30))?)?;
+                expect_ok(&wait_for(dev, 2 * i + 1, Duration::from_secs(30))?)?;
                 check_pattern(i, &rbuf.as_mut_slice()[..len])?;
                 pattern(i + 1000, &mut buf.as_mut_slice()[..len]);
                 dev.post_send(2 * i, eps[peer], i, &[buf.sge(0, len)]).map_err(|e| e.to_string())?;
-                expect_ok(&wait_for(dev, &mut stash, 2 * i, Duration::from_secs(30))?)?;
+                expect_ok(&wait_for(dev, 2 * i, Duration::from_secs(30))?)?;
             }
         }
         Ok(())
@@ -102,8 +101,7 @@ fn victim(job: &Job, dev: &mut Device) -> i32 {
     let nic1 = std::env::var("EMP_PEER_DEVICE").expect("EMP_PEER_DEVICE");
     job.sync("ready").expect("sync");
     dev.post_send(1, eps[1], 5, &[buf.sge(0, LEN)]).expect("post");
-    let mut stash = Vec::new();
-    let r = wait_for(dev, &mut stash, 1, Duration::from_secs(60));
+    let r = wait_for(dev, 1, Duration::from_secs(60));
     tap.check(
         "sender gets an error completion when the receiver dies",
         match r {
