@@ -11,7 +11,6 @@
 //! opens, ioctls and mmaps fail with `ENODEV`) and every user mapping of a
 //! port window is torn down, before BAR2 is released.
 
-use core::mem::size_of;
 
 use kernel::{
     bindings,
@@ -457,19 +456,38 @@ impl MiscDevice for Port {
     }
 }
 
+/// Largest ioctl argument struct.
+const ARG_MAX: usize = 128;
+
+/// Reads an ioctl argument struct. Each starts with its `size` (u32),
+/// which must be this driver's size of it.
+///
+/// # Errors
+/// `EFAULT` bad pointer, `EINVAL` another size.
+fn read_arg<T: Le>(arg: usize) -> Result<T> {
+    const { assert!(T::SIZE <= ARG_MAX && T::SIZE >= 4) };
+    let mut b = [0u8; ARG_MAX];
+    UserSlice::new(UserPtr::from_addr(arg), T::SIZE).reader().read_slice(&mut b[..T::SIZE])?;
+    if u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize != T::SIZE {
+        return Err(EINVAL);
+    }
+    Ok(T::get(&b[..T::SIZE]))
+}
+
+/// Writes an ioctl argument struct back to the caller.
+fn write_arg<T: Le>(arg: usize, v: &T) -> Result {
+    let mut b = [0u8; ARG_MAX];
+    v.put(&mut b[..T::SIZE]);
+    UserSlice::new(UserPtr::from_addr(arg), T::SIZE).writer().write_slice(&b[..T::SIZE])
+}
+
 impl Port {
     /// QUERY: the caller sets `size`; the driver fills the rest.
     ///
     /// # Errors
     /// `EFAULT` for a bad pointer, `EINVAL` for a size this driver does not know.
     fn query(&self, arg: usize) -> Result<isize> {
-        let (mut r, mut w) = UserSlice::new(UserPtr::from_addr(arg), size_of::<EmpQuery>()).reader_writer();
-        let mut b = [0u8; EmpQuery::SIZE];
-        r.read_slice(&mut b)?;
-        let q = EmpQuery::get(&b);
-        if q.size as usize != EmpQuery::SIZE {
-            return Err(EINVAL);
-        }
+        let q: EmpQuery = read_arg(arg)?;
         let i = &self.info;
         let out = EmpQuery {
             size: q.size,
@@ -486,8 +504,7 @@ impl Port {
             pinned_pages: i.state.lock().pinned,
             ..Default::default()
         };
-        out.put(&mut b);
-        w.write_slice(&b)?;
+        write_arg(arg, &out)?;
         Ok(0)
     }
 
@@ -498,11 +515,8 @@ impl Port {
     /// or length, `ENOMEM` over RLIMIT_MEMLOCK, `ENOSPC` MR table full,
     /// `ENODEV` device gone.
     fn reg_mr(&self, arg: usize) -> Result<isize> {
-        let (mut r, mut w) = UserSlice::new(UserPtr::from_addr(arg), size_of::<EmpRegMr>()).reader_writer();
-        let mut b = [0u8; EmpRegMr::SIZE];
-        r.read_slice(&mut b)?;
-        let mut q = EmpRegMr::get(&b);
-        if q.size as usize != EmpRegMr::SIZE || q.access == 0 || q.access & !(MR_ACCESS_ALL as u32) != 0 {
+        let mut q: EmpRegMr = read_arg(arg)?;
+        if q.access == 0 || q.access & !(MR_ACCESS_ALL as u32) != 0 {
             return Err(EINVAL);
         }
         let mut pinned = Pinned::pin(q.addr, q.length)?;
@@ -531,8 +545,7 @@ impl Port {
         drop(st);
         regions.push(Region { key, slot, pinned }, GFP_KERNEL)?;
         q.key = key;
-        q.put(&mut b);
-        w.write_slice(&b)?;
+        write_arg(arg, &q)?;
         Ok(0)
     }
 
@@ -542,11 +555,8 @@ impl Port {
     /// `EALREADY` when started, `ENOENT` when the CQ key is not a writable
     /// region of this port, `EINVAL` bad size or entries, `ENODEV` gone.
     fn start(&self, arg: usize) -> Result<isize> {
-        let mut r = UserSlice::new(UserPtr::from_addr(arg), size_of::<EmpStart>()).reader();
-        let mut b = [0u8; EmpStart::SIZE];
-        r.read_slice(&mut b)?;
-        let q = EmpStart::get(&b);
-        if q.size as usize != EmpStart::SIZE || q.reserved != 0 {
+        let q: EmpStart = read_arg(arg)?;
+        if q.reserved != 0 {
             return Err(EINVAL);
         }
         let mut started = self.started.lock();
@@ -578,11 +588,8 @@ impl Port {
     /// `EOPNOTSUPP` the NIC has no interrupt (no MSI-X), `EBADF`/`EINVAL`
     /// `fd` is not an eventfd, `EINVAL` bad size, reserved bits or a signal.
     fn set_eventfd(&self, arg: usize) -> Result<isize> {
-        let mut r = UserSlice::new(UserPtr::from_addr(arg), size_of::<EmpSetEventfd>()).reader();
-        let mut b = [0u8; EmpSetEventfd::SIZE];
-        r.read_slice(&mut b)?;
-        let q = EmpSetEventfd::get(&b);
-        if q.size as usize != EmpSetEventfd::SIZE || q.reserved != 0 || q.signal != 0 || q.fd < -1 {
+        let q: EmpSetEventfd = read_arg(arg)?;
+        if q.reserved != 0 || q.signal != 0 || q.fd < -1 {
             return Err(EINVAL);
         }
         if !self.info.state.lock().events_available {
@@ -612,11 +619,8 @@ impl Port {
     /// `EOPNOTSUPP` no interrupt, `EINVAL` bad size, unknown event bits or
     /// no eventfd set, `ENODEV` gone.
     fn arm(&self, arg: usize) -> Result<isize> {
-        let mut r = UserSlice::new(UserPtr::from_addr(arg), size_of::<EmpArm>()).reader();
-        let mut b = [0u8; EmpArm::SIZE];
-        r.read_slice(&mut b)?;
-        let q = EmpArm::get(&b);
-        if q.size as usize != EmpArm::SIZE || q.events != 1 {
+        let q: EmpArm = read_arg(arg)?;
+        if q.events != 1 {
             return Err(EINVAL);
         }
         let mut st = self.info.state.lock();
@@ -639,13 +643,7 @@ impl Port {
     /// `ENOENT` for a key this port does not hold (another port's, or
     /// already deregistered), `EINVAL` bad size, `EFAULT` bad pointer.
     fn dereg_mr(&self, arg: usize) -> Result<isize> {
-        let mut r = UserSlice::new(UserPtr::from_addr(arg), size_of::<EmpDeregMr>()).reader();
-        let mut b = [0u8; EmpDeregMr::SIZE];
-        r.read_slice(&mut b)?;
-        let q = EmpDeregMr::get(&b);
-        if q.size as usize != EmpDeregMr::SIZE {
-            return Err(EINVAL);
-        }
+        let q: EmpDeregMr = read_arg(arg)?;
         let region = {
             let mut regions = self.regions.lock();
             let i = regions.iter().position(|x| x.key == q.key).ok_or(ENOENT)?;
