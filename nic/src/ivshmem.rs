@@ -18,7 +18,6 @@ use std::io::{IoSlice, Read};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
@@ -100,6 +99,5 @@ fn greet(nic: &NicShared, conn: &UnixStream, sram_path: &std::path::Path, vector
         send(c, GUEST_PEER, Some(e.as_raw_fd()))?;
         irq.get_or_insert(e);
     }
-    nic.ports_changed.store(true, Ordering::Release);
     irq.ok_or_else(|| std::io::Error::other("no vectors"))
 }

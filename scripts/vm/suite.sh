@@ -61,7 +61,10 @@ step "tampered firmware: probe fails with the reason, no port opens" \
     scripts/vm/run.sh --firmware "$bad" --expect-probe-failure "digest mismatch" "$no_port"
 
 bench_table() {
-    scripts/vm/run.sh --bench 8,1024 > "$log_dir/bench.log" 2>&1 || return 1
+    if ! scripts/vm/run.sh --bench 8,1024 > "$log_dir/bench.log" 2>&1; then
+        cat "$log_dir/bench.log"
+        return 1
+    fi
     sed -n '/^# EMP one-way/,/EMP-VM: bench ok/p' "$log_dir/bench.log" | grep -v EMP-VM > "$log_dir/bench.txt"
 }
 step "emp bench latency between two guests: EMP (emp.ko) vs TCP (virtio-net)" bench_table

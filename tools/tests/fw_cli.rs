@@ -207,24 +207,9 @@ fn keygen_refuses_overwrite_and_if_missing_is_noop() {
 
     let e = fails(&["fw", "keygen", "--out", s(&d), "--name", "k"]);
     assert!(e.contains("k.key") && e.contains("--force"), "{e}");
-    ok(&[
-        "fw",
-        "keygen",
-        "--out",
-        s(&d),
-        "--name",
-        "k",
-        "--if-missing",
-    ]);
-    ok(&[
-        "fw",
-        "keygen",
-        "--out",
-        s(&d),
-        "--name",
-        "k",
-        "--if-missing",
-    ]);
+    for _ in 0..2 {
+        ok(&["fw", "keygen", "--out", s(&d), "--name", "k", "--if-missing"]);
+    }
     assert_eq!(fs::read(d.join("k.key")).unwrap(), key);
     assert_eq!(fs::read(d.join("k.pub")).unwrap(), public);
 
