@@ -64,7 +64,7 @@ impl Nic {
                     admin_result::BAD_ARG
                 }
             }
-            None => admin_result::BAD_OP,
+            Some(AdminOp::GroupSet | AdminOp::GroupClear) | None => admin_result::BAD_OP,
         };
         sram_put_u32(hal, off + core::mem::offset_of!(AdminMailbox, result), result);
         sram_put_u32(hal, off + core::mem::offset_of!(AdminMailbox, done_seq), mb.request_seq);

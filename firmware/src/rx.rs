@@ -104,6 +104,7 @@ impl Nic {
                     self.on_nack(hal, now, &hdr, &body, reason);
                 }
             }
+            Frame::AtomicReq { .. } | Frame::AtomicResp { .. } => self.count(counter::DROPPED_MALFORMED, 1),
         }
     }
 

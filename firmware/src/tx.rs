@@ -362,6 +362,8 @@ impl Nic {
             NackReason::NoMatch => self.on_not_ready(hal, now, peer, slot, g),
             NackReason::PeerTableFull => self.finish_tx(hal, now, slot, Status::RemoteTableFull),
             NackReason::TooLarge => self.finish_tx(hal, now, slot, Status::TooLarge),
+            NackReason::StaleEpoch => self.finish_tx(hal, now, slot, Status::StaleGroup),
+            NackReason::CollMismatch => self.finish_tx(hal, now, slot, Status::CollMismatch),
             NackReason::PortClosed => unreachable!("handled above"),
         }
     }

@@ -140,6 +140,24 @@ pub fn nic_stats(path: &str) -> Result<AttachMsg> {
     Ok(call(sock.as_raw_fd(), op::STATS, &[], &[])?.0)
 }
 
+/// Every NIC counter (`emp_uapi::sram::counter`), read through a NIC's socket.
+pub fn nic_counters_at(path: &str) -> Result<[u64; COUNTERS]> {
+    let sock = connect_to(path)?;
+    all_counters(sock.as_raw_fd())
+}
+
+/// Number of NIC counters.
+pub const COUNTERS: usize = emp_uapi::sram::counter::COUNT;
+
+fn all_counters(sock: RawFd) -> Result<[u64; COUNTERS]> {
+    let (base, _) = call(sock, op::STATS, &[], &[])?;
+    let (ext, _) = call(sock, op::STATS_EXT, &[], &[])?;
+    let mut c = [0u64; COUNTERS];
+    c[..16].copy_from_slice(&base.arg[..16]);
+    c[16..].copy_from_slice(&ext.arg[..COUNTERS - 16]);
+    Ok(c)
+}
+
 fn connect_to(path: &str) -> Result<OwnedFd> {
     let sock = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
     connect(sock.as_raw_fd(), &UnixAddr::new(path)?).map_err(|e| Error::Protocol(format!("connect {path}: {e}")))?;
@@ -497,14 +515,11 @@ impl Device {
     }
 
     /// NIC counters (`emp_uapi::sram::counter`).
-    pub fn nic_counters(&self) -> Result<[u64; 16]> {
+    pub fn nic_counters(&self) -> Result<[u64; COUNTERS]> {
         let Control::Direct { sock, .. } = &self.ctl else {
             return Err(Error::Protocol("NIC counters are read through emp-nicd, not /dev/emp-nic".into()));
         };
-        let (r, _) = call(sock.as_raw_fd(), op::STATS, &[], &[])?;
-        let mut c = [0u64; 16];
-        c.copy_from_slice(&r.arg[..16]);
-        Ok(c)
+        all_counters(sock.as_raw_fd())
     }
 }
 

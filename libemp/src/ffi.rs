@@ -293,21 +293,8 @@ pub unsafe extern "C" fn emp_get_event_fd(dev: *mut EmpDevice) -> c_int {
 /// Text for a completion status.
 #[no_mangle]
 pub extern "C" fn emp_wc_status_str(status: u32) -> *const c_char {
-    let s: &'static CStr = match emp_uapi::desc::Status::from_u8(status as u8) {
-        Some(emp_uapi::desc::Status::Success) => c"success",
-        Some(emp_uapi::desc::Status::Truncated) => c"message truncated",
-        Some(emp_uapi::desc::Status::RemotePortClosed) => c"remote port closed",
-        Some(emp_uapi::desc::Status::RetryLimitExceeded) => c"retry limit exceeded",
-        Some(emp_uapi::desc::Status::BadKey) => c"bad memory key",
-        Some(emp_uapi::desc::Status::AccessDenied) => c"access outside region or rights",
-        Some(emp_uapi::desc::Status::Flushed) => c"flushed: port closed",
-        Some(emp_uapi::desc::Status::TableFull) => c"NIC table full",
-        Some(emp_uapi::desc::Status::TooLarge) => c"message too large",
-        Some(emp_uapi::desc::Status::BadDescriptor) => c"malformed descriptor",
-        Some(emp_uapi::desc::Status::SenderAborted) => c"sender aborted the message",
-        Some(emp_uapi::desc::Status::DmaError) => c"DMA error",
-        Some(emp_uapi::desc::Status::RnrRetryExceeded) => c"receiver-not-ready retries exceeded",
-        Some(emp_uapi::desc::Status::RemoteTableFull) => c"remote NIC table full",
+    let s: &'static CStr = match u8::try_from(status).ok().and_then(emp_uapi::desc::Status::from_u8) {
+        Some(st) => st.as_cstr(),
         None => c"unknown status",
     };
     s.as_ptr()

@@ -25,7 +25,7 @@ pub mod tree;
 use std::fmt;
 use std::os::fd::RawFd;
 
-pub use direct::{nic_stats, Device};
+pub use direct::{nic_counters_at, nic_stats, Device, COUNTERS};
 pub use emp_uapi::desc::{Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE};
 pub use emp_uapi::{ANY_NODE, ANY_PORT};
 

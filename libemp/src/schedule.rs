@@ -9,69 +9,16 @@
 //! - Dissemination (Hensgen, Finkel and Manber): ⌈log2 N⌉ rounds for any
 //!   N; in round k rank r sends to r + 2^k and waits for r − 2^k (mod N).
 
-/// One step of a rank's barrier schedule. `round` tells messages of
-/// different rounds apart (it travels in the message).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Step {
-    /// Send this rank's arrival to `to`.
-    Send { to: u16, round: u8 },
-    /// Wait for `from`'s message of `round`.
-    Recv { from: u16, round: u8 },
-}
+pub use emp_uapi::coll::{BarrierAlgo, Step, PE_PRE, PE_RELEASE};
 
-/// Barrier algorithms with a host-computed schedule.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BarrierAlgo {
-    /// Pairwise exchange (MPICH's; the one seed 001 wires into MPI).
-    PairwiseExchange,
-    /// Dissemination: ⌈log2 N⌉ rounds, no fix-up for N not a power of two.
-    Dissemination,
-}
-
-/// Round numbers of PE's fix-up messages (exchange rounds are 0..16).
-const PE_PRE: u8 = 0xF0;
-const PE_RELEASE: u8 = 0xF1;
-
-/// The steps rank `rank` of `n` runs, in order.
+/// The steps rank `rank` of `n` runs, in order (empty for gather-release,
+/// whose steps follow a tree).
 ///
 /// # Panics
-/// If `n` is 0 or above 65 536, or `rank` ≥ `n`.
+/// If `n` is 0 or above 65 535, or `rank` ≥ `n`.
 pub fn barrier_schedule(algo: BarrierAlgo, n: usize, rank: usize) -> Vec<Step> {
-    assert!((1..=1 << 16).contains(&n) && rank < n, "rank {rank} of {n}");
-    let mut steps = Vec::new();
-    match algo {
-        BarrierAlgo::PairwiseExchange => {
-            let s = 1usize << (usize::BITS - 1 - n.leading_zeros());
-            if rank >= s {
-                let partner = (rank - s) as u16;
-                steps.push(Step::Send { to: partner, round: PE_PRE });
-                steps.push(Step::Recv { from: partner, round: PE_RELEASE });
-                return steps;
-            }
-            let extra = rank + s < n;
-            if extra {
-                steps.push(Step::Recv { from: (rank + s) as u16, round: PE_PRE });
-            }
-            for i in 0..s.trailing_zeros() {
-                let partner = (rank ^ (1 << i)) as u16;
-                steps.push(Step::Send { to: partner, round: i as u8 });
-                steps.push(Step::Recv { from: partner, round: i as u8 });
-            }
-            if extra {
-                steps.push(Step::Send { to: (rank + s) as u16, round: PE_RELEASE });
-            }
-        }
-        BarrierAlgo::Dissemination => {
-            let mut k = 0;
-            while (1usize << k) < n {
-                let d = 1usize << k;
-                steps.push(Step::Send { to: ((rank + d) % n) as u16, round: k as u8 });
-                steps.push(Step::Recv { from: ((rank + n - d) % n) as u16, round: k as u8 });
-                k += 1;
-            }
-        }
-    }
-    steps
+    assert!((1..1 << 16).contains(&n) && rank < n, "rank {rank} of {n}");
+    (0..).map_while(|i| emp_uapi::coll::barrier_step(algo, n as u16, rank as u16, i)).collect()
 }
 
 #[cfg(test)]

@@ -122,6 +122,12 @@ fn handle(nic: &NicShared, conn: RawFd, pid: i32, port: &mut Option<u16>, req: A
             out.arg[21] = nic.mrs_in_use() as u64;
             status::OK
         }
+        (op::STATS_EXT, _) => {
+            let h = nic.header();
+            let ext = &h.counters[16..];
+            out.arg[..ext.len()].copy_from_slice(ext);
+            status::OK
+        }
         (op::ATTACH, None) => match nic.alloc_port(pid) {
             Ok(p) => {
                 *port = Some(p);

@@ -256,9 +256,8 @@ pub fn stats(dir: &Path) -> Result<(), String> {
         print!(" {:>12}", format!("nic{n}"));
     }
     println!();
-    let rows: Vec<[u64; 16]> = (0..s.nics)
-        .map(|n| emp::nic_stats(&socket(dir, n).to_string_lossy()).map(|r| r.arg[..16].try_into().expect("16")).unwrap_or([0; 16]))
-        .collect();
+    let rows: Vec<[u64; emp::COUNTERS]> =
+        (0..s.nics).map(|n| emp::nic_counters_at(&socket(dir, n).to_string_lossy()).unwrap_or([0; emp::COUNTERS])).collect();
     for (i, name) in counter::NAMES.iter().enumerate() {
         print!("{name:<20}");
         for r in &rows {

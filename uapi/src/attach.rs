@@ -22,7 +22,11 @@
 //! 5. `DEREG`: `arg[0]` = key. `STATS` (also before `ATTACH`): reply
 //!    `arg[..16]` = NIC counters, `arg[16]` = status, `arg[17]` = fail
 //!    reason, `arg[18]` = ports in use, `arg[19]` = node, `arg[20]` = ports,
-//!    `arg[21]` = memory regions registered.
+//!    `arg[21]` = memory regions registered; `STATS_EXT`: `arg[i]` =
+//!    counter 16 + i.
+//! 6. `GROUP_SET` / `GROUP_CLEAR`: load or retire a group table entry for
+//!    collectives (checked by the daemon: the caller is the member at its
+//!    rank, the trees are trees).
 //!
 //! Closing the socket (or dying) closes the port: outstanding work is
 //! flushed, every region deregistered, every table entry freed.
@@ -46,6 +50,14 @@ pub mod op {
     pub const DEREG: u32 = 5;
     /// Read the NIC's counters.
     pub const STATS: u32 = 6;
+    /// Write group table entry: `arg[0]` = key and `arg[1]` = offset of an
+    /// encoded `GroupEntry` in the caller's registered memory → reply
+    /// `arg[0]` = slot.
+    pub const GROUP_SET: u32 = 7;
+    /// Retire group slot `arg[0]`.
+    pub const GROUP_CLEAR: u32 = 8;
+    /// Counters beyond the first 16: reply `arg[i]` = counter 16 + i.
+    pub const STATS_EXT: u32 = 9;
 }
 
 /// Reply status codes (`AttachMsg::status`); values are errno numbers so a

@@ -16,6 +16,31 @@ pub enum Opcode {
     Send = 1,
     /// Tagged receive, matched on (source, tag & !ignore).
     Recv = 2,
+    /// One message to several members of a group, payload read once.
+    /// `node` = group slot, `ignore` = mask of destination ranks, `tag`.
+    MultiSend = 3,
+    /// Broadcast down a group tree, forwarded NIC to NIC. `node` = group
+    /// slot, `port` = root rank, `tag` = tree index; `sge` = the buffer
+    /// (the root's source, everyone else's destination).
+    Bcast = 4,
+    /// Barrier. `node` = group slot, `port` = [`crate::coll::BarrierAlgo`],
+    /// `tag` = tree index (gather-release only). No `sge`.
+    Barrier = 5,
+    /// Reduce to `port` (root rank). `node` = group slot, `tag` =
+    /// [`crate::coll::reduce_tag`] (dtype, op, tree), `ignore` = element
+    /// count; `sge[0]` = input, `sge[1]` = result (root only).
+    Reduce = 6,
+    /// Reduce, then broadcast the result: as [`Opcode::Reduce`] with
+    /// `port` = 0 and a result buffer on every member.
+    Allreduce = 7,
+    /// Remote atomic fetch-and-add at (`node`, `port`): `tag` = addend,
+    /// `sge[0]` = local result word, `sge[1]` = remote word
+    /// {`key` = remote key, `len` = width 4 or 8, `offset`}.
+    AtomicFetchAdd = 8,
+    /// Remote compare-and-swap: `tag` = new value, `ignore` = compare.
+    AtomicCmpSwap = 9,
+    /// Remote swap: `tag` = new value.
+    AtomicSwap = 10,
 }
 
 impl Opcode {
@@ -24,8 +49,26 @@ impl Opcode {
         match v {
             1 => Some(Opcode::Send),
             2 => Some(Opcode::Recv),
+            3 => Some(Opcode::MultiSend),
+            4 => Some(Opcode::Bcast),
+            5 => Some(Opcode::Barrier),
+            6 => Some(Opcode::Reduce),
+            7 => Some(Opcode::Allreduce),
+            8 => Some(Opcode::AtomicFetchAdd),
+            9 => Some(Opcode::AtomicCmpSwap),
+            10 => Some(Opcode::AtomicSwap),
             _ => None,
         }
+    }
+
+    /// A collective over a group (the descriptor's `node` is a group slot).
+    pub const fn is_collective(self) -> bool {
+        matches!(self, Opcode::MultiSend | Opcode::Bcast | Opcode::Barrier | Opcode::Reduce | Opcode::Allreduce)
+    }
+
+    /// A remote atomic.
+    pub const fn is_atomic(self) -> bool {
+        matches!(self, Opcode::AtomicFetchAdd | Opcode::AtomicCmpSwap | Opcode::AtomicSwap)
     }
 }
 
@@ -94,6 +137,7 @@ impl WorkDesc {
         if op == Opcode::Send && (self.ignore != 0 || self.node == ANY_NODE || self.port == ANY_PORT) {
             return Err(DecodeError::BadIndex);
         }
+        self.validate_operands(op)?;
         let unused = &self.sge[self.num_sge as usize..];
         if unused.iter().any(|s| *s != Sge::default()) {
             return Err(DecodeError::ReservedNotZero);
@@ -102,6 +146,44 @@ impl WorkDesc {
             return Err(DecodeError::BadLength);
         }
         Ok(op)
+    }
+
+    /// The per-opcode rules for the fields collectives and atomics reuse.
+    fn validate_operands(&self, op: Opcode) -> Result<(), DecodeError> {
+        use crate::coll::{BarrierAlgo, Dtype, ReduceOp, GROUP_MEMBERS_MAX, TREES_MAX};
+        let n = self.num_sge;
+        let ok = match op {
+            Opcode::Send | Opcode::Recv => true,
+            Opcode::MultiSend => self.port == 0 && self.ignore != 0,
+            Opcode::Bcast => (self.port as usize) < GROUP_MEMBERS_MAX && self.tag < TREES_MAX as u64 && self.ignore == 0,
+            Opcode::Barrier => {
+                BarrierAlgo::from_u16(self.port).is_some() && self.tag < TREES_MAX as u64 && self.ignore == 0 && n == 0
+            }
+            Opcode::Reduce | Opcode::Allreduce => {
+                let (dt, rop, tree) = crate::coll::reduce_tag_parts(self.tag);
+                let root_ok = if op == Opcode::Allreduce { self.port == 0 } else { (self.port as usize) < GROUP_MEMBERS_MAX };
+                root_ok
+                    && self.tag >> 24 == 0
+                    && (tree as usize) < TREES_MAX
+                    && Dtype::from_u8(dt).is_some()
+                    && ReduceOp::from_u8(rop).is_some()
+                    && self.ignore > 0
+                    && self.ignore <= u32::MAX as u64
+                    && (n == 1 || n == 2)
+            }
+            Opcode::AtomicFetchAdd | Opcode::AtomicCmpSwap | Opcode::AtomicSwap => {
+                let (local, remote) = (self.sge[0], self.sge[1]);
+                n == 2
+                    && self.node != ANY_NODE
+                    && self.port != ANY_PORT
+                    && (remote.len == 4 || remote.len == 8)
+                    && local.len == remote.len
+                    && remote.offset % remote.len as u64 == 0
+                    && (op == Opcode::AtomicCmpSwap || self.ignore == 0)
+                    && (remote.len == 8 || (self.tag >> 32 == 0 && self.ignore >> 32 == 0))
+            }
+        };
+        if ok { Ok(()) } else { Err(DecodeError::BadIndex) }
     }
 
     /// Total bytes described by the scatter/gather list.
@@ -151,6 +233,16 @@ pub enum Status {
     RnrRetryExceeded = 12,
     /// The remote peer table was full.
     RemoteTableFull = 13,
+    /// No such group slot, not this port's, or the caller is not a member.
+    GroupInvalid = 14,
+    /// The group was re-created (new epoch) while the operation ran.
+    StaleGroup = 15,
+    /// The datatype and operation do not combine (bitwise on floats).
+    InvalidOp = 16,
+    /// Members disagree on the collective (kind, root, tree, type, op, count).
+    CollMismatch = 17,
+    /// The target refused a remote atomic (key, rights, bounds, alignment).
+    RemoteAccessError = 18,
 }
 
 impl Status {
@@ -172,29 +264,44 @@ impl Status {
             11 => DmaError,
             12 => RnrRetryExceeded,
             13 => RemoteTableFull,
+            14 => GroupInvalid,
+            15 => StaleGroup,
+            16 => InvalidOp,
+            17 => CollMismatch,
+            18 => RemoteAccessError,
             _ => return None,
         })
     }
 
-    /// Human-readable text, like `ibv_wc_status_str`.
-    pub const fn as_str(self) -> &'static str {
+    /// Human-readable text, like `ibv_wc_status_str` (NUL-terminated for C).
+    pub const fn as_cstr(self) -> &'static core::ffi::CStr {
         use Status::*;
         match self {
-            Success => "success",
-            Truncated => "message truncated",
-            RemotePortClosed => "remote port closed",
-            RetryLimitExceeded => "retry limit exceeded",
-            BadKey => "bad memory key",
-            AccessDenied => "access outside region or rights",
-            Flushed => "flushed: port closed",
-            TableFull => "NIC table full",
-            TooLarge => "message too large",
-            BadDescriptor => "malformed descriptor",
-            SenderAborted => "sender aborted the message",
-            DmaError => "DMA error",
-            RnrRetryExceeded => "receiver-not-ready retries exceeded",
-            RemoteTableFull => "remote NIC table full",
+            Success => c"success",
+            Truncated => c"message truncated",
+            RemotePortClosed => c"remote port closed",
+            RetryLimitExceeded => c"retry limit exceeded",
+            BadKey => c"bad memory key",
+            AccessDenied => c"access outside region or rights",
+            Flushed => c"flushed: port closed",
+            TableFull => c"NIC table full",
+            TooLarge => c"message too large",
+            BadDescriptor => c"malformed descriptor",
+            SenderAborted => c"sender aborted the message",
+            DmaError => c"DMA error",
+            RnrRetryExceeded => c"receiver-not-ready retries exceeded",
+            RemoteTableFull => c"remote NIC table full",
+            GroupInvalid => c"unknown group, or caller not a member",
+            StaleGroup => c"group re-created during the operation",
+            InvalidOp => c"operation undefined for the datatype",
+            CollMismatch => c"members disagree on the collective",
+            RemoteAccessError => c"remote atomic refused by the target",
         }
+    }
+
+    /// Human-readable text, like `ibv_wc_status_str`.
+    pub fn as_str(self) -> &'static str {
+        self.as_cstr().to_str().unwrap_or("?")
     }
 }
 

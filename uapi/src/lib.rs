@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod attach;
+pub mod coll;
 pub mod desc;
 pub mod fwabi;
 pub mod image;

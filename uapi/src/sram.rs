@@ -20,7 +20,7 @@ use crate::{le_struct, DecodeError, Le, PAGE_SIZE};
 /// Board signature at SRAM offset 0: "EMP-NIC\0" little-endian.
 pub const BOARD_SIGNATURE: u64 = u64::from_le_bytes(*b"EMP-NIC\0");
 /// Version of this memory map.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// NIC status (header `status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,13 +143,22 @@ pub mod counter {
     pub const BAD_DESCRIPTORS: usize = 14;
     /// ACK/NACK frames received.
     pub const ACKS_RX: usize = 15;
+    /// Collective operations completed.
+    pub const COLL_OPS: usize = 16;
+    /// Collective messages recorded before their operation was posted.
+    pub const COLL_EARLY: usize = 17;
+    /// Collective messages refused (window or buffers full; the sender retries).
+    pub const COLL_REFUSED: usize = 18;
+    /// Remote atomic requests answered from the result cache (duplicates).
+    pub const ATOMIC_REPLAYS: usize = 19;
     /// Number of counters.
-    pub const COUNT: usize = 16;
+    pub const COUNT: usize = 20;
     /// Names, for tools.
     pub const NAMES: [&str; COUNT] = [
         "tx_frames", "rx_frames", "retransmits", "duplicates", "out_of_order", "acks_tx",
         "nacks_tx", "dropped_unexpected", "dropped_malformed", "timeouts", "msgs_tx",
         "msgs_rx", "msgs_failed", "overflow_msgs", "bad_descriptors", "acks_rx",
+        "coll_ops", "coll_early", "coll_refused", "atomic_replays",
     ];
 }
 
@@ -208,8 +217,6 @@ le_struct! {
         pub staged_len: u32,
         /// Counters (see [`counter`]). NIC.
         pub counters: [u64; counter::COUNT],
-        /// Reserved, zero.
-        pub reserved1: [u64; 4],
     }
     size = 256;
 }
@@ -418,6 +425,11 @@ pub enum AdminOp {
     /// The trusted side invalidated MR slot args[0]; the NIC acknowledges
     /// that no further DMA uses the old translation.
     MrFence = 3,
+    /// The trusted side wrote group table slot args[0] (checked): the NIC
+    /// loads it. A slot in use is replaced (its operations fail `StaleGroup`).
+    GroupSet = 4,
+    /// Group slot args[0] is retired: its operations finish `Flushed`.
+    GroupClear = 5,
 }
 
 impl AdminOp {
@@ -428,6 +440,8 @@ impl AdminOp {
             1 => Some(AdminOp::PortOpen),
             2 => Some(AdminOp::PortClose),
             3 => Some(AdminOp::MrFence),
+            4 => Some(AdminOp::GroupSet),
+            5 => Some(AdminOp::GroupClear),
             _ => None,
         }
     }
@@ -487,8 +501,10 @@ le_struct! {
 pub const GROUP_MEMBERS_MAX: usize = 60;
 
 le_struct! {
-    /// Group table entry (256 bytes): an ordered list of endpoints used by
-    /// collectives. A member is `(node << 16) | port`.
+    /// Group table entry (1024 bytes): an ordered list of endpoints used by
+    /// collectives, and the trees the host built over them. A member is
+    /// `(node << 16) | port`. Written by the trusted side after checks
+    /// ([`GroupEntry::check`]); the NIC loads it on `GroupSet`.
     pub struct GroupEntry {
         /// Group id (0 = unused).
         pub group_id: u32,
@@ -500,12 +516,98 @@ le_struct! {
         pub my_rank: u16,
         /// Owning port.
         pub port: u16,
+        /// Trees in `parents`.
+        pub tree_count: u8,
         /// Reserved, zero.
-        pub reserved: u16,
+        pub flags: u8,
+        /// Bounce slots (application bypass): region key, slot size, offset.
+        pub bounce_key: u32,
+        /// Bytes per bounce slot.
+        pub bounce_slot_size: u32,
+        /// Offset of slot 0 in the bounce region.
+        pub bounce_offset: u64,
+        /// Bounce slots (0 = none).
+        pub bounce_slots: u16,
+        /// Reserved, zero.
+        pub reserved0: u16,
+        /// Reserved, zero.
+        pub reserved1: u32,
+        /// λ each tree was built for (informational).
+        pub tree_lambda: [u8; 8],
         /// Members.
         pub members: [u32; GROUP_MEMBERS_MAX],
+        /// Tree t is `parents[64 t .. 64 t + member_count]`: the parent of
+        /// each relative rank (relative to the broadcast or reduce root),
+        /// [`crate::coll::TREE_ROOT`] for rank 0. Tree 0 is binomial.
+        pub parents: [u8; 512],
+        /// Reserved, zero.
+        pub reserved2: [u64; 28],
     }
-    size = 256;
+    size = 1024;
+}
+
+/// Why a group entry was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupError {
+    /// Id 0, no members, more than [`GROUP_MEMBERS_MAX`], or rank out of range.
+    BadShape,
+    /// Two members name the same endpoint.
+    DuplicateMember,
+    /// `members[my_rank]` is not the caller's endpoint.
+    NotMember,
+    /// No tree, more than 8, or a parent array that is not a tree.
+    BadTree,
+    /// A reserved field is not zero.
+    Reserved,
+}
+
+impl GroupError {
+    /// Human-readable text.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            GroupError::BadShape => "group id 0, member count outside 1..=60, or rank out of range",
+            GroupError::DuplicateMember => "an endpoint is listed twice",
+            GroupError::NotMember => "the caller is not the member at its rank",
+            GroupError::BadTree => "tree count outside 1..=8 or a parent array is not a tree",
+            GroupError::Reserved => "reserved field not zero",
+        }
+    }
+}
+
+impl GroupEntry {
+    /// Parent array of tree `t`.
+    pub fn tree(&self, t: usize) -> &[u8] {
+        &self.parents[64 * t..64 * t + self.member_count as usize]
+    }
+
+    /// The checks the trusted side makes before writing an entry on behalf
+    /// of `caller` = `(node << 16) | port`.
+    pub fn check(&self, caller: u32) -> Result<(), GroupError> {
+        let n = self.member_count as usize;
+        if self.group_id == 0 || n == 0 || n > GROUP_MEMBERS_MAX || self.my_rank as usize >= n {
+            return Err(GroupError::BadShape);
+        }
+        let m = &self.members[..n];
+        if m.iter().enumerate().any(|(i, a)| m[..i].contains(a)) {
+            return Err(GroupError::DuplicateMember);
+        }
+        if m[self.my_rank as usize] != caller || caller & 0xFFFF != self.port as u32 {
+            return Err(GroupError::NotMember);
+        }
+        let trees = self.tree_count as usize;
+        if trees == 0 || trees > crate::coll::TREES_MAX || (0..trees).any(|t| !crate::coll::tree_valid(self.tree(t), n)) {
+            return Err(GroupError::BadTree);
+        }
+        if self.flags != 0
+            || self.reserved0 != 0
+            || self.reserved1 != 0
+            || self.reserved2 != [0; 28]
+            || self.members[n..].iter().any(|&x| x != 0)
+        {
+            return Err(GroupError::Reserved);
+        }
+        Ok(())
+    }
 }
 
 /// Port states (`PortCtl::state`).

@@ -10,14 +10,21 @@
 //! DATA, index 0:  FrameHeader | MsgHeader | payload
 //! DATA, index >0: FrameHeader | payload
 //! ACK / NACK:     FrameHeader | AckBody
+//! COLL_DATA:      as DATA; the message payload starts with a CollHeader
+//! ATOMIC_REQ:     FrameHeader | AtomicBody     (msg_seq = atomic sequence)
+//! ATOMIC_RESP:    FrameHeader | AtomicResult   (doubles as the ACK)
 //! ```
+//! Collective messages share the per-peer message sequence, reliability
+//! and flow control of DATA; only the receiver's matching differs (the NIC
+//! consumes them itself). Atomics have their own per-peer sequence, a
+//! window of [`ATOMIC_WINDOW`] and a result cache at the target.
 //! On raw Ethernet the frame follows a 14-byte MAC header with ethertype
 //! [`crate::ETHERTYPE_EMP`]; on UDP it is the datagram.
 
 use crate::{le_struct, DecodeError, Le};
 
 /// Wire protocol version carried in every frame.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 /// Largest frame (header + payload) a NIC accepts: jumbo MTU.
 pub const MTU_MAX: u32 = 9000;
 /// Smallest MTU that still carries headers plus a useful payload.
@@ -33,6 +40,12 @@ pub enum FrameKind {
     Ack = 2,
     /// Negative acknowledgement: a hole, a receiver not ready, a closed port.
     Nack = 3,
+    /// Collective message data (payload starts with a `CollHeader`).
+    CollData = 4,
+    /// Remote atomic request.
+    AtomicReq = 5,
+    /// Remote atomic response.
+    AtomicResp = 6,
 }
 
 impl FrameKind {
@@ -42,6 +55,9 @@ impl FrameKind {
             1 => Some(FrameKind::Data),
             2 => Some(FrameKind::Ack),
             3 => Some(FrameKind::Nack),
+            4 => Some(FrameKind::CollData),
+            5 => Some(FrameKind::AtomicReq),
+            6 => Some(FrameKind::AtomicResp),
             _ => None,
         }
     }
@@ -62,6 +78,10 @@ pub enum NackReason {
     PeerTableFull = 4,
     /// The message is larger than the receiver accepts.
     TooLarge = 5,
+    /// A collective message for an older epoch of the group.
+    StaleEpoch = 6,
+    /// The receiver's collective instance disagrees with the message.
+    CollMismatch = 7,
 }
 
 impl NackReason {
@@ -73,6 +93,8 @@ impl NackReason {
             3 => Some(NackReason::PortClosed),
             4 => Some(NackReason::PeerTableFull),
             5 => Some(NackReason::TooLarge),
+            6 => Some(NackReason::StaleEpoch),
+            7 => Some(NackReason::CollMismatch),
             _ => None,
         }
     }
@@ -147,6 +169,54 @@ le_struct! {
     size = 16;
 }
 
+/// Atomic requests a requester keeps unanswered per peer; the target
+/// caches this many results per peer, so every retransmission hits the cache.
+pub const ATOMIC_WINDOW: u32 = 16;
+
+/// Atomic operations on the wire (`AtomicBody::op`).
+pub mod atomic_op {
+    /// X → X + operand.
+    pub const FETCH_ADD: u8 = 1;
+    /// X → operand if X == compare.
+    pub const CMP_SWAP: u8 = 2;
+    /// X → operand.
+    pub const SWAP: u8 = 3;
+}
+
+le_struct! {
+    /// Body of an ATOMIC_REQ frame (32 bytes).
+    pub struct AtomicBody {
+        /// [`atomic_op`].
+        pub op: u8,
+        /// Word width in bytes: 4 or 8.
+        pub width: u8,
+        /// Reserved, zero.
+        pub reserved: u16,
+        /// Remote key of the target region.
+        pub rkey: u32,
+        /// Offset of the word within the region (naturally aligned).
+        pub offset: u64,
+        /// Addend / new value.
+        pub operand: u64,
+        /// Compare value (CAS), else 0.
+        pub compare: u64,
+    }
+    size = 32;
+}
+
+le_struct! {
+    /// Body of an ATOMIC_RESP frame (16 bytes).
+    pub struct AtomicResult {
+        /// Completion status byte (`desc::Status`) for the requester.
+        pub status: u8,
+        /// Reserved, zero.
+        pub reserved: [u8; 7],
+        /// The word's value before the operation.
+        pub old: u64,
+    }
+    size = 16;
+}
+
 /// Bytes of headers before the payload in a DATA frame.
 pub const fn data_header_len(frame_index: u32) -> usize {
     if frame_index == 0 {
@@ -191,6 +261,10 @@ pub enum Frame<'a> {
     Ack { hdr: FrameHeader, body: AckBody },
     /// A negative acknowledgement with its reason.
     Nack { hdr: FrameHeader, body: AckBody, reason: NackReason },
+    /// A remote atomic request.
+    AtomicReq { hdr: FrameHeader, body: AtomicBody },
+    /// A remote atomic response.
+    AtomicResp { hdr: FrameHeader, result: AtomicResult },
 }
 
 impl<'a> Frame<'a> {
@@ -205,7 +279,7 @@ impl<'a> Frame<'a> {
         }
         let rest = &bytes[FrameHeader::SIZE..];
         match FrameKind::from_u8(hdr.kind).ok_or(DecodeError::BadKind)? {
-            FrameKind::Data => {
+            kind @ (FrameKind::Data | FrameKind::CollData) => {
                 if hdr.frame_count == 0 || hdr.frame_index >= hdr.frame_count {
                     return Err(DecodeError::BadIndex);
                 }
@@ -225,6 +299,13 @@ impl<'a> Frame<'a> {
                         || hdr.frame_count as u64 > frames_for(m.total_len, MTU_MIN)
                     {
                         return Err(DecodeError::BadLength);
+                    }
+                    if kind == FrameKind::CollData {
+                        // The collective header leads the message.
+                        if m.total_len < crate::coll::CollHeader::SIZE as u64 {
+                            return Err(DecodeError::BadLength);
+                        }
+                        crate::coll::CollHeader::parse(payload)?;
                     }
                 }
                 Ok(Frame::Data { hdr, msg, payload })
@@ -247,13 +328,44 @@ impl<'a> Frame<'a> {
                     Ok(Frame::Nack { hdr, body, reason })
                 }
             }
+            FrameKind::AtomicReq => {
+                if hdr.payload_len != 0 || rest.len() != AtomicBody::SIZE {
+                    return Err(DecodeError::BadLength);
+                }
+                let body = AtomicBody::decode(rest)?;
+                let known = matches!(body.op, atomic_op::FETCH_ADD | atomic_op::CMP_SWAP | atomic_op::SWAP);
+                if !known {
+                    return Err(DecodeError::BadKind);
+                }
+                if body.reserved != 0 || (body.op != atomic_op::CMP_SWAP && body.compare != 0) {
+                    return Err(DecodeError::ReservedNotZero);
+                }
+                if body.width != 4 && body.width != 8 {
+                    return Err(DecodeError::BadLength);
+                }
+                Ok(Frame::AtomicReq { hdr, body })
+            }
+            FrameKind::AtomicResp => {
+                if hdr.payload_len != 0 || rest.len() != AtomicResult::SIZE {
+                    return Err(DecodeError::BadLength);
+                }
+                let result = AtomicResult::decode(rest)?;
+                if result.reserved != [0; 7] {
+                    return Err(DecodeError::ReservedNotZero);
+                }
+                Ok(Frame::AtomicResp { hdr, result })
+            }
         }
     }
 
     /// The frame header.
     pub fn header(&self) -> &FrameHeader {
         match self {
-            Frame::Data { hdr, .. } | Frame::Ack { hdr, .. } | Frame::Nack { hdr, .. } => hdr,
+            Frame::Data { hdr, .. }
+            | Frame::Ack { hdr, .. }
+            | Frame::Nack { hdr, .. }
+            | Frame::AtomicReq { hdr, .. }
+            | Frame::AtomicResp { hdr, .. } => hdr,
         }
     }
 }
@@ -266,7 +378,7 @@ pub fn emit_data_headers(
     msg: Option<&MsgHeader>,
     out: &mut [u8],
 ) -> Result<usize, DecodeError> {
-    debug_assert_eq!(hdr.kind, FrameKind::Data as u8);
+    debug_assert!(hdr.kind == FrameKind::Data as u8 || hdr.kind == FrameKind::CollData as u8);
     debug_assert_eq!(msg.is_some(), hdr.frame_index == 0);
     let head = data_header_len(hdr.frame_index);
     if out.len() < head + hdr.payload_len as usize {
@@ -291,13 +403,29 @@ pub fn emit_ack(hdr: &FrameHeader, body: &AckBody, out: &mut [u8]) -> Result<usi
     Ok(len)
 }
 
+/// Writes an ATOMIC_REQ frame into `out`; returns its length.
+pub fn emit_atomic_req(hdr: &FrameHeader, body: &AtomicBody, out: &mut [u8]) -> Result<usize, DecodeError> {
+    debug_assert_eq!(hdr.kind, FrameKind::AtomicReq as u8);
+    hdr.encode(out)?;
+    body.encode(out.get_mut(FrameHeader::SIZE..).ok_or(DecodeError::Truncated)?)?;
+    Ok(FrameHeader::SIZE + AtomicBody::SIZE)
+}
+
+/// Writes an ATOMIC_RESP frame into `out`; returns its length.
+pub fn emit_atomic_resp(hdr: &FrameHeader, result: &AtomicResult, out: &mut [u8]) -> Result<usize, DecodeError> {
+    debug_assert_eq!(hdr.kind, FrameKind::AtomicResp as u8);
+    hdr.encode(out)?;
+    result.encode(out.get_mut(FrameHeader::SIZE..).ok_or(DecodeError::Truncated)?)?;
+    Ok(FrameHeader::SIZE + AtomicResult::SIZE)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Byte-exact fixture: an ACK for group 2 of message 7, 0 -> 1.
     static ACK_BYTES: [u8; 48] = [
-        1, 2, 0, 0, // version, kind, dst_gen
+        2, 2, 0, 0, // version, kind, dst_gen
         0, 0, 1, 0, // src_node 0, dst_node 1
         3, 0, 4, 0, // src_port 3, dst_port 4
         9, 0, 0, 0, // src_gen 9, payload_len 0
@@ -313,7 +441,7 @@ mod tests {
 
     fn ack_fixture() -> (FrameHeader, AckBody) {
         let hdr = FrameHeader {
-            version: 1,
+            version: WIRE_VERSION,
             kind: FrameKind::Ack as u8,
             src_node: 0,
             dst_node: 1,
@@ -360,7 +488,7 @@ mod tests {
     #[test]
     fn data_frame_rejects_bad_lengths() {
         let hdr = FrameHeader {
-            version: 1,
+            version: WIRE_VERSION,
             kind: 1,
             frame_count: 1,
             payload_len: 4,
@@ -372,7 +500,48 @@ mod tests {
         assert!(Frame::parse(&buf[..at + 4]).is_ok());
         assert_eq!(Frame::parse(&buf[..at + 3]), Err(DecodeError::BadLength));
         assert_eq!(Frame::parse(&buf[..10]), Err(DecodeError::Truncated));
-        buf[0] = 2;
+        buf[0] = 1;
         assert_eq!(Frame::parse(&buf[..at + 4]), Err(DecodeError::BadVersion));
+    }
+
+    #[test]
+    fn coll_data_needs_a_valid_coll_header() {
+        use crate::coll::CollHeader;
+        let ch = CollHeader { group_id: 1, epoch: 1, kind: 2, ..Default::default() };
+        let hdr = FrameHeader {
+            version: WIRE_VERSION,
+            kind: FrameKind::CollData as u8,
+            frame_count: 1,
+            payload_len: 24,
+            ..Default::default()
+        };
+        let msg = MsgHeader { tag: 0, total_len: 24 };
+        let mut buf = [0u8; 128];
+        let at = emit_data_headers(&hdr, Some(&msg), &mut buf).unwrap();
+        ch.put(&mut buf[at..at + 24]);
+        assert!(matches!(Frame::parse(&buf[..at + 24]), Ok(Frame::Data { .. })));
+        buf[at + 12] = 99; // unknown collective kind
+        assert_eq!(Frame::parse(&buf[..at + 24]), Err(DecodeError::BadKind));
+    }
+
+    #[test]
+    fn atomic_frames_round_trip_and_validate() {
+        let hdr = FrameHeader { version: WIRE_VERSION, kind: FrameKind::AtomicReq as u8, msg_seq: 3, ..Default::default() };
+        let body = AtomicBody { op: atomic_op::CMP_SWAP, width: 8, rkey: 5, offset: 16, operand: 2, compare: 1, ..Default::default() };
+        let mut out = [0u8; 64];
+        let n = emit_atomic_req(&hdr, &body, &mut out).unwrap();
+        assert_eq!(n, 64);
+        assert_eq!(Frame::parse(&out[..n]), Ok(Frame::AtomicReq { hdr, body }));
+        let mut bad = out;
+        bad[FrameHeader::SIZE + 1] = 3; // width 3
+        assert_eq!(Frame::parse(&bad[..n]), Err(DecodeError::BadLength));
+        let swap = AtomicBody { op: atomic_op::SWAP, ..body };
+        emit_atomic_req(&hdr, &swap, &mut out).unwrap();
+        assert_eq!(Frame::parse(&out[..n]), Err(DecodeError::ReservedNotZero), "compare must be 0 for swap");
+        let rh = FrameHeader { kind: FrameKind::AtomicResp as u8, ..hdr };
+        let res = AtomicResult { status: 0, old: 42, ..Default::default() };
+        let n = emit_atomic_resp(&rh, &res, &mut out).unwrap();
+        assert_eq!(Frame::parse(&out[..n]), Ok(Frame::AtomicResp { hdr: rh, result: res }));
+        assert_eq!(Frame::parse(&out[..n - 1]), Err(DecodeError::BadLength));
     }
 }
