@@ -64,7 +64,9 @@ impl Nic {
                     admin_result::BAD_ARG
                 }
             }
-            Some(AdminOp::GroupSet | AdminOp::GroupClear) | None => admin_result::BAD_OP,
+            Some(AdminOp::GroupSet) => self.admin_group_set(hal, now, mb.args[0]),
+            Some(AdminOp::GroupClear) => self.admin_group_clear(hal, now, mb.args[0]),
+            None => admin_result::BAD_OP,
         };
         sram_put_u32(hal, off + core::mem::offset_of!(AdminMailbox, result), result);
         sram_put_u32(hal, off + core::mem::offset_of!(AdminMailbox, done_seq), mb.request_seq);
@@ -127,6 +129,8 @@ impl Nic {
     /// Closes a port: everything outstanding completes `Flushed` (best
     /// effort: the process may be gone), every table entry is freed.
     pub(crate) fn port_close<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
+        // Collectives first: their internal messages are flushed with them.
+        self.groups_of_port_remove(hal, now, port);
         let peers: Vec<u32> = (0..self.peers.len() as u32)
             .filter(|&i| self.peers[i as usize].as_ref().is_some_and(|p| p.port == port))
             .collect();
@@ -183,6 +187,11 @@ impl Nic {
             if self.tx.is_full() || !self.cq_has_room(hal, port) {
                 break;
             }
+            let next = self.layout.port(port).send_slot(self.ports[port as usize].send_cons);
+            let opcode = Opcode::from_u8(peek_opcode(hal, next));
+            if opcode.is_some_and(|op| !self.coll_fits(op)) {
+                break; // Stays in the ring until an operation record frees.
+            }
             budget -= 1;
             let d = self.take_desc(hal, port, true);
             self.post_send(hal, now, port, &d);
@@ -222,6 +231,8 @@ impl Nic {
         let ld = LocalDesc::new(d);
         match d.validate() {
             Ok(Opcode::Send) => {}
+            Ok(op) if op.is_collective() => return self.post_coll(hal, now, port, ld, op),
+            Ok(op) if op != Opcode::Recv => return self.bad_descriptor(hal, port, &ld, op),
             _ => return self.bad_descriptor(hal, port, &ld, Opcode::Send),
         }
         if let Err(st) = self.check_sges(hal, port, ld.sges(), MR_LOCAL_READ) {
@@ -302,6 +313,13 @@ impl Nic {
             hal.raise_interrupt(1 + port);
         }
     }
+}
+
+/// The opcode byte of the descriptor at `off`, without consuming it.
+fn peek_opcode<H: Hal>(hal: &mut H, off: usize) -> u8 {
+    let mut b = [0u8; 1];
+    hal.sram_read(off + core::mem::offset_of!(WorkDesc, opcode), &mut b);
+    b[0]
 }
 
 fn read_desc<H: Hal>(hal: &mut H, off: usize) -> WorkDesc {

@@ -20,8 +20,11 @@
 //! overflow buffer), and flow control either by receiver state piggybacked
 //! on ACKs (EMP) or by PM's Modified ACK/NACK (seed 003 §3.3).
 
+mod coll;
+mod combine;
 mod cpu;
 mod ffi;
+mod group;
 mod host;
 mod mr;
 mod rx;
@@ -120,6 +123,15 @@ pub struct Config {
     pub gen_seed: u16,
     /// How the steps are split over the NIC CPUs (`emp_uapi::image::cpu_plan`).
     pub cpu_plan: u32,
+    /// Collective operations (posted, or known from early messages).
+    pub coll_ops_max: u32,
+    /// Instances of a group ahead of the host's posts whose messages are
+    /// recorded; further ones are refused (the sender retries).
+    pub coll_window: u32,
+    /// Buffers for reduction partials that arrive before their operation is posted.
+    pub coll_bufs: u32,
+    /// Largest reduction vector in bytes (larger: `TooLarge`; libemp falls back to the host).
+    pub coll_buf_size: u32,
 }
 
 impl Default for Config {
@@ -144,6 +156,10 @@ impl Default for Config {
             msg_max: 1 << 30,
             gen_seed: 1,
             cpu_plan: emp_uapi::image::cpu_plan::BASE,
+            coll_ops_max: 256,
+            coll_window: 8,
+            coll_bufs: 64,
+            coll_buf_size: 8192,
         }
     }
 }
@@ -178,6 +194,12 @@ impl Config {
         if self.overflow_slots > 0 && self.overflow_slot_size == 0 {
             return Some("overflow_slot_size must be > 0");
         }
+        if self.coll_ops_max < 2 || self.coll_window == 0 || self.coll_window >= self.coll_ops_max {
+            return Some("coll_ops_max must be >= 2 and coll_window in 1..coll_ops_max");
+        }
+        if self.coll_buf_size == 0 || self.coll_buf_size > emp_uapi::wire::MTU_MAX {
+            return Some("coll_buf_size must be 1..=MTU_MAX");
+        }
         None
     }
 }
@@ -197,6 +219,12 @@ pub struct Occupancy {
     pub peers: u32,
     /// Ports open.
     pub ports_open: u32,
+    /// Collective operations (posted or early).
+    pub coll_ops: u32,
+    /// Early reduction partials held in the shared pool.
+    pub coll_bufs_used: u32,
+    /// Groups loaded.
+    pub groups: u32,
 }
 
 /// A send or receive descriptor as the NIC keeps it: the validated
@@ -272,6 +300,8 @@ pub(crate) struct Peer {
     /// its tag (PM's record of the refused ⟨sender, message⟩).
     pub rnr_seq: Option<u32>,
     pub rnr_tag: u64,
+    /// The refused message is a collective one (lifted by `coll_kick`).
+    pub rnr_coll: bool,
     /// Messages being received from this peer (rx slots).
     pub rx_active: Vec<u32>,
     pub last_loss_nack_ns: u64,
@@ -311,6 +341,14 @@ pub struct Nic {
     /// One frame of scratch: payloads pass through here between DMA and MAC;
     /// whole messages are never staged on the NIC.
     pub(crate) frame_buf: Vec<u8>,
+    /// The group table.
+    pub(crate) groups: group::Groups,
+    /// Collective operations.
+    pub(crate) coll_ops: slots::Slots<coll::CollOp>,
+    /// Shared-pool buffers holding early reduction partials.
+    pub(crate) coll_pool_used: u32,
+    /// Some operation waits for a free transmission record.
+    pub(crate) coll_stalled: bool,
 }
 
 impl Nic {
@@ -378,6 +416,10 @@ impl Nic {
             trace: VecDeque::with_capacity(32),
             sweep_armed: false,
             frame_buf: vec![0; MTU_MAX as usize],
+            groups: group::Groups::new(layout.params.group_entries),
+            coll_ops: slots::Slots::new(cfg.coll_ops_max),
+            coll_pool_used: 0,
+            coll_stalled: false,
             cfg,
         };
         set_status(hal, NicStatus::Running, FailReason::None);
@@ -457,6 +499,9 @@ impl Nic {
             overflow_used: self.overflow.used(),
             peers: self.peer_index.len() as u32,
             ports_open: self.ports.iter().filter(|p| p.open).count() as u32,
+            coll_ops: self.coll_ops.used(),
+            coll_bufs_used: self.coll_pool_used,
+            groups: self.groups.used(),
         }
     }
 
@@ -526,7 +571,7 @@ impl Nic {
         if ov as u32 != self.overflow.used() {
             return Err(format!("{} overflow slots used, {ov} queued", self.overflow.used()));
         }
-        Ok(())
+        self.coll_invariants()
     }
 
     pub(crate) fn count(&mut self, c: usize, n: u64) {
@@ -573,6 +618,7 @@ impl Nic {
             rx_expected: rx_floor,
             rnr_seq: None,
             rnr_tag: 0,
+            rnr_coll: false,
             rx_active: Vec::new(),
             last_loss_nack_ns: 0,
             max_seen: rx_floor,

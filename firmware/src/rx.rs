@@ -141,6 +141,31 @@ impl Nic {
             self.count(counter::DUPLICATES, 1);
             return self.send_ack(hal, peer, seq, g);
         }
+        if seq == expected && hdr.frame_index == 0 && hdr.kind == FrameKind::CollData as u8 {
+            let msg = msg.expect("frame 0 carries the message header");
+            return match self.coll_accept(hal, now, hdr, msg, payload) {
+                crate::coll::CollAccept::Consumed => {
+                    let p = self.peer_mut(peer);
+                    p.rx_expected = seq.wrapping_add(1);
+                    p.rnr_seq = None;
+                    p.rnr_coll = false;
+                    self.send_ack(hal, peer, seq, 0);
+                    self.nack_gap(hal, peer);
+                }
+                crate::coll::CollAccept::Refuse(NackReason::NoMatch) => {
+                    self.note(hdr, expected, 3);
+                    self.count(counter::DROPPED_UNEXPECTED, 1);
+                    let p = self.peer_mut(peer);
+                    p.rnr_seq = Some(seq);
+                    p.rnr_coll = true;
+                    self.send_nack(hal, peer, seq, 0, 0, NackReason::NoMatch)
+                }
+                crate::coll::CollAccept::Refuse(reason) => {
+                    self.count(counter::DROPPED_UNEXPECTED, 1);
+                    self.send_nack(hal, peer, seq, 0, 0, reason)
+                }
+            };
+        }
         if seq == expected && hdr.frame_index == 0 {
             let msg = msg.expect("frame 0 carries the message header");
             return match self.try_match(now, peer, hdr, msg, payload) {
@@ -158,6 +183,7 @@ impl Nic {
                     self.count(counter::DROPPED_UNEXPECTED, 1);
                     self.peer_mut(peer).rnr_seq = Some(seq);
                     self.peer_mut(peer).rnr_tag = msg.tag;
+                    self.peer_mut(peer).rnr_coll = false;
                     self.send_nack(hal, peer, seq, 0, 0, NackReason::NoMatch)
                 }
             };
@@ -203,7 +229,8 @@ impl Nic {
             .enumerate()
             .filter_map(|(i, p)| {
                 let p = p.as_ref()?;
-                let refused = p.port == port && p.rnr_seq == Some(p.rx_expected) && d.matches(p.node, p.rport, p.rnr_tag);
+                let refused =
+                    p.port == port && !p.rnr_coll && p.rnr_seq == Some(p.rx_expected) && d.matches(p.node, p.rport, p.rnr_tag);
                 refused.then_some((i as u32, p.rx_expected))
             })
             .collect();
@@ -543,7 +570,7 @@ impl Nic {
         self.count(counter::ACKS_TX, 1);
     }
 
-    fn send_nack<H: Hal>(&mut self, hal: &mut H, peer: u32, seq: u32, g: u32, mask: u32, reason: NackReason) {
+    pub(crate) fn send_nack<H: Hal>(&mut self, hal: &mut H, peer: u32, seq: u32, g: u32, mask: u32, reason: NackReason) {
         let hdr = self.ack_header(peer, FrameKind::Nack, seq, g);
         let (rx_credits, fc_level) = self.rx_credits(hdr.src_port);
         let body = AckBody {

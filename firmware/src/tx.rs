@@ -44,6 +44,8 @@ pub(crate) struct TxMsg {
     pub rnr_retries: u32,
     /// Refused by the receiver (not ready) and waiting on an RNR timer.
     pub rnr_waiting: bool,
+    /// An internal collective message (no host descriptor, no CQE).
+    pub coll: Option<Box<crate::coll::CollTx>>,
 }
 
 /// Bounded table of transmission records.
@@ -56,7 +58,16 @@ impl Nic {
     }
 
     /// Queues a validated send on its peer.
-    pub(crate) fn enqueue_tx(&mut self, _now: u64, port: u16, peer: u32, desc: LocalDesc) {
+    pub(crate) fn enqueue_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc) {
+        self.enqueue_tx_as(now, port, peer, desc, None);
+    }
+
+    /// Queues an internal collective message on its peer.
+    pub(crate) fn enqueue_tx_coll(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc, coll: crate::coll::CollTx) {
+        self.enqueue_tx_as(now, port, peer, desc, Some(Box::new(coll)));
+    }
+
+    fn enqueue_tx_as(&mut self, _now: u64, port: u16, peer: u32, desc: LocalDesc, coll: Option<Box<crate::coll::CollTx>>) {
         let frame_count = wire::frames_for(desc.len, self.mtu) as u32;
         let groups = frame_count.div_ceil(self.cfg.group_size);
         let seq = {
@@ -77,6 +88,7 @@ impl Nic {
             inflight_frames: 0,
             rnr_retries: 0,
             rnr_waiting: false,
+            coll,
         });
         self.peer_mut(peer).tx_queue.push_back(slot);
         self.mark_ready(peer);
@@ -189,9 +201,10 @@ impl Nic {
         let p = self.peer(m.peer);
         let off = wire::frame_offset(f, self.mtu);
         let len = (wire::payload_capacity(self.mtu, f) as u64).min(m.desc.len - off.min(m.desc.len)) as usize;
+        let kind = if m.coll.is_some() { FrameKind::CollData } else { FrameKind::Data };
         let hdr = FrameHeader {
             version: wire::WIRE_VERSION,
-            kind: FrameKind::Data as u8,
+            kind: kind as u8,
             dst_gen: p.remote_gen,
             src_node: self.node,
             dst_node: p.node,
@@ -208,7 +221,13 @@ impl Nic {
         let (port, dst, desc) = (m.port, p.node, m.desc);
         let mut buf = core::mem::take(&mut self.frame_buf);
         let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");
-        let r = self.sge_io(hal, port, desc.sges(), off, Buf::FromHost(&mut buf[head..head + len]), MR_LOCAL_READ);
+        let r = match &self.tx.get(slot).expect("live").coll {
+            Some(c) => {
+                Nic::coll_payload(c, off, &mut buf[head..head + len]);
+                Ok(())
+            }
+            None => self.sge_io(hal, port, desc.sges(), off, Buf::FromHost(&mut buf[head..head + len]), MR_LOCAL_READ),
+        };
         if r.is_ok() {
             hal.mac_transmit(dst, &buf[..head + len]);
         }
@@ -444,7 +463,7 @@ impl Nic {
     }
 
     /// Retires a transmission record and reports it.
-    pub(crate) fn finish_tx<H: Hal>(&mut self, hal: &mut H, _now: u64, slot: u32, status: Status) {
+    pub(crate) fn finish_tx<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, status: Status) {
         let m = self.tx.remove(slot);
         let p = self.peer_mut(m.peer);
         p.inflight_frames -= m.inflight_frames;
@@ -455,9 +474,15 @@ impl Nic {
         if status == Status::Success {
             self.count(counter::MSGS_TX, 1);
         }
-        let mut c = Completion::of(&m.desc, Opcode::Send, status);
-        c.byte_len = m.desc.len.min(u32::MAX as u64) as u32;
-        self.complete(hal, m.port, c);
         self.mark_ready(m.peer);
+        match m.coll {
+            Some(c) => self.coll_tx_done(hal, now, c.op, c.op_stamp, status),
+            None => {
+                let mut c = Completion::of(&m.desc, Opcode::Send, status);
+                c.byte_len = m.desc.len.min(u32::MAX as u64) as u32;
+                self.complete(hal, m.port, c);
+            }
+        }
+        self.coll_unstall(hal, now);
     }
 }

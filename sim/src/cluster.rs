@@ -4,7 +4,8 @@
 
 use emp_firmware::Config;
 use emp_uapi::desc::{Cqe, MrEntry, Opcode, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE};
-use emp_uapi::sram::{admin_result as ar, AdminOp, LayoutParams};
+use emp_uapi::coll::{reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_MEMBERS_MAX, TREE_ROOT};
+use emp_uapi::sram::{admin_result as ar, AdminOp, GroupEntry, LayoutParams};
 use emp_uapi::PAGE_SIZE;
 
 use crate::host::{admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostMem, HostPort, Sram};
@@ -35,7 +36,7 @@ impl Cluster {
             ports: 4,
             mr_entries: 64,
             route_entries: nodes as u32,
-            group_entries: 1,
+            group_entries: 16,
             staging_size: PAGE_SIZE as u32,
             send_entries: 64,
             recv_entries: 64,
@@ -188,4 +189,107 @@ impl Cluster {
     pub fn counter(&self, n: u16, c: usize) -> u64 {
         self.world.nodes[n as usize].nic.counters()[c]
     }
+
+    /// Loads group `id`/`epoch` over `members` (nodes, port 0) with `trees`
+    /// (parent arrays over relative ranks) into group slot `slot` of every
+    /// member's NIC; returns each member's admin result.
+    pub fn create_group(&mut self, slot: u32, id: u32, epoch: u32, members: &[u16], trees: &[Vec<u8>]) -> Vec<u32> {
+        members.iter().enumerate().map(|(rank, &n)| self.set_group(n, slot, &group_entry(id, epoch, members, rank as u16, trees))).collect()
+    }
+
+    /// Writes `entry` into group slot `slot` of `node` and loads it.
+    pub fn set_group(&mut self, n: u16, slot: u32, entry: &GroupEntry) -> u32 {
+        let layout = self.world.layout;
+        let sram = &mut self.world.nodes[n as usize].sram;
+        Sram(sram).put(layout.group_entry(slot as usize), entry);
+        admin_post(sram, &layout, AdminOp::GroupSet, [slot as u64, 0, 0, 0, 0, 0]);
+        self.world.doorbell_now(n);
+        self.drain(n);
+        admin_result(&mut self.world.nodes[n as usize].sram, &layout).unwrap_or(u32::MAX)
+    }
+
+    /// Retires group slot `slot` on `node`.
+    pub fn clear_group(&mut self, n: u16, slot: u32) -> u32 {
+        let layout = self.world.layout;
+        let sram = &mut self.world.nodes[n as usize].sram;
+        admin_post(sram, &layout, AdminOp::GroupClear, [slot as u64, 0, 0, 0, 0, 0]);
+        self.world.doorbell_now(n);
+        self.drain(n);
+        admin_result(&mut self.world.nodes[n as usize].sram, &layout).unwrap_or(u32::MAX)
+    }
+
+    /// Posts a barrier on group slot `slot`; returns its wr_id.
+    pub fn barrier(&mut self, n: u16, slot: u32, algo: BarrierAlgo, tree: u8) -> u64 {
+        let d = WorkDesc {
+            opcode: Opcode::Barrier as u8,
+            flags: emp_uapi::desc::WD_SIGNALED,
+            node: slot as u16,
+            port: algo as u16,
+            tag: tree as u64,
+            ..Default::default()
+        };
+        self.post_raw(n, d, true)
+    }
+
+    /// Posts a reduce (to `root`) or, with `all`, an allreduce of `input`
+    /// (`count` elements of `dtype`); returns its wr_id. The result (root or
+    /// everyone) is read with [`Cluster::received`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce(&mut self, n: u16, slot: u32, all: bool, root: u16, dtype: Dtype, op: ReduceOp, tree: u8, input: &[u8]) -> u64 {
+        let len = input.len() as u64;
+        let inp = self.alloc(n, len);
+        let out = self.alloc(n, len);
+        let node = &mut self.world.nodes[n as usize];
+        self.ports[n as usize].data.write(&mut node.mem, inp, input);
+        let key = self.ports[n as usize].data.key;
+        let mut d = WorkDesc {
+            opcode: if all { Opcode::Allreduce } else { Opcode::Reduce } as u8,
+            flags: emp_uapi::desc::WD_SIGNALED,
+            node: slot as u16,
+            port: if all { 0 } else { root },
+            tag: reduce_tag(dtype, op, tree),
+            ignore: len / dtype.size() as u64,
+            num_sge: 2,
+            ..Default::default()
+        };
+        d.sge[0] = emp_uapi::desc::Sge { key, len: len as u32, offset: inp };
+        d.sge[1] = emp_uapi::desc::Sge { key, len: len as u32, offset: out };
+        let wr = self.bufs.len() as u64;
+        d.wr_id = wr;
+        self.bufs.push((n, out, len));
+        self.post(n, d, true);
+        wr
+    }
+
+    /// Runs until every listed (node, wr) completed or `limit_ns` passed;
+    /// returns the completions in the same order.
+    pub fn wait_all(&mut self, wrs: &[(u16, u64)], limit_ns: u64) -> Vec<Option<Cqe>> {
+        wrs.iter().map(|&(n, wr)| self.wait(n, wr, limit_ns)).collect()
+    }
+}
+
+/// A group table entry for `members` (nodes, port 0) as rank `rank` sees it.
+pub fn group_entry(id: u32, epoch: u32, members: &[u16], rank: u16, trees: &[Vec<u8>]) -> GroupEntry {
+    let mut e = GroupEntry {
+        group_id: id,
+        epoch,
+        member_count: members.len() as u16,
+        my_rank: rank,
+        port: 0,
+        tree_count: trees.len() as u8,
+        ..Default::default()
+    };
+    for (i, &m) in members.iter().enumerate().take(GROUP_MEMBERS_MAX) {
+        e.members[i] = (m as u32) << 16;
+    }
+    for (t, parents) in trees.iter().enumerate() {
+        e.parents[64 * t..64 * t + parents.len()].copy_from_slice(parents);
+    }
+    e
+}
+
+/// The binomial tree over `n` relative ranks (the root sends to 1, 2, 4, …):
+/// the parent of r is r without its highest set bit.
+pub fn binomial_parents(n: usize) -> Vec<u8> {
+    (0..n).map(|r| if r == 0 { TREE_ROOT } else { (r - (1 << (usize::BITS - 1 - r.leading_zeros()))) as u8 }).collect()
 }

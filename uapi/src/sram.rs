@@ -498,7 +498,7 @@ le_struct! {
 }
 
 /// Most members a group table entry holds.
-pub const GROUP_MEMBERS_MAX: usize = 60;
+pub const GROUP_MEMBERS_MAX: usize = 64;
 
 le_struct! {
     /// Group table entry (1024 bytes): an ordered list of endpoints used by
@@ -541,7 +541,7 @@ le_struct! {
         /// [`crate::coll::TREE_ROOT`] for rank 0. Tree 0 is binomial.
         pub parents: [u8; 512],
         /// Reserved, zero.
-        pub reserved2: [u64; 28],
+        pub reserved2: [u64; 26],
     }
     size = 1024;
 }
@@ -565,7 +565,7 @@ impl GroupError {
     /// Human-readable text.
     pub const fn as_str(self) -> &'static str {
         match self {
-            GroupError::BadShape => "group id 0, member count outside 1..=60, or rank out of range",
+            GroupError::BadShape => "group id 0, member count outside 1..=64, or rank out of range",
             GroupError::DuplicateMember => "an endpoint is listed twice",
             GroupError::NotMember => "the caller is not the member at its rank",
             GroupError::BadTree => "tree count outside 1..=8 or a parent array is not a tree",
@@ -601,7 +601,7 @@ impl GroupEntry {
         if self.flags != 0
             || self.reserved0 != 0
             || self.reserved1 != 0
-            || self.reserved2 != [0; 28]
+            || self.reserved2 != [0; 26]
             || self.members[n..].iter().any(|&x| x != 0)
         {
             return Err(GroupError::Reserved);

@@ -1,0 +1,784 @@
+//! Collectives on the NIC (seed 001 ch. 3, 4, 6): barrier, reduce,
+//! allreduce and broadcast, run by the control program with no host
+//! involvement between the post and the completion.
+//!
+//! Collective messages are ordinary EMP messages of kind `CollData`: they
+//! share the per-peer sequence, ACKs, NACKs, retransmission and flow
+//! control of data messages (seed 001 §3.2.3 option (a): ordered with the
+//! sender's data). Only matching differs: the receiving NIC consumes them
+//! itself, keyed by (group, epoch, instance), where the instance is the
+//! n-th collective posted on the group (every member posts collectives in
+//! the same order, the MPI communicator rule).
+//!
+//! A message may arrive before its operation is posted (seed 001 §3.2.1,
+//! §4.2.1): the NIC records it in an operation record with no descriptor
+//! yet, bounded by a per-group window of instances and a pool of partial
+//! buffers; beyond either bound it is refused (NACK NoMatch), the sender
+//! retries after its RNR backoff, and the refusal is lifted at once
+//! (`coll_kick`) when the host posts or a buffer frees up.
+
+use emp_uapi::coll::{
+    abs_rank, barrier_step, rel_rank, BarrierAlgo, CollHeader, CollKind, Dtype, ReduceOp, Step, PE_PRE, PE_RELEASE,
+};
+use emp_uapi::desc::{Opcode, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::seq_lt;
+use emp_uapi::sram::counter;
+use emp_uapi::wire::{self, FrameHeader, MsgHeader, NackReason};
+use emp_uapi::Le;
+
+use crate::host::Completion;
+use crate::mr::Buf;
+use crate::{Hal, LocalDesc, Nic};
+
+/// What an operation does, fixed by its post or by its first message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Params {
+    Barrier { algo: BarrierAlgo, tree: u8 },
+    Reduce { all: bool, root: u16, tree: u8, dtype: Dtype, op: ReduceOp, count: u32 },
+}
+
+impl Params {
+    fn bytes(&self) -> usize {
+        match *self {
+            Params::Barrier { .. } => 0,
+            Params::Reduce { dtype, count, .. } => dtype.size() * count as usize,
+        }
+    }
+}
+
+/// A collective operation instance on this NIC.
+#[derive(Debug)]
+pub(crate) struct CollOp {
+    pub port: u16,
+    pub group: u32,
+    pub instance: u32,
+    /// Unique across slot reuse: internal messages name their op by it.
+    pub stamp: u32,
+    /// The host's descriptor; `None` while only early messages are known.
+    pub desc: Option<(LocalDesc, Opcode)>,
+    pub params: Option<Params>,
+    /// Barrier arrivals: bit = round (PE/dissemination; 62 = PE "pre",
+    /// 63 = PE release) or child relative rank (gather).
+    pub arrived: u64,
+    /// Gather-release: the parent's release arrived.
+    pub released: bool,
+    /// Position in the barrier schedule / phase of the reduction.
+    pub step: u32,
+    /// Sub-position (releases sent so far).
+    pub sub: u32,
+    /// Reduction accumulator (own contribution first).
+    pub acc: Vec<u8>,
+    pub have_own: bool,
+    /// Partials from children, by position in the ascending child list.
+    pub partials: Vec<Option<Vec<u8>>>,
+    /// Children combined so far.
+    pub combined: u32,
+    /// Allreduce: the result received from the parent.
+    pub down: Option<Vec<u8>>,
+    /// Internal messages not finished yet.
+    pub pending_tx: u32,
+    pub error: Option<Status>,
+    /// The NIC's part is done; completes when `pending_tx` is 0 too.
+    pub local_done: bool,
+    /// Waiting for a free transmission record.
+    pub stalled: bool,
+}
+
+/// Payload of an internal (NIC-generated) message after its `CollHeader`.
+#[derive(Debug)]
+pub(crate) enum CollData {
+    None,
+    /// Bytes held on the NIC (partials, results).
+    Nic(Vec<u8>),
+}
+
+/// An internal message's collective side: its header and data, and the
+/// operation told when it finishes.
+#[derive(Debug)]
+pub(crate) struct CollTx {
+    pub hdr: CollHeader,
+    pub data: CollData,
+    pub op: u32,
+    pub op_stamp: u32,
+}
+
+/// What the receiver did with a collective message's first frame.
+pub(crate) enum CollAccept {
+    /// Taken whole (single-frame messages): ACK it.
+    Consumed,
+    /// Not now: NACK with this reason.
+    Refuse(NackReason),
+}
+
+const BIT_PE_PRE: u32 = 62;
+const BIT_RELEASE: u32 = 63;
+
+fn round_bit(round: u8) -> u32 {
+    match round {
+        PE_PRE => BIT_PE_PRE,
+        PE_RELEASE => BIT_RELEASE,
+        r => r as u32,
+    }
+}
+
+/// The barrier algorithm a message kind belongs to.
+fn barrier_algo_of(kind: CollKind) -> Option<BarrierAlgo> {
+    match kind {
+        CollKind::BarrierPe => Some(BarrierAlgo::PairwiseExchange),
+        CollKind::BarrierDiss => Some(BarrierAlgo::Dissemination),
+        CollKind::BarrierGather | CollKind::BarrierRelease => Some(BarrierAlgo::GatherRelease),
+        _ => None,
+    }
+}
+
+impl Nic {
+    /// Can the tables take one more posted collective of `op`?
+    pub(crate) fn coll_fits(&self, op: Opcode) -> bool {
+        !op.is_collective() || !self.coll_ops.is_full()
+    }
+
+    /// A collective descriptor from the send ring (validated by the caller).
+    pub(crate) fn post_coll<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, ld: LocalDesc, opcode: Opcode) {
+        let fail = |nic: &mut Nic, hal: &mut H, st: Status| nic.complete(hal, port, Completion::of(&ld, opcode, st));
+        let slot = ld.wd.node as u32;
+        let Some(g) = self.groups.get(slot).filter(|g| g.port == port) else {
+            return fail(self, hal, Status::GroupInvalid);
+        };
+        let (n, trees) = (g.n, g.trees.len());
+        let params = match opcode {
+            Opcode::Barrier => {
+                let algo = BarrierAlgo::from_u16(ld.wd.port).expect("validated");
+                let tree = ld.wd.tag as u8;
+                if algo == BarrierAlgo::GatherRelease && tree as usize >= trees {
+                    return fail(self, hal, Status::BadDescriptor);
+                }
+                Params::Barrier { algo, tree }
+            }
+            Opcode::Reduce | Opcode::Allreduce => {
+                let (dt, rop, tree) = emp_uapi::coll::reduce_tag_parts(ld.wd.tag);
+                let (dtype, op) = (Dtype::from_u8(dt).expect("validated"), ReduceOp::from_u8(rop).expect("validated"));
+                let all = opcode == Opcode::Allreduce;
+                let root = ld.wd.port;
+                if root >= n || tree as usize >= trees {
+                    return fail(self, hal, Status::BadDescriptor);
+                }
+                if !op.defined_for(dtype) {
+                    return fail(self, hal, Status::InvalidOp);
+                }
+                let p = Params::Reduce { all, root, tree, dtype, op, count: ld.wd.ignore as u32 };
+                let bytes = p.bytes();
+                if bytes > self.cfg.coll_buf_size as usize
+                    || CollHeader::SIZE + bytes > wire::payload_capacity(self.mtu, 0)
+                {
+                    return fail(self, hal, Status::TooLarge);
+                }
+                let sges = ld.sges();
+                let wants_result = all || g.rank == root;
+                if sges[0].len as usize != bytes || (wants_result && (sges.len() < 2 || sges[1].len as usize != bytes)) {
+                    return fail(self, hal, Status::BadDescriptor);
+                }
+                if let Err(st) = self.check_sges(hal, port, &sges[..1], MR_LOCAL_READ) {
+                    return fail(self, hal, st);
+                }
+                if wants_result {
+                    if let Err(st) = self.check_sges(hal, port, &sges[1..2], MR_LOCAL_WRITE) {
+                        return fail(self, hal, st);
+                    }
+                }
+                p
+            }
+            _ => return fail(self, hal, Status::BadDescriptor),
+        };
+        let g = self.groups.slots[slot as usize].as_mut().expect("checked");
+        let instance = g.next_instance;
+        g.next_instance = instance.wrapping_add(1);
+        let op = match self.find_op(slot, instance) {
+            Some(o) => o,
+            None => {
+                let stamp = self.next_stamp();
+                self.coll_ops.insert_checked(CollOp::new(port, slot, instance, stamp))
+            }
+        };
+        let rec = self.coll_ops.get_mut(op);
+        rec.desc = Some((ld, opcode));
+        match rec.params {
+            Some(p) if p != params => rec.error = Some(Status::CollMismatch),
+            _ => rec.params = Some(params),
+        }
+        if let Params::Reduce { .. } = params {
+            // The input is copied to the NIC now: the host may reuse it.
+            let mut acc = vec![0u8; params.bytes()];
+            let r = self.sge_io(hal, port, &ld.sges()[..1], 0, Buf::FromHost(&mut acc), MR_LOCAL_READ);
+            let rec = self.coll_ops.get_mut(op);
+            match r {
+                Ok(()) => {
+                    rec.acc = acc;
+                    rec.have_own = true;
+                }
+                Err(e) => {
+                    rec.error.get_or_insert(e);
+                }
+            }
+        }
+        self.release_early_buffers(op);
+        self.coll_progress(hal, now, op);
+        // Messages refused for lack of window may fit now.
+        self.coll_kick(hal, port);
+    }
+
+    fn find_op(&self, group: u32, instance: u32) -> Option<u32> {
+        self.coll_ops.iter().find(|(_, o)| o.group == group && o.instance == instance).map(|(s, _)| s)
+    }
+
+    /// Partials an op received before it was posted used the shared pool;
+    /// once posted, the op owns them.
+    fn release_early_buffers(&mut self, op: u32) {
+        let held = self.coll_ops.get(op).expect("live").partials.iter().filter(|p| p.is_some()).count() as u32;
+        self.coll_pool_used -= held.min(self.coll_pool_used);
+    }
+
+    /// The first frame of a `CollData` message that is next in sequence
+    /// from its peer.
+    pub(crate) fn coll_accept<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        payload: &[u8],
+    ) -> CollAccept {
+        let Ok(ch) = CollHeader::parse(payload) else { return CollAccept::Refuse(NackReason::CollMismatch) };
+        let kind = CollKind::from_u8(ch.kind).expect("parsed");
+        let port = hdr.dst_port;
+        let Some(&slot) = self.groups.by_id.get(&(port, ch.group_id)) else {
+            // Not created here yet (or already destroyed): retry later.
+            return self.coll_refuse();
+        };
+        let g = self.groups.get(slot).expect("indexed");
+        if ch.epoch < g.epoch {
+            return CollAccept::Refuse(NackReason::StaleEpoch);
+        }
+        if ch.epoch > g.epoch {
+            return self.coll_refuse();
+        }
+        if g.rank_of(hdr.src_node, hdr.src_port) != Some(ch.sender as u16) {
+            return CollAccept::Refuse(NackReason::CollMismatch);
+        }
+        if kind != CollKind::Bcast && (hdr.frame_count != 1 || msg.total_len != payload.len() as u64) {
+            return CollAccept::Refuse(NackReason::TooLarge);
+        }
+        let data = &payload[CollHeader::SIZE..];
+        let ahead = ch.instance.wrapping_sub(g.next_instance);
+        let op = match self.find_op(slot, ch.instance) {
+            Some(o) => o,
+            // Posted and finished (or never posted and behind us): the
+            // members disagree on the sequence of collectives.
+            None if seq_lt(ch.instance, g.next_instance) => return CollAccept::Refuse(NackReason::CollMismatch),
+            None if ahead >= self.cfg.coll_window || self.coll_ops.used() + 1 >= self.cfg.coll_ops_max => {
+                return self.coll_refuse();
+            }
+            None => {
+                let stamp = self.next_stamp();
+                let o = self.coll_ops.insert_checked(CollOp::new(port, slot, ch.instance, stamp));
+                self.count(counter::COLL_EARLY, 1);
+                o
+            }
+        };
+        let r = match kind {
+            CollKind::BarrierPe | CollKind::BarrierDiss | CollKind::BarrierGather | CollKind::BarrierRelease => {
+                self.accept_barrier(op, &ch, kind)
+            }
+            CollKind::ReduceUp | CollKind::AllreduceDown => self.accept_reduce(op, &ch, kind, data),
+            CollKind::Bcast => Err(NackReason::CollMismatch),
+        };
+        let is_empty_early = {
+            let o = self.coll_ops.get(op).expect("live");
+            o.desc.is_none() && o.arrived == 0 && !o.released && o.partials.iter().all(|p| p.is_none()) && o.down.is_none()
+        };
+        match r {
+            Ok(()) => {
+                self.count(counter::RX_FRAMES, 1);
+                self.count(counter::MSGS_RX, 1);
+                self.coll_progress(hal, now, op);
+                CollAccept::Consumed
+            }
+            Err(reason) => {
+                if is_empty_early {
+                    self.coll_ops.remove(op);
+                }
+                if reason == NackReason::NoMatch {
+                    return self.coll_refuse();
+                }
+                if self.coll_ops.get(op).is_some_and(|o| o.desc.is_some()) {
+                    // The local operation cannot succeed either.
+                    self.coll_ops.get_mut(op).error.get_or_insert(Status::CollMismatch);
+                    self.coll_progress(hal, now, op);
+                }
+                CollAccept::Refuse(reason)
+            }
+        }
+    }
+
+    fn coll_refuse(&mut self) -> CollAccept {
+        self.count(counter::COLL_REFUSED, 1);
+        CollAccept::Refuse(NackReason::NoMatch)
+    }
+
+    fn accept_barrier(&mut self, op: u32, ch: &CollHeader, kind: CollKind) -> Result<(), NackReason> {
+        let algo = barrier_algo_of(kind).expect("barrier kind");
+        let o = self.coll_ops.get_mut(op);
+        match o.params {
+            None => o.params = Some(Params::Barrier { algo, tree: ch.tree }),
+            Some(Params::Barrier { algo: a, tree }) if a == algo && (algo != BarrierAlgo::GatherRelease || tree == ch.tree) => {}
+            Some(_) => return Err(NackReason::CollMismatch),
+        }
+        if kind == CollKind::BarrierRelease {
+            if o.released {
+                return Err(NackReason::CollMismatch);
+            }
+            o.released = true;
+            return Ok(());
+        }
+        let bit = match kind {
+            CollKind::BarrierGather => {
+                let g = self.groups.get(o.group).expect("live group");
+                rel_rank(ch.sender as u16, 0, g.n) as u32
+            }
+            _ => round_bit(ch.round),
+        };
+        if bit >= 64 || o.arrived & (1 << bit) != 0 {
+            return Err(NackReason::CollMismatch);
+        }
+        o.arrived |= 1 << bit;
+        Ok(())
+    }
+
+    fn accept_reduce(&mut self, op: u32, ch: &CollHeader, kind: CollKind, data: &[u8]) -> Result<(), NackReason> {
+        let (Some(dtype), Some(rop)) = (Dtype::from_u8(ch.dtype), ReduceOp::from_u8(ch.op)) else {
+            return Err(NackReason::CollMismatch);
+        };
+        let p = Params::Reduce { all: ch.round == 1, root: ch.root as u16, tree: ch.tree, dtype, op: rop, count: ch.count };
+        let o = self.coll_ops.get(op).expect("live");
+        let g = self.groups.get(o.group).expect("live group");
+        if p.bytes() != data.len() || (ch.root as u16) >= g.n || ch.tree as usize >= g.trees.len() {
+            return Err(NackReason::CollMismatch);
+        }
+        if o.params.is_some_and(|q| q != p) {
+            return Err(NackReason::CollMismatch);
+        }
+        let rel = rel_rank(g.rank, ch.root as u16, g.n);
+        let sender_rel = rel_rank(ch.sender as u16, ch.root as u16, g.n);
+        let posted = o.desc.is_some();
+        match kind {
+            CollKind::ReduceUp => {
+                let children = g.children(ch.tree, rel);
+                let Some(i) = children.iter().position(|&c| c == sender_rel) else { return Err(NackReason::CollMismatch) };
+                if o.partials.get(i).is_some_and(|x| x.is_some()) {
+                    return Err(NackReason::CollMismatch);
+                }
+                if !posted {
+                    if self.coll_pool_used >= self.cfg.coll_bufs {
+                        return Err(NackReason::NoMatch);
+                    }
+                    self.coll_pool_used += 1;
+                }
+                let nchildren = children.len();
+                let o = self.coll_ops.get_mut(op);
+                o.params = Some(p);
+                if o.partials.len() < nchildren {
+                    o.partials.resize(nchildren, None);
+                }
+                o.partials[i] = Some(data.to_vec());
+            }
+            CollKind::AllreduceDown => {
+                if !posted || !p.is_all() || g.parent(ch.tree, rel) != Some(sender_rel) || o.down.is_some() {
+                    return Err(NackReason::CollMismatch);
+                }
+                let o = self.coll_ops.get_mut(op);
+                o.params = Some(p);
+                o.down = Some(data.to_vec());
+            }
+            _ => unreachable!("reduce kinds only"),
+        }
+        Ok(())
+    }
+
+    /// Drives an operation as far as its arrivals allow.
+    pub(crate) fn coll_progress<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32) {
+        let Some(o) = self.coll_ops.get(op) else { return };
+        if o.desc.is_none() {
+            return; // Early messages only: nothing to do until the host posts.
+        }
+        if o.error.is_none() {
+            let r = match o.params.expect("set at post") {
+                Params::Barrier { algo, tree } => self.progress_barrier(hal, now, op, algo, tree),
+                Params::Reduce { .. } => self.progress_reduce(hal, now, op),
+            };
+            if let Err(e) = r {
+                self.coll_ops.get_mut(op).error.get_or_insert(e);
+            }
+        }
+        self.coll_try_complete(hal, op);
+    }
+
+    /// Sends the next steps of a barrier; `Ok` also when waiting.
+    fn progress_barrier<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32, algo: BarrierAlgo, tree: u8) -> Result<(), Status> {
+        let o = self.coll_ops.get(op).expect("live");
+        let g = self.groups.get(o.group).expect("live group");
+        let (n, rank) = (g.n, g.rank);
+        if algo != BarrierAlgo::GatherRelease {
+            let kind = if algo == BarrierAlgo::PairwiseExchange { CollKind::BarrierPe } else { CollKind::BarrierDiss };
+            loop {
+                let o = self.coll_ops.get(op).expect("live");
+                match barrier_step(algo, n, rank, o.step as usize) {
+                    None => {
+                        self.coll_ops.get_mut(op).local_done = true;
+                        return Ok(());
+                    }
+                    Some(Step::Send { to, round }) => {
+                        let h = self.coll_header(op, kind, round, 0, tree);
+                        if !self.coll_send(hal, now, op, to, h, CollData::None)? {
+                            return Ok(());
+                        }
+                    }
+                    Some(Step::Recv { round, .. }) => {
+                        if o.arrived & (1 << round_bit(round)) == 0 {
+                            return Ok(());
+                        }
+                    }
+                }
+                self.coll_ops.get_mut(op).step += 1;
+            }
+        }
+        // Gather up tree `tree` (rooted at rank 0), then release down it.
+        let rel = rel_rank(rank, 0, n);
+        let children = g.children(tree, rel);
+        let parent = g.parent(tree, rel);
+        if o.step == 0 {
+            if !children.iter().all(|&c| o.arrived & (1 << c) != 0) {
+                return Ok(());
+            }
+            if let Some(p) = parent {
+                let h = self.coll_header(op, CollKind::BarrierGather, 0, 0, tree);
+                if !self.coll_send(hal, now, op, abs_rank(p, 0, n), h, CollData::None)? {
+                    return Ok(());
+                }
+            }
+            self.coll_ops.get_mut(op).step = 1;
+        }
+        let o = self.coll_ops.get(op).expect("live");
+        if o.step == 1 {
+            if parent.is_some() && !o.released {
+                return Ok(());
+            }
+            self.coll_ops.get_mut(op).step = 2;
+        }
+        while (self.coll_ops.get(op).expect("live").sub as usize) < children.len() {
+            let c = children[self.coll_ops.get(op).expect("live").sub as usize];
+            let h = self.coll_header(op, CollKind::BarrierRelease, 0, 0, tree);
+            if !self.coll_send(hal, now, op, abs_rank(c, 0, n), h, CollData::None)? {
+                return Ok(());
+            }
+            self.coll_ops.get_mut(op).sub += 1;
+        }
+        self.coll_ops.get_mut(op).local_done = true;
+        Ok(())
+    }
+
+    /// Combines partials in the fixed order, sends up, delivers results.
+    fn progress_reduce<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32) -> Result<(), Status> {
+        let o = self.coll_ops.get(op).expect("live");
+        let Some(Params::Reduce { all, root, tree, dtype, op: rop, .. }) = o.params else { unreachable!() };
+        let g = self.groups.get(o.group).expect("live group");
+        let (n, rank) = (g.n, g.rank);
+        let rel = rel_rank(rank, root, n);
+        let children = g.children(tree, rel);
+        let parent = g.parent(tree, rel);
+        if !o.have_own {
+            return Ok(());
+        }
+        // Step 0: combine, child by child, in ascending relative rank.
+        if o.step == 0 {
+            let o = self.coll_ops.get_mut(op);
+            o.partials.resize(children.len(), None);
+            while (o.combined as usize) < children.len() {
+                let Some(x) = o.partials[o.combined as usize].take() else { return Ok(()) };
+                let ok = crate::combine::combine(dtype, rop, &mut o.acc, &x);
+                debug_assert!(ok, "lengths checked on arrival");
+                o.combined += 1;
+            }
+            o.step = 1;
+        }
+        // Step 1: the subtree's result goes up (or is the result at the root).
+        let o = self.coll_ops.get(op).expect("live");
+        if o.step == 1 {
+            match parent {
+                Some(p) => {
+                    let h = self.coll_header(op, CollKind::ReduceUp, all as u8, root as u8, tree);
+                    let data = CollData::Nic(o.acc.clone());
+                    if !self.coll_send(hal, now, op, abs_rank(p, root, n), h, data)? {
+                        return Ok(());
+                    }
+                    self.coll_ops.get_mut(op).step = if all { 2 } else { 4 };
+                }
+                None => {
+                    let acc = core::mem::take(&mut self.coll_ops.get_mut(op).acc);
+                    self.coll_ops.get_mut(op).down = Some(acc);
+                    self.coll_ops.get_mut(op).step = 2;
+                }
+            }
+        }
+        // Step 2: the result is here (root, or from the parent): deliver it.
+        let o = self.coll_ops.get(op).expect("live");
+        if o.step == 2 {
+            let Some(result) = o.down.as_ref() else { return Ok(()) };
+            let (ld, _) = o.desc.expect("posted");
+            let port = o.port;
+            let result = result.clone();
+            self.sge_io(hal, port, &ld.sges()[1..2], 0, Buf::ToHost(&result), MR_LOCAL_WRITE)?;
+            self.coll_ops.get_mut(op).step = if all { 3 } else { 4 };
+        }
+        // Step 3 (allreduce): pass the result down.
+        while self.coll_ops.get(op).expect("live").step == 3 {
+            let o = self.coll_ops.get(op).expect("live");
+            let Some(&c) = children.get(o.sub as usize) else {
+                self.coll_ops.get_mut(op).step = 4;
+                break;
+            };
+            let h = self.coll_header(op, CollKind::AllreduceDown, 1, root as u8, tree);
+            let data = CollData::Nic(o.down.clone().expect("result"));
+            if !self.coll_send(hal, now, op, abs_rank(c, root, n), h, data)? {
+                return Ok(());
+            }
+            self.coll_ops.get_mut(op).sub += 1;
+        }
+        if self.coll_ops.get(op).expect("live").step == 4 {
+            self.coll_ops.get_mut(op).local_done = true;
+        }
+        Ok(())
+    }
+
+    fn coll_header(&self, op: u32, kind: CollKind, round: u8, root: u8, tree: u8) -> CollHeader {
+        let o = self.coll_ops.get(op).expect("live");
+        let g = self.groups.get(o.group).expect("live group");
+        let (dtype, rop, count) = match o.params {
+            Some(Params::Reduce { dtype, op, count, .. }) => (dtype as u8, op as u8, count),
+            _ => (0, 0, 0),
+        };
+        CollHeader {
+            group_id: g.id,
+            epoch: g.epoch,
+            instance: o.instance,
+            kind: kind as u8,
+            round,
+            root,
+            tree,
+            dtype,
+            op: rop,
+            sender: g.rank as u8,
+            reserved: 0,
+            count,
+        }
+    }
+
+    /// Queues an internal message to group rank `to`. `Ok(false)`: no free
+    /// transmission record; the op is retried when one frees.
+    fn coll_send<H: Hal>(&mut self, _hal: &mut H, now: u64, op: u32, to: u16, hdr: CollHeader, data: CollData) -> Result<bool, Status> {
+        if self.tx.is_full() {
+            self.coll_ops.get_mut(op).stalled = true;
+            self.coll_stalled = true;
+            return Ok(false);
+        }
+        let o = self.coll_ops.get(op).expect("live");
+        let g = self.groups.get(o.group).expect("live group");
+        let (node, rport) = g.endpoint(to);
+        let (port, stamp) = (o.port, o.stamp);
+        let Some(peer) = self.peer_for(port, node, rport, 0) else { return Err(Status::TableFull) };
+        let len = CollHeader::SIZE
+            + match &data {
+                CollData::None => 0,
+                CollData::Nic(v) => v.len(),
+            };
+        let wd = WorkDesc { opcode: Opcode::Send as u8, node, port: rport, ..Default::default() };
+        let mut desc = LocalDesc::new(&wd);
+        desc.len = len as u64;
+        let ctx = CollTx { hdr, data, op, op_stamp: stamp };
+        self.enqueue_tx_coll(now, port, peer, desc, ctx);
+        let o = self.coll_ops.get_mut(op);
+        o.pending_tx += 1;
+        o.stalled = false;
+        Ok(true)
+    }
+
+    /// Bytes `[off, off + out.len())` of an internal message.
+    pub(crate) fn coll_payload(c: &CollTx, off: u64, out: &mut [u8]) {
+        let mut hb = [0u8; CollHeader::SIZE];
+        c.hdr.put(&mut hb);
+        for (i, b) in out.iter_mut().enumerate() {
+            let at = off as usize + i;
+            *b = if at < CollHeader::SIZE {
+                hb[at]
+            } else {
+                match &c.data {
+                    CollData::Nic(v) => v[at - CollHeader::SIZE],
+                    CollData::None => 0,
+                }
+            };
+        }
+    }
+
+    /// An internal message finished (ACKed, or failed).
+    pub(crate) fn coll_tx_done<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32, stamp: u32, status: Status) {
+        if self.coll_ops.get(op).is_none_or(|o| o.stamp != stamp) {
+            return; // The op completed without waiting for this message (barriers).
+        }
+        let o = self.coll_ops.get_mut(op);
+        o.pending_tx -= 1;
+        if status != Status::Success {
+            o.error.get_or_insert(status);
+        }
+        self.coll_progress(hal, now, op);
+    }
+
+    /// A transmission record freed: ops that waited for one go on.
+    pub(crate) fn coll_unstall<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        if !core::mem::take(&mut self.coll_stalled) {
+            return;
+        }
+        let stalled: Vec<u32> = self.coll_ops.iter().filter(|(_, o)| o.stalled).map(|(s, _)| s).collect();
+        for op in stalled {
+            if self.tx.is_full() {
+                break;
+            }
+            self.coll_progress(hal, now, op);
+        }
+    }
+
+    /// Completes the op when its NIC part and its messages are done (or it failed).
+    fn coll_try_complete<H: Hal>(&mut self, hal: &mut H, op: u32) {
+        let o = self.coll_ops.get(op).expect("live");
+        let failed = o.error.is_some();
+        // A barrier is complete when its last message has arrived, before
+        // its own last message is acknowledged (seed 001 §3.5.4); data
+        // operations wait for their messages, which may read host memory.
+        let barrier = matches!(o.params, Some(Params::Barrier { .. }));
+        let sends_done = o.pending_tx == 0 || (barrier && o.local_done && !failed);
+        if o.desc.is_none() || !sends_done || !(o.local_done || failed) {
+            return;
+        }
+        let o = self.coll_ops.remove(op);
+        let (ld, opcode) = o.desc.expect("posted");
+        let status = o.error.unwrap_or(Status::Success);
+        let mut c = Completion::of(&ld, opcode, status);
+        c.byte_len = o.params.map_or(0, |p| p.bytes() as u32);
+        self.count(counter::COLL_OPS, 1);
+        self.complete(hal, o.port, c);
+    }
+
+    /// Every op of a group (posted or early) ends with `status`; internal
+    /// messages still queued are abandoned.
+    pub(crate) fn coll_flush_group<H: Hal>(&mut self, hal: &mut H, now: u64, group: u32, status: Status) {
+        let ops: Vec<u32> = self.coll_ops.iter().filter(|(_, o)| o.group == group).map(|(s, _)| s).collect();
+        for op in ops {
+            let o = self.coll_ops.get_mut(op);
+            if o.desc.is_none() {
+                let held = o.partials.iter().filter(|p| p.is_some()).count() as u32;
+                self.coll_pool_used -= held.min(self.coll_pool_used);
+                self.coll_ops.remove(op);
+                continue;
+            }
+            // Failed first, so finishing its messages cannot start new ones.
+            o.error.get_or_insert(status);
+            let stamp = o.stamp;
+            let txs: Vec<u32> = self
+                .tx
+                .iter()
+                .filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == op && c.op_stamp == stamp))
+                .map(|(s, _)| s)
+                .collect();
+            for t in txs {
+                self.finish_tx(hal, now, t, Status::Flushed);
+            }
+            if self.coll_ops.get(op).is_some_and(|o| o.stamp == stamp) {
+                self.coll_try_complete(hal, op);
+            }
+        }
+    }
+
+    /// Refused collective messages of `port`'s peers may be acceptable now:
+    /// ask their senders to resend at once instead of after their backoff.
+    pub(crate) fn coll_kick<H: Hal>(&mut self, hal: &mut H, port: u16) {
+        let refused: Vec<(u32, u32)> = self
+            .peers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let p = p.as_ref()?;
+                (p.port == port && p.rnr_coll && p.rnr_seq == Some(p.rx_expected)).then_some((i as u32, p.rx_expected))
+            })
+            .collect();
+        for (peer, seq) in refused {
+            self.send_nack(hal, peer, seq, 0, 1, NackReason::Loss);
+        }
+    }
+}
+
+impl Nic {
+    /// Collective bookkeeping agrees with itself.
+    pub(crate) fn coll_invariants(&self) -> Result<(), String> {
+        let mut early = 0;
+        for (s, o) in self.coll_ops.iter() {
+            let g = self.groups.get(o.group).ok_or_else(|| format!("coll op {s} of a free group slot {}", o.group))?;
+            if g.port != o.port {
+                return Err(format!("coll op {s} on port {} of a port-{} group", o.port, g.port));
+            }
+            let txs = self.tx.iter().filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == s && c.op_stamp == o.stamp)).count();
+            if txs as u32 != o.pending_tx {
+                return Err(format!("coll op {s}: {} pending messages, {txs} queued", o.pending_tx));
+            }
+            if o.desc.is_none() {
+                early += o.partials.iter().filter(|p| p.is_some()).count() as u32;
+                let ahead = o.instance.wrapping_sub(g.next_instance);
+                if ahead >= self.cfg.coll_window {
+                    return Err(format!("early coll op {s} is {ahead} instances ahead"));
+                }
+            }
+        }
+        if early != self.coll_pool_used {
+            return Err(format!("{} pool buffers used, {early} held by early ops", self.coll_pool_used));
+        }
+        Ok(())
+    }
+}
+
+impl Params {
+    fn is_all(&self) -> bool {
+        matches!(self, Params::Reduce { all: true, .. })
+    }
+}
+
+impl CollOp {
+    fn new(port: u16, group: u32, instance: u32, stamp: u32) -> CollOp {
+        CollOp {
+            port,
+            group,
+            instance,
+            stamp,
+            desc: None,
+            params: None,
+            arrived: 0,
+            released: false,
+            step: 0,
+            sub: 0,
+            acc: Vec::new(),
+            have_own: false,
+            partials: Vec::new(),
+            combined: 0,
+            down: None,
+            pending_tx: 0,
+            error: None,
+            local_done: false,
+            stalled: false,
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! NIC-offloaded collectives in the simulator: barrier (pairwise exchange,
+//! dissemination, gather-release), reduce and allreduce, under loss,
+//! duplication and reordering, checked against a reference the test
+//! computes on its own.
+
+use emp_firmware::Config;
+use emp_sim::cluster::{binomial_parents, group_entry, Cluster};
+use emp_sim::rng::Rng;
+use emp_sim::world::WireConfig;
+use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp, TREE_ROOT};
+use emp_uapi::desc::{Cqe, Status};
+use emp_uapi::sram::{admin_result, counter};
+
+const MS: u64 = 1_000_000;
+const ALGOS: [BarrierAlgo; 3] = [BarrierAlgo::PairwiseExchange, BarrierAlgo::Dissemination, BarrierAlgo::GatherRelease];
+
+fn lossy() -> WireConfig {
+    WireConfig { loss: 0.05, dup: 0.05, reorder: 0.1, reorder_jitter_ns: 50_000, ..WireConfig::default() }
+}
+
+fn flat_parents(n: usize) -> Vec<u8> {
+    (0..n).map(|r| if r == 0 { TREE_ROOT } else { 0 }).collect()
+}
+
+/// A chain 0 ← 1 ← 2 …: the deepest tree.
+fn chain_parents(n: usize) -> Vec<u8> {
+    (0..n).map(|r| if r == 0 { TREE_ROOT } else { (r - 1) as u8 }).collect()
+}
+
+/// `n` nodes in one group (slot 0, id 7, epoch 1) with trees binomial, flat, chain.
+fn group(n: u16, cfg: Config, wire: WireConfig) -> Cluster {
+    let mut c = Cluster::new(n, cfg, 0, 1500, wire);
+    let members: Vec<u16> = (0..n).collect();
+    let trees = vec![binomial_parents(n as usize), flat_parents(n as usize), chain_parents(n as usize)];
+    assert!(c.create_group(0, 7, 1, &members, &trees).iter().all(|&r| r == admin_result::OK));
+    c
+}
+
+fn status(c: &Option<Cqe>) -> Option<Status> {
+    c.as_ref().map(|c| Status::from_u8(c.status).expect("known status"))
+}
+
+fn quiesced(c: &mut Cluster) {
+    c.run_for(200 * MS);
+    for n in &c.world.nodes {
+        let o = n.nic.occupancy();
+        assert_eq!((o.coll_ops, o.coll_bufs_used, o.tx_msgs, o.rx_msgs), (0, 0, 0, 0), "node {} left {o:?}", n.nic.node());
+        n.nic.invariants().unwrap();
+    }
+}
+
+#[test]
+fn test_barrier_every_algorithm_and_size_completes() {
+    for algo in ALGOS {
+        for n in 1..=17u16 {
+            for tree in [0u8, 1, 2] {
+                if algo != BarrierAlgo::GatherRelease && tree > 0 {
+                    continue;
+                }
+                let mut c = group(n, Config::default(), WireConfig::default());
+                let wrs: Vec<(u16, u64)> = (0..n).map(|r| (r, c.barrier(r, 0, algo, tree))).collect();
+                for (i, cqe) in c.wait_all(&wrs, 100 * MS).iter().enumerate() {
+                    assert_eq!(status(cqe), Some(Status::Success), "{algo:?} n={n} tree={tree} rank {i}");
+                }
+                quiesced(&mut c);
+            }
+        }
+    }
+}
+
+#[test]
+fn test_barrier_nobody_leaves_before_the_last_arrives() {
+    for algo in ALGOS {
+        let n = 11;
+        let mut c = group(n, Config::default(), WireConfig::default());
+        for late in [0u16, 5, 10] {
+            let mut wrs: Vec<(u16, u64)> = (0..n).filter(|&r| r != late).map(|r| (r, c.barrier(r, 0, algo, 0))).collect();
+            c.run_for(50 * MS);
+            for r in 0..n {
+                assert!(c.completions(r).is_empty(), "{algo:?}: rank {r} left while rank {late} had not arrived");
+            }
+            wrs.push((late, c.barrier(late, 0, algo, 0)));
+            for cqe in c.wait_all(&wrs, 100 * MS) {
+                assert_eq!(status(&cqe), Some(Status::Success), "{algo:?}");
+            }
+        }
+        // Messages for a barrier the host had not posted yet were recorded, not dropped.
+        let early: u64 = (0..n).map(|r| c.counter(r, counter::COLL_EARLY)).sum();
+        assert!(early > 0, "{algo:?}: no early message recorded");
+        quiesced(&mut c);
+    }
+}
+
+#[test]
+fn test_barrier_under_loss_dup_reorder_up_to_64_nodes() {
+    for (n, rounds) in [(2u16, 30), (5, 20), (16, 10), (64, 3)] {
+        let mut c = group(n, Config::default(), lossy());
+        for round in 0..rounds {
+            let algo = ALGOS[round % 3];
+            let wrs: Vec<(u16, u64)> = (0..n).map(|r| (r, c.barrier(r, 0, algo, 0))).collect();
+            for cqe in c.wait_all(&wrs, 5_000 * MS) {
+                assert_eq!(status(&cqe), Some(Status::Success), "n={n} round {round} {algo:?}");
+            }
+        }
+        let retrans: u64 = (0..n).map(|r| c.counter(r, counter::RETRANSMITS)).sum();
+        assert!(retrans > 0, "n={n}: the loss never hit a barrier message");
+        quiesced(&mut c);
+    }
+}
+
+#[test]
+fn test_barriers_posted_ahead_are_windowed_and_all_complete() {
+    // Rank 0 posts 20 barriers at once; the others post theirs late. Beyond
+    // the window the NIC refuses, the senders retry, nothing is lost.
+    let n = 4;
+    let cfg = Config { coll_window: 4, ..Config::default() };
+    let mut c = group(n, cfg, WireConfig::default());
+    let mut wrs: Vec<(u16, u64)> = (0..20).map(|_| (0, c.barrier(0, 0, BarrierAlgo::Dissemination, 0))).collect();
+    c.run_for(20 * MS);
+    for r in 1..n {
+        for _ in 0..20 {
+            wrs.push((r, c.barrier(r, 0, BarrierAlgo::Dissemination, 0)));
+        }
+    }
+    for cqe in c.wait_all(&wrs, 5_000 * MS) {
+        assert_eq!(status(&cqe), Some(Status::Success));
+    }
+    let refused: u64 = (0..n).map(|r| c.counter(r, counter::COLL_REFUSED)).sum();
+    assert!(refused > 0, "the window never refused");
+    quiesced(&mut c);
+}
+
+// ---- reductions ----
+
+/// Test-side reference combine on one element (independent of the firmware's).
+fn combine_elem(t: Dtype, op: ReduceOp, a: &[u8], b: &[u8]) -> Vec<u8> {
+    macro_rules! int {
+        ($ty:ty) => {{
+            let (x, y) = (<$ty>::from_le_bytes(a.try_into().unwrap()), <$ty>::from_le_bytes(b.try_into().unwrap()));
+            let r: $ty = match op {
+                ReduceOp::Sum => x.wrapping_add(y),
+                ReduceOp::Prod => x.wrapping_mul(y),
+                ReduceOp::Min => x.min(y),
+                ReduceOp::Max => x.max(y),
+                ReduceOp::Band => x & y,
+                ReduceOp::Bor => x | y,
+                ReduceOp::Bxor => x ^ y,
+            };
+            r.to_le_bytes().to_vec()
+        }};
+    }
+    macro_rules! float {
+        ($ty:ty) => {{
+            let (x, y) = (<$ty>::from_le_bytes(a.try_into().unwrap()), <$ty>::from_le_bytes(b.try_into().unwrap()));
+            let r: $ty = match op {
+                ReduceOp::Sum => x + y,
+                ReduceOp::Prod => x * y,
+                ReduceOp::Min => if y < x { y } else { x },
+                ReduceOp::Max => if y > x { y } else { x },
+                _ => unreachable!("bitwise on floats"),
+            };
+            r.to_le_bytes().to_vec()
+        }};
+    }
+    match t {
+        Dtype::I32 => int!(i32),
+        Dtype::I64 => int!(i64),
+        Dtype::U32 => int!(u32),
+        Dtype::U64 => int!(u64),
+        Dtype::F32 => float!(f32),
+        Dtype::F64 => float!(f64),
+    }
+}
+
+/// The fixed combining order: own value, then each child's subtree in
+/// ascending relative rank.
+fn reference(t: Dtype, op: ReduceOp, parents: &[u8], root: usize, inputs: &[Vec<u8>]) -> Vec<u8> {
+    let n = inputs.len();
+    fn sub(t: Dtype, op: ReduceOp, parents: &[u8], root: usize, inputs: &[Vec<u8>], rel: usize) -> Vec<u8> {
+        let n = inputs.len();
+        let mut acc = inputs[(rel + root) % n].clone();
+        for c in 1..n {
+            if parents[c] as usize == rel {
+                let x = sub(t, op, parents, root, inputs, c);
+                let w = t.size();
+                acc = acc.chunks(w).zip(x.chunks(w)).flat_map(|(a, b)| combine_elem(t, op, a, b)).collect();
+            }
+        }
+        acc
+    }
+    assert!(n > 0);
+    sub(t, op, parents, root, inputs, 0)
+}
+
+fn random_input(rng: &mut Rng, t: Dtype, count: usize) -> Vec<u8> {
+    (0..count)
+        .flat_map(|_| match t {
+            Dtype::F32 => ((rng.below(2_000_001) as f32 - 1e6) / 997.0).to_le_bytes().to_vec(),
+            Dtype::F64 => ((rng.below(2_000_000_001) as f64 - 1e9) / 1_009.0).to_le_bytes().to_vec(),
+            _ => (0..t.size()).map(|_| rng.below(256) as u8).collect(),
+        })
+        .collect()
+}
+
+fn run_reduce(c: &mut Cluster, rng: &mut Rng, all: bool, root: u16, t: Dtype, op: ReduceOp, tree: u8, count: usize, parents: &[u8]) {
+    let n = c.world.nodes.len() as u16;
+    let inputs: Vec<Vec<u8>> = (0..n).map(|_| random_input(rng, t, count)).collect();
+    let wrs: Vec<(u16, u64)> = (0..n).map(|r| (r, c.reduce(r, 0, all, root, t, op, tree, &inputs[r as usize]))).collect();
+    let want = reference(t, op, parents, root as usize, &inputs);
+    for (r, cqe) in c.wait_all(&wrs, 5_000 * MS).into_iter().enumerate() {
+        let what = format!("{} {} {} n={n} root={root} tree={tree} rank {r}", if all { "allreduce" } else { "reduce" }, t.name(), op.name());
+        assert_eq!(status(&cqe), Some(Status::Success), "{what}");
+        if all || r as u16 == root {
+            assert_eq!(c.received(wrs[r].1, want.len()), want, "{what}: result differs from the reference");
+        }
+    }
+}
+
+#[test]
+fn test_reduce_and_allreduce_every_type_and_op_match_the_reference() {
+    let mut rng = Rng::new(5);
+    for n in [2u16, 3, 7] {
+        let mut c = group(n, Config::default(), WireConfig::default());
+        let trees = [binomial_parents(n as usize), flat_parents(n as usize), chain_parents(n as usize)];
+        for t in Dtype::ALL {
+            for op in ReduceOp::ALL.into_iter().filter(|op| op.defined_for(t)) {
+                let tree = rng.below(3) as u8;
+                let root = rng.below(n as u64) as u16;
+                run_reduce(&mut c, &mut rng, false, root, t, op, tree, 5, &trees[tree as usize]);
+                run_reduce(&mut c, &mut rng, true, 0, t, op, tree, 5, &trees[tree as usize]);
+            }
+        }
+        quiesced(&mut c);
+    }
+}
+
+#[test]
+fn test_allreduce_under_loss_is_bitwise_reproducible_up_to_64_nodes() {
+    for n in [4u16, 16, 64] {
+        let mut c = group(n, Config::default(), lossy());
+        let parents = binomial_parents(n as usize);
+        for seed in 0..3 {
+            // Same inputs, different network luck: the same bits every time.
+            let mut rng = Rng::new(100 + n as u64);
+            run_reduce(&mut c, &mut rng, true, 0, Dtype::F64, ReduceOp::Sum, 0, 32, &parents);
+            let _ = seed;
+        }
+        quiesced(&mut c);
+    }
+}
+
+#[test]
+fn test_early_partials_beyond_the_pool_are_refused_then_combined() {
+    // One pool buffer: partials for unposted reductions are refused and
+    // retried; the result is still exact.
+    let n = 8;
+    let cfg = Config { coll_bufs: 1, ..Config::default() };
+    let mut c = group(n, cfg, WireConfig::default());
+    let mut rng = Rng::new(9);
+    let inputs: Vec<Vec<u8>> = (0..n).map(|_| random_input(&mut rng, Dtype::I64, 4)).collect();
+    // Leaves first: their partials reach inner ranks that have not posted.
+    let mut order: Vec<u16> = (0..n).rev().collect();
+    order.rotate_left(1);
+    let mut wrs = Vec::new();
+    for &r in &order {
+        wrs.push((r, c.reduce(r, 0, true, 0, Dtype::I64, ReduceOp::Sum, 0, &inputs[r as usize])));
+        c.run_for(5 * MS);
+    }
+    let want = reference(Dtype::I64, ReduceOp::Sum, &binomial_parents(n as usize), 0, &inputs);
+    for (r, wr) in wrs.clone() {
+        let cqe = c.wait(r, wr, 5_000 * MS);
+        assert_eq!(status(&cqe), Some(Status::Success));
+        assert_eq!(c.received(wr, want.len()), want);
+    }
+    let refused: u64 = (0..n).map(|r| c.counter(r, counter::COLL_REFUSED)).sum();
+    assert!(refused > 0, "the pool never ran out");
+    quiesced(&mut c);
+}
+
+#[test]
+fn test_misuse_gets_error_completions() {
+    let n = 3;
+    let mut c = group(n, Config::default(), WireConfig::default());
+    // Unknown group slot.
+    let wr = c.barrier(0, 5, BarrierAlgo::Dissemination, 0);
+    assert_eq!(status(&c.wait(0, wr, 10 * MS)), Some(Status::GroupInvalid));
+    // Bitwise op on floats.
+    let wr = c.reduce(0, 0, true, 0, Dtype::F64, ReduceOp::Bxor, 0, &[0u8; 8]);
+    assert_eq!(status(&c.wait(0, wr, 10 * MS)), Some(Status::InvalidOp));
+    // Too large for one frame.
+    let wr = c.reduce(0, 0, true, 0, Dtype::U64, ReduceOp::Sum, 0, &vec![0u8; 8 * 1024]);
+    assert_eq!(status(&c.wait(0, wr, 10 * MS)), Some(Status::TooLarge));
+    // Members disagree on the count: both sides fail, nobody hangs.
+    let a = c.reduce(0, 0, true, 0, Dtype::U64, ReduceOp::Sum, 0, &[1u8; 16]);
+    let b = c.reduce(1, 0, true, 0, Dtype::U64, ReduceOp::Sum, 0, &[1u8; 8]);
+    let d = c.reduce(2, 0, true, 0, Dtype::U64, ReduceOp::Sum, 0, &[1u8; 16]);
+    let got: Vec<Option<Status>> = c.wait_all(&[(0, a), (1, b), (2, d)], 1_000 * MS).iter().map(status).collect();
+    assert!(got.contains(&Some(Status::CollMismatch)), "{got:?}");
+    assert!(got.iter().all(|s| s.is_some()), "someone hangs: {got:?}");
+    // Barrier kinds disagree.
+    let a = c.barrier(0, 0, BarrierAlgo::PairwiseExchange, 0);
+    let b = c.barrier(1, 0, BarrierAlgo::Dissemination, 0);
+    let d = c.barrier(2, 0, BarrierAlgo::Dissemination, 0);
+    let got: Vec<Option<Status>> = c.wait_all(&[(0, a), (1, b), (2, d)], 1_000 * MS).iter().map(status).collect();
+    assert!(got.contains(&Some(Status::CollMismatch)), "{got:?}");
+}
+
+#[test]
+fn test_group_recreated_midflight_fails_stale_and_new_epoch_works() {
+    let n = 4;
+    let mut c = group(n, Config::default(), WireConfig::default());
+    let members: Vec<u16> = (0..n).collect();
+    let trees = vec![binomial_parents(n as usize)];
+    // Ranks 0..2 enter a barrier; rank 3 re-creates the group first.
+    let wrs: Vec<(u16, u64)> = (0..3).map(|r| (r, c.barrier(r, 0, BarrierAlgo::Dissemination, 0))).collect();
+    c.run_for(2 * MS);
+    assert_eq!(c.set_group(3, 0, &group_entry(7, 2, &members, 3, &trees)), admin_result::OK);
+    // Rank 3 joins the barrier on epoch 2: epoch-1 messages are stale to it.
+    let w3 = c.barrier(3, 0, BarrierAlgo::Dissemination, 0);
+    // The others re-create too: their epoch-1 barriers fail StaleGroup.
+    for r in 0..3 {
+        assert_eq!(c.set_group(r, 0, &group_entry(7, 2, &members, r, &trees)), admin_result::OK);
+    }
+    for (r, wr) in &wrs {
+        assert_eq!(status(&c.wait(*r, *wr, 100 * MS)), Some(Status::StaleGroup), "rank {r}");
+    }
+    let mut all: Vec<(u16, u64)> = (0..3).map(|r| (r, c.barrier(r, 0, BarrierAlgo::Dissemination, 0))).collect();
+    all.push((3, w3));
+    for cqe in c.wait_all(&all, 1_000 * MS) {
+        assert_eq!(status(&cqe), Some(Status::Success));
+    }
+    // An epoch that does not increase is refused.
+    assert_eq!(c.set_group(0, 0, &group_entry(7, 2, &members, 0, &trees)), admin_result::BAD_ARG);
+    quiesced(&mut c);
+}
+
+#[test]
+fn test_group_set_checks_and_port_close_clears() {
+    let mut c = Cluster::new(3, Config::default(), 0, 1500, WireConfig::default());
+    let members = [0u16, 1, 2];
+    let tree = vec![binomial_parents(3)];
+    // Wrong rank for this node, cyclic tree, no tree, duplicate member, slot out of range.
+    assert_eq!(c.set_group(0, 0, &group_entry(1, 1, &members, 1, &tree)), admin_result::BAD_ARG);
+    assert_eq!(c.set_group(0, 0, &group_entry(1, 1, &members, 0, &[vec![TREE_ROOT, 2, 1]])), admin_result::BAD_ARG);
+    assert_eq!(c.set_group(0, 0, &group_entry(1, 1, &members, 0, &[])), admin_result::BAD_ARG);
+    assert_eq!(c.set_group(0, 0, &group_entry(1, 1, &[0, 1, 1], 0, &tree)), admin_result::BAD_ARG);
+    assert_eq!(c.set_group(0, 99, &group_entry(1, 1, &members, 0, &tree)), admin_result::BAD_ARG);
+    assert_eq!(c.world.nodes[0].nic.occupancy().groups, 0);
+    assert_eq!(c.set_group(0, 0, &group_entry(1, 1, &members, 0, &tree)), admin_result::OK);
+    assert_eq!(c.world.nodes[0].nic.occupancy().groups, 1);
+    // A barrier nobody else joins is flushed when the port closes.
+    let wr = c.barrier(0, 0, BarrierAlgo::PairwiseExchange, 0);
+    c.run_for(MS);
+    c.close_port(0);
+    let cq: Vec<Cqe> = c.completions(0);
+    assert!(cq.iter().any(|q| q.wr_id == wr && q.status == Status::Flushed as u8), "{cq:?}");
+    let o = c.world.nodes[0].nic.occupancy();
+    assert_eq!((o.groups, o.coll_ops), (0, 0));
+    assert_eq!(c.clear_group(1, 0), admin_result::BAD_STATE, "nothing loaded there");
+}
