@@ -48,6 +48,12 @@ pub struct Device {
     send_prod: u32,
     recv_prod: u32,
     daemon_pid: i32,
+    /// Group epochs used by this process.
+    pub(crate) groups: crate::group::GroupBook,
+    /// Registered scratch memory for control requests (group entries).
+    scratch: Option<Buffer>,
+    /// Next work request id of the library's own blocking calls.
+    internal_wr: u64,
 }
 
 // SAFETY: the raw pointers are mappings owned by this Device; it is used
@@ -145,6 +151,9 @@ pub fn nic_counters_at(path: &str) -> Result<[u64; COUNTERS]> {
     let sock = connect_to(path)?;
     all_counters(sock.as_raw_fd())
 }
+
+/// Work request ids at or above this value belong to the library.
+pub const INTERNAL_WR: u64 = 0xC000_0000_0000_0000;
 
 /// Number of NIC counters.
 pub const COUNTERS: usize = emp_uapi::sram::counter::COUNT;
@@ -245,6 +254,9 @@ impl Device {
             send_prod: 0,
             recv_prod: 0,
             daemon_pid,
+            groups: Default::default(),
+            scratch: None,
+            internal_wr: 0,
         }
     }
 
@@ -303,7 +315,7 @@ impl Device {
         unsafe { &*self.window.add(off).cast::<AtomicU32>() }
     }
 
-    fn post(&mut self, send: bool, d: &WorkDesc) -> Result<()> {
+    pub(crate) fn post(&mut self, send: bool, d: &WorkDesc) -> Result<()> {
         let (prod, cons_off, prod_off, entries, ring) = if send {
             (self.send_prod, ctl::SEND_CONS, ctl::SEND_PROD, self.info.send_entries, PAGE_SIZE)
         } else {
@@ -512,6 +524,33 @@ impl Device {
             return Err(Error::Protocol("the NIC daemon went away".into()));
         }
         Ok(())
+    }
+
+    /// Registered scratch memory for control requests (allocated once).
+    pub(crate) fn scratch(&mut self, len: usize) -> Result<Buffer> {
+        const SCRATCH: usize = 4096;
+        if len > SCRATCH {
+            return Err(Error::Invalid("control request larger than the scratch buffer"));
+        }
+        if self.scratch.is_none() {
+            self.scratch = Some(self.alloc(SCRATCH)?);
+        }
+        Ok(self.scratch.expect("allocated"))
+    }
+
+    /// A work request id for the library's own blocking calls: bits 63 and
+    /// 62 set (bit 63 alone is the rendezvous barrier's).
+    pub(crate) fn internal_wr(&mut self) -> u64 {
+        self.internal_wr = self.internal_wr.wrapping_add(1) & ((1 << 48) - 1);
+        INTERNAL_WR | self.internal_wr
+    }
+
+    /// A control request to the NIC daemon (`emp_uapi::attach::op`).
+    pub(crate) fn control(&mut self, opcode: u32, args: &[u64]) -> Result<AttachMsg> {
+        match &self.ctl {
+            Control::Direct { sock, .. } => Ok(call(sock.as_raw_fd(), opcode, args, &[])?.0),
+            Control::Kernel { .. } => Err(Error::Unsupported("groups through /dev/emp-nic (the driver has no GROUP_SET ioctl yet)")),
+        }
     }
 
     /// NIC counters (`emp_uapi::sram::counter`).

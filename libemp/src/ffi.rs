@@ -64,6 +64,10 @@ fn errno(e: &Error) -> c_int {
         Error::TooManySges => -libc::EINVAL,
         Error::ArenaFull => -libc::ENOMEM,
         Error::Timeout => -libc::ETIMEDOUT,
+        // A failed operation's status is in its completion; as an errno: EIO.
+        Error::Failed(_) => -libc::EIO,
+        Error::Invalid(_) => -libc::EINVAL,
+        Error::Unsupported(_) => -libc::EOPNOTSUPP,
     }
 }
 

@@ -16,6 +16,7 @@
 //! after a post when the NIC has gone to sleep (it polls while busy).
 
 mod direct;
+pub mod group;
 mod kernel;
 pub mod ffi;
 pub mod rdv;
@@ -25,7 +26,9 @@ pub mod tree;
 use std::fmt;
 use std::os::fd::RawFd;
 
-pub use direct::{nic_counters_at, nic_stats, Device, COUNTERS};
+pub use direct::{nic_counters_at, nic_stats, Device, COUNTERS, INTERNAL_WR};
+pub use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};
+pub use group::{Group, GroupOpts};
 pub use emp_uapi::desc::{Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE};
 pub use emp_uapi::{ANY_NODE, ANY_PORT};
 
@@ -66,6 +69,12 @@ pub enum Error {
     ArenaFull,
     /// Timed out waiting.
     Timeout,
+    /// A blocking operation completed with an error status.
+    Failed(Status),
+    /// The arguments cannot work (checked before anything is posted).
+    Invalid(&'static str),
+    /// Not available on this kind of device.
+    Unsupported(&'static str),
 }
 
 impl fmt::Display for Error {
@@ -79,6 +88,9 @@ impl fmt::Display for Error {
             Error::TooManySges => write!(f, "too many scatter/gather entries"),
             Error::ArenaFull => write!(f, "registered arena exhausted"),
             Error::Timeout => write!(f, "timed out"),
+            Error::Failed(st) => write!(f, "completed with error: {}", st.as_str()),
+            Error::Invalid(why) => write!(f, "invalid arguments: {why}"),
+            Error::Unsupported(what) => write!(f, "not supported: {what}"),
         }
     }
 }

@@ -113,7 +113,7 @@ fn handle(nic: &NicShared, conn: RawFd, pid: i32, port: &mut Option<u16>, req: A
     let st = match (req.op, *port) {
         (op::STATS, _) => {
             let h = nic.header();
-            out.arg[..16].copy_from_slice(&h.counters);
+            out.arg[..16].copy_from_slice(&h.counters[..16]);
             out.arg[16] = h.status as u64;
             out.arg[17] = h.fail_reason as u64;
             out.arg[18] = nic.ports.lock().expect("ports").iter().filter(|p| p.is_some()).count() as u64;
@@ -183,6 +183,17 @@ fn handle(nic: &NicShared, conn: RawFd, pid: i32, port: &mut Option<u16>, req: A
             Ok(key) => nic.start(p, key, req.arg[1], req.arg[2]).err().unwrap_or(status::OK),
             Err(_) => status::EINVAL,
         },
+        (op::GROUP_SET, Some(p)) => match u32::try_from(req.arg[0]) {
+            Ok(key) => match nic.set_group(p, key, req.arg[1]) {
+                Ok(slot) => {
+                    out.arg[0] = slot as u64;
+                    status::OK
+                }
+                Err(e) => e,
+            },
+            Err(_) => status::ENOENT,
+        },
+        (op::GROUP_CLEAR, Some(p)) => nic.clear_group(p, req.arg[0]).err().unwrap_or(status::OK),
         (op::DEREG, Some(p)) => match u32::try_from(req.arg[0]) {
             Ok(key) => nic.dereg(p, key).err().unwrap_or(status::OK),
             Err(_) => status::ENOENT,

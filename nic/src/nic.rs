@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, MR_ACCESS_ALL, MR_INLINE_SEGS};
 use emp_uapi::fwabi::FwConfig;
-use emp_uapi::sram::{admin_result, AdminMailbox, AdminOp, FailReason, Layout, LayoutParams, NicStatus, PortCtl, RouteEntry, SramHeader};
+use emp_uapi::sram::{
+    admin_result, AdminMailbox, AdminOp, FailReason, GroupEntry, Layout, LayoutParams, NicStatus, PortCtl, RouteEntry, SramHeader,
+};
 use emp_uapi::Le;
 
 use crate::dma::{bus_addr, DmaMap, Region, SPACE_ARENA, SPACE_VM};
@@ -73,6 +75,8 @@ pub struct NicShared {
     /// Set when the port set changed (the engine re-reads its sleep set).
     pub ports_changed: AtomicBool,
     key_salt: Mutex<u32>,
+    /// Group table slots in use: (port, group id).
+    groups: Mutex<Vec<Option<(u16, u32)>>>,
     /// Largest message.
     pub msg_max: u64,
     /// A guest NIC's interrupt: the eventfd behind the guest's MSI-X
@@ -283,12 +287,105 @@ impl NicShared {
         if started {
             let _ = self.admin(AdminOp::PortClose, [port as u64, 0, 0, 0, 0, 0]);
         }
+        for g in self.groups.lock().expect("groups").iter_mut() {
+            if g.is_some_and(|(p, _)| p == port) {
+                *g = None;
+            }
+        }
         for k in keys {
             let _ = self.dereg(port, k);
         }
         self.ports.lock().expect("ports")[port as usize] = None;
         self.ports_changed.store(true, Ordering::Release);
         signal(self.wake.as_raw_fd());
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of region `key`, which must be `port`'s.
+    fn read_region(&self, port: u16, key: u32, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        let slot = MrEntry::slot_of(key);
+        if slot >= self.layout.params.mr_entries as usize {
+            return Err(libc::ENOENT);
+        }
+        let mut b = [0u8; MrEntry::SIZE];
+        self.sram.read(self.layout.mr_entry(slot), &mut b);
+        let e = MrEntry::get(&b);
+        if e.key != key || e.port != port || e.format != MrFormat::Chained as u8 {
+            return Err(libc::ENOENT);
+        }
+        if offset.checked_add(buf.len() as u64).is_none_or(|end| end > e.length) {
+            return Err(libc::EINVAL);
+        }
+        let dma = self.dma.lock().expect("dma");
+        let (mut at, mut done) = (0u64, 0usize);
+        for seg in e.segs.iter().take_while(|s| s.len > 0) {
+            let (lo, hi) = (at, at + seg.len as u64);
+            let want = offset + done as u64;
+            if done < buf.len() && want < hi {
+                let n = ((hi - want) as usize).min(buf.len() - done);
+                dma.read(seg.addr + (want - lo), &mut buf[done..done + n]).map_err(|_| libc::EFAULT)?;
+                done += n;
+            }
+            at = hi;
+        }
+        if done == buf.len() { Ok(()) } else { Err(libc::EFAULT) }
+    }
+
+    /// Loads the group table entry encoded at (`key`, `offset`) of `port`'s
+    /// memory: the entry is checked (the caller is the member at its rank,
+    /// the trees are trees) and written to a slot; the same (port, id)
+    /// reuses its slot (a re-creation must bring a newer epoch).
+    pub fn set_group(&self, port: u16, key: u32, offset: u64) -> Result<u32, Errno> {
+        self.running()?;
+        let mut b = [0u8; GroupEntry::SIZE];
+        self.read_region(port, key, offset, &mut b)?;
+        let mut e = GroupEntry::decode(&b).map_err(|_| libc::EINVAL)?;
+        e.port = port;
+        let caller = (self.node as u32) << 16 | port as u32;
+        if let Err(why) = e.check(caller) {
+            tracing::info!(node = self.node, port, reason = why.as_str(), "group entry refused");
+            return Err(libc::EINVAL);
+        }
+        let (slot, fresh) = {
+            let mut groups = self.groups.lock().expect("groups");
+            match groups.iter().position(|g| *g == Some((port, e.group_id))) {
+                Some(s) => (s, false),
+                None => {
+                    let s = groups.iter().position(|g| g.is_none()).ok_or(libc::ENOSPC)?;
+                    groups[s] = Some((port, e.group_id));
+                    (s, true)
+                }
+            }
+        };
+        e.put(&mut b);
+        self.sram.write(self.layout.group_entry(slot), &b);
+        match self.admin(AdminOp::GroupSet, [slot as u64, 0, 0, 0, 0, 0]) {
+            Ok(admin_result::OK) => Ok(slot as u32),
+            r => {
+                // The NIC kept what the slot held: nothing, or the older
+                // epoch of the same group, which stays usable.
+                if fresh {
+                    self.groups.lock().expect("groups")[slot] = None;
+                }
+                Err(if r.is_err() { libc::ETIMEDOUT } else { libc::EINVAL })
+            }
+        }
+    }
+
+    /// Retires group slot `slot` of `port`.
+    pub fn clear_group(&self, port: u16, slot: u64) -> Result<(), Errno> {
+        let s = usize::try_from(slot).map_err(|_| libc::EINVAL)?;
+        {
+            let groups = self.groups.lock().expect("groups");
+            if groups.get(s).copied().flatten().is_none_or(|(p, _)| p != port) {
+                return Err(libc::ENOENT);
+            }
+        }
+        let r = self.admin(AdminOp::GroupClear, [slot, 0, 0, 0, 0, 0]);
+        self.groups.lock().expect("groups")[s] = None;
+        match r? {
+            admin_result::OK => Ok(()),
+            _ => Err(libc::ENOENT),
+        }
     }
 
     /// MR slots in use.
@@ -337,6 +434,7 @@ pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Ar
         wake: eventfd(libc::EFD_NONBLOCK)?,
         ports_changed: AtomicBool::new(true),
         key_salt: Mutex::new(cfg.node as u32 ^ std::process::id() ^ 0x5EED),
+        groups: Mutex::new(vec![None; layout.params.group_entries as usize]),
         msg_max: 1 << 30,
         guest_irq: Mutex::new(None),
     }))

@@ -1,0 +1,217 @@
+//! Groups and NIC-offloaded collectives.
+//!
+//! A group is an ordered list of endpoints the NIC holds in its group
+//! table, with trees the host builds once (binomial, and postal-model trees
+//! for several λ, `crate::tree`). Collectives name the group; the NIC runs
+//! them without the host between the post and the completion.
+//!
+//! Every member must create its groups, and post collectives on a group,
+//! in the same order (the MPI communicator rule): the n-th collective on a
+//! group is the same operation everywhere. Misuse is reported as an error
+//! completion, never a hang: an unknown group, a non-member, an operator
+//! undefined for the type, members disagreeing on the operation.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use emp_uapi::attach::op;
+use emp_uapi::coll::{reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_MEMBERS_MAX, TREES_MAX, TREE_ROOT};
+use emp_uapi::desc::{Opcode, Sge, WorkDesc, WD_SIGNALED};
+use emp_uapi::sram::GroupEntry;
+use emp_uapi::Le;
+
+use crate::tree::Tree;
+use crate::{Completion, Device, Endpoint, Error, Result};
+
+/// How a group is built.
+#[derive(Clone, Debug)]
+pub struct GroupOpts {
+    /// λ of the postal-model trees stored after the binomial tree 0
+    /// (at most 7; λ = 1 is the binomial tree itself).
+    pub lambdas: Vec<u32>,
+}
+
+impl Default for GroupOpts {
+    fn default() -> Self {
+        GroupOpts { lambdas: vec![2, 3, 4, 6, 8] }
+    }
+}
+
+/// A group as this member sees it.
+#[derive(Clone, Debug)]
+pub struct Group {
+    slot: u32,
+    id: u32,
+    epoch: u32,
+    rank: usize,
+    members: Vec<Endpoint>,
+    /// (λ, tree) per stored tree; tree 0 is binomial.
+    trees: Vec<(u32, Tree)>,
+}
+
+impl Group {
+    /// This member's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// Members.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+    /// The members, by rank.
+    pub fn members(&self) -> &[Endpoint] {
+        &self.members
+    }
+    /// Group id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    /// Epoch (bumped on every re-creation of the id by this process).
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+    /// The stored trees: (λ, tree); index = tree index in descriptors.
+    pub fn trees(&self) -> &[(u32, Tree)] {
+        &self.trees
+    }
+}
+
+/// Epochs this process used, per group id.
+#[derive(Debug, Default)]
+pub(crate) struct GroupBook {
+    epochs: HashMap<u32, u32>,
+}
+
+impl Device {
+    /// Creates group `id` over `members` (this port must be one of them) on
+    /// the NIC. Every member calls it with the same id and list.
+    pub fn create_group(&mut self, id: u32, members: &[Endpoint], opts: &GroupOpts) -> Result<Group> {
+        let n = members.len();
+        if id == 0 || n == 0 || n > GROUP_MEMBERS_MAX {
+            return Err(Error::Invalid("group id must be > 0 and have 1..=64 members"));
+        }
+        if opts.lambdas.len() >= TREES_MAX || opts.lambdas.contains(&0) {
+            return Err(Error::Invalid("at most 7 extra trees, each with λ >= 1"));
+        }
+        let me = self.endpoint();
+        let rank = members.iter().position(|&m| m == me).ok_or(Error::Invalid("this port is not a member"))?;
+        let mut trees = vec![(1, Tree::postal(n, 1))];
+        trees.extend(opts.lambdas.iter().map(|&l| (l, Tree::postal(n, l))));
+        let epoch = {
+            let e = self.groups.epochs.entry(id).or_insert(0);
+            *e += 1;
+            *e
+        };
+        let mut entry = GroupEntry {
+            group_id: id,
+            epoch,
+            member_count: n as u16,
+            my_rank: rank as u16,
+            port: me.port,
+            tree_count: trees.len() as u8,
+            ..Default::default()
+        };
+        for (i, m) in members.iter().enumerate() {
+            entry.members[i] = (m.node as u32) << 16 | m.port as u32;
+        }
+        for (t, (lambda, tree)) in trees.iter().enumerate() {
+            entry.tree_lambda[t] = (*lambda).min(255) as u8;
+            for (r, p) in tree.parent.iter().enumerate() {
+                entry.parents[64 * t + r] = p.map_or(TREE_ROOT, |p| p as u8);
+            }
+        }
+        let buf = self.scratch(GroupEntry::SIZE)?;
+        entry.put(buf.as_mut_slice());
+        let sge = buf.sge(0, GroupEntry::SIZE);
+        let r = self.control(op::GROUP_SET, &[sge.key as u64, sge.offset])?;
+        Ok(Group { slot: r.arg[0] as u32, id, epoch, rank, members: members.to_vec(), trees })
+    }
+
+    /// Removes a group from the NIC; its unfinished operations complete `Flushed`.
+    pub fn destroy_group(&mut self, g: Group) -> Result<()> {
+        self.control(op::GROUP_CLEAR, &[g.slot as u64]).map(|_| ())
+    }
+
+    fn coll_desc(wr_id: u64, opcode: Opcode, g: &Group, port: u16, tag: u64, ignore: u64, sges: &[Sge]) -> WorkDesc {
+        let mut d = WorkDesc {
+            wr_id,
+            opcode: opcode as u8,
+            flags: WD_SIGNALED,
+            node: g.slot as u16,
+            port,
+            tag,
+            ignore,
+            num_sge: sges.len() as u8,
+            ..Default::default()
+        };
+        d.sge[..sges.len()].copy_from_slice(sges);
+        d
+    }
+
+    /// Posts a barrier run by the NIC (completes in the CQ).
+    pub fn post_barrier(&mut self, wr_id: u64, g: &Group, algo: BarrierAlgo) -> Result<()> {
+        let d = Self::coll_desc(wr_id, Opcode::Barrier, g, algo as u16, 0, 0, &[]);
+        self.post(true, &d)
+    }
+
+    /// Posts a gather-release barrier over stored tree `tree`.
+    pub fn post_barrier_tree(&mut self, wr_id: u64, g: &Group, tree: u8) -> Result<()> {
+        let d = Self::coll_desc(wr_id, Opcode::Barrier, g, BarrierAlgo::GatherRelease as u16, tree as u64, 0, &[]);
+        self.post(true, &d)
+    }
+
+    /// Posts a reduction of `send` (`count` elements of `t`) to `root`,
+    /// combined by the NIC over the binomial tree; `recv` (root only) gets the result.
+    pub fn post_reduce(&mut self, wr_id: u64, g: &Group, root: usize, t: Dtype, op: ReduceOp, send: Sge, recv: Option<Sge>) -> Result<()> {
+        let count = elements(t, send)?;
+        let sges: Vec<Sge> = std::iter::once(send).chain(recv).collect();
+        let d = Self::coll_desc(wr_id, Opcode::Reduce, g, root as u16, reduce_tag(t, op, 0), count, &sges);
+        self.post(true, &d)
+    }
+
+    /// Posts an allreduce: every member's `recv` gets the combination of all
+    /// `send`s, bit-identical everywhere (fixed combining order).
+    pub fn post_allreduce(&mut self, wr_id: u64, g: &Group, t: Dtype, op: ReduceOp, send: Sge, recv: Sge) -> Result<()> {
+        let count = elements(t, send)?;
+        let d = Self::coll_desc(wr_id, Opcode::Allreduce, g, 0, reduce_tag(t, op, 0), count, &[send, recv]);
+        self.post(true, &d)
+    }
+
+    /// Waits for `wr_id` and turns an error status into an error.
+    fn wait_ok(&mut self, wr_id: u64, timeout: Option<Duration>) -> Result<Completion> {
+        let c = self.wait_wr(wr_id, timeout)?;
+        match c.status {
+            emp_uapi::desc::Status::Success => Ok(c),
+            st => Err(Error::Failed(st)),
+        }
+    }
+
+    /// Blocking barrier (waits on the port's event when armed, no spinning).
+    pub fn barrier(&mut self, g: &Group, algo: BarrierAlgo) -> Result<()> {
+        let wr = self.internal_wr();
+        self.post_barrier(wr, g, algo)?;
+        self.wait_ok(wr, None).map(|_| ())
+    }
+
+    /// Blocking reduce to `root`.
+    pub fn reduce(&mut self, g: &Group, root: usize, t: Dtype, op: ReduceOp, send: Sge, recv: Option<Sge>) -> Result<()> {
+        let wr = self.internal_wr();
+        self.post_reduce(wr, g, root, t, op, send, recv)?;
+        self.wait_ok(wr, None).map(|_| ())
+    }
+
+    /// Blocking allreduce.
+    pub fn allreduce(&mut self, g: &Group, t: Dtype, op: ReduceOp, send: Sge, recv: Sge) -> Result<()> {
+        let wr = self.internal_wr();
+        self.post_allreduce(wr, g, t, op, send, recv)?;
+        self.wait_ok(wr, None).map(|_| ())
+    }
+}
+
+/// Elements of `t` in `s`.
+fn elements(t: Dtype, s: Sge) -> Result<u64> {
+    if s.len == 0 || s.len as usize % t.size() != 0 {
+        return Err(Error::Invalid("buffer length is not a positive multiple of the element size"));
+    }
+    Ok((s.len as usize / t.size()) as u64)
+}

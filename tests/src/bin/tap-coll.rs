@@ -1,0 +1,254 @@
+//! NIC-offloaded collectives TAP suite: run as 2 or more ranks (`emp run
+//! -n N -- tap-coll`). Rank 0 prints TAP; every rank exits non-zero on a
+//! failure. Waits block on the port's event (8 ranks share 2 cores).
+
+use std::time::Duration;
+
+use emp::rdv::Job;
+use emp::{BarrierAlgo, Buffer, Device, Dtype, Endpoint, Group, GroupOpts, ReduceOp, Status};
+use emp_tests::{expect_ok, wait_for, Tap};
+
+const T: Duration = Duration::from_secs(60);
+
+struct Ctx {
+    dev: Device,
+    job: Job,
+    eps: Vec<Endpoint>,
+    g: Group,
+    sbuf: Buffer,
+    rbuf: Buffer,
+    next_wr: u64,
+}
+
+impl Ctx {
+    fn n(&self) -> usize {
+        self.job.size
+    }
+    fn rank(&self) -> usize {
+        self.job.rank
+    }
+    fn wr(&mut self) -> u64 {
+        self.next_wr += 1;
+        self.next_wr
+    }
+    fn sync(&mut self, name: &str) -> Result<(), String> {
+        self.job.barrier(&mut self.dev, name).map_err(|e| e.to_string())
+    }
+}
+
+fn barriers(c: &mut Ctx) -> Result<(), String> {
+    for algo in [BarrierAlgo::PairwiseExchange, BarrierAlgo::Dissemination, BarrierAlgo::GatherRelease] {
+        for _ in 0..200 {
+            c.dev.barrier(&c.g, algo).map_err(|e| format!("{algo:?}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn barrier_holds_everyone(c: &mut Ctx) -> Result<(), String> {
+    // The last rank arrives 200 ms late: nobody may leave before it.
+    let late = c.n() - 1;
+    let start = std::time::Instant::now();
+    if c.rank() == late {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    c.dev.barrier(&c.g, BarrierAlgo::Dissemination).map_err(|e| e.to_string())?;
+    let waited = start.elapsed();
+    if waited < Duration::from_millis(150) {
+        return Err(format!("left the barrier after {waited:?}, before the late rank arrived"));
+    }
+    Ok(())
+}
+
+fn nonblocking_barriers_in_flight(c: &mut Ctx) -> Result<(), String> {
+    let wrs: Vec<u64> = (0..6).map(|_| c.wr()).collect();
+    for &wr in &wrs {
+        c.dev.post_barrier(wr, &c.g, BarrierAlgo::PairwiseExchange).map_err(|e| e.to_string())?;
+    }
+    for wr in wrs {
+        expect_ok(&wait_for(&mut c.dev, wr, T)?)?;
+    }
+    Ok(())
+}
+
+/// Per-rank input of element `i` for `op`, chosen so the result has a closed form.
+fn input(op: ReduceOp, rank: usize, i: usize) -> i64 {
+    match op {
+        ReduceOp::Sum => (rank + 1 + i) as i64,
+        ReduceOp::Prod => if rank == 1 { 3 + i as i64 } else { 1 },
+        ReduceOp::Min => 100 - rank as i64 + i as i64,
+        ReduceOp::Max => (rank * 7 + i) as i64,
+        ReduceOp::Band => !(1i64 << rank) & 0xFFFF,
+        ReduceOp::Bor | ReduceOp::Bxor => 1i64 << rank,
+    }
+}
+
+fn expected(op: ReduceOp, n: usize, i: usize) -> i64 {
+    match op {
+        ReduceOp::Sum => (0..n).map(|r| (r + 1 + i) as i64).sum(),
+        ReduceOp::Prod => 3 + i as i64,
+        ReduceOp::Min => 100 - (n as i64 - 1) + i as i64,
+        ReduceOp::Max => ((n - 1) * 7 + i) as i64,
+        ReduceOp::Band => !((1i64 << n) - 1) & 0xFFFF,
+        ReduceOp::Bor | ReduceOp::Bxor => (1i64 << n) - 1,
+    }
+}
+
+fn encode(t: Dtype, v: i64, out: &mut [u8]) {
+    match t {
+        Dtype::I32 => out.copy_from_slice(&(v as i32).to_le_bytes()),
+        Dtype::U32 => out.copy_from_slice(&(v as u32).to_le_bytes()),
+        Dtype::I64 => out.copy_from_slice(&v.to_le_bytes()),
+        Dtype::U64 => out.copy_from_slice(&(v as u64).to_le_bytes()),
+        Dtype::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
+        Dtype::F64 => out.copy_from_slice(&(v as f64).to_le_bytes()),
+    }
+}
+
+const COUNT: usize = 3;
+
+fn allreduce_every_type_and_op(c: &mut Ctx) -> Result<(), String> {
+    let (n, rank) = (c.n(), c.rank());
+    for t in Dtype::ALL {
+        for op in ReduceOp::ALL.into_iter().filter(|op| op.defined_for(t)) {
+            let w = t.size();
+            for i in 0..COUNT {
+                encode(t, input(op, rank, i), &mut c.sbuf.as_mut_slice()[i * w..(i + 1) * w]);
+            }
+            c.rbuf.as_mut_slice()[..COUNT * w].fill(0xEE);
+            let (s, r) = (c.sbuf.sge(0, COUNT * w), c.rbuf.sge(0, COUNT * w));
+            c.dev.allreduce(&c.g, t, op, s, r).map_err(|e| format!("{} {}: {e}", t.name(), op.name()))?;
+            for i in 0..COUNT {
+                let mut want = vec![0u8; w];
+                encode(t, expected(op, n, i), &mut want);
+                let got = &c.rbuf.as_mut_slice()[i * w..(i + 1) * w];
+                if got != want.as_slice() {
+                    return Err(format!("{} {} element {i}: got {got:?}, want {want:?}", t.name(), op.name()));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn reduce_to_every_root(c: &mut Ctx) -> Result<(), String> {
+    let n = c.n();
+    for root in 0..n {
+        c.sbuf.as_mut_slice()[..8].copy_from_slice(&((c.rank() + 1) as u64).to_le_bytes());
+        c.rbuf.as_mut_slice()[..8].fill(0);
+        let recv = (c.rank() == root).then(|| c.rbuf.sge(0, 8));
+        c.dev.reduce(&c.g, root, Dtype::U64, ReduceOp::Sum, c.sbuf.sge(0, 8), recv).map_err(|e| e.to_string())?;
+        if c.rank() == root {
+            let got = u64::from_le_bytes(c.rbuf.as_mut_slice()[..8].try_into().expect("8"));
+            if got != (n * (n + 1) / 2) as u64 {
+                return Err(format!("root {root}: sum {got}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn float_allreduce_is_bitwise_identical_everywhere(c: &mut Ctx) -> Result<(), String> {
+    // Sums of values whose rounding depends on the order: every rank must
+    // still hold the same bits (fixed combining order), run after run.
+    const K: usize = 64;
+    for i in 0..K {
+        let v = 1.0f64 / (c.rank() as f64 + i as f64 + 3.0) * 1e-3 + (i as f64) * 1e12;
+        c.sbuf.as_mut_slice()[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    let mut first: Option<Vec<u8>> = None;
+    for _ in 0..3 {
+        let (s, r) = (c.sbuf.sge(0, K * 8), c.rbuf.sge(0, K * 8));
+        c.dev.allreduce(&c.g, Dtype::F64, ReduceOp::Sum, s, r).map_err(|e| e.to_string())?;
+        let got = c.rbuf.as_mut_slice()[..K * 8].to_vec();
+        if first.as_ref().is_some_and(|f| *f != got) {
+            return Err("a repeated allreduce gave different bits".into());
+        }
+        first = Some(got);
+    }
+    // Same bits on every rank: min and max of the bit patterns agree.
+    let bits = first.expect("ran");
+    let mut lohi = Vec::new();
+    for op in [ReduceOp::Min, ReduceOp::Max] {
+        c.sbuf.as_mut_slice()[..K * 8].copy_from_slice(&bits);
+        let (s, r) = (c.sbuf.sge(0, K * 8), c.rbuf.sge(0, K * 8));
+        c.dev.allreduce(&c.g, Dtype::U64, op, s, r).map_err(|e| e.to_string())?;
+        lohi.push(c.rbuf.as_mut_slice()[..K * 8].to_vec());
+    }
+    if lohi[0] != lohi[1] || lohi[0] != bits {
+        return Err("ranks disagree on the bits of the f64 sum".into());
+    }
+    Ok(())
+}
+
+fn misuse_is_an_error_completion(c: &mut Ctx) -> Result<(), String> {
+    let (s, r) = (c.sbuf.sge(0, 8), c.rbuf.sge(0, 8));
+    match c.dev.allreduce(&c.g, Dtype::F64, ReduceOp::Bxor, s, r) {
+        Err(emp::Error::Failed(Status::InvalidOp)) => {}
+        other => return Err(format!("bxor on f64: {other:?}")),
+    }
+    // A group this process destroyed is unknown to the NIC.
+    let members = c.eps.clone();
+    let g2 = c.dev.create_group(99, &members, &GroupOpts::default()).map_err(|e| e.to_string())?;
+    let stale = g2.clone();
+    c.dev.destroy_group(g2).map_err(|e| e.to_string())?;
+    match c.dev.barrier(&stale, BarrierAlgo::Dissemination) {
+        Err(emp::Error::Failed(Status::GroupInvalid)) => {}
+        other => return Err(format!("barrier on a destroyed group: {other:?}")),
+    }
+    // Not a member.
+    let others: Vec<Endpoint> = c.eps.iter().copied().filter(|&e| e != c.dev.endpoint()).collect();
+    match c.dev.create_group(98, &others, &GroupOpts::default()) {
+        Err(emp::Error::Invalid(_)) => Ok(()),
+        other => Err(format!("group without this port: {other:?}")),
+    }
+}
+
+fn main() {
+    let job = match Job::from_env() {
+        Ok(j) if j.size >= 2 => j,
+        Ok(_) => {
+            eprintln!("tap-coll: needs at least 2 ranks");
+            std::process::exit(2);
+        }
+        Err(e) => {
+            eprintln!("tap-coll: {e}");
+            std::process::exit(2);
+        }
+    };
+    let quiet = job.rank != 0;
+    let mut dev = match Device::open() {
+        Ok(d) => d,
+        Err(e) => {
+            println!("TAP version 13\n1..0 # SKIP cannot open the device: {e}");
+            std::process::exit(1);
+        }
+    };
+    let eps = job.endpoints(dev.endpoint()).expect("endpoint exchange");
+    let g = match dev.create_group(1, &eps, &GroupOpts::default()) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("TAP version 13\n1..0 # SKIP cannot create a group: {e}");
+            std::process::exit(1);
+        }
+    };
+    let sbuf = dev.alloc(1 << 16).expect("arena");
+    let rbuf = dev.alloc(1 << 16).expect("arena");
+    let mut c = Ctx { dev, job, eps, g, sbuf, rbuf, next_wr: 0 };
+    let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 7] = [
+        ("600 barriers: pairwise exchange, dissemination, gather-release", barriers),
+        ("nobody leaves a barrier before the last rank arrives", barrier_holds_everyone),
+        ("6 nonblocking barriers in flight", nonblocking_barriers_in_flight),
+        ("allreduce: every type and operator", allreduce_every_type_and_op),
+        ("reduce to every root", reduce_to_every_root),
+        ("f64 allreduce bitwise identical on every rank and run", float_allreduce_is_bitwise_identical_everywhere),
+        ("misuse: error completions and errors, no hang", misuse_is_an_error_completion),
+    ];
+    let mut tap = Tap::new(tests.len(), quiet);
+    for (i, (name, f)) in tests.iter().enumerate() {
+        let r = f(&mut c);
+        tap.check(name, r);
+        let _ = c.sync(&format!("after{i}"));
+    }
+    std::process::exit(tap.finish());
+}
