@@ -62,9 +62,20 @@ extern "C" {
 /*   DATA, index 0:  emp_frame_header | emp_msg_header | payload       */
 /*   DATA, index >0: emp_frame_header | payload                        */
 /*   ACK / NACK:     emp_frame_header | emp_ack_body                   */
+/*   COLL_DATA:      as DATA; the message payload starts with an       */
+/*                   emp_coll_header (validated in frame 0)            */
+/*   ATOMIC_REQ:     emp_frame_header | emp_atomic_body                */
+/*                   (msg_seq = the per-peer atomic sequence)          */
+/*   ATOMIC_RESP:    emp_frame_header | emp_atomic_result              */
+/*                   (doubles as the ACK)                              */
+/*                                                                     */
+/* Collective messages share the per-peer message sequence,            */
+/* reliability and flow control of DATA; the NIC consumes them itself. */
+/* Atomics have their own per-peer sequence, a window of               */
+/* EMP_ATOMIC_WINDOW and a result cache at the target.                 */
 /* ------------------------------------------------------------------ */
 
-#define EMP_WIRE_VERSION 1U
+#define EMP_WIRE_VERSION 2U
 /* Largest frame (headers + payload) a NIC accepts. */
 #define EMP_MTU_MAX 9000U
 /* Smallest MTU. */
@@ -74,6 +85,9 @@ extern "C" {
 #define EMP_FRAME_DATA 1U
 #define EMP_FRAME_ACK 2U
 #define EMP_FRAME_NACK 3U
+#define EMP_FRAME_COLL_DATA 4U   /* payload starts with an emp_coll_header */
+#define EMP_FRAME_ATOMIC_REQ 5U  /* body: emp_atomic_body */
+#define EMP_FRAME_ATOMIC_RESP 6U /* body: emp_atomic_result */
 
 /* NACK reasons (emp_ack_body.reason). */
 #define EMP_NACK_LOSS 1U
@@ -81,6 +95,8 @@ extern "C" {
 #define EMP_NACK_PORT_CLOSED 3U
 #define EMP_NACK_PEER_TABLE_FULL 4U
 #define EMP_NACK_TOO_LARGE 5U
+#define EMP_NACK_STALE_EPOCH 6U   /* collective message for an older group epoch */
+#define EMP_NACK_COLL_MISMATCH 7U /* receiver's collective instance disagrees */
 
 /* Header of every EMP frame (32 bytes). */
 struct emp_frame_header {
@@ -116,15 +132,69 @@ struct emp_ack_body {
 	uint32_t rx_expected;
 };
 
+/* Atomic requests a requester keeps unanswered per peer; the target caches
+ * this many results per peer, so every retransmission hits the cache. */
+#define EMP_ATOMIC_WINDOW 16U
+
+/* Atomic operations on the wire (emp_atomic_body.op). */
+#define EMP_ATOMIC_OP_FETCH_ADD 1U /* X -> X + operand */
+#define EMP_ATOMIC_OP_CMP_SWAP 2U  /* X -> operand if X == compare */
+#define EMP_ATOMIC_OP_SWAP 3U      /* X -> operand */
+
+/* Body of an ATOMIC_REQ frame (32 bytes). */
+struct emp_atomic_body {
+	uint8_t op;        /* EMP_ATOMIC_OP_* */
+	uint8_t width;     /* word width in bytes: 4 or 8 */
+	uint16_t reserved; /* zero */
+	uint32_t rkey;     /* remote key of the target region */
+	uint64_t offset;   /* of the word within the region (naturally aligned) */
+	uint64_t operand;  /* addend / new value */
+	uint64_t compare;  /* compare value (CMP_SWAP), else 0 */
+};
+
+/* Body of an ATOMIC_RESP frame (16 bytes). */
+struct emp_atomic_result {
+	uint8_t status;      /* EMP_STATUS_* for the requester */
+	uint8_t reserved[7]; /* zero */
+	uint64_t old;        /* the word's value before the operation */
+};
+
 /* ------------------------------------------------------------------ */
 /* Descriptors, completions, MR table (desc.rs)                        */
 /* ------------------------------------------------------------------ */
 
 #define EMP_SGE_MAX 6U
 
-/* Work descriptor opcodes (emp_work_desc.opcode, emp_cqe.opcode). */
+/*
+ * Work descriptor opcodes (emp_work_desc.opcode, emp_cqe.opcode).
+ * Collectives (MULTI_SEND .. ALLREDUCE) name a group: `node` is the group
+ * slot. Per opcode, the fields mean:
+ *   MULTI_SEND  port 0, tag, ignore = mask of destination ranks (nonzero),
+ *               sge = payload, read once
+ *   BCAST       port = root rank, tag = tree index (< EMP_TREES_MAX),
+ *               ignore 0, sge = the buffer (root: source; others: destination)
+ *   BARRIER     port = EMP_BARRIER_*, tag = tree index (gather-release),
+ *               ignore 0, no sge
+ *   REDUCE      port = root rank, tag = EMP_REDUCE_TAG(dtype, op, tree),
+ *               ignore = element count (1 .. 2^32-1), sge[0] = input,
+ *               sge[1] = result (root only); 1 or 2 sge
+ *   ALLREDUCE   as REDUCE with port 0 and a result buffer on every member
+ *   ATOMIC_*    node/port = target (not ANY), 2 sge: sge[0] = local result
+ *               word, sge[1] = remote word {key = rkey, len = width 4 or 8,
+ *               offset naturally aligned}, both of the same len;
+ *               tag = addend / new value, ignore = compare (CMP_SWAP, else 0);
+ *               with width 4, tag and ignore fit in 32 bits
+ */
 #define EMP_OP_SEND 1U
 #define EMP_OP_RECV 2U
+#define EMP_OP_MULTI_SEND 3U
+#define EMP_OP_BCAST 4U
+#define EMP_OP_BARRIER 5U
+#define EMP_OP_REDUCE 6U
+#define EMP_OP_ALLREDUCE 7U
+#define EMP_OP_ATOMIC_FETCH_ADD 8U
+#define EMP_OP_ATOMIC_CMP_SWAP 9U
+#define EMP_OP_ATOMIC_SWAP 10U
 
 /* Work descriptor flags. */
 #define EMP_WD_SIGNALED (1U << 0)
@@ -145,6 +215,11 @@ struct emp_ack_body {
 #define EMP_STATUS_DMA_ERROR 11U
 #define EMP_STATUS_RNR_RETRY_EXCEEDED 12U
 #define EMP_STATUS_REMOTE_TABLE_FULL 13U
+#define EMP_STATUS_GROUP_INVALID 14U      /* no such group slot, not this port's, or not a member */
+#define EMP_STATUS_STALE_GROUP 15U        /* group re-created (new epoch) during the operation */
+#define EMP_STATUS_INVALID_OP 16U         /* datatype and operation do not combine */
+#define EMP_STATUS_COLL_MISMATCH 17U      /* members disagree on the collective */
+#define EMP_STATUS_REMOTE_ACCESS_ERROR 18U /* target refused a remote atomic */
 
 /* Completion flag: owner (phase) bit, flips each time the CQ wraps. */
 #define EMP_CQE_PHASE (1U << 0)
@@ -229,12 +304,80 @@ struct emp_mr_entry {
 };
 
 /* ------------------------------------------------------------------ */
+/* Collectives (coll.rs)                                               */
+/* ------------------------------------------------------------------ */
+
+/* Trees a group table entry holds (parent arrays). */
+#define EMP_TREES_MAX 8U
+/* Parent value of a tree's root in a parent array. */
+#define EMP_TREE_ROOT 0xFFU
+
+/* Reduction element types. */
+#define EMP_DTYPE_I32 1U
+#define EMP_DTYPE_I64 2U
+#define EMP_DTYPE_U32 3U
+#define EMP_DTYPE_U64 4U
+#define EMP_DTYPE_F32 5U /* IEEE-754 binary32 */
+#define EMP_DTYPE_F64 6U /* IEEE-754 binary64 */
+
+/* Reduction operators. Integer sum and product wrap; min/max keep the
+ * accumulator unless the other value compares strictly less/greater.
+ * The bitwise operators are undefined on floats (EMP_STATUS_INVALID_OP). */
+#define EMP_REDUCE_SUM 1U
+#define EMP_REDUCE_PROD 2U
+#define EMP_REDUCE_MIN 3U
+#define EMP_REDUCE_MAX 4U
+#define EMP_REDUCE_BAND 5U
+#define EMP_REDUCE_BOR 6U
+#define EMP_REDUCE_BXOR 7U
+
+/* The tag of a REDUCE / ALLREDUCE descriptor: dtype | op << 8 | tree << 16. */
+#define EMP_REDUCE_TAG(dtype, op, tree) \
+	((uint64_t)(dtype) | ((uint64_t)(op) << 8) | ((uint64_t)(tree) << 16))
+
+/* Barrier algorithms (BARRIER descriptor `port`). */
+#define EMP_BARRIER_PAIRWISE_EXCHANGE 0U
+#define EMP_BARRIER_DISSEMINATION 1U
+#define EMP_BARRIER_GATHER_RELEASE 2U /* up a group tree, release down it */
+
+/* Round numbers of pairwise exchange's fix-up messages
+ * (emp_coll_header.round; exchange rounds are 0..16). */
+#define EMP_COLL_ROUND_PE_PRE 0xF0U
+#define EMP_COLL_ROUND_PE_RELEASE 0xF1U
+
+/* What a collective message is (emp_coll_header.kind). */
+#define EMP_COLL_KIND_BCAST 1U           /* broadcast payload down a tree */
+#define EMP_COLL_KIND_BARRIER_PE 2U      /* pairwise-exchange arrival */
+#define EMP_COLL_KIND_BARRIER_DISS 3U    /* dissemination arrival */
+#define EMP_COLL_KIND_BARRIER_GATHER 4U  /* gather-release: subtree arrived */
+#define EMP_COLL_KIND_BARRIER_RELEASE 5U /* gather-release: release */
+#define EMP_COLL_KIND_REDUCE_UP 6U       /* partial result, child -> parent */
+#define EMP_COLL_KIND_ALLREDUCE_DOWN 7U  /* allreduce result down the tree */
+
+/* Header at the start of every collective message's payload (24 bytes;
+ * frame kind EMP_FRAME_COLL_DATA). */
+struct emp_coll_header {
+	uint32_t group_id;
+	uint32_t epoch;
+	uint32_t instance; /* the n-th collective posted on the group */
+	uint8_t kind;      /* EMP_COLL_KIND_* */
+	uint8_t round;     /* barrier round */
+	uint8_t root;      /* root rank (broadcast, reduce) */
+	uint8_t tree;      /* tree index (< EMP_TREES_MAX) */
+	uint8_t dtype;     /* EMP_DTYPE_* (reductions; else 0) */
+	uint8_t op;        /* EMP_REDUCE_* (reductions; else 0) */
+	uint8_t sender;    /* sender's rank in the group */
+	uint8_t reserved;  /* zero */
+	uint32_t count;    /* elements (reductions) or 0 */
+};
+
+/* ------------------------------------------------------------------ */
 /* NIC memory map (sram.rs)                                            */
 /* ------------------------------------------------------------------ */
 
 /* Board signature at SRAM offset 0: "EMP-NIC\0" little-endian. */
 #define EMP_BOARD_SIGNATURE 0x0043494E2D504D45ULL
-#define EMP_LAYOUT_VERSION 1U
+#define EMP_LAYOUT_VERSION 2U
 
 /* NIC status (emp_sram_header.status). */
 #define EMP_NIC_STATUS_RESET 0U
@@ -273,7 +416,11 @@ struct emp_mr_entry {
 #define EMP_COUNTER_OVERFLOW_MSGS 13U
 #define EMP_COUNTER_BAD_DESCRIPTORS 14U
 #define EMP_COUNTER_ACKS_RX 15U
-#define EMP_COUNTER_COUNT 16U
+#define EMP_COUNTER_COLL_OPS 16U       /* collective operations completed */
+#define EMP_COUNTER_COLL_EARLY 17U     /* collective messages before their op was posted */
+#define EMP_COUNTER_COLL_REFUSED 18U   /* collective messages refused (sender retries) */
+#define EMP_COUNTER_ATOMIC_REPLAYS 19U /* atomic requests answered from the result cache */
+#define EMP_COUNTER_COUNT 20U
 
 /* Largest SRAM laid out; largest ring. */
 #define EMP_SRAM_SIZE_MAX (1U << 30)
@@ -306,7 +453,6 @@ struct emp_sram_header {
 	uint32_t recv_entries;
 	uint32_t staged_len;
 	uint64_t counters[EMP_COUNTER_COUNT]; /* EMP_COUNTER_* */
-	uint64_t reserved1[4];
 };
 
 /* Admin commands (emp_admin_mailbox.op). */
@@ -314,6 +460,9 @@ struct emp_sram_header {
 #define EMP_ADMIN_OP_PORT_OPEN 1U
 #define EMP_ADMIN_OP_PORT_CLOSE 2U
 #define EMP_ADMIN_OP_MR_FENCE 3U
+#define EMP_ADMIN_OP_GROUP_SET 4U   /* load group slot args[0] (checked); a slot in
+                                     * use is replaced (its ops fail STALE_GROUP) */
+#define EMP_ADMIN_OP_GROUP_CLEAR 5U /* retire group slot args[0]: its ops finish FLUSHED */
 
 /* Admin result codes (emp_admin_mailbox.result). */
 #define EMP_ADMIN_RESULT_OK 0U
@@ -341,17 +490,39 @@ struct emp_route_entry {
 };
 
 /* Most members a group table entry holds. */
-#define EMP_GROUP_MEMBERS_MAX 60U
+#define EMP_GROUP_MEMBERS_MAX 64U
 
-/* Group table entry (256 bytes). A member is (node << 16) | port. */
+/*
+ * Group table entry (1024 bytes): an ordered list of endpoints used by
+ * collectives, and the trees the host built over them. A member is
+ * (node << 16) | port. Written by the trusted side after checks: id != 0,
+ * 1 <= member_count <= EMP_GROUP_MEMBERS_MAX, my_rank < member_count, no
+ * endpoint twice, members[my_rank] is the caller (and its port is `port`),
+ * 1 <= tree_count <= EMP_TREES_MAX, every parent array a tree, reserved
+ * fields and unused members zero. The NIC loads it on GROUP_SET.
+ */
 struct emp_group_entry {
 	uint32_t group_id; /* 0 = unused */
-	uint32_t epoch;
+	uint32_t epoch;    /* bumped on every re-creation */
 	uint16_t member_count;
-	uint16_t my_rank;
+	uint16_t my_rank;  /* this NIC's rank in the group */
 	uint16_t port;     /* owning port */
-	uint16_t reserved;
+	uint8_t tree_count; /* trees in `parents` */
+	uint8_t flags;     /* reserved, zero */
+	/* bounce slots (application bypass) */
+	uint32_t bounce_key;       /* region key */
+	uint32_t bounce_slot_size; /* bytes per slot */
+	uint64_t bounce_offset;    /* offset of slot 0 in the region */
+	uint16_t bounce_slots;     /* 0 = none */
+	uint16_t reserved0;        /* zero */
+	uint32_t reserved1;        /* zero */
+	uint8_t tree_lambda[EMP_TREES_MAX]; /* lambda each tree was built for */
 	uint32_t members[EMP_GROUP_MEMBERS_MAX];
+	/* Tree t is parents[64 t .. 64 t + member_count): the parent of each
+	 * rank relative to the root, EMP_TREE_ROOT for rank 0. Tree 0 is
+	 * binomial. */
+	uint8_t parents[512];
+	uint64_t reserved2[26];    /* zero */
 };
 
 /* Port states (emp_port_ctl.state). */
@@ -535,7 +706,14 @@ struct emp_start {
 /*             (allow the daemon: prctl(PR_SET_PTRACER, daemon pid))   */
 /*   START     arg[0] CQ key, arg[1] CQ offset, arg[2] CQ entries      */
 /*   DEREG     arg[0] key                                              */
-/*   STATS     reply arg[0..16] = NIC counters (EMP_COUNTER_*)         */
+/*   STATS     reply arg[0..16] = NIC counters (EMP_COUNTER_*),        */
+/*             arg[16] status, arg[17] fail reason, arg[18] ports in   */
+/*             use, arg[19] node, arg[20] ports, arg[21] regions       */
+/*   GROUP_SET arg[0] key, arg[1] offset of an encoded                 */
+/*             emp_group_entry in the caller's registered memory       */
+/*             (checked by the daemon) -> reply arg[0] slot            */
+/*   GROUP_CLEAR arg[0] slot: retire it                                */
+/*   STATS_EXT reply arg[i] = counter 16 + i (EMP_COUNTER_COLL_OPS ..) */
 /*                                                                     */
 /* Closing the socket closes the port.                                 */
 /* ------------------------------------------------------------------ */
@@ -549,6 +727,9 @@ struct emp_start {
 #define EMP_ATTACH_OP_START 4U
 #define EMP_ATTACH_OP_DEREG 5U
 #define EMP_ATTACH_OP_STATS 6U
+#define EMP_ATTACH_OP_GROUP_SET 7U
+#define EMP_ATTACH_OP_GROUP_CLEAR 8U
+#define EMP_ATTACH_OP_STATS_EXT 9U
 
 /* Reply status codes (emp_attach_msg.status): errno numbers. */
 #define EMP_ATTACH_STATUS_OK 0
@@ -657,15 +838,18 @@ struct emp_fw_config {
 EMP_STATIC_ASSERT(sizeof(struct emp_frame_header) == 32, "emp_frame_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_msg_header) == 16, "emp_msg_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_ack_body) == 16, "emp_ack_body");
+EMP_STATIC_ASSERT(sizeof(struct emp_atomic_body) == 32, "emp_atomic_body");
+EMP_STATIC_ASSERT(sizeof(struct emp_atomic_result) == 16, "emp_atomic_result");
 EMP_STATIC_ASSERT(sizeof(struct emp_sge) == 16, "emp_sge");
 EMP_STATIC_ASSERT(sizeof(struct emp_work_desc) == 128, "emp_work_desc");
 EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 32, "emp_cqe");
 EMP_STATIC_ASSERT(sizeof(struct emp_phys_seg) == 16, "emp_phys_seg");
 EMP_STATIC_ASSERT(sizeof(struct emp_mr_entry) == 144, "emp_mr_entry");
+EMP_STATIC_ASSERT(sizeof(struct emp_coll_header) == 24, "emp_coll_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_sram_header) == 256, "emp_sram_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_admin_mailbox) == 64, "emp_admin_mailbox");
 EMP_STATIC_ASSERT(sizeof(struct emp_route_entry) == 32, "emp_route_entry");
-EMP_STATIC_ASSERT(sizeof(struct emp_group_entry) == 256, "emp_group_entry");
+EMP_STATIC_ASSERT(sizeof(struct emp_group_entry) == 1024, "emp_group_entry");
 EMP_STATIC_ASSERT(sizeof(struct emp_port_ctl) == 192, "emp_port_ctl");
 EMP_STATIC_ASSERT(sizeof(struct emp_image_header) == 256, "emp_image_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_query) == 80, "emp_query");
@@ -686,6 +870,15 @@ EMP_STATIC_ASSERT(offsetof(struct emp_port_ctl, nic_sleeping) == EMP_CTL_NIC_SLE
 		  "emp_port_ctl.nic_sleeping");
 EMP_STATIC_ASSERT(offsetof(struct emp_port_ctl, state) == EMP_CTL_STATE, "emp_port_ctl.state");
 EMP_STATIC_ASSERT(EMP_SEGS_PER_PAGE * sizeof(struct emp_phys_seg) == EMP_PAGE_SIZE, "EMP_SEGS_PER_PAGE");
+EMP_STATIC_ASSERT(offsetof(struct emp_group_entry, bounce_offset) == 24, "emp_group_entry.bounce_offset");
+EMP_STATIC_ASSERT(offsetof(struct emp_group_entry, members) == 48, "emp_group_entry.members");
+EMP_STATIC_ASSERT(offsetof(struct emp_group_entry, parents) == 304, "emp_group_entry.parents");
+EMP_STATIC_ASSERT(sizeof(((struct emp_group_entry *)0)->parents) == EMP_TREES_MAX * 64,
+		  "emp_group_entry.parents: 64 bytes per tree");
+EMP_STATIC_ASSERT(EMP_GROUP_MEMBERS_MAX <= 64, "a parent array holds every member");
+EMP_STATIC_ASSERT(sizeof(((struct emp_sram_header *)0)->counters) == EMP_COUNTER_COUNT * 8,
+		  "emp_sram_header.counters");
+EMP_STATIC_ASSERT(EMP_REDUCE_TAG(EMP_DTYPE_F64, EMP_REDUCE_MAX, 7) == 0x070406U, "EMP_REDUCE_TAG");
 
 #ifdef __cplusplus
 }

@@ -24,6 +24,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use emp_uapi::attach::{self, AttachMsg};
+use emp_uapi::coll::{self, BarrierAlgo, CollHeader, CollKind, Dtype, ReduceOp};
 use emp_uapi::desc::{self, *};
 use emp_uapi::fwabi::{self, FwConfig, FwHal};
 use emp_uapi::image::{self, *};
@@ -172,6 +173,8 @@ fn structs() -> Vec<StructDesc> {
         }),
         st!("emp_msg_header", MsgHeader { tag, total_len }),
         st!("emp_ack_body", AckBody { group, missing_mask, rx_credits, reason, fc_level, rx_expected }),
+        st!("emp_atomic_body", AtomicBody { op, width, reserved, rkey, offset, operand, compare }),
+        st!("emp_atomic_result", AtomicResult { status, reserved, old }),
         st!("emp_sge", Sge { key, len, offset }),
         st!("emp_work_desc", WorkDesc { wr_id, opcode, flags, num_sge, reserved0, node, port, tag, ignore, sge }),
         st!("emp_cqe", Cqe { wr_id, byte_len, status, opcode, reserved, flags, tag, src_node, src_port, msg_len }),
@@ -179,15 +182,22 @@ fn structs() -> Vec<StructDesc> {
         st!("emp_mr_entry", MrEntry {
             key, port, access, format, length, indirect_addr, indirect_count, reserved, segs,
         }),
+        st!("emp_coll_header", CollHeader {
+            group_id, epoch, instance, kind, round, root, tree, dtype, op, sender, reserved, count,
+        }),
         st!("emp_sram_header", SramHeader {
             magic, layout_version, status, fail_reason, node_id, port_count, mtu, features,
             sram_size, heartbeat, admin_off, staging_off, staging_size, mr_off, mr_entries,
             route_off, route_entries, group_off, group_entries, ports_off, port_stride,
-            send_entries, recv_entries, staged_len, counters, reserved1,
+            send_entries, recv_entries, staged_len, counters,
         }),
         st!("emp_admin_mailbox", AdminMailbox { request_seq, op, done_seq, result, args }),
         st!("emp_route_entry", RouteEntry { valid, ipv4, udp_port, mac, reserved }),
-        st!("emp_group_entry", GroupEntry { group_id, epoch, member_count, my_rank, port, reserved, members }),
+        st!("emp_group_entry", GroupEntry {
+            group_id, epoch, member_count, my_rank, port, tree_count, flags, bounce_key,
+            bounce_slot_size, bounce_offset, bounce_slots, reserved0, reserved1, tree_lambda,
+            members, parents, reserved2,
+        }),
         st!("emp_port_ctl", PortCtl {
             send_prod, recv_prod, cq_cons, arm, host_pad, send_cons, recv_cons, cq_prod,
             cq_overruns, nic_sleeping, nic_pad, state, gen, cq_key, cq_entries, cq_offset, cfg_pad,
@@ -248,15 +258,32 @@ fn constants() -> Vec<ConstDesc> {
         EMP_FRAME_DATA = FrameKind::Data as u8,
         EMP_FRAME_ACK = FrameKind::Ack as u8,
         EMP_FRAME_NACK = FrameKind::Nack as u8,
+        EMP_FRAME_COLL_DATA = FrameKind::CollData as u8,
+        EMP_FRAME_ATOMIC_REQ = FrameKind::AtomicReq as u8,
+        EMP_FRAME_ATOMIC_RESP = FrameKind::AtomicResp as u8,
         EMP_NACK_LOSS = NackReason::Loss as u8,
         EMP_NACK_NO_MATCH = NackReason::NoMatch as u8,
         EMP_NACK_PORT_CLOSED = NackReason::PortClosed as u8,
         EMP_NACK_PEER_TABLE_FULL = NackReason::PeerTableFull as u8,
         EMP_NACK_TOO_LARGE = NackReason::TooLarge as u8,
+        EMP_NACK_STALE_EPOCH = NackReason::StaleEpoch as u8,
+        EMP_NACK_COLL_MISMATCH = NackReason::CollMismatch as u8,
+        EMP_ATOMIC_WINDOW = wire::ATOMIC_WINDOW,
+        EMP_ATOMIC_OP_FETCH_ADD = wire::atomic_op::FETCH_ADD,
+        EMP_ATOMIC_OP_CMP_SWAP = wire::atomic_op::CMP_SWAP,
+        EMP_ATOMIC_OP_SWAP = wire::atomic_op::SWAP,
         // desc.rs
         EMP_SGE_MAX = desc::SGE_MAX,
         EMP_OP_SEND = Opcode::Send as u8,
         EMP_OP_RECV = Opcode::Recv as u8,
+        EMP_OP_MULTI_SEND = Opcode::MultiSend as u8,
+        EMP_OP_BCAST = Opcode::Bcast as u8,
+        EMP_OP_BARRIER = Opcode::Barrier as u8,
+        EMP_OP_REDUCE = Opcode::Reduce as u8,
+        EMP_OP_ALLREDUCE = Opcode::Allreduce as u8,
+        EMP_OP_ATOMIC_FETCH_ADD = Opcode::AtomicFetchAdd as u8,
+        EMP_OP_ATOMIC_CMP_SWAP = Opcode::AtomicCmpSwap as u8,
+        EMP_OP_ATOMIC_SWAP = Opcode::AtomicSwap as u8,
         EMP_WD_SIGNALED = desc::WD_SIGNALED,
         EMP_WD_FLAGS_ALL = desc::WD_FLAGS_ALL,
         EMP_STATUS_SUCCESS = Status::Success as u8,
@@ -273,6 +300,11 @@ fn constants() -> Vec<ConstDesc> {
         EMP_STATUS_DMA_ERROR = Status::DmaError as u8,
         EMP_STATUS_RNR_RETRY_EXCEEDED = Status::RnrRetryExceeded as u8,
         EMP_STATUS_REMOTE_TABLE_FULL = Status::RemoteTableFull as u8,
+        EMP_STATUS_GROUP_INVALID = Status::GroupInvalid as u8,
+        EMP_STATUS_STALE_GROUP = Status::StaleGroup as u8,
+        EMP_STATUS_INVALID_OP = Status::InvalidOp as u8,
+        EMP_STATUS_COLL_MISMATCH = Status::CollMismatch as u8,
+        EMP_STATUS_REMOTE_ACCESS_ERROR = Status::RemoteAccessError as u8,
         EMP_CQE_PHASE = desc::CQE_PHASE,
         EMP_CQE_FLAGS_OFFSET = desc::CQE_FLAGS_OFFSET,
         EMP_MR_FORMAT_INVALID = MrFormat::Invalid as u8,
@@ -288,6 +320,34 @@ fn constants() -> Vec<ConstDesc> {
         EMP_MR_REMOTE_WRITE = desc::MR_REMOTE_WRITE,
         EMP_MR_REMOTE_ATOMIC = desc::MR_REMOTE_ATOMIC,
         EMP_MR_ACCESS_ALL = desc::MR_ACCESS_ALL,
+        // coll.rs
+        EMP_TREES_MAX = coll::TREES_MAX,
+        EMP_TREE_ROOT = coll::TREE_ROOT,
+        EMP_DTYPE_I32 = Dtype::I32 as u8,
+        EMP_DTYPE_I64 = Dtype::I64 as u8,
+        EMP_DTYPE_U32 = Dtype::U32 as u8,
+        EMP_DTYPE_U64 = Dtype::U64 as u8,
+        EMP_DTYPE_F32 = Dtype::F32 as u8,
+        EMP_DTYPE_F64 = Dtype::F64 as u8,
+        EMP_REDUCE_SUM = ReduceOp::Sum as u8,
+        EMP_REDUCE_PROD = ReduceOp::Prod as u8,
+        EMP_REDUCE_MIN = ReduceOp::Min as u8,
+        EMP_REDUCE_MAX = ReduceOp::Max as u8,
+        EMP_REDUCE_BAND = ReduceOp::Band as u8,
+        EMP_REDUCE_BOR = ReduceOp::Bor as u8,
+        EMP_REDUCE_BXOR = ReduceOp::Bxor as u8,
+        EMP_BARRIER_PAIRWISE_EXCHANGE = BarrierAlgo::PairwiseExchange as u8,
+        EMP_BARRIER_DISSEMINATION = BarrierAlgo::Dissemination as u8,
+        EMP_BARRIER_GATHER_RELEASE = BarrierAlgo::GatherRelease as u8,
+        EMP_COLL_ROUND_PE_PRE = coll::PE_PRE,
+        EMP_COLL_ROUND_PE_RELEASE = coll::PE_RELEASE,
+        EMP_COLL_KIND_BCAST = CollKind::Bcast as u8,
+        EMP_COLL_KIND_BARRIER_PE = CollKind::BarrierPe as u8,
+        EMP_COLL_KIND_BARRIER_DISS = CollKind::BarrierDiss as u8,
+        EMP_COLL_KIND_BARRIER_GATHER = CollKind::BarrierGather as u8,
+        EMP_COLL_KIND_BARRIER_RELEASE = CollKind::BarrierRelease as u8,
+        EMP_COLL_KIND_REDUCE_UP = CollKind::ReduceUp as u8,
+        EMP_COLL_KIND_ALLREDUCE_DOWN = CollKind::AllreduceDown as u8,
         // sram.rs
         EMP_BOARD_SIGNATURE = sram::BOARD_SIGNATURE,
         EMP_LAYOUT_VERSION = sram::LAYOUT_VERSION,
@@ -321,6 +381,10 @@ fn constants() -> Vec<ConstDesc> {
         EMP_COUNTER_OVERFLOW_MSGS = counter::OVERFLOW_MSGS,
         EMP_COUNTER_BAD_DESCRIPTORS = counter::BAD_DESCRIPTORS,
         EMP_COUNTER_ACKS_RX = counter::ACKS_RX,
+        EMP_COUNTER_COLL_OPS = counter::COLL_OPS,
+        EMP_COUNTER_COLL_EARLY = counter::COLL_EARLY,
+        EMP_COUNTER_COLL_REFUSED = counter::COLL_REFUSED,
+        EMP_COUNTER_ATOMIC_REPLAYS = counter::ATOMIC_REPLAYS,
         EMP_COUNTER_COUNT = counter::COUNT,
         EMP_SRAM_SIZE_MAX = sram::SRAM_SIZE_MAX,
         EMP_RING_ENTRIES_MAX = sram::RING_ENTRIES_MAX,
@@ -328,6 +392,8 @@ fn constants() -> Vec<ConstDesc> {
         EMP_ADMIN_OP_PORT_OPEN = AdminOp::PortOpen as u32,
         EMP_ADMIN_OP_PORT_CLOSE = AdminOp::PortClose as u32,
         EMP_ADMIN_OP_MR_FENCE = AdminOp::MrFence as u32,
+        EMP_ADMIN_OP_GROUP_SET = AdminOp::GroupSet as u32,
+        EMP_ADMIN_OP_GROUP_CLEAR = AdminOp::GroupClear as u32,
         EMP_ADMIN_RESULT_OK = admin_result::OK,
         EMP_ADMIN_RESULT_BAD_OP = admin_result::BAD_OP,
         EMP_ADMIN_RESULT_BAD_ARG = admin_result::BAD_ARG,
@@ -374,6 +440,9 @@ fn constants() -> Vec<ConstDesc> {
         EMP_ATTACH_OP_START = attach::op::START,
         EMP_ATTACH_OP_DEREG = attach::op::DEREG,
         EMP_ATTACH_OP_STATS = attach::op::STATS,
+        EMP_ATTACH_OP_GROUP_SET = attach::op::GROUP_SET,
+        EMP_ATTACH_OP_GROUP_CLEAR = attach::op::GROUP_CLEAR,
+        EMP_ATTACH_OP_STATS_EXT = attach::op::STATS_EXT,
         EMP_ATTACH_STATUS_OK = attach::status::OK,
         EMP_ATTACH_STATUS_EINVAL = attach::status::EINVAL,
         EMP_ATTACH_STATUS_ENOSPC = attach::status::ENOSPC,
@@ -428,10 +497,41 @@ fn string_constants() -> Vec<StrConstDesc> {
     ]
 }
 
+/// Function-like macros of the header, checked through sample calls:
+/// (output name, C expression, Rust value).
+fn c_expressions() -> Vec<(String, String, u64)> {
+    let mut v = Vec::new();
+    for t in Dtype::ALL {
+        for op in ReduceOp::ALL {
+            for tree in [0u8, 1, (coll::TREES_MAX - 1) as u8] {
+                v.push((
+                    format!("EMP_REDUCE_TAG/{}/{}/{tree}", t.name(), op.name()),
+                    format!(
+                        "EMP_REDUCE_TAG(EMP_DTYPE_{}, EMP_REDUCE_{}, {tree})",
+                        t.name().to_uppercase(),
+                        op.name().to_uppercase()
+                    ),
+                    coll::reduce_tag(t, op, tree),
+                ));
+            }
+        }
+    }
+    // The macro yields a value as wide as the descriptor's tag.
+    v.push((
+        "sizeof/EMP_REDUCE_TAG".into(),
+        "sizeof(EMP_REDUCE_TAG(EMP_DTYPE_I32, EMP_REDUCE_SUM, 0))".into(),
+        size_of::<u64>() as u64,
+    ));
+    v
+}
+
 /// Rust `pub const`s deliberately without a C counterpart.
 const NOT_IN_C: &[&str] = &[
     // Counter names for tools: strings.
     "NAMES",
+    // `Dtype::ALL` / `ReduceOp::ALL`: arrays of every enum value, for tests
+    // and tools (each value has its own EMP_DTYPE_* / EMP_REDUCE_* constant).
+    "ALL",
 ];
 
 /// The ioctl commands and their `<linux/ioctl.h>` spelling:
@@ -490,6 +590,9 @@ fn expected() -> BTreeMap<String, String> {
     for c in string_constants() {
         m.insert(format!("str {}", c.c), c.value.into());
     }
+    for (name, _, value) in c_expressions() {
+        m.insert(format!("expr {name}"), format!("{value}"));
+    }
     if GENERIC_IOCTL_ARCH {
         let by_name: BTreeMap<_, _> = constants().into_iter().map(|c| (c.c, c.value)).collect();
         for (name, _, _, _) in LINUX_IOCTLS {
@@ -541,6 +644,9 @@ fn c_program() -> String {
     for c in string_constants() {
         // `"" X` compiles only when X is a string literal.
         p.push_str(&format!("\tprintf(\"str {0} %s\\n\", \"\" {0});\n", c.c));
+    }
+    for (name, expr, _) in c_expressions() {
+        p.push_str(&format!("\tprintf(\"expr {name} %llu\\n\", (unsigned long long)({expr}));\n"));
     }
     if GENERIC_IOCTL_ARCH {
         for (name, mac, nr, st) in LINUX_IOCTLS {
@@ -636,10 +742,10 @@ fn compile(cmd: &[String], flags: &[&str], src: &Path, out: &Path) {
 }
 
 fn split_line(l: &str) -> Option<(String, String)> {
-    // "size S N", "field S f rest…", "const N V", "linux N V", "str N V"
+    // "size S N", "field S f rest…", "const N V", "linux N V", "str N V", "expr N V"
     let words: Vec<&str> = l.split_whitespace().collect();
     match words.first().copied()? {
-        "size" | "const" | "linux" | "str" if words.len() == 3 => {
+        "size" | "const" | "linux" | "str" | "expr" if words.len() == 3 => {
             Some((format!("{} {}", words[0], words[1]), words[2].into()))
         }
         "field" if words.len() >= 4 => Some((words[..3].join(" "), words[3..].join(" "))),
@@ -662,6 +768,10 @@ fn describe(key: &str) -> String {
         "str" => {
             let r = string_constants().into_iter().find(|c| c.c == w[1]).map(|c| c.rust).unwrap_or("?");
             format!("string constant {} (Rust {r})", w[1])
+        }
+        "expr" => {
+            let e = c_expressions().into_iter().find(|e| e.0 == w[1]).map(|e| e.1).unwrap_or_else(|| "?".into());
+            format!("C expression {e}")
         }
         _ => key.into(),
     }
@@ -793,7 +903,13 @@ fn rust_tables_are_complete() {
         (0..=0xFFFF).filter(|&v| f(v)).count()
     }
     let prefixed = |p: &str| consts.iter().filter(|c| c.c.starts_with(p)).count();
-    let enums: [(&str, usize, usize); 7] = [
+    let atomic_op_accepted = |op: u8| {
+        let hdr = FrameHeader { version: wire::WIRE_VERSION, kind: FrameKind::AtomicReq as u8, ..Default::default() };
+        let body = AtomicBody { op, width: 8, ..Default::default() };
+        let mut b = [0u8; FrameHeader::SIZE + AtomicBody::SIZE];
+        emit_atomic_req(&hdr, &body, &mut b).is_ok() && Frame::parse(&b).is_ok()
+    };
+    let enums: [(&str, usize, usize); 12] = [
         ("EMP_FRAME_", count(|v| v <= 255 && FrameKind::from_u8(v as u8).is_some()), prefixed("EMP_FRAME_")),
         ("EMP_NACK_", count(|v| v <= 255 && NackReason::from_u8(v as u8).is_some()), prefixed("EMP_NACK_")),
         ("EMP_OP_", count(|v| v <= 255 && Opcode::from_u8(v as u8).is_some()), prefixed("EMP_OP_")),
@@ -801,6 +917,11 @@ fn rust_tables_are_complete() {
         ("EMP_MR_FORMAT_", count(|v| v <= 255 && MrFormat::from_u8(v as u8).is_some()), prefixed("EMP_MR_FORMAT_")),
         ("EMP_NIC_STATUS_", count(|v| NicStatus::from_u32(v).is_some()), prefixed("EMP_NIC_STATUS_")),
         ("EMP_FAIL_", count(|v| FailReason::from_u32(v).is_some()), prefixed("EMP_FAIL_")),
+        ("EMP_DTYPE_", count(|v| v <= 255 && Dtype::from_u8(v as u8).is_some()), prefixed("EMP_DTYPE_")),
+        ("EMP_REDUCE_", count(|v| v <= 255 && ReduceOp::from_u8(v as u8).is_some()), prefixed("EMP_REDUCE_")),
+        ("EMP_BARRIER_", count(|v| BarrierAlgo::from_u16(v as u16).is_some()), prefixed("EMP_BARRIER_")),
+        ("EMP_COLL_KIND_", count(|v| v <= 255 && CollKind::from_u8(v as u8).is_some()), prefixed("EMP_COLL_KIND_")),
+        ("EMP_ATOMIC_OP_", count(|v| v <= 255 && atomic_op_accepted(v as u8)), prefixed("EMP_ATOMIC_OP_")),
     ];
     for (p, decodable, listed) in enums {
         if decodable != listed {
@@ -810,6 +931,30 @@ fn rust_tables_are_complete() {
     let admin_ops = count(|v| AdminOp::from_u32(v).is_some());
     if admin_ops != prefixed("EMP_ADMIN_OP_") {
         errors.push(format!("EMP_ADMIN_OP_*: AdminOp decodes {admin_ops} values"));
+    }
+    // The `ALL` tables the expression checks iterate are complete.
+    if Dtype::ALL.len() != count(|v| v <= 255 && Dtype::from_u8(v as u8).is_some()) {
+        errors.push("Dtype::ALL does not list every decodable dtype".into());
+    }
+    if ReduceOp::ALL.len() != count(|v| v <= 255 && ReduceOp::from_u8(v as u8).is_some()) {
+        errors.push("ReduceOp::ALL does not list every decodable operator".into());
+    }
+    // Counter slots: one C constant per slot 0..COUNT (plus EMP_COUNTER_COUNT).
+    let mut slots: Vec<u64> =
+        consts.iter().filter(|c| c.c.starts_with("EMP_COUNTER_") && c.c != "EMP_COUNTER_COUNT").map(|c| c.value).collect();
+    slots.sort();
+    if slots != (0..counter::COUNT as u64).collect::<Vec<_>>() {
+        errors.push(format!("EMP_COUNTER_*: slots {slots:?}, want 0..{}", counter::COUNT));
+    }
+    // Codes without a Rust decoder: distinct values.
+    for p in ["EMP_ATTACH_OP_", "EMP_ADMIN_RESULT_", "EMP_COLL_ROUND_"] {
+        let mut v: Vec<u64> = consts.iter().filter(|c| c.c.starts_with(p)).map(|c| c.value).collect();
+        let n = v.len();
+        v.sort();
+        v.dedup();
+        if v.len() != n {
+            errors.push(format!("{p}*: two constants share a value"));
+        }
     }
 
     assert!(errors.is_empty(), "{} problem(s):\n  {}", errors.len(), errors.join("\n  "));

@@ -5,12 +5,17 @@
 //!   hosts); `decode` of arbitrary bytes never panics and is the inverse of
 //!   `encode`; `encode` into a short buffer is refused.
 //! * Validating decoders never panic on arbitrary input, and accept exactly
-//!   what they document: `wire::Frame::parse`, `desc::WorkDesc::validate`,
-//!   `desc::MrEntry::validate`, `image::ImageHeader::parse`,
+//!   what they document: `wire::Frame::parse` (DATA, ACK, NACK, COLL_DATA,
+//!   ATOMIC_REQ, ATOMIC_RESP), `coll::CollHeader::parse`,
+//!   `desc::WorkDesc::validate` (with the per-opcode operand rules of the
+//!   collectives and atomics), `desc::MrEntry::validate`,
+//!   `sram::GroupEntry::check`, `image::ImageHeader::parse`,
 //!   `sram::Layout::from_header`, `sram::Layout::new`.
-//! * Frames built with `wire::emit_data_headers` / `wire::emit_ack` from
-//!   arbitrary valid headers parse back to the same values, and every frame
-//!   `parse` accepts re-emits to the same bytes.
+//! * Frames built with `wire::emit_data_headers` / `wire::emit_ack` /
+//!   `wire::emit_atomic_req` / `wire::emit_atomic_resp` from arbitrary valid
+//!   headers parse back to the same values, and every frame `parse` accepts
+//!   re-emits to the same bytes.
+//! * `GroupEntry::check` refuses each `GroupError` case (hand-built entries).
 //! * `Layout::new` either refuses its parameters or yields areas that do not
 //!   overlap and fit in `sram_size`.
 
@@ -21,6 +26,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 use emp_uapi::attach::AttachMsg;
+use emp_uapi::coll::{reduce_tag, reduce_tag_parts, CollHeader, CollKind, Dtype, ReduceOp, TREES_MAX, TREE_ROOT};
 use emp_uapi::desc::*;
 use emp_uapi::image::*;
 use emp_uapi::ioctl::*;
@@ -148,7 +154,6 @@ arb_struct!(arb_sram_header -> SramHeader {
     recv_entries: any::<u32>(),
     staged_len: any::<u32>(),
     counters: any::<[u64; counter::COUNT]>(),
-    reserved1: any::<[u64; 4]>(),
 });
 arb_struct!(arb_admin_mailbox -> AdminMailbox {
     request_seq: any::<u32>(),
@@ -170,8 +175,47 @@ arb_struct!(arb_group_entry -> GroupEntry {
     member_count: any::<u16>(),
     my_rank: any::<u16>(),
     port: any::<u16>(),
-    reserved: any::<u16>(),
+    tree_count: any::<u8>(),
+    flags: any::<u8>(),
+    bounce_key: any::<u32>(),
+    bounce_slot_size: any::<u32>(),
+    bounce_offset: any::<u64>(),
+    bounce_slots: any::<u16>(),
+    reserved0: any::<u16>(),
+    reserved1: any::<u32>(),
+    tree_lambda: any::<[u8; 8]>(),
     members: any::<[u32; GROUP_MEMBERS_MAX]>(),
+    parents: any::<[u8; 512]>(),
+    // (Length inferred from the field: it follows GROUP_MEMBERS_MAX.)
+    reserved2: proptest::array::uniform(any::<u64>()),
+});
+arb_struct!(arb_coll_header -> CollHeader {
+    group_id: any::<u32>(),
+    epoch: any::<u32>(),
+    instance: any::<u32>(),
+    kind: any::<u8>(),
+    round: any::<u8>(),
+    root: any::<u8>(),
+    tree: any::<u8>(),
+    dtype: any::<u8>(),
+    op: any::<u8>(),
+    sender: any::<u8>(),
+    reserved: any::<u8>(),
+    count: any::<u32>(),
+});
+arb_struct!(arb_atomic_body -> AtomicBody {
+    op: any::<u8>(),
+    width: any::<u8>(),
+    reserved: any::<u16>(),
+    rkey: any::<u32>(),
+    offset: any::<u64>(),
+    operand: any::<u64>(),
+    compare: any::<u64>(),
+});
+arb_struct!(arb_atomic_result -> AtomicResult {
+    status: any::<u8>(),
+    reserved: any::<[u8; 7]>(),
+    old: any::<u64>(),
 });
 arb_struct!(arb_port_ctl -> PortCtl {
     send_prod: any::<u32>(),
@@ -314,8 +358,9 @@ macro_rules! codec_props {
                 fn round_trip(v in $strategy) {
                     check_round_trip::<$ty>(&v)?;
                 }
+                // Lengths on both sides of SIZE (GroupEntry is 1 KiB).
                 #[test]
-                fn decode_arbitrary_bytes(bytes in vec(any::<u8>(), 0..600)) {
+                fn decode_arbitrary_bytes(bytes in vec(any::<u8>(), 0..(2 * <$ty as Le>::SIZE + 16))) {
                     check_decode_any::<$ty>(&bytes)?;
                 }
                 #[test]
@@ -331,6 +376,9 @@ codec_props! {
     frame_header: FrameHeader = arb_frame_header();
     msg_header: MsgHeader = arb_msg_header();
     ack_body: AckBody = arb_ack_body();
+    atomic_body: AtomicBody = arb_atomic_body();
+    atomic_result: AtomicResult = arb_atomic_result();
+    coll_header: CollHeader = arb_coll_header();
     sge: Sge = arb_sge();
     work_desc: WorkDesc = arb_work_desc();
     cqe: Cqe = arb_cqe();
@@ -363,6 +411,9 @@ fn default_is_all_zero() {
     zero::<FrameHeader>();
     zero::<MsgHeader>();
     zero::<AckBody>();
+    zero::<AtomicBody>();
+    zero::<AtomicResult>();
+    zero::<CollHeader>();
     zero::<Sge>();
     zero::<WorkDesc>();
     zero::<Cqe>();
@@ -402,6 +453,8 @@ fn re_emit(f: &Frame<'_>) -> Vec<u8> {
             out.truncate(n);
             out
         }
+        Frame::AtomicReq { hdr, body } => build_atomic_req(&hdr, &body),
+        Frame::AtomicResp { hdr, result } => build_atomic_resp(&hdr, &result),
     }
 }
 
@@ -412,13 +465,42 @@ fn check_parsed(bytes: &[u8], f: &Frame<'_>) -> Result<(), TestCaseError> {
     prop_assert!(bytes.len() <= MTU_MAX as usize);
     match *f {
         Frame::Data { hdr, msg, payload } => {
-            prop_assert_eq!(hdr.kind, FrameKind::Data as u8);
+            prop_assert!(
+                hdr.kind == FrameKind::Data as u8 || hdr.kind == FrameKind::CollData as u8,
+                "Frame::Data of kind {}",
+                hdr.kind
+            );
             prop_assert!(hdr.frame_index < hdr.frame_count);
             prop_assert_eq!(msg.is_some(), hdr.frame_index == 0);
             prop_assert_eq!(payload.len(), hdr.payload_len as usize);
             if let Some(m) = msg {
                 prop_assert!(m.total_len >= payload.len() as u64);
+                prop_assert!(hdr.frame_count as u64 <= frames_for(m.total_len, MTU_MIN));
+                if hdr.kind == FrameKind::CollData as u8 {
+                    // A collective message leads with a valid CollHeader.
+                    prop_assert!(m.total_len >= CollHeader::SIZE as u64);
+                    let ch = CollHeader::parse(payload);
+                    prop_assert!(ch.is_ok(), "COLL_DATA frame 0 accepted with header {:?}", ch);
+                    check_coll_header_accepted(&ch.unwrap())?;
+                }
             }
+        }
+        Frame::AtomicReq { hdr, body } => {
+            prop_assert_eq!(hdr.kind, FrameKind::AtomicReq as u8);
+            prop_assert_eq!(hdr.payload_len, 0);
+            prop_assert_eq!(bytes.len(), FrameHeader::SIZE + AtomicBody::SIZE);
+            prop_assert!(matches!(body.op, atomic_op::FETCH_ADD | atomic_op::CMP_SWAP | atomic_op::SWAP));
+            prop_assert!(body.width == 4 || body.width == 8);
+            prop_assert_eq!(body.reserved, 0);
+            if body.op != atomic_op::CMP_SWAP {
+                prop_assert_eq!(body.compare, 0);
+            }
+        }
+        Frame::AtomicResp { hdr, result } => {
+            prop_assert_eq!(hdr.kind, FrameKind::AtomicResp as u8);
+            prop_assert_eq!(hdr.payload_len, 0);
+            prop_assert_eq!(bytes.len(), FrameHeader::SIZE + AtomicResult::SIZE);
+            prop_assert_eq!(result.reserved, [0u8; 7]);
         }
         Frame::Ack { hdr, body } => {
             prop_assert_eq!(hdr.kind, FrameKind::Ack as u8);
@@ -458,6 +540,17 @@ fn payload_bytes(len: usize, seed: u64) -> Vec<u8> {
 
 /// A valid DATA frame: header, message header (frame 0), payload.
 fn valid_data_frame() -> impl Strategy<Value = (FrameHeader, Option<MsgHeader>, Vec<u8>)> {
+    valid_msg_frame(FrameKind::Data)
+}
+
+/// A valid COLL_DATA frame: as DATA, and frame 0's payload starts with a
+/// valid `CollHeader` (so the message is at least `CollHeader::SIZE` long).
+fn valid_coll_frame() -> impl Strategy<Value = (FrameHeader, Option<MsgHeader>, Vec<u8>)> {
+    valid_msg_frame(FrameKind::CollData)
+}
+
+fn valid_msg_frame(kind: FrameKind) -> impl Strategy<Value = (FrameHeader, Option<MsgHeader>, Vec<u8>)> {
+    let coll = kind == FrameKind::CollData;
     (
         arb_frame_header(),
         arb_msg_header(),
@@ -467,21 +560,28 @@ fn valid_data_frame() -> impl Strategy<Value = (FrameHeader, Option<MsgHeader>, 
         any::<u32>(),
         any::<u32>(),
         any::<u64>(),
+        valid_coll_header(),
     )
-        .prop_map(|(mut hdr, mut msg, total_len, count_seed, first, index_seed, len_seed, data_seed)| {
-            msg.total_len = total_len;
-            let max_frames = frames_for(total_len, MTU_MIN).min(u32::MAX as u64) as u32;
+        .prop_map(move |(mut hdr, mut msg, total_len, count_seed, first, index_seed, len_seed, data_seed, ch)| {
+            let min_len = if coll { CollHeader::SIZE as u64 } else { 0 };
+            msg.total_len = total_len.max(min_len);
+            let max_frames = frames_for(msg.total_len, MTU_MIN).min(u32::MAX as u64) as u32;
             hdr.version = WIRE_VERSION;
-            hdr.kind = FrameKind::Data as u8;
+            hdr.kind = kind as u8;
             hdr.frame_count = 1 + count_seed % max_frames;
             hdr.frame_index = if first { 0 } else { index_seed % hdr.frame_count };
             let head = data_header_len(hdr.frame_index);
             let mut max_payload = MTU_MAX as u64 - head as u64;
+            let mut min_payload = 0;
             if hdr.frame_index == 0 {
-                max_payload = max_payload.min(total_len);
+                max_payload = max_payload.min(msg.total_len);
+                min_payload = min_len;
             }
-            hdr.payload_len = (len_seed as u64 % (max_payload + 1)) as u16;
-            let payload = payload_bytes(hdr.payload_len as usize, data_seed);
+            hdr.payload_len = (min_payload + len_seed as u64 % (max_payload - min_payload + 1)) as u16;
+            let mut payload = payload_bytes(hdr.payload_len as usize, data_seed);
+            if coll && hdr.frame_index == 0 {
+                ch.encode(&mut payload).unwrap();
+            }
             (hdr, (hdr.frame_index == 0).then_some(msg), payload)
         })
 }
@@ -518,12 +618,147 @@ fn build_ack(hdr: &FrameHeader, body: &AckBody) -> Vec<u8> {
     out
 }
 
+fn build_atomic_req(hdr: &FrameHeader, body: &AtomicBody) -> Vec<u8> {
+    let mut out = vec![0u8; 80];
+    let n = emit_atomic_req(hdr, body, &mut out).unwrap();
+    assert_eq!(n, FrameHeader::SIZE + AtomicBody::SIZE);
+    out.truncate(n);
+    out
+}
+
+fn build_atomic_resp(hdr: &FrameHeader, result: &AtomicResult) -> Vec<u8> {
+    let mut out = vec![0u8; 80];
+    let n = emit_atomic_resp(hdr, result, &mut out).unwrap();
+    assert_eq!(n, FrameHeader::SIZE + AtomicResult::SIZE);
+    out.truncate(n);
+    out
+}
+
+/// A header for a frame of `kind` with no payload (ACK-like kinds).
+fn bodied_header(mut hdr: FrameHeader, kind: FrameKind) -> FrameHeader {
+    hdr.version = WIRE_VERSION;
+    hdr.kind = kind as u8;
+    hdr.payload_len = 0;
+    hdr
+}
+
+/// A body `parse` accepts in an ATOMIC_REQ frame.
+fn valid_atomic_body() -> impl Strategy<Value = AtomicBody> {
+    (arb_atomic_body(), 1u8..=3, prop_oneof![Just(4u8), Just(8u8)]).prop_map(|(mut b, op, width)| {
+        b.op = op;
+        b.width = width;
+        b.reserved = 0;
+        if op != atomic_op::CMP_SWAP {
+            b.compare = 0;
+        }
+        b
+    })
+}
+
+/// A valid ATOMIC_REQ frame.
+fn valid_atomic_req_frame() -> impl Strategy<Value = (FrameHeader, AtomicBody)> {
+    (arb_frame_header(), valid_atomic_body()).prop_map(|(h, b)| (bodied_header(h, FrameKind::AtomicReq), b))
+}
+
+/// A valid ATOMIC_RESP frame.
+fn valid_atomic_resp_frame() -> impl Strategy<Value = (FrameHeader, AtomicResult)> {
+    (arb_frame_header(), arb_atomic_result()).prop_map(|(h, mut r)| {
+        r.reserved = [0; 7];
+        (bodied_header(h, FrameKind::AtomicResp), r)
+    })
+}
+
+/// What `parse` must answer for an ATOMIC_REQ frame (right version and
+/// kind, at most MTU_MAX bytes), from the frame format's documentation.
+fn atomic_req_spec(bytes: &[u8]) -> Result<AtomicBody, DecodeError> {
+    let hdr = FrameHeader::decode(bytes).unwrap();
+    if hdr.payload_len != 0 || bytes.len() != FrameHeader::SIZE + AtomicBody::SIZE {
+        return Err(DecodeError::BadLength);
+    }
+    let b = AtomicBody::decode(&bytes[FrameHeader::SIZE..]).unwrap();
+    if !(1..=3).contains(&b.op) {
+        return Err(DecodeError::BadKind);
+    }
+    if b.reserved != 0 || (b.op != atomic_op::CMP_SWAP && b.compare != 0) {
+        return Err(DecodeError::ReservedNotZero);
+    }
+    if b.width != 4 && b.width != 8 {
+        return Err(DecodeError::BadLength);
+    }
+    Ok(b)
+}
+
+/// What `parse` must answer for an ATOMIC_RESP frame.
+fn atomic_resp_spec(bytes: &[u8]) -> Result<AtomicResult, DecodeError> {
+    let hdr = FrameHeader::decode(bytes).unwrap();
+    if hdr.payload_len != 0 || bytes.len() != FrameHeader::SIZE + AtomicResult::SIZE {
+        return Err(DecodeError::BadLength);
+    }
+    let r = AtomicResult::decode(&bytes[FrameHeader::SIZE..]).unwrap();
+    if r.reserved != [0; 7] {
+        return Err(DecodeError::ReservedNotZero);
+    }
+    Ok(r)
+}
+
+/// Atomic frames near the validity boundary: header and body fields mostly
+/// right, the length mostly right.
+fn plausible_atomic_frame() -> impl Strategy<Value = Vec<u8>> {
+    (
+        arb_frame_header(),
+        any::<bool>(),
+        arb_atomic_body(),
+        prop_oneof![6 => 1u8..=3, 1 => any::<u8>()],
+        prop_oneof![3 => Just(4u8), 3 => Just(8u8), 1 => any::<u8>()],
+        prop_oneof![6 => Just(true), 1 => Just(false)],
+        prop_oneof![6 => Just(true), 1 => Just(false)],
+        prop_oneof![6 => Just(0u16), 1 => any::<u16>()],
+        prop_oneof![8 => Just(0isize), 1 => -8isize..8],
+    )
+        .prop_map(|(h, req, mut b, op, width, clear_reserved, clear_compare, payload_len, dlen)| {
+            let kind = if req { FrameKind::AtomicReq } else { FrameKind::AtomicResp };
+            let mut hdr = bodied_header(h, kind);
+            hdr.payload_len = payload_len;
+            b.op = op;
+            b.width = width;
+            if clear_reserved {
+                b.reserved = 0;
+            }
+            if clear_compare && op != atomic_op::CMP_SWAP {
+                b.compare = 0;
+            }
+            let mut bytes = vec![0u8; FrameHeader::SIZE + AtomicBody::SIZE];
+            hdr.encode(&mut bytes).unwrap();
+            if req {
+                b.encode(&mut bytes[FrameHeader::SIZE..]).unwrap();
+            } else {
+                // A result from the same random bytes: status, reserved, old.
+                let mut r = AtomicResult::decode(&bytes[FrameHeader::SIZE..]).unwrap();
+                r.status = b.op;
+                r.old = b.operand;
+                if clear_reserved {
+                    r.reserved = [0; 7];
+                } else {
+                    r.reserved = [b.width, 0, 0, 0, 0, 0, (b.rkey | 1) as u8];
+                }
+                bytes.truncate(FrameHeader::SIZE + AtomicResult::SIZE);
+                r.encode(&mut bytes[FrameHeader::SIZE..]).unwrap();
+            }
+            let len = (bytes.len() as isize + dlen).max(FrameHeader::SIZE as isize) as usize;
+            bytes.resize(len, 0xEE);
+            bytes
+        })
+}
+
 /// A valid frame's bytes with one mutation: a byte changed, bytes cut off,
 /// or bytes appended.
 fn mutated_frame() -> impl Strategy<Value = Vec<u8>> {
     let base = prop_oneof![
         valid_data_frame().prop_map(|(h, m, p)| build_data(&h, m.as_ref(), &p)),
+        valid_coll_frame().prop_map(|(h, m, p)| build_data(&h, m.as_ref(), &p)),
         valid_ack_frame().prop_map(|(h, b)| build_ack(&h, &b)),
+        valid_atomic_req_frame().prop_map(|(h, b)| build_atomic_req(&h, &b)),
+        valid_atomic_resp_frame().prop_map(|(h, r)| build_atomic_resp(&h, &r)),
     ];
     (base, 0u8..4, any::<usize>(), any::<u8>(), vec(any::<u8>(), 1..40)).prop_map(|(mut b, how, at, val, extra)| {
         match how {
@@ -552,7 +787,7 @@ proptest! {
     #[test]
     fn frame_parse_plausible_bytes_never_panics(
         hdr in arb_frame_header(),
-        kind in 0u8..5,
+        kind in 0u8..8,
         rest in prop_oneof![vec(any::<u8>(), 0..64), vec(any::<u8>(), 0..9100)],
     ) {
         let mut hdr = hdr;
@@ -600,10 +835,105 @@ proptest! {
         prop_assert_eq!(emit_ack(&hdr, &body, &mut short), Err(DecodeError::Truncated));
     }
 
+    #[test]
+    fn coll_frame_round_trips((hdr, msg, payload) in valid_coll_frame()) {
+        let bytes = build_data(&hdr, msg.as_ref(), &payload);
+        let parsed = Frame::parse(&bytes);
+        prop_assert_eq!(parsed, Ok(Frame::Data { hdr, msg, payload: &payload[..] }));
+        check_parsed(&bytes, &parsed.unwrap())?;
+    }
+
+    /// Frame 0 of a COLL_DATA message with an arbitrary (often invalid)
+    /// collective header: `parse` answers exactly what `CollHeader::parse`
+    /// answers (everything else about the frame is valid). Frames > 0 carry
+    /// no header and are not looked into.
+    #[test]
+    fn coll_frame_header_is_validated(
+        (hdr, msg, payload) in valid_coll_frame(),
+        ch in prop_oneof![arb_coll_header(), plausible_coll_header()],
+    ) {
+        let mut payload = payload;
+        ch.encode(&mut payload).unwrap_or(()); // frames > 0 may be shorter
+        let bytes = build_data(&hdr, msg.as_ref(), &payload);
+        let parsed = Frame::parse(&bytes);
+        if hdr.frame_index == 0 {
+            prop_assert_eq!(parsed.map(|_| ()), coll_header_spec(&payload).map(|_| ()));
+        } else {
+            prop_assert_eq!(parsed, Ok(Frame::Data { hdr, msg, payload: &payload[..] }));
+        }
+        if let Ok(f) = parsed {
+            check_parsed(&bytes, &f)?;
+        }
+    }
+
+    /// The same bytes as DATA are not looked into: any payload goes.
+    #[test]
+    fn data_frame_payload_is_not_a_coll_header((hdr, msg, payload) in valid_coll_frame(), junk in any::<[u8; 24]>()) {
+        let mut hdr = hdr;
+        hdr.kind = FrameKind::Data as u8;
+        let mut payload = payload;
+        let n = payload.len().min(24);
+        payload[..n].copy_from_slice(&junk[..n]);
+        let bytes = build_data(&hdr, msg.as_ref(), &payload);
+        prop_assert_eq!(Frame::parse(&bytes), Ok(Frame::Data { hdr, msg, payload: &payload[..] }));
+    }
+
+    #[test]
+    fn atomic_req_frame_round_trips((hdr, body) in valid_atomic_req_frame()) {
+        let bytes = build_atomic_req(&hdr, &body);
+        let parsed = Frame::parse(&bytes);
+        prop_assert_eq!(parsed, Ok(Frame::AtomicReq { hdr, body }));
+        check_parsed(&bytes, &parsed.unwrap())?;
+        // One byte short or long: refused.
+        prop_assert_eq!(Frame::parse(&bytes[..bytes.len() - 1]), Err(DecodeError::BadLength));
+        let mut long = bytes.clone();
+        long.push(0);
+        prop_assert_eq!(Frame::parse(&long), Err(DecodeError::BadLength));
+    }
+
+    #[test]
+    fn atomic_resp_frame_round_trips((hdr, result) in valid_atomic_resp_frame()) {
+        let bytes = build_atomic_resp(&hdr, &result);
+        let parsed = Frame::parse(&bytes);
+        prop_assert_eq!(parsed, Ok(Frame::AtomicResp { hdr, result }));
+        check_parsed(&bytes, &parsed.unwrap())?;
+        prop_assert_eq!(Frame::parse(&bytes[..bytes.len() - 1]), Err(DecodeError::BadLength));
+    }
+
+    #[test]
+    fn atomic_emit_refuses_short_buffer(
+        (hdr, body) in valid_atomic_req_frame(),
+        (rhdr, result) in valid_atomic_resp_frame(),
+        n in 0usize..FrameHeader::SIZE,
+    ) {
+        let mut out = vec![0u8; n];
+        prop_assert_eq!(emit_atomic_req(&hdr, &body, &mut out), Err(DecodeError::Truncated));
+        prop_assert_eq!(emit_atomic_resp(&rhdr, &result, &mut out), Err(DecodeError::Truncated));
+        let mut out = vec![0u8; FrameHeader::SIZE + n % AtomicResult::SIZE];
+        prop_assert_eq!(emit_atomic_req(&hdr, &body, &mut out), Err(DecodeError::Truncated));
+        prop_assert_eq!(emit_atomic_resp(&rhdr, &result, &mut out), Err(DecodeError::Truncated));
+    }
+
+    /// Atomic frames near the boundary: `parse` answers what the format
+    /// documents.
+    #[test]
+    fn atomic_frame_parse_plausible(bytes in plausible_atomic_frame()) {
+        let kind = bytes[1];
+        let got = Frame::parse(&bytes);
+        if kind == FrameKind::AtomicReq as u8 {
+            let want = atomic_req_spec(&bytes);
+            prop_assert_eq!(got, want.map(|body| Frame::AtomicReq { hdr: FrameHeader::decode(&bytes).unwrap(), body }));
+        } else {
+            let want = atomic_resp_spec(&bytes);
+            prop_assert_eq!(got, want.map(|result| Frame::AtomicResp { hdr: FrameHeader::decode(&bytes).unwrap(), result }));
+        }
+        parse_checked(&bytes)?;
+    }
+
     /// A DATA frame whose length disagrees with `payload_len` is refused.
     #[test]
     fn data_frame_with_wrong_length_is_refused(
-        (hdr, msg, payload) in valid_data_frame(),
+        (hdr, msg, payload) in prop_oneof![valid_data_frame(), valid_coll_frame()],
         extra in 1usize..16,
         shorter in any::<bool>(),
     ) {
@@ -659,6 +989,120 @@ fn plausible_work_desc() -> impl Strategy<Value = WorkDesc> {
         })
 }
 
+/// xorshift64 step (cheap derived randomness inside `prop_map`).
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// Fills the operand fields of `d` (opcode already set) so that they obey
+/// `Opcode`'s documented rules; other fields get valid values too.
+fn shape_operands(d: &mut WorkDesc, seed: u64) {
+    let mut x = seed | 1;
+    let op = Opcode::from_u8(d.opcode).unwrap();
+    d.reserved0 = 0;
+    d.flags &= WD_FLAGS_ALL;
+    let members = GROUP_MEMBERS_MAX as u64;
+    let trees = TREES_MAX as u64;
+    let mut n = (d.num_sge as usize).min(SGE_MAX);
+    for s in d.sge.iter_mut() {
+        s.offset >>= 1; // no offset + len overflow
+    }
+    match op {
+        Opcode::Send | Opcode::Recv => {
+            if op == Opcode::Send {
+                d.ignore = 0;
+                d.node %= ANY_NODE;
+                d.port %= ANY_PORT;
+            }
+        }
+        Opcode::MultiSend => {
+            d.port = 0;
+            d.ignore = (next(&mut x) & (u64::MAX >> (64 - GROUP_MEMBERS_MAX))).max(1);
+        }
+        Opcode::Bcast => {
+            d.port = (next(&mut x) % members) as u16;
+            d.tag = next(&mut x) % trees;
+            d.ignore = 0;
+        }
+        Opcode::Barrier => {
+            d.port = (next(&mut x) % 3) as u16;
+            d.tag = next(&mut x) % trees;
+            d.ignore = 0;
+            n = 0;
+        }
+        Opcode::Reduce | Opcode::Allreduce => {
+            let t = Dtype::ALL[(next(&mut x) % 6) as usize];
+            let r = ReduceOp::ALL[(next(&mut x) % 7) as usize];
+            d.tag = reduce_tag(t, r, (next(&mut x) % trees) as u8);
+            d.port = if op == Opcode::Allreduce { 0 } else { (next(&mut x) % members) as u16 };
+            d.ignore = if next(&mut x).is_multiple_of(4) { u32::MAX as u64 } else { 1 + next(&mut x) % 4096 };
+            n = 1 + (next(&mut x) % 2) as usize;
+        }
+        Opcode::AtomicFetchAdd | Opcode::AtomicCmpSwap | Opcode::AtomicSwap => {
+            d.node %= ANY_NODE;
+            d.port %= ANY_PORT;
+            let width: u32 = if next(&mut x).is_multiple_of(2) { 4 } else { 8 };
+            n = 2;
+            d.sge[0].len = width;
+            d.sge[0].offset = next(&mut x) >> 8;
+            d.sge[1].len = width;
+            d.sge[1].offset = (next(&mut x) >> 8) / width as u64 * width as u64;
+            d.ignore = if op == Opcode::AtomicCmpSwap { next(&mut x) } else { 0 };
+            if width == 4 {
+                d.tag &= u32::MAX as u64;
+                d.ignore &= u32::MAX as u64;
+            }
+        }
+    }
+    d.num_sge = n as u8;
+    for s in d.sge.iter_mut().skip(n) {
+        *s = Sge::default();
+    }
+}
+
+/// Descriptors of every opcode shaped to be valid.
+fn shaped_work_desc() -> impl Strategy<Value = WorkDesc> {
+    (arb_work_desc(), 1u8..=10, any::<u64>()).prop_map(|(mut d, opcode, seed)| {
+        d.opcode = opcode;
+        shape_operands(&mut d, seed);
+        d
+    })
+}
+
+/// Shaped descriptors with (usually) one field of the operand rules broken.
+fn plausible_operand_work_desc() -> impl Strategy<Value = WorkDesc> {
+    (shaped_work_desc(), 0u8..24, any::<u64>()).prop_map(|(mut d, which, v)| {
+        let small = v % 70;
+        match which {
+            0 => d.port = small as u16,
+            1 => d.port = v as u16,
+            2 => d.port = ANY_PORT,
+            3 => d.node = ANY_NODE,
+            4 => d.tag = small % 10,
+            5 => d.tag = v,
+            6 => d.tag |= 1 << (v % 64),
+            7 => d.ignore = 0,
+            8 => d.ignore = small,
+            9 => d.ignore = v,
+            10 => d.ignore = u32::MAX as u64 + 1 + small,
+            11 => d.sge[1].len = small as u32,
+            12 => d.sge[1].offset += 1 + small % 7,
+            13 => d.sge[0].len = small as u32 % 9,
+            14 => d.num_sge = (small % 7) as u8,
+            15 => {
+                // A reduce tag with another dtype / operator / tree byte.
+                let shift = 8 * (v % 3);
+                d.tag = (d.tag & !(0xFF << shift)) | ((small % 12) << shift);
+            }
+            _ => {} // unmodified
+        }
+        d
+    })
+}
+
 /// `validate` accepts exactly what its documentation says.
 fn work_desc_spec(d: &WorkDesc) -> Result<Opcode, DecodeError> {
     let op = Opcode::from_u8(d.opcode).ok_or(DecodeError::BadKind)?;
@@ -671,6 +1115,9 @@ fn work_desc_spec(d: &WorkDesc) -> Result<Opcode, DecodeError> {
     if op == Opcode::Send && (d.ignore != 0 || d.node == ANY_NODE || d.port == ANY_PORT) {
         return Err(DecodeError::BadIndex);
     }
+    if !operands_spec(d, op) {
+        return Err(DecodeError::BadIndex);
+    }
     let n = d.num_sge as usize;
     if d.sge[n..].iter().any(|s| s.key != 0 || s.len != 0 || s.offset != 0) {
         return Err(DecodeError::ReservedNotZero);
@@ -681,9 +1128,85 @@ fn work_desc_spec(d: &WorkDesc) -> Result<Opcode, DecodeError> {
     Ok(op)
 }
 
+/// The per-opcode field rules, as `Opcode`'s documentation states them
+/// (written independently of the implementation: plain numeric ranges).
+fn operands_spec(d: &WorkDesc, op: Opcode) -> bool {
+    let n = d.num_sge;
+    let members = GROUP_MEMBERS_MAX as u64;
+    let trees = TREES_MAX as u64;
+    match op {
+        Opcode::Send | Opcode::Recv => true,
+        // port 0, a nonzero rank mask.
+        Opcode::MultiSend => d.port == 0 && d.ignore != 0,
+        // root rank, tree index, no ignore.
+        Opcode::Bcast => (d.port as u64) < members && d.tag < trees && d.ignore == 0,
+        // algorithm 0..=2, tree index, no ignore, no buffer.
+        Opcode::Barrier => d.port <= 2 && d.tag < trees && d.ignore == 0 && n == 0,
+        // tag = dtype | op << 8 | tree << 16; ignore = count; input (+ result).
+        Opcode::Reduce | Opcode::Allreduce => {
+            let dtype = d.tag & 0xFF;
+            let rop = (d.tag >> 8) & 0xFF;
+            let tree = (d.tag >> 16) & 0xFF;
+            let root_ok = if op == Opcode::Allreduce { d.port == 0 } else { (d.port as u64) < members };
+            root_ok
+                && d.tag < 1 << 24
+                && (1..=6).contains(&dtype)
+                && (1..=7).contains(&rop)
+                && tree < trees
+                && (1..=u32::MAX as u64).contains(&d.ignore)
+                && (n == 1 || n == 2)
+        }
+        // A target endpoint; sge[0] local result word, sge[1] the remote
+        // word of width 4 or 8, naturally aligned; compare only for CAS;
+        // 32-bit operands for width 4.
+        Opcode::AtomicFetchAdd | Opcode::AtomicCmpSwap | Opcode::AtomicSwap => {
+            let (local, remote) = (d.sge[0], d.sge[1]);
+            let width = remote.len as u64;
+            n == 2
+                && d.node != ANY_NODE
+                && d.port != ANY_PORT
+                && (width == 4 || width == 8)
+                && local.len == remote.len
+                && remote.offset % width == 0
+                && (op == Opcode::AtomicCmpSwap || d.ignore == 0)
+                && (width == 8 || (d.tag <= u32::MAX as u64 && d.ignore <= u32::MAX as u64))
+        }
+    }
+}
+
+/// What an accepted descriptor promises, per opcode class.
+fn check_accepted_work_desc(d: &WorkDesc, op: Opcode) -> Result<(), TestCaseError> {
+    prop_assert_eq!(op as u8, d.opcode);
+    prop_assert!(!(op.is_atomic() && op.is_collective()));
+    prop_assert_eq!(op.is_collective(), (3..=7).contains(&d.opcode));
+    prop_assert_eq!(op.is_atomic(), (8..=10).contains(&d.opcode));
+    if op.is_atomic() {
+        let remote = d.sge[1];
+        prop_assert_eq!(d.num_sge, 2);
+        prop_assert!(remote.len == 4 || remote.len == 8, "atomic width {}", remote.len);
+        prop_assert_eq!(remote.offset % remote.len as u64, 0, "atomic word not naturally aligned");
+        prop_assert_eq!(d.sge[0].len, remote.len);
+        prop_assert!(d.node != ANY_NODE && d.port != ANY_PORT);
+    }
+    match op {
+        Opcode::Barrier => prop_assert_eq!(d.total_len(), 0),
+        Opcode::Reduce | Opcode::Allreduce => {
+            let (dt, rop, tree) = reduce_tag_parts(d.tag);
+            let (dt, rop) = (Dtype::from_u8(dt).unwrap(), ReduceOp::from_u8(rop).unwrap());
+            prop_assert_eq!(reduce_tag(dt, rop, tree), d.tag);
+            prop_assert!(d.ignore >= 1 && d.ignore <= u32::MAX as u64);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 fn check_work_desc(d: &WorkDesc) -> Result<(), TestCaseError> {
     let got = d.validate();
     prop_assert_eq!(got, work_desc_spec(d));
+    if let Ok(op) = got {
+        check_accepted_work_desc(d, op)?;
+    }
     // The helpers never panic either, valid or not.
     let total = d.total_len();
     if got.is_ok() {
@@ -789,6 +1312,40 @@ proptest! {
     #[test]
     fn work_desc_validate_plausible(d in plausible_work_desc()) {
         check_work_desc(&d)?;
+    }
+
+    #[test]
+    fn work_desc_validate_plausible_operands(d in plausible_operand_work_desc()) {
+        check_work_desc(&d)?;
+    }
+
+    /// Descriptors built the way `Opcode`'s documentation says are accepted.
+    #[test]
+    fn work_desc_shaped_operands_accepted(d in shaped_work_desc()) {
+        prop_assert_eq!(d.validate(), Ok(Opcode::from_u8(d.opcode).unwrap()), "{:?}", d);
+        check_work_desc(&d)?;
+    }
+
+    /// `validate` never panics, and an atomic it accepts names a 4- or
+    /// 8-byte, naturally aligned remote word (arbitrary descriptors, and
+    /// atomics near the boundary).
+    #[test]
+    fn work_desc_atomic_accepted_only_when_aligned(
+        d in prop_oneof![
+            arb_work_desc(),
+            arb_work_desc().prop_map(|mut d| { d.opcode = 8 + d.opcode % 3; d }),
+            plausible_operand_work_desc().prop_map(|mut d| { d.opcode = 8 + d.opcode % 3; d }),
+        ],
+    ) {
+        let got = d.validate();
+        if let Ok(op) = got {
+            if op.is_atomic() {
+                let r = d.sge[1];
+                prop_assert!(r.len == 4 || r.len == 8);
+                prop_assert_eq!(r.offset % r.len as u64, 0);
+            }
+        }
+        prop_assert_eq!(got, work_desc_spec(&d));
     }
 
     #[test]
@@ -1158,5 +1715,517 @@ proptest! {
             prop_assert_eq!(h.magic, BOARD_SIGNATURE);
             prop_assert_eq!(h.layout_version, LAYOUT_VERSION);
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Collective headers
+// ---------------------------------------------------------------------------
+
+fn is_reduction_kind(kind: u8) -> bool {
+    kind == CollKind::ReduceUp as u8 || kind == CollKind::AllreduceDown as u8
+}
+
+/// What `CollHeader::parse` must answer, from its documentation: reserved
+/// zero, a known kind, sender/root ranks below `GROUP_MEMBERS_MAX`, a tree
+/// index below `TREES_MAX`, and for reductions a known dtype and operator
+/// that combine (no bitwise operator on floats) and a nonzero count.
+fn coll_header_spec(bytes: &[u8]) -> Result<CollHeader, DecodeError> {
+    if bytes.len() < CollHeader::SIZE {
+        return Err(DecodeError::Truncated);
+    }
+    let h = CollHeader::decode(bytes).unwrap();
+    if h.reserved != 0 {
+        return Err(DecodeError::ReservedNotZero);
+    }
+    if !(1..=7).contains(&h.kind) {
+        return Err(DecodeError::BadKind);
+    }
+    let members = GROUP_MEMBERS_MAX as u8;
+    if h.sender >= members || h.root >= members || h.tree as usize >= TREES_MAX {
+        return Err(DecodeError::BadIndex);
+    }
+    if is_reduction_kind(h.kind) {
+        let float = h.dtype == 5 || h.dtype == 6;
+        let bitwise = (5..=7).contains(&h.op);
+        if !(1..=6).contains(&h.dtype) || !(1..=7).contains(&h.op) || (float && bitwise) || h.count == 0 {
+            return Err(DecodeError::BadKind);
+        }
+    }
+    Ok(h)
+}
+
+/// What an accepted header promises.
+fn check_coll_header_accepted(h: &CollHeader) -> Result<(), TestCaseError> {
+    let kind = CollKind::from_u8(h.kind);
+    prop_assert!(kind.is_some());
+    prop_assert_eq!(kind.unwrap() as u8, h.kind);
+    prop_assert_eq!(h.reserved, 0);
+    prop_assert!((h.sender as usize) < GROUP_MEMBERS_MAX);
+    prop_assert!((h.root as usize) < GROUP_MEMBERS_MAX);
+    prop_assert!((h.tree as usize) < TREES_MAX);
+    if is_reduction_kind(h.kind) {
+        let t = Dtype::from_u8(h.dtype).unwrap();
+        let op = ReduceOp::from_u8(h.op).unwrap();
+        prop_assert!(op.defined_for(t));
+        prop_assert!(h.count > 0);
+    }
+    Ok(())
+}
+
+/// Headers `CollHeader::parse` accepts (dtype, op and count of
+/// non-reductions left arbitrary: the parser ignores them).
+fn valid_coll_header() -> impl Strategy<Value = CollHeader> {
+    (
+        arb_coll_header(),
+        1u8..=7,
+        0..GROUP_MEMBERS_MAX as u8,
+        0..GROUP_MEMBERS_MAX as u8,
+        0..TREES_MAX as u8,
+        0..Dtype::ALL.len(),
+        0..ReduceOp::ALL.len(),
+        1u32..=u32::MAX,
+    )
+        .prop_map(|(mut h, kind, root, sender, tree, t, op, count)| {
+            h.kind = kind;
+            h.root = root;
+            h.sender = sender;
+            h.tree = tree;
+            h.reserved = 0;
+            if is_reduction_kind(kind) {
+                let t = Dtype::ALL[t];
+                let op = ReduceOp::ALL[op];
+                h.dtype = t as u8;
+                h.op = if op.defined_for(t) { op as u8 } else { ReduceOp::Sum as u8 };
+                h.count = count;
+            }
+            h
+        })
+}
+
+/// Valid headers with (usually) one field moved across its boundary.
+fn plausible_coll_header() -> impl Strategy<Value = CollHeader> {
+    (valid_coll_header(), 0u8..14, any::<u8>(), any::<u32>()).prop_map(|(mut h, which, b, w)| {
+        let m = GROUP_MEMBERS_MAX as u8;
+        match which {
+            0 => h.reserved = b | 1,
+            1 => h.kind = b % 10, // 0, 8 and 9 unknown
+            2 => h.sender = m - 2 + b % 4,
+            3 => h.root = m - 2 + b % 4,
+            4 => h.tree = TREES_MAX as u8 - 2 + b % 4,
+            5 => h.dtype = b % 8, // 0 and 7 unknown
+            6 => h.op = b % 9,    // 0 and 8 unknown
+            7 => h.count = 0,
+            8 => {
+                // A float reduction, perhaps with a bitwise operator.
+                h.kind = CollKind::ReduceUp as u8 + b % 2;
+                h.dtype = Dtype::F32 as u8 + (b >> 1) % 2;
+                h.op = 1 + (w % 7) as u8;
+                h.count = w | 1;
+            }
+            9 => h.count = w,
+            _ => {}
+        }
+        h
+    })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn coll_header_parse_arbitrary_bytes(bytes in vec(any::<u8>(), 0..64)) {
+        let got = CollHeader::parse(&bytes);
+        prop_assert_eq!(got, coll_header_spec(&bytes));
+        if let Ok(h) = got {
+            check_coll_header_accepted(&h)?;
+        }
+    }
+
+    #[test]
+    fn coll_header_parse_plausible(h in plausible_coll_header(), extra in vec(any::<u8>(), 0..8)) {
+        let mut bytes = vec![0u8; CollHeader::SIZE];
+        h.encode(&mut bytes).unwrap();
+        bytes.extend_from_slice(&extra); // trailing bytes are the payload
+        let got = CollHeader::parse(&bytes);
+        prop_assert_eq!(got, coll_header_spec(&bytes));
+        if let Ok(back) = got {
+            prop_assert_eq!(back, h);
+            check_coll_header_accepted(&back)?;
+        }
+    }
+
+    #[test]
+    fn coll_header_valid_accepted(h in valid_coll_header(), cut in 1usize..=CollHeader::SIZE) {
+        let mut bytes = vec![0u8; CollHeader::SIZE];
+        h.encode(&mut bytes).unwrap();
+        prop_assert_eq!(CollHeader::parse(&bytes), Ok(h));
+        prop_assert_eq!(CollHeader::parse(&bytes[..CollHeader::SIZE - cut]), Err(DecodeError::Truncated));
+    }
+}
+
+/// COLL_DATA fixtures: the collective header is checked in frame 0 only,
+/// and the message must be long enough to hold it.
+#[test]
+fn coll_frame_fixtures() {
+    let ch = CollHeader {
+        group_id: 9,
+        epoch: 3,
+        instance: 17,
+        kind: CollKind::AllreduceDown as u8,
+        root: 0,
+        tree: 1,
+        dtype: Dtype::F64 as u8,
+        op: ReduceOp::Max as u8,
+        sender: 5,
+        count: 2,
+        ..Default::default()
+    };
+    let mut payload = vec![0u8; 24 + 16];
+    ch.encode(&mut payload).unwrap();
+    payload[24..].copy_from_slice(&2.5f64.to_le_bytes().repeat(2));
+    let hdr = FrameHeader {
+        version: WIRE_VERSION,
+        kind: FrameKind::CollData as u8,
+        frame_count: 1,
+        payload_len: payload.len() as u16,
+        ..Default::default()
+    };
+    let msg = MsgHeader { tag: 0, total_len: payload.len() as u64 };
+    let bytes = build_data(&hdr, Some(&msg), &payload);
+    assert_eq!(Frame::parse(&bytes), Ok(Frame::Data { hdr, msg: Some(msg), payload: &payload[..] }));
+    // The header sits right after FrameHeader | MsgHeader.
+    assert_eq!(CollHeader::decode(&bytes[48..]).unwrap(), ch);
+
+    // Bitwise operator on f64: refused as BadKind.
+    let mut bad = bytes.clone();
+    bad[48 + 17] = ReduceOp::Bxor as u8;
+    assert_eq!(Frame::parse(&bad), Err(DecodeError::BadKind));
+    // Sender rank GROUP_MEMBERS_MAX: BadIndex.
+    let mut bad = bytes.clone();
+    bad[48 + 18] = GROUP_MEMBERS_MAX as u8;
+    assert_eq!(Frame::parse(&bad), Err(DecodeError::BadIndex));
+    // Reserved byte set.
+    let mut bad = bytes.clone();
+    bad[48 + 19] = 1;
+    assert_eq!(Frame::parse(&bad), Err(DecodeError::ReservedNotZero));
+    // The same bytes as DATA are fine: the NIC does not look into DATA.
+    let mut as_data = bad.clone();
+    as_data[1] = FrameKind::Data as u8;
+    assert!(matches!(Frame::parse(&as_data), Ok(Frame::Data { .. })));
+
+    // A message shorter than a CollHeader: BadLength.
+    let short = MsgHeader { tag: 0, total_len: 23 };
+    let h23 = FrameHeader { payload_len: 23, ..hdr };
+    assert_eq!(Frame::parse(&build_data(&h23, Some(&short), &payload[..23])), Err(DecodeError::BadLength));
+    // Frame 0 carrying less than a header of a longer message: Truncated.
+    let long = MsgHeader { tag: 0, total_len: 4000 };
+    let h2 = FrameHeader { payload_len: 20, frame_count: 2, ..hdr };
+    assert_eq!(Frame::parse(&build_data(&h2, Some(&long), &payload[..20])), Err(DecodeError::Truncated));
+    // Frame 1 carries no header: anything goes.
+    let h1 = FrameHeader { frame_index: 1, frame_count: 2, payload_len: 3, ..hdr };
+    assert!(Frame::parse(&build_data(&h1, None, &[0xFF; 3])).is_ok());
+}
+
+// ---------------------------------------------------------------------------
+// Group table entries
+// ---------------------------------------------------------------------------
+
+/// Is `parent[..n]` a tree over relative ranks rooted at 0? Independent of
+/// `coll::tree_valid`: ranks get a depth by relaxation from the root.
+fn is_tree_spec(parent: &[u8], n: usize) -> bool {
+    if n == 0 || parent.len() < n || parent[0] != TREE_ROOT {
+        return false;
+    }
+    let mut depth: Vec<Option<usize>> = vec![None; n];
+    depth[0] = Some(0);
+    for _ in 0..n {
+        for r in 1..n {
+            let p = parent[r] as usize;
+            if p < n {
+                if let Some(dp) = depth[p] {
+                    depth[r] = Some(dp + 1);
+                }
+            }
+        }
+    }
+    depth.iter().all(|d| d.is_some())
+}
+
+/// What `GroupEntry::check` must answer, from `GroupError`'s documentation,
+/// in the order the checks are documented.
+fn group_check_spec(e: &GroupEntry, caller: u32) -> Result<(), GroupError> {
+    let n = e.member_count as usize;
+    if e.group_id == 0 || n == 0 || n > GROUP_MEMBERS_MAX || e.my_rank as usize >= n {
+        return Err(GroupError::BadShape);
+    }
+    let mut seen = std::collections::HashSet::new();
+    if !e.members[..n].iter().all(|m| seen.insert(*m)) {
+        return Err(GroupError::DuplicateMember);
+    }
+    if e.members[e.my_rank as usize] != caller || (caller & 0xFFFF) as u16 != e.port {
+        return Err(GroupError::NotMember);
+    }
+    let trees = e.tree_count as usize;
+    if trees == 0 || trees > TREES_MAX || !(0..trees).all(|t| is_tree_spec(&e.parents[64 * t..64 * (t + 1)], n)) {
+        return Err(GroupError::BadTree);
+    }
+    if e.flags != 0
+        || e.reserved0 != 0
+        || e.reserved1 != 0
+        || e.reserved2.iter().any(|&r| r != 0)
+        || e.members[n..].iter().any(|&m| m != 0)
+    {
+        return Err(GroupError::Reserved);
+    }
+    Ok(())
+}
+
+/// A random tree over `parent.len()` relative ranks: a random order of
+/// ranks 1.. hangs each under a random earlier one (so parents are not
+/// always smaller than their children).
+fn random_tree(parent: &mut [u8], x: &mut u64) {
+    let n = parent.len();
+    let mut order: Vec<u8> = (0..n as u8).collect();
+    for i in (2..n).rev() {
+        let j = 1 + (next(x) % i as u64) as usize;
+        order.swap(i, j);
+    }
+    parent[0] = TREE_ROOT;
+    for i in 1..n {
+        parent[order[i] as usize] = order[(next(x) % i as u64) as usize];
+    }
+}
+
+/// A group entry `check` accepts for the returned caller. Bytes `check`
+/// does not read (bounce fields, λs, parents beyond the member count or of
+/// unused trees) stay arbitrary.
+fn valid_group_entry() -> impl Strategy<Value = (GroupEntry, u32)> {
+    (arb_group_entry(), 1usize..=GROUP_MEMBERS_MAX, any::<u64>(), 1..=TREES_MAX as u8, any::<u32>()).prop_map(
+        |(mut e, n, seed, trees, salt)| {
+            let mut x = seed | 1;
+            e.group_id = e.group_id.max(1);
+            e.member_count = n as u16;
+            e.my_rank = (next(&mut x) % n as u64) as u16;
+            e.members = [0; GROUP_MEMBERS_MAX];
+            for (i, m) in e.members[..n].iter_mut().enumerate() {
+                // Distinct: multiplication by an odd constant is a bijection.
+                *m = (i as u32 + 1).wrapping_mul(0x9E37_79B1) ^ salt;
+            }
+            let caller = e.members[e.my_rank as usize];
+            e.port = caller as u16;
+            e.tree_count = trees;
+            for t in 0..trees as usize {
+                random_tree(&mut e.parents[64 * t..64 * t + n], &mut x);
+            }
+            e.flags = 0;
+            e.reserved0 = 0;
+            e.reserved1 = 0;
+            e.reserved2.fill(0);
+            (e, caller)
+        },
+    )
+}
+
+/// Valid entries with (usually) one rule broken.
+fn plausible_group_entry() -> impl Strategy<Value = (GroupEntry, u32)> {
+    (valid_group_entry(), 0u8..28, any::<u64>()).prop_map(|((mut e, mut caller), which, v)| {
+        let n = e.member_count as usize;
+        let t = (v % e.tree_count as u64) as usize;
+        let r = if n > 1 { 1 + (v >> 8) as usize % (n - 1) } else { 0 };
+        match which {
+            0 => e.group_id = 0,
+            1 => e.member_count = 0,
+            2 => e.member_count = (GROUP_MEMBERS_MAX as u64 + 1 + v % 100) as u16,
+            3 => e.my_rank = (n as u64 + v % 3) as u16,
+            4 if n > 1 => {
+                let i = (v % n as u64) as usize;
+                let j = (i + 1 + (v >> 16) as usize % (n - 1)) % n;
+                e.members[j] = e.members[i];
+            }
+            5 => e.members[e.my_rank as usize] ^= 1 << (16 + v % 16), // another node
+            6 => e.port = e.port.wrapping_add(1 + v as u16 % 7),
+            7 => caller ^= 1 << (v % 32),
+            8 => e.tree_count = 0,
+            9 => e.tree_count = (TREES_MAX as u64 + 1 + v % 200) as u8,
+            10 if n > 1 => e.parents[64 * t + r] = r as u8, // self loop
+            11 if n > 2 => {
+                // Two ranks naming each other.
+                let s = 1 + (r % (n - 1)) % (n - 1).max(1);
+                let s = if s == r { 1 + r % (n - 1) } else { s };
+                e.parents[64 * t + r] = s as u8;
+                e.parents[64 * t + s] = r as u8;
+            }
+            12 => e.parents[64 * t] = (v % 0xFF) as u8, // root not TREE_ROOT
+            13 if n > 1 => e.parents[64 * t + r] = (n as u64 + v % 200).min(0xFF) as u8,
+            14 => e.flags = v as u8 | 1,
+            15 => e.reserved0 = v as u16 | 1,
+            16 => e.reserved1 = v as u32 | 1,
+            17 => {
+                let i = (v % e.reserved2.len() as u64) as usize;
+                e.reserved2[i] = v | 1;
+            }
+            18 if n < GROUP_MEMBERS_MAX => e.members[n + (v >> 8) as usize % (GROUP_MEMBERS_MAX - n)] = v as u32 | 1,
+            19 if n > 1 => e.member_count -= 1,
+            20 if n < GROUP_MEMBERS_MAX => e.member_count += 1,
+            21 => e.tree_count = e.tree_count % TREES_MAX as u8 + 1,
+            _ => {}
+        }
+        (e, caller)
+    })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn group_entry_check_arbitrary(e in arb_group_entry(), caller in any::<u32>()) {
+        prop_assert_eq!(e.check(caller), group_check_spec(&e, caller));
+    }
+
+    #[test]
+    fn group_entry_check_arbitrary_bytes(bytes in vec(any::<u8>(), GroupEntry::SIZE..=GroupEntry::SIZE), caller in any::<u32>()) {
+        let e = GroupEntry::decode(&bytes).unwrap();
+        prop_assert_eq!(e.check(caller), group_check_spec(&e, caller));
+    }
+
+    #[test]
+    fn group_entry_check_valid_accepted((e, caller) in valid_group_entry()) {
+        prop_assert_eq!(e.check(caller), Ok(()));
+        for t in 0..e.tree_count as usize {
+            prop_assert_eq!(e.tree(t), &e.parents[64 * t..64 * t + e.member_count as usize]);
+            prop_assert!(emp_uapi::coll::tree_valid(e.tree(t), e.member_count as usize));
+        }
+        // Survives the trip through SRAM bytes.
+        let mut b = vec![0u8; GroupEntry::SIZE];
+        e.encode(&mut b).unwrap();
+        prop_assert_eq!(GroupEntry::decode(&b).unwrap().check(caller), Ok(()));
+    }
+
+    #[test]
+    fn group_entry_check_plausible((e, caller) in plausible_group_entry()) {
+        prop_assert_eq!(e.check(caller), group_check_spec(&e, caller));
+    }
+}
+
+/// A hand-built 4-member group: nodes 1..=4 on port 7; this NIC is rank 2.
+/// Tree 0 is binomial (0 <- 1, 0 <- 2, 1 <- 3), tree 1 a chain.
+fn hand_group_entry() -> (GroupEntry, u32) {
+    let mut e = GroupEntry {
+        group_id: 42,
+        epoch: 1,
+        member_count: 4,
+        my_rank: 2,
+        port: 7,
+        tree_count: 2,
+        bounce_key: 0x0001_0003,
+        bounce_slot_size: 4096,
+        bounce_offset: 8192,
+        bounce_slots: 4,
+        tree_lambda: [1, 3, 0, 0, 0, 0, 0, 0],
+        ..Default::default()
+    };
+    for r in 0..4 {
+        e.members[r] = ((r as u32 + 1) << 16) | 7;
+    }
+    e.parents[..4].copy_from_slice(&[TREE_ROOT, 0, 0, 1]);
+    e.parents[64..68].copy_from_slice(&[TREE_ROOT, 0, 1, 2]);
+    (e, (3 << 16) | 7)
+}
+
+/// A change to a group entry.
+type Edit = Box<dyn Fn(&mut GroupEntry)>;
+
+#[test]
+fn group_entry_check_rejects_each_case() {
+    let (good, caller) = hand_group_entry();
+    assert_eq!(good.check(caller), Ok(()));
+
+    // The byte image: fields at their documented offsets.
+    let mut b = vec![0u8; GroupEntry::SIZE];
+    good.encode(&mut b).unwrap();
+    assert_eq!(&b[0..4], &42u32.to_le_bytes());
+    assert_eq!(b[14], 2, "tree_count at 14");
+    assert_eq!(&b[24..32], &8192u64.to_le_bytes(), "bounce_offset at 24");
+    assert_eq!(&b[40..42], &[1, 3], "tree_lambda at 40");
+    assert_eq!(&b[48 + 8..48 + 12], &((3u32 << 16) | 7).to_le_bytes(), "members at 48");
+    // parents and reserved2 follow the members array.
+    let parents = 48 + 4 * GROUP_MEMBERS_MAX;
+    assert_eq!(core::mem::offset_of!(GroupEntry, parents), parents);
+    assert_eq!(&b[parents..parents + 4], &[TREE_ROOT, 0, 0, 1], "tree 0");
+    assert_eq!(&b[parents + 64..parents + 68], &[TREE_ROOT, 0, 1, 2], "tree 1 at +64");
+    assert_eq!(core::mem::offset_of!(GroupEntry, reserved2), parents + 512);
+    assert!(b[parents + 512..].iter().all(|&x| x == 0), "reserved2 last, zero");
+    const { assert!(GROUP_MEMBERS_MAX <= 64, "a parent array (64 bytes) holds every member") };
+
+    let cases: Vec<(&str, Edit, GroupError)> = vec![
+        ("group id 0", Box::new(|e| e.group_id = 0), GroupError::BadShape),
+        ("no members", Box::new(|e| e.member_count = 0), GroupError::BadShape),
+        ("too many members", Box::new(|e| e.member_count = GROUP_MEMBERS_MAX as u16 + 1), GroupError::BadShape),
+        ("rank = member count", Box::new(|e| e.my_rank = 4), GroupError::BadShape),
+        ("endpoint twice", Box::new(|e| e.members[3] = e.members[0]), GroupError::DuplicateMember),
+        ("caller twice", Box::new(|e| e.members[0] = e.members[2]), GroupError::DuplicateMember),
+        ("another endpoint at my rank", Box::new(|e| e.members[2] = (9 << 16) | 7), GroupError::NotMember),
+        ("rank names another member", Box::new(|e| e.my_rank = 1), GroupError::NotMember),
+        ("port is not the caller's", Box::new(|e| e.port = 8), GroupError::NotMember),
+        ("no tree", Box::new(|e| e.tree_count = 0), GroupError::BadTree),
+        ("9 trees", Box::new(|e| e.tree_count = TREES_MAX as u8 + 1), GroupError::BadTree),
+        ("tree without root", Box::new(|e| e.parents[0] = 0), GroupError::BadTree),
+        ("two roots", Box::new(|e| e.parents[3] = TREE_ROOT), GroupError::BadTree),
+        ("parent out of range", Box::new(|e| e.parents[3] = 4), GroupError::BadTree),
+        ("cycle in tree 1", Box::new(|e| e.parents[64 + 1..64 + 3].copy_from_slice(&[2, 1])), GroupError::BadTree),
+        ("self loop", Box::new(|e| e.parents[64 + 3] = 3), GroupError::BadTree),
+        ("tree 2 in use but empty", Box::new(|e| e.tree_count = 3), GroupError::BadTree),
+        ("flags", Box::new(|e| e.flags = 1), GroupError::Reserved),
+        ("reserved0", Box::new(|e| e.reserved0 = 1), GroupError::Reserved),
+        ("reserved1", Box::new(|e| e.reserved1 = 1), GroupError::Reserved),
+        ("reserved2", Box::new(|e| *e.reserved2.last_mut().unwrap() = 1), GroupError::Reserved),
+        ("member beyond the count", Box::new(|e| e.members[4] = (5 << 16) | 7), GroupError::Reserved),
+    ];
+    for (what, f, want) in &cases {
+        let mut e = good;
+        f(&mut e);
+        assert_eq!(e.check(caller), Err(*want), "{what}");
+        assert_eq!(group_check_spec(&e, caller), Err(*want), "spec: {what}");
+    }
+    // Every GroupError variant is exercised and has a text.
+    for v in [GroupError::BadShape, GroupError::DuplicateMember, GroupError::NotMember, GroupError::BadTree, GroupError::Reserved] {
+        assert!(cases.iter().any(|c| c.2 == v), "{v:?} not exercised");
+        assert!(!v.as_str().is_empty());
+    }
+    // A caller on another port than the entry's.
+    assert_eq!(good.check((3 << 16) | 8), Err(GroupError::NotMember));
+
+    // What `check` does not look at: accepted either way.
+    let accepted: Vec<(&str, Edit)> = vec![
+        ("parents beyond member_count", Box::new(|e| e.parents[4] = 0xAA)),
+        ("parents of unused trees", Box::new(|e| e.parents[64 * 5] = 0x11)),
+        ("lambdas", Box::new(|e| e.tree_lambda = [9; 8])),
+        ("bounce fields", Box::new(|e| e.bounce_slots = 0)),
+        ("one member, one tree", Box::new(|e| {
+            e.member_count = 1;
+            e.my_rank = 0;
+            e.members = [0; GROUP_MEMBERS_MAX];
+            e.members[0] = (3 << 16) | 7;
+            e.tree_count = 1;
+        })),
+        ("all trees, all members", Box::new(|e| {
+            e.member_count = GROUP_MEMBERS_MAX as u16;
+            for r in 0..GROUP_MEMBERS_MAX {
+                e.members[r] = ((r as u32 + 1) << 16) | 7;
+            }
+            e.tree_count = TREES_MAX as u8;
+            for t in 0..TREES_MAX {
+                e.parents[64 * t] = TREE_ROOT;
+                for r in 1..GROUP_MEMBERS_MAX {
+                    e.parents[64 * t + r] = ((r - 1) / (t + 1)) as u8; // (t+1)-ary heap
+                }
+            }
+        })),
+    ];
+    for (what, f) in &accepted {
+        let mut e = good;
+        f(&mut e);
+        assert_eq!(e.check(caller), Ok(()), "{what}");
     }
 }
