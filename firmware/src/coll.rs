@@ -34,6 +34,7 @@ use crate::{Hal, LocalDesc, Nic};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Params {
     Barrier { algo: BarrierAlgo, tree: u8 },
+    Bcast { root: u16, tree: u8, len: u64 },
     Reduce { all: bool, root: u16, tree: u8, dtype: Dtype, op: ReduceOp, count: u32 },
 }
 
@@ -41,6 +42,7 @@ impl Params {
     fn bytes(&self) -> usize {
         match *self {
             Params::Barrier { .. } => 0,
+            Params::Bcast { len, .. } => len as usize,
             Params::Reduce { dtype, count, .. } => dtype.size() * count as usize,
         }
     }
@@ -82,6 +84,12 @@ pub(crate) struct CollOp {
     pub local_done: bool,
     /// Waiting for a free transmission record.
     pub stalled: bool,
+    /// Broadcast: the message has been received in full.
+    pub rx_done: bool,
+    /// Broadcast received before the post: the bounce slot holding it.
+    pub bounce: Option<u16>,
+    /// Broadcast: where the data is (user buffer, or the bounce slot).
+    pub data: Option<LocalDesc>,
 }
 
 /// Payload of an internal (NIC-generated) message after its `CollHeader`.
@@ -90,6 +98,9 @@ pub(crate) enum CollData {
     None,
     /// Bytes held on the NIC (partials, results).
     Nic(Vec<u8>),
+    /// Host memory named by the message's descriptor (broadcast data: the
+    /// root's buffer, or where an inner rank received it).
+    Host,
 }
 
 /// An internal message's collective side: its header and data, and the
@@ -100,12 +111,16 @@ pub(crate) struct CollTx {
     pub data: CollData,
     pub op: u32,
     pub op_stamp: u32,
+    /// Frames that can be sent now (`u32::MAX`: all).
+    pub limit: u32,
 }
 
 /// What the receiver did with a collective message's first frame.
 pub(crate) enum CollAccept {
     /// Taken whole (single-frame messages): ACK it.
     Consumed,
+    /// A broadcast: received through this receive record.
+    Receive(u32),
     /// Not now: NACK with this reason.
     Refuse(NackReason),
 }
@@ -187,6 +202,20 @@ impl Nic {
                 }
                 p
             }
+            Opcode::Bcast => {
+                let (root, tree) = (ld.wd.port, ld.wd.tag as u8);
+                if root >= n || tree as usize >= trees {
+                    return fail(self, hal, Status::BadDescriptor);
+                }
+                if ld.len > self.cfg.msg_max {
+                    return fail(self, hal, Status::TooLarge);
+                }
+                let access = if g.rank == root { MR_LOCAL_READ } else { MR_LOCAL_WRITE };
+                if let Err(st) = self.check_sges(hal, port, ld.sges(), access) {
+                    return fail(self, hal, st);
+                }
+                Params::Bcast { root, tree, len: ld.len }
+            }
             _ => return fail(self, hal, Status::BadDescriptor),
         };
         let g = self.groups.slots[slot as usize].as_mut().expect("checked");
@@ -218,6 +247,13 @@ impl Nic {
                 Err(e) => {
                     rec.error.get_or_insert(e);
                 }
+            }
+        }
+        if let Params::Bcast { .. } = params {
+            let rec = self.coll_ops.get_mut(op);
+            if rec.bounce.is_none() {
+                // Root: sends from here. Others: the message lands here.
+                rec.data = Some(ld);
             }
         }
         self.release_early_buffers(op);
@@ -289,11 +325,19 @@ impl Nic {
                 self.accept_barrier(op, &ch, kind)
             }
             CollKind::ReduceUp | CollKind::AllreduceDown => self.accept_reduce(op, &ch, kind, data),
-            CollKind::Bcast => Err(NackReason::CollMismatch),
+            CollKind::Bcast => match self.accept_bcast(hal, now, op, hdr, msg, &ch) {
+                Ok(r) => return CollAccept::Receive(r),
+                Err(e) => Err(e),
+            },
         };
         let is_empty_early = {
             let o = self.coll_ops.get(op).expect("live");
-            o.desc.is_none() && o.arrived == 0 && !o.released && o.partials.iter().all(|p| p.is_none()) && o.down.is_none()
+            o.desc.is_none()
+                && o.arrived == 0
+                && !o.released
+                && o.partials.iter().all(|p| p.is_none())
+                && o.down.is_none()
+                && o.data.is_none()
         };
         match r {
             Ok(()) => {
@@ -406,13 +450,17 @@ impl Nic {
     /// Drives an operation as far as its arrivals allow.
     pub(crate) fn coll_progress<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32) {
         let Some(o) = self.coll_ops.get(op) else { return };
-        if o.desc.is_none() {
-            return; // Early messages only: nothing to do until the host posts.
+        // Early messages wait for the host's post, except a broadcast: its
+        // NIC forwards without the host (application bypass).
+        let bypass = matches!(o.params, Some(Params::Bcast { .. })) && o.data.is_some();
+        if o.desc.is_none() && !bypass {
+            return;
         }
         if o.error.is_none() {
-            let r = match o.params.expect("set at post") {
+            let r = match o.params.expect("set at post or arrival") {
                 Params::Barrier { algo, tree } => self.progress_barrier(hal, now, op, algo, tree),
                 Params::Reduce { .. } => self.progress_reduce(hal, now, op),
+                Params::Bcast { root, tree, .. } => self.progress_bcast(hal, now, op, root, tree),
             };
             if let Err(e) = r {
                 self.coll_ops.get_mut(op).error.get_or_insert(e);
@@ -558,6 +606,157 @@ impl Nic {
         Ok(())
     }
 
+    /// Frame 0 of a broadcast from our parent: receive it into the posted
+    /// buffer, or (application bypass) into a bounce slot, and start
+    /// forwarding to our children while the rest arrives.
+    fn accept_bcast<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        op: u32,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        ch: &CollHeader,
+    ) -> Result<u32, NackReason> {
+        let len = msg.total_len - CollHeader::SIZE as u64;
+        let p = Params::Bcast { root: ch.root as u16, tree: ch.tree, len };
+        let o = self.coll_ops.get(op).expect("live");
+        let g = self.groups.get(o.group).expect("live group");
+        if ch.root as u16 >= g.n || ch.tree as usize >= g.trees.len() || o.params.is_some_and(|q| q != p) {
+            return Err(NackReason::CollMismatch);
+        }
+        let rel = rel_rank(g.rank, ch.root as u16, g.n);
+        if rel == 0 || g.parent(ch.tree, rel) != Some(rel_rank(ch.sender as u16, ch.root as u16, g.n)) || o.data.is_some() && o.desc.is_none() {
+            return Err(NackReason::CollMismatch);
+        }
+        if self.rx.is_full() || wire::frames_for(msg.total_len, self.mtu) != hdr.frame_count as u64 {
+            return Err(NackReason::NoMatch);
+        }
+        let (stamp, group, posted) = (o.stamp, o.group, o.desc.map(|_| o.data.expect("posted broadcast has its buffer")));
+        let data = match posted {
+            Some(d) => d,
+            None => {
+                // Not posted: a bounce slot, if the message fits one.
+                if len > g.bounce_slot_size as u64 || g.bounce_free.is_empty() {
+                    return Err(NackReason::NoMatch);
+                }
+                let (key, base, size) = (g.bounce_key, g.bounce_offset, g.bounce_slot_size as u64);
+                let b = self.groups.slots[group as usize].as_mut().expect("live").bounce_free.pop().expect("checked");
+                let mut wd = WorkDesc { opcode: Opcode::Recv as u8, num_sge: 1, ..Default::default() };
+                wd.sge[0] = emp_uapi::desc::Sge { key, len: len as u32, offset: base + b as u64 * size };
+                self.coll_ops.get_mut(op).bounce = Some(b);
+                LocalDesc::new(&wd)
+            }
+        };
+        let port = hdr.dst_port;
+        let peer = self.find_peer(port, hdr.src_node, hdr.src_port).expect("frame's peer exists");
+        let groups = hdr.frame_count.div_ceil(self.cfg.group_size) as usize;
+        let rec = crate::rx::RxMsg {
+            port,
+            peer,
+            seq: hdr.msg_seq,
+            desc: data,
+            tag: msg.tag,
+            total_len: msg.total_len,
+            frame_count: hdr.frame_count,
+            received: vec![0; (hdr.frame_count as usize).div_ceil(64)],
+            group_counts: vec![0; groups],
+            frames_received: 0,
+            highest: 0,
+            last_activity: now,
+            error: None,
+            skip: CollHeader::SIZE as u64,
+            coll: Some((op, stamp)),
+            contig: 0,
+        };
+        let r = self.rx.insert(rec).expect("checked not full");
+        self.peer_mut(peer).rx_active.push(r);
+        self.arm_rx_sweep(now);
+        let o = self.coll_ops.get_mut(op);
+        o.params = Some(p);
+        o.data = Some(data);
+        // Children are fed from where the data lands, frame by frame.
+        self.coll_progress(hal, now, op);
+        Ok(r)
+    }
+
+    /// Frames `0..contig` of a broadcast are in host memory: forwarding may
+    /// send them.
+    pub(crate) fn bcast_frames_here(&mut self, op: u32, stamp: u32, contig: u32) {
+        if self.coll_ops.get(op).is_none_or(|o| o.stamp != stamp) {
+            return;
+        }
+        let fwd: Vec<(u32, u32)> = self
+            .tx
+            .iter()
+            .filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == op && c.op_stamp == stamp) && m.limit < contig)
+            .map(|(s, m)| (s, m.peer))
+            .collect();
+        for (t, peer) in fwd {
+            self.tx.get_mut(t).limit = contig;
+            self.mark_ready(peer);
+        }
+    }
+
+    /// A broadcast finished arriving (or failed).
+    pub(crate) fn bcast_rx_done<H: Hal>(&mut self, hal: &mut H, op: u32, stamp: u32, error: Option<Status>) {
+        if self.coll_ops.get(op).is_none_or(|o| o.stamp != stamp) {
+            return;
+        }
+        let o = self.coll_ops.get_mut(op);
+        o.rx_done = true;
+        if let Some(e) = error {
+            o.error.get_or_insert(e);
+        }
+        self.coll_progress(hal, 0, op);
+    }
+
+    /// Root: send to each child. Others: once the data is located, forward
+    /// to each child (limited to the frames present); when posted after a
+    /// bounce, copy to the user's buffer once everything arrived.
+    fn progress_bcast<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32, root: u16, tree: u8) -> Result<(), Status> {
+        let o = self.coll_ops.get(op).expect("live");
+        let g = self.groups.get(o.group).expect("live group");
+        let n = g.n;
+        let rel = rel_rank(g.rank, root, n);
+        let children = g.children(tree, rel);
+        if o.data.is_none() {
+            return Ok(()); // Not arrived yet.
+        }
+        let contig = if rel == 0 {
+            u32::MAX
+        } else {
+            // Frames already here (the receive record, or all of them).
+            self.rx
+                .iter()
+                .find(|(_, m)| m.coll == Some((op, o.stamp)))
+                .map_or(if o.rx_done { u32::MAX } else { 0 }, |(_, m)| m.contig)
+        };
+        while (self.coll_ops.get(op).expect("live").sub as usize) < children.len() {
+            let c = children[self.coll_ops.get(op).expect("live").sub as usize];
+            let h = self.coll_header(op, CollKind::Bcast, 0, root as u8, tree);
+            if self.coll_send_limited(hal, now, op, abs_rank(c, root, n), h, CollData::Host, contig)?.is_none() {
+                return Ok(());
+            }
+            self.coll_ops.get_mut(op).sub += 1;
+        }
+        let o = self.coll_ops.get(op).expect("live");
+        if rel != 0 && (!o.rx_done || o.desc.is_none()) {
+            return Ok(());
+        }
+        if let (Some(_), false) = (o.bounce, o.local_done) {
+            // Posted after the data arrived in a bounce slot: copy it over.
+            let (ld, _) = o.desc.expect("posted");
+            let from = o.data.expect("bounce located");
+            let mut tmp = vec![0u8; from.len as usize];
+            let port = o.port;
+            self.sge_io(hal, port, from.sges(), 0, Buf::FromHost(&mut tmp), MR_LOCAL_READ)?;
+            self.sge_io(hal, port, ld.sges(), 0, Buf::ToHost(&tmp), MR_LOCAL_WRITE)?;
+        }
+        self.coll_ops.get_mut(op).local_done = true;
+        Ok(())
+    }
+
     fn coll_header(&self, op: u32, kind: CollKind, round: u8, root: u8, tree: u8) -> CollHeader {
         let o = self.coll_ops.get(op).expect("live");
         let g = self.groups.get(o.group).expect("live group");
@@ -583,48 +782,78 @@ impl Nic {
 
     /// Queues an internal message to group rank `to`. `Ok(false)`: no free
     /// transmission record; the op is retried when one frees.
-    fn coll_send<H: Hal>(&mut self, _hal: &mut H, now: u64, op: u32, to: u16, hdr: CollHeader, data: CollData) -> Result<bool, Status> {
+    fn coll_send<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32, to: u16, hdr: CollHeader, data: CollData) -> Result<bool, Status> {
+        self.coll_send_limited(hal, now, op, to, hdr, data, u32::MAX).map(|s| s.is_some())
+    }
+
+    /// Queues an internal message to group rank `to` of which only the
+    /// first `limit` frames exist yet; returns its transmission record, or
+    /// `None` when no record is free (the op is retried when one frees).
+    #[allow(clippy::too_many_arguments)]
+    fn coll_send_limited<H: Hal>(
+        &mut self,
+        _hal: &mut H,
+        now: u64,
+        op: u32,
+        to: u16,
+        hdr: CollHeader,
+        data: CollData,
+        limit: u32,
+    ) -> Result<Option<u32>, Status> {
         if self.tx.is_full() {
             self.coll_ops.get_mut(op).stalled = true;
             self.coll_stalled = true;
-            return Ok(false);
+            return Ok(None);
         }
         let o = self.coll_ops.get(op).expect("live");
         let g = self.groups.get(o.group).expect("live group");
         let (node, rport) = g.endpoint(to);
-        let (port, stamp) = (o.port, o.stamp);
+        let (port, stamp, src) = (o.port, o.stamp, o.data);
         let Some(peer) = self.peer_for(port, node, rport, 0) else { return Err(Status::TableFull) };
-        let len = CollHeader::SIZE
+        let wd = WorkDesc { opcode: Opcode::Send as u8, node, port: rport, ..Default::default() };
+        let mut desc = match &data {
+            // The data's memory becomes the message's scatter/gather list.
+            CollData::Host => {
+                let src = src.expect("broadcast data located");
+                LocalDesc { wd: WorkDesc { node, port: rport, opcode: Opcode::Send as u8, ..src.wd }, ..src }
+            }
+            _ => LocalDesc::new(&wd),
+        };
+        desc.len = CollHeader::SIZE as u64
             + match &data {
                 CollData::None => 0,
-                CollData::Nic(v) => v.len(),
+                CollData::Nic(v) => v.len() as u64,
+                CollData::Host => desc.len,
             };
-        let wd = WorkDesc { opcode: Opcode::Send as u8, node, port: rport, ..Default::default() };
-        let mut desc = LocalDesc::new(&wd);
-        desc.len = len as u64;
-        let ctx = CollTx { hdr, data, op, op_stamp: stamp };
-        self.enqueue_tx_coll(now, port, peer, desc, ctx);
+        let ctx = CollTx { hdr, data, op, op_stamp: stamp, limit };
+        let slot = self.enqueue_tx_coll(now, port, peer, desc, ctx);
         let o = self.coll_ops.get_mut(op);
         o.pending_tx += 1;
         o.stalled = false;
-        Ok(true)
+        Ok(Some(slot))
     }
 
-    /// Bytes `[off, off + out.len())` of an internal message.
-    pub(crate) fn coll_payload(c: &CollTx, off: u64, out: &mut [u8]) {
+    /// Bytes `[off, off + out.len())` of an internal message: the header
+    /// and NIC-held data are filled in; for host data, returns where in
+    /// `out` it starts and its offset in the descriptor's memory.
+    pub(crate) fn coll_payload(c: &CollTx, off: u64, out: &mut [u8]) -> Option<(usize, u64)> {
         let mut hb = [0u8; CollHeader::SIZE];
         c.hdr.put(&mut hb);
-        for (i, b) in out.iter_mut().enumerate() {
-            let at = off as usize + i;
-            *b = if at < CollHeader::SIZE {
-                hb[at]
-            } else {
-                match &c.data {
-                    CollData::Nic(v) => v[at - CollHeader::SIZE],
-                    CollData::None => 0,
-                }
-            };
+        let head = (CollHeader::SIZE as u64).saturating_sub(off).min(out.len() as u64) as usize;
+        if head > 0 {
+            out[..head].copy_from_slice(&hb[off as usize..off as usize + head]);
         }
+        let data_off = (off + head as u64) - CollHeader::SIZE as u64;
+        let rest = &mut out[head..];
+        if rest.is_empty() {
+            return None;
+        }
+        match &c.data {
+            CollData::Nic(v) => rest.copy_from_slice(&v[data_off as usize..data_off as usize + rest.len()]),
+            CollData::None => rest.fill(0),
+            CollData::Host => return Some((head, data_off)),
+        }
+        None
     }
 
     /// An internal message finished (ACKed, or failed).
@@ -667,6 +896,11 @@ impl Nic {
             return;
         }
         let o = self.coll_ops.remove(op);
+        if let Some(b) = o.bounce {
+            if let Some(g) = self.groups.slots[o.group as usize].as_mut() {
+                g.bounce_free.push(b);
+            }
+        }
         let (ld, opcode) = o.desc.expect("posted");
         let status = o.error.unwrap_or(Status::Success);
         let mut c = Completion::of(&ld, opcode, status);
@@ -681,15 +915,31 @@ impl Nic {
         let ops: Vec<u32> = self.coll_ops.iter().filter(|(_, o)| o.group == group).map(|(s, _)| s).collect();
         for op in ops {
             let o = self.coll_ops.get_mut(op);
-            if o.desc.is_none() {
-                let held = o.partials.iter().filter(|p| p.is_some()).count() as u32;
-                self.coll_pool_used -= held.min(self.coll_pool_used);
-                self.coll_ops.remove(op);
-                continue;
-            }
             // Failed first, so finishing its messages cannot start new ones.
             o.error.get_or_insert(status);
             let stamp = o.stamp;
+            let rxs: Vec<u32> = self.rx.iter().filter(|(_, m)| m.coll == Some((op, stamp))).map(|(s, _)| s).collect();
+            for r in rxs {
+                self.finish_rx(hal, r, Some(Status::Flushed));
+            }
+            if self.coll_ops.get(op).expect("live").desc.is_none() {
+                let txs: Vec<u32> = self
+                    .tx
+                    .iter()
+                    .filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == op && c.op_stamp == stamp))
+                    .map(|(s, _)| s)
+                    .collect();
+                for t in txs {
+                    self.finish_tx(hal, now, t, Status::Flushed);
+                }
+                let o = self.coll_ops.remove(op);
+                let held = o.partials.iter().filter(|p| p.is_some()).count() as u32;
+                self.coll_pool_used -= held.min(self.coll_pool_used);
+                if let (Some(b), Some(g)) = (o.bounce, self.groups.slots[o.group as usize].as_mut()) {
+                    g.bounce_free.push(b);
+                }
+                continue;
+            }
             let txs: Vec<u32> = self
                 .tx
                 .iter()
@@ -779,6 +1029,9 @@ impl CollOp {
             error: None,
             local_done: false,
             stalled: false,
+            rx_done: false,
+            bounce: None,
+            data: None,
         }
     }
 }

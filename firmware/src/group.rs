@@ -26,6 +26,13 @@ pub(crate) struct GroupState {
     pub trees: Vec<Vec<u8>>,
     /// Instance number the next collective posted here gets.
     pub next_instance: u32,
+    /// Bounce slots for broadcasts that arrive before they are posted
+    /// (application bypass): region key, offset of slot 0, slot size.
+    pub bounce_key: u32,
+    pub bounce_offset: u64,
+    pub bounce_slot_size: u32,
+    /// Free bounce slots.
+    pub bounce_free: Vec<u16>,
 }
 
 impl GroupState {
@@ -94,6 +101,13 @@ impl Nic {
         if e.port as usize >= self.ports.len() || !self.ports[e.port as usize].open {
             return admin_result::BAD_STATE;
         }
+        if e.bounce_slots > 0 {
+            let bytes = e.bounce_slots as u64 * e.bounce_slot_size as u64;
+            let rw = emp_uapi::desc::MR_LOCAL_READ | emp_uapi::desc::MR_LOCAL_WRITE;
+            if e.bounce_slot_size == 0 || self.mr_lookup(hal, e.port, e.bounce_key, e.bounce_offset, bytes, rw).is_err() {
+                return admin_result::BAD_KEY;
+            }
+        }
         if let Some(&old) = self.groups.by_id.get(&(e.port, e.group_id)) {
             let prev = self.groups.get(old).expect("indexed");
             if prev.epoch >= e.epoch {
@@ -114,6 +128,10 @@ impl Nic {
             members: e.members[..n].to_vec(),
             trees: (0..e.tree_count as usize).map(|t| e.tree(t).to_vec()).collect(),
             next_instance: 0,
+            bounce_key: e.bounce_key,
+            bounce_offset: e.bounce_offset,
+            bounce_slot_size: e.bounce_slot_size,
+            bounce_free: (0..e.bounce_slots).rev().collect(),
         };
         self.groups.by_id.insert((g.port, g.id), slot);
         let port = g.port;

@@ -33,6 +33,12 @@ pub(crate) struct RxMsg {
     pub highest: u32,
     pub last_activity: u64,
     pub error: Option<Status>,
+    /// Leading message bytes not delivered (a collective's header).
+    pub skip: u64,
+    /// A broadcast received by the NIC for collective op (slot, stamp).
+    pub coll: Option<(u32, u32)>,
+    /// Frames received without a gap from frame 0.
+    pub contig: u32,
 }
 
 /// Bounded table of receive records.
@@ -150,6 +156,14 @@ impl Nic {
                     p.rnr_seq = None;
                     p.rnr_coll = false;
                     self.send_ack(hal, peer, seq, 0);
+                    self.nack_gap(hal, peer);
+                }
+                crate::coll::CollAccept::Receive(r) => {
+                    let p = self.peer_mut(peer);
+                    p.rx_expected = seq.wrapping_add(1);
+                    p.rnr_seq = None;
+                    p.rnr_coll = false;
+                    self.accept_frame(hal, now, r, hdr, Some(msg), payload);
                     self.nack_gap(hal, peer);
                 }
                 crate::coll::CollAccept::Refuse(NackReason::NoMatch) => {
@@ -334,13 +348,13 @@ impl Nic {
                 highest: 0,
                 last_activity: now,
                 error: None,
+                skip: 0,
+                coll: None,
+                contig: 0,
             };
             let Some(r) = self.rx.insert(rec) else { return MatchOutcome::NotReady };
             self.ports[port as usize].posted.remove(i);
-            if !self.sweep_armed {
-                self.sweep_armed = true;
-                self.timers.arm(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
-            }
+            self.arm_rx_sweep(now);
             let p = self.peer_mut(peer);
             p.rx_active.push(r);
             p.rx_expected = hdr.msg_seq.wrapping_add(1);
@@ -366,6 +380,14 @@ impl Nic {
             }
         }
         MatchOutcome::NotReady
+    }
+
+    /// Partially received messages are swept for idleness while any exists.
+    pub(crate) fn arm_rx_sweep(&mut self, now: u64) {
+        if !self.sweep_armed {
+            self.sweep_armed = true;
+            self.timers.arm(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
+        }
     }
 
     /// A receive was posted: take the oldest matching overflowed message.
@@ -439,16 +461,24 @@ impl Nic {
         // Zero-copy into the user's buffer; bytes beyond it are dropped (truncation).
         let buf_len = m.desc.len;
         let desc = m.desc;
-        let n = (buf_len.saturating_sub(off)).min(payload.len() as u64) as usize;
-        let deferred = self.defer(crate::cpu::Step::Receiving);
+        let coll = m.coll;
+        // A collective's header (frame 0's first bytes) is not delivered.
+        let (off, data) = match m.skip.checked_sub(off) {
+            Some(cut) if cut > 0 => (0, &payload[(cut as usize).min(payload.len())..]),
+            _ => (off - m.skip, payload),
+        };
+        let n = (buf_len.saturating_sub(off)).min(data.len() as u64) as usize;
+        // Forwarding reads what was received from host memory: the NIC's own
+        // broadcasts are written before anything else happens.
+        let deferred = if coll.is_some() { None } else { self.defer(crate::cpu::Step::Receiving) };
         let io = match deferred {
             _ if n == 0 => Ok(()),
             Some(cpu) => {
-                let work = crate::cpu::Work::Receive { slot: r, seq, off, data: payload[..n].to_vec() };
+                let work = crate::cpu::Work::Receive { slot: r, seq, off, data: data[..n].to_vec() };
                 self.enqueue(hal, cpu, work);
                 Ok(())
             }
-            None => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&payload[..n]), MR_LOCAL_WRITE),
+            None => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE),
         };
         self.count(counter::RX_FRAMES, 1);
         let m = self.rx.get_mut(r);
@@ -463,6 +493,10 @@ impl Nic {
         m.highest = m.highest.max(f);
         m.last_activity = now;
         m.group_counts[g as usize] += 1;
+        while m.contig < m.frame_count && m.received[m.contig as usize / 64] & (1 << (m.contig % 64)) != 0 {
+            m.contig += 1;
+        }
+        let contig = m.contig;
         let group_done = m.group_counts[g as usize] == group_len;
         let all_done = m.frames_received == m.frame_count;
         let missing = if !group_done && f + 1 == end {
@@ -474,6 +508,9 @@ impl Nic {
             self.send_ack(hal, peer, seq, g);
         } else if missing != 0 {
             self.send_nack(hal, peer, seq, g, missing, NackReason::Loss);
+        }
+        if let Some((op, stamp)) = coll {
+            self.bcast_frames_here(op, stamp, contig);
         }
         if all_done {
             match deferred {
@@ -493,6 +530,12 @@ impl Nic {
     pub(crate) fn finish_rx<H: Hal>(&mut self, hal: &mut H, r: u32, error: Option<Status>) {
         let m = self.rx.remove(r);
         self.peer_mut(m.peer).rx_active.retain(|&x| x != r);
+        if let Some((op, stamp)) = m.coll {
+            if error.is_none() {
+                self.count(counter::MSGS_RX, 1);
+            }
+            return self.bcast_rx_done(hal, op, stamp, error.or(m.error));
+        }
         let status = match error.or(m.error) {
             Some(e) => e,
             None if m.total_len > m.desc.len => Status::Truncated,

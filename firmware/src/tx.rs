@@ -46,6 +46,9 @@ pub(crate) struct TxMsg {
     pub rnr_waiting: bool,
     /// An internal collective message (no host descriptor, no CQE).
     pub coll: Option<Box<crate::coll::CollTx>>,
+    /// Frames whose data exists (a broadcast forwarded while it arrives);
+    /// frames from here on wait.
+    pub limit: u32,
 }
 
 /// Bounded table of transmission records.
@@ -63,11 +66,11 @@ impl Nic {
     }
 
     /// Queues an internal collective message on its peer.
-    pub(crate) fn enqueue_tx_coll(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc, coll: crate::coll::CollTx) {
-        self.enqueue_tx_as(now, port, peer, desc, Some(Box::new(coll)));
+    pub(crate) fn enqueue_tx_coll(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc, coll: crate::coll::CollTx) -> u32 {
+        self.enqueue_tx_as(now, port, peer, desc, Some(Box::new(coll)))
     }
 
-    fn enqueue_tx_as(&mut self, _now: u64, port: u16, peer: u32, desc: LocalDesc, coll: Option<Box<crate::coll::CollTx>>) {
+    fn enqueue_tx_as(&mut self, _now: u64, port: u16, peer: u32, desc: LocalDesc, coll: Option<Box<crate::coll::CollTx>>) -> u32 {
         let frame_count = wire::frames_for(desc.len, self.mtu) as u32;
         let groups = frame_count.div_ceil(self.cfg.group_size);
         let seq = {
@@ -88,10 +91,12 @@ impl Nic {
             inflight_frames: 0,
             rnr_retries: 0,
             rnr_waiting: false,
+            limit: coll.as_ref().map_or(u32::MAX, |c| c.limit),
             coll,
         });
         self.peer_mut(peer).tx_queue.push_back(slot);
         self.mark_ready(peer);
+        slot
     }
 
     pub(crate) fn mark_ready(&mut self, peer: u32) {
@@ -145,8 +150,14 @@ impl Nic {
                 }
                 started += 1;
             }
+            let limit = self.tx.get(slot).expect("queued").limit;
             for f in next..count {
                 if self.peer(peer).inflight_frames >= self.cfg.window_frames {
+                    return;
+                }
+                if f >= limit {
+                    // A forwarded broadcast frame not here yet: later
+                    // messages to this peer wait behind it, in order.
                     return;
                 }
                 if let Err(st) = self.transmit(hal, now, slot, f, false) {
@@ -223,8 +234,15 @@ impl Nic {
         let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");
         let r = match &self.tx.get(slot).expect("live").coll {
             Some(c) => {
-                Nic::coll_payload(c, off, &mut buf[head..head + len]);
-                Ok(())
+                let host_from = Nic::coll_payload(c, off, &mut buf[head..head + len]);
+                match host_from {
+                    // The rest comes from host memory (broadcast data).
+                    Some((at, data_off)) => {
+                        let out = Buf::FromHost(&mut buf[head + at..head + len]);
+                        self.sge_io(hal, port, desc.sges(), data_off, out, MR_LOCAL_READ)
+                    }
+                    None => Ok(()),
+                }
             }
             None => self.sge_io(hal, port, desc.sges(), off, Buf::FromHost(&mut buf[head..head + len]), MR_LOCAL_READ),
         };

@@ -197,6 +197,54 @@ impl Cluster {
         members.iter().enumerate().map(|(rank, &n)| self.set_group(n, slot, &group_entry(id, epoch, members, rank as u16, trees))).collect()
     }
 
+    /// As [`Cluster::create_group`], with `bounce_slots` bounce slots of
+    /// `bounce_size` bytes per member (application-bypass broadcasts).
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_group_bounce(
+        &mut self,
+        slot: u32,
+        id: u32,
+        epoch: u32,
+        members: &[u16],
+        trees: &[Vec<u8>],
+        bounce_slots: u16,
+        bounce_size: u32,
+    ) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (rank, &n) in members.iter().enumerate() {
+            let mut e = group_entry(id, epoch, members, rank as u16, trees);
+            e.bounce_slots = bounce_slots;
+            e.bounce_slot_size = bounce_size;
+            e.bounce_key = self.ports[n as usize].data.key;
+            e.bounce_offset = self.alloc(n, bounce_slots as u64 * bounce_size as u64);
+            out.push(self.set_group(n, slot, &e));
+        }
+        out
+    }
+
+    /// Posts a broadcast on group slot `slot` from `root` over tree `tree`:
+    /// the root sends `data`, the others receive `data.len()` bytes (read
+    /// with [`Cluster::received`]). Returns the wr_id.
+    pub fn bcast(&mut self, n: u16, slot: u32, root: u16, tree: u8, data: &[u8], is_root: bool) -> u64 {
+        let len = data.len() as u64;
+        let off = self.alloc(n, len);
+        if is_root {
+            let node = &mut self.world.nodes[n as usize];
+            self.ports[n as usize].data.write(&mut node.mem, off, data);
+        }
+        let key = self.ports[n as usize].data.key;
+        let mut d = work_desc(Opcode::Bcast as u8, 0, slot as u16, root, tree as u64, 0, key, off, len, 2);
+        if len == 0 {
+            d.num_sge = 0;
+            d.sge[0] = Default::default();
+        }
+        let wr = self.bufs.len() as u64;
+        d.wr_id = wr;
+        self.bufs.push((n, off, len));
+        self.post(n, d, true);
+        wr
+    }
+
     /// Writes `entry` into group slot `slot` of `node` and loads it.
     pub fn set_group(&mut self, n: u16, slot: u32, entry: &GroupEntry) -> u32 {
         let layout = self.world.layout;

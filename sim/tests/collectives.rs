@@ -358,3 +358,127 @@ fn test_group_set_checks_and_port_close_clears() {
     assert_eq!((o.groups, o.coll_ops), (0, 0));
     assert_eq!(c.clear_group(1, 0), admin_result::BAD_STATE, "nothing loaded there");
 }
+
+// ---- broadcast ----
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed) ^ (i >> 8) as u8).collect()
+}
+
+fn bcast_group(n: u16, wire: WireConfig) -> Cluster {
+    let mut c = Cluster::new(n, Config::default(), 0, 1500, wire);
+    let members: Vec<u16> = (0..n).collect();
+    let trees = vec![binomial_parents(n as usize), flat_parents(n as usize), chain_parents(n as usize)];
+    assert!(c.create_group_bounce(0, 7, 1, &members, &trees, 2, 16 * 1024).iter().all(|&r| r == admin_result::OK));
+    c
+}
+
+/// Everyone posts; every buffer ends equal to the root's.
+fn run_bcast(c: &mut Cluster, root: u16, tree: u8, data: &[u8], limit_ns: u64) -> Vec<u64> {
+    let n = c.world.nodes.len() as u16;
+    let wrs: Vec<(u16, u64)> = (0..n).map(|r| (r, c.bcast(r, 0, root, tree, data, r == root))).collect();
+    for (r, cqe) in c.wait_all(&wrs, limit_ns).into_iter().enumerate() {
+        assert_eq!(status(&cqe), Some(Status::Success), "bcast n={n} root={root} tree={tree} len={} rank {r}", data.len());
+        if r as u16 != root {
+            assert!(c.received(wrs[r].1, data.len()) == data, "rank {r} got different bytes (len {})", data.len());
+        }
+    }
+    wrs.iter().map(|w| w.1).collect()
+}
+
+#[test]
+fn test_bcast_every_root_tree_and_size() {
+    for n in [1u16, 2, 3, 5, 8, 13, 17] {
+        let mut c = bcast_group(n, WireConfig::default());
+        for tree in 0..3u8 {
+            for root in [0, n / 2, n - 1] {
+                for len in [0usize, 1, 1400, 5000, 70_000] {
+                    run_bcast(&mut c, root, tree, &pattern(len, root as u8 ^ tree), 1_000 * MS);
+                }
+            }
+        }
+        quiesced(&mut c);
+    }
+}
+
+#[test]
+fn test_bcast_under_loss_dup_reorder_up_to_64_nodes() {
+    for n in [4u16, 16, 64] {
+        let mut c = bcast_group(n, lossy());
+        for (i, len) in [10usize, 20_000, 3000].into_iter().enumerate() {
+            run_bcast(&mut c, (i as u16 * 5) % n, i as u8 % 3, &pattern(len, i as u8), 20_000 * MS);
+        }
+        let retrans: u64 = (0..n).map(|r| c.counter(r, counter::RETRANSMITS)).sum();
+        assert!(retrans > 0, "n={n}: loss never hit");
+        quiesced(&mut c);
+    }
+}
+
+#[test]
+fn test_bcast_is_pipelined_down_a_chain() {
+    // 8 ranks in a chain, 1 MiB: forwarding frame by frame costs about one
+    // message time plus a frame per hop; store-and-forward would cost 7.
+    let n = 8;
+    let mut c = bcast_group(n, WireConfig::default());
+    let data = pattern(1 << 20, 3);
+    let start = c.world.now;
+    run_bcast(&mut c, 0, 2, &data, 10_000 * MS);
+    let took = c.world.now - start;
+    let one_hop = (data.len() as u64 * 8 * 1_000_000_000) / WireConfig::default().bandwidth_bps;
+    assert!(took < 2 * one_hop, "1 MiB down a chain of {n} took {took} ns; one hop is {one_hop} ns: not pipelined");
+    quiesced(&mut c);
+}
+
+#[test]
+fn test_bcast_application_bypass_inner_rank_not_posted() {
+    // Chain 0 → 1 → 2 → 3: rank 1 has not called broadcast, yet its NIC
+    // forwards to 2 and 3, which complete; rank 1 gets the data when it posts.
+    let n = 4;
+    let mut c = bcast_group(n, WireConfig::default());
+    let data = pattern(10_000, 9);
+    let mut wrs = vec![(0, c.bcast(0, 0, 0, 2, &data, true))];
+    for r in [2u16, 3] {
+        wrs.push((r, c.bcast(r, 0, 0, 2, &data, false)));
+    }
+    for (r, wr) in wrs.clone() {
+        assert_eq!(status(&c.wait(r, wr, 100 * MS)), Some(Status::Success), "rank {r} waited for rank 1's host");
+    }
+    for &(r, wr) in &wrs[1..] {
+        assert!(c.received(wr, data.len()) == data);
+        let _ = r;
+    }
+    c.run_for(50 * MS);
+    let late = c.bcast(1, 0, 0, 2, &data, false);
+    assert_eq!(status(&c.wait(1, late, 100 * MS)), Some(Status::Success));
+    assert!(c.received(late, data.len()) == data, "rank 1 got the bounced bytes");
+    quiesced(&mut c);
+}
+
+#[test]
+fn test_bcast_larger_than_a_bounce_slot_waits_for_the_post() {
+    let n = 3;
+    let mut c = bcast_group(n, WireConfig::default());
+    let data = pattern(40_000, 1); // > 16 KiB bounce slot
+    let w0 = c.bcast(0, 0, 0, 2, &data, true);
+    c.run_for(30 * MS);
+    assert!(c.completions(0).is_empty(), "the root finished although nobody could take the data");
+    let w1 = c.bcast(1, 0, 0, 2, &data, false);
+    let w2 = c.bcast(2, 0, 0, 2, &data, false);
+    for (r, wr) in [(0, w0), (1, w1), (2, w2)] {
+        assert_eq!(status(&c.wait(r, wr, 1_000 * MS)), Some(Status::Success));
+    }
+    assert!(c.received(w2, data.len()) == data);
+    let refused: u64 = (0..n).map(|r| c.counter(r, counter::COLL_REFUSED)).sum();
+    assert!(refused > 0);
+    quiesced(&mut c);
+}
+
+#[test]
+fn test_bcast_length_mismatch_fails_both_sides() {
+    let mut c = bcast_group(2, WireConfig::default());
+    let w0 = c.bcast(0, 0, 0, 0, &pattern(100, 1), true);
+    let w1 = c.bcast(1, 0, 0, 0, &pattern(50, 1), false);
+    assert_eq!(status(&c.wait(0, w0, 1_000 * MS)), Some(Status::CollMismatch));
+    assert_eq!(status(&c.wait(1, w1, 1_000 * MS)), Some(Status::CollMismatch));
+    quiesced(&mut c);
+}
