@@ -35,6 +35,9 @@ use crate::{Hal, LocalDesc, Nic};
 pub(crate) enum Params {
     Barrier { algo: BarrierAlgo, tree: u8 },
     Bcast { root: u16, tree: u8, len: u64 },
+    /// One message to several members; not an instance of the group's
+    /// collective sequence (its frames are ordinary tagged data).
+    Multi { mask: u64, len: u64 },
     Reduce { all: bool, root: u16, tree: u8, dtype: Dtype, op: ReduceOp, count: u32 },
 }
 
@@ -42,7 +45,7 @@ impl Params {
     fn bytes(&self) -> usize {
         match *self {
             Params::Barrier { .. } => 0,
-            Params::Bcast { len, .. } => len as usize,
+            Params::Bcast { len, .. } | Params::Multi { len, .. } => len as usize,
             Params::Reduce { dtype, count, .. } => dtype.size() * count as usize,
         }
     }
@@ -90,6 +93,11 @@ pub(crate) struct CollOp {
     pub bounce: Option<u16>,
     /// Broadcast: where the data is (user buffer, or the bounce slot).
     pub data: Option<LocalDesc>,
+    /// Multisend: frames read from the host once and kept until every
+    /// destination has sent them (frame index, first sends left, bytes).
+    pub frames: Vec<(u32, u32, Vec<u8>)>,
+    /// Multisend: destinations that failed.
+    pub failed: u32,
 }
 
 /// Payload of an internal (NIC-generated) message after its `CollHeader`.
@@ -107,7 +115,8 @@ pub(crate) enum CollData {
 /// operation told when it finishes.
 #[derive(Debug)]
 pub(crate) struct CollTx {
-    pub hdr: CollHeader,
+    /// `None`: an ordinary tagged message (multisend), kind DATA.
+    pub hdr: Option<CollHeader>,
     pub data: CollData,
     pub op: u32,
     pub op_stamp: u32,
@@ -160,6 +169,9 @@ impl Nic {
             return fail(self, hal, Status::GroupInvalid);
         };
         let (n, trees) = (g.n, g.trees.len());
+        if opcode == Opcode::MultiSend {
+            return self.post_multisend(hal, now, port, slot, ld);
+        }
         let params = match opcode {
             Opcode::Barrier => {
                 let algo = BarrierAlgo::from_u16(ld.wd.port).expect("validated");
@@ -263,7 +275,10 @@ impl Nic {
     }
 
     fn find_op(&self, group: u32, instance: u32) -> Option<u32> {
-        self.coll_ops.iter().find(|(_, o)| o.group == group && o.instance == instance).map(|(s, _)| s)
+        self.coll_ops
+            .iter()
+            .find(|(_, o)| o.group == group && o.instance == instance && !matches!(o.params, Some(Params::Multi { .. })))
+            .map(|(s, _)| s)
     }
 
     /// Partials an op received before it was posted used the shared pool;
@@ -461,6 +476,7 @@ impl Nic {
                 Params::Barrier { algo, tree } => self.progress_barrier(hal, now, op, algo, tree),
                 Params::Reduce { .. } => self.progress_reduce(hal, now, op),
                 Params::Bcast { root, tree, .. } => self.progress_bcast(hal, now, op, root, tree),
+                Params::Multi { mask, .. } => self.progress_multi(hal, now, op, mask),
             };
             if let Err(e) = r {
                 self.coll_ops.get_mut(op).error.get_or_insert(e);
@@ -606,6 +622,79 @@ impl Nic {
         Ok(())
     }
 
+    /// Multisend (seed 000 §5): one descriptor, the members in the rank mask
+    /// as destinations; each gets an ordinary tagged message (matched by its
+    /// posted receives, with its own sequence, window and flow control),
+    /// and each payload frame is read from host memory once for all.
+    fn post_multisend<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, slot: u32, ld: LocalDesc) {
+        let g = self.groups.get(slot).expect("checked by the caller");
+        let mask = ld.wd.ignore;
+        let bad_mask = (g.n < 64 && mask >> g.n != 0) || mask & (1 << g.rank) != 0;
+        if bad_mask {
+            return self.complete(hal, port, Completion::of(&ld, Opcode::MultiSend, Status::BadDescriptor));
+        }
+        if let Err(st) = self.check_sges(hal, port, ld.sges(), MR_LOCAL_READ) {
+            return self.complete(hal, port, Completion::of(&ld, Opcode::MultiSend, st));
+        }
+        if ld.len > self.cfg.msg_max {
+            return self.complete(hal, port, Completion::of(&ld, Opcode::MultiSend, Status::TooLarge));
+        }
+        let stamp = self.next_stamp();
+        let op = self.coll_ops.insert_checked(CollOp::new(port, slot, u32::MAX, stamp));
+        let o = self.coll_ops.get_mut(op);
+        o.desc = Some((ld, Opcode::MultiSend));
+        o.params = Some(Params::Multi { mask, len: ld.len });
+        o.data = Some(ld);
+        self.coll_progress(hal, now, op);
+    }
+
+    fn progress_multi<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32, mask: u64) -> Result<(), Status> {
+        loop {
+            let sub = self.coll_ops.get(op).expect("live").sub;
+            // The sub-th destination, in ascending rank.
+            let Some(to) = (0..64u16).filter(|&r| mask & (1 << r) != 0).nth(sub as usize) else { break };
+            if self.coll_send_limited(hal, now, op, to, None, CollData::Host, u32::MAX)?.is_none() {
+                return Ok(());
+            }
+            self.coll_ops.get_mut(op).sub += 1;
+        }
+        self.coll_ops.get_mut(op).local_done = true;
+        Ok(())
+    }
+
+    /// Frame `f` (at message offset `off`) of a multisend destination's
+    /// message: from the op's frame cache, or read from the host and kept
+    /// for the other destinations' first transmissions.
+    pub(crate) fn multi_payload<H: Hal>(&mut self, hal: &mut H, tx: u32, f: u32, off: u64, first: bool, out: &mut [u8]) -> Result<(), Status> {
+        let m = self.tx.get(tx).expect("live");
+        let c = m.coll.as_ref().expect("collective message");
+        let (op, stamp, port, desc) = (c.op, c.op_stamp, m.port, m.desc);
+        let cache_max = self.cfg.window_frames as usize;
+        let hit = self.coll_ops.get(op).filter(|o| o.stamp == stamp).and_then(|o| o.frames.iter().position(|e| e.0 == f));
+        if let Some(i) = hit {
+            let o = self.coll_ops.get_mut(op);
+            out.copy_from_slice(&o.frames[i].2);
+            if first {
+                o.frames[i].1 -= 1;
+                if o.frames[i].1 == 0 {
+                    o.frames.swap_remove(i);
+                }
+            }
+            return Ok(());
+        }
+        self.sge_io(hal, port, desc.sges(), off, Buf::FromHost(out), MR_LOCAL_READ)?;
+        if let Some(o) = self.coll_ops.get(op).filter(|o| o.stamp == stamp) {
+            let others = match o.params {
+                Some(Params::Multi { mask, .. }) => mask.count_ones() - 1,
+                _ => 0,
+            };
+            if first && others > 0 && o.frames.len() < cache_max {
+                self.coll_ops.get_mut(op).frames.push((f, others, out.to_vec()));
+            }
+        }
+        Ok(())
+    }
+
     /// Frame 0 of a broadcast from our parent: receive it into the posted
     /// buffer, or (application bypass) into a bounce slot, and start
     /// forwarding to our children while the rest arrives.
@@ -735,7 +824,7 @@ impl Nic {
         while (self.coll_ops.get(op).expect("live").sub as usize) < children.len() {
             let c = children[self.coll_ops.get(op).expect("live").sub as usize];
             let h = self.coll_header(op, CollKind::Bcast, 0, root as u8, tree);
-            if self.coll_send_limited(hal, now, op, abs_rank(c, root, n), h, CollData::Host, contig)?.is_none() {
+            if self.coll_send_limited(hal, now, op, abs_rank(c, root, n), Some(h), CollData::Host, contig)?.is_none() {
                 return Ok(());
             }
             self.coll_ops.get_mut(op).sub += 1;
@@ -783,7 +872,7 @@ impl Nic {
     /// Queues an internal message to group rank `to`. `Ok(false)`: no free
     /// transmission record; the op is retried when one frees.
     fn coll_send<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32, to: u16, hdr: CollHeader, data: CollData) -> Result<bool, Status> {
-        self.coll_send_limited(hal, now, op, to, hdr, data, u32::MAX).map(|s| s.is_some())
+        self.coll_send_limited(hal, now, op, to, Some(hdr), data, u32::MAX).map(|s| s.is_some())
     }
 
     /// Queues an internal message to group rank `to` of which only the
@@ -796,7 +885,7 @@ impl Nic {
         now: u64,
         op: u32,
         to: u16,
-        hdr: CollHeader,
+        hdr: Option<CollHeader>,
         data: CollData,
         limit: u32,
     ) -> Result<Option<u32>, Status> {
@@ -815,11 +904,13 @@ impl Nic {
             // The data's memory becomes the message's scatter/gather list.
             CollData::Host => {
                 let src = src.expect("broadcast data located");
-                LocalDesc { wd: WorkDesc { node, port: rport, opcode: Opcode::Send as u8, ..src.wd }, ..src }
+                let tag = if hdr.is_some() { 0 } else { src.wd.tag };
+                LocalDesc { wd: WorkDesc { node, port: rport, opcode: Opcode::Send as u8, tag, ignore: 0, ..src.wd }, ..src }
             }
             _ => LocalDesc::new(&wd),
         };
-        desc.len = CollHeader::SIZE as u64
+        let hlen = if hdr.is_some() { CollHeader::SIZE as u64 } else { 0 };
+        desc.len = hlen
             + match &data {
                 CollData::None => 0,
                 CollData::Nic(v) => v.len() as u64,
@@ -838,12 +929,18 @@ impl Nic {
     /// `out` it starts and its offset in the descriptor's memory.
     pub(crate) fn coll_payload(c: &CollTx, off: u64, out: &mut [u8]) -> Option<(usize, u64)> {
         let mut hb = [0u8; CollHeader::SIZE];
-        c.hdr.put(&mut hb);
-        let head = (CollHeader::SIZE as u64).saturating_sub(off).min(out.len() as u64) as usize;
+        let hlen = match &c.hdr {
+            Some(h) => {
+                h.put(&mut hb);
+                CollHeader::SIZE as u64
+            }
+            None => 0,
+        };
+        let head = hlen.saturating_sub(off).min(out.len() as u64) as usize;
         if head > 0 {
             out[..head].copy_from_slice(&hb[off as usize..off as usize + head]);
         }
-        let data_off = (off + head as u64) - CollHeader::SIZE as u64;
+        let data_off = (off + head as u64) - hlen;
         let rest = &mut out[head..];
         if rest.is_empty() {
             return None;
@@ -864,6 +961,7 @@ impl Nic {
         let o = self.coll_ops.get_mut(op);
         o.pending_tx -= 1;
         if status != Status::Success {
+            o.failed += 1;
             o.error.get_or_insert(status);
         }
         self.coll_progress(hal, now, op);
@@ -905,6 +1003,10 @@ impl Nic {
         let status = o.error.unwrap_or(Status::Success);
         let mut c = Completion::of(&ld, opcode, status);
         c.byte_len = o.params.map_or(0, |p| p.bytes() as u32);
+        if let Some(Params::Multi { mask, .. }) = o.params {
+            // Destinations that failed or were never sent to (after a failure).
+            c.msg_len = o.failed + (mask.count_ones() - o.sub);
+        }
         self.count(counter::COLL_OPS, 1);
         self.complete(hal, o.port, c);
     }
@@ -1032,6 +1134,8 @@ impl CollOp {
             rx_done: false,
             bounce: None,
             data: None,
+            frames: Vec::new(),
+            failed: 0,
         }
     }
 }

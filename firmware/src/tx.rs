@@ -212,7 +212,8 @@ impl Nic {
         let p = self.peer(m.peer);
         let off = wire::frame_offset(f, self.mtu);
         let len = (wire::payload_capacity(self.mtu, f) as u64).min(m.desc.len - off.min(m.desc.len)) as usize;
-        let kind = if m.coll.is_some() { FrameKind::CollData } else { FrameKind::Data };
+        let kind = if m.coll.as_ref().is_some_and(|c| c.hdr.is_some()) { FrameKind::CollData } else { FrameKind::Data };
+        let multi = m.coll.as_ref().is_some_and(|c| c.hdr.is_none());
         let hdr = FrameHeader {
             version: wire::WIRE_VERSION,
             kind: kind as u8,
@@ -233,6 +234,7 @@ impl Nic {
         let mut buf = core::mem::take(&mut self.frame_buf);
         let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");
         let r = match &self.tx.get(slot).expect("live").coll {
+            Some(_) if multi => self.multi_payload(hal, slot, f, off, !retransmit, &mut buf[head..head + len]),
             Some(c) => {
                 let host_from = Nic::coll_payload(c, off, &mut buf[head..head + len]);
                 match host_from {

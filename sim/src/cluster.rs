@@ -245,6 +245,24 @@ impl Cluster {
         wr
     }
 
+    /// Posts a multisend of `data` with `tag` from `node` to the group
+    /// ranks in `mask`; returns its wr_id.
+    pub fn multisend(&mut self, n: u16, slot: u32, mask: u64, tag: u64, data: &[u8]) -> u64 {
+        let len = data.len() as u64;
+        let off = self.alloc(n, len);
+        let node = &mut self.world.nodes[n as usize];
+        self.ports[n as usize].data.write(&mut node.mem, off, data);
+        let key = self.ports[n as usize].data.key;
+        let mut d = work_desc(Opcode::MultiSend as u8, 0, slot as u16, 0, tag, mask, key, off, len, 3);
+        d.wr_id = self.bufs.len() as u64;
+        self.post(n, d, true)
+    }
+
+    /// Bytes `node`'s NIC has read from host memory by DMA.
+    pub fn dma_read_bytes(&self, n: u16) -> u64 {
+        self.world.nodes[n as usize].mem.dma_read_bytes
+    }
+
     /// Writes `entry` into group slot `slot` of `node` and loads it.
     pub fn set_group(&mut self, n: u16, slot: u32, entry: &GroupEntry) -> u32 {
         let layout = self.world.layout;

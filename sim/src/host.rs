@@ -21,12 +21,14 @@ pub struct HostMem {
     /// Bytes; physical address = `PHYS_BASE + index`.
     pub bytes: Vec<u8>,
     used: usize,
+    /// Bytes the NIC has read by DMA (multisend reads its payload once).
+    pub dma_read_bytes: u64,
 }
 
 impl HostMem {
     /// Memory of `bytes` (rounded up to pages).
     pub fn new(bytes: usize) -> HostMem {
-        HostMem { bytes: vec![0; bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE], used: 0 }
+        HostMem { bytes: vec![0; bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE], used: 0, dma_read_bytes: 0 }
     }
 
     /// Allocates `pages` fresh physical pages (zeroed) and returns their addresses.

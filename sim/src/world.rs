@@ -112,6 +112,7 @@ impl Hal for SimHal<'_> {
     fn dma_read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         let r = self.mem.range(addr, buf.len()).ok_or(DmaError)?;
         buf.copy_from_slice(&self.mem.bytes[r]);
+        self.mem.dma_read_bytes += buf.len() as u64;
         Ok(())
     }
     fn dma_write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError> {

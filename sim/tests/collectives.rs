@@ -482,3 +482,76 @@ fn test_bcast_length_mismatch_fails_both_sides() {
     assert_eq!(status(&c.wait(1, w1, 1_000 * MS)), Some(Status::CollMismatch));
     quiesced(&mut c);
 }
+
+// ---- multisend ----
+
+#[test]
+fn test_multisend_reads_the_payload_once_for_fifteen_destinations() {
+    let n = 16;
+    let mut c = group(n, Config::default(), WireConfig::default());
+    let data = pattern(16 * 1024, 4);
+    // One unicast first: what one message costs in host reads (payload;
+    // translation lists are then cached).
+    let r = c.recv(1, (0, 0), 78, 0, data.len() as u64);
+    let s = c.send(0, 1, 78, &data);
+    assert_eq!(status(&c.wait(0, s, 100 * MS)), Some(Status::Success));
+    assert_eq!(status(&c.wait(1, r, 100 * MS)), Some(Status::Success));
+    let recvs: Vec<(u16, u64)> = (1..n).map(|r| (r, c.recv(r, (0, 0), 77, 0, data.len() as u64))).collect();
+    let before = c.dma_read_bytes(0);
+    let s = c.send(0, 1, 79, &data);
+    let r = c.recv(1, (0, 0), 79, 0, data.len() as u64);
+    assert_eq!(status(&c.wait(0, s, 100 * MS)), Some(Status::Success));
+    assert_eq!(status(&c.wait(1, r, 100 * MS)), Some(Status::Success));
+    let unicast = c.dma_read_bytes(0) - before;
+    assert_eq!(unicast, data.len() as u64, "a warm unicast reads exactly its payload");
+    let before = c.dma_read_bytes(0);
+    let mask = ((1u64 << n) - 1) & !1;
+    let wr = c.multisend(0, 0, mask, 77, &data);
+    let cqe = c.wait(0, wr, 1_000 * MS);
+    assert_eq!(status(&cqe), Some(Status::Success));
+    assert_eq!(cqe.unwrap().msg_len, 0, "no destination failed");
+    for (r, w) in recvs {
+        assert_eq!(status(&c.wait(r, w, 100 * MS)), Some(Status::Success));
+        assert!(c.received(w, data.len()) == data, "rank {r}");
+    }
+    let read = c.dma_read_bytes(0) - before;
+    assert_eq!(read, data.len() as u64, "multisend to 15 destinations read {read} B from the host");
+    quiesced(&mut c);
+}
+
+#[test]
+fn test_multisend_late_receiver_catches_up_and_closed_one_fails() {
+    let n = 4;
+    let mut c = group(n, Config::default(), lossy());
+    let data = pattern(9000, 2);
+    let r1 = c.recv(1, (0, 0), 5, 0, 9000);
+    let r3 = c.recv(3, (0, 0), 5, 0, 9000);
+    let wr = c.multisend(0, 0, 0b1110, 5, &data);
+    assert_eq!(status(&c.wait(1, r1, 1_000 * MS)), Some(Status::Success));
+    assert_eq!(status(&c.wait(3, r3, 1_000 * MS)), Some(Status::Success));
+    assert!(c.wait(0, wr, 20 * MS).is_none(), "rank 2 has not posted: the multisend is not done");
+    let r2 = c.recv(2, (0, 0), 5, 0, 9000);
+    assert_eq!(status(&c.wait(2, r2, 1_000 * MS)), Some(Status::Success));
+    assert!(c.received(r2, 9000) == data);
+    let cqe = c.wait(0, wr, 1_000 * MS).expect("one completion");
+    assert_eq!((Status::from_u8(cqe.status), cqe.msg_len), (Some(Status::Success), 0));
+    // A destination whose port is closed: the others still get it.
+    c.close_port(3);
+    let r1 = c.recv(1, (0, 0), 6, 0, 100);
+    let r2 = c.recv(2, (0, 0), 6, 0, 100);
+    let wr = c.multisend(0, 0, 0b1110, 6, &data[..100]);
+    let cqe = c.wait(0, wr, 5_000 * MS).expect("completes");
+    assert_eq!((Status::from_u8(cqe.status), cqe.msg_len), (Some(Status::RemotePortClosed), 1));
+    for (r, w) in [(1, r1), (2, r2)] {
+        assert_eq!(status(&c.wait(r, w, 100 * MS)), Some(Status::Success), "rank {r}");
+    }
+}
+
+#[test]
+fn test_multisend_bad_mask_is_refused() {
+    let mut c = group(3, Config::default(), WireConfig::default());
+    for mask in [0b001u64 /* self */, 0b1000 /* beyond the group */] {
+        let wr = c.multisend(0, 0, mask, 1, &[1, 2, 3]);
+        assert_eq!(status(&c.wait(0, wr, 10 * MS)), Some(Status::BadDescriptor), "mask {mask:#b}");
+    }
+}
