@@ -29,11 +29,54 @@ pub struct GroupOpts {
     /// λ of the postal-model trees stored after the binomial tree 0
     /// (at most 7; λ = 1 is the binomial tree itself).
     pub lambdas: Vec<u32>,
+    /// Bounce slots for broadcasts that arrive before this member calls
+    /// broadcast (application bypass; seed 001 ch. 6). 0 = none: an early
+    /// broadcast then waits at the sender until the call.
+    pub bounce_slots: u16,
+    /// Bytes per bounce slot: broadcasts up to this size bypass the host.
+    pub bounce_slot_size: u32,
 }
 
 impl Default for GroupOpts {
     fn default() -> Self {
-        GroupOpts { lambdas: vec![2, 3, 4, 6, 8] }
+        GroupOpts { lambdas: vec![2, 3, 4, 6, 8], bounce_slots: 4, bounce_slot_size: 16 << 10 }
+    }
+}
+
+/// The cost model that picks a broadcast tree per message size: per-frame
+/// NIC overhead, wire latency, link rate. `EMP_COLL_MODEL=o_ns,lat_ns,bps`
+/// overrides the defaults (1 µs, 5 µs, 10 Gb/s).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostModel {
+    /// NIC overhead per frame sent or received, ns.
+    pub overhead_ns: f64,
+    /// One-way wire latency, ns.
+    pub latency_ns: f64,
+    /// Link rate, bits per second.
+    pub bps: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        let env = std::env::var("EMP_COLL_MODEL").ok();
+        let parsed = env.as_deref().and_then(|v| {
+            let f: Vec<f64> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+            (f.len() == 3 && f.iter().all(|&x| x > 0.0)).then(|| CostModel { overhead_ns: f[0], latency_ns: f[1], bps: f[2] })
+        });
+        parsed.unwrap_or(CostModel { overhead_ns: 1_000.0, latency_ns: 5_000.0, bps: 10e9 })
+    }
+}
+
+impl CostModel {
+    /// Predicted time (ns) to broadcast `len` bytes at `mtu` down `tree`,
+    /// pipelined frame by frame: in the postal model one unit is a frame's
+    /// send time g, and λ = (g + latency + receive overhead) / g.
+    pub fn bcast_ns(&self, tree: &Tree, len: u64, mtu: u32) -> f64 {
+        let frames = emp_uapi::wire::frames_for(len + emp_uapi::coll::CollHeader::SIZE as u64, mtu);
+        let frame_bytes = (len as f64 / frames as f64).min(mtu as f64) + 32.0;
+        let g = self.overhead_ns + frame_bytes * 8e9 / self.bps;
+        let lambda = ((g + self.latency_ns + self.overhead_ns) / g).round().max(1.0) as u32;
+        g * tree.pipelined_completion(lambda, frames) as f64
     }
 }
 
@@ -73,6 +116,19 @@ impl Group {
     /// The stored trees: (λ, tree); index = tree index in descriptors.
     pub fn trees(&self) -> &[(u32, Tree)] {
         &self.trees
+    }
+
+    /// The stored tree the cost model predicts fastest for `len` bytes (ties
+    /// go to the lower index, the binomial tree first).
+    pub fn tree_for(&self, len: u64, mtu: u32, model: &CostModel) -> u8 {
+        let mut best = (0u8, f64::INFINITY);
+        for (i, (_, t)) in self.trees.iter().enumerate() {
+            let ns = model.bcast_ns(t, len, mtu);
+            if ns < best.1 {
+                best = (i as u8, ns);
+            }
+        }
+        best.0
     }
 }
 
@@ -119,6 +175,18 @@ impl Device {
             for (r, p) in tree.parent.iter().enumerate() {
                 entry.parents[64 * t + r] = p.map_or(TREE_ROOT, |p| p as u8);
             }
+        }
+        if opts.bounce_slots > 0 {
+            let bytes = opts.bounce_slots as usize * opts.bounce_slot_size as usize;
+            if opts.bounce_slot_size == 0 {
+                return Err(Error::Invalid("bounce slots of 0 bytes"));
+            }
+            let b = self.alloc(bytes)?;
+            let sge = b.sge(0, bytes.min(u32::MAX as usize));
+            entry.bounce_key = sge.key;
+            entry.bounce_offset = sge.offset;
+            entry.bounce_slots = opts.bounce_slots;
+            entry.bounce_slot_size = opts.bounce_slot_size;
         }
         let buf = self.scratch(GroupEntry::SIZE)?;
         entry.put(buf.as_mut_slice());
@@ -175,6 +243,46 @@ impl Device {
         let count = elements(t, send)?;
         let d = Self::coll_desc(wr_id, Opcode::Allreduce, g, 0, reduce_tag(t, op, 0), count, &[send, recv]);
         self.post(true, &d)
+    }
+
+    /// Posts a broadcast of `sges` from `root` down stored tree `tree`,
+    /// forwarded NIC to NIC (the root's `sges` are the source, everyone
+    /// else's the destination; lengths must agree).
+    pub fn post_bcast_tree(&mut self, wr_id: u64, g: &Group, root: usize, tree: u8, sges: &[Sge]) -> Result<()> {
+        if sges.len() > emp_uapi::desc::SGE_MAX {
+            return Err(Error::TooManySges);
+        }
+        let d = Self::coll_desc(wr_id, Opcode::Bcast, g, root as u16, tree as u64, 0, sges);
+        self.post(true, &d)
+    }
+
+    /// Posts a broadcast over the tree the cost model picks for its size.
+    pub fn post_bcast(&mut self, wr_id: u64, g: &Group, root: usize, sges: &[Sge]) -> Result<()> {
+        let len: u64 = sges.iter().map(|s| s.len as u64).sum();
+        let tree = g.tree_for(len, self.info().mtu, &CostModel::default());
+        self.post_bcast_tree(wr_id, g, root, tree, sges)
+    }
+
+    /// Posts one message with `tag` to the members whose ranks are set in
+    /// `ranks` (not this member), matched by their ordinary receives; the
+    /// payload is read once. Completes once: first failure, and in
+    /// `msg_len` the number of destinations that failed.
+    pub fn post_multisend(&mut self, wr_id: u64, g: &Group, ranks: u64, tag: u64, sges: &[Sge]) -> Result<()> {
+        if sges.len() > emp_uapi::desc::SGE_MAX {
+            return Err(Error::TooManySges);
+        }
+        if ranks == 0 {
+            return Err(Error::Invalid("multisend without destinations"));
+        }
+        let d = Self::coll_desc(wr_id, Opcode::MultiSend, g, 0, tag, ranks, sges);
+        self.post(true, &d)
+    }
+
+    /// Blocking broadcast.
+    pub fn bcast(&mut self, g: &Group, root: usize, sges: &[Sge]) -> Result<()> {
+        let wr = self.internal_wr();
+        self.post_bcast(wr, g, root, sges)?;
+        self.wait_ok(wr, None).map(|_| ())
     }
 
     /// Waits for `wr_id` and turns an error status into an error.

@@ -28,7 +28,7 @@ use std::os::fd::RawFd;
 
 pub use direct::{nic_counters_at, nic_stats, Device, COUNTERS, INTERNAL_WR};
 pub use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};
-pub use group::{Group, GroupOpts};
+pub use group::{CostModel, Group, GroupOpts};
 pub use emp_uapi::desc::{Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE};
 pub use emp_uapi::{ANY_NODE, ANY_PORT};
 

@@ -181,6 +181,86 @@ fn float_allreduce_is_bitwise_identical_everywhere(c: &mut Ctx) -> Result<(), St
     Ok(())
 }
 
+fn fill(buf: &mut [u8], seed: usize) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = (i.wrapping_mul(131) ^ seed.wrapping_mul(7) ^ (i >> 9)) as u8;
+    }
+}
+
+fn bcast_every_root_and_size(c: &mut Ctx) -> Result<(), String> {
+    for root in 0..c.n() {
+        for (k, len) in [0usize, 1, 5000, 100_000, 1 << 20].into_iter().enumerate() {
+            let seed = root * 10 + k;
+            let buf = if c.rank() == root { &c.sbuf } else { &c.rbuf };
+            if c.rank() == root {
+                fill(&mut buf.as_mut_slice()[..len], seed);
+            } else {
+                buf.as_mut_slice()[..len].fill(0);
+            }
+            let sges: Vec<emp::Sge> = if len == 0 { vec![] } else { vec![buf.sge(0, len)] };
+            c.dev.bcast(&c.g, root, &sges).map_err(|e| format!("root {root} len {len}: {e}"))?;
+            if c.rank() != root {
+                let mut want = vec![0u8; len];
+                fill(&mut want, seed);
+                if c.rbuf.as_mut_slice()[..len] != want[..] {
+                    return Err(format!("root {root} len {len}: bytes differ"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn bcast_arrives_before_the_call(c: &mut Ctx) -> Result<(), String> {
+    // Rank 0 broadcasts at once; the others call 100 ms later. Their NICs
+    // forwarded meanwhile (application bypass): the late calls find the
+    // data already there.
+    let len = 4000;
+    if c.rank() == 0 {
+        fill(&mut c.sbuf.as_mut_slice()[..len], 77);
+        c.dev.bcast(&c.g, 0, &[c.sbuf.sge(0, len)]).map_err(|e| e.to_string())?;
+        return Ok(());
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    c.rbuf.as_mut_slice()[..len].fill(0);
+    c.dev.bcast(&c.g, 0, &[c.rbuf.sge(0, len)]).map_err(|e| e.to_string())?;
+    let mut want = vec![0u8; len];
+    fill(&mut want, 77);
+    if c.rbuf.as_mut_slice()[..len] != want[..] {
+        return Err("bounced bytes differ".into());
+    }
+    Ok(())
+}
+
+fn multisend_reaches_every_member(c: &mut Ctx) -> Result<(), String> {
+    let len = 20_000;
+    let tag = 0x4D53;
+    if c.rank() == 0 {
+        fill(&mut c.sbuf.as_mut_slice()[..len], 5);
+        let others = ((1u64 << c.n()) - 1) & !1;
+        c.sync("ms-posted")?;
+        let wr = c.wr();
+        c.dev.post_multisend(wr, &c.g, others, tag, &[c.sbuf.sge(0, len)]).map_err(|e| e.to_string())?;
+        let done = wait_for(&mut c.dev, wr, T)?;
+        expect_ok(&done)?;
+        if done.msg_len != 0 {
+            return Err(format!("{} destinations failed", done.msg_len));
+        }
+        return Ok(());
+    }
+    let wr = c.wr();
+    let from = c.eps[0];
+    c.dev.post_recv(wr, from, tag, 0, &[c.rbuf.sge(0, len)]).map_err(|e| e.to_string())?;
+    c.sync("ms-posted")?;
+    expect_ok(&wait_for(&mut c.dev, wr, T)?)?;
+    let mut want = vec![0u8; len];
+    fill(&mut want, 5);
+    if c.rbuf.as_mut_slice()[..len] != want[..] {
+        return Err("multisend bytes differ".into());
+    }
+    Ok(())
+}
+
 fn misuse_is_an_error_completion(c: &mut Ctx) -> Result<(), String> {
     let (s, r) = (c.sbuf.sge(0, 8), c.rbuf.sge(0, 8));
     match c.dev.allreduce(&c.g, Dtype::F64, ReduceOp::Bxor, s, r) {
@@ -232,16 +312,19 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let sbuf = dev.alloc(1 << 16).expect("arena");
-    let rbuf = dev.alloc(1 << 16).expect("arena");
+    let sbuf = dev.alloc(2 << 20).expect("arena");
+    let rbuf = dev.alloc(2 << 20).expect("arena");
     let mut c = Ctx { dev, job, eps, g, sbuf, rbuf, next_wr: 0 };
-    let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 7] = [
+    let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 10] = [
         ("600 barriers: pairwise exchange, dissemination, gather-release", barriers),
         ("nobody leaves a barrier before the last rank arrives", barrier_holds_everyone),
         ("6 nonblocking barriers in flight", nonblocking_barriers_in_flight),
         ("allreduce: every type and operator", allreduce_every_type_and_op),
         ("reduce to every root", reduce_to_every_root),
         ("f64 allreduce bitwise identical on every rank and run", float_allreduce_is_bitwise_identical_everywhere),
+        ("broadcast from every root, 0 B to 1 MiB", bcast_every_root_and_size),
+        ("broadcast before the call: forwarded and bounced (application bypass)", bcast_arrives_before_the_call),
+        ("multisend: one post reaches every member", multisend_reaches_every_member),
         ("misuse: error completions and errors, no hang", misuse_is_an_error_completion),
     ];
     let mut tap = Tap::new(tests.len(), quiet);
