@@ -247,13 +247,19 @@ pub const fn barrier_step(algo: BarrierAlgo, n: u16, rank: u16, index: usize) ->
     }
 }
 
-/// Rank `rel` relative to `root` in a group of `n` (the root is 0).
+/// Rank `rank` relative to `root` in a group of `n` (the root is 0; 0 when `n` is 0).
 pub const fn rel_rank(rank: u16, root: u16, n: u16) -> u16 {
-    ((rank as u32 + n as u32 - root as u32) % n as u32) as u16
+    if n == 0 {
+        return 0;
+    }
+    ((rank as u32 + n as u32 - root as u32 % n as u32) % n as u32) as u16
 }
 
-/// Absolute rank of relative rank `rel` for `root`.
+/// Absolute rank of relative rank `rel` for `root` (0 when `n` is 0).
 pub const fn abs_rank(rel: u16, root: u16, n: u16) -> u16 {
+    if n == 0 {
+        return 0;
+    }
     ((rel as u32 + root as u32) % n as u32) as u16
 }
 
@@ -368,6 +374,8 @@ impl CollHeader {
             if !op.defined_for(t) || h.count == 0 {
                 return Err(DecodeError::BadKind);
             }
+        } else if h.dtype != 0 || h.op != 0 || h.count != 0 {
+            return Err(DecodeError::ReservedNotZero);
         }
         Ok(h)
     }

@@ -575,9 +575,11 @@ impl GroupError {
 }
 
 impl GroupEntry {
-    /// Parent array of tree `t`.
+    /// Parent array of tree `t` (empty for `t` ≥ 8; at most 64 entries
+    /// whatever `member_count` claims).
     pub fn tree(&self, t: usize) -> &[u8] {
-        &self.parents[64 * t..64 * t + self.member_count as usize]
+        let n = (self.member_count as usize).min(GROUP_MEMBERS_MAX);
+        self.parents.get(64 * t..64 * t + n).unwrap_or(&[])
     }
 
     /// The checks the trusted side makes before writing an entry on behalf

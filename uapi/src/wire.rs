@@ -406,6 +406,9 @@ pub fn emit_ack(hdr: &FrameHeader, body: &AckBody, out: &mut [u8]) -> Result<usi
 /// Writes an ATOMIC_REQ frame into `out`; returns its length.
 pub fn emit_atomic_req(hdr: &FrameHeader, body: &AtomicBody, out: &mut [u8]) -> Result<usize, DecodeError> {
     debug_assert_eq!(hdr.kind, FrameKind::AtomicReq as u8);
+    if out.len() < FrameHeader::SIZE + AtomicBody::SIZE {
+        return Err(DecodeError::Truncated);
+    }
     hdr.encode(out)?;
     body.encode(out.get_mut(FrameHeader::SIZE..).ok_or(DecodeError::Truncated)?)?;
     Ok(FrameHeader::SIZE + AtomicBody::SIZE)
@@ -414,6 +417,9 @@ pub fn emit_atomic_req(hdr: &FrameHeader, body: &AtomicBody, out: &mut [u8]) -> 
 /// Writes an ATOMIC_RESP frame into `out`; returns its length.
 pub fn emit_atomic_resp(hdr: &FrameHeader, result: &AtomicResult, out: &mut [u8]) -> Result<usize, DecodeError> {
     debug_assert_eq!(hdr.kind, FrameKind::AtomicResp as u8);
+    if out.len() < FrameHeader::SIZE + AtomicResult::SIZE {
+        return Err(DecodeError::Truncated);
+    }
     hdr.encode(out)?;
     result.encode(out.get_mut(FrameHeader::SIZE..).ok_or(DecodeError::Truncated)?)?;
     Ok(FrameHeader::SIZE + AtomicResult::SIZE)

@@ -1751,6 +1751,8 @@ fn coll_header_spec(bytes: &[u8]) -> Result<CollHeader, DecodeError> {
         if !(1..=6).contains(&h.dtype) || !(1..=7).contains(&h.op) || (float && bitwise) || h.count == 0 {
             return Err(DecodeError::BadKind);
         }
+    } else if h.dtype != 0 || h.op != 0 || h.count != 0 {
+        return Err(DecodeError::ReservedNotZero);
     }
     Ok(h)
 }
@@ -1769,12 +1771,14 @@ fn check_coll_header_accepted(h: &CollHeader) -> Result<(), TestCaseError> {
         let op = ReduceOp::from_u8(h.op).unwrap();
         prop_assert!(op.defined_for(t));
         prop_assert!(h.count > 0);
+    } else {
+        prop_assert_eq!((h.dtype, h.op, h.count), (0, 0, 0));
     }
     Ok(())
 }
 
-/// Headers `CollHeader::parse` accepts (dtype, op and count of
-/// non-reductions left arbitrary: the parser ignores them).
+/// Headers `CollHeader::parse` accepts (dtype, op and count are zero
+/// unless the kind is a reduction).
 fn valid_coll_header() -> impl Strategy<Value = CollHeader> {
     (
         arb_coll_header(),
@@ -1798,6 +1802,8 @@ fn valid_coll_header() -> impl Strategy<Value = CollHeader> {
                 h.dtype = t as u8;
                 h.op = if op.defined_for(t) { op as u8 } else { ReduceOp::Sum as u8 };
                 h.count = count;
+            } else {
+                (h.dtype, h.op, h.count) = (0, 0, 0);
             }
             h
         })
