@@ -46,7 +46,26 @@ enum emp_wc_status {
 	EMP_WC_DMA_ERROR = 11,
 	EMP_WC_RNR_RETRY_EXCEEDED = 12,
 	EMP_WC_REMOTE_TABLE_FULL = 13,
+	EMP_WC_GROUP_INVALID = 14,
+	EMP_WC_STALE_GROUP = 15,
+	EMP_WC_INVALID_OP = 16,
+	EMP_WC_COLL_MISMATCH = 17,
+	EMP_WC_REMOTE_ACCESS_ERROR = 18,
 };
+
+/* Reduction element types and operators (NIC-offloaded reduce/allreduce). */
+enum emp_dtype { EMP_I32 = 1, EMP_I64 = 2, EMP_U32 = 3, EMP_U64 = 4, EMP_F32 = 5, EMP_F64 = 6 };
+enum emp_reduce_op { EMP_SUM = 1, EMP_PROD = 2, EMP_MIN = 3, EMP_MAX = 4, EMP_BAND = 5, EMP_BOR = 6, EMP_BXOR = 7 };
+/* Barrier algorithms run by the NIC. */
+enum emp_barrier_algo { EMP_BARRIER_PAIRWISE = 0, EMP_BARRIER_DISSEMINATION = 1, EMP_BARRIER_GATHER_RELEASE = 2 };
+
+/* An endpoint: (node, port). */
+struct emp_endpoint {
+	uint16_t node;
+	uint16_t port;
+};
+
+struct emp_group;
 
 struct emp_device;
 
@@ -95,6 +114,33 @@ int emp_wait_cq(struct emp_device *dev, struct emp_wc *wc, size_t n, int timeout
 int emp_req_notify_cq(struct emp_device *dev);
 int emp_get_event_fd(struct emp_device *dev);
 const char *emp_wc_status_str(uint32_t status);
+
+/* Groups and NIC-offloaded collectives. Every member creates its groups,
+ * and posts collectives on a group, in the same order. Nonblocking forms
+ * complete in the CQ (wr_id); blocking forms return 0 or a negative errno
+ * (-EIO when the operation completed with an error status, which is then
+ * in *status if non-NULL). */
+/* Waits until every rank of the job (emp run) has called it. */
+int emp_job_barrier(struct emp_device *dev);
+struct emp_group *emp_group_create(struct emp_device *dev, uint32_t id, const struct emp_endpoint *members,
+				   size_t n, int *err);
+int emp_group_destroy(struct emp_device *dev, struct emp_group *g);
+int emp_group_rank(const struct emp_group *g);
+int emp_group_size(const struct emp_group *g);
+int emp_post_barrier(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, enum emp_barrier_algo algo);
+int emp_post_bcast(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, int root,
+		   const struct emp_sge *sge, size_t n);
+int emp_post_multisend(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, uint64_t ranks,
+		       uint64_t tag, const struct emp_sge *sge, size_t n);
+int emp_post_reduce(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, int root,
+		    enum emp_dtype t, enum emp_reduce_op op, const struct emp_sge *send, const struct emp_sge *recv);
+int emp_post_allreduce(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, enum emp_dtype t,
+		       enum emp_reduce_op op, const struct emp_sge *send, const struct emp_sge *recv);
+int emp_barrier(struct emp_device *dev, const struct emp_group *g, enum emp_barrier_algo algo, uint32_t *status);
+int emp_bcast(struct emp_device *dev, const struct emp_group *g, int root, const struct emp_sge *sge, size_t n,
+	      uint32_t *status);
+int emp_allreduce(struct emp_device *dev, const struct emp_group *g, enum emp_dtype t, enum emp_reduce_op op,
+		  const struct emp_sge *send, const struct emp_sge *recv, uint32_t *status);
 
 #ifdef __cplusplus
 }

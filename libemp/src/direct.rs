@@ -152,8 +152,9 @@ pub fn nic_counters_at(path: &str) -> Result<[u64; COUNTERS]> {
     all_counters(sock.as_raw_fd())
 }
 
-/// Work request ids at or above this value belong to the library.
-pub const INTERNAL_WR: u64 = 0xC000_0000_0000_0000;
+/// Work request ids of the library's blocking calls: this prefix (bits 63
+/// and 61) plus a 48-bit counter. (`rdv` uses bit 63 alone and 63 + 62.)
+pub const INTERNAL_WR: u64 = 0xA000_0000_0000_0000;
 
 /// Number of NIC counters.
 pub const COUNTERS: usize = emp_uapi::sram::counter::COUNT;
@@ -538,8 +539,7 @@ impl Device {
         Ok(self.scratch.expect("allocated"))
     }
 
-    /// A work request id for the library's own blocking calls: bits 63 and
-    /// 62 set (bit 63 alone is the rendezvous barrier's).
+    /// A work request id for the library's own blocking calls ([`INTERNAL_WR`]).
     pub(crate) fn internal_wr(&mut self) -> u64 {
         self.internal_wr = self.internal_wr.wrapping_add(1) & ((1 << 48) - 1);
         INTERNAL_WR | self.internal_wr

@@ -303,3 +303,234 @@ pub extern "C" fn emp_wc_status_str(status: u32) -> *const c_char {
     };
     s.as_ptr()
 }
+
+// ---- groups and NIC-offloaded collectives ----
+
+/// Opaque group handle (`struct emp_group`).
+pub struct EmpGroup(crate::Group);
+
+/// C view of an endpoint (`struct emp_endpoint`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EmpEndpoint {
+    /// Node.
+    pub node: u16,
+    /// Port.
+    pub port: u16,
+}
+
+fn dtype_op(t: u32, op: u32) -> Result<(crate::Dtype, crate::ReduceOp), Error> {
+    let t = u8::try_from(t).ok().and_then(crate::Dtype::from_u8).ok_or(Error::Invalid("unknown dtype"))?;
+    let op = u8::try_from(op).ok().and_then(crate::ReduceOp::from_u8).ok_or(Error::Invalid("unknown reduce op"))?;
+    Ok((t, op))
+}
+
+fn barrier_algo(a: u32) -> Result<crate::BarrierAlgo, Error> {
+    u16::try_from(a).ok().and_then(crate::BarrierAlgo::from_u16).ok_or(Error::Invalid("unknown barrier algorithm"))
+}
+
+fn rc(r: Result<(), Error>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => errno(&e),
+    }
+}
+
+/// A blocking call's result; a failed completion's status goes to `*status`.
+///
+/// # Safety
+/// `status` is NULL or writable.
+unsafe fn blocking(r: Result<(), Error>, status: *mut u32) -> c_int {
+    let st = match &r {
+        Ok(()) => 0,
+        Err(Error::Failed(s)) => *s as u32,
+        Err(_) => u32::MAX,
+    };
+    if !status.is_null() {
+        // SAFETY: the caller passes NULL or a writable u32.
+        unsafe { *status = st };
+    }
+    rc(r)
+}
+
+/// Creates group `id` over `members` (this port among them). NULL and
+/// `*err` (if non-NULL) = negative errno on failure.
+///
+/// # Safety
+/// `dev` is open; `members` points to `n` entries; `err` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_group_create(dev: *mut EmpDevice, id: u32, members: *const EmpEndpoint, n: usize, err: *mut c_int) -> *mut EmpGroup {
+    let list: Vec<Endpoint> = if members.is_null() || n == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the caller passes `n` readable entries.
+        unsafe { core::slice::from_raw_parts(members, n) }.iter().map(|e| Endpoint { node: e.node, port: e.port }).collect()
+    };
+    // SAFETY: caller guarantees `dev`.
+    let d = unsafe { &mut (*dev).0 };
+    match d.create_group(id, &list, &crate::GroupOpts::default()) {
+        Ok(g) => Box::into_raw(Box::new(EmpGroup(g))),
+        Err(e) => {
+            if !err.is_null() {
+                // SAFETY: the caller passes NULL or a writable int.
+                unsafe { *err = errno(&e) };
+            }
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// Destroys a group (its unfinished operations complete flushed) and frees the handle.
+///
+/// # Safety
+/// `dev` is open; `g` came from `emp_group_create` and is not used again.
+#[no_mangle]
+pub unsafe extern "C" fn emp_group_destroy(dev: *mut EmpDevice, g: *mut EmpGroup) -> c_int {
+    if g.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: `g` was boxed by emp_group_create and is given back once.
+    let g = unsafe { Box::from_raw(g) };
+    // SAFETY: caller guarantees `dev`.
+    rc(unsafe { &mut (*dev).0 }.destroy_group(g.0))
+}
+
+/// This member's rank.
+///
+/// # Safety
+/// `g` is a live group.
+#[no_mangle]
+pub unsafe extern "C" fn emp_group_rank(g: *const EmpGroup) -> c_int {
+    // SAFETY: caller guarantees `g`.
+    unsafe { (*g).0.rank() as c_int }
+}
+
+/// Members in the group.
+///
+/// # Safety
+/// `g` is a live group.
+#[no_mangle]
+pub unsafe extern "C" fn emp_group_size(g: *const EmpGroup) -> c_int {
+    // SAFETY: caller guarantees `g`.
+    unsafe { (*g).0.size() as c_int }
+}
+
+/// Posts a NIC barrier.
+///
+/// # Safety
+/// `dev` is open; `g` is live.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_barrier(dev: *mut EmpDevice, wr_id: u64, g: *const EmpGroup, algo: u32) -> c_int {
+    // SAFETY: caller guarantees the pointers.
+    let (d, g) = unsafe { (&mut (*dev).0, &(*g).0) };
+    rc(barrier_algo(algo).and_then(|a| d.post_barrier(wr_id, g, a)))
+}
+
+/// Posts a NIC broadcast from `root`.
+///
+/// # Safety
+/// `dev` is open; `g` is live; `sge` points to `n` entries.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_bcast(dev: *mut EmpDevice, wr_id: u64, g: *const EmpGroup, root: c_int, sge: *const Sge, n: usize) -> c_int {
+    // SAFETY: caller guarantees the pointers.
+    let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
+    match usize::try_from(root) {
+        Ok(root) => rc(d.post_bcast(wr_id, g, root, s)),
+        Err(_) => -libc::EINVAL,
+    }
+}
+
+/// Posts a multisend to the members in the rank mask `ranks`.
+///
+/// # Safety
+/// `dev` is open; `g` is live; `sge` points to `n` entries.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_multisend(dev: *mut EmpDevice, wr_id: u64, g: *const EmpGroup, ranks: u64, tag: u64, sge: *const Sge, n: usize) -> c_int {
+    // SAFETY: caller guarantees the pointers.
+    let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
+    rc(d.post_multisend(wr_id, g, ranks, tag, s))
+}
+
+/// Posts a NIC reduce to `root` (`recv` may be NULL except at the root).
+///
+/// # Safety
+/// `dev` is open; `g` is live; `send` is readable; `recv` is NULL or readable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_reduce(dev: *mut EmpDevice, wr_id: u64, g: *const EmpGroup, root: c_int, t: u32, op: u32, send: *const Sge, recv: *const Sge) -> c_int {
+    if send.is_null() || root < 0 {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees the pointers.
+    let (d, g, send, recv) = unsafe { (&mut (*dev).0, &(*g).0, *send, recv.as_ref().copied()) };
+    rc(dtype_op(t, op).and_then(|(t, op)| d.post_reduce(wr_id, g, root as usize, t, op, send, recv)))
+}
+
+/// Posts a NIC allreduce.
+///
+/// # Safety
+/// `dev` is open; `g` is live; `send` and `recv` are readable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_allreduce(dev: *mut EmpDevice, wr_id: u64, g: *const EmpGroup, t: u32, op: u32, send: *const Sge, recv: *const Sge) -> c_int {
+    if send.is_null() || recv.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees the pointers.
+    let (d, g, send, recv) = unsafe { (&mut (*dev).0, &(*g).0, *send, *recv) };
+    rc(dtype_op(t, op).and_then(|(t, op)| d.post_allreduce(wr_id, g, t, op, send, recv)))
+}
+
+/// Blocking NIC barrier.
+///
+/// # Safety
+/// `dev` is open; `g` is live; `status` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_barrier(dev: *mut EmpDevice, g: *const EmpGroup, algo: u32, status: *mut u32) -> c_int {
+    // SAFETY: caller guarantees the pointers.
+    let (d, g) = unsafe { (&mut (*dev).0, &(*g).0) };
+    // SAFETY: `status` per the caller.
+    unsafe { blocking(barrier_algo(algo).and_then(|a| d.barrier(g, a)), status) }
+}
+
+/// Blocking NIC broadcast.
+///
+/// # Safety
+/// `dev` is open; `g` is live; `sge` points to `n` entries; `status` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_bcast(dev: *mut EmpDevice, g: *const EmpGroup, root: c_int, sge: *const Sge, n: usize, status: *mut u32) -> c_int {
+    // SAFETY: caller guarantees the pointers.
+    let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
+    let r = usize::try_from(root).map_err(|_| Error::Invalid("negative root")).and_then(|root| d.bcast(g, root, s));
+    // SAFETY: `status` per the caller.
+    unsafe { blocking(r, status) }
+}
+
+/// Blocking NIC allreduce.
+///
+/// # Safety
+/// `dev` is open; `g` is live; `send`/`recv` are readable; `status` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_allreduce(dev: *mut EmpDevice, g: *const EmpGroup, t: u32, op: u32, send: *const Sge, recv: *const Sge, status: *mut u32) -> c_int {
+    if send.is_null() || recv.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees the pointers.
+    let (d, g, send, recv) = unsafe { (&mut (*dev).0, &(*g).0, *send, *recv) };
+    let r = dtype_op(t, op).and_then(|(t, op)| d.allreduce(g, t, op, send, recv));
+    // SAFETY: `status` per the caller.
+    unsafe { blocking(r, status) }
+}
+
+/// Waits until every rank of the job (`emp run`: EMP_RANK, EMP_SIZE and
+/// the rendezvous directory, or a static job over EMP) has called it; a
+/// program's first collective may follow it safely. 0 or a negative errno.
+///
+/// # Safety
+/// `dev` is open.
+#[no_mangle]
+pub unsafe extern "C" fn emp_job_barrier(dev: *mut EmpDevice) -> c_int {
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let k = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: caller guarantees `dev`.
+    let d = unsafe { &mut (*dev).0 };
+    rc(crate::rdv::Job::from_env().and_then(|j| j.barrier(d, &format!("emp_job_barrier-{k}"))))
+}

@@ -163,29 +163,52 @@ fn tampered_or_unsigned_firmware_is_refused_with_the_reason() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
-#[test]
-fn c_example_builds_and_runs() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let out_bin = std::env::temp_dir().join(format!("emp-c-pingpong-{}", std::process::id()));
+/// Compiles `libemp/examples/c/<name>.c` against libemp.so (-Werror).
+fn compile_c_example(name: &str) -> PathBuf {
+    let out_bin = std::env::temp_dir().join(format!("emp-c-{name}-{}", std::process::id()));
     let lib = bin_dir();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let st = Command::new(&cc)
         .args(["-Wall", "-Wextra", "-Werror", "-O2", "-I"])
         .arg(root().join("libemp/include"))
-        .arg(root().join("libemp/examples/c/pingpong.c"))
+        .arg(root().join(format!("libemp/examples/c/{name}.c")))
         .arg("-L")
         .arg(&lib)
         .arg("-lemp")
+        // RPATH, not RUNPATH: cargo's LD_LIBRARY_PATH (target/debug/deps,
+        // perhaps an older libemp.so) must not win over the release library.
+        .arg("-Wl,--disable-new-dtags")
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .arg("-o")
         .arg(&out_bin)
         .status()
         .expect("a C compiler (cc) is required");
-    assert!(st.success(), "the C example must compile");
+    assert!(st.success(), "the C example {name} must compile");
+    out_bin
+}
+
+#[test]
+fn c_example_builds_and_runs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out_bin = compile_c_example("pingpong");
     let c = Cluster::up("c", &["-n", "2"]);
     let out = c.run(2, &[out_bin.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     let _ = std::fs::remove_file(&out_bin);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("rank 1 got \"ping from node 0\"") && text.contains("rank 0 got \"pong from node 1\""), "{text}");
+}
+
+#[test]
+fn c_collectives_example_builds_and_runs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out_bin = compile_c_example("allreduce");
+    let c = Cluster::up("c-coll", &["-n", "4"]);
+    let out = c.run(4, &[out_bin.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let _ = std::fs::remove_file(&out_bin);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for r in 0..4 {
+        assert!(text.contains(&format!("rank {r}: sum 10, \"hello from rank 0 of 4\"")), "{text}");
+    }
 }
