@@ -144,6 +144,7 @@ impl Nic {
         while let Some(s) = self.ports[port as usize].overflow.pop_front() {
             self.overflow.free(s);
         }
+        self.atomic_flush_port(hal, port);
         self.free_peers_of(port);
         debug_assert_eq!(self.ports[port as usize].outstanding, 0);
         self.ports[port as usize].open = false;
@@ -180,7 +181,7 @@ impl Nic {
         let send_prod = sram_u32(hal, w.ctl(ctl::SEND_PROD));
         let mut budget = w.send_entries;
         while self.ports[port as usize].send_cons != send_prod && budget > 0 {
-            if self.tx.is_full() || !self.cq_has_room(hal, port) {
+            if !self.send_fits(hal, port) || !self.cq_has_room(hal, port) {
                 break;
             }
             budget -= 1;
@@ -189,6 +190,19 @@ impl Nic {
         }
         let sc = self.ports[port as usize].send_cons;
         sram_put_u32(hal, w.ctl(ctl::SEND_CONS), sc);
+    }
+
+    /// Room in the NIC's tables for the next send-ring descriptor (else it
+    /// stays in the ring until a record is freed).
+    fn send_fits<H: Hal>(&self, hal: &mut H, port: u16) -> bool {
+        let w = self.layout.port(port);
+        let at = w.send_slot(self.ports[port as usize].send_cons) + core::mem::offset_of!(WorkDesc, opcode);
+        let mut op = [0u8; 1];
+        hal.sram_read(at, &mut op);
+        match Opcode::from_u8(op[0]) {
+            Some(o) if o.is_atomic() => self.atomic_fits(),
+            _ => !self.tx.is_full(),
+        }
     }
 
     /// Copies the next descriptor out of a ring and reserves CQ room for it.
@@ -219,6 +233,9 @@ impl Nic {
     }
 
     fn post_send<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
+        if Opcode::from_u8(d.opcode).is_some_and(Opcode::is_atomic) {
+            return self.post_atomic(hal, now, port, d);
+        }
         let ld = LocalDesc::new(d);
         match d.validate() {
             Ok(Opcode::Send) => {}
@@ -239,14 +256,14 @@ impl Nic {
         self.enqueue_tx(now, port, peer, ld);
     }
 
-    fn bad_descriptor<H: Hal>(&mut self, hal: &mut H, port: u16, ld: &LocalDesc, op: Opcode) {
+    pub(crate) fn bad_descriptor<H: Hal>(&mut self, hal: &mut H, port: u16, ld: &LocalDesc, op: Opcode) {
         self.count(counter::BAD_DESCRIPTORS, 1);
         let mut c = Completion::of(ld, op, Status::BadDescriptor);
         c.signaled = true;
         self.complete(hal, port, c);
     }
 
-    fn route_valid<H: Hal>(&self, hal: &mut H, node: u16) -> bool {
+    pub(crate) fn route_valid<H: Hal>(&self, hal: &mut H, node: u16) -> bool {
         if node as u32 >= self.layout.params.route_entries {
             return false;
         }

@@ -20,6 +20,7 @@
 //! overflow buffer), and flow control either by receiver state piggybacked
 //! on ACKs (EMP) or by PM's Modified ACK/NACK (seed 003 §3.3).
 
+mod atomic;
 mod cpu;
 mod ffi;
 mod host;
@@ -120,6 +121,8 @@ pub struct Config {
     pub gen_seed: u16,
     /// How the steps are split over the NIC CPUs (`emp_uapi::image::cpu_plan`).
     pub cpu_plan: u32,
+    /// Outstanding remote atomic requests (all peers).
+    pub atomic_max: u32,
 }
 
 impl Default for Config {
@@ -144,6 +147,7 @@ impl Default for Config {
             msg_max: 1 << 30,
             gen_seed: 1,
             cpu_plan: emp_uapi::image::cpu_plan::BASE,
+            atomic_max: 256,
         }
     }
 }
@@ -178,6 +182,9 @@ impl Config {
         if self.overflow_slots > 0 && self.overflow_slot_size == 0 {
             return Some("overflow_slot_size must be > 0");
         }
+        if self.atomic_max == 0 {
+            return Some("atomic_max must be > 0");
+        }
         None
     }
 }
@@ -197,6 +204,8 @@ pub struct Occupancy {
     pub peers: u32,
     /// Ports open.
     pub ports_open: u32,
+    /// Remote atomic requests outstanding.
+    pub atomics: u32,
 }
 
 /// A send or receive descriptor as the NIC keeps it: the validated
@@ -277,6 +286,8 @@ pub(crate) struct Peer {
     pub last_loss_nack_ns: u64,
     /// Highest message sequence number seen from this sender.
     pub max_seen: u32,
+    /// Remote atomics, both directions (own sequence space).
+    pub atomic: atomic::PeerAtomics,
 }
 
 /// Everything the control program holds.
@@ -291,6 +302,7 @@ pub struct Nic {
     pub(crate) peer_free: Vec<u32>,
     pub(crate) tx: tx::TxTable,
     pub(crate) rx: rx::RxTable,
+    pub(crate) atomics: atomic::AtomicTable,
     pub(crate) overflow: rx::Overflow,
     pub(crate) timers: TimerHeap,
     pub(crate) ready: VecDeque<u32>,
@@ -365,6 +377,7 @@ impl Nic {
             peer_free: (0..cfg.peers_max).rev().collect(),
             tx: slots::Slots::new(cfg.tx_max),
             rx: slots::Slots::new(cfg.rx_max),
+            atomics: slots::Slots::new(cfg.atomic_max),
             overflow: rx::Overflow::new(cfg.overflow_slots, cfg.overflow_slot_size),
             timers: TimerHeap::default(),
             ready: VecDeque::new(),
@@ -430,6 +443,7 @@ impl Nic {
             match t {
                 timer::Timer::Group { slot, group, stamp } => self.on_group_timeout(hal, now, slot, group, stamp),
                 timer::Timer::RxSweep => self.on_rx_sweep(hal, now),
+                timer::Timer::Atomic { slot, stamp } => self.on_atomic_timeout(hal, now, slot, stamp),
             }
         }
         self.poll_rings(hal, now);
@@ -457,6 +471,7 @@ impl Nic {
             overflow_used: self.overflow.used(),
             peers: self.peer_index.len() as u32,
             ports_open: self.ports.iter().filter(|p| p.open).count() as u32,
+            atomics: self.atomics.used(),
         }
     }
 
@@ -526,7 +541,7 @@ impl Nic {
         if ov as u32 != self.overflow.used() {
             return Err(format!("{} overflow slots used, {ov} queued", self.overflow.used()));
         }
-        Ok(())
+        self.atomic_invariants()
     }
 
     pub(crate) fn count(&mut self, c: usize, n: u64) {
@@ -576,6 +591,7 @@ impl Nic {
             rx_active: Vec::new(),
             last_loss_nack_ns: 0,
             max_seen: rx_floor,
+            atomic: Default::default(),
         });
         self.peer_index.insert((port, node, rport), i);
         Some(i)
@@ -594,7 +610,7 @@ impl Nic {
         for i in 0..self.peers.len() {
             if self.peers[i].as_ref().is_some_and(|p| p.port == port) {
                 let p = self.peers[i].take().expect("checked");
-                debug_assert!(p.tx_queue.is_empty() && p.rx_active.is_empty());
+                debug_assert!(p.tx_queue.is_empty() && p.rx_active.is_empty() && p.atomic.queue.is_empty());
                 self.peer_index.remove(&(p.port, p.node, p.rport));
                 self.peer_free.push(i as u32);
             }
@@ -645,6 +661,7 @@ mod tests {
             Config { rx_idle_timeout_ns: 1, ..Config::default() },
             Config { tx_max: 0, ..Config::default() },
             Config { rnr_delay_ns_max: 1, ..Config::default() },
+            Config { atomic_max: 0, ..Config::default() },
         ];
         for c in bad {
             assert!(c.invalid().is_some(), "{c:?} accepted");
