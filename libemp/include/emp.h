@@ -46,6 +46,20 @@ enum emp_wc_status {
 	EMP_WC_DMA_ERROR = 11,
 	EMP_WC_RNR_RETRY_EXCEEDED = 12,
 	EMP_WC_REMOTE_TABLE_FULL = 13,
+	EMP_WC_GROUP_INVALID = 14,
+	EMP_WC_STALE_GROUP = 15,
+	EMP_WC_INVALID_OP = 16,
+	EMP_WC_COLL_MISMATCH = 17,
+	EMP_WC_REMOTE_ACCESS_ERROR = 18,
+};
+
+/* The operation a completion reports (struct emp_wc.opcode). */
+enum emp_wc_opcode {
+	EMP_WC_SEND = 1,
+	EMP_WC_RECV = 2,
+	EMP_WC_ATOMIC_FETCH_ADD = 8,
+	EMP_WC_ATOMIC_CMP_SWAP = 9,
+	EMP_WC_ATOMIC_SWAP = 10,
 };
 
 struct emp_device;
@@ -63,10 +77,19 @@ struct emp_wc {
 	uint32_t is_recv;
 	uint32_t byte_len;
 	uint32_t msg_len;
-	uint64_t tag;
+	uint64_t tag;		/* atomics: the word's value before the operation */
 	uint16_t src_node;
 	uint16_t src_port;
-	uint32_t reserved;
+	uint8_t opcode;		/* enum emp_wc_opcode */
+	uint8_t reserved[3];
+};
+
+/* A word in another port's memory, registered there with
+ * EMP_ACCESS_REMOTE_ATOMIC: width (4 or 8) bytes at offset, naturally aligned. */
+struct emp_remote_word {
+	uint32_t key;
+	uint32_t width;
+	uint64_t offset;
 };
 
 struct emp_port_info {
@@ -95,6 +118,27 @@ int emp_wait_cq(struct emp_device *dev, struct emp_wc *wc, size_t n, int timeout
 int emp_req_notify_cq(struct emp_device *dev);
 int emp_get_event_fd(struct emp_device *dev);
 const char *emp_wc_status_str(uint32_t status);
+
+/* Registered memory with its own access rights (e.g. EMP_ACCESS_REMOTE_ATOMIC). */
+void *emp_alloc_mr(struct emp_device *dev, size_t len, uint32_t access, uint32_t *key, uint64_t *offset);
+
+/* Remote atomics, executed by the target's NIC. Nonblocking: 0 or a negative
+ * errno; the completion's tag and the result word get the old value. */
+int emp_post_atomic_fetch_add(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port,
+			      const struct emp_remote_word *at, uint64_t add, const struct emp_sge *result);
+int emp_post_atomic_cmp_swap(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port,
+			     const struct emp_remote_word *at, uint64_t compare, uint64_t swap,
+			     const struct emp_sge *result);
+int emp_post_atomic_swap(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port,
+			 const struct emp_remote_word *at, uint64_t value, const struct emp_sge *result);
+/* Blocking: 0 with *old set, a negative errno, or a positive enum emp_wc_status
+ * when the operation completed with an error. */
+int emp_fetch_add(struct emp_device *dev, uint16_t node, uint16_t port, const struct emp_remote_word *at,
+		  uint64_t add, uint64_t *old);
+int emp_cmp_swap(struct emp_device *dev, uint16_t node, uint16_t port, const struct emp_remote_word *at,
+		 uint64_t compare, uint64_t swap, uint64_t *old);
+int emp_swap(struct emp_device *dev, uint16_t node, uint16_t port, const struct emp_remote_word *at,
+	     uint64_t value, uint64_t *old);
 
 #ifdef __cplusplus
 }
