@@ -37,7 +37,7 @@
 
 use std::collections::VecDeque;
 
-use emp_uapi::desc::{Opcode, Status, WorkDesc, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC};
+use emp_uapi::desc::{Opcode, Status, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC};
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, atomic_op, AtomicBody, AtomicResult, FrameHeader, FrameKind, ATOMIC_WINDOW};
 use emp_uapi::{seq_lt, Le};
@@ -134,14 +134,9 @@ impl Nic {
         !self.atomics.is_full()
     }
 
-    /// A remote atomic descriptor from the send ring.
-    pub(crate) fn post_atomic<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
-        let ld = LocalDesc::new(d);
-        let claimed = Opcode::from_u8(d.opcode).expect("caller checked the opcode");
-        let op = match d.validate() {
-            Ok(op) if op == claimed => op,
-            _ => return self.bad_descriptor(hal, port, &ld, claimed),
-        };
+    /// A validated remote atomic descriptor from the send ring.
+    pub(crate) fn post_atomic<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, ld: LocalDesc, op: Opcode) {
+        debug_assert!(op.is_atomic() && ld.wd.num_sge == 2);
         if !self.route_valid(hal, ld.wd.node) {
             return self.bad_descriptor(hal, port, &ld, op);
         }

@@ -181,8 +181,13 @@ impl Nic {
         let send_prod = sram_u32(hal, w.ctl(ctl::SEND_PROD));
         let mut budget = w.send_entries;
         while self.ports[port as usize].send_cons != send_prod && budget > 0 {
-            if !self.send_fits(hal, port) || !self.cq_has_room(hal, port) {
+            if self.tx.is_full() || !self.cq_has_room(hal, port) {
                 break;
+            }
+            let next = self.layout.port(port).send_slot(self.ports[port as usize].send_cons);
+            let opcode = Opcode::from_u8(peek_opcode(hal, next));
+            if opcode.is_some_and(|op| op.is_atomic() && !self.atomic_fits()) {
+                break; // Stays in the ring until an atomic record frees.
             }
             budget -= 1;
             let d = self.take_desc(hal, port, true);
@@ -190,19 +195,6 @@ impl Nic {
         }
         let sc = self.ports[port as usize].send_cons;
         sram_put_u32(hal, w.ctl(ctl::SEND_CONS), sc);
-    }
-
-    /// Room in the NIC's tables for the next send-ring descriptor (else it
-    /// stays in the ring until a record is freed).
-    fn send_fits<H: Hal>(&self, hal: &mut H, port: u16) -> bool {
-        let w = self.layout.port(port);
-        let at = w.send_slot(self.ports[port as usize].send_cons) + core::mem::offset_of!(WorkDesc, opcode);
-        let mut op = [0u8; 1];
-        hal.sram_read(at, &mut op);
-        match Opcode::from_u8(op[0]) {
-            Some(o) if o.is_atomic() => self.atomic_fits(),
-            _ => !self.tx.is_full(),
-        }
     }
 
     /// Copies the next descriptor out of a ring and reserves CQ room for it.
@@ -233,13 +225,13 @@ impl Nic {
     }
 
     fn post_send<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
-        if Opcode::from_u8(d.opcode).is_some_and(Opcode::is_atomic) {
-            return self.post_atomic(hal, now, port, d);
-        }
         let ld = LocalDesc::new(d);
         match d.validate() {
             Ok(Opcode::Send) => {}
-            _ => return self.bad_descriptor(hal, port, &ld, Opcode::Send),
+            Ok(op) if op.is_atomic() => return self.post_atomic(hal, now, port, ld, op),
+            Ok(op) if op != Opcode::Recv => return self.bad_descriptor(hal, port, &ld, op),
+            // A malformed descriptor is reported under the opcode it claims.
+            _ => return self.bad_descriptor(hal, port, &ld, Opcode::from_u8(d.opcode).filter(|&o| o != Opcode::Recv).unwrap_or(Opcode::Send)),
         }
         if let Err(st) = self.check_sges(hal, port, ld.sges(), MR_LOCAL_READ) {
             return self.complete(hal, port, Completion::of(&ld, Opcode::Send, st));
@@ -319,6 +311,13 @@ impl Nic {
             hal.raise_interrupt(1 + port);
         }
     }
+}
+
+/// The opcode byte of the descriptor at `off`, without consuming it.
+fn peek_opcode<H: Hal>(hal: &mut H, off: usize) -> u8 {
+    let mut b = [0u8; 1];
+    hal.sram_read(off + core::mem::offset_of!(WorkDesc, opcode), &mut b);
+    b[0]
 }
 
 fn read_desc<H: Hal>(hal: &mut H, off: usize) -> WorkDesc {

@@ -119,13 +119,13 @@ fn atomic_desc(op: Opcode, wr_id: u64, dst: Endpoint, at: RemoteWord, operand: u
     let w = at.width.bytes();
     let fits = |v: u64| at.width == Width::W64 || v >> 32 == 0;
     if result.len != w {
-        return Err(Error::InvalidArgument("atomic: the result SGE must be exactly the word's width"));
+        return Err(Error::Invalid("atomic: the result SGE must be exactly the word's width"));
     }
     if !at.offset.is_multiple_of(w as u64) {
-        return Err(Error::InvalidArgument("atomic: the remote word is not naturally aligned"));
+        return Err(Error::Invalid("atomic: the remote word is not naturally aligned"));
     }
     if !fits(operand) || !fits(compare) {
-        return Err(Error::InvalidArgument("atomic: operand wider than the 32-bit word"));
+        return Err(Error::Invalid("atomic: operand wider than the 32-bit word"));
     }
     let mut d = WorkDesc { wr_id, opcode: op as u8, flags: WD_SIGNALED, num_sge: 2, node: dst.node, port: dst.port, tag: operand, ignore: compare, ..Default::default() };
     d.sge[0] = result;
@@ -186,7 +186,7 @@ impl Device {
         let c = self.wait_wr(BLOCKING_ATOMIC_WR, None)?;
         match c.status {
             Status::Success => Ok(c.old),
-            s => Err(Error::Status(s)),
+            s => Err(Error::Failed(s)),
         }
     }
 }
@@ -225,7 +225,7 @@ mod tests {
             atomic_desc(Opcode::AtomicCmpSwap, 1, DST, word(Width::W32, 0), 1, 1 << 40, Sge { len: 4, ..res }),
         ];
         for r in bad {
-            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+            assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
         }
     }
 

@@ -78,8 +78,8 @@ fn errno(e: &Error) -> c_int {
         Error::TooManySges => -libc::EINVAL,
         Error::ArenaFull => -libc::ENOMEM,
         Error::Timeout => -libc::ETIMEDOUT,
-        Error::Status(_) => -libc::EIO,
-        Error::InvalidArgument(_) => -libc::EINVAL,
+        Error::Failed(_) => -libc::EIO,
+        Error::Invalid(_) => -libc::EINVAL,
     }
 }
 
@@ -434,7 +434,7 @@ unsafe fn blocking(dev: *mut EmpDevice, at: *const EmpRemoteWord, old: *mut u64,
             unsafe { *old = v };
             0
         }
-        Err(Error::Status(s)) => s as c_int,
+        Err(Error::Failed(s)) => s as c_int,
         Err(e) => errno(&e),
     }
 }

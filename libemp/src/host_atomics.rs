@@ -67,7 +67,7 @@ impl HostAtomicServer {
     /// request until the server takes it).
     pub fn new(dev: &mut Device, words: Buffer, slots: usize) -> Result<HostAtomicServer> {
         if slots == 0 {
-            return Err(Error::InvalidArgument("host atomic server: slots must be > 0"));
+            return Err(Error::Invalid("host atomic server: slots must be > 0"));
         }
         let reqs = dev.alloc(slots * REQ_LEN)?;
         let reps = dev.alloc(slots * RESP_LEN)?;
@@ -104,14 +104,14 @@ impl HostAtomicServer {
         self.next += 1;
         self.post_slot(dev, k + self.slots)?;
         if c.status != Status::Success {
-            return Err(Error::Status(c.status));
+            return Err(Error::Failed(c.status));
         }
         let (status, old) = if c.byte_len as usize == REQ_LEN { self.execute(&req) } else { (Status::BadDescriptor, 0) };
         // The reply buffer of slot i was last used by request k - slots.
         if k >= self.slots {
             let prev = dev.wait_wr(SERVER_WR | REPLY_BIT | (k - self.slots), None)?;
             if prev.status != Status::Success && prev.status != Status::RemotePortClosed {
-                return Err(Error::Status(prev.status));
+                return Err(Error::Failed(prev.status));
             }
         }
         let rep = &mut self.reps.as_mut_slice()[i * RESP_LEN..(i + 1) * RESP_LEN];
@@ -198,16 +198,16 @@ impl HostAtomicClient {
         if sent.status != Status::Success {
             // The reply can never come: the receive stays posted under a
             // tag no one will use again.
-            return Err(Error::Status(sent.status));
+            return Err(Error::Failed(sent.status));
         }
         let got = dev.wait_wr(recv_wr, None)?;
         if got.status != Status::Success {
-            return Err(Error::Status(got.status));
+            return Err(Error::Failed(got.status));
         }
         let r = self.rep.as_mut_slice();
         match Status::from_u8(r[0]) {
             Some(Status::Success) => Ok(get_u64(r, 8)),
-            Some(s) => Err(Error::Status(s)),
+            Some(s) => Err(Error::Failed(s)),
             None => Err(Error::Protocol(format!("host atomic reply with status byte {}", r[0]))),
         }
     }

@@ -71,9 +71,9 @@ pub enum Error {
     /// Timed out waiting.
     Timeout,
     /// A blocking operation completed with an error status.
-    Status(Status),
-    /// An argument the library can check before posting is wrong.
-    InvalidArgument(&'static str),
+    Failed(Status),
+    /// The arguments cannot work (checked before anything is posted).
+    Invalid(&'static str),
 }
 
 impl fmt::Display for Error {
@@ -87,8 +87,8 @@ impl fmt::Display for Error {
             Error::TooManySges => write!(f, "too many scatter/gather entries"),
             Error::ArenaFull => write!(f, "registered arena exhausted"),
             Error::Timeout => write!(f, "timed out"),
-            Error::Status(s) => write!(f, "completed with: {}", s.as_str()),
-            Error::InvalidArgument(what) => write!(f, "{what}"),
+            Error::Failed(st) => write!(f, "completed with error: {}", st.as_str()),
+            Error::Invalid(why) => write!(f, "invalid arguments: {why}"),
         }
     }
 }
