@@ -439,6 +439,22 @@ impl Device {
         }
     }
 
+    /// Takes the completion of work request `wr_id` if the NIC has
+    /// written it, without waiting; other completions are set aside as in
+    /// [`Device::wait_wr`]. For callers that poll.
+    pub fn poll_wr(&mut self, wr_id: u64) -> Option<Completion> {
+        let mut buf = [Completion::default(); 16];
+        loop {
+            let n = self.poll_ring(&mut buf);
+            self.stash.extend(&buf[..n]);
+            if n < buf.len() {
+                break;
+            }
+        }
+        let i = self.stash.iter().position(|c| c.wr_id == wr_id)?;
+        self.stash.remove(i)
+    }
+
     /// Takes completions from the CQ ring itself.
     fn poll_ring(&mut self, out: &mut [Completion]) -> usize {
         let mut n = 0;

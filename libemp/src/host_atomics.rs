@@ -11,7 +11,7 @@
 //! server's receives stay posted until the port closes; they match only
 //! the reserved request tag.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::atomic::Width;
 use crate::{Buffer, Device, Endpoint, Error, Result, Status, ANY};
@@ -92,12 +92,26 @@ impl HostAtomicServer {
     /// Waits up to `timeout` (`None` = forever) for one request, performs
     /// it and replies. Returns false when none came in time.
     pub fn serve_one(&mut self, dev: &mut Device, timeout: Option<Duration>) -> Result<bool> {
+        match dev.wait_wr(SERVER_WR | self.next, timeout) {
+            Ok(c) => self.handle(dev, c).map(|()| true),
+            Err(Error::Timeout) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Serves one request if one has arrived (a polling server loop);
+    /// returns false when none was there.
+    pub fn try_serve_one(&mut self, dev: &mut Device) -> Result<bool> {
+        match dev.poll_wr(SERVER_WR | self.next) {
+            Some(c) => self.handle(dev, c).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Performs the request that completed receive `c` and replies.
+    fn handle(&mut self, dev: &mut Device, c: crate::Completion) -> Result<()> {
         let k = self.next;
-        let c = match dev.wait_wr(SERVER_WR | k, timeout) {
-            Ok(c) => c,
-            Err(Error::Timeout) => return Ok(false),
-            Err(e) => return Err(e),
-        };
+        debug_assert_eq!(c.wr_id, SERVER_WR | k);
         let i = (k % self.slots) as usize;
         let mut req = [0u8; REQ_LEN];
         req.copy_from_slice(&self.reqs.as_mut_slice()[i * REQ_LEN..(i + 1) * REQ_LEN]);
@@ -119,8 +133,7 @@ impl HostAtomicServer {
         rep[0] = status as u8;
         put_u64(rep, 8, old);
         let seq = u32::from_le_bytes(req[4..8].try_into().expect("4 bytes")) as u64;
-        dev.post_send(SERVER_WR | REPLY_BIT | k, c.src, RESP_TAG | seq, &[self.reps.sge(i * RESP_LEN, RESP_LEN)])?;
-        Ok(true)
+        dev.post_send(SERVER_WR | REPLY_BIT | k, c.src, RESP_TAG | seq, &[self.reps.sge(i * RESP_LEN, RESP_LEN)])
     }
 
     /// The operation, with the CPU's atomics (atomic with respect to other
@@ -157,12 +170,39 @@ pub struct HostAtomicClient {
     req: Buffer,
     rep: Buffer,
     seq: u32,
+    poll: bool,
 }
 
+/// How long a polling client waits for an answer.
+const POLL_LIMIT: Duration = Duration::from_secs(60);
+
 impl HostAtomicClient {
-    /// A client with its own request and reply buffers.
+    /// A client with its own request and reply buffers; it waits for
+    /// answers like [`Device::wait_wr`] (spin, then sleep on the event).
     pub fn new(dev: &mut Device) -> Result<HostAtomicClient> {
-        Ok(HostAtomicClient { req: dev.alloc(REQ_LEN)?, rep: dev.alloc(RESP_LEN)?, seq: 0 })
+        Ok(HostAtomicClient { req: dev.alloc(REQ_LEN)?, rep: dev.alloc(RESP_LEN)?, seq: 0, poll: false })
+    }
+
+    /// Waits by polling (yielding the CPU between polls) instead.
+    pub fn polling(mut self, poll: bool) -> HostAtomicClient {
+        self.poll = poll;
+        self
+    }
+
+    fn wait(&self, dev: &mut Device, wr: u64) -> Result<crate::Completion> {
+        if !self.poll {
+            return dev.wait_wr(wr, None);
+        }
+        let end = Instant::now() + POLL_LIMIT;
+        loop {
+            if let Some(c) = dev.poll_wr(wr) {
+                return Ok(c);
+            }
+            if Instant::now() > end {
+                return Err(Error::Timeout);
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// word += add at `offset` of the server's words; returns the old value.
@@ -194,13 +234,13 @@ impl HostAtomicClient {
         put_u64(b, 16, operand);
         put_u64(b, 24, compare);
         dev.post_send(send_wr, server, REQ_TAG, &[self.req.sge(0, REQ_LEN)])?;
-        let sent = dev.wait_wr(send_wr, None)?;
+        let sent = self.wait(dev, send_wr)?;
         if sent.status != Status::Success {
             // The reply can never come: the receive stays posted under a
             // tag no one will use again.
             return Err(Error::Failed(sent.status));
         }
-        let got = dev.wait_wr(recv_wr, None)?;
+        let got = self.wait(dev, recv_wr)?;
         if got.status != Status::Success {
             return Err(Error::Failed(got.status));
         }

@@ -1,13 +1,20 @@
 //! `emp bench atomic`: latency of one remote atomic from rank 1 on a word
 //! of rank 0, executed by rank 0's NIC versus served by rank 0's CPU (the
 //! host-based baseline, `emp::host_atomics`: request and reply are tagged
-//! messages), measured in the same run by the same method: blocking calls
-//! that spin briefly and then sleep on the port's event (seed 001 §5.4.1's
-//! "spin-block"), mean over the iterations. Fetch-and-add of 1, and
-//! compare-and-swap that always hits (the paper's CAS hit). `--sizes`
-//! picks the word widths in bytes (4, 8; default 8).
+//! messages), measured in the same run by the same method, mean over the
+//! iterations. Fetch-and-add of 1, and compare-and-swap that always hits
+//! (the paper's CAS hit). `--sizes` picks the word widths in bytes (4, 8;
+//! default 8).
+//!
+//! Waiting: by default every rank polls its completion queue, yielding the
+//! CPU between polls (the paper's "poll" server); `--blocking` waits as
+//! `Device::wait_wr` does, spinning briefly and then sleeping on the port's
+//! event (its "spin-block"). The host server needs a CPU either way: on
+//! this machine's two cores it competes with the client and the NIC.
 
 use std::time::{Duration, Instant};
+
+use emp::{Buffer, Completion};
 
 use emp::host_atomics::{HostAtomicClient, HostAtomicServer};
 use emp::rdv::Job;
@@ -43,6 +50,38 @@ struct Row {
 
 fn err(e: emp::Error) -> String {
     e.to_string()
+}
+
+/// Waits for `wr`: polling (yield between polls) or blocking.
+fn wait(dev: &mut Device, wr: u64, blocking: bool) -> Result<Completion, String> {
+    if blocking {
+        return dev.wait_wr(wr, Some(T)).map_err(err);
+    }
+    let end = Instant::now() + T;
+    loop {
+        if let Some(c) = dev.poll_wr(wr) {
+            return Ok(c);
+        }
+        if Instant::now() > end {
+            return Err(format!("no completion for {wr} within {T:?}"));
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// One NIC atomic, posted and waited for; returns the old value.
+fn nic_op(dev: &mut Device, to: Endpoint, at: RemoteWord, op: Op, v: u64, result: Buffer, blocking: bool) -> Result<u64, String> {
+    let r = result.sge(0, at.width.bytes() as usize);
+    match op {
+        Op::FetchAdd => dev.post_fetch_add(3, to, at, 1, r),
+        Op::CmpSwap => dev.post_cmp_swap(3, to, at, v, v + 1, r),
+    }
+    .map_err(err)?;
+    let c = wait(dev, 3, blocking)?;
+    if c.status != emp::Status::Success {
+        return Err(format!("{}: {}", op.name(), c.status.as_str()));
+    }
+    Ok(c.old)
 }
 
 /// Rank 0's word, as rank 1 names it: sent over EMP (works in static jobs too).
@@ -98,7 +137,8 @@ pub fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) -> Resu
     let served = dev.alloc(64).map_err(err)?;
     let key = share_key(&mut dev, job, peer, region.remote_word(0, Width::W64).key)?;
     let mut server = if job.rank == 0 { Some(HostAtomicServer::new(&mut dev, served, 4).map_err(err)?) } else { None };
-    let mut client = if job.rank == 1 { Some(HostAtomicClient::new(&mut dev).map_err(err)?) } else { None };
+    let mut client = if job.rank == 1 { Some(HostAtomicClient::new(&mut dev).map_err(err)?.polling(!a.blocking)) } else { None };
+    let result = dev.alloc(8).map_err(err)?;
     let mut rows = Vec::new();
     for (wi, &width) in widths.iter().enumerate() {
         let w = Width::from_bytes(width).expect("checked");
@@ -108,24 +148,14 @@ pub fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) -> Resu
             let at = RemoteWord { key, offset: slot, width: w };
             job.barrier(&mut dev, &format!("nic-{width}-{}", op.name())).map_err(err)?;
             let nic = if job.rank == 1 {
-                timed(warm, iters, op, |v| {
-                    match op {
-                        Op::FetchAdd => dev.fetch_add(eps[0], at, 1),
-                        Op::CmpSwap => dev.cmp_swap(eps[0], at, v, v + 1),
-                    }
-                    .map_err(err)
-                })?
+                timed(warm, iters, op, |v| nic_op(&mut dev, eps[0], at, op, v, result, a.blocking))?
             } else {
                 0.0
             };
             job.barrier(&mut dev, &format!("host-{width}-{}", op.name())).map_err(err)?;
             let host = match (&mut server, &mut client) {
                 (Some(s), _) => {
-                    for _ in 0..warm + iters {
-                        if !s.serve_one(&mut dev, Some(T)).map_err(err)? {
-                            return Err("host server: the client stopped sending".into());
-                        }
-                    }
+                    serve(s, &mut dev, (warm + iters) as u64, a.blocking)?;
                     0.0
                 }
                 (_, Some(c)) => timed(warm, iters, op, |v| {
@@ -145,15 +175,33 @@ pub fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) -> Resu
         if a.json {
             print_json(&rows);
         } else {
-            print_table(&rows);
+            print_table(&rows, a.blocking);
         }
     }
     job.barrier(&mut dev, "bench-done").map_err(err)
 }
 
-fn print_table(rows: &[Row]) {
+/// Rank 0's CPU serves `n` more requests.
+fn serve(s: &mut HostAtomicServer, dev: &mut Device, n: u64, blocking: bool) -> Result<(), String> {
+    let want = s.served() + n;
+    let mut idle_since = Instant::now();
+    while s.served() < want {
+        let served = if blocking { s.serve_one(dev, Some(T)).map_err(err)? } else { s.try_serve_one(dev).map_err(err)? };
+        if served {
+            idle_since = Instant::now();
+        } else if blocking || idle_since.elapsed() > T {
+            return Err("host server: the client stopped sending".into());
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[Row], blocking: bool) {
+    let how = if blocking { "blocking waits (spin, then sleep on the event)" } else { "polling waits" };
     println!("# EMP remote atomic latency (us), rank 1 on a word of rank 0: executed by rank 0's NIC vs served by");
-    println!("# rank 0's CPU (request and reply as tagged messages); blocking calls, same run");
+    println!("# rank 0's CPU (request and reply as tagged messages); {how}, same run");
     println!("# {:<10} {:>6} {:>12} {:>12} {:>10}", "Op", "Width", "NIC", "Host", "Host/NIC");
     for r in rows {
         println!("{:<12} {:>6} {:>12.2} {:>12.2} {:>10.3}", r.op.name(), r.width, r.nic, r.host, r.host / r.nic);
