@@ -17,9 +17,9 @@
 //! executed again; requests up to a window ahead wait in a bounded buffer
 //! until their turn; anything else is dropped.
 //!
-//! Exactly once: the requester sends `s` only while `s < oldest_unanswered
-//! + W`, and the responder has executed everything below
-//! `oldest_unanswered`, so every request that can still be (re)sent lies in
+//! Exactly once: the requester sends `s` only while
+//! `s < oldest_unanswered + W`, and the responder has executed everything
+//! below `oldest_unanswered`, so every request that can still be (re)sent lies in
 //! `[expected - W, expected + W)`: below `expected` it hits the cache, above
 //! it fits the wait buffer. Every request carries the requester's floor (its
 //! oldest unanswered sequence) in `tx_floor`: sequences below it were given
@@ -400,7 +400,7 @@ impl Nic {
     /// one to write back when the value changes.
     fn atomic_apply<H: Hal>(&mut self, hal: &mut H, port: u16, body: &AtomicBody) -> Result<u64, ()> {
         let width = body.width as usize;
-        if body.offset % width as u64 != 0 {
+        if !body.offset.is_multiple_of(width as u64) {
             return Err(());
         }
         let mut b = [0u8; 8];

@@ -242,7 +242,8 @@ fn main() {
     let keys = job.exchange("atomic-keys", &mine, T).expect("key exchange").iter().map(|k| k.parse().expect("key")).collect();
     let results = dev.alloc(4096).expect("arena");
     let mut c = Ctx { dev, job, eps, region, keys, results };
-    let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 5] = [
+    type Check = fn(&mut Ctx) -> Result<(), String>;
+    let tests: [(&str, Check); 5] = [
         ("every rank fetch-adds one word of rank 0: total exact, olds in order", hammer),
         ("CAS hit/miss, swap, fetch-add at 32 and 64 bits", semantics),
         ("out of bounds, unknown key, misaligned refused", refusals),
