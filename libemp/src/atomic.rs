@@ -83,6 +83,9 @@ impl RemoteWord {
 /// bit 63 marks ids the library reserves.
 pub const BLOCKING_ATOMIC_WR: u64 = 1 << 63 | 0xA7 << 48;
 
+/// How long a blocking call waits for room in a full send ring.
+const RING_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Buffer {
     /// This buffer's word at `off` as another port addresses it (the
     /// buffer must come from [`Device::alloc_mr`] with remote-atomic rights).
@@ -175,11 +178,12 @@ impl Device {
     fn blocking_atomic(&mut self, op: Opcode, dst: Endpoint, at: RemoteWord, operand: u64, compare: u64) -> Result<u64> {
         let scratch = self.atomic_scratch()?;
         let d = atomic_desc(op, BLOCKING_ATOMIC_WR, dst, at, operand, compare, scratch.sge(0, at.width.bytes() as usize))?;
+        let end = std::time::Instant::now() + RING_WAIT;
         loop {
             match self.post_raw(true, &d) {
                 Ok(()) => break,
                 // The ring drains as the NIC consumes: wait for room.
-                Err(Error::RingFull) => std::thread::yield_now(),
+                Err(Error::RingFull) if std::time::Instant::now() < end => std::thread::yield_now(),
                 Err(e) => return Err(e),
             }
         }
