@@ -148,6 +148,7 @@ impl Nic {
         while let Some(s) = self.ports[port as usize].overflow.pop_front() {
             self.overflow.free(s);
         }
+        self.atomic_flush_port(hal, port);
         self.free_peers_of(port);
         debug_assert_eq!(self.ports[port as usize].outstanding, 0);
         self.ports[port as usize].open = false;
@@ -189,8 +190,8 @@ impl Nic {
             }
             let next = self.layout.port(port).send_slot(self.ports[port as usize].send_cons);
             let opcode = Opcode::from_u8(peek_opcode(hal, next));
-            if opcode.is_some_and(|op| !self.coll_fits(op)) {
-                break; // Stays in the ring until an operation record frees.
+            if opcode.is_some_and(|op| !self.coll_fits(op) || (op.is_atomic() && !self.atomic_fits())) {
+                break; // Stays in the ring until an operation or atomic record frees.
             }
             budget -= 1;
             let d = self.take_desc(hal, port, true);
@@ -232,8 +233,10 @@ impl Nic {
         match d.validate() {
             Ok(Opcode::Send) => {}
             Ok(op) if op.is_collective() => return self.post_coll(hal, now, port, ld, op),
+            Ok(op) if op.is_atomic() => return self.post_atomic(hal, now, port, ld, op),
             Ok(op) if op != Opcode::Recv => return self.bad_descriptor(hal, port, &ld, op),
-            _ => return self.bad_descriptor(hal, port, &ld, Opcode::Send),
+            // A malformed descriptor is reported under the opcode it claims.
+            _ => return self.bad_descriptor(hal, port, &ld, Opcode::from_u8(d.opcode).filter(|&o| o != Opcode::Recv).unwrap_or(Opcode::Send)),
         }
         if let Err(st) = self.check_sges(hal, port, ld.sges(), MR_LOCAL_READ) {
             return self.complete(hal, port, Completion::of(&ld, Opcode::Send, st));
@@ -250,14 +253,14 @@ impl Nic {
         self.enqueue_tx(now, port, peer, ld);
     }
 
-    fn bad_descriptor<H: Hal>(&mut self, hal: &mut H, port: u16, ld: &LocalDesc, op: Opcode) {
+    pub(crate) fn bad_descriptor<H: Hal>(&mut self, hal: &mut H, port: u16, ld: &LocalDesc, op: Opcode) {
         self.count(counter::BAD_DESCRIPTORS, 1);
         let mut c = Completion::of(ld, op, Status::BadDescriptor);
         c.signaled = true;
         self.complete(hal, port, c);
     }
 
-    fn route_valid<H: Hal>(&self, hal: &mut H, node: u16) -> bool {
+    pub(crate) fn route_valid<H: Hal>(&self, hal: &mut H, node: u16) -> bool {
         if node as u32 >= self.layout.params.route_entries {
             return false;
         }

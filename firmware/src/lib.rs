@@ -22,6 +22,7 @@
 
 mod coll;
 mod combine;
+mod atomic;
 mod cpu;
 mod ffi;
 mod group;
@@ -132,6 +133,8 @@ pub struct Config {
     pub coll_bufs: u32,
     /// Largest reduction vector in bytes (larger: `TooLarge`; libemp falls back to the host).
     pub coll_buf_size: u32,
+    /// Outstanding remote atomic requests (all peers).
+    pub atomic_max: u32,
 }
 
 impl Default for Config {
@@ -160,6 +163,7 @@ impl Default for Config {
             coll_window: 8,
             coll_bufs: 64,
             coll_buf_size: 8192,
+            atomic_max: 256,
         }
     }
 }
@@ -200,6 +204,9 @@ impl Config {
         if self.coll_buf_size == 0 || self.coll_buf_size > emp_uapi::wire::MTU_MAX {
             return Some("coll_buf_size must be 1..=MTU_MAX");
         }
+        if self.atomic_max == 0 {
+            return Some("atomic_max must be > 0");
+        }
         None
     }
 }
@@ -225,6 +232,8 @@ pub struct Occupancy {
     pub coll_bufs_used: u32,
     /// Groups loaded.
     pub groups: u32,
+    /// Remote atomic requests outstanding.
+    pub atomics: u32,
 }
 
 /// A send or receive descriptor as the NIC keeps it: the validated
@@ -307,6 +316,8 @@ pub(crate) struct Peer {
     pub last_loss_nack_ns: u64,
     /// Highest message sequence number seen from this sender.
     pub max_seen: u32,
+    /// Remote atomics, both directions (own sequence space).
+    pub atomic: atomic::PeerAtomics,
 }
 
 /// Everything the control program holds.
@@ -321,6 +332,7 @@ pub struct Nic {
     pub(crate) peer_free: Vec<u32>,
     pub(crate) tx: tx::TxTable,
     pub(crate) rx: rx::RxTable,
+    pub(crate) atomics: atomic::AtomicTable,
     pub(crate) overflow: rx::Overflow,
     pub(crate) timers: TimerHeap,
     pub(crate) ready: VecDeque<u32>,
@@ -403,6 +415,7 @@ impl Nic {
             peer_free: (0..cfg.peers_max).rev().collect(),
             tx: slots::Slots::new(cfg.tx_max),
             rx: slots::Slots::new(cfg.rx_max),
+            atomics: slots::Slots::new(cfg.atomic_max),
             overflow: rx::Overflow::new(cfg.overflow_slots, cfg.overflow_slot_size),
             timers: TimerHeap::default(),
             ready: VecDeque::new(),
@@ -472,6 +485,7 @@ impl Nic {
             match t {
                 timer::Timer::Group { slot, group, stamp } => self.on_group_timeout(hal, now, slot, group, stamp),
                 timer::Timer::RxSweep => self.on_rx_sweep(hal, now),
+                timer::Timer::Atomic { slot, stamp } => self.on_atomic_timeout(hal, now, slot, stamp),
             }
         }
         self.poll_rings(hal, now);
@@ -502,6 +516,7 @@ impl Nic {
             coll_ops: self.coll_ops.used(),
             coll_bufs_used: self.coll_pool_used,
             groups: self.groups.used(),
+            atomics: self.atomics.used(),
         }
     }
 
@@ -571,7 +586,8 @@ impl Nic {
         if ov as u32 != self.overflow.used() {
             return Err(format!("{} overflow slots used, {ov} queued", self.overflow.used()));
         }
-        self.coll_invariants()
+        self.coll_invariants()?;
+        self.atomic_invariants()
     }
 
     pub(crate) fn count(&mut self, c: usize, n: u64) {
@@ -622,6 +638,7 @@ impl Nic {
             rx_active: Vec::new(),
             last_loss_nack_ns: 0,
             max_seen: rx_floor,
+            atomic: Default::default(),
         });
         self.peer_index.insert((port, node, rport), i);
         Some(i)
@@ -640,7 +657,7 @@ impl Nic {
         for i in 0..self.peers.len() {
             if self.peers[i].as_ref().is_some_and(|p| p.port == port) {
                 let p = self.peers[i].take().expect("checked");
-                debug_assert!(p.tx_queue.is_empty() && p.rx_active.is_empty());
+                debug_assert!(p.tx_queue.is_empty() && p.rx_active.is_empty() && p.atomic.queue.is_empty());
                 self.peer_index.remove(&(p.port, p.node, p.rport));
                 self.peer_free.push(i as u32);
             }
@@ -691,6 +708,7 @@ mod tests {
             Config { rx_idle_timeout_ns: 1, ..Config::default() },
             Config { tx_max: 0, ..Config::default() },
             Config { rnr_delay_ns_max: 1, ..Config::default() },
+            Config { atomic_max: 0, ..Config::default() },
         ];
         for c in bad {
             assert!(c.invalid().is_some(), "{c:?} accepted");

@@ -110,7 +110,8 @@ impl Nic {
                     self.on_nack(hal, now, &hdr, &body, reason);
                 }
             }
-            Frame::AtomicReq { .. } | Frame::AtomicResp { .. } => self.count(counter::DROPPED_MALFORMED, 1),
+            Frame::AtomicReq { hdr, body } => self.on_atomic_req(hal, &hdr, &body),
+            Frame::AtomicResp { hdr, result } => self.on_atomic_resp(hal, now, &hdr, &result),
         }
     }
 

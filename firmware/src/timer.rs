@@ -12,6 +12,8 @@ pub enum Timer {
     Group { slot: u32, group: u32, stamp: u32 },
     /// Periodic sweep for partially received messages that went idle.
     RxSweep,
+    /// Retransmission timer of remote atomic request `slot`.
+    Atomic { slot: u32, stamp: u32 },
 }
 
 /// Deadline-ordered timers.

@@ -53,6 +53,15 @@ enum emp_wc_status {
 	EMP_WC_REMOTE_ACCESS_ERROR = 18,
 };
 
+/* The operation a completion reports (struct emp_wc.opcode). */
+enum emp_wc_opcode {
+	EMP_WC_SEND = 1,
+	EMP_WC_RECV = 2,
+	EMP_WC_ATOMIC_FETCH_ADD = 8,
+	EMP_WC_ATOMIC_CMP_SWAP = 9,
+	EMP_WC_ATOMIC_SWAP = 10,
+};
+
 /* Reduction element types and operators (NIC-offloaded reduce/allreduce). */
 enum emp_dtype { EMP_I32 = 1, EMP_I64 = 2, EMP_U32 = 3, EMP_U64 = 4, EMP_F32 = 5, EMP_F64 = 6 };
 enum emp_reduce_op { EMP_SUM = 1, EMP_PROD = 2, EMP_MIN = 3, EMP_MAX = 4, EMP_BAND = 5, EMP_BOR = 6, EMP_BXOR = 7 };
@@ -82,10 +91,19 @@ struct emp_wc {
 	uint32_t is_recv;
 	uint32_t byte_len;
 	uint32_t msg_len;
-	uint64_t tag;
+	uint64_t tag;		/* atomics: the word's value before the operation */
 	uint16_t src_node;
 	uint16_t src_port;
-	uint32_t reserved;
+	uint8_t opcode;		/* enum emp_wc_opcode */
+	uint8_t reserved[3];
+};
+
+/* A word in another port's memory, registered there with
+ * EMP_ACCESS_REMOTE_ATOMIC: width (4 or 8) bytes at offset, naturally aligned. */
+struct emp_remote_word {
+	uint32_t key;
+	uint32_t width;
+	uint64_t offset;
 };
 
 struct emp_port_info {
@@ -141,6 +159,26 @@ int emp_bcast(struct emp_device *dev, const struct emp_group *g, int root, const
 	      uint32_t *status);
 int emp_allreduce(struct emp_device *dev, const struct emp_group *g, enum emp_dtype t, enum emp_reduce_op op,
 		  const struct emp_sge *send, const struct emp_sge *recv, uint32_t *status);
+/* Registered memory with its own access rights (e.g. EMP_ACCESS_REMOTE_ATOMIC). */
+void *emp_alloc_mr(struct emp_device *dev, size_t len, uint32_t access, uint32_t *key, uint64_t *offset);
+
+/* Remote atomics, executed by the target's NIC. Nonblocking: 0 or a negative
+ * errno; the completion's tag and the result word get the old value. */
+int emp_post_atomic_fetch_add(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port,
+			      const struct emp_remote_word *at, uint64_t add, const struct emp_sge *result);
+int emp_post_atomic_cmp_swap(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port,
+			     const struct emp_remote_word *at, uint64_t compare, uint64_t swap,
+			     const struct emp_sge *result);
+int emp_post_atomic_swap(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port,
+			 const struct emp_remote_word *at, uint64_t value, const struct emp_sge *result);
+/* Blocking: 0 with *old set, a negative errno, or a positive enum emp_wc_status
+ * when the operation completed with an error. */
+int emp_fetch_add(struct emp_device *dev, uint16_t node, uint16_t port, const struct emp_remote_word *at,
+		  uint64_t add, uint64_t *old);
+int emp_cmp_swap(struct emp_device *dev, uint16_t node, uint16_t port, const struct emp_remote_word *at,
+		 uint64_t compare, uint64_t swap, uint64_t *old);
+int emp_swap(struct emp_device *dev, uint16_t node, uint16_t port, const struct emp_remote_word *at,
+	     uint64_t value, uint64_t *old);
 
 #ifdef __cplusplus
 }

@@ -50,7 +50,9 @@ pub struct Device {
     daemon_pid: i32,
     /// Group epochs used by this process.
     pub(crate) groups: crate::group::GroupBook,
-    /// Registered scratch memory for control requests (group entries).
+    /// Registered scratch memory (allocated on first use): group entries
+    /// for GROUP_SET, the result word of blocking atomics. Both uses are
+    /// synchronous, so one buffer serves them.
     scratch: Option<Buffer>,
     /// Next work request id of the library's own blocking calls.
     internal_wr: u64,
@@ -283,6 +285,37 @@ impl Device {
         Ok(Buffer { ptr, len, key: self.arena_key, offset: off as u64 })
     }
 
+    /// Like [`Device::alloc`], in a registration of its own with `access`
+    /// rights added to local read and write: e.g. [`crate::MR_REMOTE_ATOMIC`]
+    /// for words other ports may target with remote atomics. The buffer
+    /// starts on a page and its SGEs and remote words are relative to it.
+    pub fn alloc_mr(&mut self, len: usize, access: u8) -> Result<Buffer> {
+        let off = self.arena_next.next_multiple_of(PAGE_SIZE);
+        let span = len.max(1).next_multiple_of(PAGE_SIZE);
+        if off.checked_add(span).is_none_or(|e| e > self.arena_len) {
+            return Err(Error::ArenaFull);
+        }
+        let access = access | MR_LOCAL_READ | MR_LOCAL_WRITE;
+        // SAFETY: `off + span <= arena_len`, inside our mapping.
+        let ptr = unsafe { self.arena.add(off) };
+        let key = match (&self.ctl, &self._arena_fd) {
+            // The same memfd pages, registered again with other rights.
+            (Control::Direct { sock, .. }, Some(fd)) => {
+                let args = [off as u64, span as u64, access as u64];
+                call(sock.as_raw_fd(), op::REG_ARENA, &args, &[fd.as_raw_fd()])?.0.arg[0] as u32
+            }
+            (Control::Kernel { dev, .. }, _) => crate::kernel::reg_mr(dev.as_raw_fd(), ptr as u64, span as u64, access)?,
+            (Control::Direct { .. }, None) => return Err(Error::Protocol("direct attach without an arena descriptor".into())),
+        };
+        self.arena_next = off + span;
+        Ok(Buffer { ptr, len, key, offset: 0 })
+    }
+
+    /// The 8-byte result word of blocking operations.
+    pub(crate) fn atomic_scratch(&mut self) -> Result<Buffer> {
+        self.scratch(8)
+    }
+
     /// Registers arbitrary memory of this process. The NIC reaches it with
     /// `process_vm_readv/writev`, which this call permits with
     /// `prctl(PR_SET_PTRACER)`.
@@ -411,6 +444,22 @@ impl Device {
         }
     }
 
+    /// Takes the completion of work request `wr_id` if the NIC has
+    /// written it, without waiting; other completions are set aside as in
+    /// [`Device::wait_wr`]. For callers that poll.
+    pub fn poll_wr(&mut self, wr_id: u64) -> Option<Completion> {
+        let mut buf = [Completion::default(); 16];
+        loop {
+            let n = self.poll_ring(&mut buf);
+            self.stash.extend(&buf[..n]);
+            if n < buf.len() {
+                break;
+            }
+        }
+        let i = self.stash.iter().position(|c| c.wr_id == wr_id)?;
+        self.stash.remove(i)
+    }
+
     /// Takes completions from the CQ ring itself.
     fn poll_ring(&mut self, out: &mut [Completion]) -> usize {
         let mut n = 0;
@@ -430,14 +479,17 @@ impl Device {
             // SAFETY: the entry is complete (phase observed above).
             unsafe { core::ptr::copy_nonoverlapping(entry, b.as_mut_ptr(), Cqe::SIZE) };
             let c = Cqe::get(&b);
+            let opcode = Opcode::from_u8(c.opcode).unwrap_or(Opcode::Send);
             out[n] = Completion {
                 wr_id: c.wr_id,
                 status: Status::from_u8(c.status).unwrap_or(Status::BadDescriptor),
-                is_recv: c.opcode == Opcode::Recv as u8,
+                is_recv: opcode == Opcode::Recv,
                 byte_len: c.byte_len,
                 tag: c.tag,
                 src: Endpoint { node: c.src_node, port: c.src_port },
                 msg_len: c.msg_len,
+                opcode,
+                old: if opcode.is_atomic() { c.tag } else { 0 },
             };
             n += 1;
             self.cq_head = self.cq_head.wrapping_add(1);

@@ -5,7 +5,7 @@ use core::ffi::{c_char, c_int, c_void};
 use std::ffi::CStr;
 use std::time::Duration;
 
-use crate::{Completion, Device, Endpoint, Error, EventSource, Sge};
+use crate::{Completion, Device, Endpoint, Error, EventSource, RemoteWord, Sge, Width};
 
 /// Opaque device handle.
 pub struct EmpDevice(Device);
@@ -29,8 +29,22 @@ pub struct EmpWc {
     pub src_node: u16,
     /// Sender port.
     pub src_port: u16,
+    /// `Opcode` of the completed descriptor (`enum emp_wc_opcode`).
+    pub opcode: u8,
     /// Reserved.
-    pub reserved: u32,
+    pub reserved: [u8; 3],
+}
+
+/// C view of a remote word (`struct emp_remote_word`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EmpRemoteWord {
+    /// The target's memory key.
+    pub key: u32,
+    /// Width in bytes: 4 or 8.
+    pub width: u32,
+    /// Offset within the target's region.
+    pub offset: u64,
 }
 
 /// C view of port information (`struct emp_port_info`).
@@ -232,7 +246,8 @@ fn to_wc(c: &Completion) -> EmpWc {
         tag: c.tag,
         src_node: c.src.node,
         src_port: c.src.port,
-        reserved: 0,
+        opcode: c.opcode as u8,
+        reserved: [0; 3],
     }
 }
 
@@ -304,6 +319,64 @@ pub extern "C" fn emp_wc_status_str(status: u32) -> *const c_char {
     s.as_ptr()
 }
 
+/// Allocates `len` bytes of registered memory in a registration of its own
+/// with `access` rights (plus local read/write), e.g.
+/// `EMP_ACCESS_REMOTE_ATOMIC`; sets `*key` and `*offset` (0) as `emp_alloc`.
+///
+/// # Safety
+/// `dev` is open; `key` and `offset` are writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_alloc_mr(dev: *mut EmpDevice, len: usize, access: u32, key: *mut u32, offset: *mut u64) -> *mut c_void {
+    // SAFETY: caller guarantees the pointers.
+    let d = unsafe { &mut (*dev).0 };
+    let Ok(access) = u8::try_from(access) else { return core::ptr::null_mut() };
+    match d.alloc_mr(len, access) {
+        Ok(b) => {
+            let s = b.sge(0, 0);
+            // SAFETY: writable per the contract.
+            unsafe {
+                *key = s.key;
+                *offset = s.offset;
+            }
+            b.as_mut_slice().as_mut_ptr().cast()
+        }
+        Err(_) => core::ptr::null_mut(),
+    }
+}
+
+/// Reads a C remote word; `None` for a bad width.
+///
+/// # Safety
+/// `at` is NULL or readable.
+unsafe fn remote_word(at: *const EmpRemoteWord) -> Option<RemoteWord> {
+    if at.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes a readable struct.
+    let w = unsafe { *at };
+    Some(RemoteWord { key: w.key, offset: w.offset, width: Width::from_bytes(w.width)? })
+}
+
+/// One nonblocking atomic post: the shared argument checks.
+///
+/// # Safety
+/// `dev` is open; `at` and `result` are NULL or readable.
+unsafe fn post_atomic(
+    dev: *mut EmpDevice,
+    at: *const EmpRemoteWord,
+    result: *const Sge,
+    post: impl FnOnce(&mut Device, RemoteWord, Sge) -> crate::Result<()>,
+) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    let (Some(w), false) = (unsafe { remote_word(at) }, result.is_null()) else { return -libc::EINVAL };
+    // SAFETY: caller guarantees `dev` and a readable `result`.
+    let (d, r) = unsafe { (&mut (*dev).0, *result) };
+    match post(d, w, r) {
+        Ok(()) => 0,
+        Err(e) => errno(&e),
+    }
+}
+
 // ---- groups and NIC-offloaded collectives ----
 
 /// Opaque group handle (`struct emp_group`).
@@ -340,7 +413,7 @@ fn rc(r: Result<(), Error>) -> c_int {
 ///
 /// # Safety
 /// `status` is NULL or writable.
-unsafe fn blocking(r: Result<(), Error>, status: *mut u32) -> c_int {
+unsafe fn blocking_status(r: Result<(), Error>, status: *mut u32) -> c_int {
     let st = match &r {
         Ok(()) => 0,
         Err(Error::Failed(s)) => *s as u32,
@@ -488,7 +561,7 @@ pub unsafe extern "C" fn emp_barrier(dev: *mut EmpDevice, g: *const EmpGroup, al
     // SAFETY: caller guarantees the pointers.
     let (d, g) = unsafe { (&mut (*dev).0, &(*g).0) };
     // SAFETY: `status` per the caller.
-    unsafe { blocking(barrier_algo(algo).and_then(|a| d.barrier(g, a)), status) }
+    unsafe { blocking_status(barrier_algo(algo).and_then(|a| d.barrier(g, a)), status) }
 }
 
 /// Blocking NIC broadcast.
@@ -501,7 +574,7 @@ pub unsafe extern "C" fn emp_bcast(dev: *mut EmpDevice, g: *const EmpGroup, root
     let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
     let r = usize::try_from(root).map_err(|_| Error::Invalid("negative root")).and_then(|root| d.bcast(g, root, s));
     // SAFETY: `status` per the caller.
-    unsafe { blocking(r, status) }
+    unsafe { blocking_status(r, status) }
 }
 
 /// Blocking NIC allreduce.
@@ -517,7 +590,7 @@ pub unsafe extern "C" fn emp_allreduce(dev: *mut EmpDevice, g: *const EmpGroup, 
     let (d, g, send, recv) = unsafe { (&mut (*dev).0, &(*g).0, *send, *recv) };
     let r = dtype_op(t, op).and_then(|(t, op)| d.allreduce(g, t, op, send, recv));
     // SAFETY: `status` per the caller.
-    unsafe { blocking(r, status) }
+    unsafe { blocking_status(r, status) }
 }
 
 /// Waits until every rank of the job (`emp run`: EMP_RANK, EMP_SIZE and
@@ -533,4 +606,111 @@ pub unsafe extern "C" fn emp_job_barrier(dev: *mut EmpDevice) -> c_int {
     // SAFETY: caller guarantees `dev`.
     let d = unsafe { &mut (*dev).0 };
     rc(crate::rdv::Job::from_env().and_then(|j| j.barrier(d, &format!("emp_job_barrier-{k}"))))
+}
+/// Posts a remote fetch-and-add on `*at` at (node, port); the completion's
+/// `tag` and the `*result` word receive the old value. 0 or a negative errno.
+///
+/// # Safety
+/// `dev` is open; `at` and `result` are readable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_atomic_fetch_add(dev: *mut EmpDevice, wr_id: u64, node: u16, port: u16, at: *const EmpRemoteWord, add: u64, result: *const Sge) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    unsafe { post_atomic(dev, at, result, |d, w, r| d.post_fetch_add(wr_id, Endpoint { node, port }, w, add, r)) }
+}
+
+/// Posts a remote compare-and-swap (`swap` is written iff the word equals `compare`).
+///
+/// # Safety
+/// As `emp_post_atomic_fetch_add`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_atomic_cmp_swap(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    at: *const EmpRemoteWord,
+    compare: u64,
+    swap: u64,
+    result: *const Sge,
+) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    unsafe { post_atomic(dev, at, result, |d, w, r| d.post_cmp_swap(wr_id, Endpoint { node, port }, w, compare, swap, r)) }
+}
+
+/// Posts a remote swap.
+///
+/// # Safety
+/// As `emp_post_atomic_fetch_add`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_atomic_swap(dev: *mut EmpDevice, wr_id: u64, node: u16, port: u16, at: *const EmpRemoteWord, value: u64, result: *const Sge) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    unsafe { post_atomic(dev, at, result, |d, w, r| d.post_swap(wr_id, Endpoint { node, port }, w, value, r)) }
+}
+
+/// One blocking atomic: 0 with `*old` set, a negative errno, or a positive
+/// `enum emp_wc_status` when the operation completed with an error.
+///
+/// # Safety
+/// `dev` is open; `at` is readable; `old` is writable.
+unsafe fn blocking(dev: *mut EmpDevice, at: *const EmpRemoteWord, old: *mut u64, op: impl FnOnce(&mut Device, RemoteWord) -> crate::Result<u64>) -> c_int {
+    // SAFETY: forwarded caller guarantee.
+    let Some(w) = (unsafe { remote_word(at) }) else { return -libc::EINVAL };
+    if old.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees `dev`.
+    let d = unsafe { &mut (*dev).0 };
+    match op(d, w) {
+        Ok(v) => {
+            // SAFETY: writable per the contract.
+            unsafe { *old = v };
+            0
+        }
+        Err(Error::Failed(s)) => s as c_int,
+        Err(e) => errno(&e),
+    }
+}
+
+/// Blocking fetch-and-add: 0 and `*old`, a negative errno, or a positive
+/// completion status. Other completions stay for `emp_poll_cq`.
+///
+/// # Safety
+/// `dev` is open; `at` is readable; `old` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fetch_add(dev: *mut EmpDevice, node: u16, port: u16, at: *const EmpRemoteWord, add: u64, old: *mut u64) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    unsafe { blocking(dev, at, old, |d, w| d.fetch_add(Endpoint { node, port }, w, add)) }
+}
+
+/// Blocking compare-and-swap, as `emp_fetch_add`.
+///
+/// # Safety
+/// As `emp_fetch_add`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_cmp_swap(dev: *mut EmpDevice, node: u16, port: u16, at: *const EmpRemoteWord, compare: u64, swap: u64, old: *mut u64) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    unsafe { blocking(dev, at, old, |d, w| d.cmp_swap(Endpoint { node, port }, w, compare, swap)) }
+}
+
+/// Blocking swap, as `emp_fetch_add`.
+///
+/// # Safety
+/// As `emp_fetch_add`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_swap(dev: *mut EmpDevice, node: u16, port: u16, at: *const EmpRemoteWord, value: u64, old: *mut u64) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    unsafe { blocking(dev, at, old, |d, w| d.swap(Endpoint { node, port }, w, value)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_structs_match_emp_h() {
+        assert_eq!(core::mem::size_of::<EmpWc>(), 40);
+        assert_eq!(core::mem::offset_of!(EmpWc, opcode), 36);
+        assert_eq!(core::mem::size_of::<EmpRemoteWord>(), 16);
+        assert_eq!(core::mem::offset_of!(EmpRemoteWord, offset), 8);
+    }
 }

@@ -15,10 +15,13 @@
 //! and shared memory: no system call. The only exception is the doorbell
 //! after a post when the NIC has gone to sleep (it polls while busy).
 
+pub mod atomic;
 mod direct;
 pub mod group;
 mod kernel;
 pub mod ffi;
+pub mod host_atomics;
+pub mod mcs;
 pub mod rdv;
 pub mod schedule;
 pub mod tree;
@@ -26,10 +29,11 @@ pub mod tree;
 use std::fmt;
 use std::os::fd::RawFd;
 
+pub use atomic::{RemoteWord, Width};
 pub use direct::{nic_counters_at, nic_stats, Device, COUNTERS, INTERNAL_WR};
 pub use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};
 pub use group::{CostModel, Group, GroupOpts};
-pub use emp_uapi::desc::{Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE};
+pub use emp_uapi::desc::{Opcode, Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE};
 pub use emp_uapi::{ANY_NODE, ANY_PORT};
 
 /// An endpoint: (node, port).
@@ -159,11 +163,26 @@ pub struct Completion {
     pub src: Endpoint,
     /// Receive: the message's full length.
     pub msg_len: u32,
+    /// The completed descriptor's opcode (like `ibv_wc.opcode`).
+    pub opcode: Opcode,
+    /// Remote atomics: the word's value before the operation (also
+    /// written to the descriptor's result word). 0 otherwise.
+    pub old: u64,
 }
 
 impl Default for Completion {
     fn default() -> Self {
-        Completion { wr_id: 0, status: Status::Success, is_recv: false, byte_len: 0, tag: 0, src: Endpoint { node: 0, port: 0 }, msg_len: 0 }
+        Completion {
+            wr_id: 0,
+            status: Status::Success,
+            is_recv: false,
+            byte_len: 0,
+            tag: 0,
+            src: Endpoint { node: 0, port: 0 },
+            msg_len: 0,
+            opcode: Opcode::Send,
+            old: 0,
+        }
     }
 }
 

@@ -3,12 +3,12 @@
 //! receives, explicit time, and completions to assert on.
 
 use emp_firmware::Config;
-use emp_uapi::desc::{Cqe, MrEntry, Opcode, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE};
 use emp_uapi::coll::{reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_MEMBERS_MAX, TREE_ROOT};
+use emp_uapi::desc::{Cqe, MrEntry, Opcode, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, WD_SIGNALED};
 use emp_uapi::sram::{admin_result as ar, AdminOp, GroupEntry, LayoutParams};
 use emp_uapi::PAGE_SIZE;
 
-use crate::host::{admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostMem, HostPort, Sram};
+use crate::host::{admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostMem, HostPort, Region, Sram};
 use crate::rng::Rng;
 use crate::world::{Step, WireConfig, World};
 
@@ -16,6 +16,10 @@ use crate::world::{Step, WireConfig, World};
 const REGION: u64 = 8 << 20;
 /// CQ entries per port.
 const CQ_ENTRIES: u32 = 1024;
+/// Spare host pages per node (page lists of extra registrations).
+const SPARE_PAGES: usize = 64;
+/// MR table slot of the first extra registration ([`Cluster::reg_mr`]).
+const EXTRA_MR_SLOT: u32 = 16;
 
 /// N nodes, port 0 open on each.
 pub struct Cluster {
@@ -27,6 +31,8 @@ pub struct Cluster {
     bufs: Vec<(u16, u64, u64)>,
     completions: Vec<Vec<Cqe>>,
     rng: Rng,
+    /// Extra registrations: (node, region over part of the data region).
+    extra: Vec<(u16, Region)>,
 }
 
 impl Cluster {
@@ -42,9 +48,10 @@ impl Cluster {
             recv_entries: 64,
         };
         let mut rng = Rng::new(7);
-        let mem = vec![(HostMem::pages_for_region(REGION) + HostMem::pages_for_region(CQ_ENTRIES as u64 * 32)) * PAGE_SIZE; nodes as usize];
+        let pages = HostMem::pages_for_region(REGION) + HostMem::pages_for_region(CQ_ENTRIES as u64 * 32) + SPARE_PAGES;
+        let mem = vec![pages * PAGE_SIZE; nodes as usize];
         let world = World::new(nodes, params, mtu, features, cfg, wire, rng.fork(), &mem);
-        let mut c = Cluster { world, ports: Vec::new(), bump: vec![0; nodes as usize], bufs: Vec::new(), completions: vec![Vec::new(); nodes as usize], rng };
+        let mut c = Cluster { world, ports: Vec::new(), bump: vec![0; nodes as usize], bufs: Vec::new(), completions: vec![Vec::new(); nodes as usize], rng, extra: Vec::new() };
         for n in 0..nodes {
             let p = c.open_port(n, 0).expect("open port 0");
             c.ports.push(p);
@@ -124,6 +131,10 @@ impl Cluster {
         if send {
             self.bufs.push((n, 0, 0));
         }
+        self.post_desc(n, d, send)
+    }
+
+    fn post_desc(&mut self, n: u16, d: WorkDesc, send: bool) -> u64 {
         let layout = self.world.layout;
         let mut tries = 0;
         while !self.ports[n as usize].post(&mut self.world.nodes[n as usize].sram, &layout, &d, send) {
@@ -183,6 +194,72 @@ impl Cluster {
                 self.drain(k);
             }
         }
+    }
+
+    /// Registers `len` fresh bytes of `node`'s data region a second time,
+    /// page-aligned, with `access` for port 0; returns the key.
+    pub fn reg_mr(&mut self, n: u16, len: u64, access: u8) -> u32 {
+        let page = PAGE_SIZE as u64;
+        let off = self.alloc(n, len + page).next_multiple_of(page);
+        let data = &self.ports[n as usize].data;
+        let first = (off / page) as usize;
+        let pages = data.pages[first..first + len.div_ceil(page).max(1) as usize].to_vec();
+        let slot = EXTRA_MR_SLOT + self.extra.len() as u32;
+        let region = Region { key: (0x33 << 16) | slot, len, pages };
+        let layout = self.world.layout;
+        let node = &mut self.world.nodes[n as usize];
+        let e = mr_entry(&region, 0, access, &mut node.mem, &mut self.rng);
+        Sram(&mut node.sram).put(layout.mr_entry(slot as usize), &e);
+        let key = region.key;
+        self.extra.push((n, region));
+        key
+    }
+
+    fn extra_region(&self, n: u16, key: u32) -> &Region {
+        &self.extra.iter().find(|(m, r)| *m == n && r.key == key).expect("a key from reg_mr").1
+    }
+
+    /// Reads the little-endian word of `width` bytes at `off` of region `key` (from [`Cluster::reg_mr`]).
+    pub fn read_word(&self, n: u16, key: u32, off: u64, width: u32) -> u64 {
+        let mut b = [0u8; 8];
+        self.extra_region(n, key).read(&self.world.nodes[n as usize].mem, off, &mut b[..width as usize]);
+        u64::from_le_bytes(b)
+    }
+
+    /// Writes a word as the host CPU would.
+    pub fn write_word(&mut self, n: u16, key: u32, off: u64, width: u32, v: u64) {
+        let r = self.extra_region(n, key).clone();
+        r.write(&mut self.world.nodes[n as usize].mem, off, &v.to_le_bytes()[..width as usize]);
+    }
+
+    /// Posts a remote atomic from `node` to (`dst`, port 0) on the word
+    /// `(key, offset, width)`; `operand` is the addend / new value, `compare`
+    /// the CAS compare value (0 otherwise). Its result word is read with
+    /// [`Cluster::received`]`(wr, width)`. Returns the wr_id.
+    pub fn atomic(&mut self, n: u16, op: Opcode, dst: u16, at: (u32, u64, u32), operand: u64, compare: u64) -> u64 {
+        let (key, offset, width) = at;
+        let off = self.alloc(n, 8);
+        let wr = self.bufs.len() as u64;
+        let mut d = WorkDesc { wr_id: wr, opcode: op as u8, flags: WD_SIGNALED, num_sge: 2, node: dst, port: 0, tag: operand, ignore: compare, ..Default::default() };
+        d.sge[0] = Sge { key: self.ports[n as usize].data.key, len: width, offset: off };
+        d.sge[1] = Sge { key, len: width, offset };
+        self.bufs.push((n, off, width as u64));
+        self.post_desc(n, d, true)
+    }
+
+    /// Closes and re-opens port 0 of `node` (a new process: a new port
+    /// generation, sequence numbers from 0), keeping its registrations.
+    pub fn reopen_port(&mut self, n: u16) {
+        assert_eq!(self.close_port(n), Some(ar::OK));
+        let layout = self.world.layout;
+        let hp = &mut self.ports[n as usize];
+        let node = &mut self.world.nodes[n as usize];
+        hp.cq.write(&mut node.mem, 0, &vec![0u8; CQ_ENTRIES as usize * 32]);
+        (hp.cq_head, hp.send_prod, hp.recv_prod) = (0, 0, 0);
+        reset_port_ctl(&mut node.sram, &layout, 0);
+        admin_post(&mut node.sram, &layout, AdminOp::PortOpen, [0, hp.cq.key as u64, 0, CQ_ENTRIES as u64, 0, 0]);
+        self.world.doorbell_now(n);
+        assert_eq!(admin_result(&mut self.world.nodes[n as usize].sram, &layout), Some(ar::OK));
     }
 
     /// A NIC counter of `node`.

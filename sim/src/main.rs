@@ -58,6 +58,9 @@ struct OneArgs {
     /// Ports per NIC.
     #[arg(long, default_value_t = 1)]
     ports: u16,
+    /// Remote fetch-adds on one shared counter word.
+    #[arg(long, default_value_t = 0)]
+    atomics: u32,
     /// NIC CPU plan: 0 base, 1 SO, 2 RO, 3 SR, 4 DSR (EMP thesis ch. 3).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4))]
     cpu_plan: u32,
@@ -106,6 +109,7 @@ fn one(a: &OneArgs) -> ExitCode {
     spec.group_size = a.group;
     spec.overflow_slots = a.overflow;
     spec.cpu_plan = a.cpu_plan;
+    spec.atomics = a.atomics;
     spec.flow = match a.flow {
         Flow::Off => FlowControl::Off,
         Flow::Piggyback => FlowControl::Piggyback,

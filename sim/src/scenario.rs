@@ -5,6 +5,8 @@
 //! - messages from one endpoint to another are matched in the order sent;
 //! - every message completes (liveness) despite loss, duplication,
 //!   reordering and a partition that heals;
+//! - remote fetch-adds on one shared counter word run exactly once: the
+//!   returned old values are a permutation of `0..k` and the word ends at `k`;
 //! - at quiesce no NIC table entry is held, and after the ports close no
 //!   peer entry remains.
 
@@ -12,7 +14,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 
 use emp_firmware::{Config, FlowControl};
-use emp_uapi::desc::{Cqe, Opcode, Status, MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::desc::{Cqe, Opcode, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, WD_SIGNALED};
 use emp_uapi::sram::{admin_result as ar, ctl, AdminOp, LayoutParams, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
 use emp_uapi::{sram::counter, ANY_NODE, ANY_PORT, PAGE_SIZE};
 
@@ -55,6 +57,8 @@ pub struct Spec {
     pub wire: WireConfig,
     /// Drawn by [`Spec::swarm`] (replayed by seed) or set from flags.
     pub swarm: bool,
+    /// Remote fetch-add(1)s on one shared counter word.
+    pub atomics: u32,
 }
 
 impl Spec {
@@ -77,6 +81,7 @@ impl Spec {
             cpu_plan: 0,
             wire: WireConfig::default(),
             swarm: false,
+            atomics: 0,
         }
     }
 
@@ -122,6 +127,8 @@ impl Spec {
                 corrupt: 0.0,
             },
             swarm: true,
+            // Drawn last: the other knobs of a seed stay what they were.
+            atomics: if r.chance(0.5) { r.range(1, 48) as u32 } else { 0 },
         }
     }
 
@@ -141,6 +148,9 @@ impl Spec {
             self.nodes, self.messages, self.seed, self.wire.loss, self.wire.dup, self.wire.reorder,
             self.size_max, self.mtu, self.group_size, self.overflow_slots, self.ports, self.cpu_plan
         );
+        if self.atomics > 0 {
+            cmd += &format!(" --atomics {}", self.atomics);
+        }
         if let Some(p) = &self.wire.partition {
             cmd += &format!(" --partition-ms {}", p.end_ns / 1_000_000);
         }
@@ -174,6 +184,8 @@ pub struct Report {
     pub expected_errors: u64,
     /// Receives truncated as expected.
     pub truncated: u64,
+    /// Remote atomics executed (the counter's final value).
+    pub atomics: u64,
     /// NIC counters summed over all NICs.
     pub counters: [u64; counter::COUNT],
     /// Wire counters.
@@ -192,6 +204,7 @@ impl Report {
         let _ = writeln!(s, "delivered        {}", self.delivered);
         let _ = writeln!(s, "truncated        {}", self.truncated);
         let _ = writeln!(s, "expected errors  {}", self.expected_errors);
+        let _ = writeln!(s, "atomics          {} ({} replayed)", self.atomics, c[counter::ATOMIC_REPLAYS]);
         let _ = writeln!(s, "frames on wire   {}", self.wire.frames);
         let _ = writeln!(s, "data frames      {}", c[counter::TX_FRAMES]);
         let _ = writeln!(s, "retransmitted    {}", c[counter::RETRANSMITS]);
@@ -247,10 +260,24 @@ struct RecvPlan {
     sge_pieces: usize,
 }
 
+/// A remote fetch-add(1) on the counter (or a misuse of one).
+#[derive(Clone, Debug)]
+struct AtomicPlan {
+    src: (u16, u16),
+    dst: (u16, u16),
+    post_at: u64,
+    /// Offset of the local result word in the source's data region.
+    result_off: u64,
+    /// What the remote key is: the counter's, or a wrong one.
+    bad_key: bool,
+    expect: Expect,
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Post {
     Send(u32),
     Recv(u32),
+    Atomic(u32),
 }
 
 /// How a (destination endpoint, tag class) is served.
@@ -265,11 +292,20 @@ enum Mode {
 struct Plan {
     msgs: Vec<MsgPlan>,
     recvs: Vec<RecvPlan>,
+    atomics: Vec<AtomicPlan>,
+    /// The endpoint whose counter word the atomics hit.
+    counter_at: (u16, u16),
     /// Per (node, port): bytes of the data region.
     region_len: HashMap<(u16, u16), u64>,
 }
 
 const RECV_BIT: u64 = 1 << 63;
+const ATOMIC_BIT: u64 = 1 << 62;
+/// MR slot of each port's atomic counter region (`ATOMIC_SLOT + port`).
+const ATOMIC_SLOT: u32 = 32;
+/// Bytes of that region; the counter is the 64-bit word at offset 8.
+const ATOMIC_REGION: u64 = 64;
+const COUNTER_OFF: u64 = 8;
 
 fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
     let mut msgs = Vec::new();
@@ -344,7 +380,34 @@ fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
             recvs.push(RecvPlan { dst, post_at, node, port, tag, ignore, buf_len, buf_off, ambiguous, sge_pieces });
         }
     }
-    Plan { msgs, recvs, region_len }
+    let (atomics, counter_at) = plan_atomics(spec, &eps, r, &mut bump);
+    Plan { msgs, recvs, atomics, counter_at, region_len }
+}
+
+/// Fetch-adds from random endpoints at random times on one endpoint's
+/// counter; with `errors`, one to the closed port and one with a wrong key.
+fn plan_atomics(spec: &Spec, eps: &[(u16, u16)], r: &mut Rng, bump: &mut impl FnMut((u16, u16), u64, &mut Rng) -> u64) -> (Vec<AtomicPlan>, (u16, u16)) {
+    if spec.atomics == 0 {
+        return (Vec::new(), eps[0]); // No draw: runs without atomics are unchanged.
+    }
+    let counter_at = eps[r.below(eps.len() as u64) as usize];
+    let mut out = Vec::new();
+    for _ in 0..spec.atomics {
+        let src = eps[r.below(eps.len() as u64) as usize];
+        let post_at = r.below(spec.spread_ns + 1);
+        out.push(AtomicPlan { src, dst: counter_at, post_at, result_off: 0, bad_key: false, expect: Expect::Deliver });
+    }
+    if spec.errors {
+        let src = eps[r.below(eps.len() as u64) as usize];
+        let post_at = r.below(spec.spread_ns + 1);
+        let closed = (counter_at.0, spec.ports);
+        out.push(AtomicPlan { src, dst: closed, post_at, result_off: 0, bad_key: false, expect: Expect::Fail(Status::RemotePortClosed) });
+        out.push(AtomicPlan { src, dst: counter_at, post_at, result_off: 0, bad_key: true, expect: Expect::Fail(Status::RemoteAccessError) });
+    }
+    for a in out.iter_mut() {
+        a.result_off = bump(a.src, 8, r);
+    }
+    (out, counter_at)
 }
 
 /// A failed run: what broke, the knobs, and how to replay it.
@@ -375,7 +438,20 @@ struct Driver {
     send_done: Vec<Option<Status>>,
     recv_done: Vec<Option<Cqe>>,
     delivered_to: Vec<Option<u32>>,
+    /// Per atomic: its completion (status, old value).
+    atomic_done: Vec<Option<(Status, u64)>>,
+    /// Per node, per port: the key of the port's atomic counter region.
+    atomic_keys: Vec<Vec<(u32, crate::host::Region)>>,
     outstanding: u64,
+}
+
+impl Plan {
+    /// Descriptors `ep` posts (its CQ must hold all their completions).
+    fn posts_of(&self, ep: (u16, u16)) -> usize {
+        self.msgs.iter().filter(|m| m.src == ep).count()
+            + self.recvs.iter().filter(|r| r.dst == ep).count()
+            + self.atomics.iter().filter(|a| a.src == ep).count()
+    }
 }
 
 fn fail(spec: &Spec, what: String) -> Failure {
@@ -398,10 +474,10 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
         .map(|n| {
             (0..spec.ports)
                 .map(|p| {
-                    let posts = plan.msgs.iter().filter(|m| m.src == (n, p)).count() + plan.recvs.iter().filter(|r| r.dst == (n, p)).count();
+                    let posts = plan.posts_of((n, p));
                     let data = plan.region_len.get(&(n, p)).copied().unwrap_or(0).max(1);
                     let cq = ((posts + 1) as u64).next_power_of_two().max(64) * 32;
-                    HostMem::pages_for_region(data) + HostMem::pages_for_region(cq)
+                    HostMem::pages_for_region(data) + HostMem::pages_for_region(cq) + HostMem::pages_for_region(ATOMIC_REGION)
                 })
                 .sum::<usize>()
                 * PAGE_SIZE
@@ -416,7 +492,9 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
         send_done: vec![None; plan.msgs.len()],
         recv_done: vec![None; plan.recvs.len()],
         delivered_to: vec![None; plan.msgs.len()],
-        outstanding: (plan.msgs.len() + plan.recvs.len()) as u64,
+        atomic_done: vec![None; plan.atomics.len()],
+        atomic_keys: Vec::new(),
+        outstanding: (plan.msgs.len() + plan.recvs.len() + plan.atomics.len()) as u64,
         plan,
     };
     d.setup(spec, &mut r).map_err(|e| fail(spec, e))?;
@@ -481,13 +559,20 @@ impl Driver {
                 let data = alloc_region(&mut node.mem, len, key_gen | (2 * p as u32), r);
                 // Like verbs, the CQ must hold every completion that can be
                 // outstanding: otherwise the NIC stops taking descriptors.
-                let posts = self.plan.msgs.iter().filter(|m| m.src == (n, p)).count()
-                    + self.plan.recvs.iter().filter(|r| r.dst == (n, p)).count();
+                let posts = self.plan.posts_of((n, p));
                 let cq_entries = ((posts + 1) as u32).next_power_of_two().max(64);
                 let cq = alloc_region(&mut node.mem, cq_entries as u64 * 32, key_gen | (2 * p as u32 + 1), r);
                 for (reg, acc) in [(&data, MR_LOCAL_READ | MR_LOCAL_WRITE), (&cq, MR_LOCAL_WRITE)] {
                     let e = mr_entry(reg, p, acc, &mut node.mem, r);
                     Sram(&mut node.sram).put(layout.mr_entry(emp_uapi::desc::MrEntry::slot_of(reg.key)), &e);
+                }
+                if spec.atomics > 0 {
+                    // The counter word's region: remote atomics allowed.
+                    let atomic = alloc_region(&mut node.mem, ATOMIC_REGION, key_gen | (ATOMIC_SLOT + p as u32), r);
+                    let e = mr_entry(&atomic, p, MR_LOCAL_READ | MR_LOCAL_WRITE | MR_REMOTE_ATOMIC, &mut node.mem, r);
+                    Sram(&mut node.sram).put(layout.mr_entry(emp_uapi::desc::MrEntry::slot_of(atomic.key)), &e);
+                    self.atomic_keys.resize_with(n as usize + 1, Vec::new);
+                    self.atomic_keys[n as usize].push((atomic.key, atomic));
                 }
                 reset_port_ctl(&mut node.sram, &layout, p);
                 admin_post(&mut node.sram, &layout, AdminOp::PortOpen, [p as u64, cq.key as u64, 0, cq_entries as u64, 0, 0]);
@@ -518,6 +603,9 @@ impl Driver {
         for (i, rv) in self.plan.recvs.iter().enumerate() {
             items.push((rv.post_at, rv.dst.0, rv.dst.1, Post::Recv(i as u32)));
         }
+        for (i, a) in self.plan.atomics.iter().enumerate() {
+            items.push((a.post_at, a.src.0, a.src.1, Post::Atomic(i as u32)));
+        }
         items.sort_by_key(|x| x.0); // Stable: sends keep id order.
         for (at, n, p, post) in items {
             self.schedule[n as usize].push_back((at, p, post));
@@ -537,7 +625,7 @@ impl Driver {
                 break;
             }
             let (_, p, post) = self.schedule[n as usize].pop_front().expect("front");
-            let send = matches!(post, Post::Send(_));
+            let send = !matches!(post, Post::Recv(_));
             self.backlog.entry((n, p, send)).or_default().push_back(post);
         }
         self.flush_backlog(n);
@@ -567,6 +655,15 @@ impl Driver {
                         let d = work_desc(Opcode::Recv as u8, RECV_BIT | i as u64, rv.node, rv.port, rv.tag, rv.ignore, hp.data.key, rv.buf_off, rv.buf_len, rv.sge_pieces);
                         hp.post(sram, &layout, &d, false)
                     }
+                    Post::Atomic(i) => {
+                        let a = &self.plan.atomics[i as usize];
+                        let (c_node, c_port) = self.plan.counter_at;
+                        let key = self.atomic_keys[c_node as usize][c_port as usize].0 ^ if a.bad_key { 0x0100_0000 } else { 0 };
+                        let mut d = WorkDesc { wr_id: ATOMIC_BIT | i as u64, opcode: Opcode::AtomicFetchAdd as u8, flags: WD_SIGNALED, num_sge: 2, node: a.dst.0, port: a.dst.1, tag: 1, ..Default::default() };
+                        d.sge[0] = Sge { key: hp.data.key, len: 8, offset: a.result_off };
+                        d.sge[1] = Sge { key, len: 8, offset: COUNTER_OFF };
+                        hp.post(sram, &layout, &d, true)
+                    }
                 };
                 if !ok {
                     break;
@@ -594,7 +691,9 @@ impl Driver {
 
     fn on_completion(&mut self, n: u16, p: u16, c: Cqe) -> Result<(), String> {
         let status = Status::from_u8(c.status).ok_or_else(|| format!("bad status byte {}", c.status))?;
-        if c.wr_id & RECV_BIT == 0 {
+        if c.wr_id & (RECV_BIT | ATOMIC_BIT) == ATOMIC_BIT {
+            self.on_atomic_completion(n, p, status, c)?;
+        } else if c.wr_id & RECV_BIT == 0 {
             let i = c.wr_id as usize;
             let m = self.plan.msgs.get(i).ok_or_else(|| format!("unknown send wr_id {i}"))?;
             if m.src != (n, p) || c.opcode != Opcode::Send as u8 {
@@ -646,6 +745,62 @@ impl Driver {
         Ok(())
     }
 
+    fn on_atomic_completion(&mut self, n: u16, p: u16, status: Status, c: Cqe) -> Result<(), String> {
+        let i = (c.wr_id & !ATOMIC_BIT) as usize;
+        let a = self.plan.atomics.get(i).ok_or_else(|| format!("unknown atomic wr_id {i}"))?;
+        if a.src != (n, p) || c.opcode != Opcode::AtomicFetchAdd as u8 {
+            return Err(format!("atomic {i} completed on ({n},{p}) opcode {}", c.opcode));
+        }
+        let want = match a.expect {
+            Expect::Deliver => Status::Success,
+            Expect::Fail(s) => s,
+        };
+        if status != want {
+            return Err(format!("atomic {i} {:?}->{:?}: {status:?}, expected {want:?}", a.src, a.dst));
+        }
+        if status == Status::Success {
+            let mut b = [0u8; 8];
+            let node = &self.world.nodes[n as usize];
+            self.ports[n as usize][p as usize].data.read(&node.mem, a.result_off, &mut b);
+            if u64::from_le_bytes(b) != c.tag {
+                return Err(format!("atomic {i}: result word {} but CQE old value {}", u64::from_le_bytes(b), c.tag));
+            }
+        }
+        if self.atomic_done[i].replace((status, c.tag)).is_some() {
+            return Err(format!("atomic {i} completed twice"));
+        }
+        Ok(())
+    }
+
+    /// Every fetch-add ran exactly once: the olds are `0..k`, the word is `k`.
+    fn check_atomics(&self) -> Result<u64, String> {
+        if self.plan.atomics.is_empty() {
+            return Ok(0);
+        }
+        let mut olds: Vec<u64> = self
+            .plan
+            .atomics
+            .iter()
+            .zip(&self.atomic_done)
+            .filter(|(a, _)| a.expect == Expect::Deliver)
+            .map(|(_, d)| d.map(|(_, old)| old))
+            .collect::<Option<_>>()
+            .ok_or("an atomic never completed")?;
+        olds.sort_unstable();
+        let k = olds.len() as u64;
+        if let Some(i) = olds.iter().enumerate().position(|(i, &o)| o != i as u64) {
+            return Err(format!("atomic olds are not a permutation of 0..{k}: position {i} holds {}", olds[i]));
+        }
+        let (cn, cp) = self.plan.counter_at;
+        let mut b = [0u8; 8];
+        self.atomic_keys[cn as usize][cp as usize].1.read(&self.world.nodes[cn as usize].mem, COUNTER_OFF, &mut b);
+        let word = u64::from_le_bytes(b);
+        if word != k {
+            return Err(format!("counter ends at {word} after {k} fetch-adds"));
+        }
+        Ok(k)
+    }
+
     fn check(&mut self, spec: &Spec) -> Result<Report, String> {
         // Non-overtaking: ambiguous receives of one tag class at one
         // endpoint, in posting order, got each source's messages in
@@ -689,11 +844,13 @@ impl Driver {
             }
         }
         report.truncated = self.recv_done.iter().flatten().filter(|c| c.status == Status::Truncated as u8).count() as u64;
+        report.atomics = self.check_atomics()?;
+        report.expected_errors += self.plan.atomics.iter().filter(|a| a.expect != Expect::Deliver).count() as u64;
         // Quiesce: no record may be held.
         let layout = self.world.layout;
         for (n, node) in self.world.nodes.iter().enumerate() {
             let o = node.nic.occupancy();
-            if o.tx_msgs + o.rx_msgs + o.posted_recvs + o.overflow_used != 0 {
+            if o.tx_msgs + o.rx_msgs + o.posted_recvs + o.overflow_used + o.atomics != 0 {
                 return Err(format!("leak at quiesce on node {n}: {o:?}"));
             }
             node.nic.invariants().map_err(|e| format!("node {n}: {e}"))?;

@@ -267,6 +267,11 @@ impl World {
         self.push(at.max(self.now), node, Kind::Host, Vec::new());
     }
 
+    /// Delivers a hand-made frame to `node` now (tests of untrusted input).
+    pub fn inject_frame(&mut self, node: u16, frame: &[u8]) {
+        self.push(self.now, node, Kind::Frame, frame.to_vec());
+    }
+
     /// Runs the NIC of `node` synchronously on its doorbell (setup phase).
     pub fn doorbell_now(&mut self, node: u16) {
         self.run_nic(node, |nic, hal, now| nic.handle_doorbell(hal, now));

@@ -30,6 +30,8 @@ struct Coverage {
     errors: u64,
     truncated: u64,
     retransmits: u64,
+    atomic_runs: u64,
+    atomic_replays: u64,
 }
 
 #[test]
@@ -64,6 +66,8 @@ fn swarm_every_seed_passes_every_invariant() {
                         c.errors += r.expected_errors;
                         c.truncated += r.truncated;
                         c.retransmits += r.counters[emp_uapi::sram::counter::RETRANSMITS];
+                        c.atomic_runs += (r.atomics > 0) as u64;
+                        c.atomic_replays += r.counters[emp_uapi::sram::counter::ATOMIC_REPLAYS];
                         if spec.size_max >= 4 << 20 {
                             c.largest = c.largest.max(spec.size_max);
                         }
@@ -94,6 +98,7 @@ fn swarm_every_seed_passes_every_invariant() {
         assert!(c.plans.iter().all(|&p| p > 100), "every NIC CPU plan: {:?}", c.plans);
         assert!(c.jumbo > 100 && c.overflow > 50 && c.errors > 100 && c.truncated > 50);
         assert!(c.retransmits > 1000);
+        assert!(c.atomic_runs > 100 && c.atomic_replays > 100, "atomics: {} runs, {} replays", c.atomic_runs, c.atomic_replays);
     }
 }
 
@@ -107,6 +112,11 @@ fn same_seed_same_run() {
     let mut spec = Spec::basic(42, 8, 500);
     spec.wire.loss = 0.05;
     assert_eq!(run(&spec).unwrap(), run(&spec).unwrap());
+    spec.atomics = 30;
+    spec.errors = true;
+    let a = run(&spec).unwrap();
+    assert_eq!(a.atomics, 30);
+    assert_eq!(a, run(&spec).unwrap());
 }
 
 #[test]

@@ -5,7 +5,9 @@
 //! - latency: ping-pong, one-way latency = round trip / 2 (µs);
 //! - bw: the sender streams windows of 64 messages, the receiver answers
 //!   each window with a 4-byte ack (MB/s, 10^6 bytes);
-//! - bibw: both ranks stream at once (MB/s, both directions summed).
+//! - bibw: both ranks stream at once (MB/s, both directions summed);
+//! - atomic: remote atomic latency, NIC-executed vs host-served
+//!   (`crate::bench_atomic`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -27,6 +29,8 @@ pub enum Kind {
     Bw,
     /// Bidirectional bandwidth.
     Bibw,
+    /// Remote atomic latency: NIC vs host-based responder.
+    Atomic,
 }
 
 /// Options shared by `emp bench` and its ranks.
@@ -63,6 +67,7 @@ fn default_sizes(k: Kind) -> Vec<usize> {
     match k {
         Kind::Latency => vec![1, 8, 64, 512, 4096, 16384, 65536, 262144, 1 << 20],
         Kind::Bw | Kind::Bibw => vec![64, 1024, 8192, 65536, 262144, 1 << 20],
+        Kind::Atomic => vec![8],
     }
 }
 
@@ -376,6 +381,9 @@ pub fn rank(a: &BenchArgs) -> Result<(), String> {
     let max = sizes.iter().copied().max().unwrap_or(1).max(4);
     let mut dev = Device::open().map_err(|e| e.to_string())?;
     let eps = job.endpoints(dev.endpoint()).map_err(|e| e.to_string())?;
+    if a.kind == Kind::Atomic {
+        return crate::bench_atomic::rank(a, &job, dev, &eps);
+    }
     let peer = eps[1 - job.rank];
     let (sbuf, rbuf, ack) = (
         dev.alloc(max).map_err(|e| e.to_string())?,
@@ -394,6 +402,7 @@ pub fn rank(a: &BenchArgs) -> Result<(), String> {
             Kind::Latency => emp.latency(tag, size, n, warm)?,
             Kind::Bw => emp.bw(tag, size, n, warm, false)?,
             Kind::Bibw => emp.bw(tag, size, n, warm, true)?,
+            Kind::Atomic => unreachable!("handled by bench_atomic"),
         };
         let t = match tcp.as_mut() {
             None => None,
@@ -401,6 +410,7 @@ pub fn rank(a: &BenchArgs) -> Result<(), String> {
                 Kind::Latency => t.latency(size, n, warm)?,
                 Kind::Bw => t.bw(size, n, warm, false)?,
                 Kind::Bibw => t.bw(size, n, warm, true)?,
+                Kind::Atomic => unreachable!("handled by bench_atomic"),
             }),
         };
         rows.push((size, e, t));
@@ -455,7 +465,7 @@ fn tcp_connect(job: &Job, max: usize) -> Result<Tcp, String> {
 
 fn unit(k: Kind) -> &'static str {
     match k {
-        Kind::Latency => "us",
+        Kind::Latency | Kind::Atomic => "us",
         _ => "MB/s",
     }
 }
@@ -465,6 +475,7 @@ fn print_header(k: Kind, tcp: bool) {
         Kind::Latency => "one-way latency, ping-pong",
         Kind::Bw => "bandwidth, windows of 64",
         Kind::Bibw => "bidirectional bandwidth, windows of 64",
+        Kind::Atomic => "remote atomic latency",
     };
     let tcp_path = match std::env::var("EMP_BENCH_TCP") {
         Ok(a) => format!("TCP to {a}"),

@@ -1,0 +1,85 @@
+//! Remote atomics over real `emp-nicd` daemons: the atomics TAP suite (a
+//! fetch-add hammer on one word, semantics, refusals, the MCS lock, the
+//! host-served baseline) on 2 to 8 ranks, with loss; the MCS example; the
+//! C example. They need the release binaries, examples and the signed
+//! image (`make test` builds them; `EMP_BIN_DIR` overrides where they are).
+
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+use emp_tests::harness::{bin_dir, root, Cluster};
+
+/// The machine has 2 cores: one chassis at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn assert_tap(out: &Output, passed: usize) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "exit {:?}", out.status);
+    assert!(stdout.contains(&format!("# {passed} passed, 0 failed")), "TAP summary missing");
+}
+
+#[test]
+fn tap_atomics_two_ranks() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::up("atomics2", &["-n", "2"]);
+    assert_tap(&c.run(2, &[env!("CARGO_BIN_EXE_tap-atomics")]), 5);
+}
+
+#[test]
+fn tap_atomics_eight_ranks_on_four_nics_with_loss() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::up("atomics8", &["-n", "4", "--loss", "0.05", "--dup", "0.05", "--reorder", "0.1"]);
+    assert_tap(&c.run(8, &[env!("CARGO_BIN_EXE_tap-atomics")]), 5);
+    let stats = emp_tests::harness::emp().args(["stats", "--dir"]).arg(&c.dir).output().expect("stats");
+    let text = String::from_utf8_lossy(&stats.stdout);
+    let replays: u64 = text
+        .lines()
+        .find(|l| l.starts_with("atomic_replays"))
+        .unwrap_or_else(|| panic!("no atomic_replays row in:\n{text}"))
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse::<u64>().unwrap())
+        .sum();
+    assert!(replays > 0, "duplicated requests must have been answered from the result cache:\n{text}");
+}
+
+#[test]
+fn mcs_lock_example_loses_no_update() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = bin_dir().join("examples/mcs_lock");
+    assert!(exe.exists(), "{} missing: `make build` builds the examples", exe.display());
+    let c = Cluster::up("mcs", &["-n", "2"]);
+    let out = c.run(4, &[exe.to_str().unwrap(), "40"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("counter = 160 (expected 160)"), "{text}");
+}
+
+#[test]
+fn c_atomic_example_builds_and_runs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out_bin = std::env::temp_dir().join(format!("emp-c-atomic-{}", std::process::id()));
+    let lib = bin_dir();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(&cc)
+        .args(["-Wall", "-Wextra", "-Werror", "-O2", "-I"])
+        .arg(root().join("libemp/include"))
+        .arg(root().join("libemp/examples/c/atomic_counter.c"))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-lemp")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&out_bin)
+        .status()
+        .expect("a C compiler (cc) is required");
+    assert!(st.success(), "the C example must compile");
+    let c = Cluster::up("catomic", &["-n", "3"]);
+    let out = c.run(3, &[out_bin.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let _ = std::fs::remove_file(&out_bin);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("counter = 102 (expected 102)"), "{text}");
+}
