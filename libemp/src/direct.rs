@@ -398,6 +398,22 @@ impl Device {
         }
     }
 
+    /// Takes the completion of work request `wr_id` if it has arrived,
+    /// without waiting; other completions seen meanwhile are set aside as
+    /// [`Device::wait_wr`] does. The polling counterpart of `wait_wr`.
+    pub fn poll_wr(&mut self, wr_id: u64) -> Option<Completion> {
+        let mut buf = [Completion::default(); 16];
+        loop {
+            let n = self.poll_ring(&mut buf);
+            self.stash.extend(&buf[..n]);
+            if n < buf.len() {
+                break;
+            }
+        }
+        let i = self.stash.iter().position(|c| c.wr_id == wr_id)?;
+        self.stash.remove(i)
+    }
+
     /// Takes completions from the CQ ring itself.
     fn poll_ring(&mut self, out: &mut [Completion]) -> usize {
         let mut n = 0;

@@ -64,6 +64,8 @@ fn errno(e: &Error) -> c_int {
         Error::TooManySges => -libc::EINVAL,
         Error::ArenaFull => -libc::ENOMEM,
         Error::Timeout => -libc::ETIMEDOUT,
+        Error::InvalidOp { .. } | Error::InvalidArgument(_) => -libc::EINVAL,
+        Error::Coll(_) => -libc::EIO,
     }
 }
 
