@@ -113,7 +113,7 @@ fn handle(nic: &NicShared, conn: RawFd, pid: i32, port: &mut Option<u16>, req: A
     let st = match (req.op, *port) {
         (op::STATS, _) => {
             let h = nic.header();
-            out.arg[..16].copy_from_slice(&h.counters);
+            out.arg[..16].copy_from_slice(&h.counters[..16]);
             out.arg[16] = h.status as u64;
             out.arg[17] = h.fail_reason as u64;
             out.arg[18] = nic.ports.lock().expect("ports").iter().filter(|p| p.is_some()).count() as u64;
