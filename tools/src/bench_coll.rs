@@ -81,8 +81,11 @@ pub struct Variant {
     pub kinds: &'static [Kind],
     /// Builds what to measure on this rank: one instance, or several for a
     /// sweep (one column each).
-    pub make: fn(&mut Device, &Comm) -> emp::Result<Vec<Box<dyn Coll>>>,
+    pub make: MakeFn,
 }
+
+/// Builds a variant's instances on one rank.
+pub type MakeFn = fn(&mut Device, &Comm) -> emp::Result<Vec<Box<dyn Coll>>>;
 
 const TREE_KINDS: &[Kind] = &[Kind::Bcast, Kind::BcastSkew];
 const ALL_TREE_KINDS: &[Kind] = &[Kind::Bcast, Kind::BcastSkew, Kind::Allreduce, Kind::Reduce];

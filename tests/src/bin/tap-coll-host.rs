@@ -60,6 +60,9 @@ fn e2s(e: emp::Error) -> String {
     e.to_string()
 }
 
+/// One check of the suite.
+type Test = fn(&mut Ctx) -> Result<(), String>;
+
 type BarrierFn<'a> = &'a mut dyn FnMut(&mut Device, &mut Comm) -> emp::Result<()>;
 
 /// Runs `iters` barriers (with `late`, one rank in turn arrives 3 ms late)
@@ -366,7 +369,7 @@ fn main() {
     let eps = job.endpoints(dev.endpoint()).expect("endpoint exchange");
     let buf = dev.alloc(1 << 20).expect("arena");
     let mut c = Ctx { dev, job, eps, buf, context: 0 };
-    let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 11] = [
+    let tests: [(&str, Test); 11] = [
         ("pairwise-exchange barrier: nobody leaves before the last arrives", barrier_pe),
         ("dissemination barrier: nobody leaves before the last arrives", barrier_diss),
         ("gather-release barrier over postal trees λ = 1, 2, 4", barrier_gb),
