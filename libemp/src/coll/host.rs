@@ -404,13 +404,13 @@ impl Comm {
             _ => None,
         };
         let slot = self.slot;
-        self.scratch.as_mut_slice()[..len].copy_from_slice(mine);
+        // Only slices of slots the NIC is done with are ever formed.
+        let acc = self.scratch.range(0, len);
+        acc.as_mut_slice().copy_from_slice(mine);
         for (i, (&c, &wr)) in kids.iter().zip(&partials).enumerate() {
             self.wait_recv(dev, wr, len, &|| format!("partial result from rank {}", abs(c)))?;
-            let s = self.scratch.as_mut_slice();
-            let (acc, rest) = s.split_at_mut(slot);
-            let at = (1 + i) * slot;
-            reduce::combine(t, op, &mut acc[..len], &rest[at..at + len])?;
+            let partial = self.scratch.range((2 + i) * slot, len);
+            reduce::combine(t, op, acc.as_mut_slice(), partial.as_mut_slice())?;
         }
         let acc_sge = self.scratch.sge(0, len);
         if let Some(p) = parent {
@@ -434,7 +434,7 @@ impl Comm {
             }
         }
         if let Some(out) = out {
-            out.copy_from_slice(&self.scratch.as_mut_slice()[at..at + len]);
+            out.copy_from_slice(self.scratch.range(at, len).as_mut_slice());
         }
         Ok(())
     }
