@@ -82,6 +82,8 @@ fn errno(e: &Error) -> c_int {
         Error::Failed(_) => -libc::EIO,
         Error::Invalid(_) => -libc::EINVAL,
         Error::Unsupported(_) => -libc::EOPNOTSUPP,
+        Error::InvalidOp { .. } | Error::InvalidArgument(_) => -libc::EINVAL,
+        Error::Coll(_) => -libc::EIO,
     }
 }
 

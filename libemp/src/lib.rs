@@ -16,6 +16,7 @@
 //! after a post when the NIC has gone to sleep (it polls while busy).
 
 pub mod atomic;
+pub mod coll;
 mod direct;
 pub mod group;
 mod kernel;
@@ -79,6 +80,14 @@ pub enum Error {
     Invalid(&'static str),
     /// Not available on this kind of device.
     Unsupported(&'static str),
+    /// A reduction operator not defined for the element type (bitwise on
+    /// floats).
+    InvalidOp { dtype: emp_uapi::coll::Dtype, op: emp_uapi::coll::ReduceOp },
+    /// A library call got arguments it cannot use; says which and why.
+    InvalidArgument(String),
+    /// A collective failed: which call, which peer, and why (an error
+    /// completion, a message of the wrong size, a timeout).
+    Coll(String),
 }
 
 impl fmt::Display for Error {
@@ -95,6 +104,9 @@ impl fmt::Display for Error {
             Error::Failed(st) => write!(f, "completed with error: {}", st.as_str()),
             Error::Invalid(why) => write!(f, "invalid arguments: {why}"),
             Error::Unsupported(what) => write!(f, "not supported: {what}"),
+            Error::InvalidOp { dtype, op } => write!(f, "{} is not defined on {}", op.name(), dtype.name()),
+            Error::InvalidArgument(s) => write!(f, "invalid argument: {s}"),
+            Error::Coll(s) => write!(f, "{s}"),
         }
     }
 }
@@ -222,6 +234,17 @@ impl Buffer {
     pub fn sge(&self, off: usize, len: usize) -> Sge {
         assert!(off + len <= self.len, "sge beyond buffer");
         Sge { key: self.key, len: len as u32, offset: self.offset + off as u64 }
+    }
+    /// The `len` bytes at `off` as a buffer of their own.
+    ///
+    /// # Panics
+    /// If the range is not inside this buffer.
+    pub fn range(&self, off: usize, len: usize) -> Buffer {
+        assert!(off.checked_add(len).is_some_and(|end| end <= self.len), "range beyond buffer");
+        // SAFETY: off + len <= self.len, so the pointer stays inside this
+        // buffer's part of the arena.
+        let ptr = unsafe { self.ptr.add(off) };
+        Buffer { ptr, len, key: self.key, offset: self.offset + off as u64 }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Integration tests with real `emp-nicd` processes: the TAP programs over
-//! direct attach on mem and UDP wires, with loss; a client killed
-//! mid-transfer; a daemon that goes away; a tampered firmware image; the C
-//! example. They need the release binaries and the signed image, which
+//! direct attach on mem and UDP wires, with loss; host-based collectives
+//! with 2, 3, 5 and 8 ranks; a client killed mid-transfer; a daemon that
+//! goes away; a tampered firmware image; the C example. They need the release binaries and the signed image, which
 //! `make test` builds first (`EMP_BIN_DIR` overrides where they are).
 
 use std::io::{BufRead, BufReader};
@@ -74,6 +74,37 @@ fn tap_p2p_three_ranks_udp_wire() {
     let base = 40000 + (std::process::id() % 20000) as u16;
     let c = Cluster::up("udp", &["-n", "3", "--wire", "udp", "--udp-base", &base.to_string()]);
     assert_tap(&c.run(3, &[env!("CARGO_BIN_EXE_tap-p2p")]), 10);
+}
+
+/// Host-based collectives (`emp::coll::Comm`): `ranks` rank processes on
+/// `nics` NICs; sizes that are not powers of two take PE's fix-up steps and
+/// uneven binomial trees.
+fn tap_coll_host(name: &str, ranks: usize, nics: usize, extra: &[&str]) {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let n = nics.to_string();
+    let args: Vec<&str> = ["-n", n.as_str()].into_iter().chain(extra.iter().copied()).collect();
+    let c = Cluster::up(name, &args);
+    assert_tap(&c.run(ranks, &[env!("CARGO_BIN_EXE_tap-coll-host")]), 11);
+}
+
+#[test]
+fn tap_coll_host_two_ranks() {
+    tap_coll_host("coll2", 2, 2, &[]);
+}
+
+#[test]
+fn tap_coll_host_three_ranks() {
+    tap_coll_host("coll3", 3, 3, &[]);
+}
+
+#[test]
+fn tap_coll_host_five_ranks_with_loss() {
+    tap_coll_host("coll5", 5, 5, &["--loss", "0.02", "--dup", "0.01", "--reorder", "0.05"]);
+}
+
+#[test]
+fn tap_coll_host_eight_ranks_on_four_nics() {
+    tap_coll_host("coll8", 8, 4, &[]);
 }
 
 #[test]

@@ -8,6 +8,9 @@
 //! - bibw: both ranks stream at once (MB/s, both directions summed);
 //! - atomic: remote atomic latency, NIC-executed vs host-served
 //!   (`crate::bench_atomic`).
+//!
+//! Collective benchmarks (barrier, bcast, bcast-skew, allreduce, reduce)
+//! run `--nodes N` ranks; see `bench_coll`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -31,6 +34,23 @@ pub enum Kind {
     Bibw,
     /// Remote atomic latency: NIC vs host-based responder.
     Atomic,
+    /// Collective: consecutive barriers (`--nodes`, `--algo`).
+    Barrier,
+    /// Collective: broadcast from rank 0, closed by a leaf's 0-byte answer.
+    Bcast,
+    /// Collective: broadcast with random arrival skew (`--skew-us`).
+    BcastSkew,
+    /// Collective: allreduce (sum), wall and CPU time in the call.
+    Allreduce,
+    /// Collective: reduce (sum) to rank 0, wall and CPU time in the call.
+    Reduce,
+}
+
+impl Kind {
+    /// Run by `bench_coll` over `--nodes` ranks.
+    pub fn is_collective(self) -> bool {
+        matches!(self, Kind::Barrier | Kind::Bcast | Kind::BcastSkew | Kind::Allreduce | Kind::Reduce)
+    }
 }
 
 /// Options shared by `emp bench` and its ranks.
@@ -59,6 +79,25 @@ pub struct BenchArgs {
     /// Cluster directory (default: a private 2-NIC chassis for this run).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Collectives: ranks (default 8), one NIC each on the private chassis.
+    #[arg(long)]
+    pub nodes: Option<usize>,
+    /// Collectives: variants to measure (comma separated; default: all that
+    /// run the benchmark; the host baseline is always measured; `list`
+    /// lists them).
+    #[arg(long, value_delimiter = ',')]
+    pub algo: Vec<String>,
+    /// bcast-skew: mean pairwise arrival skew in µs (delays U[0, 3×skew]).
+    #[arg(long, default_value_t = 333.0)]
+    pub skew_us: f64,
+    /// allreduce/reduce: element types (comma separated; default i64,f64).
+    /// `--sizes` counts elements for these.
+    #[arg(long, value_delimiter = ',')]
+    pub dtypes: Vec<String>,
+    /// Collectives: poll for completions even with more than 2 ranks
+    /// (default: block when ranks outnumber the 2 cores).
+    #[arg(long)]
+    pub poll: bool,
 }
 
 const WINDOW: usize = 64;
@@ -68,6 +107,7 @@ fn default_sizes(k: Kind) -> Vec<usize> {
         Kind::Latency => vec![1, 8, 64, 512, 4096, 16384, 65536, 262144, 1 << 20],
         Kind::Bw | Kind::Bibw => vec![64, 1024, 8192, 65536, 262144, 1 << 20],
         Kind::Atomic => vec![8],
+        _ => crate::bench_coll::default_sizes(k),
     }
 }
 
@@ -85,14 +125,25 @@ fn iters_for(k: Kind, size: usize, given: Option<usize>) -> (usize, usize) {
 }
 
 /// `emp bench …`: starts a private chassis unless `--dir` names a running
-/// cluster, runs two ranks, prints rank 0's report.
+/// cluster, runs two ranks (collectives: `--nodes`), prints rank 0's report.
 pub fn bench(a: &BenchArgs) -> Result<(), String> {
+    if a.kind.is_collective() && a.algo.iter().any(|s| s == "list") {
+        crate::bench_coll::list(a.kind);
+        return Ok(());
+    }
+    if a.kind.is_collective() {
+        crate::bench_coll::select(a.kind, &a.algo)?;
+    }
+    let ranks = if a.kind.is_collective() { a.nodes.unwrap_or(8) } else { 2 };
+    if ranks == 0 || ranks > u16::MAX as usize {
+        return Err(format!("--nodes {ranks}: at least 1"));
+    }
     let (dir, private) = match &a.dir {
         Some(d) => (d.clone(), false),
         None => {
             let d = std::env::temp_dir().join(format!("emp-bench-{}", std::process::id()));
             let up = UpArgs {
-                nics: 2,
+                nics: ranks as u16,
                 wire: WireKind::Mem,
                 loss: 0.0,
                 dup: 0.0,
@@ -109,7 +160,8 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
         }
     };
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut argv = vec![exe.to_string_lossy().into_owned(), "bench-rank".into(), format!("{:?}", a.kind).to_lowercase()];
+    let kind = clap::ValueEnum::to_possible_value(&a.kind).map(|v| v.get_name().to_string()).unwrap_or_default();
+    let mut argv = vec![exe.to_string_lossy().into_owned(), "bench-rank".into(), kind];
     if !a.sizes.is_empty() {
         argv.push(format!("--sizes={}", a.sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")));
     }
@@ -125,7 +177,20 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
     if a.blocking {
         argv.push("--blocking".into());
     }
-    let r = crate::run::run(&dir, 2, &argv, Some(Duration::from_secs(1800)));
+    if a.kind.is_collective() {
+        argv.push(format!("--nodes={ranks}"));
+        argv.push(format!("--skew-us={}", a.skew_us));
+        if !a.algo.is_empty() {
+            argv.push(format!("--algo={}", a.algo.join(",")));
+        }
+        if !a.dtypes.is_empty() {
+            argv.push(format!("--dtypes={}", a.dtypes.join(",")));
+        }
+        if a.poll {
+            argv.push("--poll".into());
+        }
+    }
+    let r = crate::run::run(&dir, ranks, &argv, Some(Duration::from_secs(3600)));
     if private {
         let _ = cluster::down(&dir);
         let _ = std::fs::remove_dir_all(&dir);
@@ -374,6 +439,9 @@ impl Tcp {
 /// One rank of a benchmark (`emp bench-rank`, started by `emp bench`).
 pub fn rank(a: &BenchArgs) -> Result<(), String> {
     let job = Job::from_env().map_err(|e| e.to_string())?;
+    if a.kind.is_collective() {
+        return crate::bench_coll::rank(a, job);
+    }
     if job.size != 2 {
         return Err("benchmarks run with exactly 2 ranks".into());
     }
@@ -403,6 +471,7 @@ pub fn rank(a: &BenchArgs) -> Result<(), String> {
             Kind::Bw => emp.bw(tag, size, n, warm, false)?,
             Kind::Bibw => emp.bw(tag, size, n, warm, true)?,
             Kind::Atomic => unreachable!("handled by bench_atomic"),
+            k => return Err(format!("{k:?} is a collective benchmark")),
         };
         let t = match tcp.as_mut() {
             None => None,
@@ -411,6 +480,7 @@ pub fn rank(a: &BenchArgs) -> Result<(), String> {
                 Kind::Bw => t.bw(size, n, warm, false)?,
                 Kind::Bibw => t.bw(size, n, warm, true)?,
                 Kind::Atomic => unreachable!("handled by bench_atomic"),
+                k => return Err(format!("{k:?} is a collective benchmark")),
             }),
         };
         rows.push((size, e, t));
@@ -476,6 +546,7 @@ fn print_header(k: Kind, tcp: bool) {
         Kind::Bw => "bandwidth, windows of 64",
         Kind::Bibw => "bidirectional bandwidth, windows of 64",
         Kind::Atomic => "remote atomic latency",
+        _ => "collective (see bench_coll)",
     };
     let tcp_path = match std::env::var("EMP_BENCH_TCP") {
         Ok(a) => format!("TCP to {a}"),

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod bench_atomic;
+mod bench_coll;
 mod cluster;
 mod fw;
 mod run;

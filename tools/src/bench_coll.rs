@@ -1,0 +1,706 @@
+//! `emp bench barrier|bcast|bcast-skew|allreduce|reduce --nodes N`:
+//! collective benchmarks over N rank processes (one NIC each on a private
+//! chassis), every variant measured in the same run by the methods of
+//! `docs/design/collectives.md` §2:
+//!
+//! - **barrier**: `--iters` (10,000) consecutive barriers; mean time per
+//!   barrier, averaged over ranks (seed 001 §3.5.3).
+//! - **bcast**: per iteration the root (rank 0) broadcasts and one leaf
+//!   answers with a 0-byte message; `--iters` (1,000) iterations timed at
+//!   the root, repeated for every leaf that is the last child of its parent
+//!   in the variant's tree; the max over those leaves (seed 000 §6).
+//! - **bcast-skew**: `--iters` (1,000) trials of barrier, then every
+//!   non-root rank spins for a uniform random delay in [0, 3 × `--skew-us`]
+//!   (so the mean pairwise skew is `--skew-us`) and calls bcast; the root
+//!   calls at once. Mean time inside the call over trials and ranks (seed
+//!   001 §6.3).
+//! - **allreduce**, **reduce** (to rank 0): per iteration a barrier, then
+//!   the call; wall time and thread CPU time (`CLOCK_THREAD_CPUTIME_ID`)
+//!   inside the call, mean over `--iters` (10,000) iterations and ranks
+//!   (seed 001 §4.3.3); sum over `--dtypes` (i64, f64) of `--sizes`
+//!   elements (1, 8, 64). Results are checked against `reduce_ref` first.
+//!
+//! Variants are the entries of [`VARIANTS`]: the host baselines now; a
+//! NIC-offloaded variant is one more entry whose [`Coll`] posts to the NIC.
+//! Each table has a column per variant and, per non-baseline variant, an
+//! FoI column = baseline time / variant time (> 1: faster than the host
+//! baseline). Timing barriers and result gathering run on a communicator
+//! of their own, the same for every variant.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use emp::coll::{reduce_ref, Comm, CommOpts, Dtype, ReduceOp, Wait};
+use emp::rdv::Job;
+use emp::tree::Tree;
+use emp::{Buffer, Device, Status};
+
+use crate::bench::{BenchArgs, Kind};
+
+/// One implementation of the collectives under test, set up once per rank
+/// (a NIC variant creates its group in [`Variant::make`]). Operations a
+/// variant lacks fail; [`VARIANTS`] only offers it for kinds it has.
+pub trait Coll {
+    /// Column label.
+    fn label(&self) -> String;
+    /// One barrier.
+    fn barrier(&mut self, _dev: &mut Device, _comm: &mut Comm) -> emp::Result<()> {
+        Err(unsupported(&self.label(), "barrier"))
+    }
+    /// One broadcast of `buf` from `root`.
+    fn bcast(&mut self, _dev: &mut Device, _comm: &mut Comm, _root: usize, _buf: &Buffer) -> emp::Result<()> {
+        Err(unsupported(&self.label(), "bcast"))
+    }
+    /// The tree (relative to the root) the broadcast follows, for picking
+    /// the leaves whose answer ends an iteration.
+    fn bcast_tree(&self, n: usize) -> Tree {
+        Tree::binomial(n)
+    }
+    /// One allreduce.
+    fn allreduce(&mut self, _dev: &mut Device, _comm: &mut Comm, _t: Dtype, _op: ReduceOp, _send: &[u8], _recv: &mut [u8]) -> emp::Result<()> {
+        Err(unsupported(&self.label(), "allreduce"))
+    }
+    /// One reduce to `root` (`recv` at the root only).
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(&mut self, _dev: &mut Device, _comm: &mut Comm, _root: usize, _t: Dtype, _op: ReduceOp, _send: &[u8], _recv: Option<&mut [u8]>) -> emp::Result<()> {
+        Err(unsupported(&self.label(), "reduce"))
+    }
+}
+
+fn unsupported(label: &str, what: &str) -> emp::Error {
+    emp::Error::InvalidArgument(format!("variant {label} has no {what}"))
+}
+
+/// A variant on the command line (`--algo NAME`).
+pub struct Variant {
+    /// Its `--algo` name.
+    pub name: &'static str,
+    /// One line on what it is.
+    pub about: &'static str,
+    /// The benchmarks it runs.
+    pub kinds: &'static [Kind],
+    /// Builds what to measure on this rank: one instance, or several for a
+    /// sweep (one column each).
+    pub make: MakeFn,
+}
+
+/// Builds a variant's instances on one rank.
+pub type MakeFn = fn(&mut Device, &Comm) -> emp::Result<Vec<Box<dyn Coll>>>;
+
+const TREE_KINDS: &[Kind] = &[Kind::Bcast, Kind::BcastSkew];
+const ALL_TREE_KINDS: &[Kind] = &[Kind::Bcast, Kind::BcastSkew, Kind::Allreduce, Kind::Reduce];
+
+/// Every variant; the host baselines first.
+pub const VARIANTS: &[Variant] = &[
+    Variant { name: "host-pe", about: "host pairwise-exchange barrier (MPICH's), tagged send/recv", kinds: &[Kind::Barrier], make: make_host_pe },
+    Variant { name: "host-diss", about: "host dissemination barrier", kinds: &[Kind::Barrier], make: make_host_diss },
+    Variant { name: "host-gb", about: "host gather-release barrier, one column per postal tree λ = 1, 2, 3, 4, 6, 8", kinds: &[Kind::Barrier], make: make_host_gb },
+    Variant {
+        name: "host-binomial",
+        about: "host binomial tree (whole message per hop, only inside the call; reductions in the fixed order)",
+        kinds: ALL_TREE_KINDS,
+        make: make_host_binomial,
+    },
+    Variant { name: "host-postal", about: "host bcast down postal trees λ = 2, 3, 4, 6, 8 (one column each)", kinds: TREE_KINDS, make: make_host_postal },
+];
+
+/// The baseline of each benchmark (ratios divide by it; always measured).
+pub fn baseline(k: Kind) -> &'static str {
+    match k {
+        Kind::Barrier => "host-pe",
+        _ => "host-binomial",
+    }
+}
+
+/// λ values swept by the postal-tree variants (`GroupOpts` defaults).
+const LAMBDAS: [u32; 6] = [1, 2, 3, 4, 6, 8];
+
+/// Distinct postal trees over `n` ranks for λ ≥ `from` (a large λ gives
+/// the flat tree; identical trees are measured once).
+fn postal_sweep(n: usize, from: u32, skip_binomial: bool) -> Vec<(u32, Tree)> {
+    let binomial = Tree::binomial(n);
+    let mut out: Vec<(u32, Tree)> = Vec::new();
+    for l in LAMBDAS.into_iter().filter(|&l| l >= from) {
+        let t = Tree::postal(n, l);
+        if (skip_binomial && t == binomial) || out.iter().any(|(_, u)| *u == t) {
+            continue;
+        }
+        out.push((l, t));
+    }
+    out
+}
+
+enum HostBarrier {
+    Pe,
+    Diss,
+    Gb(u32, Tree),
+}
+
+impl Coll for HostBarrier {
+    fn label(&self) -> String {
+        match self {
+            HostBarrier::Pe => "host-pe".into(),
+            HostBarrier::Diss => "host-diss".into(),
+            HostBarrier::Gb(l, _) => format!("host-gb(λ={l})"),
+        }
+    }
+    fn barrier(&mut self, dev: &mut Device, comm: &mut Comm) -> emp::Result<()> {
+        match self {
+            HostBarrier::Pe => comm.barrier_pe(dev),
+            HostBarrier::Diss => comm.barrier_dissemination(dev),
+            HostBarrier::Gb(_, t) => comm.barrier_gb(dev, t),
+        }
+    }
+}
+
+/// Host broadcast/reduction on the binomial tree (`tree` = `None`) or a
+/// postal tree (broadcast only).
+struct HostTree {
+    label: String,
+    tree: Option<Tree>,
+}
+
+impl Coll for HostTree {
+    fn label(&self) -> String {
+        self.label.clone()
+    }
+    fn bcast(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, buf: &Buffer) -> emp::Result<()> {
+        match &self.tree {
+            None => comm.bcast_binomial(dev, root, buf),
+            Some(t) => comm.bcast_tree(dev, root, t, buf),
+        }
+    }
+    fn bcast_tree(&self, n: usize) -> Tree {
+        self.tree.clone().unwrap_or_else(|| Tree::binomial(n))
+    }
+    fn allreduce(&mut self, dev: &mut Device, comm: &mut Comm, t: Dtype, op: ReduceOp, send: &[u8], recv: &mut [u8]) -> emp::Result<()> {
+        if self.tree.is_some() {
+            return Err(unsupported(&self.label, "allreduce"));
+        }
+        comm.allreduce(dev, t, op, send, recv)
+    }
+    fn reduce(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, t: Dtype, op: ReduceOp, send: &[u8], recv: Option<&mut [u8]>) -> emp::Result<()> {
+        if self.tree.is_some() {
+            return Err(unsupported(&self.label, "reduce"));
+        }
+        comm.reduce(dev, root, t, op, send, recv)
+    }
+}
+
+fn make_host_pe(_: &mut Device, _: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
+    Ok(vec![Box::new(HostBarrier::Pe)])
+}
+
+fn make_host_diss(_: &mut Device, _: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
+    Ok(vec![Box::new(HostBarrier::Diss)])
+}
+
+fn make_host_gb(_: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
+    Ok(postal_sweep(c.size(), 1, false).into_iter().map(|(l, t)| Box::new(HostBarrier::Gb(l, t)) as Box<dyn Coll>).collect())
+}
+
+fn make_host_binomial(_: &mut Device, _: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
+    Ok(vec![Box::new(HostTree { label: "host-binomial".into(), tree: None })])
+}
+
+fn make_host_postal(_: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
+    Ok(postal_sweep(c.size(), 2, true)
+        .into_iter()
+        .map(|(l, t)| Box::new(HostTree { label: format!("host-postal(λ={l})"), tree: Some(t) }) as Box<dyn Coll>)
+        .collect())
+}
+
+/// The variants `--algo` names for `kind` (all that run it when empty), the
+/// baseline first.
+pub fn select(kind: Kind, algo: &[String]) -> Result<Vec<&'static Variant>, String> {
+    let runs = |v: &&Variant| v.kinds.contains(&kind);
+    let known = || VARIANTS.iter().filter(runs).map(|v| v.name).collect::<Vec<_>>().join(", ");
+    let mut names: Vec<&str> = if algo.is_empty() { VARIANTS.iter().filter(runs).map(|v| v.name).collect() } else { algo.iter().map(String::as_str).collect() };
+    names.retain(|&n| n != baseline(kind));
+    names.insert(0, baseline(kind));
+    names.dedup();
+    names
+        .into_iter()
+        .map(|n| match VARIANTS.iter().find(|v| v.name == n) {
+            Some(v) if runs(&v) => Ok(v),
+            Some(_) => Err(format!("--algo {n} does not run {}; it has: {}", kind_name(kind), known())),
+            None => Err(format!("unknown --algo {n}; {} has: {}", kind_name(kind), known())),
+        })
+        .collect()
+}
+
+/// `--algo list`: the variants that run `kind`, with what they are.
+pub fn list(kind: Kind) {
+    println!("# variants of {} (baseline: {})", kind_name(kind), baseline(kind));
+    for v in VARIANTS.iter().filter(|v| v.kinds.contains(&kind)) {
+        println!("{:<16} {}", v.name, v.about);
+    }
+}
+
+fn kind_name(k: Kind) -> String {
+    clap::ValueEnum::to_possible_value(&k).map(|v| v.get_name().to_string()).unwrap_or_default()
+}
+
+/// Default `--sizes`: bytes for broadcasts, elements for reductions.
+pub fn default_sizes(k: Kind) -> Vec<usize> {
+    match k {
+        Kind::Bcast => vec![1, 1024, 16384, 65536],
+        Kind::BcastSkew => vec![1, 2048],
+        Kind::Allreduce | Kind::Reduce => vec![1, 8, 64],
+        _ => vec![0],
+    }
+}
+
+fn default_iters(k: Kind) -> usize {
+    match k {
+        Kind::Bcast | Kind::BcastSkew => 1000,
+        _ => 10_000,
+    }
+}
+
+/// Blocking waits unless `--poll`, or when ranks outnumber the 2 cores.
+fn wait_mode(a: &BenchArgs, n: usize) -> Wait {
+    if a.poll {
+        Wait::Poll
+    } else if a.blocking || n > 2 {
+        Wait::Block
+    } else {
+        Wait::Poll
+    }
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Bench-level 0-byte answers (bcast): user tag space, one tag per iteration.
+const ACK_TAG: u64 = 0x00BE << 48;
+const ACK_WR: u64 = 0x00BE << 48;
+
+/// xorshift64*: the skew delays (seeded per rank: reproducible).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A table: one row per size, one column per variant, then FoI columns.
+struct Table {
+    title: String,
+    row_name: &'static str,
+    cols: Vec<String>,
+    rows: Vec<(String, Vec<f64>)>,
+}
+
+impl Table {
+    fn print(&self) {
+        println!("# {}", self.title);
+        let w: Vec<usize> = self.cols.iter().map(|c| c.chars().count().max(11) + 1).collect();
+        let foi: Vec<String> = self.cols.iter().skip(1).map(|c| format!("FoI {c}")).collect();
+        let fw: Vec<usize> = foi.iter().map(|c| c.chars().count().max(8) + 1).collect();
+        let mut h = format!("# {:<8}", self.row_name);
+        for (c, w) in self.cols.iter().zip(&w) {
+            h.push_str(&format!("{c:>w$}"));
+        }
+        for (c, w) in foi.iter().zip(&fw) {
+            h.push_str(&format!("{c:>w$}"));
+        }
+        println!("{h}");
+        for (label, vals) in &self.rows {
+            let mut line = format!("{label:<10}");
+            for (v, w) in vals.iter().zip(&w) {
+                line.push_str(&format!("{v:>w$.2}"));
+            }
+            for (v, w) in vals.iter().skip(1).zip(&fw) {
+                line.push_str(&format!("{:>w$.3}", vals[0] / v));
+            }
+            println!("{line}");
+        }
+    }
+}
+
+/// One rank's state for a collective benchmark.
+struct Bench {
+    dev: Device,
+    /// The communicator host variants run on.
+    comm: Comm,
+    /// Timing barriers and result gathering (its own context).
+    ctl: Comm,
+    job: Job,
+    a: BenchArgs,
+    wait: Wait,
+    tables: Vec<Table>,
+    /// JSON records: {variant, size, dtype, metric, value, foi}.
+    records: Vec<String>,
+}
+
+fn es(e: emp::Error) -> String {
+    e.to_string()
+}
+
+impl Bench {
+    fn n(&self) -> usize {
+        self.job.size
+    }
+
+    fn sync(&mut self) -> Result<(), String> {
+        self.ctl.barrier_dissemination(&mut self.dev).map_err(|e| format!("timing barrier: {e}"))
+    }
+
+    /// Every rank's `v`, averaged element by element (on rank 0's copy and
+    /// everyone else's).
+    fn mean_over_ranks(&mut self, v: &[f64]) -> Result<Vec<f64>, String> {
+        let mine: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut sum = vec![0u8; mine.len()];
+        self.ctl.allreduce(&mut self.dev, Dtype::F64, ReduceOp::Sum, &mine, &mut sum).map_err(|e| format!("gathering results: {e}"))?;
+        let n = self.n() as f64;
+        Ok(sum.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8")) / n).collect())
+    }
+
+    fn table(&mut self, title: String, row_name: &'static str, cols: &[String], rows: Vec<(String, Vec<f64>)>, metric: &str, dtype: Option<Dtype>) {
+        for (label, vals) in &rows {
+            for (c, v) in cols.iter().zip(vals) {
+                let size = label.parse::<u64>().map(|s| s.to_string()).unwrap_or_else(|_| "null".into());
+                let dt = dtype.map(|t| format!("\"{}\"", t.name())).unwrap_or_else(|| "null".into());
+                self.records.push(format!(
+                    "{{\"variant\":\"{c}\",\"size\":{size},\"dtype\":{dt},\"metric\":\"{metric}\",\"value\":{v:.4},\"foi\":{:.4}}}",
+                    vals[0] / v
+                ));
+            }
+        }
+        self.tables.push(Table { title, row_name, cols: cols.to_vec(), rows });
+    }
+
+    fn iters(&self) -> (usize, usize) {
+        let n = self.a.iters.unwrap_or(default_iters(self.a.kind));
+        (n, (n / 10).clamp(5, 1000))
+    }
+
+    fn barrier(&mut self, vs: &mut [Box<dyn Coll>]) -> Result<(), String> {
+        let (iters, warm) = self.iters();
+        let mut times = Vec::with_capacity(vs.len());
+        for v in vs.iter_mut() {
+            let label = v.label();
+            let e = |e: emp::Error| format!("{label}: {e}");
+            for _ in 0..warm {
+                v.barrier(&mut self.dev, &mut self.comm).map_err(e)?;
+            }
+            self.sync()?;
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                v.barrier(&mut self.dev, &mut self.comm).map_err(e)?;
+            }
+            times.push(t0.elapsed().as_secs_f64() * 1e6 / iters as f64);
+        }
+        let mean = self.mean_over_ranks(&times)?;
+        let cols: Vec<String> = vs.iter().map(|v| v.label()).collect();
+        let title = format!("barrier: {iters} consecutive barriers, mean time per barrier per rank (us)");
+        self.table(title, "", &cols, vec![("barrier".into(), mean)], "time_us", None);
+        Ok(())
+    }
+
+    /// Ranks (= relative ranks, the root is 0) that are leaves and the last
+    /// child of their parent.
+    fn closing_leaves(tree: &Tree) -> Vec<usize> {
+        (1..tree.len()).filter(|&r| tree.children[r].is_empty() && tree.parent[r].is_some_and(|p| tree.children[p as usize].last() == Some(&(r as u16)))).collect()
+    }
+
+    fn wait_wr(&mut self, wr: u64, what: &str) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let c = match self.wait {
+            Wait::Block => self.dev.wait_wr(wr, Some(Duration::from_secs(120))).map_err(|e| format!("{what}: {e}"))?,
+            Wait::Poll => loop {
+                if let Some(c) = self.dev.poll_wr(wr) {
+                    break c;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!("{what}: no completion within 120 s"));
+                }
+                std::thread::yield_now();
+            },
+        };
+        if c.status != Status::Success {
+            return Err(format!("{what}: {}", c.status.as_str()));
+        }
+        Ok(())
+    }
+
+    /// The root's mean iteration time (us) of bcast + the 0-byte answer of
+    /// `leaf`; 0 on other ranks.
+    fn bcast_leaf(&mut self, v: &mut dyn Coll, buf: &Buffer, leaf: usize, iters: usize, warm: usize) -> Result<f64, String> {
+        let rank = self.job.rank;
+        let members = self.comm.members().to_vec();
+        let label = v.label();
+        let mut acks: VecDeque<u64> = VecDeque::new();
+        self.sync()?;
+        let mut t0 = Instant::now();
+        for i in 0..warm + iters {
+            if i == warm {
+                t0 = Instant::now();
+            }
+            let (tag, wr) = (ACK_TAG | i as u64, ACK_WR | i as u64);
+            if rank == 0 {
+                self.dev.post_recv(wr, members[leaf], tag, 0, &[]).map_err(es)?;
+            }
+            v.bcast(&mut self.dev, &mut self.comm, 0, buf).map_err(|e| format!("{label}: {e}"))?;
+            if rank == 0 {
+                self.wait_wr(wr, "answer from the leaf")?;
+            } else if rank == leaf {
+                self.dev.post_send(wr, members[0], tag, &[]).map_err(es)?;
+                acks.push_back(wr);
+                // Reap answers already acknowledged, without waiting.
+                while let Some(&w) = acks.front() {
+                    match self.dev.poll_wr(w) {
+                        Some(c) if c.status != Status::Success => return Err(format!("answer to the root: {}", c.status.as_str())),
+                        Some(_) => {
+                            acks.pop_front();
+                        }
+                        None => break,
+                    }
+                }
+            }
+        }
+        let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+        while let Some(w) = acks.pop_front() {
+            self.wait_wr(w, "answer to the root")?;
+        }
+        Ok(if rank == 0 { us } else { 0.0 })
+    }
+
+    fn sizes(&self) -> Vec<usize> {
+        if self.a.sizes.is_empty() { default_sizes(self.a.kind) } else { self.a.sizes.clone() }
+    }
+
+    fn bcast(&mut self, vs: &mut [Box<dyn Coll>]) -> Result<(), String> {
+        let (iters, warm) = self.iters();
+        let sizes = self.sizes();
+        let buf = self.dev.alloc(sizes.iter().copied().max().unwrap_or(0)).map_err(es)?;
+        let mut rows = Vec::new();
+        let n = self.n();
+        let leaves_used: Vec<String> = vs.iter().map(|v| format!("{} {:?}", v.label(), Self::closing_leaves(&v.bcast_tree(n)))).collect();
+        for &size in &sizes {
+            let mut row = Vec::new();
+            for v in vs.iter_mut() {
+                let leaves = Self::closing_leaves(&v.bcast_tree(n));
+                let mut worst: f64 = 0.0;
+                for &leaf in &leaves {
+                    worst = worst.max(self.bcast_leaf(v.as_mut(), &buf.range(0, size), leaf, iters, warm)?);
+                }
+                row.push(worst);
+            }
+            rows.push((size.to_string(), row));
+        }
+        let cols: Vec<String> = vs.iter().map(|v| v.label()).collect();
+        let title = format!(
+            "bcast from rank 0 + 0-byte answer from a leaf, {iters} iterations, max over last-child leaves (us at the root); leaves {}",
+            leaves_used.join("; ")
+        );
+        self.table(title, "Size", &cols, rows, "time_us", None);
+        Ok(())
+    }
+
+    fn bcast_skew(&mut self, vs: &mut [Box<dyn Coll>]) -> Result<(), String> {
+        let (iters, warm) = self.iters();
+        let sizes = self.sizes();
+        let skew_max = Duration::from_secs_f64(3.0 * self.a.skew_us / 1e6);
+        let buf = self.dev.alloc(sizes.iter().copied().max().unwrap_or(0)).map_err(es)?;
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (self.job.rank as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+        let mut rows = Vec::new();
+        for &size in &sizes {
+            let b = buf.range(0, size);
+            let mut mine = Vec::new();
+            for v in vs.iter_mut() {
+                let label = v.label();
+                let mut inside = Duration::ZERO;
+                for trial in 0..warm + iters {
+                    self.sync()?;
+                    if self.job.rank != 0 {
+                        let until = Instant::now() + skew_max.mul_f64(rng.unit());
+                        while Instant::now() < until {
+                            // Busy, but the ranks share two cores.
+                            std::thread::yield_now();
+                        }
+                    }
+                    let t0 = Instant::now();
+                    v.bcast(&mut self.dev, &mut self.comm, 0, &b).map_err(|e| format!("{label}: {e}"))?;
+                    if trial >= warm {
+                        inside += t0.elapsed();
+                    }
+                }
+                mine.push(inside.as_secs_f64() * 1e6 / iters as f64);
+            }
+            rows.push((size.to_string(), self.mean_over_ranks(&mine)?));
+        }
+        let cols: Vec<String> = vs.iter().map(|v| v.label()).collect();
+        let title = format!(
+            "bcast-skew: {iters} trials, non-roots delayed U[0, {:.0}] us (mean pairwise skew {:.0} us); mean time inside bcast over ranks (us)",
+            3.0 * self.a.skew_us,
+            self.a.skew_us
+        );
+        self.table(title, "Size", &cols, rows, "time_in_call_us", None);
+        Ok(())
+    }
+
+    fn dtypes(&self) -> Result<Vec<Dtype>, String> {
+        let names: Vec<String> = if self.a.dtypes.is_empty() { vec!["i64".into(), "f64".into()] } else { self.a.dtypes.clone() };
+        names.iter().map(|s| Dtype::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| format!("unknown --dtypes {s} (i32, i64, u32, u64, f32, f64)"))).collect()
+    }
+
+    /// Rank `r`'s input vector of `count` elements.
+    fn input(t: Dtype, r: usize, count: usize) -> Vec<u8> {
+        (0..count)
+            .flat_map(|i| match t {
+                Dtype::I32 => ((r * 1000 + i) as i32).to_le_bytes().to_vec(),
+                Dtype::U32 => ((r * 1000 + i) as u32).to_le_bytes().to_vec(),
+                Dtype::I64 => ((r * 1000 + i) as i64 - 7).to_le_bytes().to_vec(),
+                Dtype::U64 => ((r * 1000 + i) as u64).to_le_bytes().to_vec(),
+                Dtype::F32 => (1.0f32 / (r + 1) as f32 + i as f32).to_le_bytes().to_vec(),
+                Dtype::F64 => (1.0f64 / (r + 1) as f64 + i as f64 * 0.1).to_le_bytes().to_vec(),
+            })
+            .collect()
+    }
+
+    /// One call of the reduction benchmark: allreduce, or reduce to rank 0.
+    fn reduction(&mut self, v: &mut dyn Coll, t: Dtype, send: &[u8], recv: &mut [u8]) -> emp::Result<()> {
+        if self.a.kind == Kind::Reduce {
+            let out = (self.job.rank == 0).then_some(recv);
+            v.reduce(&mut self.dev, &mut self.comm, 0, t, ReduceOp::Sum, send, out)
+        } else {
+            v.allreduce(&mut self.dev, &mut self.comm, t, ReduceOp::Sum, send, recv)
+        }
+    }
+
+    fn reductions(&mut self, vs: &mut [Box<dyn Coll>]) -> Result<(), String> {
+        let (iters, warm) = self.iters();
+        let n = self.n();
+        let what = if self.a.kind == Kind::Reduce { "reduce to rank 0" } else { "allreduce" };
+        let parent = Tree::binomial(n).parent;
+        for t in self.dtypes()? {
+            let (mut wall_rows, mut cpu_rows) = (Vec::new(), Vec::new());
+            for count in self.sizes() {
+                let inputs: Vec<Vec<u8>> = (0..n).map(|r| Self::input(t, r, count)).collect();
+                let want = reduce_ref(t, ReduceOp::Sum, &parent, &inputs).map_err(es)?;
+                let mine = inputs[self.job.rank].clone();
+                let mut out = vec![0u8; mine.len()];
+                let mut per = Vec::new();
+                for v in vs.iter_mut() {
+                    let label = v.label();
+                    // Correct first: bit-equal to the reference fold.
+                    self.reduction(v.as_mut(), t, &mine, &mut out).map_err(|e| format!("{label}: {e}"))?;
+                    let checked = self.a.kind == Kind::Allreduce || self.job.rank == 0;
+                    if checked && out != want {
+                        return Err(format!("{label}: {what} of {count} × {} differs from reduce_ref on rank {}", t.name(), self.job.rank));
+                    }
+                    for _ in 0..warm {
+                        self.reduction(v.as_mut(), t, &mine, &mut out).map_err(|e| format!("{label}: {e}"))?;
+                    }
+                    let (mut wall, mut cpu) = (0f64, 0u64);
+                    for _ in 0..iters {
+                        self.sync()?;
+                        let (t0, c0) = (Instant::now(), thread_cpu_ns());
+                        self.reduction(v.as_mut(), t, &mine, &mut out).map_err(|e| format!("{label}: {e}"))?;
+                        cpu += thread_cpu_ns() - c0;
+                        wall += t0.elapsed().as_secs_f64();
+                    }
+                    per.push(wall * 1e6 / iters as f64);
+                    per.push(cpu as f64 / 1e3 / iters as f64);
+                }
+                let mean = self.mean_over_ranks(&per)?;
+                wall_rows.push((count.to_string(), mean.iter().step_by(2).copied().collect()));
+                cpu_rows.push((count.to_string(), mean.iter().skip(1).step_by(2).copied().collect()));
+            }
+            let cols: Vec<String> = vs.iter().map(|v| v.label()).collect();
+            let head = format!("{what}, {} sum, per iteration a barrier then the call, {iters} iterations, mean over ranks", t.name());
+            self.table(format!("{head}: wall time inside the call (us)"), "Count", &cols, wall_rows, "time_in_call_us", Some(t));
+            self.table(format!("{head}: host CPU time inside the call (us)"), "Count", &cols, cpu_rows, "cpu_in_call_us", Some(t));
+        }
+        Ok(())
+    }
+}
+
+/// One rank of a collective benchmark (`emp bench-rank barrier|…`).
+pub fn rank(a: &BenchArgs, job: Job) -> Result<(), String> {
+    let n = job.size;
+    let mut dev = Device::open().map_err(es)?;
+    let eps = job.endpoints(dev.endpoint()).map_err(es)?;
+    let wait = wait_mode(a, n);
+    let opts = |context| CommOpts { context, wait, timeout: Duration::from_secs(300), ..CommOpts::default() };
+    let comm = Comm::with_opts(&mut dev, &eps, job.rank, opts(0)).map_err(es)?;
+    let ctl = Comm::with_opts(&mut dev, &eps, job.rank, opts(0xFE)).map_err(es)?;
+    let mut vs: Vec<Box<dyn Coll>> = Vec::new();
+    for v in select(a.kind, &a.algo)? {
+        vs.extend((v.make)(&mut dev, &comm).map_err(|e| format!("setting up {}: {e}", v.name))?);
+    }
+    if a.kind != Kind::Barrier && n < 2 {
+        return Err("broadcasts and reductions need --nodes 2 or more".into());
+    }
+    let mut b = Bench { dev, comm, ctl, job, a: a.clone(), wait, tables: Vec::new(), records: Vec::new() };
+    match a.kind {
+        Kind::Barrier => b.barrier(&mut vs)?,
+        Kind::Bcast => b.bcast(&mut vs)?,
+        Kind::BcastSkew => b.bcast_skew(&mut vs)?,
+        Kind::Allreduce | Kind::Reduce => b.reductions(&mut vs)?,
+        k => return Err(format!("{} is not a collective benchmark", kind_name(k))),
+    }
+    b.sync()?;
+    b.comm.flush(&mut b.dev).map_err(es)?;
+    b.ctl.flush(&mut b.dev).map_err(es)?;
+    if b.job.rank == 0 {
+        let waits = if wait == Wait::Block { "blocking (arm + eventfd)" } else { "polling" };
+        if a.json {
+            println!(
+                "{{\"benchmark\":\"{}\",\"nodes\":{n},\"wait\":\"{}\",\"baseline\":\"{}\",\"records\":[{}]}}",
+                kind_name(a.kind),
+                if wait == Wait::Block { "block" } else { "poll" },
+                baseline(a.kind),
+                b.records.join(",")
+            );
+        } else {
+            println!("# EMP {}: {n} ranks, one per NIC on an emp-nicd chassis; waits: {waits}; FoI = {} / variant", kind_name(a.kind), baseline(a.kind));
+            for t in &b.tables {
+                t.print();
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_baseline_comes_first_and_unknown_names_are_refused() {
+        let names = |k, a: &[&str]| select(k, &a.iter().map(|s| s.to_string()).collect::<Vec<_>>()).map(|v| v.iter().map(|v| v.name).collect::<Vec<_>>());
+        assert_eq!(names(Kind::Barrier, &[]).unwrap(), ["host-pe", "host-diss", "host-gb"]);
+        assert_eq!(names(Kind::Barrier, &["host-gb"]).unwrap(), ["host-pe", "host-gb"]);
+        assert_eq!(names(Kind::Allreduce, &[]).unwrap(), ["host-binomial"]);
+        assert_eq!(names(Kind::Bcast, &["host-postal", "host-binomial"]).unwrap(), ["host-binomial", "host-postal"]);
+        let e = names(Kind::Allreduce, &["host-postal"]).unwrap_err();
+        assert!(e.contains("does not run allreduce") && e.contains("host-binomial"), "{e}");
+        assert!(names(Kind::Barrier, &["nic"]).unwrap_err().contains("unknown --algo nic"));
+    }
+
+    #[test]
+    fn sweeps_skip_duplicate_trees_and_leaves_close_iterations() {
+        // 4 ranks: λ = 2 and above all give the flat tree.
+        assert_eq!(postal_sweep(4, 1, false).iter().map(|(l, _)| *l).collect::<Vec<_>>(), [1, 2]);
+        assert!(postal_sweep(2, 2, true).is_empty(), "2 ranks: every tree is the binomial one");
+        // Binomial over 8: 0→[1,2,4] 1→[3,5] 2→[6] 3→[7]; last-child leaves 4, 5, 6, 7.
+        assert_eq!(Bench::closing_leaves(&Tree::binomial(8)), [4, 5, 6, 7]);
+        // Flat tree: only the last child closes an iteration.
+        assert_eq!(Bench::closing_leaves(&Tree::postal(4, 2)), [3]);
+    }
+}
