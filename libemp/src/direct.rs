@@ -56,6 +56,8 @@ pub struct Device {
     scratch: Option<Buffer>,
     /// Next work request id of the library's own blocking calls.
     internal_wr: u64,
+    /// How long a wait polls before it arms the port and sleeps.
+    spin: Duration,
 }
 
 // SAFETY: the raw pointers are mappings owned by this Device; it is used
@@ -260,6 +262,10 @@ impl Device {
             groups: Default::default(),
             scratch: None,
             internal_wr: 0,
+            spin: std::env::var("EMP_SPIN_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(Duration::from_micros(20), Duration::from_micros),
         }
     }
 
@@ -500,6 +506,18 @@ impl Device {
         n
     }
 
+    /// How long waits poll before sleeping on the port's event (default
+    /// 20 µs, or `EMP_SPIN_US`). Zero: sleep at once, which costs the least
+    /// CPU when the NIC does the work (offloaded collectives).
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
+    }
+
+    /// The current spin before sleeping (see [`Device::set_spin`]).
+    pub fn spin(&self) -> Duration {
+        self.spin
+    }
+
     /// Asks for an event on the next completion (like `ibv_req_notify_cq`).
     pub fn arm(&mut self) {
         if let Control::Kernel { dev, event: Some(_) } = &self.ctl {
@@ -524,7 +542,7 @@ impl Device {
 
     fn wait_ring(&mut self, out: &mut [Completion], timeout: Option<Duration>) -> Result<usize> {
         let start = Instant::now();
-        let spin_until = start + Duration::from_micros(20);
+        let spin_until = start + self.spin;
         loop {
             let n = self.poll_ring(out);
             if n > 0 {

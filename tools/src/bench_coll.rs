@@ -20,8 +20,10 @@
 //!   (seed 001 §4.3.3); sum over `--dtypes` (i64, f64) of `--sizes`
 //!   elements (1, 8, 64). Results are checked against `reduce_ref` first.
 //!
-//! Variants are the entries of [`VARIANTS`]: the host baselines now; a
-//! NIC-offloaded variant is one more entry whose [`Coll`] posts to the NIC.
+//! Variants are the entries of [`VARIANTS`]: the host baselines over
+//! tagged send/recv, and the NIC-offloaded collectives (`nic-*`), which
+//! create a group on the NIC and post one descriptor per call. A NIC
+//! variant waits the way the host baseline does (`--poll` or blocking).
 //! Each table has a column per variant and, per non-baseline variant, an
 //! FoI column = baseline time / variant time (> 1: faster than the host
 //! baseline). Timing barriers and result gathering run on a communicator
@@ -102,6 +104,21 @@ pub const VARIANTS: &[Variant] = &[
         make: make_host_binomial,
     },
     Variant { name: "host-postal", about: "host bcast down postal trees λ = 2, 3, 4, 6, 8 (one column each)", kinds: TREE_KINDS, make: make_host_postal },
+    Variant { name: "nic-pe", about: "NIC pairwise-exchange barrier (one descriptor, the NIC runs the schedule)", kinds: &[Kind::Barrier], make: make_nic_pe },
+    Variant { name: "nic-diss", about: "NIC dissemination barrier", kinds: &[Kind::Barrier], make: make_nic_diss },
+    Variant { name: "nic-gr", about: "NIC gather-release barrier, one column per stored tree λ = 1, 2, 3, 4, 6, 8", kinds: &[Kind::Barrier], make: make_nic_gr },
+    Variant {
+        name: "nic",
+        about: "NIC collectives: bcast forwarded NIC to NIC, pipelined, down the tree the cost model picks; reduce/allreduce combined on the NICs",
+        kinds: ALL_TREE_KINDS,
+        make: make_nic,
+    },
+    Variant {
+        name: "nic-postal",
+        about: "NIC bcast down each stored postal tree λ = 1, 2, 3, 4, 6, 8 (one column each: the paper's min over λ)",
+        kinds: TREE_KINDS,
+        make: make_nic_postal,
+    },
 ];
 
 /// The baseline of each benchmark (ratios divide by it; always measured).
@@ -208,6 +225,153 @@ fn make_host_postal(_: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>>
         .into_iter()
         .map(|(l, t)| Box::new(HostTree { label: format!("host-postal(λ={l})"), tree: Some(t) }) as Box<dyn Coll>)
         .collect())
+}
+
+/// Group ids of the NIC variants (every rank builds variants in the same order).
+static NEXT_GROUP: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0x0B00);
+
+/// A NIC-offloaded variant: a group on the NIC, registered buffers for
+/// reductions (the benchmark's slices are copied in and out), and how to wait.
+struct Nic {
+    label: String,
+    group: emp::Group,
+    what: NicWhat,
+    bounce: Buffer,
+    next_wr: u64,
+}
+
+#[derive(Clone, Copy)]
+enum NicWhat {
+    Barrier(emp::BarrierAlgo, u8),
+    /// Broadcast over a fixed stored tree, or (None) the cost model's pick; reductions.
+    Tree(Option<u8>),
+}
+
+fn nic_group(dev: &mut Device, c: &Comm) -> emp::Result<emp::Group> {
+    let id = NEXT_GROUP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let opts = emp::GroupOpts { lambdas: LAMBDAS[1..].to_vec(), bounce_slots: 4, bounce_slot_size: 64 << 10 };
+    dev.create_group(id, c.members(), &opts)
+}
+
+fn nic_variant(dev: &mut Device, c: &Comm, label: String, what: NicWhat) -> emp::Result<Box<dyn Coll>> {
+    let group = nic_group(dev, c)?;
+    let bounce = dev.alloc(128 << 10)?;
+    Ok(Box::new(Nic { label, group, what, bounce, next_wr: 0 }))
+}
+
+impl Nic {
+    /// Posts through `post` and waits for it as the host baseline waits.
+    fn run(&mut self, dev: &mut Device, comm: &Comm, post: impl FnOnce(&mut Device, u64, &emp::Group) -> emp::Result<()>) -> emp::Result<()> {
+        self.next_wr += 1;
+        let wr = 0x4E00_0000_0000_0000 | self.next_wr;
+        post(dev, wr, &self.group)?;
+        let c = match comm.opts().wait {
+            Wait::Block => {
+                // The NIC does the work: sleep on the port's event at once
+                // rather than spin first (the host baseline must progress
+                // its algorithm itself, so it keeps the default spin).
+                let spin = dev.spin();
+                dev.set_spin(Duration::ZERO);
+                let c = dev.wait_wr(wr, Some(comm.opts().timeout));
+                dev.set_spin(spin);
+                c?
+            }
+            Wait::Poll => {
+                let end = Instant::now() + comm.opts().timeout;
+                loop {
+                    if let Some(c) = dev.poll_wr(wr) {
+                        break c;
+                    }
+                    if Instant::now() > end {
+                        return Err(emp::Error::Timeout);
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        };
+        match c.status {
+            Status::Success => Ok(()),
+            st => Err(emp::Error::Failed(st)),
+        }
+    }
+}
+
+impl Coll for Nic {
+    fn label(&self) -> String {
+        self.label.clone()
+    }
+    fn barrier(&mut self, dev: &mut Device, comm: &mut Comm) -> emp::Result<()> {
+        let NicWhat::Barrier(algo, tree) = self.what else { return Err(unsupported(&self.label, "barrier")) };
+        self.run(dev, comm, |d, wr, g| match algo {
+            emp::BarrierAlgo::GatherRelease => d.post_barrier_tree(wr, g, tree),
+            a => d.post_barrier(wr, g, a),
+        })
+    }
+    fn bcast(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, buf: &Buffer) -> emp::Result<()> {
+        let NicWhat::Tree(tree) = self.what else { return Err(unsupported(&self.label, "bcast")) };
+        let sges: Vec<emp::Sge> = if buf.is_empty() { vec![] } else { vec![buf.sge(0, buf.len())] };
+        self.run(dev, comm, |d, wr, g| match tree {
+            Some(t) => d.post_bcast_tree(wr, g, root, t, &sges),
+            None => d.post_bcast(wr, g, root, &sges),
+        })
+    }
+    fn bcast_tree(&self, n: usize) -> Tree {
+        match self.what {
+            NicWhat::Tree(Some(t)) => self.group.trees()[t as usize].1.clone(),
+            _ => Tree::binomial(n),
+        }
+    }
+    fn allreduce(&mut self, dev: &mut Device, comm: &mut Comm, t: Dtype, op: ReduceOp, send: &[u8], recv: &mut [u8]) -> emp::Result<()> {
+        let n = send.len();
+        self.bounce.as_mut_slice()[..n].copy_from_slice(send);
+        let (s, r) = (self.bounce.sge(0, n), self.bounce.sge(64 << 10, n));
+        self.run(dev, comm, |d, wr, g| d.post_allreduce(wr, g, t, op, s, r))?;
+        recv.copy_from_slice(&self.bounce.as_mut_slice()[64 << 10..(64 << 10) + n]);
+        Ok(())
+    }
+    fn reduce(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, t: Dtype, op: ReduceOp, send: &[u8], recv: Option<&mut [u8]>) -> emp::Result<()> {
+        let n = send.len();
+        self.bounce.as_mut_slice()[..n].copy_from_slice(send);
+        let (s, r) = (self.bounce.sge(0, n), recv.as_ref().map(|_| self.bounce.sge(64 << 10, n)));
+        self.run(dev, comm, |d, wr, g| d.post_reduce(wr, g, root, t, op, s, r))?;
+        if let Some(out) = recv {
+            out.copy_from_slice(&self.bounce.as_mut_slice()[64 << 10..(64 << 10) + n]);
+        }
+        Ok(())
+    }
+}
+
+fn make_nic_pe(d: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
+    Ok(vec![nic_variant(d, c, "nic-pe".into(), NicWhat::Barrier(emp::BarrierAlgo::PairwiseExchange, 0))?])
+}
+
+fn make_nic_diss(d: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
+    Ok(vec![nic_variant(d, c, "nic-diss".into(), NicWhat::Barrier(emp::BarrierAlgo::Dissemination, 0))?])
+}
+
+/// One column per distinct stored tree.
+fn nic_tree_sweep(d: &mut Device, c: &Comm, label: &str, what: impl Fn(u8) -> NicWhat) -> emp::Result<Vec<Box<dyn Coll>>> {
+    let sweep = postal_sweep(c.size(), 1, false);
+    let mut out = Vec::new();
+    for (l, tree) in sweep {
+        let idx = LAMBDAS.iter().position(|&x| x == l).expect("swept λ is stored") as u8;
+        let v = nic_variant(d, c, format!("{label}(λ={l})"), what(idx))?;
+        debug_assert!(v.bcast_tree(c.size()) == tree || matches!(what(idx), NicWhat::Barrier(..)));
+        out.push(v);
+    }
+    Ok(out)
+}
+
+fn make_nic_gr(d: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
+    nic_tree_sweep(d, c, "nic-gr", |t| NicWhat::Barrier(emp::BarrierAlgo::GatherRelease, t))
+}
+
+fn make_nic(d: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
+    Ok(vec![nic_variant(d, c, "nic".into(), NicWhat::Tree(None))?])
+}
+
+fn make_nic_postal(d: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
+    nic_tree_sweep(d, c, "nic-postal", |t| NicWhat::Tree(Some(t)))
 }
 
 /// The variants `--algo` names for `kind` (all that run it when empty), the
