@@ -848,13 +848,15 @@ mod tests {
     #[test]
     fn the_baseline_comes_first_and_unknown_names_are_refused() {
         let names = |k, a: &[&str]| select(k, &a.iter().map(|s| s.to_string()).collect::<Vec<_>>()).map(|v| v.iter().map(|v| v.name).collect::<Vec<_>>());
-        assert_eq!(names(Kind::Barrier, &[]).unwrap(), ["host-pe", "host-diss", "host-gb"]);
+        assert_eq!(names(Kind::Barrier, &[]).unwrap(), ["host-pe", "host-diss", "host-gb", "nic-pe", "nic-diss", "nic-gr"]);
         assert_eq!(names(Kind::Barrier, &["host-gb"]).unwrap(), ["host-pe", "host-gb"]);
-        assert_eq!(names(Kind::Allreduce, &[]).unwrap(), ["host-binomial"]);
+        assert_eq!(names(Kind::Barrier, &["nic-pe"]).unwrap(), ["host-pe", "nic-pe"]);
+        assert_eq!(names(Kind::Allreduce, &[]).unwrap(), ["host-binomial", "nic"]);
         assert_eq!(names(Kind::Bcast, &["host-postal", "host-binomial"]).unwrap(), ["host-binomial", "host-postal"]);
         let e = names(Kind::Allreduce, &["host-postal"]).unwrap_err();
         assert!(e.contains("does not run allreduce") && e.contains("host-binomial"), "{e}");
-        assert!(names(Kind::Barrier, &["nic"]).unwrap_err().contains("unknown --algo nic"));
+        assert!(names(Kind::Barrier, &["nic"]).unwrap_err().contains("does not run barrier"));
+        assert!(names(Kind::Barrier, &["nic-foo"]).unwrap_err().contains("unknown --algo nic-foo"));
     }
 
     #[test]
