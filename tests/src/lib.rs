@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use emp::{Completion, Device, Status};
+use emp::rdv::Job;
+use emp::{Completion, Device, Endpoint, Status};
 
 /// A TAP reporter. Only rank 0 prints; other ranks report failures on stderr.
 pub struct Tap {
@@ -98,9 +99,79 @@ pub fn expect_ok(c: &Completion) -> Result<(), String> {
 /// A chassis for integration tests: `emp cluster up` in a private
 /// directory, `emp cluster down` on drop. Needs the release binaries and
 /// the signed image (`make test` builds them; `EMP_BIN_DIR` overrides).
+/// Runs `tests` in order on `ctx`, every rank together (`sync` after each
+/// test), and exits with the TAP verdict.
+pub fn run_tap<C>(quiet: bool, ctx: &mut C, tests: &[(&str, fn(&mut C) -> Result<(), String>)], mut sync: impl FnMut(&mut C, &str)) -> ! {
+    let mut tap = Tap::new(tests.len(), quiet);
+    for (i, (name, f)) in tests.iter().enumerate() {
+        let r = f(ctx);
+        tap.check(name, r);
+        sync(ctx, &format!("after{i}"));
+    }
+    std::process::exit(tap.finish());
+}
+
+/// What a TAP program does when it runs without a rendezvous directory
+/// (a static job, e.g. in VMs).
+pub enum WithoutRendezvous {
+    /// Runs anyway.
+    Run,
+    /// Prints a TAP skip with this reason and exits 0.
+    Skip(&'static str),
+    /// Refuses to run (exit 2).
+    Refuse,
+}
+
+/// The start of every TAP program: the job from the environment (at least
+/// `min_ranks` ranks), the device, every rank's endpoint. A missing device
+/// is a TAP skip (exit 1); a bad job exits 2.
+pub fn tap_start(name: &str, min_ranks: usize, without_rdv: WithoutRendezvous) -> (Job, Device, Vec<Endpoint>) {
+    let job = match Job::from_env() {
+        Ok(j) if j.size < min_ranks => {
+            eprintln!("{name}: needs at least {min_ranks} ranks");
+            std::process::exit(2);
+        }
+        Ok(j) if !j.has_rendezvous() => match without_rdv {
+            WithoutRendezvous::Run => j,
+            WithoutRendezvous::Skip(why) => {
+                println!("TAP version 13\n1..0 # SKIP {why}");
+                std::process::exit(0);
+            }
+            WithoutRendezvous::Refuse => {
+                eprintln!("{name}: needs a rendezvous directory (emp run)");
+                std::process::exit(2);
+            }
+        },
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            std::process::exit(2);
+        }
+    };
+    let dev = match Device::open() {
+        Ok(d) => d,
+        Err(e) => {
+            println!("TAP version 13\n1..0 # SKIP cannot open the device: {e}");
+            std::process::exit(1);
+        }
+    };
+    let eps = job.endpoints(dev.endpoint()).expect("endpoint exchange");
+    (job, dev, eps)
+}
+
 pub mod harness {
     use std::path::{Path, PathBuf};
     use std::process::{Command, Output};
+
+    /// Checks a TAP program's run: exit 0 and `passed` passed, 0 failed
+    /// (its output is echoed for the test log).
+    pub fn assert_tap(out: &Output, passed: usize) {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        print!("{stdout}");
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "exit {:?}", out.status);
+        assert!(stdout.contains(&format!("# {passed} passed, 0 failed")), "TAP summary missing");
+    }
 
     /// The repository root.
     pub fn root() -> PathBuf {

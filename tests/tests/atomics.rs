@@ -4,21 +4,14 @@
 //! C example. They need the release binaries, examples and the signed
 //! image (`make test` builds them; `EMP_BIN_DIR` overrides where they are).
 
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::Mutex;
 
-use emp_tests::harness::{bin_dir, root, Cluster};
+use emp_tests::harness::{assert_tap, bin_dir, root, Cluster};
 
 /// The machine has 2 cores: one chassis at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn assert_tap(out: &Output, passed: usize) {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    print!("{stdout}");
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "exit {:?}", out.status);
-    assert!(stdout.contains(&format!("# {passed} passed, 0 failed")), "TAP summary missing");
-}
 
 #[test]
 fn tap_atomics_two_ranks() {

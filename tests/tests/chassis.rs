@@ -6,22 +6,15 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The machine has 2 cores: one chassis at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-use emp_tests::harness::{bin_dir, emp, image, root, Cluster};
+use emp_tests::harness::{assert_tap, bin_dir, emp, image, root, Cluster};
 
-fn assert_tap(out: &Output, passed: usize) {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    print!("{stdout}");
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "exit {:?}", out.status);
-    assert!(stdout.contains(&format!("# {passed} passed, 0 failed")), "TAP summary missing");
-}
 
 #[test]
 fn tap_p2p_two_ranks_mem_wire() {

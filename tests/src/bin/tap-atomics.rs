@@ -9,7 +9,7 @@ use emp::host_atomics::{HostAtomicClient, HostAtomicServer};
 use emp::mcs::McsLock;
 use emp::rdv::Job;
 use emp::{Buffer, Device, Endpoint, Error, Opcode, RemoteWord, Status, Width, MR_REMOTE_ATOMIC};
-use emp_tests::{wait_for, Tap};
+use emp_tests::wait_for;
 
 const T: Duration = Duration::from_secs(120);
 /// Fetch-adds per rank on the shared counter.
@@ -217,26 +217,8 @@ fn host_served(c: &mut Ctx) -> Result<(), String> {
 }
 
 fn main() {
-    let job = match Job::from_env() {
-        Ok(j) if j.size >= 2 && j.has_rendezvous() => j,
-        Ok(_) => {
-            eprintln!("tap-atomics: needs at least 2 ranks and a rendezvous directory (emp run)");
-            std::process::exit(2);
-        }
-        Err(err) => {
-            eprintln!("tap-atomics: {err}");
-            std::process::exit(2);
-        }
-    };
+    let (job, mut dev, eps) = emp_tests::tap_start("tap-atomics", 2, emp_tests::WithoutRendezvous::Refuse);
     let quiet = job.rank != 0;
-    let mut dev = match Device::open() {
-        Ok(d) => d,
-        Err(err) => {
-            println!("TAP version 13\n1..0 # SKIP cannot open the device: {err}");
-            std::process::exit(1);
-        }
-    };
-    let eps = job.endpoints(dev.endpoint()).expect("endpoint exchange");
     let region = dev.alloc_mr(4096, MR_REMOTE_ATOMIC).expect("atomic region");
     let mine = region.remote_word(0, Width::W64).key.to_string();
     let keys = job.exchange("atomic-keys", &mine, T).expect("key exchange").iter().map(|k| k.parse().expect("key")).collect();
@@ -250,11 +232,7 @@ fn main() {
         ("MCS lock: locked read-modify-writes lose no update", mcs_lock),
         ("host-based baseline: rank 0's CPU serves fetch-adds", host_served),
     ];
-    let mut tap = Tap::new(tests.len(), quiet);
-    for (i, (name, f)) in tests.iter().enumerate() {
-        let r = f(&mut c);
-        tap.check(name, r);
-        let _ = c.sync(&format!("after{i}"));
-    }
-    std::process::exit(tap.finish());
+    emp_tests::run_tap(quiet, &mut c, &tests, |c, name| {
+        let _ = c.sync(name);
+    });
 }

@@ -347,26 +347,8 @@ fn misuse_is_refused(c: &mut Ctx) -> Result<(), String> {
 }
 
 fn main() {
-    let job = match Job::from_env() {
-        Ok(j) if j.has_rendezvous() => j,
-        Ok(_) => {
-            println!("TAP version 13\n1..0 # SKIP needs a rendezvous directory (emp run) for its timing checks");
-            std::process::exit(0);
-        }
-        Err(e) => {
-            eprintln!("tap-coll-host: {e}");
-            std::process::exit(2);
-        }
-    };
+    let (job, mut dev, eps) = emp_tests::tap_start("tap-coll-host", 1, emp_tests::WithoutRendezvous::Skip("needs a rendezvous directory (emp run) for its timing checks"));
     let quiet = job.rank != 0;
-    let mut dev = match Device::open() {
-        Ok(d) => d,
-        Err(e) => {
-            println!("TAP version 13\n1..0 # SKIP cannot open the device: {e}");
-            std::process::exit(1);
-        }
-    };
-    let eps = job.endpoints(dev.endpoint()).expect("endpoint exchange");
     let buf = dev.alloc(1 << 20).expect("arena");
     let mut c = Ctx { dev, job, eps, buf, context: 0 };
     let tests: [(&str, Test); 11] = [

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use emp::rdv::Job;
 use emp::{BarrierAlgo, Buffer, Device, Dtype, Endpoint, Group, GroupOpts, ReduceOp, Status};
-use emp_tests::{expect_ok, wait_for, Tap};
+use emp_tests::{expect_ok, wait_for};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -285,26 +285,8 @@ fn misuse_is_an_error_completion(c: &mut Ctx) -> Result<(), String> {
 }
 
 fn main() {
-    let job = match Job::from_env() {
-        Ok(j) if j.size >= 2 => j,
-        Ok(_) => {
-            eprintln!("tap-coll: needs at least 2 ranks");
-            std::process::exit(2);
-        }
-        Err(e) => {
-            eprintln!("tap-coll: {e}");
-            std::process::exit(2);
-        }
-    };
+    let (job, mut dev, eps) = emp_tests::tap_start("tap-coll", 2, emp_tests::WithoutRendezvous::Run);
     let quiet = job.rank != 0;
-    let mut dev = match Device::open() {
-        Ok(d) => d,
-        Err(e) => {
-            println!("TAP version 13\n1..0 # SKIP cannot open the device: {e}");
-            std::process::exit(1);
-        }
-    };
-    let eps = job.endpoints(dev.endpoint()).expect("endpoint exchange");
     let g = match dev.create_group(1, &eps, &GroupOpts::default()) {
         Ok(g) => g,
         Err(e) => {
@@ -327,11 +309,7 @@ fn main() {
         ("multisend: one post reaches every member", multisend_reaches_every_member),
         ("misuse: error completions and errors, no hang", misuse_is_an_error_completion),
     ];
-    let mut tap = Tap::new(tests.len(), quiet);
-    for (i, (name, f)) in tests.iter().enumerate() {
-        let r = f(&mut c);
-        tap.check(name, r);
-        let _ = c.sync(&format!("after{i}"));
-    }
-    std::process::exit(tap.finish());
+    emp_tests::run_tap(quiet, &mut c, &tests, |c, name| {
+        let _ = c.sync(name);
+    });
 }

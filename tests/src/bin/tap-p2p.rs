@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use emp::rdv::Job;
 use emp::{Buffer, Completion, Device, Endpoint, Status, ANY, MR_LOCAL_READ, MR_LOCAL_WRITE};
-use emp_tests::{check_pattern, expect_ok, pattern, wait_for, Tap};
+use emp_tests::{check_pattern, expect_ok, pattern, wait_for};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -316,26 +316,8 @@ fn bad_input(c: &mut Ctx) -> Result<(), String> {
 }
 
 fn main() {
-    let job = match Job::from_env() {
-        Ok(j) if j.size >= 2 => j,
-        Ok(_) => {
-            eprintln!("tap-p2p: needs at least 2 ranks");
-            std::process::exit(2);
-        }
-        Err(e) => {
-            eprintln!("tap-p2p: {e}");
-            std::process::exit(2);
-        }
-    };
+    let (job, mut dev, eps) = emp_tests::tap_start("tap-p2p", 2, emp_tests::WithoutRendezvous::Run);
     let quiet = job.rank != 0;
-    let mut dev = match Device::open() {
-        Ok(d) => d,
-        Err(e) => {
-            println!("TAP version 13\n1..0 # SKIP cannot open the device: {e}");
-            std::process::exit(1);
-        }
-    };
-    let eps = job.endpoints(dev.endpoint()).expect("endpoint exchange");
     let sbuf = dev.alloc(big() + 4096).expect("arena");
     let rbuf = dev.alloc(big() + 4096).expect("arena");
     let mut c = Ctx { dev, job, eps, sbuf, rbuf, next_wr: 0 };
@@ -351,11 +333,7 @@ fn main() {
         ("process memory registered by address", process_memory),
         ("bad key and garbage descriptor refused; port still works", bad_input),
     ];
-    let mut tap = Tap::new(tests.len(), quiet);
-    for (i, (name, f)) in tests.iter().enumerate() {
-        let r = f(&mut c);
-        tap.check(name, r);
-        let _ = c.sync(&format!("after{i}"));
-    }
-    std::process::exit(tap.finish());
+    emp_tests::run_tap(quiet, &mut c, &tests, |c, name| {
+        let _ = c.sync(name);
+    });
 }
