@@ -93,6 +93,11 @@ pub(crate) struct CollOp {
     pub bounce: Option<u16>,
     /// Broadcast: where the data is (user buffer, or the bounce slot).
     pub data: Option<LocalDesc>,
+    /// Broadcast: its receive record while it arrives.
+    pub rx: Option<u32>,
+    /// Broadcast: the forwarding messages to the children (transmission
+    /// records), raised frame by frame as the data arrives.
+    pub fwd: Vec<u32>,
     /// Multisend: frames read from the host once and kept until every
     /// destination has sent them (frame index, first sends left, bytes).
     pub frames: Vec<(u32, u32, Vec<u8>)>,
@@ -764,6 +769,7 @@ impl Nic {
         let o = self.coll_ops.get_mut(op);
         o.params = Some(p);
         o.data = Some(data);
+        o.rx = Some(r);
         // Children are fed from where the data lands, frame by frame.
         self.coll_progress(hal, now, op);
         Ok(r)
@@ -775,15 +781,16 @@ impl Nic {
         if self.coll_ops.get(op).is_none_or(|o| o.stamp != stamp) {
             return;
         }
-        let fwd: Vec<(u32, u32)> = self
-            .tx
-            .iter()
-            .filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == op && c.op_stamp == stamp) && m.limit < contig)
-            .map(|(s, m)| (s, m.peer))
-            .collect();
-        for (t, peer) in fwd {
-            self.tx.get_mut(t).limit = contig;
-            self.mark_ready(peer);
+        // Only this op's own forwarding records (a finished one's slot may
+        // hold another message by now).
+        for t in self.coll_ops.get(op).expect("live").fwd.clone() {
+            let Some(m) = self.tx.get(t) else { continue };
+            let ours = m.coll.as_ref().is_some_and(|c| c.op == op && c.op_stamp == stamp);
+            if ours && m.limit < contig {
+                let peer = m.peer;
+                self.tx.get_mut(t).limit = contig;
+                self.mark_ready(peer);
+            }
         }
     }
 
@@ -794,6 +801,7 @@ impl Nic {
         }
         let o = self.coll_ops.get_mut(op);
         o.rx_done = true;
+        o.rx = None;
         if let Some(e) = error {
             o.error.get_or_insert(e);
         }
@@ -816,18 +824,17 @@ impl Nic {
             u32::MAX
         } else {
             // Frames already here (the receive record, or all of them).
-            self.rx
-                .iter()
-                .find(|(_, m)| m.coll == Some((op, o.stamp)))
-                .map_or(if o.rx_done { u32::MAX } else { 0 }, |(_, m)| m.contig)
+            o.rx.and_then(|r| self.rx.get(r)).map_or(if o.rx_done { u32::MAX } else { 0 }, |m| m.contig)
         };
         while (self.coll_ops.get(op).expect("live").sub as usize) < children.len() {
             let c = children[self.coll_ops.get(op).expect("live").sub as usize];
             let h = self.coll_header(op, CollKind::Bcast, 0, root as u8, tree);
-            if self.coll_send_limited(hal, now, op, abs_rank(c, root, n), Some(h), CollData::Host, contig)?.is_none() {
+            let Some(t) = self.coll_send_limited(hal, now, op, abs_rank(c, root, n), Some(h), CollData::Host, contig)? else {
                 return Ok(());
-            }
-            self.coll_ops.get_mut(op).sub += 1;
+            };
+            let o = self.coll_ops.get_mut(op);
+            o.fwd.push(t);
+            o.sub += 1;
         }
         let o = self.coll_ops.get(op).expect("live");
         if rel != 0 && (!o.rx_done || o.desc.is_none()) {
@@ -1134,6 +1141,8 @@ impl CollOp {
             rx_done: false,
             bounce: None,
             data: None,
+            rx: None,
+            fwd: Vec::new(),
             frames: Vec::new(),
             failed: 0,
         }
