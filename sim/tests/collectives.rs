@@ -132,64 +132,13 @@ fn test_barriers_posted_ahead_are_windowed_and_all_complete() {
 
 // ---- reductions ----
 
-/// Test-side reference combine on one element (independent of the firmware's).
-fn combine_elem(t: Dtype, op: ReduceOp, a: &[u8], b: &[u8]) -> Vec<u8> {
-    macro_rules! int {
-        ($ty:ty) => {{
-            let (x, y) = (<$ty>::from_le_bytes(a.try_into().unwrap()), <$ty>::from_le_bytes(b.try_into().unwrap()));
-            let r: $ty = match op {
-                ReduceOp::Sum => x.wrapping_add(y),
-                ReduceOp::Prod => x.wrapping_mul(y),
-                ReduceOp::Min => x.min(y),
-                ReduceOp::Max => x.max(y),
-                ReduceOp::Band => x & y,
-                ReduceOp::Bor => x | y,
-                ReduceOp::Bxor => x ^ y,
-            };
-            r.to_le_bytes().to_vec()
-        }};
-    }
-    macro_rules! float {
-        ($ty:ty) => {{
-            let (x, y) = (<$ty>::from_le_bytes(a.try_into().unwrap()), <$ty>::from_le_bytes(b.try_into().unwrap()));
-            let r: $ty = match op {
-                ReduceOp::Sum => x + y,
-                ReduceOp::Prod => x * y,
-                ReduceOp::Min => if y < x { y } else { x },
-                ReduceOp::Max => if y > x { y } else { x },
-                _ => unreachable!("bitwise on floats"),
-            };
-            r.to_le_bytes().to_vec()
-        }};
-    }
-    match t {
-        Dtype::I32 => int!(i32),
-        Dtype::I64 => int!(i64),
-        Dtype::U32 => int!(u32),
-        Dtype::U64 => int!(u64),
-        Dtype::F32 => float!(f32),
-        Dtype::F64 => float!(f64),
-    }
-}
-
-/// The fixed combining order: own value, then each child's subtree in
-/// ascending relative rank.
+/// The fixed combining order (own value, then each child's subtree in
+/// ascending relative rank), computed by libemp's reference reduction.
 fn reference(t: Dtype, op: ReduceOp, parents: &[u8], root: usize, inputs: &[Vec<u8>]) -> Vec<u8> {
     let n = inputs.len();
-    fn sub(t: Dtype, op: ReduceOp, parents: &[u8], root: usize, inputs: &[Vec<u8>], rel: usize) -> Vec<u8> {
-        let n = inputs.len();
-        let mut acc = inputs[(rel + root) % n].clone();
-        for c in 1..n {
-            if parents[c] as usize == rel {
-                let x = sub(t, op, parents, root, inputs, c);
-                let w = t.size();
-                acc = acc.chunks(w).zip(x.chunks(w)).flat_map(|(a, b)| combine_elem(t, op, a, b)).collect();
-            }
-        }
-        acc
-    }
-    assert!(n > 0);
-    sub(t, op, parents, root, inputs, 0)
+    let parent: Vec<Option<u16>> = parents.iter().map(|&p| (p != TREE_ROOT).then_some(p as u16)).collect();
+    let by_rel: Vec<Vec<u8>> = (0..n).map(|rel| inputs[(rel + root) % n].clone()).collect();
+    emp::coll::reduce::reduce_ref(t, op, &parent, &by_rel).expect("a valid reduction")
 }
 
 fn random_input(rng: &mut Rng, t: Dtype, count: usize) -> Vec<u8> {
