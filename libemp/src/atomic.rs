@@ -122,13 +122,13 @@ fn atomic_desc(op: Opcode, wr_id: u64, dst: Endpoint, at: RemoteWord, operand: u
     let w = at.width.bytes();
     let fits = |v: u64| at.width == Width::W64 || v >> 32 == 0;
     if result.len != w {
-        return Err(Error::Invalid("atomic: the result SGE must be exactly the word's width"));
+        return Err(Error::invalid("atomic: the result SGE must be exactly the word's width"));
     }
     if !at.offset.is_multiple_of(w as u64) {
-        return Err(Error::Invalid("atomic: the remote word is not naturally aligned"));
+        return Err(Error::invalid("atomic: the remote word is not naturally aligned"));
     }
     if !fits(operand) || !fits(compare) {
-        return Err(Error::Invalid("atomic: operand wider than the 32-bit word"));
+        return Err(Error::invalid("atomic: operand wider than the 32-bit word"));
     }
     let mut d = WorkDesc { wr_id, opcode: op as u8, flags: WD_SIGNALED, num_sge: 2, node: dst.node, port: dst.port, tag: operand, ignore: compare, ..Default::default() };
     d.sge[0] = result;
@@ -229,7 +229,7 @@ mod tests {
             atomic_desc(Opcode::AtomicCmpSwap, 1, DST, word(Width::W32, 0), 1, 1 << 40, Sge { len: 4, ..res }),
         ];
         for r in bad {
-            assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
+            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
         }
     }
 

@@ -601,7 +601,7 @@ impl Device {
     pub(crate) fn scratch(&mut self, len: usize) -> Result<Buffer> {
         const SCRATCH: usize = 4096;
         if len > SCRATCH {
-            return Err(Error::Invalid("control request larger than the scratch buffer"));
+            return Err(Error::invalid("control request larger than the scratch buffer"));
         }
         if self.scratch.is_none() {
             self.scratch = Some(self.alloc(SCRATCH)?);

@@ -80,10 +80,9 @@ fn errno(e: &Error) -> c_int {
         Error::Timeout => -libc::ETIMEDOUT,
         // A failed operation's status is in its completion; as an errno: EIO.
         Error::Failed(_) => -libc::EIO,
-        Error::Invalid(_) => -libc::EINVAL,
         Error::Unsupported(_) => -libc::EOPNOTSUPP,
         Error::InvalidOp { .. } | Error::InvalidArgument(_) => -libc::EINVAL,
-        Error::Coll(_) => -libc::EIO,
+        Error::Collective { cause, .. } => errno(cause),
     }
 }
 
@@ -395,13 +394,13 @@ pub struct EmpEndpoint {
 }
 
 fn dtype_op(t: u32, op: u32) -> Result<(crate::Dtype, crate::ReduceOp), Error> {
-    let t = u8::try_from(t).ok().and_then(crate::Dtype::from_u8).ok_or(Error::Invalid("unknown dtype"))?;
-    let op = u8::try_from(op).ok().and_then(crate::ReduceOp::from_u8).ok_or(Error::Invalid("unknown reduce op"))?;
+    let t = u8::try_from(t).ok().and_then(crate::Dtype::from_u8).ok_or_else(|| Error::invalid("unknown dtype"))?;
+    let op = u8::try_from(op).ok().and_then(crate::ReduceOp::from_u8).ok_or_else(|| Error::invalid("unknown reduce op"))?;
     Ok((t, op))
 }
 
 fn barrier_algo(a: u32) -> Result<crate::BarrierAlgo, Error> {
-    u16::try_from(a).ok().and_then(crate::BarrierAlgo::from_u16).ok_or(Error::Invalid("unknown barrier algorithm"))
+    u16::try_from(a).ok().and_then(crate::BarrierAlgo::from_u16).ok_or_else(|| Error::invalid("unknown barrier algorithm"))
 }
 
 fn rc(r: Result<(), Error>) -> c_int {
@@ -418,8 +417,7 @@ fn rc(r: Result<(), Error>) -> c_int {
 unsafe fn blocking_status(r: Result<(), Error>, status: *mut u32) -> c_int {
     let st = match &r {
         Ok(()) => 0,
-        Err(Error::Failed(s)) => *s as u32,
-        Err(_) => u32::MAX,
+        Err(e) => e.status().map_or(u32::MAX, |s| s as u32),
     };
     if !status.is_null() {
         // SAFETY: the caller passes NULL or a writable u32.
@@ -574,7 +572,7 @@ pub unsafe extern "C" fn emp_barrier(dev: *mut EmpDevice, g: *const EmpGroup, al
 pub unsafe extern "C" fn emp_bcast(dev: *mut EmpDevice, g: *const EmpGroup, root: c_int, sge: *const Sge, n: usize, status: *mut u32) -> c_int {
     // SAFETY: caller guarantees the pointers.
     let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
-    let r = usize::try_from(root).map_err(|_| Error::Invalid("negative root")).and_then(|root| d.bcast(g, root, s));
+    let r = usize::try_from(root).map_err(|_| Error::invalid("negative root")).and_then(|root| d.bcast(g, root, s));
     // SAFETY: `status` per the caller.
     unsafe { blocking_status(r, status) }
 }

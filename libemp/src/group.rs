@@ -144,13 +144,13 @@ impl Device {
     pub fn create_group(&mut self, id: u32, members: &[Endpoint], opts: &GroupOpts) -> Result<Group> {
         let n = members.len();
         if id == 0 || n == 0 || n > GROUP_MEMBERS_MAX {
-            return Err(Error::Invalid("group id must be > 0 and have 1..=64 members"));
+            return Err(Error::invalid("group id must be > 0 and have 1..=64 members"));
         }
         if opts.lambdas.len() >= TREES_MAX || opts.lambdas.contains(&0) {
-            return Err(Error::Invalid("at most 7 extra trees, each with λ >= 1"));
+            return Err(Error::invalid("at most 7 extra trees, each with λ >= 1"));
         }
         let me = self.endpoint();
-        let rank = members.iter().position(|&m| m == me).ok_or(Error::Invalid("this port is not a member"))?;
+        let rank = members.iter().position(|&m| m == me).ok_or_else(|| Error::invalid("this port is not a member"))?;
         let mut trees = vec![(1, Tree::postal(n, 1))];
         trees.extend(opts.lambdas.iter().map(|&l| (l, Tree::postal(n, l))));
         let epoch = {
@@ -179,7 +179,7 @@ impl Device {
         if opts.bounce_slots > 0 {
             let bytes = opts.bounce_slots as usize * opts.bounce_slot_size as usize;
             if opts.bounce_slot_size == 0 {
-                return Err(Error::Invalid("bounce slots of 0 bytes"));
+                return Err(Error::invalid("bounce slots of 0 bytes"));
             }
             let b = self.alloc(bytes)?;
             let sge = b.sge(0, bytes.min(u32::MAX as usize));
@@ -272,7 +272,7 @@ impl Device {
             return Err(Error::TooManySges);
         }
         if ranks == 0 {
-            return Err(Error::Invalid("multisend without destinations"));
+            return Err(Error::invalid("multisend without destinations"));
         }
         let d = Self::coll_desc(wr_id, Opcode::MultiSend, g, 0, tag, ranks, sges);
         self.post(true, &d)
@@ -319,7 +319,7 @@ impl Device {
 /// Elements of `t` in `s`.
 fn elements(t: Dtype, s: Sge) -> Result<u64> {
     if s.len == 0 || s.len as usize % t.size() != 0 {
-        return Err(Error::Invalid("buffer length is not a positive multiple of the element size"));
+        return Err(Error::invalid("buffer length is not a positive multiple of the element size"));
     }
     Ok((s.len as usize / t.size()) as u64)
 }

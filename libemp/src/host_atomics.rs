@@ -67,7 +67,7 @@ impl HostAtomicServer {
     /// request until the server takes it).
     pub fn new(dev: &mut Device, words: Buffer, slots: usize) -> Result<HostAtomicServer> {
         if slots == 0 {
-            return Err(Error::Invalid("host atomic server: slots must be > 0"));
+            return Err(Error::invalid("host atomic server: slots must be > 0"));
         }
         let reqs = dev.alloc(slots * REQ_LEN)?;
         let reps = dev.alloc(slots * RESP_LEN)?;

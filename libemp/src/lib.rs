@@ -74,20 +74,38 @@ pub enum Error {
     ArenaFull,
     /// Timed out waiting.
     Timeout,
-    /// A blocking operation completed with an error status.
+    /// An operation completed with an error status.
     Failed(Status),
-    /// The arguments cannot work (checked before anything is posted).
-    Invalid(&'static str),
     /// Not available on this kind of device.
     Unsupported(&'static str),
     /// A reduction operator not defined for the element type (bitwise on
     /// floats).
     InvalidOp { dtype: emp_uapi::coll::Dtype, op: emp_uapi::coll::ReduceOp },
-    /// A library call got arguments it cannot use; says which and why.
+    /// A library call got arguments it cannot use (checked before anything
+    /// is posted); says which and why.
     InvalidArgument(String),
-    /// A collective failed: which call, which peer, and why (an error
-    /// completion, a message of the wrong size, a timeout).
-    Coll(String),
+    /// A host-run collective failed: `what` names the call, its instance,
+    /// the rank and the step; `cause` is the underlying error (an error
+    /// completion, [`Status::CollMismatch`] for a message of the wrong size,
+    /// a timeout).
+    Collective { what: String, cause: Box<Error> },
+}
+
+impl Error {
+    /// The completion status behind this error, seen through
+    /// [`Error::Collective`], if it has one.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            Error::Failed(st) => Some(*st),
+            Error::Collective { cause, .. } => cause.status(),
+            _ => None,
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub(crate) fn invalid(why: impl Into<String>) -> Error {
+        Error::InvalidArgument(why.into())
+    }
 }
 
 impl fmt::Display for Error {
@@ -102,16 +120,23 @@ impl fmt::Display for Error {
             Error::ArenaFull => write!(f, "registered arena exhausted"),
             Error::Timeout => write!(f, "timed out"),
             Error::Failed(st) => write!(f, "completed with error: {}", st.as_str()),
-            Error::Invalid(why) => write!(f, "invalid arguments: {why}"),
             Error::Unsupported(what) => write!(f, "not supported: {what}"),
             Error::InvalidOp { dtype, op } => write!(f, "{} is not defined on {}", op.name(), dtype.name()),
             Error::InvalidArgument(s) => write!(f, "invalid argument: {s}"),
-            Error::Coll(s) => write!(f, "{s}"),
+            Error::Collective { what, cause } => write!(f, "{what}: {cause}"),
         }
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Os(e) => Some(e),
+            Error::Collective { cause, .. } => Some(cause.as_ref()),
+            _ => None,
+        }
+    }
+}
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {

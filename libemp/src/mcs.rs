@@ -53,7 +53,7 @@ impl McsLock {
     /// first acquires.
     pub fn new(me: usize, home: usize, eps: Vec<Endpoint>, keys: Vec<u32>, local: Buffer) -> Result<McsLock> {
         if me >= eps.len() || home >= eps.len() || keys.len() != eps.len() || local.len() < REGION {
-            return Err(Error::Invalid("mcs: rank, home, keys and region must match the job"));
+            return Err(Error::invalid("mcs: rank, home, keys and region must match the job"));
         }
         Ok(McsLock { me, home, eps, keys, local, held: false })
     }
@@ -96,7 +96,7 @@ impl McsLock {
     /// Takes the lock, waiting in line behind earlier arrivals.
     pub fn acquire(&mut self, dev: &mut Device) -> Result<()> {
         if self.held {
-            return Err(Error::Invalid("mcs: acquire while holding the lock"));
+            return Err(Error::invalid("mcs: acquire while holding the lock"));
         }
         use std::sync::atomic::Ordering::SeqCst;
         let me = self.me as u64 + 1;
@@ -115,7 +115,7 @@ impl McsLock {
     /// Hands the lock to the next rank in line, or frees it.
     pub fn release(&mut self, dev: &mut Device) -> Result<()> {
         if !self.held {
-            return Err(Error::Invalid("mcs: release without holding the lock"));
+            return Err(Error::invalid("mcs: release without holding the lock"));
         }
         use std::sync::atomic::Ordering::SeqCst;
         let me = self.me as u64 + 1;

@@ -82,7 +82,7 @@ pub struct CommOpts {
     pub context: u8,
     /// How to wait. Default [`Wait::Block`].
     pub wait: Wait,
-    /// Longest a call may take before it fails with [`Error::Coll`].
+    /// Longest a call may take before it fails with [`Error::Collective`].
     /// Default 60 s.
     pub timeout: Duration,
     /// Reduction segment (bytes, a multiple of 8): vectors go up and down
@@ -477,8 +477,9 @@ impl Comm {
         w
     }
 
-    fn fail(&self, what: String) -> Error {
-        Error::Coll(format!("{} #{} (rank {} of {}): {what}", self.call, self.call_seq, self.rank, self.size()))
+    fn fail(&self, what: String, cause: Error) -> Error {
+        let what = format!("{} #{} (rank {} of {}): {what}", self.call, self.call_seq, self.rank, self.size());
+        Error::Collective { what, cause: Box::new(cause) }
     }
 
     fn post_send(&mut self, dev: &mut Device, to: usize, tag: u64, sges: &[Sge], scratch: bool) -> Result<()> {
@@ -509,20 +510,20 @@ impl Comm {
     /// Lets the NIC catch up, or fails once the call's time is up.
     fn pause(&self, what: &dyn Fn() -> String) -> Result<()> {
         if Instant::now() >= self.deadline {
-            return Err(self.fail(format!("{} for {:?}", what(), self.opts.timeout)));
+            return Err(self.fail(format!("{} for {:?}", what(), self.opts.timeout), Error::Timeout));
         }
         std::thread::yield_now();
         Ok(())
     }
 
-    /// Waits for a completion; error statuses become [`Error::Coll`].
+    /// Waits for a completion; error statuses become [`Error::Collective`].
     fn wait_wr(&mut self, dev: &mut Device, wr: u64, what: &dyn Fn() -> String) -> Result<Completion> {
         let c = match self.opts.wait {
             Wait::Block => {
                 let left = self.deadline.saturating_duration_since(Instant::now());
                 match dev.wait_wr(wr, Some(left)) {
                     Ok(c) => c,
-                    Err(Error::Timeout) => return Err(self.fail(format!("{}: nothing within {:?}", what(), self.opts.timeout))),
+                    Err(Error::Timeout) => return Err(self.fail(format!("{}: nothing within {:?}", what(), self.opts.timeout), Error::Timeout)),
                     Err(e) => return Err(e),
                 }
             }
@@ -531,13 +532,13 @@ impl Comm {
                     break c;
                 }
                 if Instant::now() >= self.deadline {
-                    return Err(self.fail(format!("{}: nothing within {:?}", what(), self.opts.timeout)));
+                    return Err(self.fail(format!("{}: nothing within {:?}", what(), self.opts.timeout), Error::Timeout));
                 }
                 std::thread::yield_now();
             },
         };
         if c.status != Status::Success {
-            return Err(self.fail(format!("{}: {}", what(), c.status.as_str())));
+            return Err(self.fail(what(), Error::Failed(c.status)));
         }
         Ok(c)
     }
@@ -546,7 +547,8 @@ impl Comm {
     fn wait_recv(&mut self, dev: &mut Device, wr: u64, len: usize, what: &dyn Fn() -> String) -> Result<()> {
         let c = self.wait_wr(dev, wr, what)?;
         if c.byte_len as usize != len || c.msg_len as usize != len {
-            return Err(self.fail(format!("{}: {} bytes arrived, {len} expected", what(), c.msg_len)));
+            let why = format!("{}: {} bytes arrived, {len} expected", what(), c.msg_len);
+            return Err(self.fail(why, Error::Failed(Status::CollMismatch)));
         }
         Ok(())
     }
@@ -580,7 +582,7 @@ impl Comm {
             match dev.poll_wr(p.wr) {
                 Some(c) if c.status != Status::Success => {
                     self.sends.remove(i);
-                    return Err(self.fail(format!("send to rank {}: {}", p.to, c.status.as_str())));
+                    return Err(self.fail(format!("send to rank {}", p.to), Error::Failed(c.status)));
                 }
                 Some(_) => {
                     self.sends.remove(i);

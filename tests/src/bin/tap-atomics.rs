@@ -145,7 +145,7 @@ fn refusals(c: &mut Ctx) -> Result<(), String> {
         r => return Err(format!("unknown key: {r:?}")),
     }
     match c.dev.fetch_add(to, c.word(0, 4, Width::W64), 1) {
-        Err(Error::Invalid(_)) => {}
+        Err(Error::InvalidArgument(_)) => {}
         r => return Err(format!("misaligned: {r:?}")),
     }
     // The library's check bypassed: the NIC refuses the descriptor itself.

@@ -279,7 +279,7 @@ fn misuse_is_an_error_completion(c: &mut Ctx) -> Result<(), String> {
     // Not a member.
     let others: Vec<Endpoint> = c.eps.iter().copied().filter(|&e| e != c.dev.endpoint()).collect();
     match c.dev.create_group(98, &others, &GroupOpts::default()) {
-        Err(emp::Error::Invalid(_)) => Ok(()),
+        Err(emp::Error::InvalidArgument(_)) => Ok(()),
         other => Err(format!("group without this port: {other:?}")),
     }
 }
