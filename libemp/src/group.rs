@@ -301,20 +301,93 @@ impl Device {
         self.wait_ok(wr, None).map(|_| ())
     }
 
-    /// Blocking reduce to `root`.
+    /// Blocking reduce to `root`, of any length: vectors longer than one
+    /// NIC reduction carries ([`Device::reduce_chunk_bytes`]) run as
+    /// consecutive NIC reductions of that size, several in flight.
     pub fn reduce(&mut self, g: &Group, root: usize, t: Dtype, op: ReduceOp, send: Sge, recv: Option<Sge>) -> Result<()> {
-        let wr = self.internal_wr();
-        self.post_reduce(wr, g, root, t, op, send, recv)?;
-        self.wait_ok(wr, None).map(|_| ())
+        self.reduce_chunked(g, Some(root), t, op, send, recv)
     }
 
-    /// Blocking allreduce.
+    /// Blocking allreduce, of any length (chunked as [`Device::reduce`]).
     pub fn allreduce(&mut self, g: &Group, t: Dtype, op: ReduceOp, send: Sge, recv: Sge) -> Result<()> {
-        let wr = self.internal_wr();
-        self.post_allreduce(wr, g, t, op, send, recv)?;
-        self.wait_ok(wr, None).map(|_| ())
+        self.reduce_chunked(g, None, t, op, send, Some(recv))
+    }
+
+    /// Largest vector, in bytes of `t`, that one posted reduction carries:
+    /// it travels in one frame and is combined in one NIC partial buffer
+    /// ([`REDUCE_BUF_BYTES`]). Longer ones fail `TooLarge` when posted;
+    /// the blocking calls split them.
+    pub fn reduce_chunk_bytes(&self, t: Dtype) -> usize {
+        let frame = emp_uapi::wire::payload_capacity(self.info().mtu, 0) - emp_uapi::coll::CollHeader::SIZE;
+        let bytes = frame.min(REDUCE_BUF_BYTES);
+        bytes - bytes % t.size()
+    }
+
+    /// Reduce (`root` given) or allreduce (`None`) as consecutive NIC
+    /// reductions of at most [`Device::reduce_chunk_bytes`]. Every member
+    /// splits the same length the same way (the split depends only on the
+    /// length and the MTU), so the n-th chunk is the same instance
+    /// everywhere. Up to [`REDUCE_CHUNKS_IN_FLIGHT`] are posted ahead so
+    /// the NICs pipeline them; every posted chunk is waited for, even
+    /// after a failure, so no completion is left behind.
+    fn reduce_chunked(&mut self, g: &Group, root: Option<usize>, t: Dtype, op: ReduceOp, send: Sge, recv: Option<Sge>) -> Result<()> {
+        elements(t, send)?;
+        if recv.is_some_and(|r| r.len != send.len) {
+            return Err(Error::invalid("the result buffer must be as long as the operand"));
+        }
+        let chunk = self.reduce_chunk_bytes(t) as u32;
+        let mut in_flight = std::collections::VecDeque::with_capacity(REDUCE_CHUNKS_IN_FLIGHT);
+        let mut first_error = None;
+        let mut done = 0u32;
+        while done < send.len && first_error.is_none() {
+            if in_flight.len() == REDUCE_CHUNKS_IN_FLIGHT {
+                let wr = in_flight.pop_front().expect("full");
+                if let Err(e) = self.wait_ok(wr, None) {
+                    first_error = Some(e);
+                    break;
+                }
+            }
+            let len = chunk.min(send.len - done);
+            let part = |s: Sge| Sge { offset: s.offset + done as u64, len, ..s };
+            let wr = self.internal_wr();
+            let posted = match root {
+                Some(root) => self.post_reduce(wr, g, root, t, op, part(send), recv.map(part)),
+                None => self.post_allreduce(wr, g, t, op, part(send), part(recv.expect("allreduce has a result buffer"))),
+            };
+            match posted {
+                Ok(()) => in_flight.push_back(wr),
+                Err(Error::RingFull) if !in_flight.is_empty() => {
+                    // Retry this chunk once the oldest one is done.
+                    let wr = in_flight.pop_front().expect("not empty");
+                    if let Err(e) = self.wait_ok(wr, None) {
+                        first_error = Some(e);
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    first_error = Some(e);
+                    break;
+                }
+            }
+            done += len;
+        }
+        for wr in in_flight {
+            let r = self.wait_ok(wr, None);
+            if let (Err(e), None) = (r, &first_error) {
+                first_error = Some(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 }
+
+/// Bytes of one NIC partial-result buffer (the control program's default
+/// `coll_buf_size`): the most one posted reduction combines.
+pub const REDUCE_BUF_BYTES: usize = 8192;
+
+/// Chunks of a long blocking reduction posted ahead (the NIC's default
+/// per-group window of collectives in flight).
+pub const REDUCE_CHUNKS_IN_FLIGHT: usize = 8;
 
 /// Elements of `t` in `s`.
 fn elements(t: Dtype, s: Sge) -> Result<u64> {

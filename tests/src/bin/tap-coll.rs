@@ -181,6 +181,52 @@ fn float_allreduce_is_bitwise_identical_everywhere(c: &mut Ctx) -> Result<(), St
     Ok(())
 }
 
+fn long_reductions_are_chunked(c: &mut Ctx) -> Result<(), String> {
+    let (n, rank) = (c.n(), c.rank());
+    // 1 MiB of i64: 128 NIC reductions of one frame each, pipelined.
+    const K: usize = 1 << 17;
+    for i in 0..K {
+        c.sbuf.as_mut_slice()[i * 8..i * 8 + 8].copy_from_slice(&input(ReduceOp::Sum, rank, i).to_le_bytes());
+    }
+    c.rbuf.as_mut_slice()[..K * 8].fill(0xEE);
+    let (s, r) = (c.sbuf.sge(0, K * 8), c.rbuf.sge(0, K * 8));
+    c.dev.allreduce(&c.g, Dtype::I64, ReduceOp::Sum, s, r).map_err(|e| format!("allreduce 1 MiB: {e}"))?;
+    for i in 0..K {
+        let got = i64::from_le_bytes(c.rbuf.as_mut_slice()[i * 8..i * 8 + 8].try_into().expect("8"));
+        if got != expected(ReduceOp::Sum, n, i) {
+            return Err(format!("allreduce 1 MiB element {i}: {got}"));
+        }
+    }
+    // A length that leaves a short last chunk, reduced to the last rank.
+    const M: usize = 25_001;
+    let root = n - 1;
+    for i in 0..M {
+        let v = input(ReduceOp::Max, rank, i) as u32;
+        c.sbuf.as_mut_slice()[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    c.rbuf.as_mut_slice()[..M * 4].fill(0);
+    let recv = (rank == root).then(|| c.rbuf.sge(0, M * 4));
+    c.dev.reduce(&c.g, root, Dtype::U32, ReduceOp::Max, c.sbuf.sge(0, M * 4), recv).map_err(|e| format!("reduce {M} u32: {e}"))?;
+    if rank == root {
+        for i in 0..M {
+            let got = u32::from_le_bytes(c.rbuf.as_mut_slice()[i * 4..i * 4 + 4].try_into().expect("4"));
+            if got != expected(ReduceOp::Max, n, i) as u32 {
+                return Err(format!("reduce {M} u32 element {i}: {got}"));
+            }
+        }
+    }
+    // The posted form carries one chunk at most: longer is TooLarge.
+    let too_long = c.dev.reduce_chunk_bytes(Dtype::I64) + 8;
+    let (s, r) = (c.sbuf.sge(0, too_long), c.rbuf.sge(0, too_long));
+    let wr = c.wr();
+    c.dev.post_allreduce(wr, &c.g, Dtype::I64, ReduceOp::Sum, s, r).map_err(|e| e.to_string())?;
+    let done = c.dev.wait_wr(wr, Some(T)).map_err(|e| e.to_string())?;
+    if done.status != Status::TooLarge {
+        return Err(format!("posted allreduce of {too_long} B: {:?}", done.status));
+    }
+    Ok(())
+}
+
 fn fill(buf: &mut [u8], seed: usize) {
     for (i, b) in buf.iter_mut().enumerate() {
         *b = (i.wrapping_mul(131) ^ seed.wrapping_mul(7) ^ (i >> 9)) as u8;
@@ -297,13 +343,14 @@ fn main() {
     let sbuf = dev.alloc(2 << 20).expect("arena");
     let rbuf = dev.alloc(2 << 20).expect("arena");
     let mut c = Ctx { dev, job, eps, g, sbuf, rbuf, next_wr: 0 };
-    let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 10] = [
+    let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 11] = [
         ("600 barriers: pairwise exchange, dissemination, gather-release", barriers),
         ("nobody leaves a barrier before the last rank arrives", barrier_holds_everyone),
         ("6 nonblocking barriers in flight", nonblocking_barriers_in_flight),
         ("allreduce: every type and operator", allreduce_every_type_and_op),
         ("reduce to every root", reduce_to_every_root),
         ("f64 allreduce bitwise identical on every rank and run", float_allreduce_is_bitwise_identical_everywhere),
+        ("1 MiB allreduce and odd-length reduce, chunked; posted form TooLarge", long_reductions_are_chunked),
         ("broadcast from every root, 0 B to 1 MiB", bcast_every_root_and_size),
         ("broadcast before the call: forwarded and bounced (application bypass)", bcast_arrives_before_the_call),
         ("multisend: one post reaches every member", multisend_reaches_every_member),
