@@ -123,9 +123,13 @@ impl Nic {
     }
 
     fn send_peer<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32) {
-        if self.peer(peer).not_to_send.is_some() {
-            return;
-        }
+        // Modified ACK/NACK: the receiver refuses everything after the
+        // refused message, so nothing after it goes out. The refused
+        // message itself may still send frames it has not sent yet (a
+        // forwarded broadcast whose frames were not here when it was
+        // refused): the receiver can only accept it, and answer, once it
+        // holds every frame of a group.
+        let refused = self.peer(peer).not_to_send;
         let msgs_max = match self.cfg.flow_control {
             FlowControl::Piggyback => self.peer(peer).credits.max(1),
             _ => u32::MAX,
@@ -136,6 +140,9 @@ impl Nic {
             qi += 1;
             let (next, count) = {
                 let m = self.tx.get(slot).expect("queued");
+                if refused.is_some_and(|r| seq_lt(r, m.seq)) {
+                    return;
+                }
                 (m.next_frame, m.frame_count)
             };
             if next > 0 || next == count {

@@ -61,6 +61,10 @@ struct OneArgs {
     /// Remote fetch-adds on one shared counter word.
     #[arg(long, default_value_t = 0)]
     atomics: u32,
+    /// Collective operations (barrier, reduce, allreduce, bcast) on one
+    /// group over random endpoints, posted at skewed times.
+    #[arg(long, default_value_t = 0)]
+    collectives: u32,
     /// NIC CPU plan: 0 base, 1 SO, 2 RO, 3 SR, 4 DSR (EMP thesis ch. 3).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4))]
     cpu_plan: u32,
@@ -110,6 +114,7 @@ fn one(a: &OneArgs) -> ExitCode {
     spec.overflow_slots = a.overflow;
     spec.cpu_plan = a.cpu_plan;
     spec.atomics = a.atomics;
+    spec.collectives = a.collectives;
     spec.flow = match a.flow {
         Flow::Off => FlowControl::Off,
         Flow::Piggyback => FlowControl::Piggyback,

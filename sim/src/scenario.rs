@@ -7,6 +7,9 @@
 //!   reordering and a partition that heals;
 //! - remote fetch-adds on one shared counter word run exactly once: the
 //!   returned old values are a permutation of `0..k` and the word ends at `k`;
+//! - collectives on one group (barriers, reductions, broadcasts, posted at
+//!   skewed times) complete on every member only once the members they
+//!   depend on have posted, with the right result ([`crate::collplan`]);
 //! - at quiesce no NIC table entry is held, and after the ports close no
 //!   peer entry remains.
 
@@ -18,6 +21,7 @@ use emp_uapi::desc::{Cqe, Opcode, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL
 use emp_uapi::sram::{admin_result as ar, ctl, AdminOp, LayoutParams, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
 use emp_uapi::{sram::counter, ANY_NODE, ANY_PORT, PAGE_SIZE};
 
+use crate::collplan::CollPlan;
 use crate::host::{HostMem, admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostPort, Sram};
 use crate::rng::{fill_pattern, Rng};
 use crate::world::{Partition, Step, WireConfig, World};
@@ -59,6 +63,8 @@ pub struct Spec {
     pub swarm: bool,
     /// Remote fetch-add(1)s on one shared counter word.
     pub atomics: u32,
+    /// Collective operations on one group over random endpoints.
+    pub collectives: u32,
 }
 
 impl Spec {
@@ -82,6 +88,7 @@ impl Spec {
             wire: WireConfig::default(),
             swarm: false,
             atomics: 0,
+            collectives: 0,
         }
     }
 
@@ -129,6 +136,7 @@ impl Spec {
             swarm: true,
             // Drawn last: the other knobs of a seed stay what they were.
             atomics: if r.chance(0.5) { r.range(1, 48) as u32 } else { 0 },
+            collectives: if r.chance(0.4) { r.range(1, 24) as u32 } else { 0 },
         }
     }
 
@@ -150,6 +158,9 @@ impl Spec {
         );
         if self.atomics > 0 {
             cmd += &format!(" --atomics {}", self.atomics);
+        }
+        if self.collectives > 0 {
+            cmd += &format!(" --collectives {}", self.collectives);
         }
         if let Some(p) = &self.wire.partition {
             cmd += &format!(" --partition-ms {}", p.end_ns / 1_000_000);
@@ -186,6 +197,8 @@ pub struct Report {
     pub truncated: u64,
     /// Remote atomics executed (the counter's final value).
     pub atomics: u64,
+    /// Collective operations completed (one per member per operation).
+    pub collectives: u64,
     /// NIC counters summed over all NICs.
     pub counters: [u64; counter::COUNT],
     /// Wire counters.
@@ -205,6 +218,11 @@ impl Report {
         let _ = writeln!(s, "truncated        {}", self.truncated);
         let _ = writeln!(s, "expected errors  {}", self.expected_errors);
         let _ = writeln!(s, "atomics          {} ({} replayed)", self.atomics, c[counter::ATOMIC_REPLAYS]);
+        let _ = writeln!(
+            s,
+            "collectives      {} ({} early, {} refused)",
+            self.collectives, c[counter::COLL_EARLY], c[counter::COLL_REFUSED]
+        );
         let _ = writeln!(s, "frames on wire   {}", self.wire.frames);
         let _ = writeln!(s, "data frames      {}", c[counter::TX_FRAMES]);
         let _ = writeln!(s, "retransmitted    {}", c[counter::RETRANSMITS]);
@@ -278,6 +296,8 @@ enum Post {
     Send(u32),
     Recv(u32),
     Atomic(u32),
+    /// Operation `.0` of the collective plan, by member `.1`.
+    Coll(u32, u16),
 }
 
 /// How a (destination endpoint, tag class) is served.
@@ -295,12 +315,16 @@ struct Plan {
     atomics: Vec<AtomicPlan>,
     /// The endpoint whose counter word the atomics hit.
     counter_at: (u16, u16),
+    /// Collectives, if the scenario has any.
+    coll: Option<CollPlan>,
     /// Per (node, port): bytes of the data region.
     region_len: HashMap<(u16, u16), u64>,
 }
 
 const RECV_BIT: u64 = 1 << 63;
 const ATOMIC_BIT: u64 = 1 << 62;
+/// Collective wr_ids: `COLL_BIT | op << 8 | rank`.
+const COLL_BIT: u64 = 1 << 61;
 /// MR slot of each port's atomic counter region (`ATOMIC_SLOT + port`).
 const ATOMIC_SLOT: u32 = 32;
 /// Bytes of that region; the counter is the 64-bit word at offset 8.
@@ -381,7 +405,9 @@ fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
         }
     }
     let (atomics, counter_at) = plan_atomics(spec, &eps, r, &mut bump);
-    Plan { msgs, recvs, atomics, counter_at, region_len }
+    // Drawn last and only when asked for: other runs stay as they were.
+    let coll = (spec.collectives > 0).then(|| CollPlan::draw(spec.seed, spec.collectives, &eps, spec.spread_ns, spec.mtu, r, &mut bump));
+    Plan { msgs, recvs, atomics, counter_at, coll, region_len }
 }
 
 /// Fetch-adds from random endpoints at random times on one endpoint's
@@ -440,6 +466,12 @@ struct Driver {
     delivered_to: Vec<Option<u32>>,
     /// Per atomic: its completion (status, old value).
     atomic_done: Vec<Option<(Status, u64)>>,
+    /// `[op][rank]`: in the ring yet.
+    coll_posted: Vec<Vec<bool>>,
+    /// `[op][rank]`: completed yet.
+    coll_done: Vec<Vec<bool>>,
+    /// Per allreduce: the first member's result bits (all must match).
+    coll_bits: Vec<Option<Vec<u8>>>,
     /// Per node, per port: the key of the port's atomic counter region.
     atomic_keys: Vec<Vec<(u32, crate::host::Region)>>,
     outstanding: u64,
@@ -451,6 +483,7 @@ impl Plan {
         self.msgs.iter().filter(|m| m.src == ep).count()
             + self.recvs.iter().filter(|r| r.dst == ep).count()
             + self.atomics.iter().filter(|a| a.src == ep).count()
+            + self.coll.as_ref().map_or(0, |c| c.posts_of(ep))
     }
 }
 
@@ -469,7 +502,7 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
     if spec.flow == FlowControl::ModifiedAckNack {
         features |= FEATURE_MODIFIED_ACK_NACK;
     }
-    let params = LayoutParams { ports: spec.ports + 1, mr_entries: 64, route_entries: spec.nodes as u32 + 1, group_entries: 1, staging_size: PAGE_SIZE as u32, send_entries: 64, recv_entries: 64 };
+    let params = LayoutParams { ports: spec.ports + 1, mr_entries: 64, route_entries: spec.nodes as u32 + 1, group_entries: spec.ports as u32, staging_size: PAGE_SIZE as u32, send_entries: 64, recv_entries: 64 };
     let mem: Vec<usize> = (0..spec.nodes)
         .map(|n| {
             (0..spec.ports)
@@ -494,7 +527,11 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
         delivered_to: vec![None; plan.msgs.len()],
         atomic_done: vec![None; plan.atomics.len()],
         atomic_keys: Vec::new(),
-        outstanding: (plan.msgs.len() + plan.recvs.len() + plan.atomics.len()) as u64,
+        coll_posted: plan.coll.as_ref().map_or(Vec::new(), |c| vec![vec![false; c.members.len()]; c.ops.len()]),
+        coll_done: plan.coll.as_ref().map_or(Vec::new(), |c| vec![vec![false; c.members.len()]; c.ops.len()]),
+        coll_bits: plan.coll.as_ref().map_or(Vec::new(), |c| vec![None; c.ops.len()]),
+        outstanding: (plan.msgs.len() + plan.recvs.len() + plan.atomics.len()) as u64
+            + plan.coll.as_ref().map_or(0, |c| (c.ops.len() * c.members.len()) as u64),
         plan,
     };
     d.setup(spec, &mut r).map_err(|e| fail(spec, e))?;
@@ -513,6 +550,17 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
                 d.drain_cqs(n).map_err(|e| fail(spec, e))?;
                 d.flush_backlog(n);
             }
+        }
+    }
+    // A collective completes on its last arrival, before its own last
+    // messages are acknowledged (001 §3.5.4): let those finish. Bounded;
+    // whatever is still held afterwards is reported as a leak.
+    let settle_until = d.world.now + 10_000_000_000;
+    while !d.settled() && d.world.now <= settle_until {
+        match d.world.step() {
+            None => break,
+            Some(Step::Host(n)) => d.post_due(n),
+            Some(Step::Nic(n)) => d.drain_cqs(n).map_err(|e| fail(spec, format!("after every operation completed: {e}")))?,
         }
     }
     d.check(spec).map_err(|e| fail(spec, e))
@@ -546,6 +594,14 @@ impl Driver {
             let _ = write!(s, "\n  recv {i} at {:?} from {:?} tag {:#x}/{:#x} at {}", r.dst, (r.node, r.port), r.tag, r.ignore, r.post_at);
         }
         s
+    }
+
+    /// No NIC holds a message, a collective or an atomic.
+    fn settled(&self) -> bool {
+        self.world.nodes.iter().all(|node| {
+            let o = node.nic.occupancy();
+            o.tx_msgs + o.rx_msgs + o.coll_ops + o.coll_bufs_used + o.atomics == 0
+        })
     }
 
     fn setup(&mut self, spec: &Spec, r: &mut Rng) -> Result<(), String> {
@@ -592,6 +648,23 @@ impl Driver {
             let node = &mut self.world.nodes[m.src.0 as usize];
             self.ports[m.src.0 as usize][m.src.1 as usize].data.write(&mut node.mem, m.buf_off, &buf);
         }
+        if let Some(coll) = &self.plan.coll {
+            for (rank, &(n, p)) in coll.members.iter().enumerate() {
+                let port = &self.ports[n as usize][p as usize];
+                let node = &mut self.world.nodes[n as usize];
+                for (off, bytes) in coll.inputs(rank) {
+                    port.data.write(&mut node.mem, off, &bytes);
+                }
+                // Group slot = the member's port.
+                Sram(&mut node.sram).put(layout.group_entry(p as usize), &coll.entry(rank, port.data.key));
+                admin_post(&mut node.sram, &layout, AdminOp::GroupSet, [p as u64, 0, 0, 0, 0, 0]);
+                self.world.doorbell_now(n);
+                let res = admin_result(&mut self.world.nodes[n as usize].sram, &layout);
+                if res != Some(ar::OK) {
+                    return Err(format!("node {n} port {p}: group set failed: {res:?}"));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -605,6 +678,13 @@ impl Driver {
         }
         for (i, a) in self.plan.atomics.iter().enumerate() {
             items.push((a.post_at, a.src.0, a.src.1, Post::Atomic(i as u32)));
+        }
+        if let Some(coll) = &self.plan.coll {
+            for (k, at) in coll.post_at.iter().enumerate() {
+                for (rank, &(n, p)) in coll.members.iter().enumerate() {
+                    items.push((at[rank], n, p, Post::Coll(k as u32, rank as u16)));
+                }
+            }
         }
         items.sort_by_key(|x| x.0); // Stable: sends keep id order.
         for (at, n, p, post) in items {
@@ -664,6 +744,15 @@ impl Driver {
                         d.sge[1] = Sge { key, len: 8, offset: COUNTER_OFF };
                         hp.post(sram, &layout, &d, true)
                     }
+                    Post::Coll(k, rank) => {
+                        let coll = self.plan.coll.as_ref().expect("a collective post has a plan");
+                        let d = coll.desc(k as usize, rank as usize, hp.data.key, COLL_BIT | (k as u64) << 8 | rank as u64);
+                        let ok = hp.post(sram, &layout, &d, true);
+                        if ok {
+                            self.coll_posted[k as usize][rank as usize] = true;
+                        }
+                        ok
+                    }
                 };
                 if !ok {
                     break;
@@ -691,7 +780,9 @@ impl Driver {
 
     fn on_completion(&mut self, n: u16, p: u16, c: Cqe) -> Result<(), String> {
         let status = Status::from_u8(c.status).ok_or_else(|| format!("bad status byte {}", c.status))?;
-        if c.wr_id & (RECV_BIT | ATOMIC_BIT) == ATOMIC_BIT {
+        if c.wr_id & (RECV_BIT | ATOMIC_BIT | COLL_BIT) == COLL_BIT {
+            self.on_coll_completion(n, p, status, c)?;
+        } else if c.wr_id & (RECV_BIT | ATOMIC_BIT) == ATOMIC_BIT {
             self.on_atomic_completion(n, p, status, c)?;
         } else if c.wr_id & RECV_BIT == 0 {
             let i = c.wr_id as usize;
@@ -772,6 +863,37 @@ impl Driver {
         Ok(())
     }
 
+    fn on_coll_completion(&mut self, n: u16, p: u16, status: Status, c: Cqe) -> Result<(), String> {
+        let coll = self.plan.coll.as_ref().ok_or("collective completion without a plan")?;
+        let (k, rank) = (((c.wr_id & !COLL_BIT) >> 8) as usize, (c.wr_id & 0xFF) as usize);
+        let op = *coll.ops.get(k).ok_or_else(|| format!("unknown collective {k}"))?;
+        if coll.members.get(rank) != Some(&(n, p)) || c.opcode != op.opcode() as u8 {
+            return Err(format!("collective {k} rank {rank} completed on ({n},{p}) opcode {}", c.opcode));
+        }
+        if std::mem::replace(&mut self.coll_done[k][rank], true) {
+            return Err(format!("collective {k} ({op:?}) completed twice at rank {rank}"));
+        }
+        if status != Status::Success {
+            return Err(format!("collective {k} ({op:?}) rank {rank}: {status:?}"));
+        }
+        if let Some(other) = (0..coll.members.len()).find(|&o| coll.needs_post_of(k, rank, o) && !self.coll_posted[k][o]) {
+            return Err(format!("collective {k} ({op:?}) completed at rank {rank} before rank {other} posted it"));
+        }
+        let (off, len) = coll.result_at(k, rank);
+        let mut got = vec![0u8; len as usize];
+        let node = &self.world.nodes[n as usize];
+        self.ports[n as usize][p as usize].data.read(&node.mem, off, &mut got);
+        coll.check_result(k, rank, &got)?;
+        if op.opcode() == Opcode::Allreduce {
+            match &self.coll_bits[k] {
+                Some(first) if *first != got => return Err(format!("allreduce {k}: rank {rank} holds other bits than the first member")),
+                Some(_) => {}
+                None => self.coll_bits[k] = Some(got),
+            }
+        }
+        Ok(())
+    }
+
     /// Every fetch-add ran exactly once: the olds are `0..k`, the word is `k`.
     fn check_atomics(&self) -> Result<u64, String> {
         if self.plan.atomics.is_empty() {
@@ -845,12 +967,13 @@ impl Driver {
         }
         report.truncated = self.recv_done.iter().flatten().filter(|c| c.status == Status::Truncated as u8).count() as u64;
         report.atomics = self.check_atomics()?;
+        report.collectives = self.coll_done.iter().flatten().filter(|&&d| d).count() as u64;
         report.expected_errors += self.plan.atomics.iter().filter(|a| a.expect != Expect::Deliver).count() as u64;
         // Quiesce: no record may be held.
         let layout = self.world.layout;
         for (n, node) in self.world.nodes.iter().enumerate() {
             let o = node.nic.occupancy();
-            if o.tx_msgs + o.rx_msgs + o.posted_recvs + o.overflow_used + o.atomics != 0 {
+            if o.tx_msgs + o.rx_msgs + o.posted_recvs + o.overflow_used + o.atomics + o.coll_ops + o.coll_bufs_used != 0 {
                 return Err(format!("leak at quiesce on node {n}: {o:?}"));
             }
             node.nic.invariants().map_err(|e| format!("node {n}: {e}"))?;

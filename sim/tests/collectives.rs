@@ -423,6 +423,30 @@ fn test_bcast_larger_than_a_bounce_slot_waits_for_the_post() {
 }
 
 #[test]
+fn test_forwarded_bcast_refused_mid_group_under_modified_ack_nack_completes() {
+    // Found by the swarm: rank 1 forwards frames to rank 2 as they arrive;
+    // rank 2 has no call posted and no bounce slot, so it refuses the
+    // message while rank 1 has sent only part of group 0. Modified
+    // ACK/NACK then holds everything after the refused message; holding
+    // the rest of the refused message itself too left rank 2 (once
+    // posted) waiting for frames that never came: RetryLimitExceeded.
+    let cfg = Config { flow_control: emp_firmware::FlowControl::ModifiedAckNack, group_size: 8, ..Config::default() };
+    let wire = WireConfig { bandwidth_bps: 1_000_000_000, latency_ns: 2_000, ..WireConfig::default() };
+    let mut c = group(3, cfg, wire);
+    let data = pattern(14_332, 3);
+    let w0 = c.bcast(0, 0, 0, 2, &data, true);
+    let w1 = c.bcast(1, 0, 0, 2, &data, false);
+    c.run_for(5 * MS);
+    assert!(c.counter(2, counter::COLL_REFUSED) > 0, "rank 2 must have refused the forwarded message");
+    let w2 = c.bcast(2, 0, 0, 2, &data, false);
+    for (r, wr) in [(0, w0), (1, w1), (2, w2)] {
+        assert_eq!(status(&c.wait(r, wr, 2_000 * MS)), Some(Status::Success), "rank {r}");
+    }
+    assert!(c.received(w2, data.len()) == data);
+    quiesced(&mut c);
+}
+
+#[test]
 fn test_bcast_length_mismatch_fails_both_sides() {
     let mut c = bcast_group(2, WireConfig::default());
     let w0 = c.bcast(0, 0, 0, 0, &pattern(100, 1), true);

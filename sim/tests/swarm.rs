@@ -1,6 +1,7 @@
 //! The simulation suite: thousands of seeded scenarios across 2–16 nodes,
 //! messages of 0 B–4 MiB, loss 0–20 %, duplication, reordering and healing
-//! partitions, every flow-control scheme and NIC CPU plan; every run checked by the
+//! partitions, every flow-control scheme and NIC CPU plan, remote atomics and
+//! collectives on random groups; every run checked by the
 //! scenario checker. A failure prints the command that replays it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +33,10 @@ struct Coverage {
     retransmits: u64,
     atomic_runs: u64,
     atomic_replays: u64,
+    coll_runs: u64,
+    coll_ops: u64,
+    coll_early: u64,
+    coll_refused: u64,
 }
 
 #[test]
@@ -68,6 +73,10 @@ fn swarm_every_seed_passes_every_invariant() {
                         c.retransmits += r.counters[emp_uapi::sram::counter::RETRANSMITS];
                         c.atomic_runs += (r.atomics > 0) as u64;
                         c.atomic_replays += r.counters[emp_uapi::sram::counter::ATOMIC_REPLAYS];
+                        c.coll_runs += (r.collectives > 0) as u64;
+                        c.coll_ops += r.collectives;
+                        c.coll_early += r.counters[emp_uapi::sram::counter::COLL_EARLY];
+                        c.coll_refused += r.counters[emp_uapi::sram::counter::COLL_REFUSED];
                         if spec.size_max >= 4 << 20 {
                             c.largest = c.largest.max(spec.size_max);
                         }
@@ -86,6 +95,10 @@ fn swarm_every_seed_passes_every_invariant() {
         eprintln!("{f}");
     }
     println!("swarm: {} passed, {} failed", n - failures.len() as u64, failures.len());
+    {
+        let c = cov.lock().unwrap();
+        println!("swarm collectives: {} runs, {} member operations, {} early, {} refused", c.coll_runs, c.coll_ops, c.coll_early, c.coll_refused);
+    }
     assert!(failures.is_empty(), "{} of {n} seeds failed (replay commands above)", failures.len());
     let c = cov.into_inner().unwrap();
     if n >= 1000 {
@@ -99,6 +112,11 @@ fn swarm_every_seed_passes_every_invariant() {
         assert!(c.jumbo > 100 && c.overflow > 50 && c.errors > 100 && c.truncated > 50);
         assert!(c.retransmits > 1000);
         assert!(c.atomic_runs > 100 && c.atomic_replays > 100, "atomics: {} runs, {} replays", c.atomic_runs, c.atomic_replays);
+        assert!(
+            c.coll_runs > 100 && c.coll_ops > 1000 && c.coll_early > 100 && c.coll_refused > 100,
+            "collectives: {} runs, {} member operations, {} early, {} refused",
+            c.coll_runs, c.coll_ops, c.coll_early, c.coll_refused
+        );
     }
 }
 
@@ -148,4 +166,27 @@ fn flow_control_schemes_all_deliver_under_loss() {
         let r = run(&spec).unwrap_or_else(|f| panic!("{f}"));
         assert_eq!(r.delivered, 600);
     }
+}
+
+#[test]
+fn checker_catches_corrupted_collective_results() {
+    // Payload corruption the headers do not notice must surface as a wrong
+    // broadcast or reduction result at some member.
+    let mut caught = 0;
+    for seed in 0..10 {
+        let mut spec = Spec::basic(seed, 6, 0);
+        spec.collectives = 40;
+        spec.spread_ns = 2_000_000;
+        let clean = run(&spec).expect("the uncorrupted run passes");
+        spec.wire.corrupt = 0.2;
+        match run(&spec) {
+            Ok(r) => assert!(clean.wire.frames < 20, "seed {seed}: {} frames corrupted unnoticed: {r:?}", clean.wire.frames),
+            Err(f) => {
+                assert!(f.what.contains("bcast") || f.what.contains("reduce"), "{}", f.what);
+                assert!(f.to_string().contains("--collectives 40"), "{f}");
+                caught += 1;
+            }
+        }
+    }
+    assert!(caught >= 5, "only {caught} of 10 corrupted runs caught");
 }
