@@ -21,7 +21,7 @@ use emp_uapi::sram::GroupEntry;
 use emp_uapi::Le;
 
 use crate::tree::Tree;
-use crate::{Completion, Device, Endpoint, Error, Result};
+use crate::{Buffer, Completion, Device, Endpoint, Error, Result};
 
 /// How a group is built.
 #[derive(Clone, Debug)]
@@ -132,10 +132,30 @@ impl Group {
     }
 }
 
-/// Epochs this process used, per group id.
-#[derive(Debug, Default)]
+/// Epochs this process used, per group id, and the bounce-slot memory of
+/// its groups: the arena has no free, so memory of destroyed groups is
+/// kept here and reused by the next group that fits.
+#[derive(Default)]
 pub(crate) struct GroupBook {
     epochs: HashMap<u32, u32>,
+    /// Bounce memory of live groups, by NIC group slot.
+    bounce_live: HashMap<u32, Buffer>,
+    /// Bounce memory of destroyed groups.
+    bounce_free: Vec<Buffer>,
+}
+
+impl std::fmt::Debug for GroupBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupBook").field("epochs", &self.epochs).field("bounce_live", &self.bounce_live.len()).field("bounce_free", &self.bounce_free.len()).finish()
+    }
+}
+
+impl GroupBook {
+    /// The smallest free bounce buffer of at least `len` bytes.
+    fn take_free(&mut self, len: usize) -> Option<Buffer> {
+        let i = (0..self.bounce_free.len()).filter(|&i| self.bounce_free[i].len() >= len).min_by_key(|&i| self.bounce_free[i].len())?;
+        Some(self.bounce_free.swap_remove(i))
+    }
 }
 
 impl Device {
@@ -176,28 +196,52 @@ impl Device {
                 entry.parents[64 * t + r] = p.map_or(TREE_ROOT, |p| p as u8);
             }
         }
+        let mut bounce = None;
         if opts.bounce_slots > 0 {
             let bytes = opts.bounce_slots as usize * opts.bounce_slot_size as usize;
             if opts.bounce_slot_size == 0 {
                 return Err(Error::invalid("bounce slots of 0 bytes"));
             }
-            let b = self.alloc(bytes)?;
+            let b = match self.groups.take_free(bytes) {
+                Some(b) => b,
+                None => self.alloc(bytes)?,
+            };
             let sge = b.sge(0, bytes.min(u32::MAX as usize));
             entry.bounce_key = sge.key;
             entry.bounce_offset = sge.offset;
             entry.bounce_slots = opts.bounce_slots;
             entry.bounce_slot_size = opts.bounce_slot_size;
+            bounce = Some(b);
         }
-        let buf = self.scratch(GroupEntry::SIZE)?;
-        entry.put(buf.as_mut_slice());
-        let sge = buf.sge(0, GroupEntry::SIZE);
-        let r = self.control(op::GROUP_SET, &[sge.key as u64, sge.offset])?;
-        Ok(Group { slot: r.arg[0] as u32, id, epoch, rank, members: members.to_vec(), trees })
+        let set = self.scratch(GroupEntry::SIZE).and_then(|buf| {
+            entry.put(buf.as_mut_slice());
+            let sge = buf.sge(0, GroupEntry::SIZE);
+            self.control(op::GROUP_SET, &[sge.key as u64, sge.offset])
+        });
+        let slot = match set {
+            Ok(r) => r.arg[0] as u32,
+            Err(e) => {
+                self.groups.bounce_free.extend(bounce);
+                return Err(e);
+            }
+        };
+        // Re-creating an id reuses its slot and flushes the old epoch's
+        // operations, so the old bounce memory is free again.
+        let old = match bounce {
+            Some(b) => self.groups.bounce_live.insert(slot, b),
+            None => self.groups.bounce_live.remove(&slot),
+        };
+        self.groups.bounce_free.extend(old);
+        Ok(Group { slot, id, epoch, rank, members: members.to_vec(), trees })
     }
 
     /// Removes a group from the NIC; its unfinished operations complete `Flushed`.
     pub fn destroy_group(&mut self, g: Group) -> Result<()> {
-        self.control(op::GROUP_CLEAR, &[g.slot as u64]).map(|_| ())
+        self.control(op::GROUP_CLEAR, &[g.slot as u64])?;
+        if let Some(b) = self.groups.bounce_live.remove(&g.slot) {
+            self.groups.bounce_free.push(b);
+        }
+        Ok(())
     }
 
     fn coll_desc(wr_id: u64, opcode: Opcode, g: &Group, port: u16, tag: u64, ignore: u64, sges: &[Sge]) -> WorkDesc {

@@ -47,14 +47,14 @@ fn tap_p2p_on_two_nic_cpus_every_plan() {
 fn tap_coll_two_ranks() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let c = Cluster::up("coll2", &["-n", "2"]);
-    assert_tap(&c.run(2, &[env!("CARGO_BIN_EXE_tap-coll")]), 11);
+    assert_tap(&c.run(2, &[env!("CARGO_BIN_EXE_tap-coll")]), 12);
 }
 
 #[test]
 fn tap_coll_eight_ranks_on_four_nics_with_loss() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let c = Cluster::up("coll8", &["-n", "4", "--loss", "0.02", "--dup", "0.02", "--reorder", "0.05"]);
-    assert_tap(&c.run(8, &[env!("CARGO_BIN_EXE_tap-coll")]), 11);
+    assert_tap(&c.run(8, &[env!("CARGO_BIN_EXE_tap-coll")]), 12);
     let stats = emp().args(["stats", "--dir"]).arg(&c.dir).output().expect("stats");
     let text = String::from_utf8_lossy(&stats.stdout);
     let ops: u64 = text.lines().find(|l| l.starts_with("coll_ops")).expect("row").split_whitespace().skip(1).map(|v| v.parse::<u64>().unwrap()).sum();

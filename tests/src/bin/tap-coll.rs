@@ -330,6 +330,23 @@ fn misuse_is_an_error_completion(c: &mut Ctx) -> Result<(), String> {
     }
 }
 
+fn groups_recreated_reuse_their_bounce_memory(c: &mut Ctx) -> Result<(), String> {
+    // 100 × 4 MiB of bounce slots is more than the whole arena: only
+    // reusing a destroyed group's memory lets this finish.
+    let opts = GroupOpts { bounce_slots: 4, bounce_slot_size: 1 << 20, ..GroupOpts::default() };
+    let members = c.eps.clone();
+    for i in 0..100 {
+        let g = c.dev.create_group(200 + i % 3, &members, &opts).map_err(|e| format!("group {i}: {e}"))?;
+        c.dev.destroy_group(g).map_err(|e| format!("destroy {i}: {e}"))?;
+    }
+    // Re-creating an id without destroying it reuses the slot and its memory too.
+    for i in 0..100 {
+        c.dev.create_group(300, &members, &opts).map_err(|e| format!("re-creation {i}: {e}"))?;
+    }
+    let g = c.dev.create_group(300, &members, &opts).map_err(|e| e.to_string())?;
+    c.dev.destroy_group(g).map_err(|e| e.to_string())
+}
+
 fn main() {
     let (job, mut dev, eps) = emp_tests::tap_start("tap-coll", 2, emp_tests::WithoutRendezvous::Run);
     let quiet = job.rank != 0;
@@ -343,7 +360,7 @@ fn main() {
     let sbuf = dev.alloc(2 << 20).expect("arena");
     let rbuf = dev.alloc(2 << 20).expect("arena");
     let mut c = Ctx { dev, job, eps, g, sbuf, rbuf, next_wr: 0 };
-    let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 11] = [
+    let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 12] = [
         ("600 barriers: pairwise exchange, dissemination, gather-release", barriers),
         ("nobody leaves a barrier before the last rank arrives", barrier_holds_everyone),
         ("6 nonblocking barriers in flight", nonblocking_barriers_in_flight),
@@ -355,6 +372,7 @@ fn main() {
         ("broadcast before the call: forwarded and bounced (application bypass)", bcast_arrives_before_the_call),
         ("multisend: one post reaches every member", multisend_reaches_every_member),
         ("misuse: error completions and errors, no hang", misuse_is_an_error_completion),
+        ("200 groups created on 4 MiB of bounce slots each: memory reused", groups_recreated_reuse_their_bounce_memory),
     ];
     emp_tests::run_tap(quiet, &mut c, &tests, |c, name| {
         let _ = c.sync(name);
