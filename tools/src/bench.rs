@@ -98,6 +98,11 @@ pub struct BenchArgs {
     /// (default: block when ranks outnumber the 2 cores).
     #[arg(long)]
     pub poll: bool,
+    /// Wire of the private chassis: `mem` runs every NIC in one engine
+    /// thread; `udp` runs one emp-nicd per NIC, so NICs work in parallel
+    /// as the papers' NIC processors did (one per host).
+    #[arg(long, value_enum, default_value_t = WireKind::Mem)]
+    pub wire: WireKind,
 }
 
 const WINDOW: usize = 64;
@@ -144,7 +149,7 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
             let d = std::env::temp_dir().join(format!("emp-bench-{}", std::process::id()));
             let up = UpArgs {
                 nics: ranks as u16,
-                wire: WireKind::Mem,
+                wire: a.wire,
                 loss: 0.0,
                 dup: 0.0,
                 reorder: 0.0,
@@ -152,7 +157,8 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
                 mtu: None,
                 cpu_plan: "base".into(),
                 firmware: None,
-                udp_base: 47000,
+                // Private: clear of a cluster someone else runs.
+                udp_base: 20000 + (std::process::id() % 400) as u16 * 64,
                 nicd_args: None,
             };
             cluster::up(&d, &up).map_err(|e| format!("starting a chassis for the benchmark: {e}"))?;
