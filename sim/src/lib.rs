@@ -5,6 +5,7 @@
 //! time. A seed reproduces a run bit for bit.
 
 pub mod cluster;
+pub mod cost;
 pub mod host;
 pub mod rng;
 pub mod scenario;
