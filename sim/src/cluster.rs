@@ -302,11 +302,16 @@ impl Cluster {
 
     /// Runs until `node` has a completion for `wr` (at most `limit_ns`).
     pub fn wait(&mut self, n: u16, wr: u64, limit_ns: u64) -> Option<Cqe> {
+        self.wait_seen(n, wr, limit_ns).map(|(c, _)| c)
+    }
+
+    /// As [`Cluster::wait`], also returning when the host finished reaping it.
+    pub fn wait_seen(&mut self, n: u16, wr: u64, limit_ns: u64) -> Option<(Cqe, u64)> {
         let end = self.world.now + limit_ns;
         loop {
             let now = self.world.now;
             if let Some(i) = self.completions[n as usize].iter().position(|&(c, seen)| c.wr_id == wr && seen <= now) {
-                return Some(self.completions[n as usize].remove(i).0);
+                return Some(self.completions[n as usize].remove(i));
             }
             if self.world.next_at().is_none_or(|t| t > end) {
                 return None;

@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod cost;
 pub mod host;
+pub mod model;
 pub mod rng;
 pub mod scenario;
 pub mod world;
