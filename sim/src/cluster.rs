@@ -244,6 +244,12 @@ impl Cluster {
     }
 
     fn drain(&mut self, n: u16) {
+        let visible = self.world.nodes[n as usize].host_visible_at;
+        if visible > self.world.now {
+            // The NIC is still writing (cost model): look when it is done.
+            self.world.wake_host(n, visible);
+            return;
+        }
         let layout = self.world.layout;
         let node = &mut self.world.nodes[n as usize];
         let mut got = Vec::new();
@@ -266,7 +272,10 @@ impl Cluster {
         let s = self.world.step()?;
         match s {
             Step::Nic(n) => self.drain(n),
-            Step::Host(n) => self.post_due(n),
+            Step::Host(n) => {
+                self.post_due(n);
+                self.drain(n);
+            }
         }
         Some(s)
     }

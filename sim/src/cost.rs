@@ -12,7 +12,9 @@
 //!   was given, `nic_tx_frame_ns` per frame it transmits and
 //!   `nic_dma_ps_per_byte` per byte it moves to or from host memory, in the
 //!   order the control program does them; each frame leaves when the work
-//!   before it (its own DMA and transmit cost included) is done.
+//!   before it (its own DMA and transmit cost included) is done, and the
+//!   host sees what the run wrote to its memory (data, completions) when
+//!   the run's last write is done.
 //! - **Host work costs host time** (the scripted host driver,
 //!   [`crate::cluster::Cluster`]): `host_post_ns` per descriptor posted,
 //!   `host_copy_ps_per_byte` per byte of a send it posts (see below),

@@ -97,6 +97,9 @@ pub struct Node {
     nic_free_at: u64,
     /// NIC time spent in handlers (ns, cost model).
     pub nic_busy_ns: u64,
+    /// The NIC's writes to host memory (data, completions) are done by
+    /// then (cost model): the host must not see them earlier.
+    pub host_visible_at: u64,
 }
 
 /// Frames a handler run emitted: (destination, bytes, ps into the run at
@@ -111,6 +114,8 @@ struct SimHal<'a> {
     interrupts: &'a mut u64,
     /// Cost of the run so far (ps), and what DMA and transmits add.
     work_ps: u64,
+    /// `work_ps` when the last write to host memory was done.
+    written_ps: u64,
     dma_ps_per_byte: u64,
     tx_ps: u64,
 }
@@ -139,6 +144,7 @@ impl Hal for SimHal<'_> {
         let r = self.mem.range(addr, data.len()).ok_or(DmaError)?;
         self.mem.bytes[r].copy_from_slice(data);
         self.dma(data.len());
+        self.written_ps = self.work_ps;
         Ok(())
     }
     fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]) {
@@ -241,6 +247,7 @@ impl World {
                     pool: &mut pool,
                     interrupts: &mut interrupts,
                     work_ps: 0,
+                    written_ps: 0,
                     dma_ps_per_byte: 0,
                     tx_ps: 0,
                 };
@@ -248,7 +255,7 @@ impl World {
                 c.gen_seed = 1 + id.wrapping_mul(31);
                 let nic = Nic::boot(&mut hal, c).expect("boot");
                 debug_assert_eq!(SramHeader::get(&sram).status, NicStatus::Running as u32);
-                Node { nic, sram, mem, interrupts, timer_at: None, egress_free_at: 0, doorbell_at: None, nic_free_at: 0, nic_busy_ns: 0 }
+                Node { nic, sram, mem, interrupts, timer_at: None, egress_free_at: 0, doorbell_at: None, nic_free_at: 0, nic_busy_ns: 0, host_visible_at: 0 }
             })
             .collect();
         World {
@@ -376,6 +383,7 @@ impl World {
                 pool: &mut self.pool,
                 interrupts: &mut n.interrupts,
                 work_ps: rx_frames * cost.nic_rx_frame_ns * 1000,
+                written_ps: 0,
                 dma_ps_per_byte: cost.nic_dma_ps_per_byte,
                 tx_ps: cost.nic_tx_frame_ns * 1000,
             };
@@ -387,9 +395,11 @@ impl World {
                     n.nic.handle_cpu(&mut hal, now, c);
                 }
             }
-            hal.work_ps
+            (hal.work_ps, hal.written_ps)
         };
+        let (work_ps, written_ps) = work_ps;
         let n = &mut self.nodes[node as usize];
+        n.host_visible_at = n.host_visible_at.max(now + written_ps.div_ceil(1000));
         let work_ns = work_ps.div_ceil(1000);
         n.nic_free_at = n.nic_free_at.max(now + work_ns);
         n.nic_busy_ns += work_ns;
