@@ -1,12 +1,20 @@
 //! A scripted cluster for targeted protocol tests (in the spirit of
 //! quinn's `Pair`): N NICs with one open port each, explicit sends and
 //! receives, explicit time, and completions to assert on.
+//!
+//! It is also the simulated host driver of the cost model
+//! ([`crate::cost`]): under `world.cost`, each host posts and reaps one
+//! thing at a time and pays for it; a descriptor reaches the ring when the
+//! host finished writing it, a completion is visible when the host finished
+//! reaping it.
 
 use emp_firmware::Config;
 use emp_uapi::coll::{reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_MEMBERS_MAX, TREE_ROOT};
 use emp_uapi::desc::{Cqe, MrEntry, Opcode, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, WD_SIGNALED};
 use emp_uapi::sram::{admin_result as ar, AdminOp, GroupEntry, LayoutParams};
 use emp_uapi::PAGE_SIZE;
+
+use std::collections::VecDeque;
 
 use crate::host::{admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostMem, HostPort, Region, Sram};
 use crate::rng::Rng;
@@ -29,7 +37,14 @@ pub struct Cluster {
     bump: Vec<u64>,
     /// Receive buffers by wr_id: (node, offset, len).
     bufs: Vec<(u16, u64, u64)>,
-    completions: Vec<Vec<Cqe>>,
+    /// Completions reaped, with the time the host is done reaping each.
+    completions: Vec<Vec<(Cqe, u64)>>,
+    /// Descriptors a host is still writing (cost model): (ready at, desc, send ring).
+    pending: Vec<VecDeque<(u64, WorkDesc, bool)>>,
+    /// When each host is free again (cost model).
+    host_free_at: Vec<u64>,
+    /// Host time spent posting and reaping, per node (cost model).
+    pub host_busy_ns: Vec<u64>,
     rng: Rng,
     /// Extra registrations: (node, region over part of the data region).
     extra: Vec<(u16, Region)>,
@@ -51,7 +66,19 @@ impl Cluster {
         let pages = HostMem::pages_for_region(REGION) + HostMem::pages_for_region(CQ_ENTRIES as u64 * 32) + SPARE_PAGES;
         let mem = vec![pages * PAGE_SIZE; nodes as usize];
         let world = World::new(nodes, params, mtu, features, cfg, wire, rng.fork(), &mem);
-        let mut c = Cluster { world, ports: Vec::new(), bump: vec![0; nodes as usize], bufs: Vec::new(), completions: vec![Vec::new(); nodes as usize], rng, extra: Vec::new() };
+        let k = nodes as usize;
+        let mut c = Cluster {
+            world,
+            ports: Vec::new(),
+            bump: vec![0; k],
+            bufs: Vec::new(),
+            completions: vec![Vec::new(); k],
+            pending: vec![VecDeque::new(); k],
+            host_free_at: vec![0; k],
+            host_busy_ns: vec![0; k],
+            rng,
+            extra: Vec::new(),
+        };
         for n in 0..nodes {
             let p = c.open_port(n, 0).expect("open port 0");
             c.ports.push(p);
@@ -101,13 +128,29 @@ impl Cluster {
         self.ports[n as usize].data.write(&mut node.mem, off, data);
         let key = self.ports[n as usize].data.key;
         let d = work_desc(Opcode::Send as u8, self.bufs.len() as u64, dst, 0, tag, 0, key, off, data.len() as u64, 2);
-        self.post(n, d, true)
+        self.post(n, d, true, data.len() as u64)
+    }
+
+    /// Posts a send of `len` bytes at `off` of `node`'s data region (bytes
+    /// already there, e.g. a receive's buffer: [`Cluster::buffer`]) to (dst
+    /// node, port 0); returns its wr_id.
+    pub fn send_from(&mut self, n: u16, dst: u16, tag: u64, off: u64, len: u64) -> u64 {
+        assert!(off + len <= REGION, "beyond the data region");
+        let key = self.ports[n as usize].data.key;
+        let d = work_desc(Opcode::Send as u8, self.bufs.len() as u64, dst, 0, tag, 0, key, off, len, 2);
+        self.post(n, d, true, len)
+    }
+
+    /// Where a receive (or collective) delivers: (offset in the data region, length).
+    pub fn buffer(&self, wr: u64) -> (u64, u64) {
+        let (_, off, len) = self.bufs[wr as usize];
+        (off, len)
     }
 
     /// Posts a raw descriptor (for malformed-input tests); returns its wr_id.
     pub fn post_raw(&mut self, n: u16, mut d: WorkDesc, send: bool) -> u64 {
         d.wr_id = self.bufs.len() as u64;
-        self.post(n, d, send)
+        self.post(n, d, send, 0)
     }
 
     /// The data region key of `node`'s port 0.
@@ -123,18 +166,62 @@ impl Cluster {
         let wr = self.bufs.len() as u64;
         let d = work_desc(Opcode::Recv as u8, wr, src.0, src.1, tag, ignore, key, off, len, 3);
         self.bufs.push((n, off, len));
-        self.post(n, d, false);
+        self.post(n, d, false, 0);
         wr
     }
 
-    fn post(&mut self, n: u16, d: WorkDesc, send: bool) -> u64 {
+    /// Posts `d`; a send of `copy` bytes costs the host that much copying.
+    fn post(&mut self, n: u16, d: WorkDesc, send: bool, copy: u64) -> u64 {
         if send {
             self.bufs.push((n, 0, 0));
         }
-        self.post_desc(n, d, send)
+        self.post_desc_copy(n, d, send, copy)
     }
 
     fn post_desc(&mut self, n: u16, d: WorkDesc, send: bool) -> u64 {
+        self.post_desc_copy(n, d, send, 0)
+    }
+
+    /// Host time: `node`'s host does `ns` of work as soon as it is free;
+    /// returns when it is done.
+    fn host_work(&mut self, n: u16, ns: u64) -> u64 {
+        let start = self.host_free_at[n as usize].max(self.world.now);
+        self.host_free_at[n as usize] = start + ns;
+        self.host_busy_ns[n as usize] += ns;
+        start + ns
+    }
+
+    fn post_desc_copy(&mut self, n: u16, d: WorkDesc, send: bool, copy: u64) -> u64 {
+        let ns = self.world.cost.post_ns(copy);
+        if ns > 0 || !self.pending[n as usize].is_empty() {
+            // The host writes the descriptor when it is free; the NIC sees it after.
+            let ready = self.host_work(n, ns);
+            self.pending[n as usize].push_back((ready, d, send));
+            self.world.wake_host(n, ready);
+            return d.wr_id;
+        }
+        self.post_now(n, d, send)
+    }
+
+    /// Descriptors whose host work is done go into the rings.
+    fn post_due(&mut self, n: u16) {
+        let layout = self.world.layout;
+        while let Some(&(ready, d, send)) = self.pending[n as usize].front() {
+            if ready > self.world.now {
+                return;
+            }
+            if !self.ports[n as usize].post(&mut self.world.nodes[n as usize].sram, &layout, &d, send) {
+                // Ring full: try again once the NIC consumed some.
+                self.world.ring(n);
+                self.world.wake_host(n, self.world.now + 1_000);
+                return;
+            }
+            self.pending[n as usize].pop_front();
+            self.world.ring(n);
+        }
+    }
+
+    fn post_now(&mut self, n: u16, d: WorkDesc, send: bool) -> u64 {
         let layout = self.world.layout;
         let mut tries = 0;
         while !self.ports[n as usize].post(&mut self.world.nodes[n as usize].sram, &layout, &d, send) {
@@ -157,42 +244,88 @@ impl Cluster {
     }
 
     fn drain(&mut self, n: u16) {
+        let visible = self.world.nodes[n as usize].host_visible_at;
+        if visible > self.world.now {
+            // The NIC is still writing (cost model): look when it is done.
+            self.world.wake_host(n, visible);
+            return;
+        }
         let layout = self.world.layout;
         let node = &mut self.world.nodes[n as usize];
+        let mut got = Vec::new();
         while let Some(c) = self.ports[n as usize].poll_cq(&mut node.sram, &layout, &node.mem) {
-            self.completions[n as usize].push(c);
+            got.push(c);
         }
+        let ns = self.world.cost.host_cqe_ns;
+        for c in got {
+            let seen = self.host_work(n, ns);
+            if seen > self.world.now {
+                self.world.wake_host(n, seen);
+            }
+            self.completions[n as usize].push((c, seen));
+        }
+    }
+
+    /// Processes the next event (a NIC's run: its host reaps; a host
+    /// wake-up: descriptors it finished writing go to the NIC).
+    pub fn step(&mut self) -> Option<Step> {
+        let s = self.world.step()?;
+        match s {
+            Step::Nic(n) => self.drain(n),
+            Step::Host(n) => {
+                self.post_due(n);
+                self.drain(n);
+            }
+        }
+        Some(s)
+    }
+
+    /// Takes the completions `node`'s host has finished reaping by now,
+    /// with the time it finished each.
+    pub fn take_ready(&mut self, n: u16) -> Vec<(Cqe, u64)> {
+        let now = self.world.now;
+        let all = core::mem::take(&mut self.completions[n as usize]);
+        let (ready, later): (Vec<_>, Vec<_>) = all.into_iter().partition(|&(_, seen)| seen <= now);
+        self.completions[n as usize] = later;
+        ready
+    }
+
+    /// When `node`'s host is next free (cost model).
+    pub fn host_free_at(&self, n: u16) -> u64 {
+        self.host_free_at[n as usize].max(self.world.now)
     }
 
     /// Runs until virtual time `now + ns` (or no event is left).
     pub fn run_for(&mut self, ns: u64) {
         let end = self.world.now + ns;
         while self.world.next_at().is_some_and(|t| t <= end) {
-            if let Some(Step::Nic(n)) = self.world.step() {
-                self.drain(n);
-            }
+            self.step();
         }
         self.world.now = self.world.now.max(end);
     }
 
     /// Takes the completions `node` has seen so far.
     pub fn completions(&mut self, n: u16) -> Vec<Cqe> {
-        core::mem::take(&mut self.completions[n as usize])
+        core::mem::take(&mut self.completions[n as usize]).into_iter().map(|(c, _)| c).collect()
     }
 
     /// Runs until `node` has a completion for `wr` (at most `limit_ns`).
     pub fn wait(&mut self, n: u16, wr: u64, limit_ns: u64) -> Option<Cqe> {
+        self.wait_seen(n, wr, limit_ns).map(|(c, _)| c)
+    }
+
+    /// As [`Cluster::wait`], also returning when the host finished reaping it.
+    pub fn wait_seen(&mut self, n: u16, wr: u64, limit_ns: u64) -> Option<(Cqe, u64)> {
         let end = self.world.now + limit_ns;
         loop {
-            if let Some(i) = self.completions[n as usize].iter().position(|c| c.wr_id == wr) {
+            let now = self.world.now;
+            if let Some(i) = self.completions[n as usize].iter().position(|&(c, seen)| c.wr_id == wr && seen <= now) {
                 return Some(self.completions[n as usize].remove(i));
             }
             if self.world.next_at().is_none_or(|t| t > end) {
                 return None;
             }
-            if let Some(Step::Nic(k)) = self.world.step() {
-                self.drain(k);
-            }
+            self.step();
         }
     }
 
@@ -318,7 +451,7 @@ impl Cluster {
         let wr = self.bufs.len() as u64;
         d.wr_id = wr;
         self.bufs.push((n, off, len));
-        self.post(n, d, true);
+        self.post(n, d, true, if is_root { len } else { 0 });
         wr
     }
 
@@ -332,7 +465,7 @@ impl Cluster {
         let key = self.ports[n as usize].data.key;
         let mut d = work_desc(Opcode::MultiSend as u8, 0, slot as u16, 0, tag, mask, key, off, len, 3);
         d.wr_id = self.bufs.len() as u64;
-        self.post(n, d, true)
+        self.post(n, d, true, len)
     }
 
     /// Bytes `node`'s NIC has read from host memory by DMA.
@@ -400,7 +533,7 @@ impl Cluster {
         let wr = self.bufs.len() as u64;
         d.wr_id = wr;
         self.bufs.push((n, out, len));
-        self.post(n, d, true);
+        self.post(n, d, true, len);
         wr
     }
 

@@ -6,7 +6,9 @@
 
 pub mod cluster;
 mod collplan;
+pub mod cost;
 pub mod host;
+pub mod model;
 pub mod rng;
 pub mod scenario;
 pub mod world;

@@ -5,6 +5,8 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use emp_firmware::FlowControl;
+use emp_sim::cost::CostModel;
+use emp_sim::model::{self, Comparison, Experiment, Params, NODES_MAX, NODES_SIMULATED_MAX};
 use emp_sim::world::Partition;
 use emp_sim::{run, Spec};
 
@@ -91,12 +93,50 @@ enum Cmd {
         #[arg(long)]
         verbose: bool,
     },
+    /// A NIC-offloaded collective against its host-based baseline under a
+    /// cost model: both times and their ratio, in one deterministic run.
+    Model {
+        /// Which collective.
+        #[arg(value_enum)]
+        what: What,
+        /// Ranks (above 64, a projection from 2..64).
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(2..=NODES_MAX as i64))]
+        nodes: u16,
+        /// Message bytes (bcast; default 16384) or vector bytes (allreduce, i64 elements; default 8).
+        #[arg(long)]
+        size: Option<u64>,
+        /// Cost parameter set.
+        #[arg(long, value_enum, default_value_t = CostSet::Paper)]
+        cost: CostSet,
+        /// Override one cost, e.g. `--set host_copy_ps_per_byte=0` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Also run 2, 4, … up to --nodes (at most 64) and fit a + b·log2 N.
+        #[arg(long)]
+        sweep: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum What {
+    Bcast,
+    Barrier,
+    Allreduce,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum CostSet {
+    /// Seed 000 §2's FM/LANai 4.3 fits (emp_sim::cost).
+    Paper,
+    /// Free work, the simulator's default wire.
+    Zero,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::Swarm { seed, count, verbose }) => swarm(seed, count, verbose),
+        Some(Cmd::Model { what, nodes, size, cost, set, sweep }) => model_cmd(what, nodes, size, cost, &set, sweep),
         None => one(&cli.one),
     }
 }
@@ -173,4 +213,75 @@ fn swarm(seed: u64, count: u64, verbose: bool) -> ExitCode {
     let wall = t.elapsed().as_secs_f64();
     println!("{ok} passed, {failed} failed ({frames} frames, {:.0} frames/s)", frames as f64 / wall);
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+fn us(ns: f64) -> String {
+    format!("{:.1} µs", ns / 1000.0)
+}
+
+fn print_one(c: &Comparison) {
+    println!("  NIC-offloaded {:>12}   host time per rank {:>9}   ({})", us(c.nic.ns), us(c.nic.host_cpu_ns), c.note);
+    println!("  host-based    {:>12}   host time per rank {:>9}", us(c.host.ns), us(c.host.host_cpu_ns));
+    println!("  ratio         {:>9.2}x   host time ratio {:>8.2}x", c.ratio(), c.host.host_cpu_ns / c.nic.host_cpu_ns);
+}
+
+fn model_cmd(what: What, nodes: u16, size: Option<u64>, set: CostSet, overrides: &[String], sweep: bool) -> ExitCode {
+    let (mut p, set_name) = match set {
+        CostSet::Paper => (Params::paper(), "paper"),
+        CostSet::Zero => (Params::zero(), "zero"),
+    };
+    for o in overrides {
+        if let Err(e) = p.cost.set(o) {
+            eprintln!("emp-sim: --set {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let (e, name, size) = match what {
+        What::Bcast => (Experiment::Bcast, "bcast", size.unwrap_or(16 * 1024)),
+        What::Barrier => (Experiment::Barrier, "barrier (pairwise exchange, mean of consecutive barriers)", 0),
+        What::Allreduce => (Experiment::Allreduce, "allreduce (i64 sum)", size.unwrap_or(8)),
+    };
+    if e == Experiment::Allreduce && (size == 0 || size % 8 != 0) {
+        eprintln!("emp-sim: allreduce --size must be a positive multiple of 8");
+        return ExitCode::from(2);
+    }
+    let sized = if e == Experiment::Barrier { String::new() } else { format!(", {size} B") };
+    let custom = if p.cost == CostModel::PAPER || p.cost == CostModel::ZERO { "" } else { " (with overrides)" };
+    println!("model {name}, {nodes} nodes{sized}, cost {set_name}{custom}: {:?}", p.cost);
+    let result = (|| -> Result<(), String> {
+        if nodes <= NODES_SIMULATED_MAX {
+            print_one(&e.run(&p, nodes, size)?);
+        }
+        if !sweep && nodes <= NODES_SIMULATED_MAX {
+            return Ok(());
+        }
+        let points = model::sweep(e, &p, nodes, size)?;
+        println!("  {:>6} {:>14} {:>14} {:>7}", "nodes", "NIC", "host", "ratio");
+        for c in &points {
+            println!("  {:>6} {:>14} {:>14} {:>6.2}x", c.nodes, us(c.nic.ns), us(c.host.ns), c.ratio());
+        }
+        if points.len() < 2 {
+            return Ok(());
+        }
+        let pr = model::project(&points, nodes);
+        let fit = |(a, b): (f64, f64)| format!("{:.2} µs + {:.2} µs·log2 N", a / 1000.0, b / 1000.0);
+        println!("  fit over 2..{}: NIC {}; host {}", points.last().expect("points").nodes, fit(pr.nic_fit), fit(pr.host_fit));
+        if nodes > NODES_SIMULATED_MAX {
+            // Groups hold at most 64 members: the NIC variant is projected;
+            // the host variant needs no group and is simulated.
+            let host = e.run_host(&p, nodes, size)?;
+            println!("  {nodes} nodes (groups hold at most {NODES_SIMULATED_MAX} members, so the NIC variant is projected):");
+            println!("  NIC-offloaded {:>12}   projected", us(pr.nic_ns()));
+            println!("  host-based    {:>12}   simulated (the fit projects {})", us(host.ns), us(pr.host_ns()));
+            println!("  ratio         {:>9.2}x", host.ns / pr.nic_ns());
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("emp-sim: model: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -9,6 +9,7 @@ use emp_firmware::{Config, DmaError, Hal, Nic};
 use emp_uapi::sram::{Layout, LayoutParams, NicStatus, SramHeader};
 use emp_uapi::Le;
 
+use crate::cost::CostModel;
 use crate::host::{write_routes, HostMem};
 use crate::rng::Rng;
 
@@ -92,14 +93,37 @@ pub struct Node {
     timer_at: Option<u64>,
     egress_free_at: u64,
     doorbell_at: Option<u64>,
+    /// The NIC is busy until then (cost model): events wait.
+    nic_free_at: u64,
+    /// NIC time spent in handlers (ns, cost model).
+    pub nic_busy_ns: u64,
+    /// The NIC's writes to host memory (data, completions) are done by
+    /// then (cost model): the host must not see them earlier.
+    pub host_visible_at: u64,
 }
+
+/// Frames a handler run emitted: (destination, bytes, ps into the run at
+/// which the work that produced it was done).
+type Out = Vec<(u16, Vec<u8>, u64)>;
 
 struct SimHal<'a> {
     sram: &'a mut [u8],
     mem: &'a mut HostMem,
-    out: &'a mut Vec<(u16, Vec<u8>)>,
+    out: &'a mut Out,
     pool: &'a mut Vec<Vec<u8>>,
     interrupts: &'a mut u64,
+    /// Cost of the run so far (ps), and what DMA and transmits add.
+    work_ps: u64,
+    /// `work_ps` when the last write to host memory was done.
+    written_ps: u64,
+    dma_ps_per_byte: u64,
+    tx_ps: u64,
+}
+
+impl SimHal<'_> {
+    fn dma(&mut self, bytes: usize) {
+        self.work_ps += bytes as u64 * self.dma_ps_per_byte;
+    }
 }
 
 impl Hal for SimHal<'_> {
@@ -113,18 +137,22 @@ impl Hal for SimHal<'_> {
         let r = self.mem.range(addr, buf.len()).ok_or(DmaError)?;
         buf.copy_from_slice(&self.mem.bytes[r]);
         self.mem.dma_read_bytes += buf.len() as u64;
+        self.dma(buf.len());
         Ok(())
     }
     fn dma_write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
         let r = self.mem.range(addr, data.len()).ok_or(DmaError)?;
         self.mem.bytes[r].copy_from_slice(data);
+        self.dma(data.len());
+        self.written_ps = self.work_ps;
         Ok(())
     }
     fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]) {
         let mut b = self.pool.pop().unwrap_or_default();
         b.clear();
         b.extend_from_slice(frame);
-        self.out.push((dst_node, b));
+        self.work_ps += self.tx_ps;
+        self.out.push((dst_node, b, self.work_ps));
     }
     fn raise_interrupt(&mut self, _vector: u16) {
         *self.interrupts += 1;
@@ -146,6 +174,8 @@ struct Event {
     node: u16,
     kind: Kind,
     data: Vec<u8>,
+    /// When it was due (a NIC event waits while its NIC is busy).
+    due: u64,
 }
 
 /// What an event was, as seen by the workload driver.
@@ -173,12 +203,14 @@ pub struct World {
     pub events: u64,
     /// Delay between a host's doorbell write and the NIC noticing it.
     pub doorbell_ns: u64,
+    /// What NIC (and, in the host driver, host) work costs; zero by default.
+    pub cost: CostModel,
     queue: BinaryHeap<Reverse<(u64, u64, u32)>>,
     slab: Vec<Option<Event>>,
     slab_free: Vec<u32>,
     seq: u64,
     rng: Rng,
-    out: Vec<(u16, Vec<u8>)>,
+    out: Out,
     /// Frame buffers for reuse (bounded).
     pool: Vec<Vec<u8>>,
     /// Test hook: return true to lose a frame (src, dst, bytes).
@@ -208,13 +240,22 @@ impl World {
                 let mut out = Vec::new();
                 let mut pool = Vec::new();
                 let mut interrupts = 0;
-                let mut hal =
-                    SimHal { sram: &mut sram, mem: &mut mem, out: &mut out, pool: &mut pool, interrupts: &mut interrupts };
+                let mut hal = SimHal {
+                    sram: &mut sram,
+                    mem: &mut mem,
+                    out: &mut out,
+                    pool: &mut pool,
+                    interrupts: &mut interrupts,
+                    work_ps: 0,
+                    written_ps: 0,
+                    dma_ps_per_byte: 0,
+                    tx_ps: 0,
+                };
                 let mut c = cfg;
                 c.gen_seed = 1 + id.wrapping_mul(31);
                 let nic = Nic::boot(&mut hal, c).expect("boot");
                 debug_assert_eq!(SramHeader::get(&sram).status, NicStatus::Running as u32);
-                Node { nic, sram, mem, interrupts, timer_at: None, egress_free_at: 0, doorbell_at: None }
+                Node { nic, sram, mem, interrupts, timer_at: None, egress_free_at: 0, doorbell_at: None, nic_free_at: 0, nic_busy_ns: 0, host_visible_at: 0 }
             })
             .collect();
         World {
@@ -225,6 +266,7 @@ impl World {
             stats: WireStats::default(),
             events: 0,
             doorbell_ns: 1_000,
+            cost: CostModel::ZERO,
             queue: BinaryHeap::new(),
             slab: Vec::new(),
             slab_free: Vec::new(),
@@ -237,8 +279,12 @@ impl World {
     }
 
     fn push(&mut self, at: u64, node: u16, kind: Kind, data: Vec<u8>) {
+        self.queue_event(at, Event { node, kind, data, due: at });
+    }
+
+    fn queue_event(&mut self, at: u64, ev: Event) {
         self.seq += 1;
-        let ev = Some(Event { node, kind, data });
+        let ev = Some(ev);
         let i = match self.slab_free.pop() {
             Some(i) => {
                 self.slab[i as usize] = ev;
@@ -254,7 +300,12 @@ impl World {
 
     /// The host of `node` wrote a doorbell.
     pub fn ring(&mut self, node: u16) {
-        let at = self.now + self.doorbell_ns;
+        self.ring_at(node, self.now);
+    }
+
+    /// The host of `node` writes a doorbell at `at` (≥ now: it is busy until then).
+    pub fn ring_at(&mut self, node: u16, at: u64) {
+        let at = at.max(self.now) + self.doorbell_ns;
         let n = &mut self.nodes[node as usize];
         if n.doorbell_at.is_none() {
             n.doorbell_at = Some(at);
@@ -274,7 +325,7 @@ impl World {
 
     /// Runs the NIC of `node` synchronously on its doorbell (setup phase).
     pub fn doorbell_now(&mut self, node: u16) {
-        self.run_nic(node, |nic, hal, now| nic.handle_doorbell(hal, now));
+        self.run_nic(node, 0, |nic, hal, now| nic.handle_doorbell(hal, now));
     }
 
     /// Processes the next event; `None` when nothing is left.
@@ -286,47 +337,74 @@ impl World {
         self.now = at;
         self.events += 1;
         let node = ev.node;
+        if ev.kind == Kind::Timer && self.nodes[node as usize].timer_at != Some(ev.due) {
+            return Some(Step::Nic(node)); // Superseded.
+        }
+        let free = self.nodes[node as usize].nic_free_at;
+        if ev.kind != Kind::Host && free > at {
+            // The NIC is still busy with earlier work: the event waits.
+            self.queue_event(free, ev);
+            return Some(Step::Nic(node));
+        }
         match ev.kind {
             Kind::Host => return Some(Step::Host(node)),
             Kind::Frame => {
                 let data = ev.data;
-                self.run_nic(node, |nic, hal, now| nic.handle_frame(hal, now, &data));
+                self.run_nic(node, 1, |nic, hal, now| nic.handle_frame(hal, now, &data));
                 if self.pool.len() < 4096 {
                     self.pool.push(data);
                 }
             }
             Kind::Timer => {
-                if self.nodes[node as usize].timer_at != Some(at) {
-                    return Some(Step::Nic(node)); // Superseded.
-                }
                 self.nodes[node as usize].timer_at = None;
-                self.run_nic(node, |nic, hal, now| nic.handle_timeout(hal, now));
+                self.run_nic(node, 0, |nic, hal, now| nic.handle_timeout(hal, now));
             }
             Kind::Doorbell => {
                 self.nodes[node as usize].doorbell_at = None;
-                self.run_nic(node, |nic, hal, now| nic.handle_doorbell(hal, now));
+                self.run_nic(node, 0, |nic, hal, now| nic.handle_doorbell(hal, now));
             }
         }
         Some(Step::Nic(node))
     }
 
-    fn run_nic(&mut self, node: u16, f: impl FnOnce(&mut Nic, &mut SimHal<'_>, u64)) {
+    /// Runs a handler of `node`'s NIC (which took in `rx_frames` frames)
+    /// now; under a cost model the NIC is then busy for the run's work and
+    /// each frame leaves when the work before it is done.
+    fn run_nic(&mut self, node: u16, rx_frames: u64, f: impl FnOnce(&mut Nic, &mut SimHal<'_>, u64)) {
         let now = self.now;
         let mut out = core::mem::take(&mut self.out);
-        {
+        let cost = self.cost;
+        let work_ps = {
             let n = &mut self.nodes[node as usize];
-            let mut hal =
-                SimHal { sram: &mut n.sram, mem: &mut n.mem, out: &mut out, pool: &mut self.pool, interrupts: &mut n.interrupts };
+            let mut hal = SimHal {
+                sram: &mut n.sram,
+                mem: &mut n.mem,
+                out: &mut out,
+                pool: &mut self.pool,
+                interrupts: &mut n.interrupts,
+                work_ps: rx_frames * cost.nic_rx_frame_ns * 1000,
+                written_ps: 0,
+                dma_ps_per_byte: cost.nic_dma_ps_per_byte,
+                tx_ps: cost.nic_tx_frame_ns * 1000,
+            };
             f(&mut n.nic, &mut hal, now);
-            // The NIC's other CPUs run the steps queued for them.
+            // The NIC's other CPUs run the steps queued for them (in time,
+            // the NIC is one processor).
             while (0..n.nic.cpus()).any(|c| n.nic.cpu_pending(c) > 0) {
                 for c in 0..n.nic.cpus() {
                     n.nic.handle_cpu(&mut hal, now, c);
                 }
             }
-        }
-        for (dst, frame) in out.drain(..) {
-            self.transmit(node, dst, frame);
+            (hal.work_ps, hal.written_ps)
+        };
+        let (work_ps, written_ps) = work_ps;
+        let n = &mut self.nodes[node as usize];
+        n.host_visible_at = n.host_visible_at.max(now + written_ps.div_ceil(1000));
+        let work_ns = work_ps.div_ceil(1000);
+        n.nic_free_at = n.nic_free_at.max(now + work_ns);
+        n.nic_busy_ns += work_ns;
+        for (dst, frame, done_ps) in out.drain(..) {
+            self.transmit(node, dst, frame, now + done_ps.div_ceil(1000));
         }
         self.out = out;
         let next = self.nodes[node as usize].nic.poll_timeout();
@@ -340,14 +418,15 @@ impl World {
         }
     }
 
-    fn transmit(&mut self, src: u16, dst: u16, frame: Vec<u8>) {
+    /// Puts a frame the NIC of `src` finished at `ready` on its link.
+    fn transmit(&mut self, src: u16, dst: u16, frame: Vec<u8>, ready: u64) {
         self.stats.frames += 1;
         self.stats.bytes += frame.len() as u64;
         // Serialization on the sender's link (Ethernet overhead: 38 bytes).
         let bits = (frame.len() as u64 + 38) * 8;
         let tx_ns = bits * 1_000_000_000 / self.wire.bandwidth_bps;
         let n = &mut self.nodes[src as usize];
-        let start = n.egress_free_at.max(self.now);
+        let start = n.egress_free_at.max(ready);
         n.egress_free_at = start + tx_ns;
         let mut at = start + tx_ns + self.wire.latency_ns;
         if dst as usize >= self.nodes.len() {
