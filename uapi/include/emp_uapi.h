@@ -621,7 +621,9 @@ struct emp_query {
 	uint16_t port_count;
 	uint16_t reserved0;
 	uint64_t pinned_pages; /* pages the driver holds pinned for this NIC */
-	uint64_t reserved[3];
+	uint32_t group_entries; /* group table slots of the NIC */
+	uint32_t groups_in_use; /* group table slots in use (all ports) */
+	uint64_t reserved[2];
 };
 
 /* EMP_IOC_REG_MR argument (48 bytes). */
@@ -665,6 +667,23 @@ struct emp_start {
 };
 
 /*
+ * EMP_IOC_GROUP_SET argument (32 bytes): load the struct emp_group_entry
+ * at `entry` (caller's memory) for this port; the port must be started.
+ */
+struct emp_group_set {
+	uint32_t size;
+	uint32_t slot;   /* out: group table slot */
+	uint64_t entry;  /* address of a struct emp_group_entry */
+	uint64_t reserved[2];
+};
+
+/* EMP_IOC_GROUP_CLEAR argument (8 bytes): retire a slot of this port. */
+struct emp_group_clear {
+	uint32_t size;
+	uint32_t slot;
+};
+
+/*
  * Command numbers use the asm-generic _IOC encoding on every architecture
  * (as the Rust constants do): dir:2 | size:14 | type:8 | nr:8. On x86,
  * arm, arm64 and riscv they equal _IOWR('E', nr, struct ...) /
@@ -689,6 +708,10 @@ struct emp_start {
 	EMP_IOC_ENCODE(EMP_IOC_DIR_WRITE, 5U, sizeof(struct emp_set_eventfd))
 #define EMP_IOC_START \
 	EMP_IOC_ENCODE(EMP_IOC_DIR_WRITE, 6U, sizeof(struct emp_start))
+#define EMP_IOC_GROUP_SET \
+	EMP_IOC_ENCODE(EMP_IOC_DIR_READ | EMP_IOC_DIR_WRITE, 7U, sizeof(struct emp_group_set))
+#define EMP_IOC_GROUP_CLEAR \
+	EMP_IOC_ENCODE(EMP_IOC_DIR_WRITE, 8U, sizeof(struct emp_group_clear))
 
 /* ------------------------------------------------------------------ */
 /* Direct attach to emp-nicd (attach.rs)                               */

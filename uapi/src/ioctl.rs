@@ -56,8 +56,12 @@ le_struct! {
         pub reserved0: u16,
         /// Pages the driver holds pinned for this NIC (all ports).
         pub pinned_pages: u64,
+        /// Group table slots of the NIC.
+        pub group_entries: u32,
+        /// Group table slots in use (all ports).
+        pub groups_in_use: u32,
         /// Reserved.
-        pub reserved: [u64; 3],
+        pub reserved: [u64; 2],
     }
     size = 80;
 }
@@ -138,6 +142,39 @@ le_struct! {
     size = 24;
 }
 
+le_struct! {
+    /// `EMP_IOC_GROUP_SET` argument: load the group table entry (a
+    /// [`crate::sram::GroupEntry`], 1024 bytes) at `entry` in the caller's
+    /// memory for this port. The driver copies and checks it
+    /// ([`crate::sram::GroupEntry::check`], with `port` set to the
+    /// caller's port), keeps one slot per (port, group id) and has the NIC
+    /// load it. The port must be started. Out: the slot, which collective
+    /// work descriptors name.
+    pub struct EmpGroupSet {
+        /// Caller sets `size_of::<EmpGroupSet>()`.
+        pub size: u32,
+        /// Out: the group table slot.
+        pub slot: u32,
+        /// Address of the entry.
+        pub entry: u64,
+        /// Reserved, zero.
+        pub reserved: [u64; 2],
+    }
+    size = 32;
+}
+
+le_struct! {
+    /// `EMP_IOC_GROUP_CLEAR` argument: retire a group slot of this port;
+    /// its unfinished operations complete `Flushed`.
+    pub struct EmpGroupClear {
+        /// Caller sets `size_of::<EmpGroupClear>()`.
+        pub size: u32,
+        /// Slot `EMP_IOC_GROUP_SET` returned.
+        pub slot: u32,
+    }
+    size = 8;
+}
+
 /// Query the port and NIC.
 pub const EMP_IOC_QUERY: u32 = ioc(IOC_READ | IOC_WRITE, EMP_IOC_MAGIC, 1, core::mem::size_of::<EmpQuery>());
 /// Register (pin) memory.
@@ -150,6 +187,10 @@ pub const EMP_IOC_ARM: u32 = ioc(IOC_WRITE, EMP_IOC_MAGIC, 4, core::mem::size_of
 pub const EMP_IOC_START: u32 = ioc(IOC_WRITE, EMP_IOC_MAGIC, 6, core::mem::size_of::<EmpStart>());
 /// Set the event eventfd / signal.
 pub const EMP_IOC_SET_EVENTFD: u32 = ioc(IOC_WRITE, EMP_IOC_MAGIC, 5, core::mem::size_of::<EmpSetEventfd>());
+/// Load a group into the NIC's group table.
+pub const EMP_IOC_GROUP_SET: u32 = ioc(IOC_READ | IOC_WRITE, EMP_IOC_MAGIC, 7, core::mem::size_of::<EmpGroupSet>());
+/// Retire a group slot.
+pub const EMP_IOC_GROUP_CLEAR: u32 = ioc(IOC_WRITE, EMP_IOC_MAGIC, 8, core::mem::size_of::<EmpGroupClear>());
 
 #[cfg(test)]
 mod tests {
@@ -160,5 +201,8 @@ mod tests {
         assert_eq!(ioc_size(EMP_IOC_REG_MR), 48);
         assert_eq!(EMP_IOC_DEREG_MR, 0x4008_4503);
         assert_ne!(EMP_IOC_QUERY, EMP_IOC_REG_MR);
+        assert_eq!(ioc_size(EMP_IOC_GROUP_SET), 32);
+        assert_eq!(EMP_IOC_GROUP_SET, 0xC020_4507);
+        assert_eq!(EMP_IOC_GROUP_CLEAR, 0x4008_4508);
     }
 }

@@ -208,13 +208,15 @@ fn structs() -> Vec<StructDesc> {
         }),
         st!("emp_query", EmpQuery {
             size, port, node_id, mtu, features, window_size, send_entries, recv_entries,
-            msg_max, port_gen, port_count, reserved0, pinned_pages, reserved,
+            msg_max, port_gen, port_count, reserved0, pinned_pages, group_entries, groups_in_use, reserved,
         }),
         st!("emp_reg_mr", EmpRegMr { size, access, addr, length, key, reserved0, reserved }),
         st!("emp_dereg_mr", EmpDeregMr { size, key }),
         st!("emp_set_eventfd", EmpSetEventfd { size, fd, signal, reserved }),
         st!("emp_arm", EmpArm { size, events }),
         st!("emp_start", EmpStart { size, cq_entries, cq_key, reserved, cq_offset }),
+        st!("emp_group_set", EmpGroupSet { size, slot, entry, reserved }),
+        st!("emp_group_clear", EmpGroupClear { size, slot }),
         st!("emp_attach_msg", AttachMsg { version, op, status, reserved, arg }),
         st_repr_c!("emp_fw_hal", FwHal {
             ctx, sram_read, sram_write, dma_read, dma_write, mac_transmit, raise_interrupt,
@@ -432,6 +434,8 @@ fn constants() -> Vec<ConstDesc> {
         EMP_IOC_ARM = EMP_IOC_ARM,
         EMP_IOC_SET_EVENTFD = EMP_IOC_SET_EVENTFD,
         EMP_IOC_START = EMP_IOC_START,
+        EMP_IOC_GROUP_SET = EMP_IOC_GROUP_SET,
+        EMP_IOC_GROUP_CLEAR = EMP_IOC_GROUP_CLEAR,
         // attach.rs
         EMP_ATTACH_VERSION = attach::ATTACH_VERSION,
         EMP_ATTACH_OP_ATTACH = attach::op::ATTACH,
@@ -543,6 +547,8 @@ const LINUX_IOCTLS: &[(&str, &str, u32, &str)] = &[
     ("EMP_IOC_ARM", "_IOW", 4, "emp_arm"),
     ("EMP_IOC_SET_EVENTFD", "_IOW", 5, "emp_set_eventfd"),
     ("EMP_IOC_START", "_IOW", 6, "emp_start"),
+    ("EMP_IOC_GROUP_SET", "_IOWR", 7, "emp_group_set"),
+    ("EMP_IOC_GROUP_CLEAR", "_IOW", 8, "emp_group_clear"),
 ];
 
 /// Architectures whose `<linux/ioctl.h>` uses the asm-generic encoding that

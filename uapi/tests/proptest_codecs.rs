@@ -263,7 +263,9 @@ arb_struct!(arb_emp_query -> EmpQuery {
     port_count: any::<u16>(),
     reserved0: any::<u16>(),
     pinned_pages: any::<u64>(),
-    reserved: any::<[u64; 3]>(),
+    group_entries: any::<u32>(),
+    groups_in_use: any::<u32>(),
+    reserved: any::<[u64; 2]>(),
 });
 arb_struct!(arb_emp_reg_mr -> EmpRegMr {
     size: any::<u32>(),
@@ -283,6 +285,8 @@ arb_struct!(arb_emp_set_eventfd -> EmpSetEventfd {
 });
 arb_struct!(arb_emp_arm -> EmpArm { size: any::<u32>(), events: any::<u32>() });
 arb_struct!(arb_emp_start -> EmpStart { size: any::<u32>(), cq_entries: any::<u32>(), cq_key: any::<u32>(), reserved: any::<u32>(), cq_offset: any::<u64>() });
+arb_struct!(arb_emp_group_set -> EmpGroupSet { size: any::<u32>(), slot: any::<u32>(), entry: any::<u64>(), reserved: any::<[u64; 2]>() });
+arb_struct!(arb_emp_group_clear -> EmpGroupClear { size: any::<u32>(), slot: any::<u32>() });
 arb_struct!(arb_attach_msg -> AttachMsg {
     version: any::<u32>(),
     op: any::<u32>(),
@@ -396,6 +400,8 @@ codec_props! {
     emp_set_eventfd: EmpSetEventfd = arb_emp_set_eventfd();
     emp_arm: EmpArm = arb_emp_arm();
     emp_start: EmpStart = arb_emp_start();
+    emp_group_set: EmpGroupSet = arb_emp_group_set();
+    emp_group_clear: EmpGroupClear = arb_emp_group_clear();
     attach_msg: AttachMsg = arb_attach_msg();
 }
 
@@ -431,6 +437,8 @@ fn default_is_all_zero() {
     zero::<EmpSetEventfd>();
     zero::<EmpArm>();
     zero::<EmpStart>();
+    zero::<EmpGroupSet>();
+    zero::<EmpGroupClear>();
     zero::<AttachMsg>();
 }
 
