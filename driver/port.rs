@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! `/dev/emp-nic`: every open file is a port of the NIC. `mmap` maps that
-//! port's window of SRAM (BAR2) and nothing else; `ioctl` serves QUERY.
+//! port's window of SRAM (BAR2) and nothing else; `ioctl` serves QUERY,
+//! memory registration, START, events, and groups (`group.rs`).
 //!
 //! Lock order: mmap_lock (held by the kernel around `mmap`), then a port's
 //! `regions`, then `NicInfo::state`. Pinning and unpinning take mmap_lock,
@@ -25,12 +26,16 @@ use kernel::{
 
 use crate::desc::{MrEntry, MR_ACCESS_ALL};
 use crate::ioctl::{
-    EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM, EMP_IOC_DEREG_MR, EMP_IOC_QUERY,
-    EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD, EMP_IOC_START,
+    EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM, EMP_IOC_DEREG_MR, EMP_IOC_GROUP_CLEAR,
+    EMP_IOC_GROUP_SET, EMP_IOC_QUERY, EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD, EMP_IOC_START,
 };
 use crate::mr::Pinned;
 use crate::sram::{admin_result, ctl, AdminMailbox, AdminOp, Layout, PortCtl};
 use crate::{Le, PAGE_SIZE};
+
+// GROUP_SET / GROUP_CLEAR: a child module, it uses the private state here.
+#[path = "group.rs"]
+mod group;
 
 extern "C" {
     fn emp_ioremap(start: u64, len: usize) -> *mut core::ffi::c_void;
@@ -84,6 +89,8 @@ struct State {
     armed: u64,
     /// Each port's eventfd (SET_EVENTFD), or null.
     events: [EventCtx; 64],
+    /// Group table slots and the (port, group id) holding each.
+    groups: group::GroupSlots,
 }
 
 /// A reference on an eventfd context (`eventfd_ctx_fdget`), or null.
@@ -165,6 +172,7 @@ impl NicInfo {
                 events_available: false,
                 armed: 0,
                 events: [EventCtx::NONE; 64],
+                groups: group::GroupSlots::new(),
             }),
         })
     }
@@ -173,7 +181,7 @@ impl NicInfo {
         self.layout.params.ports.min(64)
     }
 
-    /// Maps BAR2 for the driver and fills the MR slot pool.
+    /// Maps BAR2 for the driver and fills the MR and group slot pools.
     pub(crate) fn attach_mmio(&self) -> Result {
         let mut st = self.state.lock();
         // SAFETY: mapping the device's own BAR2 range (start/len from the PCI core).
@@ -185,6 +193,7 @@ impl NicInfo {
         for slot in (0..self.layout.params.mr_entries.min(0x1_0000) as u16).rev() {
             st.mr_free.push(slot, GFP_KERNEL)?;
         }
+        st.groups.init(self.layout.params.group_entries)?;
         Ok(())
     }
 
@@ -366,6 +375,9 @@ impl PinnedDrop for Port {
                 // The NIC flushes the port's work before any memory goes.
                 let _ = NicInfo::admin(&st, &self.info.layout, AdminOp::PortClose, [self.port as u64, 0, 0, 0]);
             }
+            // PortClose dropped the port's groups on the NIC (only an open
+            // port can have any): free their slots.
+            group::release_port(&self.info, &mut st, self.port);
             for r in regions.iter() {
                 self.info.clear_mr(&mut st, r.slot, r.pinned.page_count());
             }
@@ -451,6 +463,8 @@ impl MiscDevice for Port {
             EMP_IOC_START => me.start(arg),
             EMP_IOC_SET_EVENTFD => me.set_eventfd(arg),
             EMP_IOC_ARM => me.arm(arg),
+            EMP_IOC_GROUP_SET => me.group_set(arg),
+            EMP_IOC_GROUP_CLEAR => me.group_clear(arg),
             _ => Err(ENOTTY),
         }
     }
@@ -489,6 +503,10 @@ impl Port {
     fn query(&self, arg: usize) -> Result<isize> {
         let q: EmpQuery = read_arg(arg)?;
         let i = &self.info;
+        let (pinned_pages, group_entries, groups_in_use) = {
+            let st = i.state.lock();
+            (st.pinned, st.groups.entries(), st.groups.in_use())
+        };
         let out = EmpQuery {
             size: q.size,
             port: self.port,
@@ -501,7 +519,9 @@ impl Port {
             msg_max: 1 << 30,
             port_gen: 0,
             port_count: i.layout.params.ports,
-            pinned_pages: i.state.lock().pinned,
+            pinned_pages,
+            group_entries,
+            groups_in_use,
             ..Default::default()
         };
         write_arg(arg, &out)?;
