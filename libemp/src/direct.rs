@@ -132,6 +132,8 @@ fn op_name(o: u32) -> &'static str {
         op::REG_VM => "register memory",
         op::START => "start port",
         op::DEREG => "deregister memory",
+        op::GROUP_SET => "set group",
+        op::GROUP_CLEAR => "clear group",
         _ => "stats",
     }
 }
@@ -615,12 +617,40 @@ impl Device {
         INTERNAL_WR | self.internal_wr
     }
 
-    /// A control request to the NIC daemon (`emp_uapi::attach::op`).
+    /// A control request to the NIC (`emp_uapi::attach::op`): over the
+    /// daemon's socket, or the matching ioctl of `/dev/emp-nic` (group
+    /// requests; the reply carries what the daemon's would).
     pub(crate) fn control(&mut self, opcode: u32, args: &[u64]) -> Result<AttachMsg> {
-        match &self.ctl {
-            Control::Direct { sock, .. } => Ok(call(sock.as_raw_fd(), opcode, args, &[])?.0),
-            Control::Kernel { .. } => Err(Error::Unsupported("groups through /dev/emp-nic (the driver has no GROUP_SET ioctl yet)")),
+        let dev = match &self.ctl {
+            Control::Direct { sock, .. } => return Ok(call(sock.as_raw_fd(), opcode, args, &[])?.0),
+            Control::Kernel { dev, .. } => dev.as_raw_fd(),
+        };
+        let mut out = AttachMsg { version: ATTACH_VERSION, op: opcode, ..Default::default() };
+        match (opcode, args) {
+            // (key, offset) of the entry in registered memory: the driver
+            // copies it from our address space instead.
+            (op::GROUP_SET, &[key, offset]) => {
+                let entry = self.arena_bytes(key, offset, emp_uapi::sram::GroupEntry::SIZE)?;
+                out.arg[0] = crate::kernel::group_set(dev, entry)? as u64;
+            }
+            (op::GROUP_CLEAR, &[slot]) => {
+                let slot = u32::try_from(slot).map_err(|_| Error::InvalidArgument("group slot out of range".into()))?;
+                crate::kernel::group_clear(dev, slot)?;
+            }
+            _ => return Err(Error::Unsupported("this control request through /dev/emp-nic")),
         }
+        Ok(out)
+    }
+
+    /// `len` bytes at `offset` of the arena (`key` must be the arena's).
+    fn arena_bytes(&self, key: u64, offset: u64, len: usize) -> Result<&[u8]> {
+        let start = usize::try_from(offset).map_err(|_| Error::InvalidArgument("offset beyond the arena".into()))?;
+        if key != self.arena_key as u64 || start.checked_add(len).is_none_or(|end| end > self.arena_len) {
+            return Err(Error::InvalidArgument("control request memory is not in the arena".into()));
+        }
+        // SAFETY: [start, start + len) lies inside the arena mapping, which
+        // lives as long as `self`.
+        Ok(unsafe { std::slice::from_raw_parts(self.arena.add(start), len) })
     }
 
     /// NIC counters (`emp_uapi::sram::counter`).

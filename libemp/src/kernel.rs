@@ -1,5 +1,6 @@
 //! The kernel backend: `/dev/emp-nic` from `emp.ko`. The control path is
-//! ioctls (QUERY, REG_MR, DEREG_MR, START, SET_EVENTFD, ARM); the data path is the same
+//! ioctls (QUERY, REG_MR, DEREG_MR, START, SET_EVENTFD, ARM, GROUP_SET,
+//! GROUP_CLEAR); the data path is the same
 //! mapped window and completion queue as direct attach.
 
 use std::ffi::CString;
@@ -7,9 +8,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use emp_uapi::desc::{MR_LOCAL_READ, MR_LOCAL_WRITE};
 use emp_uapi::ioctl::{
-    EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM, EMP_IOC_DEREG_MR, EMP_IOC_QUERY,
-    EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD, EMP_IOC_START,
+    EmpArm, EmpDeregMr, EmpGroupClear, EmpGroupSet, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM,
+    EMP_IOC_DEREG_MR, EMP_IOC_GROUP_CLEAR, EMP_IOC_GROUP_SET, EMP_IOC_QUERY, EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD,
+    EMP_IOC_START,
 };
+use emp_uapi::sram::GroupEntry;
 use emp_uapi::Le;
 
 use crate::direct::{map_shared, Control, CQ_ENTRIES};
@@ -38,6 +41,25 @@ pub(crate) fn dereg_mr(fd: RawFd, key: u32) -> Result<()> {
     let mut b = [0u8; EmpDeregMr::SIZE];
     EmpDeregMr { size: EmpDeregMr::SIZE as u32, key }.put(&mut b);
     ioctl_buf(fd, EMP_IOC_DEREG_MR, &mut b, "deregister memory")
+}
+
+/// GROUP_SET: the driver copies the group entry (`GroupEntry::SIZE`
+/// bytes) from `entry`, checks it and has the NIC load it; returns the slot.
+pub(crate) fn group_set(fd: RawFd, entry: &[u8]) -> Result<u32> {
+    if entry.len() < GroupEntry::SIZE {
+        return Err(Error::InvalidArgument("group entry shorter than GroupEntry::SIZE".into()));
+    }
+    let mut b = [0u8; EmpGroupSet::SIZE];
+    EmpGroupSet { size: EmpGroupSet::SIZE as u32, entry: entry.as_ptr() as u64, ..Default::default() }.put(&mut b);
+    ioctl_buf(fd, EMP_IOC_GROUP_SET, &mut b, "set group")?;
+    Ok(EmpGroupSet::get(&b).slot)
+}
+
+/// GROUP_CLEAR: retires a group slot of this port.
+pub(crate) fn group_clear(fd: RawFd, slot: u32) -> Result<()> {
+    let mut b = [0u8; EmpGroupClear::SIZE];
+    EmpGroupClear { size: EmpGroupClear::SIZE as u32, slot }.put(&mut b);
+    ioctl_buf(fd, EMP_IOC_GROUP_CLEAR, &mut b, "clear group")
 }
 
 /// ARM: the next completion signals the port's eventfd.
