@@ -16,7 +16,9 @@
 # their port events: --blocking; EMP_BENCH_FLAGS overrides).
 # One VM runs the driver tests (tap-driver); N >= 2 VMs run the
 # point-to-point suite (tap-p2p) between them, one rank per VM, over one
-# emp-nicd with N NICs on its in-memory switch.
+# emp-nicd with N NICs on its in-memory switch. A guest command replaces
+# the default; it sees $rank and $size (e.g. the collectives suite:
+#   run.sh --vms 2 'EMP_DEVICE=/dev/emp-nic EMP_RANK=$rank EMP_SIZE=$size /bin/tap-coll').
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -112,6 +114,7 @@ file /emp.ko $root/driver/emp.ko 644 0 0
 file /lib/firmware/emp/emp-fw.bin $firmware 644 0 0
 file /bin/tap-driver $root/$static/tap-driver 755 0 0
 file /bin/tap-p2p $root/$static/tap-p2p 755 0 0
+file /bin/tap-coll $root/$static/tap-coll 755 0 0
 file /bin/emp $root/$static/emp 755 0 0
 LIST
 "$kbuild/usr/gen_init_cpio" "$work/cpio.list" | gzip -1 > "$work/initramfs.gz"

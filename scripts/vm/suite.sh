@@ -3,7 +3,9 @@
 # kernel and emp.ko, then boots TCG guests through scripts/vm/run.sh:
 #   1. driver tests (tap-driver) in one guest, after checking that rmmod
 #      with a port open is refused safely;
-#   2. the point-to-point TAP suite between two guests over /dev/emp-nic;
+#   2. the point-to-point TAP suite between two guests over /dev/emp-nic,
+#      then the collectives suite (tap-coll: groups through GROUP_SET)
+#      across three guests;
 #   3. the same with the NIC as ivshmem-plain (no MSI-X: libemp polls),
 #      and one guest with two NICs (a rank on each);
 #   4. a tampered firmware image: the probe fails with the NIC's reason and
@@ -49,6 +51,8 @@ exec 3<&-
 /bin/tap-driver'
 step "driver tests in a guest (tap-driver; rmmod with a port open)" scripts/vm/run.sh "$rmmod_busy"
 step "two guests exchange messages through emp.ko (tap-p2p, MSI-X events)" scripts/vm/run.sh --vms 2
+coll='EMP_DEVICE=/dev/emp-nic EMP_RANK=$rank EMP_SIZE=$size EMP_ARENA_MB=24 /bin/tap-coll'
+step "three guests run the collectives suite through emp.ko (tap-coll, groups via GROUP_SET)" scripts/vm/run.sh --vms 3 "$coll"
 step "two guests, NIC without interrupts (ivshmem-plain, polling)" scripts/vm/run.sh --vms 2 --plain
 step "one guest with two NICs (/dev/emp-nic, /dev/emp-nic1): tap-p2p between them" scripts/vm/run.sh --two-nics
 

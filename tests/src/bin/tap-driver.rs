@@ -1,14 +1,18 @@
 //! Driver TAP tests, run inside a guest with `emp.ko` loaded: `/dev/emp-nic`
-//! hands out one port per open file; QUERY and mmap refuse bad arguments
-//! with clean errnos.
+//! hands out one port per open file; QUERY, mmap, memory registration,
+//! events and groups refuse bad arguments with clean errnos, and a dying
+//! process leaves nothing behind.
 
 use std::ffi::CString;
 
 use emp_tests::Tap;
+use emp_uapi::coll::TREE_ROOT;
 use emp_uapi::ioctl::{
-    ioc, EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EMP_IOC_ARM, EMP_IOC_DEREG_MR, EMP_IOC_MAGIC, EMP_IOC_QUERY,
-    EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD,
+    ioc, EmpArm, EmpDeregMr, EmpGroupClear, EmpGroupSet, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM,
+    EMP_IOC_DEREG_MR, EMP_IOC_GROUP_CLEAR, EMP_IOC_GROUP_SET, EMP_IOC_MAGIC, EMP_IOC_QUERY, EMP_IOC_REG_MR,
+    EMP_IOC_SET_EVENTFD, EMP_IOC_START,
 };
+use emp_uapi::sram::GroupEntry;
 use emp_uapi::Le;
 
 fn open_dev() -> Result<i32, String> {
@@ -39,7 +43,7 @@ fn expect_errno(what: &str, r: i64, want: i32) -> Result<(), String> {
 }
 
 fn main() {
-    let mut t = Tap::new(17, false);
+    let mut t = Tap::new(21, false);
     let fd = open_dev();
     t.check("open /dev/emp-nic", fd.as_ref().map(|_| ()).map_err(|e| e.clone()));
     let Ok(fd) = fd else { std::process::exit(t.finish()) };
@@ -96,6 +100,7 @@ fn main() {
     t.check("mmap out of range, wrong size or executable: refused", if bad.is_empty() { Ok(()) } else { Err(format!("accepted: {bad:?}")) });
     registration_tests(&mut t, fd);
     t.check("SET_EVENTFD and ARM refuse bad arguments with clean errnos", event_arg_tests(fd));
+    group_tests(&mut t);
     t.check("signal-on-packet: an armed port's eventfd wakes an epoll waiter when a message arrives", signal_on_packet());
     t.check("unbind with a port open and mapped: the mapping is torn down, the port answers ENODEV", unbind_with_port_open(fd, win));
     // SAFETY: closing our descriptor.
@@ -395,4 +400,270 @@ fn signal_on_packet() -> Result<(), String> {
         (0, 1, 1, 77) => Ok(()),
         _ => Err(format!("epoll before the send {early}, after {woke}; completions {n}, tag {}", wc[0].tag)),
     }
+}
+
+// ---------------------------------------------------------------------------
+// Groups: GROUP_SET / GROUP_CLEAR
+// ---------------------------------------------------------------------------
+
+/// A started port: open, register 64 KiB, START with a 64-entry CQ there.
+/// Returns the descriptor and its QUERY.
+fn started_port() -> Result<(i32, EmpQuery), String> {
+    let fd = open_dev()?;
+    let buf = anon(65536);
+    let key = reg_mr(fd, buf, 65536, 3).map_err(|e| format!("reg CQ memory: errno {e}"))?;
+    let mut b = [0u8; EmpStart::SIZE];
+    EmpStart { size: EmpStart::SIZE as u32, cq_entries: 64, cq_key: key, ..Default::default() }.put(&mut b);
+    // SAFETY: the buffer is as large as the command says.
+    if unsafe { libc::ioctl(fd, EMP_IOC_START as _, b.as_mut_ptr()) } != 0 {
+        return Err(format!("START: {}", std::io::Error::last_os_error()));
+    }
+    Ok((fd, query(fd)?))
+}
+
+/// A one-member group of the port `q` describes (valid).
+fn group_entry(q: &EmpQuery, id: u32, epoch: u32) -> GroupEntry {
+    let mut e = GroupEntry { group_id: id, epoch, member_count: 1, port: q.port, tree_count: 1, ..Default::default() };
+    e.members[0] = (q.node_id as u32) << 16 | q.port as u32;
+    e.parents[0] = TREE_ROOT;
+    e
+}
+
+/// GROUP_SET with a raw argument struct and entry bytes.
+fn group_set_raw(fd: i32, arg: &mut EmpGroupSet, entry: Option<&GroupEntry>) -> Result<u32, i32> {
+    let mut eb = vec![0u8; GroupEntry::SIZE];
+    if let Some(e) = entry {
+        e.put(&mut eb);
+        arg.entry = eb.as_ptr() as u64;
+    }
+    let mut b = [0u8; EmpGroupSet::SIZE];
+    arg.put(&mut b);
+    // SAFETY: the buffer is as large as the command says; `entry` points at
+    // a live 1 KiB buffer, or is whatever the caller chose to test.
+    let r = unsafe { libc::ioctl(fd, EMP_IOC_GROUP_SET as _, b.as_mut_ptr()) };
+    if r != 0 { Err(errno()) } else { Ok(EmpGroupSet::get(&b).slot) }
+}
+
+fn group_set(fd: i32, e: &GroupEntry) -> Result<u32, i32> {
+    group_set_raw(fd, &mut EmpGroupSet { size: EmpGroupSet::SIZE as u32, ..Default::default() }, Some(e))
+}
+
+fn group_clear_sized(fd: i32, size: u32, slot: u32) -> Result<(), i32> {
+    let mut b = [0u8; EmpGroupClear::SIZE];
+    EmpGroupClear { size, slot }.put(&mut b);
+    // SAFETY: the buffer is as large as the command says.
+    let r = unsafe { libc::ioctl(fd, EMP_IOC_GROUP_CLEAR as _, b.as_mut_ptr()) };
+    if r != 0 { Err(errno()) } else { Ok(()) }
+}
+
+fn group_clear(fd: i32, slot: u32) -> Result<(), i32> {
+    group_clear_sized(fd, EmpGroupClear::SIZE as u32, slot)
+}
+
+/// (group table slots, slots in use) from QUERY.
+fn group_slots(fd: i32) -> (u32, u32) {
+    query(fd).map(|q| (q.group_entries, q.groups_in_use)).unwrap_or((0, u32::MAX))
+}
+
+fn close(fd: i32) {
+    // SAFETY: closing a descriptor we own.
+    unsafe { libc::close(fd) };
+}
+
+fn group_tests(t: &mut Tap) {
+    t.check("GROUP_SET loads a group, GROUP_CLEAR retires it; re-creating keeps the slot", group_lifecycle());
+    t.check("GROUP_SET / GROUP_CLEAR refuse bad input with clean errnos, leaving no slot held", group_bad_input());
+    t.check("a full group table: ENOSPC; every slot comes back", group_table_full());
+    t.check("a process killed holding groups leaves no slot behind; another reuses them", group_killed());
+}
+
+fn group_lifecycle() -> Result<(), String> {
+    let (fd, q) = started_port()?;
+    let r = (|| {
+        let (entries, base) = group_slots(fd);
+        if entries == 0 {
+            return Err("QUERY reports no group table".into());
+        }
+        let slot = group_set(fd, &group_entry(&q, 7, 1)).map_err(|e| format!("set: errno {e}"))?;
+        let held = group_slots(fd).1;
+        let again = group_set(fd, &group_entry(&q, 7, 2)).map_err(|e| format!("re-create: errno {e}"))?;
+        let stale = group_set(fd, &group_entry(&q, 7, 2));
+        let held_after = group_slots(fd).1;
+        group_clear(fd, slot).map_err(|e| format!("clear: errno {e}"))?;
+        let twice = group_clear(fd, slot);
+        let after = group_slots(fd).1;
+        if held != base + 1 || again != slot || held_after != base + 1 || after != base {
+            return Err(format!("slots in use {base} -> {held} -> {held_after} -> {after}; slot {slot}, re-created in {again}"));
+        }
+        if stale != Err(libc::EINVAL) {
+            return Err(format!("re-creation without a newer epoch: {stale:?}, want EINVAL"));
+        }
+        if twice != Err(libc::ENOENT) {
+            return Err(format!("second clear: {twice:?}, want ENOENT"));
+        }
+        Ok(())
+    })();
+    close(fd);
+    r
+}
+
+fn group_bad_input() -> Result<(), String> {
+    let (fd, q) = started_port()?;
+    let (other, oq) = started_port()?;
+    let unstarted = open_dev()?;
+    let (_, base) = group_slots(fd);
+    let uq = query(unstarted)?;
+    let sized = |size: u32| EmpGroupSet { size, ..Default::default() };
+    let good = group_entry(&q, 3, 1);
+    let with = |f: &dyn Fn(&mut GroupEntry)| {
+        let mut e = good;
+        f(&mut e);
+        group_set(fd, &e)
+    };
+    let mut wrong = Vec::new();
+    let mut expect = |what: &str, got: Result<u32, i32>, want: i32| {
+        if got != Err(want) {
+            wrong.push(format!("{what}: {got:?}, want errno {want}"));
+        }
+    };
+    expect("port not started", group_set(unstarted, &group_entry(&uq, 3, 1)), libc::ENOTCONN);
+    expect("wrong size", group_set_raw(fd, &mut sized(8), Some(&good)), libc::EINVAL);
+    expect("reserved set", group_set_raw(fd, &mut EmpGroupSet { reserved: [0, 1], ..sized(EmpGroupSet::SIZE as u32) }, Some(&good)), libc::EINVAL);
+    expect("entry at an unmapped address", group_set_raw(fd, &mut EmpGroupSet { entry: 16, ..sized(EmpGroupSet::SIZE as u32) }, None), libc::EFAULT);
+    // SAFETY: an invalid argument pointer: the kernel must refuse, not fault.
+    let r = unsafe { libc::ioctl(fd, EMP_IOC_GROUP_SET as _, 16usize as *mut u8) };
+    expect("argument at an unmapped address", if r == 0 { Ok(0) } else { Err(errno()) }, libc::EFAULT);
+    expect("group id 0", with(&|e| e.group_id = 0), libc::EINVAL);
+    expect("no members", with(&|e| e.member_count = 0), libc::EINVAL);
+    expect("65 members", with(&|e| e.member_count = 65), libc::EINVAL);
+    expect("rank out of range", with(&|e| e.my_rank = 1), libc::EINVAL);
+    expect("not a member (another port at its rank)", with(&|e| e.members[0] = (oq.node_id as u32) << 16 | oq.port as u32), libc::EINVAL);
+    expect(
+        "duplicate member",
+        with(&|e| {
+            e.member_count = 2;
+            e.members[1] = e.members[0];
+            e.parents[1] = 0;
+        }),
+        libc::EINVAL,
+    );
+    expect("no tree", with(&|e| e.tree_count = 0), libc::EINVAL);
+    expect("9 trees", with(&|e| e.tree_count = 9), libc::EINVAL);
+    expect("a parent array that is not a tree", with(&|e| e.parents[0] = 0), libc::EINVAL);
+    expect("reserved entry field", with(&|e| e.reserved2[25] = 1), libc::EINVAL);
+    expect("member beyond the count", with(&|e| e.members[5] = 9), libc::EINVAL);
+    expect(
+        "bounce slots in memory the port did not register",
+        with(&|e| {
+            e.bounce_key = 0x7777_0001;
+            e.bounce_slots = 4;
+            e.bounce_slot_size = 64;
+        }),
+        libc::ENOENT,
+    );
+    let mut wrong_clear = Vec::new();
+    let theirs = group_set(other, &group_entry(&oq, 3, 1)).map_err(|e| format!("other port's group: errno {e}"))?;
+    for (what, got, want) in [
+        ("clear another port's slot", group_clear(fd, theirs), libc::ENOENT),
+        ("clear a slot out of range", group_clear(fd, 1_000_000), libc::ENOENT),
+        ("clear a free slot", group_clear(fd, theirs + 1), libc::ENOENT),
+        ("clear with a wrong size", group_clear_sized(other, 4, theirs), libc::EINVAL),
+    ] {
+        if got != Err(want) {
+            wrong_clear.push(format!("{what}: {got:?}, want errno {want}"));
+        }
+    }
+    let still = group_clear(other, theirs);
+    let after = group_slots(fd).1;
+    for f in [fd, other, unstarted] {
+        close(f);
+    }
+    wrong.extend(wrong_clear);
+    if still.is_err() {
+        wrong.push(format!("the other port's slot did not survive the refused clears: {still:?}"));
+    }
+    if after != base {
+        wrong.push(format!("slots in use {base} before, {after} after"));
+    }
+    if wrong.is_empty() { Ok(()) } else { Err(wrong.join("; ")) }
+}
+
+/// Sets groups 1, 2, … on `fd` until GROUP_SET fails: (how many, the errno).
+fn fill_groups(fd: i32, q: &EmpQuery) -> (u32, i32) {
+    let mut n = 0;
+    loop {
+        match group_set(fd, &group_entry(q, 1000 + n, 1)) {
+            Ok(_) if n < 0x1_0000 => n += 1,
+            Ok(_) => return (n, 0),
+            Err(e) => return (n, e),
+        }
+    }
+}
+
+fn group_table_full() -> Result<(), String> {
+    let (fd, q) = started_port()?;
+    let (entries, base) = group_slots(fd);
+    let (n, err) = fill_groups(fd, &q);
+    let full = group_slots(fd).1;
+    // A re-creation needs no new slot.
+    let again = group_set(fd, &group_entry(&q, 1000, 2));
+    let cleared = (0..entries).filter(|&s| group_clear(fd, s).is_ok()).count() as u32;
+    let after = group_slots(fd).1;
+    close(fd);
+    if err != libc::ENOSPC || n != entries - base || full != entries {
+        return Err(format!("{n} groups set (table {entries}, {base} held before, {full} after), then errno {err}, want ENOSPC"));
+    }
+    if again.is_err() {
+        return Err(format!("re-creating a group in a full table: {again:?}"));
+    }
+    if cleared != n || after != base {
+        return Err(format!("cleared {cleared} of {n}; slots in use after {after}, before {base}"));
+    }
+    Ok(())
+}
+
+fn group_killed() -> Result<(), String> {
+    let probe = open_dev()?;
+    let (entries, base) = group_slots(probe);
+    let mut ready = [0i32; 2];
+    // SAFETY: a pipe into a live array.
+    unsafe { libc::pipe(ready.as_mut_ptr()) };
+    // SAFETY: fork in a single-threaded program.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let n = match started_port() {
+            Ok((cfd, cq)) => fill_groups(cfd, &cq).0,
+            Err(_) => 0,
+        };
+        let b = n.to_le_bytes();
+        // SAFETY: tell the parent, then wait to be killed.
+        unsafe {
+            libc::write(ready[1], b.as_ptr().cast(), 4);
+            libc::pause();
+            libc::_exit(0);
+        }
+    }
+    let mut b = [0u8; 4];
+    // SAFETY: pipe read into a live buffer.
+    unsafe { libc::read(ready[0], b.as_mut_ptr().cast(), 4) };
+    let child = u32::from_le_bytes(b);
+    let during = group_slots(probe).1;
+    // SAFETY: killing and reaping our child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    let after = group_slots(probe).1;
+    close(probe);
+    if child != entries - base || during != entries || after != base {
+        return Err(format!("child set {child} groups (table {entries}, {base} held before); in use while alive {during}, after its death {after}"));
+    }
+    // The NIC dropped the child's groups too: a new port gets every slot.
+    let (fd, q) = started_port()?;
+    let (n, err) = fill_groups(fd, &q);
+    close(fd);
+    if n != child || err != libc::ENOSPC {
+        return Err(format!("after the child's death a new port set {n} groups (child {child}), then errno {err}"));
+    }
+    Ok(())
 }
