@@ -360,6 +360,12 @@ fn main() {
     let sbuf = dev.alloc(2 << 20).expect("arena");
     let rbuf = dev.alloc(2 << 20).expect("arena");
     let mut c = Ctx { dev, job, eps, g, sbuf, rbuf, next_wr: 0 };
+    // Every rank's port open and group created before the first
+    // collective: a static job (ranks in VMs) has not met yet.
+    if let Err(e) = c.sync("start") {
+        eprintln!("tap-coll: start barrier: {e}");
+        std::process::exit(2);
+    }
     let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 12] = [
         ("600 barriers: pairwise exchange, dissemination, gather-release", barriers),
         ("nobody leaves a barrier before the last rank arrives", barrier_holds_everyone),
