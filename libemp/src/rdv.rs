@@ -99,7 +99,9 @@ impl Job {
     /// A barrier of all ranks through `dev`'s port. With a rendezvous
     /// directory it is [`Job::sync`]; a static job (ranks in separate VMs)
     /// exchanges zero-byte messages with every other rank over EMP itself,
-    /// retrying while a peer's port is not open yet. Its completions are
+    /// retrying while a peer's port is not open yet, or its NIC is not
+    /// running yet (guests boot at different speeds: frames to a NIC
+    /// without firmware go unanswered until the retry limit). Its completions are
     /// consumed with [`Device::wait_wr`]; the caller's stay in the CQ.
     ///
     /// Reserved: tag [`BARRIER_TAG`] from these endpoints, and work
@@ -123,7 +125,7 @@ impl Job {
                 let c = dev.wait_wr(wr, Some(Duration::from_secs(60)))?;
                 match c.status {
                     crate::Status::Success => break,
-                    crate::Status::RemotePortClosed if Instant::now() < end => {
+                    crate::Status::RemotePortClosed | crate::Status::RetryLimitExceeded if Instant::now() < end => {
                         std::thread::sleep(Duration::from_millis(20));
                     }
                     s => return Err(Error::Protocol(format!("barrier {name:?}: send to rank {r}: {}", s.as_str()))),
