@@ -95,14 +95,29 @@ pub(crate) struct CollOp {
     pub data: Option<LocalDesc>,
     /// Broadcast: its receive record while it arrives.
     pub rx: Option<u32>,
-    /// Broadcast: the forwarding messages to the children (transmission
-    /// records), raised frame by frame as the data arrives.
+    /// Broadcast and multisend: the messages to the destinations
+    /// (transmission records), `fwd[i]` to destination `i`; a broadcast's
+    /// are raised frame by frame as the data arrives.
     pub fwd: Vec<u32>,
-    /// Multisend: frames read from the host once and kept until every
-    /// destination has sent them (frame index, first sends left, bytes).
-    pub frames: Vec<(u32, u32, Vec<u8>)>,
+    /// Broadcast and multisend: the frame cache (see [`CachedFrame`]).
+    pub frames: Vec<CachedFrame>,
     /// Multisend: destinations that failed.
     pub failed: u32,
+}
+
+/// A frame's payload kept on the NIC so that the op's destinations send it
+/// without reading host memory again: filled when a broadcast frame arrives
+/// (an inner rank forwards what it just received) or on the first host read
+/// (root, multisend: the payload is DMA'd once, design §1.1). An entry lives
+/// until every destination has sent the frame once; beyond the bound the
+/// oldest frame goes and whoever still needs it reads the host.
+#[derive(Debug)]
+pub(crate) struct CachedFrame {
+    pub frame: u32,
+    /// Bit `i`: destination `i` (`CollData::Host { dest }`) has not sent it yet.
+    pub pending: u64,
+    /// The frame's data bytes (after any `CollHeader`).
+    pub data: Vec<u8>,
 }
 
 /// Payload of an internal (NIC-generated) message after its `CollHeader`.
@@ -112,8 +127,9 @@ pub(crate) enum CollData {
     /// Bytes held on the NIC (partials, results).
     Nic(Vec<u8>),
     /// Host memory named by the message's descriptor (broadcast data: the
-    /// root's buffer, or where an inner rank received it).
-    Host,
+    /// root's buffer, or where an inner rank received it), going to the
+    /// op's destination `dest` (its bit in the frame cache).
+    Host { dest: u32 },
 }
 
 /// An internal message's collective side: its header and data, and the
@@ -368,7 +384,7 @@ impl Nic {
             }
             Err(reason) => {
                 if is_empty_early {
-                    self.coll_ops.remove(op);
+                    self.coll_op_remove(op);
                 }
                 if reason == NackReason::NoMatch {
                     return self.coll_refuse();
@@ -658,46 +674,136 @@ impl Nic {
             let sub = self.coll_ops.get(op).expect("live").sub;
             // The sub-th destination, in ascending rank.
             let Some(to) = (0..64u16).filter(|&r| mask & (1 << r) != 0).nth(sub as usize) else { break };
-            if self.coll_send_limited(hal, now, op, to, None, CollData::Host, u32::MAX)?.is_none() {
+            let Some(t) = self.coll_send_limited(hal, now, op, to, None, CollData::Host { dest: sub }, u32::MAX)? else {
                 return Ok(());
-            }
-            self.coll_ops.get_mut(op).sub += 1;
+            };
+            let o = self.coll_ops.get_mut(op);
+            o.fwd.push(t);
+            o.sub += 1;
         }
         self.coll_ops.get_mut(op).local_done = true;
         Ok(())
     }
 
-    /// Frame `f` (at message offset `off`) of a multisend destination's
-    /// message: from the op's frame cache, or read from the host and kept
-    /// for the other destinations' first transmissions.
-    pub(crate) fn multi_payload<H: Hal>(&mut self, hal: &mut H, tx: u32, f: u32, off: u64, first: bool, out: &mut [u8]) -> Result<(), Status> {
+    /// Data of frame `f` (from data offset `data_off`) of internal message
+    /// `tx`, whose data is in host memory: from the op's frame cache, or
+    /// read from the host and kept for the destinations that still need it.
+    pub(crate) fn coll_frame_data<H: Hal>(&mut self, hal: &mut H, tx: u32, f: u32, data_off: u64, out: &mut [u8]) -> Result<(), Status> {
         let m = self.tx.get(tx).expect("live");
         let c = m.coll.as_ref().expect("collective message");
+        let CollData::Host { dest } = c.data else { unreachable!("host data only") };
         let (op, stamp, port, desc) = (c.op, c.op_stamp, m.port, m.desc);
-        let cache_max = self.cfg.window_frames as usize;
-        let hit = self.coll_ops.get(op).filter(|o| o.stamp == stamp).and_then(|o| o.frames.iter().position(|e| e.0 == f));
+        let live = self.coll_ops.get(op).is_some_and(|o| o.stamp == stamp);
+        let hit = live.then(|| self.coll_ops.get(op).expect("live").frames.iter().position(|e| e.frame == f)).flatten();
         if let Some(i) = hit {
             let o = self.coll_ops.get_mut(op);
-            out.copy_from_slice(&o.frames[i].2);
-            if first {
-                o.frames[i].1 -= 1;
-                if o.frames[i].1 == 0 {
-                    o.frames.swap_remove(i);
-                }
+            let e = &mut o.frames[i];
+            assert_eq!(e.data.len(), out.len(), "frame {f} cached with another length");
+            out.copy_from_slice(&e.data);
+            e.pending &= !(1u64 << dest);
+            if e.pending == 0 {
+                o.frames.swap_remove(i);
+                self.coll_cache_used -= 1;
             }
             return Ok(());
         }
-        self.sge_io(hal, port, desc.sges(), off, Buf::FromHost(out), MR_LOCAL_READ)?;
-        if let Some(o) = self.coll_ops.get(op).filter(|o| o.stamp == stamp) {
-            let others = match o.params {
-                Some(Params::Multi { mask, .. }) => mask.count_ones() - 1,
-                _ => 0,
-            };
-            if first && others > 0 && o.frames.len() < cache_max {
-                self.coll_ops.get_mut(op).frames.push((f, others, out.to_vec()));
-            }
+        self.sge_io(hal, port, desc.sges(), data_off, Buf::FromHost(out), MR_LOCAL_READ)?;
+        if live {
+            let pending = self.coll_cache_pending(op, f) & !(1u64 << dest);
+            self.coll_cache_insert(op, f, pending, out);
         }
         Ok(())
+    }
+
+    /// Destinations of a broadcast (our children) or multisend.
+    fn coll_dests(&self, o: &CollOp) -> u32 {
+        match o.params {
+            Some(Params::Multi { mask, .. }) => mask.count_ones(),
+            Some(Params::Bcast { root, tree, .. }) => {
+                let g = self.groups.get(o.group).expect("live group");
+                g.child_count(tree, rel_rank(g.rank, root, g.n))
+            }
+            _ => 0,
+        }
+    }
+
+    /// The op's destinations that have not sent frame `f` yet: their
+    /// message is not queued yet, or has not reached `f` (finished ones
+    /// need nothing).
+    fn coll_cache_pending(&self, op: u32, f: u32) -> u64 {
+        let o = self.coll_ops.get(op).expect("live");
+        let dests = self.coll_dests(o);
+        assert!(dests <= 64 && o.fwd.len() as u32 <= dests);
+        let mut pending = 0u64;
+        for d in 0..dests {
+            let needs = match o.fwd.get(d as usize) {
+                None => true,
+                // The slot may hold another message by now.
+                Some(&t) => self.tx.get(t).is_some_and(|m| {
+                    m.coll.as_ref().is_some_and(|c| {
+                        c.op == op && c.op_stamp == o.stamp && matches!(c.data, CollData::Host { dest } if dest == d)
+                    }) && m.next_frame <= f
+                }),
+            };
+            pending |= (needs as u64) << d;
+        }
+        pending
+    }
+
+    /// Keeps frame `f`'s data for the destinations in `pending`. At the
+    /// bound (per op `window_frames`, per NIC `coll_cache_frames`) the op's
+    /// oldest frame goes: it waits only for destinations far behind, which
+    /// then read the host.
+    fn coll_cache_insert(&mut self, op: u32, f: u32, pending: u64, data: &[u8]) {
+        let per_op = self.cfg.window_frames.min(self.cfg.coll_cache_frames) as usize;
+        let o = self.coll_ops.get(op).expect("live");
+        if pending == 0 || data.is_empty() || per_op == 0 || o.frames.iter().any(|e| e.frame == f) {
+            return;
+        }
+        let full = o.frames.len() >= per_op || self.coll_cache_used >= self.cfg.coll_cache_frames;
+        if full {
+            let Some(oldest) = o.frames.iter().enumerate().min_by_key(|(_, e)| e.frame).map(|(i, _)| i) else {
+                return; // Other ops hold the whole cache.
+            };
+            self.coll_ops.get_mut(op).frames.swap_remove(oldest);
+            self.coll_cache_used -= 1;
+        }
+        self.coll_ops.get_mut(op).frames.push(CachedFrame { frame: f, pending, data: data.to_vec() });
+        self.coll_cache_used += 1;
+        assert!(self.coll_cache_used <= self.cfg.coll_cache_frames);
+    }
+
+    /// Destination `dest`'s message finished (sent, or failed): it needs
+    /// no cached frame any more.
+    fn coll_cache_release(&mut self, op: u32, stamp: u32, dest: u32) {
+        if self.coll_ops.get(op).is_none_or(|o| o.stamp != stamp) {
+            return;
+        }
+        let o = self.coll_ops.get_mut(op);
+        let before = o.frames.len();
+        for e in o.frames.iter_mut() {
+            e.pending &= !(1u64 << dest);
+        }
+        o.frames.retain(|e| e.pending != 0);
+        self.coll_cache_used -= (before - o.frames.len()) as u32;
+    }
+
+    /// Frame `f` of a broadcast arrived and is in host memory as `data`:
+    /// keep it, so forwarding sends it to every child without reading it
+    /// back from the host.
+    pub(crate) fn bcast_frame_received(&mut self, op: u32, stamp: u32, f: u32, data: &[u8]) {
+        if self.coll_ops.get(op).is_none_or(|o| o.stamp != stamp) {
+            return;
+        }
+        let pending = self.coll_cache_pending(op, f);
+        self.coll_cache_insert(op, f, pending, data);
+    }
+
+    /// Retires an op record, with its cached frames.
+    fn coll_op_remove(&mut self, op: u32) -> CollOp {
+        let o = self.coll_ops.remove(op);
+        self.coll_cache_used -= o.frames.len() as u32;
+        o
     }
 
     /// Frame 0 of a broadcast from our parent: receive it into the posted
@@ -827,9 +933,11 @@ impl Nic {
             o.rx.and_then(|r| self.rx.get(r)).map_or(if o.rx_done { u32::MAX } else { 0 }, |m| m.contig)
         };
         while (self.coll_ops.get(op).expect("live").sub as usize) < children.len() {
-            let c = children[self.coll_ops.get(op).expect("live").sub as usize];
+            let sub = self.coll_ops.get(op).expect("live").sub;
+            let c = children[sub as usize];
             let h = self.coll_header(op, CollKind::Bcast, 0, root as u8, tree);
-            let Some(t) = self.coll_send_limited(hal, now, op, abs_rank(c, root, n), Some(h), CollData::Host, contig)? else {
+            let data = CollData::Host { dest: sub };
+            let Some(t) = self.coll_send_limited(hal, now, op, abs_rank(c, root, n), Some(h), data, contig)? else {
                 return Ok(());
             };
             let o = self.coll_ops.get_mut(op);
@@ -909,7 +1017,7 @@ impl Nic {
         let wd = WorkDesc { opcode: Opcode::Send as u8, node, port: rport, ..Default::default() };
         let mut desc = match &data {
             // The data's memory becomes the message's scatter/gather list.
-            CollData::Host => {
+            CollData::Host { .. } => {
                 let src = src.expect("broadcast data located");
                 let tag = if hdr.is_some() { 0 } else { src.wd.tag };
                 LocalDesc { wd: WorkDesc { node, port: rport, opcode: Opcode::Send as u8, tag, ignore: 0, ..src.wd }, ..src }
@@ -921,7 +1029,7 @@ impl Nic {
             + match &data {
                 CollData::None => 0,
                 CollData::Nic(v) => v.len() as u64,
-                CollData::Host => desc.len,
+                CollData::Host { .. } => desc.len,
             };
         let ctx = CollTx { hdr, data, op, op_stamp: stamp, limit };
         let slot = self.enqueue_tx_coll(now, port, peer, desc, ctx);
@@ -955,15 +1063,19 @@ impl Nic {
         match &c.data {
             CollData::Nic(v) => rest.copy_from_slice(&v[data_off as usize..data_off as usize + rest.len()]),
             CollData::None => rest.fill(0),
-            CollData::Host => return Some((head, data_off)),
+            CollData::Host { .. } => return Some((head, data_off)),
         }
         None
     }
 
     /// An internal message finished (ACKed, or failed).
-    pub(crate) fn coll_tx_done<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32, stamp: u32, status: Status) {
+    pub(crate) fn coll_tx_done<H: Hal>(&mut self, hal: &mut H, now: u64, c: &CollTx, status: Status) {
+        let (op, stamp) = (c.op, c.op_stamp);
         if self.coll_ops.get(op).is_none_or(|o| o.stamp != stamp) {
             return; // The op completed without waiting for this message (barriers).
+        }
+        if let CollData::Host { dest } = c.data {
+            self.coll_cache_release(op, stamp, dest);
         }
         let o = self.coll_ops.get_mut(op);
         o.pending_tx -= 1;
@@ -1000,7 +1112,7 @@ impl Nic {
         if o.desc.is_none() || !sends_done || !(o.local_done || failed) {
             return;
         }
-        let o = self.coll_ops.remove(op);
+        let o = self.coll_op_remove(op);
         if let Some(b) = o.bounce {
             if let Some(g) = self.groups.slots[o.group as usize].as_mut() {
                 g.bounce_free.push(b);
@@ -1041,7 +1153,7 @@ impl Nic {
                 for t in txs {
                     self.finish_tx(hal, now, t, Status::Flushed);
                 }
-                let o = self.coll_ops.remove(op);
+                let o = self.coll_op_remove(op);
                 let held = o.partials.iter().filter(|p| p.is_some()).count() as u32;
                 self.coll_pool_used -= held.min(self.coll_pool_used);
                 if let (Some(b), Some(g)) = (o.bounce, self.groups.slots[o.group as usize].as_mut()) {
@@ -1086,6 +1198,8 @@ impl Nic {
     /// Collective bookkeeping agrees with itself.
     pub(crate) fn coll_invariants(&self) -> Result<(), String> {
         let mut early = 0;
+        let mut cached = 0;
+        let per_op = self.cfg.window_frames.min(self.cfg.coll_cache_frames) as usize;
         for (s, o) in self.coll_ops.iter() {
             let g = self.groups.get(o.group).ok_or_else(|| format!("coll op {s} of a free group slot {}", o.group))?;
             if g.port != o.port {
@@ -1094,6 +1208,20 @@ impl Nic {
             let txs = self.tx.iter().filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == s && c.op_stamp == o.stamp)).count();
             if txs as u32 != o.pending_tx {
                 return Err(format!("coll op {s}: {} pending messages, {txs} queued", o.pending_tx));
+            }
+            cached += o.frames.len() as u32;
+            if o.frames.len() > per_op {
+                return Err(format!("coll op {s} caches {} frames, bound {per_op}", o.frames.len()));
+            }
+            let dests = self.coll_dests(o);
+            let all = if dests >= 64 { u64::MAX } else { (1u64 << dests) - 1 };
+            for (i, e) in o.frames.iter().enumerate() {
+                if e.pending == 0 || e.pending & !all != 0 || e.data.is_empty() || e.data.len() > self.mtu as usize {
+                    return Err(format!("coll op {s}: cached frame {} pending {:#x} of {dests}, {} B", e.frame, e.pending, e.data.len()));
+                }
+                if o.frames[..i].iter().any(|x| x.frame == e.frame) {
+                    return Err(format!("coll op {s}: frame {} cached twice", e.frame));
+                }
             }
             if o.desc.is_none() {
                 early += o.partials.iter().filter(|p| p.is_some()).count() as u32;
@@ -1105,6 +1233,9 @@ impl Nic {
         }
         if early != self.coll_pool_used {
             return Err(format!("{} pool buffers used, {early} held by early ops", self.coll_pool_used));
+        }
+        if cached != self.coll_cache_used || cached > self.cfg.coll_cache_frames {
+            return Err(format!("{} cached frames counted, {cached} held (bound {})", self.coll_cache_used, self.cfg.coll_cache_frames));
         }
         Ok(())
     }

@@ -54,6 +54,12 @@ impl GroupState {
         (p != TREE_ROOT).then_some(p as u16)
     }
 
+    /// How many children relative rank `rel` has in tree `t`.
+    pub fn child_count(&self, t: u8, rel: u16) -> u32 {
+        let tree = &self.trees[t as usize];
+        (1..self.n).filter(|&c| tree[c as usize] as u16 == rel).count() as u32
+    }
+
     /// Children of relative rank `rel` in tree `t`, ascending.
     pub fn children(&self, t: u8, rel: u16) -> Vec<u16> {
         let tree = &self.trees[t as usize];

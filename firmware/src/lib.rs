@@ -135,6 +135,10 @@ pub struct Config {
     pub coll_buf_size: u32,
     /// Outstanding remote atomic requests (all peers).
     pub atomic_max: u32,
+    /// Frames of broadcast and multisend data held on the NIC until every
+    /// destination has sent them (all ops; at most `window_frames` per op;
+    /// 0 = none, every send reads the host).
+    pub coll_cache_frames: u32,
 }
 
 impl Default for Config {
@@ -164,6 +168,7 @@ impl Default for Config {
             coll_bufs: 64,
             coll_buf_size: 8192,
             atomic_max: 256,
+            coll_cache_frames: 256,
         }
     }
 }
@@ -234,6 +239,8 @@ pub struct Occupancy {
     pub groups: u32,
     /// Remote atomic requests outstanding.
     pub atomics: u32,
+    /// Broadcast/multisend frames held in the collective frame cache.
+    pub coll_cache_frames: u32,
 }
 
 /// A send or receive descriptor as the NIC keeps it: the validated
@@ -361,6 +368,8 @@ pub struct Nic {
     pub(crate) coll_pool_used: u32,
     /// Some operation waits for a free transmission record.
     pub(crate) coll_stalled: bool,
+    /// Frames in the collective frame cache (all ops).
+    pub(crate) coll_cache_used: u32,
 }
 
 impl Nic {
@@ -433,6 +442,7 @@ impl Nic {
             coll_ops: slots::Slots::new(cfg.coll_ops_max),
             coll_pool_used: 0,
             coll_stalled: false,
+            coll_cache_used: 0,
             cfg,
         };
         set_status(hal, NicStatus::Running, FailReason::None);
@@ -517,6 +527,7 @@ impl Nic {
             coll_bufs_used: self.coll_pool_used,
             groups: self.groups.used(),
             atomics: self.atomics.used(),
+            coll_cache_frames: self.coll_cache_used,
         }
     }
 

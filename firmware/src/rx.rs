@@ -469,6 +469,7 @@ impl Nic {
             _ => (off - m.skip, payload),
         };
         let n = (buf_len.saturating_sub(off)).min(data.len() as u64) as usize;
+        let whole = n == data.len();
         // Forwarding reads what was received from host memory: the NIC's own
         // broadcasts are written before anything else happens.
         let deferred = if coll.is_some() { None } else { self.defer(crate::cpu::Step::Receiving) };
@@ -482,6 +483,10 @@ impl Nic {
             None => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE),
         };
         self.count(counter::RX_FRAMES, 1);
+        if let (Some((op, stamp)), Ok(()), true) = (coll, &io, whole) {
+            // Forwarding sends what it just received, not a host read-back.
+            self.bcast_frame_received(op, stamp, f, data);
+        }
         let m = self.rx.get_mut(r);
         if f != 0 && f != m.highest + 1 && m.frames_received > 0 {
             self.counters[counter::OUT_OF_ORDER] += 1;

@@ -220,7 +220,6 @@ impl Nic {
         let off = wire::frame_offset(f, self.mtu);
         let len = (wire::payload_capacity(self.mtu, f) as u64).min(m.desc.len - off.min(m.desc.len)) as usize;
         let kind = if m.coll.as_ref().is_some_and(|c| c.hdr.is_some()) { FrameKind::CollData } else { FrameKind::Data };
-        let multi = m.coll.as_ref().is_some_and(|c| c.hdr.is_none());
         let hdr = FrameHeader {
             version: wire::WIRE_VERSION,
             kind: kind as u8,
@@ -241,18 +240,12 @@ impl Nic {
         let mut buf = core::mem::take(&mut self.frame_buf);
         let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");
         let r = match &self.tx.get(slot).expect("live").coll {
-            Some(_) if multi => self.multi_payload(hal, slot, f, off, !retransmit, &mut buf[head..head + len]),
-            Some(c) => {
-                let host_from = Nic::coll_payload(c, off, &mut buf[head..head + len]);
-                match host_from {
-                    // The rest comes from host memory (broadcast data).
-                    Some((at, data_off)) => {
-                        let out = Buf::FromHost(&mut buf[head + at..head + len]);
-                        self.sge_io(hal, port, desc.sges(), data_off, out, MR_LOCAL_READ)
-                    }
-                    None => Ok(()),
-                }
-            }
+            Some(c) => match Nic::coll_payload(c, off, &mut buf[head..head + len]) {
+                // The rest is host data (broadcast, multisend): from the
+                // op's frame cache, or read from the host.
+                Some((at, data_off)) => self.coll_frame_data(hal, slot, f, data_off, &mut buf[head + at..head + len]),
+                None => Ok(()),
+            },
             None => self.sge_io(hal, port, desc.sges(), off, Buf::FromHost(&mut buf[head..head + len]), MR_LOCAL_READ),
         };
         if r.is_ok() {
@@ -503,7 +496,7 @@ impl Nic {
         }
         self.mark_ready(m.peer);
         match m.coll {
-            Some(c) => self.coll_tx_done(hal, now, c.op, c.op_stamp, status),
+            Some(c) => self.coll_tx_done(hal, now, &c, status),
             None => {
                 let mut c = Completion::of(&m.desc, Opcode::Send, status);
                 c.byte_len = m.desc.len.min(u32::MAX as u64) as u32;

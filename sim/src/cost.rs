@@ -46,9 +46,10 @@
 //! One deliberate difference: EMP's NIC reads a send's payload from host
 //! memory by DMA, where FM's host had already written it into NIC memory,
 //! so a send pays `t_Send`'s bytes twice (host copy and NIC DMA). That is
-//! the firmware's real work (a broadcasting NIC re-reads host memory for
-//! each child), and it costs the NIC-offloaded variants more than the host
-//! ones. With these numbers the simulator gives seed 000's worked example
+//! the firmware's real work, and it costs the NIC-offloaded variants more
+//! than the host ones (a broadcasting root or multisending NIC reads each
+//! frame once for all destinations; a forwarding NIC sends frames as they
+//! arrived, without reading them back). With these numbers the simulator gives seed 000's worked example
 //! (one 1,536 B packet to 6 destinations; model 153.2 µs multisend, 333.7 µs
 //! unicast) as about 175 and 355 µs.
 

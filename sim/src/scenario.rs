@@ -600,7 +600,7 @@ impl Driver {
     fn settled(&self) -> bool {
         self.world.nodes.iter().all(|node| {
             let o = node.nic.occupancy();
-            o.tx_msgs + o.rx_msgs + o.coll_ops + o.coll_bufs_used + o.atomics == 0
+            o.tx_msgs + o.rx_msgs + o.coll_ops + o.coll_bufs_used + o.coll_cache_frames + o.atomics == 0
         })
     }
 
@@ -973,7 +973,7 @@ impl Driver {
         let layout = self.world.layout;
         for (n, node) in self.world.nodes.iter().enumerate() {
             let o = node.nic.occupancy();
-            if o.tx_msgs + o.rx_msgs + o.posted_recvs + o.overflow_used + o.atomics + o.coll_ops + o.coll_bufs_used != 0 {
+            if o.tx_msgs + o.rx_msgs + o.posted_recvs + o.overflow_used + o.atomics + o.coll_ops + o.coll_bufs_used + o.coll_cache_frames != 0 {
                 return Err(format!("leak at quiesce on node {n}: {o:?}"));
             }
             node.nic.invariants().map_err(|e| format!("node {n}: {e}"))?;

@@ -44,7 +44,7 @@ fn quiesced(c: &mut Cluster) {
     c.run_for(200 * MS);
     for n in &c.world.nodes {
         let o = n.nic.occupancy();
-        assert_eq!((o.coll_ops, o.coll_bufs_used, o.tx_msgs, o.rx_msgs), (0, 0, 0, 0), "node {} left {o:?}", n.nic.node());
+        assert_eq!((o.coll_ops, o.coll_bufs_used, o.coll_cache_frames, o.tx_msgs, o.rx_msgs), (0, 0, 0, 0, 0), "node {} left {o:?}", n.nic.node());
         n.nic.invariants().unwrap();
     }
 }
@@ -444,6 +444,101 @@ fn test_forwarded_bcast_refused_mid_group_under_modified_ack_nack_completes() {
     }
     assert!(c.received(w2, data.len()) == data);
     quiesced(&mut c);
+}
+
+#[test]
+fn test_bcast_inner_rank_forwards_without_reading_the_host() {
+    // Root 0 → [1, 2]; rank 1 → [3..=7]. Rank 1 forwards each frame to its
+    // five children from the frame as it arrived: no host read-back. The
+    // root reads its buffer once for both children (as multisend does);
+    // leaves read nothing.
+    let n = 8u16;
+    let mut c = Cluster::new(n, Config::default(), 0, 1500, WireConfig::default());
+    let members: Vec<u16> = (0..n).collect();
+    let parents = vec![TREE_ROOT, 0, 0, 1, 1, 1, 1, 1];
+    assert!(c.create_group_bounce(0, 7, 1, &members, &[parents], 2, 16 * 1024).iter().all(|&r| r == admin_result::OK));
+    // Warm-up: peers exist and translations are cached.
+    run_bcast(&mut c, 0, 0, &pattern(3000, 1), 1_000 * MS);
+    for len in [1usize, 1400, 20_000, 70_000] {
+        let data = pattern(len, len as u8);
+        let before: Vec<u64> = (0..n).map(|r| c.dma_read_bytes(r)).collect();
+        run_bcast(&mut c, 0, 0, &data, 1_000 * MS);
+        let read: Vec<u64> = (0..n).map(|r| c.dma_read_bytes(r) - before[r as usize]).collect();
+        let mut want = vec![0u64; n as usize];
+        want[0] = len as u64;
+        assert_eq!(read, want, "host bytes DMA-read per rank, {len} B broadcast");
+    }
+    quiesced(&mut c);
+}
+
+#[test]
+fn test_bcast_frame_cache_bound_and_laggards_under_loss() {
+    // A tiny frame cache (evictions all the time) under loss, duplication
+    // and reordering, and a member that posts late (its parent forwards
+    // while it refuses): still exact, and nothing stays cached.
+    for cache in [0u32, 2, 5] {
+        let cfg = Config { coll_cache_frames: cache, ..Config::default() };
+        let n = 16u16;
+        let mut c = Cluster::new(n, cfg, 0, 1500, lossy());
+        let members: Vec<u16> = (0..n).collect();
+        let trees = vec![binomial_parents(n as usize), flat_parents(n as usize)];
+        assert!(c.create_group_bounce(0, 7, 1, &members, &trees, 2, 16 * 1024).iter().all(|&r| r == admin_result::OK));
+        for (i, len) in [30_000usize, 9000].into_iter().enumerate() {
+            run_bcast(&mut c, (3 * i as u16) % n, i as u8, &pattern(len, i as u8), 20_000 * MS);
+        }
+        // Rank 2 (inner in the binomial tree) posts late, 100 KB is larger
+        // than a bounce slot: its children and itself wait for the post,
+        // and the root's message to it stops at its window (48 frames).
+        let data = pattern(100_000, 7);
+        let mut wrs: Vec<(u16, u64)> = (0..n).filter(|&r| r != 2).map(|r| (r, c.bcast(r, 0, 0, 0, &data, r == 0))).collect();
+        c.run_for(30 * MS);
+        // The root keeps (at most `cache`) frames only rank 2 still needs.
+        let held = c.world.nodes[0].nic.occupancy().coll_cache_frames;
+        assert!(held <= cache && (cache == 0 || held > 0), "cache {cache}: root holds {held} frames");
+        for node in &c.world.nodes {
+            node.nic.invariants().unwrap();
+        }
+        wrs.push((2, c.bcast(2, 0, 0, 0, &data, false)));
+        for (r, wr) in wrs {
+            assert_eq!(status(&c.wait(r, wr, 20_000 * MS)), Some(Status::Success), "cache {cache} rank {r}");
+            if r != 0 {
+                assert!(c.received(wr, data.len()) == data, "cache {cache} rank {r}");
+            }
+        }
+        quiesced(&mut c);
+    }
+}
+
+#[test]
+fn test_bcast_cached_frames_are_freed_by_group_recreation_and_port_close() {
+    // Rank 1 forwards to 2 (posted) and 3 (not posted; 100 KB exceeds its
+    // bounce slot, so it refuses, and the message to it stops at its
+    // window): rank 1 keeps the frames rank 3 has not been sent until its
+    // group is re-created or its port closes.
+    for close in [false, true] {
+        let n = 4u16;
+        let mut c = Cluster::new(n, Config::default(), 0, 1500, WireConfig::default());
+        let members: Vec<u16> = (0..n).collect();
+        let trees = vec![vec![TREE_ROOT, 0, 1, 1]];
+        assert!(c.create_group_bounce(0, 7, 1, &members, &trees, 2, 16 * 1024).iter().all(|&r| r == admin_result::OK));
+        let data = pattern(100_000, 5);
+        let wrs: Vec<(u16, u64)> = (0..3).map(|r| (r, c.bcast(r, 0, 0, 0, &data, r == 0))).collect();
+        assert_eq!(status(&c.wait(2, wrs[2].1, 1_000 * MS)), Some(Status::Success));
+        assert!(c.received(wrs[2].1, data.len()) == data);
+        let held = c.world.nodes[1].nic.occupancy().coll_cache_frames;
+        assert!(held > 0, "rank 1 keeps nothing for its lagging child");
+        c.world.nodes[1].nic.invariants().unwrap();
+        if close {
+            c.close_port(1);
+            assert_eq!(c.world.nodes[1].nic.occupancy(), emp_firmware::Occupancy::default());
+        } else {
+            assert_eq!(c.set_group(1, 0, &group_entry(7, 2, &members, 1, &trees)), admin_result::OK);
+            assert_eq!(status(&c.wait(1, wrs[1].1, 100 * MS)), Some(Status::StaleGroup));
+            let o = c.world.nodes[1].nic.occupancy();
+            assert_eq!((o.coll_ops, o.coll_cache_frames), (0, 0), "{o:?}");
+        }
+        c.world.nodes[1].nic.invariants().unwrap();
+    }
 }
 
 #[test]
