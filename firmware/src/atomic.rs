@@ -415,42 +415,15 @@ impl Nic {
     }
 
     fn atomic_reply<H: Hal>(&mut self, hal: &mut H, peer: u32, seq: u32, status: Status, old: u64) {
-        let p = self.peer(peer);
-        let hdr = FrameHeader {
-            version: wire::WIRE_VERSION,
-            kind: FrameKind::AtomicResp as u8,
-            dst_gen: p.atomic.rx.as_ref().map_or(0, |r| r.gen),
-            src_node: self.node,
-            dst_node: p.node,
-            src_port: p.port,
-            dst_port: p.rport,
-            src_gen: self.ports[p.port as usize].gen,
-            payload_len: 0,
-            msg_seq: seq,
-            tx_floor: 0,
-            frame_index: 0,
-            frame_count: 0,
-        };
+        let mut hdr = self.ack_header(peer, FrameKind::AtomicResp, seq, 0);
+        // Atomics keep their own record of the requester's incarnation.
+        hdr.dst_gen = self.peer(peer).atomic.rx.as_ref().map_or(0, |r| r.gen);
         put_resp(hal, &hdr, status, old);
     }
 
     /// A reply to a requester we keep no state for (closed port, full table).
     fn atomic_reply_raw<H: Hal>(&mut self, hal: &mut H, req: &FrameHeader, status: Status) {
-        let hdr = FrameHeader {
-            version: wire::WIRE_VERSION,
-            kind: FrameKind::AtomicResp as u8,
-            dst_gen: req.src_gen,
-            src_node: self.node,
-            dst_node: req.src_node,
-            src_port: req.dst_port,
-            dst_port: req.src_port,
-            src_gen: 0,
-            payload_len: 0,
-            msg_seq: req.msg_seq,
-            tx_floor: 0,
-            frame_index: 0,
-            frame_count: 0,
-        };
+        let hdr = self.raw_reply_header(req, FrameKind::AtomicResp);
         put_resp(hal, &hdr, status, 0);
         self.count(counter::NACKS_TX, 1);
     }

@@ -850,24 +850,10 @@ impl Nic {
         };
         let port = hdr.dst_port;
         let peer = self.find_peer(port, hdr.src_node, hdr.src_port).expect("frame's peer exists");
-        let groups = hdr.frame_count.div_ceil(self.cfg.group_size) as usize;
         let rec = crate::rx::RxMsg {
-            port,
-            peer,
-            seq: hdr.msg_seq,
-            desc: data,
-            tag: msg.tag,
-            total_len: msg.total_len,
-            frame_count: hdr.frame_count,
-            received: vec![0; (hdr.frame_count as usize).div_ceil(64)],
-            group_counts: vec![0; groups],
-            frames_received: 0,
-            highest: 0,
-            last_activity: now,
-            error: None,
             skip: CollHeader::SIZE as u64,
             coll: Some((op, stamp)),
-            contig: 0,
+            ..crate::rx::RxMsg::new(port, peer, hdr, msg, data, self.cfg.group_size, now)
         };
         let r = self.rx.insert(rec).expect("checked not full");
         self.peer_mut(peer).rx_active.push(r);
@@ -1143,24 +1129,7 @@ impl Nic {
             for r in rxs {
                 self.finish_rx(hal, r, Some(Status::Flushed));
             }
-            if self.coll_ops.get(op).expect("live").desc.is_none() {
-                let txs: Vec<u32> = self
-                    .tx
-                    .iter()
-                    .filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == op && c.op_stamp == stamp))
-                    .map(|(s, _)| s)
-                    .collect();
-                for t in txs {
-                    self.finish_tx(hal, now, t, Status::Flushed);
-                }
-                let o = self.coll_op_remove(op);
-                let held = o.partials.iter().filter(|p| p.is_some()).count() as u32;
-                self.coll_pool_used -= held.min(self.coll_pool_used);
-                if let (Some(b), Some(g)) = (o.bounce, self.groups.slots[o.group as usize].as_mut()) {
-                    g.bounce_free.push(b);
-                }
-                continue;
-            }
+            let early = self.coll_ops.get(op).expect("live").desc.is_none();
             let txs: Vec<u32> = self
                 .tx
                 .iter()
@@ -1169,6 +1138,16 @@ impl Nic {
                 .collect();
             for t in txs {
                 self.finish_tx(hal, now, t, Status::Flushed);
+            }
+            if early {
+                // No descriptor to complete: the record just goes.
+                let o = self.coll_op_remove(op);
+                let held = o.partials.iter().filter(|p| p.is_some()).count() as u32;
+                self.coll_pool_used -= held.min(self.coll_pool_used);
+                if let (Some(b), Some(g)) = (o.bounce, self.groups.slots[o.group as usize].as_mut()) {
+                    g.bounce_free.push(b);
+                }
+                continue;
             }
             if self.coll_ops.get(op).is_some_and(|o| o.stamp == stamp) {
                 self.coll_try_complete(hal, op);

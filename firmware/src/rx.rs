@@ -41,6 +41,31 @@ pub(crate) struct RxMsg {
     pub contig: u32,
 }
 
+impl RxMsg {
+    /// A fresh record for the message whose first frame is `hdr`/`msg`,
+    /// landing in `desc`; nothing received yet.
+    pub fn new(port: u16, peer: u32, hdr: &FrameHeader, msg: &MsgHeader, desc: LocalDesc, group_size: u32, now: u64) -> RxMsg {
+        RxMsg {
+            port,
+            peer,
+            seq: hdr.msg_seq,
+            desc,
+            tag: msg.tag,
+            total_len: msg.total_len,
+            frame_count: hdr.frame_count,
+            received: vec![0; (hdr.frame_count as usize).div_ceil(64)],
+            group_counts: vec![0; hdr.frame_count.div_ceil(group_size) as usize],
+            frames_received: 0,
+            highest: 0,
+            last_activity: now,
+            error: None,
+            skip: 0,
+            coll: None,
+            contig: 0,
+        }
+    }
+}
+
 /// Bounded table of receive records.
 pub(crate) type RxTable = crate::slots::Slots<RxMsg>;
 
@@ -334,25 +359,7 @@ impl Nic {
         let posted = &self.ports[port as usize].posted;
         if let Some(i) = posted.iter().position(|d| d.matches(hdr.src_node, hdr.src_port, msg.tag)) {
             let desc = posted[i];
-            let groups = hdr.frame_count.div_ceil(self.cfg.group_size) as usize;
-            let rec = RxMsg {
-                port,
-                peer,
-                seq: hdr.msg_seq,
-                desc,
-                tag: msg.tag,
-                total_len: msg.total_len,
-                frame_count: hdr.frame_count,
-                received: vec![0; (hdr.frame_count as usize).div_ceil(64)],
-                group_counts: vec![0; groups],
-                frames_received: 0,
-                highest: 0,
-                last_activity: now,
-                error: None,
-                skip: 0,
-                coll: None,
-                contig: 0,
-            };
+            let rec = RxMsg::new(port, peer, hdr, msg, desc, self.cfg.group_size, now);
             let Some(r) = self.rx.insert(rec) else { return MatchOutcome::NotReady };
             self.ports[port as usize].posted.remove(i);
             self.arm_rx_sweep(now);
@@ -592,7 +599,9 @@ impl Nic {
         (credits.min(u16::MAX as u32) as u16, level)
     }
 
-    fn ack_header(&self, peer: u32, kind: FrameKind, seq: u32, g: u32) -> FrameHeader {
+    /// Header of a control frame (ACK, NACK, atomic reply) to `peer` about
+    /// group `g` of message `seq`.
+    pub(crate) fn ack_header(&self, peer: u32, kind: FrameKind, seq: u32, g: u32) -> FrameHeader {
         let p = self.peer(peer);
         FrameHeader {
             version: wire::WIRE_VERSION,
@@ -635,21 +644,31 @@ impl Nic {
     }
 
     /// A NACK to a sender we keep no state for (closed port, full table).
-    fn send_raw_nack<H: Hal>(&mut self, hal: &mut H, data: &FrameHeader, reason: NackReason) {
-        let hdr = FrameHeader {
+    /// Header of a control frame answering `to` from a port that keeps no
+    /// state for its sender (closed port, full table): addressed from the
+    /// frame itself.
+    pub(crate) fn raw_reply_header(&self, to: &FrameHeader, kind: FrameKind) -> FrameHeader {
+        FrameHeader {
             version: wire::WIRE_VERSION,
-            kind: FrameKind::Nack as u8,
-            dst_gen: data.src_gen,
+            kind: kind as u8,
+            dst_gen: to.src_gen,
             src_node: self.node,
-            dst_node: data.src_node,
-            src_port: data.dst_port,
-            dst_port: data.src_port,
+            dst_node: to.src_node,
+            src_port: to.dst_port,
+            dst_port: to.src_port,
             src_gen: 0,
             payload_len: 0,
-            msg_seq: data.msg_seq,
+            msg_seq: to.msg_seq,
             tx_floor: 0,
-            frame_index: data.frame_index - data.frame_index % self.cfg.group_size,
+            frame_index: 0,
             frame_count: 0,
+        }
+    }
+
+    fn send_raw_nack<H: Hal>(&mut self, hal: &mut H, data: &FrameHeader, reason: NackReason) {
+        let hdr = FrameHeader {
+            frame_index: data.frame_index - data.frame_index % self.cfg.group_size,
+            ..self.raw_reply_header(data, FrameKind::Nack)
         };
         let body = AckBody { group: data.frame_index / self.cfg.group_size, reason: reason as u8, fc_level: 2, ..Default::default() };
         self.emit_control(hal, &hdr, &body);
