@@ -237,16 +237,8 @@ impl NicShared {
     /// Deregisters `key` of `port`: invalidate the entry, fence the NIC,
     /// then unmap.
     pub fn dereg(&self, port: u16, key: u32) -> Result<(), Errno> {
-        let slot = MrEntry::slot_of(key);
-        if slot >= self.layout.params.mr_entries as usize {
-            return Err(libc::ENOENT);
-        }
+        let (slot, _) = self.port_mr(port, key)?;
         let mut b = [0u8; MrEntry::SIZE];
-        self.sram.read(self.layout.mr_entry(slot), &mut b);
-        let e = MrEntry::get(&b);
-        if e.key != key || e.port != port || e.format == MrFormat::Invalid as u8 {
-            return Err(libc::ENOENT);
-        }
         MrEntry::default().put(&mut b);
         self.sram.write(self.layout.mr_entry(slot), &b);
         if self.running().is_ok() {
@@ -300,8 +292,8 @@ impl NicShared {
         signal(self.wake.as_raw_fd());
     }
 
-    /// Reads `buf.len()` bytes at `offset` of region `key`, which must be `port`'s.
-    fn read_region(&self, port: u16, key: u32, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+    /// The valid MR entry `key` of `port`, and its slot (`ENOENT` otherwise).
+    fn port_mr(&self, port: u16, key: u32) -> Result<(usize, MrEntry), Errno> {
         let slot = MrEntry::slot_of(key);
         if slot >= self.layout.params.mr_entries as usize {
             return Err(libc::ENOENT);
@@ -309,7 +301,16 @@ impl NicShared {
         let mut b = [0u8; MrEntry::SIZE];
         self.sram.read(self.layout.mr_entry(slot), &mut b);
         let e = MrEntry::get(&b);
-        if e.key != key || e.port != port || e.format != MrFormat::Chained as u8 {
+        if e.key != key || e.port != port || e.format == MrFormat::Invalid as u8 {
+            return Err(libc::ENOENT);
+        }
+        Ok((slot, e))
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of region `key`, which must be `port`'s.
+    fn read_region(&self, port: u16, key: u32, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        let (_, e) = self.port_mr(port, key)?;
+        if e.format != MrFormat::Chained as u8 {
             return Err(libc::ENOENT);
         }
         if offset.checked_add(buf.len() as u64).is_none_or(|end| end > e.length) {
