@@ -18,6 +18,7 @@ use emp_uapi::desc::{Opcode, Sge, WorkDesc, WD_SIGNALED};
 use emp_uapi::sram::GroupEntry;
 use emp_uapi::Le;
 
+use crate::cluster::{binomial_parents, group_entry};
 use crate::rng::{fill_pattern, Rng};
 
 /// Trees stored in the group: binomial, then two random ones.
@@ -82,10 +83,6 @@ fn random_tree(n: usize, r: &mut Rng) -> Vec<u8> {
     (0..n).map(|i| if i == 0 { TREE_ROOT } else { r.below(i as u64) as u8 }).collect()
 }
 
-fn binomial(n: usize) -> Vec<u8> {
-    (0..n).map(|i| if i == 0 { TREE_ROOT } else { (i - (1 << (usize::BITS - 1 - i.leading_zeros()))) as u8 }).collect()
-}
-
 impl CollPlan {
     /// Draws `count` operations over a group of endpoints from `eps`.
     /// `bump(ep, len, r)` reserves `len` bytes of `ep`'s data region.
@@ -104,7 +101,7 @@ impl CollPlan {
         for _ in 0..n {
             members.push(pool.swap_remove(r.below(pool.len() as u64) as usize));
         }
-        let mut trees = vec![binomial(n)];
+        let mut trees = vec![binomial_parents(n)];
         trees.extend((1..TREES).map(|_| random_tree(n, r)));
         let bounce = if r.chance(0.5) { (r.range(1, 4) as u16, [1024u32, 16 << 10][r.below(2) as usize]) } else { (0, 0) };
         let max_reduce = (emp_uapi::wire::payload_capacity(mtu, 0) - CollHeader::SIZE).min(COLL_BUF);
@@ -168,22 +165,12 @@ impl CollPlan {
 
     /// Member `rank`'s group table entry; `key` is its data region.
     pub(crate) fn entry(&self, rank: usize, key: u32) -> GroupEntry {
-        let (node, port) = self.members[rank];
-        let mut e = GroupEntry {
-            group_id: 1,
-            epoch: 1,
-            member_count: self.members.len() as u16,
-            my_rank: rank as u16,
-            port,
-            tree_count: TREES as u8,
-            ..Default::default()
-        };
+        let nodes: Vec<u16> = self.members.iter().map(|m| m.0).collect();
+        let mut e = group_entry(1, 1, &nodes, rank as u16, &self.trees);
+        // Members on any port, not just port 0.
+        e.port = self.members[rank].1;
         for (i, &(n, p)) in self.members.iter().enumerate() {
             e.members[i] = (n as u32) << 16 | p as u32;
-        }
-        debug_assert_eq!(e.members[rank], (node as u32) << 16 | port as u32);
-        for (t, parents) in self.trees.iter().enumerate() {
-            e.parents[64 * t..64 * t + parents.len()].copy_from_slice(parents);
         }
         if self.bounce.0 > 0 {
             e.bounce_key = key;
@@ -331,8 +318,7 @@ fn check_element(t: Dtype, op: ReduceOp, xs: &[&[u8]], got: &[u8]) -> Result<(),
             let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
             let signed = matches!(t, Dtype::I32 | Dtype::I64);
             // Sign-extend so that signed min/max compare correctly.
-            let val = |b: &[u8]| -> i128 {
-                let v = int(b);
+            let val = |v: u64| -> i128 {
                 if signed && v >> (bits - 1) & 1 == 1 {
                     v as i128 - (1i128 << bits)
                 } else {
@@ -345,8 +331,8 @@ fn check_element(t: Dtype, op: ReduceOp, xs: &[&[u8]], got: &[u8]) -> Result<(),
                 acc = match op {
                     ReduceOp::Sum => acc.wrapping_add(y),
                     ReduceOp::Prod => acc.wrapping_mul(y),
-                    ReduceOp::Min => if val(x) < val(&acc.to_le_bytes()[..t.size()]) { y } else { acc },
-                    ReduceOp::Max => if val(x) > val(&acc.to_le_bytes()[..t.size()]) { y } else { acc },
+                    ReduceOp::Min => if val(y) < val(acc) { y } else { acc },
+                    ReduceOp::Max => if val(y) > val(acc) { y } else { acc },
                     ReduceOp::Band => acc & y,
                     ReduceOp::Bor => acc | y,
                     ReduceOp::Bxor => acc ^ y,
