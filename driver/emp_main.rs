@@ -11,7 +11,9 @@ use kernel::{pci, prelude::*};
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 mod uapi;
 #[allow(unused_imports)]
-pub(crate) use uapi::{attach, coll, desc, fwabi, image, ioctl, sram, wire, DecodeError, Le, ANY_NODE, ANY_PORT, PAGE_SIZE, ZEROS};
+pub(crate) use uapi::{
+    attach, coll, desc, fwabi, image, ioctl, sram, wire, DecodeError, Le, ANY_NODE, ANY_PORT, PAGE_SIZE, ZEROS,
+};
 
 mod irq;
 mod mr;

@@ -10,7 +10,15 @@
 
 use core::mem::offset_of;
 
-use kernel::{device::Core, firmware::Firmware, io::Io, pci, prelude::*, sync::Arc, time::{delay::fsleep, Delta}};
+use kernel::{
+    device::Core,
+    firmware::Firmware,
+    io::Io,
+    pci,
+    prelude::*,
+    sync::Arc,
+    time::{delay::fsleep, Delta},
+};
 
 use crate::sram::{FailReason, Layout, NicStatus, SramHeader, BOARD_SIGNATURE, LAYOUT_VERSION};
 use crate::Le;
@@ -90,39 +98,39 @@ fn status(bar: &pci::Bar<'_>) -> Result<(u32, u32)> {
 /// verify and start it.
 fn load_firmware(pdev: &pci::Device, bar: &pci::Bar<'_>, layout: &Layout) -> Result {
     let fw = Firmware::request(c"emp/emp-fw.bin", pdev.as_ref())?;
-        let data = fw.data();
-        if data.len() > layout.params.staging_size as usize {
-            dev_err!(pdev, "firmware image of {} bytes exceeds the staging area\n", data.len());
-            return Err(EFBIG);
-        }
-        let base = layout.staging_off as usize;
-        for (i, chunk) in data.chunks(4).enumerate() {
-            let mut w = [0u8; 4];
-            w[..chunk.len()].copy_from_slice(chunk);
-            bar.try_write32(u32::from_le_bytes(w), base + 4 * i)?;
-        }
-        bar.try_write32(data.len() as u32, offset_of!(SramHeader, staged_len))?;
-        bar.try_write32(NicStatus::Loading as u32, offset_of!(SramHeader, status))?;
-        let mut waited = 0;
-        loop {
-            let (status, reason) = status(bar)?;
-            match NicStatus::from_u32(status) {
-                Some(NicStatus::Running) => return Ok(()),
-                Some(NicStatus::Failed) => {
-                    let why = FailReason::from_u32(reason).map(|r| r.as_str()).unwrap_or("unknown reason");
-                    dev_err!(pdev, "the NIC refused the firmware: {}\n", why);
-                    return Err(EIO);
-                }
-                _ if waited >= BOOT_TIMEOUT_MS => {
-                    dev_err!(pdev, "the NIC did not start the firmware within {} ms\n", BOOT_TIMEOUT_MS);
-                    return Err(ETIMEDOUT);
-                }
-                _ => {
-                    fsleep(Delta::from_millis(10));
-                    waited += 10;
-                }
+    let data = fw.data();
+    if data.len() > layout.params.staging_size as usize {
+        dev_err!(pdev, "firmware image of {} bytes exceeds the staging area\n", data.len());
+        return Err(EFBIG);
+    }
+    let base = layout.staging_off as usize;
+    for (i, chunk) in data.chunks(4).enumerate() {
+        let mut w = [0u8; 4];
+        w[..chunk.len()].copy_from_slice(chunk);
+        bar.try_write32(u32::from_le_bytes(w), base + 4 * i)?;
+    }
+    bar.try_write32(data.len() as u32, offset_of!(SramHeader, staged_len))?;
+    bar.try_write32(NicStatus::Loading as u32, offset_of!(SramHeader, status))?;
+    let mut waited = 0;
+    loop {
+        let (status, reason) = status(bar)?;
+        match NicStatus::from_u32(status) {
+            Some(NicStatus::Running) => return Ok(()),
+            Some(NicStatus::Failed) => {
+                let why = FailReason::from_u32(reason).map(|r| r.as_str()).unwrap_or("unknown reason");
+                dev_err!(pdev, "the NIC refused the firmware: {}\n", why);
+                return Err(EIO);
+            }
+            _ if waited >= BOOT_TIMEOUT_MS => {
+                dev_err!(pdev, "the NIC did not start the firmware within {} ms\n", BOOT_TIMEOUT_MS);
+                return Err(ETIMEDOUT);
+            }
+            _ => {
+                fsleep(Delta::from_millis(10));
+                waited += 10;
             }
         }
+    }
 }
 
 fn read_header(bar: &pci::Bar<'_>) -> Result<SramHeader> {

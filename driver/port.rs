@@ -12,7 +12,6 @@
 //! opens, ioctls and mmaps fail with `ENODEV`) and every user mapping of a
 //! port window is torn down, before BAR2 is released.
 
-
 use kernel::{
     bindings,
     fs::File,
@@ -26,8 +25,8 @@ use kernel::{
 
 use crate::desc::{MrEntry, MR_ACCESS_ALL};
 use crate::ioctl::{
-    EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM, EMP_IOC_DEREG_MR, EMP_IOC_GROUP_CLEAR,
-    EMP_IOC_GROUP_SET, EMP_IOC_QUERY, EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD, EMP_IOC_START,
+    EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM, EMP_IOC_DEREG_MR,
+    EMP_IOC_GROUP_CLEAR, EMP_IOC_GROUP_SET, EMP_IOC_QUERY, EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD, EMP_IOC_START,
 };
 use crate::mr::Pinned;
 use crate::sram::{admin_result, ctl, AdminMailbox, AdminOp, Layout, PortCtl};

@@ -261,7 +261,14 @@ impl Nic {
         let mut status = status;
         if status == Status::Success {
             let bytes = old.to_le_bytes();
-            let io = self.region_io(hal, a.port, result.key, result.offset, Buf::ToHost(&bytes[..result.len as usize]), MR_LOCAL_WRITE);
+            let io = self.region_io(
+                hal,
+                a.port,
+                result.key,
+                result.offset,
+                Buf::ToHost(&bytes[..result.len as usize]),
+                MR_LOCAL_WRITE,
+            );
             if let Err(e) = io {
                 status = e;
             }
@@ -290,7 +297,13 @@ impl Nic {
             return; // For an earlier process on this port.
         }
         let Some(peer) = self.find_peer(port, hdr.src_node, hdr.src_port) else { return };
-        let found = self.peer(peer).atomic.queue.iter().copied().find(|&s| self.atomics.get(s).is_some_and(|a| a.seq == hdr.msg_seq));
+        let found = self
+            .peer(peer)
+            .atomic
+            .queue
+            .iter()
+            .copied()
+            .find(|&s| self.atomics.get(s).is_some_and(|a| a.seq == hdr.msg_seq));
         let Some(slot) = found else {
             return self.count(counter::DUPLICATES, 1);
         };
@@ -404,12 +417,14 @@ impl Nic {
             return Err(());
         }
         let mut b = [0u8; 8];
-        self.region_io(hal, port, body.rkey, body.offset, Buf::FromHost(&mut b[..width]), MR_REMOTE_ATOMIC).map_err(|_| ())?;
+        self.region_io(hal, port, body.rkey, body.offset, Buf::FromHost(&mut b[..width]), MR_REMOTE_ATOMIC)
+            .map_err(|_| ())?;
         let old = u64::from_le_bytes(b);
         let new = compute(body, old);
         if new != old {
             let nb = new.to_le_bytes();
-            self.region_io(hal, port, body.rkey, body.offset, Buf::ToHost(&nb[..width]), MR_REMOTE_ATOMIC).map_err(|_| ())?;
+            self.region_io(hal, port, body.rkey, body.offset, Buf::ToHost(&nb[..width]), MR_REMOTE_ATOMIC)
+                .map_err(|_| ())?;
         }
         Ok(old)
     }

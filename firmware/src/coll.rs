@@ -33,12 +33,29 @@ use crate::{Hal, LocalDesc, Nic};
 /// What an operation does, fixed by its post or by its first message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Params {
-    Barrier { algo: BarrierAlgo, tree: u8 },
-    Bcast { root: u16, tree: u8, len: u64 },
+    Barrier {
+        algo: BarrierAlgo,
+        tree: u8,
+    },
+    Bcast {
+        root: u16,
+        tree: u8,
+        len: u64,
+    },
     /// One message to several members; not an instance of the group's
     /// collective sequence (its frames are ordinary tagged data).
-    Multi { mask: u64, len: u64 },
-    Reduce { all: bool, root: u16, tree: u8, dtype: Dtype, op: ReduceOp, count: u32 },
+    Multi {
+        mask: u64,
+        len: u64,
+    },
+    Reduce {
+        all: bool,
+        root: u16,
+        tree: u8,
+        dtype: Dtype,
+        op: ReduceOp,
+        count: u32,
+    },
 }
 
 impl Params {
@@ -129,7 +146,9 @@ pub(crate) enum CollData {
     /// Host memory named by the message's descriptor (broadcast data: the
     /// root's buffer, or where an inner rank received it), going to the
     /// op's destination `dest` (its bit in the frame cache).
-    Host { dest: u32 },
+    Host {
+        dest: u32,
+    },
 }
 
 /// An internal message's collective side: its header and data, and the
@@ -222,7 +241,8 @@ impl Nic {
                 }
                 let sges = ld.sges();
                 let wants_result = all || g.rank == root;
-                if sges[0].len as usize != bytes || (wants_result && (sges.len() < 2 || sges[1].len as usize != bytes)) {
+                if sges[0].len as usize != bytes || (wants_result && (sges.len() < 2 || sges[1].len as usize != bytes))
+                {
                     return fail(self, hal, Status::BadDescriptor);
                 }
                 if let Err(st) = self.check_sges(hal, port, &sges[..1], MR_LOCAL_READ) {
@@ -298,7 +318,9 @@ impl Nic {
     fn find_op(&self, group: u32, instance: u32) -> Option<u32> {
         self.coll_ops
             .iter()
-            .find(|(_, o)| o.group == group && o.instance == instance && !matches!(o.params, Some(Params::Multi { .. })))
+            .find(|(_, o)| {
+                o.group == group && o.instance == instance && !matches!(o.params, Some(Params::Multi { .. }))
+            })
             .map(|(s, _)| s)
     }
 
@@ -409,7 +431,8 @@ impl Nic {
         let o = self.coll_ops.get_mut(op);
         match o.params {
             None => o.params = Some(Params::Barrier { algo, tree: ch.tree }),
-            Some(Params::Barrier { algo: a, tree }) if a == algo && (algo != BarrierAlgo::GatherRelease || tree == ch.tree) => {}
+            Some(Params::Barrier { algo: a, tree })
+                if a == algo && (algo != BarrierAlgo::GatherRelease || tree == ch.tree) => {}
             Some(_) => return Err(NackReason::CollMismatch),
         }
         if kind == CollKind::BarrierRelease {
@@ -437,7 +460,8 @@ impl Nic {
         let (Some(dtype), Some(rop)) = (Dtype::from_u8(ch.dtype), ReduceOp::from_u8(ch.op)) else {
             return Err(NackReason::CollMismatch);
         };
-        let p = Params::Reduce { all: ch.round == 1, root: ch.root as u16, tree: ch.tree, dtype, op: rop, count: ch.count };
+        let p =
+            Params::Reduce { all: ch.round == 1, root: ch.root as u16, tree: ch.tree, dtype, op: rop, count: ch.count };
         let o = self.coll_ops.get(op).expect("live");
         let g = self.groups.get(o.group).expect("live group");
         if p.bytes() != data.len() || (ch.root as u16) >= g.n || ch.tree as usize >= g.trees.len() {
@@ -452,7 +476,9 @@ impl Nic {
         match kind {
             CollKind::ReduceUp => {
                 let children = g.children(ch.tree, rel);
-                let Some(i) = children.iter().position(|&c| c == sender_rel) else { return Err(NackReason::CollMismatch) };
+                let Some(i) = children.iter().position(|&c| c == sender_rel) else {
+                    return Err(NackReason::CollMismatch);
+                };
                 if o.partials.get(i).is_some_and(|x| x.is_some()) {
                     return Err(NackReason::CollMismatch);
                 }
@@ -507,7 +533,14 @@ impl Nic {
     }
 
     /// Sends the next steps of a barrier; `Ok` also when waiting.
-    fn progress_barrier<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32, algo: BarrierAlgo, tree: u8) -> Result<(), Status> {
+    fn progress_barrier<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        op: u32,
+        algo: BarrierAlgo,
+        tree: u8,
+    ) -> Result<(), Status> {
         let o = self.coll_ops.get(op).expect("live");
         let g = self.groups.get(o.group).expect("live group");
         let (n, rank) = (g.n, g.rank);
@@ -674,7 +707,8 @@ impl Nic {
             let sub = self.coll_ops.get(op).expect("live").sub;
             // The sub-th destination, in ascending rank.
             let Some(to) = (0..64u16).filter(|&r| mask & (1 << r) != 0).nth(sub as usize) else { break };
-            let Some(t) = self.coll_send_limited(hal, now, op, to, None, CollData::Host { dest: sub }, u32::MAX)? else {
+            let Some(t) = self.coll_send_limited(hal, now, op, to, None, CollData::Host { dest: sub }, u32::MAX)?
+            else {
                 return Ok(());
             };
             let o = self.coll_ops.get_mut(op);
@@ -688,7 +722,14 @@ impl Nic {
     /// Data of frame `f` (from data offset `data_off`) of internal message
     /// `tx`, whose data is in host memory: from the op's frame cache, or
     /// read from the host and kept for the destinations that still need it.
-    pub(crate) fn coll_frame_data<H: Hal>(&mut self, hal: &mut H, tx: u32, f: u32, data_off: u64, out: &mut [u8]) -> Result<(), Status> {
+    pub(crate) fn coll_frame_data<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        tx: u32,
+        f: u32,
+        data_off: u64,
+        out: &mut [u8],
+    ) -> Result<(), Status> {
         let m = self.tx.get(tx).expect("live");
         let c = m.coll.as_ref().expect("collective message");
         let CollData::Host { dest } = c.data else { unreachable!("host data only") };
@@ -826,13 +867,17 @@ impl Nic {
             return Err(NackReason::CollMismatch);
         }
         let rel = rel_rank(g.rank, ch.root as u16, g.n);
-        if rel == 0 || g.parent(ch.tree, rel) != Some(rel_rank(ch.sender as u16, ch.root as u16, g.n)) || o.data.is_some() && o.desc.is_none() {
+        if rel == 0
+            || g.parent(ch.tree, rel) != Some(rel_rank(ch.sender as u16, ch.root as u16, g.n))
+            || o.data.is_some() && o.desc.is_none()
+        {
             return Err(NackReason::CollMismatch);
         }
         if self.rx.is_full() || wire::frames_for(msg.total_len, self.mtu) != hdr.frame_count as u64 {
             return Err(NackReason::NoMatch);
         }
-        let (stamp, group, posted) = (o.stamp, o.group, o.desc.map(|_| o.data.expect("posted broadcast has its buffer")));
+        let (stamp, group, posted) =
+            (o.stamp, o.group, o.desc.map(|_| o.data.expect("posted broadcast has its buffer")));
         let data = match posted {
             Some(d) => d,
             None => {
@@ -972,7 +1017,15 @@ impl Nic {
 
     /// Queues an internal message to group rank `to`. `Ok(false)`: no free
     /// transmission record; the op is retried when one frees.
-    fn coll_send<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32, to: u16, hdr: CollHeader, data: CollData) -> Result<bool, Status> {
+    fn coll_send<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        op: u32,
+        to: u16,
+        hdr: CollHeader,
+        data: CollData,
+    ) -> Result<bool, Status> {
         self.coll_send_limited(hal, now, op, to, Some(hdr), data, u32::MAX).map(|s| s.is_some())
     }
 
@@ -1006,7 +1059,10 @@ impl Nic {
             CollData::Host { .. } => {
                 let src = src.expect("broadcast data located");
                 let tag = if hdr.is_some() { 0 } else { src.wd.tag };
-                LocalDesc { wd: WorkDesc { node, port: rport, opcode: Opcode::Send as u8, tag, ignore: 0, ..src.wd }, ..src }
+                LocalDesc {
+                    wd: WorkDesc { node, port: rport, opcode: Opcode::Send as u8, tag, ignore: 0, ..src.wd },
+                    ..src
+                }
             }
             _ => LocalDesc::new(&wd),
         };
@@ -1184,7 +1240,11 @@ impl Nic {
             if g.port != o.port {
                 return Err(format!("coll op {s} on port {} of a port-{} group", o.port, g.port));
             }
-            let txs = self.tx.iter().filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == s && c.op_stamp == o.stamp)).count();
+            let txs = self
+                .tx
+                .iter()
+                .filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == s && c.op_stamp == o.stamp))
+                .count();
             if txs as u32 != o.pending_tx {
                 return Err(format!("coll op {s}: {} pending messages, {txs} queued", o.pending_tx));
             }
@@ -1196,7 +1256,12 @@ impl Nic {
             let all = if dests >= 64 { u64::MAX } else { (1u64 << dests) - 1 };
             for (i, e) in o.frames.iter().enumerate() {
                 if e.pending == 0 || e.pending & !all != 0 || e.data.is_empty() || e.data.len() > self.mtu as usize {
-                    return Err(format!("coll op {s}: cached frame {} pending {:#x} of {dests}, {} B", e.frame, e.pending, e.data.len()));
+                    return Err(format!(
+                        "coll op {s}: cached frame {} pending {:#x} of {dests}, {} B",
+                        e.frame,
+                        e.pending,
+                        e.data.len()
+                    ));
                 }
                 if o.frames[..i].iter().any(|x| x.frame == e.frame) {
                     return Err(format!("coll op {s}: frame {} cached twice", e.frame));
@@ -1214,7 +1279,10 @@ impl Nic {
             return Err(format!("{} pool buffers used, {early} held by early ops", self.coll_pool_used));
         }
         if cached != self.coll_cache_used || cached > self.cfg.coll_cache_frames {
-            return Err(format!("{} cached frames counted, {cached} held (bound {})", self.coll_cache_used, self.cfg.coll_cache_frames));
+            return Err(format!(
+                "{} cached frames counted, {cached} held (bound {})",
+                self.coll_cache_used, self.cfg.coll_cache_frames
+            ));
         }
         Ok(())
     }

@@ -44,7 +44,11 @@ pub(crate) const fn cpu_of(plan: u32, step: Step) -> u8 {
 
 /// CPUs a plan uses.
 pub(crate) const fn cpus(plan: u32) -> u8 {
-    if plan == cpu_plan::BASE { 1 } else { 2 }
+    if plan == cpu_plan::BASE {
+        1
+    } else {
+        2
+    }
 }
 
 /// Work queued for another CPU.

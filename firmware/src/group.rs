@@ -110,7 +110,8 @@ impl Nic {
         if e.bounce_slots > 0 {
             let bytes = e.bounce_slots as u64 * e.bounce_slot_size as u64;
             let rw = emp_uapi::desc::MR_LOCAL_READ | emp_uapi::desc::MR_LOCAL_WRITE;
-            if e.bounce_slot_size == 0 || self.mr_lookup(hal, e.port, e.bounce_key, e.bounce_offset, bytes, rw).is_err() {
+            if e.bounce_slot_size == 0 || self.mr_lookup(hal, e.port, e.bounce_key, e.bounce_offset, bytes, rw).is_err()
+            {
                 return admin_result::BAD_KEY;
             }
         }

@@ -236,7 +236,14 @@ impl Nic {
             Ok(op) if op.is_atomic() => return self.post_atomic(hal, now, port, ld, op),
             Ok(op) if op != Opcode::Recv => return self.bad_descriptor(hal, port, &ld, op),
             // A malformed descriptor is reported under the opcode it claims.
-            _ => return self.bad_descriptor(hal, port, &ld, Opcode::from_u8(d.opcode).filter(|&o| o != Opcode::Recv).unwrap_or(Opcode::Send)),
+            _ => {
+                return self.bad_descriptor(
+                    hal,
+                    port,
+                    &ld,
+                    Opcode::from_u8(d.opcode).filter(|&o| o != Opcode::Recv).unwrap_or(Opcode::Send),
+                )
+            }
         }
         if let Err(st) = self.check_sges(hal, port, ld.sges(), MR_LOCAL_READ) {
             return self.complete(hal, port, Completion::of(&ld, Opcode::Send, st));
@@ -330,4 +337,3 @@ fn read_desc<H: Hal>(hal: &mut H, off: usize) -> WorkDesc {
     hal.sram_read(off, &mut b);
     WorkDesc::get(&b)
 }
-

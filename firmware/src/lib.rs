@@ -20,9 +20,9 @@
 //! overflow buffer), and flow control either by receiver state piggybacked
 //! on ACKs (EMP) or by PM's Modified ACK/NACK (seed 003 §3.3).
 
+mod atomic;
 mod coll;
 mod combine;
-mod atomic;
 mod cpu;
 mod ffi;
 mod group;
@@ -256,11 +256,7 @@ impl LocalDesc {
     pub(crate) fn new(wd: &WorkDesc) -> LocalDesc {
         let mut wd = *wd;
         wd.num_sge = wd.num_sge.min(SGE_MAX as u8);
-        LocalDesc {
-            signaled: wd.flags & WD_SIGNALED != 0 || wd.opcode == Opcode::Recv as u8,
-            len: wd.total_len(),
-            wd,
-        }
+        LocalDesc { signaled: wd.flags & WD_SIGNALED != 0 || wd.opcode == Opcode::Recv as u8, len: wd.total_len(), wd }
     }
 
     pub(crate) fn sges(&self) -> &[Sge] {
@@ -396,9 +392,7 @@ impl Nic {
         if header.features & FEATURE_OVERFLOW == 0 {
             cfg.overflow_slots = 0;
         }
-        cfg.overflow_slot_size = cfg
-            .overflow_slot_size
-            .min(emp_uapi::wire::payload_capacity(header.mtu, 0) as u32);
+        cfg.overflow_slot_size = cfg.overflow_slot_size.min(emp_uapi::wire::payload_capacity(header.mtu, 0) as u32);
         let ports = (0..layout.params.ports)
             .map(|i| Port {
                 open: false,
@@ -538,7 +532,13 @@ impl Nic {
         for (i, p) in self.ports.iter().enumerate().filter(|(_, p)| p.open) {
             s += &format!(
                 "  port {i}: send_cons {} recv_cons {} cq_prod {}/{} outstanding {} posted {} overflow {}\n",
-                p.send_cons, p.recv_cons, p.cq_prod, p.cq_entries, p.outstanding, p.posted.len(), p.overflow.len()
+                p.send_cons,
+                p.recv_cons,
+                p.cq_prod,
+                p.cq_entries,
+                p.outstanding,
+                p.posted.len(),
+                p.overflow.len()
             );
         }
         s += &format!("  recent rx decisions (seq, frame, expected, outcome): {:?}\n", self.trace);
@@ -547,7 +547,13 @@ impl Nic {
                 let armed = m.groups.iter().filter(|g| g.stamp != 0).count();
                 format!(
                     "head seq {} next {}/{} acked {}/{} armed {} rnr {}",
-                    m.seq, m.next_frame, m.frame_count, m.groups_acked, m.groups.len(), armed, m.rnr_retries
+                    m.seq,
+                    m.next_frame,
+                    m.frame_count,
+                    m.groups_acked,
+                    m.groups.len(),
+                    armed,
+                    m.rnr_retries
                 )
             });
             s += &format!(

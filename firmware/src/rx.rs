@@ -44,7 +44,15 @@ pub(crate) struct RxMsg {
 impl RxMsg {
     /// A fresh record for the message whose first frame is `hdr`/`msg`,
     /// landing in `desc`; nothing received yet.
-    pub fn new(port: u16, peer: u32, hdr: &FrameHeader, msg: &MsgHeader, desc: LocalDesc, group_size: u32, now: u64) -> RxMsg {
+    pub fn new(
+        port: u16,
+        peer: u32,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        desc: LocalDesc,
+        group_size: u32,
+        now: u64,
+    ) -> RxMsg {
         RxMsg {
             port,
             peer,
@@ -89,7 +97,9 @@ pub(crate) struct Overflow {
 impl Overflow {
     pub(crate) fn new(slots: u32, slot_size: u32) -> Self {
         Overflow {
-            slots: (0..slots).map(|_| OverflowSlot { data: Vec::with_capacity(slot_size as usize), ..Default::default() }).collect(),
+            slots: (0..slots)
+                .map(|_| OverflowSlot { data: Vec::with_capacity(slot_size as usize), ..Default::default() })
+                .collect(),
             free: (0..slots).rev().collect(),
             slot_size,
         }
@@ -269,8 +279,10 @@ impl Nic {
             .enumerate()
             .filter_map(|(i, p)| {
                 let p = p.as_ref()?;
-                let refused =
-                    p.port == port && !p.rnr_coll && p.rnr_seq == Some(p.rx_expected) && d.matches(p.node, p.rport, p.rnr_tag);
+                let refused = p.port == port
+                    && !p.rnr_coll
+                    && p.rnr_seq == Some(p.rx_expected)
+                    && d.matches(p.node, p.rport, p.rnr_tag);
                 refused.then_some((i as u32, p.rx_expected))
             })
             .collect();
@@ -340,14 +352,7 @@ impl Nic {
 
     /// Matches the header frame of the next message against the port's
     /// posted receives (in posting order), else the overflow buffer.
-    fn try_match(
-        &mut self,
-        now: u64,
-        peer: u32,
-        hdr: &FrameHeader,
-        msg: &MsgHeader,
-        payload: &[u8],
-    ) -> MatchOutcome {
+    fn try_match(&mut self, now: u64, peer: u32, hdr: &FrameHeader, msg: &MsgHeader, payload: &[u8]) -> MatchOutcome {
         if msg.total_len > self.cfg.msg_max {
             return MatchOutcome::TooLarge;
         }
@@ -513,7 +518,9 @@ impl Nic {
         let group_done = m.group_counts[g as usize] == group_len;
         let all_done = m.frames_received == m.frame_count;
         let missing = if !group_done && f + 1 == end {
-            (first..end).filter(|&i| m.received[i as usize / 64] & (1 << (i % 64)) == 0).fold(0u32, |a, i| a | 1 << (i - first))
+            (first..end)
+                .filter(|&i| m.received[i as usize / 64] & (1 << (i % 64)) == 0)
+                .fold(0u32, |a, i| a | 1 << (i - first))
         } else {
             0
         };
@@ -623,12 +630,21 @@ impl Nic {
     fn send_ack<H: Hal>(&mut self, hal: &mut H, peer: u32, seq: u32, g: u32) {
         let hdr = self.ack_header(peer, FrameKind::Ack, seq, g);
         let (rx_credits, fc_level) = self.rx_credits(hdr.src_port);
-        let body = AckBody { group: g, rx_credits, fc_level, rx_expected: self.peer(peer).rx_expected, ..Default::default() };
+        let body =
+            AckBody { group: g, rx_credits, fc_level, rx_expected: self.peer(peer).rx_expected, ..Default::default() };
         self.emit_control(hal, &hdr, &body);
         self.count(counter::ACKS_TX, 1);
     }
 
-    pub(crate) fn send_nack<H: Hal>(&mut self, hal: &mut H, peer: u32, seq: u32, g: u32, mask: u32, reason: NackReason) {
+    pub(crate) fn send_nack<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        peer: u32,
+        seq: u32,
+        g: u32,
+        mask: u32,
+        reason: NackReason,
+    ) {
         let hdr = self.ack_header(peer, FrameKind::Nack, seq, g);
         let (rx_credits, fc_level) = self.rx_credits(hdr.src_port);
         let body = AckBody {
@@ -670,7 +686,12 @@ impl Nic {
             frame_index: data.frame_index - data.frame_index % self.cfg.group_size,
             ..self.raw_reply_header(data, FrameKind::Nack)
         };
-        let body = AckBody { group: data.frame_index / self.cfg.group_size, reason: reason as u8, fc_level: 2, ..Default::default() };
+        let body = AckBody {
+            group: data.frame_index / self.cfg.group_size,
+            reason: reason as u8,
+            fc_level: 2,
+            ..Default::default()
+        };
         self.emit_control(hal, &hdr, &body);
         self.count(counter::NACKS_TX, 1);
     }

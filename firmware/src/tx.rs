@@ -4,9 +4,9 @@
 //! exponential backoff up to a retry limit; NACKs for fast recovery.
 
 use emp_uapi::desc::{Opcode, Status, MR_LOCAL_READ};
+use emp_uapi::seq_lt;
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, AckBody, FrameHeader, FrameKind, MsgHeader, NackReason};
-use emp_uapi::seq_lt;
 
 use crate::host::Completion;
 use crate::mr::Buf;
@@ -66,11 +66,25 @@ impl Nic {
     }
 
     /// Queues an internal collective message on its peer.
-    pub(crate) fn enqueue_tx_coll(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc, coll: crate::coll::CollTx) -> u32 {
+    pub(crate) fn enqueue_tx_coll(
+        &mut self,
+        now: u64,
+        port: u16,
+        peer: u32,
+        desc: LocalDesc,
+        coll: crate::coll::CollTx,
+    ) -> u32 {
         self.enqueue_tx_as(now, port, peer, desc, Some(Box::new(coll)))
     }
 
-    fn enqueue_tx_as(&mut self, _now: u64, port: u16, peer: u32, desc: LocalDesc, coll: Option<Box<crate::coll::CollTx>>) -> u32 {
+    fn enqueue_tx_as(
+        &mut self,
+        _now: u64,
+        port: u16,
+        peer: u32,
+        desc: LocalDesc,
+        coll: Option<Box<crate::coll::CollTx>>,
+    ) -> u32 {
         let frame_count = wire::frames_for(desc.len, self.mtu) as u32;
         let groups = frame_count.div_ceil(self.cfg.group_size);
         let seq = {
@@ -214,7 +228,14 @@ impl Nic {
     }
 
     /// Builds frame `f` of a message from host memory and transmits it.
-    pub(crate) fn send_frame<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, f: u32, retransmit: bool) -> Result<(), Status> {
+    pub(crate) fn send_frame<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        slot: u32,
+        f: u32,
+        retransmit: bool,
+    ) -> Result<(), Status> {
         let m = self.tx.get(slot).expect("live");
         let p = self.peer(m.peer);
         let off = wire::frame_offset(f, self.mtu);
@@ -350,8 +371,13 @@ impl Nic {
             let m = self.tx.get_mut(s);
             m.rnr_waiting = false;
             m.rnr_retries = 0;
-            let groups: Vec<u32> =
-                m.groups.iter().enumerate().filter(|(_, g)| !g.acked && g.inflight > 0).map(|(i, _)| i as u32).collect();
+            let groups: Vec<u32> = m
+                .groups
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| !g.acked && g.inflight > 0)
+                .map(|(i, _)| i as u32)
+                .collect();
             for g in groups {
                 if let Err(st) = self.resend_group(hal, now, s, g, u32::MAX) {
                     self.finish_tx(hal, now, s, st);
@@ -369,7 +395,14 @@ impl Nic {
         p.remote_gen = hdr.src_gen;
     }
 
-    pub(crate) fn on_nack<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &AckBody, reason: NackReason) {
+    pub(crate) fn on_nack<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        hdr: &FrameHeader,
+        body: &AckBody,
+        reason: NackReason,
+    ) {
         let Some(peer) = self.find_peer(hdr.dst_port, hdr.src_node, hdr.src_port) else { return };
         if reason == NackReason::PortClosed {
             // Everything queued to a closed port fails now.

@@ -1,5 +1,5 @@
 //! Two ports exchange one tagged message: `hello <sock-a> <sock-b>`.
-use emp::{Device, Completion, ANY};
+use emp::{Completion, Device, ANY};
 use std::time::Duration;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

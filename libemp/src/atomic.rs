@@ -118,7 +118,15 @@ impl Buffer {
 }
 
 /// The descriptor of a remote atomic (`WorkDesc` contract in `emp_uapi::desc`).
-fn atomic_desc(op: Opcode, wr_id: u64, dst: Endpoint, at: RemoteWord, operand: u64, compare: u64, result: Sge) -> Result<WorkDesc> {
+fn atomic_desc(
+    op: Opcode,
+    wr_id: u64,
+    dst: Endpoint,
+    at: RemoteWord,
+    operand: u64,
+    compare: u64,
+    result: Sge,
+) -> Result<WorkDesc> {
     let w = at.width.bytes();
     let fits = |v: u64| at.width == Width::W64 || v >> 32 == 0;
     if result.len != w {
@@ -130,7 +138,17 @@ fn atomic_desc(op: Opcode, wr_id: u64, dst: Endpoint, at: RemoteWord, operand: u
     if !fits(operand) || !fits(compare) {
         return Err(Error::invalid("atomic: operand wider than the 32-bit word"));
     }
-    let mut d = WorkDesc { wr_id, opcode: op as u8, flags: WD_SIGNALED, num_sge: 2, node: dst.node, port: dst.port, tag: operand, ignore: compare, ..Default::default() };
+    let mut d = WorkDesc {
+        wr_id,
+        opcode: op as u8,
+        flags: WD_SIGNALED,
+        num_sge: 2,
+        node: dst.node,
+        port: dst.port,
+        tag: operand,
+        ignore: compare,
+        ..Default::default()
+    };
     d.sge[0] = result;
     d.sge[1] = Sge { key: at.key, len: w, offset: at.offset };
     Ok(d)
@@ -147,7 +165,15 @@ impl Device {
 
     /// Posts `if word == compare { word = swap }` at `dst` (a miss writes
     /// nothing); the old value as in [`Device::post_fetch_add`].
-    pub fn post_cmp_swap(&mut self, wr_id: u64, dst: Endpoint, at: RemoteWord, compare: u64, swap: u64, result: Sge) -> Result<()> {
+    pub fn post_cmp_swap(
+        &mut self,
+        wr_id: u64,
+        dst: Endpoint,
+        at: RemoteWord,
+        compare: u64,
+        swap: u64,
+        result: Sge,
+    ) -> Result<()> {
         let d = atomic_desc(Opcode::AtomicCmpSwap, wr_id, dst, at, swap, compare, result)?;
         self.post_raw(true, &d)
     }
@@ -175,9 +201,17 @@ impl Device {
         self.blocking_atomic(Opcode::AtomicSwap, dst, at, value, 0)
     }
 
-    fn blocking_atomic(&mut self, op: Opcode, dst: Endpoint, at: RemoteWord, operand: u64, compare: u64) -> Result<u64> {
+    fn blocking_atomic(
+        &mut self,
+        op: Opcode,
+        dst: Endpoint,
+        at: RemoteWord,
+        operand: u64,
+        compare: u64,
+    ) -> Result<u64> {
         let scratch = self.atomic_scratch()?;
-        let d = atomic_desc(op, BLOCKING_ATOMIC_WR, dst, at, operand, compare, scratch.sge(0, at.width.bytes() as usize))?;
+        let d =
+            atomic_desc(op, BLOCKING_ATOMIC_WR, dst, at, operand, compare, scratch.sge(0, at.width.bytes() as usize))?;
         let end = std::time::Instant::now() + RING_WAIT;
         loop {
             match self.post_raw(true, &d) {

@@ -9,10 +9,15 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use emp_uapi::attach::{attach_reply as ar, op, AttachMsg, ATTACH_VERSION};
-use emp_uapi::desc::{Cqe, Opcode, Sge, Status, WorkDesc, CQE_PHASE, MR_LOCAL_READ, MR_LOCAL_WRITE, SGE_MAX, WD_SIGNALED};
+use emp_uapi::desc::{
+    Cqe, Opcode, Sge, Status, WorkDesc, CQE_PHASE, MR_LOCAL_READ, MR_LOCAL_WRITE, SGE_MAX, WD_SIGNALED,
+};
 use emp_uapi::sram::ctl;
 use emp_uapi::{Le, PAGE_SIZE};
-use nix::sys::socket::{connect, recvmsg, sendmsg, socket, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{
+    connect, recvmsg, sendmsg, socket, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag,
+    SockType, UnixAddr,
+};
 
 use crate::{Buffer, Completion, Endpoint, Error, EventSource, MemoryRegion, PortInfo, Result};
 
@@ -87,7 +92,8 @@ fn memfd(name: &str, len: usize) -> Result<OwnedFd> {
 
 pub(crate) fn map_shared(fd: RawFd, len: usize) -> Result<*mut u8> {
     // SAFETY: mapping `len` bytes of a descriptor we hold, shared, RW.
-    let p = unsafe { libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+    let p =
+        unsafe { libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
     if p == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error().into());
     }
@@ -116,7 +122,11 @@ fn request(sock: RawFd, opcode: u32, args: &[u64], fds: &[RawFd]) -> Result<(Att
         }
     }
     if msg.bytes != AttachMsg::SIZE {
-        return Err(Error::Protocol(if msg.bytes == 0 { "the NIC daemon went away".into() } else { "short reply".into() }));
+        return Err(Error::Protocol(if msg.bytes == 0 {
+            "the NIC daemon went away".into()
+        } else {
+            "short reply".into()
+        }));
     }
     let r = AttachMsg::get(&rb);
     if r.op != opcode {
@@ -193,7 +203,11 @@ impl Device {
         if path.starts_with("/dev/") {
             return crate::kernel::open(path);
         }
-        let arena_len = std::env::var("EMP_ARENA_MB").ok().and_then(|v| v.parse::<usize>().ok()).map(|mb| mb << 20).unwrap_or(ARENA_DEFAULT);
+        let arena_len = std::env::var("EMP_ARENA_MB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map(|mb| mb << 20)
+            .unwrap_or(ARENA_DEFAULT);
         let sock = connect_to(path)?;
         let (r, mut fds) = call(sock.as_raw_fd(), op::ATTACH, &[], &[])?;
         if fds.len() != 3 {
@@ -312,8 +326,12 @@ impl Device {
                 let args = [off as u64, span as u64, access as u64];
                 call(sock.as_raw_fd(), op::REG_ARENA, &args, &[fd.as_raw_fd()])?.0.arg[0] as u32
             }
-            (Control::Kernel { dev, .. }, _) => crate::kernel::reg_mr(dev.as_raw_fd(), ptr as u64, span as u64, access)?,
-            (Control::Direct { .. }, None) => return Err(Error::Protocol("direct attach without an arena descriptor".into())),
+            (Control::Kernel { dev, .. }, _) => {
+                crate::kernel::reg_mr(dev.as_raw_fd(), ptr as u64, span as u64, access)?
+            }
+            (Control::Direct { .. }, None) => {
+                return Err(Error::Protocol("direct attach without an arena descriptor".into()))
+            }
         };
         self.arena_next = off + span;
         Ok(Buffer { ptr, len, key, offset: 0 })
@@ -361,7 +379,13 @@ impl Device {
         let (prod, cons_off, prod_off, entries, ring) = if send {
             (self.send_prod, ctl::SEND_CONS, ctl::SEND_PROD, self.info.send_entries, PAGE_SIZE)
         } else {
-            (self.recv_prod, ctl::RECV_CONS, ctl::RECV_PROD, self.info.recv_entries, PAGE_SIZE + self.info.send_entries as usize * WorkDesc::SIZE)
+            (
+                self.recv_prod,
+                ctl::RECV_CONS,
+                ctl::RECV_PROD,
+                self.info.recv_entries,
+                PAGE_SIZE + self.info.send_entries as usize * WorkDesc::SIZE,
+            )
         };
         let cons = self.word(cons_off).load(Ordering::Acquire);
         if prod.wrapping_sub(cons) >= entries {
@@ -397,7 +421,17 @@ impl Device {
         if sges.len() > SGE_MAX {
             return Err(Error::TooManySges);
         }
-        let mut d = WorkDesc { wr_id, opcode: opcode as u8, flags: WD_SIGNALED, num_sge: sges.len() as u8, node: ep.node, port: ep.port, tag, ignore, ..Default::default() };
+        let mut d = WorkDesc {
+            wr_id,
+            opcode: opcode as u8,
+            flags: WD_SIGNALED,
+            num_sge: sges.len() as u8,
+            node: ep.node,
+            port: ep.port,
+            tag,
+            ignore,
+            ..Default::default()
+        };
         d.sge[..sges.len()].copy_from_slice(sges);
         Ok(d)
     }

@@ -214,7 +214,15 @@ unsafe fn sges<'a>(sge: *const Sge, n: usize) -> &'a [Sge] {
 /// # Safety
 /// `dev` is open; `sge` points to `n` entries.
 #[no_mangle]
-pub unsafe extern "C" fn emp_post_send(dev: *mut EmpDevice, wr_id: u64, node: u16, port: u16, tag: u64, sge: *const Sge, n: usize) -> c_int {
+pub unsafe extern "C" fn emp_post_send(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    tag: u64,
+    sge: *const Sge,
+    n: usize,
+) -> c_int {
     // SAFETY: caller guarantees the pointers.
     let (d, s) = unsafe { (&mut (*dev).0, sges(sge, n)) };
     match d.post_send(wr_id, Endpoint { node, port }, tag, s) {
@@ -228,7 +236,16 @@ pub unsafe extern "C" fn emp_post_send(dev: *mut EmpDevice, wr_id: u64, node: u1
 /// # Safety
 /// `dev` is open; `sge` points to `n` entries.
 #[no_mangle]
-pub unsafe extern "C" fn emp_post_recv(dev: *mut EmpDevice, wr_id: u64, node: u16, port: u16, tag: u64, ignore: u64, sge: *const Sge, n: usize) -> c_int {
+pub unsafe extern "C" fn emp_post_recv(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    tag: u64,
+    ignore: u64,
+    sge: *const Sge,
+    n: usize,
+) -> c_int {
     // SAFETY: caller guarantees the pointers.
     let (d, s) = unsafe { (&mut (*dev).0, sges(sge, n)) };
     match d.post_recv(wr_id, Endpoint { node, port }, tag, ignore, s) {
@@ -327,7 +344,13 @@ pub extern "C" fn emp_wc_status_str(status: u32) -> *const c_char {
 /// # Safety
 /// `dev` is open; `key` and `offset` are writable.
 #[no_mangle]
-pub unsafe extern "C" fn emp_alloc_mr(dev: *mut EmpDevice, len: usize, access: u32, key: *mut u32, offset: *mut u64) -> *mut c_void {
+pub unsafe extern "C" fn emp_alloc_mr(
+    dev: *mut EmpDevice,
+    len: usize,
+    access: u32,
+    key: *mut u32,
+    offset: *mut u64,
+) -> *mut c_void {
     // SAFETY: caller guarantees the pointers.
     let d = unsafe { &mut (*dev).0 };
     let Ok(access) = u8::try_from(access) else { return core::ptr::null_mut() };
@@ -395,12 +418,16 @@ pub struct EmpEndpoint {
 
 fn dtype_op(t: u32, op: u32) -> Result<(crate::Dtype, crate::ReduceOp), Error> {
     let t = u8::try_from(t).ok().and_then(crate::Dtype::from_u8).ok_or_else(|| Error::invalid("unknown dtype"))?;
-    let op = u8::try_from(op).ok().and_then(crate::ReduceOp::from_u8).ok_or_else(|| Error::invalid("unknown reduce op"))?;
+    let op =
+        u8::try_from(op).ok().and_then(crate::ReduceOp::from_u8).ok_or_else(|| Error::invalid("unknown reduce op"))?;
     Ok((t, op))
 }
 
 fn barrier_algo(a: u32) -> Result<crate::BarrierAlgo, Error> {
-    u16::try_from(a).ok().and_then(crate::BarrierAlgo::from_u16).ok_or_else(|| Error::invalid("unknown barrier algorithm"))
+    u16::try_from(a)
+        .ok()
+        .and_then(crate::BarrierAlgo::from_u16)
+        .ok_or_else(|| Error::invalid("unknown barrier algorithm"))
 }
 
 fn rc(r: Result<(), Error>) -> c_int {
@@ -432,12 +459,21 @@ unsafe fn blocking_status(r: Result<(), Error>, status: *mut u32) -> c_int {
 /// # Safety
 /// `dev` is open; `members` points to `n` entries; `err` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn emp_group_create(dev: *mut EmpDevice, id: u32, members: *const EmpEndpoint, n: usize, err: *mut c_int) -> *mut EmpGroup {
+pub unsafe extern "C" fn emp_group_create(
+    dev: *mut EmpDevice,
+    id: u32,
+    members: *const EmpEndpoint,
+    n: usize,
+    err: *mut c_int,
+) -> *mut EmpGroup {
     let list: Vec<Endpoint> = if members.is_null() || n == 0 {
         Vec::new()
     } else {
         // SAFETY: the caller passes `n` readable entries.
-        unsafe { core::slice::from_raw_parts(members, n) }.iter().map(|e| Endpoint { node: e.node, port: e.port }).collect()
+        unsafe { core::slice::from_raw_parts(members, n) }
+            .iter()
+            .map(|e| Endpoint { node: e.node, port: e.port })
+            .collect()
     };
     // SAFETY: caller guarantees `dev`.
     let d = unsafe { &mut (*dev).0 };
@@ -504,7 +540,14 @@ pub unsafe extern "C" fn emp_post_barrier(dev: *mut EmpDevice, wr_id: u64, g: *c
 /// # Safety
 /// `dev` is open; `g` is live; `sge` points to `n` entries.
 #[no_mangle]
-pub unsafe extern "C" fn emp_post_bcast(dev: *mut EmpDevice, wr_id: u64, g: *const EmpGroup, root: c_int, sge: *const Sge, n: usize) -> c_int {
+pub unsafe extern "C" fn emp_post_bcast(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    g: *const EmpGroup,
+    root: c_int,
+    sge: *const Sge,
+    n: usize,
+) -> c_int {
     // SAFETY: caller guarantees the pointers.
     let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
     match usize::try_from(root) {
@@ -518,7 +561,15 @@ pub unsafe extern "C" fn emp_post_bcast(dev: *mut EmpDevice, wr_id: u64, g: *con
 /// # Safety
 /// `dev` is open; `g` is live; `sge` points to `n` entries.
 #[no_mangle]
-pub unsafe extern "C" fn emp_post_multisend(dev: *mut EmpDevice, wr_id: u64, g: *const EmpGroup, ranks: u64, tag: u64, sge: *const Sge, n: usize) -> c_int {
+pub unsafe extern "C" fn emp_post_multisend(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    g: *const EmpGroup,
+    ranks: u64,
+    tag: u64,
+    sge: *const Sge,
+    n: usize,
+) -> c_int {
     // SAFETY: caller guarantees the pointers.
     let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
     rc(d.post_multisend(wr_id, g, ranks, tag, s))
@@ -529,7 +580,16 @@ pub unsafe extern "C" fn emp_post_multisend(dev: *mut EmpDevice, wr_id: u64, g: 
 /// # Safety
 /// `dev` is open; `g` is live; `send` is readable; `recv` is NULL or readable.
 #[no_mangle]
-pub unsafe extern "C" fn emp_post_reduce(dev: *mut EmpDevice, wr_id: u64, g: *const EmpGroup, root: c_int, t: u32, op: u32, send: *const Sge, recv: *const Sge) -> c_int {
+pub unsafe extern "C" fn emp_post_reduce(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    g: *const EmpGroup,
+    root: c_int,
+    t: u32,
+    op: u32,
+    send: *const Sge,
+    recv: *const Sge,
+) -> c_int {
     if send.is_null() || root < 0 {
         return -libc::EINVAL;
     }
@@ -543,7 +603,15 @@ pub unsafe extern "C" fn emp_post_reduce(dev: *mut EmpDevice, wr_id: u64, g: *co
 /// # Safety
 /// `dev` is open; `g` is live; `send` and `recv` are readable.
 #[no_mangle]
-pub unsafe extern "C" fn emp_post_allreduce(dev: *mut EmpDevice, wr_id: u64, g: *const EmpGroup, t: u32, op: u32, send: *const Sge, recv: *const Sge) -> c_int {
+pub unsafe extern "C" fn emp_post_allreduce(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    g: *const EmpGroup,
+    t: u32,
+    op: u32,
+    send: *const Sge,
+    recv: *const Sge,
+) -> c_int {
     if send.is_null() || recv.is_null() {
         return -libc::EINVAL;
     }
@@ -569,7 +637,14 @@ pub unsafe extern "C" fn emp_barrier(dev: *mut EmpDevice, g: *const EmpGroup, al
 /// # Safety
 /// `dev` is open; `g` is live; `sge` points to `n` entries; `status` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn emp_bcast(dev: *mut EmpDevice, g: *const EmpGroup, root: c_int, sge: *const Sge, n: usize, status: *mut u32) -> c_int {
+pub unsafe extern "C" fn emp_bcast(
+    dev: *mut EmpDevice,
+    g: *const EmpGroup,
+    root: c_int,
+    sge: *const Sge,
+    n: usize,
+    status: *mut u32,
+) -> c_int {
     // SAFETY: caller guarantees the pointers.
     let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
     let r = usize::try_from(root).map_err(|_| Error::invalid("negative root")).and_then(|root| d.bcast(g, root, s));
@@ -582,7 +657,15 @@ pub unsafe extern "C" fn emp_bcast(dev: *mut EmpDevice, g: *const EmpGroup, root
 /// # Safety
 /// `dev` is open; `g` is live; `send`/`recv` are readable; `status` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn emp_allreduce(dev: *mut EmpDevice, g: *const EmpGroup, t: u32, op: u32, send: *const Sge, recv: *const Sge, status: *mut u32) -> c_int {
+pub unsafe extern "C" fn emp_allreduce(
+    dev: *mut EmpDevice,
+    g: *const EmpGroup,
+    t: u32,
+    op: u32,
+    send: *const Sge,
+    recv: *const Sge,
+    status: *mut u32,
+) -> c_int {
     if send.is_null() || recv.is_null() {
         return -libc::EINVAL;
     }
@@ -613,7 +696,15 @@ pub unsafe extern "C" fn emp_job_barrier(dev: *mut EmpDevice) -> c_int {
 /// # Safety
 /// `dev` is open; `at` and `result` are readable.
 #[no_mangle]
-pub unsafe extern "C" fn emp_post_atomic_fetch_add(dev: *mut EmpDevice, wr_id: u64, node: u16, port: u16, at: *const EmpRemoteWord, add: u64, result: *const Sge) -> c_int {
+pub unsafe extern "C" fn emp_post_atomic_fetch_add(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    at: *const EmpRemoteWord,
+    add: u64,
+    result: *const Sge,
+) -> c_int {
     // SAFETY: forwarded caller guarantees.
     unsafe { post_atomic(dev, at, result, |d, w, r| d.post_fetch_add(wr_id, Endpoint { node, port }, w, add, r)) }
 }
@@ -634,7 +725,9 @@ pub unsafe extern "C" fn emp_post_atomic_cmp_swap(
     result: *const Sge,
 ) -> c_int {
     // SAFETY: forwarded caller guarantees.
-    unsafe { post_atomic(dev, at, result, |d, w, r| d.post_cmp_swap(wr_id, Endpoint { node, port }, w, compare, swap, r)) }
+    unsafe {
+        post_atomic(dev, at, result, |d, w, r| d.post_cmp_swap(wr_id, Endpoint { node, port }, w, compare, swap, r))
+    }
 }
 
 /// Posts a remote swap.
@@ -642,7 +735,15 @@ pub unsafe extern "C" fn emp_post_atomic_cmp_swap(
 /// # Safety
 /// As `emp_post_atomic_fetch_add`.
 #[no_mangle]
-pub unsafe extern "C" fn emp_post_atomic_swap(dev: *mut EmpDevice, wr_id: u64, node: u16, port: u16, at: *const EmpRemoteWord, value: u64, result: *const Sge) -> c_int {
+pub unsafe extern "C" fn emp_post_atomic_swap(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    at: *const EmpRemoteWord,
+    value: u64,
+    result: *const Sge,
+) -> c_int {
     // SAFETY: forwarded caller guarantees.
     unsafe { post_atomic(dev, at, result, |d, w, r| d.post_swap(wr_id, Endpoint { node, port }, w, value, r)) }
 }
@@ -652,7 +753,12 @@ pub unsafe extern "C" fn emp_post_atomic_swap(dev: *mut EmpDevice, wr_id: u64, n
 ///
 /// # Safety
 /// `dev` is open; `at` is readable; `old` is writable.
-unsafe fn blocking(dev: *mut EmpDevice, at: *const EmpRemoteWord, old: *mut u64, op: impl FnOnce(&mut Device, RemoteWord) -> crate::Result<u64>) -> c_int {
+unsafe fn blocking(
+    dev: *mut EmpDevice,
+    at: *const EmpRemoteWord,
+    old: *mut u64,
+    op: impl FnOnce(&mut Device, RemoteWord) -> crate::Result<u64>,
+) -> c_int {
     // SAFETY: forwarded caller guarantee.
     let Some(w) = (unsafe { remote_word(at) }) else { return -libc::EINVAL };
     if old.is_null() {
@@ -677,7 +783,14 @@ unsafe fn blocking(dev: *mut EmpDevice, at: *const EmpRemoteWord, old: *mut u64,
 /// # Safety
 /// `dev` is open; `at` is readable; `old` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn emp_fetch_add(dev: *mut EmpDevice, node: u16, port: u16, at: *const EmpRemoteWord, add: u64, old: *mut u64) -> c_int {
+pub unsafe extern "C" fn emp_fetch_add(
+    dev: *mut EmpDevice,
+    node: u16,
+    port: u16,
+    at: *const EmpRemoteWord,
+    add: u64,
+    old: *mut u64,
+) -> c_int {
     // SAFETY: forwarded caller guarantees.
     unsafe { blocking(dev, at, old, |d, w| d.fetch_add(Endpoint { node, port }, w, add)) }
 }
@@ -687,7 +800,15 @@ pub unsafe extern "C" fn emp_fetch_add(dev: *mut EmpDevice, node: u16, port: u16
 /// # Safety
 /// As `emp_fetch_add`.
 #[no_mangle]
-pub unsafe extern "C" fn emp_cmp_swap(dev: *mut EmpDevice, node: u16, port: u16, at: *const EmpRemoteWord, compare: u64, swap: u64, old: *mut u64) -> c_int {
+pub unsafe extern "C" fn emp_cmp_swap(
+    dev: *mut EmpDevice,
+    node: u16,
+    port: u16,
+    at: *const EmpRemoteWord,
+    compare: u64,
+    swap: u64,
+    old: *mut u64,
+) -> c_int {
     // SAFETY: forwarded caller guarantees.
     unsafe { blocking(dev, at, old, |d, w| d.cmp_swap(Endpoint { node, port }, w, compare, swap)) }
 }
@@ -697,7 +818,14 @@ pub unsafe extern "C" fn emp_cmp_swap(dev: *mut EmpDevice, node: u16, port: u16,
 /// # Safety
 /// As `emp_fetch_add`.
 #[no_mangle]
-pub unsafe extern "C" fn emp_swap(dev: *mut EmpDevice, node: u16, port: u16, at: *const EmpRemoteWord, value: u64, old: *mut u64) -> c_int {
+pub unsafe extern "C" fn emp_swap(
+    dev: *mut EmpDevice,
+    node: u16,
+    port: u16,
+    at: *const EmpRemoteWord,
+    value: u64,
+    old: *mut u64,
+) -> c_int {
     // SAFETY: forwarded caller guarantees.
     unsafe { blocking(dev, at, old, |d, w| d.swap(Endpoint { node, port }, w, value)) }
 }

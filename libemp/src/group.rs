@@ -61,7 +61,11 @@ impl Default for CostModel {
         let env = std::env::var("EMP_COLL_MODEL").ok();
         let parsed = env.as_deref().and_then(|v| {
             let f: Vec<f64> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
-            (f.len() == 3 && f.iter().all(|&x| x > 0.0)).then(|| CostModel { overhead_ns: f[0], latency_ns: f[1], bps: f[2] })
+            (f.len() == 3 && f.iter().all(|&x| x > 0.0)).then(|| CostModel {
+                overhead_ns: f[0],
+                latency_ns: f[1],
+                bps: f[2],
+            })
         });
         parsed.unwrap_or(CostModel { overhead_ns: 1_000.0, latency_ns: 5_000.0, bps: 10e9 })
     }
@@ -146,14 +150,20 @@ pub(crate) struct GroupBook {
 
 impl std::fmt::Debug for GroupBook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GroupBook").field("epochs", &self.epochs).field("bounce_live", &self.bounce_live.len()).field("bounce_free", &self.bounce_free.len()).finish()
+        f.debug_struct("GroupBook")
+            .field("epochs", &self.epochs)
+            .field("bounce_live", &self.bounce_live.len())
+            .field("bounce_free", &self.bounce_free.len())
+            .finish()
     }
 }
 
 impl GroupBook {
     /// The smallest free bounce buffer of at least `len` bytes.
     fn take_free(&mut self, len: usize) -> Option<Buffer> {
-        let i = (0..self.bounce_free.len()).filter(|&i| self.bounce_free[i].len() >= len).min_by_key(|&i| self.bounce_free[i].len())?;
+        let i = (0..self.bounce_free.len())
+            .filter(|&i| self.bounce_free[i].len() >= len)
+            .min_by_key(|&i| self.bounce_free[i].len())?;
         Some(self.bounce_free.swap_remove(i))
     }
 }
@@ -274,7 +284,16 @@ impl Device {
 
     /// Posts a reduction of `send` (`count` elements of `t`) to `root`,
     /// combined by the NIC over the binomial tree; `recv` (root only) gets the result.
-    pub fn post_reduce(&mut self, wr_id: u64, g: &Group, root: usize, t: Dtype, op: ReduceOp, send: Sge, recv: Option<Sge>) -> Result<()> {
+    pub fn post_reduce(
+        &mut self,
+        wr_id: u64,
+        g: &Group,
+        root: usize,
+        t: Dtype,
+        op: ReduceOp,
+        send: Sge,
+        recv: Option<Sge>,
+    ) -> Result<()> {
         let count = elements(t, send)?;
         let sges: Vec<Sge> = std::iter::once(send).chain(recv).collect();
         let d = Self::coll_desc(wr_id, Opcode::Reduce, g, root as u16, reduce_tag(t, op, 0), count, &sges);
@@ -283,7 +302,15 @@ impl Device {
 
     /// Posts an allreduce: every member's `recv` gets the combination of all
     /// `send`s, bit-identical everywhere (fixed combining order).
-    pub fn post_allreduce(&mut self, wr_id: u64, g: &Group, t: Dtype, op: ReduceOp, send: Sge, recv: Sge) -> Result<()> {
+    pub fn post_allreduce(
+        &mut self,
+        wr_id: u64,
+        g: &Group,
+        t: Dtype,
+        op: ReduceOp,
+        send: Sge,
+        recv: Sge,
+    ) -> Result<()> {
         let count = elements(t, send)?;
         let d = Self::coll_desc(wr_id, Opcode::Allreduce, g, 0, reduce_tag(t, op, 0), count, &[send, recv]);
         self.post(true, &d)
@@ -348,7 +375,15 @@ impl Device {
     /// Blocking reduce to `root`, of any length: vectors longer than one
     /// NIC reduction carries ([`Device::reduce_chunk_bytes`]) run as
     /// consecutive NIC reductions of that size, several in flight.
-    pub fn reduce(&mut self, g: &Group, root: usize, t: Dtype, op: ReduceOp, send: Sge, recv: Option<Sge>) -> Result<()> {
+    pub fn reduce(
+        &mut self,
+        g: &Group,
+        root: usize,
+        t: Dtype,
+        op: ReduceOp,
+        send: Sge,
+        recv: Option<Sge>,
+    ) -> Result<()> {
         self.reduce_chunked(g, Some(root), t, op, send, recv)
     }
 
@@ -374,7 +409,15 @@ impl Device {
     /// everywhere. Up to [`REDUCE_CHUNKS_IN_FLIGHT`] are posted ahead so
     /// the NICs pipeline them; every posted chunk is waited for, even
     /// after a failure, so no completion is left behind.
-    fn reduce_chunked(&mut self, g: &Group, root: Option<usize>, t: Dtype, op: ReduceOp, send: Sge, recv: Option<Sge>) -> Result<()> {
+    fn reduce_chunked(
+        &mut self,
+        g: &Group,
+        root: Option<usize>,
+        t: Dtype,
+        op: ReduceOp,
+        send: Sge,
+        recv: Option<Sge>,
+    ) -> Result<()> {
         elements(t, send)?;
         if recv.is_some_and(|r| r.len != send.len) {
             return Err(Error::invalid("the result buffer must be as long as the operand"));
@@ -396,7 +439,9 @@ impl Device {
             let wr = self.internal_wr();
             let posted = match root {
                 Some(root) => self.post_reduce(wr, g, root, t, op, part(send), recv.map(part)),
-                None => self.post_allreduce(wr, g, t, op, part(send), part(recv.expect("allreduce has a result buffer"))),
+                None => {
+                    self.post_allreduce(wr, g, t, op, part(send), part(recv.expect("allreduce has a result buffer")))
+                }
             };
             match posted {
                 Ok(()) => in_flight.push_back(wr),

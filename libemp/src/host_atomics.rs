@@ -120,7 +120,8 @@ impl HostAtomicServer {
         if c.status != Status::Success {
             return Err(Error::Failed(c.status));
         }
-        let (status, old) = if c.byte_len as usize == REQ_LEN { self.execute(&req) } else { (Status::BadDescriptor, 0) };
+        let (status, old) =
+            if c.byte_len as usize == REQ_LEN { self.execute(&req) } else { (Status::BadDescriptor, 0) };
         // The reply buffer of slot i was last used by request k - slots.
         if k >= self.slots {
             let prev = dev.wait_wr(SERVER_WR | REPLY_BIT | (k - self.slots), None)?;
@@ -151,7 +152,9 @@ impl HostAtomicServer {
         let off = off as usize;
         let old = match (op, width) {
             (1, Width::W64) => self.words.atomic_u64(off).fetch_add(operand, SeqCst),
-            (2, Width::W64) => self.words.atomic_u64(off).compare_exchange(compare, operand, SeqCst, SeqCst).unwrap_or_else(|v| v),
+            (2, Width::W64) => {
+                self.words.atomic_u64(off).compare_exchange(compare, operand, SeqCst, SeqCst).unwrap_or_else(|v| v)
+            }
             (3, Width::W64) => self.words.atomic_u64(off).swap(operand, SeqCst),
             (1, Width::W32) => self.words.atomic_u32(off).fetch_add(operand as u32, SeqCst) as u64,
             (2, Width::W32) => {
@@ -206,12 +209,27 @@ impl HostAtomicClient {
     }
 
     /// word += add at `offset` of the server's words; returns the old value.
-    pub fn fetch_add(&mut self, dev: &mut Device, server: Endpoint, offset: u64, width: Width, add: u64) -> Result<u64> {
+    pub fn fetch_add(
+        &mut self,
+        dev: &mut Device,
+        server: Endpoint,
+        offset: u64,
+        width: Width,
+        add: u64,
+    ) -> Result<u64> {
         self.call(dev, server, HostOp::FetchAdd, offset, width, add, 0)
     }
 
     /// word = swap if word == compare; returns the old value.
-    pub fn cmp_swap(&mut self, dev: &mut Device, server: Endpoint, offset: u64, width: Width, compare: u64, swap: u64) -> Result<u64> {
+    pub fn cmp_swap(
+        &mut self,
+        dev: &mut Device,
+        server: Endpoint,
+        offset: u64,
+        width: Width,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64> {
         self.call(dev, server, HostOp::CmpSwap, offset, width, swap, compare)
     }
 
@@ -221,7 +239,16 @@ impl HostAtomicClient {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn call(&mut self, dev: &mut Device, server: Endpoint, op: HostOp, offset: u64, width: Width, operand: u64, compare: u64) -> Result<u64> {
+    fn call(
+        &mut self,
+        dev: &mut Device,
+        server: Endpoint,
+        op: HostOp,
+        offset: u64,
+        width: Width,
+        operand: u64,
+        compare: u64,
+    ) -> Result<u64> {
         self.seq = self.seq.wrapping_add(1);
         let (recv_wr, send_wr) = (CLIENT_WR | 1, CLIENT_WR | 2);
         dev.post_recv(recv_wr, server, RESP_TAG | self.seq as u64, 0, &[self.rep.sge(0, RESP_LEN)])?;

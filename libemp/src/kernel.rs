@@ -25,7 +25,10 @@ fn ioctl_buf(fd: RawFd, cmd: u32, buf: &mut [u8], what: &'static str) -> Result<
     // SAFETY: `buf` is as large as the command's size field says.
     let r = unsafe { libc::ioctl(fd, cmd as _, buf.as_mut_ptr()) };
     if r != 0 {
-        return Err(Error::Nic { op: what, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) });
+        return Err(Error::Nic {
+            op: what,
+            errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO),
+        });
     }
     Ok(())
 }
@@ -115,10 +118,18 @@ pub(crate) fn open(path: &str) -> Result<Device> {
     };
     let window_len = q.window_size as usize;
     let window = map_shared(dev.as_raw_fd(), window_len)?;
-    let arena_len = std::env::var("EMP_ARENA_MB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(ARENA_DEFAULT_MB) << 20;
+    let arena_len =
+        std::env::var("EMP_ARENA_MB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(ARENA_DEFAULT_MB) << 20;
     // SAFETY: a fresh private anonymous mapping, pinned by REG_MR below.
     let arena = unsafe {
-        libc::mmap(core::ptr::null_mut(), arena_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, -1, 0)
+        libc::mmap(
+            core::ptr::null_mut(),
+            arena_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
     };
     if arena == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error().into());
@@ -128,5 +139,12 @@ pub(crate) fn open(path: &str) -> Result<Device> {
     EmpStart { size: EmpStart::SIZE as u32, cq_entries: CQ_ENTRIES, cq_key: key, ..Default::default() }.put(&mut s);
     ioctl_buf(dev.as_raw_fd(), EMP_IOC_START, &mut s, "start port")?;
     let event = event_fd(dev.as_raw_fd())?;
-    Ok(Device::assemble(Control::Kernel { dev, event }, window, window_len, info, (arena.cast(), arena_len, key, None), 0))
+    Ok(Device::assemble(
+        Control::Kernel { dev, event },
+        window,
+        window_len,
+        info,
+        (arena.cast(), arena_len, key, None),
+        0,
+    ))
 }

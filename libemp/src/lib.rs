@@ -18,10 +18,10 @@
 pub mod atomic;
 pub mod coll;
 mod direct;
-pub mod group;
-mod kernel;
 pub mod ffi;
+pub mod group;
 pub mod host_atomics;
+mod kernel;
 pub mod mcs;
 pub mod rdv;
 pub mod schedule;
@@ -33,9 +33,11 @@ use std::os::fd::RawFd;
 pub use atomic::{RemoteWord, Width};
 pub use direct::{nic_counters_at, nic_stats, Device, COUNTERS, INTERNAL_WR};
 pub use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};
-pub use group::{CostModel, Group, GroupOpts};
-pub use emp_uapi::desc::{Opcode, Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE};
+pub use emp_uapi::desc::{
+    Opcode, Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE,
+};
 pub use emp_uapi::{ANY_NODE, ANY_PORT};
+pub use group::{CostModel, Group, GroupOpts};
 
 /// An endpoint: (node, port).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

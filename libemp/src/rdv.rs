@@ -53,7 +53,10 @@ impl Job {
     /// Publishes `value` under `key` for this rank and returns every rank's
     /// value (waiting up to `timeout` for all of them).
     pub fn exchange(&self, key: &str, value: &str, timeout: Duration) -> Result<Vec<String>> {
-        let dir = self.dir.as_ref().ok_or_else(|| Error::Protocol("no rendezvous directory (EMP_RDV_DIR) in a static job".into()))?;
+        let dir = self
+            .dir
+            .as_ref()
+            .ok_or_else(|| Error::Protocol("no rendezvous directory (EMP_RDV_DIR) in a static job".into()))?;
         let path = |r: usize| dir.join(format!("{key}.{r}"));
         let tmp = dir.join(format!(".{key}.{}.tmp", self.rank));
         std::fs::write(&tmp, value)?;
@@ -80,7 +83,10 @@ impl Job {
         if self.dir.is_none() {
             let eps: Vec<Endpoint> = (0..self.size).map(|r| Endpoint { node: r as u16, port: 0 }).collect();
             if eps[self.rank] != mine {
-                return Err(Error::Protocol(format!("static job: rank {} should be {}, is {mine}", self.rank, eps[self.rank])));
+                return Err(Error::Protocol(format!(
+                    "static job: rank {} should be {}, is {mine}",
+                    self.rank, eps[self.rank]
+                )));
             }
             return Ok(eps);
         }

@@ -43,7 +43,8 @@ mod tests {
                     match *step {
                         Step::Send { to, round } => wire.push_back((r, to as usize, round, know[r].clone())),
                         Step::Recv { from, round } => {
-                            let Some(i) = wire.iter().position(|m| m.0 == from as usize && m.1 == r && m.2 == round) else {
+                            let Some(i) = wire.iter().position(|m| m.0 == from as usize && m.1 == r && m.2 == round)
+                            else {
                                 break;
                             };
                             let m = wire.remove(i).expect("found");
@@ -70,7 +71,8 @@ mod tests {
                 let all: BTreeSet<usize> = (0..n).collect();
                 // Two interleavings: ranks in order and reversed.
                 for order in [(0..n).collect::<Vec<_>>(), (0..n).rev().collect()] {
-                    let know = run(algo, n, &order).unwrap_or_else(|| panic!("{algo:?} n={n}: deadlock or stray message"));
+                    let know =
+                        run(algo, n, &order).unwrap_or_else(|| panic!("{algo:?} n={n}: deadlock or stray message"));
                     // No rank leaves before it has heard (transitively) from every rank.
                     for (r, k) in know.iter().enumerate() {
                         assert_eq!(k, &all, "{algo:?} n={n}: rank {r} left knowing only {k:?}");

@@ -108,7 +108,14 @@ fn client(nic: Arc<NicShared>, conn: OwnedFd) {
     }
 }
 
-fn handle(nic: &NicShared, conn: RawFd, pid: i32, port: &mut Option<u16>, req: AttachMsg, mut fds: Vec<OwnedFd>) -> bool {
+fn handle(
+    nic: &NicShared,
+    conn: RawFd,
+    pid: i32,
+    port: &mut Option<u16>,
+    req: AttachMsg,
+    mut fds: Vec<OwnedFd>,
+) -> bool {
     let mut out = AttachMsg { op: req.op, ..Default::default() };
     let st = match (req.op, *port) {
         (op::STATS, _) => {

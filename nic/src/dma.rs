@@ -86,7 +86,14 @@ impl Region {
         let fd: OwnedFd = f.into();
         // SAFETY: mapping the whole file (length just read), shared, read-write.
         let p = unsafe {
-            libc::mmap(core::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+            libc::mmap(
+                core::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
@@ -154,7 +161,11 @@ fn vm_io(pid: i32, remote: u64, local: *mut u8, len: usize, write: bool) -> Resu
             libc::process_vm_readv(pid, &l, 1, &r, 1, 0)
         }
     };
-    if n == len as isize { Ok(()) } else { Err(DmaFault) }
+    if n == len as isize {
+        Ok(())
+    } else {
+        Err(DmaFault)
+    }
 }
 
 impl Drop for Region {

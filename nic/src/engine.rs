@@ -239,7 +239,10 @@ impl Engine {
     ) -> std::io::Result<Engine> {
         // SAFETY: plain syscalls creating new descriptors.
         let (ep, tfd) = unsafe {
-            (libc::epoll_create1(libc::EPOLL_CLOEXEC), libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC))
+            (
+                libc::epoll_create1(libc::EPOLL_CLOEXEC),
+                libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC),
+            )
         };
         if ep < 0 || tfd < 0 {
             return Err(std::io::Error::last_os_error());
@@ -260,7 +263,20 @@ impl Engine {
             })
             .collect();
         let rx = cards.iter().map(|_| VecDeque::new()).collect();
-        Ok(Engine { cards, rx, wire, t0: Instant::now(), epoll, timer, spin_ns: 50_000, max_sleep_ns: None, stop, wire_fds, pool: Vec::new(), trusted })
+        Ok(Engine {
+            cards,
+            rx,
+            wire,
+            t0: Instant::now(),
+            epoll,
+            timer,
+            spin_ns: 50_000,
+            max_sleep_ns: None,
+            stop,
+            wire_fds,
+            pool: Vec::new(),
+            trusted,
+        })
     }
 
     fn now(&self) -> u64 {
@@ -419,7 +435,11 @@ impl Engine {
                 let r = |o| c.shared.sram.u32(w.ctl(o));
                 text += &format!(
                     "  window {p}: send_prod {} recv_prod {} cq_cons {} arm {} sleeping {} | seen {:?}\n",
-                    r(ctl::SEND_PROD), r(ctl::RECV_PROD), r(ctl::CQ_CONS), r(ctl::ARM), r(ctl::NIC_SLEEPING),
+                    r(ctl::SEND_PROD),
+                    r(ctl::RECV_PROD),
+                    r(ctl::CQ_CONS),
+                    r(ctl::ARM),
+                    r(ctl::NIC_SLEEPING),
                     &c.seen[1 + 3 * p as usize..4 + 3 * p as usize]
                 );
             }

@@ -69,7 +69,11 @@ impl FwLib {
             let c = CString::new(name).expect("no NUL");
             // SAFETY: `handle` is a live dlopen handle, `c` a valid C string.
             let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
-            if p.is_null() { Err(format!("payload lacks symbol {name}")) } else { Ok(p) }
+            if p.is_null() {
+                Err(format!("payload lacks symbol {name}"))
+            } else {
+                Ok(p)
+            }
         };
         let close = |e: String| {
             // SAFETY: `handle` came from dlopen and is not used afterwards.

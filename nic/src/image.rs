@@ -44,9 +44,7 @@ pub struct TrustedKeys(Vec<VerifyingKey>);
 
 impl fmt::Debug for TrustedKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list()
-            .entries(self.0.iter().map(|k| hex(&key_id(k))))
-            .finish()
+        f.debug_list().entries(self.0.iter().map(|k| hex(&key_id(k)))).finish()
     }
 }
 
@@ -64,9 +62,7 @@ impl TrustedKeys {
     /// error (see [`TrustedKeys::is_empty`]).
     pub fn load_dir(dir: impl AsRef<Path>) -> io::Result<Self> {
         let dir = dir.as_ref();
-        let named = |path: &Path, e: io::Error| {
-            io::Error::new(e.kind(), format!("{}: {e}", path.display()))
-        };
+        let named = |path: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
         let mut files: Vec<PathBuf> = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| named(dir, e))? {
             let path = entry.map_err(|e| named(dir, e))?.path();
@@ -78,12 +74,8 @@ impl TrustedKeys {
         let mut keys = Vec::with_capacity(files.len());
         for path in files {
             let bytes = std::fs::read(&path).map_err(|e| named(&path, e))?;
-            let key = parse_public_key(&bytes).map_err(|why| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: {why}", path.display()),
-                )
-            })?;
+            let key = parse_public_key(&bytes)
+                .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {why}", path.display())))?;
             keys.push(key);
         }
         Ok(TrustedKeys(keys))
@@ -113,10 +105,7 @@ pub fn parse_public_key(bytes: &[u8]) -> Result<VerifyingKey, String> {
         k.copy_from_slice(bytes);
         k
     } else {
-        let text = bytes
-            .strip_suffix(b"\n")
-            .map(|t| t.strip_suffix(b"\r").unwrap_or(t))
-            .unwrap_or(bytes);
+        let text = bytes.strip_suffix(b"\n").map(|t| t.strip_suffix(b"\r").unwrap_or(t)).unwrap_or(bytes);
         if text.len() != 64 {
             return Err(format!(
                 "not a public key: expected 32 raw bytes or 64 hex digits, found {} bytes",
@@ -150,15 +139,10 @@ fn hex(b: &[u8]) -> String {
 
 /// Verifies a firmware image (see the module docs for the rules and their
 /// order). On success returns the header and the payload (an ELF image).
-pub fn verify<'a>(
-    image: &'a [u8],
-    trusted: &TrustedKeys,
-) -> Result<(ImageHeader, &'a [u8]), FailReason> {
+pub fn verify<'a>(image: &'a [u8], trusted: &TrustedKeys) -> Result<(ImageHeader, &'a [u8]), FailReason> {
     let header = ImageHeader::parse(image).map_err(|_| FailReason::BadImageHeader)?;
     // `parse` checked that exactly `payload_len` bytes follow the header.
-    let payload = image
-        .get(ImageHeader::SIZE..)
-        .ok_or(FailReason::BadImageHeader)?;
+    let payload = image.get(ImageHeader::SIZE..).ok_or(FailReason::BadImageHeader)?;
     if header.abi != FIRMWARE_ABI {
         return Err(FailReason::WrongAbi);
     }
@@ -170,11 +154,8 @@ pub fn verify<'a>(
     }
     let signed = image.get(..SIGNED_LEN).ok_or(FailReason::BadImageHeader)?;
     let signature = Signature::from_bytes(&header.signature);
-    let ok = trusted
-        .0
-        .iter()
-        .filter(|k| key_id(k) == header.key_id)
-        .any(|k| k.verify_strict(signed, &signature).is_ok());
+    let ok =
+        trusted.0.iter().filter(|k| key_id(k) == header.key_id).any(|k| k.verify_strict(signed, &signature).is_ok());
     if !ok {
         return Err(FailReason::BadSignature);
     }
@@ -188,10 +169,7 @@ pub fn verify<'a>(
 /// link the NIC; the `emp fw pack` command is the real packer). Returns
 /// `None` when the payload is empty or too large for the header.
 pub fn pack_unsigned(payload: &[u8], abi: u32, build_id: &[u8], cpu_plan: u32) -> Option<Vec<u8>> {
-    if payload.is_empty()
-        || payload.len() as u64 > emp_uapi::image::PAYLOAD_MAX
-        || build_id.len() > 20
-    {
+    if payload.is_empty() || payload.len() as u64 > emp_uapi::image::PAYLOAD_MAX || build_id.len() > 20 {
         return None;
     }
     let mut id = [0u8; 20];
@@ -246,10 +224,7 @@ mod tests {
         let k = key(1);
         let mut img = pack_unsigned(&payload(), abi, b"test", 0).unwrap();
         assert!(sign_in_place(&mut img, &k));
-        (
-            img,
-            TrustedKeys::from_keys([key(9).verifying_key(), k.verifying_key()]),
-        )
+        (img, TrustedKeys::from_keys([key(9).verifying_key(), k.verifying_key()]))
     }
 
     #[test]
@@ -264,14 +239,8 @@ mod tests {
     #[test]
     fn each_rule_has_its_reason() {
         let (img, trusted) = good(FIRMWARE_ABI);
-        assert_eq!(
-            verify(&img[..100], &trusted),
-            Err(FailReason::BadImageHeader)
-        );
-        assert_eq!(
-            verify(&img[..img.len() - 1], &trusted),
-            Err(FailReason::BadImageHeader)
-        );
+        assert_eq!(verify(&img[..100], &trusted), Err(FailReason::BadImageHeader));
+        assert_eq!(verify(&img[..img.len() - 1], &trusted), Err(FailReason::BadImageHeader));
         let (wrong, t2) = good(FIRMWARE_ABI + 1);
         assert_eq!(verify(&wrong, &t2), Err(FailReason::WrongAbi));
         let mut tampered = img.clone();
@@ -279,14 +248,8 @@ mod tests {
         assert_eq!(verify(&tampered, &trusted), Err(FailReason::DigestMismatch));
         let unsigned = pack_unsigned(&payload(), FIRMWARE_ABI, b"", 0).unwrap();
         assert_eq!(verify(&unsigned, &trusted), Err(FailReason::BadSignature));
-        assert_eq!(
-            verify(&img, &TrustedKeys::from_keys([key(2).verifying_key()])),
-            Err(FailReason::BadSignature)
-        );
-        assert_eq!(
-            verify(&img, &TrustedKeys::default()),
-            Err(FailReason::BadSignature)
-        );
+        assert_eq!(verify(&img, &TrustedKeys::from_keys([key(2).verifying_key()])), Err(FailReason::BadSignature));
+        assert_eq!(verify(&img, &TrustedKeys::default()), Err(FailReason::BadSignature));
         let mut not_elf = pack_unsigned(b"MZ not an elf", FIRMWARE_ABI, b"", 0).unwrap();
         sign_in_place(&mut not_elf, &key(1));
         assert_eq!(verify(&not_elf, &trusted), Err(FailReason::LoadFailed));
@@ -308,14 +271,8 @@ mod tests {
         let hexed = hex(vk.as_bytes());
         assert_eq!(parse_public_key(vk.as_bytes()).unwrap(), vk);
         assert_eq!(parse_public_key(hexed.as_bytes()).unwrap(), vk);
-        assert_eq!(
-            parse_public_key(format!("{hexed}\n").as_bytes()).unwrap(),
-            vk
-        );
-        assert_eq!(
-            parse_public_key(hexed.to_uppercase().as_bytes()).unwrap(),
-            vk
-        );
+        assert_eq!(parse_public_key(format!("{hexed}\n").as_bytes()).unwrap(), vk);
+        assert_eq!(parse_public_key(hexed.to_uppercase().as_bytes()).unwrap(), vk);
         assert!(parse_public_key(format!("{hexed}\n\n").as_bytes()).is_err());
         assert!(parse_public_key(&hexed.as_bytes()[..63]).is_err());
         assert!(parse_public_key(format!("z{}", &hexed[1..]).as_bytes()).is_err());

@@ -146,7 +146,9 @@ fn run(a: Args) -> Result<ExitCode, String> {
     }
     let image = match &a.vm_sram_dir {
         Some(_) => Vec::new(),
-        None => std::fs::read(&a.firmware).map_err(|e| format!("{}: {e} (run `make firmware`)", a.firmware.display()))?,
+        None => {
+            std::fs::read(&a.firmware).map_err(|e| format!("{}: {e} (run `make firmware`)", a.firmware.display()))?
+        }
     };
     let trusted = Arc::new(TrustedKeys::load_dir(&a.trusted).map_err(|e| format!("trusted keys: {e}"))?);
     let staging = if a.vm_sram_dir.is_some() { 16 << 20 } else { (image.len().div_ceil(4096) * 4096).max(4096) };

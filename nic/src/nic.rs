@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, MR_ACCESS_ALL, MR_INLINE_SEGS};
 use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{
-    admin_result, AdminMailbox, AdminOp, FailReason, GroupEntry, Layout, LayoutParams, NicStatus, PortCtl, RouteEntry, SramHeader,
+    admin_result, AdminMailbox, AdminOp, FailReason, GroupEntry, Layout, LayoutParams, NicStatus, PortCtl, RouteEntry,
+    SramHeader,
 };
 use emp_uapi::Le;
 
@@ -328,7 +329,11 @@ impl NicShared {
             }
             at = hi;
         }
-        if done == buf.len() { Ok(()) } else { Err(libc::EFAULT) }
+        if done == buf.len() {
+            Ok(())
+        } else {
+            Err(libc::EFAULT)
+        }
     }
 
     /// Loads the group table entry encoded at (`key`, `offset`) of `port`'s
@@ -419,7 +424,12 @@ pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Ar
     layout.header(cfg.node, cfg.mtu, cfg.features).put(&mut hb);
     sram.write(0, &hb);
     for n in 0..cfg.nodes.min(layout.params.route_entries as u16) {
-        let r = RouteEntry { valid: 1, ipv4: u32::from_le_bytes([127, 0, 0, 1]), udp_port: cfg.udp_base.wrapping_add(n), ..Default::default() };
+        let r = RouteEntry {
+            valid: 1,
+            ipv4: u32::from_le_bytes([127, 0, 0, 1]),
+            udp_port: cfg.udp_base.wrapping_add(n),
+            ..Default::default()
+        };
         let mut b = [0u8; RouteEntry::SIZE];
         r.put(&mut b);
         sram.write(layout.route_entry(n as usize), &b);
@@ -469,7 +479,11 @@ impl NicShared {
 /// The NIC's loader: verifies the image in its staging area against the
 /// trusted keys and starts it. A refused image leaves the NIC FAILED with
 /// the reason in SRAM (and in the log).
-pub fn boot_staged(shared: &Arc<NicShared>, trusted: &TrustedKeys, fw_cfg: FwConfig) -> Option<crate::engine::Firmware> {
+pub fn boot_staged(
+    shared: &Arc<NicShared>,
+    trusted: &TrustedKeys,
+    fw_cfg: FwConfig,
+) -> Option<crate::engine::Firmware> {
     let len = shared.header().staged_len as usize;
     if len > shared.layout.params.staging_size as usize {
         shared.set_status(NicStatus::Failed, FailReason::BadImageHeader);

@@ -40,7 +40,10 @@ fn memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
     // Port windows are handed to processes: none may resize the memory the
     // NIC has mapped (a shrink would fault the NIC).
     // SAFETY: fcntl(F_ADD_SEALS) on our own memfd.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) } != 0 {
+    if unsafe {
+        libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL)
+    } != 0
+    {
         return Err(io::Error::last_os_error());
     }
     Ok(fd)
@@ -58,7 +61,14 @@ impl Sram {
         let whole = memfd("emp-sram", len)?;
         // SAFETY: mapping a fresh memfd of `len` bytes, shared, read-write.
         let base = unsafe {
-            libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, whole.as_raw_fd(), 0)
+            libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                whole.as_raw_fd(),
+                0,
+            )
         };
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
@@ -101,7 +111,14 @@ impl Sram {
         let fd: OwnedFd = f.into();
         // SAFETY: mapping a file we just sized to `len`, shared, read-write.
         let base = unsafe {
-            libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+            libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
         };
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());

@@ -139,7 +139,8 @@ impl Wire for MemWire {
         let mut frame = Some(frame);
         for (i, delay) in copies.iter().enumerate() {
             // The last copy takes the buffer itself: no copy without faults.
-            let f = if i + 1 == copies.len() { frame.take().expect("once") } else { frame.as_ref().expect("kept").clone() };
+            let f =
+                if i + 1 == copies.len() { frame.take().expect("once") } else { frame.as_ref().expect("kept").clone() };
             if *delay == 0 {
                 self.now_queue.push_back((d, f));
             } else {
@@ -200,7 +201,14 @@ impl UdpWire {
                 Ok(s)
             })
             .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(UdpWire { socks, routes, rng: Prng(faults.seed | 1), faults, stats: WireStats::default(), buf: vec![0; 65536] })
+        Ok(UdpWire {
+            socks,
+            routes,
+            rng: Prng(faults.seed | 1),
+            faults,
+            stats: WireStats::default(),
+            buf: vec![0; 65536],
+        })
     }
 
     /// Default address of node `n`: loopback, `base_port + n`.

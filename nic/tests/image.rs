@@ -31,8 +31,7 @@ fn signed_image(abi: u32) -> Vec<u8> {
 }
 
 fn tmpdir(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("nic-image-{name}-{}", std::process::id()));
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("nic-image-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -55,11 +54,7 @@ fn any_payload_byte_flip_is_digest_mismatch() {
     for i in ImageHeader::SIZE..img.len() {
         let mut bad = img.clone();
         bad[i] ^= 0x01;
-        assert_eq!(
-            verify(&bad, &t),
-            Err(FailReason::DigestMismatch),
-            "payload byte {i}"
-        );
+        assert_eq!(verify(&bad, &t), Err(FailReason::DigestMismatch), "payload byte {i}");
     }
 }
 
@@ -73,9 +68,7 @@ fn any_header_byte_flip_is_refused() {
     use core::mem::offset_of;
     let build_id = offset_of!(ImageHeader, build_id);
     let key_id_at = offset_of!(ImageHeader, key_id);
-    let free = |i: usize| {
-        (build_id..build_id + 24).contains(&i) || (key_id_at..key_id_at + 8).contains(&i)
-    };
+    let free = |i: usize| (build_id..build_id + 24).contains(&i) || (key_id_at..key_id_at + 8).contains(&i);
     assert_eq!(offset_of!(ImageHeader, cpu_plan), build_id + 20);
     for i in 0..ImageHeader::SIZE {
         for bit in [0x01u8, 0x80] {
@@ -128,10 +121,7 @@ fn untrusted_key_is_bad_signature() {
     let img = signed_image(FIRMWARE_ABI);
     let other = TrustedKeys::from_keys([SigningKey::from_bytes(&[0x22; 32]).verifying_key()]);
     assert_eq!(verify(&img, &other), Err(FailReason::BadSignature));
-    assert_eq!(
-        verify(&img, &TrustedKeys::default()),
-        Err(FailReason::BadSignature)
-    );
+    assert_eq!(verify(&img, &TrustedKeys::default()), Err(FailReason::BadSignature));
     // A valid signature by another key, with the trusted key's id pasted in.
     let mut forged = pack_unsigned(&payload(), FIRMWARE_ABI, b"abc1234", 3).unwrap();
     sign_in_place(&mut forged, &SigningKey::from_bytes(&[0x22; 32]));
@@ -145,21 +135,8 @@ fn untrusted_key_is_bad_signature() {
 fn truncated_is_bad_header() {
     let img = signed_image(FIRMWARE_ABI);
     let t = trusted();
-    for len in [
-        0,
-        1,
-        8,
-        100,
-        ImageHeader::SIZE - 1,
-        ImageHeader::SIZE,
-        ImageHeader::SIZE + 1,
-        img.len() - 1,
-    ] {
-        assert_eq!(
-            verify(&img[..len], &t),
-            Err(FailReason::BadImageHeader),
-            "len {len}"
-        );
+    for len in [0, 1, 8, 100, ImageHeader::SIZE - 1, ImageHeader::SIZE, ImageHeader::SIZE + 1, img.len() - 1] {
+        assert_eq!(verify(&img[..len], &t), Err(FailReason::BadImageHeader), "len {len}");
     }
     let mut longer = img.clone();
     longer.push(0);
@@ -193,9 +170,7 @@ fn load_dir_reads_raw_and_hex_keys() {
 
     let empty = tmpdir("empty");
     assert!(TrustedKeys::load_dir(&empty).unwrap().is_empty());
-    let e = TrustedKeys::load_dir(empty.join("missing"))
-        .unwrap_err()
-        .to_string();
+    let e = TrustedKeys::load_dir(empty.join("missing")).unwrap_err().to_string();
     assert!(e.contains("missing"), "{e}");
 }
 

@@ -16,7 +16,9 @@ use emp_uapi::PAGE_SIZE;
 
 use std::collections::VecDeque;
 
-use crate::host::{admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostMem, HostPort, Region, Sram};
+use crate::host::{
+    admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostMem, HostPort, Region, Sram,
+};
 use crate::rng::Rng;
 use crate::world::{Step, WireConfig, World};
 
@@ -91,16 +93,24 @@ impl Cluster {
         let layout = self.world.layout;
         let node = &mut self.world.nodes[n as usize];
         let data = alloc_region(&mut node.mem, REGION, (0x11 << 16) | (2 * port as u32), &mut self.rng);
-        let cq = alloc_region(&mut node.mem, CQ_ENTRIES as u64 * 32, (0x22 << 16) | (2 * port as u32 + 1), &mut self.rng);
+        let cq =
+            alloc_region(&mut node.mem, CQ_ENTRIES as u64 * 32, (0x22 << 16) | (2 * port as u32 + 1), &mut self.rng);
         for (reg, acc) in [(&data, MR_LOCAL_READ | MR_LOCAL_WRITE), (&cq, MR_LOCAL_WRITE)] {
             let e = mr_entry(reg, port, acc, &mut node.mem, &mut self.rng);
             Sram(&mut node.sram).put(layout.mr_entry(MrEntry::slot_of(reg.key)), &e);
         }
         reset_port_ctl(&mut node.sram, &layout, port);
-        admin_post(&mut node.sram, &layout, AdminOp::PortOpen, [port as u64, cq.key as u64, 0, CQ_ENTRIES as u64, 0, 0]);
+        admin_post(
+            &mut node.sram,
+            &layout,
+            AdminOp::PortOpen,
+            [port as u64, cq.key as u64, 0, CQ_ENTRIES as u64, 0, 0],
+        );
         self.world.doorbell_now(n);
         match admin_result(&mut self.world.nodes[n as usize].sram, &layout) {
-            Some(ar::OK) => Ok(HostPort { port, data, cq, cq_entries: CQ_ENTRIES, cq_head: 0, send_prod: 0, recv_prod: 0 }),
+            Some(ar::OK) => {
+                Ok(HostPort { port, data, cq, cq_entries: CQ_ENTRIES, cq_head: 0, send_prod: 0, recv_prod: 0 })
+            }
             r => Err(r.unwrap_or(u32::MAX)),
         }
     }
@@ -373,7 +383,17 @@ impl Cluster {
         let (key, offset, width) = at;
         let off = self.alloc(n, 8);
         let wr = self.bufs.len() as u64;
-        let mut d = WorkDesc { wr_id: wr, opcode: op as u8, flags: WD_SIGNALED, num_sge: 2, node: dst, port: 0, tag: operand, ignore: compare, ..Default::default() };
+        let mut d = WorkDesc {
+            wr_id: wr,
+            opcode: op as u8,
+            flags: WD_SIGNALED,
+            num_sge: 2,
+            node: dst,
+            port: 0,
+            tag: operand,
+            ignore: compare,
+            ..Default::default()
+        };
         d.sge[0] = Sge { key: self.ports[n as usize].data.key, len: width, offset: off };
         d.sge[1] = Sge { key, len: width, offset };
         self.bufs.push((n, off, width as u64));
@@ -404,7 +424,11 @@ impl Cluster {
     /// (parent arrays over relative ranks) into group slot `slot` of every
     /// member's NIC; returns each member's admin result.
     pub fn create_group(&mut self, slot: u32, id: u32, epoch: u32, members: &[u16], trees: &[Vec<u8>]) -> Vec<u32> {
-        members.iter().enumerate().map(|(rank, &n)| self.set_group(n, slot, &group_entry(id, epoch, members, rank as u16, trees))).collect()
+        members
+            .iter()
+            .enumerate()
+            .map(|(rank, &n)| self.set_group(n, slot, &group_entry(id, epoch, members, rank as u16, trees)))
+            .collect()
     }
 
     /// As [`Cluster::create_group`], with `bounce_slots` bounce slots of
@@ -511,7 +535,17 @@ impl Cluster {
     /// (`count` elements of `dtype`); returns its wr_id. The result (root or
     /// everyone) is read with [`Cluster::received`].
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce(&mut self, n: u16, slot: u32, all: bool, root: u16, dtype: Dtype, op: ReduceOp, tree: u8, input: &[u8]) -> u64 {
+    pub fn reduce(
+        &mut self,
+        n: u16,
+        slot: u32,
+        all: bool,
+        root: u16,
+        dtype: Dtype,
+        op: ReduceOp,
+        tree: u8,
+        input: &[u8],
+    ) -> u64 {
         let len = input.len() as u64;
         let inp = self.alloc(n, len);
         let out = self.alloc(n, len);

@@ -103,7 +103,8 @@ impl CollPlan {
         }
         let mut trees = vec![binomial_parents(n)];
         trees.extend((1..TREES).map(|_| random_tree(n, r)));
-        let bounce = if r.chance(0.5) { (r.range(1, 4) as u16, [1024u32, 16 << 10][r.below(2) as usize]) } else { (0, 0) };
+        let bounce =
+            if r.chance(0.5) { (r.range(1, 4) as u16, [1024u32, 16 << 10][r.below(2) as usize]) } else { (0, 0) };
         let max_reduce = (emp_uapi::wire::payload_capacity(mtu, 0) - CollHeader::SIZE).min(COLL_BUF);
         let ops: Vec<CollOp> = (0..count)
             .map(|_| {
@@ -111,7 +112,9 @@ impl CollPlan {
                 let tree = r.below(TREES as u64) as u8;
                 match r.below(20) {
                     0..=6 => {
-                        let algo = [BarrierAlgo::PairwiseExchange, BarrierAlgo::Dissemination, BarrierAlgo::GatherRelease][r.below(3) as usize];
+                        let algo =
+                            [BarrierAlgo::PairwiseExchange, BarrierAlgo::Dissemination, BarrierAlgo::GatherRelease]
+                                [r.below(3) as usize];
                         CollOp::Barrier { algo, tree: if algo == BarrierAlgo::GatherRelease { tree } else { 0 } }
                     }
                     7..=14 => {
@@ -188,7 +191,9 @@ impl CollPlan {
         for (k, op) in self.ops.iter().enumerate() {
             match *op {
                 CollOp::Reduce { .. } => out.push((self.in_off[k][rank], self.input(k, rank))),
-                CollOp::Bcast { root, .. } if root as usize == rank => out.push((self.in_off[k][rank], self.bcast_data(k))),
+                CollOp::Bcast { root, .. } if root as usize == rank => {
+                    out.push((self.in_off[k][rank], self.bcast_data(k)))
+                }
                 _ => {}
             }
         }
@@ -277,7 +282,10 @@ impl CollPlan {
             CollOp::Bcast { root, .. } => {
                 if rank != root as usize && got != self.bcast_data(k).as_slice() {
                     let at = got.iter().zip(self.bcast_data(k)).position(|(a, b)| *a != b).unwrap_or(0);
-                    return Err(format!("bcast {k}: rank {rank} differs from the root's data at byte {at} of {}", got.len()));
+                    return Err(format!(
+                        "bcast {k}: rank {rank} differs from the root's data at byte {at} of {}",
+                        got.len()
+                    ));
                 }
                 Ok(())
             }
@@ -289,7 +297,9 @@ impl CollPlan {
                 let w = dtype.size();
                 for (i, got) in got.chunks_exact(w).enumerate() {
                     let xs: Vec<&[u8]> = inputs.iter().map(|x| &x[i * w..(i + 1) * w]).collect();
-                    check_element(dtype, op, &xs, got).map_err(|why| format!("reduce {k} ({} {}) rank {rank} element {i}: {why}", dtype.name(), op.name()))?;
+                    check_element(dtype, op, &xs, got).map_err(|why| {
+                        format!("reduce {k} ({} {}) rank {rank} element {i}: {why}", dtype.name(), op.name())
+                    })?;
                 }
                 Ok(())
             }
@@ -331,8 +341,20 @@ fn check_element(t: Dtype, op: ReduceOp, xs: &[&[u8]], got: &[u8]) -> Result<(),
                 acc = match op {
                     ReduceOp::Sum => acc.wrapping_add(y),
                     ReduceOp::Prod => acc.wrapping_mul(y),
-                    ReduceOp::Min => if val(y) < val(acc) { y } else { acc },
-                    ReduceOp::Max => if val(y) > val(acc) { y } else { acc },
+                    ReduceOp::Min => {
+                        if val(y) < val(acc) {
+                            y
+                        } else {
+                            acc
+                        }
+                    }
+                    ReduceOp::Max => {
+                        if val(y) > val(acc) {
+                            y
+                        } else {
+                            acc
+                        }
+                    }
                     ReduceOp::Band => acc & y,
                     ReduceOp::Bor => acc | y,
                     ReduceOp::Bxor => acc ^ y,
@@ -401,7 +423,11 @@ mod tests {
             });
             for rank in 0..p.members.len() {
                 let (node, port) = p.members[rank];
-                assert_eq!(p.entry(rank, 7).check((node as u32) << 16 | port as u32), Ok(()), "seed {seed} rank {rank}");
+                assert_eq!(
+                    p.entry(rank, 7).check((node as u32) << 16 | port as u32),
+                    Ok(()),
+                    "seed {seed} rank {rank}"
+                );
             }
             for k in 0..p.ops.len() {
                 for m in 0..p.members.len() {

@@ -84,8 +84,14 @@ const PS_PER_BYTE_MAX: u64 = 1_000_000;
 
 impl CostModel {
     /// Work is free (the simulator without a cost model).
-    pub const ZERO: CostModel =
-        CostModel { nic_rx_frame_ns: 0, nic_tx_frame_ns: 0, nic_dma_ps_per_byte: 0, host_post_ns: 0, host_cqe_ns: 0, host_copy_ps_per_byte: 0 };
+    pub const ZERO: CostModel = CostModel {
+        nic_rx_frame_ns: 0,
+        nic_tx_frame_ns: 0,
+        nic_dma_ps_per_byte: 0,
+        host_post_ns: 0,
+        host_cqe_ns: 0,
+        host_copy_ps_per_byte: 0,
+    };
 
     /// Seed 000 §2's FM/LANai 4.3 fits (see the module documentation).
     pub const PAPER: CostModel = CostModel {
@@ -152,7 +158,8 @@ mod tests {
         let t_send = p.post_ns(1536) + 1_000;
         assert!(t_send.abs_diff(49_020) <= 2, "{t_send}");
         // t_Recv's intercept: latency + NIC receive + CQE DMA + host reap.
-        let intercept = PAPER_WIRE_LATENCY_NS + p.nic_rx_frame_ns + (32 * p.nic_dma_ps_per_byte).div_ceil(1000) + p.host_cqe_ns;
+        let intercept =
+            PAPER_WIRE_LATENCY_NS + p.nic_rx_frame_ns + (32 * p.nic_dma_ps_per_byte).div_ceil(1000) + p.host_cqe_ns;
         assert!(intercept.abs_diff(4_282) <= 2, "{intercept}");
         // t_Recv's slope: wire + DMA (ps per byte).
         let wire_ps = 8_000_000_000_000 / PAPER_WIRE_BPS;

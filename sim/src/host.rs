@@ -304,17 +304,20 @@ impl HostPort {
 }
 
 /// A send or receive descriptor for one buffer, split into `pieces` SGEs.
-pub fn work_desc(opcode: u8, wr_id: u64, node: u16, port: u16, tag: u64, ignore: u64, key: u32, off: u64, len: u64, pieces: usize) -> WorkDesc {
-    let mut d = WorkDesc {
-        wr_id,
-        opcode,
-        flags: emp_uapi::desc::WD_SIGNALED,
-        node,
-        port,
-        tag,
-        ignore,
-        ..Default::default()
-    };
+pub fn work_desc(
+    opcode: u8,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    tag: u64,
+    ignore: u64,
+    key: u32,
+    off: u64,
+    len: u64,
+    pieces: usize,
+) -> WorkDesc {
+    let mut d =
+        WorkDesc { wr_id, opcode, flags: emp_uapi::desc::WD_SIGNALED, node, port, tag, ignore, ..Default::default() };
     let pieces = pieces.clamp(1, emp_uapi::desc::SGE_MAX).min(len.max(1) as usize);
     let mut at = 0u64;
     for i in 0..pieces {

@@ -212,7 +212,11 @@ fn swarm(seed: u64, count: u64, verbose: bool) -> ExitCode {
     }
     let wall = t.elapsed().as_secs_f64();
     println!("{ok} passed, {failed} failed ({frames} frames, {:.0} frames/s)", frames as f64 / wall);
-    if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn us(ns: f64) -> String {
@@ -265,12 +269,19 @@ fn model_cmd(what: What, nodes: u16, size: Option<u64>, set: CostSet, overrides:
         }
         let pr = model::project(&points, nodes);
         let fit = |(a, b): (f64, f64)| format!("{:.2} µs + {:.2} µs·log2 N", a / 1000.0, b / 1000.0);
-        println!("  fit over 2..{}: NIC {}; host {}", points.last().expect("points").nodes, fit(pr.nic_fit), fit(pr.host_fit));
+        println!(
+            "  fit over 2..{}: NIC {}; host {}",
+            points.last().expect("points").nodes,
+            fit(pr.nic_fit),
+            fit(pr.host_fit)
+        );
         if nodes > NODES_SIMULATED_MAX {
             // Groups hold at most 64 members: the NIC variant is projected;
             // the host variant needs no group and is simulated.
             let host = e.run_host(&p, nodes, size)?;
-            println!("  {nodes} nodes (groups hold at most {NODES_SIMULATED_MAX} members, so the NIC variant is projected):");
+            println!(
+                "  {nodes} nodes (groups hold at most {NODES_SIMULATED_MAX} members, so the NIC variant is projected):"
+            );
             println!("  NIC-offloaded {:>12}   projected", us(pr.nic_ns()));
             println!("  host-based    {:>12}   simulated (the fit projects {})", us(host.ns), us(pr.host_ns()));
             println!("  ratio         {:>9.2}x", host.ns / pr.nic_ns());

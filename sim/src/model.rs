@@ -59,7 +59,8 @@ pub struct Params {
 impl Params {
     /// Seed 000 §2's fits ([`CostModel::PAPER`]) on a Myrinet-like wire.
     pub fn paper() -> Params {
-        let wire = WireConfig { latency_ns: PAPER_WIRE_LATENCY_NS, bandwidth_bps: PAPER_WIRE_BPS, ..WireConfig::default() };
+        let wire =
+            WireConfig { latency_ns: PAPER_WIRE_LATENCY_NS, bandwidth_bps: PAPER_WIRE_BPS, ..WireConfig::default() };
         Params { cost: CostModel::PAPER, wire, mtu: PAPER_MTU }
     }
 
@@ -282,7 +283,8 @@ fn check_bcast(c: &Cluster, p: &Bcast, data: &[u8]) -> Result<(), String> {
 fn bcast_nic(c: &mut Cluster, tree: u8, leaves: &[usize], data: &[u8]) -> Result<(u64, f64), String> {
     let n = c.world.nodes.len() as u16;
     let (p, t0, cpu) = measure(c, |c| {
-        let wr: Vec<Option<u64>> = (0..n).map(|r| (c.bcast(r, 0, 0, tree, data, r == 0), r != 0)).map(|(w, keep)| keep.then_some(w)).collect();
+        let wr: Vec<Option<u64>> =
+            (0..n).map(|r| (c.bcast(r, 0, 0, tree, data, r == 0), r != 0)).map(|(w, keep)| keep.then_some(w)).collect();
         Bcast { got: vec![None; n as usize], wr, forward: None }
     })?;
     check_bcast(c, &p, data)?;
@@ -295,7 +297,8 @@ fn bcast_host(c: &mut Cluster, tag: u64, data: &[u8]) -> Result<(u64, f64), Stri
     let n = c.world.nodes.len();
     let t = Tree::binomial(n);
     let (p, t0, cpu) = measure(c, |c| {
-        let wr: Vec<Option<u64>> = (0..n).map(|r| t.parent[r].map(|p| c.recv(r as u16, (p, 0), tag, 0, data.len() as u64))).collect();
+        let wr: Vec<Option<u64>> =
+            (0..n).map(|r| t.parent[r].map(|p| c.recv(r as u16, (p, 0), tag, 0, data.len() as u64))).collect();
         for &child in &t.children[0] {
             c.send(0, child, tag, data);
         }
@@ -613,7 +616,8 @@ pub fn allreduce_nic(p: &Params, n: u16, count: u32) -> Result<(Timing, String),
     let mut c = cluster(p, n, true)?;
     let nic = |c: &mut Cluster| -> Result<(u64, f64), String> {
         let (p, t0, cpu) = measure(c, |c| {
-            let wr: Vec<u64> = (0..n).map(|r| c.reduce(r, 0, true, 0, Dtype::I64, ReduceOp::Sum, 0, &input[r as usize])).collect();
+            let wr: Vec<u64> =
+                (0..n).map(|r| c.reduce(r, 0, true, 0, Dtype::I64, ReduceOp::Sum, 0, &input[r as usize])).collect();
             Once { got: vec![None; n as usize], wr }
         })?;
         for (r, &wr) in p.wr.iter().enumerate() {
@@ -641,9 +645,13 @@ pub fn allreduce_host(p: &Params, n: u16, count: u32) -> Result<Timing, String> 
             let tree = Tree::binomial(n as usize);
             let mut h = AllreduceHost {
                 partials: (0..n as usize)
-                    .map(|r| tree.children[r].iter().map(|&ch| (c.recv(r as u16, (ch, 0), tags.0, 0, len), None)).collect())
+                    .map(|r| {
+                        tree.children[r].iter().map(|&ch| (c.recv(r as u16, (ch, 0), tags.0, 0, len), None)).collect()
+                    })
                     .collect(),
-                down: (0..n as usize).map(|r| tree.parent[r].map(|p| c.recv(r as u16, (p, 0), tags.1, 0, len))).collect(),
+                down: (0..n as usize)
+                    .map(|r| tree.parent[r].map(|p| c.recv(r as u16, (p, 0), tags.1, 0, len)))
+                    .collect(),
                 acc: input.clone(),
                 sent_up: vec![false; n as usize],
                 result: vec![None; n as usize],

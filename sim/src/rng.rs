@@ -65,7 +65,8 @@ impl Rng {
 /// Deterministic message content: byte `i` of message `id` is byte `i % 8`
 /// of a 64-bit word derived from (`id`, `i / 8`).
 pub fn fill_pattern(id: u64, start: u64, out: &mut [u8]) {
-    let word = |w: u64| (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w.wrapping_mul(0xD6E8_FEB8_6659_FD93)).rotate_left(29);
+    let word =
+        |w: u64| (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w.wrapping_mul(0xD6E8_FEB8_6659_FD93)).rotate_left(29);
     let mut i = start;
     let mut k = 0;
     while k < out.len() {

@@ -17,12 +17,16 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 
 use emp_firmware::{Config, FlowControl};
-use emp_uapi::desc::{Cqe, Opcode, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, WD_SIGNALED};
+use emp_uapi::desc::{
+    Cqe, Opcode, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, WD_SIGNALED,
+};
 use emp_uapi::sram::{admin_result as ar, ctl, AdminOp, LayoutParams, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
 use emp_uapi::{sram::counter, ANY_NODE, ANY_PORT, PAGE_SIZE};
 
 use crate::collplan::CollPlan;
-use crate::host::{HostMem, admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostPort, Sram};
+use crate::host::{
+    admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostMem, HostPort, Sram,
+};
 use crate::rng::{fill_pattern, Rng};
 use crate::world::{Partition, Step, WireConfig, World};
 
@@ -153,8 +157,18 @@ impl Spec {
         let mut cmd = format!(
             "cargo run --release -p emp-sim -- --nodes {} --messages {} --seed {} --loss {} --dup {} --reorder {} \
              --max-size {} --mtu {} --group {} --flow {flow} --overflow {} --ports {} --cpu-plan {}",
-            self.nodes, self.messages, self.seed, self.wire.loss, self.wire.dup, self.wire.reorder,
-            self.size_max, self.mtu, self.group_size, self.overflow_slots, self.ports, self.cpu_plan
+            self.nodes,
+            self.messages,
+            self.seed,
+            self.wire.loss,
+            self.wire.dup,
+            self.wire.reorder,
+            self.size_max,
+            self.mtu,
+            self.group_size,
+            self.overflow_slots,
+            self.ports,
+            self.cpu_plan
         );
         if self.atomics > 0 {
             cmd += &format!(" --atomics {}", self.atomics);
@@ -221,7 +235,9 @@ impl Report {
         let _ = writeln!(
             s,
             "collectives      {} ({} early, {} refused)",
-            self.collectives, c[counter::COLL_EARLY], c[counter::COLL_REFUSED]
+            self.collectives,
+            c[counter::COLL_EARLY],
+            c[counter::COLL_REFUSED]
         );
         let _ = writeln!(s, "frames on wire   {}", self.wire.frames);
         let _ = writeln!(s, "data frames      {}", c[counter::TX_FRAMES]);
@@ -348,12 +364,32 @@ fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
         };
         let class = r.below(3);
         let sge_pieces = r.range(1, 4) as usize;
-        msgs.push(MsgPlan { src, dst, len, tag: class << 32, send_at: r.below(spec.spread_ns + 1), buf_off: 0, expect: Expect::Deliver, sge_pieces, corrupt: 0 });
+        msgs.push(MsgPlan {
+            src,
+            dst,
+            len,
+            tag: class << 32,
+            send_at: r.below(spec.spread_ns + 1),
+            buf_off: 0,
+            expect: Expect::Deliver,
+            sge_pieces,
+            corrupt: 0,
+        });
     }
     if spec.errors {
         let src = eps[r.below(eps.len() as u64) as usize];
         let closed = (r.below(spec.nodes as u64) as u16, spec.ports);
-        let base = MsgPlan { src, dst: closed, len: r.range(0, 3000), tag: 7 << 32, send_at: r.below(spec.spread_ns + 1), buf_off: 0, expect: Expect::Fail(Status::RemotePortClosed), sge_pieces: 1, corrupt: 0 };
+        let base = MsgPlan {
+            src,
+            dst: closed,
+            len: r.range(0, 3000),
+            tag: 7 << 32,
+            send_at: r.below(spec.spread_ns + 1),
+            buf_off: 0,
+            expect: Expect::Fail(Status::RemotePortClosed),
+            sge_pieces: 1,
+            corrupt: 0,
+        };
         msgs.push(base.clone());
         msgs.push(MsgPlan { dst: eps[0], expect: Expect::Fail(Status::BadKey), corrupt: 1, ..base.clone() });
         msgs.push(MsgPlan { dst: eps[0], expect: Expect::Fail(Status::BadDescriptor), corrupt: 2, ..base });
@@ -384,7 +420,8 @@ fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
     }
     let mut recvs = Vec::new();
     for ((dst, class), ids) in groups {
-        let mode = [Mode::Exact, Mode::AnySourceExactTag, Mode::MaskedPerSource, Mode::MaskedAnySource][r.below(4) as usize];
+        let mode =
+            [Mode::Exact, Mode::AnySourceExactTag, Mode::MaskedPerSource, Mode::MaskedAnySource][r.below(4) as usize];
         let max_len = ids.iter().map(|&i| msgs[i as usize].len).max().unwrap_or(0);
         for &id in &ids {
             let m = &msgs[id as usize];
@@ -406,13 +443,19 @@ fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
     }
     let (atomics, counter_at) = plan_atomics(spec, &eps, r, &mut bump);
     // Drawn last and only when asked for: other runs stay as they were.
-    let coll = (spec.collectives > 0).then(|| CollPlan::draw(spec.seed, spec.collectives, &eps, spec.spread_ns, spec.mtu, r, &mut bump));
+    let coll = (spec.collectives > 0)
+        .then(|| CollPlan::draw(spec.seed, spec.collectives, &eps, spec.spread_ns, spec.mtu, r, &mut bump));
     Plan { msgs, recvs, atomics, counter_at, coll, region_len }
 }
 
 /// Fetch-adds from random endpoints at random times on one endpoint's
 /// counter; with `errors`, one to the closed port and one with a wrong key.
-fn plan_atomics(spec: &Spec, eps: &[(u16, u16)], r: &mut Rng, bump: &mut impl FnMut((u16, u16), u64, &mut Rng) -> u64) -> (Vec<AtomicPlan>, (u16, u16)) {
+fn plan_atomics(
+    spec: &Spec,
+    eps: &[(u16, u16)],
+    r: &mut Rng,
+    bump: &mut impl FnMut((u16, u16), u64, &mut Rng) -> u64,
+) -> (Vec<AtomicPlan>, (u16, u16)) {
     if spec.atomics == 0 {
         return (Vec::new(), eps[0]); // No draw: runs without atomics are unchanged.
     }
@@ -427,8 +470,22 @@ fn plan_atomics(spec: &Spec, eps: &[(u16, u16)], r: &mut Rng, bump: &mut impl Fn
         let src = eps[r.below(eps.len() as u64) as usize];
         let post_at = r.below(spec.spread_ns + 1);
         let closed = (counter_at.0, spec.ports);
-        out.push(AtomicPlan { src, dst: closed, post_at, result_off: 0, bad_key: false, expect: Expect::Fail(Status::RemotePortClosed) });
-        out.push(AtomicPlan { src, dst: counter_at, post_at, result_off: 0, bad_key: true, expect: Expect::Fail(Status::RemoteAccessError) });
+        out.push(AtomicPlan {
+            src,
+            dst: closed,
+            post_at,
+            result_off: 0,
+            bad_key: false,
+            expect: Expect::Fail(Status::RemotePortClosed),
+        });
+        out.push(AtomicPlan {
+            src,
+            dst: counter_at,
+            post_at,
+            result_off: 0,
+            bad_key: true,
+            expect: Expect::Fail(Status::RemoteAccessError),
+        });
     }
     for a in out.iter_mut() {
         a.result_off = bump(a.src, 8, r);
@@ -447,7 +504,14 @@ pub struct Failure {
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "seed {} failed: {}\n  spec: {:?}\n  replay: {}", self.spec.seed, self.what, self.spec, self.spec.replay_command())
+        write!(
+            f,
+            "seed {} failed: {}\n  spec: {:?}\n  replay: {}",
+            self.spec.seed,
+            self.what,
+            self.spec,
+            self.spec.replay_command()
+        )
     }
 }
 
@@ -502,7 +566,15 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
     if spec.flow == FlowControl::ModifiedAckNack {
         features |= FEATURE_MODIFIED_ACK_NACK;
     }
-    let params = LayoutParams { ports: spec.ports + 1, mr_entries: 64, route_entries: spec.nodes as u32 + 1, group_entries: spec.ports as u32, staging_size: PAGE_SIZE as u32, send_entries: 64, recv_entries: 64 };
+    let params = LayoutParams {
+        ports: spec.ports + 1,
+        mr_entries: 64,
+        route_entries: spec.nodes as u32 + 1,
+        group_entries: spec.ports as u32,
+        staging_size: PAGE_SIZE as u32,
+        send_entries: 64,
+        recv_entries: 64,
+    };
     let mem: Vec<usize> = (0..spec.nodes)
         .map(|n| {
             (0..spec.ports)
@@ -510,13 +582,16 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
                     let posts = plan.posts_of((n, p));
                     let data = plan.region_len.get(&(n, p)).copied().unwrap_or(0).max(1);
                     let cq = ((posts + 1) as u64).next_power_of_two().max(64) * 32;
-                    HostMem::pages_for_region(data) + HostMem::pages_for_region(cq) + HostMem::pages_for_region(ATOMIC_REGION)
+                    HostMem::pages_for_region(data)
+                        + HostMem::pages_for_region(cq)
+                        + HostMem::pages_for_region(ATOMIC_REGION)
                 })
                 .sum::<usize>()
                 * PAGE_SIZE
         })
         .collect();
-    let world = World::new(spec.nodes, params, spec.mtu, features, spec.firmware_config(), spec.wire.clone(), r.fork(), &mem);
+    let world =
+        World::new(spec.nodes, params, spec.mtu, features, spec.firmware_config(), spec.wire.clone(), r.fork(), &mem);
     let mut d = Driver {
         world,
         ports: Vec::new(),
@@ -539,10 +614,16 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
     let limit_ns = 60_000_000_000;
     while d.outstanding > 0 {
         let Some(step) = d.world.step() else {
-            return Err(fail(spec, format!("deadlock: event queue empty with {} operations outstanding", d.outstanding)));
+            return Err(fail(
+                spec,
+                format!("deadlock: event queue empty with {} operations outstanding", d.outstanding),
+            ));
         };
         if d.world.now > limit_ns || d.world.events > 200_000_000 {
-            return Err(fail(spec, format!("liveness: {} operations outstanding at {} ns; {}", d.outstanding, d.world.now, d.stuck())));
+            return Err(fail(
+                spec,
+                format!("liveness: {} operations outstanding at {} ns; {}", d.outstanding, d.world.now, d.stuck()),
+            ));
         }
         match step {
             Step::Host(n) => d.post_due(n),
@@ -560,7 +641,9 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
         match d.world.step() {
             None => break,
             Some(Step::Host(n)) => d.post_due(n),
-            Some(Step::Nic(n)) => d.drain_cqs(n).map_err(|e| fail(spec, format!("after every operation completed: {e}")))?,
+            Some(Step::Nic(n)) => {
+                d.drain_cqs(n).map_err(|e| fail(spec, format!("after every operation completed: {e}")))?
+            }
         }
     }
     d.check(spec).map_err(|e| fail(spec, e))
@@ -591,7 +674,15 @@ impl Driver {
         let recvs: Vec<usize> = (0..self.recv_done.len()).filter(|&i| self.recv_done[i].is_none()).take(8).collect();
         for i in recvs {
             let r = &self.plan.recvs[i];
-            let _ = write!(s, "\n  recv {i} at {:?} from {:?} tag {:#x}/{:#x} at {}", r.dst, (r.node, r.port), r.tag, r.ignore, r.post_at);
+            let _ = write!(
+                s,
+                "\n  recv {i} at {:?} from {:?} tag {:#x}/{:#x} at {}",
+                r.dst,
+                (r.node, r.port),
+                r.tag,
+                r.ignore,
+                r.post_at
+            );
         }
         s
     }
@@ -631,7 +722,12 @@ impl Driver {
                     self.atomic_keys[n as usize].push((atomic.key, atomic));
                 }
                 reset_port_ctl(&mut node.sram, &layout, p);
-                admin_post(&mut node.sram, &layout, AdminOp::PortOpen, [p as u64, cq.key as u64, 0, cq_entries as u64, 0, 0]);
+                admin_post(
+                    &mut node.sram,
+                    &layout,
+                    AdminOp::PortOpen,
+                    [p as u64, cq.key as u64, 0, cq_entries as u64, 0, 0],
+                );
                 self.world.doorbell_now(n);
                 let res = admin_result(&mut self.world.nodes[n as usize].sram, &layout);
                 if res != Some(ar::OK) {
@@ -722,7 +818,18 @@ impl Driver {
                 let ok = match *post {
                     Post::Send(i) => {
                         let m = &self.plan.msgs[i as usize];
-                        let mut d = work_desc(Opcode::Send as u8, i as u64, m.dst.0, m.dst.1, m.tag, 0, hp.data.key, m.buf_off, m.len, m.sge_pieces);
+                        let mut d = work_desc(
+                            Opcode::Send as u8,
+                            i as u64,
+                            m.dst.0,
+                            m.dst.1,
+                            m.tag,
+                            0,
+                            hp.data.key,
+                            m.buf_off,
+                            m.len,
+                            m.sge_pieces,
+                        );
                         match m.corrupt {
                             1 => d.sge[0].key ^= 0x0100_0000,
                             2 => d.num_sge = 7,
@@ -732,21 +839,43 @@ impl Driver {
                     }
                     Post::Recv(i) => {
                         let rv = &self.plan.recvs[i as usize];
-                        let d = work_desc(Opcode::Recv as u8, RECV_BIT | i as u64, rv.node, rv.port, rv.tag, rv.ignore, hp.data.key, rv.buf_off, rv.buf_len, rv.sge_pieces);
+                        let d = work_desc(
+                            Opcode::Recv as u8,
+                            RECV_BIT | i as u64,
+                            rv.node,
+                            rv.port,
+                            rv.tag,
+                            rv.ignore,
+                            hp.data.key,
+                            rv.buf_off,
+                            rv.buf_len,
+                            rv.sge_pieces,
+                        );
                         hp.post(sram, &layout, &d, false)
                     }
                     Post::Atomic(i) => {
                         let a = &self.plan.atomics[i as usize];
                         let (c_node, c_port) = self.plan.counter_at;
-                        let key = self.atomic_keys[c_node as usize][c_port as usize].0 ^ if a.bad_key { 0x0100_0000 } else { 0 };
-                        let mut d = WorkDesc { wr_id: ATOMIC_BIT | i as u64, opcode: Opcode::AtomicFetchAdd as u8, flags: WD_SIGNALED, num_sge: 2, node: a.dst.0, port: a.dst.1, tag: 1, ..Default::default() };
+                        let key = self.atomic_keys[c_node as usize][c_port as usize].0
+                            ^ if a.bad_key { 0x0100_0000 } else { 0 };
+                        let mut d = WorkDesc {
+                            wr_id: ATOMIC_BIT | i as u64,
+                            opcode: Opcode::AtomicFetchAdd as u8,
+                            flags: WD_SIGNALED,
+                            num_sge: 2,
+                            node: a.dst.0,
+                            port: a.dst.1,
+                            tag: 1,
+                            ..Default::default()
+                        };
                         d.sge[0] = Sge { key: hp.data.key, len: 8, offset: a.result_off };
                         d.sge[1] = Sge { key, len: 8, offset: COUNTER_OFF };
                         hp.post(sram, &layout, &d, true)
                     }
                     Post::Coll(k, rank) => {
                         let coll = self.plan.coll.as_ref().expect("a collective post has a plan");
-                        let d = coll.desc(k as usize, rank as usize, hp.data.key, COLL_BIT | (k as u64) << 8 | rank as u64);
+                        let d =
+                            coll.desc(k as usize, rank as usize, hp.data.key, COLL_BIT | (k as u64) << 8 | rank as u64);
                         let ok = hp.post(sram, &layout, &d, true);
                         if ok {
                             self.coll_posted[k as usize][rank as usize] = true;
@@ -798,7 +927,10 @@ impl Driver {
                 Expect::Fail(s) => s,
             };
             if status != want {
-                return Err(format!("send {i} {:?}->{:?} len {}: {:?}, expected {:?}", m.src, m.dst, m.len, status, want));
+                return Err(format!(
+                    "send {i} {:?}->{:?} len {}: {:?}, expected {:?}",
+                    m.src, m.dst, m.len, status, want
+                ));
             }
         } else {
             let ri = (c.wr_id & !RECV_BIT) as usize;
@@ -812,7 +944,12 @@ impl Driver {
             let id = (c.tag & 0xFFFF_FFFF) as usize;
             let m = self.plan.msgs.get(id).ok_or_else(|| format!("recv {ri} got unknown tag {:#x}", c.tag))?;
             if m.tag != c.tag || m.dst != (n, p) || (c.src_node, c.src_port) != m.src {
-                return Err(format!("recv {ri} got message {id} with tag/src {:#x}/{:?} meant for {:?}", c.tag, (c.src_node, c.src_port), m.dst));
+                return Err(format!(
+                    "recv {ri} got message {id} with tag/src {:#x}/{:?} meant for {:?}",
+                    c.tag,
+                    (c.src_node, c.src_port),
+                    m.dst
+                ));
             }
             if let Some(prev) = self.delivered_to[id].replace(ri as u32) {
                 return Err(format!("message {id} delivered twice (recvs {prev} and {ri})"));
@@ -820,7 +957,10 @@ impl Driver {
             let want = if m.len > rv.buf_len { Status::Truncated } else { Status::Success };
             let want_len = m.len.min(rv.buf_len);
             if status != want || c.byte_len as u64 != want_len || c.msg_len as u64 != m.len {
-                return Err(format!("recv {ri} of message {id} (len {}, buf {}): {:?} byte_len {} msg_len {}", m.len, rv.buf_len, status, c.byte_len, c.msg_len));
+                return Err(format!(
+                    "recv {ri} of message {id} (len {}, buf {}): {:?} byte_len {} msg_len {}",
+                    m.len, rv.buf_len, status, c.byte_len, c.msg_len
+                ));
             }
             let mut got = vec![0u8; want_len as usize];
             let mut exp = vec![0u8; want_len as usize];
@@ -876,7 +1016,9 @@ impl Driver {
         if status != Status::Success {
             return Err(format!("collective {k} ({op:?}) rank {rank}: {status:?}"));
         }
-        if let Some(other) = (0..coll.members.len()).find(|&o| coll.needs_post_of(k, rank, o) && !self.coll_posted[k][o]) {
+        if let Some(other) =
+            (0..coll.members.len()).find(|&o| coll.needs_post_of(k, rank, o) && !self.coll_posted[k][o])
+        {
             return Err(format!("collective {k} ({op:?}) completed at rank {rank} before rank {other} posted it"));
         }
         let (off, len) = coll.result_at(k, rank);
@@ -886,7 +1028,9 @@ impl Driver {
         coll.check_result(k, rank, &got)?;
         if op.opcode() == Opcode::Allreduce {
             match &self.coll_bits[k] {
-                Some(first) if *first != got => return Err(format!("allreduce {k}: rank {rank} holds other bits than the first member")),
+                Some(first) if *first != got => {
+                    return Err(format!("allreduce {k}: rank {rank} holds other bits than the first member"))
+                }
                 Some(_) => {}
                 None => self.coll_bits[k] = Some(got),
             }
@@ -946,16 +1090,21 @@ impl Driver {
                 let src = self.plan.msgs[id as usize].src;
                 if let Some(&prev) = last.get(&src) {
                     if prev > id {
-                        return Err(format!("order: at {dst:?} recv {ri} got message {id} from {src:?} after message {prev}"));
+                        return Err(format!(
+                            "order: at {dst:?} recv {ri} got message {id} from {src:?} after message {prev}"
+                        ));
                     }
                 }
                 last.insert(src, id);
             }
         }
-        let mut report = Report { sim_ns: self.world.now, events: self.world.events, wire: self.world.stats, ..Default::default() };
+        let mut report =
+            Report { sim_ns: self.world.now, events: self.world.events, wire: self.world.stats, ..Default::default() };
         for (i, m) in self.plan.msgs.iter().enumerate() {
             match m.expect {
-                Expect::Deliver if self.delivered_to[i].is_none() => return Err(format!("message {i} never delivered")),
+                Expect::Deliver if self.delivered_to[i].is_none() => {
+                    return Err(format!("message {i} never delivered"))
+                }
                 Expect::Deliver => report.delivered += 1,
                 Expect::Fail(_) => {
                     if self.delivered_to[i].is_some() {
@@ -965,7 +1114,8 @@ impl Driver {
                 }
             }
         }
-        report.truncated = self.recv_done.iter().flatten().filter(|c| c.status == Status::Truncated as u8).count() as u64;
+        report.truncated =
+            self.recv_done.iter().flatten().filter(|c| c.status == Status::Truncated as u8).count() as u64;
         report.atomics = self.check_atomics()?;
         report.collectives = self.coll_done.iter().flatten().filter(|&&d| d).count() as u64;
         report.expected_errors += self.plan.atomics.iter().filter(|a| a.expect != Expect::Deliver).count() as u64;
@@ -973,7 +1123,16 @@ impl Driver {
         let layout = self.world.layout;
         for (n, node) in self.world.nodes.iter().enumerate() {
             let o = node.nic.occupancy();
-            if o.tx_msgs + o.rx_msgs + o.posted_recvs + o.overflow_used + o.atomics + o.coll_ops + o.coll_bufs_used + o.coll_cache_frames != 0 {
+            if o.tx_msgs
+                + o.rx_msgs
+                + o.posted_recvs
+                + o.overflow_used
+                + o.atomics
+                + o.coll_ops
+                + o.coll_bufs_used
+                + o.coll_cache_frames
+                != 0
+            {
                 return Err(format!("leak at quiesce on node {n}: {o:?}"));
             }
             node.nic.invariants().map_err(|e| format!("node {n}: {e}"))?;
@@ -991,7 +1150,12 @@ impl Driver {
         // Close every port: all peer entries must go.
         for n in 0..spec.nodes {
             for p in 0..spec.ports {
-                admin_post(&mut self.world.nodes[n as usize].sram, &layout, AdminOp::PortClose, [p as u64, 0, 0, 0, 0, 0]);
+                admin_post(
+                    &mut self.world.nodes[n as usize].sram,
+                    &layout,
+                    AdminOp::PortClose,
+                    [p as u64, 0, 0, 0, 0, 0],
+                );
                 self.world.doorbell_now(n);
                 let res = admin_result(&mut self.world.nodes[n as usize].sram, &layout);
                 if res != Some(ar::OK) {

@@ -255,7 +255,18 @@ impl World {
                 c.gen_seed = 1 + id.wrapping_mul(31);
                 let nic = Nic::boot(&mut hal, c).expect("boot");
                 debug_assert_eq!(SramHeader::get(&sram).status, NicStatus::Running as u32);
-                Node { nic, sram, mem, interrupts, timer_at: None, egress_free_at: 0, doorbell_at: None, nic_free_at: 0, nic_busy_ns: 0, host_visible_at: 0 }
+                Node {
+                    nic,
+                    sram,
+                    mem,
+                    interrupts,
+                    timer_at: None,
+                    egress_free_at: 0,
+                    doorbell_at: None,
+                    nic_free_at: 0,
+                    nic_busy_ns: 0,
+                    host_visible_at: 0,
+                }
             })
             .collect();
         World {

@@ -10,7 +10,9 @@ use std::rc::Rc;
 use emp_firmware::{Config, Occupancy};
 use emp_sim::cluster::Cluster;
 use emp_sim::world::{Partition, WireConfig};
-use emp_uapi::desc::{Cqe, Opcode, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, WD_SIGNALED};
+use emp_uapi::desc::{
+    Cqe, Opcode, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, WD_SIGNALED,
+};
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, atomic_op, AtomicBody, Frame, FrameHeader, FrameKind, ATOMIC_WINDOW};
 
@@ -128,7 +130,11 @@ fn test_first_response_dropped_replayed_from_cache() {
     quiet(&mut c);
     assert_eq!(c.read_word(0, key, 0, 8), 20, "exactly once");
     assert_eq!(seen.borrow().len(), 20);
-    assert!(c.counter(0, counter::ATOMIC_REPLAYS) >= 20, "each retransmission replayed: {}", c.counter(0, counter::ATOMIC_REPLAYS));
+    assert!(
+        c.counter(0, counter::ATOMIC_REPLAYS) >= 20,
+        "each retransmission replayed: {}",
+        c.counter(0, counter::ATOMIC_REPLAYS)
+    );
     assert!(c.counter(1, counter::TIMEOUTS) > 0);
 }
 
@@ -239,7 +245,16 @@ fn test_refused_targets_remote_access_error() {
 
 fn raw_atomic(c: &Cluster, op: Opcode, dst: u16, result: Sge, remote: Sge, tag: u64, ignore: u64) -> WorkDesc {
     let _ = c;
-    let mut d = WorkDesc { opcode: op as u8, flags: WD_SIGNALED, num_sge: 2, node: dst, port: 0, tag, ignore, ..Default::default() };
+    let mut d = WorkDesc {
+        opcode: op as u8,
+        flags: WD_SIGNALED,
+        num_sge: 2,
+        node: dst,
+        port: 0,
+        tag,
+        ignore,
+        ..Default::default()
+    };
     d.sge[0] = result;
     d.sge[1] = remote;
     d
@@ -253,14 +268,38 @@ fn test_malformed_atomic_descriptors_refused_locally() {
     let r8 = Sge { key: local, len: 8, offset: 0 };
     let w8 = Sge { key, len: 8, offset: 8 };
     let cases = [
-        (raw_atomic(&c, Opcode::AtomicFetchAdd, 0, r8, Sge { offset: 4, ..w8 }, 1, 0), Status::BadDescriptor, "misaligned"),
-        (raw_atomic(&c, Opcode::AtomicFetchAdd, 0, Sge { len: 3, ..r8 }, Sge { len: 3, ..w8 }, 1, 0), Status::BadDescriptor, "width 3"),
-        (raw_atomic(&c, Opcode::AtomicFetchAdd, 0, Sge { len: 4, ..r8 }, w8, 1, 0), Status::BadDescriptor, "widths differ"),
+        (
+            raw_atomic(&c, Opcode::AtomicFetchAdd, 0, r8, Sge { offset: 4, ..w8 }, 1, 0),
+            Status::BadDescriptor,
+            "misaligned",
+        ),
+        (
+            raw_atomic(&c, Opcode::AtomicFetchAdd, 0, Sge { len: 3, ..r8 }, Sge { len: 3, ..w8 }, 1, 0),
+            Status::BadDescriptor,
+            "width 3",
+        ),
+        (
+            raw_atomic(&c, Opcode::AtomicFetchAdd, 0, Sge { len: 4, ..r8 }, w8, 1, 0),
+            Status::BadDescriptor,
+            "widths differ",
+        ),
         (raw_atomic(&c, Opcode::AtomicFetchAdd, 0, r8, w8, 1, 9), Status::BadDescriptor, "compare on a fetch-add"),
-        (raw_atomic(&c, Opcode::AtomicSwap, 0, Sge { len: 4, ..r8 }, Sge { len: 4, ..w8 }, 1 << 32, 0), Status::BadDescriptor, "operand wider than 32 bits"),
+        (
+            raw_atomic(&c, Opcode::AtomicSwap, 0, Sge { len: 4, ..r8 }, Sge { len: 4, ..w8 }, 1 << 32, 0),
+            Status::BadDescriptor,
+            "operand wider than 32 bits",
+        ),
         (raw_atomic(&c, Opcode::AtomicCmpSwap, 9, r8, w8, 1, 0), Status::BadDescriptor, "no route to node 9"),
-        (raw_atomic(&c, Opcode::AtomicCmpSwap, 0, Sge { key: local ^ 0x0100_0000, ..r8 }, w8, 1, 0), Status::BadKey, "bad local key"),
-        (raw_atomic(&c, Opcode::AtomicCmpSwap, 0, Sge { offset: (8 << 20) - 4, ..r8 }, w8, 1, 0), Status::AccessDenied, "result beyond the region"),
+        (
+            raw_atomic(&c, Opcode::AtomicCmpSwap, 0, Sge { key: local ^ 0x0100_0000, ..r8 }, w8, 1, 0),
+            Status::BadKey,
+            "bad local key",
+        ),
+        (
+            raw_atomic(&c, Opcode::AtomicCmpSwap, 0, Sge { offset: (8 << 20) - 4, ..r8 }, w8, 1, 0),
+            Status::AccessDenied,
+            "result beyond the region",
+        ),
     ];
     for (d, want, why) in cases {
         let wr = c.post_raw(1, d, true);
@@ -368,8 +407,17 @@ fn test_reopened_target_port_old_generation_refused() {
 
 #[test]
 fn test_partitioned_forever_atomic_fails_retry_limit() {
-    let cfg = Config { retry_limit: 5, rto_ns: 100_000, rto_ns_max: 1_000_000, rx_idle_timeout_ns: 100 * MS, ..Config::default() };
-    let wire = WireConfig { partition: Some(Partition { start_ns: 0, end_ns: u64::MAX, side: vec![true, false] }), ..WireConfig::default() };
+    let cfg = Config {
+        retry_limit: 5,
+        rto_ns: 100_000,
+        rto_ns_max: 1_000_000,
+        rx_idle_timeout_ns: 100 * MS,
+        ..Config::default()
+    };
+    let wire = WireConfig {
+        partition: Some(Partition { start_ns: 0, end_ns: u64::MAX, side: vec![true, false] }),
+        ..WireConfig::default()
+    };
     let mut c = Cluster::new(2, cfg, 0, 1500, wire);
     let key = c.reg_mr(0, 4096, ATOMIC_RW);
     let wrs: Vec<u64> = (0..20).map(|_| c.atomic(1, Opcode::AtomicCmpSwap, 0, (key, 0, 4), 1, 0)).collect();
@@ -383,7 +431,10 @@ fn test_partitioned_forever_atomic_fails_retry_limit() {
 
 #[test]
 fn test_partition_heals_atomics_complete_once() {
-    let wire = WireConfig { partition: Some(Partition { start_ns: 0, end_ns: 20 * MS, side: vec![true, false, false] }), ..WireConfig::default() };
+    let wire = WireConfig {
+        partition: Some(Partition { start_ns: 0, end_ns: 20 * MS, side: vec![true, false, false] }),
+        ..WireConfig::default()
+    };
     let mut c = cluster(3, wire);
     let (word, olds) = hammer(&mut c, 30);
     assert_eq!(word, 60);
@@ -392,14 +443,18 @@ fn test_partition_heals_atomics_complete_once() {
 
 #[test]
 fn test_port_close_flushes_outstanding_atomics() {
-    let wire = WireConfig { partition: Some(Partition { start_ns: 0, end_ns: u64::MAX, side: vec![true, false] }), ..WireConfig::default() };
+    let wire = WireConfig {
+        partition: Some(Partition { start_ns: 0, end_ns: u64::MAX, side: vec![true, false] }),
+        ..WireConfig::default()
+    };
     let mut c = cluster(2, wire);
     let key = c.reg_mr(0, 4096, ATOMIC_RW);
     let wrs: Vec<u64> = (0..25).map(|_| c.atomic(1, Opcode::AtomicFetchAdd, 0, (key, 0, 8), 1, 0)).collect();
     c.run_for(MS);
     assert_eq!(c.world.nodes[1].nic.occupancy().atomics, 25);
     assert_eq!(c.close_port(1), Some(0));
-    let flushed: HashSet<u64> = c.completions(1).iter().filter(|x| status(x) == Status::Flushed).map(|x| x.wr_id).collect();
+    let flushed: HashSet<u64> =
+        c.completions(1).iter().filter(|x| status(x) == Status::Flushed).map(|x| x.wr_id).collect();
     assert_eq!(flushed, wrs.into_iter().collect::<HashSet<_>>());
     assert_eq!(c.world.nodes[1].nic.occupancy(), Occupancy { ports_open: 0, ..Occupancy::default() });
 }

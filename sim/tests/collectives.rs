@@ -44,7 +44,12 @@ fn quiesced(c: &mut Cluster) {
     c.run_for(200 * MS);
     for n in &c.world.nodes {
         let o = n.nic.occupancy();
-        assert_eq!((o.coll_ops, o.coll_bufs_used, o.coll_cache_frames, o.tx_msgs, o.rx_msgs), (0, 0, 0, 0, 0), "node {} left {o:?}", n.nic.node());
+        assert_eq!(
+            (o.coll_ops, o.coll_bufs_used, o.coll_cache_frames, o.tx_msgs, o.rx_msgs),
+            (0, 0, 0, 0, 0),
+            "node {} left {o:?}",
+            n.nic.node()
+        );
         n.nic.invariants().unwrap();
     }
 }
@@ -74,7 +79,8 @@ fn test_barrier_nobody_leaves_before_the_last_arrives() {
         let n = 11;
         let mut c = group(n, Config::default(), WireConfig::default());
         for late in [0u16, 5, 10] {
-            let mut wrs: Vec<(u16, u64)> = (0..n).filter(|&r| r != late).map(|r| (r, c.barrier(r, 0, algo, 0))).collect();
+            let mut wrs: Vec<(u16, u64)> =
+                (0..n).filter(|&r| r != late).map(|r| (r, c.barrier(r, 0, algo, 0))).collect();
             c.run_for(50 * MS);
             for r in 0..n {
                 assert!(c.completions(r).is_empty(), "{algo:?}: rank {r} left while rank {late} had not arrived");
@@ -151,13 +157,29 @@ fn random_input(rng: &mut Rng, t: Dtype, count: usize) -> Vec<u8> {
         .collect()
 }
 
-fn run_reduce(c: &mut Cluster, rng: &mut Rng, all: bool, root: u16, t: Dtype, op: ReduceOp, tree: u8, count: usize, parents: &[u8]) {
+fn run_reduce(
+    c: &mut Cluster,
+    rng: &mut Rng,
+    all: bool,
+    root: u16,
+    t: Dtype,
+    op: ReduceOp,
+    tree: u8,
+    count: usize,
+    parents: &[u8],
+) {
     let n = c.world.nodes.len() as u16;
     let inputs: Vec<Vec<u8>> = (0..n).map(|_| random_input(rng, t, count)).collect();
-    let wrs: Vec<(u16, u64)> = (0..n).map(|r| (r, c.reduce(r, 0, all, root, t, op, tree, &inputs[r as usize]))).collect();
+    let wrs: Vec<(u16, u64)> =
+        (0..n).map(|r| (r, c.reduce(r, 0, all, root, t, op, tree, &inputs[r as usize]))).collect();
     let want = reference(t, op, parents, root as usize, &inputs);
     for (r, cqe) in c.wait_all(&wrs, 5_000 * MS).into_iter().enumerate() {
-        let what = format!("{} {} {} n={n} root={root} tree={tree} rank {r}", if all { "allreduce" } else { "reduce" }, t.name(), op.name());
+        let what = format!(
+            "{} {} {} n={n} root={root} tree={tree} rank {r}",
+            if all { "allreduce" } else { "reduce" },
+            t.name(),
+            op.name()
+        );
         assert_eq!(status(&cqe), Some(Status::Success), "{what}");
         if all || r as u16 == root {
             assert_eq!(c.received(wrs[r].1, want.len()), want, "{what}: result differs from the reference");
@@ -327,7 +349,12 @@ fn run_bcast(c: &mut Cluster, root: u16, tree: u8, data: &[u8], limit_ns: u64) -
     let n = c.world.nodes.len() as u16;
     let wrs: Vec<(u16, u64)> = (0..n).map(|r| (r, c.bcast(r, 0, root, tree, data, r == root))).collect();
     for (r, cqe) in c.wait_all(&wrs, limit_ns).into_iter().enumerate() {
-        assert_eq!(status(&cqe), Some(Status::Success), "bcast n={n} root={root} tree={tree} len={} rank {r}", data.len());
+        assert_eq!(
+            status(&cqe),
+            Some(Status::Success),
+            "bcast n={n} root={root} tree={tree} len={} rank {r}",
+            data.len()
+        );
         if r as u16 != root {
             assert!(c.received(wrs[r].1, data.len()) == data, "rank {r} got different bytes (len {})", data.len());
         }
@@ -490,7 +517,8 @@ fn test_bcast_frame_cache_bound_and_laggards_under_loss() {
         // than a bounce slot: its children and itself wait for the post,
         // and the root's message to it stops at its window (48 frames).
         let data = pattern(100_000, 7);
-        let mut wrs: Vec<(u16, u64)> = (0..n).filter(|&r| r != 2).map(|r| (r, c.bcast(r, 0, 0, 0, &data, r == 0))).collect();
+        let mut wrs: Vec<(u16, u64)> =
+            (0..n).filter(|&r| r != 2).map(|r| (r, c.bcast(r, 0, 0, 0, &data, r == 0))).collect();
         c.run_for(30 * MS);
         // The root keeps (at most `cache`) frames only rank 2 still needs.
         let held = c.world.nodes[0].nic.occupancy().coll_cache_frames;

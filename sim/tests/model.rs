@@ -21,7 +21,10 @@ const MS: u64 = 1_000_000;
 fn fixed_workload(c: &mut Cluster) -> (Vec<u64>, u64, u64, u64) {
     let n = 8u16;
     let members: Vec<u16> = (0..n).collect();
-    assert!(c.create_group_bounce(0, 7, 1, &members, &[binomial_parents(n as usize)], 2, 16 * 1024).iter().all(|&r| r == admin_result::OK));
+    assert!(c
+        .create_group_bounce(0, 7, 1, &members, &[binomial_parents(n as usize)], 2, 16 * 1024)
+        .iter()
+        .all(|&r| r == admin_result::OK));
     let mut times = Vec::new();
     let data: Vec<u8> = (0..70_000u32).map(|i| (i * 7) as u8).collect();
     let r = c.recv(3, (0, 0), 5, 0, data.len() as u64);
@@ -56,7 +59,8 @@ fn test_zero_model_leaves_event_order_and_time_unchanged() {
     // firmware's own behaviour changes on purpose, re-record it from a run
     // with `CostModel::ZERO`.
     let before: (Vec<u64>, u64, u64, u64) = (
-        [vec![64_682, 69_750], vec![131_248; 8], vec![147_648; 8], vec![174_484, 179_552, 179_552], vec![184_620; 5]].concat(),
+        [vec![64_682, 69_750], vec![131_248; 8], vec![147_648; 8], vec![174_484, 179_552, 179_552], vec![184_620; 5]]
+            .concat(),
         351,
         273,
         222_088,
@@ -96,7 +100,8 @@ fn test_paper_costs_reproduce_the_multisend_worked_example() {
                 c.send(0, d, tag, &data);
             }
         }
-        let each: Vec<u64> = (1..n).map(|r| c.wait_seen(r, recvs[r as usize - 1], 100 * MS).expect("delivered").1 - t0).collect();
+        let each: Vec<u64> =
+            (1..n).map(|r| c.wait_seen(r, recvs[r as usize - 1], 100 * MS).expect("delivered").1 - t0).collect();
         let last = t0 + *each.iter().max().expect("six");
         (last - t0) as f64 / 1000.0
     };
@@ -113,7 +118,14 @@ fn test_paper_costs_reproduce_the_multisend_worked_example() {
 fn test_paper_bcast_16k_to_16_nodes_beats_host_binomial_by_1_85() {
     // Seed 000 §6 / design §2: 1.85× for 16 KiB to 16 nodes, best stored tree.
     let c = Experiment::Bcast.run(&Params::paper(), 16, 16 * 1024).unwrap();
-    assert!(c.ratio() >= 1.85, "bcast 16 KiB / 16 nodes: NIC {:.1} µs, host {:.1} µs, ratio {:.2} ({})", c.nic.ns / 1e3, c.host.ns / 1e3, c.ratio(), c.note);
+    assert!(
+        c.ratio() >= 1.85,
+        "bcast 16 KiB / 16 nodes: NIC {:.1} µs, host {:.1} µs, ratio {:.2} ({})",
+        c.nic.ns / 1e3,
+        c.host.ns / 1e3,
+        c.ratio(),
+        c.note
+    );
     // The NIC variant's hosts only post and reap (the root copies once).
     assert!(c.host.host_cpu_ns > 5.0 * c.nic.host_cpu_ns, "{c:?}");
 }

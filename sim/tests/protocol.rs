@@ -138,8 +138,17 @@ fn test_receiver_dies_mid_transfer_sender_gets_error() {
 
 #[test]
 fn test_partitioned_forever_send_fails_retry_limit() {
-    let cfg = Config { retry_limit: 5, rto_ns: 100_000, rto_ns_max: 1_000_000, rx_idle_timeout_ns: 100 * MS, ..Config::default() };
-    let wire = WireConfig { partition: Some(Partition { start_ns: 0, end_ns: u64::MAX, side: vec![true, false] }), ..WireConfig::default() };
+    let cfg = Config {
+        retry_limit: 5,
+        rto_ns: 100_000,
+        rto_ns_max: 1_000_000,
+        rx_idle_timeout_ns: 100 * MS,
+        ..Config::default()
+    };
+    let wire = WireConfig {
+        partition: Some(Partition { start_ns: 0, end_ns: u64::MAX, side: vec![true, false] }),
+        ..WireConfig::default()
+    };
     let mut c = Cluster::new(2, cfg, 0, 1500, wire);
     c.recv(1, (0, 0), 1, 0, 100);
     let s = c.send(0, 1, 1, &data(100, 7));
@@ -149,7 +158,10 @@ fn test_partitioned_forever_send_fails_retry_limit() {
 
 #[test]
 fn test_partition_heals_message_delivered() {
-    let wire = WireConfig { partition: Some(Partition { start_ns: 0, end_ns: 30 * MS, side: vec![true, false] }), ..WireConfig::default() };
+    let wire = WireConfig {
+        partition: Some(Partition { start_ns: 0, end_ns: 30 * MS, side: vec![true, false] }),
+        ..WireConfig::default()
+    };
     let mut c = Cluster::new(2, Config::default(), 0, 1500, wire);
     let msg = data(20_000, 8);
     let r = c.recv(1, (0, 0), 1, 0, 20_000);
@@ -352,14 +364,23 @@ fn test_windowed_stream_with_handshakes() {
                 for x in c.completions(r) {
                     assert_eq!(status(&x), Status::Success, "window {w} rank {r}: {x:?}");
                     if x.opcode == Opcode::Recv as u8 {
-                        if x.tag & HS != 0 { hs[r as usize] += 1 } else { data_recv += 1 }
+                        if x.tag & HS != 0 {
+                            hs[r as usize] += 1
+                        } else {
+                            data_recv += 1
+                        }
                     } else {
                         sends_done[r as usize] += 1;
                     }
                 }
             }
             guard += 1;
-            assert!(guard < 10_000, "window {w}: handshakes {hs:?}\n{}\n{}", c.world.nodes[0].nic.describe_peers(), c.world.nodes[1].nic.describe_peers());
+            assert!(
+                guard < 10_000,
+                "window {w}: handshakes {hs:?}\n{}\n{}",
+                c.world.nodes[0].nic.describe_peers(),
+                c.world.nodes[1].nic.describe_peers()
+            );
         }
         c.recv(0, (1, 0), HS, 0, 4);
         // The receiver is slow to post its next handshake receive.
@@ -377,7 +398,11 @@ fn test_windowed_stream_with_handshakes() {
                 for x in c.completions(r) {
                     assert_eq!(status(&x), Status::Success);
                     if x.opcode == Opcode::Recv as u8 {
-                        if x.tag & HS != 0 { hs[r as usize] += 1 } else { data_recv += 1 }
+                        if x.tag & HS != 0 {
+                            hs[r as usize] += 1
+                        } else {
+                            data_recv += 1
+                        }
                     } else {
                         sends_done[r as usize] += 1;
                     }

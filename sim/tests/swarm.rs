@@ -82,10 +82,10 @@ fn swarm_every_seed_passes_every_invariant() {
                         }
                     }
                     Ok(Err(f)) => failures.lock().unwrap().push(f.to_string()),
-                    Err(_) => failures.lock().unwrap().push(format!(
-                        "seed {seed} panicked\n  replay: {}",
-                        spec.replay_command()
-                    )),
+                    Err(_) => failures
+                        .lock()
+                        .unwrap()
+                        .push(format!("seed {seed} panicked\n  replay: {}", spec.replay_command())),
                 }
             });
         }
@@ -97,7 +97,10 @@ fn swarm_every_seed_passes_every_invariant() {
     println!("swarm: {} passed, {} failed", n - failures.len() as u64, failures.len());
     {
         let c = cov.lock().unwrap();
-        println!("swarm collectives: {} runs, {} member operations, {} early, {} refused", c.coll_runs, c.coll_ops, c.coll_early, c.coll_refused);
+        println!(
+            "swarm collectives: {} runs, {} member operations, {} early, {} refused",
+            c.coll_runs, c.coll_ops, c.coll_early, c.coll_refused
+        );
     }
     assert!(failures.is_empty(), "{} of {n} seeds failed (replay commands above)", failures.len());
     let c = cov.into_inner().unwrap();
@@ -111,11 +114,19 @@ fn swarm_every_seed_passes_every_invariant() {
         assert!(c.plans.iter().all(|&p| p > 100), "every NIC CPU plan: {:?}", c.plans);
         assert!(c.jumbo > 100 && c.overflow > 50 && c.errors > 100 && c.truncated > 50);
         assert!(c.retransmits > 1000);
-        assert!(c.atomic_runs > 100 && c.atomic_replays > 100, "atomics: {} runs, {} replays", c.atomic_runs, c.atomic_replays);
+        assert!(
+            c.atomic_runs > 100 && c.atomic_replays > 100,
+            "atomics: {} runs, {} replays",
+            c.atomic_runs,
+            c.atomic_replays
+        );
         assert!(
             c.coll_runs > 100 && c.coll_ops > 1000 && c.coll_early > 100 && c.coll_refused > 100,
             "collectives: {} runs, {} member operations, {} early, {} refused",
-            c.coll_runs, c.coll_ops, c.coll_early, c.coll_refused
+            c.coll_runs,
+            c.coll_ops,
+            c.coll_early,
+            c.coll_refused
         );
     }
 }
@@ -180,7 +191,9 @@ fn checker_catches_corrupted_collective_results() {
         let clean = run(&spec).expect("the uncorrupted run passes");
         spec.wire.corrupt = 0.2;
         match run(&spec) {
-            Ok(r) => assert!(clean.wire.frames < 20, "seed {seed}: {} frames corrupted unnoticed: {r:?}", clean.wire.frames),
+            Ok(r) => {
+                assert!(clean.wire.frames < 20, "seed {seed}: {} frames corrupted unnoticed: {r:?}", clean.wire.frames)
+            }
             Err(f) => {
                 assert!(f.what.contains("bcast") || f.what.contains("reduce"), "{}", f.what);
                 assert!(f.to_string().contains("--collectives 40"), "{f}");

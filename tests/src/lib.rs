@@ -52,7 +52,11 @@ impl Tap {
         if !self.quiet {
             println!("# {} passed, {} failed", self.passed, self.failed + missing);
         }
-        if self.failed + missing == 0 { 0 } else { 1 }
+        if self.failed + missing == 0 {
+            0
+        } else {
+            1
+        }
     }
 }
 
@@ -101,7 +105,12 @@ pub fn expect_ok(c: &Completion) -> Result<(), String> {
 /// the signed image (`make test` builds them; `EMP_BIN_DIR` overrides).
 /// Runs `tests` in order on `ctx`, every rank together (`sync` after each
 /// test), and exits with the TAP verdict.
-pub fn run_tap<C>(quiet: bool, ctx: &mut C, tests: &[(&str, fn(&mut C) -> Result<(), String>)], mut sync: impl FnMut(&mut C, &str)) -> ! {
+pub fn run_tap<C>(
+    quiet: bool,
+    ctx: &mut C,
+    tests: &[(&str, fn(&mut C) -> Result<(), String>)],
+    mut sync: impl FnMut(&mut C, &str),
+) -> ! {
     let mut tap = Tap::new(tests.len(), quiet);
     for (i, (name, f)) in tests.iter().enumerate() {
         let r = f(ctx);
@@ -186,7 +195,11 @@ pub mod harness {
     /// The `emp` command.
     pub fn emp() -> Command {
         let p = bin_dir().join("emp");
-        assert!(p.exists(), "{} missing: run `make test` (it builds the release binaries and the firmware image)", p.display());
+        assert!(
+            p.exists(),
+            "{} missing: run `make test` (it builds the release binaries and the firmware image)",
+            p.display()
+        );
         Command::new(p)
     }
 
@@ -208,14 +221,27 @@ pub mod harness {
         pub fn up(name: &str, args: &[&str]) -> Cluster {
             let dir = std::env::temp_dir().join(format!("emp-it-{}-{name}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
-            let out = emp().args(["cluster", "up", "--dir"]).arg(&dir).arg("--firmware").arg(image()).args(args).output().expect("emp");
+            let out = emp()
+                .args(["cluster", "up", "--dir"])
+                .arg(&dir)
+                .arg("--firmware")
+                .arg(image())
+                .args(args)
+                .output()
+                .expect("emp");
             assert!(out.status.success(), "cluster up failed: {}", String::from_utf8_lossy(&out.stderr));
             Cluster { dir }
         }
 
         /// `emp run -n <n> -- argv…` on this chassis.
         pub fn run(&self, n: usize, argv: &[&str]) -> Output {
-            emp().args(["run", "--timeout", "300", "-n", &n.to_string(), "--dir"]).arg(&self.dir).arg("--").args(argv).output().expect("emp run")
+            emp()
+                .args(["run", "--timeout", "300", "-n", &n.to_string(), "--dir"])
+                .arg(&self.dir)
+                .arg("--")
+                .args(argv)
+                .output()
+                .expect("emp run")
         }
 
         /// Socket of NIC `n`.

@@ -12,7 +12,6 @@ use emp_tests::harness::{assert_tap, bin_dir, root, Cluster};
 /// The machine has 2 cores: one chassis at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-
 #[test]
 fn tap_atomics_two_ranks() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

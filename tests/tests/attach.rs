@@ -10,7 +10,10 @@ use emp::{Completion, Device, Status};
 use emp_tests::harness::Cluster;
 use emp_uapi::attach::{op, AttachMsg, ATTACH_VERSION};
 use emp_uapi::Le;
-use nix::sys::socket::{connect, recvmsg, send, sendmsg, socket, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{
+    connect, recvmsg, send, sendmsg, socket, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag,
+    SockType, UnixAddr,
+};
 
 fn raw(path: &str) -> OwnedFd {
     let s = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None).unwrap();
@@ -89,14 +92,22 @@ fn malformed_requests_get_errors_and_the_daemon_keeps_serving() {
     assert_ne!(exchange(s.as_raw_fd(), &msg(op::ATTACH, &[]), &[]).0.status, 0, "attach twice");
     assert_ne!(exchange(s.as_raw_fd(), &msg(op::REG_ARENA, &[0, 4096, 3]), &[]).0.status, 0, "no fd");
     let (p0, _p1) = nix::unistd::pipe().unwrap();
-    assert_ne!(exchange(s.as_raw_fd(), &msg(op::REG_ARENA, &[0, 4096, 3]), &[p0.as_raw_fd()]).0.status, 0, "a pipe is no memory");
+    assert_ne!(
+        exchange(s.as_raw_fd(), &msg(op::REG_ARENA, &[0, 4096, 3]), &[p0.as_raw_fd()]).0.status,
+        0,
+        "a pipe is no memory"
+    );
     // A memfd that could shrink under the NIC is refused.
     let name = std::ffi::CString::new("unsealed").unwrap();
     // SAFETY: creating and sizing a memfd we own.
     let mfd = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC)) };
     // SAFETY: as above.
     assert_eq!(unsafe { libc::ftruncate(mfd.as_raw_fd(), 65536) }, 0);
-    assert_eq!(exchange(s.as_raw_fd(), &msg(op::REG_ARENA, &[0, 65536, 3]), &[mfd.as_raw_fd()]).0.status, libc::EPERM, "unsealed memfd");
+    assert_eq!(
+        exchange(s.as_raw_fd(), &msg(op::REG_ARENA, &[0, 65536, 3]), &[mfd.as_raw_fd()]).0.status,
+        libc::EPERM,
+        "unsealed memfd"
+    );
     assert_ne!(exchange(s.as_raw_fd(), &msg(op::REG_VM, &[16, 4096, 3]), &[]).0.status, 0, "unmapped address");
     assert_ne!(exchange(s.as_raw_fd(), &msg(op::REG_VM, &[0x1000, u64::MAX, 3]), &[]).0.status, 0, "huge length");
     assert_ne!(exchange(s.as_raw_fd(), &msg(op::DEREG, &[12345]), &[]).0.status, 0, "unknown key");

@@ -15,7 +15,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 use emp_tests::harness::{assert_tap, bin_dir, emp, image, root, Cluster};
 
-
 #[test]
 fn tap_p2p_two_ranks_mem_wire() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -30,7 +29,14 @@ fn tap_p2p_eight_ranks_on_four_nics_with_loss() {
     assert_tap(&c.run(8, &[env!("CARGO_BIN_EXE_tap-p2p")]), 10);
     let stats = emp().args(["stats", "--dir"]).arg(&c.dir).output().expect("stats");
     let text = String::from_utf8_lossy(&stats.stdout);
-    let retrans: u64 = text.lines().find(|l| l.starts_with("retransmits")).expect("row").split_whitespace().skip(1).map(|v| v.parse::<u64>().unwrap()).sum();
+    let retrans: u64 = text
+        .lines()
+        .find(|l| l.starts_with("retransmits"))
+        .expect("row")
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse::<u64>().unwrap())
+        .sum();
     assert!(retrans > 0, "loss was injected, so frames must have been retransmitted:\n{text}");
 }
 
@@ -57,7 +63,14 @@ fn tap_coll_eight_ranks_on_four_nics_with_loss() {
     assert_tap(&c.run(8, &[env!("CARGO_BIN_EXE_tap-coll")]), 12);
     let stats = emp().args(["stats", "--dir"]).arg(&c.dir).output().expect("stats");
     let text = String::from_utf8_lossy(&stats.stdout);
-    let ops: u64 = text.lines().find(|l| l.starts_with("coll_ops")).expect("row").split_whitespace().skip(1).map(|v| v.parse::<u64>().unwrap()).sum();
+    let ops: u64 = text
+        .lines()
+        .find(|l| l.starts_with("coll_ops"))
+        .expect("row")
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse::<u64>().unwrap())
+        .sum();
     assert!(ops >= 8 * 600, "the NICs ran the collectives:\n{text}");
 }
 
@@ -172,7 +185,10 @@ fn up_fails_with(fw: &Path, dir: &Path, reason: &str) {
     assert!(err.contains(reason), "expected {reason:?} in: {err}");
     let log = std::fs::read_to_string(dir.join("nicd.0.log")).unwrap_or_default();
     assert!(log.contains(reason), "the daemon's log must say why: {log}");
-    assert!(!dir.join("nic0.sock").exists() || emp().args(["info", "--dir"]).arg(dir).output().map(|o| !o.status.success()).unwrap_or(true));
+    assert!(
+        !dir.join("nic0.sock").exists()
+            || emp().args(["info", "--dir"]).arg(dir).output().map(|o| !o.status.success()).unwrap_or(true)
+    );
 }
 
 #[test]
@@ -220,7 +236,10 @@ fn c_example_builds_and_runs() {
     let text = String::from_utf8_lossy(&out.stdout);
     let _ = std::fs::remove_file(&out_bin);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("rank 1 got \"ping from node 0\"") && text.contains("rank 0 got \"pong from node 1\""), "{text}");
+    assert!(
+        text.contains("rank 1 got \"ping from node 0\"") && text.contains("rank 0 got \"pong from node 1\""),
+        "{text}"
+    );
 }
 
 #[test]

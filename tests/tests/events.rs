@@ -24,7 +24,8 @@ fn armed_event_wakes_an_io_uring_read_and_an_epoll_waiter() {
     assert_eq!(b.poll_cq(&mut wc), 0);
     let mut ring = io_uring::IoUring::new(4).unwrap();
     let mut counter = [0u8; 8];
-    let read = io_uring::opcode::Read::new(io_uring::types::Fd(b.event_fd()), counter.as_mut_ptr(), 8).build().user_data(7);
+    let read =
+        io_uring::opcode::Read::new(io_uring::types::Fd(b.event_fd()), counter.as_mut_ptr(), 8).build().user_data(7);
     // SAFETY: `counter` outlives the operation (we wait for it below).
     unsafe { ring.submission().push(&read).unwrap() };
     ring.submit().unwrap();

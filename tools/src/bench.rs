@@ -258,7 +258,10 @@ impl Cq {
         while !what(self) {
             self.poll(dev)?;
             if Instant::now() > end {
-                return Err(format!("stalled: {} sends, {} receives, {} handshakes complete", self.sends, self.recvs, self.hs));
+                return Err(format!(
+                    "stalled: {} sends, {} receives, {} handshakes complete",
+                    self.sends, self.recvs, self.hs
+                ));
             }
         }
         Ok(())
@@ -514,7 +517,8 @@ fn tcp_connect(job: &Job, max: usize) -> Result<Tcp, String> {
     let s = if let Some(addr) = named {
         let sa: std::net::SocketAddr = addr.parse().map_err(|_| format!("EMP_BENCH_TCP={addr}: not host:port"))?;
         if job.rank == 0 {
-            let l = TcpListener::bind(("0.0.0.0", sa.port())).map_err(|err| format!("listen on {}: {err}", sa.port()))?;
+            let l =
+                TcpListener::bind(("0.0.0.0", sa.port())).map_err(|err| format!("listen on {}: {err}", sa.port()))?;
             l.accept().map_err(e)?.0
         } else {
             let end = Instant::now() + Duration::from_secs(30);
@@ -559,7 +563,8 @@ fn print_header(k: Kind, tcp: bool) {
         Err(_) => "TCP loopback".into(),
     };
     let device = std::env::var("EMP_DEVICE").unwrap_or_default();
-    let emp_path = if device.starts_with("/dev/") { format!("EMP through {device}") } else { "EMP on an emp-nicd chassis".into() };
+    let emp_path =
+        if device.starts_with("/dev/") { format!("EMP through {device}") } else { "EMP on an emp-nicd chassis".into() };
     println!("# EMP {what} ({}); {emp_path} vs {tcp_path}, same run", unit(k));
     if tcp {
         println!("# {:<10} {:>12} {:>12} {:>10}", "Size", "EMP", "TCP", "EMP/TCP");
@@ -585,4 +590,3 @@ fn print_json(k: Kind, rows: &[(usize, f64, Option<f64>)]) {
         .collect();
     println!("{{\"benchmark\":\"{:?}\",\"unit\":\"{}\",\"rows\":[{}]}}", k, unit(k), body.join(","));
 }
-

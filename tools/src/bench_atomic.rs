@@ -70,7 +70,15 @@ fn wait(dev: &mut Device, wr: u64, blocking: bool) -> Result<Completion, String>
 }
 
 /// One NIC atomic, posted and waited for; returns the old value.
-fn nic_op(dev: &mut Device, to: Endpoint, at: RemoteWord, op: Op, v: u64, result: Buffer, blocking: bool) -> Result<u64, String> {
+fn nic_op(
+    dev: &mut Device,
+    to: Endpoint,
+    at: RemoteWord,
+    op: Op,
+    v: u64,
+    result: Buffer,
+    blocking: bool,
+) -> Result<u64, String> {
     let r = result.sge(0, at.width.bytes() as usize);
     match op {
         Op::FetchAdd => dev.post_fetch_add(3, to, at, 1, r),
@@ -95,7 +103,11 @@ fn share_key(dev: &mut Device, job: &Job, peer: Endpoint, key: u32) -> Result<u3
         b.atomic_u64(0).store(key as u64, std::sync::atomic::Ordering::SeqCst);
         dev.post_send(2, peer, KEY_TAG, &[b.sge(0, 8)]).map_err(err)?;
         let c = dev.wait_wr(2, Some(T)).map_err(err)?;
-        return if c.status == emp::Status::Success { Ok(key) } else { Err(format!("sending the key: {}", c.status.as_str())) };
+        return if c.status == emp::Status::Success {
+            Ok(key)
+        } else {
+            Err(format!("sending the key: {}", c.status.as_str()))
+        };
     }
     let c = dev.wait_wr(1, Some(T)).map_err(err)?;
     if c.status != emp::Status::Success {
@@ -137,7 +149,8 @@ pub fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) -> Resu
     let served = dev.alloc(64).map_err(err)?;
     let key = share_key(&mut dev, job, peer, region.remote_word(0, Width::W64).key)?;
     let mut server = if job.rank == 0 { Some(HostAtomicServer::new(&mut dev, served, 4).map_err(err)?) } else { None };
-    let mut client = if job.rank == 1 { Some(HostAtomicClient::new(&mut dev).map_err(err)?.polling(!a.blocking)) } else { None };
+    let mut client =
+        if job.rank == 1 { Some(HostAtomicClient::new(&mut dev).map_err(err)?.polling(!a.blocking)) } else { None };
     let result = dev.alloc(8).map_err(err)?;
     let mut rows = Vec::new();
     for (wi, &width) in widths.iter().enumerate() {
@@ -186,7 +199,8 @@ fn serve(s: &mut HostAtomicServer, dev: &mut Device, n: u64, blocking: bool) -> 
     let want = s.served() + n;
     let mut idle_since = Instant::now();
     while s.served() < want {
-        let served = if blocking { s.serve_one(dev, Some(T)).map_err(err)? } else { s.try_serve_one(dev).map_err(err)? };
+        let served =
+            if blocking { s.serve_one(dev, Some(T)).map_err(err)? } else { s.try_serve_one(dev).map_err(err)? };
         if served {
             idle_since = Instant::now();
         } else if blocking || idle_since.elapsed() > T {
@@ -211,7 +225,9 @@ fn print_table(rows: &[Row], blocking: bool) {
 fn print_json(rows: &[Row]) {
     let body: Vec<String> = rows
         .iter()
-        .map(|r| format!("{{\"op\":\"{}\",\"width\":{},\"nic\":{:.3},\"host\":{:.3}}}", r.op.name(), r.width, r.nic, r.host))
+        .map(|r| {
+            format!("{{\"op\":\"{}\",\"width\":{},\"nic\":{:.3},\"host\":{:.3}}}", r.op.name(), r.width, r.nic, r.host)
+        })
         .collect();
     println!("{{\"benchmark\":\"Atomic\",\"unit\":\"us\",\"rows\":[{}]}}", body.join(","));
 }

@@ -59,12 +59,29 @@ pub trait Coll {
         Tree::binomial(n)
     }
     /// One allreduce.
-    fn allreduce(&mut self, _dev: &mut Device, _comm: &mut Comm, _t: Dtype, _op: ReduceOp, _send: &[u8], _recv: &mut [u8]) -> emp::Result<()> {
+    fn allreduce(
+        &mut self,
+        _dev: &mut Device,
+        _comm: &mut Comm,
+        _t: Dtype,
+        _op: ReduceOp,
+        _send: &[u8],
+        _recv: &mut [u8],
+    ) -> emp::Result<()> {
         Err(unsupported(&self.label(), "allreduce"))
     }
     /// One reduce to `root` (`recv` at the root only).
     #[allow(clippy::too_many_arguments)]
-    fn reduce(&mut self, _dev: &mut Device, _comm: &mut Comm, _root: usize, _t: Dtype, _op: ReduceOp, _send: &[u8], _recv: Option<&mut [u8]>) -> emp::Result<()> {
+    fn reduce(
+        &mut self,
+        _dev: &mut Device,
+        _comm: &mut Comm,
+        _root: usize,
+        _t: Dtype,
+        _op: ReduceOp,
+        _send: &[u8],
+        _recv: Option<&mut [u8]>,
+    ) -> emp::Result<()> {
         Err(unsupported(&self.label(), "reduce"))
     }
 }
@@ -190,13 +207,30 @@ impl Coll for HostTree {
     fn bcast_tree(&self, n: usize) -> Tree {
         self.tree.clone().unwrap_or_else(|| Tree::binomial(n))
     }
-    fn allreduce(&mut self, dev: &mut Device, comm: &mut Comm, t: Dtype, op: ReduceOp, send: &[u8], recv: &mut [u8]) -> emp::Result<()> {
+    fn allreduce(
+        &mut self,
+        dev: &mut Device,
+        comm: &mut Comm,
+        t: Dtype,
+        op: ReduceOp,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> emp::Result<()> {
         if self.tree.is_some() {
             return Err(unsupported(&self.label, "allreduce"));
         }
         comm.allreduce(dev, t, op, send, recv)
     }
-    fn reduce(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, t: Dtype, op: ReduceOp, send: &[u8], recv: Option<&mut [u8]>) -> emp::Result<()> {
+    fn reduce(
+        &mut self,
+        dev: &mut Device,
+        comm: &mut Comm,
+        root: usize,
+        t: Dtype,
+        op: ReduceOp,
+        send: &[u8],
+        recv: Option<&mut [u8]>,
+    ) -> emp::Result<()> {
         if self.tree.is_some() {
             return Err(unsupported(&self.label, "reduce"));
         }
@@ -213,7 +247,10 @@ fn make_host_diss(_: &mut Device, _: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
 }
 
 fn make_host_gb(_: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
-    Ok(postal_sweep(c.size(), 1, false).into_iter().map(|(l, t)| Box::new(HostBarrier::Gb(l, t)) as Box<dyn Coll>).collect())
+    Ok(postal_sweep(c.size(), 1, false)
+        .into_iter()
+        .map(|(l, t)| Box::new(HostBarrier::Gb(l, t)) as Box<dyn Coll>)
+        .collect())
 }
 
 fn make_host_binomial(_: &mut Device, _: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
@@ -261,7 +298,12 @@ fn nic_variant(dev: &mut Device, c: &Comm, label: String, what: NicWhat) -> emp:
 
 impl Nic {
     /// Posts through `post` and waits for it as the host baseline waits.
-    fn run(&mut self, dev: &mut Device, comm: &Comm, post: impl FnOnce(&mut Device, u64, &emp::Group) -> emp::Result<()>) -> emp::Result<()> {
+    fn run(
+        &mut self,
+        dev: &mut Device,
+        comm: &Comm,
+        post: impl FnOnce(&mut Device, u64, &emp::Group) -> emp::Result<()>,
+    ) -> emp::Result<()> {
         self.next_wr += 1;
         let wr = 0x4E00_0000_0000_0000 | self.next_wr;
         post(dev, wr, &self.group)?;
@@ -321,7 +363,15 @@ impl Coll for Nic {
             _ => Tree::binomial(n),
         }
     }
-    fn allreduce(&mut self, dev: &mut Device, comm: &mut Comm, t: Dtype, op: ReduceOp, send: &[u8], recv: &mut [u8]) -> emp::Result<()> {
+    fn allreduce(
+        &mut self,
+        dev: &mut Device,
+        comm: &mut Comm,
+        t: Dtype,
+        op: ReduceOp,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> emp::Result<()> {
         let n = send.len();
         self.bounce.as_mut_slice()[..n].copy_from_slice(send);
         let (s, r) = (self.bounce.sge(0, n), self.bounce.sge(64 << 10, n));
@@ -329,7 +379,16 @@ impl Coll for Nic {
         recv.copy_from_slice(&self.bounce.as_mut_slice()[64 << 10..(64 << 10) + n]);
         Ok(())
     }
-    fn reduce(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, t: Dtype, op: ReduceOp, send: &[u8], recv: Option<&mut [u8]>) -> emp::Result<()> {
+    fn reduce(
+        &mut self,
+        dev: &mut Device,
+        comm: &mut Comm,
+        root: usize,
+        t: Dtype,
+        op: ReduceOp,
+        send: &[u8],
+        recv: Option<&mut [u8]>,
+    ) -> emp::Result<()> {
         let n = send.len();
         self.bounce.as_mut_slice()[..n].copy_from_slice(send);
         let (s, r) = (self.bounce.sge(0, n), recv.as_ref().map(|_| self.bounce.sge(64 << 10, n)));
@@ -350,7 +409,12 @@ fn make_nic_diss(d: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
 }
 
 /// One column per distinct stored tree.
-fn nic_tree_sweep(d: &mut Device, c: &Comm, label: &str, what: impl Fn(u8) -> NicWhat) -> emp::Result<Vec<Box<dyn Coll>>> {
+fn nic_tree_sweep(
+    d: &mut Device,
+    c: &Comm,
+    label: &str,
+    what: impl Fn(u8) -> NicWhat,
+) -> emp::Result<Vec<Box<dyn Coll>>> {
     let sweep = postal_sweep(c.size(), 1, false);
     let mut out = Vec::new();
     for (l, tree) in sweep {
@@ -379,7 +443,11 @@ fn make_nic_postal(d: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> 
 pub fn select(kind: Kind, algo: &[String]) -> Result<Vec<&'static Variant>, String> {
     let runs = |v: &&Variant| v.kinds.contains(&kind);
     let known = || VARIANTS.iter().filter(runs).map(|v| v.name).collect::<Vec<_>>().join(", ");
-    let mut names: Vec<&str> = if algo.is_empty() { VARIANTS.iter().filter(runs).map(|v| v.name).collect() } else { algo.iter().map(String::as_str).collect() };
+    let mut names: Vec<&str> = if algo.is_empty() {
+        VARIANTS.iter().filter(runs).map(|v| v.name).collect()
+    } else {
+        algo.iter().map(String::as_str).collect()
+    };
     names.retain(|&n| n != baseline(kind));
     names.insert(0, baseline(kind));
     names.dedup();
@@ -528,12 +596,22 @@ impl Bench {
     fn mean_over_ranks(&mut self, v: &[f64]) -> Result<Vec<f64>, String> {
         let mine: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         let mut sum = vec![0u8; mine.len()];
-        self.ctl.allreduce(&mut self.dev, Dtype::F64, ReduceOp::Sum, &mine, &mut sum).map_err(|e| format!("gathering results: {e}"))?;
+        self.ctl
+            .allreduce(&mut self.dev, Dtype::F64, ReduceOp::Sum, &mine, &mut sum)
+            .map_err(|e| format!("gathering results: {e}"))?;
         let n = self.n() as f64;
         Ok(sum.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8")) / n).collect())
     }
 
-    fn table(&mut self, title: String, row_name: &'static str, cols: &[String], rows: Vec<(String, Vec<f64>)>, metric: &str, dtype: Option<Dtype>) {
+    fn table(
+        &mut self,
+        title: String,
+        row_name: &'static str,
+        cols: &[String],
+        rows: Vec<(String, Vec<f64>)>,
+        metric: &str,
+        dtype: Option<Dtype>,
+    ) {
         for (label, vals) in &rows {
             for (c, v) in cols.iter().zip(vals) {
                 let size = label.parse::<u64>().map(|s| s.to_string()).unwrap_or_else(|_| "null".into());
@@ -578,7 +656,12 @@ impl Bench {
     /// Ranks (= relative ranks, the root is 0) that are leaves and the last
     /// child of their parent.
     fn closing_leaves(tree: &Tree) -> Vec<usize> {
-        (1..tree.len()).filter(|&r| tree.children[r].is_empty() && tree.parent[r].is_some_and(|p| tree.children[p as usize].last() == Some(&(r as u16)))).collect()
+        (1..tree.len())
+            .filter(|&r| {
+                tree.children[r].is_empty()
+                    && tree.parent[r].is_some_and(|p| tree.children[p as usize].last() == Some(&(r as u16)))
+            })
+            .collect()
     }
 
     fn wait_wr(&mut self, wr: u64, what: &str) -> Result<(), String> {
@@ -603,7 +686,14 @@ impl Bench {
 
     /// The root's mean iteration time (us) of bcast + the 0-byte answer of
     /// `leaf`; 0 on other ranks.
-    fn bcast_leaf(&mut self, v: &mut dyn Coll, buf: &Buffer, leaf: usize, iters: usize, warm: usize) -> Result<f64, String> {
+    fn bcast_leaf(
+        &mut self,
+        v: &mut dyn Coll,
+        buf: &Buffer,
+        leaf: usize,
+        iters: usize,
+        warm: usize,
+    ) -> Result<f64, String> {
         let rank = self.job.rank;
         let members = self.comm.members().to_vec();
         let label = v.label();
@@ -627,7 +717,9 @@ impl Bench {
                 // Reap answers already acknowledged, without waiting.
                 while let Some(&w) = acks.front() {
                     match self.dev.poll_wr(w) {
-                        Some(c) if c.status != Status::Success => return Err(format!("answer to the root: {}", c.status.as_str())),
+                        Some(c) if c.status != Status::Success => {
+                            return Err(format!("answer to the root: {}", c.status.as_str()))
+                        }
                         Some(_) => {
                             acks.pop_front();
                         }
@@ -644,7 +736,11 @@ impl Bench {
     }
 
     fn sizes(&self) -> Vec<usize> {
-        if self.a.sizes.is_empty() { default_sizes(self.a.kind) } else { self.a.sizes.clone() }
+        if self.a.sizes.is_empty() {
+            default_sizes(self.a.kind)
+        } else {
+            self.a.sizes.clone()
+        }
     }
 
     fn bcast(&mut self, vs: &mut [Box<dyn Coll>]) -> Result<(), String> {
@@ -653,7 +749,8 @@ impl Bench {
         let buf = self.dev.alloc(sizes.iter().copied().max().unwrap_or(0)).map_err(es)?;
         let mut rows = Vec::new();
         let n = self.n();
-        let leaves_used: Vec<String> = vs.iter().map(|v| format!("{} {:?}", v.label(), Self::closing_leaves(&v.bcast_tree(n)))).collect();
+        let leaves_used: Vec<String> =
+            vs.iter().map(|v| format!("{} {:?}", v.label(), Self::closing_leaves(&v.bcast_tree(n)))).collect();
         for &size in &sizes {
             let mut row = Vec::new();
             for v in vs.iter_mut() {
@@ -718,8 +815,17 @@ impl Bench {
     }
 
     fn dtypes(&self) -> Result<Vec<Dtype>, String> {
-        let names: Vec<String> = if self.a.dtypes.is_empty() { vec!["i64".into(), "f64".into()] } else { self.a.dtypes.clone() };
-        names.iter().map(|s| Dtype::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| format!("unknown --dtypes {s} (i32, i64, u32, u64, f32, f64)"))).collect()
+        let names: Vec<String> =
+            if self.a.dtypes.is_empty() { vec!["i64".into(), "f64".into()] } else { self.a.dtypes.clone() };
+        names
+            .iter()
+            .map(|s| {
+                Dtype::ALL
+                    .into_iter()
+                    .find(|t| t.name() == s)
+                    .ok_or_else(|| format!("unknown --dtypes {s} (i32, i64, u32, u64, f32, f64)"))
+            })
+            .collect()
     }
 
     /// Rank `r`'s input vector of `count` elements.
@@ -765,7 +871,11 @@ impl Bench {
                     self.reduction(v.as_mut(), t, &mine, &mut out).map_err(|e| format!("{label}: {e}"))?;
                     let checked = self.a.kind == Kind::Allreduce || self.job.rank == 0;
                     if checked && out != want {
-                        return Err(format!("{label}: {what} of {count} × {} differs from reduce_ref on rank {}", t.name(), self.job.rank));
+                        return Err(format!(
+                            "{label}: {what} of {count} × {} differs from reduce_ref on rank {}",
+                            t.name(),
+                            self.job.rank
+                        ));
                     }
                     for _ in 0..warm {
                         self.reduction(v.as_mut(), t, &mine, &mut out).map_err(|e| format!("{label}: {e}"))?;
@@ -786,9 +896,26 @@ impl Bench {
                 cpu_rows.push((count.to_string(), mean.iter().skip(1).step_by(2).copied().collect()));
             }
             let cols: Vec<String> = vs.iter().map(|v| v.label()).collect();
-            let head = format!("{what}, {} sum, per iteration a barrier then the call, {iters} iterations, mean over ranks", t.name());
-            self.table(format!("{head}: wall time inside the call (us)"), "Count", &cols, wall_rows, "time_in_call_us", Some(t));
-            self.table(format!("{head}: host CPU time inside the call (us)"), "Count", &cols, cpu_rows, "cpu_in_call_us", Some(t));
+            let head = format!(
+                "{what}, {} sum, per iteration a barrier then the call, {iters} iterations, mean over ranks",
+                t.name()
+            );
+            self.table(
+                format!("{head}: wall time inside the call (us)"),
+                "Count",
+                &cols,
+                wall_rows,
+                "time_in_call_us",
+                Some(t),
+            );
+            self.table(
+                format!("{head}: host CPU time inside the call (us)"),
+                "Count",
+                &cols,
+                cpu_rows,
+                "cpu_in_call_us",
+                Some(t),
+            );
         }
         Ok(())
     }
@@ -832,7 +959,11 @@ pub fn rank(a: &BenchArgs, job: Job) -> Result<(), String> {
                 b.records.join(",")
             );
         } else {
-            println!("# EMP {}: {n} ranks, one per NIC on an emp-nicd chassis; waits: {waits}; FoI = {} / variant", kind_name(a.kind), baseline(a.kind));
+            println!(
+                "# EMP {}: {n} ranks, one per NIC on an emp-nicd chassis; waits: {waits}; FoI = {} / variant",
+                kind_name(a.kind),
+                baseline(a.kind)
+            );
             for t in &b.tables {
                 t.print();
             }
@@ -847,8 +978,14 @@ mod tests {
 
     #[test]
     fn the_baseline_comes_first_and_unknown_names_are_refused() {
-        let names = |k, a: &[&str]| select(k, &a.iter().map(|s| s.to_string()).collect::<Vec<_>>()).map(|v| v.iter().map(|v| v.name).collect::<Vec<_>>());
-        assert_eq!(names(Kind::Barrier, &[]).unwrap(), ["host-pe", "host-diss", "host-gb", "nic-pe", "nic-diss", "nic-gr"]);
+        let names = |k, a: &[&str]| {
+            select(k, &a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .map(|v| v.iter().map(|v| v.name).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            names(Kind::Barrier, &[]).unwrap(),
+            ["host-pe", "host-diss", "host-gb", "nic-pe", "nic-diss", "nic-gr"]
+        );
         assert_eq!(names(Kind::Barrier, &["host-gb"]).unwrap(), ["host-pe", "host-gb"]);
         assert_eq!(names(Kind::Barrier, &["nic-pe"]).unwrap(), ["host-pe", "nic-pe"]);
         assert_eq!(names(Kind::Allreduce, &[]).unwrap(), ["host-binomial", "nic"]);

@@ -90,7 +90,11 @@ fn firmware(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
         .into_iter()
         .chain(std::env::var_os("EMP_FIRMWARE").map(PathBuf::from))
         .chain(Some(PathBuf::from("firmware-blobs/emp-fw.bin")))
-        .chain(std::env::current_exe().ok().and_then(|e| e.ancestors().nth(3).map(|r| r.join("firmware-blobs/emp-fw.bin"))))
+        .chain(
+            std::env::current_exe()
+                .ok()
+                .and_then(|e| e.ancestors().nth(3).map(|r| r.join("firmware-blobs/emp-fw.bin"))),
+        )
         .collect();
     cands
         .iter()
@@ -114,7 +118,8 @@ pub struct State {
 
 /// Reads the state of a running cluster.
 pub fn read_state(dir: &Path) -> Result<State, String> {
-    let text = std::fs::read_to_string(state_file(dir)).map_err(|_| format!("no cluster is up in {} (emp cluster up)", dir.display()))?;
+    let text = std::fs::read_to_string(state_file(dir))
+        .map_err(|_| format!("no cluster is up in {} (emp cluster up)", dir.display()))?;
     let mut nics = None;
     let mut pids = Vec::new();
     for line in text.lines() {
@@ -173,7 +178,8 @@ pub fn up(dir: &Path, a: &UpArgs) -> Result<(), String> {
         pids.push(child.id() as i32);
     }
     let pid_list: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
-    std::fs::write(state_file(dir), format!("nics {}\npids {}\n", a.nics, pid_list.join(" "))).map_err(|e| e.to_string())?;
+    std::fs::write(state_file(dir), format!("nics {}\npids {}\n", a.nics, pid_list.join(" ")))
+        .map_err(|e| e.to_string())?;
     // Wait for every NIC to serve, and check it booted.
     let end = Instant::now() + Duration::from_secs(20);
     for n in 0..a.nics {
@@ -187,7 +193,9 @@ pub fn up(dir: &Path, a: &UpArgs) -> Result<(), String> {
                     }
                     break;
                 }
-                Err(_) if Instant::now() < end && pids.iter().all(|&p| alive(p)) => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) if Instant::now() < end && pids.iter().all(|&p| alive(p)) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
                 Err(e) => {
                     let log = std::fs::read_to_string(dir.join("nicd.0.log")).unwrap_or_default();
                     let _ = down(dir);
@@ -256,8 +264,9 @@ pub fn stats(dir: &Path) -> Result<(), String> {
         print!(" {:>12}", format!("nic{n}"));
     }
     println!();
-    let rows: Vec<[u64; emp::COUNTERS]> =
-        (0..s.nics).map(|n| emp::nic_counters_at(&socket(dir, n).to_string_lossy()).unwrap_or([0; emp::COUNTERS])).collect();
+    let rows: Vec<[u64; emp::COUNTERS]> = (0..s.nics)
+        .map(|n| emp::nic_counters_at(&socket(dir, n).to_string_lossy()).unwrap_or([0; emp::COUNTERS]))
+        .collect();
     for (i, name) in counter::NAMES.iter().enumerate() {
         print!("{name:<20}");
         for r in &rows {

@@ -125,19 +125,8 @@ impl CpuPlan {
 /// the file concerned) for `emp: <message>`.
 pub fn run(cmd: FwCmd) -> Result<(), String> {
     match cmd {
-        FwCmd::Keygen {
-            out,
-            name,
-            force,
-            if_missing,
-        } => keygen(&out, &name, force, if_missing),
-        FwCmd::Pack {
-            payload,
-            out,
-            build_id,
-            cpu_plan,
-            abi,
-        } => pack(&payload, &out, &build_id, cpu_plan, abi),
+        FwCmd::Keygen { out, name, force, if_missing } => keygen(&out, &name, force, if_missing),
+        FwCmd::Pack { payload, out, build_id, cpu_plan, abi } => pack(&payload, &out, &build_id, cpu_plan, abi),
         FwCmd::Sign { key, image, out } => sign(&key, &image, out.as_deref()),
         FwCmd::Inspect { image, trusted } => inspect(&image, trusted.as_deref()),
     }
@@ -157,10 +146,7 @@ fn keygen(dir: &Path, name: &str, force: bool, if_missing: bool) -> Result<(), S
     if !force {
         for (path, there) in [(&key_path, key_exists), (&pub_path, pub_exists)] {
             if there {
-                return Err(format!(
-                    "{}: already exists; refusing to overwrite (use --force)",
-                    path.display()
-                ));
+                return Err(format!("{}: already exists; refusing to overwrite (use --force)", path.display()));
             }
         }
     }
@@ -169,47 +155,28 @@ fn keygen(dir: &Path, name: &str, force: bool, if_missing: bool) -> Result<(), S
     let public = hex(key.verifying_key().as_bytes()) + "\n";
     write_atomic(&key_path, key.as_bytes(), 0o600)?;
     write_atomic(&pub_path, public.as_bytes(), 0o644)?;
-    println!(
-        "wrote {} and {} (key id {})",
-        key_path.display(),
-        pub_path.display(),
-        hex(&key_id(&key.verifying_key()))
-    );
+    println!("wrote {} and {} (key id {})", key_path.display(), pub_path.display(), hex(&key_id(&key.verifying_key())));
     Ok(())
 }
 
-fn pack(
-    payload_path: &Path,
-    out: &Path,
-    build_id: &str,
-    plan: CpuPlan,
-    abi: u32,
-) -> Result<(), String> {
+fn pack(payload_path: &Path, out: &Path, build_id: &str, plan: CpuPlan, abi: u32) -> Result<(), String> {
     let p = payload_path.display();
-    let size = fs::metadata(payload_path)
-        .map_err(|e| format!("{p}: {e}"))?
-        .len();
+    let size = fs::metadata(payload_path).map_err(|e| format!("{p}: {e}"))?.len();
     if size > PAYLOAD_MAX {
-        return Err(format!(
-            "{p}: payload is {size} bytes, larger than the limit of {PAYLOAD_MAX}"
-        ));
+        return Err(format!("{p}: payload is {size} bytes, larger than the limit of {PAYLOAD_MAX}"));
     }
     let payload = read(payload_path)?;
     if payload.is_empty() {
         return Err(format!("{p}: payload is empty"));
     }
     if payload.len() as u64 > PAYLOAD_MAX {
-        return Err(format!(
-            "{p}: payload is larger than the limit of {PAYLOAD_MAX} bytes"
-        ));
+        return Err(format!("{p}: payload is larger than the limit of {PAYLOAD_MAX} bytes"));
     }
     if !payload.starts_with(ELF_MAGIC) {
         return Err(format!("{p}: payload is not an ELF file"));
     }
     if build_id.len() > BUILD_ID_MAX {
-        return Err(format!(
-            "build id {build_id:?} is longer than {BUILD_ID_MAX} bytes"
-        ));
+        return Err(format!("build id {build_id:?} is longer than {BUILD_ID_MAX} bytes"));
     }
     let mut id = [0u8; BUILD_ID_MAX];
     id[..build_id.len()].copy_from_slice(build_id.as_bytes());
@@ -225,18 +192,10 @@ fn pack(
         ..Default::default()
     };
     let mut image = vec![0u8; ImageHeader::SIZE + payload.len()];
-    header
-        .encode(&mut image)
-        .map_err(|e| format!("encoding header: {e}"))?;
+    header.encode(&mut image).map_err(|e| format!("encoding header: {e}"))?;
     image[ImageHeader::SIZE..].copy_from_slice(&payload);
     write_atomic(out, &image, 0o644)?;
-    println!(
-        "packed {} -> {}: {} payload bytes, sha256 {}, unsigned",
-        p,
-        out.display(),
-        payload.len(),
-        hex(&digest)
-    );
+    println!("packed {} -> {}: {} payload bytes, sha256 {}, unsigned", p, out.display(), payload.len(), hex(&digest));
     Ok(())
 }
 
@@ -244,13 +203,10 @@ fn sign(key_path: &Path, image_path: &Path, out: Option<&Path>) -> Result<(), St
     let key = read_secret_key(key_path)?;
     let mut image = read(image_path)?;
     let i = image_path.display();
-    let mut header = ImageHeader::parse(&image)
-        .map_err(|e| format!("{i}: {} ({e})", FailReason::BadImageHeader.as_str()))?;
+    let mut header =
+        ImageHeader::parse(&image).map_err(|e| format!("{i}: {} ({e})", FailReason::BadImageHeader.as_str()))?;
     if Sha256::digest(&image[ImageHeader::SIZE..]).as_slice() != header.sha256.as_slice() {
-        return Err(format!(
-            "{i}: {}; refusing to sign",
-            FailReason::DigestMismatch.as_str()
-        ));
+        return Err(format!("{i}: {}; refusing to sign", FailReason::DigestMismatch.as_str()));
     }
     header.key_id = key_id(&key.verifying_key());
     header.signature = [0; 64];
@@ -259,46 +215,29 @@ fn sign(key_path: &Path, image_path: &Path, out: Option<&Path>) -> Result<(), St
     header.encode(&mut image).map_err(|e| format!("{i}: {e}"))?;
     let dest = out.unwrap_or(image_path);
     write_atomic(dest, &image, 0o644)?;
-    println!(
-        "signed {} with key id {}",
-        dest.display(),
-        hex(&header.key_id)
-    );
+    println!("signed {} with key id {}", dest.display(), hex(&header.key_id));
     Ok(())
 }
 
 /// The NIC's verification rules; `trusted = None` skips the signature.
-fn check(
-    image: &[u8],
-    trusted: Option<&[VerifyingKey]>,
-) -> Result<ImageHeader, (FailReason, String)> {
-    let header =
-        ImageHeader::parse(image).map_err(|e| (FailReason::BadImageHeader, e.to_string()))?;
+fn check(image: &[u8], trusted: Option<&[VerifyingKey]>) -> Result<ImageHeader, (FailReason, String)> {
+    let header = ImageHeader::parse(image).map_err(|e| (FailReason::BadImageHeader, e.to_string()))?;
     let payload = &image[ImageHeader::SIZE..];
     if header.abi != FIRMWARE_ABI {
         let why = format!("image ABI {}, this build's is {FIRMWARE_ABI}", header.abi);
         return Err((FailReason::WrongAbi, why));
     }
     if Sha256::digest(payload).as_slice() != header.sha256.as_slice() {
-        return Err((
-            FailReason::DigestMismatch,
-            "payload SHA-256 differs from the header's".into(),
-        ));
+        return Err((FailReason::DigestMismatch, "payload SHA-256 differs from the header's".into()));
     }
     if let Some(keys) = trusted {
         if header.is_unsigned() {
             return Err((FailReason::BadSignature, "image is unsigned".into()));
         }
         let sig = Signature::from_bytes(&header.signature);
-        let mut candidates = keys
-            .iter()
-            .filter(|k| key_id(k) == header.key_id)
-            .peekable();
+        let mut candidates = keys.iter().filter(|k| key_id(k) == header.key_id).peekable();
         if candidates.peek().is_none() {
-            return Err((
-                FailReason::BadSignature,
-                format!("no trusted key has id {}", hex(&header.key_id)),
-            ));
+            return Err((FailReason::BadSignature, format!("no trusted key has id {}", hex(&header.key_id))));
         }
         if !candidates.any(|k| k.verify_strict(&image[..SIGNED_LEN], &sig).is_ok()) {
             return Err((FailReason::BadSignature, "signature does not verify".into()));
@@ -318,34 +257,17 @@ fn inspect(image_path: &Path, trusted_dir: Option<&Path>) -> Result<(), String> 
     let _ = writeln!(s, "image:          {i} ({} bytes)", image.len());
     if let Ok(h) = ImageHeader::decode(&image) {
         let payload = &image[ImageHeader::SIZE..];
-        let magic = if h.magic == IMAGE_MAGIC {
-            "ok".to_string()
-        } else {
-            format!("BAD ({:#018x})", h.magic)
-        };
+        let magic = if h.magic == IMAGE_MAGIC { "ok".to_string() } else { format!("BAD ({:#018x})", h.magic) };
         let _ = writeln!(s, "magic:          {magic}");
         let _ = writeln!(
             s,
             "header version: {}{}",
             h.header_version,
-            mark(
-                h.header_version == IMAGE_HEADER_VERSION,
-                IMAGE_HEADER_VERSION
-            )
+            mark(h.header_version == IMAGE_HEADER_VERSION, IMAGE_HEADER_VERSION)
         );
-        let _ = writeln!(
-            s,
-            "abi:            {}{}",
-            h.abi,
-            mark(h.abi == FIRMWARE_ABI, FIRMWARE_ABI)
-        );
+        let _ = writeln!(s, "abi:            {}{}", h.abi, mark(h.abi == FIRMWARE_ABI, FIRMWARE_ABI));
         let _ = writeln!(s, "build id:       {}", show_build_id(&h.build_id));
-        let _ = writeln!(
-            s,
-            "cpu plan:       {} ({})",
-            CpuPlan::name(h.cpu_plan),
-            h.cpu_plan
-        );
+        let _ = writeln!(s, "cpu plan:       {} ({})", CpuPlan::name(h.cpu_plan), h.cpu_plan);
         let len_note = if h.payload_len == payload.len() as u64 {
             String::new()
         } else {
@@ -360,16 +282,8 @@ fn inspect(image_path: &Path, trusted_dir: Option<&Path>) -> Result<(), String> 
         };
         let _ = writeln!(s, "sha256:         {} ({digest_note})", hex(&h.sha256));
         let _ = writeln!(s, "key id:         {}", hex(&h.key_id));
-        let _ = writeln!(
-            s,
-            "signed:         {}",
-            if h.is_unsigned() { "no" } else { "yes" }
-        );
-        let elf = if payload.starts_with(ELF_MAGIC) {
-            "ELF"
-        } else {
-            "NOT ELF"
-        };
+        let _ = writeln!(s, "signed:         {}", if h.is_unsigned() { "no" } else { "yes" });
+        let elf = if payload.starts_with(ELF_MAGIC) { "ELF" } else { "NOT ELF" };
         let _ = writeln!(s, "payload:        {elf}");
     }
     let result = check(&image, trusted.as_ref().map(|(_, k)| k.as_slice()));
@@ -378,10 +292,7 @@ fn inspect(image_path: &Path, trusted_dir: Option<&Path>) -> Result<(), String> 
             let _ = writeln!(s, "verify:         ok (trusted keys in {})", dir.display());
         }
         (Ok(_), None) => {
-            let _ = writeln!(
-                s,
-                "well formed:    yes (signature not checked; use --trusted <dir>)"
-            );
+            let _ = writeln!(s, "well formed:    yes (signature not checked; use --trusted <dir>)");
         }
         (Err((reason, why)), _) => {
             let _ = writeln!(s, "verify:         FAILED: {} ({why})", reason.as_str());
@@ -389,9 +300,7 @@ fn inspect(image_path: &Path, trusted_dir: Option<&Path>) -> Result<(), String> 
     }
     print!("{s}");
     let _ = std::io::stdout().flush();
-    result
-        .map(|_| ())
-        .map_err(|(reason, why)| format!("{i}: {} ({why})", reason.as_str()))
+    result.map(|_| ()).map_err(|(reason, why)| format!("{i}: {} ({why})", reason.as_str()))
 }
 
 fn mark(ok: bool, want: u32) -> String {
@@ -429,21 +338,15 @@ fn load_trusted(dir: &Path) -> Result<(PathBuf, Vec<VerifyingKey>), String> {
         let raw = if bytes.len() == 32 {
             bytes.clone()
         } else {
-            let text = bytes
-                .strip_suffix(b"\n")
-                .map(|t| t.strip_suffix(b"\r").unwrap_or(t))
-                .unwrap_or(&bytes);
+            let text = bytes.strip_suffix(b"\n").map(|t| t.strip_suffix(b"\r").unwrap_or(t)).unwrap_or(&bytes);
             unhex(text).filter(|k| k.len() == 32).ok_or_else(|| {
-                format!(
-                    "{}: not a public key (expected 32 raw bytes or 64 hex digits)",
-                    path.display()
-                )
+                format!("{}: not a public key (expected 32 raw bytes or 64 hex digits)", path.display())
             })?
         };
         let mut k = [0u8; 32];
         k.copy_from_slice(&raw);
-        let key = VerifyingKey::from_bytes(&k)
-            .map_err(|_| format!("{}: not a valid ed25519 public key", path.display()))?;
+        let key =
+            VerifyingKey::from_bytes(&k).map_err(|_| format!("{}: not a valid ed25519 public key", path.display()))?;
         keys.push(key);
     }
     if keys.is_empty() {
@@ -454,13 +357,10 @@ fn load_trusted(dir: &Path) -> Result<(PathBuf, Vec<VerifyingKey>), String> {
 
 fn read_secret_key(path: &Path) -> Result<SigningKey, String> {
     let bytes = read(path)?;
-    let seed: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
-        format!(
-            "{}: not a secret key (expected 32 bytes, found {})",
-            path.display(),
-            bytes.len()
-        )
-    })?;
+    let seed: [u8; 32] = bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| format!("{}: not a secret key (expected 32 bytes, found {})", path.display(), bytes.len()))?;
     Ok(SigningKey::from_bytes(&seed))
 }
 
@@ -476,26 +376,19 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
 }
 
 fn exists(path: &Path) -> Result<bool, String> {
-    path.try_exists()
-        .map_err(|e| format!("{}: {e}", path.display()))
+    path.try_exists().map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Writes `data` to a temporary file beside `path` (created with `mode`),
 /// then renames it over `path`, so readers never see a partial file.
 fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), String> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| format!("{}: not a file path", path.display()))?;
+    let name = path.file_name().ok_or_else(|| format!("{}: not a file path", path.display()))?;
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(name);
     tmp_name.push(format!(".tmp{}", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
     let result = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
+        let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
         f.write_all(data)?;
         f.sync_all()?;
         fs::rename(&tmp, path)
@@ -551,27 +444,15 @@ mod tests {
         assert!(check(&image(FIRMWARE_ABI, p, Some(&k)), Some(&keys)).is_ok());
         assert!(check(&image(FIRMWARE_ABI, p, None), None).is_ok());
         let r = |img: &[u8], t: Option<&[VerifyingKey]>| check(img, t).map(|_| ()).map_err(|e| e.0);
-        assert_eq!(
-            r(&image(FIRMWARE_ABI, p, None), Some(&keys)),
-            Err(FailReason::BadSignature)
-        );
-        assert_eq!(
-            r(&image(9, p, Some(&k)), Some(&keys)),
-            Err(FailReason::WrongAbi)
-        );
-        assert_eq!(
-            r(&image(FIRMWARE_ABI, b"MZ", Some(&k)), Some(&keys)),
-            Err(FailReason::LoadFailed)
-        );
+        assert_eq!(r(&image(FIRMWARE_ABI, p, None), Some(&keys)), Err(FailReason::BadSignature));
+        assert_eq!(r(&image(9, p, Some(&k)), Some(&keys)), Err(FailReason::WrongAbi));
+        assert_eq!(r(&image(FIRMWARE_ABI, b"MZ", Some(&k)), Some(&keys)), Err(FailReason::LoadFailed));
         let mut bad = image(FIRMWARE_ABI, p, Some(&k));
         *bad.last_mut().unwrap() ^= 1;
         assert_eq!(r(&bad, Some(&keys)), Err(FailReason::DigestMismatch));
         assert_eq!(r(&bad[..10], None), Err(FailReason::BadImageHeader));
         let other = [SigningKey::from_bytes(&[8; 32]).verifying_key()];
-        assert_eq!(
-            r(&image(FIRMWARE_ABI, p, Some(&k)), Some(&other)),
-            Err(FailReason::BadSignature)
-        );
+        assert_eq!(r(&image(FIRMWARE_ABI, p, Some(&k)), Some(&other)), Err(FailReason::BadSignature));
     }
 
     #[test]

@@ -97,7 +97,9 @@ fn main() -> ExitCode {
         Cmd::Fw { cmd } => fw::run(cmd),
         Cmd::Cluster { cmd: ClusterCmd::Up { dir, args } } => cluster::up(&cluster::dir_or_default(dir), &args),
         Cmd::Cluster { cmd: ClusterCmd::Down { dir } } => cluster::down(&cluster::dir_or_default(dir)),
-        Cmd::Cluster { cmd: ClusterCmd::Status { dir } } | Cmd::Info { dir } => cluster::status(&cluster::dir_or_default(dir)),
+        Cmd::Cluster { cmd: ClusterCmd::Status { dir } } | Cmd::Info { dir } => {
+            cluster::status(&cluster::dir_or_default(dir))
+        }
         Cmd::Stats { dir } => cluster::stats(&cluster::dir_or_default(dir)),
         Cmd::Run { n, dir, timeout, argv } => {
             match run::run(&cluster::dir_or_default(dir), n, &argv, timeout.map(std::time::Duration::from_secs)) {

@@ -32,7 +32,14 @@ fn spawn(dir: &Path, nics: u16, rank: usize, n: usize, argv: &[String], rdv: &Pa
         .map_err(|e| format!("{}: {e}", argv[0]))
 }
 
-fn run_ranks(dir: &Path, nics: u16, n: usize, argv: &[String], rdv: &PathBuf, timeout: Option<Duration>) -> Result<i32, String> {
+fn run_ranks(
+    dir: &Path,
+    nics: u16,
+    n: usize,
+    argv: &[String],
+    rdv: &PathBuf,
+    timeout: Option<Duration>,
+) -> Result<i32, String> {
     let mut kids: Vec<Option<Child>> = Vec::new();
     for r in 0..n {
         match spawn(dir, nics, r, n, argv, rdv) {

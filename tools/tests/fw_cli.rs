@@ -6,18 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn emp(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_emp"))
-        .args(args)
-        .output()
-        .expect("run emp")
+    Command::new(env!("CARGO_BIN_EXE_emp")).args(args).output().expect("run emp")
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 #[track_caller]
@@ -30,20 +23,14 @@ fn ok(args: &[&str]) -> String {
 #[track_caller]
 fn fails(args: &[&str]) -> String {
     let o = emp(args);
-    assert_eq!(
-        o.status.code(),
-        Some(1),
-        "emp {args:?} should fail:\n{}",
-        text(&o)
-    );
+    assert_eq!(o.status.code(), Some(1), "emp {args:?} should fail:\n{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(err.starts_with("emp: "), "{err}");
     err
 }
 
 fn tmpdir(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("fw-cli-{name}-{}", std::process::id()));
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("fw-cli-{name}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&d);
     fs::create_dir_all(&d).unwrap();
     d
@@ -55,11 +42,7 @@ fn s(p: &Path) -> &str {
 
 /// A small ELF file to use as the payload.
 fn elf_payload(dir: &Path) -> PathBuf {
-    let src = ["/bin/true", "/usr/bin/true"]
-        .iter()
-        .map(Path::new)
-        .find(|p| p.exists())
-        .expect("/bin/true");
+    let src = ["/bin/true", "/usr/bin/true"].iter().map(Path::new).find(|p| p.exists()).expect("/bin/true");
     let dst = dir.join("payload.so");
     fs::copy(src, &dst).unwrap();
     dst
@@ -75,30 +58,12 @@ fn keygen_pack_sign_inspect() {
     ok(&["fw", "keygen", "--out", s(&keys), "--name", "dev"]);
     let key = fs::read(keys.join("dev.key")).unwrap();
     assert_eq!(key.len(), 32);
-    assert_eq!(
-        fs::metadata(keys.join("dev.key"))
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o777,
-        0o600
-    );
+    assert_eq!(fs::metadata(keys.join("dev.key")).unwrap().permissions().mode() & 0o777, 0o600);
     let public = fs::read_to_string(keys.join("dev.pub")).unwrap();
     assert_eq!(public.len(), 65);
     assert!(public.ends_with('\n') && public[..64].chars().all(|c| c.is_ascii_hexdigit()));
 
-    ok(&[
-        "fw",
-        "pack",
-        "--payload",
-        s(&payload),
-        "--out",
-        s(&img),
-        "--build-id",
-        "abc1234",
-        "--cpu-plan",
-        "dsr",
-    ]);
+    ok(&["fw", "pack", "--payload", s(&payload), "--out", s(&img), "--build-id", "abc1234", "--cpu-plan", "dsr"]);
     let unsigned = ok(&["fw", "inspect", s(&img)]);
     assert!(unsigned.contains("signed:         no"), "{unsigned}");
     // Unsigned images are well formed but don't verify.
@@ -118,25 +83,14 @@ fn keygen_pack_sign_inspect() {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
     let payload_len = fs::metadata(&payload).unwrap().len();
-    assert!(
-        out.contains(&format!("payload length: {payload_len}")),
-        "{out}"
-    );
+    assert!(out.contains(&format!("payload length: {payload_len}")), "{out}");
     assert_eq!(fs::metadata(&img).unwrap().len(), 256 + payload_len);
 
     // Re-signing with another key replaces the signature.
     let other = d.join("other");
     ok(&["fw", "keygen", "--out", s(&other)]);
     let resigned = d.join("resigned.bin");
-    ok(&[
-        "fw",
-        "sign",
-        "--key",
-        s(&other.join("dev.key")),
-        s(&img),
-        "--out",
-        s(&resigned),
-    ]);
+    ok(&["fw", "sign", "--key", s(&other.join("dev.key")), s(&img), "--out", s(&resigned)]);
     ok(&["fw", "inspect", s(&resigned), "--trusted", s(&other)]);
     let e = fails(&["fw", "inspect", s(&resigned), "--trusted", s(&keys)]);
     assert!(e.contains("signature missing or untrusted"), "{e}");
@@ -148,20 +102,11 @@ fn keygen_pack_sign_inspect() {
     let tampered = d.join("tampered.bin");
     fs::write(&tampered, &bytes).unwrap();
     let e = fails(&["fw", "inspect", s(&tampered), "--trusted", s(&keys)]);
-    assert!(
-        e.contains("digest mismatch") && e.contains("tampered.bin"),
-        "{e}"
-    );
+    assert!(e.contains("digest mismatch") && e.contains("tampered.bin"), "{e}");
     let e = fails(&["fw", "inspect", s(&tampered)]);
     assert!(e.contains("digest mismatch"), "{e}");
     // Refuses to sign it.
-    let e = fails(&[
-        "fw",
-        "sign",
-        "--key",
-        s(&keys.join("dev.key")),
-        s(&tampered),
-    ]);
+    let e = fails(&["fw", "sign", "--key", s(&keys.join("dev.key")), s(&tampered)]);
     assert!(e.contains("digest mismatch"), "{e}");
 
     // A tampered signed header byte (build id): bad signature.
@@ -183,16 +128,7 @@ fn wrong_abi_is_refused() {
     let payload = elf_payload(&d);
     let img = d.join("fw.bin");
     ok(&["fw", "keygen", "--out", s(&d)]);
-    ok(&[
-        "fw",
-        "pack",
-        "--payload",
-        s(&payload),
-        "--out",
-        s(&img),
-        "--abi",
-        "999",
-    ]);
+    ok(&["fw", "pack", "--payload", s(&payload), "--out", s(&img), "--abi", "999"]);
     ok(&["fw", "sign", "--key", s(&d.join("dev.key")), s(&img)]);
     let e = fails(&["fw", "inspect", s(&img), "--trusted", s(&d)]);
     assert!(e.contains("another ABI"), "{e}");
@@ -215,27 +151,13 @@ fn keygen_refuses_overwrite_and_if_missing_is_noop() {
 
     ok(&["fw", "keygen", "--out", s(&d), "--name", "k", "--force"]);
     assert_ne!(fs::read(d.join("k.key")).unwrap(), key);
-    assert_eq!(
-        fs::metadata(d.join("k.key")).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
+    assert_eq!(fs::metadata(d.join("k.key")).unwrap().permissions().mode() & 0o777, 0o600);
 
     // Half a pair is not silently completed.
     fs::remove_file(d.join("k.pub")).unwrap();
-    fails(&[
-        "fw",
-        "keygen",
-        "--out",
-        s(&d),
-        "--name",
-        "k",
-        "--if-missing",
-    ]);
+    fails(&["fw", "keygen", "--out", s(&d), "--name", "k", "--if-missing"]);
     // Only the two key files are there (no temporary leftovers).
-    let mut names: Vec<_> = fs::read_dir(&d)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    let mut names: Vec<_> = fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
     names.sort();
     assert_eq!(names, ["k.key"]);
 }
@@ -248,14 +170,7 @@ fn pack_refuses_bad_payloads() {
     fs::write(&script, "#!/bin/sh\n").unwrap();
     let e = fails(&["fw", "pack", "--payload", s(&script), "--out", s(&out)]);
     assert!(e.contains("not an ELF") && e.contains("script.sh"), "{e}");
-    let e = fails(&[
-        "fw",
-        "pack",
-        "--payload",
-        s(&d.join("missing.so")),
-        "--out",
-        s(&out),
-    ]);
+    let e = fails(&["fw", "pack", "--payload", s(&d.join("missing.so")), "--out", s(&out)]);
     assert!(e.contains("missing.so"), "{e}");
     let big = d.join("big.so");
     let f = fs::File::create(&big).unwrap();
@@ -263,16 +178,7 @@ fn pack_refuses_bad_payloads() {
     let e = fails(&["fw", "pack", "--payload", s(&big), "--out", s(&out)]);
     assert!(e.contains("larger than"), "{e}");
     let payload = elf_payload(&d);
-    let e = fails(&[
-        "fw",
-        "pack",
-        "--payload",
-        s(&payload),
-        "--out",
-        s(&out),
-        "--build-id",
-        &"x".repeat(21),
-    ]);
+    let e = fails(&["fw", "pack", "--payload", s(&payload), "--out", s(&out), "--build-id", &"x".repeat(21)]);
     assert!(e.contains("build id"), "{e}");
     assert!(!out.exists());
     // Bad key / image files name themselves.

@@ -401,7 +401,17 @@ mod tests {
 
     #[test]
     fn coll_header_fixture() {
-        let h = CollHeader { group_id: 7, epoch: 2, instance: 9, kind: 6, dtype: 2, op: 1, sender: 3, count: 5, ..Default::default() };
+        let h = CollHeader {
+            group_id: 7,
+            epoch: 2,
+            instance: 9,
+            kind: 6,
+            dtype: 2,
+            op: 1,
+            sender: 3,
+            count: 5,
+            ..Default::default()
+        };
         let mut b = [0u8; 24];
         h.put(&mut b);
         assert_eq!(b, [7, 0, 0, 0, 2, 0, 0, 0, 9, 0, 0, 0, 6, 0, 0, 0, 2, 1, 3, 0, 5, 0, 0, 0]);

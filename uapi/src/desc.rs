@@ -155,13 +155,16 @@ impl WorkDesc {
         let ok = match op {
             Opcode::Send | Opcode::Recv => true,
             Opcode::MultiSend => self.port == 0 && self.ignore != 0,
-            Opcode::Bcast => (self.port as usize) < GROUP_MEMBERS_MAX && self.tag < TREES_MAX as u64 && self.ignore == 0,
+            Opcode::Bcast => {
+                (self.port as usize) < GROUP_MEMBERS_MAX && self.tag < TREES_MAX as u64 && self.ignore == 0
+            }
             Opcode::Barrier => {
                 BarrierAlgo::from_u16(self.port).is_some() && self.tag < TREES_MAX as u64 && self.ignore == 0 && n == 0
             }
             Opcode::Reduce | Opcode::Allreduce => {
                 let (dt, rop, tree) = crate::coll::reduce_tag_parts(self.tag);
-                let root_ok = if op == Opcode::Allreduce { self.port == 0 } else { (self.port as usize) < GROUP_MEMBERS_MAX };
+                let root_ok =
+                    if op == Opcode::Allreduce { self.port == 0 } else { (self.port as usize) < GROUP_MEMBERS_MAX };
                 root_ok
                     && self.tag >> 24 == 0
                     && (tree as usize) < TREES_MAX
@@ -183,7 +186,11 @@ impl WorkDesc {
                     && (remote.len == 8 || (self.tag >> 32 == 0 && self.ignore >> 32 == 0))
             }
         };
-        if ok { Ok(()) } else { Err(DecodeError::BadIndex) }
+        if ok {
+            Ok(())
+        } else {
+            Err(DecodeError::BadIndex)
+        }
     }
 
     /// Total bytes described by the scatter/gather list.
@@ -479,13 +486,7 @@ mod tests {
 
     #[test]
     fn work_desc_validation() {
-        let mut d = WorkDesc {
-            opcode: Opcode::Send as u8,
-            num_sge: 1,
-            node: 1,
-            port: 2,
-            ..Default::default()
-        };
+        let mut d = WorkDesc { opcode: Opcode::Send as u8, num_sge: 1, node: 1, port: 2, ..Default::default() };
         d.sge[0] = Sge { key: 1, len: 10, offset: 0 };
         assert_eq!(d.validate(), Ok(Opcode::Send));
         d.sge[1].len = 1; // beyond num_sge

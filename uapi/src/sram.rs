@@ -155,10 +155,26 @@ pub mod counter {
     pub const COUNT: usize = 20;
     /// Names, for tools.
     pub const NAMES: [&str; COUNT] = [
-        "tx_frames", "rx_frames", "retransmits", "duplicates", "out_of_order", "acks_tx",
-        "nacks_tx", "dropped_unexpected", "dropped_malformed", "timeouts", "msgs_tx",
-        "msgs_rx", "msgs_failed", "overflow_msgs", "bad_descriptors", "acks_rx",
-        "coll_ops", "coll_early", "coll_refused", "atomic_replays",
+        "tx_frames",
+        "rx_frames",
+        "retransmits",
+        "duplicates",
+        "out_of_order",
+        "acks_tx",
+        "nacks_tx",
+        "dropped_unexpected",
+        "dropped_malformed",
+        "timeouts",
+        "msgs_tx",
+        "msgs_rx",
+        "msgs_failed",
+        "overflow_msgs",
+        "bad_descriptors",
+        "acks_rx",
+        "coll_ops",
+        "coll_early",
+        "coll_refused",
+        "atomic_replays",
     ];
 }
 
@@ -597,7 +613,8 @@ impl GroupEntry {
             return Err(GroupError::NotMember);
         }
         let trees = self.tree_count as usize;
-        if trees == 0 || trees > crate::coll::TREES_MAX || (0..trees).any(|t| !crate::coll::tree_valid(self.tree(t), n)) {
+        if trees == 0 || trees > crate::coll::TREES_MAX || (0..trees).any(|t| !crate::coll::tree_valid(self.tree(t), n))
+        {
             return Err(GroupError::BadTree);
         }
         if self.flags != 0

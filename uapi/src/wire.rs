@@ -295,8 +295,7 @@ impl<'a> Frame<'a> {
                 if let Some(m) = msg {
                     // A message that claims more frames than its length could
                     // need (at the smallest MTU) is malformed.
-                    if m.total_len < hdr.payload_len as u64
-                        || hdr.frame_count as u64 > frames_for(m.total_len, MTU_MIN)
+                    if m.total_len < hdr.payload_len as u64 || hdr.frame_count as u64 > frames_for(m.total_len, MTU_MIN)
                     {
                         return Err(DecodeError::BadLength);
                     }
@@ -373,11 +372,7 @@ impl<'a> Frame<'a> {
 /// Writes the headers of a DATA frame into `out` and returns the offset where
 /// the payload (`hdr.payload_len` bytes) goes. `msg` must be `Some` exactly
 /// for frame 0.
-pub fn emit_data_headers(
-    hdr: &FrameHeader,
-    msg: Option<&MsgHeader>,
-    out: &mut [u8],
-) -> Result<usize, DecodeError> {
+pub fn emit_data_headers(hdr: &FrameHeader, msg: Option<&MsgHeader>, out: &mut [u8]) -> Result<usize, DecodeError> {
     debug_assert!(hdr.kind == FrameKind::Data as u8 || hdr.kind == FrameKind::CollData as u8);
     debug_assert_eq!(msg.is_some(), hdr.frame_index == 0);
     let head = data_header_len(hdr.frame_index);
@@ -493,13 +488,7 @@ mod tests {
 
     #[test]
     fn data_frame_rejects_bad_lengths() {
-        let hdr = FrameHeader {
-            version: WIRE_VERSION,
-            kind: 1,
-            frame_count: 1,
-            payload_len: 4,
-            ..Default::default()
-        };
+        let hdr = FrameHeader { version: WIRE_VERSION, kind: 1, frame_count: 1, payload_len: 4, ..Default::default() };
         let msg = MsgHeader { tag: 1, total_len: 4 };
         let mut buf = [0u8; 64];
         let at = emit_data_headers(&hdr, Some(&msg), &mut buf).unwrap();
@@ -532,8 +521,17 @@ mod tests {
 
     #[test]
     fn atomic_frames_round_trip_and_validate() {
-        let hdr = FrameHeader { version: WIRE_VERSION, kind: FrameKind::AtomicReq as u8, msg_seq: 3, ..Default::default() };
-        let body = AtomicBody { op: atomic_op::CMP_SWAP, width: 8, rkey: 5, offset: 16, operand: 2, compare: 1, ..Default::default() };
+        let hdr =
+            FrameHeader { version: WIRE_VERSION, kind: FrameKind::AtomicReq as u8, msg_seq: 3, ..Default::default() };
+        let body = AtomicBody {
+            op: atomic_op::CMP_SWAP,
+            width: 8,
+            rkey: 5,
+            offset: 16,
+            operand: 2,
+            compare: 1,
+            ..Default::default()
+        };
         let mut out = [0u8; 64];
         let n = emit_atomic_req(&hdr, &body, &mut out).unwrap();
         assert_eq!(n, 64);

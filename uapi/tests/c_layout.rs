@@ -167,10 +167,24 @@ macro_rules! st_repr_c {
 
 fn structs() -> Vec<StructDesc> {
     vec![
-        st!("emp_frame_header", FrameHeader {
-            version, kind, dst_gen, src_node, dst_node, src_port, dst_port, src_gen,
-            payload_len, msg_seq, tx_floor, frame_index, frame_count,
-        }),
+        st!(
+            "emp_frame_header",
+            FrameHeader {
+                version,
+                kind,
+                dst_gen,
+                src_node,
+                dst_node,
+                src_port,
+                dst_port,
+                src_gen,
+                payload_len,
+                msg_seq,
+                tx_floor,
+                frame_index,
+                frame_count,
+            }
+        ),
         st!("emp_msg_header", MsgHeader { tag, total_len }),
         st!("emp_ack_body", AckBody { group, missing_mask, rx_credits, reason, fc_level, rx_expected }),
         st!("emp_atomic_body", AtomicBody { op, width, reserved, rkey, offset, operand, compare }),
@@ -179,37 +193,127 @@ fn structs() -> Vec<StructDesc> {
         st!("emp_work_desc", WorkDesc { wr_id, opcode, flags, num_sge, reserved0, node, port, tag, ignore, sge }),
         st!("emp_cqe", Cqe { wr_id, byte_len, status, opcode, reserved, flags, tag, src_node, src_port, msg_len }),
         st!("emp_phys_seg", PhysSeg { addr, len, flags }),
-        st!("emp_mr_entry", MrEntry {
-            key, port, access, format, length, indirect_addr, indirect_count, reserved, segs,
-        }),
-        st!("emp_coll_header", CollHeader {
-            group_id, epoch, instance, kind, round, root, tree, dtype, op, sender, reserved, count,
-        }),
-        st!("emp_sram_header", SramHeader {
-            magic, layout_version, status, fail_reason, node_id, port_count, mtu, features,
-            sram_size, heartbeat, admin_off, staging_off, staging_size, mr_off, mr_entries,
-            route_off, route_entries, group_off, group_entries, ports_off, port_stride,
-            send_entries, recv_entries, staged_len, counters,
-        }),
+        st!(
+            "emp_mr_entry",
+            MrEntry { key, port, access, format, length, indirect_addr, indirect_count, reserved, segs }
+        ),
+        st!(
+            "emp_coll_header",
+            CollHeader { group_id, epoch, instance, kind, round, root, tree, dtype, op, sender, reserved, count }
+        ),
+        st!(
+            "emp_sram_header",
+            SramHeader {
+                magic,
+                layout_version,
+                status,
+                fail_reason,
+                node_id,
+                port_count,
+                mtu,
+                features,
+                sram_size,
+                heartbeat,
+                admin_off,
+                staging_off,
+                staging_size,
+                mr_off,
+                mr_entries,
+                route_off,
+                route_entries,
+                group_off,
+                group_entries,
+                ports_off,
+                port_stride,
+                send_entries,
+                recv_entries,
+                staged_len,
+                counters,
+            }
+        ),
         st!("emp_admin_mailbox", AdminMailbox { request_seq, op, done_seq, result, args }),
         st!("emp_route_entry", RouteEntry { valid, ipv4, udp_port, mac, reserved }),
-        st!("emp_group_entry", GroupEntry {
-            group_id, epoch, member_count, my_rank, port, tree_count, flags, bounce_key,
-            bounce_slot_size, bounce_offset, bounce_slots, reserved0, reserved1, tree_lambda,
-            members, parents, reserved2,
-        }),
-        st!("emp_port_ctl", PortCtl {
-            send_prod, recv_prod, cq_cons, arm, host_pad, send_cons, recv_cons, cq_prod,
-            cq_overruns, nic_sleeping, nic_pad, state, gen, cq_key, cq_entries, cq_offset, cfg_pad,
-        }),
-        st!("emp_image_header", ImageHeader {
-            magic, header_version, abi, build_id, cpu_plan, payload_len, sha256, key_id,
-            reserved, signature, reserved_tail,
-        }),
-        st!("emp_query", EmpQuery {
-            size, port, node_id, mtu, features, window_size, send_entries, recv_entries,
-            msg_max, port_gen, port_count, reserved0, pinned_pages, group_entries, groups_in_use, reserved,
-        }),
+        st!(
+            "emp_group_entry",
+            GroupEntry {
+                group_id,
+                epoch,
+                member_count,
+                my_rank,
+                port,
+                tree_count,
+                flags,
+                bounce_key,
+                bounce_slot_size,
+                bounce_offset,
+                bounce_slots,
+                reserved0,
+                reserved1,
+                tree_lambda,
+                members,
+                parents,
+                reserved2,
+            }
+        ),
+        st!(
+            "emp_port_ctl",
+            PortCtl {
+                send_prod,
+                recv_prod,
+                cq_cons,
+                arm,
+                host_pad,
+                send_cons,
+                recv_cons,
+                cq_prod,
+                cq_overruns,
+                nic_sleeping,
+                nic_pad,
+                state,
+                gen,
+                cq_key,
+                cq_entries,
+                cq_offset,
+                cfg_pad,
+            }
+        ),
+        st!(
+            "emp_image_header",
+            ImageHeader {
+                magic,
+                header_version,
+                abi,
+                build_id,
+                cpu_plan,
+                payload_len,
+                sha256,
+                key_id,
+                reserved,
+                signature,
+                reserved_tail,
+            }
+        ),
+        st!(
+            "emp_query",
+            EmpQuery {
+                size,
+                port,
+                node_id,
+                mtu,
+                features,
+                window_size,
+                send_entries,
+                recv_entries,
+                msg_max,
+                port_gen,
+                port_count,
+                reserved0,
+                pinned_pages,
+                group_entries,
+                groups_in_use,
+                reserved,
+            }
+        ),
         st!("emp_reg_mr", EmpRegMr { size, access, addr, length, key, reserved0, reserved }),
         st!("emp_dereg_mr", EmpDeregMr { size, key }),
         st!("emp_set_eventfd", EmpSetEventfd { size, fd, signal, reserved }),
@@ -218,13 +322,25 @@ fn structs() -> Vec<StructDesc> {
         st!("emp_group_set", EmpGroupSet { size, slot, entry, reserved }),
         st!("emp_group_clear", EmpGroupClear { size, slot }),
         st!("emp_attach_msg", AttachMsg { version, op, status, reserved, arg }),
-        st_repr_c!("emp_fw_hal", FwHal {
-            ctx, sram_read, sram_write, dma_read, dma_write, mac_transmit, raise_interrupt,
-        }),
-        st_repr_c!("emp_fw_config", FwConfig {
-            group_size, window_frames, rto_ns, rto_ns_max, retry_limit, overflow_slots, tx_max,
-            recv_posted_max, gen_seed, cpu_plan,
-        }),
+        st_repr_c!(
+            "emp_fw_hal",
+            FwHal { ctx, sram_read, sram_write, dma_read, dma_write, mac_transmit, raise_interrupt }
+        ),
+        st_repr_c!(
+            "emp_fw_config",
+            FwConfig {
+                group_size,
+                window_frames,
+                rto_ns,
+                rto_ns_max,
+                retry_limit,
+                overflow_slots,
+                tx_max,
+                recv_posted_max,
+                gen_seed,
+                cpu_plan,
+            }
+        ),
     ]
 }
 
@@ -703,10 +819,8 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new(tag: &str) -> TempDir {
         static N: AtomicU32 = AtomicU32::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         let dir = std::env::temp_dir().join(format!(
             "emp-uapi-{tag}-{}-{nanos}-{}",
             std::process::id(),
@@ -807,8 +921,9 @@ fn rust_tables_are_complete() {
         let text = std::fs::read_to_string(&path).unwrap();
         let mut in_macro = false;
         let mut after_repr_c = false;
-        let struct_name =
-            |t: &str| t["pub struct ".len()..].split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap().to_string();
+        let struct_name = |t: &str| {
+            t["pub struct ".len()..].split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap().to_string()
+        };
         for line in text.lines() {
             let t = line.trim();
             if t.starts_with("le_struct! {") {
@@ -850,7 +965,11 @@ fn rust_tables_are_complete() {
     for s in structs() {
         let is_le = in_src.iter().any(|n| n == s.rust);
         if is_le != s.le_size.is_some() {
-            errors.push(format!("{}: listed with st!/st_repr_c! but is{} an le_struct", s.rust, if is_le { "" } else { " not" }));
+            errors.push(format!(
+                "{}: listed with st!/st_repr_c! but is{} an le_struct",
+                s.rust,
+                if is_le { "" } else { " not" }
+            ));
         }
     }
 
@@ -946,8 +1065,11 @@ fn rust_tables_are_complete() {
         errors.push("ReduceOp::ALL does not list every decodable operator".into());
     }
     // Counter slots: one C constant per slot 0..COUNT (plus EMP_COUNTER_COUNT).
-    let mut slots: Vec<u64> =
-        consts.iter().filter(|c| c.c.starts_with("EMP_COUNTER_") && c.c != "EMP_COUNTER_COUNT").map(|c| c.value).collect();
+    let mut slots: Vec<u64> = consts
+        .iter()
+        .filter(|c| c.c.starts_with("EMP_COUNTER_") && c.c != "EMP_COUNTER_COUNT")
+        .map(|c| c.value)
+        .collect();
     slots.sort();
     if slots != (0..counter::COUNT as u64).collect::<Vec<_>>() {
         errors.push(format!("EMP_COUNTER_*: slots {slots:?}, want 0..{}", counter::COUNT));

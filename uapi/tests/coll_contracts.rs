@@ -50,7 +50,11 @@ fn log2_floor(n: usize) -> usize {
 }
 
 fn log2_ceil(n: usize) -> usize {
-    if n <= 1 { 0 } else { log2_floor(n - 1) + 1 }
+    if n <= 1 {
+        0
+    } else {
+        log2_floor(n - 1) + 1
+    }
 }
 
 /// Runs every rank's schedule as a process with FIFO channels per
@@ -71,10 +75,12 @@ fn simulate(algo: BarrierAlgo, n: u16) -> Result<Vec<u128>, String> {
                     Step::Send { to, round } => {
                         chan.entry((r as u16, to, round)).or_default().push_back(know[r]);
                     }
-                    Step::Recv { from, round } => match chan.get_mut(&(from, r as u16, round)).and_then(|q| q.pop_front()) {
-                        Some(k) => know[r] |= k,
-                        None => break,
-                    },
+                    Step::Recv { from, round } => {
+                        match chan.get_mut(&(from, r as u16, round)).and_then(|q| q.pop_front()) {
+                            Some(k) => know[r] |= k,
+                            None => break,
+                        }
+                    }
                 }
                 pc[r] += 1;
                 progressed = true;
@@ -84,7 +90,8 @@ fn simulate(algo: BarrierAlgo, n: u16) -> Result<Vec<u128>, String> {
             break;
         }
         if !progressed {
-            let stuck: Vec<_> = (0..n as usize).filter(|&r| pc[r] < scheds[r].len()).map(|r| (r, scheds[r][pc[r]])).collect();
+            let stuck: Vec<_> =
+                (0..n as usize).filter(|&r| pc[r] < scheds[r].len()).map(|r| (r, scheds[r][pc[r]])).collect();
             return Err(format!("deadlock; waiting: {stuck:?}"));
         }
     }
@@ -131,11 +138,7 @@ fn barrier_step_counts_and_rounds() {
             }
             // Pairwise exchange.
             let p = schedule(BarrierAlgo::PairwiseExchange, n, r);
-            let want_len = if rr >= s {
-                2
-            } else {
-                2 * log2_floor(s) + if rr + s < nn { 2 } else { 0 }
-            };
+            let want_len = if rr >= s { 2 } else { 2 * log2_floor(s) + if rr + s < nn { 2 } else { 0 } };
             assert_eq!(p.len(), want_len, "pairwise exchange n={n} r={r}");
             assert!(p.len() <= 2 * log2_floor(nn) + 2, "more than ⌊log2 N⌋ + 1 rounds");
             for st in &p {
@@ -151,7 +154,10 @@ fn barrier_step_counts_and_rounds() {
             }
             if rr >= s {
                 let partner = (rr - s) as u16;
-                assert_eq!(p, [Step::Send { to: partner, round: PE_PRE }, Step::Recv { from: partner, round: PE_RELEASE }]);
+                assert_eq!(
+                    p,
+                    [Step::Send { to: partner, round: PE_PRE }, Step::Recv { from: partner, round: PE_RELEASE }]
+                );
             }
             // Gather-release has no schedule of its own (it follows a tree).
             assert_eq!(barrier_step(BarrierAlgo::GatherRelease, n, r, 0), None);
@@ -300,7 +306,8 @@ fn coll_enums_round_trip() {
             assert_eq!(op.defined_for(t), !(bitwise && t.is_float()), "{op:?} on {t:?}");
         }
     }
-    let mut names: Vec<&str> = Dtype::ALL.iter().map(|t| t.name()).chain(ReduceOp::ALL.iter().map(|o| o.name())).collect();
+    let mut names: Vec<&str> =
+        Dtype::ALL.iter().map(|t| t.name()).chain(ReduceOp::ALL.iter().map(|o| o.name())).collect();
     names.sort();
     names.dedup();
     assert_eq!(names.len(), Dtype::ALL.len() + ReduceOp::ALL.len(), "names distinct");

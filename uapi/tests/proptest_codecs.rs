@@ -2203,7 +2203,13 @@ fn group_entry_check_rejects_each_case() {
         assert_eq!(group_check_spec(&e, caller), Err(*want), "spec: {what}");
     }
     // Every GroupError variant is exercised and has a text.
-    for v in [GroupError::BadShape, GroupError::DuplicateMember, GroupError::NotMember, GroupError::BadTree, GroupError::Reserved] {
+    for v in [
+        GroupError::BadShape,
+        GroupError::DuplicateMember,
+        GroupError::NotMember,
+        GroupError::BadTree,
+        GroupError::Reserved,
+    ] {
         assert!(cases.iter().any(|c| c.2 == v), "{v:?} not exercised");
         assert!(!v.as_str().is_empty());
     }
@@ -2216,26 +2222,32 @@ fn group_entry_check_rejects_each_case() {
         ("parents of unused trees", Box::new(|e| e.parents[64 * 5] = 0x11)),
         ("lambdas", Box::new(|e| e.tree_lambda = [9; 8])),
         ("bounce fields", Box::new(|e| e.bounce_slots = 0)),
-        ("one member, one tree", Box::new(|e| {
-            e.member_count = 1;
-            e.my_rank = 0;
-            e.members = [0; GROUP_MEMBERS_MAX];
-            e.members[0] = (3 << 16) | 7;
-            e.tree_count = 1;
-        })),
-        ("all trees, all members", Box::new(|e| {
-            e.member_count = GROUP_MEMBERS_MAX as u16;
-            for r in 0..GROUP_MEMBERS_MAX {
-                e.members[r] = ((r as u32 + 1) << 16) | 7;
-            }
-            e.tree_count = TREES_MAX as u8;
-            for t in 0..TREES_MAX {
-                e.parents[64 * t] = TREE_ROOT;
-                for r in 1..GROUP_MEMBERS_MAX {
-                    e.parents[64 * t + r] = ((r - 1) / (t + 1)) as u8; // (t+1)-ary heap
+        (
+            "one member, one tree",
+            Box::new(|e| {
+                e.member_count = 1;
+                e.my_rank = 0;
+                e.members = [0; GROUP_MEMBERS_MAX];
+                e.members[0] = (3 << 16) | 7;
+                e.tree_count = 1;
+            }),
+        ),
+        (
+            "all trees, all members",
+            Box::new(|e| {
+                e.member_count = GROUP_MEMBERS_MAX as u16;
+                for r in 0..GROUP_MEMBERS_MAX {
+                    e.members[r] = ((r as u32 + 1) << 16) | 7;
                 }
-            }
-        })),
+                e.tree_count = TREES_MAX as u8;
+                for t in 0..TREES_MAX {
+                    e.parents[64 * t] = TREE_ROOT;
+                    for r in 1..GROUP_MEMBERS_MAX {
+                        e.parents[64 * t + r] = ((r - 1) / (t + 1)) as u8; // (t+1)-ary heap
+                    }
+                }
+            }),
+        ),
     ];
     for (what, f) in &accepted {
         let mut e = good;

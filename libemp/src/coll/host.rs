@@ -237,7 +237,13 @@ impl Comm {
         self.barrier_scheduled(dev, BarrierAlgo::Dissemination, CollKind::BarrierDiss, "barrier_dissemination")
     }
 
-    fn barrier_scheduled(&mut self, dev: &mut Device, algo: BarrierAlgo, kind: CollKind, name: &'static str) -> Result<()> {
+    fn barrier_scheduled(
+        &mut self,
+        dev: &mut Device,
+        algo: BarrierAlgo,
+        kind: CollKind,
+        name: &'static str,
+    ) -> Result<()> {
         let seq = self.begin(dev, name)?;
         let ctx = self.opts.context;
         let steps = barrier_schedule(algo, self.size(), self.rank);
@@ -336,7 +342,15 @@ impl Comm {
     /// Reduces every rank's `send` to `root` with `op` on elements of `t`
     /// (binomial tree, fixed combining order). `recv` must be given at the
     /// root, as long as `send`; other ranks may pass `None`.
-    pub fn reduce(&mut self, dev: &mut Device, root: usize, t: Dtype, op: ReduceOp, send: &[u8], recv: Option<&mut [u8]>) -> Result<()> {
+    pub fn reduce(
+        &mut self,
+        dev: &mut Device,
+        root: usize,
+        t: Dtype,
+        op: ReduceOp,
+        send: &[u8],
+        recv: Option<&mut [u8]>,
+    ) -> Result<()> {
         let n = self.size();
         if root >= n {
             return Err(Error::InvalidArgument(format!("reduce root {root} of {n} ranks")));
@@ -345,9 +359,15 @@ impl Comm {
         let recv = match recv {
             Some(r) if r.len() == send.len() => Some(r),
             Some(r) if self.rank == root => {
-                return Err(Error::InvalidArgument(format!("reduce: result buffer of {} bytes for {} bytes", r.len(), send.len())))
+                return Err(Error::InvalidArgument(format!(
+                    "reduce: result buffer of {} bytes for {} bytes",
+                    r.len(),
+                    send.len()
+                )))
             }
-            None if self.rank == root => return Err(Error::InvalidArgument("reduce: the root needs a result buffer".into())),
+            None if self.rank == root => {
+                return Err(Error::InvalidArgument("reduce: the root needs a result buffer".into()))
+            }
             _ => None,
         };
         self.begin(dev, "reduce")?;
@@ -360,14 +380,27 @@ impl Comm {
     pub fn allreduce(&mut self, dev: &mut Device, t: Dtype, op: ReduceOp, send: &[u8], recv: &mut [u8]) -> Result<()> {
         reduce::check(t, op, send.len())?;
         if recv.len() != send.len() {
-            return Err(Error::InvalidArgument(format!("allreduce: result buffer of {} bytes for {} bytes", recv.len(), send.len())));
+            return Err(Error::InvalidArgument(format!(
+                "allreduce: result buffer of {} bytes for {} bytes",
+                recv.len(),
+                send.len()
+            )));
         }
         self.begin(dev, "allreduce")?;
         self.reduce_segments(dev, 0, t, op, send, Some(recv), true)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn reduce_segments(&mut self, dev: &mut Device, root: usize, t: Dtype, op: ReduceOp, send: &[u8], mut recv: Option<&mut [u8]>, down: bool) -> Result<()> {
+    fn reduce_segments(
+        &mut self,
+        dev: &mut Device,
+        root: usize,
+        t: Dtype,
+        op: ReduceOp,
+        send: &[u8],
+        mut recv: Option<&mut [u8]>,
+        down: bool,
+    ) -> Result<()> {
         let seg = self.slot - self.slot % t.size();
         let mut off = 0;
         while off < send.len() {
@@ -382,7 +415,16 @@ impl Comm {
     /// One segment: partials up the binomial tree in ascending child order,
     /// and with `down` the result back down it.
     #[allow(clippy::too_many_arguments)]
-    fn reduce_segment(&mut self, dev: &mut Device, root: usize, t: Dtype, op: ReduceOp, mine: &[u8], out: Option<&mut [u8]>, down: bool) -> Result<()> {
+    fn reduce_segment(
+        &mut self,
+        dev: &mut Device,
+        root: usize,
+        t: Dtype,
+        op: ReduceOp,
+        mine: &[u8],
+        out: Option<&mut [u8]>,
+        down: bool,
+    ) -> Result<()> {
         let n = self.size() as u16;
         let seq = self.next_seq();
         let ctx = self.opts.context;
@@ -523,7 +565,11 @@ impl Comm {
                 let left = self.deadline.saturating_duration_since(Instant::now());
                 match dev.wait_wr(wr, Some(left)) {
                     Ok(c) => c,
-                    Err(Error::Timeout) => return Err(self.fail(format!("{}: nothing within {:?}", what(), self.opts.timeout), Error::Timeout)),
+                    Err(Error::Timeout) => {
+                        return Err(
+                            self.fail(format!("{}: nothing within {:?}", what(), self.opts.timeout), Error::Timeout)
+                        )
+                    }
                     Err(e) => return Err(e),
                 }
             }
@@ -532,7 +578,9 @@ impl Comm {
                     break c;
                 }
                 if Instant::now() >= self.deadline {
-                    return Err(self.fail(format!("{}: nothing within {:?}", what(), self.opts.timeout), Error::Timeout));
+                    return Err(
+                        self.fail(format!("{}: nothing within {:?}", what(), self.opts.timeout), Error::Timeout)
+                    );
                 }
                 std::thread::yield_now();
             },
@@ -603,7 +651,15 @@ mod tests {
         assert_ne!(HOST_PREFIX >> 56, crate::rdv::BARRIER_TAG >> 56);
         assert_eq!(tag(CollKind::Bcast, 0, 0, 0) >> 63, 1);
         let mut seen = std::collections::HashSet::new();
-        for kind in [CollKind::BarrierPe, CollKind::BarrierDiss, CollKind::BarrierGather, CollKind::BarrierRelease, CollKind::Bcast, CollKind::ReduceUp, CollKind::AllreduceDown] {
+        for kind in [
+            CollKind::BarrierPe,
+            CollKind::BarrierDiss,
+            CollKind::BarrierGather,
+            CollKind::BarrierRelease,
+            CollKind::Bcast,
+            CollKind::ReduceUp,
+            CollKind::AllreduceDown,
+        ] {
             for round in [0u8, 1, 15, 0xF0, 0xF1] {
                 for ctx in [0u8, 1, 255] {
                     for seq in [0u32, 1, u32::MAX] {

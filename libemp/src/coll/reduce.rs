@@ -51,12 +51,20 @@ elem!(i32, i64, u32, u64, f32, f64);
 
 /// `min` as the NIC computes it: `x` replaces `acc` only if strictly less.
 fn pick_min<T: PartialOrd>(acc: T, x: T) -> T {
-    if x < acc { x } else { acc }
+    if x < acc {
+        x
+    } else {
+        acc
+    }
 }
 
 /// `max` as the NIC computes it: `x` replaces `acc` only if strictly greater.
 fn pick_max<T: PartialOrd>(acc: T, x: T) -> T {
-    if x > acc { x } else { acc }
+    if x > acc {
+        x
+    } else {
+        acc
+    }
 }
 
 fn fold<T: Elem>(acc: &mut [u8], x: &[u8], f: impl Fn(T, T) -> T) {
@@ -113,7 +121,11 @@ pub fn check(t: Dtype, op: ReduceOp, len: usize) -> Result<()> {
 pub fn combine(t: Dtype, op: ReduceOp, acc: &mut [u8], x: &[u8]) -> Result<()> {
     check(t, op, acc.len())?;
     if acc.len() != x.len() {
-        return Err(Error::InvalidArgument(format!("combine: accumulator of {} bytes, operand of {}", acc.len(), x.len())));
+        return Err(Error::InvalidArgument(format!(
+            "combine: accumulator of {} bytes, operand of {}",
+            acc.len(),
+            x.len()
+        )));
     }
     match t {
         Dtype::I32 => int_combine!(i32, op, acc, x),
@@ -289,8 +301,16 @@ mod tests {
     #[test]
     fn bad_trees_are_refused() {
         let one = vec![vec![0u8; 8]; 3];
-        for parent in [vec![Some(1), Some(0), Some(0)], vec![None, None, Some(0)], vec![None, Some(2), Some(1)], vec![None, Some(5), Some(0)]] {
-            assert!(matches!(reduce_ref(Dtype::I64, ReduceOp::Sum, &parent, &one), Err(Error::InvalidArgument(_))), "{parent:?}");
+        for parent in [
+            vec![Some(1), Some(0), Some(0)],
+            vec![None, None, Some(0)],
+            vec![None, Some(2), Some(1)],
+            vec![None, Some(5), Some(0)],
+        ] {
+            assert!(
+                matches!(reduce_ref(Dtype::I64, ReduceOp::Sum, &parent, &one), Err(Error::InvalidArgument(_))),
+                "{parent:?}"
+            );
         }
         assert!(reduce_ref(Dtype::I64, ReduceOp::Sum, &[None, Some(0)], &one).is_err(), "count mismatch");
         let ragged = vec![vec![0u8; 8], vec![0u8; 16]];
@@ -317,7 +337,9 @@ mod tests {
         // f32 over a flat tree is the left fold in rank order.
         let flat: Vec<Option<u16>> = (0..4).map(|r| if r == 0 { None } else { Some(0) }).collect();
         let y = [1.0f32, 1e-8, 1e-8, 1e8];
-        let got = values::<f32>(&reduce_ref(Dtype::F32, ReduceOp::Sum, &flat, &y.iter().map(|v| bytes(&[*v])).collect::<Vec<_>>()).unwrap())[0];
+        let got = values::<f32>(
+            &reduce_ref(Dtype::F32, ReduceOp::Sum, &flat, &y.iter().map(|v| bytes(&[*v])).collect::<Vec<_>>()).unwrap(),
+        )[0];
         assert_eq!(got.to_bits(), (((y[0] + y[1]) + y[2]) + y[3]).to_bits());
     }
 

@@ -117,7 +117,8 @@ fn semantics(c: &mut Ctx) -> Result<(), String> {
     }
     c.sync("sem-done")?;
     if c.rank() == 0 {
-        let (a, b) = (c.region.atomic_u64(WORDS as usize).load(SeqCst), c.region.atomic_u64(WORDS as usize + 8).load(SeqCst));
+        let (a, b) =
+            (c.region.atomic_u64(WORDS as usize).load(SeqCst), c.region.atomic_u64(WORDS as usize + 8).load(SeqCst));
         if a != 1 || b != 0x5555_5555_0000_0008 {
             return Err(format!("words {a:#x} {b:#x}: the 32-bit ops must leave the upper half alone"));
         }
@@ -149,7 +150,16 @@ fn refusals(c: &mut Ctx) -> Result<(), String> {
         r => return Err(format!("misaligned: {r:?}")),
     }
     // The library's check bypassed: the NIC refuses the descriptor itself.
-    let mut d = emp_uapi::desc::WorkDesc { wr_id: 77, opcode: Opcode::AtomicFetchAdd as u8, flags: 1, num_sge: 2, node: to.node, port: to.port, tag: 1, ..Default::default() };
+    let mut d = emp_uapi::desc::WorkDesc {
+        wr_id: 77,
+        opcode: Opcode::AtomicFetchAdd as u8,
+        flags: 1,
+        num_sge: 2,
+        node: to.node,
+        port: to.port,
+        tag: 1,
+        ..Default::default()
+    };
     d.sge[0] = c.results.sge(0, 8);
     d.sge[1] = emp::Sge { key: c.keys[0], len: 8, offset: 4 };
     c.dev.post_raw(true, &d).map_err(e)?;
@@ -221,7 +231,8 @@ fn main() {
     let quiet = job.rank != 0;
     let region = dev.alloc_mr(4096, MR_REMOTE_ATOMIC).expect("atomic region");
     let mine = region.remote_word(0, Width::W64).key.to_string();
-    let keys = job.exchange("atomic-keys", &mine, T).expect("key exchange").iter().map(|k| k.parse().expect("key")).collect();
+    let keys =
+        job.exchange("atomic-keys", &mine, T).expect("key exchange").iter().map(|k| k.parse().expect("key")).collect();
     let results = dev.alloc(4096).expect("arena");
     let mut c = Ctx { dev, job, eps, region, keys, results };
     type Check = fn(&mut Ctx) -> Result<(), String>;

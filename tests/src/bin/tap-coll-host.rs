@@ -86,12 +86,16 @@ fn barrier_property(c: &mut Ctx, key: &str, iters: usize, late: bool, f: Barrier
         return Err(format!("completion left in the CQ after flush: {:?}", left[0]));
     }
     let all = c.exchange(key, &log)?;
-    let times: Vec<Vec<u64>> = all.iter().map(|s| s.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect()).collect();
+    let times: Vec<Vec<u64>> =
+        all.iter().map(|s| s.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect()).collect();
     for i in 0..iters {
         let last_in = times.iter().map(|t| t[2 * i]).max().unwrap_or(0);
         let (first_out, who) = times.iter().enumerate().map(|(r, t)| (t[2 * i + 1], r)).min().unwrap_or((0, 0));
         if first_out < last_in {
-            return Err(format!("barrier {i}: rank {who} left {} µs before the last rank arrived", (last_in - first_out) / 1000));
+            return Err(format!(
+                "barrier {i}: rank {who} left {} µs before the last rank arrived",
+                (last_in - first_out) / 1000
+            ));
         }
     }
     Ok(())
@@ -109,7 +113,8 @@ fn barrier_gb(c: &mut Ctx) -> Result<(), String> {
     let n = c.n();
     for lambda in [1, 2, 4] {
         let tree = Tree::postal(n, lambda);
-        barrier_property(c, &format!("gb{lambda}"), 12, true, &mut |d, m| m.barrier_gb(d, &tree)).map_err(|e| format!("λ={lambda}: {e}"))?;
+        barrier_property(c, &format!("gb{lambda}"), 12, true, &mut |d, m| m.barrier_gb(d, &tree))
+            .map_err(|e| format!("λ={lambda}: {e}"))?;
     }
     Ok(())
 }
@@ -117,7 +122,8 @@ fn barrier_gb(c: &mut Ctx) -> Result<(), String> {
 fn barriers_back_to_back(c: &mut Ctx) -> Result<(), String> {
     let tree = Tree::postal(c.n(), 2);
     barrier_property(c, "b2b-pe", 1000, false, &mut |d, m| m.barrier_pe(d)).map_err(|e| format!("PE: {e}"))?;
-    barrier_property(c, "b2b-diss", 1000, false, &mut |d, m| m.barrier_dissemination(d)).map_err(|e| format!("dissemination: {e}"))?;
+    barrier_property(c, "b2b-diss", 1000, false, &mut |d, m| m.barrier_dissemination(d))
+        .map_err(|e| format!("dissemination: {e}"))?;
     barrier_property(c, "b2b-gb", 1000, false, &mut |d, m| m.barrier_gb(d, &tree)).map_err(|e| format!("GB: {e}"))?;
     // The three kinds interleaved on one communicator.
     let mut k = 0;
@@ -231,7 +237,12 @@ fn input(rank: usize, t: Dtype, op: ReduceOp, count: usize) -> Vec<u8> {
 fn first_diff(t: Dtype, got: &[u8], want: &[u8]) -> String {
     let s = t.size();
     match got.chunks(s).zip(want.chunks(s)).position(|(a, b)| a != b) {
-        Some(i) => format!("element {i} of {}: got {:02x?}, want {:02x?}", got.len() / s, &got[i * s..(i + 1) * s], &want[i * s..(i + 1) * s]),
+        Some(i) => format!(
+            "element {i} of {}: got {:02x?}, want {:02x?}",
+            got.len() / s,
+            &got[i * s..(i + 1) * s],
+            &want[i * s..(i + 1) * s]
+        ),
         None => format!("lengths {} and {}", got.len(), want.len()),
     }
 }
@@ -271,11 +282,17 @@ fn reduce_to_roots(c: &mut Ctx) -> Result<(), String> {
     let n = c.n();
     let parent = comm.binomial().parent.clone();
     for root in roots(n) {
-        for (t, op) in [(Dtype::I64, ReduceOp::Sum), (Dtype::F64, ReduceOp::Sum), (Dtype::F32, ReduceOp::Max), (Dtype::U32, ReduceOp::Bxor)] {
+        for (t, op) in [
+            (Dtype::I64, ReduceOp::Sum),
+            (Dtype::F64, ReduceOp::Sum),
+            (Dtype::F32, ReduceOp::Max),
+            (Dtype::U32, ReduceOp::Bxor),
+        ] {
             for count in [1, 1000, 10_000] {
                 let inputs: Vec<Vec<u8>> = (0..n).map(|r| input(r, t, op, count)).collect();
                 // The tree is over ranks relative to the root.
-                let rel: Vec<Vec<u8>> = (0..n).map(|i| inputs[abs_rank(i as u16, root as u16, n as u16) as usize].clone()).collect();
+                let rel: Vec<Vec<u8>> =
+                    (0..n).map(|i| inputs[abs_rank(i as u16, root as u16, n as u16) as usize].clone()).collect();
                 let want = reduce_ref(t, op, &parent, &rel).map_err(e2s)?;
                 let mut got = vec![0u8; want.len()];
                 let out = (c.rank() == root).then_some(&mut got[..]);
@@ -302,12 +319,17 @@ fn two_communicators_segmented(c: &mut Ctx) -> Result<(), String> {
         let inputs: Vec<Vec<u8>> = (0..n).map(|r| input(r + round, t, ReduceOp::Sum, 1000)).collect();
         let want = reduce_ref(t, ReduceOp::Sum, &parent, &inputs).map_err(e2s)?;
         let (mut ga, mut gb) = (vec![0u8; want.len()], vec![0u8; want.len()]);
-        b.allreduce(&mut c.dev, t, ReduceOp::Sum, &inputs[c.job.rank], &mut gb).map_err(|e| format!("segmented: {e}"))?;
+        b.allreduce(&mut c.dev, t, ReduceOp::Sum, &inputs[c.job.rank], &mut gb)
+            .map_err(|e| format!("segmented: {e}"))?;
         a.barrier_dissemination(&mut c.dev).map_err(e2s)?;
         a.allreduce(&mut c.dev, t, ReduceOp::Sum, &inputs[c.job.rank], &mut ga).map_err(e2s)?;
         b.barrier_pe(&mut c.dev).map_err(e2s)?;
         if ga != want || gb != want {
-            return Err(format!("round {round}: whole {}, segmented {}", first_diff(t, &ga, &want), first_diff(t, &gb, &want)));
+            return Err(format!(
+                "round {round}: whole {}, segmented {}",
+                first_diff(t, &ga, &want),
+                first_diff(t, &gb, &want)
+            ));
         }
     }
     a.flush(&mut c.dev).map_err(e2s)?;
@@ -334,7 +356,10 @@ fn misuse_is_refused(c: &mut Ctx) -> Result<(), String> {
     invalid(comm.allreduce(&mut c.dev, Dtype::I64, ReduceOp::Sum, &[0u8; 16], &mut [0u8; 8]), "short result buffer")?;
     invalid(comm.allreduce(&mut c.dev, Dtype::I64, ReduceOp::Sum, &[0u8; 12], &mut [0u8; 12]), "partial element")?;
     if c.rank() == 0 {
-        invalid(comm.reduce(&mut c.dev, 0, Dtype::I32, ReduceOp::Sum, &[0u8; 4], None), "root without a result buffer")?;
+        invalid(
+            comm.reduce(&mut c.dev, 0, Dtype::I32, ReduceOp::Sum, &[0u8; 4], None),
+            "root without a result buffer",
+        )?;
     }
     // Refusals happen before any message: the communicator still works.
     comm.barrier_pe(&mut c.dev).map_err(e2s)?;
@@ -347,7 +372,11 @@ fn misuse_is_refused(c: &mut Ctx) -> Result<(), String> {
 }
 
 fn main() {
-    let (job, mut dev, eps) = emp_tests::tap_start("tap-coll-host", 1, emp_tests::WithoutRendezvous::Skip("needs a rendezvous directory (emp run) for its timing checks"));
+    let (job, mut dev, eps) = emp_tests::tap_start(
+        "tap-coll-host",
+        1,
+        emp_tests::WithoutRendezvous::Skip("needs a rendezvous directory (emp run) for its timing checks"),
+    );
     let quiet = job.rank != 0;
     let buf = dev.alloc(1 << 20).expect("arena");
     let mut c = Ctx { dev, job, eps, buf, context: 0 };

@@ -75,7 +75,13 @@ fn nonblocking_barriers_in_flight(c: &mut Ctx) -> Result<(), String> {
 fn input(op: ReduceOp, rank: usize, i: usize) -> i64 {
     match op {
         ReduceOp::Sum => (rank + 1 + i) as i64,
-        ReduceOp::Prod => if rank == 1 { 3 + i as i64 } else { 1 },
+        ReduceOp::Prod => {
+            if rank == 1 {
+                3 + i as i64
+            } else {
+                1
+            }
+        }
         ReduceOp::Min => 100 - rank as i64 + i as i64,
         ReduceOp::Max => (rank * 7 + i) as i64,
         ReduceOp::Band => !(1i64 << rank) & 0xFFFF,
@@ -206,7 +212,9 @@ fn long_reductions_are_chunked(c: &mut Ctx) -> Result<(), String> {
     }
     c.rbuf.as_mut_slice()[..M * 4].fill(0);
     let recv = (rank == root).then(|| c.rbuf.sge(0, M * 4));
-    c.dev.reduce(&c.g, root, Dtype::U32, ReduceOp::Max, c.sbuf.sge(0, M * 4), recv).map_err(|e| format!("reduce {M} u32: {e}"))?;
+    c.dev
+        .reduce(&c.g, root, Dtype::U32, ReduceOp::Max, c.sbuf.sge(0, M * 4), recv)
+        .map_err(|e| format!("reduce {M} u32: {e}"))?;
     if rank == root {
         for i in 0..M {
             let got = u32::from_le_bytes(c.rbuf.as_mut_slice()[i * 4..i * 4 + 4].try_into().expect("4"));

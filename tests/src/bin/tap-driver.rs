@@ -19,7 +19,11 @@ fn open_dev() -> Result<i32, String> {
     let path = CString::new("/dev/emp-nic").expect("no NUL");
     // SAFETY: opening a path with a valid C string.
     let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if fd < 0 { Err(format!("open: {}", std::io::Error::last_os_error())) } else { Ok(fd) }
+    if fd < 0 {
+        Err(format!("open: {}", std::io::Error::last_os_error()))
+    } else {
+        Ok(fd)
+    }
 }
 
 fn errno() -> i32 {
@@ -39,7 +43,11 @@ fn query(fd: i32) -> Result<EmpQuery, String> {
 
 fn expect_errno(what: &str, r: i64, want: i32) -> Result<(), String> {
     let e = errno();
-    if r == -1 && e == want { Ok(()) } else { Err(format!("{what}: returned {r}, errno {e}, wanted {want}")) }
+    if r == -1 && e == want {
+        Ok(())
+    } else {
+        Err(format!("{what}: returned {r}, errno {e}, wanted {want}"))
+    }
 }
 
 fn main() {
@@ -51,7 +59,14 @@ fn main() {
     t.check(
         "QUERY reports the port and its window",
         match &q {
-            Ok(q) if q.window_size > 0 && q.window_size % 4096 == 0 && q.send_entries.is_power_of_two() && q.mtu >= 256 => Ok(()),
+            Ok(q)
+                if q.window_size > 0
+                    && q.window_size % 4096 == 0
+                    && q.send_entries.is_power_of_two()
+                    && q.mtu >= 256 =>
+            {
+                Ok(())
+            }
             Ok(q) => Err(format!("implausible: {q:?}")),
             Err(e) => Err(e.clone()),
         },
@@ -92,17 +107,23 @@ fn main() {
         ("nonzero offset", map(win, libc::PROT_READ, 4096), libc::EINVAL),
         ("executable", map(win, libc::PROT_READ | libc::PROT_EXEC, 0), libc::EPERM),
     ];
-    let bad: Vec<String> = refused
-        .iter()
-        .filter(|(_, p, _)| *p != libc::MAP_FAILED)
-        .map(|(w, _, _)| w.to_string())
-        .collect();
-    t.check("mmap out of range, wrong size or executable: refused", if bad.is_empty() { Ok(()) } else { Err(format!("accepted: {bad:?}")) });
+    let bad: Vec<String> =
+        refused.iter().filter(|(_, p, _)| *p != libc::MAP_FAILED).map(|(w, _, _)| w.to_string()).collect();
+    t.check(
+        "mmap out of range, wrong size or executable: refused",
+        if bad.is_empty() { Ok(()) } else { Err(format!("accepted: {bad:?}")) },
+    );
     registration_tests(&mut t, fd);
     t.check("SET_EVENTFD and ARM refuse bad arguments with clean errnos", event_arg_tests(fd));
     group_tests(&mut t);
-    t.check("signal-on-packet: an armed port's eventfd wakes an epoll waiter when a message arrives", signal_on_packet());
-    t.check("unbind with a port open and mapped: the mapping is torn down, the port answers ENODEV", unbind_with_port_open(fd, win));
+    t.check(
+        "signal-on-packet: an armed port's eventfd wakes an epoll waiter when a message arrives",
+        signal_on_packet(),
+    );
+    t.check(
+        "unbind with a port open and mapped: the mapping is torn down, the port answers ENODEV",
+        unbind_with_port_open(fd, win),
+    );
     // SAFETY: closing our descriptor.
     unsafe { libc::close(fd) };
     std::process::exit(t.finish());
@@ -113,7 +134,11 @@ fn reg_mr(fd: i32, addr: u64, length: u64, access: u32) -> Result<u32, i32> {
     EmpRegMr { size: EmpRegMr::SIZE as u32, access, addr, length, ..Default::default() }.put(&mut b);
     // SAFETY: the buffer is as large as the command says.
     let r = unsafe { libc::ioctl(fd, EMP_IOC_REG_MR as _, b.as_mut_ptr()) };
-    if r != 0 { Err(errno()) } else { Ok(EmpRegMr::get(&b).key) }
+    if r != 0 {
+        Err(errno())
+    } else {
+        Ok(EmpRegMr::get(&b).key)
+    }
 }
 
 fn dereg_mr(fd: i32, key: u32) -> Result<(), i32> {
@@ -121,7 +146,11 @@ fn dereg_mr(fd: i32, key: u32) -> Result<(), i32> {
     EmpDeregMr { size: EmpDeregMr::SIZE as u32, key }.put(&mut b);
     // SAFETY: the buffer is as large as the command says.
     let r = unsafe { libc::ioctl(fd, EMP_IOC_DEREG_MR as _, b.as_mut_ptr()) };
-    if r != 0 { Err(errno()) } else { Ok(()) }
+    if r != 0 {
+        Err(errno())
+    } else {
+        Ok(())
+    }
 }
 
 fn pinned(fd: i32) -> u64 {
@@ -130,7 +159,16 @@ fn pinned(fd: i32) -> u64 {
 
 fn anon(len: usize) -> u64 {
     // SAFETY: a fresh private anonymous mapping.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
     p as u64
 }
 
@@ -157,8 +195,15 @@ fn registration_tests(t: &mut Tap, fd: i32) {
         ("no access bits", reg_mr(fd, buf, 4096, 0), libc::EINVAL),
         ("unknown access bits", reg_mr(fd, buf, 4096, 0x100), libc::EINVAL),
     ];
-    let wrong: Vec<String> = bad.iter().filter(|(_, r, want)| *r != Err(*want)).map(|(w, r, want)| format!("{w}: {r:?}, want errno {want}")).collect();
-    t.check("REG_MR refuses bad arguments with clean errnos", if wrong.is_empty() { Ok(()) } else { Err(wrong.join("; ")) });
+    let wrong: Vec<String> = bad
+        .iter()
+        .filter(|(_, r, want)| *r != Err(*want))
+        .map(|(w, r, want)| format!("{w}: {r:?}, want errno {want}"))
+        .collect();
+    t.check(
+        "REG_MR refuses bad arguments with clean errnos",
+        if wrong.is_empty() { Ok(()) } else { Err(wrong.join("; ")) },
+    );
     t.check(
         "overlapping registrations, double DEREG_MR: ENOENT",
         (|| {
@@ -167,7 +212,11 @@ fn registration_tests(t: &mut Tap, fd: i32) {
             dereg_mr(fd, a).map_err(|e| format!("dereg a: {e}"))?;
             let again = dereg_mr(fd, a);
             dereg_mr(fd, b).map_err(|e| format!("dereg b: {e}"))?;
-            if again != Err(libc::ENOENT) { Err(format!("second dereg: {again:?}")) } else { Ok(()) }
+            if again != Err(libc::ENOENT) {
+                Err(format!("second dereg: {again:?}"))
+            } else {
+                Ok(())
+            }
         })(),
     );
     t.check(
@@ -178,7 +227,11 @@ fn registration_tests(t: &mut Tap, fd: i32) {
             let r = dereg_mr(fd, k);
             // SAFETY: closing our descriptor (releases its registration).
             unsafe { libc::close(other) };
-            if r != Err(libc::ENOENT) { Err(format!("{r:?}")) } else { Ok(()) }
+            if r != Err(libc::ENOENT) {
+                Err(format!("{r:?}"))
+            } else {
+                Ok(())
+            }
         })(),
     );
     t.check("RLIMIT_MEMLOCK is enforced for an unprivileged process", rlimit_test());
@@ -196,7 +249,10 @@ fn rlimit_test() -> Result<(), String> {
             let lim = libc::rlimit { rlim_cur: 65536, rlim_max: 65536 };
             // SAFETY: plain syscalls on our own process.
             unsafe {
-                if libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) != 0 || libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                if libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) != 0
+                    || libc::setgid(65534) != 0
+                    || libc::setuid(65534) != 0
+                {
                     return Err(11);
                 }
             }
@@ -215,12 +271,23 @@ fn rlimit_test() -> Result<(), String> {
     let mut status = 0;
     // SAFETY: waiting for our child.
     unsafe { libc::waitpid(pid, &mut status, 0) };
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 { Ok(()) } else { Err(format!("child status {status:#x}")) }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else {
+        Err(format!("child status {status:#x}"))
+    }
 }
 
 /// A child registers 2 MiB and is killed; every page comes back.
 fn killed_test(fd: i32, base: u64) -> Result<(), String> {
-    let meminfo = || std::fs::read_to_string("/proc/meminfo").unwrap_or_default().lines().find(|l| l.starts_with("Mlocked:")).unwrap_or("").to_string();
+    let meminfo = || {
+        std::fs::read_to_string("/proc/meminfo")
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("Mlocked:"))
+            .unwrap_or("")
+            .to_string()
+    };
     let before = meminfo();
     let mut ready = [0i32; 2];
     // SAFETY: a pipe into a live array.
@@ -280,7 +347,9 @@ fn unbind_with_port_open(fd: i32, win: usize) -> Result<(), String> {
         // Child: its own port, mapped.
         let cfd = open_dev().unwrap_or(-1);
         // SAFETY: a new shared mapping of our port window.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), win, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, cfd, 0) };
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), win, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, cfd, 0)
+        };
         if p == libc::MAP_FAILED {
             // SAFETY: exiting the child.
             unsafe { libc::_exit(3) };
@@ -322,7 +391,11 @@ fn set_eventfd(fd: i32, efd: i32, signal: u32) -> Result<(), i32> {
     EmpSetEventfd { size: EmpSetEventfd::SIZE as u32, fd: efd, signal, reserved: 0 }.put(&mut b);
     // SAFETY: the buffer is as large as the command says.
     let r = unsafe { libc::ioctl(fd, EMP_IOC_SET_EVENTFD as _, b.as_mut_ptr()) };
-    if r == 0 { Ok(()) } else { Err(errno()) }
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
 }
 
 fn arm(fd: i32, events: u32) -> Result<(), i32> {
@@ -330,7 +403,11 @@ fn arm(fd: i32, events: u32) -> Result<(), i32> {
     EmpArm { size: EmpArm::SIZE as u32, events }.put(&mut b);
     // SAFETY: the buffer is as large as the command says.
     let r = unsafe { libc::ioctl(fd, EMP_IOC_ARM as _, b.as_mut_ptr()) };
-    if r == 0 { Ok(()) } else { Err(errno()) }
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
 }
 
 /// Event ioctls with bad arguments: each gets its errno, nothing changes.
@@ -356,7 +433,11 @@ fn event_arg_tests(fd: i32) -> Result<(), String> {
     }
     let wrong: Vec<String> =
         got.iter().filter(|(_, g, w)| g != w).map(|(what, g, w)| format!("{what}: got {g:?}, wanted {w:?}")).collect();
-    if wrong.is_empty() { Ok(()) } else { Err(wrong.join("; ")) }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
 }
 
 /// Two ports through libemp's kernel backend: the receiver arms and its
@@ -441,7 +522,11 @@ fn group_set_raw(fd: i32, arg: &mut EmpGroupSet, entry: Option<&GroupEntry>) -> 
     // SAFETY: the buffer is as large as the command says; `entry` points at
     // a live 1 KiB buffer, or is whatever the caller chose to test.
     let r = unsafe { libc::ioctl(fd, EMP_IOC_GROUP_SET as _, b.as_mut_ptr()) };
-    if r != 0 { Err(errno()) } else { Ok(EmpGroupSet::get(&b).slot) }
+    if r != 0 {
+        Err(errno())
+    } else {
+        Ok(EmpGroupSet::get(&b).slot)
+    }
 }
 
 fn group_set(fd: i32, e: &GroupEntry) -> Result<u32, i32> {
@@ -453,7 +538,11 @@ fn group_clear_sized(fd: i32, size: u32, slot: u32) -> Result<(), i32> {
     EmpGroupClear { size, slot }.put(&mut b);
     // SAFETY: the buffer is as large as the command says.
     let r = unsafe { libc::ioctl(fd, EMP_IOC_GROUP_CLEAR as _, b.as_mut_ptr()) };
-    if r != 0 { Err(errno()) } else { Ok(()) }
+    if r != 0 {
+        Err(errno())
+    } else {
+        Ok(())
+    }
 }
 
 fn group_clear(fd: i32, slot: u32) -> Result<(), i32> {
@@ -493,7 +582,9 @@ fn group_lifecycle() -> Result<(), String> {
         let twice = group_clear(fd, slot);
         let after = group_slots(fd).1;
         if held != base + 1 || again != slot || held_after != base + 1 || after != base {
-            return Err(format!("slots in use {base} -> {held} -> {held_after} -> {after}; slot {slot}, re-created in {again}"));
+            return Err(format!(
+                "slots in use {base} -> {held} -> {held_after} -> {after}; slot {slot}, re-created in {again}"
+            ));
         }
         if stale != Err(libc::EINVAL) {
             return Err(format!("re-creation without a newer epoch: {stale:?}, want EINVAL"));
@@ -528,8 +619,16 @@ fn group_bad_input() -> Result<(), String> {
     };
     expect("port not started", group_set(unstarted, &group_entry(&uq, 3, 1)), libc::ENOTCONN);
     expect("wrong size", group_set_raw(fd, &mut sized(8), Some(&good)), libc::EINVAL);
-    expect("reserved set", group_set_raw(fd, &mut EmpGroupSet { reserved: [0, 1], ..sized(EmpGroupSet::SIZE as u32) }, Some(&good)), libc::EINVAL);
-    expect("entry at an unmapped address", group_set_raw(fd, &mut EmpGroupSet { entry: 16, ..sized(EmpGroupSet::SIZE as u32) }, None), libc::EFAULT);
+    expect(
+        "reserved set",
+        group_set_raw(fd, &mut EmpGroupSet { reserved: [0, 1], ..sized(EmpGroupSet::SIZE as u32) }, Some(&good)),
+        libc::EINVAL,
+    );
+    expect(
+        "entry at an unmapped address",
+        group_set_raw(fd, &mut EmpGroupSet { entry: 16, ..sized(EmpGroupSet::SIZE as u32) }, None),
+        libc::EFAULT,
+    );
     // SAFETY: an invalid argument pointer: the kernel must refuse, not fault.
     let r = unsafe { libc::ioctl(fd, EMP_IOC_GROUP_SET as _, 16usize as *mut u8) };
     expect("argument at an unmapped address", if r == 0 { Ok(0) } else { Err(errno()) }, libc::EFAULT);
@@ -537,7 +636,11 @@ fn group_bad_input() -> Result<(), String> {
     expect("no members", with(&|e| e.member_count = 0), libc::EINVAL);
     expect("65 members", with(&|e| e.member_count = 65), libc::EINVAL);
     expect("rank out of range", with(&|e| e.my_rank = 1), libc::EINVAL);
-    expect("not a member (another port at its rank)", with(&|e| e.members[0] = (oq.node_id as u32) << 16 | oq.port as u32), libc::EINVAL);
+    expect(
+        "not a member (another port at its rank)",
+        with(&|e| e.members[0] = (oq.node_id as u32) << 16 | oq.port as u32),
+        libc::EINVAL,
+    );
     expect(
         "duplicate member",
         with(&|e| {
@@ -585,7 +688,11 @@ fn group_bad_input() -> Result<(), String> {
     if after != base {
         wrong.push(format!("slots in use {base} before, {after} after"));
     }
-    if wrong.is_empty() { Ok(()) } else { Err(wrong.join("; ")) }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
 }
 
 /// Sets groups 1, 2, … on `fd` until GROUP_SET fails: (how many, the errno).
@@ -611,7 +718,9 @@ fn group_table_full() -> Result<(), String> {
     let after = group_slots(fd).1;
     close(fd);
     if err != libc::ENOSPC || n != entries - base || full != entries {
-        return Err(format!("{n} groups set (table {entries}, {base} held before, {full} after), then errno {err}, want ENOSPC"));
+        return Err(format!(
+            "{n} groups set (table {entries}, {base} held before, {full} after), then errno {err}, want ENOSPC"
+        ));
     }
     if again.is_err() {
         return Err(format!("re-creating a group in a full table: {again:?}"));

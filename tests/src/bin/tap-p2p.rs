@@ -274,7 +274,8 @@ fn process_memory(c: &mut Ctx) -> Result<(), String> {
         0 | 1 => {
             // SAFETY: `mine` outlives the registration (deregistered below)
             // and is only read after the operation completed.
-            let mr = unsafe { c.dev.reg_mr(mine.as_ptr(), mine.len(), MR_LOCAL_READ | MR_LOCAL_WRITE) }.map_err(|e| e.to_string())?;
+            let mr = unsafe { c.dev.reg_mr(mine.as_ptr(), mine.len(), MR_LOCAL_READ | MR_LOCAL_WRITE) }
+                .map_err(|e| e.to_string())?;
             let wr = c.wr();
             if c.rank() == 0 {
                 c.dev.post_recv(wr, c.eps[1], t, 0, &[mr.sge(mr.addr, mine.len())]).map_err(|e| e.to_string())?;
@@ -287,7 +288,11 @@ fn process_memory(c: &mut Ctx) -> Result<(), String> {
                 expect_ok(&c.wait(wr)?)?;
             }
             c.dev.dereg_mr(mr).map_err(|e| e.to_string())?;
-            if c.rank() == 0 { check_pattern(9, &mine) } else { Ok(()) }
+            if c.rank() == 0 {
+                check_pattern(9, &mine)
+            } else {
+                Ok(())
+            }
         }
         _ => c.sync("vm"),
     }

@@ -121,8 +121,14 @@ fn victim(job: &Job, dev: &mut Device) -> i32 {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    tap.check("the NIC reclaimed the dead process's port", if last.0 == 0 { Ok(()) } else { Err(format!("{} ports in use", last.0)) });
-    tap.check("the NIC released its memory registrations", if last.1 == 0 { Ok(()) } else { Err(format!("{} regions held", last.1)) });
+    tap.check(
+        "the NIC reclaimed the dead process's port",
+        if last.0 == 0 { Ok(()) } else { Err(format!("{} ports in use", last.0)) },
+    );
+    tap.check(
+        "the NIC released its memory registrations",
+        if last.1 == 0 { Ok(()) } else { Err(format!("{} regions held", last.1)) },
+    );
     tap.finish()
 }
 
@@ -157,7 +163,11 @@ fn main() {
                 eprintln!("tap-robust: {e}");
                 std::process::exit(2)
             });
-            if mode == "garbage" { garbage(&job, &mut dev) } else { victim(&job, &mut dev) }
+            if mode == "garbage" {
+                garbage(&job, &mut dev)
+            } else {
+                victim(&job, &mut dev)
+            }
         }
         _ => {
             eprintln!("usage: tap-robust garbage|victim|orphan");
