@@ -5,11 +5,14 @@
 #                  then the kernel path in QEMU guests (scripts/vm/suite.sh;
 #                  builds the toolchain and guest kernel once, cached)
 #   make demo      the main job: a 4-NIC chassis, latency and bandwidth
+#   make lint      rustfmt (workspace and driver) and clippy -D warnings;
+#                  part of make test
+#   make fmt       format the workspace and the driver
 #   make firmware  (re)build firmware-blobs/emp-fw.bin, signed with the
 #                  development key (generated once, never committed)
 CARGO ?= cargo
 
-.PHONY: all build firmware test demo setup clean driver kernel vm-test
+.PHONY: all build firmware test demo setup clean driver kernel vm-test lint fmt
 
 # The Rust-for-Linux toolchain and guest kernel (cached in ~/.cache/emp).
 kernel:
@@ -36,7 +39,17 @@ firmware: setup
 build: firmware
 	$(CARGO) build --release --workspace --bins --examples --lib
 
-test: build
+# The driver is formatted with the same rustfmt.toml (rustfmt follows its mod tree).
+fmt:
+	$(CARGO) fmt --all
+	rustfmt --edition 2021 --config-path rustfmt.toml driver/emp_main.rs
+
+lint:
+	$(CARGO) fmt --all --check
+	rustfmt --check --edition 2021 --config-path rustfmt.toml driver/emp_main.rs
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+test: build lint
 	$(CARGO) test --workspace --no-fail-fast
 	@scripts/vm/suite.sh
 

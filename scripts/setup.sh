@@ -20,4 +20,11 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo not found; install Rust (rustup) first: https://rustup.rs" >&2
     exit 1
 fi
+# make lint: rustfmt and clippy come with the toolchain; add them if rustup can.
+for tool in fmt clippy; do
+    if ! cargo "$tool" --version >/dev/null 2>&1; then
+        command -v rustup >/dev/null 2>&1 && rustup component add "${tool/fmt/rustfmt}" >/dev/null 2>&1 || true
+        cargo "$tool" --version >/dev/null 2>&1 || { echo "setup: cargo $tool not found (rustup component add $tool)" >&2; exit 1; }
+    fi
+done
 echo "setup: ok ($(cargo --version), $(cc --version | head -1))"

@@ -70,6 +70,7 @@ impl Tree {
         // both queues stay sorted when pushed at the back.
         let mut fresh: VecDeque<(u16, u64)> = VecDeque::from([(0, 0)]);
         let mut sent: VecDeque<(u16, u64)> = VecDeque::new();
+        #[allow(clippy::needless_range_loop)] // p is the node being placed, not just an index
         for p in 1..n {
             let take_sent = match (sent.front(), fresh.front()) {
                 (Some(s), Some(f)) => s.1 <= f.1,

@@ -138,6 +138,7 @@ impl CollPlan {
         // Each member posts the sequence at its own sorted random times:
         // members run many operations apart (early messages, full windows).
         let mut post_at = vec![vec![0u64; n]; ops.len()];
+        #[allow(clippy::needless_range_loop)] // m names a member across every op's row
         for m in 0..n {
             let mut times: Vec<u64> = (0..ops.len()).map(|_| r.below(spread_ns + 1)).collect();
             times.sort_unstable();

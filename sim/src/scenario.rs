@@ -556,6 +556,7 @@ fn fail(spec: &Spec, what: String) -> Failure {
 }
 
 /// Runs one scenario and checks every invariant.
+#[allow(clippy::result_large_err)] // a failure ends the run; it carries the whole trace
 pub fn run(spec: &Spec) -> Result<Report, Failure> {
     let mut r = Rng::new(spec.seed);
     let plan = make_plan(spec, &mut r);
@@ -1071,6 +1072,7 @@ impl Driver {
         // Non-overtaking: ambiguous receives of one tag class at one
         // endpoint, in posting order, got each source's messages in
         // increasing id order.
+        #[allow(clippy::type_complexity)] // ((dst, port), posting seq) -> [(src msg id, recv, len)]
         let mut by_dst: BTreeMap<((u16, u16), u64), Vec<(u64, usize, u32)>> = BTreeMap::new();
         let mut posted_seq: HashMap<(u16, u16), u64> = HashMap::new();
         let mut order: Vec<usize> = (0..self.plan.recvs.len()).collect();

@@ -187,6 +187,9 @@ pub enum Step {
     Host(u16),
 }
 
+/// Test hook deciding whether the switch loses a frame (src, dst, bytes).
+pub type DropFilter = Box<dyn FnMut(u16, u16, &[u8]) -> bool>;
+
 /// The world.
 pub struct World {
     /// Virtual time (ns).
@@ -214,7 +217,7 @@ pub struct World {
     /// Frame buffers for reuse (bounded).
     pool: Vec<Vec<u8>>,
     /// Test hook: return true to lose a frame (src, dst, bytes).
-    pub drop_filter: Option<Box<dyn FnMut(u16, u16, &[u8]) -> bool>>,
+    pub drop_filter: Option<DropFilter>,
 }
 
 impl World {

@@ -54,6 +54,7 @@ fn swarm_every_seed_passes_every_invariant() {
                     break;
                 }
                 let spec = Spec::swarm(seed);
+                #[allow(clippy::result_large_err)]
                 let result = std::panic::catch_unwind(|| run(&spec));
                 let mut c = cov.lock().unwrap();
                 match result {

@@ -100,17 +100,15 @@ pub fn expect_ok(c: &Completion) -> Result<(), String> {
     }
 }
 
+/// One TAP test: its name and the check, run on every rank's context.
+pub type TapCase<C> = (&'static str, fn(&mut C) -> Result<(), String>);
+
 /// A chassis for integration tests: `emp cluster up` in a private
 /// directory, `emp cluster down` on drop. Needs the release binaries and
 /// the signed image (`make test` builds them; `EMP_BIN_DIR` overrides).
 /// Runs `tests` in order on `ctx`, every rank together (`sync` after each
 /// test), and exits with the TAP verdict.
-pub fn run_tap<C>(
-    quiet: bool,
-    ctx: &mut C,
-    tests: &[(&str, fn(&mut C) -> Result<(), String>)],
-    mut sync: impl FnMut(&mut C, &str),
-) -> ! {
+pub fn run_tap<C>(quiet: bool, ctx: &mut C, tests: &[TapCase<C>], mut sync: impl FnMut(&mut C, &str)) -> ! {
     let mut tap = Tap::new(tests.len(), quiet);
     for (i, (name, f)) in tests.iter().enumerate() {
         let r = f(ctx);

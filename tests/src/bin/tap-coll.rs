@@ -374,7 +374,7 @@ fn main() {
         eprintln!("tap-coll: start barrier: {e}");
         std::process::exit(2);
     }
-    let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 12] = [
+    let tests: [emp_tests::TapCase<Ctx>; 12] = [
         ("600 barriers: pairwise exchange, dissemination, gather-release", barriers),
         ("nobody leaves a barrier before the last rank arrives", barrier_holds_everyone),
         ("6 nonblocking barriers in flight", nonblocking_barriers_in_flight),

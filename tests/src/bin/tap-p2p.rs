@@ -326,7 +326,7 @@ fn main() {
     let sbuf = dev.alloc(big() + 4096).expect("arena");
     let rbuf = dev.alloc(big() + 4096).expect("arena");
     let mut c = Ctx { dev, job, eps, sbuf, rbuf, next_wr: 0 };
-    let tests: [(&str, fn(&mut Ctx) -> Result<(), String>); 10] = [
+    let tests: [emp_tests::TapCase<Ctx>; 10] = [
         ("tagged ping-pong, 8 B", ping_pong),
         ("messages of 0 B to 64 MiB (EMP_TAP_BIG_MB) arrive intact", sizes),
         ("any-source receives get one message from every rank", wildcard),
