@@ -19,6 +19,35 @@
 //! drop-and-retransmit for unexpected messages (plus an optional bounded
 //! overflow buffer), and flow control either by receiver state piggybacked
 //! on ACKs (EMP) or by PM's Modified ACK/NACK (seed 003 §3.3).
+//!
+//! # Files
+//!
+//! `Nic` is one state machine split by concern: each file adds the methods
+//! of one concern to `Nic`, files call each other through `Nic`, and leaf
+//! state (`TxMsg`, `RxMsg`, `CollOp`, the timer heap, slot tables) owns its
+//! own logic.
+//!
+//! - `lib.rs`: [`Hal`], [`Config`], [`Nic`] and its entry points, peers,
+//!   counters, [`Nic::invariants`].
+//! - `ffi.rs`: the C entry points a NIC loads (`emp_fw_*`, see
+//!   `emp_uapi::fwabi`) and the adapter from their hardware table to `Hal`.
+//! - `host.rs`: the admin mailbox, port open and close, the descriptor
+//!   rings, completions.
+//! - `mr.rs`: memory-region translation and DMA through it.
+//! - `tx.rs`: the send side: transmission records, windows, flow control,
+//!   retransmission, handling ACKs and NACKs.
+//! - `rx.rs`: the receive side: classifying frames, matching, accepting
+//!   frames, the overflow buffer, sending ACKs and NACKs.
+//! - `cpu.rs`: NIC CPU plans and the work one CPU queues for another.
+//! - `timer.rs`: the timer heap. `slots.rs`: bounded tables addressed by slot.
+//! - `group.rs`: the group table.
+//! - `coll.rs`: collectives (barrier, reduce, allreduce, broadcast,
+//!   multisend) and the frame cache.
+//! - `combine.rs`: the reduction arithmetic.
+//! - `atomic.rs`: remote atomics, requester and responder.
+//!
+//! The path of one message through these files, from the host's post to the
+//! peer's completion, is in `docs/architecture.md`.
 
 mod atomic;
 mod coll;
