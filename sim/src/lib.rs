@@ -3,6 +3,19 @@
 //! post work through the real SRAM rings, on a simulated wire with latency,
 //! bandwidth, loss, duplication, reordering and partitions, in virtual
 //! time. A seed reproduces a run bit for bit.
+//!
+//! - [`world`]: the event loop (`World::step` calls the control program's
+//!   `Nic::handle_*` directly) and `SimHal`, the simulated hardware; read
+//!   it first.
+//! - [`host`]: simulated host memory and the host side of the NIC interface
+//!   (admin mailbox, rings, completion queue).
+//! - [`cluster`]: the scripted harness of the targeted tests, also the host
+//!   driver of the cost model.
+//! - [`scenario`]: seeded workloads, the checker every run must pass, and
+//!   the swarm's knobs; `collplan.rs`: the swarm's collectives and their
+//!   checks.
+//! - [`cost`], [`model`]: the cost model and `emp-sim model`.
+//! - [`rng`]: the seeded PRNG.
 
 pub mod cluster;
 mod collplan;
