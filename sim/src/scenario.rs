@@ -9,7 +9,7 @@
 //!   returned old values are a permutation of `0..k` and the word ends at `k`;
 //! - collectives on one group (barriers, reductions, broadcasts, posted at
 //!   skewed times) complete on every member only once the members they
-//!   depend on have posted, with the right result ([`crate::collplan`]);
+//!   depend on have posted, with the right result (`collplan.rs`);
 //! - at quiesce no NIC table entry is held, and after the ports close no
 //!   peer entry remains.
 

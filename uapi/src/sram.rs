@@ -436,18 +436,18 @@ impl Layout {
 pub enum AdminOp {
     /// No-op (ping).
     Nop = 0,
-    /// Open a port: args[0] = port, args[1] = CQ key, args[2] = CQ offset,
-    /// args[3] = CQ entries (power of two).
+    /// Open a port: `args[0]` = port, `args[1]` = CQ key, `args[2]` = CQ offset,
+    /// `args[3]` = CQ entries (power of two).
     PortOpen = 1,
-    /// Close a port: args[0] = port. Flushes its work, frees its tables.
+    /// Close a port: `args[0]` = port. Flushes its work, frees its tables.
     PortClose = 2,
-    /// The trusted side invalidated MR slot args[0]; the NIC acknowledges
+    /// The trusted side invalidated MR slot `args[0]`; the NIC acknowledges
     /// that no further DMA uses the old translation.
     MrFence = 3,
-    /// The trusted side wrote group table slot args[0] (checked): the NIC
+    /// The trusted side wrote group table slot `args[0]` (checked): the NIC
     /// loads it. A slot in use is replaced (its operations fail `StaleGroup`).
     GroupSet = 4,
-    /// Group slot args[0] is retired: its operations finish `Flushed`.
+    /// Group slot `args[0]` is retired: its operations finish `Flushed`.
     GroupClear = 5,
 }
 
