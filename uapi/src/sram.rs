@@ -516,8 +516,7 @@ le_struct! {
     size = 32;
 }
 
-/// Most members a group table entry holds.
-pub const GROUP_MEMBERS_MAX: usize = 64;
+pub use crate::coll::GROUP_MEMBERS_MAX;
 
 le_struct! {
     /// Group table entry (1024 bytes): an ordered list of endpoints used by
