@@ -15,6 +15,8 @@
 //!   the swarm's knobs; `collplan.rs`: the swarm's collectives and their
 //!   checks.
 //! - [`cost`], [`model`]: the cost model and `emp-sim model`.
+//! - [`weak_dma`]: a weakly ordered DMA engine (writes late and in random
+//!   byte order unless fenced), the completion contract's adversary.
 //! - [`rng`]: the seeded PRNG.
 
 pub mod cluster;
