@@ -23,6 +23,7 @@
 mod atomic;
 mod coll;
 mod combine;
+mod control;
 mod cpu;
 mod ffi;
 mod group;
