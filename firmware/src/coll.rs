@@ -895,14 +895,8 @@ impl Nic {
         };
         let port = hdr.dst_port;
         let peer = self.find_peer(port, hdr.src_node, hdr.src_port).expect("frame's peer exists");
-        let rec = crate::rx::RxMsg {
-            skip: CollHeader::SIZE as u64,
-            coll: Some((op, stamp)),
-            ..crate::rx::RxMsg::new(port, peer, hdr, msg, data, self.cfg.group_size, now)
-        };
-        let r = self.rx.insert(rec).expect("checked not full");
-        self.peer_mut(peer).rx_active.push(r);
-        self.arm_rx_sweep(now);
+        let owner = crate::rx::RxOwner::Bcast { op, stamp };
+        let r = self.rx_open(now, peer, hdr, msg, data, owner).expect("checked not full");
         let o = self.coll_ops.get_mut(op);
         o.params = Some(p);
         o.data = Some(data);
@@ -1181,7 +1175,12 @@ impl Nic {
             // Failed first, so finishing its messages cannot start new ones.
             o.error.get_or_insert(status);
             let stamp = o.stamp;
-            let rxs: Vec<u32> = self.rx.iter().filter(|(_, m)| m.coll == Some((op, stamp))).map(|(s, _)| s).collect();
+            let rxs: Vec<u32> = self
+                .rx
+                .iter()
+                .filter(|(_, m)| m.owner == crate::rx::RxOwner::Bcast { op, stamp })
+                .map(|(s, _)| s)
+                .collect();
             for r in rxs {
                 self.finish_rx(hal, r, Some(Status::Flushed));
             }

@@ -36,12 +36,14 @@ mod tx;
 
 use std::collections::{HashMap, VecDeque};
 
-use emp_uapi::desc::{Opcode, Sge, WorkDesc, SGE_MAX, WD_SIGNALED};
+use emp_uapi::desc::{Opcode, Sge, Status, WorkDesc, SGE_MAX, WD_SIGNALED};
 use emp_uapi::sram::{counter, FailReason, Layout, NicStatus, SramHeader, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
-use emp_uapi::wire::MTU_MAX;
+use emp_uapi::wire::{Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
 use emp_uapi::Le;
 
 pub use timer::TimerHeap;
+
+use rx::{DataVerdict, RxOwner};
 
 /// A failed DMA (address outside host memory, process gone, …).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -351,7 +353,7 @@ pub struct Nic {
     pub(crate) queues: cpu::Queues,
     /// Last DATA-frame decisions (seq, frame index, rx_expected, outcome),
     /// for diagnosis (`describe_peers`).
-    pub(crate) trace: VecDeque<(u32, u32, u32, u8)>,
+    pub(crate) trace: VecDeque<(u32, u32, u32, rx::RxTrace)>,
     /// An RxSweep timer is armed.
     pub(crate) sweep_armed: bool,
     /// One frame of scratch: payloads pass through here between DMA and MAC;
@@ -473,6 +475,115 @@ impl Nic {
         self.poll_rings(hal, now);
         self.pump(hal, now);
         self.publish(hal);
+    }
+
+    /// Dispatches a received frame by kind.
+    fn receive_frame<H: Hal>(&mut self, hal: &mut H, now: u64, bytes: &[u8]) {
+        let frame = match Frame::parse(bytes) {
+            Ok(f) if f.header().dst_node == self.node && (f.header().dst_port as usize) < self.ports.len() => f,
+            _ => return self.count(counter::DROPPED_MALFORMED, 1),
+        };
+        match frame {
+            Frame::Data { hdr, msg, payload } => self.on_data(hal, now, &hdr, msg.as_ref(), payload),
+            Frame::Ack { hdr, body } => {
+                self.count(counter::ACKS_RX, 1);
+                if self.ports[hdr.dst_port as usize].open {
+                    self.on_ack(hal, now, &hdr, &body);
+                }
+            }
+            Frame::Nack { hdr, body, reason } => {
+                self.count(counter::ACKS_RX, 1);
+                if self.ports[hdr.dst_port as usize].open {
+                    self.on_nack(hal, now, &hdr, &body, reason);
+                }
+            }
+            Frame::AtomicReq { hdr, body } => self.on_atomic_req(hal, &hdr, &body),
+            Frame::AtomicResp { hdr, result } => self.on_atomic_resp(hal, now, &hdr, &result),
+        }
+    }
+
+    /// A DATA (or collective DATA) frame: admitted and classified by the
+    /// receive path; the header frame of a collective message goes to the
+    /// collective layer.
+    fn on_data<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, msg: Option<&MsgHeader>, payload: &[u8]) {
+        let Some(peer) = self.admit_data(hal, hdr) else { return };
+        match self.classify_data(peer, hdr) {
+            DataVerdict::Active(r) => self.deliver(hal, now, r, hdr, msg, payload),
+            DataVerdict::Old => self.on_old_data(hal, peer, hdr),
+            DataVerdict::Early => self.on_early_data(hal, now, peer, hdr),
+            DataVerdict::NextMsg => {
+                let msg = msg.expect("frame 0 carries the message header");
+                self.on_next_msg(hal, now, peer, hdr, msg, payload);
+            }
+            DataVerdict::CollFirst => {
+                let msg = msg.expect("frame 0 carries the message header");
+                self.on_coll_first(hal, now, peer, hdr, msg, payload);
+            }
+        }
+    }
+
+    /// The header frame of the next message from `peer` is a collective one.
+    fn on_coll_first<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        peer: u32,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        payload: &[u8],
+    ) {
+        let seq = hdr.msg_seq;
+        match self.coll_accept(hal, now, hdr, msg, payload) {
+            coll::CollAccept::Consumed => {
+                self.rx_took_next(peer, seq);
+                self.send_ack(hal, peer, seq, 0);
+                self.nack_gap(hal, peer);
+            }
+            coll::CollAccept::Receive(r) => {
+                self.rx_took_next(peer, seq);
+                self.deliver(hal, now, r, hdr, Some(msg), payload);
+                self.nack_gap(hal, peer);
+            }
+            coll::CollAccept::Refuse(NackReason::NoMatch) => self.refuse_next(hal, peer, hdr, None),
+            coll::CollAccept::Refuse(reason) => {
+                self.count(counter::DROPPED_UNEXPECTED, 1);
+                self.send_nack(hal, peer, seq, 0, 0, reason);
+            }
+        }
+    }
+
+    /// A frame of a message with receive record `r`: stored by the receive
+    /// path; a broadcast's forwarding learns what arrived.
+    fn deliver<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        r: u32,
+        hdr: &FrameHeader,
+        msg: Option<&MsgHeader>,
+        payload: &[u8],
+    ) {
+        let Some(a) = self.accept_frame(hal, now, r, hdr, msg, payload) else { return };
+        if let RxOwner::Bcast { op, stamp } = a.owner {
+            if let Some(at) = a.stored_from {
+                // Forwarding sends what it just received, not a host read-back.
+                self.bcast_frame_received(op, stamp, hdr.frame_index, &payload[at..]);
+            }
+            self.bcast_frames_here(op, stamp, a.contig);
+        }
+        if a.finish {
+            self.finish_rx(hal, r, None);
+        }
+    }
+
+    /// Retires receive record `r` and reports it to its owner (`error`
+    /// overrides the record's own).
+    pub(crate) fn finish_rx<H: Hal>(&mut self, hal: &mut H, r: u32, error: Option<Status>) {
+        let (m, error) = self.retire_rx(r, error);
+        match m.owner {
+            RxOwner::Recv => self.complete_recv(hal, &m, error),
+            RxOwner::Bcast { op, stamp } => self.bcast_rx_done(hal, op, stamp, error),
+        }
     }
 
     fn poll_rings<H: Hal>(&mut self, hal: &mut H, now: u64) {

@@ -7,15 +7,29 @@
 //! (EMP's unexpected-message rule: drop, the sender retransmits) — unless
 //! the bounded overflow buffer takes it.
 
+use emp_uapi::coll::CollHeader;
 use emp_uapi::desc::{Opcode, Status, MR_LOCAL_WRITE};
 use emp_uapi::sram::counter;
-use emp_uapi::wire::{self, Frame, FrameHeader, FrameKind, MsgHeader, NackReason};
-use emp_uapi::{seq_le, seq_lt};
+use emp_uapi::wire::{self, FrameHeader, FrameKind, MsgHeader, NackReason};
+use emp_uapi::{seq_le, seq_lt, Le};
 
 use crate::host::Completion;
 use crate::mr::Buf;
 use crate::timer::Timer;
 use crate::{FlowControl, Hal, LocalDesc, Nic};
+
+/// Who a receive record reports to when it finishes. The receive path
+/// treats both alike frame by frame; the dispatcher (`lib.rs`) routes what
+/// a broadcast's record reports to the collective layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RxOwner {
+    /// A posted receive (the record's `desc`): completes with a CQE.
+    Recv,
+    /// Broadcast data the NIC receives for collective op `op` (`stamp`
+    /// names the op across slot reuse). The message opens with a
+    /// `CollHeader`, which is not delivered.
+    Bcast { op: u32, stamp: u32 },
+}
 
 /// A message being received into a matched receive.
 #[derive(Debug)]
@@ -35,21 +49,23 @@ pub(crate) struct RxMsg {
     pub error: Option<Status>,
     /// Leading message bytes not delivered (a collective's header).
     pub skip: u64,
-    /// A broadcast received by the NIC for collective op (slot, stamp).
-    pub coll: Option<(u32, u32)>,
+    /// Who the record reports to when it finishes.
+    pub owner: RxOwner,
     /// Frames received without a gap from frame 0.
     pub contig: u32,
 }
 
 impl RxMsg {
     /// A fresh record for the message whose first frame is `hdr`/`msg`,
-    /// landing in `desc`; nothing received yet.
+    /// landing in `desc`, reporting to `owner`; nothing received yet.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         port: u16,
         peer: u32,
         hdr: &FrameHeader,
         msg: &MsgHeader,
         desc: LocalDesc,
+        owner: RxOwner,
         group_size: u32,
         now: u64,
     ) -> RxMsg {
@@ -67,8 +83,11 @@ impl RxMsg {
             highest: 0,
             last_activity: now,
             error: None,
-            skip: 0,
-            coll: None,
+            skip: match owner {
+                RxOwner::Recv => 0,
+                RxOwner::Bcast { .. } => CollHeader::SIZE as u64,
+            },
+            owner,
             contig: 0,
         }
     }
@@ -116,6 +135,46 @@ impl Overflow {
     }
 }
 
+/// A frame `accept_frame` took into a receive record.
+pub(crate) struct Accepted {
+    pub owner: RxOwner,
+    /// Where the delivered bytes start in the frame's payload, when all of
+    /// them reached memory (a broadcast forwards them from there).
+    pub stored_from: Option<usize>,
+    /// Frames received without a gap from frame 0.
+    pub contig: u32,
+    /// Every frame is in and the record is to be finished now.
+    pub finish: bool,
+}
+
+/// Where an admitted DATA frame belongs (`Nic::classify_data`).
+pub(crate) enum DataVerdict {
+    /// A frame of a message being received, into record `r`.
+    Active(u32),
+    /// A frame of a message finished here (its ACK was lost).
+    Old,
+    /// The header frame of the next message, a collective one: the
+    /// collective layer decides.
+    CollFirst,
+    /// The header frame of the next message.
+    NextMsg,
+    /// A frame that cannot be matched yet (its message's header frame is
+    /// missing, or an earlier message is not matched).
+    Early,
+}
+
+/// What the receive path did with a DATA frame out of the ordinary, kept in
+/// `Nic::trace` for diagnosis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RxTrace {
+    /// From an older incarnation of the sender's port: dropped.
+    OldIncarnation,
+    /// Not the next frame expected (old, or early): answered or dropped.
+    OutOfTurn,
+    /// The next message, refused for lack of a buffer.
+    Refused,
+}
+
 /// What happened to the header frame of the next message from a peer.
 enum MatchOutcome {
     Matched(u32),
@@ -125,125 +184,124 @@ enum MatchOutcome {
 }
 
 impl Nic {
-    /// Entry point for every received frame.
-    pub(crate) fn receive_frame<H: Hal>(&mut self, hal: &mut H, now: u64, bytes: &[u8]) {
-        let frame = match Frame::parse(bytes) {
-            Ok(f) if f.header().dst_node == self.node && (f.header().dst_port as usize) < self.ports.len() => f,
-            _ => return self.count(counter::DROPPED_MALFORMED, 1),
-        };
-        match frame {
-            Frame::Data { hdr, msg, payload } => self.on_data(hal, now, &hdr, msg.as_ref(), payload),
-            Frame::Ack { hdr, body } => {
-                self.count(counter::ACKS_RX, 1);
-                if self.ports[hdr.dst_port as usize].open {
-                    self.on_ack(hal, now, &hdr, &body);
-                }
-            }
-            Frame::Nack { hdr, body, reason } => {
-                self.count(counter::ACKS_RX, 1);
-                if self.ports[hdr.dst_port as usize].open {
-                    self.on_nack(hal, now, &hdr, &body, reason);
-                }
-            }
-            Frame::AtomicReq { hdr, body } => self.on_atomic_req(hal, &hdr, &body),
-            Frame::AtomicResp { hdr, result } => self.on_atomic_resp(hal, now, &hdr, &result),
-        }
-    }
-
-    fn on_data<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, msg: Option<&MsgHeader>, payload: &[u8]) {
+    /// Admits a DATA frame: its port is open and of this incarnation, its
+    /// sender has a peer entry of the right incarnation, and messages the
+    /// sender gave up on are skipped. Returns the peer, or `None` when the
+    /// frame was answered or dropped here.
+    pub(crate) fn admit_data<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader) -> Option<u32> {
         let port = hdr.dst_port;
         let st = &self.ports[port as usize];
         if !st.open || (hdr.dst_gen != 0 && hdr.dst_gen != st.gen) {
             // Closed, or meant for an earlier process on this port.
-            return self.send_raw_nack(hal, hdr, NackReason::PortClosed);
+            self.send_raw_nack(hal, hdr, NackReason::PortClosed);
+            return None;
         }
         let Some(peer) = self.peer_for(port, hdr.src_node, hdr.src_port, hdr.tx_floor) else {
-            return self.send_raw_nack(hal, hdr, NackReason::PeerTableFull);
+            self.send_raw_nack(hal, hdr, NackReason::PeerTableFull);
+            return None;
         };
         if !self.check_incarnation(hal, peer, hdr) {
-            self.note(hdr, 0, 1);
-            return self.count(counter::DROPPED_UNEXPECTED, 1);
+            self.note(hdr, 0, RxTrace::OldIncarnation);
+            self.count(counter::DROPPED_UNEXPECTED, 1);
+            return None;
         }
         self.skip_to_floor(hal, peer, hdr.tx_floor);
+        if seq_lt(self.peer(peer).max_seen, hdr.msg_seq) {
+            self.peer_mut(peer).max_seen = hdr.msg_seq;
+        }
+        Some(peer)
+    }
+
+    /// Where an admitted DATA frame from `peer` belongs (reads state only).
+    pub(crate) fn classify_data(&self, peer: u32, hdr: &FrameHeader) -> DataVerdict {
+        let p = self.peer(peer);
         let seq = hdr.msg_seq;
-        if seq_lt(self.peer(peer).max_seen, seq) {
-            self.peer_mut(peer).max_seen = seq;
+        if let Some(r) = p.rx_active.iter().copied().find(|&r| self.rx.get(r).is_some_and(|m| m.seq == seq)) {
+            return DataVerdict::Active(r);
         }
-        let found = self.peer(peer).rx_active.iter().copied().find(|&r| self.rx.get(r).is_some_and(|m| m.seq == seq));
-        if let Some(r) = found {
-            return self.accept_frame(hal, now, r, hdr, msg, payload);
+        if seq_lt(seq, p.rx_expected) {
+            return DataVerdict::Old;
         }
-        let expected = self.peer(peer).rx_expected;
-        let g = hdr.frame_index / self.cfg.group_size;
-        if seq != expected || hdr.frame_index != 0 {
-            self.note(hdr, expected, 2);
+        if seq != p.rx_expected || hdr.frame_index != 0 {
+            return DataVerdict::Early;
         }
-        if seq_lt(seq, expected) {
-            // The message is finished here: its ACK was lost. ACK again.
-            self.count(counter::DUPLICATES, 1);
-            return self.send_ack(hal, peer, seq, g);
+        if hdr.kind == FrameKind::CollData as u8 {
+            DataVerdict::CollFirst
+        } else {
+            DataVerdict::NextMsg
         }
-        if seq == expected && hdr.frame_index == 0 && hdr.kind == FrameKind::CollData as u8 {
-            let msg = msg.expect("frame 0 carries the message header");
-            return match self.coll_accept(hal, now, hdr, msg, payload) {
-                crate::coll::CollAccept::Consumed => {
-                    let p = self.peer_mut(peer);
-                    p.rx_expected = seq.wrapping_add(1);
-                    p.rnr_seq = None;
-                    p.rnr_coll = false;
-                    self.send_ack(hal, peer, seq, 0);
-                    self.nack_gap(hal, peer);
-                }
-                crate::coll::CollAccept::Receive(r) => {
-                    let p = self.peer_mut(peer);
-                    p.rx_expected = seq.wrapping_add(1);
-                    p.rnr_seq = None;
-                    p.rnr_coll = false;
-                    self.accept_frame(hal, now, r, hdr, Some(msg), payload);
-                    self.nack_gap(hal, peer);
-                }
-                crate::coll::CollAccept::Refuse(NackReason::NoMatch) => {
-                    self.note(hdr, expected, 3);
-                    self.count(counter::DROPPED_UNEXPECTED, 1);
-                    let p = self.peer_mut(peer);
-                    p.rnr_seq = Some(seq);
-                    p.rnr_coll = true;
-                    self.send_nack(hal, peer, seq, 0, 0, NackReason::NoMatch)
-                }
-                crate::coll::CollAccept::Refuse(reason) => {
-                    self.count(counter::DROPPED_UNEXPECTED, 1);
-                    self.send_nack(hal, peer, seq, 0, 0, reason)
-                }
-            };
+    }
+
+    /// A frame of a message finished here: its ACK was lost. ACK again.
+    pub(crate) fn on_old_data<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader) {
+        self.note(hdr, self.peer(peer).rx_expected, RxTrace::OutOfTurn);
+        self.count(counter::DUPLICATES, 1);
+        self.send_ack(hal, peer, hdr.msg_seq, hdr.frame_index / self.cfg.group_size);
+    }
+
+    /// The header frame of the next (non-collective) message: match it
+    /// against the posted receives or the overflow buffer, else refuse it.
+    pub(crate) fn on_next_msg<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        peer: u32,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        payload: &[u8],
+    ) {
+        let seq = hdr.msg_seq;
+        match self.try_match(now, peer, hdr, msg, payload) {
+            MatchOutcome::Matched(r) => {
+                self.deliver(hal, now, r, hdr, Some(msg), payload);
+                self.nack_gap(hal, peer);
+            }
+            MatchOutcome::Overflowed => {
+                self.send_ack(hal, peer, seq, 0);
+                self.nack_gap(hal, peer);
+            }
+            MatchOutcome::TooLarge => self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge),
+            MatchOutcome::NotReady => self.refuse_next(hal, peer, hdr, Some(msg.tag)),
         }
-        if seq == expected && hdr.frame_index == 0 {
-            let msg = msg.expect("frame 0 carries the message header");
-            return match self.try_match(now, peer, hdr, msg, payload) {
-                MatchOutcome::Matched(r) => {
-                    self.accept_frame(hal, now, r, hdr, Some(msg), payload);
-                    self.nack_gap(hal, peer);
-                }
-                MatchOutcome::Overflowed => {
-                    self.send_ack(hal, peer, seq, 0);
-                    self.nack_gap(hal, peer);
-                }
-                MatchOutcome::TooLarge => self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge),
-                MatchOutcome::NotReady => {
-                    self.note(hdr, expected, 3);
-                    self.count(counter::DROPPED_UNEXPECTED, 1);
-                    self.peer_mut(peer).rnr_seq = Some(seq);
-                    self.peer_mut(peer).rnr_tag = msg.tag;
-                    self.peer_mut(peer).rnr_coll = false;
-                    self.send_nack(hal, peer, seq, 0, 0, NackReason::NoMatch)
-                }
-            };
-        }
-        // A frame of a message that cannot be matched yet: its own header is
-        // missing, or an earlier message of this peer is not matched.
+    }
+
+    /// The next message from `peer` was taken (consumed by the NIC, or given
+    /// a receive record): later ones may follow.
+    pub(crate) fn rx_took_next(&mut self, peer: u32, seq: u32) {
+        let p = self.peer_mut(peer);
+        p.rx_expected = seq.wrapping_add(1);
+        p.rnr_seq = None;
+        p.rnr_coll = false;
+    }
+
+    /// No buffer for the next message: NACK it as not ready and remember it
+    /// (its tag; `None` for a collective message, lifted by `coll_kick`),
+    /// so a matching post asks the sender for it at once.
+    pub(crate) fn refuse_next<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader, tag: Option<u64>) {
+        let seq = hdr.msg_seq;
+        self.note(hdr, self.peer(peer).rx_expected, RxTrace::Refused);
         self.count(counter::DROPPED_UNEXPECTED, 1);
+        let p = self.peer_mut(peer);
+        p.rnr_seq = Some(seq);
+        p.rnr_coll = tag.is_none();
+        if let Some(tag) = tag {
+            p.rnr_tag = tag;
+        }
+        self.send_nack(hal, peer, seq, 0, 0, NackReason::NoMatch);
+    }
+
+    /// A frame of a message that cannot be matched yet: its own header is
+    /// missing, or an earlier message of this peer is not matched. Dropped;
+    /// answered once per group transmission, on its last frame.
+    pub(crate) fn on_early_data<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader) {
+        let seq = hdr.msg_seq;
+        let expected = self.peer(peer).rx_expected;
+        self.note(hdr, expected, RxTrace::OutOfTurn);
+        self.count(counter::DROPPED_UNEXPECTED, 1);
+        let g = hdr.frame_index / self.cfg.group_size;
         let (_, end) = self.group_bounds(hdr.frame_count, g);
         if hdr.frame_index + 1 != end {
-            return; // Answer once per group transmission, on its last frame.
+            return;
         }
         let refused = self.peer(peer).rnr_seq == Some(expected);
         if refused {
@@ -261,7 +319,7 @@ impl Nic {
     /// The next message became matchable, but frames of it or of later
     /// messages were already seen and dropped (they arrived before their
     /// turn): ask for it now rather than wait for the sender's timer.
-    fn nack_gap<H: Hal>(&mut self, hal: &mut H, peer: u32) {
+    pub(crate) fn nack_gap<H: Hal>(&mut self, hal: &mut H, peer: u32) {
         let p = self.peer(peer);
         if seq_le(p.rx_expected, p.max_seen) {
             let expected = p.rx_expected;
@@ -291,7 +349,7 @@ impl Nic {
         }
     }
 
-    fn note(&mut self, hdr: &FrameHeader, expected: u32, outcome: u8) {
+    fn note(&mut self, hdr: &FrameHeader, expected: u32, outcome: RxTrace) {
         if self.trace.len() == 32 {
             self.trace.pop_front();
         }
@@ -364,12 +422,11 @@ impl Nic {
         let posted = &self.ports[port as usize].posted;
         if let Some(i) = posted.iter().position(|d| d.matches(hdr.src_node, hdr.src_port, msg.tag)) {
             let desc = posted[i];
-            let rec = RxMsg::new(port, peer, hdr, msg, desc, self.cfg.group_size, now);
-            let Some(r) = self.rx.insert(rec) else { return MatchOutcome::NotReady };
+            let Some(r) = self.rx_open(now, peer, hdr, msg, desc, RxOwner::Recv) else {
+                return MatchOutcome::NotReady;
+            };
             self.ports[port as usize].posted.remove(i);
-            self.arm_rx_sweep(now);
             let p = self.peer_mut(peer);
-            p.rx_active.push(r);
             p.rx_expected = hdr.msg_seq.wrapping_add(1);
             p.rnr_seq = None;
             return MatchOutcome::Matched(r);
@@ -393,6 +450,24 @@ impl Nic {
             }
         }
         MatchOutcome::NotReady
+    }
+
+    /// Opens a receive record for the message whose header frame is
+    /// `hdr`/`msg` from `peer`, landing in `desc`; `None` when the table is full.
+    pub(crate) fn rx_open(
+        &mut self,
+        now: u64,
+        peer: u32,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        desc: LocalDesc,
+        owner: RxOwner,
+    ) -> Option<u32> {
+        let rec = RxMsg::new(hdr.dst_port, peer, hdr, msg, desc, owner, self.cfg.group_size, now);
+        let r = self.rx.insert(rec)?;
+        self.peer_mut(peer).rx_active.push(r);
+        self.arm_rx_sweep(now);
+        Some(r)
     }
 
     /// Partially received messages are swept for idleness while any exists.
@@ -439,8 +514,9 @@ impl Nic {
         true
     }
 
-    /// A DATA frame of a matched message.
-    fn accept_frame<H: Hal>(
+    /// A DATA frame of a matched message: stored, acknowledged. `None`
+    /// when it was malformed or a duplicate.
+    pub(crate) fn accept_frame<H: Hal>(
         &mut self,
         hal: &mut H,
         now: u64,
@@ -448,7 +524,7 @@ impl Nic {
         hdr: &FrameHeader,
         msg: Option<&MsgHeader>,
         payload: &[u8],
-    ) {
+    ) -> Option<Accepted> {
         let m = self.rx.get(r).expect("live");
         let f = hdr.frame_index;
         let off = wire::frame_offset(f, self.mtu);
@@ -457,7 +533,8 @@ impl Nic {
             && msg.is_none_or(|h| h.total_len == m.total_len && h.tag == m.tag)
             && payload.len() as u64 == expect_len;
         if !consistent {
-            return self.count(counter::DROPPED_MALFORMED, 1);
+            self.count(counter::DROPPED_MALFORMED, 1);
+            return None;
         }
         let (peer, seq, port) = (m.peer, m.seq, m.port);
         let g = f / self.cfg.group_size;
@@ -469,22 +546,26 @@ impl Nic {
             if complete {
                 self.send_ack(hal, peer, seq, g);
             }
-            return;
+            return None;
         }
         // Zero-copy into the user's buffer; bytes beyond it are dropped (truncation).
         let buf_len = m.desc.len;
         let desc = m.desc;
-        let coll = m.coll;
+        let owner = m.owner;
         // A collective's header (frame 0's first bytes) is not delivered.
-        let (off, data) = match m.skip.checked_sub(off) {
-            Some(cut) if cut > 0 => (0, &payload[(cut as usize).min(payload.len())..]),
-            _ => (off - m.skip, payload),
+        let (off, data_at) = match m.skip.checked_sub(off) {
+            Some(cut) if cut > 0 => (0, (cut as usize).min(payload.len())),
+            _ => (off - m.skip, 0),
         };
+        let data = &payload[data_at..];
         let n = (buf_len.saturating_sub(off)).min(data.len() as u64) as usize;
         let whole = n == data.len();
         // Forwarding reads what was received from host memory: the NIC's own
         // broadcasts are written before anything else happens.
-        let deferred = if coll.is_some() { None } else { self.defer(crate::cpu::Step::Receiving) };
+        let deferred = match owner {
+            RxOwner::Recv => self.defer(crate::cpu::Step::Receiving),
+            RxOwner::Bcast { .. } => None,
+        };
         let io = match deferred {
             _ if n == 0 => Ok(()),
             Some(cpu) => {
@@ -495,10 +576,7 @@ impl Nic {
             None => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE),
         };
         self.count(counter::RX_FRAMES, 1);
-        if let (Some((op, stamp)), Ok(()), true) = (coll, &io, whole) {
-            // Forwarding sends what it just received, not a host read-back.
-            self.bcast_frame_received(op, stamp, f, data);
-        }
+        let stored_from = (io.is_ok() && whole).then_some(data_at);
         let m = self.rx.get_mut(r);
         if f != 0 && f != m.highest + 1 && m.frames_received > 0 {
             self.counters[counter::OUT_OF_ORDER] += 1;
@@ -529,16 +607,12 @@ impl Nic {
         } else if missing != 0 {
             self.send_nack(hal, peer, seq, g, missing, NackReason::Loss);
         }
-        if let Some((op, stamp)) = coll {
-            self.bcast_frames_here(op, stamp, contig);
+        let finish = all_done && deferred.is_none();
+        if let (true, Some(cpu)) = (all_done, deferred) {
+            // After this record's last payload DMA on the receiving CPU.
+            self.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq });
         }
-        if all_done {
-            match deferred {
-                // After this record's last payload DMA on the receiving CPU.
-                Some(cpu) => self.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq }),
-                None => self.finish_rx(hal, r, None),
-            }
-        }
+        Some(Accepted { owner, stored_from, contig, finish })
     }
 
     /// A payload DMA failed: the receive will complete with `e`.
@@ -546,24 +620,27 @@ impl Nic {
         self.rx.get_mut(r).error.get_or_insert(e);
     }
 
-    /// Retires a receive record: reports the receive (`error` overrides).
-    pub(crate) fn finish_rx<H: Hal>(&mut self, hal: &mut H, r: u32, error: Option<Status>) {
+    /// Removes a finished receive record; returns it and its error
+    /// (`error`, which overrides, else the record's own). The dispatcher
+    /// (`Nic::finish_rx`) reports it to its owner.
+    pub(crate) fn retire_rx(&mut self, r: u32, error: Option<Status>) -> (RxMsg, Option<Status>) {
         let m = self.rx.remove(r);
         self.peer_mut(m.peer).rx_active.retain(|&x| x != r);
-        if let Some((op, stamp)) = m.coll {
-            if error.is_none() {
-                self.count(counter::MSGS_RX, 1);
-            }
-            return self.bcast_rx_done(hal, op, stamp, error.or(m.error));
+        if error.is_none() {
+            self.count(counter::MSGS_RX, 1);
         }
-        let status = match error.or(m.error) {
+        let error = error.or(m.error);
+        (m, error)
+    }
+
+    /// Completes the posted receive a retired record belonged to.
+    pub(crate) fn complete_recv<H: Hal>(&mut self, hal: &mut H, m: &RxMsg, error: Option<Status>) {
+        debug_assert_eq!(m.owner, RxOwner::Recv);
+        let status = match error {
             Some(e) => e,
             None if m.total_len > m.desc.len => Status::Truncated,
             None => Status::Success,
         };
-        if error.is_none() {
-            self.count(counter::MSGS_RX, 1);
-        }
         let src = self.peer(m.peer);
         let mut c = Completion::of(&m.desc, Opcode::Recv, status);
         c.byte_len = m.total_len.min(m.desc.len) as u32;
