@@ -53,6 +53,21 @@ pub(crate) struct RxMsg {
     pub owner: RxOwner,
     /// Frames received without a gap from frame 0.
     pub contig: u32,
+    /// Frames acknowledged together (the NIC's `Config::group_size`).
+    pub group_size: u32,
+}
+
+/// What recording a frame in its receive record found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FrameOutcome {
+    /// Seen before. `group_complete`: its whole group is here (ACK it again).
+    Duplicate { group_complete: bool },
+    /// New. `out_of_order`: not the frame after the highest one seen.
+    /// `group_done`: it completed its group. `missing`: when it is its
+    /// group's last frame and the group is not complete, the frames still
+    /// missing (bit i = the group's i-th frame), else 0. `all_done`: every
+    /// frame of the message is in.
+    Accepted { out_of_order: bool, group_done: bool, missing: u32, all_done: bool },
 }
 
 impl RxMsg {
@@ -89,7 +104,50 @@ impl RxMsg {
             },
             owner,
             contig: 0,
+            group_size,
         }
+    }
+
+    /// Does a frame agree with the message this record receives?
+    fn fits(&self, hdr: &FrameHeader, msg: Option<&MsgHeader>, payload_len: usize, mtu: u32) -> bool {
+        let f = hdr.frame_index;
+        let off = wire::frame_offset(f, mtu);
+        let expect_len = (wire::payload_capacity(mtu, f) as u64).min(self.total_len.saturating_sub(off));
+        hdr.frame_count == self.frame_count
+            && msg.is_none_or(|h| h.total_len == self.total_len && h.tag == self.tag)
+            && payload_len as u64 == expect_len
+    }
+
+    fn has(&self, f: u32) -> bool {
+        self.received[f as usize / 64] & (1 << (f % 64)) != 0
+    }
+
+    /// Records the arrival of frame `f` (< `frame_count`): the receive
+    /// bitmap, per-group counts and the contiguous prefix.
+    pub fn record(&mut self, f: u32) -> FrameOutcome {
+        assert!(f < self.frame_count, "frame {f} of {}", self.frame_count);
+        let g = f / self.group_size;
+        let first = g * self.group_size;
+        let end = (first + self.group_size).min(self.frame_count);
+        let group_len = (end - first) as u8;
+        if self.has(f) {
+            return FrameOutcome::Duplicate { group_complete: self.group_counts[g as usize] == group_len };
+        }
+        let out_of_order = f != 0 && f != self.highest + 1 && self.frames_received > 0;
+        self.received[f as usize / 64] |= 1 << (f % 64);
+        self.frames_received += 1;
+        self.highest = self.highest.max(f);
+        self.group_counts[g as usize] += 1;
+        while self.contig < self.frame_count && self.has(self.contig) {
+            self.contig += 1;
+        }
+        let group_done = self.group_counts[g as usize] == group_len;
+        let missing = if !group_done && f + 1 == end {
+            (first..end).filter(|&i| !self.has(i)).fold(0u32, |a, i| a | 1 << (i - first))
+        } else {
+            0
+        };
+        FrameOutcome::Accepted { out_of_order, group_done, missing, all_done: self.frames_received == self.frame_count }
     }
 }
 
@@ -514,8 +572,8 @@ impl Nic {
         true
     }
 
-    /// A DATA frame of a matched message: stored, acknowledged. `None`
-    /// when it was malformed or a duplicate.
+    /// A DATA frame of a matched message: recorded, stored, acknowledged.
+    /// `None` when it was malformed or a duplicate.
     pub(crate) fn accept_frame<H: Hal>(
         &mut self,
         hal: &mut H,
@@ -526,43 +584,64 @@ impl Nic {
         payload: &[u8],
     ) -> Option<Accepted> {
         let m = self.rx.get(r).expect("live");
-        let f = hdr.frame_index;
-        let off = wire::frame_offset(f, self.mtu);
-        let expect_len = (wire::payload_capacity(self.mtu, f) as u64).min(m.total_len.saturating_sub(off));
-        let consistent = hdr.frame_count == m.frame_count
-            && msg.is_none_or(|h| h.total_len == m.total_len && h.tag == m.tag)
-            && payload.len() as u64 == expect_len;
-        if !consistent {
+        if !m.fits(hdr, msg, payload.len(), self.mtu) {
             self.count(counter::DROPPED_MALFORMED, 1);
             return None;
         }
-        let (peer, seq, port) = (m.peer, m.seq, m.port);
+        let (peer, seq, owner) = (m.peer, m.seq, m.owner);
+        let f = hdr.frame_index;
         let g = f / self.cfg.group_size;
-        let (first, end) = self.group_bounds(m.frame_count, g);
-        let group_len = (end - first) as u8;
-        if m.received[f as usize / 64] & (1 << (f % 64)) != 0 {
-            let complete = m.group_counts[g as usize] == group_len;
-            self.count(counter::DUPLICATES, 1);
-            if complete {
-                self.send_ack(hal, peer, seq, g);
+        let (group_done, missing, all_done) = match self.rx.get_mut(r).record(f) {
+            FrameOutcome::Duplicate { group_complete } => {
+                self.count(counter::DUPLICATES, 1);
+                if group_complete {
+                    self.send_ack(hal, peer, seq, g);
+                }
+                return None;
             }
-            return None;
+            FrameOutcome::Accepted { out_of_order, group_done, missing, all_done } => {
+                if out_of_order {
+                    self.counters[counter::OUT_OF_ORDER] += 1;
+                }
+                (group_done, missing, all_done)
+            }
+        };
+        let (deferred, stored_from) = self.store_payload(hal, r, f, payload);
+        self.count(counter::RX_FRAMES, 1);
+        let m = self.rx.get_mut(r);
+        m.last_activity = now;
+        let contig = m.contig;
+        if group_done {
+            self.send_ack(hal, peer, seq, g);
+        } else if missing != 0 {
+            self.send_nack(hal, peer, seq, g, missing, NackReason::Loss);
         }
-        // Zero-copy into the user's buffer; bytes beyond it are dropped (truncation).
-        let buf_len = m.desc.len;
-        let desc = m.desc;
-        let owner = m.owner;
-        // A collective's header (frame 0's first bytes) is not delivered.
+        let finish = all_done && deferred.is_none();
+        if let (true, Some(cpu)) = (all_done, deferred) {
+            // After this record's last payload DMA on the receiving CPU.
+            self.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq });
+        }
+        Some(Accepted { owner, stored_from, contig, finish })
+    }
+
+    /// Writes frame `f`'s payload into the record's buffer, zero-copy; bytes
+    /// beyond the buffer are dropped (truncation), a collective's header is
+    /// not delivered. Returns the CPU the write was queued on (the record
+    /// finishes there too), and where the delivered bytes start in
+    /// `payload` when all of them were written.
+    fn store_payload<H: Hal>(&mut self, hal: &mut H, r: u32, f: u32, payload: &[u8]) -> (Option<u8>, Option<usize>) {
+        let m = self.rx.get(r).expect("live");
+        let (port, seq, desc) = (m.port, m.seq, m.desc);
+        let off = wire::frame_offset(f, self.mtu);
         let (off, data_at) = match m.skip.checked_sub(off) {
             Some(cut) if cut > 0 => (0, (cut as usize).min(payload.len())),
             _ => (off - m.skip, 0),
         };
         let data = &payload[data_at..];
-        let n = (buf_len.saturating_sub(off)).min(data.len() as u64) as usize;
-        let whole = n == data.len();
+        let n = (desc.len.saturating_sub(off)).min(data.len() as u64) as usize;
         // Forwarding reads what was received from host memory: the NIC's own
         // broadcasts are written before anything else happens.
-        let deferred = match owner {
+        let deferred = match m.owner {
             RxOwner::Recv => self.defer(crate::cpu::Step::Receiving),
             RxOwner::Bcast { .. } => None,
         };
@@ -575,44 +654,11 @@ impl Nic {
             }
             None => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE),
         };
-        self.count(counter::RX_FRAMES, 1);
-        let stored_from = (io.is_ok() && whole).then_some(data_at);
-        let m = self.rx.get_mut(r);
-        if f != 0 && f != m.highest + 1 && m.frames_received > 0 {
-            self.counters[counter::OUT_OF_ORDER] += 1;
-        }
+        let stored = io.is_ok() && n == data.len();
         if let Err(e) = io {
-            m.error.get_or_insert(e);
+            self.rx_error(r, e);
         }
-        m.received[f as usize / 64] |= 1 << (f % 64);
-        m.frames_received += 1;
-        m.highest = m.highest.max(f);
-        m.last_activity = now;
-        m.group_counts[g as usize] += 1;
-        while m.contig < m.frame_count && m.received[m.contig as usize / 64] & (1 << (m.contig % 64)) != 0 {
-            m.contig += 1;
-        }
-        let contig = m.contig;
-        let group_done = m.group_counts[g as usize] == group_len;
-        let all_done = m.frames_received == m.frame_count;
-        let missing = if !group_done && f + 1 == end {
-            (first..end)
-                .filter(|&i| m.received[i as usize / 64] & (1 << (i % 64)) == 0)
-                .fold(0u32, |a, i| a | 1 << (i - first))
-        } else {
-            0
-        };
-        if group_done {
-            self.send_ack(hal, peer, seq, g);
-        } else if missing != 0 {
-            self.send_nack(hal, peer, seq, g, missing, NackReason::Loss);
-        }
-        let finish = all_done && deferred.is_none();
-        if let (true, Some(cpu)) = (all_done, deferred) {
-            // After this record's last payload DMA on the receiving CPU.
-            self.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq });
-        }
-        Some(Accepted { owner, stored_from, contig, finish })
+        (deferred, stored.then_some(data_at))
     }
 
     /// A payload DMA failed: the receive will complete with `e`.
@@ -668,5 +714,71 @@ impl Nic {
         if self.sweep_armed {
             self.timers.arm(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use emp_uapi::desc::WorkDesc;
+
+    fn record(frames: u32, group_size: u32) -> RxMsg {
+        let hdr = FrameHeader { frame_count: frames, ..Default::default() };
+        let msg = MsgHeader { tag: 7, total_len: frames as u64 * 1000 };
+        let desc = LocalDesc::new(&WorkDesc::default());
+        RxMsg::new(0, 0, &hdr, &msg, desc, RxOwner::Recv, group_size, 0)
+    }
+
+    fn accepted(group_done: bool, missing: u32, all_done: bool) -> FrameOutcome {
+        FrameOutcome::Accepted { out_of_order: false, group_done, missing, all_done }
+    }
+
+    #[test]
+    fn in_order_frames_complete_each_group_then_the_message() {
+        let mut m = record(8, 3);
+        let done_at = [2, 5, 7];
+        for f in 0..8 {
+            let out = m.record(f);
+            assert_eq!(out, accepted(done_at.contains(&f), 0, f == 7), "frame {f}");
+            assert_eq!(m.contig, f + 1);
+        }
+    }
+
+    #[test]
+    fn a_hole_is_reported_on_the_groups_last_frame() {
+        let mut m = record(6, 3);
+        assert_eq!(m.record(0), accepted(false, 0, false));
+        // Frame 1 lost: frame 2 closes the group with frame 1 missing.
+        let out = m.record(2);
+        assert_eq!(
+            out,
+            FrameOutcome::Accepted { out_of_order: true, group_done: false, missing: 0b010, all_done: false }
+        );
+        assert_eq!(m.contig, 1);
+        assert_eq!(
+            m.record(1),
+            FrameOutcome::Accepted { out_of_order: true, group_done: true, missing: 0, all_done: false }
+        );
+        assert_eq!(m.contig, 3);
+    }
+
+    #[test]
+    fn duplicates_say_whether_their_group_is_complete() {
+        let mut m = record(6, 3);
+        m.record(3);
+        assert_eq!(m.record(3), FrameOutcome::Duplicate { group_complete: false });
+        m.record(4);
+        m.record(5);
+        assert_eq!(m.record(4), FrameOutcome::Duplicate { group_complete: true });
+        assert_eq!((m.frames_received, m.contig), (3, 0));
+    }
+
+    #[test]
+    fn a_short_last_group_completes_with_its_own_frames() {
+        let mut m = record(4, 3);
+        for f in [0, 1, 2] {
+            m.record(f);
+        }
+        assert_eq!(m.record(3), accepted(true, 0, true));
     }
 }
