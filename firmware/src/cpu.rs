@@ -128,7 +128,7 @@ impl Nic {
             }
             Work::Finish { slot, seq } => {
                 if self.rx.get(slot).is_some_and(|m| m.seq == seq) {
-                    self.finish_rx(hal, slot, None);
+                    self.finish_rx(hal, now, slot, None);
                 }
             }
             Work::Control { hdr, body } => self.put_control(hal, &hdr, &body),

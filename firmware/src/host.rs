@@ -139,7 +139,7 @@ impl Nic {
                 self.finish_tx(hal, now, slot, Status::Flushed);
             }
             while let Some(&slot) = self.peer(i).rx_active.first() {
-                self.finish_rx(hal, slot, Some(Status::Flushed));
+                self.finish_rx(hal, now, slot, Some(Status::Flushed));
             }
         }
         while let Some(d) = self.ports[port as usize].posted.pop_front() {

@@ -506,7 +506,7 @@ impl Nic {
     /// receive path; the header frame of a collective message goes to the
     /// collective layer.
     fn on_data<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, msg: Option<&MsgHeader>, payload: &[u8]) {
-        let Some(peer) = self.admit_data(hal, hdr) else { return };
+        let Some(peer) = self.admit_data(hal, now, hdr) else { return };
         match self.classify_data(peer, hdr) {
             DataVerdict::Active(r) => self.deliver(hal, now, r, hdr, msg, payload),
             DataVerdict::Old => self.on_old_data(hal, peer, hdr),
@@ -572,17 +572,17 @@ impl Nic {
             self.bcast_frames_here(op, stamp, a.contig);
         }
         if a.finish {
-            self.finish_rx(hal, r, None);
+            self.finish_rx(hal, now, r, None);
         }
     }
 
     /// Retires receive record `r` and reports it to its owner (`error`
     /// overrides the record's own).
-    pub(crate) fn finish_rx<H: Hal>(&mut self, hal: &mut H, r: u32, error: Option<Status>) {
+    pub(crate) fn finish_rx<H: Hal>(&mut self, hal: &mut H, now: u64, r: u32, error: Option<Status>) {
         let (m, error) = self.retire_rx(r, error);
         match m.owner {
             RxOwner::Recv => self.complete_recv(hal, &m, error),
-            RxOwner::Bcast { op, stamp } => self.bcast_rx_done(hal, op, stamp, error),
+            RxOwner::Bcast { op, stamp } => self.bcast_rx_done(hal, now, op, stamp, error),
         }
     }
 
@@ -658,8 +658,9 @@ impl Nic {
             let head = p.tx_queue.front().and_then(|&t| self.tx.get(t)).map(|m| {
                 let armed = m.groups.iter().filter(|g| g.stamp != 0).count();
                 format!(
-                    "head seq {} next {}/{} acked {}/{} armed {} rnr {}",
+                    "head seq {} queued at {} ns next {}/{} acked {}/{} armed {} rnr {}",
                     m.seq,
+                    m.queued_ns,
                     m.next_frame,
                     m.frame_count,
                     m.groups_acked,

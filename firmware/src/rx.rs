@@ -246,7 +246,7 @@ impl Nic {
     /// sender has a peer entry of the right incarnation, and messages the
     /// sender gave up on are skipped. Returns the peer, or `None` when the
     /// frame was answered or dropped here.
-    pub(crate) fn admit_data<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader) -> Option<u32> {
+    pub(crate) fn admit_data<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader) -> Option<u32> {
         let port = hdr.dst_port;
         let st = &self.ports[port as usize];
         if !st.open || (hdr.dst_gen != 0 && hdr.dst_gen != st.gen) {
@@ -258,12 +258,12 @@ impl Nic {
             self.send_raw_nack(hal, hdr, NackReason::PeerTableFull);
             return None;
         };
-        if !self.check_incarnation(hal, peer, hdr) {
+        if !self.check_incarnation(hal, now, peer, hdr) {
             self.note(hdr, 0, RxTrace::OldIncarnation);
             self.count(counter::DROPPED_UNEXPECTED, 1);
             return None;
         }
-        self.skip_to_floor(hal, peer, hdr.tx_floor);
+        self.skip_to_floor(hal, now, peer, hdr.tx_floor);
         if seq_lt(self.peer(peer).max_seen, hdr.msg_seq) {
             self.peer_mut(peer).max_seen = hdr.msg_seq;
         }
@@ -421,7 +421,7 @@ impl Nic {
 
     /// Tracks the sender's port generation; a new incarnation resets the
     /// receive side. Returns false for frames from an older incarnation.
-    fn check_incarnation<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader) -> bool {
+    fn check_incarnation<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader) -> bool {
         match self.peer(peer).rx_gen {
             None => {
                 self.peer_mut(peer).rx_gen = Some(hdr.src_gen);
@@ -430,7 +430,7 @@ impl Nic {
             Some(g) if g == hdr.src_gen => true,
             Some(g) if (hdr.src_gen.wrapping_sub(g) as i16) > 0 => {
                 while let Some(&r) = self.peer(peer).rx_active.first() {
-                    self.finish_rx(hal, r, Some(Status::SenderAborted));
+                    self.finish_rx(hal, now, r, Some(Status::SenderAborted));
                 }
                 let p = self.peer_mut(peer);
                 p.rx_gen = Some(hdr.src_gen);
@@ -444,7 +444,7 @@ impl Nic {
 
     /// The sender finished or abandoned everything below `floor`: skip
     /// those messages and abort any partially received one.
-    fn skip_to_floor<H: Hal>(&mut self, hal: &mut H, peer: u32, floor: u32) {
+    fn skip_to_floor<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, floor: u32) {
         if !seq_lt(self.peer(peer).rx_expected, floor) {
             return;
         }
@@ -457,7 +457,7 @@ impl Nic {
             .filter(|&r| self.rx.get(r).is_some_and(|m| seq_lt(m.seq, floor) && m.frames_received < m.frame_count))
             .collect();
         for r in stale {
-            self.finish_rx(hal, r, Some(Status::SenderAborted));
+            self.finish_rx(hal, now, r, Some(Status::SenderAborted));
         }
         let p = self.peer_mut(peer);
         p.rx_expected = floor;
@@ -708,7 +708,7 @@ impl Nic {
             .map(|(s, _)| s)
             .collect();
         for r in idle {
-            self.finish_rx(hal, r, Some(Status::SenderAborted));
+            self.finish_rx(hal, now, r, Some(Status::SenderAborted));
         }
         self.sweep_armed = self.rx.used() > 0;
         if self.sweep_armed {

@@ -44,6 +44,8 @@ pub(crate) struct TxMsg {
     pub rnr_retries: u32,
     /// Refused by the receiver (not ready) and waiting on an RNR timer.
     pub rnr_waiting: bool,
+    /// When the message was queued (diagnosis: how long a stuck head waited).
+    pub queued_ns: u64,
     /// An internal collective message (no host descriptor, no CQE).
     pub coll: Option<Box<crate::coll::CollTx>>,
     /// Frames whose data exists (a broadcast forwarded while it arrives);
@@ -79,7 +81,7 @@ impl Nic {
 
     fn enqueue_tx_as(
         &mut self,
-        _now: u64,
+        now: u64,
         port: u16,
         peer: u32,
         desc: LocalDesc,
@@ -105,6 +107,7 @@ impl Nic {
             inflight_frames: 0,
             rnr_retries: 0,
             rnr_waiting: false,
+            queued_ns: now,
             limit: coll.as_ref().map_or(u32::MAX, |c| c.limit),
             coll,
         });
