@@ -127,8 +127,7 @@ impl RxMsg {
     pub fn record(&mut self, f: u32) -> FrameOutcome {
         assert!(f < self.frame_count, "frame {f} of {}", self.frame_count);
         let g = f / self.group_size;
-        let first = g * self.group_size;
-        let end = (first + self.group_size).min(self.frame_count);
+        let (first, end) = wire::group_range(self.group_size, self.frame_count, g);
         let group_len = (end - first) as u8;
         if self.has(f) {
             return FrameOutcome::Duplicate { group_complete: self.group_counts[g as usize] == group_len };
@@ -357,7 +356,7 @@ impl Nic {
         self.note(hdr, expected, RxTrace::OutOfTurn);
         self.count(counter::DROPPED_UNEXPECTED, 1);
         let g = hdr.frame_index / self.cfg.group_size;
-        let (_, end) = self.group_bounds(hdr.frame_count, g);
+        let (_, end) = wire::group_range(self.cfg.group_size, hdr.frame_count, g);
         if hdr.frame_index + 1 != end {
             return;
         }
@@ -412,11 +411,6 @@ impl Nic {
             self.trace.pop_front();
         }
         self.trace.push_back((hdr.msg_seq, hdr.frame_index, expected, outcome));
-    }
-
-    fn group_bounds(&self, frame_count: u32, g: u32) -> (u32, u32) {
-        let first = g * self.cfg.group_size;
-        (first, (first + self.cfg.group_size).min(frame_count))
     }
 
     /// Tracks the sender's port generation; a new incarnation resets the

@@ -57,11 +57,6 @@ pub(crate) struct TxMsg {
 pub(crate) type TxTable = crate::slots::Slots<TxMsg>;
 
 impl Nic {
-    fn group_range(&self, frame_count: u32, g: u32) -> (u32, u32) {
-        let first = g * self.cfg.group_size;
-        (first, (first + self.cfg.group_size).min(frame_count))
-    }
-
     /// Queues a validated send on its peer.
     pub(crate) fn enqueue_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc) {
         self.enqueue_tx_as(now, port, peer, desc, None);
@@ -190,7 +185,7 @@ impl Nic {
                     break;
                 }
                 let g = f / self.cfg.group_size;
-                let (_, end) = self.group_range(count, g);
+                let (_, end) = wire::group_range(self.cfg.group_size, count, g);
                 let m = self.tx.get_mut(slot);
                 m.next_frame = f + 1;
                 m.inflight_frames += 1;
@@ -296,7 +291,7 @@ impl Nic {
     /// those in `mask` relative to the group's first frame).
     fn resend_group<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, mask: u32) -> Result<(), Status> {
         let m = self.tx.get(slot).expect("live");
-        let (first, end) = self.group_range(m.frame_count, g);
+        let (first, end) = wire::group_range(self.cfg.group_size, m.frame_count, g);
         let end = end.min(m.next_frame);
         for f in first..end {
             if mask & (1 << (f - first)) != 0 {
