@@ -103,7 +103,7 @@ impl Nic {
             let Some(w) = self.queues.q[cpu].pop_front() else { break };
             self.run_work(hal, now, w);
         }
-        self.pump(hal, now);
+        self.send_ready_peers(hal, now);
         self.cpu = prev;
         self.publish(hal);
         n

@@ -19,6 +19,17 @@
 //! drop-and-retransmit for unexpected messages (plus an optional bounded
 //! overflow buffer), and flow control either by receiver state piggybacked
 //! on ACKs (EMP) or by PM's Modified ACK/NACK (seed 003 §3.3).
+//!
+//! Layout rule: `Nic` is one state machine split by concern; files call
+//! each other through `Nic`; leaf state owns its own logic. Each file adds
+//! an `impl Nic` block for its concern (`host`: rings and completions,
+//! `tx`: sending, `rx`: receiving, `control`: ACK/NACK emission, `coll`:
+//! collectives, `atomic`: remote atomics, `cpu`: the NIC CPU plan); leaf
+//! records (`rx::RxMsg`, `tx::TxMsg`, `coll::CollOp`) own their bookkeeping
+//! and return outcomes (`RxMsg::record -> FrameOutcome`) rather than call
+//! back. This file holds the entry points and the frame dispatcher, which
+//! routes between concerns: a receive record says who owns it
+//! (`rx::RxOwner`), so the receive path never calls the collective layer.
 
 mod atomic;
 mod coll;
@@ -466,7 +477,7 @@ impl Nic {
         self.cpu = 0;
         self.service_admin(hal, now);
         self.poll_rings(hal, now);
-        self.pump(hal, now);
+        self.send_ready_peers(hal, now);
         self.publish(hal);
     }
 
@@ -478,7 +489,7 @@ impl Nic {
         // still in the rings were waiting for: the NIC polls producer
         // indices, it does not rely on a doorbell for them.
         self.poll_rings(hal, now);
-        self.pump(hal, now);
+        self.send_ready_peers(hal, now);
         self.publish(hal);
     }
 
@@ -610,7 +621,7 @@ impl Nic {
             }
         }
         self.poll_rings(hal, now);
-        self.pump(hal, now);
+        self.send_ready_peers(hal, now);
         self.publish(hal);
     }
 

@@ -120,9 +120,9 @@ impl Nic {
     }
 
     /// Sends what windows and flow control allow, peer by peer.
-    pub(crate) fn pump<H: Hal>(&mut self, hal: &mut H, now: u64) {
+    pub(crate) fn send_ready_peers<H: Hal>(&mut self, hal: &mut H, now: u64) {
         // Each peer is taken once per call; a peer that becomes ready again
-        // while pumping waits for the next call.
+        // while sending waits for the next call.
         let n = self.ready.len();
         for _ in 0..n {
             let Some(p) = self.ready.pop_front() else { break };
