@@ -1216,16 +1216,18 @@ impl Nic {
         let mut early = 0;
         let mut cached = 0;
         let per_op = self.cfg.window_frames.min(self.cfg.coll_cache_frames) as usize;
+        if self.coll_ops.used() == 0 && self.coll_pool_used == 0 && self.coll_cache_used == 0 {
+            return Ok(()); // Nothing to check (the common case after every handler).
+        }
+        // Internal messages by (op, stamp), in one pass over the send table.
+        let queued: Vec<(u32, u32)> =
+            self.tx.iter().filter_map(|(_, m)| m.coll.as_ref().map(|c| (c.op, c.op_stamp))).collect();
         for (s, o) in self.coll_ops.iter() {
             let g = self.groups.get(o.group).ok_or_else(|| format!("coll op {s} of a free group slot {}", o.group))?;
             if g.port != o.port {
                 return Err(format!("coll op {s} on port {} of a port-{} group", o.port, g.port));
             }
-            let txs = self
-                .tx
-                .iter()
-                .filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == s && c.op_stamp == o.stamp))
-                .count();
+            let txs = queued.iter().filter(|&&q| q == (s, o.stamp)).count();
             if txs as u32 != o.pending_tx {
                 return Err(format!("coll op {s}: {} pending messages, {txs} queued", o.pending_tx));
             }

@@ -697,15 +697,22 @@ impl Nic {
     /// Checks internal invariants; returns the first one broken.
     pub fn invariants(&self) -> Result<(), String> {
         let mut tx_seen = 0;
-        for (i, p) in self.peers.iter().enumerate() {
-            let Some(p) = p else { continue };
-            if self.peer_index.get(&(p.port, p.node, p.rport)) != Some(&(i as u32)) {
+        if self.peer_index.len() + self.peer_free.len() != self.peers.len() {
+            return Err(format!(
+                "{} peers indexed, {} free of {}",
+                self.peer_index.len(),
+                self.peer_free.len(),
+                self.peers.len()
+            ));
+        }
+        for (i, p) in self.live_peers() {
+            if self.peer_index.get(&(p.port, p.node, p.rport)) != Some(&i) {
                 return Err(format!("peer {i} not indexed"));
             }
             let mut inflight = 0;
             for &s in &p.tx_queue {
                 let m = self.tx.get(s).ok_or_else(|| format!("peer {i} queues free tx slot {s}"))?;
-                if m.peer != i as u32 {
+                if m.peer != i {
                     return Err(format!("tx slot {s} belongs to peer {} not {i}", m.peer));
                 }
                 inflight += m.inflight_frames;
@@ -716,7 +723,7 @@ impl Nic {
             }
             for &r in &p.rx_active {
                 let m = self.rx.get(r).ok_or_else(|| format!("peer {i} lists free rx slot {r}"))?;
-                if m.peer != i as u32 {
+                if m.peer != i {
                     return Err(format!("rx slot {r} belongs to peer {} not {i}", m.peer));
                 }
             }
@@ -724,7 +731,7 @@ impl Nic {
         if tx_seen != self.tx.used() {
             return Err(format!("{} tx records, {tx_seen} queued", self.tx.used()));
         }
-        let rx_listed: usize = self.peers.iter().flatten().map(|p| p.rx_active.len()).sum();
+        let rx_listed: usize = self.live_peers().map(|(_, p)| p.rx_active.len()).sum();
         if rx_listed as u32 != self.rx.used() {
             return Err(format!("{} rx records, {rx_listed} listed", self.rx.used()));
         }
@@ -734,6 +741,15 @@ impl Nic {
         }
         self.coll_invariants()?;
         self.atomic_invariants()
+    }
+
+    /// Live peer entries (by the index: the table itself is mostly empty,
+    /// and the invariants walk it after every handler in debug runs).
+    pub(crate) fn live_peers(&self) -> impl Iterator<Item = (u32, &Peer)> {
+        self.peer_index.values().map(|&i| {
+            let p = self.peers[i as usize].as_ref();
+            (i, p.expect("indexed peer is live"))
+        })
     }
 
     pub(crate) fn count(&mut self, c: usize, n: u64) {
