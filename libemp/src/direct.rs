@@ -9,10 +9,9 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use emp_uapi::attach::{attach_reply as ar, op, AttachMsg, ATTACH_VERSION};
-use emp_uapi::desc::{
-    Cqe, Opcode, Sge, Status, WorkDesc, CQE_PHASE, MR_LOCAL_READ, MR_LOCAL_WRITE, SGE_MAX, WD_SIGNALED,
-};
-use emp_uapi::sram::ctl;
+use emp_uapi::desc::{Cqe, Opcode, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, SGE_MAX, WD_SIGNALED};
+use emp_uapi::ring;
+use emp_uapi::sram::{ctl, PortWindow};
 use emp_uapi::{Le, PAGE_SIZE};
 use nix::sys::socket::{
     connect, recvmsg, sendmsg, socket, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag,
@@ -376,24 +375,20 @@ impl Device {
     }
 
     pub(crate) fn post(&mut self, send: bool, d: &WorkDesc) -> Result<()> {
-        let (prod, cons_off, prod_off, entries, ring) = if send {
-            (self.send_prod, ctl::SEND_CONS, ctl::SEND_PROD, self.info.send_entries, PAGE_SIZE)
+        // The mapping starts at this port's window.
+        let w = PortWindow { base: 0, send_entries: self.info.send_entries, recv_entries: self.info.recv_entries };
+        let (prod, cons_off, prod_off, entries) = if send {
+            (self.send_prod, ctl::SEND_CONS, ctl::SEND_PROD, w.send_entries)
         } else {
-            (
-                self.recv_prod,
-                ctl::RECV_CONS,
-                ctl::RECV_PROD,
-                self.info.recv_entries,
-                PAGE_SIZE + self.info.send_entries as usize * WorkDesc::SIZE,
-            )
+            (self.recv_prod, ctl::RECV_CONS, ctl::RECV_PROD, w.recv_entries)
         };
         let cons = self.word(cons_off).load(Ordering::Acquire);
-        if prod.wrapping_sub(cons) >= entries {
+        if !ring::has_room(prod, cons, entries) {
             return Err(Error::RingFull);
         }
         let mut b = [0u8; WorkDesc::SIZE];
         d.put(&mut b);
-        let slot = ring + (prod & (entries - 1)) as usize * WorkDesc::SIZE;
+        let slot = if send { w.send_slot(prod) } else { w.recv_slot(prod) };
         // SAFETY: the slot lies inside the window (geometry checked at open).
         unsafe { core::ptr::copy_nonoverlapping(b.as_ptr(), self.window.add(slot), WorkDesc::SIZE) };
         let next = prod.wrapping_add(1);
@@ -506,14 +501,15 @@ impl Device {
     fn poll_ring(&mut self, out: &mut [Completion]) -> usize {
         let mut n = 0;
         while n < out.len() {
-            let idx = self.cq_head & (CQ_ENTRIES - 1);
-            let phase = if (self.cq_head / CQ_ENTRIES) & 1 == 0 { CQE_PHASE } else { 0 };
+            let idx = ring::slot(self.cq_head, CQ_ENTRIES);
             // SAFETY: the CQ occupies the first CQ_ENTRIES * 32 bytes of the arena.
             let entry = unsafe { self.arena.add(idx as usize * Cqe::SIZE) };
-            // SAFETY: reading the flags byte of a live entry; the NIC writes
-            // it last, so observing the phase means the body is complete.
+            // SAFETY: reading the flags byte (the entry's last) of a live
+            // entry; the NIC makes it visible after the rest of the entry
+            // (a DMA fence between), so observing the phase means the body is
+            // complete once the acquire fence below orders our reads.
             let flags = unsafe { core::ptr::read_volatile(entry.add(emp_uapi::desc::CQE_FLAGS_OFFSET)) };
-            if flags & CQE_PHASE != phase {
+            if !ring::cqe_is_new(flags, self.cq_head, CQ_ENTRIES) {
                 break;
             }
             fence(Ordering::Acquire);

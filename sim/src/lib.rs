@@ -13,6 +13,7 @@ pub mod model;
 mod plan;
 pub mod rng;
 pub mod scenario;
+pub mod weak_dma;
 pub mod world;
 
 pub use scenario::{run, Failure, Report, Spec};

@@ -1,11 +1,11 @@
 //! Scenarios: a seeded workload of tagged messages, remote atomics and
-//! collectives between endpoints ([`Spec`] draws it into a
-//! [`crate::plan`]), driven on a [`World`]: the driver posts each operation
+//! collectives between endpoints (a [`Spec`] draws it into a plan,
+//! `plan.rs`), driven on a [`World`]: the driver posts each operation
 //! through the real SRAM rings when due, keeps going through loss,
 //! duplication, reordering and a partition that heals until every
 //! operation completed (liveness), and hands every completion and the
-//! state at quiesce to the checkers ([`crate::checker`]: delivery,
-//! atomics, collectives, leaks).
+//! state at quiesce to the checkers (`checker/`: delivery, atomics,
+//! collectives, leaks).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
@@ -65,6 +65,10 @@ pub struct Spec {
     pub atomics: u32,
     /// Collective operations on one group over random endpoints.
     pub collectives: u32,
+    /// The NICs' writes to host memory appear late and in random byte
+    /// order, ordered only by DMA fences (`emp_sim::weak_dma`); hosts check
+    /// every completion they accept against what the NIC wrote.
+    pub weak_dma: bool,
 }
 
 impl Spec {
@@ -89,6 +93,7 @@ impl Spec {
             swarm: false,
             atomics: 0,
             collectives: 0,
+            weak_dma: false,
         }
     }
 
@@ -137,6 +142,7 @@ impl Spec {
             // Drawn last: the other knobs of a seed stay what they were.
             atomics: if r.chance(0.5) { r.range(1, 48) as u32 } else { 0 },
             collectives: if r.chance(0.4) { r.range(1, 24) as u32 } else { 0 },
+            weak_dma: r.chance(0.5),
         }
     }
 
@@ -171,6 +177,9 @@ impl Spec {
         }
         if self.collectives > 0 {
             cmd += &format!(" --collectives {}", self.collectives);
+        }
+        if self.weak_dma {
+            cmd += " --weak-dma";
         }
         if let Some(p) = &self.wire.partition {
             cmd += &format!(" --partition-ms {}", p.end_ns / 1_000_000);
@@ -506,8 +515,11 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
                 * PAGE_SIZE
         })
         .collect();
-    let world =
+    let mut world =
         World::new(spec.nodes, params, spec.mtu, features, spec.firmware_config(), spec.wire.clone(), r.fork(), &mem);
+    if spec.weak_dma {
+        world.weak_dma(spec.seed);
+    }
     let mut d = Driver {
         world,
         ports: Vec::new(),

@@ -27,8 +27,8 @@ const BUILD_ID_MAX: usize = 20;
 /// `emp fw …` subcommands.
 #[derive(Subcommand, Debug)]
 pub enum FwCmd {
-    /// Generate an ed25519 signing key: <name>.key (32-byte secret seed,
-    /// mode 0600) and <name>.pub (64 hex digits).
+    /// Generate an ed25519 signing key: NAME.key (32-byte secret seed,
+    /// mode 0600) and NAME.pub (64 hex digits).
     Keygen {
         /// Directory to write the key files into (created if missing).
         #[arg(long)]

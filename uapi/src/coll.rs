@@ -7,7 +7,8 @@
 
 use crate::{le_struct, DecodeError, Le};
 
-pub use crate::sram::GROUP_MEMBERS_MAX;
+/// Most members a group (and its table entry) holds.
+pub const GROUP_MEMBERS_MAX: usize = 64;
 
 /// Trees a group table entry holds (parent arrays).
 pub const TREES_MAX: usize = 8;

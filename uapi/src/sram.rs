@@ -15,12 +15,15 @@
 //! separate cache lines.
 
 use crate::desc::{MrEntry, WorkDesc};
+use crate::ring;
 use crate::{le_struct, DecodeError, Le, PAGE_SIZE};
 
 /// Board signature at SRAM offset 0: "EMP-NIC\0" little-endian.
 pub const BOARD_SIGNATURE: u64 = u64::from_le_bytes(*b"EMP-NIC\0");
-/// Version of this memory map.
-pub const LAYOUT_VERSION: u32 = 2;
+/// Version of this memory map and of the structures the NIC and host share
+/// through it (descriptors, CQEs). 3: the CQE's phase byte moved to its last
+/// byte, published after a DMA fence.
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// NIC status (header `status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -433,18 +436,18 @@ impl Layout {
 pub enum AdminOp {
     /// No-op (ping).
     Nop = 0,
-    /// Open a port: args[0] = port, args[1] = CQ key, args[2] = CQ offset,
-    /// args[3] = CQ entries (power of two).
+    /// Open a port: `args[0]` = port, `args[1]` = CQ key, `args[2]` = CQ offset,
+    /// `args[3]` = CQ entries (power of two).
     PortOpen = 1,
-    /// Close a port: args[0] = port. Flushes its work, frees its tables.
+    /// Close a port: `args[0]` = port. Flushes its work, frees its tables.
     PortClose = 2,
-    /// The trusted side invalidated MR slot args[0]; the NIC acknowledges
+    /// The trusted side invalidated MR slot `args[0]`; the NIC acknowledges
     /// that no further DMA uses the old translation.
     MrFence = 3,
-    /// The trusted side wrote group table slot args[0] (checked): the NIC
+    /// The trusted side wrote group table slot `args[0]` (checked): the NIC
     /// loads it. A slot in use is replaced (its operations fail `StaleGroup`).
     GroupSet = 4,
-    /// Group slot args[0] is retired: its operations finish `Flushed`.
+    /// Group slot `args[0]` is retired: its operations finish `Flushed`.
     GroupClear = 5,
 }
 
@@ -513,8 +516,7 @@ le_struct! {
     size = 32;
 }
 
-/// Most members a group table entry holds.
-pub const GROUP_MEMBERS_MAX: usize = 64;
+pub use crate::coll::GROUP_MEMBERS_MAX;
 
 le_struct! {
     /// Group table entry (1024 bytes): an ordered list of endpoints used by
@@ -705,7 +707,7 @@ impl PortWindow {
 
     /// Offset of send ring slot `idx` (wrapped).
     pub const fn send_slot(&self, idx: u32) -> usize {
-        self.base + PAGE_SIZE + (idx & (self.send_entries - 1)) as usize * WorkDesc::SIZE
+        self.base + PAGE_SIZE + ring::slot(idx, self.send_entries) as usize * WorkDesc::SIZE
     }
 
     /// Offset of receive ring slot `idx` (wrapped).
@@ -713,7 +715,7 @@ impl PortWindow {
         self.base
             + PAGE_SIZE
             + self.send_entries as usize * WorkDesc::SIZE
-            + (idx & (self.recv_entries - 1)) as usize * WorkDesc::SIZE
+            + ring::slot(idx, self.recv_entries) as usize * WorkDesc::SIZE
     }
 }
 
