@@ -446,13 +446,12 @@ impl Nic {
     /// Checks the atomic tables; returns the first rule broken.
     pub(crate) fn atomic_invariants(&self) -> Result<(), String> {
         let mut queued = 0u32;
-        for (i, p) in self.peers.iter().enumerate() {
-            let Some(p) = p else { continue };
+        for (i, p) in self.live_peers() {
             let mut prev: Option<u32> = None;
             let floor = p.atomic.queue.front().and_then(|&s| self.atomics.get(s)).map(|a| a.seq);
             for &s in &p.atomic.queue {
                 let a = self.atomics.get(s).ok_or_else(|| format!("peer {i} queues free atomic slot {s}"))?;
-                if a.peer != i as u32 {
+                if a.peer != i {
                     return Err(format!("atomic slot {s} belongs to peer {} not {i}", a.peer));
                 }
                 if prev.is_some_and(|q| !seq_lt(q, a.seq)) {

@@ -520,10 +520,10 @@ impl Nic {
         }
         if o.error.is_none() {
             let r = match o.params.expect("set at post or arrival") {
-                Params::Barrier { algo, tree } => self.progress_barrier(hal, now, op, algo, tree),
+                Params::Barrier { algo, tree } => self.progress_barrier(now, op, algo, tree),
                 Params::Reduce { .. } => self.progress_reduce(hal, now, op),
                 Params::Bcast { root, tree, .. } => self.progress_bcast(hal, now, op, root, tree),
-                Params::Multi { mask, .. } => self.progress_multi(hal, now, op, mask),
+                Params::Multi { mask, .. } => self.progress_multi(now, op, mask),
             };
             if let Err(e) = r {
                 self.coll_ops.get_mut(op).error.get_or_insert(e);
@@ -533,14 +533,7 @@ impl Nic {
     }
 
     /// Sends the next steps of a barrier; `Ok` also when waiting.
-    fn progress_barrier<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        now: u64,
-        op: u32,
-        algo: BarrierAlgo,
-        tree: u8,
-    ) -> Result<(), Status> {
+    fn progress_barrier(&mut self, now: u64, op: u32, algo: BarrierAlgo, tree: u8) -> Result<(), Status> {
         let o = self.coll_ops.get(op).expect("live");
         let g = self.groups.get(o.group).expect("live group");
         let (n, rank) = (g.n, g.rank);
@@ -555,7 +548,7 @@ impl Nic {
                     }
                     Some(Step::Send { to, round }) => {
                         let h = self.coll_header(op, kind, round, 0, tree);
-                        if !self.coll_send(hal, now, op, to, h, CollData::None)? {
+                        if !self.coll_send(now, op, to, h, CollData::None)? {
                             return Ok(());
                         }
                     }
@@ -578,7 +571,7 @@ impl Nic {
             }
             if let Some(p) = parent {
                 let h = self.coll_header(op, CollKind::BarrierGather, 0, 0, tree);
-                if !self.coll_send(hal, now, op, abs_rank(p, 0, n), h, CollData::None)? {
+                if !self.coll_send(now, op, abs_rank(p, 0, n), h, CollData::None)? {
                     return Ok(());
                 }
             }
@@ -594,7 +587,7 @@ impl Nic {
         while (self.coll_ops.get(op).expect("live").sub as usize) < children.len() {
             let c = children[self.coll_ops.get(op).expect("live").sub as usize];
             let h = self.coll_header(op, CollKind::BarrierRelease, 0, 0, tree);
-            if !self.coll_send(hal, now, op, abs_rank(c, 0, n), h, CollData::None)? {
+            if !self.coll_send(now, op, abs_rank(c, 0, n), h, CollData::None)? {
                 return Ok(());
             }
             self.coll_ops.get_mut(op).sub += 1;
@@ -634,7 +627,7 @@ impl Nic {
                 Some(p) => {
                     let h = self.coll_header(op, CollKind::ReduceUp, all as u8, root as u8, tree);
                     let data = CollData::Nic(o.acc.clone());
-                    if !self.coll_send(hal, now, op, abs_rank(p, root, n), h, data)? {
+                    if !self.coll_send(now, op, abs_rank(p, root, n), h, data)? {
                         return Ok(());
                     }
                     self.coll_ops.get_mut(op).step = if all { 2 } else { 4 };
@@ -665,7 +658,7 @@ impl Nic {
             };
             let h = self.coll_header(op, CollKind::AllreduceDown, 1, root as u8, tree);
             let data = CollData::Nic(o.down.clone().expect("result"));
-            if !self.coll_send(hal, now, op, abs_rank(c, root, n), h, data)? {
+            if !self.coll_send(now, op, abs_rank(c, root, n), h, data)? {
                 return Ok(());
             }
             self.coll_ops.get_mut(op).sub += 1;
@@ -702,13 +695,12 @@ impl Nic {
         self.coll_progress(hal, now, op);
     }
 
-    fn progress_multi<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32, mask: u64) -> Result<(), Status> {
+    fn progress_multi(&mut self, now: u64, op: u32, mask: u64) -> Result<(), Status> {
         loop {
             let sub = self.coll_ops.get(op).expect("live").sub;
             // The sub-th destination, in ascending rank.
             let Some(to) = (0..64u16).filter(|&r| mask & (1 << r) != 0).nth(sub as usize) else { break };
-            let Some(t) = self.coll_send_limited(hal, now, op, to, None, CollData::Host { dest: sub }, u32::MAX)?
-            else {
+            let Some(t) = self.coll_send_limited(now, op, to, None, CollData::Host { dest: sub }, u32::MAX)? else {
                 return Ok(());
             };
             let o = self.coll_ops.get_mut(op);
@@ -895,14 +887,8 @@ impl Nic {
         };
         let port = hdr.dst_port;
         let peer = self.find_peer(port, hdr.src_node, hdr.src_port).expect("frame's peer exists");
-        let rec = crate::rx::RxMsg {
-            skip: CollHeader::SIZE as u64,
-            coll: Some((op, stamp)),
-            ..crate::rx::RxMsg::new(port, peer, hdr, msg, data, self.cfg.group_size, now)
-        };
-        let r = self.rx.insert(rec).expect("checked not full");
-        self.peer_mut(peer).rx_active.push(r);
-        self.arm_rx_sweep(now);
+        let owner = crate::rx::RxOwner::Bcast { op, stamp };
+        let r = self.rx_open(now, peer, hdr, msg, data, owner).expect("checked not full");
         let o = self.coll_ops.get_mut(op);
         o.params = Some(p);
         o.data = Some(data);
@@ -932,7 +918,7 @@ impl Nic {
     }
 
     /// A broadcast finished arriving (or failed).
-    pub(crate) fn bcast_rx_done<H: Hal>(&mut self, hal: &mut H, op: u32, stamp: u32, error: Option<Status>) {
+    pub(crate) fn bcast_rx_done<H: Hal>(&mut self, hal: &mut H, now: u64, op: u32, stamp: u32, error: Option<Status>) {
         if self.coll_ops.get(op).is_none_or(|o| o.stamp != stamp) {
             return;
         }
@@ -942,7 +928,7 @@ impl Nic {
         if let Some(e) = error {
             o.error.get_or_insert(e);
         }
-        self.coll_progress(hal, 0, op);
+        self.coll_progress(hal, now, op);
     }
 
     /// Root: send to each child. Others: once the data is located, forward
@@ -968,7 +954,7 @@ impl Nic {
             let c = children[sub as usize];
             let h = self.coll_header(op, CollKind::Bcast, 0, root as u8, tree);
             let data = CollData::Host { dest: sub };
-            let Some(t) = self.coll_send_limited(hal, now, op, abs_rank(c, root, n), Some(h), data, contig)? else {
+            let Some(t) = self.coll_send_limited(now, op, abs_rank(c, root, n), Some(h), data, contig)? else {
                 return Ok(());
             };
             let o = self.coll_ops.get_mut(op);
@@ -1017,25 +1003,15 @@ impl Nic {
 
     /// Queues an internal message to group rank `to`. `Ok(false)`: no free
     /// transmission record; the op is retried when one frees.
-    fn coll_send<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        now: u64,
-        op: u32,
-        to: u16,
-        hdr: CollHeader,
-        data: CollData,
-    ) -> Result<bool, Status> {
-        self.coll_send_limited(hal, now, op, to, Some(hdr), data, u32::MAX).map(|s| s.is_some())
+    fn coll_send(&mut self, now: u64, op: u32, to: u16, hdr: CollHeader, data: CollData) -> Result<bool, Status> {
+        self.coll_send_limited(now, op, to, Some(hdr), data, u32::MAX).map(|s| s.is_some())
     }
 
     /// Queues an internal message to group rank `to` of which only the
     /// first `limit` frames exist yet; returns its transmission record, or
     /// `None` when no record is free (the op is retried when one frees).
-    #[allow(clippy::too_many_arguments)]
-    fn coll_send_limited<H: Hal>(
+    fn coll_send_limited(
         &mut self,
-        _hal: &mut H,
         now: u64,
         op: u32,
         to: u16,
@@ -1181,9 +1157,14 @@ impl Nic {
             // Failed first, so finishing its messages cannot start new ones.
             o.error.get_or_insert(status);
             let stamp = o.stamp;
-            let rxs: Vec<u32> = self.rx.iter().filter(|(_, m)| m.coll == Some((op, stamp))).map(|(s, _)| s).collect();
+            let rxs: Vec<u32> = self
+                .rx
+                .iter()
+                .filter(|(_, m)| m.owner == crate::rx::RxOwner::Bcast { op, stamp })
+                .map(|(s, _)| s)
+                .collect();
             for r in rxs {
-                self.finish_rx(hal, r, Some(Status::Flushed));
+                self.finish_rx(hal, now, r, Some(Status::Flushed));
             }
             let early = self.coll_ops.get(op).expect("live").desc.is_none();
             let txs: Vec<u32> = self
@@ -1235,16 +1216,18 @@ impl Nic {
         let mut early = 0;
         let mut cached = 0;
         let per_op = self.cfg.window_frames.min(self.cfg.coll_cache_frames) as usize;
+        if self.coll_ops.used() == 0 && self.coll_pool_used == 0 && self.coll_cache_used == 0 {
+            return Ok(()); // Nothing to check (the common case after every handler).
+        }
+        // Internal messages by (op, stamp), in one pass over the send table.
+        let queued: Vec<(u32, u32)> =
+            self.tx.iter().filter_map(|(_, m)| m.coll.as_ref().map(|c| (c.op, c.op_stamp))).collect();
         for (s, o) in self.coll_ops.iter() {
             let g = self.groups.get(o.group).ok_or_else(|| format!("coll op {s} of a free group slot {}", o.group))?;
             if g.port != o.port {
                 return Err(format!("coll op {s} on port {} of a port-{} group", o.port, g.port));
             }
-            let txs = self
-                .tx
-                .iter()
-                .filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == s && c.op_stamp == o.stamp))
-                .count();
+            let txs = queued.iter().filter(|&&q| q == (s, o.stamp)).count();
             if txs as u32 != o.pending_tx {
                 return Err(format!("coll op {s}: {} pending messages, {txs} queued", o.pending_tx));
             }

@@ -103,7 +103,7 @@ impl Nic {
             let Some(w) = self.queues.q[cpu].pop_front() else { break };
             self.run_work(hal, now, w);
         }
-        self.pump(hal, now);
+        self.send_ready_peers(hal, now);
         self.cpu = prev;
         self.publish(hal);
         n
@@ -128,7 +128,7 @@ impl Nic {
             }
             Work::Finish { slot, seq } => {
                 if self.rx.get(slot).is_some_and(|m| m.seq == seq) {
-                    self.finish_rx(hal, slot, None);
+                    self.finish_rx(hal, now, slot, None);
                 }
             }
             Work::Control { hdr, body } => self.put_control(hal, &hdr, &body),

@@ -140,7 +140,7 @@ impl Nic {
                 self.finish_tx(hal, now, slot, Status::Flushed);
             }
             while let Some(&slot) = self.peer(i).rx_active.first() {
-                self.finish_rx(hal, slot, Some(Status::Flushed));
+                self.finish_rx(hal, now, slot, Some(Status::Flushed));
             }
         }
         while let Some(d) = self.ports[port as usize].posted.pop_front() {
@@ -196,7 +196,7 @@ impl Nic {
             }
             budget -= 1;
             let d = self.take_desc(hal, port, true);
-            self.post_send(hal, now, port, &d);
+            self.take_send_desc(hal, now, port, &d);
         }
         let sc = self.ports[port as usize].send_cons;
         sram_put_u32(hal, w.ctl(ctl::SEND_CONS), sc);
@@ -229,7 +229,9 @@ impl Nic {
         self.kick_refused(hal, port, &ld);
     }
 
-    fn post_send<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
+    /// One descriptor from the send ring, whatever its opcode: sends,
+    /// collectives and atomics start here.
+    fn take_send_desc<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
         let ld = LocalDesc::new(d);
         match d.validate() {
             Ok(Opcode::Send) => {}

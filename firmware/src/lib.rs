@@ -19,10 +19,22 @@
 //! drop-and-retransmit for unexpected messages (plus an optional bounded
 //! overflow buffer), and flow control either by receiver state piggybacked
 //! on ACKs (EMP) or by PM's Modified ACK/NACK (seed 003 §3.3).
+//!
+//! Layout rule: `Nic` is one state machine split by concern; files call
+//! each other through `Nic`; leaf state owns its own logic. Each file adds
+//! an `impl Nic` block for its concern (`host`: rings and completions,
+//! `tx`: sending, `rx`: receiving, `control`: ACK/NACK emission, `coll`:
+//! collectives, `atomic`: remote atomics, `cpu`: the NIC CPU plan); leaf
+//! records (`rx::RxMsg`, `tx::TxMsg`, `coll::CollOp`) own their bookkeeping
+//! and return outcomes (`RxMsg::record -> FrameOutcome`) rather than call
+//! back. This file holds the entry points and the frame dispatcher, which
+//! routes between concerns: a receive record says who owns it
+//! (`rx::RxOwner`), so the receive path never calls the collective layer.
 
 mod atomic;
 mod coll;
 mod combine;
+mod control;
 mod cpu;
 mod ffi;
 mod group;
@@ -35,12 +47,14 @@ mod tx;
 
 use std::collections::{HashMap, VecDeque};
 
-use emp_uapi::desc::{Opcode, Sge, WorkDesc, SGE_MAX, WD_SIGNALED};
+use emp_uapi::desc::{Opcode, Sge, Status, WorkDesc, SGE_MAX, WD_SIGNALED};
 use emp_uapi::sram::{counter, FailReason, Layout, NicStatus, SramHeader, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
-use emp_uapi::wire::MTU_MAX;
+use emp_uapi::wire::{Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
 use emp_uapi::Le;
 
 pub use timer::TimerHeap;
+
+use rx::{DataVerdict, RxOwner};
 
 /// A failed DMA (address outside host memory, process gone, …).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -355,7 +369,7 @@ pub struct Nic {
     pub(crate) queues: cpu::Queues,
     /// Last DATA-frame decisions (seq, frame index, rx_expected, outcome),
     /// for diagnosis (`describe_peers`).
-    pub(crate) trace: VecDeque<(u32, u32, u32, u8)>,
+    pub(crate) trace: VecDeque<(u32, u32, u32, rx::RxTrace)>,
     /// An RxSweep timer is armed.
     pub(crate) sweep_armed: bool,
     /// One frame of scratch: payloads pass through here between DMA and MAC;
@@ -463,7 +477,7 @@ impl Nic {
         self.cpu = 0;
         self.service_admin(hal, now);
         self.poll_rings(hal, now);
-        self.pump(hal, now);
+        self.send_ready_peers(hal, now);
         self.publish(hal);
     }
 
@@ -475,8 +489,117 @@ impl Nic {
         // still in the rings were waiting for: the NIC polls producer
         // indices, it does not rely on a doorbell for them.
         self.poll_rings(hal, now);
-        self.pump(hal, now);
+        self.send_ready_peers(hal, now);
         self.publish(hal);
+    }
+
+    /// Dispatches a received frame by kind.
+    fn receive_frame<H: Hal>(&mut self, hal: &mut H, now: u64, bytes: &[u8]) {
+        let frame = match Frame::parse(bytes) {
+            Ok(f) if f.header().dst_node == self.node && (f.header().dst_port as usize) < self.ports.len() => f,
+            _ => return self.count(counter::DROPPED_MALFORMED, 1),
+        };
+        match frame {
+            Frame::Data { hdr, msg, payload } => self.on_data(hal, now, &hdr, msg.as_ref(), payload),
+            Frame::Ack { hdr, body } => {
+                self.count(counter::ACKS_RX, 1);
+                if self.ports[hdr.dst_port as usize].open {
+                    self.on_ack(hal, now, &hdr, &body);
+                }
+            }
+            Frame::Nack { hdr, body, reason } => {
+                self.count(counter::ACKS_RX, 1);
+                if self.ports[hdr.dst_port as usize].open {
+                    self.on_nack(hal, now, &hdr, &body, reason);
+                }
+            }
+            Frame::AtomicReq { hdr, body } => self.on_atomic_req(hal, &hdr, &body),
+            Frame::AtomicResp { hdr, result } => self.on_atomic_resp(hal, now, &hdr, &result),
+        }
+    }
+
+    /// A DATA (or collective DATA) frame: admitted and classified by the
+    /// receive path; the header frame of a collective message goes to the
+    /// collective layer.
+    fn on_data<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, msg: Option<&MsgHeader>, payload: &[u8]) {
+        let Some(peer) = self.admit_data(hal, now, hdr) else { return };
+        match self.classify_data(peer, hdr) {
+            DataVerdict::Active(r) => self.deliver(hal, now, r, hdr, msg, payload),
+            DataVerdict::Old => self.on_old_data(hal, peer, hdr),
+            DataVerdict::Early => self.on_early_data(hal, now, peer, hdr),
+            DataVerdict::NextMsg => {
+                let msg = msg.expect("frame 0 carries the message header");
+                self.on_next_msg(hal, now, peer, hdr, msg, payload);
+            }
+            DataVerdict::CollFirst => {
+                let msg = msg.expect("frame 0 carries the message header");
+                self.on_coll_first(hal, now, peer, hdr, msg, payload);
+            }
+        }
+    }
+
+    /// The header frame of the next message from `peer` is a collective one.
+    fn on_coll_first<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        peer: u32,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        payload: &[u8],
+    ) {
+        let seq = hdr.msg_seq;
+        match self.coll_accept(hal, now, hdr, msg, payload) {
+            coll::CollAccept::Consumed => {
+                self.rx_took_next(peer, seq);
+                self.send_ack(hal, peer, seq, 0);
+                self.nack_gap(hal, peer);
+            }
+            coll::CollAccept::Receive(r) => {
+                self.rx_took_next(peer, seq);
+                self.deliver(hal, now, r, hdr, Some(msg), payload);
+                self.nack_gap(hal, peer);
+            }
+            coll::CollAccept::Refuse(NackReason::NoMatch) => self.refuse_next(hal, peer, hdr, None),
+            coll::CollAccept::Refuse(reason) => {
+                self.count(counter::DROPPED_UNEXPECTED, 1);
+                self.send_nack(hal, peer, seq, 0, 0, reason);
+            }
+        }
+    }
+
+    /// A frame of a message with receive record `r`: stored by the receive
+    /// path; a broadcast's forwarding learns what arrived.
+    fn deliver<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        r: u32,
+        hdr: &FrameHeader,
+        msg: Option<&MsgHeader>,
+        payload: &[u8],
+    ) {
+        let Some(a) = self.accept_frame(hal, now, r, hdr, msg, payload) else { return };
+        if let RxOwner::Bcast { op, stamp } = a.owner {
+            if let Some(at) = a.stored_from {
+                // Forwarding sends what it just received, not a host read-back.
+                self.bcast_frame_received(op, stamp, hdr.frame_index, &payload[at..]);
+            }
+            self.bcast_frames_here(op, stamp, a.contig);
+        }
+        if a.finish {
+            self.finish_rx(hal, now, r, None);
+        }
+    }
+
+    /// Retires receive record `r` and reports it to its owner (`error`
+    /// overrides the record's own).
+    pub(crate) fn finish_rx<H: Hal>(&mut self, hal: &mut H, now: u64, r: u32, error: Option<Status>) {
+        let (m, error) = self.retire_rx(r, error);
+        match m.owner {
+            RxOwner::Recv => self.complete_recv(hal, &m, error),
+            RxOwner::Bcast { op, stamp } => self.bcast_rx_done(hal, now, op, stamp, error),
+        }
     }
 
     fn poll_rings<H: Hal>(&mut self, hal: &mut H, now: u64) {
@@ -498,7 +621,7 @@ impl Nic {
             }
         }
         self.poll_rings(hal, now);
-        self.pump(hal, now);
+        self.send_ready_peers(hal, now);
         self.publish(hal);
     }
 
@@ -551,8 +674,9 @@ impl Nic {
             let head = p.tx_queue.front().and_then(|&t| self.tx.get(t)).map(|m| {
                 let armed = m.groups.iter().filter(|g| g.stamp != 0).count();
                 format!(
-                    "head seq {} next {}/{} acked {}/{} armed {} rnr {}",
+                    "head seq {} queued at {} ns next {}/{} acked {}/{} armed {} rnr {}",
                     m.seq,
+                    m.queued_ns,
                     m.next_frame,
                     m.frame_count,
                     m.groups_acked,
@@ -573,15 +697,22 @@ impl Nic {
     /// Checks internal invariants; returns the first one broken.
     pub fn invariants(&self) -> Result<(), String> {
         let mut tx_seen = 0;
-        for (i, p) in self.peers.iter().enumerate() {
-            let Some(p) = p else { continue };
-            if self.peer_index.get(&(p.port, p.node, p.rport)) != Some(&(i as u32)) {
+        if self.peer_index.len() + self.peer_free.len() != self.peers.len() {
+            return Err(format!(
+                "{} peers indexed, {} free of {}",
+                self.peer_index.len(),
+                self.peer_free.len(),
+                self.peers.len()
+            ));
+        }
+        for (i, p) in self.live_peers() {
+            if self.peer_index.get(&(p.port, p.node, p.rport)) != Some(&i) {
                 return Err(format!("peer {i} not indexed"));
             }
             let mut inflight = 0;
             for &s in &p.tx_queue {
                 let m = self.tx.get(s).ok_or_else(|| format!("peer {i} queues free tx slot {s}"))?;
-                if m.peer != i as u32 {
+                if m.peer != i {
                     return Err(format!("tx slot {s} belongs to peer {} not {i}", m.peer));
                 }
                 inflight += m.inflight_frames;
@@ -592,7 +723,7 @@ impl Nic {
             }
             for &r in &p.rx_active {
                 let m = self.rx.get(r).ok_or_else(|| format!("peer {i} lists free rx slot {r}"))?;
-                if m.peer != i as u32 {
+                if m.peer != i {
                     return Err(format!("rx slot {r} belongs to peer {} not {i}", m.peer));
                 }
             }
@@ -600,7 +731,7 @@ impl Nic {
         if tx_seen != self.tx.used() {
             return Err(format!("{} tx records, {tx_seen} queued", self.tx.used()));
         }
-        let rx_listed: usize = self.peers.iter().flatten().map(|p| p.rx_active.len()).sum();
+        let rx_listed: usize = self.live_peers().map(|(_, p)| p.rx_active.len()).sum();
         if rx_listed as u32 != self.rx.used() {
             return Err(format!("{} rx records, {rx_listed} listed", self.rx.used()));
         }
@@ -610,6 +741,15 @@ impl Nic {
         }
         self.coll_invariants()?;
         self.atomic_invariants()
+    }
+
+    /// Live peer entries (by the index: the table itself is mostly empty,
+    /// and the invariants walk it after every handler in debug runs).
+    pub(crate) fn live_peers(&self) -> impl Iterator<Item = (u32, &Peer)> {
+        self.peer_index.values().map(|&i| {
+            let p = self.peers[i as usize].as_ref();
+            (i, p.expect("indexed peer is live"))
+        })
     }
 
     pub(crate) fn count(&mut self, c: usize, n: u64) {

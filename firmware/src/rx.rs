@@ -7,15 +7,29 @@
 //! (EMP's unexpected-message rule: drop, the sender retransmits) — unless
 //! the bounded overflow buffer takes it.
 
+use emp_uapi::coll::CollHeader;
 use emp_uapi::desc::{Opcode, Status, MR_LOCAL_WRITE};
 use emp_uapi::sram::counter;
-use emp_uapi::wire::{self, AckBody, Frame, FrameHeader, FrameKind, MsgHeader, NackReason};
+use emp_uapi::wire::{self, FrameHeader, FrameKind, MsgHeader, NackReason};
 use emp_uapi::{seq_le, seq_lt, Le};
 
 use crate::host::Completion;
 use crate::mr::Buf;
 use crate::timer::Timer;
 use crate::{FlowControl, Hal, LocalDesc, Nic};
+
+/// Who a receive record reports to when it finishes. The receive path
+/// treats both alike frame by frame; the dispatcher (`lib.rs`) routes what
+/// a broadcast's record reports to the collective layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RxOwner {
+    /// A posted receive (the record's `desc`): completes with a CQE.
+    Recv,
+    /// Broadcast data the NIC receives for collective op `op` (`stamp`
+    /// names the op across slot reuse). The message opens with a
+    /// `CollHeader`, which is not delivered.
+    Bcast { op: u32, stamp: u32 },
+}
 
 /// A message being received into a matched receive.
 #[derive(Debug)]
@@ -35,21 +49,38 @@ pub(crate) struct RxMsg {
     pub error: Option<Status>,
     /// Leading message bytes not delivered (a collective's header).
     pub skip: u64,
-    /// A broadcast received by the NIC for collective op (slot, stamp).
-    pub coll: Option<(u32, u32)>,
+    /// Who the record reports to when it finishes.
+    pub owner: RxOwner,
     /// Frames received without a gap from frame 0.
     pub contig: u32,
+    /// Frames acknowledged together (the NIC's `Config::group_size`).
+    pub group_size: u32,
+}
+
+/// What recording a frame in its receive record found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FrameOutcome {
+    /// Seen before. `group_complete`: its whole group is here (ACK it again).
+    Duplicate { group_complete: bool },
+    /// New. `out_of_order`: not the frame after the highest one seen.
+    /// `group_done`: it completed its group. `missing`: when it is its
+    /// group's last frame and the group is not complete, the frames still
+    /// missing (bit i = the group's i-th frame), else 0. `all_done`: every
+    /// frame of the message is in.
+    Accepted { out_of_order: bool, group_done: bool, missing: u32, all_done: bool },
 }
 
 impl RxMsg {
     /// A fresh record for the message whose first frame is `hdr`/`msg`,
-    /// landing in `desc`; nothing received yet.
+    /// landing in `desc`, reporting to `owner`; nothing received yet.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         port: u16,
         peer: u32,
         hdr: &FrameHeader,
         msg: &MsgHeader,
         desc: LocalDesc,
+        owner: RxOwner,
         group_size: u32,
         now: u64,
     ) -> RxMsg {
@@ -67,10 +98,55 @@ impl RxMsg {
             highest: 0,
             last_activity: now,
             error: None,
-            skip: 0,
-            coll: None,
+            skip: match owner {
+                RxOwner::Recv => 0,
+                RxOwner::Bcast { .. } => CollHeader::SIZE as u64,
+            },
+            owner,
             contig: 0,
+            group_size,
         }
+    }
+
+    /// Does a frame agree with the message this record receives?
+    fn fits(&self, hdr: &FrameHeader, msg: Option<&MsgHeader>, payload_len: usize, mtu: u32) -> bool {
+        let f = hdr.frame_index;
+        let off = wire::frame_offset(f, mtu);
+        let expect_len = (wire::payload_capacity(mtu, f) as u64).min(self.total_len.saturating_sub(off));
+        hdr.frame_count == self.frame_count
+            && msg.is_none_or(|h| h.total_len == self.total_len && h.tag == self.tag)
+            && payload_len as u64 == expect_len
+    }
+
+    fn has(&self, f: u32) -> bool {
+        self.received[f as usize / 64] & (1 << (f % 64)) != 0
+    }
+
+    /// Records the arrival of frame `f` (< `frame_count`): the receive
+    /// bitmap, per-group counts and the contiguous prefix.
+    pub fn record(&mut self, f: u32) -> FrameOutcome {
+        assert!(f < self.frame_count, "frame {f} of {}", self.frame_count);
+        let g = f / self.group_size;
+        let (first, end) = wire::group_range(self.group_size, self.frame_count, g);
+        let group_len = (end - first) as u8;
+        if self.has(f) {
+            return FrameOutcome::Duplicate { group_complete: self.group_counts[g as usize] == group_len };
+        }
+        let out_of_order = f != 0 && f != self.highest + 1 && self.frames_received > 0;
+        self.received[f as usize / 64] |= 1 << (f % 64);
+        self.frames_received += 1;
+        self.highest = self.highest.max(f);
+        self.group_counts[g as usize] += 1;
+        while self.contig < self.frame_count && self.has(self.contig) {
+            self.contig += 1;
+        }
+        let group_done = self.group_counts[g as usize] == group_len;
+        let missing = if !group_done && f + 1 == end {
+            (first..end).filter(|&i| !self.has(i)).fold(0u32, |a, i| a | 1 << (i - first))
+        } else {
+            0
+        };
+        FrameOutcome::Accepted { out_of_order, group_done, missing, all_done: self.frames_received == self.frame_count }
     }
 }
 
@@ -111,9 +187,49 @@ impl Overflow {
         self.slots[s as usize].data.clear();
         self.free.push(s);
     }
-    fn available(&self) -> u32 {
+    pub(crate) fn available(&self) -> u32 {
         self.free.len() as u32
     }
+}
+
+/// A frame `accept_frame` took into a receive record.
+pub(crate) struct Accepted {
+    pub owner: RxOwner,
+    /// Where the delivered bytes start in the frame's payload, when all of
+    /// them reached memory (a broadcast forwards them from there).
+    pub stored_from: Option<usize>,
+    /// Frames received without a gap from frame 0.
+    pub contig: u32,
+    /// Every frame is in and the record is to be finished now.
+    pub finish: bool,
+}
+
+/// Where an admitted DATA frame belongs (`Nic::classify_data`).
+pub(crate) enum DataVerdict {
+    /// A frame of a message being received, into record `r`.
+    Active(u32),
+    /// A frame of a message finished here (its ACK was lost).
+    Old,
+    /// The header frame of the next message, a collective one: the
+    /// collective layer decides.
+    CollFirst,
+    /// The header frame of the next message.
+    NextMsg,
+    /// A frame that cannot be matched yet (its message's header frame is
+    /// missing, or an earlier message is not matched).
+    Early,
+}
+
+/// What the receive path did with a DATA frame out of the ordinary, kept in
+/// `Nic::trace` for diagnosis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RxTrace {
+    /// From an older incarnation of the sender's port: dropped.
+    OldIncarnation,
+    /// Not the next frame expected (old, or early): answered or dropped.
+    OutOfTurn,
+    /// The next message, refused for lack of a buffer.
+    Refused,
 }
 
 /// What happened to the header frame of the next message from a peer.
@@ -125,125 +241,124 @@ enum MatchOutcome {
 }
 
 impl Nic {
-    /// Entry point for every received frame.
-    pub(crate) fn receive_frame<H: Hal>(&mut self, hal: &mut H, now: u64, bytes: &[u8]) {
-        let frame = match Frame::parse(bytes) {
-            Ok(f) if f.header().dst_node == self.node && (f.header().dst_port as usize) < self.ports.len() => f,
-            _ => return self.count(counter::DROPPED_MALFORMED, 1),
-        };
-        match frame {
-            Frame::Data { hdr, msg, payload } => self.on_data(hal, now, &hdr, msg.as_ref(), payload),
-            Frame::Ack { hdr, body } => {
-                self.count(counter::ACKS_RX, 1);
-                if self.ports[hdr.dst_port as usize].open {
-                    self.on_ack(hal, now, &hdr, &body);
-                }
-            }
-            Frame::Nack { hdr, body, reason } => {
-                self.count(counter::ACKS_RX, 1);
-                if self.ports[hdr.dst_port as usize].open {
-                    self.on_nack(hal, now, &hdr, &body, reason);
-                }
-            }
-            Frame::AtomicReq { hdr, body } => self.on_atomic_req(hal, &hdr, &body),
-            Frame::AtomicResp { hdr, result } => self.on_atomic_resp(hal, now, &hdr, &result),
-        }
-    }
-
-    fn on_data<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, msg: Option<&MsgHeader>, payload: &[u8]) {
+    /// Admits a DATA frame: its port is open and of this incarnation, its
+    /// sender has a peer entry of the right incarnation, and messages the
+    /// sender gave up on are skipped. Returns the peer, or `None` when the
+    /// frame was answered or dropped here.
+    pub(crate) fn admit_data<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader) -> Option<u32> {
         let port = hdr.dst_port;
         let st = &self.ports[port as usize];
         if !st.open || (hdr.dst_gen != 0 && hdr.dst_gen != st.gen) {
             // Closed, or meant for an earlier process on this port.
-            return self.send_raw_nack(hal, hdr, NackReason::PortClosed);
+            self.send_raw_nack(hal, hdr, NackReason::PortClosed);
+            return None;
         }
         let Some(peer) = self.peer_for(port, hdr.src_node, hdr.src_port, hdr.tx_floor) else {
-            return self.send_raw_nack(hal, hdr, NackReason::PeerTableFull);
+            self.send_raw_nack(hal, hdr, NackReason::PeerTableFull);
+            return None;
         };
-        if !self.check_incarnation(hal, peer, hdr) {
-            self.note(hdr, 0, 1);
-            return self.count(counter::DROPPED_UNEXPECTED, 1);
+        if !self.check_incarnation(hal, now, peer, hdr) {
+            self.note(hdr, 0, RxTrace::OldIncarnation);
+            self.count(counter::DROPPED_UNEXPECTED, 1);
+            return None;
         }
-        self.skip_to_floor(hal, peer, hdr.tx_floor);
+        self.skip_to_floor(hal, now, peer, hdr.tx_floor);
+        if seq_lt(self.peer(peer).max_seen, hdr.msg_seq) {
+            self.peer_mut(peer).max_seen = hdr.msg_seq;
+        }
+        Some(peer)
+    }
+
+    /// Where an admitted DATA frame from `peer` belongs (reads state only).
+    pub(crate) fn classify_data(&self, peer: u32, hdr: &FrameHeader) -> DataVerdict {
+        let p = self.peer(peer);
         let seq = hdr.msg_seq;
-        if seq_lt(self.peer(peer).max_seen, seq) {
-            self.peer_mut(peer).max_seen = seq;
+        if let Some(r) = p.rx_active.iter().copied().find(|&r| self.rx.get(r).is_some_and(|m| m.seq == seq)) {
+            return DataVerdict::Active(r);
         }
-        let found = self.peer(peer).rx_active.iter().copied().find(|&r| self.rx.get(r).is_some_and(|m| m.seq == seq));
-        if let Some(r) = found {
-            return self.accept_frame(hal, now, r, hdr, msg, payload);
+        if seq_lt(seq, p.rx_expected) {
+            return DataVerdict::Old;
         }
-        let expected = self.peer(peer).rx_expected;
-        let g = hdr.frame_index / self.cfg.group_size;
-        if seq != expected || hdr.frame_index != 0 {
-            self.note(hdr, expected, 2);
+        if seq != p.rx_expected || hdr.frame_index != 0 {
+            return DataVerdict::Early;
         }
-        if seq_lt(seq, expected) {
-            // The message is finished here: its ACK was lost. ACK again.
-            self.count(counter::DUPLICATES, 1);
-            return self.send_ack(hal, peer, seq, g);
+        if hdr.kind == FrameKind::CollData as u8 {
+            DataVerdict::CollFirst
+        } else {
+            DataVerdict::NextMsg
         }
-        if seq == expected && hdr.frame_index == 0 && hdr.kind == FrameKind::CollData as u8 {
-            let msg = msg.expect("frame 0 carries the message header");
-            return match self.coll_accept(hal, now, hdr, msg, payload) {
-                crate::coll::CollAccept::Consumed => {
-                    let p = self.peer_mut(peer);
-                    p.rx_expected = seq.wrapping_add(1);
-                    p.rnr_seq = None;
-                    p.rnr_coll = false;
-                    self.send_ack(hal, peer, seq, 0);
-                    self.nack_gap(hal, peer);
-                }
-                crate::coll::CollAccept::Receive(r) => {
-                    let p = self.peer_mut(peer);
-                    p.rx_expected = seq.wrapping_add(1);
-                    p.rnr_seq = None;
-                    p.rnr_coll = false;
-                    self.accept_frame(hal, now, r, hdr, Some(msg), payload);
-                    self.nack_gap(hal, peer);
-                }
-                crate::coll::CollAccept::Refuse(NackReason::NoMatch) => {
-                    self.note(hdr, expected, 3);
-                    self.count(counter::DROPPED_UNEXPECTED, 1);
-                    let p = self.peer_mut(peer);
-                    p.rnr_seq = Some(seq);
-                    p.rnr_coll = true;
-                    self.send_nack(hal, peer, seq, 0, 0, NackReason::NoMatch)
-                }
-                crate::coll::CollAccept::Refuse(reason) => {
-                    self.count(counter::DROPPED_UNEXPECTED, 1);
-                    self.send_nack(hal, peer, seq, 0, 0, reason)
-                }
-            };
+    }
+
+    /// A frame of a message finished here: its ACK was lost. ACK again.
+    pub(crate) fn on_old_data<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader) {
+        self.note(hdr, self.peer(peer).rx_expected, RxTrace::OutOfTurn);
+        self.count(counter::DUPLICATES, 1);
+        self.send_ack(hal, peer, hdr.msg_seq, hdr.frame_index / self.cfg.group_size);
+    }
+
+    /// The header frame of the next (non-collective) message: match it
+    /// against the posted receives or the overflow buffer, else refuse it.
+    pub(crate) fn on_next_msg<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        peer: u32,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        payload: &[u8],
+    ) {
+        let seq = hdr.msg_seq;
+        match self.try_match(now, peer, hdr, msg, payload) {
+            MatchOutcome::Matched(r) => {
+                self.deliver(hal, now, r, hdr, Some(msg), payload);
+                self.nack_gap(hal, peer);
+            }
+            MatchOutcome::Overflowed => {
+                self.send_ack(hal, peer, seq, 0);
+                self.nack_gap(hal, peer);
+            }
+            MatchOutcome::TooLarge => self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge),
+            MatchOutcome::NotReady => self.refuse_next(hal, peer, hdr, Some(msg.tag)),
         }
-        if seq == expected && hdr.frame_index == 0 {
-            let msg = msg.expect("frame 0 carries the message header");
-            return match self.try_match(now, peer, hdr, msg, payload) {
-                MatchOutcome::Matched(r) => {
-                    self.accept_frame(hal, now, r, hdr, Some(msg), payload);
-                    self.nack_gap(hal, peer);
-                }
-                MatchOutcome::Overflowed => {
-                    self.send_ack(hal, peer, seq, 0);
-                    self.nack_gap(hal, peer);
-                }
-                MatchOutcome::TooLarge => self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge),
-                MatchOutcome::NotReady => {
-                    self.note(hdr, expected, 3);
-                    self.count(counter::DROPPED_UNEXPECTED, 1);
-                    self.peer_mut(peer).rnr_seq = Some(seq);
-                    self.peer_mut(peer).rnr_tag = msg.tag;
-                    self.peer_mut(peer).rnr_coll = false;
-                    self.send_nack(hal, peer, seq, 0, 0, NackReason::NoMatch)
-                }
-            };
-        }
-        // A frame of a message that cannot be matched yet: its own header is
-        // missing, or an earlier message of this peer is not matched.
+    }
+
+    /// The next message from `peer` was taken (consumed by the NIC, or given
+    /// a receive record): later ones may follow.
+    pub(crate) fn rx_took_next(&mut self, peer: u32, seq: u32) {
+        let p = self.peer_mut(peer);
+        p.rx_expected = seq.wrapping_add(1);
+        p.rnr_seq = None;
+        p.rnr_coll = false;
+    }
+
+    /// No buffer for the next message: NACK it as not ready and remember it
+    /// (its tag; `None` for a collective message, lifted by `coll_kick`),
+    /// so a matching post asks the sender for it at once.
+    pub(crate) fn refuse_next<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader, tag: Option<u64>) {
+        let seq = hdr.msg_seq;
+        self.note(hdr, self.peer(peer).rx_expected, RxTrace::Refused);
         self.count(counter::DROPPED_UNEXPECTED, 1);
-        let (_, end) = self.group_bounds(hdr.frame_count, g);
+        let p = self.peer_mut(peer);
+        p.rnr_seq = Some(seq);
+        p.rnr_coll = tag.is_none();
+        if let Some(tag) = tag {
+            p.rnr_tag = tag;
+        }
+        self.send_nack(hal, peer, seq, 0, 0, NackReason::NoMatch);
+    }
+
+    /// A frame of a message that cannot be matched yet: its own header is
+    /// missing, or an earlier message of this peer is not matched. Dropped;
+    /// answered once per group transmission, on its last frame.
+    pub(crate) fn on_early_data<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader) {
+        let seq = hdr.msg_seq;
+        let expected = self.peer(peer).rx_expected;
+        self.note(hdr, expected, RxTrace::OutOfTurn);
+        self.count(counter::DROPPED_UNEXPECTED, 1);
+        let g = hdr.frame_index / self.cfg.group_size;
+        let (_, end) = wire::group_range(self.cfg.group_size, hdr.frame_count, g);
         if hdr.frame_index + 1 != end {
-            return; // Answer once per group transmission, on its last frame.
+            return;
         }
         let refused = self.peer(peer).rnr_seq == Some(expected);
         if refused {
@@ -261,7 +376,7 @@ impl Nic {
     /// The next message became matchable, but frames of it or of later
     /// messages were already seen and dropped (they arrived before their
     /// turn): ask for it now rather than wait for the sender's timer.
-    fn nack_gap<H: Hal>(&mut self, hal: &mut H, peer: u32) {
+    pub(crate) fn nack_gap<H: Hal>(&mut self, hal: &mut H, peer: u32) {
         let p = self.peer(peer);
         if seq_le(p.rx_expected, p.max_seen) {
             let expected = p.rx_expected;
@@ -291,21 +406,16 @@ impl Nic {
         }
     }
 
-    fn note(&mut self, hdr: &FrameHeader, expected: u32, outcome: u8) {
+    fn note(&mut self, hdr: &FrameHeader, expected: u32, outcome: RxTrace) {
         if self.trace.len() == 32 {
             self.trace.pop_front();
         }
         self.trace.push_back((hdr.msg_seq, hdr.frame_index, expected, outcome));
     }
 
-    fn group_bounds(&self, frame_count: u32, g: u32) -> (u32, u32) {
-        let first = g * self.cfg.group_size;
-        (first, (first + self.cfg.group_size).min(frame_count))
-    }
-
     /// Tracks the sender's port generation; a new incarnation resets the
     /// receive side. Returns false for frames from an older incarnation.
-    fn check_incarnation<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader) -> bool {
+    fn check_incarnation<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader) -> bool {
         match self.peer(peer).rx_gen {
             None => {
                 self.peer_mut(peer).rx_gen = Some(hdr.src_gen);
@@ -314,7 +424,7 @@ impl Nic {
             Some(g) if g == hdr.src_gen => true,
             Some(g) if (hdr.src_gen.wrapping_sub(g) as i16) > 0 => {
                 while let Some(&r) = self.peer(peer).rx_active.first() {
-                    self.finish_rx(hal, r, Some(Status::SenderAborted));
+                    self.finish_rx(hal, now, r, Some(Status::SenderAborted));
                 }
                 let p = self.peer_mut(peer);
                 p.rx_gen = Some(hdr.src_gen);
@@ -328,7 +438,7 @@ impl Nic {
 
     /// The sender finished or abandoned everything below `floor`: skip
     /// those messages and abort any partially received one.
-    fn skip_to_floor<H: Hal>(&mut self, hal: &mut H, peer: u32, floor: u32) {
+    fn skip_to_floor<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, floor: u32) {
         if !seq_lt(self.peer(peer).rx_expected, floor) {
             return;
         }
@@ -341,7 +451,7 @@ impl Nic {
             .filter(|&r| self.rx.get(r).is_some_and(|m| seq_lt(m.seq, floor) && m.frames_received < m.frame_count))
             .collect();
         for r in stale {
-            self.finish_rx(hal, r, Some(Status::SenderAborted));
+            self.finish_rx(hal, now, r, Some(Status::SenderAborted));
         }
         let p = self.peer_mut(peer);
         p.rx_expected = floor;
@@ -364,12 +474,11 @@ impl Nic {
         let posted = &self.ports[port as usize].posted;
         if let Some(i) = posted.iter().position(|d| d.matches(hdr.src_node, hdr.src_port, msg.tag)) {
             let desc = posted[i];
-            let rec = RxMsg::new(port, peer, hdr, msg, desc, self.cfg.group_size, now);
-            let Some(r) = self.rx.insert(rec) else { return MatchOutcome::NotReady };
+            let Some(r) = self.rx_open(now, peer, hdr, msg, desc, RxOwner::Recv) else {
+                return MatchOutcome::NotReady;
+            };
             self.ports[port as usize].posted.remove(i);
-            self.arm_rx_sweep(now);
             let p = self.peer_mut(peer);
-            p.rx_active.push(r);
             p.rx_expected = hdr.msg_seq.wrapping_add(1);
             p.rnr_seq = None;
             return MatchOutcome::Matched(r);
@@ -393,6 +502,24 @@ impl Nic {
             }
         }
         MatchOutcome::NotReady
+    }
+
+    /// Opens a receive record for the message whose header frame is
+    /// `hdr`/`msg` from `peer`, landing in `desc`; `None` when the table is full.
+    pub(crate) fn rx_open(
+        &mut self,
+        now: u64,
+        peer: u32,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        desc: LocalDesc,
+        owner: RxOwner,
+    ) -> Option<u32> {
+        let rec = RxMsg::new(hdr.dst_port, peer, hdr, msg, desc, owner, self.cfg.group_size, now);
+        let r = self.rx.insert(rec)?;
+        self.peer_mut(peer).rx_active.push(r);
+        self.arm_rx_sweep(now);
+        Some(r)
     }
 
     /// Partially received messages are swept for idleness while any exists.
@@ -439,8 +566,9 @@ impl Nic {
         true
     }
 
-    /// A DATA frame of a matched message.
-    fn accept_frame<H: Hal>(
+    /// A DATA frame of a matched message: recorded, stored, acknowledged.
+    /// `None` when it was malformed or a duplicate.
+    pub(crate) fn accept_frame<H: Hal>(
         &mut self,
         hal: &mut H,
         now: u64,
@@ -448,43 +576,69 @@ impl Nic {
         hdr: &FrameHeader,
         msg: Option<&MsgHeader>,
         payload: &[u8],
-    ) {
+    ) -> Option<Accepted> {
         let m = self.rx.get(r).expect("live");
+        if !m.fits(hdr, msg, payload.len(), self.mtu) {
+            self.count(counter::DROPPED_MALFORMED, 1);
+            return None;
+        }
+        let (peer, seq, owner) = (m.peer, m.seq, m.owner);
         let f = hdr.frame_index;
-        let off = wire::frame_offset(f, self.mtu);
-        let expect_len = (wire::payload_capacity(self.mtu, f) as u64).min(m.total_len.saturating_sub(off));
-        let consistent = hdr.frame_count == m.frame_count
-            && msg.is_none_or(|h| h.total_len == m.total_len && h.tag == m.tag)
-            && payload.len() as u64 == expect_len;
-        if !consistent {
-            return self.count(counter::DROPPED_MALFORMED, 1);
-        }
-        let (peer, seq, port) = (m.peer, m.seq, m.port);
         let g = f / self.cfg.group_size;
-        let (first, end) = self.group_bounds(m.frame_count, g);
-        let group_len = (end - first) as u8;
-        if m.received[f as usize / 64] & (1 << (f % 64)) != 0 {
-            let complete = m.group_counts[g as usize] == group_len;
-            self.count(counter::DUPLICATES, 1);
-            if complete {
-                self.send_ack(hal, peer, seq, g);
+        let (group_done, missing, all_done) = match self.rx.get_mut(r).record(f) {
+            FrameOutcome::Duplicate { group_complete } => {
+                self.count(counter::DUPLICATES, 1);
+                if group_complete {
+                    self.send_ack(hal, peer, seq, g);
+                }
+                return None;
             }
-            return;
-        }
-        // Zero-copy into the user's buffer; bytes beyond it are dropped (truncation).
-        let buf_len = m.desc.len;
-        let desc = m.desc;
-        let coll = m.coll;
-        // A collective's header (frame 0's first bytes) is not delivered.
-        let (off, data) = match m.skip.checked_sub(off) {
-            Some(cut) if cut > 0 => (0, &payload[(cut as usize).min(payload.len())..]),
-            _ => (off - m.skip, payload),
+            FrameOutcome::Accepted { out_of_order, group_done, missing, all_done } => {
+                if out_of_order {
+                    self.counters[counter::OUT_OF_ORDER] += 1;
+                }
+                (group_done, missing, all_done)
+            }
         };
-        let n = (buf_len.saturating_sub(off)).min(data.len() as u64) as usize;
-        let whole = n == data.len();
+        let (deferred, stored_from) = self.store_payload(hal, r, f, payload);
+        self.count(counter::RX_FRAMES, 1);
+        let m = self.rx.get_mut(r);
+        m.last_activity = now;
+        let contig = m.contig;
+        if group_done {
+            self.send_ack(hal, peer, seq, g);
+        } else if missing != 0 {
+            self.send_nack(hal, peer, seq, g, missing, NackReason::Loss);
+        }
+        let finish = all_done && deferred.is_none();
+        if let (true, Some(cpu)) = (all_done, deferred) {
+            // After this record's last payload DMA on the receiving CPU.
+            self.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq });
+        }
+        Some(Accepted { owner, stored_from, contig, finish })
+    }
+
+    /// Writes frame `f`'s payload into the record's buffer, zero-copy; bytes
+    /// beyond the buffer are dropped (truncation), a collective's header is
+    /// not delivered. Returns the CPU the write was queued on (the record
+    /// finishes there too), and where the delivered bytes start in
+    /// `payload` when all of them were written.
+    fn store_payload<H: Hal>(&mut self, hal: &mut H, r: u32, f: u32, payload: &[u8]) -> (Option<u8>, Option<usize>) {
+        let m = self.rx.get(r).expect("live");
+        let (port, seq, desc) = (m.port, m.seq, m.desc);
+        let off = wire::frame_offset(f, self.mtu);
+        let (off, data_at) = match m.skip.checked_sub(off) {
+            Some(cut) if cut > 0 => (0, (cut as usize).min(payload.len())),
+            _ => (off - m.skip, 0),
+        };
+        let data = &payload[data_at..];
+        let n = (desc.len.saturating_sub(off)).min(data.len() as u64) as usize;
         // Forwarding reads what was received from host memory: the NIC's own
         // broadcasts are written before anything else happens.
-        let deferred = if coll.is_some() { None } else { self.defer(crate::cpu::Step::Receiving) };
+        let deferred = match m.owner {
+            RxOwner::Recv => self.defer(crate::cpu::Step::Receiving),
+            RxOwner::Bcast { .. } => None,
+        };
         let io = match deferred {
             _ if n == 0 => Ok(()),
             Some(cpu) => {
@@ -494,51 +648,11 @@ impl Nic {
             }
             None => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE),
         };
-        self.count(counter::RX_FRAMES, 1);
-        if let (Some((op, stamp)), Ok(()), true) = (coll, &io, whole) {
-            // Forwarding sends what it just received, not a host read-back.
-            self.bcast_frame_received(op, stamp, f, data);
-        }
-        let m = self.rx.get_mut(r);
-        if f != 0 && f != m.highest + 1 && m.frames_received > 0 {
-            self.counters[counter::OUT_OF_ORDER] += 1;
-        }
+        let stored = io.is_ok() && n == data.len();
         if let Err(e) = io {
-            m.error.get_or_insert(e);
+            self.rx_error(r, e);
         }
-        m.received[f as usize / 64] |= 1 << (f % 64);
-        m.frames_received += 1;
-        m.highest = m.highest.max(f);
-        m.last_activity = now;
-        m.group_counts[g as usize] += 1;
-        while m.contig < m.frame_count && m.received[m.contig as usize / 64] & (1 << (m.contig % 64)) != 0 {
-            m.contig += 1;
-        }
-        let contig = m.contig;
-        let group_done = m.group_counts[g as usize] == group_len;
-        let all_done = m.frames_received == m.frame_count;
-        let missing = if !group_done && f + 1 == end {
-            (first..end)
-                .filter(|&i| m.received[i as usize / 64] & (1 << (i % 64)) == 0)
-                .fold(0u32, |a, i| a | 1 << (i - first))
-        } else {
-            0
-        };
-        if group_done {
-            self.send_ack(hal, peer, seq, g);
-        } else if missing != 0 {
-            self.send_nack(hal, peer, seq, g, missing, NackReason::Loss);
-        }
-        if let Some((op, stamp)) = coll {
-            self.bcast_frames_here(op, stamp, contig);
-        }
-        if all_done {
-            match deferred {
-                // After this record's last payload DMA on the receiving CPU.
-                Some(cpu) => self.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq }),
-                None => self.finish_rx(hal, r, None),
-            }
-        }
+        (deferred, stored.then_some(data_at))
     }
 
     /// A payload DMA failed: the receive will complete with `e`.
@@ -546,24 +660,27 @@ impl Nic {
         self.rx.get_mut(r).error.get_or_insert(e);
     }
 
-    /// Retires a receive record: reports the receive (`error` overrides).
-    pub(crate) fn finish_rx<H: Hal>(&mut self, hal: &mut H, r: u32, error: Option<Status>) {
+    /// Removes a finished receive record; returns it and its error
+    /// (`error`, which overrides, else the record's own). The dispatcher
+    /// (`Nic::finish_rx`) reports it to its owner.
+    pub(crate) fn retire_rx(&mut self, r: u32, error: Option<Status>) -> (RxMsg, Option<Status>) {
         let m = self.rx.remove(r);
         self.peer_mut(m.peer).rx_active.retain(|&x| x != r);
-        if let Some((op, stamp)) = m.coll {
-            if error.is_none() {
-                self.count(counter::MSGS_RX, 1);
-            }
-            return self.bcast_rx_done(hal, op, stamp, error.or(m.error));
+        if error.is_none() {
+            self.count(counter::MSGS_RX, 1);
         }
-        let status = match error.or(m.error) {
+        let error = error.or(m.error);
+        (m, error)
+    }
+
+    /// Completes the posted receive a retired record belonged to.
+    pub(crate) fn complete_recv<H: Hal>(&mut self, hal: &mut H, m: &RxMsg, error: Option<Status>) {
+        debug_assert_eq!(m.owner, RxOwner::Recv);
+        let status = match error {
             Some(e) => e,
             None if m.total_len > m.desc.len => Status::Truncated,
             None => Status::Success,
         };
-        if error.is_none() {
-            self.count(counter::MSGS_RX, 1);
-        }
         let src = self.peer(m.peer);
         let mut c = Completion::of(&m.desc, Opcode::Recv, status);
         c.byte_len = m.total_len.min(m.desc.len) as u32;
@@ -585,128 +702,77 @@ impl Nic {
             .map(|(s, _)| s)
             .collect();
         for r in idle {
-            self.finish_rx(hal, r, Some(Status::SenderAborted));
+            self.finish_rx(hal, now, r, Some(Status::SenderAborted));
         }
         self.sweep_armed = self.rx.used() > 0;
         if self.sweep_armed {
             self.timers.arm(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
         }
     }
+}
 
-    /// Receiver state piggybacked on ACKs: posted receives plus free
-    /// overflow slots on the port, and a coarse "slow down" level.
-    fn rx_credits(&self, port: u16) -> (u16, u8) {
-        let posted = self.ports[port as usize].posted.len() as u32;
-        let credits = posted + self.overflow.available();
-        let level = match credits {
-            0 => 2,
-            1..=3 => 1,
-            _ => 0,
-        };
-        (credits.min(u16::MAX as u32) as u16, level)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use emp_uapi::desc::WorkDesc;
+
+    fn record(frames: u32, group_size: u32) -> RxMsg {
+        let hdr = FrameHeader { frame_count: frames, ..Default::default() };
+        let msg = MsgHeader { tag: 7, total_len: frames as u64 * 1000 };
+        let desc = LocalDesc::new(&WorkDesc::default());
+        RxMsg::new(0, 0, &hdr, &msg, desc, RxOwner::Recv, group_size, 0)
     }
 
-    /// Header of a control frame (ACK, NACK, atomic reply) to `peer` about
-    /// group `g` of message `seq`.
-    pub(crate) fn ack_header(&self, peer: u32, kind: FrameKind, seq: u32, g: u32) -> FrameHeader {
-        let p = self.peer(peer);
-        FrameHeader {
-            version: wire::WIRE_VERSION,
-            kind: kind as u8,
-            dst_gen: p.rx_gen.unwrap_or(0),
-            src_node: self.node,
-            dst_node: p.node,
-            src_port: p.port,
-            dst_port: p.rport,
-            src_gen: self.ports[p.port as usize].gen,
-            payload_len: 0,
-            msg_seq: seq,
-            tx_floor: 0,
-            frame_index: g * self.cfg.group_size,
-            frame_count: 0,
+    fn accepted(group_done: bool, missing: u32, all_done: bool) -> FrameOutcome {
+        FrameOutcome::Accepted { out_of_order: false, group_done, missing, all_done }
+    }
+
+    #[test]
+    fn in_order_frames_complete_each_group_then_the_message() {
+        let mut m = record(8, 3);
+        let done_at = [2, 5, 7];
+        for f in 0..8 {
+            let out = m.record(f);
+            assert_eq!(out, accepted(done_at.contains(&f), 0, f == 7), "frame {f}");
+            assert_eq!(m.contig, f + 1);
         }
     }
 
-    fn send_ack<H: Hal>(&mut self, hal: &mut H, peer: u32, seq: u32, g: u32) {
-        let hdr = self.ack_header(peer, FrameKind::Ack, seq, g);
-        let (rx_credits, fc_level) = self.rx_credits(hdr.src_port);
-        let body =
-            AckBody { group: g, rx_credits, fc_level, rx_expected: self.peer(peer).rx_expected, ..Default::default() };
-        self.emit_control(hal, &hdr, &body);
-        self.count(counter::ACKS_TX, 1);
+    #[test]
+    fn a_hole_is_reported_on_the_groups_last_frame() {
+        let mut m = record(6, 3);
+        assert_eq!(m.record(0), accepted(false, 0, false));
+        // Frame 1 lost: frame 2 closes the group with frame 1 missing.
+        let out = m.record(2);
+        assert_eq!(
+            out,
+            FrameOutcome::Accepted { out_of_order: true, group_done: false, missing: 0b010, all_done: false }
+        );
+        assert_eq!(m.contig, 1);
+        assert_eq!(
+            m.record(1),
+            FrameOutcome::Accepted { out_of_order: true, group_done: true, missing: 0, all_done: false }
+        );
+        assert_eq!(m.contig, 3);
     }
 
-    pub(crate) fn send_nack<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        peer: u32,
-        seq: u32,
-        g: u32,
-        mask: u32,
-        reason: NackReason,
-    ) {
-        let hdr = self.ack_header(peer, FrameKind::Nack, seq, g);
-        let (rx_credits, fc_level) = self.rx_credits(hdr.src_port);
-        let body = AckBody {
-            group: g,
-            missing_mask: mask,
-            rx_credits,
-            reason: reason as u8,
-            fc_level,
-            rx_expected: self.peer(peer).rx_expected,
-        };
-        self.emit_control(hal, &hdr, &body);
-        self.count(counter::NACKS_TX, 1);
+    #[test]
+    fn duplicates_say_whether_their_group_is_complete() {
+        let mut m = record(6, 3);
+        m.record(3);
+        assert_eq!(m.record(3), FrameOutcome::Duplicate { group_complete: false });
+        m.record(4);
+        m.record(5);
+        assert_eq!(m.record(4), FrameOutcome::Duplicate { group_complete: true });
+        assert_eq!((m.frames_received, m.contig), (3, 0));
     }
 
-    /// A NACK to a sender we keep no state for (closed port, full table).
-    /// Header of a control frame answering `to` from a port that keeps no
-    /// state for its sender (closed port, full table): addressed from the
-    /// frame itself.
-    pub(crate) fn raw_reply_header(&self, to: &FrameHeader, kind: FrameKind) -> FrameHeader {
-        FrameHeader {
-            version: wire::WIRE_VERSION,
-            kind: kind as u8,
-            dst_gen: to.src_gen,
-            src_node: self.node,
-            dst_node: to.src_node,
-            src_port: to.dst_port,
-            dst_port: to.src_port,
-            src_gen: 0,
-            payload_len: 0,
-            msg_seq: to.msg_seq,
-            tx_floor: 0,
-            frame_index: 0,
-            frame_count: 0,
+    #[test]
+    fn a_short_last_group_completes_with_its_own_frames() {
+        let mut m = record(4, 3);
+        for f in [0, 1, 2] {
+            m.record(f);
         }
-    }
-
-    fn send_raw_nack<H: Hal>(&mut self, hal: &mut H, data: &FrameHeader, reason: NackReason) {
-        let hdr = FrameHeader {
-            frame_index: data.frame_index - data.frame_index % self.cfg.group_size,
-            ..self.raw_reply_header(data, FrameKind::Nack)
-        };
-        let body = AckBody {
-            group: data.frame_index / self.cfg.group_size,
-            reason: reason as u8,
-            fc_level: 2,
-            ..Default::default()
-        };
-        self.emit_control(hal, &hdr, &body);
-        self.count(counter::NACKS_TX, 1);
-    }
-
-    /// The send-ack step: runs now, or on the CPU the plan gives it.
-    fn emit_control<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) {
-        match self.defer(crate::cpu::Step::SendAck) {
-            Some(cpu) => self.enqueue(hal, cpu, crate::cpu::Work::Control { hdr: *hdr, body: *body }),
-            None => self.put_control(hal, hdr, body),
-        }
-    }
-
-    pub(crate) fn put_control<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) {
-        let mut b = [0u8; FrameHeader::SIZE + AckBody::SIZE];
-        wire::emit_ack(hdr, body, &mut b).expect("fits");
-        hal.mac_transmit(hdr.dst_node, &b);
+        assert_eq!(m.record(3), accepted(true, 0, true));
     }
 }

@@ -44,6 +44,8 @@ pub(crate) struct TxMsg {
     pub rnr_retries: u32,
     /// Refused by the receiver (not ready) and waiting on an RNR timer.
     pub rnr_waiting: bool,
+    /// When the message was queued (diagnosis: how long a stuck head waited).
+    pub queued_ns: u64,
     /// An internal collective message (no host descriptor, no CQE).
     pub coll: Option<Box<crate::coll::CollTx>>,
     /// Frames whose data exists (a broadcast forwarded while it arrives);
@@ -55,11 +57,6 @@ pub(crate) struct TxMsg {
 pub(crate) type TxTable = crate::slots::Slots<TxMsg>;
 
 impl Nic {
-    fn group_range(&self, frame_count: u32, g: u32) -> (u32, u32) {
-        let first = g * self.cfg.group_size;
-        (first, (first + self.cfg.group_size).min(frame_count))
-    }
-
     /// Queues a validated send on its peer.
     pub(crate) fn enqueue_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc) {
         self.enqueue_tx_as(now, port, peer, desc, None);
@@ -79,7 +76,7 @@ impl Nic {
 
     fn enqueue_tx_as(
         &mut self,
-        _now: u64,
+        now: u64,
         port: u16,
         peer: u32,
         desc: LocalDesc,
@@ -105,6 +102,7 @@ impl Nic {
             inflight_frames: 0,
             rnr_retries: 0,
             rnr_waiting: false,
+            queued_ns: now,
             limit: coll.as_ref().map_or(u32::MAX, |c| c.limit),
             coll,
         });
@@ -122,9 +120,9 @@ impl Nic {
     }
 
     /// Sends what windows and flow control allow, peer by peer.
-    pub(crate) fn pump<H: Hal>(&mut self, hal: &mut H, now: u64) {
+    pub(crate) fn send_ready_peers<H: Hal>(&mut self, hal: &mut H, now: u64) {
         // Each peer is taken once per call; a peer that becomes ready again
-        // while pumping waits for the next call.
+        // while sending waits for the next call.
         let n = self.ready.len();
         for _ in 0..n {
             let Some(p) = self.ready.pop_front() else { break };
@@ -187,7 +185,7 @@ impl Nic {
                     break;
                 }
                 let g = f / self.cfg.group_size;
-                let (_, end) = self.group_range(count, g);
+                let (_, end) = wire::group_range(self.cfg.group_size, count, g);
                 let m = self.tx.get_mut(slot);
                 m.next_frame = f + 1;
                 m.inflight_frames += 1;
@@ -293,7 +291,7 @@ impl Nic {
     /// those in `mask` relative to the group's first frame).
     fn resend_group<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, mask: u32) -> Result<(), Status> {
         let m = self.tx.get(slot).expect("live");
-        let (first, end) = self.group_range(m.frame_count, g);
+        let (first, end) = wire::group_range(self.cfg.group_size, m.frame_count, g);
         let end = end.min(m.next_frame);
         for f in first..end {
             if mask & (1 << (f - first)) != 0 {

@@ -431,6 +431,12 @@ impl World {
                     n.nic.handle_cpu(&mut hal, now, c);
                 }
             }
+            // Debug runs (the test profile: every swarm seed) check the NIC's
+            // tables after every handler, not only at quiesce.
+            #[cfg(debug_assertions)]
+            if let Err(e) = n.nic.invariants() {
+                panic!("node {node} at {now} ns: invariant broken after a handler: {e}");
+            }
             (hal.work_ps, hal.written_ps)
         };
         let (work_ps, written_ps) = work_ps;

@@ -252,6 +252,16 @@ pub const fn frame_offset(frame_index: u32, mtu: u32) -> u64 {
     }
 }
 
+/// Frames `[first, end)` of group `group` of a message of `frame_count`
+/// frames, groups being `group_size` frames acknowledged together (the
+/// last group may be shorter). Sender and receiver must agree on it: ACKs
+/// and NACKs name groups.
+pub const fn group_range(group_size: u32, frame_count: u32, group: u32) -> (u32, u32) {
+    let first = group * group_size;
+    let end = first + group_size;
+    (first, if end < frame_count { end } else { frame_count })
+}
+
 /// A validated frame, borrowing its payload from the received bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Frame<'a> {
@@ -471,6 +481,14 @@ mod tests {
     fn test_ack_deconstruct() {
         let (hdr, body) = ack_fixture();
         assert_eq!(Frame::parse(&ACK_BYTES).unwrap(), Frame::Ack { hdr, body });
+    }
+
+    #[test]
+    fn group_range_cuts_the_last_group_short() {
+        assert_eq!(group_range(3, 8, 0), (0, 3));
+        assert_eq!(group_range(3, 8, 2), (6, 8));
+        assert_eq!(group_range(3, 9, 2), (6, 9));
+        assert_eq!(group_range(1, 1, 0), (0, 1));
     }
 
     #[test]
