@@ -209,9 +209,8 @@ impl Device {
         operand: u64,
         compare: u64,
     ) -> Result<u64> {
-        let scratch = self.atomic_scratch()?;
-        let d =
-            atomic_desc(op, BLOCKING_ATOMIC_WR, dst, at, operand, compare, scratch.sge(0, at.width.bytes() as usize))?;
+        let result = self.atomic_result_sge(at.width.bytes() as usize)?;
+        let d = atomic_desc(op, BLOCKING_ATOMIC_WR, dst, at, operand, compare, result)?;
         let end = std::time::Instant::now() + RING_WAIT;
         loop {
             match self.post_raw(true, &d) {

@@ -14,7 +14,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use emp_uapi::attach::op;
 use emp_uapi::coll::{reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_MEMBERS_MAX, TREES_MAX, TREE_ROOT};
 use emp_uapi::desc::{Opcode, Sge, WorkDesc, WD_SIGNALED};
 use emp_uapi::sram::GroupEntry;
@@ -223,13 +222,8 @@ impl Device {
             entry.bounce_slot_size = opts.bounce_slot_size;
             bounce = Some(b);
         }
-        let set = self.scratch(GroupEntry::SIZE).and_then(|buf| {
-            entry.put(buf.as_mut_slice());
-            let sge = buf.sge(0, GroupEntry::SIZE);
-            self.control(op::GROUP_SET, &[sge.key as u64, sge.offset])
-        });
-        let slot = match set {
-            Ok(r) => r.arg[0] as u32,
+        let slot = match self.set_group_entry(&entry) {
+            Ok(slot) => slot,
             Err(e) => {
                 self.groups.bounce_free.extend(bounce);
                 return Err(e);
@@ -247,7 +241,7 @@ impl Device {
 
     /// Removes a group from the NIC; its unfinished operations complete `Flushed`.
     pub fn destroy_group(&mut self, g: Group) -> Result<()> {
-        self.control(op::GROUP_CLEAR, &[g.slot as u64])?;
+        self.clear_group_slot(g.slot)?;
         if let Some(b) = self.groups.bounce_live.remove(&g.slot) {
             self.groups.bounce_free.push(b);
         }

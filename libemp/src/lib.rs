@@ -16,14 +16,16 @@
 //! after a post when the NIC has gone to sleep (it polls while busy).
 
 pub mod atomic;
+mod backend;
 pub mod coll;
-mod direct;
+mod device;
 pub mod ffi;
 pub mod group;
 pub mod host_atomics;
-mod kernel;
+mod map;
 pub mod mcs;
 pub mod rdv;
+mod ring;
 pub mod schedule;
 pub mod tree;
 
@@ -31,7 +33,9 @@ use std::fmt;
 use std::os::fd::RawFd;
 
 pub use atomic::{RemoteWord, Width};
-pub use direct::{nic_counters_at, nic_stats, Device, COUNTERS, INTERNAL_WR};
+pub use backend::direct::{nic_counters_at, nic_stats};
+pub use backend::COUNTERS;
+pub use device::{Device, INTERNAL_WR};
 pub use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};
 pub use emp_uapi::desc::{
     Opcode, Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE,
@@ -248,6 +252,11 @@ impl Buffer {
         // SAFETY: ptr/len describe a live part of the arena mapping that
         // only this Buffer hands out.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+    /// The bytes, to read (see [`Buffer::as_mut_slice`]).
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr/len describe a live part of the arena mapping.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
     /// Length.
     pub fn len(&self) -> usize {
