@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use emp::{Buffer, Completion};
+use emp::{Completion, MemSpan};
 
 use emp::host_atomics::{HostAtomicClient, HostAtomicServer};
 use emp::rdv::Job;
@@ -76,7 +76,7 @@ fn nic_op(
     at: RemoteWord,
     op: Op,
     v: u64,
-    result: Buffer,
+    result: MemSpan,
     blocking: bool,
 ) -> Result<u64, String> {
     let r = result.sge(0, at.width.bytes() as usize);
@@ -151,7 +151,7 @@ pub fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) -> Resu
     let mut server = if job.rank == 0 { Some(HostAtomicServer::new(&mut dev, served, 4).map_err(err)?) } else { None };
     let mut client =
         if job.rank == 1 { Some(HostAtomicClient::new(&mut dev).map_err(err)?.polling(!a.blocking)) } else { None };
-    let result = dev.alloc(8).map_err(err)?;
+    let result = dev.alloc(8).map_err(err)?.span();
     let mut rows = Vec::new();
     for (wi, &width) in widths.iter().enumerate() {
         let w = Width::from_bytes(width).expect("checked");
