@@ -12,7 +12,7 @@ use kernel::{pci, prelude::*};
 mod uapi;
 #[allow(unused_imports)]
 pub(crate) use uapi::{
-    attach, coll, desc, fwabi, image, ioctl, sram, wire, DecodeError, Le, ANY_NODE, ANY_PORT, PAGE_SIZE, ZEROS,
+    attach, coll, desc, fwabi, image, ioctl, ring, sram, wire, DecodeError, Le, ANY_NODE, ANY_PORT, PAGE_SIZE, ZEROS,
 };
 
 mod irq;

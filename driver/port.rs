@@ -545,8 +545,7 @@ impl Port {
             return Err(ENODEV);
         }
         let slot = st.mr_free.pop().ok_or(ENOSPC)?;
-        st.key_salt = st.key_salt.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-        let key = ((st.key_salt >> 8) & 0x7FFF | 1) << 16 | slot as u32;
+        let key = MrEntry::make_key(&mut st.key_salt, slot);
         let entry = match pinned.entry(q.addr, q.length, key, self.port, q.access as u8) {
             Ok(e) => e,
             Err(e) => {

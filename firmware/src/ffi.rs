@@ -39,6 +39,9 @@ impl Hal for CHal {
     fn raise_interrupt(&mut self, vector: u16) {
         (self.0.raise_interrupt)(self.0.ctx, vector);
     }
+    fn dma_fence(&mut self) {
+        (self.0.dma_fence)(self.0.ctx);
+    }
 }
 
 fn config_from(c: &FwConfig) -> Config {

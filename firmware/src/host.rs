@@ -5,7 +5,8 @@
 //! A descriptor is consumed only when the CQ has room for its completion, so
 //! the CQ can never overflow.
 
-use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, CQE_PHASE, MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::ring;
 use emp_uapi::sram::{admin_result, ctl, port_state, AdminMailbox, AdminOp, RouteEntry};
 use emp_uapi::{sram::counter, Le};
 
@@ -78,7 +79,7 @@ impl Nic {
         if port >= self.ports.len() as u64 || cq_key > u32::MAX as u64 {
             return admin_result::BAD_ARG;
         }
-        if cq_entries == 0 || !cq_entries.is_power_of_two() || cq_entries > 1 << 20 {
+        if cq_entries > 1 << 20 || !ring::valid_entries(cq_entries as u32) {
             return admin_result::BAD_ARG;
         }
         let p = port as u16;
@@ -160,9 +161,9 @@ impl Nic {
     fn cq_has_room<H: Hal>(&self, hal: &mut H, port: u16) -> bool {
         let st = &self.ports[port as usize];
         let cons = sram_u32(hal, self.layout.port(port).ctl(ctl::CQ_CONS));
-        let used = st.cq_prod.wrapping_sub(cons);
         // A host that wrote a consumer index ahead of the producer gets no room.
-        used <= st.cq_entries && used + st.outstanding < st.cq_entries
+        ring::plausible(st.cq_prod, cons, st.cq_entries)
+            && ring::used(st.cq_prod, cons) + st.outstanding < st.cq_entries
     }
 
     /// Consumes new descriptors from a port's rings.
@@ -170,7 +171,7 @@ impl Nic {
         let w = self.layout.port(port);
         let recv_prod = sram_u32(hal, w.ctl(ctl::RECV_PROD));
         let mut budget = w.recv_entries;
-        while self.ports[port as usize].recv_cons != recv_prod && budget > 0 {
+        while ring::has_entry(recv_prod, self.ports[port as usize].recv_cons) && budget > 0 {
             let posted: u32 = self.ports.iter().map(|p| p.posted.len() as u32).sum();
             if posted >= self.cfg.recv_posted_max || !self.cq_has_room(hal, port) {
                 break;
@@ -184,7 +185,7 @@ impl Nic {
 
         let send_prod = sram_u32(hal, w.ctl(ctl::SEND_PROD));
         let mut budget = w.send_entries;
-        while self.ports[port as usize].send_cons != send_prod && budget > 0 {
+        while ring::has_entry(send_prod, self.ports[port as usize].send_cons) && budget > 0 {
             if self.tx.is_full() || !self.cq_has_room(hal, port) {
                 break;
             }
@@ -288,28 +289,31 @@ impl Nic {
         }
         let st = &self.ports[port as usize];
         let (key, entries, prod) = (st.cq_key, st.cq_entries, st.cq_prod);
-        let idx = prod & (entries - 1);
-        let phase = if (prod / entries) & 1 == 0 { CQE_PHASE } else { 0 };
+        let idx = ring::slot(prod, entries);
         let cqe = Cqe {
             wr_id: c.wr_id,
+            tag: c.tag,
             byte_len: c.byte_len,
+            msg_len: c.msg_len,
+            src_node: c.src_node,
+            src_port: c.src_port,
             status: c.status as u8,
             opcode: c.opcode as u8,
             reserved: 0,
-            flags: phase,
-            tag: c.tag,
-            src_node: c.src_node,
-            src_port: c.src_port,
-            msg_len: c.msg_len,
+            flags: ring::cqe_phase(prod, entries),
         };
         let mut b = [0u8; Cqe::SIZE];
         cqe.put(&mut b);
         let at = st.cq_offset + idx as u64 * Cqe::SIZE as u64;
         let w = self.layout.port(port);
-        // Body first, the phase byte last: the host never sees a torn entry.
-        let (body, tail) = b.split_at(CQE_FLAGS_OFFSET);
-        let ok = self.region_io(hal, port, key, at, Buf::ToHost(body), MR_LOCAL_WRITE).is_ok()
-            && self.region_io(hal, port, key, at + CQE_FLAGS_OFFSET as u64, Buf::ToHost(tail), MR_LOCAL_WRITE).is_ok();
+        // The body, a fence, then the phase byte (the entry's last) on its
+        // own: a host that sees the new phase sees the whole entry, and the
+        // fence also puts the payload this completion reports ahead of it.
+        let (body, phase) = b.split_at(CQE_FLAGS_OFFSET);
+        let ok = self.region_io(hal, port, key, at, Buf::ToHost(body), MR_LOCAL_WRITE).is_ok() && {
+            hal.dma_fence();
+            self.region_io(hal, port, key, at + CQE_FLAGS_OFFSET as u64, Buf::ToHost(phase), MR_LOCAL_WRITE).is_ok()
+        };
         if !ok {
             let o = sram_u32(hal, w.ctl(ctl::CQ_OVERRUNS));
             sram_put_u32(hal, w.ctl(ctl::CQ_OVERRUNS), o.wrapping_add(1));

@@ -56,8 +56,13 @@ pub trait Hal {
     fn sram_write(&mut self, off: usize, data: &[u8]);
     /// DMA from host memory at bus address `addr` into `buf`.
     fn dma_read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError>;
-    /// DMA `data` into host memory at bus address `addr`.
+    /// DMA `data` into host memory at bus address `addr`. The bytes of one
+    /// write, and writes not separated by [`Hal::dma_fence`], may become
+    /// visible to the host in any order.
     fn dma_write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError>;
+    /// Write barrier: every `dma_write` issued before becomes visible to the
+    /// host before any issued after.
+    fn dma_fence(&mut self);
     /// Puts a frame on the wire towards `dst_node` (the MAC adds its own
     /// framing from the route table).
     fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]);
@@ -761,6 +766,7 @@ mod tests {
         fn dma_write(&mut self, _: u64, _: &[u8]) -> Result<(), DmaError> {
             Err(DmaError)
         }
+        fn dma_fence(&mut self) {}
         fn mac_transmit(&mut self, _: u16, _: &[u8]) {}
         fn raise_interrupt(&mut self, _: u16) {}
     }

@@ -14,7 +14,7 @@ use emp_uapi::{Le, PAGE_SIZE};
 
 use crate::backend::{Backend, COUNTERS};
 use crate::map::Mapping;
-use crate::ring::{CompletionQueue, Window, WorkRing};
+use crate::ring::{CompletionQueue, RingKind, Window, WorkRing};
 use crate::{Buffer, Completion, Endpoint, Error, EventSource, MemoryRegion, PortInfo, Result};
 
 /// Work request ids of the library's blocking calls: this prefix (bits 63
@@ -67,8 +67,8 @@ impl Device {
         let a = Backend::open(path, CompletionQueue::ENTRIES)?;
         let cq = CompletionQueue::new(&a.arena);
         Ok(Device {
-            send: WorkRing::send(&a.info),
-            recv: WorkRing::recv(&a.info),
+            send: WorkRing::new(RingKind::Send, &a.info),
+            recv: WorkRing::new(RingKind::Recv, &a.info),
             window: Window::new(a.window),
             cq,
             arena: a.arena,

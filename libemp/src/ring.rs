@@ -1,15 +1,16 @@
 //! The shared-memory rings of a port, as the host sees them: the work
 //! rings it produces into (send, receive) and the completion queue it
 //! consumes. Both backends map the same layout (`emp_uapi::sram`), so this
-//! code has no backend in it. Index arithmetic is the NIC's own
-//! (`emp_uapi::desc`, `emp_uapi::sram`); memory ordering is ours and
-//! stated at each access.
+//! code has no backend in it. Slots, room and the CQE phase come from
+//! `emp_uapi::ring`, the one implementation every party shares; memory
+//! ordering is this module's, stated at each access.
 
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
-use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, CQE_PHASE};
-use emp_uapi::sram::ctl;
-use emp_uapi::{Le, PAGE_SIZE};
+use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET};
+use emp_uapi::ring;
+use emp_uapi::sram::{ctl, PortWindow};
+use emp_uapi::Le;
 
 use crate::map::Mapping;
 use crate::{Completion, Endpoint, Error, PortInfo, Result};
@@ -32,51 +33,46 @@ impl Window {
     }
 }
 
+/// Which work ring.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RingKind {
+    Send,
+    Recv,
+}
+
 /// A ring of work descriptors the host produces into and the NIC consumes.
 pub(crate) struct WorkRing {
-    /// Offset of slot 0 in the window.
-    base: usize,
-    /// Slots (a power of two).
-    entries: u32,
+    kind: RingKind,
+    /// The port's layout; the mapping starts at its window (base 0).
+    layout: PortWindow,
     /// Our producer index (free-running); the window's copy is what the
     /// NIC trusts.
     prod: u32,
-    prod_word: usize,
-    cons_word: usize,
 }
 
 impl WorkRing {
-    /// The send ring, right after the control page.
-    pub(crate) fn send(info: &PortInfo) -> WorkRing {
-        WorkRing {
-            base: PAGE_SIZE,
-            entries: info.send_entries,
-            prod: 0,
-            prod_word: ctl::SEND_PROD,
-            cons_word: ctl::SEND_CONS,
-        }
-    }
-
-    /// The receive ring, right after the send ring.
-    pub(crate) fn recv(info: &PortInfo) -> WorkRing {
-        WorkRing {
-            base: PAGE_SIZE + info.send_entries as usize * WorkDesc::SIZE,
-            entries: info.recv_entries,
-            prod: 0,
-            prod_word: ctl::RECV_PROD,
-            cons_word: ctl::RECV_CONS,
-        }
+    /// The port's `kind` ring, empty.
+    pub(crate) fn new(kind: RingKind, info: &PortInfo) -> WorkRing {
+        let layout = PortWindow { base: 0, send_entries: info.send_entries, recv_entries: info.recv_entries };
+        WorkRing { kind, layout, prod: 0 }
     }
 
     /// Writes `d` into the next free slot and publishes it to the NIC.
     /// [`Error::RingFull`] when the NIC has not consumed enough yet.
     pub(crate) fn push(&mut self, window: &Window, d: &WorkDesc) -> Result<()> {
+        let (entries, cons_word, prod_word, slot) = match self.kind {
+            RingKind::Send => {
+                (self.layout.send_entries, ctl::SEND_CONS, ctl::SEND_PROD, self.layout.send_slot(self.prod))
+            }
+            RingKind::Recv => {
+                (self.layout.recv_entries, ctl::RECV_CONS, ctl::RECV_PROD, self.layout.recv_slot(self.prod))
+            }
+        };
         // Acquire: the NIC is done reading every slot before `cons`.
-        let cons = window.word(self.cons_word).load(Ordering::Acquire);
-        if self.prod.wrapping_sub(cons) >= self.entries {
+        let cons = window.word(self.layout.ctl(cons_word)).load(Ordering::Acquire);
+        if !ring::has_room(self.prod, cons, entries) {
             return Err(Error::RingFull);
         }
-        let slot = self.base + (self.prod & (self.entries - 1)) as usize * WorkDesc::SIZE;
         let mut b = [0u8; WorkDesc::SIZE];
         d.put(&mut b);
         assert!(slot + WorkDesc::SIZE <= window.0.len(), "ring slot outside the window");
@@ -86,13 +82,13 @@ impl WorkRing {
         self.prod = self.prod.wrapping_add(1);
         // Release: the descriptor is visible before the index that
         // publishes it.
-        window.word(self.prod_word).store(self.prod, Ordering::Release);
+        window.word(self.layout.ctl(prod_word)).store(self.prod, Ordering::Release);
         Ok(())
     }
 }
 
 /// The completion queue: `ENTRIES` CQEs at the start of the arena, written
-/// by the NIC, each published by its phase bit.
+/// by the NIC, each published by its phase byte (`emp_uapi::ring`).
 pub(crate) struct CompletionQueue {
     base: *mut u8,
     /// Our consumer index (free-running).
@@ -115,15 +111,16 @@ impl CompletionQueue {
     pub(crate) fn poll(&mut self, window: &Window, out: &mut [Completion]) -> usize {
         let mut n = 0;
         while n < out.len() {
-            let idx = self.head & (Self::ENTRIES - 1);
-            let phase = if (self.head / Self::ENTRIES) & 1 == 0 { CQE_PHASE } else { 0 };
+            let idx = ring::slot(self.head, Self::ENTRIES);
             // SAFETY: idx < ENTRIES, and the CQ occupies the first BYTES of
             // the arena (checked at construction).
             let entry = unsafe { self.base.add(idx as usize * Cqe::SIZE) };
-            // SAFETY: reading the flags byte of a live entry; the NIC writes
-            // it last, so observing the phase means the body is complete.
+            // SAFETY: reading the flags byte (the entry's last) of a live
+            // entry; the NIC makes it visible after the rest of the entry (a
+            // DMA fence between), so observing the phase means the body is
+            // complete once the acquire fence below orders our reads.
             let flags = unsafe { core::ptr::read_volatile(entry.add(CQE_FLAGS_OFFSET)) };
-            if flags & CQE_PHASE != phase {
+            if !ring::cqe_is_new(flags, self.head, Self::ENTRIES) {
                 break;
             }
             // Acquire: the body is read after the phase that publishes it.
@@ -144,6 +141,8 @@ impl CompletionQueue {
         n
     }
 }
+
+const _: () = assert!(ring::valid_entries(CompletionQueue::ENTRIES), "CQ entries must be a power of two");
 
 /// The library's view of a CQE.
 fn completion(c: &Cqe) -> Completion {

@@ -173,6 +173,12 @@ impl Firmware {
     }
 }
 
+extern "C" fn hw_dma_fence(_ctx: *mut c_void) {
+    // DMA writes are stores into memory the host maps: a release fence
+    // keeps every earlier one ahead of every later one (the CQE phase byte).
+    core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
+}
+
 fn hal_for(hw: &mut HwCtx) -> FwHal {
     FwHal {
         ctx: (hw as *mut HwCtx).cast(),
@@ -182,6 +188,7 @@ fn hal_for(hw: &mut HwCtx) -> FwHal {
         dma_write: hw_dma_write,
         mac_transmit: hw_mac_transmit,
         raise_interrupt: hw_raise_interrupt,
+        dma_fence: hw_dma_fence,
     }
 }
 

@@ -178,9 +178,7 @@ impl NicShared {
     }
 
     fn new_key(&self, slot: u16) -> u32 {
-        let mut s = self.key_salt.lock().expect("salt");
-        *s = s.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-        ((*s >> 8) & 0x7FFF | 1) << 16 | slot as u32
+        MrEntry::make_key(&mut self.key_salt.lock().expect("salt"), slot)
     }
 
     fn install_mr(&self, port: u16, region: Region, access: u8, space: u64) -> Result<u32, Errno> {

@@ -3,13 +3,12 @@
 //! mailbox, rings, completion queue) written exactly as the driver and the
 //! verbs library write them.
 
-use emp_uapi::desc::{
-    Cqe, MrEntry, MrFormat, PhysSeg, Sge, WorkDesc, CQE_PHASE, MR_INLINE_SEGS, SEGS_PER_PAGE, SEG_LINK,
-};
+use emp_uapi::desc::{Cqe, MrEntry, MrFormat, PhysSeg, Sge, WorkDesc, MR_INLINE_SEGS, SEGS_PER_PAGE, SEG_LINK};
 use emp_uapi::sram::{ctl, AdminMailbox, AdminOp, Layout, PortCtl, RouteEntry};
-use emp_uapi::{Le, PAGE_SIZE};
+use emp_uapi::{ring, Le, PAGE_SIZE};
 
 use crate::rng::Rng;
+use crate::weak_dma::PendingWrites;
 
 /// Bus address of physical byte 0 (non-zero so a zero address is a bug).
 pub const PHYS_BASE: u64 = 0x1_0000_0000;
@@ -23,12 +22,69 @@ pub struct HostMem {
     used: usize,
     /// Bytes the NIC has read by DMA (multisend reads its payload once).
     pub dma_read_bytes: u64,
+    /// The NIC's writes not yet visible to the host (weakly ordered DMA);
+    /// `None`: every write is visible at once.
+    pending: Option<PendingWrites>,
 }
 
 impl HostMem {
     /// Memory of `bytes` (rounded up to pages).
     pub fn new(bytes: usize) -> HostMem {
-        HostMem { bytes: vec![0; bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE], used: 0, dma_read_bytes: 0 }
+        HostMem { bytes: vec![0; bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE], used: 0, dma_read_bytes: 0, pending: None }
+    }
+
+    /// From now on the NIC's writes appear late, in random byte order,
+    /// ordered only by fences ([`PendingWrites`]); the order comes from `seed`.
+    pub fn weak_dma(&mut self, seed: u64) {
+        self.pending = Some(PendingWrites::new(seed));
+    }
+
+    /// The NIC writes `data` at bus address `addr` (a DMA).
+    pub fn nic_write(&mut self, addr: u64, data: &[u8]) -> Option<()> {
+        let r = self.range(addr, data.len())?;
+        match &mut self.pending {
+            Some(p) => p.write(r.start, data),
+            None => self.bytes[r].copy_from_slice(data),
+        }
+        Some(())
+    }
+
+    /// The NIC reads `buf.len()` bytes at bus address `addr`: it sees its
+    /// own writes, visible to the host or not.
+    pub fn nic_read(&mut self, addr: u64, buf: &mut [u8]) -> Option<()> {
+        let r = self.range(addr, buf.len())?;
+        buf.copy_from_slice(&self.bytes[r.clone()]);
+        if let Some(p) = &self.pending {
+            p.overlay(r.start, buf);
+        }
+        self.dma_read_bytes += buf.len() as u64;
+        Some(())
+    }
+
+    /// A DMA fence: the NIC's writes so far appear before any later one.
+    pub fn nic_fence(&mut self) {
+        if let Some(p) = &mut self.pending {
+            p.fence();
+        }
+    }
+
+    /// True when some NIC write is not yet visible to the host.
+    pub fn has_pending(&self) -> bool {
+        self.pending.as_ref().is_some_and(|p| !p.is_empty())
+    }
+
+    /// Makes a random part of the oldest pending writes visible; returns the
+    /// delay (ns) after which to reveal more, or `None` when all are visible.
+    pub fn reveal_some(&mut self) -> Option<u64> {
+        let p = self.pending.as_mut()?;
+        p.reveal_some(&mut self.bytes);
+        (!p.is_empty()).then(|| p.next_delay_ns())
+    }
+
+    /// True when a NIC write to `[addr, addr + len)` is not yet visible.
+    pub fn nic_hides(&self, addr: u64, len: usize) -> bool {
+        let (Some(p), Some(r)) = (&self.pending, self.range(addr, len)) else { return false };
+        p.hides(r.start, r.len())
     }
 
     /// Allocates `pages` fresh physical pages (zeroed) and returns their addresses.
@@ -272,7 +328,7 @@ impl HostPort {
             (self.recv_prod, ctl::RECV_CONS, w.recv_entries)
         };
         let cons = s.u32(w.ctl(cons_off));
-        if prod.wrapping_sub(cons) >= entries {
+        if !ring::has_room(prod, cons, entries) {
             return false;
         }
         let slot = if send { w.send_slot(prod) } else { w.recv_slot(prod) };
@@ -289,14 +345,24 @@ impl HostPort {
 
     /// Takes the next completion, if the NIC wrote one.
     pub fn poll_cq(&mut self, sram: &mut [u8], layout: &Layout, mem: &HostMem) -> Option<Cqe> {
-        let idx = self.cq_head & (self.cq_entries - 1);
-        let phase = if (self.cq_head / self.cq_entries) & 1 == 0 { CQE_PHASE } else { 0 };
+        let at = ring::slot(self.cq_head, self.cq_entries) as u64 * Cqe::SIZE as u64;
         let mut b = [0u8; Cqe::SIZE];
-        self.cq.read(mem, idx as u64 * Cqe::SIZE as u64, &mut b);
+        self.cq.read(mem, at, &mut b);
         let cqe = Cqe::get(&b);
-        if cqe.flags & CQE_PHASE != phase {
+        if !ring::cqe_is_new(cqe.flags, self.cq_head, self.cq_entries) {
             return None;
         }
+        // The host accepts the entry on its phase byte alone: every other
+        // byte it just read must be the NIC's final write, or the NIC
+        // published a torn entry.
+        let mut torn = false;
+        self.cq.walk(at, Cqe::SIZE, |pa, _, n| torn |= mem.nic_hides(pa, n));
+        assert!(
+            !torn,
+            "torn CQE: port {} index {} accepted on its phase byte while the NIC's write of it was not all \
+             visible (read {cqe:?})",
+            self.port, self.cq_head
+        );
         self.cq_head = self.cq_head.wrapping_add(1);
         Sram(sram).put_u32(layout.port(self.port).ctl(ctl::CQ_CONS), self.cq_head);
         Some(cqe)

@@ -11,6 +11,7 @@ pub mod host;
 pub mod model;
 pub mod rng;
 pub mod scenario;
+pub mod weak_dma;
 pub mod world;
 
 pub use scenario::{run, Failure, Report, Spec};

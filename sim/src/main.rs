@@ -70,6 +70,10 @@ struct OneArgs {
     /// NIC CPU plan: 0 base, 1 SO, 2 RO, 3 SR, 4 DSR (EMP thesis ch. 3).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4))]
     cpu_plan: u32,
+    /// The NICs' writes to host memory appear late, in random byte order,
+    /// ordered only by DMA fences.
+    #[arg(long)]
+    weak_dma: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -153,6 +157,7 @@ fn one(a: &OneArgs) -> ExitCode {
     spec.group_size = a.group;
     spec.overflow_slots = a.overflow;
     spec.cpu_plan = a.cpu_plan;
+    spec.weak_dma = a.weak_dma;
     spec.atomics = a.atomics;
     spec.collectives = a.collectives;
     spec.flow = match a.flow {

@@ -69,6 +69,10 @@ pub struct Spec {
     pub atomics: u32,
     /// Collective operations on one group over random endpoints.
     pub collectives: u32,
+    /// The NICs' writes to host memory appear late and in random byte
+    /// order, ordered only by DMA fences (`emp_sim::weak_dma`); hosts check
+    /// every completion they accept against what the NIC wrote.
+    pub weak_dma: bool,
 }
 
 impl Spec {
@@ -93,6 +97,7 @@ impl Spec {
             swarm: false,
             atomics: 0,
             collectives: 0,
+            weak_dma: false,
         }
     }
 
@@ -141,6 +146,7 @@ impl Spec {
             // Drawn last: the other knobs of a seed stay what they were.
             atomics: if r.chance(0.5) { r.range(1, 48) as u32 } else { 0 },
             collectives: if r.chance(0.4) { r.range(1, 24) as u32 } else { 0 },
+            weak_dma: r.chance(0.5),
         }
     }
 
@@ -175,6 +181,9 @@ impl Spec {
         }
         if self.collectives > 0 {
             cmd += &format!(" --collectives {}", self.collectives);
+        }
+        if self.weak_dma {
+            cmd += " --weak-dma";
         }
         if let Some(p) = &self.wire.partition {
             cmd += &format!(" --partition-ms {}", p.end_ns / 1_000_000);
@@ -591,8 +600,11 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
                 * PAGE_SIZE
         })
         .collect();
-    let world =
+    let mut world =
         World::new(spec.nodes, params, spec.mtu, features, spec.firmware_config(), spec.wire.clone(), r.fork(), &mem);
+    if spec.weak_dma {
+        world.weak_dma(spec.seed);
+    }
     let mut d = Driver {
         world,
         ports: Vec::new(),

@@ -100,6 +100,8 @@ pub struct Node {
     /// The NIC's writes to host memory (data, completions) are done by
     /// then (cost model): the host must not see them earlier.
     pub host_visible_at: u64,
+    /// A `Reveal` event is queued (weakly ordered DMA).
+    reveal_queued: bool,
 }
 
 /// Frames a handler run emitted: (destination, bytes, ps into the run at
@@ -134,18 +136,18 @@ impl Hal for SimHal<'_> {
         self.sram[off..off + data.len()].copy_from_slice(data);
     }
     fn dma_read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
-        let r = self.mem.range(addr, buf.len()).ok_or(DmaError)?;
-        buf.copy_from_slice(&self.mem.bytes[r]);
-        self.mem.dma_read_bytes += buf.len() as u64;
+        self.mem.nic_read(addr, buf).ok_or(DmaError)?;
         self.dma(buf.len());
         Ok(())
     }
     fn dma_write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
-        let r = self.mem.range(addr, data.len()).ok_or(DmaError)?;
-        self.mem.bytes[r].copy_from_slice(data);
+        self.mem.nic_write(addr, data).ok_or(DmaError)?;
         self.dma(data.len());
         self.written_ps = self.work_ps;
         Ok(())
+    }
+    fn dma_fence(&mut self) {
+        self.mem.nic_fence();
     }
     fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]) {
         let mut b = self.pool.pop().unwrap_or_default();
@@ -165,6 +167,8 @@ enum Kind {
     Timer,
     Doorbell,
     Host,
+    /// More of the NIC's pending host-memory writes become visible.
+    Reveal,
 }
 
 /// An event's payload, kept in a slab: the heap only orders small
@@ -181,7 +185,8 @@ struct Event {
 /// What an event was, as seen by the workload driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// A NIC ran (frame, timer or doorbell): its host should poll.
+    /// A NIC ran (frame, timer or doorbell), or more of its writes to host
+    /// memory became visible: its host should poll.
     Nic(u16),
     /// A host wake-up the driver scheduled.
     Host(u16),
@@ -269,6 +274,7 @@ impl World {
                     nic_free_at: 0,
                     nic_busy_ns: 0,
                     host_visible_at: 0,
+                    reveal_queued: false,
                 }
             })
             .collect();
@@ -310,6 +316,14 @@ impl World {
             }
         };
         self.queue.push(Reverse((at, self.seq, i)));
+    }
+
+    /// From now on every NIC's writes to host memory appear late and in
+    /// random byte order, ordered only by DMA fences (`crate::weak_dma`).
+    pub fn weak_dma(&mut self, seed: u64) {
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            n.mem.weak_dma(seed ^ 0x00D3_A000_0000_0000 ^ i as u64);
+        }
     }
 
     /// The host of `node` wrote a doorbell.
@@ -354,6 +368,13 @@ impl World {
         if ev.kind == Kind::Timer && self.nodes[node as usize].timer_at != Some(ev.due) {
             return Some(Step::Nic(node)); // Superseded.
         }
+        if ev.kind == Kind::Reveal {
+            // The memory system, not the NIC: it does not wait for the NIC.
+            let n = &mut self.nodes[node as usize];
+            n.reveal_queued = false;
+            self.queue_reveal(node);
+            return Some(Step::Nic(node));
+        }
         let free = self.nodes[node as usize].nic_free_at;
         if ev.kind != Kind::Host && free > at {
             // The NIC is still busy with earlier work: the event waits.
@@ -377,6 +398,7 @@ impl World {
                 self.nodes[node as usize].doorbell_at = None;
                 self.run_nic(node, 0, |nic, hal, now| nic.handle_doorbell(hal, now));
             }
+            Kind::Reveal => unreachable!("handled above"),
         }
         Some(Step::Nic(node))
     }
@@ -421,6 +443,13 @@ impl World {
             self.transmit(node, dst, frame, now + done_ps.div_ceil(1000));
         }
         self.out = out;
+        let n = &mut self.nodes[node as usize];
+        if !n.reveal_queued && n.mem.has_pending() {
+            // Weakly ordered DMA: the writes start to appear once done.
+            n.reveal_queued = true;
+            let at = n.host_visible_at.max(now) + 1;
+            self.push(at, node, Kind::Reveal, Vec::new());
+        }
         let next = self.nodes[node as usize].nic.poll_timeout();
         if let Some(t) = next {
             let t = t.max(now);
@@ -429,6 +458,17 @@ impl World {
                 n.timer_at = Some(t);
                 self.push(t, node, Kind::Timer, Vec::new());
             }
+        }
+    }
+
+    /// Reveals part of `node`'s pending host-memory writes and queues the
+    /// next reveal while some remain.
+    fn queue_reveal(&mut self, node: u16) {
+        let n = &mut self.nodes[node as usize];
+        if let Some(delay) = n.mem.reveal_some() {
+            n.reveal_queued = true;
+            let at = self.now + delay;
+            self.push(at, node, Kind::Reveal, Vec::new());
         }
     }
 

@@ -1,7 +1,7 @@
 //! The simulation suite: thousands of seeded scenarios across 2–16 nodes,
 //! messages of 0 B–4 MiB, loss 0–20 %, duplication, reordering and healing
 //! partitions, every flow-control scheme and NIC CPU plan, remote atomics and
-//! collectives on random groups; every run checked by the
+//! collectives on random groups, weakly ordered DMA; every run checked by the
 //! scenario checker. A failure prints the command that replays it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +37,7 @@ struct Coverage {
     coll_ops: u64,
     coll_early: u64,
     coll_refused: u64,
+    weak_dma: u64,
 }
 
 #[test]
@@ -78,6 +79,7 @@ fn swarm_every_seed_passes_every_invariant() {
                         c.coll_ops += r.collectives;
                         c.coll_early += r.counters[emp_uapi::sram::counter::COLL_EARLY];
                         c.coll_refused += r.counters[emp_uapi::sram::counter::COLL_REFUSED];
+                        c.weak_dma += spec.weak_dma as u64;
                         if spec.size_max >= 4 << 20 {
                             c.largest = c.largest.max(spec.size_max);
                         }
@@ -115,6 +117,7 @@ fn swarm_every_seed_passes_every_invariant() {
         assert!(c.plans.iter().all(|&p| p > 100), "every NIC CPU plan: {:?}", c.plans);
         assert!(c.jumbo > 100 && c.overflow > 50 && c.errors > 100 && c.truncated > 50);
         assert!(c.retransmits > 1000);
+        assert!(c.weak_dma > 100, "weakly ordered DMA: {} runs", c.weak_dma);
         assert!(
             c.atomic_runs > 100 && c.atomic_replays > 100,
             "atomics: {} runs, {} replays",

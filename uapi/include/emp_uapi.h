@@ -266,22 +266,26 @@ struct emp_work_desc {
 	struct emp_sge sge[EMP_SGE_MAX];
 };
 
-/* A completion queue entry (32 bytes). The NIC writes `flags` last. */
+/*
+ * A completion queue entry (32 bytes). The NIC writes bytes 0..30, then
+ * (after a DMA fence) `flags`, the last byte: read `flags` first, check its
+ * phase, then (after an acquire fence) the rest.
+ */
 struct emp_cqe {
 	uint64_t wr_id;
+	uint64_t tag;
 	uint32_t byte_len;
+	uint32_t msg_len;
+	uint16_t src_node;
+	uint16_t src_port;
 	uint8_t status;   /* EMP_STATUS_* */
 	uint8_t opcode;   /* EMP_OP_* */
 	uint8_t reserved;
-	uint8_t flags;    /* EMP_CQE_PHASE */
-	uint64_t tag;
-	uint16_t src_node;
-	uint16_t src_port;
-	uint32_t msg_len;
+	uint8_t flags;    /* EMP_CQE_PHASE; the last byte, written last */
 };
 
-/* Byte offset of emp_cqe.flags (written last). */
-#define EMP_CQE_FLAGS_OFFSET 15U
+/* Byte offset of emp_cqe.flags (the last byte, written last). */
+#define EMP_CQE_FLAGS_OFFSET 31U
 
 /* A physically addressed segment (16 bytes). */
 struct emp_phys_seg {
@@ -377,7 +381,7 @@ struct emp_coll_header {
 
 /* Board signature at SRAM offset 0: "EMP-NIC\0" little-endian. */
 #define EMP_BOARD_SIGNATURE 0x0043494E2D504D45ULL
-#define EMP_LAYOUT_VERSION 2U
+#define EMP_LAYOUT_VERSION 3U
 
 /* NIC status (emp_sram_header.status). */
 #define EMP_NIC_STATUS_RESET 0U
@@ -574,7 +578,7 @@ struct emp_port_ctl {
 /* Image magic: "EMPFWIMG" little-endian. */
 #define EMP_IMAGE_MAGIC 0x474D495746504D45ULL
 #define EMP_IMAGE_HEADER_VERSION 1U
-#define EMP_FIRMWARE_ABI 1U
+#define EMP_FIRMWARE_ABI 2U
 /* Bytes covered by the signature (everything before `signature`). */
 #define EMP_IMAGE_SIGNED_LEN 152U
 /* Largest payload accepted. */
@@ -838,6 +842,9 @@ struct emp_fw_hal {
 	void (*mac_transmit)(void *ctx, uint16_t dst_node, const uint8_t *frame, size_t len);
 	/* raise MSI-X vector */
 	void (*raise_interrupt)(void *ctx, uint16_t vector);
+	/* every dma_write issued before is visible to the host before any
+	 * issued after (a write barrier; a CQE's phase byte follows one) */
+	void (*dma_fence)(void *ctx);
 };
 
 /* Control-program tunables passed at boot; zero means "use the default". */
@@ -882,7 +889,7 @@ EMP_STATIC_ASSERT(sizeof(struct emp_set_eventfd) == 16, "emp_set_eventfd");
 EMP_STATIC_ASSERT(sizeof(struct emp_arm) == 8, "emp_arm");
 EMP_STATIC_ASSERT(sizeof(struct emp_start) == 24, "emp_start");
 EMP_STATIC_ASSERT(sizeof(struct emp_attach_msg) == 192, "emp_attach_msg");
-EMP_STATIC_ASSERT(sizeof(struct emp_fw_hal) == 7 * sizeof(void *), "emp_fw_hal");
+EMP_STATIC_ASSERT(sizeof(struct emp_fw_hal) == 8 * sizeof(void *), "emp_fw_hal");
 EMP_STATIC_ASSERT(sizeof(struct emp_fw_config) == 48, "emp_fw_config");
 
 EMP_STATIC_ASSERT(offsetof(struct emp_cqe, flags) == EMP_CQE_FLAGS_OFFSET, "emp_cqe.flags");

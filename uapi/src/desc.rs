@@ -318,34 +318,41 @@ pub const CQE_PHASE: u8 = 1 << 0;
 
 le_struct! {
     /// A completion queue entry (32 bytes), DMA-written by the NIC.
-    /// The NIC writes bytes 0..31 first and `flags` (with the phase bit) last.
+    ///
+    /// Publication: the NIC writes bytes `0..31`, then a DMA fence, then
+    /// `flags` — the entry's last byte, carrying the [`CQE_PHASE`] bit — on
+    /// its own (mlx5's `op_own` is likewise a CQE's last byte). A host that
+    /// reads `flags` with the phase it expects ([`crate::ring::cqe_is_new`])
+    /// and then, after an acquire fence, the other bytes, never sees a torn
+    /// entry, whatever order the bytes of one DMA become visible in.
     pub struct Cqe {
         /// The descriptor's cookie.
         pub wr_id: u64,
+        /// Receive: the message's tag.
+        pub tag: u64,
         /// Bytes transferred (receive: bytes delivered into the buffer).
         pub byte_len: u32,
+        /// Receive: the message's full length (> byte_len when truncated).
+        pub msg_len: u32,
+        /// Receive: source node.
+        pub src_node: u16,
+        /// Receive: source port.
+        pub src_port: u16,
         /// [`Status`].
         pub status: u8,
         /// [`Opcode`] of the completed descriptor.
         pub opcode: u8,
         /// Reserved, zero.
         pub reserved: u8,
-        /// [`CQE_PHASE`] bit.
+        /// [`CQE_PHASE`] bit. The last byte, made visible last.
         pub flags: u8,
-        /// Receive: the message's tag.
-        pub tag: u64,
-        /// Receive: source node.
-        pub src_node: u16,
-        /// Receive: source port.
-        pub src_port: u16,
-        /// Receive: the message's full length (> byte_len when truncated).
-        pub msg_len: u32,
     }
     size = 32;
 }
 
-/// Byte offset of `Cqe::flags` (written last).
+/// Byte offset of `Cqe::flags`: the entry's last byte, written last.
 pub const CQE_FLAGS_OFFSET: usize = core::mem::offset_of!(Cqe, flags);
+const _: () = assert!(CQE_FLAGS_OFFSET == Cqe::SIZE - 1, "the phase byte must be the CQE's last byte");
 
 /// Translation formats of an MR table entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -440,6 +447,15 @@ impl MrEntry {
     /// Index of the table slot a key names.
     pub const fn slot_of(key: u32) -> usize {
         (key & 0xFFFF) as usize
+    }
+
+    /// A fresh key for table `slot`: advances the registering party's
+    /// generator state `salt` (an LCG) and puts 15 of its bits, never zero,
+    /// above the slot, so a stale key of a reused slot no longer matches.
+    /// The one generator: emp-nicd and the driver both call it.
+    pub fn make_key(salt: &mut u32, slot: u16) -> u32 {
+        *salt = salt.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        (((*salt >> 8) & 0x7FFF) | 1) << 16 | slot as u32
     }
 
     /// Validates an entry the NIC is about to use; returns its format.

@@ -56,6 +56,9 @@ pub struct FwHal {
     pub mac_transmit: extern "C" fn(ctx: *mut c_void, dst_node: u16, frame: *const u8, len: usize),
     /// Raise MSI-X vector `vector`.
     pub raise_interrupt: extern "C" fn(ctx: *mut c_void, vector: u16),
+    /// Write barrier: every `dma_write` issued before is visible to the host
+    /// before any issued after (a CQE's phase byte follows one).
+    pub dma_fence: extern "C" fn(ctx: *mut c_void),
 }
 
 /// Control-program tunables passed at boot (mirrors the firmware's config;

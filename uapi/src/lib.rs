@@ -1,7 +1,7 @@
 //! EMP contracts shared by every piece: the NIC memory map (SRAM header,
 //! admin mailbox, MR/route/group tables, port windows), work descriptors and
 //! completions, physically addressed translation formats, wire frames, the
-//! firmware image header and the ioctl ABI.
+//! firmware image header, the ioctl ABI and the ring protocol ([`ring`]).
 //!
 //! `#![no_std]` and dependency-free: the kernel module compiles these files.
 //!
@@ -22,6 +22,7 @@ pub mod desc;
 pub mod fwabi;
 pub mod image;
 pub mod ioctl;
+pub mod ring;
 pub mod sram;
 pub mod wire;
 

@@ -15,12 +15,15 @@
 //! separate cache lines.
 
 use crate::desc::{MrEntry, WorkDesc};
+use crate::ring;
 use crate::{le_struct, DecodeError, Le, PAGE_SIZE};
 
 /// Board signature at SRAM offset 0: "EMP-NIC\0" little-endian.
 pub const BOARD_SIGNATURE: u64 = u64::from_le_bytes(*b"EMP-NIC\0");
-/// Version of this memory map.
-pub const LAYOUT_VERSION: u32 = 2;
+/// Version of this memory map and of the structures the NIC and host share
+/// through it (descriptors, CQEs). 3: the CQE's phase byte moved to its last
+/// byte, published after a DMA fence.
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// NIC status (header `status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -705,7 +708,7 @@ impl PortWindow {
 
     /// Offset of send ring slot `idx` (wrapped).
     pub const fn send_slot(&self, idx: u32) -> usize {
-        self.base + PAGE_SIZE + (idx & (self.send_entries - 1)) as usize * WorkDesc::SIZE
+        self.base + PAGE_SIZE + ring::slot(idx, self.send_entries) as usize * WorkDesc::SIZE
     }
 
     /// Offset of receive ring slot `idx` (wrapped).
@@ -713,7 +716,7 @@ impl PortWindow {
         self.base
             + PAGE_SIZE
             + self.send_entries as usize * WorkDesc::SIZE
-            + (idx & (self.recv_entries - 1)) as usize * WorkDesc::SIZE
+            + ring::slot(idx, self.recv_entries) as usize * WorkDesc::SIZE
     }
 }
 

@@ -99,6 +99,7 @@ ptr_kind! {
     "int32_t (*)(void *, uint64_t, const uint8_t *, size_t)" => extern "C" fn(*mut c_void, u64, *const u8, usize) -> i32,
     "void (*)(void *, uint16_t, const uint8_t *, size_t)" => extern "C" fn(*mut c_void, u16, *const u8, usize),
     "void (*)(void *, uint16_t)" => extern "C" fn(*mut c_void, u16),
+    "void (*)(void *)" => extern "C" fn(*mut c_void),
 }
 
 impl<T: Kind, const N: usize> Kind for [T; N] {
@@ -191,7 +192,7 @@ fn structs() -> Vec<StructDesc> {
         st!("emp_atomic_result", AtomicResult { status, reserved, old }),
         st!("emp_sge", Sge { key, len, offset }),
         st!("emp_work_desc", WorkDesc { wr_id, opcode, flags, num_sge, reserved0, node, port, tag, ignore, sge }),
-        st!("emp_cqe", Cqe { wr_id, byte_len, status, opcode, reserved, flags, tag, src_node, src_port, msg_len }),
+        st!("emp_cqe", Cqe { wr_id, tag, byte_len, msg_len, src_node, src_port, status, opcode, reserved, flags }),
         st!("emp_phys_seg", PhysSeg { addr, len, flags }),
         st!(
             "emp_mr_entry",
@@ -324,7 +325,7 @@ fn structs() -> Vec<StructDesc> {
         st!("emp_attach_msg", AttachMsg { version, op, status, reserved, arg }),
         st_repr_c!(
             "emp_fw_hal",
-            FwHal { ctx, sram_read, sram_write, dma_read, dma_write, mac_transmit, raise_interrupt }
+            FwHal { ctx, sram_read, sram_write, dma_read, dma_write, mac_transmit, raise_interrupt, dma_fence }
         ),
         st_repr_c!(
             "emp_fw_config",

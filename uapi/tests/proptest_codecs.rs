@@ -1375,6 +1375,17 @@ proptest! {
     fn mr_entry_slot_of_is_low_bits(key in any::<u32>()) {
         prop_assert_eq!(MrEntry::slot_of(key), (key & 0xFFFF) as usize);
     }
+
+    #[test]
+    fn mr_make_key_names_its_slot_and_changes_with_each_call(salt in any::<u32>(), slot in any::<u16>()) {
+        let mut s = salt;
+        let a = MrEntry::make_key(&mut s, slot);
+        prop_assert_eq!(MrEntry::slot_of(a), slot as usize);
+        prop_assert!(a >> 16 != 0, "a key is never just its slot");
+        prop_assert_ne!(s, salt, "the generator advanced");
+        let b = MrEntry::make_key(&mut s, slot);
+        prop_assert_eq!(MrEntry::slot_of(b), slot as usize);
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use emp_uapi::attach::{attach_reply as ar, op, AttachMsg, ATTACH_VERSION};
 use emp_uapi::desc::{Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::ring;
 use emp_uapi::{Le, PAGE_SIZE};
 use nix::sys::socket::{
     connect, recvmsg, sendmsg, socket, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag,
@@ -192,8 +193,8 @@ impl Daemon {
             msg_max: r.arg[ar::MSG_MAX],
             features: r.arg[ar::FEATURES] as u32,
         };
-        let ok_geometry = info.send_entries.is_power_of_two()
-            && info.recv_entries.is_power_of_two()
+        let ok_geometry = ring::valid_entries(info.send_entries)
+            && ring::valid_entries(info.recv_entries)
             && window_len >= PAGE_SIZE + (info.send_entries + info.recv_entries) as usize * WorkDesc::SIZE;
         if !ok_geometry {
             return Err(Error::Protocol("port geometry does not fit the window".into()));
