@@ -15,6 +15,8 @@
 //! and shared memory: no system call. The only exception is the doorbell
 //! after a post when the NIC has gone to sleep (it polls while busy).
 
+#![warn(missing_docs)]
+
 pub mod atomic;
 mod backend;
 pub mod coll;
@@ -69,7 +71,12 @@ pub enum Error {
     /// `EMP_DEVICE` is not set and no path was given.
     NoDevice,
     /// The NIC refused a request (errno from the daemon).
-    Nic { op: &'static str, errno: i32 },
+    Nic {
+        /// The request refused.
+        op: &'static str,
+        /// Why (a positive errno).
+        errno: i32,
+    },
     /// The daemon went away or spoke nonsense.
     Protocol(String),
     /// The ring has no free slot: poll completions, then post again.
@@ -86,7 +93,12 @@ pub enum Error {
     Unsupported(&'static str),
     /// A reduction operator not defined for the element type (bitwise on
     /// floats).
-    InvalidOp { dtype: emp_uapi::coll::Dtype, op: emp_uapi::coll::ReduceOp },
+    InvalidOp {
+        /// The element type.
+        dtype: emp_uapi::coll::Dtype,
+        /// The operator not defined on it.
+        op: emp_uapi::coll::ReduceOp,
+    },
     /// A library call got arguments it cannot use (checked before anything
     /// is posted); says which and why.
     InvalidArgument(String),
@@ -94,7 +106,12 @@ pub enum Error {
     /// the rank and the step; `cause` is the underlying error (an error
     /// completion, [`Status::CollMismatch`] for a message of the wrong size,
     /// a timeout).
-    Collective { what: String, cause: Box<Error> },
+    Collective {
+        /// The call, its instance, the rank and the step.
+        what: String,
+        /// The underlying error.
+        cause: Box<Error>,
+    },
 }
 
 impl Error {
