@@ -55,14 +55,39 @@ pub struct Device {
 unsafe impl Send for Device {}
 
 impl Device {
-    /// Opens the device named by `EMP_DEVICE`.
+    /// Opens the device named by `EMP_DEVICE` (see [`Device::open_path`]).
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] when `EMP_DEVICE` is not set; otherwise as
+    /// [`Device::open_path`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// let dev = emp::Device::open()?;
+    /// println!("port {}", dev.endpoint());
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn open() -> Result<Device> {
         let path = std::env::var("EMP_DEVICE").map_err(|_| Error::NoDevice)?;
         Device::open_path(&path)
     }
 
     /// Opens `/dev/emp-nic…` (the kernel driver) or an `emp-nicd` socket;
-    /// the arena size comes from `EMP_ARENA_MB`.
+    /// the arena size comes from `EMP_ARENA_MB`, the spin before sleeping
+    /// from `EMP_SPIN_US`. Closing (dropping) the device closes the port
+    /// and releases everything registered through it.
+    ///
+    /// # Errors
+    /// [`Error::Os`] when the path cannot be opened or mapped,
+    /// [`Error::Protocol`] when the daemon cannot be reached or answers
+    /// nonsense, [`Error::Nic`] when the NIC refuses the port.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// let dev = emp::Device::open_path("/dev/emp-nic0")?;
+    /// assert!(dev.info().send_entries.is_power_of_two());
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn open_path(path: &str) -> Result<Device> {
         let a = Backend::open(path, CompletionQueue::ENTRIES)?;
         let cq = CompletionQueue::new(&a.arena);
@@ -97,7 +122,21 @@ impl Device {
         self.info.endpoint()
     }
 
-    /// Registered, NIC-shared memory of `len` bytes (64-byte aligned).
+    /// Registered, NIC-shared memory of `len` bytes (64-byte aligned),
+    /// from the arena registered at open: no system call. It lives until
+    /// the device is closed.
+    ///
+    /// # Errors
+    /// [`Error::ArenaFull`] when the arena has no `len` bytes left.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let mut buf = dev.alloc(4096)?;
+    /// buf.as_mut_slice()[..5].copy_from_slice(b"hello");
+    /// let sge = buf.sge(0, 5); // what a post names
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn alloc(&mut self, len: usize) -> Result<Buffer> {
         let off = self.arena_next.next_multiple_of(64);
         if off.checked_add(len).is_none_or(|e| e > self.arena.len()) {
@@ -113,6 +152,18 @@ impl Device {
     /// rights added to local read and write: e.g. [`crate::MR_REMOTE_ATOMIC`]
     /// for words other ports may target with remote atomics. The buffer
     /// starts on a page and its SGEs and remote words are relative to it.
+    ///
+    /// # Errors
+    /// [`Error::ArenaFull`], or the NIC's refusal of the registration
+    /// ([`Error::Nic`]).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let words = dev.alloc_mr(4096, emp::MR_REMOTE_ATOMIC)?;
+    /// let counter = words.remote_word(0, emp::Width::W64); // hand this to peers
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn alloc_mr(&mut self, len: usize, access: u8) -> Result<Buffer> {
         let off = self.arena_next.next_multiple_of(PAGE_SIZE);
         let span = len.max(1).next_multiple_of(PAGE_SIZE);
@@ -134,12 +185,40 @@ impl Device {
     /// # Safety
     /// `[addr, addr + len)` must stay mapped until `dereg_mr`, and must not
     /// be accessed while a posted operation on it is in flight.
+    ///
+    /// # Errors
+    /// The NIC's refusal ([`Error::Nic`]: e.g. a full MR table), or a
+    /// broken control path ([`Error::Protocol`]).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let mut data = vec![0u8; 1 << 20];
+    /// // SAFETY: `data` outlives the registration and is left alone while
+    /// // operations on it are in flight.
+    /// let mr = unsafe { dev.reg_mr(data.as_mut_ptr(), data.len(), emp::MR_LOCAL_WRITE) }?;
+    /// dev.post_recv(1, emp::ANY, 7, 0, &[mr.sge(data.as_ptr() as usize, data.len())])?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub unsafe fn reg_mr(&mut self, addr: *const u8, len: usize, access: u8) -> Result<MemoryRegion> {
         let key = self.backend.reg_mr(addr as u64, len as u64, access)?;
         Ok(MemoryRegion { key, addr: addr as usize, len })
     }
 
-    /// Deregisters a region.
+    /// Deregisters a region; the NIC no longer reaches it.
+    ///
+    /// # Errors
+    /// [`Error::Nic`] when the key is not this port's.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let data = vec![0u8; 4096];
+    /// // SAFETY: `data` outlives the registration.
+    /// let mr = unsafe { dev.reg_mr(data.as_ptr(), data.len(), emp::MR_LOCAL_READ) }?;
+    /// dev.dereg_mr(mr)?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn dereg_mr(&mut self, mr: MemoryRegion) -> Result<()> {
         self.backend.dereg_mr(mr.key)
     }
@@ -175,26 +254,74 @@ impl Device {
         Ok(d)
     }
 
-    /// Posts a tagged send of the bytes named by `sges` to `dst`.
+    /// Posts a tagged send of the bytes named by `sges` (at most 6) to
+    /// `dst`. Its completion, with `wr_id`, comes through
+    /// [`Device::poll_cq`] / [`Device::wait_cq`]; leave the bytes alone
+    /// until then.
+    ///
+    /// # Errors
+    /// [`Error::RingFull`] (take completions, then post again),
+    /// [`Error::TooManySges`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let mut buf = dev.alloc(64)?;
+    /// buf.as_mut_slice()[..2].copy_from_slice(b"hi");
+    /// let peer = emp::Endpoint { node: 1, port: 0 };
+    /// dev.post_send(1, peer, 7, &[buf.sge(0, 2)])?;
+    /// let c = dev.wait_wr(1, None)?;
+    /// assert_eq!(c.status, emp::Status::Success);
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn post_send(&mut self, wr_id: u64, dst: Endpoint, tag: u64, sges: &[Sge]) -> Result<()> {
         let d = Self::desc(Opcode::Send, wr_id, dst, tag, 0, sges)?;
         self.post(true, &d)
     }
 
     /// Posts a receive for a message from `src` (or [`crate::ANY`]) whose tag
-    /// equals `tag` in every bit not set in `ignore`.
+    /// equals `tag` in every bit not set in `ignore`; the message lands in
+    /// the bytes named by `sges`.
+    ///
+    /// # Errors
+    /// As [`Device::post_send`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let buf = dev.alloc(4096)?;
+    /// // Any sender, tags 0x100..=0x1FF.
+    /// dev.post_recv(2, emp::ANY, 0x100, 0xFF, &[buf.sge(0, 4096)])?;
+    /// let c = dev.wait_wr(2, None)?;
+    /// println!("{} bytes from {}, tag {:#x}", c.byte_len, c.src, c.tag);
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn post_recv(&mut self, wr_id: u64, src: Endpoint, tag: u64, ignore: u64, sges: &[Sge]) -> Result<()> {
         let d = Self::desc(Opcode::Recv, wr_id, src, tag, ignore, sges)?;
         self.post(false, &d)
     }
 
     /// Posts a raw descriptor (tests of the NIC's input validation).
+    ///
+    /// # Errors
+    /// [`Error::RingFull`].
     pub fn post_raw(&mut self, send: bool, d: &WorkDesc) -> Result<()> {
         self.post(send, d)
     }
 
     /// Takes up to `out.len()` completions (those [`Device::wait_wr`] set
-    /// aside first); returns how many.
+    /// aside first); returns how many. Never blocks, makes no system call.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let mut wc = [emp::Completion::default(); 16];
+    /// let n = dev.poll_cq(&mut wc);
+    /// for c in &wc[..n] {
+    ///     println!("wr {} {:?}", c.wr_id, c.status);
+    /// }
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn poll_cq(&mut self, out: &mut [Completion]) -> usize {
         let mut n = 0;
         while n < out.len() {
@@ -209,6 +336,19 @@ impl Device {
     /// are set aside for the next [`Device::poll_cq`] / [`Device::wait_cq`].
     /// What is set aside is bounded by the work outstanding (the send and
     /// receive rings). `None` = wait forever.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`], or [`Error::Protocol`] when the NIC daemon went
+    /// away. An error *completion* is returned as `Ok`, with its status.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let buf = dev.alloc(64)?;
+    /// dev.post_recv(9, emp::ANY, 7, 0, &[buf.sge(0, 64)])?;
+    /// let c = dev.wait_wr(9, Some(std::time::Duration::from_secs(1)))?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn wait_wr(&mut self, wr_id: u64, timeout: Option<Duration>) -> Result<Completion> {
         let start = Instant::now();
         let mut buf = [Completion::default(); 16];
@@ -228,6 +368,15 @@ impl Device {
     /// Takes the completion of work request `wr_id` if the NIC has
     /// written it, without waiting; other completions are set aside as in
     /// [`Device::wait_wr`]. For callers that poll.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// while dev.poll_wr(9).is_none() {
+    ///     std::hint::spin_loop(); // or other work
+    /// }
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn poll_wr(&mut self, wr_id: u64) -> Option<Completion> {
         let mut buf = [Completion::default(); 16];
         loop {
@@ -244,6 +393,13 @@ impl Device {
     /// How long waits poll before sleeping on the port's event (default
     /// 20 µs, or `EMP_SPIN_US`). Zero: sleep at once, which costs the least
     /// CPU when the NIC does the work (offloaded collectives).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// dev.set_spin(std::time::Duration::ZERO);
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn set_spin(&mut self, spin: Duration) {
         self.spin = spin;
     }
@@ -253,7 +409,24 @@ impl Device {
         self.spin
     }
 
-    /// Asks for an event on the next completion (like `ibv_req_notify_cq`).
+    /// Asks for an event on the next completion (like `ibv_req_notify_cq`):
+    /// the descriptor of [`EventSource::event_fd`] becomes readable. Poll
+    /// the CQ once more after arming, or a completion that came just
+    /// before may never signal. [`Device::wait_cq`] does all this itself.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use emp::EventSource;
+    /// # let mut dev = emp::Device::open()?;
+    /// let mut wc = [emp::Completion::default(); 16];
+    /// dev.arm();
+    /// if dev.poll_cq(&mut wc) == 0 {
+    ///     let mut pfd = libc::pollfd { fd: dev.event_fd(), events: libc::POLLIN, revents: 0 };
+    ///     // SAFETY: one valid pollfd.
+    ///     unsafe { libc::poll(&mut pfd, 1, -1) };
+    /// }
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn arm(&mut self) {
         if self.backend.arm() {
             return;
@@ -264,8 +437,21 @@ impl Device {
         fence(Ordering::SeqCst);
     }
 
-    /// Waits for completions: polls briefly, then arms and blocks on the
-    /// event descriptor. `None` = wait forever.
+    /// Waits for completions: polls briefly (see [`Device::set_spin`]),
+    /// then arms and blocks on the event descriptor. Returns how many were
+    /// taken (at least one). `None` = wait forever.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`], or [`Error::Protocol`] when the NIC daemon went
+    /// away.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let mut wc = [emp::Completion::default(); 16];
+    /// let n = dev.wait_cq(&mut wc, Some(std::time::Duration::from_secs(5)))?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn wait_cq(&mut self, out: &mut [Completion], timeout: Option<Duration>) -> Result<usize> {
         if !self.stash.is_empty() {
             return Ok(self.poll_cq(out));
@@ -354,6 +540,17 @@ impl Device {
     }
 
     /// NIC counters (`emp_uapi::sram::counter`).
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] through `/dev/emp-nic` (the driver does not
+    /// export them) or when the daemon went away.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let dev = emp::Device::open()?;
+    /// let counters = dev.nic_counters()?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn nic_counters(&self) -> Result<[u64; COUNTERS]> {
         self.backend.counters()
     }

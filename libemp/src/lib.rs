@@ -253,6 +253,17 @@ impl Default for Completion {
 /// it is neither `Clone` nor `Copy`, and its sub-ranges ([`Buffer::range`])
 /// are [`MemSpan`]s, which name memory for the NIC but give no access to it.
 /// So [`Buffer::as_mut_slice`] needs `&mut self`, like any owner.
+///
+/// # Examples
+/// ```no_run
+/// # let mut dev = emp::Device::open()?;
+/// let mut buf = dev.alloc(8192)?;
+/// buf.as_mut_slice()[..4].copy_from_slice(b"ping");
+/// let (head, tail) = (buf.range(0, 4096), buf.range(4096, 4096)); // Copy handles
+/// dev.post_recv(1, emp::ANY, 7, 0, &[tail.sge(0, tail.len())])?;
+/// dev.post_send(2, emp::Endpoint { node: 1, port: 0 }, 7, &[head.sge(0, 4)])?;
+/// # Ok::<(), emp::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct Buffer {
     ptr: *mut u8,
