@@ -21,6 +21,10 @@ use crate::{Buffer, Completion, Endpoint, Error, EventSource, MemoryRegion, Port
 /// and 61) plus a 48-bit counter. (`rdv` uses bit 63 alone and 63 + 62.)
 pub const INTERNAL_WR: u64 = 0xA000_0000_0000_0000;
 
+/// Bytes of the scratch buffer: a group entry or an atomic's result word.
+const SCRATCH: usize = 4096;
+const _: () = assert!(GroupEntry::SIZE <= SCRATCH && 8 <= SCRATCH, "scratch too small for its uses");
+
 /// An open port on an EMP NIC.
 pub struct Device {
     // The mappings come first: they are unmapped before the backend closes
@@ -505,7 +509,6 @@ impl Device {
 
     /// The registered scratch buffer (allocated on first use).
     fn scratch(&mut self) -> Result<&mut Buffer> {
-        const SCRATCH: usize = 4096;
         if self.scratch.is_none() {
             self.scratch = Some(self.alloc(SCRATCH)?);
         }
