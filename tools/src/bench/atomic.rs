@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use emp::host_atomics::{HostAtomicClient, HostAtomicServer};
 use emp::rdv::Job;
-use emp::{Buffer, Device, Endpoint, RemoteWord, Width, MR_REMOTE_ATOMIC};
+use emp::{Device, Endpoint, MemSpan, RemoteWord, Width, MR_REMOTE_ATOMIC};
 
 use super::{err, print_json, BenchArgs, Json, Waiter};
 
@@ -53,7 +53,7 @@ fn nic_op(
     at: RemoteWord,
     op: Op,
     v: u64,
-    result: Buffer,
+    result: MemSpan,
     waiter: Waiter,
 ) -> Result<u64, String> {
     let r = result.sge(0, at.width.bytes() as usize);
@@ -119,7 +119,7 @@ pub(super) fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) 
     let mut server = if job.rank == 0 { Some(HostAtomicServer::new(&mut dev, served, 4).map_err(err)?) } else { None };
     let mut client =
         if job.rank == 1 { Some(HostAtomicClient::new(&mut dev).map_err(err)?.polling(!a.blocking)) } else { None };
-    let result = dev.alloc(8).map_err(err)?;
+    let result = dev.alloc(8).map_err(err)?.span();
     let waiter = Waiter::blocking(a.blocking, T);
     let mut rows = Vec::new();
     for (wi, &width) in widths.iter().enumerate() {

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use emp::coll::{reduce_ref, Comm, CommOpts, Dtype, ReduceOp, Wait};
 use emp::rdv::Job;
 use emp::tree::Tree;
-use emp::{Buffer, Device, Status};
+use emp::{Buffer, Device, MemSpan, Status};
 
 use super::{err, print_json, BenchArgs, Json, Kind, Rng, Waiter};
 
@@ -50,7 +50,7 @@ pub trait Coll {
         Err(unsupported(&self.label(), "barrier"))
     }
     /// One broadcast of `buf` from `root`.
-    fn bcast(&mut self, _dev: &mut Device, _comm: &mut Comm, _root: usize, _buf: &Buffer) -> emp::Result<()> {
+    fn bcast(&mut self, _dev: &mut Device, _comm: &mut Comm, _root: usize, _buf: MemSpan) -> emp::Result<()> {
         Err(unsupported(&self.label(), "bcast"))
     }
     /// The tree (relative to the root) the broadcast follows, for picking
@@ -198,7 +198,7 @@ impl Coll for HostTree {
     fn label(&self) -> String {
         self.label.clone()
     }
-    fn bcast(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, buf: &Buffer) -> emp::Result<()> {
+    fn bcast(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, buf: MemSpan) -> emp::Result<()> {
         match &self.tree {
             None => comm.bcast_binomial(dev, root, buf),
             Some(t) => comm.bcast_tree(dev, root, t, buf),
@@ -335,7 +335,7 @@ impl Coll for Nic {
             a => d.post_barrier(wr, g, a),
         })
     }
-    fn bcast(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, buf: &Buffer) -> emp::Result<()> {
+    fn bcast(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, buf: MemSpan) -> emp::Result<()> {
         let NicWhat::Tree(tree) = self.what else { return Err(unsupported(&self.label, "bcast")) };
         let sges: Vec<emp::Sge> = if buf.is_empty() { vec![] } else { vec![buf.sge(0, buf.len())] };
         self.run(dev, comm, |d, wr, g| match tree {
@@ -362,7 +362,7 @@ impl Coll for Nic {
         self.bounce.as_mut_slice()[..n].copy_from_slice(send);
         let (s, r) = (self.bounce.sge(0, n), self.bounce.sge(64 << 10, n));
         self.run(dev, comm, |d, wr, g| d.post_allreduce(wr, g, t, op, s, r))?;
-        recv.copy_from_slice(&self.bounce.as_mut_slice()[64 << 10..(64 << 10) + n]);
+        recv.copy_from_slice(&self.bounce.as_slice()[64 << 10..(64 << 10) + n]);
         Ok(())
     }
     fn reduce(
@@ -380,7 +380,7 @@ impl Coll for Nic {
         let (s, r) = (self.bounce.sge(0, n), recv.as_ref().map(|_| self.bounce.sge(64 << 10, n)));
         self.run(dev, comm, |d, wr, g| d.post_reduce(wr, g, root, t, op, s, r))?;
         if let Some(out) = recv {
-            out.copy_from_slice(&self.bounce.as_mut_slice()[64 << 10..(64 << 10) + n]);
+            out.copy_from_slice(&self.bounce.as_slice()[64 << 10..(64 << 10) + n]);
         }
         Ok(())
     }
@@ -642,7 +642,7 @@ impl Bench {
     fn bcast_leaf(
         &mut self,
         v: &mut dyn Coll,
-        buf: &Buffer,
+        buf: MemSpan,
         leaf: usize,
         iters: usize,
         warm: usize,
@@ -710,7 +710,7 @@ impl Bench {
                 let leaves = Self::closing_leaves(&v.bcast_tree(n));
                 let mut worst: f64 = 0.0;
                 for &leaf in &leaves {
-                    worst = worst.max(self.bcast_leaf(v.as_mut(), &buf.range(0, size), leaf, iters, warm)?);
+                    worst = worst.max(self.bcast_leaf(v.as_mut(), buf.range(0, size), leaf, iters, warm)?);
                 }
                 row.push(worst);
             }
@@ -748,7 +748,7 @@ impl Bench {
                         }
                     }
                     let t0 = Instant::now();
-                    v.bcast(&mut self.dev, &mut self.comm, 0, &b).map_err(|e| format!("{label}: {e}"))?;
+                    v.bcast(&mut self.dev, &mut self.comm, 0, b).map_err(|e| format!("{label}: {e}"))?;
                     if trial >= warm {
                         inside += t0.elapsed();
                     }

@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use emp::rdv::Job;
-use emp::{Buffer, Completion, Device, Endpoint, Status};
+use emp::{Buffer, Completion, Device, Endpoint, MemSpan, Status};
 
 use super::{err, print_json, BenchArgs, Json, Kind, Waiter};
 
@@ -103,7 +103,7 @@ struct Emp {
 }
 
 impl Emp {
-    fn send(&mut self, tag: u64, b: Buffer, len: usize) -> Result<(), String> {
+    fn send(&mut self, tag: u64, b: MemSpan, len: usize) -> Result<(), String> {
         loop {
             match self.dev.post_send(0, self.peer, tag, &[b.sge(0, len)]) {
                 Ok(()) => {
@@ -116,7 +116,7 @@ impl Emp {
         }
     }
 
-    fn recv(&mut self, tag: u64, b: Buffer, len: usize) -> Result<(), String> {
+    fn recv(&mut self, tag: u64, b: MemSpan, len: usize) -> Result<(), String> {
         loop {
             match self.dev.post_recv(1, self.peer, tag, 0, &[b.sge(0, len)]) {
                 Ok(()) => return Ok(()),
@@ -135,7 +135,7 @@ impl Emp {
     /// Ping-pong; `tag` is unique per size so a receive left posted at the
     /// end never matches a later size's messages.
     fn latency(&mut self, tag: u64, size: usize, iters: usize, warm: usize) -> Result<f64, String> {
-        let (s, r) = (self.sbuf, self.rbuf);
+        let (s, r) = (self.sbuf.span(), self.rbuf.span());
         self.recv(tag, r, size)?;
         self.job.barrier(&mut self.dev, &format!("lat{tag}")).map_err(err)?;
         let mut t0 = Instant::now();
@@ -164,7 +164,7 @@ impl Emp {
     /// Windows of 64 messages after a handshake that says the peer's
     /// receives are posted.
     fn bw(&mut self, tag: u64, size: usize, windows: usize, warm: usize, bidir: bool) -> Result<f64, String> {
-        let (s, r, a) = (self.sbuf, self.rbuf, self.ack);
+        let (s, r, a) = (self.sbuf.span(), self.rbuf.span(), self.ack.span());
         let sender = bidir || self.rank == 0;
         let receiver = bidir || self.rank == 1;
         self.recv(tag | HS, a, 4)?;
