@@ -11,19 +11,22 @@
 //!   (admin mailbox, rings, completion queue).
 //! - [`cluster`]: the scripted harness of the targeted tests, also the host
 //!   driver of the cost model.
-//! - [`scenario`]: seeded workloads, the checker every run must pass, and
-//!   the swarm's knobs; `collplan.rs`: the swarm's collectives and their
-//!   checks.
+//! - [`scenario`]: seeded workloads (`Spec`, the swarm's knobs) and the
+//!   driver that posts them; `plan.rs`: the drawn plan; `collplan.rs`: the
+//!   swarm's collectives and what each result must be; `checker/`: the
+//!   checks every run must pass (delivery, atomics, collectives, leaks).
 //! - [`cost`], [`model`]: the cost model and `emp-sim model`.
 //! - [`weak_dma`]: a weakly ordered DMA engine (writes late and in random
 //!   byte order unless fenced), the completion contract's adversary.
 //! - [`rng`]: the seeded PRNG.
 
+mod checker;
 pub mod cluster;
 mod collplan;
 pub mod cost;
 pub mod host;
 pub mod model;
+mod plan;
 pub mod rng;
 pub mod scenario;
 pub mod weak_dma;
