@@ -25,7 +25,7 @@ use kernel::{
     uaccess::{UserPtr, UserSlice},
 };
 
-use super::{read_arg, write_arg, NicInfo, Port, State};
+use super::{NicInfo, Port, State, UserArg};
 use crate::ioctl::{EmpGroupClear, EmpGroupSet};
 use crate::sram::{admin_result, AdminOp, GroupEntry};
 use crate::{Le, ZEROS};
@@ -109,14 +109,14 @@ impl Port {
     /// GROUP_SET: load the caller's group entry; returns its slot in `slot`.
     ///
     /// # Errors
-    /// `EFAULT` bad argument or entry pointer, `EINVAL` bad size, reserved
+    /// `EFAULT` bad argument or entry pointer, `EINVAL`/`E2BIG` bad size, reserved
     /// bits, or an entry that fails the checks (or that the NIC refuses,
     /// e.g. a re-creation without a newer epoch), `ENOTCONN` the port is not
     /// started, `ENOENT` the bounce region is not one of this port's,
     /// `ENOSPC` the group table is full, `ETIMEDOUT` the NIC did not answer,
     /// `ENODEV` device gone.
-    pub(super) fn group_set(&self, arg: usize) -> Result<isize> {
-        let mut q: EmpGroupSet = read_arg(arg)?;
+    pub(super) fn group_set(&self, arg: UserArg) -> Result<isize> {
+        let mut q: EmpGroupSet = arg.read()?;
         if q.slot != 0 || q.reserved != [0; 2] {
             return Err(EINVAL);
         }
@@ -165,7 +165,7 @@ impl Port {
         // Writing to user memory may fault (mmap_lock): not under our lock.
         drop(st);
         q.slot = slot as u32;
-        if let Err(err) = write_arg(arg, &q) {
+        if let Err(err) = arg.write(&q) {
             // The caller cannot learn the slot: undo a new group (a
             // replaced one stays loaded under its id, as on success).
             let mut st = self.info.state.lock();
@@ -184,11 +184,11 @@ impl Port {
     ///
     /// # Errors
     /// `ENOENT` a slot this port does not hold (another port's, out of
-    /// range, or already cleared), `EINVAL` bad size, `EFAULT` bad pointer,
+    /// range, or already cleared), `EINVAL`/`E2BIG` bad size, `EFAULT` bad pointer,
     /// `ETIMEDOUT` the NIC did not answer (the slot is freed anyway),
     /// `ENODEV` device gone.
-    pub(super) fn group_clear(&self, arg: usize) -> Result<isize> {
-        let q: EmpGroupClear = read_arg(arg)?;
+    pub(super) fn group_clear(&self, arg: UserArg) -> Result<isize> {
+        let q: EmpGroupClear = arg.read()?;
         let mut st = self.info.state.lock();
         if st.gone {
             return Err(ENODEV);

@@ -24,10 +24,7 @@ use kernel::{
 };
 
 use crate::desc::{MrEntry, MR_ACCESS_ALL};
-use crate::ioctl::{
-    EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM, EMP_IOC_DEREG_MR,
-    EMP_IOC_GROUP_CLEAR, EMP_IOC_GROUP_SET, EMP_IOC_QUERY, EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD, EMP_IOC_START,
-};
+use crate::ioctl::{ArgError, EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, IoctlArg, IoctlCmd};
 use crate::mr::Pinned;
 use crate::sram::{admin_result, ctl, AdminMailbox, AdminOp, Layout, PortCtl};
 use crate::{Le, PAGE_SIZE};
@@ -451,56 +448,76 @@ impl MiscDevice for Port {
         kernel::error::to_result(r)
     }
 
+    /// Dispatches on the command's type, number and direction; its size
+    /// field is the caller's struct size (`uapi/src/ioctl.rs`).
     fn ioctl(me: Pin<&Port>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
         if me.info.state.lock().gone {
             return Err(ENODEV);
         }
+        let (cmd, size) = IoctlCmd::decode(cmd).ok_or(ENOTTY)?;
+        let arg = UserArg { addr: arg, size };
         match cmd {
-            EMP_IOC_QUERY => me.query(arg),
-            EMP_IOC_REG_MR => me.reg_mr(arg),
-            EMP_IOC_DEREG_MR => me.dereg_mr(arg),
-            EMP_IOC_START => me.start(arg),
-            EMP_IOC_SET_EVENTFD => me.set_eventfd(arg),
-            EMP_IOC_ARM => me.arm(arg),
-            EMP_IOC_GROUP_SET => me.group_set(arg),
-            EMP_IOC_GROUP_CLEAR => me.group_clear(arg),
-            _ => Err(ENOTTY),
+            IoctlCmd::Query => me.query(arg),
+            IoctlCmd::RegMr => me.reg_mr(arg),
+            IoctlCmd::DeregMr => me.dereg_mr(arg),
+            IoctlCmd::Start => me.start(arg),
+            IoctlCmd::SetEventfd => me.set_eventfd(arg),
+            IoctlCmd::Arm => me.arm(arg),
+            IoctlCmd::GroupSet => me.group_set(arg),
+            IoctlCmd::GroupClear => me.group_clear(arg),
         }
     }
 }
 
-/// Largest ioctl argument struct.
-const ARG_MAX: usize = 128;
-
-/// Reads an ioctl argument struct. Each starts with its `size` (u32),
-/// which must be this driver's size of it.
-///
-/// # Errors
-/// `EFAULT` bad pointer, `EINVAL` another size.
-fn read_arg<T: Le>(arg: usize) -> Result<T> {
-    const { assert!(T::SIZE <= ARG_MAX && T::SIZE >= 4) };
-    let mut b = [0u8; ARG_MAX];
-    UserSlice::new(UserPtr::from_addr(arg), T::SIZE).reader().read_slice(&mut b[..T::SIZE])?;
-    if u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize != T::SIZE {
-        return Err(EINVAL);
+impl From<ArgError> for Error {
+    fn from(e: ArgError) -> Error {
+        match e {
+            ArgError::TooShort | ArgError::SizeMismatch => EINVAL,
+            ArgError::UnknownTail => E2BIG,
+        }
     }
-    Ok(T::get(&b[..T::SIZE]))
 }
 
-/// Writes an ioctl argument struct back to the caller.
-fn write_arg<T: Le>(arg: usize, v: &T) -> Result {
-    let mut b = [0u8; ARG_MAX];
-    v.put(&mut b[..T::SIZE]);
-    UserSlice::new(UserPtr::from_addr(arg), T::SIZE).writer().write_slice(&b[..T::SIZE])
+/// An ioctl argument in user memory: its address and the caller's size of
+/// its struct (`_IOC_SIZE` of the command).
+#[derive(Clone, Copy)]
+struct UserArg {
+    addr: usize,
+    size: usize,
+}
+
+impl UserArg {
+    /// Reads the argument struct (`copy_struct_from_user` semantics, decided
+    /// by `ioctl::read_arg`: older sizes are zero-extended, newer ones need a
+    /// zero tail).
+    ///
+    /// # Errors
+    /// `EFAULT` bad pointer, `EINVAL` below the first version or a `size`
+    /// field other than the command's size, `E2BIG` non-zero bytes past the
+    /// struct this driver knows.
+    fn read<T: IoctlArg>(self) -> Result<T> {
+        let mut user = UserSlice::new(UserPtr::from_addr(self.addr), self.size).reader();
+        crate::ioctl::read_arg(self.size, |buf| user.read_slice(buf))
+    }
+
+    /// Writes a result struct back, never past the caller's size (only the
+    /// read-write commands return results).
+    fn write<T: IoctlArg>(self, v: &T) -> Result {
+        debug_assert!(T::CMD.returns_results());
+        crate::ioctl::write_arg(v, self.size, |b| {
+            UserSlice::new(UserPtr::from_addr(self.addr), b.len()).writer().write_slice(b)
+        })
+    }
 }
 
 impl Port {
-    /// QUERY: the caller sets `size`; the driver fills the rest.
+    /// QUERY: the caller sets `size`; the driver fills the rest (as much
+    /// of it as the caller's struct holds).
     ///
     /// # Errors
-    /// `EFAULT` for a bad pointer, `EINVAL` for a size this driver does not know.
-    fn query(&self, arg: usize) -> Result<isize> {
-        let q: EmpQuery = read_arg(arg)?;
+    /// `EFAULT` bad pointer, `EINVAL`/`E2BIG` bad size (`UserArg::read`).
+    fn query(&self, arg: UserArg) -> Result<isize> {
+        let q: EmpQuery = arg.read()?;
         let i = &self.info;
         let (pinned_pages, group_entries, groups_in_use) = {
             let st = i.state.lock();
@@ -523,18 +540,18 @@ impl Port {
             groups_in_use,
             ..Default::default()
         };
-        write_arg(arg, &out)?;
+        arg.write(&out)?;
         Ok(0)
     }
 
     /// REG_MR: pin, charge, describe to the NIC, return the key.
     ///
     /// # Errors
-    /// `EFAULT` bad pointers or unmapped memory, `EINVAL` bad size, access
+    /// `EFAULT` bad pointers or unmapped memory, `EINVAL`/`E2BIG` bad size, access
     /// or length, `ENOMEM` over RLIMIT_MEMLOCK, `ENOSPC` MR table full,
     /// `ENODEV` device gone.
-    fn reg_mr(&self, arg: usize) -> Result<isize> {
-        let mut q: EmpRegMr = read_arg(arg)?;
+    fn reg_mr(&self, arg: UserArg) -> Result<isize> {
+        let mut q: EmpRegMr = arg.read()?;
         if q.access == 0 || q.access & !(MR_ACCESS_ALL as u32) != 0 {
             return Err(EINVAL);
         }
@@ -564,7 +581,7 @@ impl Port {
         drop(st);
         regions.push(Region { key, slot, pinned }, GFP_KERNEL)?;
         q.key = key;
-        write_arg(arg, &q)?;
+        arg.write(&q)?;
         Ok(0)
     }
 
@@ -572,9 +589,9 @@ impl Port {
     ///
     /// # Errors
     /// `EALREADY` when started, `ENOENT` when the CQ key is not a writable
-    /// region of this port, `EINVAL` bad size or entries, `ENODEV` gone.
-    fn start(&self, arg: usize) -> Result<isize> {
-        let q: EmpStart = read_arg(arg)?;
+    /// region of this port, `EINVAL`/`E2BIG` bad size or entries, `ENODEV` gone.
+    fn start(&self, arg: UserArg) -> Result<isize> {
+        let q: EmpStart = arg.read()?;
         if q.reserved != 0 {
             return Err(EINVAL);
         }
@@ -605,9 +622,9 @@ impl Port {
     ///
     /// # Errors
     /// `EOPNOTSUPP` the NIC has no interrupt (no MSI-X), `EBADF`/`EINVAL`
-    /// `fd` is not an eventfd, `EINVAL` bad size, reserved bits or a signal.
-    fn set_eventfd(&self, arg: usize) -> Result<isize> {
-        let q: EmpSetEventfd = read_arg(arg)?;
+    /// `fd` is not an eventfd, `EINVAL`/`E2BIG` bad size, reserved bits or a signal.
+    fn set_eventfd(&self, arg: UserArg) -> Result<isize> {
+        let q: EmpSetEventfd = arg.read()?;
         if q.reserved != 0 || q.signal != 0 || q.fd < -1 {
             return Err(EINVAL);
         }
@@ -635,10 +652,10 @@ impl Port {
     /// landed before the ARM word was set raises nothing.
     ///
     /// # Errors
-    /// `EOPNOTSUPP` no interrupt, `EINVAL` bad size, unknown event bits or
+    /// `EOPNOTSUPP` no interrupt, `EINVAL`/`E2BIG` bad size, unknown event bits or
     /// no eventfd set, `ENODEV` gone.
-    fn arm(&self, arg: usize) -> Result<isize> {
-        let q: EmpArm = read_arg(arg)?;
+    fn arm(&self, arg: UserArg) -> Result<isize> {
+        let q: EmpArm = arg.read()?;
         if q.events != 1 {
             return Err(EINVAL);
         }
@@ -660,9 +677,9 @@ impl Port {
     ///
     /// # Errors
     /// `ENOENT` for a key this port does not hold (another port's, or
-    /// already deregistered), `EINVAL` bad size, `EFAULT` bad pointer.
-    fn dereg_mr(&self, arg: usize) -> Result<isize> {
-        let q: EmpDeregMr = read_arg(arg)?;
+    /// already deregistered), `EINVAL`/`E2BIG` bad size, `EFAULT` bad pointer.
+    fn dereg_mr(&self, arg: UserArg) -> Result<isize> {
+        let q: EmpDeregMr = arg.read()?;
         let region = {
             let mut regions = self.regions.lock();
             let i = regions.iter().position(|x| x.key == q.key).ok_or(ENOENT)?;
