@@ -5,8 +5,11 @@
 //! memory registration, START, events, and groups (`group.rs`).
 //!
 //! Lock order: mmap_lock (held by the kernel around `mmap`), then a port's
-//! `regions`, then `NicInfo::state`. Pinning and unpinning take mmap_lock,
-//! so they run with none of our locks held.
+//! `started`, then its `regions`, then `NicInfo::mailbox` (the admin
+//! mailbox), then `NicInfo::state`. Pinning and unpinning take mmap_lock,
+//! so they run with none of our locks held. An admin command holds the
+//! mailbox while the NIC works and takes `state` only around each SRAM
+//! access, so events, QUERY and the other ports do not wait for the NIC.
 //!
 //! Unbind with files open is safe: the device is marked gone (later
 //! opens, ioctls and mmaps fail with `ENODEV`) and every user mapping of a
@@ -19,7 +22,8 @@ use kernel::{
     mm::virt::VmaNew,
     new_mutex,
     prelude::*,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, MutexGuard},
+    time::{delay::fsleep, Delta, Instant, Monotonic},
     uaccess::{UserPtr, UserSlice},
 };
 
@@ -43,7 +47,11 @@ extern "C" {
 
 /// How long the NIC may take to run an admin command.
 // TIMEOUT: the NIC answers admin commands within microseconds while running.
-const ADMIN_TIMEOUT_MS: i64 = 2000;
+const ADMIN_TIMEOUT: Delta = Delta::from_millis(2000);
+
+/// Between two looks at the admin mailbox (the NIC usually answers within
+/// a few).
+const ADMIN_POLL: Delta = Delta::from_micros(20);
 
 /// What open files need of the NIC. Plain data: no mapping, so it may
 /// outlive the device binding.
@@ -55,6 +63,11 @@ pub(crate) struct NicInfo {
     pub(crate) layout: Layout,
     /// Bus address of BAR2 (the SRAM).
     pub(crate) bar_start: u64,
+    /// Held for each admin command (the mailbox takes one at a time), and
+    /// while a group slot changes hands with the command that loads or
+    /// drops its group.
+    #[pin]
+    mailbox: Mutex<()>,
     #[pin]
     state: Mutex<State>,
 }
@@ -72,7 +85,7 @@ struct State {
     gone: bool,
     /// BAR2 mapped for the driver's own SRAM accesses (MR table, admin
     /// mailbox); unmapped when the device goes.
-    mmio: Mapping2,
+    mmio: SramMmio,
     /// Free MR table slots.
     mr_free: KVec<u16>,
     /// Changes every registration so keys are not reused.
@@ -110,11 +123,13 @@ impl EventCtx {
     }
 }
 
-struct Mapping2(*mut core::ffi::c_void);
+/// BAR2 as the driver maps it (`emp_ioremap`), or null once the device
+/// is gone.
+struct SramMmio(*mut core::ffi::c_void);
 
 // SAFETY: an iomem cookie, used only under `state`'s lock and unmapped
 // once when the device goes.
-unsafe impl Send for Mapping2 {}
+unsafe impl Send for SramMmio {}
 
 impl State {
     fn write32(&self, off: usize, v: u32) -> Result {
@@ -156,12 +171,13 @@ impl NicInfo {
     pub(crate) fn new(node: u16, mtu: u32, features: u32, layout: Layout, bar_start: u64) -> impl PinInit<Self> {
         pin_init!(Self {
             node, mtu, features, layout, bar_start,
+            mailbox <- new_mutex!(()),
             state <- new_mutex!(State {
                 used: 0,
                 open: 0,
                 mapping: Mapping(core::ptr::null_mut()),
                 gone: false,
-                mmio: Mapping2(core::ptr::null_mut()),
+                mmio: SramMmio(core::ptr::null_mut()),
                 mr_free: KVec::new(),
                 key_salt: 0x5eed,
                 pinned: 0,
@@ -185,7 +201,7 @@ impl NicInfo {
         if base.is_null() {
             return Err(ENOMEM);
         }
-        st.mmio = Mapping2(base);
+        st.mmio = SramMmio(base);
         for slot in (0..self.layout.params.mr_entries.min(0x1_0000) as u16).rev() {
             st.mr_free.push(slot, GFP_KERNEL)?;
         }
@@ -221,40 +237,66 @@ impl NicInfo {
         }
     }
 
-    /// Runs an admin command on the NIC (the caller holds the state lock).
-    fn admin(st: &State, layout: &Layout, op: AdminOp, args: [u64; 4]) -> Result<u32> {
-        let base = layout.admin_off as usize;
-        let seq = st.read32(base + core::mem::offset_of!(AdminMailbox, request_seq))?.wrapping_add(1);
-        let a = base + core::mem::offset_of!(AdminMailbox, args);
-        for (i, v) in args.iter().enumerate() {
-            st.write32(a + 8 * i, *v as u32)?;
-            st.write32(a + 8 * i + 4, (*v >> 32) as u32)?;
-        }
-        st.write32(base + core::mem::offset_of!(AdminMailbox, op), op as u32)?;
-        // The sequence number last: it is what the NIC watches.
-        st.write32(base + core::mem::offset_of!(AdminMailbox, request_seq), seq)?;
-        let mut waited = 0;
-        while st.read32(base + core::mem::offset_of!(AdminMailbox, done_seq))? != seq {
-            if waited >= ADMIN_TIMEOUT_MS {
-                return Err(ETIMEDOUT);
-            }
-            kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
-            waited += 1;
-        }
-        st.read32(base + core::mem::offset_of!(AdminMailbox, result))
+    /// Takes the admin mailbox (one command at a time).
+    fn admin(&self) -> Admin<'_> {
+        Admin { info: self, _held: self.mailbox.lock() }
     }
 
-    /// Clears MR slot `slot` and fences the NIC so no DMA uses it again.
-    fn clear_mr(&self, st: &mut State, slot: u16, pages: usize) {
+    /// Clears MR slot `slot` and fences the NIC so no DMA uses it again;
+    /// the slot is free for reuse only after the fence.
+    fn clear_mr(&self, slot: u16, pages: usize) {
         let off = self.layout.mr_entry(slot as usize);
         let mut zero = [0u8; MrEntry::SIZE];
         MrEntry::default().put(&mut zero);
+        let admin = self.admin();
+        let wiped = self.state.lock().write_bytes(off, &zero).is_ok();
         // A device that is gone does no DMA: nothing to fence.
-        if st.write_bytes(off, &zero).is_ok() {
-            let _ = Self::admin(st, &self.layout, AdminOp::MrFence, [slot as u64, 0, 0, 0]);
+        if wiped {
+            let _ = admin.run(AdminOp::MrFence, [slot as u64, 0, 0, 0]);
         }
+        drop(admin);
+        let mut st = self.state.lock();
         let _ = st.mr_free.push(slot, GFP_KERNEL);
         st.pinned -= pages as u64;
+    }
+}
+
+/// The admin mailbox, held (`NicInfo::admin`).
+struct Admin<'a> {
+    info: &'a NicInfo,
+    _held: MutexGuard<'a, ()>,
+}
+
+impl Admin<'_> {
+    /// Runs an admin command on the NIC and returns its result code.
+    ///
+    /// # Errors
+    /// `ENODEV` device gone, `ETIMEDOUT` no answer within `ADMIN_TIMEOUT`.
+    fn run(&self, op: AdminOp, args: [u64; 4]) -> Result<u32> {
+        let base = self.info.layout.admin_off as usize;
+        let seq_off = base + core::mem::offset_of!(AdminMailbox, request_seq);
+        let seq = {
+            let st = self.info.state.lock();
+            let seq = st.read32(seq_off)?.wrapping_add(1);
+            let a = base + core::mem::offset_of!(AdminMailbox, args);
+            for (i, v) in args.iter().enumerate() {
+                st.write32(a + 8 * i, *v as u32)?;
+                st.write32(a + 8 * i + 4, (*v >> 32) as u32)?;
+            }
+            st.write32(base + core::mem::offset_of!(AdminMailbox, op), op as u32)?;
+            // The sequence number last: it is what the NIC watches.
+            st.write32(seq_off, seq)?;
+            seq
+        };
+        let done_off = base + core::mem::offset_of!(AdminMailbox, done_seq);
+        let start = Instant::<Monotonic>::now();
+        while self.info.state.lock().read32(done_off)? != seq {
+            if start.elapsed() > ADMIN_TIMEOUT {
+                return Err(ETIMEDOUT);
+            }
+            fsleep(ADMIN_POLL);
+        }
+        self.info.state.lock().read32(base + core::mem::offset_of!(AdminMailbox, result))
     }
 }
 
@@ -333,7 +375,7 @@ impl PinnedDrop for NicDev {
             // SAFETY: mapped in `attach_mmio`, unmapped once; `gone` keeps
             // every later access away (checked under this lock).
             unsafe { emp_iounmap(st.mmio.0) };
-            st.mmio = Mapping2(core::ptr::null_mut());
+            st.mmio = SramMmio(core::ptr::null_mut());
         }
     }
 }
@@ -360,23 +402,26 @@ pub(crate) struct Port {
 #[pinned_drop]
 impl PinnedDrop for Port {
     fn drop(self: Pin<&mut Self>) {
-        // Lock order: mmap_lock (mmap path), a port's regions, the NIC state.
-        // Unpinning takes mmap_lock, so regions are dropped only after both
-        // of our locks are released.
+        // Lock order (module documentation). Unpinning takes mmap_lock, so
+        // regions are dropped only after all of our locks are released.
         let gone = {
             let started = core::mem::replace(&mut *self.started.lock(), false);
             let mut regions = self.regions.lock();
-            let mut st = self.info.state.lock();
-            if started {
-                // The NIC flushes the port's work before any memory goes.
-                let _ = NicInfo::admin(&st, &self.info.layout, AdminOp::PortClose, [self.port as u64, 0, 0, 0]);
+            {
+                let admin = self.info.admin();
+                if started {
+                    // The NIC flushes the port's work before any memory goes.
+                    let _ = admin.run(AdminOp::PortClose, [self.port as u64, 0, 0, 0]);
+                }
+                // PortClose dropped the port's groups on the NIC (only an
+                // open port can have any): free their slots.
+                group::release_port(&self.info, &mut self.info.state.lock(), self.port);
             }
-            // PortClose dropped the port's groups on the NIC (only an open
-            // port can have any): free their slots.
-            group::release_port(&self.info, &mut st, self.port);
             for r in regions.iter() {
-                self.info.clear_mr(&mut st, r.slot, r.pinned.page_count());
+                self.info.clear_mr(r.slot, r.pinned.page_count());
             }
+            // The port number is free for another open only now.
+            let mut st = self.info.state.lock();
             st.used &= !(1u64 << self.port);
             st.open -= 1;
             st.armed &= !(1u64 << self.port);
@@ -599,13 +644,13 @@ impl Port {
         if *started {
             return Err(EALREADY);
         }
-        let st = self.info.state.lock();
         let w = self.info.layout.port(self.port);
         let mut z = [0u8; PortCtl::SIZE];
         PortCtl::default().put(&mut z);
-        st.write_bytes(w.base, &z)?;
+        let admin = self.info.admin();
+        self.info.state.lock().write_bytes(w.base, &z)?;
         let args = [self.port as u64, q.cq_key as u64, q.cq_offset, q.cq_entries as u64];
-        match NicInfo::admin(&st, &self.info.layout, AdminOp::PortOpen, args)? {
+        match admin.run(AdminOp::PortOpen, args)? {
             admin_result::OK => {
                 *started = true;
                 Ok(0)
@@ -684,8 +729,7 @@ impl Port {
             let mut regions = self.regions.lock();
             let i = regions.iter().position(|x| x.key == q.key).ok_or(ENOENT)?;
             let region = regions.remove(i)?;
-            let mut st = self.info.state.lock();
-            self.info.clear_mr(&mut st, region.slot, region.pinned.page_count());
+            self.info.clear_mr(region.slot, region.pinned.page_count());
             region
         };
         // Unpinned with none of our locks held (unpinning takes mmap_lock).
