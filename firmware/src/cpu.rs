@@ -113,7 +113,7 @@ impl Nic {
         match w {
             Work::Transmit { slot, seq, frame, retransmit } => {
                 if self.tx.get(slot).is_some_and(|m| m.seq == seq) {
-                    if let Err(st) = self.send_frame(hal, now, slot, frame, retransmit) {
+                    if let Err(st) = self.send_frame(hal, slot, frame, retransmit) {
                         self.finish_tx(hal, now, slot, st);
                     }
                 }
