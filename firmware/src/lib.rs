@@ -464,7 +464,11 @@ impl Nic {
             rx_rings: slots::Rings::new(cfg.rx_max, cfg.window_groups()),
             atomics: slots::Slots::new(cfg.atomic_max),
             overflow: rx::Overflow::new(cfg.overflow_slots, cfg.overflow_slot_size),
-            timers: TimerHeap::default(),
+            // Live timers: one per live group of every send record, one
+            // per atomic request, the receive sweep.
+            timers: TimerHeap::with_capacity(
+                cfg.tx_max as usize * cfg.window_groups() as usize + cfg.atomic_max as usize + 1,
+            ),
             ready: VecDeque::new(),
             mr_cursors: mr::CursorCache::new(layout.params.mr_entries),
             counters: [0; counter::COUNT],
@@ -472,7 +476,7 @@ impl Nic {
             heartbeat: 0,
             stamp: 0,
             cpu: 0,
-            queues: cpu::Queues::default(),
+            queues: cpu::Queues::new(cfg.cpu_plan, header.mtu),
             trace: VecDeque::with_capacity(32),
             sweep_armed: false,
             frame_buf: vec![0; MTU_MAX as usize],
@@ -648,6 +652,29 @@ impl Nic {
         self.poll_rings(hal, now);
         self.send_ready_peers(hal, now);
         self.publish(hal);
+    }
+
+    /// Arms timer `t` at `deadline`. When the heap (sized at boot for every
+    /// timer that can be live at once) is full, the stale entries go first
+    /// (re-armed or answered: lazily cancelled), so arming never allocates.
+    pub(crate) fn arm_timer(&mut self, deadline: u64, t: timer::Timer) {
+        if self.timers.is_full() {
+            let mut timers = core::mem::take(&mut self.timers);
+            timers.retain(|t| self.timer_live(t));
+            self.timers = timers;
+        }
+        self.timers.arm(deadline, t);
+    }
+
+    /// Would the handler of `t` act on it (its stamp still current)?
+    fn timer_live(&self, t: &timer::Timer) -> bool {
+        match *t {
+            timer::Timer::Group { slot, group, stamp } => {
+                self.tx.get(slot).and_then(|m| m.groups.get(group)).is_some_and(|g| g.stamp == stamp)
+            }
+            timer::Timer::RxSweep => true,
+            timer::Timer::Atomic { slot, stamp } => self.atomics.get(slot).is_some_and(|a| a.stamp == stamp),
+        }
     }
 
     /// Earliest time `handle_timeout` has work (may be early: a spurious

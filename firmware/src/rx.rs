@@ -435,21 +435,16 @@ impl Nic {
     /// A receive was posted: if it matches a message this port refused,
     /// tell that sender to send it now instead of waiting out its backoff.
     pub(crate) fn kick_refused<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
-        let ready: Vec<(u32, u32)> = self
-            .peers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| {
-                let p = p.as_ref()?;
-                let refused = p.port == port
+        for peer in 0..self.peers.len() as u32 {
+            let refused = self.peers[peer as usize].as_ref().filter(|p| {
+                p.port == port
                     && !p.rnr_coll
                     && p.rnr_seq == Some(p.rx_expected)
-                    && d.matches(p.node, p.rport, p.rnr_tag);
-                refused.then_some((i as u32, p.rx_expected))
-            })
-            .collect();
-        for (peer, seq) in ready {
-            self.send_nack(hal, peer, seq, 0, 1, NackReason::Loss);
+                    && d.matches(p.node, p.rport, p.rnr_tag)
+            });
+            if let Some(seq) = refused.map(|p| p.rx_expected) {
+                self.send_nack(hal, peer, seq, 0, 1, NackReason::Loss);
+            }
         }
     }
 
@@ -489,16 +484,16 @@ impl Nic {
         if !seq_lt(self.peer(peer).rx_expected, floor) {
             return;
         }
-        let stale: Vec<u32> = self
-            .peer(peer)
-            .rx_active
-            .iter()
-            .copied()
+        // Finishing a record takes it out of `rx_active`: the next one moves up.
+        let mut i = 0;
+        while let Some(&r) = self.peer(peer).rx_active.get(i) {
             // A complete record only waits for its receiving CPU: keep it.
-            .filter(|&r| self.rx.get(r).is_some_and(|m| seq_lt(m.seq, floor) && m.frames_received < m.frame_count))
-            .collect();
-        for r in stale {
-            self.finish_rx(hal, now, r, Some(Status::SenderAborted));
+            let m = self.rx.get(r).expect("active record");
+            if seq_lt(m.seq, floor) && m.frames_received < m.frame_count {
+                self.finish_rx(hal, now, r, Some(Status::SenderAborted));
+            } else {
+                i += 1;
+            }
         }
         let p = self.peer_mut(peer);
         p.rx_expected = floor;
@@ -577,7 +572,7 @@ impl Nic {
     pub(crate) fn arm_rx_sweep(&mut self, now: u64) {
         if !self.sweep_armed {
             self.sweep_armed = true;
-            self.timers.arm(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
+            self.arm_timer(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
         }
     }
 
@@ -699,8 +694,7 @@ impl Nic {
         let io = match deferred {
             _ if n == 0 => Ok(()),
             Some(cpu) => {
-                let work = crate::cpu::Work::Receive { slot: r, seq, off, data: data[..n].to_vec() };
-                self.enqueue(hal, cpu, work);
+                self.enqueue_receive(hal, cpu, r, seq, off, &data[..n]);
                 Ok(())
             }
             None => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE),
@@ -753,18 +747,14 @@ impl Nic {
     /// messages no frame arrived for within the timeout (one timer for all
     /// records, not one per message).
     pub(crate) fn on_rx_sweep<H: Hal>(&mut self, hal: &mut H, now: u64) {
-        let idle: Vec<u32> = self
-            .rx
-            .iter()
-            .filter(|(_, m)| now >= m.last_activity + self.cfg.rx_idle_timeout_ns)
-            .map(|(s, _)| s)
-            .collect();
-        for r in idle {
-            self.finish_rx(hal, now, r, Some(Status::SenderAborted));
+        for r in 0..self.cfg.rx_max {
+            if self.rx.get(r).is_some_and(|m| now >= m.last_activity + self.cfg.rx_idle_timeout_ns) {
+                self.finish_rx(hal, now, r, Some(Status::SenderAborted));
+            }
         }
         self.sweep_armed = self.rx.used() > 0;
         if self.sweep_armed {
-            self.timers.arm(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
+            self.arm_timer(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
         }
     }
 }

@@ -303,7 +303,7 @@ impl Nic {
         let grp = self.tx.get_mut(slot).groups.get_mut(g).expect("a live group is armed");
         grp.stamp = stamp;
         let backoff = rto.saturating_mul(1u64 << grp.retries.min(20)).min(rto_max);
-        self.timers.arm(now + delay.unwrap_or(backoff), Timer::Group { slot, group: g, stamp });
+        self.arm_timer(now + delay.unwrap_or(backoff), Timer::Group { slot, group: g, stamp });
     }
 
     pub(crate) fn next_stamp(&mut self) -> u32 {
@@ -451,20 +451,19 @@ impl Nic {
     /// buffers again, so the later messages it also refused are resent now
     /// instead of each waiting out its own backoff.
     fn resume_refused<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, after: u32) {
-        let later: Vec<u32> = self
-            .peer(peer)
-            .tx_queue
-            .iter()
-            .copied()
-            .filter(|&s| self.tx.get(s).is_some_and(|m| m.rnr_waiting && seq_lt(after, m.seq)))
-            .collect();
-        for s in later {
+        // The queue is in sequence order; each message found is taken out
+        // of waiting, and one that fails leaves the queue.
+        let waiting = |nic: &Nic, s: u32| nic.tx.get(s).is_some_and(|m| m.rnr_waiting && seq_lt(after, m.seq));
+        while let Some(s) = self.peer(peer).tx_queue.iter().copied().find(|&s| waiting(self, s)) {
             let m = self.tx.get_mut(s);
             m.rnr_waiting = false;
             m.rnr_retries = 0;
-            let groups: Vec<u32> =
-                m.groups.live().filter(|&g| m.groups.get(g).is_some_and(|x| !x.acked && x.inflight > 0)).collect();
-            for g in groups {
+            // Resending changes no group's acknowledgement or frames in flight.
+            for g in m.groups.live() {
+                let grp = self.tx.get(s).expect("live").groups.get(g).expect("live");
+                if grp.acked || grp.inflight == 0 {
+                    continue;
+                }
                 if let Err(st) = self.resend_group(hal, s, g, u32::MAX) {
                     self.finish_tx(hal, now, s, st);
                     break;
@@ -576,10 +575,12 @@ impl Nic {
     /// message, so every later message is sent again from its first
     /// unacknowledged group once the refused one is accepted.
     fn rewind_after(&mut self, peer: u32, seq: u32) {
-        let later: Vec<u32> =
-            self.peer(peer).tx_queue.iter().copied().filter(|&s| seq_lt(seq, self.tx.get(s).expect("q").seq)).collect();
         let gs = self.cfg.group_size;
-        for s in later {
+        for qi in 0..self.peer(peer).tx_queue.len() {
+            let s = self.peer(peer).tx_queue[qi];
+            if !seq_lt(seq, self.tx.get(s).expect("queued").seq) {
+                continue;
+            }
             let m = self.tx.get_mut(s);
             let mut freed = 0;
             for g in m.groups.live() {
