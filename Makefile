@@ -5,8 +5,8 @@
 #                  then the kernel path in QEMU guests (scripts/vm/suite.sh;
 #                  builds the toolchain and guest kernel once, cached)
 #   make demo      the main job: a 4-NIC chassis, latency and bandwidth
-#   make lint      rustfmt (workspace and driver) and clippy -D warnings;
-#                  part of make test
+#   make lint      rustfmt (workspace and driver), clippy -D warnings, rustdoc
+#                  -D warnings, no module cycles; part of make test
 #   make fmt       format the workspace and the driver
 #   make firmware  (re)build firmware-blobs/emp-fw.bin, signed with the
 #                  development key (generated once, never committed)
@@ -48,6 +48,8 @@ lint:
 	$(CARGO) fmt --all --check
 	rustfmt --check --edition 2021 --config-path rustfmt.toml driver/emp_main.rs
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet
+	python3 scripts/dev/modcycles.py
 
 test: build lint
 	$(CARGO) test --workspace --no-fail-fast

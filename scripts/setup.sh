@@ -7,6 +7,7 @@ set -euo pipefail
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3) # make lint: scripts/dev/modcycles.py
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" -ne 0 ]; then
         echo "setup: need ${need_apt[*]}; run as root or install them" >&2

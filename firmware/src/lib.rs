@@ -25,9 +25,10 @@
 //! an `impl Nic` block for its concern (`host`: rings and completions,
 //! `tx`: sending, `rx`: receiving, `control`: ACK/NACK emission, `coll`:
 //! collectives, `atomic`: remote atomics, `cpu`: the NIC CPU plan); leaf
-//! records (`rx::RxMsg`, `tx::TxMsg`, `coll::CollOp`) own their bookkeeping
-//! and return outcomes (`RxMsg::record -> FrameOutcome`) rather than call
-//! back. This file holds the entry points and the frame dispatcher, which
+//! records (`rx::RxMsg`, `tx::TxMsg`, `coll::CollState`) own their
+//! bookkeeping and return outcomes (`RxMsg::record -> FrameOutcome`, a
+//! barrier's or reduction's `next() -> Send/Deliver/Wait/Done`) rather than
+//! call back. This file holds the entry points and the frame dispatcher, which
 //! routes between concerns: a receive record says who owns it
 //! (`rx::RxOwner`), so the receive path never calls the collective layer.
 

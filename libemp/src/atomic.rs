@@ -158,6 +158,23 @@ impl Device {
     /// Posts `word += add` at `dst`; the completion's `old` (and the
     /// `result` word, `width` bytes of registered local memory) gets the
     /// value before. Wraps at the width.
+    ///
+    /// # Errors
+    /// [`Error::RingFull`]; [`Error::InvalidArgument`] when `result` is not
+    /// `width` bytes, the remote word is not naturally aligned, or an
+    /// operand does not fit a 32-bit word.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let words = dev.alloc_mr(4096, emp::MR_REMOTE_ATOMIC)?;
+    /// let peer = emp::Endpoint { node: 1, port: 0 };
+    /// let counter = words.remote_word(0, emp::Width::W64); // as the peer sent it
+    /// let result = dev.alloc(8)?;
+    /// dev.post_fetch_add(3, peer, counter, 1, result.sge(0, 8))?;
+    /// let old = dev.wait_wr(3, None)?.old;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn post_fetch_add(&mut self, wr_id: u64, dst: Endpoint, at: RemoteWord, add: u64, result: Sge) -> Result<()> {
         let d = atomic_desc(Opcode::AtomicFetchAdd, wr_id, dst, at, add, 0, result)?;
         self.post_raw(true, &d)
@@ -165,6 +182,20 @@ impl Device {
 
     /// Posts `if word == compare { word = swap }` at `dst` (a miss writes
     /// nothing); the old value as in [`Device::post_fetch_add`].
+    ///
+    /// # Errors
+    /// As [`Device::post_fetch_add`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let words = dev.alloc_mr(4096, emp::MR_REMOTE_ATOMIC)?;
+    /// let peer = emp::Endpoint { node: 1, port: 0 };
+    /// let counter = words.remote_word(0, emp::Width::W64); // as the peer sent it
+    /// let result = dev.alloc(8)?;
+    /// dev.post_cmp_swap(4, peer, counter, 0, 1, result.sge(0, 8))?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn post_cmp_swap(
         &mut self,
         wr_id: u64,
@@ -179,6 +210,20 @@ impl Device {
     }
 
     /// Posts `word = value` at `dst`; the old value as in [`Device::post_fetch_add`].
+    ///
+    /// # Errors
+    /// As [`Device::post_fetch_add`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let words = dev.alloc_mr(4096, emp::MR_REMOTE_ATOMIC)?;
+    /// let peer = emp::Endpoint { node: 1, port: 0 };
+    /// let counter = words.remote_word(0, emp::Width::W64); // as the peer sent it
+    /// let result = dev.alloc(8)?;
+    /// dev.post_swap(5, peer, counter, 7, result.sge(0, 8))?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn post_swap(&mut self, wr_id: u64, dst: Endpoint, at: RemoteWord, value: u64, result: Sge) -> Result<()> {
         let d = atomic_desc(Opcode::AtomicSwap, wr_id, dst, at, value, 0, result)?;
         self.post_raw(true, &d)
@@ -186,17 +231,57 @@ impl Device {
 
     /// Blocking fetch-and-add: returns the old value. Other completions
     /// seen meanwhile stay for [`Device::poll_cq`] (see [`Device::wait_wr`]).
+    ///
+    /// # Errors
+    /// [`Error::Failed`] with the completion's status (e.g. a key the peer
+    /// does not know, or no remote-atomic right); a broken control path.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let words = dev.alloc_mr(4096, emp::MR_REMOTE_ATOMIC)?;
+    /// let peer = emp::Endpoint { node: 1, port: 0 };
+    /// let counter = words.remote_word(0, emp::Width::W64); // as the peer sent it
+    /// let before = dev.fetch_add(peer, counter, 1)?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn fetch_add(&mut self, dst: Endpoint, at: RemoteWord, add: u64) -> Result<u64> {
         self.blocking_atomic(Opcode::AtomicFetchAdd, dst, at, add, 0)
     }
 
     /// Blocking compare-and-swap: returns the old value (the swap happened
     /// iff it equals `compare`).
+    ///
+    /// # Errors
+    /// As [`Device::fetch_add`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let words = dev.alloc_mr(4096, emp::MR_REMOTE_ATOMIC)?;
+    /// let peer = emp::Endpoint { node: 1, port: 0 };
+    /// let counter = words.remote_word(0, emp::Width::W64); // as the peer sent it
+    /// let took_lock = dev.cmp_swap(peer, counter, 0, 1)? == 0;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn cmp_swap(&mut self, dst: Endpoint, at: RemoteWord, compare: u64, swap: u64) -> Result<u64> {
         self.blocking_atomic(Opcode::AtomicCmpSwap, dst, at, swap, compare)
     }
 
     /// Blocking swap: returns the old value.
+    ///
+    /// # Errors
+    /// As [`Device::fetch_add`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let words = dev.alloc_mr(4096, emp::MR_REMOTE_ATOMIC)?;
+    /// let peer = emp::Endpoint { node: 1, port: 0 };
+    /// let counter = words.remote_word(0, emp::Width::W64); // as the peer sent it
+    /// let previous = dev.swap(peer, counter, 0)?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn swap(&mut self, dst: Endpoint, at: RemoteWord, value: u64) -> Result<u64> {
         self.blocking_atomic(Opcode::AtomicSwap, dst, at, value, 0)
     }
@@ -209,9 +294,8 @@ impl Device {
         operand: u64,
         compare: u64,
     ) -> Result<u64> {
-        let scratch = self.atomic_scratch()?;
-        let d =
-            atomic_desc(op, BLOCKING_ATOMIC_WR, dst, at, operand, compare, scratch.sge(0, at.width.bytes() as usize))?;
+        let result = self.atomic_result_sge(at.width.bytes() as usize)?;
+        let d = atomic_desc(op, BLOCKING_ATOMIC_WR, dst, at, operand, compare, result)?;
         let end = std::time::Instant::now() + RING_WAIT;
         loop {
             match self.post_raw(true, &d) {

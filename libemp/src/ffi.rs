@@ -158,7 +158,7 @@ pub unsafe extern "C" fn emp_alloc(dev: *mut EmpDevice, len: usize, key: *mut u3
     // SAFETY: caller guarantees the pointers.
     let d = unsafe { &mut (*dev).0 };
     match d.alloc(len) {
-        Ok(b) => {
+        Ok(mut b) => {
             let s = b.sge(0, 0);
             // SAFETY: writable per the contract.
             unsafe {
@@ -355,7 +355,7 @@ pub unsafe extern "C" fn emp_alloc_mr(
     let d = unsafe { &mut (*dev).0 };
     let Ok(access) = u8::try_from(access) else { return core::ptr::null_mut() };
     match d.alloc_mr(len, access) {
-        Ok(b) => {
+        Ok(mut b) => {
             let s = b.sge(0, 0);
             // SAFETY: writable per the contract.
             unsafe {

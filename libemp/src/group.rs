@@ -14,7 +14,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use emp_uapi::attach::op;
 use emp_uapi::coll::{reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_MEMBERS_MAX, TREES_MAX, TREE_ROOT};
 use emp_uapi::desc::{Opcode, Sge, WorkDesc, WD_SIGNALED};
 use emp_uapi::sram::GroupEntry;
@@ -170,7 +169,23 @@ impl GroupBook {
 
 impl Device {
     /// Creates group `id` over `members` (this port must be one of them) on
-    /// the NIC. Every member calls it with the same id and list.
+    /// the NIC. Every member calls it with the same id and list, and then
+    /// posts collectives on it in the same order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an id of 0, an empty or too long
+    /// member list, or one without this port; [`Error::Nic`] when the NIC
+    /// has no free group slot.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let members: Vec<emp::Endpoint> = (0..4).map(|node| emp::Endpoint { node, port: 0 }).collect();
+    /// let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// println!("rank {} of {}", g.rank(), g.size());
+    /// dev.destroy_group(g)?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn create_group(&mut self, id: u32, members: &[Endpoint], opts: &GroupOpts) -> Result<Group> {
         let n = members.len();
         if id == 0 || n == 0 || n > GROUP_MEMBERS_MAX {
@@ -223,13 +238,8 @@ impl Device {
             entry.bounce_slot_size = opts.bounce_slot_size;
             bounce = Some(b);
         }
-        let set = self.scratch(GroupEntry::SIZE).and_then(|buf| {
-            entry.put(buf.as_mut_slice());
-            let sge = buf.sge(0, GroupEntry::SIZE);
-            self.control(op::GROUP_SET, &[sge.key as u64, sge.offset])
-        });
-        let slot = match set {
-            Ok(r) => r.arg[0] as u32,
+        let slot = match self.set_group_entry(&entry) {
+            Ok(slot) => slot,
             Err(e) => {
                 self.groups.bounce_free.extend(bounce);
                 return Err(e);
@@ -246,8 +256,20 @@ impl Device {
     }
 
     /// Removes a group from the NIC; its unfinished operations complete `Flushed`.
+    ///
+    /// # Errors
+    /// [`Error::Nic`] when the NIC no longer knows the group.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// dev.destroy_group(g)?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn destroy_group(&mut self, g: Group) -> Result<()> {
-        self.control(op::GROUP_CLEAR, &[g.slot as u64])?;
+        self.clear_group_slot(g.slot)?;
         if let Some(b) = self.groups.bounce_live.remove(&g.slot) {
             self.groups.bounce_free.push(b);
         }
@@ -271,6 +293,19 @@ impl Device {
     }
 
     /// Posts a barrier run by the NIC (completes in the CQ).
+    ///
+    /// # Errors
+    /// [`Error::RingFull`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// dev.post_barrier(5, &g, emp::BarrierAlgo::Dissemination)?;
+    /// let c = dev.wait_wr(5, None)?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn post_barrier(&mut self, wr_id: u64, g: &Group, algo: BarrierAlgo) -> Result<()> {
         let d = Self::coll_desc(wr_id, Opcode::Barrier, g, algo as u16, 0, 0, &[]);
         self.post(true, &d)
@@ -284,6 +319,22 @@ impl Device {
 
     /// Posts a reduction of `send` (`count` elements of `t`) to `root`,
     /// combined by the NIC over the binomial tree; `recv` (root only) gets the result.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOp`] for a bitwise operator on floats,
+    /// [`Error::InvalidArgument`] for a length that is not whole elements,
+    /// [`Error::RingFull`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// let buf = dev.alloc(64)?;
+    /// let recv = (g.rank() == 0).then(|| buf.sge(32, 32));
+    /// dev.post_reduce(6, &g, 0, emp::Dtype::F64, emp::ReduceOp::Sum, buf.sge(0, 32), recv)?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn post_reduce(
         &mut self,
         wr_id: u64,
@@ -302,6 +353,19 @@ impl Device {
 
     /// Posts an allreduce: every member's `recv` gets the combination of all
     /// `send`s, bit-identical everywhere (fixed combining order).
+    ///
+    /// # Errors
+    /// As [`Device::post_reduce`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// let buf = dev.alloc(16)?;
+    /// dev.post_allreduce(7, &g, emp::Dtype::U64, emp::ReduceOp::Max, buf.sge(0, 8), buf.sge(8, 8))?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn post_allreduce(
         &mut self,
         wr_id: u64,
@@ -328,6 +392,19 @@ impl Device {
     }
 
     /// Posts a broadcast over the tree the cost model picks for its size.
+    ///
+    /// # Errors
+    /// [`Error::RingFull`], [`Error::TooManySges`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// let buf = dev.alloc(1 << 20)?;
+    /// dev.post_bcast(8, &g, 0, &[buf.sge(0, 1 << 20)])?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn post_bcast(&mut self, wr_id: u64, g: &Group, root: usize, sges: &[Sge]) -> Result<()> {
         let len: u64 = sges.iter().map(|s| s.len as u64).sum();
         let tree = g.tree_for(len, self.info().mtu, &CostModel::default());
@@ -338,6 +415,19 @@ impl Device {
     /// `ranks` (not this member), matched by their ordinary receives; the
     /// payload is read once. Completes once: first failure, and in
     /// `msg_len` the number of destinations that failed.
+    ///
+    /// # Errors
+    /// [`Error::RingFull`], [`Error::TooManySges`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// let buf = dev.alloc(64)?;
+    /// dev.post_multisend(9, &g, 0b10, 42, &[buf.sge(0, 64)])?; // to rank 1
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn post_multisend(&mut self, wr_id: u64, g: &Group, ranks: u64, tag: u64, sges: &[Sge]) -> Result<()> {
         if sges.len() > emp_uapi::desc::SGE_MAX {
             return Err(Error::TooManySges);
@@ -349,7 +439,21 @@ impl Device {
         self.post(true, &d)
     }
 
-    /// Blocking broadcast.
+    /// Blocking broadcast (see [`Device::post_bcast`]).
+    ///
+    /// # Errors
+    /// As [`Device::post_bcast`], and [`Error::Failed`] with the
+    /// completion's status.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// let buf = dev.alloc(4096)?;
+    /// dev.bcast(&g, 0, &[buf.sge(0, 4096)])?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn bcast(&mut self, g: &Group, root: usize, sges: &[Sge]) -> Result<()> {
         let wr = self.internal_wr();
         self.post_bcast(wr, g, root, sges)?;
@@ -366,6 +470,19 @@ impl Device {
     }
 
     /// Blocking barrier (waits on the port's event when armed, no spinning).
+    ///
+    /// # Errors
+    /// [`Error::RingFull`], and [`Error::Failed`] with the completion's
+    /// status.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// dev.barrier(&g, emp::BarrierAlgo::PairwiseExchange)?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn barrier(&mut self, g: &Group, algo: BarrierAlgo) -> Result<()> {
         let wr = self.internal_wr();
         self.post_barrier(wr, g, algo)?;
@@ -375,6 +492,21 @@ impl Device {
     /// Blocking reduce to `root`, of any length: vectors longer than one
     /// NIC reduction carries ([`Device::reduce_chunk_bytes`]) run as
     /// consecutive NIC reductions of that size, several in flight.
+    ///
+    /// # Errors
+    /// As [`Device::post_reduce`], and [`Error::Failed`] with the
+    /// completion's status.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// let buf = dev.alloc(1 << 16)?;
+    /// let recv = (g.rank() == 0).then(|| buf.sge(1 << 15, 1 << 15));
+    /// dev.reduce(&g, 0, emp::Dtype::I32, emp::ReduceOp::Sum, buf.sge(0, 1 << 15), recv)?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn reduce(
         &mut self,
         g: &Group,
@@ -388,6 +520,21 @@ impl Device {
     }
 
     /// Blocking allreduce, of any length (chunked as [`Device::reduce`]).
+    ///
+    /// # Errors
+    /// As [`Device::reduce`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// let mut buf = dev.alloc(16)?;
+    /// buf.as_mut_slice()[..8].copy_from_slice(&1.5f64.to_le_bytes());
+    /// dev.allreduce(&g, emp::Dtype::F64, emp::ReduceOp::Sum, buf.sge(0, 8), buf.sge(8, 8))?;
+    /// let sum = f64::from_le_bytes(buf.as_slice()[8..16].try_into().unwrap());
+    /// # Ok::<(), emp::Error>(())
+    /// ```
     pub fn allreduce(&mut self, g: &Group, t: Dtype, op: ReduceOp, send: Sge, recv: Sge) -> Result<()> {
         self.reduce_chunked(g, None, t, op, send, Some(recv))
     }

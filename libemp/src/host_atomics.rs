@@ -83,6 +83,11 @@ impl HostAtomicServer {
         self.next
     }
 
+    /// The words served, for the owner's own (atomic) loads and stores.
+    pub fn words(&self) -> &Buffer {
+        &self.words
+    }
+
     fn post_slot(&self, dev: &mut Device, k: u64) -> Result<()> {
         let i = (k % self.slots) as usize;
         // Receives match in posting order: request k lands in receive k.
@@ -114,7 +119,7 @@ impl HostAtomicServer {
         debug_assert_eq!(c.wr_id, SERVER_WR | k);
         let i = (k % self.slots) as usize;
         let mut req = [0u8; REQ_LEN];
-        req.copy_from_slice(&self.reqs.as_mut_slice()[i * REQ_LEN..(i + 1) * REQ_LEN]);
+        req.copy_from_slice(&self.reqs.as_slice()[i * REQ_LEN..(i + 1) * REQ_LEN]);
         self.next += 1;
         self.post_slot(dev, k + self.slots)?;
         if c.status != Status::Success {
@@ -271,7 +276,7 @@ impl HostAtomicClient {
         if got.status != Status::Success {
             return Err(Error::Failed(got.status));
         }
-        let r = self.rep.as_mut_slice();
+        let r = self.rep.as_slice();
         match Status::from_u8(r[0]) {
             Some(Status::Success) => Ok(get_u64(r, 8)),
             Some(s) => Err(Error::Failed(s)),
@@ -287,8 +292,9 @@ mod tests {
     /// A server over plain memory (no device: `execute` only).
     fn server(words: &mut [u64]) -> HostAtomicServer {
         let b = |ptr: *mut u64, len| Buffer { ptr: ptr.cast(), len, key: 1, offset: 0 };
-        let words = b(words.as_mut_ptr(), words.len() * 8);
-        HostAtomicServer { words, reqs: words, reps: words, slots: 1, next: 0 }
+        let at = words.as_mut_ptr();
+        // `execute` touches only the words: the request and reply slots are empty.
+        HostAtomicServer { words: b(at, words.len() * 8), reqs: b(at, 0), reps: b(at, 0), slots: 1, next: 0 }
     }
 
     fn req(op: u8, width: u8, off: u64, operand: u64, compare: u64) -> [u8; REQ_LEN] {

@@ -15,15 +15,19 @@
 //! and shared memory: no system call. The only exception is the doorbell
 //! after a post when the NIC has gone to sleep (it polls while busy).
 
+#![warn(missing_docs)]
+
 pub mod atomic;
+mod backend;
 pub mod coll;
-mod direct;
+mod device;
 pub mod ffi;
 pub mod group;
 pub mod host_atomics;
-mod kernel;
+mod map;
 pub mod mcs;
 pub mod rdv;
+mod ring;
 pub mod schedule;
 pub mod tree;
 
@@ -31,7 +35,9 @@ use std::fmt;
 use std::os::fd::RawFd;
 
 pub use atomic::{RemoteWord, Width};
-pub use direct::{nic_counters_at, nic_stats, Device, COUNTERS, INTERNAL_WR};
+pub use backend::direct::{nic_counters_at, nic_stats};
+pub use backend::COUNTERS;
+pub use device::{Device, INTERNAL_WR};
 pub use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};
 pub use emp_uapi::desc::{
     Opcode, Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE,
@@ -65,7 +71,12 @@ pub enum Error {
     /// `EMP_DEVICE` is not set and no path was given.
     NoDevice,
     /// The NIC refused a request (errno from the daemon).
-    Nic { op: &'static str, errno: i32 },
+    Nic {
+        /// The request refused.
+        op: &'static str,
+        /// Why (a positive errno).
+        errno: i32,
+    },
     /// The daemon went away or spoke nonsense.
     Protocol(String),
     /// The ring has no free slot: poll completions, then post again.
@@ -82,7 +93,12 @@ pub enum Error {
     Unsupported(&'static str),
     /// A reduction operator not defined for the element type (bitwise on
     /// floats).
-    InvalidOp { dtype: emp_uapi::coll::Dtype, op: emp_uapi::coll::ReduceOp },
+    InvalidOp {
+        /// The element type.
+        dtype: emp_uapi::coll::Dtype,
+        /// The operator not defined on it.
+        op: emp_uapi::coll::ReduceOp,
+    },
     /// A library call got arguments it cannot use (checked before anything
     /// is posted); says which and why.
     InvalidArgument(String),
@@ -90,7 +106,12 @@ pub enum Error {
     /// the rank and the step; `cause` is the underlying error (an error
     /// completion, [`Status::CollMismatch`] for a message of the wrong size,
     /// a timeout).
-    Collective { what: String, cause: Box<Error> },
+    Collective {
+        /// The call, its instance, the rank and the step.
+        what: String,
+        /// The underlying error.
+        cause: Box<Error>,
+    },
 }
 
 impl Error {
@@ -227,7 +248,23 @@ impl Default for Completion {
 
 /// Registered memory handed out by [`Device::alloc`]: lives in the shared
 /// arena (true zero-copy) until the device is closed.
-#[derive(Clone, Copy, Debug)]
+///
+/// A `Buffer` is the only handle through which Rust code reaches its bytes:
+/// it is neither `Clone` nor `Copy`, and its sub-ranges ([`Buffer::range`])
+/// are [`MemSpan`]s, which name memory for the NIC but give no access to it.
+/// So [`Buffer::as_mut_slice`] needs `&mut self`, like any owner.
+///
+/// # Examples
+/// ```no_run
+/// # let mut dev = emp::Device::open()?;
+/// let mut buf = dev.alloc(8192)?;
+/// buf.as_mut_slice()[..4].copy_from_slice(b"ping");
+/// let (head, tail) = (buf.range(0, 4096), buf.range(4096, 4096)); // Copy handles
+/// dev.post_recv(1, emp::ANY, 7, 0, &[tail.sge(0, tail.len())])?;
+/// dev.post_send(2, emp::Endpoint { node: 1, port: 0 }, 7, &[head.sge(0, 4)])?;
+/// # Ok::<(), emp::Error>(())
+/// ```
+#[derive(Debug)]
 pub struct Buffer {
     ptr: *mut u8,
     len: usize,
@@ -235,43 +272,108 @@ pub struct Buffer {
     offset: u64,
 }
 
-// SAFETY: a Buffer is a view of shared memory that outlives it (the
-// device's arena); synchronising access is the caller's business, as with
+// SAFETY: a Buffer is the sole handle to its part of the device's arena,
+// which outlives it; moving it to another thread moves that access with it.
+// What the NIC writes concurrently is the posting caller's business, as with
 // any DMA buffer.
 unsafe impl Send for Buffer {}
 
 impl Buffer {
-    /// The bytes (valid while the device is open; the NIC writes received
-    /// data here, so read it only after the receive completed).
-    #[allow(clippy::mut_from_ref)]
-    pub fn as_mut_slice(&self) -> &mut [u8] {
+    /// The bytes, to read (valid while the device is open). The NIC writes
+    /// received data here: read it only after the receive completed.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr/len describe a live part of the arena mapping; no
+        // `&mut` to it exists while `self` is borrowed shared (the only way
+        // to one is `as_mut_slice(&mut self)`).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The bytes, to write (see [`Buffer::as_slice`]); write only what no
+    /// posted send is still reading.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: ptr/len describe a live part of the arena mapping that
-        // only this Buffer hands out.
+        // only this Buffer reaches (the arena hands each part out once and
+        // a Buffer cannot be copied), and `&mut self` makes this view
+        // exclusive for its lifetime.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
+
     /// Length.
     pub fn len(&self) -> usize {
         self.len
     }
+
     /// True when empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
     /// A scatter/gather entry for `len` bytes at `off` within this buffer.
-    pub fn sge(&self, off: usize, len: usize) -> Sge {
-        assert!(off + len <= self.len, "sge beyond buffer");
-        Sge { key: self.key, len: len as u32, offset: self.offset + off as u64 }
-    }
-    /// The `len` bytes at `off` as a buffer of their own.
     ///
     /// # Panics
     /// If the range is not inside this buffer.
-    pub fn range(&self, off: usize, len: usize) -> Buffer {
+    pub fn sge(&self, off: usize, len: usize) -> Sge {
+        self.span().sge(off, len)
+    }
+
+    /// The whole buffer as the NIC names it.
+    pub fn span(&self) -> MemSpan {
+        MemSpan { key: self.key, offset: self.offset, len: self.len }
+    }
+
+    /// The `len` bytes at `off`, as the NIC names them (for posting; reach
+    /// the bytes themselves through [`Buffer::as_mut_slice`]).
+    ///
+    /// # Panics
+    /// If the range is not inside this buffer.
+    pub fn range(&self, off: usize, len: usize) -> MemSpan {
+        self.span().range(off, len)
+    }
+}
+
+/// A span of registered memory as the NIC names it: key, offset, length.
+/// `Copy`, and grants no access to the bytes: it is what posting needs
+/// (SGEs), taken from a [`Buffer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemSpan {
+    key: u32,
+    offset: u64,
+    len: usize,
+}
+
+impl MemSpan {
+    /// Length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A scatter/gather entry for `len` bytes at `off` within this span.
+    ///
+    /// # Panics
+    /// If the range is not inside this span.
+    pub fn sge(&self, off: usize, len: usize) -> Sge {
+        assert!(off.checked_add(len).is_some_and(|end| end <= self.len), "sge beyond buffer");
+        Sge { key: self.key, len: len as u32, offset: self.offset + off as u64 }
+    }
+
+    /// The `len` bytes at `off` as a span of their own.
+    ///
+    /// # Panics
+    /// If the range is not inside this span.
+    pub fn range(&self, off: usize, len: usize) -> MemSpan {
         assert!(off.checked_add(len).is_some_and(|end| end <= self.len), "range beyond buffer");
-        // SAFETY: off + len <= self.len, so the pointer stays inside this
-        // buffer's part of the arena.
-        let ptr = unsafe { self.ptr.add(off) };
-        Buffer { ptr, len, key: self.key, offset: self.offset + off as u64 }
+        MemSpan { key: self.key, offset: self.offset + off as u64, len }
+    }
+}
+
+impl From<&Buffer> for MemSpan {
+    fn from(b: &Buffer) -> MemSpan {
+        b.span()
     }
 }
 

@@ -108,7 +108,7 @@ impl Job {
     /// retrying while a peer's port is not open yet, or its NIC is not
     /// running yet (guests boot at different speeds: frames to a NIC
     /// without firmware go unanswered until the retry limit). Its completions are
-    /// consumed with [`Device::wait_wr`]; the caller's stay in the CQ.
+    /// consumed with [`Device::wait_wr`](crate::Device::wait_wr); the caller's stay in the CQ.
     ///
     /// Reserved: tag [`BARRIER_TAG`] from these endpoints, and work
     /// request ids with bit 63 set.

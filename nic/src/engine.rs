@@ -3,201 +3,23 @@
 //! polls ring indices while there is work, spins briefly when work stops,
 //! then sleeps on the doorbells, the wire and a timer: an idle NIC costs no
 //! CPU, and a process posting to a polling NIC makes no system call.
+//! The control programs themselves are `firmware.rs`'s [`Firmware`]s; the
+//! engine moves their frames over the wire and calls them when due.
 
-use core::ffi::c_void;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use emp_uapi::fwabi::{FwConfig, FwHal};
+use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{ctl, AdminMailbox};
 
-use crate::fwlib::FwLib;
+use crate::firmware::{boot_staged, Firmware};
 use crate::image::TrustedKeys;
-use crate::nic::{drain, signal, NicShared};
+use crate::nic::NicShared;
+use crate::sys::{drain, epoll_add, signal};
 use crate::wire::Wire;
-
-/// What the control program's hardware calls reach.
-struct HwCtx {
-    shared: Arc<NicShared>,
-    outbox: Vec<(u16, Vec<u8>)>,
-    /// Frame buffers for reuse (bounded): no allocation per frame.
-    pool: Vec<Vec<u8>>,
-}
-
-extern "C" fn hw_sram_read(ctx: *mut c_void, off: usize, buf: *mut u8, len: usize) {
-    // SAFETY: `ctx` is the HwCtx the engine passed for this call and `buf`
-    // is the control program's live buffer of `len` bytes.
-    let (hw, buf) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts_mut(buf, len)) };
-    hw.shared.sram.read(off, buf);
-}
-
-extern "C" fn hw_sram_write(ctx: *mut c_void, off: usize, data: *const u8, len: usize) {
-    // SAFETY: as in `hw_sram_read`.
-    let (hw, data) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
-    hw.shared.sram.write(off, data);
-}
-
-extern "C" fn hw_dma_read(ctx: *mut c_void, addr: u64, buf: *mut u8, len: usize) -> i32 {
-    // SAFETY: as in `hw_sram_read`.
-    let (hw, buf) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts_mut(buf, len)) };
-    match hw.shared.dma.lock().expect("dma").read(addr, buf) {
-        Ok(()) => 0,
-        Err(_) => -1,
-    }
-}
-
-extern "C" fn hw_dma_write(ctx: *mut c_void, addr: u64, data: *const u8, len: usize) -> i32 {
-    // SAFETY: as in `hw_sram_read`.
-    let (hw, data) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
-    match hw.shared.dma.lock().expect("dma").write(addr, data) {
-        Ok(()) => 0,
-        Err(_) => -1,
-    }
-}
-
-extern "C" fn hw_mac_transmit(ctx: *mut c_void, dst: u16, frame: *const u8, len: usize) {
-    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call;
-    // `frame` is valid for `len` bytes.
-    let (hw, frame) = unsafe { (&mut *ctx.cast::<HwCtx>(), core::slice::from_raw_parts(frame, len)) };
-    let mut b = hw.pool.pop().unwrap_or_default();
-    b.clear();
-    b.extend_from_slice(frame);
-    hw.outbox.push((dst, b));
-}
-
-extern "C" fn hw_raise_interrupt(ctx: *mut c_void, vector: u16) {
-    // SAFETY: as in `hw_sram_read`.
-    let hw = unsafe { &*ctx.cast::<HwCtx>() };
-    if vector == 0 {
-        return; // Admin: control threads poll the mailbox.
-    }
-    if let Some(Some(p)) = hw.shared.ports.lock().expect("ports").get(vector as usize - 1) {
-        signal(p.event.as_raw_fd());
-    } else if let Some(irq) = &*hw.shared.guest_irq.lock().expect("guest_irq") {
-        // A guest's port: one MSI-X vector; the guest's driver finds the
-        // port(s) whose armed event the control program consumed.
-        signal(irq.as_raw_fd());
-    }
-}
-
-/// A running control program and its hardware context.
-pub struct Firmware {
-    lib: Arc<FwLib>,
-    state: *mut c_void,
-    hw: Box<HwCtx>,
-    /// Next timer deadline.
-    deadline: u64,
-    /// NIC CPUs in the control program's plan.
-    cpus: u32,
-    /// Time of the current call.
-    now: u64,
-}
-
-// SAFETY: the control program's state is only touched by the thread that
-// owns this Firmware (the engine).
-unsafe impl Send for Firmware {}
-
-impl Firmware {
-    /// Boots the control program on a NIC; `None` if it refused to boot.
-    pub fn boot(lib: Arc<FwLib>, shared: Arc<NicShared>, cfg: FwConfig) -> Option<Firmware> {
-        let mut hw = Box::new(HwCtx { shared, outbox: Vec::new(), pool: Vec::new() });
-        let hal = hal_for(&mut hw);
-        // SAFETY: `hal` and `cfg` are valid for the call; `boot` follows the
-        // firmware ABI.
-        let state = unsafe { (lib.boot)(&hal, &cfg) };
-        if state.is_null() {
-            return None;
-        }
-        // SAFETY: `state` was just returned by boot.
-        let cpus = unsafe { (lib.cpus)(state) };
-        Some(Firmware { lib, state, hw, deadline: u64::MAX, cpus, now: 0 })
-    }
-
-    fn hal(&mut self) -> FwHal {
-        hal_for(&mut self.hw)
-    }
-
-    fn after_call(&mut self) {
-        // The NIC's other CPUs run what the step queued for them.
-        let hal = self.hal();
-        loop {
-            let mut ran = 0;
-            for c in 0..self.cpus {
-                // SAFETY: live state, valid hal, single-threaded use.
-                ran += unsafe { (self.lib.cpu)(self.state, &hal, self.now, c) };
-            }
-            if ran == 0 {
-                break;
-            }
-        }
-        // SAFETY: `state` is live (freed only in Drop).
-        self.deadline = unsafe { (self.lib.poll_timeout)(self.state) };
-    }
-
-    fn doorbell(&mut self, now: u64) {
-        self.now = now;
-        let hal = self.hal();
-        // SAFETY: live state, valid hal, single-threaded use.
-        unsafe { (self.lib.doorbell)(self.state, &hal, now) };
-        self.after_call();
-    }
-
-    fn frame(&mut self, now: u64, f: Vec<u8>) {
-        self.now = now;
-        let hal = self.hal();
-        // SAFETY: as above; `f` is valid for its length.
-        unsafe { (self.lib.frame)(self.state, &hal, now, f.as_ptr(), f.len()) };
-        self.after_call();
-        if self.hw.pool.len() < 1024 {
-            self.hw.pool.push(f);
-        }
-    }
-
-    fn timeout(&mut self, now: u64) {
-        self.now = now;
-        let hal = self.hal();
-        // SAFETY: as above.
-        unsafe { (self.lib.timeout)(self.state, &hal, now) };
-        self.after_call();
-    }
-
-    /// The control program's description of its tables.
-    pub fn describe(&self) -> String {
-        let mut buf = vec![0u8; 64 << 10];
-        // SAFETY: live state; `buf` is writable for its length.
-        let n = unsafe { (self.lib.describe)(self.state, buf.as_mut_ptr(), buf.len()) };
-        String::from_utf8_lossy(&buf[..n.min(buf.len())]).into_owned()
-    }
-}
-
-extern "C" fn hw_dma_fence(_ctx: *mut c_void) {
-    // DMA writes are stores into memory the host maps: a release fence
-    // keeps every earlier one ahead of every later one (the CQE phase byte).
-    core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
-}
-
-fn hal_for(hw: &mut HwCtx) -> FwHal {
-    FwHal {
-        ctx: (hw as *mut HwCtx).cast(),
-        sram_read: hw_sram_read,
-        sram_write: hw_sram_write,
-        dma_read: hw_dma_read,
-        dma_write: hw_dma_write,
-        mac_transmit: hw_mac_transmit,
-        raise_interrupt: hw_raise_interrupt,
-        dma_fence: hw_dma_fence,
-    }
-}
-
-impl Drop for Firmware {
-    fn drop(&mut self) {
-        // SAFETY: `state` came from boot and is not used afterwards.
-        unsafe { (self.lib.free)(self.state) };
-    }
-}
 
 struct Card {
     shared: Arc<NicShared>,
@@ -228,12 +50,6 @@ pub struct Engine {
     wire_fds: Vec<RawFd>,
     pool: Vec<Vec<u8>>,
     trusted: Arc<TrustedKeys>,
-}
-
-fn epoll_add(ep: RawFd, fd: RawFd) {
-    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: fd as u64 };
-    // SAFETY: valid epoll fd and target fd; `ev` is a live struct.
-    unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
 }
 
 impl Engine {
@@ -311,7 +127,7 @@ impl Engine {
 
     fn flush(&mut self, i: usize, now: u64) {
         if let Some(fw) = self.cards[i].fw.as_mut() {
-            for (dst, f) in fw.hw.outbox.drain(..) {
+            for (dst, f) in fw.take_outbox() {
                 self.wire.send(now, i, dst, f);
             }
         }
@@ -332,14 +148,14 @@ impl Engine {
                             Err(e) => tracing::error!(node = c.shared.node, "guest RAM {}: {e}", ram.display()),
                         }
                     }
-                    c.fw = crate::nic::boot_staged(&c.shared, &self.trusted, c.fw_cfg);
+                    c.fw = boot_staged(&c.shared, &self.trusted, c.fw_cfg);
                     work = true;
                 }
                 continue;
             }
             // One pool of frame buffers for the whole chassis: frames one NIC
             // receives become the buffers another transmits from.
-            core::mem::swap(&mut c.fw.as_mut().expect("checked").hw.pool, &mut self.pool);
+            c.fw.as_mut().expect("checked").swap_frame_pool(&mut self.pool);
             if Self::host_changed(c) {
                 c.fw.as_mut().expect("checked").doorbell(now);
                 work = true;
@@ -350,11 +166,11 @@ impl Engine {
                 fw.frame(now, f);
                 work = true;
             }
-            if fw.deadline <= now {
+            if fw.deadline() <= now {
                 fw.timeout(now);
                 work = true;
             }
-            core::mem::swap(&mut fw.hw.pool, &mut self.pool);
+            fw.swap_frame_pool(&mut self.pool);
             self.flush(i, now);
         }
         work
@@ -388,7 +204,7 @@ impl Engine {
 
     fn sleep(&mut self) {
         let now = self.now();
-        let mut due = self.cards.iter().filter_map(|c| c.fw.as_ref()).map(|f| f.deadline).min().unwrap_or(u64::MAX);
+        let mut due = self.cards.iter().filter_map(|c| c.fw.as_ref()).map(Firmware::deadline).min().unwrap_or(u64::MAX);
         due = due.min(self.wire.next_due().unwrap_or(u64::MAX));
         if due <= now + 2_000 {
             std::thread::yield_now();

@@ -95,7 +95,7 @@ fn greet(nic: &NicShared, conn: &UnixStream, sram_path: &std::path::Path, vector
     }
     let mut irq = None;
     for _ in 0..vectors {
-        let e = crate::nic::eventfd(libc::EFD_NONBLOCK)?;
+        let e = crate::sys::eventfd(libc::EFD_NONBLOCK)?;
         send(c, GUEST_PEER, Some(e.as_raw_fd()))?;
         irq.get_or_insert(e);
     }

@@ -6,9 +6,11 @@
 pub mod attach;
 pub mod dma;
 pub mod engine;
+pub mod firmware;
 pub mod fwlib;
 pub mod image;
 pub mod ivshmem;
 pub mod nic;
 pub mod sram;
+mod sys;
 pub mod wire;

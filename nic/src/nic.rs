@@ -1,9 +1,9 @@
 //! One emulated NIC: its SRAM, DMA map, ports, and the trusted-side
 //! operations (what a driver does: register memory, open and close ports
 //! through the admin mailbox). The control program itself runs on the
-//! engine thread (`engine.rs`).
+//! engine thread (`engine.rs`), loaded by `firmware.rs`.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,9 +17,8 @@ use emp_uapi::sram::{
 use emp_uapi::Le;
 
 use crate::dma::{bus_addr, DmaMap, Region, SPACE_ARENA, SPACE_VM};
-use crate::fwlib::FwLib;
-use crate::image::{verify, TrustedKeys};
 use crate::sram::Sram;
+use crate::sys::{eventfd, signal};
 
 /// How a NIC is built.
 #[derive(Clone, Debug)]
@@ -57,7 +56,28 @@ pub struct PortState {
 /// Errors of trusted-side operations: an errno.
 pub type Errno = i32;
 
-/// The parts of a NIC shared between the engine and control threads.
+// Lock order of `NicShared`.
+//
+// Two kinds of thread share a NIC: the engine, whose control-program HAL
+// calls take `dma` (DMA), `ports` and `guest_irq` (interrupts), and the
+// control threads (one per attached process, the ivshmem server, `main`),
+// which take any of them through the trusted-side operations below.
+//
+// * `admin` is outermost. A control thread holds it while it waits for the
+//   engine to complete a mailbox command, and the engine completes it only
+//   after its HAL calls got their locks. So `admin` is never taken while
+//   holding any other lock, and the engine never takes `admin`.
+// * `dma`, `ports`, `mr_free`, `key_salt`, `groups` and `guest_irq` are
+//   leaves: each is taken on its own and released before the next one is
+//   taken (or `admin`). No two are ever held together, so there is no order
+//   among them to get wrong; keep it that way rather than nest.
+// * `ports` guards the lifetime of each port's eventfds: whoever signals or
+//   sends one holds `ports` meanwhile, because `release_port` closes them.
+//
+// `wake` and `ports_changed` are lock-free (an eventfd and an atomic).
+
+/// The parts of a NIC shared between the engine and control threads (lock
+/// order: see the comment above).
 pub struct NicShared {
     /// Node id.
     pub node: u16,
@@ -83,30 +103,6 @@ pub struct NicShared {
     /// A guest NIC's interrupt: the eventfd behind the guest's MSI-X
     /// vector 0 (ivshmem-doorbell), while a guest is attached.
     pub guest_irq: Mutex<Option<OwnedFd>>,
-}
-
-pub(crate) fn eventfd(flags: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: eventfd with valid flags returns a new descriptor or -1.
-    let fd = unsafe { libc::eventfd(0, flags | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Adds 1 to an eventfd.
-pub(crate) fn signal(fd: RawFd) {
-    let one = 1u64.to_ne_bytes();
-    // SAFETY: writing 8 bytes from a live buffer to an eventfd.
-    unsafe { libc::write(fd, one.as_ptr().cast(), 8) };
-}
-
-/// Empties a nonblocking eventfd.
-pub(crate) fn drain(fd: RawFd) {
-    let mut b = [0u8; 8];
-    // SAFETY: reading 8 bytes into a live buffer; nonblocking fd.
-    unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
 }
 
 impl NicShared {
@@ -450,7 +446,7 @@ pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Ar
 }
 
 impl NicShared {
-    fn set_status(&self, st: NicStatus, r: FailReason) {
+    pub(crate) fn set_status(&self, st: NicStatus, r: FailReason) {
         self.sram.put_u32(core::mem::offset_of!(SramHeader, fail_reason), r as u32);
         self.sram.put_u32(core::mem::offset_of!(SramHeader, status), st as u32);
     }
@@ -471,50 +467,5 @@ impl NicShared {
     /// True when a driver asked the NIC to start a staged image.
     pub fn loading(&self) -> bool {
         self.status().0 == NicStatus::Loading
-    }
-}
-
-/// The NIC's loader: verifies the image in its staging area against the
-/// trusted keys and starts it. A refused image leaves the NIC FAILED with
-/// the reason in SRAM (and in the log).
-pub fn boot_staged(
-    shared: &Arc<NicShared>,
-    trusted: &TrustedKeys,
-    fw_cfg: FwConfig,
-) -> Option<crate::engine::Firmware> {
-    let len = shared.header().staged_len as usize;
-    if len > shared.layout.params.staging_size as usize {
-        shared.set_status(NicStatus::Failed, FailReason::BadImageHeader);
-        tracing::error!(node = shared.node, "staged image length {len} exceeds the staging area");
-        return None;
-    }
-    let mut staged = vec![0u8; len];
-    shared.sram.read(shared.layout.staging_off as usize, &mut staged);
-    let payload = match verify(&staged, trusted) {
-        Ok((_, payload)) => payload.to_vec(),
-        Err(reason) => {
-            shared.set_status(NicStatus::Failed, reason);
-            tracing::error!(node = shared.node, "firmware refused: {}", reason.as_str());
-            return None;
-        }
-    };
-    let lib = match FwLib::load(&payload) {
-        Ok(l) => Arc::new(l),
-        Err(e) => {
-            shared.set_status(NicStatus::Failed, FailReason::LoadFailed);
-            tracing::error!(node = shared.node, "firmware load failed: {e}");
-            return None;
-        }
-    };
-    let fw = crate::engine::Firmware::boot(lib, shared.clone(), fw_cfg);
-    match shared.status() {
-        (NicStatus::Running, _) if fw.is_some() => {
-            tracing::info!(node = shared.node, "firmware running");
-            fw
-        }
-        (_, reason) => {
-            tracing::error!(node = shared.node, "firmware boot failed: {}", reason.as_str());
-            None
-        }
     }
 }

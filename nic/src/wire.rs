@@ -65,10 +65,26 @@ pub trait Wire: Send {
     fn stats(&self) -> WireStats;
 }
 
-struct Delayed(u64, u64, usize, Vec<u8>);
+/// A frame held back by fault injection, ordered by when it is due.
+struct Delayed {
+    /// Wire time (ns) at which it arrives.
+    due: u64,
+    /// Send order: frames due at the same time arrive in the order sent.
+    seq: u64,
+    /// Local index of the receiving NIC.
+    dst: usize,
+    frame: Vec<u8>,
+}
+
+impl Delayed {
+    fn key(&self) -> (u64, u64) {
+        (self.due, self.seq)
+    }
+}
+
 impl PartialEq for Delayed {
     fn eq(&self, o: &Self) -> bool {
-        (self.0, self.1) == (o.0, o.1)
+        self.key() == o.key()
     }
 }
 impl Eq for Delayed {}
@@ -79,7 +95,7 @@ impl PartialOrd for Delayed {
 }
 impl Ord for Delayed {
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (o.0, o.1).cmp(&(self.0, self.1)) // min-heap
+        o.key().cmp(&self.key()) // Reversed: `BinaryHeap` is a max-heap.
     }
 }
 
@@ -145,7 +161,7 @@ impl Wire for MemWire {
                 self.now_queue.push_back((d, f));
             } else {
                 self.seq += 1;
-                self.delayed.push(Delayed(now + delay, self.seq, d, f));
+                self.delayed.push(Delayed { due: now + delay, seq: self.seq, dst: d, frame: f });
             }
         }
     }
@@ -156,9 +172,9 @@ impl Wire for MemWire {
             rx[d].push_back(f);
             n += 1;
         }
-        while self.delayed.peek().is_some_and(|x| x.0 <= now) {
-            let Delayed(_, _, d, f) = self.delayed.pop().expect("peeked");
-            rx[d].push_back(f);
+        while self.delayed.peek().is_some_and(|x| x.due <= now) {
+            let Delayed { dst, frame, .. } = self.delayed.pop().expect("peeked");
+            rx[dst].push_back(frame);
             n += 1;
         }
         n
@@ -168,7 +184,7 @@ impl Wire for MemWire {
         if !self.now_queue.is_empty() {
             return Some(0);
         }
-        self.delayed.peek().map(|d| d.0)
+        self.delayed.peek().map(|d| d.due)
     }
 
     fn fds(&self) -> Vec<RawFd> {

@@ -4,11 +4,13 @@
 //! bandwidth, loss, duplication, reordering and partitions, in virtual
 //! time. A seed reproduces a run bit for bit.
 
+mod checker;
 pub mod cluster;
 mod collplan;
 pub mod cost;
 pub mod host;
 pub mod model;
+mod plan;
 pub mod rng;
 pub mod scenario;
 pub mod weak_dma;

@@ -1,17 +1,11 @@
-//! Scenarios: a seeded workload of tagged messages between endpoints, run
-//! on a [`World`], with the checker that every run must pass:
-//! - every posted message is delivered exactly once and byte-identical, or
-//!   completes with the error the scenario expects;
-//! - messages from one endpoint to another are matched in the order sent;
-//! - every message completes (liveness) despite loss, duplication,
-//!   reordering and a partition that heals;
-//! - remote fetch-adds on one shared counter word run exactly once: the
-//!   returned old values are a permutation of `0..k` and the word ends at `k`;
-//! - collectives on one group (barriers, reductions, broadcasts, posted at
-//!   skewed times) complete on every member only once the members they
-//!   depend on have posted, with the right result (`collplan.rs`);
-//! - at quiesce no NIC table entry is held, and after the ports close no
-//!   peer entry remains.
+//! Scenarios: a seeded workload of tagged messages, remote atomics and
+//! collectives between endpoints (a [`Spec`] draws it into a plan,
+//! `plan.rs`), driven on a [`World`]: the driver posts each operation
+//! through the real SRAM rings when due, keeps going through loss,
+//! duplication, reordering and a partition that heals until every
+//! operation completed (liveness), and hands every completion and the
+//! state at quiesce to the checkers (`checker/`: delivery, atomics,
+//! collectives, leaks).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
@@ -20,13 +14,15 @@ use emp_firmware::{Config, FlowControl};
 use emp_uapi::desc::{
     Cqe, Opcode, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, WD_SIGNALED,
 };
-use emp_uapi::sram::{admin_result as ar, ctl, AdminOp, LayoutParams, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
+use emp_uapi::sram::{admin_result as ar, AdminOp, LayoutParams, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
 use emp_uapi::{sram::counter, ANY_NODE, ANY_PORT, PAGE_SIZE};
 
+use crate::checker::{leak, Atomics, Collectives, Delivery};
 use crate::collplan::CollPlan;
 use crate::host::{
     admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostMem, HostPort, Sram,
 };
+use crate::plan::{AtomicPlan, Expect, MsgPlan, Plan, RecvPlan, ATOMIC_BIT, COLL_BIT, RECV_BIT};
 use crate::rng::{fill_pattern, Rng};
 use crate::world::{Partition, Step, WireConfig, World};
 
@@ -269,53 +265,6 @@ impl Report {
 }
 
 /// What a send is expected to end with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Expect {
-    Deliver,
-    Fail(Status),
-}
-
-#[derive(Clone, Debug)]
-struct MsgPlan {
-    src: (u16, u16),
-    dst: (u16, u16),
-    len: u64,
-    tag: u64,
-    send_at: u64,
-    buf_off: u64,
-    expect: Expect,
-    sge_pieces: usize,
-    corrupt: u8,
-}
-
-#[derive(Clone, Debug)]
-struct RecvPlan {
-    dst: (u16, u16),
-    post_at: u64,
-    node: u16,
-    port: u16,
-    tag: u64,
-    ignore: u64,
-    buf_len: u64,
-    buf_off: u64,
-    /// Could match several messages: order is checked.
-    ambiguous: bool,
-    sge_pieces: usize,
-}
-
-/// A remote fetch-add(1) on the counter (or a misuse of one).
-#[derive(Clone, Debug)]
-struct AtomicPlan {
-    src: (u16, u16),
-    dst: (u16, u16),
-    post_at: u64,
-    /// Offset of the local result word in the source's data region.
-    result_off: u64,
-    /// What the remote key is: the counter's, or a wrong one.
-    bad_key: bool,
-    expect: Expect,
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Post {
     Send(u32),
@@ -334,22 +283,6 @@ enum Mode {
     MaskedAnySource,
 }
 
-struct Plan {
-    msgs: Vec<MsgPlan>,
-    recvs: Vec<RecvPlan>,
-    atomics: Vec<AtomicPlan>,
-    /// The endpoint whose counter word the atomics hit.
-    counter_at: (u16, u16),
-    /// Collectives, if the scenario has any.
-    coll: Option<CollPlan>,
-    /// Per (node, port): bytes of the data region.
-    region_len: HashMap<(u16, u16), u64>,
-}
-
-const RECV_BIT: u64 = 1 << 63;
-const ATOMIC_BIT: u64 = 1 << 62;
-/// Collective wr_ids: `COLL_BIT | op << 8 | rank`.
-const COLL_BIT: u64 = 1 << 61;
 /// MR slot of each port's atomic counter region (`ATOMIC_SLOT + port`).
 const ATOMIC_SLOT: u32 = 32;
 /// Bytes of that region; the counter is the 64-bit word at offset 8.
@@ -534,30 +467,12 @@ struct Driver {
     backlog: HashMap<(u16, u16, bool), VecDeque<Post>>,
     /// Per node: posts not yet due, sorted by time.
     schedule: Vec<VecDeque<(u64, u16, Post)>>,
-    send_done: Vec<Option<Status>>,
-    recv_done: Vec<Option<Cqe>>,
-    delivered_to: Vec<Option<u32>>,
-    /// Per atomic: its completion (status, old value).
-    atomic_done: Vec<Option<(Status, u64)>>,
-    /// `[op][rank]`: in the ring yet.
-    coll_posted: Vec<Vec<bool>>,
-    /// `[op][rank]`: completed yet.
-    coll_done: Vec<Vec<bool>>,
-    /// Per allreduce: the first member's result bits (all must match).
-    coll_bits: Vec<Option<Vec<u8>>>,
+    delivery: Delivery,
+    atomics: Atomics,
+    colls: Collectives,
     /// Per node, per port: the key of the port's atomic counter region.
     atomic_keys: Vec<Vec<(u32, crate::host::Region)>>,
     outstanding: u64,
-}
-
-impl Plan {
-    /// Descriptors `ep` posts (its CQ must hold all their completions).
-    fn posts_of(&self, ep: (u16, u16)) -> usize {
-        self.msgs.iter().filter(|m| m.src == ep).count()
-            + self.recvs.iter().filter(|r| r.dst == ep).count()
-            + self.atomics.iter().filter(|a| a.src == ep).count()
-            + self.coll.as_ref().map_or(0, |c| c.posts_of(ep))
-    }
 }
 
 fn fail(spec: &Spec, what: String) -> Failure {
@@ -610,14 +525,10 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
         ports: Vec::new(),
         backlog: HashMap::new(),
         schedule: vec![VecDeque::new(); spec.nodes as usize],
-        send_done: vec![None; plan.msgs.len()],
-        recv_done: vec![None; plan.recvs.len()],
-        delivered_to: vec![None; plan.msgs.len()],
-        atomic_done: vec![None; plan.atomics.len()],
+        delivery: Delivery::new(&plan),
+        atomics: Atomics::new(&plan),
+        colls: Collectives::new(plan.coll.as_ref()),
         atomic_keys: Vec::new(),
-        coll_posted: plan.coll.as_ref().map_or(Vec::new(), |c| vec![vec![false; c.members.len()]; c.ops.len()]),
-        coll_done: plan.coll.as_ref().map_or(Vec::new(), |c| vec![vec![false; c.members.len()]; c.ops.len()]),
-        coll_bits: plan.coll.as_ref().map_or(Vec::new(), |c| vec![None; c.ops.len()]),
         outstanding: (plan.msgs.len() + plan.recvs.len() + plan.atomics.len()) as u64
             + plan.coll.as_ref().map_or(0, |c| (c.ops.len() * c.members.len()) as u64),
         plan,
@@ -669,35 +580,7 @@ impl Driver {
         for (n, node) in self.world.nodes.iter().enumerate() {
             let _ = write!(s, "\n  node {n}: {:?}\n{}", node.nic.occupancy(), node.nic.describe_peers());
         }
-        let sends: Vec<usize> = (0..self.send_done.len()).filter(|&i| self.send_done[i].is_none()).take(8).collect();
-        for i in sends {
-            let m = &self.plan.msgs[i];
-            let _ = write!(s, "\n  send {i} {:?}->{:?} len {} tag {:#x} at {}", m.src, m.dst, m.len, m.tag, m.send_at);
-            for (ri, r) in self.plan.recvs.iter().enumerate() {
-                let matches = r.dst == m.dst
-                    && (r.node == ANY_NODE || r.node == m.src.0)
-                    && (r.port == ANY_PORT || r.port == m.src.1)
-                    && (r.tag ^ m.tag) & !r.ignore == 0;
-                if matches {
-                    let got = self.recv_done[ri].map(|c| c.tag);
-                    let _ = write!(s, "\n    could match recv {ri} posted at {} done with {:x?}", r.post_at, got);
-                }
-            }
-        }
-        let recvs: Vec<usize> = (0..self.recv_done.len()).filter(|&i| self.recv_done[i].is_none()).take(8).collect();
-        for i in recvs {
-            let r = &self.plan.recvs[i];
-            let _ = write!(
-                s,
-                "\n  recv {i} at {:?} from {:?} tag {:#x}/{:#x} at {}",
-                r.dst,
-                (r.node, r.port),
-                r.tag,
-                r.ignore,
-                r.post_at
-            );
-        }
-        s
+        s + &self.delivery.describe_pending(&self.plan)
     }
 
     /// No NIC holds a message, a collective or an atomic.
@@ -891,7 +774,7 @@ impl Driver {
                             coll.desc(k as usize, rank as usize, hp.data.key, COLL_BIT | (k as u64) << 8 | rank as u64);
                         let ok = hp.post(sram, &layout, &d, true);
                         if ok {
-                            self.coll_posted[k as usize][rank as usize] = true;
+                            self.colls.on_post(k as usize, rank as usize);
                         }
                         ok
                     }
@@ -920,248 +803,61 @@ impl Driver {
         Ok(())
     }
 
+    /// Hands completion `c` of endpoint `(n, p)` to its checker.
     fn on_completion(&mut self, n: u16, p: u16, c: Cqe) -> Result<(), String> {
         let status = Status::from_u8(c.status).ok_or_else(|| format!("bad status byte {}", c.status))?;
+        let (ports, world, plan) = (&self.ports, &self.world, &self.plan);
+        let read =
+            |off: u64, buf: &mut [u8]| ports[n as usize][p as usize].data.read(&world.nodes[n as usize].mem, off, buf);
         if c.wr_id & (RECV_BIT | ATOMIC_BIT | COLL_BIT) == COLL_BIT {
-            self.on_coll_completion(n, p, status, c)?;
+            self.colls.on_completion(plan.coll.as_ref(), (n, p), status, &c, read)?;
         } else if c.wr_id & (RECV_BIT | ATOMIC_BIT) == ATOMIC_BIT {
-            self.on_atomic_completion(n, p, status, c)?;
+            self.atomics.on_completion(plan, (n, p), status, &c, read)?;
         } else if c.wr_id & RECV_BIT == 0 {
-            let i = c.wr_id as usize;
-            let m = self.plan.msgs.get(i).ok_or_else(|| format!("unknown send wr_id {i}"))?;
-            if m.src != (n, p) || c.opcode != Opcode::Send as u8 {
-                return Err(format!("send {i} completed on ({n},{p}) opcode {}", c.opcode));
-            }
-            if self.send_done[i].replace(status).is_some() {
-                return Err(format!("send {i} completed twice"));
-            }
-            let want = match m.expect {
-                Expect::Deliver => Status::Success,
-                Expect::Fail(s) => s,
-            };
-            if status != want {
-                return Err(format!(
-                    "send {i} {:?}->{:?} len {}: {:?}, expected {:?}",
-                    m.src, m.dst, m.len, status, want
-                ));
-            }
+            self.delivery.on_send(plan, (n, p), status, &c)?;
         } else {
-            let ri = (c.wr_id & !RECV_BIT) as usize;
-            let rv = self.plan.recvs.get(ri).ok_or_else(|| format!("unknown recv wr_id {ri}"))?.clone();
-            if rv.dst != (n, p) || c.opcode != Opcode::Recv as u8 {
-                return Err(format!("recv {ri} completed on ({n},{p})"));
-            }
-            if self.recv_done[ri].replace(c).is_some() {
-                return Err(format!("recv {ri} completed twice"));
-            }
-            let id = (c.tag & 0xFFFF_FFFF) as usize;
-            let m = self.plan.msgs.get(id).ok_or_else(|| format!("recv {ri} got unknown tag {:#x}", c.tag))?;
-            if m.tag != c.tag || m.dst != (n, p) || (c.src_node, c.src_port) != m.src {
-                return Err(format!(
-                    "recv {ri} got message {id} with tag/src {:#x}/{:?} meant for {:?}",
-                    c.tag,
-                    (c.src_node, c.src_port),
-                    m.dst
-                ));
-            }
-            if let Some(prev) = self.delivered_to[id].replace(ri as u32) {
-                return Err(format!("message {id} delivered twice (recvs {prev} and {ri})"));
-            }
-            let want = if m.len > rv.buf_len { Status::Truncated } else { Status::Success };
-            let want_len = m.len.min(rv.buf_len);
-            if status != want || c.byte_len as u64 != want_len || c.msg_len as u64 != m.len {
-                return Err(format!(
-                    "recv {ri} of message {id} (len {}, buf {}): {:?} byte_len {} msg_len {}",
-                    m.len, rv.buf_len, status, c.byte_len, c.msg_len
-                ));
-            }
-            let mut got = vec![0u8; want_len as usize];
-            let mut exp = vec![0u8; want_len as usize];
-            let node = &self.world.nodes[n as usize];
-            self.ports[n as usize][p as usize].data.read(&node.mem, rv.buf_off, &mut got);
-            fill_pattern(id as u64, 0, &mut exp);
-            if got != exp {
-                let at = got.iter().zip(&exp).position(|(a, b)| a != b).unwrap_or(0);
-                return Err(format!("message {id} corrupted at byte {at} of {want_len}"));
-            }
+            self.delivery.on_recv(plan, (n, p), status, c, read)?;
         }
         self.outstanding -= 1;
         Ok(())
     }
 
-    fn on_atomic_completion(&mut self, n: u16, p: u16, status: Status, c: Cqe) -> Result<(), String> {
-        let i = (c.wr_id & !ATOMIC_BIT) as usize;
-        let a = self.plan.atomics.get(i).ok_or_else(|| format!("unknown atomic wr_id {i}"))?;
-        if a.src != (n, p) || c.opcode != Opcode::AtomicFetchAdd as u8 {
-            return Err(format!("atomic {i} completed on ({n},{p}) opcode {}", c.opcode));
-        }
-        let want = match a.expect {
-            Expect::Deliver => Status::Success,
-            Expect::Fail(s) => s,
-        };
-        if status != want {
-            return Err(format!("atomic {i} {:?}->{:?}: {status:?}, expected {want:?}", a.src, a.dst));
-        }
-        if status == Status::Success {
-            let mut b = [0u8; 8];
-            let node = &self.world.nodes[n as usize];
-            self.ports[n as usize][p as usize].data.read(&node.mem, a.result_off, &mut b);
-            if u64::from_le_bytes(b) != c.tag {
-                return Err(format!("atomic {i}: result word {} but CQE old value {}", u64::from_le_bytes(b), c.tag));
-            }
-        }
-        if self.atomic_done[i].replace((status, c.tag)).is_some() {
-            return Err(format!("atomic {i} completed twice"));
-        }
-        Ok(())
-    }
-
-    fn on_coll_completion(&mut self, n: u16, p: u16, status: Status, c: Cqe) -> Result<(), String> {
-        let coll = self.plan.coll.as_ref().ok_or("collective completion without a plan")?;
-        let (k, rank) = (((c.wr_id & !COLL_BIT) >> 8) as usize, (c.wr_id & 0xFF) as usize);
-        let op = *coll.ops.get(k).ok_or_else(|| format!("unknown collective {k}"))?;
-        if coll.members.get(rank) != Some(&(n, p)) || c.opcode != op.opcode() as u8 {
-            return Err(format!("collective {k} rank {rank} completed on ({n},{p}) opcode {}", c.opcode));
-        }
-        if std::mem::replace(&mut self.coll_done[k][rank], true) {
-            return Err(format!("collective {k} ({op:?}) completed twice at rank {rank}"));
-        }
-        if status != Status::Success {
-            return Err(format!("collective {k} ({op:?}) rank {rank}: {status:?}"));
-        }
-        if let Some(other) =
-            (0..coll.members.len()).find(|&o| coll.needs_post_of(k, rank, o) && !self.coll_posted[k][o])
-        {
-            return Err(format!("collective {k} ({op:?}) completed at rank {rank} before rank {other} posted it"));
-        }
-        let (off, len) = coll.result_at(k, rank);
-        let mut got = vec![0u8; len as usize];
-        let node = &self.world.nodes[n as usize];
-        self.ports[n as usize][p as usize].data.read(&node.mem, off, &mut got);
-        coll.check_result(k, rank, &got)?;
-        if op.opcode() == Opcode::Allreduce {
-            match &self.coll_bits[k] {
-                Some(first) if *first != got => {
-                    return Err(format!("allreduce {k}: rank {rank} holds other bits than the first member"))
-                }
-                Some(_) => {}
-                None => self.coll_bits[k] = Some(got),
-            }
-        }
-        Ok(())
-    }
-
-    /// Every fetch-add ran exactly once: the olds are `0..k`, the word is `k`.
-    fn check_atomics(&self) -> Result<u64, String> {
-        if self.plan.atomics.is_empty() {
-            return Ok(0);
-        }
-        let mut olds: Vec<u64> = self
-            .plan
-            .atomics
-            .iter()
-            .zip(&self.atomic_done)
-            .filter(|(a, _)| a.expect == Expect::Deliver)
-            .map(|(_, d)| d.map(|(_, old)| old))
-            .collect::<Option<_>>()
-            .ok_or("an atomic never completed")?;
-        olds.sort_unstable();
-        let k = olds.len() as u64;
-        if let Some(i) = olds.iter().enumerate().position(|(i, &o)| o != i as u64) {
-            return Err(format!("atomic olds are not a permutation of 0..{k}: position {i} holds {}", olds[i]));
-        }
-        let (cn, cp) = self.plan.counter_at;
-        let mut b = [0u8; 8];
-        self.atomic_keys[cn as usize][cp as usize].1.read(&self.world.nodes[cn as usize].mem, COUNTER_OFF, &mut b);
-        let word = u64::from_le_bytes(b);
-        if word != k {
-            return Err(format!("counter ends at {word} after {k} fetch-adds"));
-        }
-        Ok(k)
-    }
-
+    /// The verdicts at quiesce, in order: delivery (order, then every
+    /// message), atomics, leaks; then every port closes and must leave
+    /// nothing behind.
     fn check(&mut self, spec: &Spec) -> Result<Report, String> {
-        // Non-overtaking: ambiguous receives of one tag class at one
-        // endpoint, in posting order, got each source's messages in
-        // increasing id order.
-        #[allow(clippy::type_complexity)] // ((dst, port), posting seq) -> [(src msg id, recv, len)]
-        let mut by_dst: BTreeMap<((u16, u16), u64), Vec<(u64, usize, u32)>> = BTreeMap::new();
-        let mut posted_seq: HashMap<(u16, u16), u64> = HashMap::new();
-        let mut order: Vec<usize> = (0..self.plan.recvs.len()).collect();
-        order.sort_by_key(|&i| self.plan.recvs[i].post_at); // Stable: posting order.
-        for i in order {
-            let rv = &self.plan.recvs[i];
-            let k = posted_seq.entry(rv.dst).or_insert(0);
-            *k += 1;
-            if rv.ambiguous {
-                let c = self.recv_done[i].expect("all done");
-                by_dst.entry((rv.dst, rv.tag >> 32)).or_default().push((*k, i, (c.tag & 0xFFFF_FFFF) as u32));
-            }
-        }
-        for (dst, list) in by_dst {
-            let mut last: HashMap<(u16, u16), u32> = HashMap::new();
-            for (_, ri, id) in list {
-                let src = self.plan.msgs[id as usize].src;
-                if let Some(&prev) = last.get(&src) {
-                    if prev > id {
-                        return Err(format!(
-                            "order: at {dst:?} recv {ri} got message {id} from {src:?} after message {prev}"
-                        ));
-                    }
-                }
-                last.insert(src, id);
-            }
-        }
-        let mut report =
-            Report { sim_ns: self.world.now, events: self.world.events, wire: self.world.stats, ..Default::default() };
-        for (i, m) in self.plan.msgs.iter().enumerate() {
-            match m.expect {
-                Expect::Deliver if self.delivered_to[i].is_none() => {
-                    return Err(format!("message {i} never delivered"))
-                }
-                Expect::Deliver => report.delivered += 1,
-                Expect::Fail(_) => {
-                    if self.delivered_to[i].is_some() {
-                        return Err(format!("failed message {i} was delivered"));
-                    }
-                    report.expected_errors += 1;
-                }
-            }
-        }
-        report.truncated =
-            self.recv_done.iter().flatten().filter(|c| c.status == Status::Truncated as u8).count() as u64;
-        report.atomics = self.check_atomics()?;
-        report.collectives = self.coll_done.iter().flatten().filter(|&&d| d).count() as u64;
-        report.expected_errors += self.plan.atomics.iter().filter(|a| a.expect != Expect::Deliver).count() as u64;
-        // Quiesce: no record may be held.
-        let layout = self.world.layout;
-        for (n, node) in self.world.nodes.iter().enumerate() {
-            let o = node.nic.occupancy();
-            if o.tx_msgs
-                + o.rx_msgs
-                + o.posted_recvs
-                + o.overflow_used
-                + o.atomics
-                + o.coll_ops
-                + o.coll_bufs_used
-                + o.coll_cache_frames
-                != 0
-            {
-                return Err(format!("leak at quiesce on node {n}: {o:?}"));
-            }
-            node.nic.invariants().map_err(|e| format!("node {n}: {e}"))?;
-            for p in 0..spec.ports {
-                let at = layout.port(p).ctl(ctl::CQ_OVERRUNS);
-                let ov = u32::from_le_bytes(node.sram[at..at + 4].try_into().expect("4 bytes"));
-                if ov != 0 {
-                    return Err(format!("node {n} port {p}: {ov} CQ overruns"));
-                }
-            }
+        self.delivery.check_order(&self.plan)?;
+        let tally = self.delivery.tally(&self.plan)?;
+        let (cn, cp) = self.plan.counter_at;
+        let counter = || {
+            let mut b = [0u8; 8];
+            self.atomic_keys[cn as usize][cp as usize].1.read(&self.world.nodes[cn as usize].mem, COUNTER_OFF, &mut b);
+            u64::from_le_bytes(b)
+        };
+        let mut report = Report {
+            sim_ns: self.world.now,
+            events: self.world.events,
+            wire: self.world.stats,
+            delivered: tally.delivered,
+            expected_errors: tally.expected_errors + Atomics::expected_errors(&self.plan),
+            truncated: tally.truncated,
+            atomics: self.atomics.check_counter(&self.plan, counter)?,
+            collectives: self.colls.completed(),
+            ..Default::default()
+        };
+        leak::at_quiesce(&self.world, spec.ports)?;
+        for node in &self.world.nodes {
             for (k, v) in node.nic.counters().iter().enumerate() {
                 report.counters[k] += v;
             }
         }
-        // Close every port: all peer entries must go.
+        self.close_ports(spec)?;
+        Ok(report)
+    }
+
+    /// Closes every port through the admin mailbox: all peer entries must go.
+    fn close_ports(&mut self, spec: &Spec) -> Result<(), String> {
+        let layout = self.world.layout;
         for n in 0..spec.nodes {
             for p in 0..spec.ports {
                 admin_post(
@@ -1176,12 +872,9 @@ impl Driver {
                     return Err(format!("node {n} port {p}: close failed: {res:?}"));
                 }
             }
-            let o = self.world.nodes[n as usize].nic.occupancy();
-            if o != emp_firmware::Occupancy::default() {
-                return Err(format!("leak after close on node {n}: {o:?}"));
-            }
+            leak::after_close(n, self.world.nodes[n as usize].nic.occupancy())?;
         }
-        Ok(report)
+        Ok(())
     }
 }
 

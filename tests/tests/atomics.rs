@@ -62,6 +62,9 @@ fn c_atomic_example_builds_and_runs() {
         .arg("-L")
         .arg(&lib)
         .arg("-lemp")
+        // RPATH, not RUNPATH: cargo's LD_LIBRARY_PATH (target/debug, perhaps
+        // an older libemp.so) must not win over the release library.
+        .arg("-Wl,--disable-new-dtags")
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .arg("-o")
         .arg(&out_bin)

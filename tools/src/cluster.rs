@@ -134,8 +134,15 @@ pub fn read_state(dir: &Path) -> Result<State, String> {
     Ok(State { nics, pids })
 }
 
-/// Starts a cluster.
+/// `emp cluster up`: starts a cluster and says so on stdout.
 pub fn up(dir: &Path, a: &UpArgs) -> Result<(), String> {
+    println!("{}", start(dir, a)?);
+    Ok(())
+}
+
+/// Starts a cluster; returns the line that says so (the caller decides
+/// where it goes: `emp bench --json` keeps stdout for JSON).
+pub fn start(dir: &Path, a: &UpArgs) -> Result<String, String> {
     if a.nics == 0 {
         return Err("-n must be at least 1".into());
     }
@@ -204,8 +211,7 @@ pub fn up(dir: &Path, a: &UpArgs) -> Result<(), String> {
             }
         }
     }
-    println!("cluster up: {} NICs ({:?} wire) in {}", a.nics, a.wire, dir.display());
-    Ok(())
+    Ok(format!("cluster up: {} NICs ({:?} wire) in {}", a.nics, a.wire, dir.display()))
 }
 
 /// Stops a cluster.

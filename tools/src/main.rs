@@ -7,8 +7,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
-mod bench_atomic;
-mod bench_coll;
 mod cluster;
 mod fw;
 mod run;

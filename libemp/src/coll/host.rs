@@ -51,7 +51,7 @@ use emp_uapi::coll::{abs_rank, rel_rank, BarrierAlgo, CollKind, Dtype, ReduceOp,
 use super::reduce;
 use crate::schedule::barrier_schedule;
 use crate::tree::Tree;
-use crate::{Buffer, Completion, Device, Endpoint, Error, Result, Sge, Status};
+use crate::{Buffer, Completion, Device, Endpoint, Error, MemSpan, Result, Sge, Status};
 
 /// Top byte of the tags and work request ids of host collectives: bit 63
 /// (library-internal) set, and distinct from [`crate::rdv::BARRIER_TAG`]'s
@@ -305,7 +305,7 @@ impl Comm {
     /// Binomial broadcast of `buf` from `root` (MPICH's): a non-root rank
     /// receives the whole message from its parent, then sends it to its
     /// children, largest subtree first, all inside the call.
-    pub fn bcast_binomial(&mut self, dev: &mut Device, root: usize, buf: &Buffer) -> Result<()> {
+    pub fn bcast_binomial(&mut self, dev: &mut Device, root: usize, buf: impl Into<MemSpan>) -> Result<()> {
         let tree = Arc::clone(&self.binomial);
         self.bcast_tree(dev, root, &tree, buf)
     }
@@ -314,7 +314,8 @@ impl Comm {
     /// root, e.g. [`Tree::postal`]), each rank forwarding the whole message
     /// to its children in the tree's send order. Returns when this rank has
     /// the data and all its children have acknowledged it.
-    pub fn bcast_tree(&mut self, dev: &mut Device, root: usize, tree: &Tree, buf: &Buffer) -> Result<()> {
+    pub fn bcast_tree(&mut self, dev: &mut Device, root: usize, tree: &Tree, buf: impl Into<MemSpan>) -> Result<()> {
+        let buf = buf.into();
         self.check_tree(tree)?;
         let n = self.size();
         if root >= n {
@@ -447,12 +448,12 @@ impl Comm {
         };
         let slot = self.slot;
         // Only slices of slots the NIC is done with are ever formed.
-        let acc = self.scratch.range(0, len);
-        acc.as_mut_slice().copy_from_slice(mine);
+        self.scratch.as_mut_slice()[..len].copy_from_slice(mine);
         for (i, (&c, &wr)) in kids.iter().zip(&partials).enumerate() {
             self.wait_recv(dev, wr, len, &|| format!("partial result from rank {}", abs(c)))?;
-            let partial = self.scratch.range((2 + i) * slot, len);
-            reduce::combine(t, op, acc.as_mut_slice(), partial.as_mut_slice())?;
+            // Accumulator (slot 0) and partial (slot 2 + i) never overlap.
+            let (acc, partials) = self.scratch.as_mut_slice().split_at_mut(2 * slot);
+            reduce::combine(t, op, &mut acc[..len], &partials[i * slot..i * slot + len])?;
         }
         let acc_sge = self.scratch.sge(0, len);
         if let Some(p) = parent {
@@ -476,7 +477,7 @@ impl Comm {
             }
         }
         if let Some(out) = out {
-            out.copy_from_slice(self.scratch.range(at, len).as_mut_slice());
+            out.copy_from_slice(&self.scratch.as_slice()[at..at + len]);
         }
         Ok(())
     }

@@ -210,7 +210,7 @@ fn host_served(c: &mut Ctx) -> Result<(), String> {
                 return Err(format!("served {} of {want} requests", server.served()));
             }
         }
-        let total = words.atomic_u64(0).load(SeqCst);
+        let total = server.words().atomic_u64(0).load(SeqCst);
         return if total == want { Ok(()) } else { Err(format!("host-served counter {total}, expected {want}")) };
     }
     let mut client = HostAtomicClient::new(&mut c.dev).map_err(e)?;

@@ -167,19 +167,21 @@ fn bcast_with(c: &mut Ctx, wait: Wait, tree: Option<&Tree>, sizes: &[usize]) -> 
     let mut comm = c.comm_with(wait, CommOpts::default().segment_bytes)?;
     for root in roots(c.n()) {
         for (i, &len) in sizes.iter().enumerate() {
-            let buf = c.buf.range(0, len);
+            let span = c.buf.range(0, len);
             let id = 5000 + (root * 16 + i) as u64;
-            if c.rank() == root {
-                pattern(id, buf.as_mut_slice());
+            let is_root = c.rank() == root;
+            let bytes = &mut c.buf.as_mut_slice()[..len];
+            if is_root {
+                pattern(id, bytes);
             } else {
-                buf.as_mut_slice().fill(0xAA);
+                bytes.fill(0xAA);
             }
             let r = match tree {
-                None => comm.bcast_binomial(&mut c.dev, root, &buf),
-                Some(t) => comm.bcast_tree(&mut c.dev, root, t, &buf),
+                None => comm.bcast_binomial(&mut c.dev, root, span),
+                Some(t) => comm.bcast_tree(&mut c.dev, root, t, span),
             };
             r.map_err(|e| format!("root {root}, {len} B: {e}"))?;
-            check_pattern(id, buf.as_mut_slice()).map_err(|e| format!("root {root}, {len} B: {e}"))?;
+            check_pattern(id, &c.buf.as_slice()[..len]).map_err(|e| format!("root {root}, {len} B: {e}"))?;
         }
     }
     comm.flush(&mut c.dev).map_err(e2s)
@@ -351,7 +353,7 @@ fn misuse_is_refused(c: &mut Ctx) -> Result<(), String> {
     twice.push(c.eps[0]);
     invalid(Comm::new(&mut c.dev, &twice, c.job.rank).map(|_| ()), "an endpoint twice")?;
     let mut comm = c.comm()?;
-    invalid(comm.bcast_binomial(&mut c.dev, n, &c.buf.range(0, 8)), "bcast root out of range")?;
+    invalid(comm.bcast_binomial(&mut c.dev, n, c.buf.range(0, 8)), "bcast root out of range")?;
     invalid(comm.barrier_gb(&mut c.dev, &Tree::binomial(n + 1)), "tree of the wrong size")?;
     invalid(comm.allreduce(&mut c.dev, Dtype::I64, ReduceOp::Sum, &[0u8; 16], &mut [0u8; 8]), "short result buffer")?;
     invalid(comm.allreduce(&mut c.dev, Dtype::I64, ReduceOp::Sum, &[0u8; 12], &mut [0u8; 12]), "partial element")?;

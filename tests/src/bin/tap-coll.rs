@@ -127,7 +127,7 @@ fn allreduce_every_type_and_op(c: &mut Ctx) -> Result<(), String> {
             for i in 0..COUNT {
                 let mut want = vec![0u8; w];
                 encode(t, expected(op, n, i), &mut want);
-                let got = &c.rbuf.as_mut_slice()[i * w..(i + 1) * w];
+                let got = &c.rbuf.as_slice()[i * w..(i + 1) * w];
                 if got != want.as_slice() {
                     return Err(format!("{} {} element {i}: got {got:?}, want {want:?}", t.name(), op.name()));
                 }
@@ -140,12 +140,13 @@ fn allreduce_every_type_and_op(c: &mut Ctx) -> Result<(), String> {
 fn reduce_to_every_root(c: &mut Ctx) -> Result<(), String> {
     let n = c.n();
     for root in 0..n {
-        c.sbuf.as_mut_slice()[..8].copy_from_slice(&((c.rank() + 1) as u64).to_le_bytes());
+        let mine = (c.rank() + 1) as u64;
+        c.sbuf.as_mut_slice()[..8].copy_from_slice(&mine.to_le_bytes());
         c.rbuf.as_mut_slice()[..8].fill(0);
         let recv = (c.rank() == root).then(|| c.rbuf.sge(0, 8));
         c.dev.reduce(&c.g, root, Dtype::U64, ReduceOp::Sum, c.sbuf.sge(0, 8), recv).map_err(|e| e.to_string())?;
         if c.rank() == root {
-            let got = u64::from_le_bytes(c.rbuf.as_mut_slice()[..8].try_into().expect("8"));
+            let got = u64::from_le_bytes(c.rbuf.as_slice()[..8].try_into().expect("8"));
             if got != (n * (n + 1) / 2) as u64 {
                 return Err(format!("root {root}: sum {got}"));
             }
@@ -166,7 +167,7 @@ fn float_allreduce_is_bitwise_identical_everywhere(c: &mut Ctx) -> Result<(), St
     for _ in 0..3 {
         let (s, r) = (c.sbuf.sge(0, K * 8), c.rbuf.sge(0, K * 8));
         c.dev.allreduce(&c.g, Dtype::F64, ReduceOp::Sum, s, r).map_err(|e| e.to_string())?;
-        let got = c.rbuf.as_mut_slice()[..K * 8].to_vec();
+        let got = c.rbuf.as_slice()[..K * 8].to_vec();
         if first.as_ref().is_some_and(|f| *f != got) {
             return Err("a repeated allreduce gave different bits".into());
         }
@@ -179,7 +180,7 @@ fn float_allreduce_is_bitwise_identical_everywhere(c: &mut Ctx) -> Result<(), St
         c.sbuf.as_mut_slice()[..K * 8].copy_from_slice(&bits);
         let (s, r) = (c.sbuf.sge(0, K * 8), c.rbuf.sge(0, K * 8));
         c.dev.allreduce(&c.g, Dtype::U64, op, s, r).map_err(|e| e.to_string())?;
-        lohi.push(c.rbuf.as_mut_slice()[..K * 8].to_vec());
+        lohi.push(c.rbuf.as_slice()[..K * 8].to_vec());
     }
     if lohi[0] != lohi[1] || lohi[0] != bits {
         return Err("ranks disagree on the bits of the f64 sum".into());
@@ -198,7 +199,7 @@ fn long_reductions_are_chunked(c: &mut Ctx) -> Result<(), String> {
     let (s, r) = (c.sbuf.sge(0, K * 8), c.rbuf.sge(0, K * 8));
     c.dev.allreduce(&c.g, Dtype::I64, ReduceOp::Sum, s, r).map_err(|e| format!("allreduce 1 MiB: {e}"))?;
     for i in 0..K {
-        let got = i64::from_le_bytes(c.rbuf.as_mut_slice()[i * 8..i * 8 + 8].try_into().expect("8"));
+        let got = i64::from_le_bytes(c.rbuf.as_slice()[i * 8..i * 8 + 8].try_into().expect("8"));
         if got != expected(ReduceOp::Sum, n, i) {
             return Err(format!("allreduce 1 MiB element {i}: {got}"));
         }
@@ -217,7 +218,7 @@ fn long_reductions_are_chunked(c: &mut Ctx) -> Result<(), String> {
         .map_err(|e| format!("reduce {M} u32: {e}"))?;
     if rank == root {
         for i in 0..M {
-            let got = u32::from_le_bytes(c.rbuf.as_mut_slice()[i * 4..i * 4 + 4].try_into().expect("4"));
+            let got = u32::from_le_bytes(c.rbuf.as_slice()[i * 4..i * 4 + 4].try_into().expect("4"));
             if got != expected(ReduceOp::Max, n, i) as u32 {
                 return Err(format!("reduce {M} u32 element {i}: {got}"));
             }
@@ -245,8 +246,9 @@ fn bcast_every_root_and_size(c: &mut Ctx) -> Result<(), String> {
     for root in 0..c.n() {
         for (k, len) in [0usize, 1, 5000, 100_000, 1 << 20].into_iter().enumerate() {
             let seed = root * 10 + k;
-            let buf = if c.rank() == root { &c.sbuf } else { &c.rbuf };
-            if c.rank() == root {
+            let is_root = c.rank() == root;
+            let buf = if is_root { &mut c.sbuf } else { &mut c.rbuf };
+            if is_root {
                 fill(&mut buf.as_mut_slice()[..len], seed);
             } else {
                 buf.as_mut_slice()[..len].fill(0);
@@ -256,7 +258,7 @@ fn bcast_every_root_and_size(c: &mut Ctx) -> Result<(), String> {
             if c.rank() != root {
                 let mut want = vec![0u8; len];
                 fill(&mut want, seed);
-                if c.rbuf.as_mut_slice()[..len] != want[..] {
+                if c.rbuf.as_slice()[..len] != want[..] {
                     return Err(format!("root {root} len {len}: bytes differ"));
                 }
             }
@@ -280,7 +282,7 @@ fn bcast_arrives_before_the_call(c: &mut Ctx) -> Result<(), String> {
     c.dev.bcast(&c.g, 0, &[c.rbuf.sge(0, len)]).map_err(|e| e.to_string())?;
     let mut want = vec![0u8; len];
     fill(&mut want, 77);
-    if c.rbuf.as_mut_slice()[..len] != want[..] {
+    if c.rbuf.as_slice()[..len] != want[..] {
         return Err("bounced bytes differ".into());
     }
     Ok(())
@@ -309,7 +311,7 @@ fn multisend_reaches_every_member(c: &mut Ctx) -> Result<(), String> {
     expect_ok(&wait_for(&mut c.dev, wr, T)?)?;
     let mut want = vec![0u8; len];
     fill(&mut want, 5);
-    if c.rbuf.as_mut_slice()[..len] != want[..] {
+    if c.rbuf.as_slice()[..len] != want[..] {
         return Err("multisend bytes differ".into());
     }
     Ok(())

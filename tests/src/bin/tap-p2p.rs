@@ -70,13 +70,13 @@ fn ping_pong(c: &mut Ctx) -> Result<(), String> {
             if rc.byte_len != 8 || rc.src != c.eps[1] || rc.tag != t {
                 return Err(format!("reply {rc:?}"));
             }
-            check_pattern(2, &c.rbuf.as_mut_slice()[..8])
+            check_pattern(2, &c.rbuf.as_slice()[..8])
         }
         1 => {
             let r = c.recv(c.eps[0], t, 0, 0, 8)?;
             c.sync("pp")?;
             expect_ok(&c.wait(r)?)?;
-            check_pattern(1, &c.rbuf.as_mut_slice()[..8])?;
+            check_pattern(1, &c.rbuf.as_slice()[..8])?;
             pattern(2, &mut c.sbuf.as_mut_slice()[..8]);
             let s = c.send(0, t, 0, 8)?;
             expect_ok(&c.wait(s)?)
@@ -105,7 +105,7 @@ fn sizes(c: &mut Ctx) -> Result<(), String> {
                 if rc.byte_len as usize != len {
                     return Err(format!("{len} B arrived as {}", rc.byte_len));
                 }
-                check_pattern(100 + i as u64, &c.rbuf.as_mut_slice()[..len])?;
+                check_pattern(100 + i as u64, &c.rbuf.as_slice()[..len])?;
             }
             _ => c.sync(&name)?,
         }
@@ -124,7 +124,7 @@ fn wildcard(c: &mut Ctx) -> Result<(), String> {
             let rc = c.wait(wr)?;
             expect_ok(&rc)?;
             let from = c.eps.iter().position(|e| *e == rc.src).ok_or(format!("unknown sender {}", rc.src))?;
-            let got = &c.rbuf.as_mut_slice()[k * 64..k * 64 + 8];
+            let got = &c.rbuf.as_slice()[k * 64..k * 64 + 8];
             if u64::from_le_bytes(got.try_into().expect("8")) != from as u64 || seen[from] {
                 return Err(format!("receive {k}: from rank {from}, payload {got:?}"));
             }
@@ -132,7 +132,8 @@ fn wildcard(c: &mut Ctx) -> Result<(), String> {
         }
         Ok(())
     } else {
-        c.sbuf.as_mut_slice()[..8].copy_from_slice(&(c.rank() as u64).to_le_bytes());
+        let mine = c.rank() as u64;
+        c.sbuf.as_mut_slice()[..8].copy_from_slice(&mine.to_le_bytes());
         c.sync("wild")?;
         let s = c.send(0, t, 0, 8)?;
         expect_ok(&c.wait(s)?)
@@ -172,7 +173,7 @@ fn unexpected(c: &mut Ctx) -> Result<(), String> {
             let r = c.recv(c.eps[1], t, 0, 0, 3000)?;
             let rc = c.wait(r)?;
             expect_ok(&rc)?;
-            check_pattern(5, &c.rbuf.as_mut_slice()[..3000])
+            check_pattern(5, &c.rbuf.as_slice()[..3000])
         }
         1 => {
             pattern(5, &mut c.sbuf.as_mut_slice()[..3000]);
@@ -194,7 +195,7 @@ fn truncation(c: &mut Ctx) -> Result<(), String> {
             if rc.status != Status::Truncated || rc.byte_len != 100 || rc.msg_len != 1000 {
                 return Err(format!("got {rc:?}"));
             }
-            check_pattern(6, &c.rbuf.as_mut_slice()[..100])
+            check_pattern(6, &c.rbuf.as_slice()[..100])
         }
         1 => {
             pattern(6, &mut c.sbuf.as_mut_slice()[..1000]);
@@ -215,7 +216,7 @@ fn ordering(c: &mut Ctx) -> Result<(), String> {
             c.sync("order")?;
             for (k, wr) in wrs.into_iter().enumerate() {
                 expect_ok(&c.wait(wr)?)?;
-                let v = u64::from_le_bytes(c.rbuf.as_mut_slice()[k * 8..k * 8 + 8].try_into().expect("8"));
+                let v = u64::from_le_bytes(c.rbuf.as_slice()[k * 8..k * 8 + 8].try_into().expect("8"));
                 if v != k as u64 {
                     return Err(format!("receive {k} got message {v}"));
                 }
@@ -246,8 +247,8 @@ fn scatter_gather(c: &mut Ctx) -> Result<(), String> {
             c.dev.post_recv(wr, c.eps[1], t, 0, &sges).map_err(|e| e.to_string())?;
             c.sync("sg")?;
             expect_ok(&c.wait(wr)?)?;
-            let mut got = c.rbuf.as_mut_slice()[1000..4000].to_vec();
-            got.extend_from_slice(&c.rbuf.as_mut_slice()[10_000..17_000]);
+            let mut got = c.rbuf.as_slice()[1000..4000].to_vec();
+            got.extend_from_slice(&c.rbuf.as_slice()[10_000..17_000]);
             check_pattern(8, &got)
         }
         1 => {

@@ -45,7 +45,7 @@ fn garbage(job: &Job, dev: &mut Device) -> i32 {
         return 0;
     }
     let peer = if job.rank == 1 { 2 } else { 1 };
-    let buf = dev.alloc(1 << 20).expect("arena");
+    let mut buf = dev.alloc(1 << 20).expect("arena");
     let rbuf = dev.alloc(1 << 20).expect("arena");
     job.sync("go").expect("sync");
     let mut run = || -> Result<(), String> {
@@ -61,11 +61,11 @@ fn garbage(job: &Job, dev: &mut Device) -> i32 {
                 dev.post_send(2 * i, eps[peer], i, &[buf.sge(0, len)]).map_err(|e| e.to_string())?;
                 expect_ok(&wait_for(dev, 2 * i, Duration::from_secs(30))?)?;
                 expect_ok(&wait_for(dev, rw, Duration::from_secs(30))?)?;
-                check_pattern(i + 1000, &rbuf.as_mut_slice()[..len])?;
+                check_pattern(i + 1000, &rbuf.as_slice()[..len])?;
             } else {
                 dev.post_recv(2 * i + 1, eps[peer], i, 0, &[rbuf.sge(0, len)]).map_err(|e| e.to_string())?;
                 expect_ok(&wait_for(dev, 2 * i + 1, Duration::from_secs(30))?)?;
-                check_pattern(i, &rbuf.as_mut_slice()[..len])?;
+                check_pattern(i, &rbuf.as_slice()[..len])?;
                 pattern(i + 1000, &mut buf.as_mut_slice()[..len]);
                 dev.post_send(2 * i, eps[peer], i, &[buf.sge(0, len)]).map_err(|e| e.to_string())?;
                 expect_ok(&wait_for(dev, 2 * i, Duration::from_secs(30))?)?;

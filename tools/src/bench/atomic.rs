@@ -14,13 +14,11 @@
 
 use std::time::{Duration, Instant};
 
-use emp::{Buffer, Completion};
-
 use emp::host_atomics::{HostAtomicClient, HostAtomicServer};
 use emp::rdv::Job;
-use emp::{Device, Endpoint, RemoteWord, Width, MR_REMOTE_ATOMIC};
+use emp::{Device, Endpoint, MemSpan, RemoteWord, Width, MR_REMOTE_ATOMIC};
 
-use crate::bench::BenchArgs;
+use super::{err, print_json, BenchArgs, Json, Waiter};
 
 /// Tag of the message carrying rank 0's key (reserved for the benchmark).
 const KEY_TAG: u64 = 0xB0A7_0000;
@@ -48,27 +46,6 @@ struct Row {
     host: f64,
 }
 
-fn err(e: emp::Error) -> String {
-    e.to_string()
-}
-
-/// Waits for `wr`: polling (yield between polls) or blocking.
-fn wait(dev: &mut Device, wr: u64, blocking: bool) -> Result<Completion, String> {
-    if blocking {
-        return dev.wait_wr(wr, Some(T)).map_err(err);
-    }
-    let end = Instant::now() + T;
-    loop {
-        if let Some(c) = dev.poll_wr(wr) {
-            return Ok(c);
-        }
-        if Instant::now() > end {
-            return Err(format!("no completion for {wr} within {T:?}"));
-        }
-        std::thread::yield_now();
-    }
-}
-
 /// One NIC atomic, posted and waited for; returns the old value.
 fn nic_op(
     dev: &mut Device,
@@ -76,8 +53,8 @@ fn nic_op(
     at: RemoteWord,
     op: Op,
     v: u64,
-    result: Buffer,
-    blocking: bool,
+    result: MemSpan,
+    waiter: Waiter,
 ) -> Result<u64, String> {
     let r = result.sge(0, at.width.bytes() as usize);
     match op {
@@ -85,15 +62,13 @@ fn nic_op(
         Op::CmpSwap => dev.post_cmp_swap(3, to, at, v, v + 1, r),
     }
     .map_err(err)?;
-    let c = wait(dev, 3, blocking)?;
-    if c.status != emp::Status::Success {
-        return Err(format!("{}: {}", op.name(), c.status.as_str()));
-    }
-    Ok(c.old)
+    Ok(waiter.ok(dev, 3, op.name())?.old)
 }
 
 /// Rank 0's word, as rank 1 names it: sent over EMP (works in static jobs too).
 fn share_key(dev: &mut Device, job: &Job, peer: Endpoint, key: u32) -> Result<u32, String> {
+    // Once per run, outside the timed loops: block whatever `--blocking` says.
+    let blocking = Waiter::blocking(true, T);
     let b = dev.alloc(8).map_err(err)?;
     if job.rank == 1 {
         dev.post_recv(1, peer, KEY_TAG, 0, &[b.sge(0, 8)]).map_err(err)?;
@@ -102,17 +77,10 @@ fn share_key(dev: &mut Device, job: &Job, peer: Endpoint, key: u32) -> Result<u3
     if job.rank == 0 {
         b.atomic_u64(0).store(key as u64, std::sync::atomic::Ordering::SeqCst);
         dev.post_send(2, peer, KEY_TAG, &[b.sge(0, 8)]).map_err(err)?;
-        let c = dev.wait_wr(2, Some(T)).map_err(err)?;
-        return if c.status == emp::Status::Success {
-            Ok(key)
-        } else {
-            Err(format!("sending the key: {}", c.status.as_str()))
-        };
+        blocking.ok(dev, 2, "sending the key")?;
+        return Ok(key);
     }
-    let c = dev.wait_wr(1, Some(T)).map_err(err)?;
-    if c.status != emp::Status::Success {
-        return Err(format!("receiving the key: {}", c.status.as_str()));
-    }
+    blocking.ok(dev, 1, "receiving the key")?;
     Ok(b.atomic_u64(0).load(std::sync::atomic::Ordering::SeqCst) as u32)
 }
 
@@ -137,7 +105,7 @@ fn timed(warm: usize, iters: usize, kind: Op, mut op: impl FnMut(u64) -> Result<
 }
 
 /// One rank of `emp bench atomic`.
-pub fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) -> Result<(), String> {
+pub(super) fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) -> Result<(), String> {
     let widths: Vec<u32> = if a.sizes.is_empty() { vec![8] } else { a.sizes.iter().map(|&s| s as u32).collect() };
     if let Some(w) = widths.iter().find(|&&w| Width::from_bytes(w).is_none()) {
         return Err(format!("atomic: --sizes are word widths, 4 or 8 (not {w})"));
@@ -151,7 +119,8 @@ pub fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) -> Resu
     let mut server = if job.rank == 0 { Some(HostAtomicServer::new(&mut dev, served, 4).map_err(err)?) } else { None };
     let mut client =
         if job.rank == 1 { Some(HostAtomicClient::new(&mut dev).map_err(err)?.polling(!a.blocking)) } else { None };
-    let result = dev.alloc(8).map_err(err)?;
+    let result = dev.alloc(8).map_err(err)?.span();
+    let waiter = Waiter::blocking(a.blocking, T);
     let mut rows = Vec::new();
     for (wi, &width) in widths.iter().enumerate() {
         let w = Width::from_bytes(width).expect("checked");
@@ -161,7 +130,7 @@ pub fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) -> Resu
             let at = RemoteWord { key, offset: slot, width: w };
             job.barrier(&mut dev, &format!("nic-{width}-{}", op.name())).map_err(err)?;
             let nic = if job.rank == 1 {
-                timed(warm, iters, op, |v| nic_op(&mut dev, eps[0], at, op, v, result, a.blocking))?
+                timed(warm, iters, op, |v| nic_op(&mut dev, eps[0], at, op, v, result, waiter))?
             } else {
                 0.0
             };
@@ -186,7 +155,7 @@ pub fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) -> Resu
     // Rank 1 measured: it reports.
     if job.rank == 1 {
         if a.json {
-            print_json(&rows);
+            print_json(&json(&rows));
         } else {
             print_table(&rows, a.blocking);
         }
@@ -222,12 +191,18 @@ fn print_table(rows: &[Row], blocking: bool) {
     }
 }
 
-fn print_json(rows: &[Row]) {
-    let body: Vec<String> = rows
+/// `{"benchmark":"Atomic","unit":"us","rows":[{"op":"fetch-add","width":8,"nic":…,"host":…},…]}`.
+fn json(rows: &[Row]) -> Json {
+    let rows = rows
         .iter()
         .map(|r| {
-            format!("{{\"op\":\"{}\",\"width\":{},\"nic\":{:.3},\"host\":{:.3}}}", r.op.name(), r.width, r.nic, r.host)
+            Json::Obj(vec![
+                ("op", Json::str(r.op.name())),
+                ("width", Json::Int(r.width as u64)),
+                ("nic", Json::Num(r.nic, 3)),
+                ("host", Json::Num(r.host, 3)),
+            ])
         })
         .collect();
-    println!("{{\"benchmark\":\"Atomic\",\"unit\":\"us\",\"rows\":[{}]}}", body.join(","));
+    Json::Obj(vec![("benchmark", Json::str("Atomic")), ("unit", Json::str("us")), ("rows", Json::Arr(rows))])
 }

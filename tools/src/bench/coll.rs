@@ -35,9 +35,9 @@ use std::time::{Duration, Instant};
 use emp::coll::{reduce_ref, Comm, CommOpts, Dtype, ReduceOp, Wait};
 use emp::rdv::Job;
 use emp::tree::Tree;
-use emp::{Buffer, Device, Status};
+use emp::{Buffer, Device, MemSpan, Status};
 
-use crate::bench::{BenchArgs, Kind};
+use super::{err, print_json, BenchArgs, Json, Kind, Rng, Waiter};
 
 /// One implementation of the collectives under test, set up once per rank
 /// (a NIC variant creates its group in [`Variant::make`]). Operations a
@@ -50,7 +50,7 @@ pub trait Coll {
         Err(unsupported(&self.label(), "barrier"))
     }
     /// One broadcast of `buf` from `root`.
-    fn bcast(&mut self, _dev: &mut Device, _comm: &mut Comm, _root: usize, _buf: &Buffer) -> emp::Result<()> {
+    fn bcast(&mut self, _dev: &mut Device, _comm: &mut Comm, _root: usize, _buf: MemSpan) -> emp::Result<()> {
         Err(unsupported(&self.label(), "bcast"))
     }
     /// The tree (relative to the root) the broadcast follows, for picking
@@ -198,7 +198,7 @@ impl Coll for HostTree {
     fn label(&self) -> String {
         self.label.clone()
     }
-    fn bcast(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, buf: &Buffer) -> emp::Result<()> {
+    fn bcast(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, buf: MemSpan) -> emp::Result<()> {
         match &self.tree {
             None => comm.bcast_binomial(dev, root, buf),
             Some(t) => comm.bcast_tree(dev, root, t, buf),
@@ -307,31 +307,17 @@ impl Nic {
         self.next_wr += 1;
         let wr = 0x4E00_0000_0000_0000 | self.next_wr;
         post(dev, wr, &self.group)?;
-        let c = match comm.opts().wait {
-            Wait::Block => {
-                // The NIC does the work: sleep on the port's event at once
-                // rather than spin first (the host baseline must progress
-                // its algorithm itself, so it keeps the default spin).
-                let spin = dev.spin();
-                dev.set_spin(Duration::ZERO);
-                let c = dev.wait_wr(wr, Some(comm.opts().timeout));
-                dev.set_spin(spin);
-                c?
-            }
-            Wait::Poll => {
-                let end = Instant::now() + comm.opts().timeout;
-                loop {
-                    if let Some(c) = dev.poll_wr(wr) {
-                        break c;
-                    }
-                    if Instant::now() > end {
-                        return Err(emp::Error::Timeout);
-                    }
-                    std::thread::yield_now();
-                }
-            }
-        };
-        match c.status {
+        let waiter = Waiter::new(comm.opts().wait, comm.opts().timeout);
+        // Blocking: the NIC does the work, so sleep on the port's event at
+        // once rather than spin first (the host baseline must progress its
+        // algorithm itself, so it keeps the default spin).
+        let spin = dev.spin();
+        if waiter.wait == Wait::Block {
+            dev.set_spin(Duration::ZERO);
+        }
+        let c = waiter.wr(dev, wr);
+        dev.set_spin(spin);
+        match c?.status {
             Status::Success => Ok(()),
             st => Err(emp::Error::Failed(st)),
         }
@@ -349,7 +335,7 @@ impl Coll for Nic {
             a => d.post_barrier(wr, g, a),
         })
     }
-    fn bcast(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, buf: &Buffer) -> emp::Result<()> {
+    fn bcast(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, buf: MemSpan) -> emp::Result<()> {
         let NicWhat::Tree(tree) = self.what else { return Err(unsupported(&self.label, "bcast")) };
         let sges: Vec<emp::Sge> = if buf.is_empty() { vec![] } else { vec![buf.sge(0, buf.len())] };
         self.run(dev, comm, |d, wr, g| match tree {
@@ -376,7 +362,7 @@ impl Coll for Nic {
         self.bounce.as_mut_slice()[..n].copy_from_slice(send);
         let (s, r) = (self.bounce.sge(0, n), self.bounce.sge(64 << 10, n));
         self.run(dev, comm, |d, wr, g| d.post_allreduce(wr, g, t, op, s, r))?;
-        recv.copy_from_slice(&self.bounce.as_mut_slice()[64 << 10..(64 << 10) + n]);
+        recv.copy_from_slice(&self.bounce.as_slice()[64 << 10..(64 << 10) + n]);
         Ok(())
     }
     fn reduce(
@@ -394,7 +380,7 @@ impl Coll for Nic {
         let (s, r) = (self.bounce.sge(0, n), recv.as_ref().map(|_| self.bounce.sge(64 << 10, n)));
         self.run(dev, comm, |d, wr, g| d.post_reduce(wr, g, root, t, op, s, r))?;
         if let Some(out) = recv {
-            out.copy_from_slice(&self.bounce.as_mut_slice()[64 << 10..(64 << 10) + n]);
+            out.copy_from_slice(&self.bounce.as_slice()[64 << 10..(64 << 10) + n]);
         }
         Ok(())
     }
@@ -455,22 +441,18 @@ pub fn select(kind: Kind, algo: &[String]) -> Result<Vec<&'static Variant>, Stri
         .into_iter()
         .map(|n| match VARIANTS.iter().find(|v| v.name == n) {
             Some(v) if runs(&v) => Ok(v),
-            Some(_) => Err(format!("--algo {n} does not run {}; it has: {}", kind_name(kind), known())),
-            None => Err(format!("unknown --algo {n}; {} has: {}", kind_name(kind), known())),
+            Some(_) => Err(format!("--algo {n} does not run {}; it has: {}", kind.name(), known())),
+            None => Err(format!("unknown --algo {n}; {} has: {}", kind.name(), known())),
         })
         .collect()
 }
 
 /// `--algo list`: the variants that run `kind`, with what they are.
 pub fn list(kind: Kind) {
-    println!("# variants of {} (baseline: {})", kind_name(kind), baseline(kind));
+    println!("# variants of {} (baseline: {})", kind.name(), baseline(kind));
     for v in VARIANTS.iter().filter(|v| v.kinds.contains(&kind)) {
         println!("{:<16} {}", v.name, v.about);
     }
-}
-
-fn kind_name(k: Kind) -> String {
-    clap::ValueEnum::to_possible_value(&k).map(|v| v.get_name().to_string()).unwrap_or_default()
 }
 
 /// Default `--sizes`: bytes for broadcasts, elements for reductions.
@@ -508,25 +490,12 @@ fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Longest wait for a benchmark-level work request (the bcast answers).
+const BENCH_WR_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Bench-level 0-byte answers (bcast): user tag space, one tag per iteration.
 const ACK_TAG: u64 = 0x00BE << 48;
 const ACK_WR: u64 = 0x00BE << 48;
-
-/// xorshift64*: the skew delays (seeded per rank: reproducible).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 /// A table: one row per size, one column per variant, then FoI columns.
 struct Table {
@@ -575,11 +544,7 @@ struct Bench {
     wait: Wait,
     tables: Vec<Table>,
     /// JSON records: {variant, size, dtype, metric, value, foi}.
-    records: Vec<String>,
-}
-
-fn es(e: emp::Error) -> String {
-    e.to_string()
+    records: Vec<Json>,
 }
 
 impl Bench {
@@ -614,12 +579,14 @@ impl Bench {
     ) {
         for (label, vals) in &rows {
             for (c, v) in cols.iter().zip(vals) {
-                let size = label.parse::<u64>().map(|s| s.to_string()).unwrap_or_else(|_| "null".into());
-                let dt = dtype.map(|t| format!("\"{}\"", t.name())).unwrap_or_else(|| "null".into());
-                self.records.push(format!(
-                    "{{\"variant\":\"{c}\",\"size\":{size},\"dtype\":{dt},\"metric\":\"{metric}\",\"value\":{v:.4},\"foi\":{:.4}}}",
-                    vals[0] / v
-                ));
+                self.records.push(Json::Obj(vec![
+                    ("variant", Json::str(c)),
+                    ("size", label.parse::<u64>().map_or(Json::Null, Json::Int)),
+                    ("dtype", dtype.map_or(Json::Null, |t| Json::str(t.name()))),
+                    ("metric", Json::str(metric)),
+                    ("value", Json::Num(*v, 4)),
+                    ("foi", Json::Num(vals[0] / v, 4)),
+                ]));
             }
         }
         self.tables.push(Table { title, row_name, cols: cols.to_vec(), rows });
@@ -664,24 +631,10 @@ impl Bench {
             .collect()
     }
 
+    /// Waits for one of the benchmark's own work requests (not the
+    /// variant's) as the variants wait.
     fn wait_wr(&mut self, wr: u64, what: &str) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let c = match self.wait {
-            Wait::Block => self.dev.wait_wr(wr, Some(Duration::from_secs(120))).map_err(|e| format!("{what}: {e}"))?,
-            Wait::Poll => loop {
-                if let Some(c) = self.dev.poll_wr(wr) {
-                    break c;
-                }
-                if Instant::now() > deadline {
-                    return Err(format!("{what}: no completion within 120 s"));
-                }
-                std::thread::yield_now();
-            },
-        };
-        if c.status != Status::Success {
-            return Err(format!("{what}: {}", c.status.as_str()));
-        }
-        Ok(())
+        Waiter::new(self.wait, BENCH_WR_TIMEOUT).ok(&mut self.dev, wr, what).map(drop)
     }
 
     /// The root's mean iteration time (us) of bcast + the 0-byte answer of
@@ -689,7 +642,7 @@ impl Bench {
     fn bcast_leaf(
         &mut self,
         v: &mut dyn Coll,
-        buf: &Buffer,
+        buf: MemSpan,
         leaf: usize,
         iters: usize,
         warm: usize,
@@ -706,13 +659,13 @@ impl Bench {
             }
             let (tag, wr) = (ACK_TAG | i as u64, ACK_WR | i as u64);
             if rank == 0 {
-                self.dev.post_recv(wr, members[leaf], tag, 0, &[]).map_err(es)?;
+                self.dev.post_recv(wr, members[leaf], tag, 0, &[]).map_err(err)?;
             }
             v.bcast(&mut self.dev, &mut self.comm, 0, buf).map_err(|e| format!("{label}: {e}"))?;
             if rank == 0 {
                 self.wait_wr(wr, "answer from the leaf")?;
             } else if rank == leaf {
-                self.dev.post_send(wr, members[0], tag, &[]).map_err(es)?;
+                self.dev.post_send(wr, members[0], tag, &[]).map_err(err)?;
                 acks.push_back(wr);
                 // Reap answers already acknowledged, without waiting.
                 while let Some(&w) = acks.front() {
@@ -746,7 +699,7 @@ impl Bench {
     fn bcast(&mut self, vs: &mut [Box<dyn Coll>]) -> Result<(), String> {
         let (iters, warm) = self.iters();
         let sizes = self.sizes();
-        let buf = self.dev.alloc(sizes.iter().copied().max().unwrap_or(0)).map_err(es)?;
+        let buf = self.dev.alloc(sizes.iter().copied().max().unwrap_or(0)).map_err(err)?;
         let mut rows = Vec::new();
         let n = self.n();
         let leaves_used: Vec<String> =
@@ -757,7 +710,7 @@ impl Bench {
                 let leaves = Self::closing_leaves(&v.bcast_tree(n));
                 let mut worst: f64 = 0.0;
                 for &leaf in &leaves {
-                    worst = worst.max(self.bcast_leaf(v.as_mut(), &buf.range(0, size), leaf, iters, warm)?);
+                    worst = worst.max(self.bcast_leaf(v.as_mut(), buf.range(0, size), leaf, iters, warm)?);
                 }
                 row.push(worst);
             }
@@ -776,7 +729,7 @@ impl Bench {
         let (iters, warm) = self.iters();
         let sizes = self.sizes();
         let skew_max = Duration::from_secs_f64(3.0 * self.a.skew_us / 1e6);
-        let buf = self.dev.alloc(sizes.iter().copied().max().unwrap_or(0)).map_err(es)?;
+        let buf = self.dev.alloc(sizes.iter().copied().max().unwrap_or(0)).map_err(err)?;
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (self.job.rank as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
         let mut rows = Vec::new();
         for &size in &sizes {
@@ -795,7 +748,7 @@ impl Bench {
                         }
                     }
                     let t0 = Instant::now();
-                    v.bcast(&mut self.dev, &mut self.comm, 0, &b).map_err(|e| format!("{label}: {e}"))?;
+                    v.bcast(&mut self.dev, &mut self.comm, 0, b).map_err(|e| format!("{label}: {e}"))?;
                     if trial >= warm {
                         inside += t0.elapsed();
                     }
@@ -861,7 +814,7 @@ impl Bench {
             let (mut wall_rows, mut cpu_rows) = (Vec::new(), Vec::new());
             for count in self.sizes() {
                 let inputs: Vec<Vec<u8>> = (0..n).map(|r| Self::input(t, r, count)).collect();
-                let want = reduce_ref(t, ReduceOp::Sum, &parent, &inputs).map_err(es)?;
+                let want = reduce_ref(t, ReduceOp::Sum, &parent, &inputs).map_err(err)?;
                 let mine = inputs[self.job.rank].clone();
                 let mut out = vec![0u8; mine.len()];
                 let mut per = Vec::new();
@@ -922,14 +875,14 @@ impl Bench {
 }
 
 /// One rank of a collective benchmark (`emp bench-rank barrier|…`).
-pub fn rank(a: &BenchArgs, job: Job) -> Result<(), String> {
+pub(super) fn rank(a: &BenchArgs, job: Job) -> Result<(), String> {
     let n = job.size;
-    let mut dev = Device::open().map_err(es)?;
-    let eps = job.endpoints(dev.endpoint()).map_err(es)?;
+    let mut dev = Device::open().map_err(err)?;
+    let eps = job.endpoints(dev.endpoint()).map_err(err)?;
     let wait = wait_mode(a, n);
     let opts = |context| CommOpts { context, wait, timeout: Duration::from_secs(300), ..CommOpts::default() };
-    let comm = Comm::with_opts(&mut dev, &eps, job.rank, opts(0)).map_err(es)?;
-    let ctl = Comm::with_opts(&mut dev, &eps, job.rank, opts(0xFE)).map_err(es)?;
+    let comm = Comm::with_opts(&mut dev, &eps, job.rank, opts(0)).map_err(err)?;
+    let ctl = Comm::with_opts(&mut dev, &eps, job.rank, opts(0xFE)).map_err(err)?;
     let mut vs: Vec<Box<dyn Coll>> = Vec::new();
     for v in select(a.kind, &a.algo)? {
         vs.extend((v.make)(&mut dev, &comm).map_err(|e| format!("setting up {}: {e}", v.name))?);
@@ -943,33 +896,42 @@ pub fn rank(a: &BenchArgs, job: Job) -> Result<(), String> {
         Kind::Bcast => b.bcast(&mut vs)?,
         Kind::BcastSkew => b.bcast_skew(&mut vs)?,
         Kind::Allreduce | Kind::Reduce => b.reductions(&mut vs)?,
-        k => return Err(format!("{} is not a collective benchmark", kind_name(k))),
+        k => return Err(format!("{} is not a collective benchmark", k.name())),
     }
     b.sync()?;
-    b.comm.flush(&mut b.dev).map_err(es)?;
-    b.ctl.flush(&mut b.dev).map_err(es)?;
+    b.comm.flush(&mut b.dev).map_err(err)?;
+    b.ctl.flush(&mut b.dev).map_err(err)?;
     if b.job.rank == 0 {
-        let waits = if wait == Wait::Block { "blocking (arm + eventfd)" } else { "polling" };
-        if a.json {
-            println!(
-                "{{\"benchmark\":\"{}\",\"nodes\":{n},\"wait\":\"{}\",\"baseline\":\"{}\",\"records\":[{}]}}",
-                kind_name(a.kind),
-                if wait == Wait::Block { "block" } else { "poll" },
-                baseline(a.kind),
-                b.records.join(",")
-            );
-        } else {
-            println!(
-                "# EMP {}: {n} ranks, one per NIC on an emp-nicd chassis; waits: {waits}; FoI = {} / variant",
-                kind_name(a.kind),
-                baseline(a.kind)
-            );
-            for t in &b.tables {
-                t.print();
-            }
-        }
+        b.report();
     }
     Ok(())
+}
+
+impl Bench {
+    /// Rank 0's report: every table, or with `--json` one document of
+    /// every table's records.
+    fn report(&self) {
+        let (kind, n) = (self.a.kind, self.n());
+        if self.a.json {
+            print_json(&Json::Obj(vec![
+                ("benchmark", Json::str(kind.name())),
+                ("nodes", Json::Int(n as u64)),
+                ("wait", Json::str(if self.wait == Wait::Block { "block" } else { "poll" })),
+                ("baseline", Json::str(baseline(kind))),
+                ("records", Json::Arr(self.records.clone())),
+            ]));
+            return;
+        }
+        let waits = if self.wait == Wait::Block { "blocking (arm + eventfd)" } else { "polling" };
+        println!(
+            "# EMP {}: {n} ranks, one per NIC on an emp-nicd chassis; waits: {waits}; FoI = {} / variant",
+            kind.name(),
+            baseline(kind)
+        );
+        for t in &self.tables {
+            t.print();
+        }
+    }
 }
 
 #[cfg(test)]

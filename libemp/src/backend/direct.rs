@@ -1,0 +1,270 @@
+//! Direct attach: the port of an `emp-nicd` NIC reached over its Unix
+//! socket (`emp_uapi::attach`). The socket carries control requests; the
+//! port's doorbell and event are eventfds the daemon hands over at attach;
+//! the arena is a sealed memfd the daemon maps.
+
+use std::io::IoSliceMut;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use emp_uapi::attach::{attach_reply as ar, op, AttachMsg, ATTACH_VERSION};
+use emp_uapi::desc::{Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::ring;
+use emp_uapi::{Le, PAGE_SIZE};
+use nix::sys::socket::{
+    connect, recvmsg, sendmsg, socket, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag,
+    SockType, UnixAddr,
+};
+
+use super::{Attached, COUNTERS};
+use crate::map::Mapping;
+use crate::{Error, PortInfo, Result};
+
+/// Default arena size (pages are allocated only when touched).
+const ARENA_DEFAULT: usize = 256 << 20;
+
+/// An attached `emp-nicd` port.
+pub(crate) struct Daemon {
+    sock: OwnedFd,
+    doorbell: OwnedFd,
+    event: OwnedFd,
+    /// The arena's memfd: parts of it are registered again by descriptor.
+    arena: OwnedFd,
+    /// The daemon's process: it reaches memory registered by address with
+    /// `process_vm_readv/writev`.
+    pid: i32,
+}
+
+fn memfd(name: &str, len: usize) -> Result<OwnedFd> {
+    let c = std::ffi::CString::new(name).expect("no NUL");
+    // SAFETY: valid C string and flags.
+    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate on a valid fd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // The NIC maps this memory: it must never shrink under it.
+    // SAFETY: fcntl(F_ADD_SEALS) on our own memfd.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(fd)
+}
+
+/// One request and its reply, with descriptors passed either way.
+fn request(sock: RawFd, opcode: u32, args: &[u64], fds: &[RawFd]) -> Result<(AttachMsg, Vec<OwnedFd>)> {
+    let mut m = AttachMsg { version: ATTACH_VERSION, op: opcode, ..Default::default() };
+    m.arg[..args.len()].copy_from_slice(args);
+    let mut b = [0u8; AttachMsg::SIZE];
+    m.put(&mut b);
+    let iov = [std::io::IoSlice::new(&b)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let cm: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    sendmsg::<()>(sock, &iov, cm, MsgFlags::MSG_NOSIGNAL, None).map_err(|e| Error::Protocol(format!("send: {e}")))?;
+    let mut rb = [0u8; AttachMsg::SIZE];
+    let mut cspace = nix::cmsg_space!([RawFd; 4]);
+    let mut iov = [IoSliceMut::new(&mut rb)];
+    let msg = recvmsg::<()>(sock, &mut iov, Some(&mut cspace), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(|e| Error::Protocol(format!("receive: {e}")))?;
+    let mut got = Vec::new();
+    for c in msg.cmsgs().map_err(|e| Error::Protocol(e.to_string()))? {
+        if let ControlMessageOwned::ScmRights(v) = c {
+            // SAFETY: SCM_RIGHTS handed us new descriptors.
+            got.extend(v.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    if msg.bytes != AttachMsg::SIZE {
+        return Err(Error::Protocol(if msg.bytes == 0 {
+            "the NIC daemon went away".into()
+        } else {
+            "short reply".into()
+        }));
+    }
+    let r = AttachMsg::get(&rb);
+    if r.op != opcode {
+        return Err(Error::Protocol(format!("reply to op {} for op {opcode}", r.op)));
+    }
+    Ok((r, got))
+}
+
+fn op_name(o: u32) -> &'static str {
+    match o {
+        op::ATTACH => "attach",
+        op::REG_ARENA => "register arena",
+        op::REG_VM => "register memory",
+        op::START => "start port",
+        op::DEREG => "deregister memory",
+        op::GROUP_SET => "set group",
+        op::GROUP_CLEAR => "clear group",
+        _ => "stats",
+    }
+}
+
+/// A request whose non-zero reply status becomes [`Error::Nic`].
+fn call(sock: RawFd, opcode: u32, args: &[u64], fds: &[RawFd]) -> Result<(AttachMsg, Vec<OwnedFd>)> {
+    let (r, f) = request(sock, opcode, args, fds)?;
+    if r.status != 0 {
+        return Err(Error::Nic { op: op_name(opcode), errno: r.status });
+    }
+    Ok((r, f))
+}
+
+fn connect_to(path: &str) -> Result<OwnedFd> {
+    let sock = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
+    connect(sock.as_raw_fd(), &UnixAddr::new(path)?).map_err(|e| Error::Protocol(format!("connect {path}: {e}")))?;
+    Ok(sock)
+}
+
+fn all_counters(sock: RawFd) -> Result<[u64; COUNTERS]> {
+    let (base, _) = call(sock, op::STATS, &[], &[])?;
+    let (ext, _) = call(sock, op::STATS_EXT, &[], &[])?;
+    let mut c = [0u64; COUNTERS];
+    c[..16].copy_from_slice(&base.arg[..16]);
+    c[16..].copy_from_slice(&ext.arg[..COUNTERS - 16]);
+    Ok(c)
+}
+
+/// NIC counters and status read through a NIC's socket without attaching.
+///
+/// # Errors
+/// [`Error::Protocol`] when the socket cannot be reached or answers
+/// nonsense; [`Error::Nic`] when the daemon refuses.
+///
+/// # Examples
+/// ```no_run
+/// let stats = emp::nic_stats("/run/emp/nic0.sock")?;
+/// println!("{:?}", stats.arg);
+/// # Ok::<(), emp::Error>(())
+/// ```
+pub fn nic_stats(path: &str) -> Result<AttachMsg> {
+    let sock = connect_to(path)?;
+    Ok(call(sock.as_raw_fd(), op::STATS, &[], &[])?.0)
+}
+
+/// Every NIC counter (`emp_uapi::sram::counter`), read through a NIC's
+/// socket without attaching.
+///
+/// # Errors
+/// As [`nic_stats`].
+///
+/// # Examples
+/// ```no_run
+/// let c = emp::nic_counters_at("/run/emp/nic0.sock")?;
+/// assert_eq!(c.len(), emp::COUNTERS);
+/// # Ok::<(), emp::Error>(())
+/// ```
+pub fn nic_counters_at(path: &str) -> Result<[u64; COUNTERS]> {
+    let sock = connect_to(path)?;
+    all_counters(sock.as_raw_fd())
+}
+
+impl Daemon {
+    /// Attaches a port of the NIC at `path`, maps its window, registers a
+    /// fresh arena (size from `EMP_ARENA_MB`) and starts the port with a CQ
+    /// of `cq_entries` at the arena's start.
+    pub(crate) fn open(path: &str, cq_entries: u32) -> Result<Attached<Daemon>> {
+        let arena_len = std::env::var("EMP_ARENA_MB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map(|mb| mb << 20)
+            .unwrap_or(ARENA_DEFAULT);
+        let sock = connect_to(path)?;
+        let (r, mut fds) = call(sock.as_raw_fd(), op::ATTACH, &[], &[])?;
+        if fds.len() != 3 {
+            return Err(Error::Protocol(format!("attach returned {} descriptors, expected 3", fds.len())));
+        }
+        let event = fds.pop().expect("3");
+        let doorbell = fds.pop().expect("3");
+        let window_fd = fds.pop().expect("3");
+        let window_len = r.arg[ar::WINDOW_SIZE] as usize;
+        let info = PortInfo {
+            node: r.arg[ar::NODE] as u16,
+            port: r.arg[ar::PORT] as u16,
+            mtu: r.arg[ar::MTU] as u32,
+            send_entries: r.arg[ar::SEND_ENTRIES] as u32,
+            recv_entries: r.arg[ar::RECV_ENTRIES] as u32,
+            nodes: r.arg[ar::NODES] as u32,
+            port_count: r.arg[ar::PORT_COUNT] as u32,
+            msg_max: r.arg[ar::MSG_MAX],
+            features: r.arg[ar::FEATURES] as u32,
+        };
+        let ok_geometry = ring::valid_entries(info.send_entries)
+            && ring::valid_entries(info.recv_entries)
+            && window_len >= PAGE_SIZE + (info.send_entries + info.recv_entries) as usize * WorkDesc::SIZE;
+        if !ok_geometry {
+            return Err(Error::Protocol("port geometry does not fit the window".into()));
+        }
+        let window = Mapping::shared(window_fd.as_raw_fd(), window_len)?;
+        let arena_fd = memfd("emp-arena", arena_len)?;
+        let arena = Mapping::shared(arena_fd.as_raw_fd(), arena_len)?;
+        let access = (MR_LOCAL_READ | MR_LOCAL_WRITE) as u64;
+        let (r2, _) = call(sock.as_raw_fd(), op::REG_ARENA, &[0, arena_len as u64, access], &[arena_fd.as_raw_fd()])?;
+        let arena_key = r2.arg[0] as u32;
+        call(sock.as_raw_fd(), op::START, &[arena_key as u64, 0, cq_entries as u64], &[])?;
+        let pid = r.arg[ar::DAEMON_PID] as i32;
+        let backend = Daemon { sock, doorbell, event, arena: arena_fd, pid };
+        Ok(Attached { backend, window, info, arena, arena_key })
+    }
+
+    /// Registers `[offset, offset + len)` of the arena memfd again, with
+    /// `access`.
+    pub(crate) fn reg_arena_part(&self, offset: usize, len: usize, access: u8) -> Result<u32> {
+        let args = [offset as u64, len as u64, access as u64];
+        Ok(call(self.sock.as_raw_fd(), op::REG_ARENA, &args, &[self.arena.as_raw_fd()])?.0.arg[0] as u32)
+    }
+
+    /// Registers memory of this process by address; lets the daemon reach
+    /// it (`prctl(PR_SET_PTRACER)`).
+    pub(crate) fn reg_vm(&self, addr: u64, len: u64, access: u8) -> Result<u32> {
+        // SAFETY: prctl with a pid argument has no memory effects.
+        unsafe { libc::prctl(libc::PR_SET_PTRACER, self.pid as libc::c_ulong, 0, 0, 0) };
+        Ok(call(self.sock.as_raw_fd(), op::REG_VM, &[addr, len, access as u64], &[])?.0.arg[0] as u32)
+    }
+
+    pub(crate) fn dereg(&self, key: u32) -> Result<()> {
+        call(self.sock.as_raw_fd(), op::DEREG, &[key as u64], &[]).map(|_| ())
+    }
+
+    /// Rings the doorbell if the NIC is asleep (`sleeping` is the port's
+    /// NIC_SLEEPING word). The caller has published its index and fenced.
+    pub(crate) fn notify(&self, sleeping: &AtomicU32) {
+        if sleeping.load(Ordering::Relaxed) != 0 {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: 8-byte write to our doorbell eventfd.
+            unsafe { libc::write(self.doorbell.as_raw_fd(), one.as_ptr().cast(), 8) };
+        }
+    }
+
+    pub(crate) fn event_fd(&self) -> RawFd {
+        self.event.as_raw_fd()
+    }
+
+    /// GROUP_SET: the daemon reads the entry from registered memory `at`.
+    pub(crate) fn group_set(&self, at: Sge) -> Result<u32> {
+        Ok(call(self.sock.as_raw_fd(), op::GROUP_SET, &[at.key as u64, at.offset], &[])?.0.arg[0] as u32)
+    }
+
+    pub(crate) fn group_clear(&self, slot: u32) -> Result<()> {
+        call(self.sock.as_raw_fd(), op::GROUP_CLEAR, &[slot as u64], &[]).map(|_| ())
+    }
+
+    pub(crate) fn counters(&self) -> Result<[u64; COUNTERS]> {
+        all_counters(self.sock.as_raw_fd())
+    }
+
+    /// Errors out if the daemon is gone (the socket hung up).
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        let mut pfd = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: polling one valid descriptor without blocking.
+        let r = unsafe { libc::poll(&mut pfd, 1, 0) };
+        if r > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLIN) != 0 {
+            return Err(Error::Protocol("the NIC daemon went away".into()));
+        }
+        Ok(())
+    }
+}

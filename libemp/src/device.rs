@@ -1,0 +1,566 @@
+//! `Device`: an open port. The data path (post, poll, wait) runs here,
+//! inline and the same for every backend: stores into the mapped rings,
+//! loads from the CQ in the arena (`crate::ring`). Everything else goes
+//! through the control path (`crate::backend`).
+
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+use emp_uapi::desc::{Opcode, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, SGE_MAX, WD_SIGNALED};
+use emp_uapi::sram::{ctl, GroupEntry};
+use emp_uapi::{Le, PAGE_SIZE};
+
+use crate::backend::{Backend, COUNTERS};
+use crate::map::Mapping;
+use crate::ring::{CompletionQueue, RingKind, Window, WorkRing};
+use crate::{Buffer, Completion, Endpoint, Error, EventSource, MemoryRegion, PortInfo, Result};
+
+/// Work request ids of the library's blocking calls: this prefix (bits 63
+/// and 61) plus a 48-bit counter. (`rdv` uses bit 63 alone and 63 + 62.)
+pub const INTERNAL_WR: u64 = 0xA000_0000_0000_0000;
+
+/// Bytes of the scratch buffer: a group entry or an atomic's result word.
+const SCRATCH: usize = 4096;
+const _: () = assert!(GroupEntry::SIZE <= SCRATCH && 8 <= SCRATCH, "scratch too small for its uses");
+
+/// An open port on an EMP NIC.
+pub struct Device {
+    // The mappings come first: they are unmapped before the backend closes
+    // the port (field order is drop order).
+    window: Window,
+    /// Registered memory shared with the NIC: the CQ, then what `alloc`
+    /// hands out.
+    arena: Mapping,
+    arena_key: u32,
+    arena_next: usize,
+    backend: Backend,
+    info: PortInfo,
+    send: WorkRing,
+    recv: WorkRing,
+    cq: CompletionQueue,
+    /// Completions taken from the CQ by `wait_wr` for someone else.
+    stash: VecDeque<Completion>,
+    /// Group epochs used by this process.
+    pub(crate) groups: crate::group::GroupBook,
+    /// Registered scratch memory (allocated on first use): group entries
+    /// for GROUP_SET, the result word of blocking atomics. Both uses are
+    /// synchronous, so one buffer serves them.
+    scratch: Option<Buffer>,
+    /// Next work request id of the library's own blocking calls.
+    internal_wr: u64,
+    /// How long a wait polls before it arms the port and sleeps.
+    spin: Duration,
+}
+
+// SAFETY: the raw pointers are mappings owned by this Device; it is used
+// by one thread at a time (it is not Sync).
+unsafe impl Send for Device {}
+
+impl Device {
+    /// Opens the device named by `EMP_DEVICE` (see [`Device::open_path`]).
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] when `EMP_DEVICE` is not set; otherwise as
+    /// [`Device::open_path`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// let dev = emp::Device::open()?;
+    /// println!("port {}", dev.endpoint());
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn open() -> Result<Device> {
+        let path = std::env::var("EMP_DEVICE").map_err(|_| Error::NoDevice)?;
+        Device::open_path(&path)
+    }
+
+    /// Opens `/dev/emp-nic…` (the kernel driver) or an `emp-nicd` socket;
+    /// the arena size comes from `EMP_ARENA_MB`, the spin before sleeping
+    /// from `EMP_SPIN_US`. Closing (dropping) the device closes the port
+    /// and releases everything registered through it.
+    ///
+    /// # Errors
+    /// [`Error::Os`] when the path cannot be opened or mapped,
+    /// [`Error::Protocol`] when the daemon cannot be reached or answers
+    /// nonsense, [`Error::Nic`] when the NIC refuses the port.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// let dev = emp::Device::open_path("/dev/emp-nic0")?;
+    /// assert!(dev.info().send_entries.is_power_of_two());
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn open_path(path: &str) -> Result<Device> {
+        let a = Backend::open(path, CompletionQueue::ENTRIES)?;
+        let cq = CompletionQueue::new(&a.arena);
+        Ok(Device {
+            send: WorkRing::new(RingKind::Send, &a.info),
+            recv: WorkRing::new(RingKind::Recv, &a.info),
+            window: Window::new(a.window),
+            cq,
+            arena: a.arena,
+            arena_key: a.arena_key,
+            arena_next: CompletionQueue::BYTES.next_multiple_of(PAGE_SIZE),
+            backend: a.backend,
+            info: a.info,
+            stash: VecDeque::new(),
+            groups: Default::default(),
+            scratch: None,
+            internal_wr: 0,
+            spin: std::env::var("EMP_SPIN_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(Duration::from_micros(20), Duration::from_micros),
+        })
+    }
+
+    /// What this port is.
+    pub fn info(&self) -> &PortInfo {
+        &self.info
+    }
+
+    /// This port's endpoint.
+    pub fn endpoint(&self) -> Endpoint {
+        self.info.endpoint()
+    }
+
+    /// Registered, NIC-shared memory of `len` bytes (64-byte aligned),
+    /// from the arena registered at open: no system call. It lives until
+    /// the device is closed.
+    ///
+    /// # Errors
+    /// [`Error::ArenaFull`] when the arena has no `len` bytes left.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let mut buf = dev.alloc(4096)?;
+    /// buf.as_mut_slice()[..5].copy_from_slice(b"hello");
+    /// let sge = buf.sge(0, 5); // what a post names
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn alloc(&mut self, len: usize) -> Result<Buffer> {
+        let off = self.arena_next.next_multiple_of(64);
+        if off.checked_add(len).is_none_or(|e| e > self.arena.len()) {
+            return Err(Error::ArenaFull);
+        }
+        self.arena_next = off + len;
+        // SAFETY: `off + len <= arena.len()`, inside our mapping.
+        let ptr = unsafe { self.arena.ptr().add(off) };
+        Ok(Buffer { ptr, len, key: self.arena_key, offset: off as u64 })
+    }
+
+    /// Like [`Device::alloc`], in a registration of its own with `access`
+    /// rights added to local read and write: e.g. [`crate::MR_REMOTE_ATOMIC`]
+    /// for words other ports may target with remote atomics. The buffer
+    /// starts on a page and its SGEs and remote words are relative to it.
+    ///
+    /// # Errors
+    /// [`Error::ArenaFull`], or the NIC's refusal of the registration
+    /// ([`Error::Nic`]).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let words = dev.alloc_mr(4096, emp::MR_REMOTE_ATOMIC)?;
+    /// let counter = words.remote_word(0, emp::Width::W64); // hand this to peers
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn alloc_mr(&mut self, len: usize, access: u8) -> Result<Buffer> {
+        let off = self.arena_next.next_multiple_of(PAGE_SIZE);
+        let span = len.max(1).next_multiple_of(PAGE_SIZE);
+        if off.checked_add(span).is_none_or(|e| e > self.arena.len()) {
+            return Err(Error::ArenaFull);
+        }
+        let access = access | MR_LOCAL_READ | MR_LOCAL_WRITE;
+        let key = self.backend.reg_arena_part(&self.arena, off, span, access)?;
+        // SAFETY: `off + span <= arena.len()`, inside our mapping.
+        let ptr = unsafe { self.arena.ptr().add(off) };
+        self.arena_next = off + span;
+        Ok(Buffer { ptr, len, key, offset: 0 })
+    }
+
+    /// Registers arbitrary memory of this process. The NIC reaches it with
+    /// `process_vm_readv/writev`, which this call permits with
+    /// `prctl(PR_SET_PTRACER)`.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must stay mapped until `dereg_mr`, and must not
+    /// be accessed while a posted operation on it is in flight.
+    ///
+    /// # Errors
+    /// The NIC's refusal ([`Error::Nic`]: e.g. a full MR table), or a
+    /// broken control path ([`Error::Protocol`]).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let mut data = vec![0u8; 1 << 20];
+    /// // SAFETY: `data` outlives the registration and is left alone while
+    /// // operations on it are in flight.
+    /// let mr = unsafe { dev.reg_mr(data.as_mut_ptr(), data.len(), emp::MR_LOCAL_WRITE) }?;
+    /// dev.post_recv(1, emp::ANY, 7, 0, &[mr.sge(data.as_ptr() as usize, data.len())])?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub unsafe fn reg_mr(&mut self, addr: *const u8, len: usize, access: u8) -> Result<MemoryRegion> {
+        let key = self.backend.reg_mr(addr as u64, len as u64, access)?;
+        Ok(MemoryRegion { key, addr: addr as usize, len })
+    }
+
+    /// Deregisters a region; the NIC no longer reaches it.
+    ///
+    /// # Errors
+    /// [`Error::Nic`] when the key is not this port's.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let data = vec![0u8; 4096];
+    /// // SAFETY: `data` outlives the registration.
+    /// let mr = unsafe { dev.reg_mr(data.as_ptr(), data.len(), emp::MR_LOCAL_READ) }?;
+    /// dev.dereg_mr(mr)?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn dereg_mr(&mut self, mr: MemoryRegion) -> Result<()> {
+        self.backend.dereg_mr(mr.key)
+    }
+
+    /// Writes `d` into the send (or receive) ring and wakes the NIC if it
+    /// sleeps.
+    pub(crate) fn post(&mut self, send: bool, d: &WorkDesc) -> Result<()> {
+        let ring = if send { &mut self.send } else { &mut self.recv };
+        ring.push(&self.window, d)?;
+        // Pairs with the NIC's fence before it sleeps: either it sees our
+        // index, or we see that it sleeps and ring the doorbell.
+        fence(Ordering::SeqCst);
+        self.backend.notify(self.window.word(ctl::NIC_SLEEPING));
+        Ok(())
+    }
+
+    fn desc(opcode: Opcode, wr_id: u64, ep: Endpoint, tag: u64, ignore: u64, sges: &[Sge]) -> Result<WorkDesc> {
+        if sges.len() > SGE_MAX {
+            return Err(Error::TooManySges);
+        }
+        let mut d = WorkDesc {
+            wr_id,
+            opcode: opcode as u8,
+            flags: WD_SIGNALED,
+            num_sge: sges.len() as u8,
+            node: ep.node,
+            port: ep.port,
+            tag,
+            ignore,
+            ..Default::default()
+        };
+        d.sge[..sges.len()].copy_from_slice(sges);
+        Ok(d)
+    }
+
+    /// Posts a tagged send of the bytes named by `sges` (at most 6) to
+    /// `dst`. Its completion, with `wr_id`, comes through
+    /// [`Device::poll_cq`] / [`Device::wait_cq`]; leave the bytes alone
+    /// until then.
+    ///
+    /// # Errors
+    /// [`Error::RingFull`] (take completions, then post again),
+    /// [`Error::TooManySges`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let mut buf = dev.alloc(64)?;
+    /// buf.as_mut_slice()[..2].copy_from_slice(b"hi");
+    /// let peer = emp::Endpoint { node: 1, port: 0 };
+    /// dev.post_send(1, peer, 7, &[buf.sge(0, 2)])?;
+    /// let c = dev.wait_wr(1, None)?;
+    /// assert_eq!(c.status, emp::Status::Success);
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn post_send(&mut self, wr_id: u64, dst: Endpoint, tag: u64, sges: &[Sge]) -> Result<()> {
+        let d = Self::desc(Opcode::Send, wr_id, dst, tag, 0, sges)?;
+        self.post(true, &d)
+    }
+
+    /// Posts a receive for a message from `src` (or [`crate::ANY`]) whose tag
+    /// equals `tag` in every bit not set in `ignore`; the message lands in
+    /// the bytes named by `sges`.
+    ///
+    /// # Errors
+    /// As [`Device::post_send`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let buf = dev.alloc(4096)?;
+    /// // Any sender, tags 0x100..=0x1FF.
+    /// dev.post_recv(2, emp::ANY, 0x100, 0xFF, &[buf.sge(0, 4096)])?;
+    /// let c = dev.wait_wr(2, None)?;
+    /// println!("{} bytes from {}, tag {:#x}", c.byte_len, c.src, c.tag);
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn post_recv(&mut self, wr_id: u64, src: Endpoint, tag: u64, ignore: u64, sges: &[Sge]) -> Result<()> {
+        let d = Self::desc(Opcode::Recv, wr_id, src, tag, ignore, sges)?;
+        self.post(false, &d)
+    }
+
+    /// Posts a raw descriptor (tests of the NIC's input validation).
+    ///
+    /// # Errors
+    /// [`Error::RingFull`].
+    pub fn post_raw(&mut self, send: bool, d: &WorkDesc) -> Result<()> {
+        self.post(send, d)
+    }
+
+    /// Takes up to `out.len()` completions (those [`Device::wait_wr`] set
+    /// aside first); returns how many. Never blocks, makes no system call.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let mut wc = [emp::Completion::default(); 16];
+    /// let n = dev.poll_cq(&mut wc);
+    /// for c in &wc[..n] {
+    ///     println!("wr {} {:?}", c.wr_id, c.status);
+    /// }
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn poll_cq(&mut self, out: &mut [Completion]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            let Some(c) = self.stash.pop_front() else { break };
+            out[n] = c;
+            n += 1;
+        }
+        n + self.cq.poll(&self.window, &mut out[n..])
+    }
+
+    /// Waits for the completion of work request `wr_id`; other completions
+    /// are set aside for the next [`Device::poll_cq`] / [`Device::wait_cq`].
+    /// What is set aside is bounded by the work outstanding (the send and
+    /// receive rings). `None` = wait forever.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`], or [`Error::Protocol`] when the NIC daemon went
+    /// away. An error *completion* is returned as `Ok`, with its status.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let buf = dev.alloc(64)?;
+    /// dev.post_recv(9, emp::ANY, 7, 0, &[buf.sge(0, 64)])?;
+    /// let c = dev.wait_wr(9, Some(std::time::Duration::from_secs(1)))?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn wait_wr(&mut self, wr_id: u64, timeout: Option<Duration>) -> Result<Completion> {
+        let start = Instant::now();
+        let mut buf = [Completion::default(); 16];
+        loop {
+            if let Some(i) = self.stash.iter().position(|c| c.wr_id == wr_id) {
+                return Ok(self.stash.remove(i).expect("found"));
+            }
+            let left = match timeout {
+                Some(t) => Some(t.checked_sub(start.elapsed()).ok_or(Error::Timeout)?),
+                None => None,
+            };
+            let n = self.wait_ring(&mut buf, left)?;
+            self.stash.extend(&buf[..n]);
+        }
+    }
+
+    /// Takes the completion of work request `wr_id` if the NIC has
+    /// written it, without waiting; other completions are set aside as in
+    /// [`Device::wait_wr`]. For callers that poll.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// while dev.poll_wr(9).is_none() {
+    ///     std::hint::spin_loop(); // or other work
+    /// }
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn poll_wr(&mut self, wr_id: u64) -> Option<Completion> {
+        let mut buf = [Completion::default(); 16];
+        loop {
+            let n = self.cq.poll(&self.window, &mut buf);
+            self.stash.extend(&buf[..n]);
+            if n < buf.len() {
+                break;
+            }
+        }
+        let i = self.stash.iter().position(|c| c.wr_id == wr_id)?;
+        self.stash.remove(i)
+    }
+
+    /// How long waits poll before sleeping on the port's event (default
+    /// 20 µs, or `EMP_SPIN_US`). Zero: sleep at once, which costs the least
+    /// CPU when the NIC does the work (offloaded collectives).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// dev.set_spin(std::time::Duration::ZERO);
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
+    }
+
+    /// The current spin before sleeping (see [`Device::set_spin`]).
+    pub fn spin(&self) -> Duration {
+        self.spin
+    }
+
+    /// Asks for an event on the next completion (like `ibv_req_notify_cq`):
+    /// the descriptor of [`EventSource::event_fd`] becomes readable. Poll
+    /// the CQ once more after arming, or a completion that came just
+    /// before may never signal. [`Device::wait_cq`] does all this itself.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use emp::EventSource;
+    /// # let mut dev = emp::Device::open()?;
+    /// let mut wc = [emp::Completion::default(); 16];
+    /// dev.arm();
+    /// if dev.poll_cq(&mut wc) == 0 {
+    ///     let mut pfd = libc::pollfd { fd: dev.event_fd(), events: libc::POLLIN, revents: 0 };
+    ///     // SAFETY: one valid pollfd.
+    ///     unsafe { libc::poll(&mut pfd, 1, -1) };
+    /// }
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn arm(&mut self) {
+        if self.backend.arm() {
+            return;
+        }
+        // Release, then a full fence: the NIC reads ARM after writing a
+        // CQE, and we poll the CQ again after this returns.
+        self.window.word(ctl::ARM).store(1, Ordering::Release);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Waits for completions: polls briefly (see [`Device::set_spin`]),
+    /// then arms and blocks on the event descriptor. Returns how many were
+    /// taken (at least one). `None` = wait forever.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`], or [`Error::Protocol`] when the NIC daemon went
+    /// away.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let mut wc = [emp::Completion::default(); 16];
+    /// let n = dev.wait_cq(&mut wc, Some(std::time::Duration::from_secs(5)))?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn wait_cq(&mut self, out: &mut [Completion], timeout: Option<Duration>) -> Result<usize> {
+        if !self.stash.is_empty() {
+            return Ok(self.poll_cq(out));
+        }
+        self.wait_ring(out, timeout)
+    }
+
+    fn wait_ring(&mut self, out: &mut [Completion], timeout: Option<Duration>) -> Result<usize> {
+        let start = Instant::now();
+        let spin_until = start + self.spin;
+        loop {
+            let n = self.cq.poll(&self.window, out);
+            if n > 0 {
+                return Ok(n);
+            }
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.arm();
+            let n = self.cq.poll(&self.window, out);
+            if n > 0 {
+                return Ok(n);
+            }
+            let left = match timeout {
+                Some(t) => match t.checked_sub(start.elapsed()) {
+                    Some(l) => l.as_millis().min(1000) as i32,
+                    None => return Err(Error::Timeout),
+                },
+                None => 1000,
+            };
+            let Some(event) = self.backend.event_fd() else {
+                // A NIC without an interrupt (kernel backend, no MSI-X): poll.
+                if timeout.is_some_and(|t| start.elapsed() > t) {
+                    return Err(Error::Timeout);
+                }
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            };
+            let mut pfd = libc::pollfd { fd: event, events: libc::POLLIN, revents: 0 };
+            // SAFETY: polling one valid descriptor.
+            let r = unsafe { libc::poll(&mut pfd, 1, left.max(1)) };
+            if r > 0 {
+                let mut b = [0u8; 8];
+                // SAFETY: reading the eventfd counter into a live buffer.
+                unsafe { libc::read(event, b.as_mut_ptr().cast(), 8) };
+            }
+            self.backend.check_alive()?;
+        }
+    }
+
+    /// The registered scratch buffer (allocated on first use).
+    fn scratch(&mut self) -> Result<&mut Buffer> {
+        if self.scratch.is_none() {
+            self.scratch = Some(self.alloc(SCRATCH)?);
+        }
+        Ok(self.scratch.as_mut().expect("allocated"))
+    }
+
+    /// Where blocking atomics have the NIC write the old value: the first
+    /// `len` (at most 8) bytes of the scratch buffer.
+    pub(crate) fn atomic_result_sge(&mut self, len: usize) -> Result<Sge> {
+        debug_assert!(len <= 8);
+        Ok(self.scratch()?.sge(0, len))
+    }
+
+    /// Loads `entry` into a NIC group slot; returns the slot.
+    pub(crate) fn set_group_entry(&mut self, entry: &GroupEntry) -> Result<u32> {
+        let buf = self.scratch()?;
+        entry.put(&mut buf.as_mut_slice()[..GroupEntry::SIZE]);
+        let at = buf.sge(0, GroupEntry::SIZE);
+        let buf = self.scratch.as_ref().expect("allocated above");
+        self.backend.group_set(&buf.as_slice()[..GroupEntry::SIZE], at)
+    }
+
+    /// Retires a NIC group slot.
+    pub(crate) fn clear_group_slot(&mut self, slot: u32) -> Result<()> {
+        self.backend.group_clear(slot)
+    }
+
+    /// A work request id for the library's own blocking calls ([`INTERNAL_WR`]).
+    pub(crate) fn internal_wr(&mut self) -> u64 {
+        self.internal_wr = self.internal_wr.wrapping_add(1) & ((1 << 48) - 1);
+        INTERNAL_WR | self.internal_wr
+    }
+
+    /// NIC counters (`emp_uapi::sram::counter`).
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] through `/dev/emp-nic` (the driver does not
+    /// export them) or when the daemon went away.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let dev = emp::Device::open()?;
+    /// let counters = dev.nic_counters()?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn nic_counters(&self) -> Result<[u64; COUNTERS]> {
+        self.backend.counters()
+    }
+}
+
+impl EventSource for Device {
+    fn event_fd(&self) -> RawFd {
+        self.backend.event_fd().unwrap_or(-1)
+    }
+}

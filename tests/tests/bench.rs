@@ -1,0 +1,149 @@
+//! `emp bench … --json` on a private chassis: stdout is one JSON document
+//! and nothing else (it pipes into `jq`); human lines go to stderr. Needs
+//! the release binaries and the signed image (`make build`).
+
+use emp_tests::harness::emp;
+
+#[test]
+fn bench_latency_json_is_the_only_thing_on_stdout() {
+    let out =
+        emp().args(["bench", "latency", "--json", "--sizes", "1,8", "--iters", "10"]).output().expect("run emp bench");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "emp bench failed:\n{stdout}{stderr}");
+    assert!(stderr.contains("cluster up:"), "the chassis line goes to stderr:\n{stderr}");
+    let doc = stdout.trim();
+    assert!(doc.starts_with('{'), "stdout must be JSON only:\n{stdout}");
+    if let Err(at) = json::validate(doc) {
+        panic!("stdout is not one JSON document (error at byte {at}):\n{stdout}");
+    }
+    for key in ["\"benchmark\":\"Latency\"", "\"unit\":\"us\"", "{\"size\":1,\"emp\":", "{\"size\":8,\"emp\":"] {
+        assert!(doc.contains(key), "missing {key} in {doc}");
+    }
+}
+
+#[test]
+fn the_json_check_refuses_what_is_not_json() {
+    assert_eq!(json::validate(r#"{"a":[1,-2.5e3,true,null,"x\"y"],"b":{}}"#), Ok(()));
+    for bad in ["cluster up: 2 NICs\n{}", "{} {}", "{\"a\":inf}", "[1,]", "{\"a\" 1}", "\"open"] {
+        assert!(json::validate(bad).is_err(), "{bad:?} accepted");
+    }
+}
+
+/// A strict JSON validator (RFC 8259 grammar; the crate takes no serde).
+mod json {
+    /// `Ok` when `s` is exactly one JSON value (whitespace around allowed);
+    /// else the byte offset where it stops being JSON.
+    pub fn validate(s: &str) -> Result<(), usize> {
+        let b = s.as_bytes();
+        let mut at = skip_ws(b, 0);
+        at = value(b, at)?;
+        at = skip_ws(b, at);
+        if at == b.len() {
+            Ok(())
+        } else {
+            Err(at)
+        }
+    }
+
+    fn skip_ws(b: &[u8], mut at: usize) -> usize {
+        while at < b.len() && matches!(b[at], b' ' | b'\t' | b'\n' | b'\r') {
+            at += 1;
+        }
+        at
+    }
+
+    fn value(b: &[u8], at: usize) -> Result<usize, usize> {
+        match b.get(at) {
+            Some(b'{') => seq(b, at + 1, b'}', |b, at| {
+                let at = string(b, at)?;
+                let at = skip_ws(b, at);
+                if b.get(at) != Some(&b':') {
+                    return Err(at);
+                }
+                value(b, skip_ws(b, at + 1))
+            }),
+            Some(b'[') => seq(b, at + 1, b']', value),
+            Some(b'"') => string(b, at),
+            Some(b't') => literal(b, at, "true"),
+            Some(b'f') => literal(b, at, "false"),
+            Some(b'n') => literal(b, at, "null"),
+            _ => number(b, at),
+        }
+    }
+
+    /// Comma-separated `item`s up to `close`.
+    fn seq(
+        b: &[u8],
+        at: usize,
+        close: u8,
+        item: impl Fn(&[u8], usize) -> Result<usize, usize>,
+    ) -> Result<usize, usize> {
+        let mut at = skip_ws(b, at);
+        if b.get(at) == Some(&close) {
+            return Ok(at + 1);
+        }
+        loop {
+            at = skip_ws(b, item(b, at)?);
+            match b.get(at) {
+                Some(&c) if c == close => return Ok(at + 1),
+                Some(b',') => at = skip_ws(b, at + 1),
+                _ => return Err(at),
+            }
+        }
+    }
+
+    fn string(b: &[u8], at: usize) -> Result<usize, usize> {
+        if b.get(at) != Some(&b'"') {
+            return Err(at);
+        }
+        let mut at = at + 1;
+        loop {
+            match b.get(at) {
+                Some(b'"') => return Ok(at + 1),
+                Some(b'\\') => match b.get(at + 1) {
+                    Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => at += 2,
+                    Some(b'u') if b.get(at + 2..at + 6).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) => at += 6,
+                    _ => return Err(at),
+                },
+                Some(&c) if c >= 0x20 => at += 1,
+                _ => return Err(at),
+            }
+        }
+    }
+
+    fn literal(b: &[u8], at: usize, word: &str) -> Result<usize, usize> {
+        if b[at..].starts_with(word.as_bytes()) {
+            Ok(at + word.len())
+        } else {
+            Err(at)
+        }
+    }
+
+    /// `-? int frac? exp?`.
+    fn number(b: &[u8], at: usize) -> Result<usize, usize> {
+        let digits = |mut at: usize| {
+            let start = at;
+            while b.get(at).is_some_and(u8::is_ascii_digit) {
+                at += 1;
+            }
+            if at == start {
+                Err(at)
+            } else {
+                Ok(at)
+            }
+        };
+        let mut at = if b.get(at) == Some(&b'-') { at + 1 } else { at };
+        at = if b.get(at) == Some(&b'0') { at + 1 } else { digits(at)? };
+        if b.get(at) == Some(&b'.') {
+            at = digits(at + 1)?;
+        }
+        if matches!(b.get(at), Some(b'e' | b'E')) {
+            at += 1;
+            if matches!(b.get(at), Some(b'+' | b'-')) {
+                at += 1;
+            }
+            at = digits(at)?;
+        }
+        Ok(at)
+    }
+}

@@ -1,0 +1,418 @@
+//! `emp bench`: OSU-style micro-benchmarks, each measured beside its
+//! baseline in the same run by the same method. One file per benchmark
+//! family, as rdma-core's `examples/` keeps one per pingpong:
+//!
+//! - [`p2p`]: `latency`, `bw`, `bibw` between two ranks, EMP beside TCP;
+//! - [`atomic`]: remote atomic latency, NIC-executed vs host-served;
+//! - [`coll`]: `barrier`, `bcast`, `bcast-skew`, `allreduce`, `reduce` over
+//!   `--nodes N` ranks, NIC-offloaded variants beside host baselines.
+//!
+//! This file holds what they share: the options, the chassis a run starts
+//! and the dispatch of a rank to its benchmark, the one way to wait for a
+//! completion ([`Waiter`]), the JSON report ([`Json`], [`print_json`]) and the seeded
+//! [`Rng`]. The benchmarks depend only on this module, never on each other.
+//!
+//! With `--json`, stdout carries the JSON document and nothing else: every
+//! human-readable line goes to stderr ([`say`]).
+
+mod atomic;
+mod coll;
+mod p2p;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use emp::coll::Wait;
+use emp::rdv::Job;
+use emp::{Completion, Device, Status};
+
+use crate::cluster::{self, UpArgs, WireKind};
+
+/// Which benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Kind {
+    /// Ping-pong latency.
+    Latency,
+    /// Unidirectional bandwidth.
+    Bw,
+    /// Bidirectional bandwidth.
+    Bibw,
+    /// Remote atomic latency: NIC vs host-based responder.
+    Atomic,
+    /// Collective: consecutive barriers (`--nodes`, `--algo`).
+    Barrier,
+    /// Collective: broadcast from rank 0, closed by a leaf's 0-byte answer.
+    Bcast,
+    /// Collective: broadcast with random arrival skew (`--skew-us`).
+    BcastSkew,
+    /// Collective: allreduce (sum), wall and CPU time in the call.
+    Allreduce,
+    /// Collective: reduce (sum) to rank 0, wall and CPU time in the call.
+    Reduce,
+}
+
+impl Kind {
+    /// Its name on the command line (`bcast-skew`).
+    fn name(self) -> String {
+        ValueEnum::to_possible_value(&self).map(|v| v.get_name().to_string()).unwrap_or_default()
+    }
+
+    /// Run by [`coll`] over `--nodes` ranks.
+    pub fn is_collective(self) -> bool {
+        matches!(self, Kind::Barrier | Kind::Bcast | Kind::BcastSkew | Kind::Allreduce | Kind::Reduce)
+    }
+}
+
+/// Options shared by `emp bench` and its ranks.
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Benchmark.
+    #[arg(value_enum)]
+    pub kind: Kind,
+    /// Message sizes (comma separated); default depends on the benchmark.
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<usize>,
+    /// Iterations (latency) or windows (bandwidth) per size; default scales with size.
+    #[arg(long)]
+    pub iters: Option<usize>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Skip the TCP comparison.
+    #[arg(long)]
+    pub no_tcp: bool,
+    /// Wait for completions by blocking on the port's event (arm + eventfd)
+    /// instead of polling: what ranks should do when they outnumber cores
+    /// (e.g. guests under TCG sharing the host's CPUs with the NIC).
+    #[arg(long)]
+    pub blocking: bool,
+    /// Cluster directory (default: a private 2-NIC chassis for this run).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Collectives: ranks (default 8), one NIC each on the private chassis.
+    #[arg(long)]
+    pub nodes: Option<usize>,
+    /// Collectives: variants to measure (comma separated; default: all that
+    /// run the benchmark; the host baseline is always measured; `list`
+    /// lists them).
+    #[arg(long, value_delimiter = ',')]
+    pub algo: Vec<String>,
+    /// bcast-skew: mean pairwise arrival skew in µs (delays U[0, 3×skew]).
+    #[arg(long, default_value_t = 333.0)]
+    pub skew_us: f64,
+    /// allreduce/reduce: element types (comma separated; default i64,f64).
+    /// `--sizes` counts elements for these.
+    #[arg(long, value_delimiter = ',')]
+    pub dtypes: Vec<String>,
+    /// Collectives: poll for completions even with more than 2 ranks
+    /// (default: block when ranks outnumber the 2 cores).
+    #[arg(long)]
+    pub poll: bool,
+    /// Wire of the private chassis: `mem` runs every NIC in one engine
+    /// thread; `udp` runs one emp-nicd per NIC, so NICs work in parallel
+    /// as the papers' NIC processors did (one per host).
+    #[arg(long, value_enum, default_value_t = WireKind::Mem)]
+    pub wire: WireKind,
+}
+
+/// `emp bench …`: starts a private chassis unless `--dir` names a running
+/// cluster, runs two ranks (collectives: `--nodes`), prints rank 0's report.
+pub fn bench(a: &BenchArgs) -> Result<(), String> {
+    if a.kind.is_collective() && a.algo.iter().any(|s| s == "list") {
+        coll::list(a.kind);
+        return Ok(());
+    }
+    if a.kind.is_collective() {
+        coll::select(a.kind, &a.algo)?;
+    }
+    let ranks = if a.kind.is_collective() { a.nodes.unwrap_or(8) } else { 2 };
+    if ranks == 0 || ranks > u16::MAX as usize {
+        return Err(format!("--nodes {ranks}: at least 1"));
+    }
+    let (dir, private) = match &a.dir {
+        Some(d) => (d.clone(), false),
+        None => (private_chassis(a, ranks)?, true),
+    };
+    let argv = rank_argv(a, ranks)?;
+    let r = crate::run::run(&dir, ranks, &argv, Some(Duration::from_secs(3600)));
+    if private {
+        let _ = cluster::down(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    match r? {
+        0 => Ok(()),
+        c => Err(format!("benchmark ranks failed (status {c})")),
+    }
+}
+
+/// Starts a chassis of `ranks` NICs for this run alone; returns its directory.
+fn private_chassis(a: &BenchArgs, ranks: usize) -> Result<PathBuf, String> {
+    let d = std::env::temp_dir().join(format!("emp-bench-{}", std::process::id()));
+    let up = UpArgs {
+        nics: ranks as u16,
+        wire: a.wire,
+        loss: 0.0,
+        dup: 0.0,
+        reorder: 0.0,
+        ports: 4,
+        mtu: None,
+        cpu_plan: "base".into(),
+        firmware: None,
+        // Private: clear of a cluster someone else runs.
+        udp_base: 20000 + (std::process::id() % 400) as u16 * 64,
+        nicd_args: None,
+    };
+    let started = cluster::start(&d, &up).map_err(|e| format!("starting a chassis for the benchmark: {e}"))?;
+    say(a, started);
+    Ok(d)
+}
+
+/// The command line of one rank: `emp bench-rank` with the options it reads.
+fn rank_argv(a: &BenchArgs, ranks: usize) -> Result<Vec<String>, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut argv = vec![exe.to_string_lossy().into_owned(), "bench-rank".into(), a.kind.name()];
+    if !a.sizes.is_empty() {
+        argv.push(format!("--sizes={}", a.sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")));
+    }
+    if let Some(i) = a.iters {
+        argv.push(format!("--iters={i}"));
+    }
+    if a.json {
+        argv.push("--json".into());
+    }
+    if a.no_tcp {
+        argv.push("--no-tcp".into());
+    }
+    if a.blocking {
+        argv.push("--blocking".into());
+    }
+    if a.kind.is_collective() {
+        argv.push(format!("--nodes={ranks}"));
+        argv.push(format!("--skew-us={}", a.skew_us));
+        if !a.algo.is_empty() {
+            argv.push(format!("--algo={}", a.algo.join(",")));
+        }
+        if !a.dtypes.is_empty() {
+            argv.push(format!("--dtypes={}", a.dtypes.join(",")));
+        }
+        if a.poll {
+            argv.push("--poll".into());
+        }
+    }
+    Ok(argv)
+}
+
+/// One rank of a benchmark (`emp bench-rank`, started by `emp bench`).
+pub fn rank(a: &BenchArgs) -> Result<(), String> {
+    let job = Job::from_env().map_err(err)?;
+    if a.kind.is_collective() {
+        return coll::rank(a, job);
+    }
+    if job.size != 2 {
+        return Err("benchmarks run with exactly 2 ranks".into());
+    }
+    let dev = Device::open().map_err(err)?;
+    let eps = job.endpoints(dev.endpoint()).map_err(err)?;
+    match a.kind {
+        Kind::Atomic => atomic::rank(a, &job, dev, &eps),
+        _ => p2p::rank(a, &job, dev, &eps),
+    }
+}
+
+/// An `emp::Error` as the benchmarks report it.
+fn err(e: emp::Error) -> String {
+    e.to_string()
+}
+
+/// A human-readable line: on stdout, or on stderr with `--json` (stdout
+/// then carries the JSON document only, so it pipes into `jq`).
+fn say(a: &BenchArgs, line: impl fmt::Display) {
+    if a.json {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+}
+
+/// The one way a benchmark waits for its completions: polling the
+/// completion queue and yielding the CPU between polls (the NIC and the
+/// other ranks share the machine's two cores), or blocking on the port's
+/// event (`Device::wait_wr`: a brief spin, then sleep).
+#[derive(Clone, Copy, Debug)]
+struct Waiter {
+    wait: Wait,
+    /// Longest wait for one work request.
+    timeout: Duration,
+}
+
+impl Waiter {
+    fn new(wait: Wait, timeout: Duration) -> Waiter {
+        Waiter { wait, timeout }
+    }
+
+    /// `Wait::Block` when `blocking`, else `Wait::Poll`.
+    fn blocking(blocking: bool, timeout: Duration) -> Waiter {
+        Waiter::new(if blocking { Wait::Block } else { Wait::Poll }, timeout)
+    }
+
+    /// Waits for work request `wr`; its completion, whatever its status
+    /// (`emp::Error::Timeout` after `timeout`).
+    fn wr(&self, dev: &mut Device, wr: u64) -> emp::Result<Completion> {
+        if self.wait == Wait::Block {
+            return dev.wait_wr(wr, Some(self.timeout));
+        }
+        let end = Instant::now() + self.timeout;
+        loop {
+            if let Some(c) = dev.poll_wr(wr) {
+                return Ok(c);
+            }
+            if Instant::now() > end {
+                return Err(emp::Error::Timeout);
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Waits for `wr` and requires it to have succeeded; errors name `what`.
+    fn ok(&self, dev: &mut Device, wr: u64, what: &str) -> Result<Completion, String> {
+        let c = self.wr(dev, wr).map_err(|e| format!("{what}: {e}"))?;
+        match c.status {
+            Status::Success => Ok(c),
+            st => Err(format!("{what}: {}", st.as_str())),
+        }
+    }
+
+    /// For benchmarks that count completions rather than wait for one:
+    /// moves what completed into `buf` (blocking: waiting up to 100 ms for
+    /// something to), yielding the CPU when nothing had.
+    fn reap(&self, dev: &mut Device, buf: &mut [Completion]) -> emp::Result<usize> {
+        let n = match self.wait {
+            Wait::Block => match dev.wait_cq(buf, Some(Duration::from_millis(100))) {
+                Ok(n) => n,
+                Err(emp::Error::Timeout) => 0,
+                Err(e) => return Err(e),
+            },
+            Wait::Poll => dev.poll_cq(buf),
+        };
+        if n == 0 {
+            std::thread::yield_now();
+        }
+        Ok(n)
+    }
+}
+
+/// A JSON value, written by hand (the tools take no serde): what the
+/// reports need. Printed compact, keys in the order given.
+#[derive(Clone, Debug)]
+enum Json {
+    Null,
+    Int(u64),
+    /// A number printed with this many decimals (`null` if not finite:
+    /// JSON has no infinity).
+    Num(f64, usize),
+    Str(String),
+    Arr(Vec<Json>),
+    Obj(Vec<(&'static str, Json)>),
+}
+
+impl Json {
+    fn str(s: impl Into<String>) -> Json {
+        Json::Str(s.into())
+    }
+}
+
+impl fmt::Display for Json {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Json::Null => f.write_str("null"),
+            Json::Int(v) => write!(f, "{v}"),
+            Json::Num(v, _) if !v.is_finite() => f.write_str("null"),
+            Json::Num(v, decimals) => write!(f, "{v:.decimals$}"),
+            Json::Str(s) => {
+                f.write_str("\"")?;
+                for c in s.chars() {
+                    match c {
+                        '"' => f.write_str("\\\"")?,
+                        '\\' => f.write_str("\\\\")?,
+                        c if (c as u32) < 0x20 => write!(f, "\\u{:04x}", c as u32)?,
+                        c => write!(f, "{c}")?,
+                    }
+                }
+                f.write_str("\"")
+            }
+            Json::Arr(items) => {
+                f.write_str("[")?;
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{v}")?;
+                }
+                f.write_str("]")
+            }
+            Json::Obj(fields) => {
+                f.write_str("{")?;
+                for (i, (k, v)) in fields.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{}:{v}", Json::str(*k))?;
+                }
+                f.write_str("}")
+            }
+        }
+    }
+}
+
+/// Prints a run's JSON document: with `--json`, the only line on stdout.
+fn print_json(doc: &Json) {
+    println!("{doc}");
+}
+
+/// xorshift64*: small and seeded, so a run's random choices (e.g. the
+/// skew delays) are reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_is_compact_escaped_and_has_no_infinities() {
+        let v = Json::Obj(vec![
+            ("name", Json::str("a \"λ\"\\\n")),
+            ("n", Json::Int(3)),
+            ("x", Json::Num(1.23456, 3)),
+            ("inf", Json::Num(f64::INFINITY, 3)),
+            ("rows", Json::Arr(vec![Json::Null, Json::Arr(vec![])])),
+        ]);
+        assert_eq!(v.to_string(), r#"{"name":"a \"λ\"\\\u000a","n":3,"x":1.235,"inf":null,"rows":[null,[]]}"#);
+    }
+
+    #[test]
+    fn the_rng_is_seeded_and_unit_stays_in_range() {
+        let (mut a, mut b) = (Rng(42), Rng(42));
+        for _ in 0..1000 {
+            let x = a.unit();
+            assert!((0.0..1.0).contains(&x));
+            assert_eq!(x, b.unit());
+        }
+        assert_ne!(Rng(1).next(), Rng(2).next());
+    }
+}
