@@ -12,7 +12,10 @@
 //! caller's port (admin `GroupClear`).
 //!
 //! Slot bookkeeping lives in the NIC state (`State::groups`), under its
-//! lock, which also serialises the admin mailbox. When a port is released
+//! lock. A slot changes hands only with the admin mailbox held too
+//! (`NicInfo::admin`), so it cannot change while the command that loads or
+//! drops its group runs (that command runs without the state lock). When a
+//! port is released
 //! the NIC drops the port's groups as part of `PortClose` (a group can
 //! only be loaded for an open port) and `release_port` frees the port's
 //! slots here.
@@ -25,7 +28,7 @@ use kernel::{
     uaccess::{UserPtr, UserSlice},
 };
 
-use super::{read_arg, write_arg, NicInfo, Port, State};
+use super::{NicInfo, Port, State, UserArg};
 use crate::ioctl::{EmpGroupClear, EmpGroupSet};
 use crate::sram::{admin_result, AdminOp, GroupEntry};
 use crate::{Le, ZEROS};
@@ -93,8 +96,8 @@ impl GroupSlots {
 }
 
 /// Frees every slot `port` holds and wipes their SRAM entries (the caller
-/// holds the NIC state lock and has closed the port on the NIC, which
-/// dropped the port's groups there).
+/// holds the admin mailbox and the NIC state lock, and has closed the port
+/// on the NIC, which dropped the port's groups there).
 pub(super) fn release_port(info: &NicInfo, st: &mut State, port: u16) {
     for slot in 0..st.groups.0.len() {
         if st.groups.held_by(slot as u32, port) {
@@ -109,14 +112,14 @@ impl Port {
     /// GROUP_SET: load the caller's group entry; returns its slot in `slot`.
     ///
     /// # Errors
-    /// `EFAULT` bad argument or entry pointer, `EINVAL` bad size, reserved
+    /// `EFAULT` bad argument or entry pointer, `EINVAL`/`E2BIG` bad size, reserved
     /// bits, or an entry that fails the checks (or that the NIC refuses,
     /// e.g. a re-creation without a newer epoch), `ENOTCONN` the port is not
     /// started, `ENOENT` the bounce region is not one of this port's,
     /// `ENOSPC` the group table is full, `ETIMEDOUT` the NIC did not answer,
     /// `ENODEV` device gone.
-    pub(super) fn group_set(&self, arg: usize) -> Result<isize> {
-        let mut q: EmpGroupSet = read_arg(arg)?;
+    pub(super) fn group_set(&self, arg: UserArg) -> Result<isize> {
+        let mut q: EmpGroupSet = arg.read()?;
         if q.slot != 0 || q.reserved != [0; 2] {
             return Err(EINVAL);
         }
@@ -136,14 +139,16 @@ impl Port {
         }
         e.put(&mut b[..]);
         let layout = &self.info.layout;
-        let mut st = self.info.state.lock();
-        if st.gone {
-            return Err(ENODEV);
-        }
-        let (slot, fresh) = st.groups.claim(self.port, e.group_id)?;
-        let r = st
-            .write_bytes(layout.group_entry(slot), &b[..])
-            .and_then(|()| NicInfo::admin(&st, layout, AdminOp::GroupSet, [slot as u64, 0, 0, 0]));
+        let admin = self.info.admin();
+        let (slot, fresh, written) = {
+            let mut st = self.info.state.lock();
+            if st.gone {
+                return Err(ENODEV);
+            }
+            let (slot, fresh) = st.groups.claim(self.port, e.group_id)?;
+            (slot, fresh, st.write_bytes(layout.group_entry(slot), &b[..]))
+        };
+        let r = written.and_then(|()| admin.run(AdminOp::GroupSet, [slot as u64, 0, 0, 0]));
         let err = match r {
             Ok(admin_result::OK) => None,
             // The port is not open on the NIC.
@@ -158,19 +163,21 @@ impl Port {
             // The NIC kept what the slot held: nothing, or the older epoch
             // of the same group, which stays usable under its slot.
             if fresh {
-                st.groups.free(slot);
+                self.info.state.lock().groups.free(slot);
             }
             return Err(err);
         }
-        // Writing to user memory may fault (mmap_lock): not under our lock.
-        drop(st);
+        // Writing to user memory may fault (mmap_lock): not under our locks.
+        drop(admin);
         q.slot = slot as u32;
-        if let Err(err) = write_arg(arg, &q) {
+        if let Err(err) = arg.write(&q) {
             // The caller cannot learn the slot: undo a new group (a
             // replaced one stays loaded under its id, as on success).
-            let mut st = self.info.state.lock();
-            if fresh && st.groups.held_by_group(slot, self.port, e.group_id) {
-                let _ = NicInfo::admin(&st, layout, AdminOp::GroupClear, [slot as u64, 0, 0, 0]);
+            let admin = self.info.admin();
+            let ours = self.info.state.lock().groups.held_by_group(slot, self.port, e.group_id);
+            if fresh && ours {
+                let _ = admin.run(AdminOp::GroupClear, [slot as u64, 0, 0, 0]);
+                let mut st = self.info.state.lock();
                 st.groups.free(slot);
                 let _ = st.write_bytes(layout.group_entry(slot), &ZEROS[..GroupEntry::SIZE]);
             }
@@ -184,19 +191,23 @@ impl Port {
     ///
     /// # Errors
     /// `ENOENT` a slot this port does not hold (another port's, out of
-    /// range, or already cleared), `EINVAL` bad size, `EFAULT` bad pointer,
+    /// range, or already cleared), `EINVAL`/`E2BIG` bad size, `EFAULT` bad pointer,
     /// `ETIMEDOUT` the NIC did not answer (the slot is freed anyway),
     /// `ENODEV` device gone.
-    pub(super) fn group_clear(&self, arg: usize) -> Result<isize> {
-        let q: EmpGroupClear = read_arg(arg)?;
+    pub(super) fn group_clear(&self, arg: UserArg) -> Result<isize> {
+        let q: EmpGroupClear = arg.read()?;
+        let admin = self.info.admin();
+        {
+            let st = self.info.state.lock();
+            if st.gone {
+                return Err(ENODEV);
+            }
+            if !st.groups.held_by(q.slot, self.port) {
+                return Err(ENOENT);
+            }
+        }
+        let r = admin.run(AdminOp::GroupClear, [q.slot as u64, 0, 0, 0]);
         let mut st = self.info.state.lock();
-        if st.gone {
-            return Err(ENODEV);
-        }
-        if !st.groups.held_by(q.slot, self.port) {
-            return Err(ENOENT);
-        }
-        let r = NicInfo::admin(&st, &self.info.layout, AdminOp::GroupClear, [q.slot as u64, 0, 0, 0]);
         st.groups.free(q.slot as usize);
         let _ = st.write_bytes(self.info.layout.group_entry(q.slot as usize), &ZEROS[..GroupEntry::SIZE]);
         match r? {

@@ -5,8 +5,11 @@
 //! memory registration, START, events, and groups (`group.rs`).
 //!
 //! Lock order: mmap_lock (held by the kernel around `mmap`), then a port's
-//! `regions`, then `NicInfo::state`. Pinning and unpinning take mmap_lock,
-//! so they run with none of our locks held.
+//! `started`, then its `regions`, then `NicInfo::mailbox` (the admin
+//! mailbox), then `NicInfo::state`. Pinning and unpinning take mmap_lock,
+//! so they run with none of our locks held. An admin command holds the
+//! mailbox while the NIC works and takes `state` only around each SRAM
+//! access, so events, QUERY and the other ports do not wait for the NIC.
 //!
 //! Unbind with files open is safe: the device is marked gone (later
 //! opens, ioctls and mmaps fail with `ENODEV`) and every user mapping of a
@@ -19,15 +22,13 @@ use kernel::{
     mm::virt::VmaNew,
     new_mutex,
     prelude::*,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, MutexGuard},
+    time::{delay::fsleep, Delta, Instant, Monotonic},
     uaccess::{UserPtr, UserSlice},
 };
 
 use crate::desc::{MrEntry, MR_ACCESS_ALL};
-use crate::ioctl::{
-    EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM, EMP_IOC_DEREG_MR,
-    EMP_IOC_GROUP_CLEAR, EMP_IOC_GROUP_SET, EMP_IOC_QUERY, EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD, EMP_IOC_START,
-};
+use crate::ioctl::{ArgError, EmpArm, EmpDeregMr, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, IoctlArg, IoctlCmd};
 use crate::mr::Pinned;
 use crate::sram::{admin_result, ctl, AdminMailbox, AdminOp, Layout, PortCtl};
 use crate::{Le, PAGE_SIZE};
@@ -46,7 +47,11 @@ extern "C" {
 
 /// How long the NIC may take to run an admin command.
 // TIMEOUT: the NIC answers admin commands within microseconds while running.
-const ADMIN_TIMEOUT_MS: i64 = 2000;
+const ADMIN_TIMEOUT: Delta = Delta::from_millis(2000);
+
+/// Between two looks at the admin mailbox (the NIC usually answers within
+/// a few).
+const ADMIN_POLL: Delta = Delta::from_micros(20);
 
 /// What open files need of the NIC. Plain data: no mapping, so it may
 /// outlive the device binding.
@@ -58,6 +63,11 @@ pub(crate) struct NicInfo {
     pub(crate) layout: Layout,
     /// Bus address of BAR2 (the SRAM).
     pub(crate) bar_start: u64,
+    /// Held for each admin command (the mailbox takes one at a time), and
+    /// while a group slot changes hands with the command that loads or
+    /// drops its group.
+    #[pin]
+    mailbox: Mutex<()>,
     #[pin]
     state: Mutex<State>,
 }
@@ -75,7 +85,7 @@ struct State {
     gone: bool,
     /// BAR2 mapped for the driver's own SRAM accesses (MR table, admin
     /// mailbox); unmapped when the device goes.
-    mmio: Mapping2,
+    mmio: SramMmio,
     /// Free MR table slots.
     mr_free: KVec<u16>,
     /// Changes every registration so keys are not reused.
@@ -113,11 +123,13 @@ impl EventCtx {
     }
 }
 
-struct Mapping2(*mut core::ffi::c_void);
+/// BAR2 as the driver maps it (`emp_ioremap`), or null once the device
+/// is gone.
+struct SramMmio(*mut core::ffi::c_void);
 
 // SAFETY: an iomem cookie, used only under `state`'s lock and unmapped
 // once when the device goes.
-unsafe impl Send for Mapping2 {}
+unsafe impl Send for SramMmio {}
 
 impl State {
     fn write32(&self, off: usize, v: u32) -> Result {
@@ -159,12 +171,13 @@ impl NicInfo {
     pub(crate) fn new(node: u16, mtu: u32, features: u32, layout: Layout, bar_start: u64) -> impl PinInit<Self> {
         pin_init!(Self {
             node, mtu, features, layout, bar_start,
+            mailbox <- new_mutex!(()),
             state <- new_mutex!(State {
                 used: 0,
                 open: 0,
                 mapping: Mapping(core::ptr::null_mut()),
                 gone: false,
-                mmio: Mapping2(core::ptr::null_mut()),
+                mmio: SramMmio(core::ptr::null_mut()),
                 mr_free: KVec::new(),
                 key_salt: 0x5eed,
                 pinned: 0,
@@ -188,7 +201,7 @@ impl NicInfo {
         if base.is_null() {
             return Err(ENOMEM);
         }
-        st.mmio = Mapping2(base);
+        st.mmio = SramMmio(base);
         for slot in (0..self.layout.params.mr_entries.min(0x1_0000) as u16).rev() {
             st.mr_free.push(slot, GFP_KERNEL)?;
         }
@@ -224,40 +237,66 @@ impl NicInfo {
         }
     }
 
-    /// Runs an admin command on the NIC (the caller holds the state lock).
-    fn admin(st: &State, layout: &Layout, op: AdminOp, args: [u64; 4]) -> Result<u32> {
-        let base = layout.admin_off as usize;
-        let seq = st.read32(base + core::mem::offset_of!(AdminMailbox, request_seq))?.wrapping_add(1);
-        let a = base + core::mem::offset_of!(AdminMailbox, args);
-        for (i, v) in args.iter().enumerate() {
-            st.write32(a + 8 * i, *v as u32)?;
-            st.write32(a + 8 * i + 4, (*v >> 32) as u32)?;
-        }
-        st.write32(base + core::mem::offset_of!(AdminMailbox, op), op as u32)?;
-        // The sequence number last: it is what the NIC watches.
-        st.write32(base + core::mem::offset_of!(AdminMailbox, request_seq), seq)?;
-        let mut waited = 0;
-        while st.read32(base + core::mem::offset_of!(AdminMailbox, done_seq))? != seq {
-            if waited >= ADMIN_TIMEOUT_MS {
-                return Err(ETIMEDOUT);
-            }
-            kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
-            waited += 1;
-        }
-        st.read32(base + core::mem::offset_of!(AdminMailbox, result))
+    /// Takes the admin mailbox (one command at a time).
+    fn admin(&self) -> Admin<'_> {
+        Admin { info: self, _held: self.mailbox.lock() }
     }
 
-    /// Clears MR slot `slot` and fences the NIC so no DMA uses it again.
-    fn clear_mr(&self, st: &mut State, slot: u16, pages: usize) {
+    /// Clears MR slot `slot` and fences the NIC so no DMA uses it again;
+    /// the slot is free for reuse only after the fence.
+    fn clear_mr(&self, slot: u16, pages: usize) {
         let off = self.layout.mr_entry(slot as usize);
         let mut zero = [0u8; MrEntry::SIZE];
         MrEntry::default().put(&mut zero);
+        let admin = self.admin();
+        let wiped = self.state.lock().write_bytes(off, &zero).is_ok();
         // A device that is gone does no DMA: nothing to fence.
-        if st.write_bytes(off, &zero).is_ok() {
-            let _ = Self::admin(st, &self.layout, AdminOp::MrFence, [slot as u64, 0, 0, 0]);
+        if wiped {
+            let _ = admin.run(AdminOp::MrFence, [slot as u64, 0, 0, 0]);
         }
+        drop(admin);
+        let mut st = self.state.lock();
         let _ = st.mr_free.push(slot, GFP_KERNEL);
         st.pinned -= pages as u64;
+    }
+}
+
+/// The admin mailbox, held (`NicInfo::admin`).
+struct Admin<'a> {
+    info: &'a NicInfo,
+    _held: MutexGuard<'a, ()>,
+}
+
+impl Admin<'_> {
+    /// Runs an admin command on the NIC and returns its result code.
+    ///
+    /// # Errors
+    /// `ENODEV` device gone, `ETIMEDOUT` no answer within `ADMIN_TIMEOUT`.
+    fn run(&self, op: AdminOp, args: [u64; 4]) -> Result<u32> {
+        let base = self.info.layout.admin_off as usize;
+        let seq_off = base + core::mem::offset_of!(AdminMailbox, request_seq);
+        let seq = {
+            let st = self.info.state.lock();
+            let seq = st.read32(seq_off)?.wrapping_add(1);
+            let a = base + core::mem::offset_of!(AdminMailbox, args);
+            for (i, v) in args.iter().enumerate() {
+                st.write32(a + 8 * i, *v as u32)?;
+                st.write32(a + 8 * i + 4, (*v >> 32) as u32)?;
+            }
+            st.write32(base + core::mem::offset_of!(AdminMailbox, op), op as u32)?;
+            // The sequence number last: it is what the NIC watches.
+            st.write32(seq_off, seq)?;
+            seq
+        };
+        let done_off = base + core::mem::offset_of!(AdminMailbox, done_seq);
+        let start = Instant::<Monotonic>::now();
+        while self.info.state.lock().read32(done_off)? != seq {
+            if start.elapsed() > ADMIN_TIMEOUT {
+                return Err(ETIMEDOUT);
+            }
+            fsleep(ADMIN_POLL);
+        }
+        self.info.state.lock().read32(base + core::mem::offset_of!(AdminMailbox, result))
     }
 }
 
@@ -336,7 +375,7 @@ impl PinnedDrop for NicDev {
             // SAFETY: mapped in `attach_mmio`, unmapped once; `gone` keeps
             // every later access away (checked under this lock).
             unsafe { emp_iounmap(st.mmio.0) };
-            st.mmio = Mapping2(core::ptr::null_mut());
+            st.mmio = SramMmio(core::ptr::null_mut());
         }
     }
 }
@@ -363,23 +402,26 @@ pub(crate) struct Port {
 #[pinned_drop]
 impl PinnedDrop for Port {
     fn drop(self: Pin<&mut Self>) {
-        // Lock order: mmap_lock (mmap path), a port's regions, the NIC state.
-        // Unpinning takes mmap_lock, so regions are dropped only after both
-        // of our locks are released.
+        // Lock order (module documentation). Unpinning takes mmap_lock, so
+        // regions are dropped only after all of our locks are released.
         let gone = {
             let started = core::mem::replace(&mut *self.started.lock(), false);
             let mut regions = self.regions.lock();
-            let mut st = self.info.state.lock();
-            if started {
-                // The NIC flushes the port's work before any memory goes.
-                let _ = NicInfo::admin(&st, &self.info.layout, AdminOp::PortClose, [self.port as u64, 0, 0, 0]);
+            {
+                let admin = self.info.admin();
+                if started {
+                    // The NIC flushes the port's work before any memory goes.
+                    let _ = admin.run(AdminOp::PortClose, [self.port as u64, 0, 0, 0]);
+                }
+                // PortClose dropped the port's groups on the NIC (only an
+                // open port can have any): free their slots.
+                group::release_port(&self.info, &mut self.info.state.lock(), self.port);
             }
-            // PortClose dropped the port's groups on the NIC (only an open
-            // port can have any): free their slots.
-            group::release_port(&self.info, &mut st, self.port);
             for r in regions.iter() {
-                self.info.clear_mr(&mut st, r.slot, r.pinned.page_count());
+                self.info.clear_mr(r.slot, r.pinned.page_count());
             }
+            // The port number is free for another open only now.
+            let mut st = self.info.state.lock();
             st.used &= !(1u64 << self.port);
             st.open -= 1;
             st.armed &= !(1u64 << self.port);
@@ -451,56 +493,76 @@ impl MiscDevice for Port {
         kernel::error::to_result(r)
     }
 
+    /// Dispatches on the command's type, number and direction; its size
+    /// field is the caller's struct size (`uapi/src/ioctl.rs`).
     fn ioctl(me: Pin<&Port>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
         if me.info.state.lock().gone {
             return Err(ENODEV);
         }
+        let (cmd, size) = IoctlCmd::decode(cmd).ok_or(ENOTTY)?;
+        let arg = UserArg { addr: arg, size };
         match cmd {
-            EMP_IOC_QUERY => me.query(arg),
-            EMP_IOC_REG_MR => me.reg_mr(arg),
-            EMP_IOC_DEREG_MR => me.dereg_mr(arg),
-            EMP_IOC_START => me.start(arg),
-            EMP_IOC_SET_EVENTFD => me.set_eventfd(arg),
-            EMP_IOC_ARM => me.arm(arg),
-            EMP_IOC_GROUP_SET => me.group_set(arg),
-            EMP_IOC_GROUP_CLEAR => me.group_clear(arg),
-            _ => Err(ENOTTY),
+            IoctlCmd::Query => me.query(arg),
+            IoctlCmd::RegMr => me.reg_mr(arg),
+            IoctlCmd::DeregMr => me.dereg_mr(arg),
+            IoctlCmd::Start => me.start(arg),
+            IoctlCmd::SetEventfd => me.set_eventfd(arg),
+            IoctlCmd::Arm => me.arm(arg),
+            IoctlCmd::GroupSet => me.group_set(arg),
+            IoctlCmd::GroupClear => me.group_clear(arg),
         }
     }
 }
 
-/// Largest ioctl argument struct.
-const ARG_MAX: usize = 128;
-
-/// Reads an ioctl argument struct. Each starts with its `size` (u32),
-/// which must be this driver's size of it.
-///
-/// # Errors
-/// `EFAULT` bad pointer, `EINVAL` another size.
-fn read_arg<T: Le>(arg: usize) -> Result<T> {
-    const { assert!(T::SIZE <= ARG_MAX && T::SIZE >= 4) };
-    let mut b = [0u8; ARG_MAX];
-    UserSlice::new(UserPtr::from_addr(arg), T::SIZE).reader().read_slice(&mut b[..T::SIZE])?;
-    if u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize != T::SIZE {
-        return Err(EINVAL);
+impl From<ArgError> for Error {
+    fn from(e: ArgError) -> Error {
+        match e {
+            ArgError::TooShort | ArgError::SizeMismatch => EINVAL,
+            ArgError::UnknownTail => E2BIG,
+        }
     }
-    Ok(T::get(&b[..T::SIZE]))
 }
 
-/// Writes an ioctl argument struct back to the caller.
-fn write_arg<T: Le>(arg: usize, v: &T) -> Result {
-    let mut b = [0u8; ARG_MAX];
-    v.put(&mut b[..T::SIZE]);
-    UserSlice::new(UserPtr::from_addr(arg), T::SIZE).writer().write_slice(&b[..T::SIZE])
+/// An ioctl argument in user memory: its address and the caller's size of
+/// its struct (`_IOC_SIZE` of the command).
+#[derive(Clone, Copy)]
+struct UserArg {
+    addr: usize,
+    size: usize,
+}
+
+impl UserArg {
+    /// Reads the argument struct (`copy_struct_from_user` semantics, decided
+    /// by `ioctl::read_arg`: older sizes are zero-extended, newer ones need a
+    /// zero tail).
+    ///
+    /// # Errors
+    /// `EFAULT` bad pointer, `EINVAL` below the first version or a `size`
+    /// field other than the command's size, `E2BIG` non-zero bytes past the
+    /// struct this driver knows.
+    fn read<T: IoctlArg>(self) -> Result<T> {
+        let mut user = UserSlice::new(UserPtr::from_addr(self.addr), self.size).reader();
+        crate::ioctl::read_arg(self.size, |buf| user.read_slice(buf))
+    }
+
+    /// Writes a result struct back, never past the caller's size (only the
+    /// read-write commands return results).
+    fn write<T: IoctlArg>(self, v: &T) -> Result {
+        debug_assert!(T::CMD.returns_results());
+        crate::ioctl::write_arg(v, self.size, |b| {
+            UserSlice::new(UserPtr::from_addr(self.addr), b.len()).writer().write_slice(b)
+        })
+    }
 }
 
 impl Port {
-    /// QUERY: the caller sets `size`; the driver fills the rest.
+    /// QUERY: the caller sets `size`; the driver fills the rest (as much
+    /// of it as the caller's struct holds).
     ///
     /// # Errors
-    /// `EFAULT` for a bad pointer, `EINVAL` for a size this driver does not know.
-    fn query(&self, arg: usize) -> Result<isize> {
-        let q: EmpQuery = read_arg(arg)?;
+    /// `EFAULT` bad pointer, `EINVAL`/`E2BIG` bad size (`UserArg::read`).
+    fn query(&self, arg: UserArg) -> Result<isize> {
+        let q: EmpQuery = arg.read()?;
         let i = &self.info;
         let (pinned_pages, group_entries, groups_in_use) = {
             let st = i.state.lock();
@@ -523,18 +585,18 @@ impl Port {
             groups_in_use,
             ..Default::default()
         };
-        write_arg(arg, &out)?;
+        arg.write(&out)?;
         Ok(0)
     }
 
     /// REG_MR: pin, charge, describe to the NIC, return the key.
     ///
     /// # Errors
-    /// `EFAULT` bad pointers or unmapped memory, `EINVAL` bad size, access
+    /// `EFAULT` bad pointers or unmapped memory, `EINVAL`/`E2BIG` bad size, access
     /// or length, `ENOMEM` over RLIMIT_MEMLOCK, `ENOSPC` MR table full,
     /// `ENODEV` device gone.
-    fn reg_mr(&self, arg: usize) -> Result<isize> {
-        let mut q: EmpRegMr = read_arg(arg)?;
+    fn reg_mr(&self, arg: UserArg) -> Result<isize> {
+        let mut q: EmpRegMr = arg.read()?;
         if q.access == 0 || q.access & !(MR_ACCESS_ALL as u32) != 0 {
             return Err(EINVAL);
         }
@@ -563,7 +625,7 @@ impl Port {
         drop(st);
         regions.push(Region { key, slot, pinned }, GFP_KERNEL)?;
         q.key = key;
-        write_arg(arg, &q)?;
+        arg.write(&q)?;
         Ok(0)
     }
 
@@ -571,9 +633,9 @@ impl Port {
     ///
     /// # Errors
     /// `EALREADY` when started, `ENOENT` when the CQ key is not a writable
-    /// region of this port, `EINVAL` bad size or entries, `ENODEV` gone.
-    fn start(&self, arg: usize) -> Result<isize> {
-        let q: EmpStart = read_arg(arg)?;
+    /// region of this port, `EINVAL`/`E2BIG` bad size or entries, `ENODEV` gone.
+    fn start(&self, arg: UserArg) -> Result<isize> {
+        let q: EmpStart = arg.read()?;
         if q.reserved != 0 {
             return Err(EINVAL);
         }
@@ -581,13 +643,13 @@ impl Port {
         if *started {
             return Err(EALREADY);
         }
-        let st = self.info.state.lock();
         let w = self.info.layout.port(self.port);
         let mut z = [0u8; PortCtl::SIZE];
         PortCtl::default().put(&mut z);
-        st.write_bytes(w.base, &z)?;
+        let admin = self.info.admin();
+        self.info.state.lock().write_bytes(w.base, &z)?;
         let args = [self.port as u64, q.cq_key as u64, q.cq_offset, q.cq_entries as u64];
-        match NicInfo::admin(&st, &self.info.layout, AdminOp::PortOpen, args)? {
+        match admin.run(AdminOp::PortOpen, args)? {
             admin_result::OK => {
                 *started = true;
                 Ok(0)
@@ -604,9 +666,9 @@ impl Port {
     ///
     /// # Errors
     /// `EOPNOTSUPP` the NIC has no interrupt (no MSI-X), `EBADF`/`EINVAL`
-    /// `fd` is not an eventfd, `EINVAL` bad size, reserved bits or a signal.
-    fn set_eventfd(&self, arg: usize) -> Result<isize> {
-        let q: EmpSetEventfd = read_arg(arg)?;
+    /// `fd` is not an eventfd, `EINVAL`/`E2BIG` bad size, reserved bits or a signal.
+    fn set_eventfd(&self, arg: UserArg) -> Result<isize> {
+        let q: EmpSetEventfd = arg.read()?;
         if q.reserved != 0 || q.signal != 0 || q.fd < -1 {
             return Err(EINVAL);
         }
@@ -634,10 +696,10 @@ impl Port {
     /// landed before the ARM word was set raises nothing.
     ///
     /// # Errors
-    /// `EOPNOTSUPP` no interrupt, `EINVAL` bad size, unknown event bits or
+    /// `EOPNOTSUPP` no interrupt, `EINVAL`/`E2BIG` bad size, unknown event bits or
     /// no eventfd set, `ENODEV` gone.
-    fn arm(&self, arg: usize) -> Result<isize> {
-        let q: EmpArm = read_arg(arg)?;
+    fn arm(&self, arg: UserArg) -> Result<isize> {
+        let q: EmpArm = arg.read()?;
         if q.events != 1 {
             return Err(EINVAL);
         }
@@ -659,15 +721,14 @@ impl Port {
     ///
     /// # Errors
     /// `ENOENT` for a key this port does not hold (another port's, or
-    /// already deregistered), `EINVAL` bad size, `EFAULT` bad pointer.
-    fn dereg_mr(&self, arg: usize) -> Result<isize> {
-        let q: EmpDeregMr = read_arg(arg)?;
+    /// already deregistered), `EINVAL`/`E2BIG` bad size, `EFAULT` bad pointer.
+    fn dereg_mr(&self, arg: UserArg) -> Result<isize> {
+        let q: EmpDeregMr = arg.read()?;
         let region = {
             let mut regions = self.regions.lock();
             let i = regions.iter().position(|x| x.key == q.key).ok_or(ENOENT)?;
             let region = regions.remove(i)?;
-            let mut st = self.info.state.lock();
-            self.info.clear_mr(&mut st, region.slot, region.pinned.page_count());
+            self.info.clear_mr(region.slot, region.pinned.page_count());
             region
         };
         // Unpinned with none of our locks held (unpinning takes mmap_lock).

@@ -197,7 +197,7 @@ impl Nic {
         let a = self.atomics.get_mut(slot);
         a.stamp = stamp;
         let backoff = rto.saturating_mul(1u64 << a.retries.min(20)).min(rto_max);
-        self.timers.arm(now + backoff, Timer::Atomic { slot, stamp });
+        self.arm_timer(now + backoff, Timer::Atomic { slot, stamp });
     }
 
     /// Puts request `slot` on the wire (first time or again).

@@ -56,7 +56,8 @@ pub(crate) const fn cpus(plan: u32) -> u8 {
 pub(crate) enum Work {
     /// Send frame `frame` of tx record `slot` (message `seq`).
     Transmit { slot: u32, seq: u32, frame: u32, retransmit: bool },
-    /// DMA a received payload into rx record `slot` at message offset `off`.
+    /// DMA a received payload into rx record `slot` at message offset
+    /// `off` (`data` is one of `Queues`' payload buffers, returned after).
     Receive { slot: u32, seq: u32, off: u64, data: Vec<u8> },
     /// Every frame of rx record `slot` is in: complete the receive.
     Finish { slot: u32, seq: u32 },
@@ -67,10 +68,28 @@ pub(crate) enum Work {
 /// Bound of each queue: beyond it a step runs inline (never dropped).
 pub(crate) const QUEUE_MAX: usize = 1 << 16;
 
+/// Payload buffers for queued receive steps. Both drivers run the other
+/// CPU's queue after every call, and a call takes in at most one frame, so
+/// one or two are in use at a time.
+const PAYLOAD_BUFS: usize = 16;
+
 /// The per-CPU queues.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Queues {
     q: [VecDeque<Work>; 2],
+    /// Free payload buffers (`mtu` bytes each, made at boot): a received
+    /// frame waiting for the other CPU's DMA is copied into one, so the
+    /// receive path does not allocate per frame.
+    payloads: Vec<Vec<u8>>,
+}
+
+impl Queues {
+    /// Queues for `plan`; payload buffers only when it moves receiving to
+    /// another CPU.
+    pub(crate) fn new(plan: u32, mtu: u32) -> Queues {
+        let bufs = if cpus(plan) > 1 { PAYLOAD_BUFS } else { 0 };
+        Queues { q: Default::default(), payloads: (0..bufs).map(|_| Vec::with_capacity(mtu as usize)).collect() }
+    }
 }
 
 impl Nic {
@@ -78,6 +97,17 @@ impl Nic {
     pub(crate) fn defer(&self, step: Step) -> Option<u8> {
         let cpu = cpu_of(self.cfg.cpu_plan, step);
         (cpu != self.cpu && self.queues.q[cpu as usize].len() < QUEUE_MAX).then_some(cpu)
+    }
+
+    /// Queues the DMA of received `data` into rx record `slot` (message
+    /// `seq`) at message offset `off` on `cpu`, which `defer` gave.
+    pub(crate) fn enqueue_receive<H: Hal>(&mut self, hal: &mut H, cpu: u8, slot: u32, seq: u32, off: u64, data: &[u8]) {
+        // Past the pool (a driver that let the queue grow), a new buffer:
+        // the step must still be queued, in order with the record's finish.
+        let mut buf = self.queues.payloads.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(data);
+        self.enqueue(hal, cpu, Work::Receive { slot, seq, off, data: buf });
     }
 
     pub(crate) fn enqueue<H: Hal>(&mut self, hal: &mut H, cpu: u8, w: Work) {
@@ -113,18 +143,20 @@ impl Nic {
         match w {
             Work::Transmit { slot, seq, frame, retransmit } => {
                 if self.tx.get(slot).is_some_and(|m| m.seq == seq) {
-                    if let Err(st) = self.send_frame(hal, now, slot, frame, retransmit) {
+                    if let Err(st) = self.send_frame(hal, slot, frame, retransmit) {
                         self.finish_tx(hal, now, slot, st);
                     }
                 }
             }
             Work::Receive { slot, seq, off, data } => {
-                let Some(m) = self.rx.get(slot).filter(|m| m.seq == seq) else { return };
-                let (port, desc) = (m.port, m.desc);
-                let io = self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data), emp_uapi::desc::MR_LOCAL_WRITE);
-                if let Err(e) = io {
-                    self.rx_error(slot, e);
+                if let Some(m) = self.rx.get(slot).filter(|m| m.seq == seq) {
+                    let (port, desc) = (m.port, m.desc);
+                    let to = Buf::ToHost(&data);
+                    if let Err(e) = self.sge_io(hal, port, desc.sges(), off, to, emp_uapi::desc::MR_LOCAL_WRITE) {
+                        self.rx_error(slot, e);
+                    }
                 }
+                self.queues.payloads.push(data);
             }
             Work::Finish { slot, seq } => {
                 if self.rx.get(slot).is_some_and(|m| m.seq == seq) {

@@ -25,9 +25,10 @@
 //! an `impl Nic` block for its concern (`host`: rings and completions,
 //! `tx`: sending, `rx`: receiving, `control`: ACK/NACK emission, `coll`:
 //! collectives, `atomic`: remote atomics, `cpu`: the NIC CPU plan); leaf
-//! records (`rx::RxMsg`, `tx::TxMsg`, `coll::CollOp`) own their bookkeeping
-//! and return outcomes (`RxMsg::record -> FrameOutcome`) rather than call
-//! back. This file holds the entry points and the frame dispatcher, which
+//! records (`rx::RxMsg`, `tx::TxMsg`, `coll::CollState`) own their
+//! bookkeeping and return outcomes (`RxMsg::record -> FrameOutcome`, a
+//! barrier's or reduction's `next() -> Send/Deliver/Wait/Done`) rather than
+//! call back. This file holds the entry points and the frame dispatcher, which
 //! routes between concerns: a receive record says who owns it
 //! (`rx::RxOwner`), so the receive path never calls the collective layer.
 //!
@@ -130,9 +131,14 @@ pub enum FlowControl {
 /// Tunables and table bounds. Every table is sized here, once.
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
-    /// Frames acknowledged together (EMP used 3). 1..=32.
+    /// Frames acknowledged together (EMP used 3). 1..=32. Peers must agree.
     pub group_size: u32,
-    /// Unacknowledged frames in flight per peer.
+    /// Unacknowledged frames in flight per peer, and how far a message's
+    /// frames may run ahead of its oldest unacknowledged group (a sliding
+    /// window: per-message state covers only that many frames' groups,
+    /// whatever the message's length). The receiver keeps state for the
+    /// same window and drops frames beyond it, so peers must agree on it,
+    /// as on `group_size`.
     pub window_frames: u32,
     /// Initial retransmission timeout.
     pub rto_ns: u64,
@@ -219,7 +225,18 @@ impl Default for Config {
     }
 }
 
+/// Largest window in groups ([`Config::window_groups`]): every send and
+/// receive record holds per-group state for that many groups, preallocated.
+pub const WINDOW_GROUPS_MAX: u32 = 256;
+
 impl Config {
+    /// Groups a message may have in flight: `window_frames / group_size`,
+    /// rounded up (the window's frames from a group's first frame end in
+    /// at most that many groups).
+    pub fn window_groups(&self) -> u32 {
+        self.window_frames.div_ceil(self.group_size)
+    }
+
     /// Checks the configuration; returns the first rule broken.
     pub fn invalid(&self) -> Option<&'static str> {
         if self.group_size == 0 || self.group_size > 32 {
@@ -227,6 +244,9 @@ impl Config {
         }
         if self.window_frames < self.group_size {
             return Some("window_frames < group_size");
+        }
+        if self.window_groups() > WINDOW_GROUPS_MAX {
+            return Some("window_frames / group_size must be <= WINDOW_GROUPS_MAX");
         }
         if self.rto_ns == 0 || self.rto_ns_max < self.rto_ns {
             return Some("rto_ns must be > 0 and <= rto_ns_max");
@@ -380,7 +400,11 @@ pub struct Nic {
     pub(crate) peer_index: HashMap<(u16, u16, u16), u32>,
     pub(crate) peer_free: Vec<u32>,
     pub(crate) tx: tx::TxTable,
+    /// Group windows of the send records (one per `tx` slot).
+    pub(crate) tx_rings: slots::Rings<tx::Group>,
     pub(crate) rx: rx::RxTable,
+    /// Group windows of the receive records (one per `rx` slot).
+    pub(crate) rx_rings: slots::Rings<u32>,
     pub(crate) atomics: atomic::AtomicTable,
     pub(crate) overflow: rx::Overflow,
     pub(crate) timers: TimerHeap,
@@ -463,10 +487,16 @@ impl Nic {
             peer_index: HashMap::new(),
             peer_free: (0..cfg.peers_max).rev().collect(),
             tx: slots::Slots::new(cfg.tx_max),
+            tx_rings: slots::Rings::new(cfg.tx_max, cfg.window_groups()),
             rx: slots::Slots::new(cfg.rx_max),
+            rx_rings: slots::Rings::new(cfg.rx_max, cfg.window_groups()),
             atomics: slots::Slots::new(cfg.atomic_max),
             overflow: rx::Overflow::new(cfg.overflow_slots, cfg.overflow_slot_size),
-            timers: TimerHeap::default(),
+            // Live timers: one per live group of every send record, one
+            // per atomic request, the receive sweep.
+            timers: TimerHeap::with_capacity(
+                cfg.tx_max as usize * cfg.window_groups() as usize + cfg.atomic_max as usize + 1,
+            ),
             ready: VecDeque::new(),
             mr_cursors: mr::CursorCache::new(layout.params.mr_entries),
             counters: [0; counter::COUNT],
@@ -474,7 +504,7 @@ impl Nic {
             heartbeat: 0,
             stamp: 0,
             cpu: 0,
-            queues: cpu::Queues::default(),
+            queues: cpu::Queues::new(cfg.cpu_plan, header.mtu),
             trace: VecDeque::with_capacity(32),
             sweep_armed: false,
             frame_buf: vec![0; MTU_MAX as usize],
@@ -652,6 +682,29 @@ impl Nic {
         self.publish(hal);
     }
 
+    /// Arms timer `t` at `deadline`. When the heap (sized at boot for every
+    /// timer that can be live at once) is full, the stale entries go first
+    /// (re-armed or answered: lazily cancelled), so arming never allocates.
+    pub(crate) fn arm_timer(&mut self, deadline: u64, t: timer::Timer) {
+        if self.timers.is_full() {
+            let mut timers = core::mem::take(&mut self.timers);
+            timers.retain(|t| self.timer_live(t));
+            self.timers = timers;
+        }
+        self.timers.arm(deadline, t);
+    }
+
+    /// Would the handler of `t` act on it (its stamp still current)?
+    fn timer_live(&self, t: &timer::Timer) -> bool {
+        match *t {
+            timer::Timer::Group { slot, group, stamp } => {
+                self.tx.get(slot).and_then(|m| m.groups.get(group)).is_some_and(|g| g.stamp == stamp)
+            }
+            timer::Timer::RxSweep => true,
+            timer::Timer::Atomic { slot, stamp } => self.atomics.get(slot).is_some_and(|a| a.stamp == stamp),
+        }
+    }
+
     /// Earliest time `handle_timeout` has work (may be early: a spurious
     /// call is a no-op).
     pub fn poll_timeout(&self) -> Option<u64> {
@@ -661,6 +714,14 @@ impl Nic {
     /// Counters (also published in the SRAM header).
     pub fn counters(&self) -> &[u64; counter::COUNT] {
         &self.counters
+    }
+
+    /// Bytes of per-message state the live send and receive records hold
+    /// (each record and its group window): bounded by the window, whatever
+    /// the messages' lengths.
+    pub fn message_state_bytes(&self) -> usize {
+        let tx: usize = self.tx.iter().map(|(_, m)| m.state_bytes()).sum();
+        tx + self.rx.iter().map(|(_, m)| m.state_bytes()).sum::<usize>()
     }
 
     /// Table occupancy.
@@ -699,15 +760,15 @@ impl Nic {
         s += &format!("  recent rx decisions (seq, frame, expected, outcome): {:?}\n", self.trace);
         for p in self.peers.iter().flatten() {
             let head = p.tx_queue.front().and_then(|&t| self.tx.get(t)).map(|m| {
-                let armed = m.groups.iter().filter(|g| g.stamp != 0).count();
+                let armed = m.groups.live().filter(|&g| m.groups.get(g).is_some_and(|x| x.stamp != 0)).count();
                 format!(
-                    "head seq {} queued at {} ns next {}/{} acked {}/{} armed {} rnr {}",
+                    "head seq {} queued at {} ns next {}/{} acked below {}/{} armed {} rnr {}",
                     m.seq,
                     m.queued_ns,
                     m.next_frame,
                     m.frame_count,
-                    m.groups_acked,
-                    m.groups.len(),
+                    m.groups.una(),
+                    m.groups.count(),
                     armed,
                     m.rnr_retries
                 )
@@ -742,6 +803,9 @@ impl Nic {
                 if m.peer != i {
                     return Err(format!("tx slot {s} belongs to peer {} not {i}", m.peer));
                 }
+                if !m.in_window(m.next_frame.saturating_sub(1), self.cfg.group_size, self.cfg.window_frames) {
+                    return Err(format!("tx slot {s} sent frame {} beyond its window", m.next_frame - 1));
+                }
                 inflight += m.inflight_frames;
                 tx_seen += 1;
             }
@@ -757,6 +821,14 @@ impl Nic {
         }
         if tx_seen != self.tx.used() {
             return Err(format!("{} tx records, {tx_seen} queued", self.tx.used()));
+        }
+        for (table, used, rings) in
+            [("tx", self.tx.used(), self.tx_rings.available()), ("rx", self.rx.used(), self.rx_rings.available())]
+        {
+            let max = if table == "tx" { self.cfg.tx_max } else { self.cfg.rx_max };
+            if used + rings != max {
+                return Err(format!("{used} {table} records and {rings} free group windows of {max}"));
+            }
         }
         let rx_listed: usize = self.live_peers().map(|(_, p)| p.rx_active.len()).sum();
         if rx_listed as u32 != self.rx.used() {
@@ -898,6 +970,7 @@ mod tests {
             Config { tx_max: 0, ..Config::default() },
             Config { rnr_delay_ns_max: 1, ..Config::default() },
             Config { atomic_max: 0, ..Config::default() },
+            Config { group_size: 1, window_frames: WINDOW_GROUPS_MAX + 1, ..Config::default() },
         ];
         for c in bad {
             assert!(c.invalid().is_some(), "{c:?} accepted");

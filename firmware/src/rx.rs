@@ -41,8 +41,15 @@ pub(crate) struct RxMsg {
     pub tag: u64,
     pub total_len: u64,
     pub frame_count: u32,
-    pub received: Vec<u64>,
-    pub group_counts: Vec<u8>,
+    /// Oldest incomplete group: every group below it is complete.
+    base: u32,
+    /// Which frames of groups `base..base + masks.len()` arrived, group g
+    /// in slot `g % masks.len()` (bit i = its i-th frame; a group is at
+    /// most 32 frames). A slot is cleared when `base` passes it. The sender
+    /// sends nothing beyond (it agrees on `window_frames` and
+    /// `group_size`); the slots come from a pool sized at boot
+    /// (`Nic::rx_rings`), so the state does not grow with the message.
+    masks: Box<[u32]>,
     pub frames_received: u32,
     pub highest: u32,
     pub last_activity: u64,
@@ -68,11 +75,15 @@ pub(crate) enum FrameOutcome {
     /// missing (bit i = the group's i-th frame), else 0. `all_done`: every
     /// frame of the message is in.
     Accepted { out_of_order: bool, group_done: bool, missing: u32, all_done: bool },
+    /// Beyond the receive window (more than `window_frames` past the oldest
+    /// incomplete group): a sender that disagrees on the window. Not kept.
+    BeyondWindow,
 }
 
 impl RxMsg {
     /// A fresh record for the message whose first frame is `hdr`/`msg`,
     /// landing in `desc`, reporting to `owner`; nothing received yet.
+    /// `masks` (cleared) holds the window's per-group state.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         port: u16,
@@ -82,8 +93,11 @@ impl RxMsg {
         desc: LocalDesc,
         owner: RxOwner,
         group_size: u32,
+        masks: Box<[u32]>,
         now: u64,
     ) -> RxMsg {
+        assert!(!masks.is_empty() && masks.iter().all(|&m| m == 0));
+        assert!((1..=32).contains(&group_size));
         RxMsg {
             port,
             peer,
@@ -92,8 +106,8 @@ impl RxMsg {
             tag: msg.tag,
             total_len: msg.total_len,
             frame_count: hdr.frame_count,
-            received: vec![0; (hdr.frame_count as usize).div_ceil(64)],
-            group_counts: vec![0; hdr.frame_count.div_ceil(group_size) as usize],
+            base: 0,
+            masks,
             frames_received: 0,
             highest: 0,
             last_activity: now,
@@ -118,35 +132,68 @@ impl RxMsg {
             && payload_len as u64 == expect_len
     }
 
-    fn has(&self, f: u32) -> bool {
-        self.received[f as usize / 64] & (1 << (f % 64)) != 0
+    /// Groups of the message.
+    fn group_count(&self) -> u32 {
+        self.frame_count.div_ceil(self.group_size)
     }
 
-    /// Records the arrival of frame `f` (< `frame_count`): the receive
-    /// bitmap, per-group counts and the contiguous prefix.
+    /// The mask of group `g` with every frame in.
+    fn full_mask(&self, g: u32) -> u32 {
+        let (first, end) = wire::group_range(self.group_size, self.frame_count, g);
+        u32::MAX >> (32 - (end - first))
+    }
+
+    /// Records the arrival of frame `f` (< `frame_count`): the group's
+    /// bitmask, the window and the contiguous prefix.
     pub fn record(&mut self, f: u32) -> FrameOutcome {
         assert!(f < self.frame_count, "frame {f} of {}", self.frame_count);
         let g = f / self.group_size;
+        if g < self.base {
+            return FrameOutcome::Duplicate { group_complete: true };
+        }
+        let ring = self.masks.len();
+        if g - self.base >= ring as u32 {
+            return FrameOutcome::BeyondWindow;
+        }
+        let full = self.full_mask(g);
         let (first, end) = wire::group_range(self.group_size, self.frame_count, g);
-        let group_len = (end - first) as u8;
-        if self.has(f) {
-            return FrameOutcome::Duplicate { group_complete: self.group_counts[g as usize] == group_len };
+        let bit = 1u32 << (f - first);
+        let mask = self.masks[g as usize % ring];
+        if mask & bit != 0 {
+            return FrameOutcome::Duplicate { group_complete: mask == full };
         }
         let out_of_order = f != 0 && f != self.highest + 1 && self.frames_received > 0;
-        self.received[f as usize / 64] |= 1 << (f % 64);
+        let mask = mask | bit;
+        self.masks[g as usize % ring] = mask;
         self.frames_received += 1;
         self.highest = self.highest.max(f);
-        self.group_counts[g as usize] += 1;
-        while self.contig < self.frame_count && self.has(self.contig) {
-            self.contig += 1;
+        let group_done = mask == full;
+        let missing = if !group_done && f + 1 == end { full & !mask } else { 0 };
+        if group_done && g == self.base {
+            self.slide();
         }
-        let group_done = self.group_counts[g as usize] == group_len;
-        let missing = if !group_done && f + 1 == end {
-            (first..end).filter(|&i| !self.has(i)).fold(0u32, |a, i| a | 1 << (i - first))
+        self.contig = if self.base == self.group_count() {
+            self.frame_count
         } else {
-            0
+            self.base * self.group_size + self.masks[self.base as usize % ring].trailing_ones()
         };
         FrameOutcome::Accepted { out_of_order, group_done, missing, all_done: self.frames_received == self.frame_count }
+    }
+
+    /// The oldest incomplete group completed: the window slides past every
+    /// complete group at its start, clearing their slots.
+    fn slide(&mut self) {
+        let ring = self.masks.len();
+        while self.base < self.group_count() && self.masks[self.base as usize % ring] == self.full_mask(self.base) {
+            self.masks[self.base as usize % ring] = 0;
+            self.base += 1;
+        }
+    }
+
+    /// Bytes of per-message state (record and window): bounded by the
+    /// window, not by the message's length.
+    pub fn state_bytes(&self) -> usize {
+        core::mem::size_of::<Self>() + core::mem::size_of_val(&*self.masks)
     }
 }
 
@@ -388,21 +435,16 @@ impl Nic {
     /// A receive was posted: if it matches a message this port refused,
     /// tell that sender to send it now instead of waiting out its backoff.
     pub(crate) fn kick_refused<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
-        let ready: Vec<(u32, u32)> = self
-            .peers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| {
-                let p = p.as_ref()?;
-                let refused = p.port == port
+        for peer in 0..self.peers.len() as u32 {
+            let refused = self.peers[peer as usize].as_ref().filter(|p| {
+                p.port == port
                     && !p.rnr_coll
                     && p.rnr_seq == Some(p.rx_expected)
-                    && d.matches(p.node, p.rport, p.rnr_tag);
-                refused.then_some((i as u32, p.rx_expected))
-            })
-            .collect();
-        for (peer, seq) in ready {
-            self.send_nack(hal, peer, seq, 0, 1, NackReason::Loss);
+                    && d.matches(p.node, p.rport, p.rnr_tag)
+            });
+            if let Some(seq) = refused.map(|p| p.rx_expected) {
+                self.send_nack(hal, peer, seq, 0, 1, NackReason::Loss);
+            }
         }
     }
 
@@ -442,16 +484,16 @@ impl Nic {
         if !seq_lt(self.peer(peer).rx_expected, floor) {
             return;
         }
-        let stale: Vec<u32> = self
-            .peer(peer)
-            .rx_active
-            .iter()
-            .copied()
+        // Finishing a record takes it out of `rx_active`: the next one moves up.
+        let mut i = 0;
+        while let Some(&r) = self.peer(peer).rx_active.get(i) {
             // A complete record only waits for its receiving CPU: keep it.
-            .filter(|&r| self.rx.get(r).is_some_and(|m| seq_lt(m.seq, floor) && m.frames_received < m.frame_count))
-            .collect();
-        for r in stale {
-            self.finish_rx(hal, now, r, Some(Status::SenderAborted));
+            let m = self.rx.get(r).expect("active record");
+            if seq_lt(m.seq, floor) && m.frames_received < m.frame_count {
+                self.finish_rx(hal, now, r, Some(Status::SenderAborted));
+            } else {
+                i += 1;
+            }
         }
         let p = self.peer_mut(peer);
         p.rx_expected = floor;
@@ -515,8 +557,12 @@ impl Nic {
         desc: LocalDesc,
         owner: RxOwner,
     ) -> Option<u32> {
-        let rec = RxMsg::new(hdr.dst_port, peer, hdr, msg, desc, owner, self.cfg.group_size, now);
-        let r = self.rx.insert(rec)?;
+        if self.rx.is_full() {
+            return None;
+        }
+        let masks = self.rx_rings.take();
+        let rec = RxMsg::new(hdr.dst_port, peer, hdr, msg, desc, owner, self.cfg.group_size, masks, now);
+        let r = self.rx.insert_checked(rec);
         self.peer_mut(peer).rx_active.push(r);
         self.arm_rx_sweep(now);
         Some(r)
@@ -526,7 +572,7 @@ impl Nic {
     pub(crate) fn arm_rx_sweep(&mut self, now: u64) {
         if !self.sweep_armed {
             self.sweep_armed = true;
-            self.timers.arm(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
+            self.arm_timer(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
         }
     }
 
@@ -599,6 +645,12 @@ impl Nic {
                 }
                 (group_done, missing, all_done)
             }
+            FrameOutcome::BeyondWindow => {
+                // The sender ran further ahead than the window both sides
+                // agree on: nothing of it is kept (the sender resends it).
+                self.count(counter::DROPPED_UNEXPECTED, 1);
+                return None;
+            }
         };
         let (deferred, stored_from) = self.store_payload(hal, r, f, payload);
         self.count(counter::RX_FRAMES, 1);
@@ -642,8 +694,7 @@ impl Nic {
         let io = match deferred {
             _ if n == 0 => Ok(()),
             Some(cpu) => {
-                let work = crate::cpu::Work::Receive { slot: r, seq, off, data: data[..n].to_vec() };
-                self.enqueue(hal, cpu, work);
+                self.enqueue_receive(hal, cpu, r, seq, off, &data[..n]);
                 Ok(())
             }
             None => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE),
@@ -664,7 +715,8 @@ impl Nic {
     /// (`error`, which overrides, else the record's own). The dispatcher
     /// (`Nic::finish_rx`) reports it to its owner.
     pub(crate) fn retire_rx(&mut self, r: u32, error: Option<Status>) -> (RxMsg, Option<Status>) {
-        let m = self.rx.remove(r);
+        let mut m = self.rx.remove(r);
+        self.rx_rings.give(core::mem::take(&mut m.masks));
         self.peer_mut(m.peer).rx_active.retain(|&x| x != r);
         if error.is_none() {
             self.count(counter::MSGS_RX, 1);
@@ -695,18 +747,14 @@ impl Nic {
     /// messages no frame arrived for within the timeout (one timer for all
     /// records, not one per message).
     pub(crate) fn on_rx_sweep<H: Hal>(&mut self, hal: &mut H, now: u64) {
-        let idle: Vec<u32> = self
-            .rx
-            .iter()
-            .filter(|(_, m)| now >= m.last_activity + self.cfg.rx_idle_timeout_ns)
-            .map(|(s, _)| s)
-            .collect();
-        for r in idle {
-            self.finish_rx(hal, now, r, Some(Status::SenderAborted));
+        for r in 0..self.cfg.rx_max {
+            if self.rx.get(r).is_some_and(|m| now >= m.last_activity + self.cfg.rx_idle_timeout_ns) {
+                self.finish_rx(hal, now, r, Some(Status::SenderAborted));
+            }
         }
         self.sweep_armed = self.rx.used() > 0;
         if self.sweep_armed {
-            self.timers.arm(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
+            self.arm_timer(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
         }
     }
 }
@@ -716,15 +764,31 @@ mod tests {
     use super::*;
     use emp_uapi::desc::WorkDesc;
 
-    fn record(frames: u32, group_size: u32) -> RxMsg {
+    fn record_in(frames: u32, group_size: u32, window_groups: usize) -> RxMsg {
         let hdr = FrameHeader { frame_count: frames, ..Default::default() };
         let msg = MsgHeader { tag: 7, total_len: frames as u64 * 1000 };
         let desc = LocalDesc::new(&WorkDesc::default());
-        RxMsg::new(0, 0, &hdr, &msg, desc, RxOwner::Recv, group_size, 0)
+        let masks = vec![0; window_groups].into_boxed_slice();
+        RxMsg::new(0, 0, &hdr, &msg, desc, RxOwner::Recv, group_size, masks, 0)
+    }
+
+    fn record(frames: u32, group_size: u32) -> RxMsg {
+        record_in(frames, group_size, 16)
     }
 
     fn accepted(group_done: bool, missing: u32, all_done: bool) -> FrameOutcome {
         FrameOutcome::Accepted { out_of_order: false, group_done, missing, all_done }
+    }
+
+    impl FrameOutcome {
+        fn with_out_of_order(self) -> FrameOutcome {
+            match self {
+                FrameOutcome::Accepted { group_done, missing, all_done, .. } => {
+                    FrameOutcome::Accepted { out_of_order: true, group_done, missing, all_done }
+                }
+                other => other,
+            }
+        }
     }
 
     #[test]
@@ -774,5 +838,50 @@ mod tests {
             m.record(f);
         }
         assert_eq!(m.record(3), accepted(true, 0, true));
+    }
+
+    #[test]
+    fn the_window_slides_with_the_oldest_incomplete_group() {
+        // Groups of 3, a window of 2 groups: frames 0..6 fit, frame 6 does not.
+        let mut m = record_in(12, 3, 2);
+        assert_eq!(m.record(6), FrameOutcome::BeyondWindow);
+        assert_eq!(m.frames_received, 0, "a frame beyond the window is not kept");
+        for f in [3, 4, 5] {
+            m.record(f);
+        }
+        assert_eq!(m.record(6), FrameOutcome::BeyondWindow, "group 0 still holds the window");
+        m.record(0);
+        m.record(1);
+        assert_eq!(m.contig, 2);
+        m.record(2);
+        // Groups 0 and 1 complete: the window is groups 2 and 3.
+        assert_eq!(m.contig, 6);
+        assert_eq!(m.record(4), FrameOutcome::Duplicate { group_complete: true });
+        assert_eq!(m.record(11), accepted(false, 0b011, false).with_out_of_order());
+        assert_eq!(m.record(6), accepted(false, 0, false).with_out_of_order());
+        for f in 7..11 {
+            m.record(f);
+        }
+        assert_eq!((m.contig, m.frames_received), (12, 12));
+    }
+
+    #[test]
+    fn a_group_of_32_frames_fills_its_mask() {
+        let mut m = record_in(64, 32, 1);
+        for f in 0..31 {
+            m.record(f);
+        }
+        assert_eq!(m.record(32), FrameOutcome::BeyondWindow);
+        assert_eq!(m.record(31), accepted(true, 0, false));
+        assert_eq!(m.contig, 32);
+        assert_eq!(m.record(63), accepted(false, 0x7FFF_FFFF, false).with_out_of_order());
+    }
+
+    #[test]
+    fn a_record_holds_as_much_state_for_1_gib_as_for_one_window() {
+        let frames_1g = wire::frames_for(1 << 30, 1500) as u32;
+        let (big, small) = (record_in(frames_1g, 3, 16), record_in(48, 3, 16));
+        assert_eq!(big.state_bytes(), small.state_bytes());
+        assert!(big.state_bytes() < 512, "{} bytes", big.state_bytes());
     }
 }

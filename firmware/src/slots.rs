@@ -47,3 +47,42 @@ impl<T> Slots<T> {
         v
     }
 }
+
+/// Fixed-length buffers lent to the records of one table (each record's
+/// window of per-group state): one per slot, all made at boot. A record
+/// takes one when it is created and gives it back when it retires, so
+/// creating a record never allocates, whatever its message's length.
+#[derive(Debug)]
+pub(crate) struct Rings<E> {
+    free: Vec<Box<[E]>>,
+    len: usize,
+}
+
+impl<E: Copy + Default> Rings<E> {
+    /// `count` buffers of `len` elements.
+    pub(crate) fn new(count: u32, len: u32) -> Self {
+        Rings {
+            free: (0..count).map(|_| vec![E::default(); len as usize].into_boxed_slice()).collect(),
+            len: len as usize,
+        }
+    }
+    /// A cleared buffer.
+    ///
+    /// # Panics
+    /// When none is left: there is one per slot of the table the records
+    /// live in, and callers take one only for a record the table has room for.
+    pub(crate) fn take(&mut self) -> Box<[E]> {
+        let mut b = self.free.pop().expect("one ring per table slot");
+        b.fill(E::default());
+        b
+    }
+    /// Returns a buffer `take` handed out.
+    pub(crate) fn give(&mut self, b: Box<[E]>) {
+        assert_eq!(b.len(), self.len, "a ring of this pool");
+        self.free.push(b);
+    }
+    /// Buffers not lent out.
+    pub(crate) fn available(&self) -> u32 {
+        self.free.len() as u32
+    }
+}

@@ -1,6 +1,9 @@
 //! Timers: a min-heap of deadlines with lazy cancellation. Every record that
 //! owns a timer keeps a stamp; re-arming or cancelling bumps the stamp, and
 //! a popped entry whose stamp no longer matches is ignored by its handler.
+//! The heap is sized at boot for every timer that can be live at once; when
+//! it is full, the stale entries are dropped (`Nic::arm_timer`), so arming
+//! never allocates.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -23,6 +26,21 @@ pub struct TimerHeap {
 }
 
 impl TimerHeap {
+    /// Room for `cap` timers.
+    pub fn with_capacity(cap: usize) -> TimerHeap {
+        TimerHeap { heap: BinaryHeap::with_capacity(cap) }
+    }
+
+    /// Arming one more would grow the heap.
+    pub fn is_full(&self) -> bool {
+        self.heap.len() >= self.heap.capacity()
+    }
+
+    /// Keeps only the timers `live` says are still wanted (in place).
+    pub(crate) fn retain(&mut self, mut live: impl FnMut(&Timer) -> bool) {
+        self.heap.retain(|Reverse((_, t))| live(t));
+    }
+
     /// Arms `t` at `deadline`.
     pub fn arm(&mut self, deadline: u64, t: Timer) {
         self.heap.push(Reverse((deadline, t)));

@@ -23,9 +23,87 @@ pub(crate) struct Group {
     pub stamp: u32,
     /// Frames of this group sent and counted in the peer's window.
     pub inflight: u32,
-    pub last_tx_ns: u64,
     /// When a NACK last triggered a resend of this group.
     pub nack_resend_ns: Option<u64>,
+}
+
+/// The groups of a message the sender may have in flight: a sliding window
+/// (TCP's snd_una + wnd). Every group below `una` is acknowledged; the
+/// sender sends no frame `window_frames` or more beyond `una`'s first
+/// frame, so at most `Config::window_groups` groups are live, group g in
+/// slot `g % slots.len()`. A slot is cleared when `una` passes it, ready
+/// for the group one window later. The slots come from a pool sized at
+/// boot (`Nic::tx_rings`): the state does not grow with the message.
+#[derive(Debug)]
+pub(crate) struct SendWindow {
+    /// Oldest unacknowledged group.
+    una: u32,
+    /// Groups of the message.
+    count: u32,
+    slots: Box<[Group]>,
+}
+
+impl SendWindow {
+    pub fn new(count: u32, slots: Box<[Group]>) -> SendWindow {
+        assert!(!slots.is_empty());
+        SendWindow { una: 0, count, slots }
+    }
+
+    /// Groups of the message.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Oldest unacknowledged group (`count` once every group is).
+    pub fn una(&self) -> u32 {
+        self.una
+    }
+
+    /// Every group is acknowledged.
+    pub fn done(&self) -> bool {
+        self.una == self.count
+    }
+
+    /// The live groups: from `una` to the end of the window or the message.
+    pub fn live(&self) -> core::ops::Range<u32> {
+        self.una..self.count.min(self.una.saturating_add(self.slots.len() as u32))
+    }
+
+    /// Group `g`'s state while it is live.
+    pub fn get(&self, g: u32) -> Option<&Group> {
+        self.live().contains(&g).then(|| &self.slots[g as usize % self.slots.len()])
+    }
+
+    pub fn get_mut(&mut self, g: u32) -> Option<&mut Group> {
+        let n = self.slots.len();
+        self.live().contains(&g).then(|| &mut self.slots[g as usize % n])
+    }
+
+    /// Group `g` was acknowledged: returns its frames that were in flight,
+    /// or `None` when it is not live or was already acknowledged. The
+    /// window slides past every acknowledged group at its start.
+    pub fn ack(&mut self, g: u32) -> Option<u32> {
+        let grp = self.get_mut(g).filter(|x| !x.acked)?;
+        grp.acked = true;
+        grp.stamp = 0;
+        let freed = core::mem::take(&mut grp.inflight);
+        let n = self.slots.len();
+        while self.una < self.count && self.slots[self.una as usize % n].acked {
+            self.slots[self.una as usize % n] = Group::default();
+            self.una += 1;
+        }
+        Some(freed)
+    }
+
+    /// The slots, to give back to the pool.
+    pub fn into_slots(self) -> Box<[Group]> {
+        self.slots
+    }
+
+    /// Bytes of state, the same for every message length.
+    pub fn state_bytes(&self) -> usize {
+        core::mem::size_of::<Self>() + core::mem::size_of_val(&*self.slots)
+    }
 }
 
 /// A message being sent.
@@ -38,8 +116,8 @@ pub(crate) struct TxMsg {
     pub frame_count: u32,
     /// Next frame to send for the first time.
     pub next_frame: u32,
-    pub groups: Vec<Group>,
-    pub groups_acked: u32,
+    /// Per-group state of the groups in flight.
+    pub groups: SendWindow,
     pub inflight_frames: u32,
     pub rnr_retries: u32,
     /// Refused by the receiver (not ready) and waiting on an RNR timer.
@@ -51,6 +129,20 @@ pub(crate) struct TxMsg {
     /// Frames whose data exists (a broadcast forwarded while it arrives);
     /// frames from here on wait.
     pub limit: u32,
+}
+
+impl TxMsg {
+    /// May frame `f` go out? Not `window_frames` or more beyond the first
+    /// frame of the oldest unacknowledged group.
+    pub fn in_window(&self, f: u32, group_size: u32, window_frames: u32) -> bool {
+        (f as u64) < self.groups.una() as u64 * group_size as u64 + window_frames as u64
+    }
+
+    /// Bytes of per-message state (record and group window): bounded by
+    /// the window, not by the message's length.
+    pub fn state_bytes(&self) -> usize {
+        core::mem::size_of::<Self>() - core::mem::size_of::<SendWindow>() + self.groups.state_bytes()
+    }
 }
 
 /// Bounded table of transmission records.
@@ -97,8 +189,7 @@ impl Nic {
             seq,
             frame_count,
             next_frame: 0,
-            groups: vec![Group::default(); groups as usize],
-            groups_acked: 0,
+            groups: SendWindow::new(groups, self.tx_rings.take()),
             inflight_frames: 0,
             rnr_retries: 0,
             rnr_waiting: false,
@@ -169,17 +260,24 @@ impl Nic {
                 }
                 started += 1;
             }
-            let limit = self.tx.get(slot).expect("queued").limit;
+            let (gs, window) = (self.cfg.group_size, self.cfg.window_frames);
             for f in next..count {
-                if self.peer(peer).inflight_frames >= self.cfg.window_frames {
+                if self.peer(peer).inflight_frames >= window {
                     return;
                 }
-                if f >= limit {
+                let m = self.tx.get(slot).expect("queued");
+                if f >= m.limit {
                     // A forwarded broadcast frame not here yet: later
                     // messages to this peer wait behind it, in order.
                     return;
                 }
-                if let Err(st) = self.transmit(hal, now, slot, f, false) {
+                if !m.in_window(f, gs, window) {
+                    // The oldest unacknowledged group holds the window (a
+                    // loss): acknowledged groups above it do not open it,
+                    // and later messages wait behind this one, in order.
+                    return;
+                }
+                if let Err(st) = self.transmit(hal, slot, f, false) {
                     self.finish_tx(hal, now, slot, st);
                     qi -= 1;
                     break;
@@ -189,7 +287,7 @@ impl Nic {
                 let m = self.tx.get_mut(slot);
                 m.next_frame = f + 1;
                 m.inflight_frames += 1;
-                m.groups[g as usize].inflight += 1;
+                m.groups.get_mut(g).expect("a frame in the window is of a live group").inflight += 1;
                 self.peer_mut(peer).inflight_frames += 1;
                 if f + 1 == end {
                     self.arm_group(now, slot, g, None);
@@ -202,10 +300,10 @@ impl Nic {
     fn arm_group(&mut self, now: u64, slot: u32, g: u32, delay: Option<u64>) {
         let stamp = self.next_stamp();
         let (rto, rto_max) = (self.cfg.rto_ns, self.cfg.rto_ns_max);
-        let grp = &mut self.tx.get_mut(slot).groups[g as usize];
+        let grp = self.tx.get_mut(slot).groups.get_mut(g).expect("a live group is armed");
         grp.stamp = stamp;
         let backoff = rto.saturating_mul(1u64 << grp.retries.min(20)).min(rto_max);
-        self.timers.arm(now + delay.unwrap_or(backoff), Timer::Group { slot, group: g, stamp });
+        self.arm_timer(now + delay.unwrap_or(backoff), Timer::Group { slot, group: g, stamp });
     }
 
     pub(crate) fn next_stamp(&mut self) -> u32 {
@@ -214,14 +312,14 @@ impl Nic {
     }
 
     /// The transmission step: runs now, or on the CPU the plan gives it.
-    fn transmit<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, f: u32, retransmit: bool) -> Result<(), Status> {
+    fn transmit<H: Hal>(&mut self, hal: &mut H, slot: u32, f: u32, retransmit: bool) -> Result<(), Status> {
         match self.defer(crate::cpu::Step::Transmission) {
             Some(cpu) => {
                 let seq = self.tx.get(slot).expect("live").seq;
                 self.enqueue(hal, cpu, crate::cpu::Work::Transmit { slot, seq, frame: f, retransmit });
                 Ok(())
             }
-            None => self.send_frame(hal, now, slot, f, retransmit),
+            None => self.send_frame(hal, slot, f, retransmit),
         }
     }
 
@@ -229,7 +327,6 @@ impl Nic {
     pub(crate) fn send_frame<H: Hal>(
         &mut self,
         hal: &mut H,
-        now: u64,
         slot: u32,
         f: u32,
         retransmit: bool,
@@ -273,8 +370,6 @@ impl Nic {
         self.frame_buf = buf;
         r?;
         self.count(if retransmit { counter::RETRANSMITS } else { counter::TX_FRAMES }, 1);
-        let g = f / self.cfg.group_size;
-        self.tx.get_mut(slot).groups[g as usize].last_tx_ns = now;
         Ok(())
     }
 
@@ -289,13 +384,13 @@ impl Nic {
 
     /// Resends the frames of group `g` already sent once (all of them, or
     /// those in `mask` relative to the group's first frame).
-    fn resend_group<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, mask: u32) -> Result<(), Status> {
+    fn resend_group<H: Hal>(&mut self, hal: &mut H, slot: u32, g: u32, mask: u32) -> Result<(), Status> {
         let m = self.tx.get(slot).expect("live");
         let (first, end) = wire::group_range(self.cfg.group_size, m.frame_count, g);
         let end = end.min(m.next_frame);
         for f in first..end {
             if mask & (1 << (f - first)) != 0 {
-                self.transmit(hal, now, slot, f, true)?;
+                self.transmit(hal, slot, f, true)?;
             }
         }
         Ok(())
@@ -303,8 +398,8 @@ impl Nic {
 
     pub(crate) fn on_group_timeout<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, stamp: u32) {
         // Stamps are unique across slot reuse; the slot may now hold a
-        // shorter message.
-        let Some(&grp) = self.tx.get(slot).and_then(|m| m.groups.get(g as usize)) else { return };
+        // shorter message, and an acknowledged group's slot another group.
+        let Some(&grp) = self.tx.get(slot).and_then(|m| m.groups.get(g)) else { return };
         if grp.stamp != stamp || grp.acked {
             return;
         }
@@ -312,8 +407,8 @@ impl Nic {
         if grp.retries >= self.cfg.retry_limit {
             return self.finish_tx(hal, now, slot, Status::RetryLimitExceeded);
         }
-        self.tx.get_mut(slot).groups[g as usize].retries += 1;
-        if let Err(st) = self.resend_group(hal, now, slot, g, u32::MAX) {
+        self.tx.get_mut(slot).groups.get_mut(g).expect("live").retries += 1;
+        if let Err(st) = self.resend_group(hal, slot, g, u32::MAX) {
             return self.finish_tx(hal, now, slot, st);
         }
         self.arm_group(now, slot, g, None);
@@ -335,14 +430,12 @@ impl Nic {
         let m = self.tx.get_mut(slot);
         let was_refused = core::mem::take(&mut m.rnr_waiting);
         let seq = m.seq;
-        let Some(grp) = m.groups.get_mut(body.group as usize) else { return };
-        if !grp.acked {
-            grp.acked = true;
-            grp.stamp = 0;
-            let n = core::mem::take(&mut grp.inflight);
+        if body.group >= m.groups.count() {
+            return;
+        }
+        if let Some(n) = m.groups.ack(body.group) {
             m.inflight_frames -= n;
-            m.groups_acked += 1;
-            let done = m.groups_acked as usize == m.groups.len();
+            let done = m.groups.done();
             self.peer_mut(peer).inflight_frames -= n;
             if done {
                 self.finish_tx(hal, now, slot, Status::Success);
@@ -358,26 +451,20 @@ impl Nic {
     /// buffers again, so the later messages it also refused are resent now
     /// instead of each waiting out its own backoff.
     fn resume_refused<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, after: u32) {
-        let later: Vec<u32> = self
-            .peer(peer)
-            .tx_queue
-            .iter()
-            .copied()
-            .filter(|&s| self.tx.get(s).is_some_and(|m| m.rnr_waiting && seq_lt(after, m.seq)))
-            .collect();
-        for s in later {
+        // The queue is in sequence order; each message found is taken out
+        // of waiting, and one that fails leaves the queue.
+        let waiting = |nic: &Nic, s: u32| nic.tx.get(s).is_some_and(|m| m.rnr_waiting && seq_lt(after, m.seq));
+        while let Some(s) = self.peer(peer).tx_queue.iter().copied().find(|&s| waiting(self, s)) {
             let m = self.tx.get_mut(s);
             m.rnr_waiting = false;
             m.rnr_retries = 0;
-            let groups: Vec<u32> = m
-                .groups
-                .iter()
-                .enumerate()
-                .filter(|(_, g)| !g.acked && g.inflight > 0)
-                .map(|(i, _)| i as u32)
-                .collect();
-            for g in groups {
-                if let Err(st) = self.resend_group(hal, now, s, g, u32::MAX) {
+            // Resending changes no group's acknowledgement or frames in flight.
+            for g in m.groups.live() {
+                let grp = self.tx.get(s).expect("live").groups.get(g).expect("live");
+                if grp.acked || grp.inflight == 0 {
+                    continue;
+                }
+                if let Err(st) = self.resend_group(hal, s, g, u32::MAX) {
                     self.finish_tx(hal, now, s, st);
                     break;
                 }
@@ -413,15 +500,15 @@ impl Nic {
         self.learn_remote(peer, hdr, body);
         let Some(slot) = self.find_tx(peer, hdr.msg_seq) else { return };
         let g = body.group;
-        if g as usize >= self.tx.get(slot).expect("live").groups.len() {
+        if g >= self.tx.get(slot).expect("live").groups.count() {
             return;
         }
         match reason {
             NackReason::Loss if g == 0 && body.missing_mask & 1 != 0 => {
                 // No header reached the receiver: nothing of the message was
                 // kept, so every unacknowledged group goes again.
-                let groups = self.tx.get(slot).expect("live").groups.len() as u32;
-                for g in 0..groups {
+                let groups = self.tx.get(slot).expect("live").groups.live();
+                for g in groups {
                     if self.tx.get(slot).is_none() {
                         break;
                     }
@@ -439,13 +526,14 @@ impl Nic {
     }
 
     fn on_loss_nack<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, mask: u32) {
-        let grp = self.tx.get(slot).expect("live").groups[g as usize];
+        // Groups outside the window are acknowledged, or have nothing in flight.
+        let Some(&grp) = self.tx.get(slot).expect("live").groups.get(g) else { return };
         // One fast retransmission per half RTO: a burst of NACKs costs one resend.
         if grp.acked || grp.inflight == 0 || grp.nack_resend_ns.is_some_and(|t| now < t + self.cfg.rto_ns / 2) {
             return;
         }
-        self.tx.get_mut(slot).groups[g as usize].nack_resend_ns = Some(now);
-        if let Err(st) = self.resend_group(hal, now, slot, g, mask) {
+        self.tx.get_mut(slot).groups.get_mut(g).expect("live").nack_resend_ns = Some(now);
+        if let Err(st) = self.resend_group(hal, slot, g, mask) {
             return self.finish_tx(hal, now, slot, st);
         }
         if grp.stamp != 0 {
@@ -468,10 +556,8 @@ impl Nic {
         if self.cfg.rnr_retry_limit != 0 && m.rnr_retries > self.cfg.rnr_retry_limit {
             return self.finish_tx(hal, now, slot, Status::RnrRetryExceeded);
         }
-        let grp = &mut m.groups[g as usize];
-        if grp.acked {
-            return;
-        }
+        // A group beyond the window was never sent: nothing to resend.
+        let Some(grp) = m.groups.get_mut(g).filter(|x| !x.acked) else { return };
         grp.retries = 0;
         if grp.inflight > 0 {
             // RNR backoff: a receiver that stays unready costs less and less.
@@ -489,26 +575,26 @@ impl Nic {
     /// message, so every later message is sent again from its first
     /// unacknowledged group once the refused one is accepted.
     fn rewind_after(&mut self, peer: u32, seq: u32) {
-        let later: Vec<u32> =
-            self.peer(peer).tx_queue.iter().copied().filter(|&s| seq_lt(seq, self.tx.get(s).expect("q").seq)).collect();
         let gs = self.cfg.group_size;
-        for s in later {
+        for qi in 0..self.peer(peer).tx_queue.len() {
+            let s = self.peer(peer).tx_queue[qi];
+            if !seq_lt(seq, self.tx.get(s).expect("queued").seq) {
+                continue;
+            }
             let m = self.tx.get_mut(s);
             let mut freed = 0;
-            let mut first_unacked = None;
-            for (i, grp) in m.groups.iter_mut().enumerate() {
+            for g in m.groups.live() {
+                let grp = m.groups.get_mut(g).expect("live");
                 if grp.acked {
                     continue;
                 }
-                first_unacked.get_or_insert(i as u32);
                 freed += core::mem::take(&mut grp.inflight);
                 grp.stamp = 0;
                 grp.retries = 0;
             }
             m.inflight_frames -= freed;
-            if let Some(g) = first_unacked {
-                m.next_frame = m.next_frame.min(g * gs);
-            }
+            // The oldest unacknowledged group is the first to go again.
+            m.next_frame = m.next_frame.min(m.groups.una() * gs);
             self.peer_mut(peer).inflight_frames -= freed;
         }
     }
@@ -516,6 +602,7 @@ impl Nic {
     /// Retires a transmission record and reports it.
     pub(crate) fn finish_tx<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, status: Status) {
         let m = self.tx.remove(slot);
+        self.tx_rings.give(m.groups.into_slots());
         let p = self.peer_mut(m.peer);
         p.inflight_frames -= m.inflight_frames;
         p.tx_queue.retain(|&s| s != slot);
@@ -535,5 +622,69 @@ impl Nic {
             }
         }
         self.coll_unstall(hal, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(groups: u32, ring: usize) -> SendWindow {
+        SendWindow::new(groups, vec![Group::default(); ring].into_boxed_slice())
+    }
+
+    #[test]
+    fn acknowledged_groups_above_a_missing_one_do_not_slide_the_window() {
+        let mut w = window(10, 3);
+        assert_eq!(w.live(), 0..3);
+        w.get_mut(1).unwrap().inflight = 3;
+        assert_eq!(w.ack(1), Some(3));
+        assert_eq!(w.ack(1), None, "acknowledged once");
+        assert_eq!((w.una(), w.live()), (0, 0..3), "group 0 holds the window");
+        assert!(w.get(3).is_none(), "beyond the window");
+        assert_eq!(w.ack(0), Some(0));
+        assert_eq!((w.una(), w.live()), (2, 2..5), "slides past every acknowledged group");
+        assert!(w.get(1).is_none(), "below the window");
+        let g4 = w.get(4).unwrap();
+        assert!(!g4.acked && g4.inflight == 0, "group 4 starts clean in group 1's slot");
+        for g in 2..10 {
+            w.ack(g);
+        }
+        assert!(w.done());
+        assert_eq!(w.live(), 10..10);
+    }
+
+    #[test]
+    fn the_frame_window_starts_at_the_oldest_unacknowledged_group() {
+        let mut w = window(100, 16);
+        w.ack(0);
+        let m = |groups| TxMsg {
+            port: 0,
+            peer: 0,
+            desc: LocalDesc::new(&emp_uapi::desc::WorkDesc::default()),
+            seq: 0,
+            frame_count: 300,
+            next_frame: 0,
+            groups,
+            inflight_frames: 0,
+            rnr_retries: 0,
+            rnr_waiting: false,
+            queued_ns: 0,
+            coll: None,
+            limit: u32::MAX,
+        };
+        let m = m(w);
+        // Group 1 (frames 3..6) is the oldest unacknowledged: 48 frames from frame 3.
+        assert!(m.in_window(50, 3, 48));
+        assert!(!m.in_window(51, 3, 48));
+    }
+
+    #[test]
+    fn a_record_holds_as_much_state_for_1_gib_as_for_one_window() {
+        let frames_1g = wire::frames_for(1 << 30, 1500) as u32;
+        let big = window(frames_1g.div_ceil(3), 16);
+        let small = window(16, 16);
+        assert_eq!(big.state_bytes(), small.state_bytes());
+        assert!(big.state_bytes() < 1024, "{} bytes", big.state_bytes());
     }
 }

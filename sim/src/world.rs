@@ -2,6 +2,7 @@
 //! wire with latency, bandwidth, loss, duplication, reordering and
 //! partitions, all in virtual time driven by one seeded event queue.
 
+use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -104,6 +105,35 @@ pub struct Node {
     reveal_queued: bool,
 }
 
+thread_local! {
+    static IN_FIRMWARE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True while this thread runs the control program's own code: inside a
+/// `Nic` handler the world called, and not in the simulated hardware it
+/// calls back (`SimHal`). A counting allocator (`sim/tests/alloc.rs`) uses
+/// it to tell the firmware's allocations from the harness's. Safe to call
+/// from a global allocator (a const-initialised `Cell`, no destructor).
+pub fn inside_firmware() -> bool {
+    IN_FIRMWARE.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Marks what runs until it is dropped as firmware (`true`) or hardware
+/// (`false`) for [`inside_firmware`], then restores the previous mark.
+struct Running(bool);
+
+impl Running {
+    fn firmware(inside: bool) -> Running {
+        Running(IN_FIRMWARE.replace(inside))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        IN_FIRMWARE.set(self.0);
+    }
+}
+
 /// Frames a handler run emitted: (destination, bytes, ps into the run at
 /// which the work that produced it was done).
 type Out = Vec<(u16, Vec<u8>, u64)>;
@@ -130,26 +160,32 @@ impl SimHal<'_> {
 
 impl Hal for SimHal<'_> {
     fn sram_read(&mut self, off: usize, buf: &mut [u8]) {
+        let _hw = Running::firmware(false);
         buf.copy_from_slice(&self.sram[off..off + buf.len()]);
     }
     fn sram_write(&mut self, off: usize, data: &[u8]) {
+        let _hw = Running::firmware(false);
         self.sram[off..off + data.len()].copy_from_slice(data);
     }
     fn dma_read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        let _hw = Running::firmware(false);
         self.mem.nic_read(addr, buf).ok_or(DmaError)?;
         self.dma(buf.len());
         Ok(())
     }
     fn dma_write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
+        let _hw = Running::firmware(false);
         self.mem.nic_write(addr, data).ok_or(DmaError)?;
         self.dma(data.len());
         self.written_ps = self.work_ps;
         Ok(())
     }
     fn dma_fence(&mut self) {
+        let _hw = Running::firmware(false);
         self.mem.nic_fence();
     }
     fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]) {
+        let _hw = Running::firmware(false);
         let mut b = self.pool.pop().unwrap_or_default();
         b.clear();
         b.extend_from_slice(frame);
@@ -157,6 +193,7 @@ impl Hal for SimHal<'_> {
         self.out.push((dst_node, b, self.work_ps));
     }
     fn raise_interrupt(&mut self, _vector: u16) {
+        let _hw = Running::firmware(false);
         *self.interrupts += 1;
     }
 }
@@ -423,6 +460,7 @@ impl World {
                 dma_ps_per_byte: cost.nic_dma_ps_per_byte,
                 tx_ps: cost.nic_tx_frame_ns * 1000,
             };
+            let fw = Running::firmware(true);
             f(&mut n.nic, &mut hal, now);
             // The NIC's other CPUs run the steps queued for them (in time,
             // the NIC is one processor).
@@ -431,6 +469,7 @@ impl World {
                     n.nic.handle_cpu(&mut hal, now, c);
                 }
             }
+            drop(fw);
             // Debug runs (the test profile: every swarm seed) check the NIC's
             // tables after every handler, not only at quiesce.
             #[cfg(debug_assertions)]

@@ -608,11 +608,24 @@ struct emp_image_header {
 
 /* ------------------------------------------------------------------ */
 /* ioctl ABI of /dev/emp-nic (ioctl.rs)                                */
+/*                                                                     */
+/* Argument structs can grow at their end, as openat2's and clone3's   */
+/* do (copy_struct_from_user). The command number carries the          */
+/* caller's sizeof (_IOC_SIZE); the driver dispatches on type, number  */
+/* and direction and takes the argument's size from _IOC_SIZE:         */
+/*  - below the struct's first version (EMP_*_SIZE_VER0): EINVAL;      */
+/*  - shorter than the driver's struct: the rest reads as zero;        */
+/*  - longer: accepted when the bytes past the driver's struct are all */
+/*    zero, else E2BIG;                                                */
+/*  - the leading size field must equal _IOC_SIZE: EINVAL.             */
+/* Results are written back only by the read-write commands, and never */
+/* past the caller's size. An unknown command is ENOTTY. A caller      */
+/* built with another sizeof uses EMP_IOC_ENCODE with that size.       */
 /* ------------------------------------------------------------------ */
 
 /* EMP_IOC_QUERY result (80 bytes). */
 struct emp_query {
-	uint32_t size; /* caller sets sizeof(struct emp_query) */
+	uint32_t size; /* caller sets its command's size (_IOC_SIZE) */
 	uint16_t port;
 	uint16_t node_id;
 	uint32_t mtu;
@@ -632,7 +645,7 @@ struct emp_query {
 
 /* EMP_IOC_REG_MR argument (48 bytes). */
 struct emp_reg_mr {
-	uint32_t size;   /* caller sets sizeof(struct emp_reg_mr) */
+	uint32_t size;   /* caller sets its command's size (_IOC_SIZE) */
 	uint32_t access; /* EMP_MR_* */
 	uint64_t addr;
 	uint64_t length;
@@ -700,6 +713,17 @@ struct emp_group_clear {
 	((uint32_t)(((uint32_t)(dir) << 30) | ((uint32_t)(size) << 16) | \
 		    ((uint32_t)EMP_IOC_MAGIC << 8) | (uint32_t)(nr)))
 
+/* First versions: the smallest size each command accepts. */
+#define EMP_QUERY_SIZE_VER0 48U       /* through reserved0 */
+#define EMP_REG_MR_SIZE_VER0 32U      /* through reserved0 */
+#define EMP_DEREG_MR_SIZE_VER0 8U
+#define EMP_SET_EVENTFD_SIZE_VER0 16U
+#define EMP_ARM_SIZE_VER0 8U
+#define EMP_START_SIZE_VER0 24U
+#define EMP_GROUP_SET_SIZE_VER0 16U   /* through entry */
+#define EMP_GROUP_CLEAR_SIZE_VER0 8U
+
+/* The commands at the current sizes. */
 #define EMP_IOC_QUERY \
 	EMP_IOC_ENCODE(EMP_IOC_DIR_READ | EMP_IOC_DIR_WRITE, 1U, sizeof(struct emp_query))
 #define EMP_IOC_REG_MR \

@@ -1,16 +1,17 @@
 //! Driver TAP tests, run inside a guest with `emp.ko` loaded: `/dev/emp-nic`
 //! hands out one port per open file; QUERY, mmap, memory registration,
-//! events and groups refuse bad arguments with clean errnos, and a dying
-//! process leaves nothing behind.
+//! events and groups refuse bad arguments with clean errnos, argument
+//! structs of older and newer sizes are served as `copy_struct_from_user`
+//! does, and a dying process leaves nothing behind.
 
 use std::ffi::CString;
 
 use emp_tests::Tap;
 use emp_uapi::coll::TREE_ROOT;
 use emp_uapi::ioctl::{
-    ioc, EmpArm, EmpDeregMr, EmpGroupClear, EmpGroupSet, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM,
-    EMP_IOC_DEREG_MR, EMP_IOC_GROUP_CLEAR, EMP_IOC_GROUP_SET, EMP_IOC_MAGIC, EMP_IOC_QUERY, EMP_IOC_REG_MR,
-    EMP_IOC_SET_EVENTFD, EMP_IOC_START,
+    ioc, EmpArm, EmpDeregMr, EmpGroupClear, EmpGroupSet, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, IoctlArg,
+    IoctlCmd, EMP_IOC_ARM, EMP_IOC_DEREG_MR, EMP_IOC_GROUP_CLEAR, EMP_IOC_GROUP_SET, EMP_IOC_MAGIC, EMP_IOC_QUERY,
+    EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD, EMP_IOC_START,
 };
 use emp_uapi::sram::GroupEntry;
 use emp_uapi::Le;
@@ -51,7 +52,7 @@ fn expect_errno(what: &str, r: i64, want: i32) -> Result<(), String> {
 }
 
 fn main() {
-    let mut t = Tap::new(21, false);
+    let mut t = Tap::new(25, false);
     let fd = open_dev();
     t.check("open /dev/emp-nic", fd.as_ref().map(|_| ()).map_err(|e| e.clone()));
     let Ok(fd) = fd else { std::process::exit(t.finish()) };
@@ -90,9 +91,14 @@ fn main() {
     // SAFETY: an invalid user pointer: the kernel must refuse, not fault.
     let r = unsafe { libc::ioctl(fd, EMP_IOC_QUERY as _, 16usize as *mut u8) };
     t.check("QUERY with a bad pointer: EFAULT", expect_errno("QUERY", r as i64, libc::EFAULT));
-    // SAFETY: an unknown command.
-    let r = unsafe { libc::ioctl(fd, ioc(0, EMP_IOC_MAGIC, 0x7f, 0) as _, 0) };
-    t.check("unknown ioctl: ENOTTY", expect_errno("ioctl", r as i64, libc::ENOTTY));
+    t.check("unknown ioctl number, type or direction: ENOTTY", unknown_commands(fd));
+    t.check("older, shorter argument structs are zero-extended and work", older_structs(fd));
+    t.check("newer, longer argument structs with a zero tail work", newer_structs(fd));
+    t.check("newer argument structs with a non-zero tail: E2BIG", unknown_tails(fd));
+    t.check(
+        "argument structs below their first version, or whose size field is not the command's: EINVAL",
+        bad_sizes(fd),
+    );
     let map = |len: usize, prot: i32, off: i64| {
         // SAFETY: asking the kernel for a new mapping; no existing memory is touched.
         unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, off) }
@@ -127,6 +133,202 @@ fn main() {
     // SAFETY: closing our descriptor.
     unsafe { libc::close(fd) };
     std::process::exit(t.finish());
+}
+
+// ---------------------------------------------------------------------------
+// Argument struct sizes (`copy_struct_from_user` semantics)
+// ---------------------------------------------------------------------------
+
+/// What the caller's buffer holds past its struct: the driver must neither
+/// read it (a shorter struct is zero-extended) nor write it.
+const GUARD: u8 = 0xA5;
+
+/// The buffer of a caller whose struct `T` is `size` bytes: `v` encoded
+/// with its `size` field set, cut at `size` or followed by zeros up to it
+/// (a newer caller's fields this driver does not know), then guard bytes.
+fn sized_arg<T: IoctlArg>(v: &T, size: usize) -> Vec<u8> {
+    let mut b = vec![GUARD; size.max(T::SIZE) + 16];
+    v.put(&mut b[..T::SIZE]);
+    b[T::SIZE..size.max(T::SIZE)].fill(0);
+    b[..4].copy_from_slice(&(size as u32).to_le_bytes());
+    b[size..].fill(GUARD);
+    b
+}
+
+/// `cmd` with an argument struct of `size` bytes (the command number is
+/// built with that size, as a caller compiled against it would).
+fn ioctl_sized(fd: i32, cmd: IoctlCmd, b: &mut [u8], size: usize) -> Result<(), i32> {
+    assert!(b.len() >= size);
+    // SAFETY: the buffer holds at least the `size` bytes the command says.
+    let r = unsafe { libc::ioctl(fd, cmd.with_size(size) as _, b.as_mut_ptr()) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+/// The guard past the caller's `size` bytes is intact.
+fn guard_intact(b: &[u8], size: usize, what: &str) -> Result<(), String> {
+    match b[size..].iter().position(|&x| x != GUARD) {
+        None => Ok(()),
+        Some(i) => Err(format!("{what}: the driver wrote byte {} past the caller's {size}", size + i)),
+    }
+}
+
+fn unknown_commands(fd: i32) -> Result<(), String> {
+    let cases = [
+        ("number 0x7f", ioc(0, EMP_IOC_MAGIC, 0x7f, 0)),
+        ("number 9", ioc(3, EMP_IOC_MAGIC, 9, EmpQuery::SIZE)),
+        ("QUERY's number, another type", ioc(3, b'F' as u32, 1, EmpQuery::SIZE)),
+        ("QUERY's number, write-only", ioc(1, EMP_IOC_MAGIC, 1, EmpQuery::SIZE)),
+        ("ARM's number, read-write", ioc(3, EMP_IOC_MAGIC, 4, EmpArm::SIZE)),
+    ];
+    let mut wrong = Vec::new();
+    for (what, cmd) in cases {
+        let mut b = [0u8; 128];
+        b[..4].copy_from_slice(&(EmpQuery::SIZE as u32).to_le_bytes());
+        // SAFETY: a valid buffer larger than any size these commands carry.
+        let r = unsafe { libc::ioctl(fd, cmd as _, b.as_mut_ptr()) };
+        if let Err(e) = expect_errno(what, r as i64, libc::ENOTTY) {
+            wrong.push(e);
+        }
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
+}
+
+/// QUERY at its first version (48 bytes), REG_MR at 32 and GROUP_SET at 16
+/// bytes. The guard past GROUP_SET's 16 bytes would be non-zero reserved
+/// fields (`EINVAL`) if the driver read them instead of zero-extending.
+fn older_structs(fd: i32) -> Result<(), String> {
+    let full = query(fd)?;
+    let mut b = sized_arg(&EmpQuery::default(), 48);
+    ioctl_sized(fd, IoctlCmd::Query, &mut b, 48).map_err(|e| format!("QUERY at 48 bytes: errno {e}"))?;
+    let q = EmpQuery::get(&b[..EmpQuery::SIZE]);
+    if (q.size, q.port, q.node_id, q.mtu, q.window_size, q.port_count)
+        != (48, full.port, full.node_id, full.mtu, full.window_size, full.port_count)
+    {
+        return Err(format!("QUERY at 48 bytes returned {q:?}, the full QUERY {full:?}"));
+    }
+    guard_intact(&b, 48, "QUERY at 48 bytes")?;
+
+    let buf = anon(65536);
+    let base = pinned(fd);
+    let mut b = sized_arg(&EmpRegMr { access: 3, addr: buf, length: 8192, ..Default::default() }, 32);
+    ioctl_sized(fd, IoctlCmd::RegMr, &mut b, 32).map_err(|e| format!("REG_MR at 32 bytes: errno {e}"))?;
+    // The key lies inside the caller's 32 bytes.
+    let key = EmpRegMr::get(&b[..EmpRegMr::SIZE]).key;
+    let held = pinned(fd) - base;
+    guard_intact(&b, 32, "REG_MR at 32 bytes")?;
+    dereg_mr(fd, key).map_err(|e| format!("DEREG_MR of the key REG_MR at 32 bytes returned: errno {e}"))?;
+    if held != 2 {
+        return Err(format!("REG_MR at 32 bytes of 8 KiB pinned {held} pages"));
+    }
+
+    let (gfd, gq) = started_port()?;
+    let r = (|| {
+        let mut eb = vec![0u8; GroupEntry::SIZE];
+        group_entry(&gq, 11, 1).put(&mut eb);
+        let mut b = sized_arg(&EmpGroupSet { entry: eb.as_ptr() as u64, ..Default::default() }, 16);
+        ioctl_sized(gfd, IoctlCmd::GroupSet, &mut b, 16).map_err(|e| format!("GROUP_SET at 16 bytes: errno {e}"))?;
+        let slot = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        guard_intact(&b, 16, "GROUP_SET at 16 bytes")?;
+        group_clear(gfd, slot).map_err(|e| format!("GROUP_CLEAR of slot {slot}: errno {e}"))
+    })();
+    close(gfd);
+    r
+}
+
+/// QUERY and REG_MR with 16 and 4000 bytes more than the driver knows, all
+/// zero: served, and the caller's tail is left as it was.
+fn newer_structs(fd: i32) -> Result<(), String> {
+    let full = query(fd)?;
+    for size in [EmpQuery::SIZE + 16, 4000] {
+        let mut b = sized_arg(&EmpQuery::default(), size);
+        ioctl_sized(fd, IoctlCmd::Query, &mut b, size).map_err(|e| format!("QUERY at {size} bytes: errno {e}"))?;
+        let q = EmpQuery::get(&b[..EmpQuery::SIZE]);
+        if (q.size as usize, q.port, q.window_size, q.group_entries)
+            != (size, full.port, full.window_size, full.group_entries)
+        {
+            return Err(format!("QUERY at {size} bytes returned {q:?}, the full QUERY {full:?}"));
+        }
+        if b[EmpQuery::SIZE..size].iter().any(|&x| x != 0) {
+            return Err(format!("QUERY at {size} bytes: the driver wrote past its own struct"));
+        }
+        guard_intact(&b, size, "QUERY")?;
+    }
+    let buf = anon(65536);
+    let size = EmpRegMr::SIZE + 16;
+    let mut b = sized_arg(&EmpRegMr { access: 3, addr: buf, length: 4096, ..Default::default() }, size);
+    ioctl_sized(fd, IoctlCmd::RegMr, &mut b, size).map_err(|e| format!("REG_MR at {size} bytes: errno {e}"))?;
+    guard_intact(&b, size, "REG_MR")?;
+    dereg_mr(fd, EmpRegMr::get(&b[..EmpRegMr::SIZE]).key).map_err(|e| format!("DEREG_MR: errno {e}"))
+}
+
+/// A non-zero byte anywhere past the driver's struct: `E2BIG`, nothing done.
+fn unknown_tails(fd: i32) -> Result<(), String> {
+    let base = pinned(fd);
+    let buf = anon(65536);
+    let mut wrong = Vec::new();
+    let mut expect = |what: String, got: Result<(), i32>| {
+        if got != Err(libc::E2BIG) {
+            wrong.push(format!("{what}: {got:?}, want errno {}", libc::E2BIG));
+        }
+    };
+    for (size, at) in [(EmpQuery::SIZE + 16, EmpQuery::SIZE), (EmpQuery::SIZE + 16, EmpQuery::SIZE + 15), (4000, 3999)]
+    {
+        let mut b = sized_arg(&EmpQuery::default(), size);
+        b[at] = 1;
+        expect(format!("QUERY at {size} bytes, byte {at} set"), ioctl_sized(fd, IoctlCmd::Query, &mut b, size));
+    }
+    let size = EmpRegMr::SIZE + 8;
+    let mut b = sized_arg(&EmpRegMr { access: 3, addr: buf, length: 4096, ..Default::default() }, size);
+    b[size - 1] = 0x80;
+    expect(format!("REG_MR at {size} bytes, last byte set"), ioctl_sized(fd, IoctlCmd::RegMr, &mut b, size));
+    let size = EmpArm::SIZE + 4;
+    let mut b = sized_arg(&EmpArm { events: 1, ..Default::default() }, size);
+    b[EmpArm::SIZE] = 1;
+    expect(format!("ARM at {size} bytes, byte 8 set"), ioctl_sized(fd, IoctlCmd::Arm, &mut b, size));
+    if pinned(fd) != base {
+        wrong.push(format!("a refused REG_MR pinned {} pages", pinned(fd) - base));
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
+}
+
+fn bad_sizes(fd: i32) -> Result<(), String> {
+    let mut wrong = Vec::new();
+    let mut expect = |what: &str, got: Result<(), i32>| {
+        if got != Err(libc::EINVAL) {
+            wrong.push(format!("{what}: {got:?}, want errno {}", libc::EINVAL));
+        }
+    };
+    let mut b = sized_arg(&EmpQuery::default(), 40);
+    expect("QUERY at 40 bytes (first version 48)", ioctl_sized(fd, IoctlCmd::Query, &mut b, 40));
+    let mut b = sized_arg(&EmpRegMr::default(), 24);
+    expect("REG_MR at 24 bytes (first version 32)", ioctl_sized(fd, IoctlCmd::RegMr, &mut b, 24));
+    let mut b = sized_arg(&EmpDeregMr::default(), 4);
+    expect("DEREG_MR at 4 bytes (first version 8)", ioctl_sized(fd, IoctlCmd::DeregMr, &mut b, 4));
+    let mut b = sized_arg(&EmpQuery::default(), 0);
+    expect("QUERY at 0 bytes", ioctl_sized(fd, IoctlCmd::Query, &mut b, 0));
+    let mut b = sized_arg(&EmpQuery::default(), 96);
+    b[..4].copy_from_slice(&(EmpQuery::SIZE as u32).to_le_bytes());
+    expect("QUERY at 96 bytes whose size field says 80", ioctl_sized(fd, IoctlCmd::Query, &mut b, 96));
+    let mut b = sized_arg(&EmpQuery::default(), 48);
+    b[..4].copy_from_slice(&(EmpQuery::SIZE as u32).to_le_bytes());
+    expect("QUERY at 48 bytes whose size field says 80", ioctl_sized(fd, IoctlCmd::Query, &mut b, 48));
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
 }
 
 fn reg_mr(fd: i32, addr: u64, length: u64, access: u32) -> Result<u32, i32> {
