@@ -51,8 +51,12 @@
 //! - `cpu.rs`: NIC CPU plans and the work one CPU queues for another.
 //! - `timer.rs`: the timer heap. `slots.rs`: bounded tables addressed by slot.
 //! - `group.rs`: the group table.
-//! - `coll.rs`: collectives (barrier, reduce, allreduce, broadcast,
-//!   multisend) and the frame cache.
+//! - `coll/mod.rs`: collective operation records (`CollOp`, `CollState`),
+//!   posting, accepting collective messages, progress, completion, flush.
+//!   `coll/barrier.rs`, `coll/reduce.rs`: the barrier and reduction state
+//!   machines and the steps that perform them; `coll/bcast.rs`: broadcast
+//!   forwarding and bounce slots; `coll/multisend.rs`: multisend;
+//!   `coll/cache.rs`: the per-operation frame cache.
 //! - `combine.rs`: the reduction arithmetic.
 //! - `atomic.rs`: remote atomics, requester and responder.
 //!
