@@ -36,8 +36,11 @@ setup:
 firmware: setup
 	@scripts/fw-image.sh
 
+# libemp.so.1, the C library with versioned symbols, is linked from libemp's
+# staticlib into target/release/lib/ (scripts/libemp-link.sh says why).
 build: firmware
 	$(CARGO) build --release --workspace --bins --examples --lib
+	@scripts/libemp-link.sh
 
 # The driver is formatted with the same rustfmt.toml (rustfmt follows its mod tree).
 fmt:

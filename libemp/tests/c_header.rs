@@ -12,8 +12,11 @@
 //!   in `emp.h` must be listed here, the listed fields must tile their
 //!   structure, and every value the Rust enums decode (status, dtype,
 //!   operator, barrier algorithm) must have a C constant.
-//! - Every function `emp.h` declares is exported by `libemp.so` under that
-//!   name, and `libemp.so` exports no other function or data.
+//! - `libemp.so.1`, linked from the staticlib built with this test by
+//!   `scripts/libemp-link.sh` (what `make build` runs) with `libemp.map`,
+//!   has SONAME `libemp.so.1` and exports every function `emp.h` declares
+//!   at version `EMP_1.0`, and nothing else; `libemp.map` lists exactly
+//!   those functions.
 
 use core::mem::{offset_of, size_of};
 use std::collections::{BTreeMap, BTreeSet};
@@ -151,18 +154,27 @@ fn manifest_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// emp.h without its comments.
-fn header_code() -> String {
-    let text = std::fs::read_to_string(manifest_dir().join("include/emp.h")).expect("include/emp.h");
+/// `text` (the file `what`) without its `/* … */` comments.
+fn strip_block_comments(text: &str, what: &str) -> String {
     let mut out = String::new();
-    let mut rest = text.as_str();
+    let mut rest = text;
     while let Some(i) = rest.find("/*") {
         out.push_str(&rest[..i]);
-        let end = rest[i..].find("*/").expect("unterminated comment in emp.h");
+        let end = rest[i..].find("*/").unwrap_or_else(|| panic!("unterminated comment in {what}"));
         rest = &rest[i + end + 2..];
     }
     out.push_str(rest);
-    out.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+    out
+}
+
+/// emp.h without its comments.
+fn header_code() -> String {
+    let text = std::fs::read_to_string(manifest_dir().join("include/emp.h")).expect("include/emp.h");
+    strip_block_comments(&text, "emp.h")
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn is_ident(c: char) -> bool {
@@ -347,36 +359,112 @@ fn run(cmd: &mut Command) -> String {
 }
 
 // ---------------------------------------------------------------------------
-// libemp.so
+// libemp.so.1
 // ---------------------------------------------------------------------------
 
-/// The `libemp.so` built with this test: next to it in `deps/` (the copy
-/// one level up is refreshed only by `cargo build`, and may be stale).
-fn libemp_so() -> PathBuf {
+/// The version every function of the C ABI carries.
+const ABI_VERSION: &str = "EMP_1.0";
+
+/// The staticlib built with this test: in `deps/` next to it, as
+/// `libemp-<metadata hash>.a` (the copy one level up is refreshed only by
+/// `cargo build`). Several hashes can sit there (feature sets unified
+/// differently by other cargo invocations); the newest is built from the
+/// current source, because cargo rebuilds this test's own copy first when
+/// the source changed.
+fn staticlib() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
-    let so = exe.parent().expect("target/<profile>/deps/<test>").join("libemp.so");
-    assert!(so.exists(), "{} not built (crate-type cdylib)", so.display());
-    so
+    let deps = exe.parent().expect("target/<profile>/deps/<test>");
+    let entries = std::fs::read_dir(deps).unwrap_or_else(|e| panic!("reading {}: {e}", deps.display()));
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("libemp-") && n.ends_with(".a")))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max()
+        .map(|(_, path)| path)
+        .unwrap_or_else(|| panic!("no libemp-*.a in {} (libemp's crate-type includes staticlib)", deps.display()))
 }
 
-/// Defined dynamic symbols of `so` (not the version definitions), each
-/// with its version (`name@@VERSION` → `(name, Some(VERSION))`).
-fn exported(so: &Path) -> Vec<(String, Option<String>)> {
-    let out = run(Command::new("nm").args(["-D", "--defined-only", "--with-symbol-versions"]).arg(so));
+/// `libemp.so.1` (and its link-time name `libemp.so`), linked into `dir`
+/// from [`staticlib`] by `scripts/libemp-link.sh`, as `make build` does.
+fn link_libemp(dir: &Path) -> PathBuf {
+    let script = manifest_dir().parent().expect("workspace").join("scripts/libemp-link.sh");
+    run(Command::new(script).arg(staticlib()).arg(dir));
+    dir.join("libemp.so.1")
+}
+
+/// Defined dynamic symbols of `so`, each with its version as `readelf`
+/// prints it: `@@EMP_1.0` for the default version, `@EMP_1.0` for a hidden
+/// one, empty for none. The symbols that stand for the version definitions
+/// (`versions`) are left out.
+fn exported(so: &Path, versions: &BTreeSet<String>) -> Vec<(String, String)> {
+    let out = run(Command::new("readelf").args(["--dyn-syms", "-W"]).arg(so));
     let mut v = Vec::new();
     for line in out.lines() {
-        // "<value> <type> <name>[@@VERSION]"
+        // "  70: 0000000000018680   311 FUNC    GLOBAL DEFAULT   13 emp_post_bcast@@EMP_1.0"
         let words: Vec<&str> = line.split_whitespace().collect();
-        let (Some(kind), Some(sym)) = (words.get(1), words.get(2)) else { continue };
-        if *kind == "A" {
-            continue; // a version definition (EMP_1.0 itself)
+        let [num, _value, _size, kind, _bind, _vis, ndx, sym, ..] = words[..] else { continue };
+        if num.trim_end_matches(':').parse::<u32>().is_err() || ndx == "UND" {
+            continue;
         }
-        match sym.split_once('@') {
-            Some((name, version)) => v.push((name.to_string(), Some(version.trim_start_matches('@').to_string()))),
-            None => v.push((sym.to_string(), None)),
+        let (name, version) = sym.find('@').map_or((sym, ""), |i| sym.split_at(i));
+        if kind == "OBJECT" && ndx == "ABS" && version.is_empty() && versions.contains(name) {
+            continue;
         }
+        v.push((name.to_string(), version.to_string()));
     }
     v
+}
+
+/// `readelf -d` and `-V` of `so`: its SONAME and the names of the versions
+/// it defines (the base version, named after the SONAME, included).
+fn soname_and_version_definitions(so: &Path) -> (Option<String>, BTreeSet<String>) {
+    let dynamic = run(Command::new("readelf").args(["-d", "-W"]).arg(so));
+    // " 0x… (SONAME)   Library soname: [libemp.so.1]"
+    let soname = dynamic
+        .lines()
+        .find(|l| l.contains("(SONAME)"))
+        .and_then(|l| Some(l[l.find('[')? + 1..l.rfind(']')?].to_string()));
+    let versions = run(Command::new("readelf").args(["-V", "-W"]).arg(so));
+    // "  0x001c: Rev: 1  Flags: none  Index: 2  Cnt: 1  Name: EMP_1.0", in
+    // the definition section only (the needs section names glibc's).
+    let definitions = versions
+        .split("Version needs section")
+        .next()
+        .unwrap_or("")
+        .lines()
+        .filter(|l| l.contains("Rev:"))
+        .filter_map(|l| l.split("Name: ").nth(1))
+        .map(|n| n.trim().to_string())
+        .collect();
+    (soname, definitions)
+}
+
+/// A node of `libemp.map`: `EMP_1.0 { global: a; b; local: *; };`.
+#[derive(Debug)]
+struct VersionNode {
+    name: String,
+    global: BTreeSet<String>,
+    local: BTreeSet<String>,
+}
+
+fn version_script() -> Vec<VersionNode> {
+    let text = std::fs::read_to_string(manifest_dir().join("libemp.map")).expect("libemp.map");
+    let code = strip_block_comments(&text, "libemp.map");
+    let names = |s: &str| s.split(';').map(str::trim).filter(|n| !n.is_empty()).map(String::from).collect();
+    let mut nodes = Vec::new();
+    let mut rest = code.as_str();
+    while let Some(open) = rest.find('{') {
+        let close = open + rest[open..].find('}').expect("unclosed node in libemp.map");
+        let body = &rest[open + 1..close];
+        let (global, local) = body.split_once("local:").unwrap_or((body, ""));
+        let global = global.trim_start();
+        let global = global.strip_prefix("global:").unwrap_or(global);
+        nodes.push(VersionNode { name: rest[..open].trim().to_string(), global: names(global), local: names(local) });
+        // Past "};" or "} EMP_1.0;" (a node naming its predecessor).
+        rest = &rest[close + 1..];
+        rest = &rest[rest.find(';').map_or(rest.len(), |i| i + 1)..];
+    }
+    nodes
 }
 
 // ---------------------------------------------------------------------------
@@ -460,18 +548,56 @@ fn header_layout_matches_rust() {
     assert_eq!(got.len(), want.len(), "the C program printed lines nobody expects");
 }
 
-/// libemp.so exports exactly the functions emp.h declares.
+/// `libemp.map` exports exactly the functions emp.h declares, all in
+/// `EMP_1.0`, and leaves everything else local.
 #[test]
-fn shared_object_exports_exactly_the_header() {
+fn version_script_lists_exactly_the_header() {
+    let nodes = version_script();
+    let [node] = &nodes[..] else {
+        panic!("libemp.map: only {ABI_VERSION} has shipped, so one node, found {nodes:?}");
+    };
+    assert_eq!(node.name, ABI_VERSION, "libemp.map's node");
+    let all: BTreeSet<String> = ["*".to_string()].into();
+    assert_eq!(node.local, all, "libemp.map must keep everything it does not list local (`local: *;`)");
     let declared = parse_header().functions;
-    let exported = exported(&libemp_so());
+    let mut errors = Vec::new();
+    for f in declared.difference(&node.global) {
+        errors.push(format!("{f} is declared in emp.h but libemp.map does not list it"));
+    }
+    for f in node.global.difference(&declared) {
+        errors.push(format!("libemp.map lists {f}, which emp.h does not declare"));
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+/// libemp.so.1 has SONAME libemp.so.1 and exports exactly the functions
+/// emp.h declares, each at version EMP_1.0: no Rust symbol leaks.
+#[test]
+fn shared_object_exports_exactly_the_header_at_emp_1_0() {
+    let dir = TempDir::new("libemp-link");
+    let so = link_libemp(&dir.0);
+    let link = std::fs::read_link(dir.0.join("libemp.so")).expect("libemp.so, the link-time name, is a symlink");
+    assert_eq!(link, Path::new("libemp.so.1"), "libemp.so must point at libemp.so.1");
+
+    let (soname, definitions) = soname_and_version_definitions(&so);
+    assert_eq!(soname.as_deref(), Some("libemp.so.1"), "SONAME of {}", so.display());
+    let want: BTreeSet<String> = ["libemp.so.1", ABI_VERSION].iter().map(|s| s.to_string()).collect();
+    assert_eq!(definitions, want, "version definitions of {} (the base version and {ABI_VERSION})", so.display());
+
+    let declared = parse_header().functions;
+    let exported = exported(&so, &definitions);
     let names: BTreeSet<String> = exported.iter().map(|(n, _)| n.clone()).collect();
     let mut errors = Vec::new();
     for f in declared.difference(&names) {
-        errors.push(format!("{f} is declared in emp.h but libemp.so does not export it"));
+        errors.push(format!("{f} is declared in emp.h but libemp.so.1 does not export it"));
     }
     for f in names.difference(&declared) {
-        errors.push(format!("libemp.so exports {f}, which emp.h does not declare"));
+        errors.push(format!("libemp.so.1 exports {f}, which emp.h does not declare"));
+    }
+    for (name, version) in &exported {
+        if *version != format!("@@{ABI_VERSION}") {
+            errors.push(format!("libemp.so.1 exports {name}{version}, not {name}@@{ABI_VERSION}"));
+        }
     }
     assert!(errors.is_empty(), "{}", errors.join("\n"));
 }

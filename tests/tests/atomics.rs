@@ -53,7 +53,13 @@ fn mcs_lock_example_loses_no_update() {
 fn c_atomic_example_builds_and_runs() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out_bin = std::env::temp_dir().join(format!("emp-c-atomic-{}", std::process::id()));
-    let lib = bin_dir();
+    // The C library `make build` links (scripts/libemp-link.sh).
+    let lib = bin_dir().join("lib");
+    assert!(
+        lib.join("libemp.so.1").exists() && lib.join("libemp.so").exists(),
+        "{}/libemp.so.1 or libemp.so missing: run `make build` (it links the C library from libemp's staticlib)",
+        lib.display()
+    );
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let st = Command::new(&cc)
         .args(["-Wall", "-Wextra", "-Werror", "-O2", "-I"])
@@ -62,8 +68,8 @@ fn c_atomic_example_builds_and_runs() {
         .arg("-L")
         .arg(&lib)
         .arg("-lemp")
-        // RPATH, not RUNPATH: cargo's LD_LIBRARY_PATH (target/debug, perhaps
-        // an older libemp.so) must not win over the release library.
+        // RPATH, not RUNPATH: cargo's LD_LIBRARY_PATH must not win over
+        // the release library.
         .arg("-Wl,--disable-new-dtags")
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .arg("-o")

@@ -7,6 +7,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -203,10 +204,25 @@ fn tampered_or_unsigned_firmware_is_refused_with_the_reason() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
-/// Compiles `libemp/examples/c/<name>.c` against libemp.so (-Werror).
+/// Where `make build` puts the C library: `libemp.so.1` with versioned
+/// symbols, and its link-time name `libemp.so` (scripts/libemp-link.sh).
+fn libemp_dir() -> PathBuf {
+    let lib = bin_dir().join("lib");
+    assert!(
+        lib.join("libemp.so.1").exists() && lib.join("libemp.so").exists(),
+        "{}/libemp.so.1 or libemp.so missing: run `make build` (it links the C library from libemp's staticlib)",
+        lib.display()
+    );
+    lib
+}
+
+/// Compiles `libemp/examples/c/<name>.c` against libemp.so.1 (-Werror).
 fn compile_c_example(name: &str) -> PathBuf {
-    let out_bin = std::env::temp_dir().join(format!("emp-c-{name}-{}", std::process::id()));
-    let lib = bin_dir();
+    // Tests compile the same example in parallel: one path per call.
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let out_bin = std::env::temp_dir().join(format!("emp-c-{name}-{}-{call}", std::process::id()));
+    let lib = libemp_dir();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let st = Command::new(&cc)
         .args(["-Wall", "-Wextra", "-Werror", "-O2", "-I"])
@@ -215,8 +231,8 @@ fn compile_c_example(name: &str) -> PathBuf {
         .arg("-L")
         .arg(&lib)
         .arg("-lemp")
-        // RPATH, not RUNPATH: cargo's LD_LIBRARY_PATH (target/debug/deps,
-        // perhaps an older libemp.so) must not win over the release library.
+        // RPATH, not RUNPATH: cargo's LD_LIBRARY_PATH must not win over
+        // the release library.
         .arg("-Wl,--disable-new-dtags")
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .arg("-o")
@@ -225,6 +241,31 @@ fn compile_c_example(name: &str) -> PathBuf {
         .expect("a C compiler (cc) is required");
     assert!(st.success(), "the C example {name} must compile");
     out_bin
+}
+
+/// A C program linked with `-lemp` records that it needs libemp.so.1 (the
+/// SONAME) and, for each function it calls, version EMP_1.0: the dynamic
+/// linker refuses it against a libemp without that version.
+#[test]
+fn c_example_needs_libemp_so_1_at_emp_1_0() {
+    let out_bin = compile_c_example("pingpong");
+    let readelf = |flag: &str| {
+        let o = Command::new("readelf").args([flag, "-W"]).arg(&out_bin).output().expect("readelf (binutils)");
+        assert!(o.status.success(), "readelf {flag} {}", out_bin.display());
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let dynamic = readelf("-d");
+    let versions = readelf("-V");
+    let symbols = readelf("--dyn-syms");
+    let _ = std::fs::remove_file(&out_bin);
+    assert!(dynamic.contains("Shared library: [libemp.so.1]"), "NEEDED entries:\n{dynamic}");
+    // "  0x0010:   Name: EMP_1.0  Flags: none  Version: 2" under "File: libemp.so.1"
+    let needs = versions.split("File: libemp.so.1").nth(1).unwrap_or_else(|| panic!("no libemp.so.1 in:\n{versions}"));
+    let needs = needs.split("File: ").next().unwrap_or("");
+    assert!(needs.contains("Name: EMP_1.0"), "libemp.so.1's needed versions:\n{versions}");
+    for f in ["emp_open_device", "emp_post_send", "emp_wait_cq", "emp_close_device"] {
+        assert!(symbols.contains(&format!(" {f}@EMP_1.0")), "{f} is not bound to EMP_1.0:\n{symbols}");
+    }
 }
 
 #[test]
