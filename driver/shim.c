@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * Static inlines emp.ko needs that have no Rust binding in 7.3
- * (../shared/KERNEL.md: "the escape hatch for static inlines"), and the
+ * (docs/kernel.md: "the escape hatch for static inlines"), and the
  * NIC's MSI-X vector setup (see irq.rs for why it is here).
  */
 #include <linux/eventfd.h>

@@ -1,5 +1,5 @@
 //! The ivshmem server side of a guest NIC (QEMU `ivshmem-doorbell`, see
-//! QEMU's docs/specs/ivshmem-spec and ../shared/KERNEL.md): one listening
+//! QEMU's docs/specs/ivshmem-spec and docs/kernel.md): one listening
 //! Unix stream socket per NIC; QEMU connects while it realizes the device.
 //!
 //! Protocol, server → QEMU only, each message one little-endian i64 with

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the kernel toolchain, idempotently, without pulling newer suites
-# into the system (../shared/KERNEL.md "apt: do not mix suites"):
+# into the system (docs/kernel.md, apt: do not mix suites):
 #   rustc-web + rust-web-src, clang/lld/llvm-22 (bookworm-security),
 #   QEMU 10 (bookworm-backports), busybox-static, kernel build tools,
 #   bindgen-cli (cargo, private root), linux-source-7.3 (trixie-backports,

@@ -128,7 +128,7 @@ nicd_pid=$!
 for _ in $(seq 100); do [ -S "$work/ivshmem$((nics - 1)).sock" ] && break; sleep 0.05; done
 sram_size=$(stat -c %s "$shm/sram0")
 
-# --- the guests (TCG; KVM only where it really works, see KERNEL.md) ---
+# --- the guests (TCG; KVM only where it really works, see docs/kernel.md) ---
 accel="tcg,thread=multi"
 cpu=max
 if grep -qE 'vmx|svm' /proc/cpuinfo && ! lsmod 2>/dev/null | grep -q kvm_pvm && [ -w /dev/kvm ]; then
