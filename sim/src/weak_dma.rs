@@ -128,16 +128,6 @@ impl PendingWrites {
         }
     }
 
-    /// Makes every write visible.
-    pub fn reveal_all(&mut self, mem: &mut [u8]) {
-        while let Some(epoch) = self.epochs.pop_front() {
-            for w in epoch {
-                mem[w.at..w.at + w.data.len()].copy_from_slice(&w.data);
-            }
-        }
-        self.open = false;
-    }
-
     /// Delay until the next reveal (ns): a host polls soon, not at once.
     pub fn next_delay_ns(&mut self) -> u64 {
         1 + self.rng.below(400)
