@@ -17,8 +17,9 @@ bin="$root/target/release"
 
 name=empsuite
 subnet=198.18.201
-# The wires to run. Both, once emp-nicd has the packet wire.
-wires="${EMP_NETNS_WIRES:-udp packet}"
+# The wires to run (EMP_NETNS_WIRES or --wires). The packet wire joins
+# once emp-nicd has it: then this is "udp packet".
+wires="${EMP_NETNS_WIRES:-udp}"
 faults=1
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -93,7 +94,7 @@ if [ "$(id -u)" -ne 0 ]; then
     failed=1
     finish
 fi
-for b in emp emp-nicd tap-p2p tap-robust tap-coll tap-coll-host tap-atomics; do
+for b in emp emp-nicd tap-p2p tap-robust tap-coll tap-coll-host tap-atomics tap-fault; do
     if [ ! -x "$bin/$b" ]; then
         echo "not ok - $bin/$b is missing: run make build"
         failed=1
@@ -133,7 +134,7 @@ for wire in $wires; do
             "not ok "*) failed=$((failed + 1)); echo "$line" ;;
             *) echo "$line" ;;
             esac
-        done < <(scripts/netns/faults.sh --config "$config" --bed "$bed/bed" --name "$name" 2>&1)
+        done < <(scripts/netns/faults.sh --config "$config" --name "$name" 2>&1)
     fi
     step "cluster down over $wire" "$bin/emp" cluster down --config "$config"
     config=""
