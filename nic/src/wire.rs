@@ -4,7 +4,7 @@
 //! across hosts without root.
 
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 
 /// Fault injection applied by every backend on transmit.
@@ -199,7 +199,7 @@ impl Wire for MemWire {
 /// One UDP socket per local NIC.
 pub struct UdpWire {
     socks: Vec<UdpSocket>,
-    routes: HashMap<u16, SocketAddrV4>,
+    routes: HashMap<u16, SocketAddr>,
     faults: Faults,
     rng: Prng,
     stats: WireStats,
@@ -208,7 +208,7 @@ pub struct UdpWire {
 
 impl UdpWire {
     /// Binds `binds[i]` for local NIC i; `routes` maps every node to its address.
-    pub fn new(binds: &[SocketAddrV4], routes: HashMap<u16, SocketAddrV4>, faults: Faults) -> std::io::Result<UdpWire> {
+    pub fn new(binds: &[SocketAddr], routes: HashMap<u16, SocketAddr>, faults: Faults) -> std::io::Result<UdpWire> {
         let socks = binds
             .iter()
             .map(|a| {
@@ -225,11 +225,6 @@ impl UdpWire {
             stats: WireStats::default(),
             buf: vec![0; 65536],
         })
-    }
-
-    /// Default address of node `n`: loopback, `base_port + n`.
-    pub fn loopback(base_port: u16, n: u16) -> SocketAddrV4 {
-        SocketAddrV4::new(Ipv4Addr::LOCALHOST, base_port + n)
     }
 }
 
