@@ -2,7 +2,6 @@
 //! each loading and verifying a signed control-program image, each serving
 //! direct-attach clients on `<socket-dir>/nic<node>.sock`.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -306,12 +305,13 @@ fn run(a: Args) -> Result<ExitCode, String> {
                 let iface = entry.as_ref().and_then(|e| e.interface.as_deref());
                 binds.push(emp_nic::route::with_scope(a, iface).map_err(|e| format!("node {n}: {e}"))?);
             }
-            let routes: HashMap<_, _> = p.routes.iter().filter_map(|(n, r)| Some((n, r.udp?))).collect();
-            if let Some((n, a)) = routes.iter().find(|(_, a)| a.is_ipv4() != binds[0].is_ipv4()) {
+            let wrong_family =
+                p.routes.iter().filter_map(|(n, r)| Some((n, r.udp?))).find(|(_, a)| a.is_ipv4() != binds[0].is_ipv4());
+            if let Some((n, a)) = wrong_family {
                 // A socket of one family cannot send to the other.
                 return Err(format!("udp: node {n} ({a}) and node {} ({}) differ in IP family", local[0], binds[0]));
             }
-            Box::new(UdpWire::new(&binds, routes, faults).map_err(|e| format!("udp: {e}"))?)
+            Box::new(UdpWire::new(&binds, p.routes.clone(), faults).map_err(|e| format!("udp: {e}"))?)
         }
     };
     // SAFETY: installing an async-signal-safe handler (it only stores an atomic).

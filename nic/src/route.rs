@@ -24,13 +24,15 @@ pub struct Route {
 pub struct RouteTable {
     routes: Vec<Route>,
     by_mac: HashMap<[u8; 6], u16>,
+    by_udp: HashMap<(IpAddr, u16), u16>,
 }
 
 impl RouteTable {
     /// A table of `routes[node]`.
     pub fn new(routes: Vec<Route>) -> RouteTable {
         let by_mac = routes.iter().enumerate().filter_map(|(n, r)| Some((r.mac?, n as u16))).collect();
-        RouteTable { routes, by_mac }
+        let by_udp = routes.iter().enumerate().filter_map(|(n, r)| Some((canon(&r.udp?), n as u16))).collect();
+        RouteTable { routes, by_mac, by_udp }
     }
 
     /// The one-machine chassis: node n at `127.0.0.1:base_port + n`.
@@ -73,6 +75,11 @@ impl RouteTable {
     /// The node whose Ethernet address is `mac`.
     pub fn node_of_mac(&self, mac: &[u8; 6]) -> Option<u16> {
         self.by_mac.get(mac).copied()
+    }
+
+    /// The node whose UDP address is `a` (scope and flow label aside).
+    pub fn node_of_udp(&self, a: &SocketAddr) -> Option<u16> {
+        self.by_udp.get(&canon(a)).copied()
     }
 
     /// The SRAM route table entry of `node` (invalid when it is not in the table).
@@ -135,15 +142,16 @@ pub fn if_index(name: &str) -> Result<u32, String> {
 /// Same host and port, whatever the IPv6 flow label or scope: a datagram's
 /// source as the kernel reports it against the address in the table.
 pub fn same_udp_source(a: &SocketAddr, b: &SocketAddr) -> bool {
-    fn canon(a: &SocketAddr) -> (IpAddr, u16) {
-        let ip = match a.ip() {
-            // An IPv4 peer seen on a dual-stack IPv6 socket.
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
-            v4 => v4,
-        };
-        (ip, a.port())
-    }
     canon(a) == canon(b)
+}
+
+fn canon(a: &SocketAddr) -> (IpAddr, u16) {
+    let ip = match a.ip() {
+        // An IPv4 peer seen on a dual-stack IPv6 socket.
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    };
+    (ip, a.port())
 }
 
 #[cfg(test)]
@@ -171,6 +179,9 @@ mod tests {
         assert_eq!(t.entry(3).valid, 0, "a node outside the table has no valid entry");
         assert_eq!(t.node_of_mac(&[2, 0, 0xc6, 0x12, 0, 1]), Some(0));
         assert_eq!(t.node_of_mac(&[2, 0, 0xc6, 0x12, 0, 9]), None);
+        assert_eq!(t.node_of_udp(&"198.18.0.1:47000".parse().unwrap()), Some(0));
+        assert_eq!(t.node_of_udp(&"[fe80::2%3]:47001".parse().unwrap()), Some(1));
+        assert_eq!(t.node_of_udp(&"198.18.0.1:47001".parse().unwrap()), None);
     }
 
     #[test]
