@@ -125,14 +125,14 @@ impl Wire for UdpWire {
 
     fn poll(&mut self, _now: u64, rx: &mut [VecDeque<Vec<u8>>]) -> usize {
         let mut n = 0;
-        for i in 0..self.socks.len() {
+        for (i, queue) in rx.iter_mut().enumerate().take(self.socks.len()) {
             // Bounded: at most 4 batches per socket per pass.
             for _ in 0..4 {
                 let got = self.batch.recv(self.socks[i].as_raw_fd());
                 for k in 0..got {
                     match self.accept(k) {
                         Ok(_) => {
-                            rx[i].push_back(self.batch.data(k).to_vec());
+                            queue.push_back(self.batch.data(k).to_vec());
                             n += 1;
                         }
                         Err(why) => self.stats.refused(why),
