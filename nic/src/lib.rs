@@ -11,6 +11,7 @@ pub mod fwlib;
 pub mod image;
 pub mod ivshmem;
 pub mod nic;
+pub mod route;
 pub mod sram;
 mod sys;
 pub mod wire;

@@ -2,7 +2,6 @@
 //! each loading and verifying a signed control-program image, each serving
 //! direct-attach clients on `<socket-dir>/nic<node>.sock`.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +13,7 @@ use emp_nic::engine::Engine;
 use emp_nic::firmware::boot_staged;
 use emp_nic::image::TrustedKeys;
 use emp_nic::nic::{power_on, NicConfig, SramBacking};
+use emp_nic::route::RouteTable;
 use emp_nic::wire::{Faults, MemWire, UdpWire, Wire};
 use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{LayoutParams, NicStatus, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
@@ -21,19 +21,27 @@ use emp_uapi::sram::{LayoutParams, NicStatus, FEATURE_MODIFIED_ACK_NACK, FEATURE
 #[derive(Parser, Debug)]
 #[command(name = "emp-nicd", about = "Emulated EMP NICs: a chassis of NICs running signed firmware")]
 struct Args {
-    /// NICs in this daemon.
+    /// Cluster file (TOML, docs/cluster.md): start the nodes it puts on
+    /// `--host`, with its wire, addresses and settings (flags given here
+    /// override its settings).
+    #[arg(long, requires = "host", conflicts_with_all = ["nics", "node_base", "nodes", "udp_base"])]
+    config: Option<PathBuf>,
+    /// With --config: which host of the file this daemon is.
+    #[arg(long, requires = "config")]
+    host: Option<String>,
+    /// NICs in this daemon (without --config).
     #[arg(long, default_value_t = 1)]
     nics: u16,
-    /// Node id of the first NIC.
+    /// Node id of the first NIC (without --config).
     #[arg(long, default_value_t = 0)]
     node_base: u16,
     /// Nodes in the cluster (route table size); default: node-base + nics.
     #[arg(long)]
     nodes: Option<u16>,
-    /// Wire backend.
-    #[arg(long, value_enum, default_value_t = WireKind::Mem)]
-    wire: WireKind,
-    /// UDP port of node 0 (node n uses base + n, on 127.0.0.1).
+    /// Wire backend [default: the cluster file's, else mem].
+    #[arg(long, value_enum)]
+    wire: Option<WireKind>,
+    /// UDP port of node 0 (node n uses base + n, on 127.0.0.1; without --config).
     #[arg(long, default_value_t = 47000)]
     udp_base: u16,
     /// Frame loss probability injected on transmit.
@@ -51,21 +59,21 @@ struct Args {
     /// Seed of the fault injector.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Directory for the NIC sockets.
-    #[arg(long, default_value = "/tmp/emp")]
-    socket_dir: PathBuf,
-    /// Signed firmware image.
-    #[arg(long, default_value = "firmware-blobs/emp-fw.bin")]
-    firmware: PathBuf,
-    /// Directory of trusted public keys (*.pub).
-    #[arg(long, default_value = "firmware-blobs")]
-    trusted: PathBuf,
-    /// Ports (processes) per NIC.
-    #[arg(long, default_value_t = 8)]
-    ports: u16,
-    /// MTU.
-    #[arg(long, default_value_t = 1500)]
-    mtu: u32,
+    /// Directory for the NIC sockets [default: the host's `dir`, else /tmp/emp].
+    #[arg(long)]
+    socket_dir: Option<PathBuf>,
+    /// Signed firmware image [default: the file's `firmware`, else firmware-blobs/emp-fw.bin].
+    #[arg(long)]
+    firmware: Option<PathBuf>,
+    /// Directory of trusted public keys (*.pub) [default: the file's `trusted_keys`, else firmware-blobs].
+    #[arg(long)]
+    trusted: Option<PathBuf>,
+    /// Ports (processes) per NIC [default: the file's `ports`, else 8].
+    #[arg(long)]
+    ports: Option<u16>,
+    /// MTU [default: the file's `mtu`, else 1500].
+    #[arg(long)]
+    mtu: Option<u32>,
     /// Overflow buffer slots for small unexpected messages.
     #[arg(long, default_value_t = 0)]
     overflow: u32,
@@ -100,10 +108,87 @@ enum Plan {
     Dsr,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum WireKind {
     Mem,
     Udp,
+}
+
+impl WireKind {
+    fn from_config(w: emp_config::WireKind) -> Result<WireKind, String> {
+        match w {
+            emp_config::WireKind::Mem => Ok(WireKind::Mem),
+            emp_config::WireKind::Udp => Ok(WireKind::Udp),
+            emp_config::WireKind::Packet => Err("the packet wire is not built into this emp-nicd yet".into()),
+        }
+    }
+}
+
+/// What this daemon runs, from the cluster file or the chassis flags.
+struct Setup {
+    /// Node ids of the local NICs (local index = position).
+    local: Vec<u16>,
+    routes: RouteTable,
+    wire: WireKind,
+    mtu: u32,
+    ports: u16,
+    socket_dir: PathBuf,
+    firmware: PathBuf,
+    trusted: PathBuf,
+    /// The cluster file's node entries of the local NICs (interfaces).
+    nodes: Vec<Option<emp_config::Node>>,
+}
+
+fn setup(a: &Args) -> Result<Setup, String> {
+    let Some(path) = &a.config else {
+        if a.nics == 0 {
+            return Err("--nics must be at least 1".into());
+        }
+        let nodes = a.nodes.unwrap_or(a.node_base + a.nics);
+        if a.node_base as u32 + a.nics as u32 > nodes as u32 {
+            return Err(format!("nodes {}..{} do not fit in --nodes {nodes}", a.node_base, a.node_base + a.nics));
+        }
+        let local: Vec<u16> = (a.node_base..a.node_base + a.nics).collect();
+        return Ok(Setup {
+            nodes: local.iter().map(|_| None).collect(),
+            local,
+            routes: RouteTable::loopback(nodes, a.udp_base),
+            wire: a.wire.unwrap_or(WireKind::Mem),
+            mtu: a.mtu.unwrap_or(1500),
+            ports: a.ports.unwrap_or(8),
+            socket_dir: a.socket_dir.clone().unwrap_or_else(|| "/tmp/emp".into()),
+            firmware: a.firmware.clone().unwrap_or_else(|| "firmware-blobs/emp-fw.bin".into()),
+            trusted: a.trusted.clone().unwrap_or_else(|| "firmware-blobs".into()),
+        });
+    };
+    let c = emp_config::ClusterConfig::load(path).map_err(|e| e.to_string())?;
+    let name = a.host.as_deref().expect("clap: --config requires --host");
+    let host = c.host(name).ok_or_else(|| {
+        let names: Vec<&str> = c.hosts.iter().map(|h| h.name.as_str()).collect();
+        format!("{}: no host {name:?} (hosts: {})", path.display(), names.join(", "))
+    })?;
+    let here: Vec<&emp_config::Node> = c.nodes_on(name).collect();
+    if here.is_empty() {
+        return Err(format!("{}: host {name:?} runs no node", path.display()));
+    }
+    let wire = match a.wire {
+        Some(w) => w,
+        None => WireKind::from_config(c.wire)?,
+    };
+    if wire == WireKind::Mem && here.len() != c.nodes.len() {
+        return Err("the mem wire reaches only this daemon's NICs: every node must be on this host".into());
+    }
+    Ok(Setup {
+        local: here.iter().map(|n| n.id).collect(),
+        nodes: here.iter().map(|&n| Some(n.clone())).collect(),
+        routes: RouteTable::from_config(&c),
+        wire,
+        mtu: a.mtu.or(c.mtu).unwrap_or(1500),
+        ports: a.ports.or(c.ports).unwrap_or(8),
+        socket_dir: a.socket_dir.clone().unwrap_or_else(|| host.dir.clone()),
+        firmware: a.firmware.clone().or(c.firmware.clone()).unwrap_or_else(|| "firmware-blobs/emp-fw.bin".into()),
+        trusted: a.trusted.clone().or(c.trusted_keys.clone()).unwrap_or_else(|| "firmware-blobs".into()),
+    })
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -133,13 +218,11 @@ fn main() -> ExitCode {
 }
 
 fn run(a: Args) -> Result<ExitCode, String> {
-    if a.nics == 0 || a.ports == 0 {
-        return Err("--nics and --ports must be at least 1".into());
+    let p = setup(&a)?;
+    if p.ports == 0 {
+        return Err("--ports must be at least 1".into());
     }
-    let nodes = a.nodes.unwrap_or(a.node_base + a.nics);
-    if a.node_base as u32 + a.nics as u32 > nodes as u32 {
-        return Err(format!("nodes {}..{} do not fit in --nodes {nodes}", a.node_base, a.node_base + a.nics));
-    }
+    let nodes = p.routes.len() as u16;
     for (name, p) in [("--loss", a.loss), ("--dup", a.dup), ("--reorder", a.reorder)] {
         if !(0.0..1.0).contains(&p) {
             return Err(format!("{name} must be in [0, 1)"));
@@ -148,15 +231,15 @@ fn run(a: Args) -> Result<ExitCode, String> {
     let image = match &a.vm_sram_dir {
         Some(_) => Vec::new(),
         None => {
-            std::fs::read(&a.firmware).map_err(|e| format!("{}: {e} (run `make firmware`)", a.firmware.display()))?
+            std::fs::read(&p.firmware).map_err(|e| format!("{}: {e} (run `make firmware`)", p.firmware.display()))?
         }
     };
-    let trusted = Arc::new(TrustedKeys::load_dir(&a.trusted).map_err(|e| format!("trusted keys: {e}"))?);
+    let trusted = Arc::new(TrustedKeys::load_dir(&p.trusted).map_err(|e| format!("trusted keys: {e}"))?);
     let staging = if a.vm_sram_dir.is_some() { 16 << 20 } else { (image.len().div_ceil(4096) * 4096).max(4096) };
     if let Some(d) = &a.vm_sram_dir {
         std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
     }
-    std::fs::create_dir_all(&a.socket_dir).map_err(|e| format!("{}: {e}", a.socket_dir.display()))?;
+    std::fs::create_dir_all(&p.socket_dir).map_err(|e| format!("{}: {e}", p.socket_dir.display()))?;
     let mut features = 0;
     if a.overflow > 0 {
         features |= FEATURE_OVERFLOW;
@@ -166,15 +249,14 @@ fn run(a: Args) -> Result<ExitCode, String> {
     }
     let mut nics = Vec::new();
     let mut failed = 0;
-    for i in 0..a.nics {
-        let node = a.node_base + i;
+    for &node in &p.local {
         let cfg = NicConfig {
             node,
             nodes,
-            mtu: a.mtu,
+            mtu: p.mtu,
             features,
             layout: LayoutParams {
-                ports: a.ports,
+                ports: p.ports,
                 route_entries: nodes as u32,
                 staging_size: staging as u32,
                 ..LayoutParams::default()
@@ -185,7 +267,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
                 cpu_plan: a.cpu_plan as u32,
                 ..Default::default()
             },
-            udp_base: a.udp_base,
+            routes: p.routes.clone(),
         };
         let sram_path = a.vm_sram_dir.as_ref().map(|d| d.join(format!("sram{node}")));
         let backing = match &sram_path {
@@ -203,22 +285,33 @@ fn run(a: Args) -> Result<ExitCode, String> {
         if a.vm_sram_dir.is_none() && shared.status().0 != NicStatus::Running {
             failed += 1;
         }
-        attach::serve(shared.clone(), socket_path(&a.socket_dir, node)).map_err(|e| format!("socket: {e}"))?;
-        if let Some(p) = &sram_path {
+        attach::serve(shared.clone(), socket_path(&p.socket_dir, node)).map_err(|e| format!("socket: {e}"))?;
+        if let Some(sram) = &sram_path {
             // A QEMU guest connects here (`-device ivshmem-doorbell,vectors=1`).
-            let sock = a.socket_dir.join(format!("ivshmem{node}.sock"));
-            emp_nic::ivshmem::serve(shared.clone(), sock, p.clone(), 1).map_err(|e| format!("ivshmem socket: {e}"))?;
+            let sock = p.socket_dir.join(format!("ivshmem{node}.sock"));
+            emp_nic::ivshmem::serve(shared.clone(), sock, sram.clone(), 1)
+                .map_err(|e| format!("ivshmem socket: {e}"))?;
         }
         nics.push((shared, fw, cfg.fw));
     }
     let faults = Faults { loss: a.loss, dup: a.dup, reorder: a.reorder, jitter_ns: a.jitter_us * 1000, seed: a.seed };
-    let local: Vec<u16> = (a.node_base..a.node_base + a.nics).collect();
-    let wire: Box<dyn Wire> = match a.wire {
+    let local = p.local.clone();
+    let wire: Box<dyn Wire> = match p.wire {
         WireKind::Mem => Box::new(MemWire::new(&local, faults)),
         WireKind::Udp => {
-            let binds: Vec<_> = local.iter().map(|&n| UdpWire::loopback(a.udp_base, n)).collect();
-            let routes: HashMap<_, _> = (0..nodes).map(|n| (n, UdpWire::loopback(a.udp_base, n))).collect();
-            Box::new(UdpWire::new(&binds, routes, faults).map_err(|e| format!("udp: {e}"))?)
+            let mut binds = Vec::new();
+            for (&n, entry) in local.iter().zip(&p.nodes) {
+                let a = p.routes.get(n).and_then(|r| r.udp).ok_or_else(|| format!("node {n} has no udp address"))?;
+                let iface = entry.as_ref().and_then(|e| e.interface.as_deref());
+                binds.push(emp_nic::route::with_scope(a, iface).map_err(|e| format!("node {n}: {e}"))?);
+            }
+            let wrong_family =
+                p.routes.iter().filter_map(|(n, r)| Some((n, r.udp?))).find(|(_, a)| a.is_ipv4() != binds[0].is_ipv4());
+            if let Some((n, a)) = wrong_family {
+                // A socket of one family cannot send to the other.
+                return Err(format!("udp: node {n} ({a}) and node {} ({}) differ in IP family", local[0], binds[0]));
+            }
+            Box::new(UdpWire::new(&binds, p.routes.clone(), faults).map_err(|e| format!("udp: {e}"))?)
         }
     };
     // SAFETY: installing an async-signal-safe handler (it only stores an atomic).
@@ -233,15 +326,15 @@ fn run(a: Args) -> Result<ExitCode, String> {
     engine.spin_ns = a.spin_us * 1000;
     if let Some(d) = &a.vm_sram_dir {
         // Guests map their RAM from `<dir>/ram<node>` (QEMU creates it).
-        for i in 0..a.nics {
-            engine.set_guest_ram(i as usize, d.join(format!("ram{}", a.node_base + i)));
+        for (i, n) in local.iter().enumerate() {
+            engine.set_guest_ram(i, d.join(format!("ram{n}")));
         }
         engine.max_sleep_ns = Some(50_000);
     }
     if let Some(p) = &a.pidfile {
         std::fs::write(p, format!("{}\n", std::process::id())).map_err(|e| format!("{}: {e}", p.display()))?;
     }
-    tracing::info!(nics = a.nics, failed, dir = %a.socket_dir.display(), "serving");
+    tracing::info!(nics = local.len(), failed, dir = %p.socket_dir.display(), "serving");
     std::thread::spawn(move || {
         while !STOP.load(Ordering::Acquire) {
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -250,8 +343,8 @@ fn run(a: Args) -> Result<ExitCode, String> {
     });
     engine.run();
     for n in local {
-        let _ = std::fs::remove_file(socket_path(&a.socket_dir, n));
-        let _ = std::fs::remove_file(a.socket_dir.join(format!("ivshmem{n}.sock")));
+        let _ = std::fs::remove_file(socket_path(&p.socket_dir, n));
+        let _ = std::fs::remove_file(p.socket_dir.join(format!("ivshmem{n}.sock")));
     }
     if let Some(p) = &a.pidfile {
         let _ = std::fs::remove_file(p);

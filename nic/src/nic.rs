@@ -35,8 +35,8 @@ pub struct NicConfig {
     pub layout: LayoutParams,
     /// Control-program tunables.
     pub fw: FwConfig,
-    /// UDP port of node 0 (node n listens on `udp_base + n`).
-    pub udp_base: u16,
+    /// How every node is reached (written to the SRAM route table).
+    pub routes: crate::route::RouteTable,
 }
 
 /// An allocated port.
@@ -418,12 +418,7 @@ pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Ar
     layout.header(cfg.node, cfg.mtu, cfg.features).put(&mut hb);
     sram.write(0, &hb);
     for n in 0..cfg.nodes.min(layout.params.route_entries as u16) {
-        let r = RouteEntry {
-            valid: 1,
-            ipv4: u32::from_le_bytes([127, 0, 0, 1]),
-            udp_port: cfg.udp_base.wrapping_add(n),
-            ..Default::default()
-        };
+        let r: RouteEntry = cfg.routes.entry(n);
         let mut b = [0u8; RouteEntry::SIZE];
         r.put(&mut b);
         sram.write(layout.route_entry(n as usize), &b);

@@ -487,10 +487,10 @@ struct emp_admin_mailbox {
 /* Route table entry (32 bytes). */
 struct emp_route_entry {
 	uint32_t valid;     /* 1 = valid */
-	uint32_t ipv4;      /* UDP backend */
+	uint32_t ipv4;      /* UDP backend; 0 if the address is IPv6 */
 	uint16_t udp_port;  /* UDP backend */
 	uint8_t mac[6];     /* packet backend */
-	uint64_t reserved[2];
+	uint8_t ip6[16];    /* UDP backend: IPv6, or IPv4 as ::ffff:a.b.c.d */
 };
 
 /* Most members a group table entry holds. */

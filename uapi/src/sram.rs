@@ -504,16 +504,28 @@ le_struct! {
     pub struct RouteEntry {
         /// 1 = valid.
         pub valid: u32,
-        /// IPv4 address (UDP backend), network order as u32 LE of octets.
+        /// IPv4 address (UDP backend), network order as u32 LE of octets;
+        /// 0 when the node's address is IPv6 or it has none.
         pub ipv4: u32,
         /// UDP port (UDP backend).
         pub udp_port: u16,
         /// Ethernet MAC (packet backend).
         pub mac: [u8; 6],
-        /// Reserved, zero.
-        pub reserved: [u64; 2],
+        /// The node's IP address (UDP backend) in network order, as IPv6:
+        /// an IPv4 address in its IPv4-mapped form `::ffff:a.b.c.d` (the
+        /// family flag is that prefix: [`RouteEntry::ip_is_v4`]); all zero
+        /// when the node has no IP address (mem and packet wires).
+        pub ip6: [u8; 16],
     }
     size = 32;
+}
+
+impl RouteEntry {
+    /// True when [`RouteEntry::ip6`] holds an IPv4 address: it starts with
+    /// the IPv4-mapped prefix `::ffff:` (RFC 4291 §2.5.5.2).
+    pub fn ip_is_v4(&self) -> bool {
+        self.ip6[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
+    }
 }
 
 pub use crate::coll::GROUP_MEMBERS_MAX;

@@ -233,7 +233,7 @@ fn structs() -> Vec<StructDesc> {
             }
         ),
         st!("emp_admin_mailbox", AdminMailbox { request_seq, op, done_seq, result, args }),
-        st!("emp_route_entry", RouteEntry { valid, ipv4, udp_port, mac, reserved }),
+        st!("emp_route_entry", RouteEntry { valid, ipv4, udp_port, mac, ip6 }),
         st!(
             "emp_group_entry",
             GroupEntry {

@@ -167,7 +167,7 @@ arb_struct!(arb_route_entry -> RouteEntry {
     ipv4: any::<u32>(),
     udp_port: any::<u16>(),
     mac: any::<[u8; 6]>(),
-    reserved: any::<[u64; 2]>(),
+    ip6: any::<[u8; 16]>(),
 });
 arb_struct!(arb_group_entry -> GroupEntry {
     group_id: any::<u32>(),

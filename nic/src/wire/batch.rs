@@ -1,0 +1,150 @@
+//! Batched datagram I/O for the network wires: one `recvmmsg` fills up to
+//! [`BATCH`] preallocated slots; one `sendmmsg` sends up to [`BATCH`]
+//! queued frames. No allocation per frame.
+
+use std::os::fd::RawFd;
+
+/// Datagrams per system call.
+pub(crate) const BATCH: usize = 32;
+/// Bytes per slot: a jumbo EMP frame (`MTU_MAX`) plus an Ethernet header,
+/// rounded up; anything longer arrives truncated and is refused.
+pub(crate) const SLOT: usize = 9216;
+
+/// Receive slots and the senders' addresses of one `recvmmsg`.
+pub(crate) struct RecvBatch {
+    buf: Vec<u8>,
+    names: Vec<libc::sockaddr_storage>,
+    lens: [usize; BATCH],
+    truncated: [bool; BATCH],
+}
+
+impl RecvBatch {
+    pub(crate) fn new() -> RecvBatch {
+        RecvBatch {
+            buf: vec![0; BATCH * SLOT],
+            // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+            names: vec![unsafe { std::mem::zeroed() }; BATCH],
+            lens: [0; BATCH],
+            truncated: [false; BATCH],
+        }
+    }
+
+    /// Receives what is queued on `fd` without blocking; returns how many
+    /// slots were filled (0 when nothing is waiting).
+    pub(crate) fn recv(&mut self, fd: RawFd) -> usize {
+        let base = self.buf.as_mut_ptr();
+        let mut iov: [libc::iovec; BATCH] = std::array::from_fn(|i| libc::iovec {
+            // SAFETY: slot i lies inside `buf` (BATCH * SLOT bytes).
+            iov_base: unsafe { base.add(i * SLOT) }.cast(),
+            iov_len: SLOT,
+        });
+        let names = self.names.as_mut_ptr();
+        let mut msgs: [libc::mmsghdr; BATCH] = std::array::from_fn(|i| {
+            // SAFETY: msghdr is plain old data; the fields that matter are set below.
+            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+            // SAFETY: slot i of `names` (BATCH entries).
+            h.msg_name = unsafe { names.add(i) }.cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+            h.msg_iov = &mut iov[i];
+            h.msg_iovlen = 1;
+            libc::mmsghdr { msg_hdr: h, msg_len: 0 }
+        });
+        // SAFETY: `msgs` points at BATCH headers whose buffers and names are
+        // live and writable for the duration of the call.
+        let n =
+            unsafe { libc::recvmmsg(fd, msgs.as_mut_ptr(), BATCH as u32, libc::MSG_DONTWAIT, std::ptr::null_mut()) };
+        let n = n.max(0) as usize;
+        for (i, m) in msgs.iter().take(n).enumerate() {
+            self.lens[i] = (m.msg_len as usize).min(SLOT);
+            self.truncated[i] = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+        }
+        n
+    }
+
+    /// Datagram `i` of the last [`RecvBatch::recv`].
+    pub(crate) fn data(&self, i: usize) -> &[u8] {
+        &self.buf[i * SLOT..i * SLOT + self.lens[i]]
+    }
+
+    /// Was datagram `i` longer than its slot?
+    pub(crate) fn truncated(&self, i: usize) -> bool {
+        self.truncated[i]
+    }
+
+    /// The sender's address of datagram `i`.
+    pub(crate) fn name(&self, i: usize) -> &libc::sockaddr_storage {
+        &self.names[i]
+    }
+}
+
+/// Frames queued for one `sendmmsg` on a connected or bound socket (no
+/// per-frame destination address).
+#[allow(dead_code)] // Used by the packet wire (next commit).
+pub(crate) struct SendBatch {
+    buf: Vec<u8>,
+    lens: [usize; BATCH],
+    n: usize,
+}
+
+#[allow(dead_code)]
+impl SendBatch {
+    pub(crate) fn new() -> SendBatch {
+        SendBatch { buf: vec![0; BATCH * SLOT], lens: [0; BATCH], n: 0 }
+    }
+
+    /// Room for one more frame?
+    pub(crate) fn full(&self) -> bool {
+        self.n == BATCH
+    }
+
+    /// Queues a frame built in place by `fill` (which returns its length,
+    /// at most [`SLOT`]).
+    pub(crate) fn push(&mut self, fill: impl FnOnce(&mut [u8]) -> usize) {
+        debug_assert!(!self.full());
+        let slot = &mut self.buf[self.n * SLOT..(self.n + 1) * SLOT];
+        self.lens[self.n] = fill(slot).min(SLOT);
+        self.n += 1;
+    }
+
+    /// Sends everything queued on `fd`; returns how many frames the socket
+    /// refused (buffer full, link down): those are lost, and the
+    /// protocol's retransmission recovers them.
+    pub(crate) fn flush(&mut self, fd: RawFd) -> usize {
+        let (mut sent, mut lost, mut stalls) = (0, 0, 0);
+        while sent < self.n {
+            let base = self.buf.as_mut_ptr();
+            let mut iov: [libc::iovec; BATCH] = std::array::from_fn(|i| libc::iovec {
+                // SAFETY: slot i lies inside `buf` (BATCH * SLOT bytes).
+                iov_base: unsafe { base.add(i * SLOT) }.cast(),
+                iov_len: self.lens[i],
+            });
+            let mut msgs: [libc::mmsghdr; BATCH] = std::array::from_fn(|i| {
+                // SAFETY: msghdr is plain old data; the fields that matter are set below.
+                let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+                h.msg_iov = &mut iov[i];
+                h.msg_iovlen = 1;
+                libc::mmsghdr { msg_hdr: h, msg_len: 0 }
+            });
+            let rest = (self.n - sent) as u32;
+            // SAFETY: headers `sent..n` point at live, initialised slots.
+            let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr().add(sent), rest, libc::MSG_DONTWAIT) };
+            if r > 0 {
+                sent += r as usize;
+                continue;
+            }
+            let e = std::io::Error::last_os_error().raw_os_error();
+            if r < 0 && matches!(e, Some(libc::EAGAIN) | Some(libc::ENOBUFS)) && stalls < 64 {
+                // The queue towards the link is full: give it a moment to
+                // drain rather than lose a whole batch.
+                stalls += 1;
+                std::thread::yield_now();
+                continue;
+            }
+            // This frame cannot go (or the link stays full): drop it, go on.
+            sent += 1;
+            lost += 1;
+        }
+        self.n = 0;
+        lost
+    }
+}

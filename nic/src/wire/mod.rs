@@ -1,0 +1,378 @@
+//! Wire backends. `mem`: an in-process switch between the NICs of one
+//! chassis, with seeded fault injection (loss, duplication, reordering,
+//! delay). `udp` (`udp.rs`): one socket per NIC at its address from the
+//! route table; works across hosts without privileges. `packet`
+//! (`packet.rs`): raw Ethernet frames on a named interface (CAP_NET_RAW).
+//! The network wires accept a frame only from the address the route table
+//! gives the node its header claims; the rest is counted and dropped.
+
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use emp_uapi::wire::Frame;
+
+mod batch;
+// pub mod packet;
+pub mod udp;
+
+pub use udp::UdpWire;
+
+/// Fault injection applied by every backend on transmit.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// Probability a frame is lost.
+    pub loss: f64,
+    /// Probability a frame is duplicated.
+    pub dup: f64,
+    /// Probability a frame is delayed (reordered).
+    pub reorder: f64,
+    /// Largest extra delay of a reordered frame (ns).
+    pub jitter_ns: u64,
+    /// Seed.
+    pub seed: u64,
+}
+
+/// xorshift64*: small, seeded, good enough for fault injection.
+#[derive(Clone, Debug)]
+struct Prng(u64);
+
+impl Prng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+/// Wire counters, a snapshot of [`WireCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WireStats {
+    /// Frames sent.
+    pub frames: u64,
+    /// Frames received and handed to a NIC.
+    pub received: u64,
+    /// Lost on transmit (injected, no route, or refused by the socket).
+    pub lost: u64,
+    /// Duplicated.
+    pub duplicated: u64,
+    /// Delayed out of order.
+    pub reordered: u64,
+    /// Dropped: the sender's address, or the node its header claims, is not in the route table.
+    pub unknown_source: u64,
+    /// Dropped: sent from another node's address than the one its header claims.
+    pub source_mismatch: u64,
+    /// Dropped: an Ethernet frame of another ethertype.
+    pub foreign_ethertype: u64,
+    /// Dropped: too short, truncated, or not a valid EMP frame.
+    pub malformed: u64,
+}
+
+/// Live wire counters, shared with the threads that report them (`emp info`).
+#[derive(Debug, Default)]
+pub struct WireCounters {
+    frames: AtomicU64,
+    received: AtomicU64,
+    lost: AtomicU64,
+    duplicated: AtomicU64,
+    reordered: AtomicU64,
+    unknown_source: AtomicU64,
+    source_mismatch: AtomicU64,
+    foreign_ethertype: AtomicU64,
+    malformed: AtomicU64,
+}
+
+impl WireCounters {
+    fn add(c: &AtomicU64, n: u64) {
+        if n > 0 {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a refused frame.
+    pub fn refused(&self, why: Refused) {
+        Self::add(
+            match why {
+                Refused::Malformed => &self.malformed,
+                Refused::UnknownSource => &self.unknown_source,
+                Refused::SourceMismatch => &self.source_mismatch,
+                Refused::ForeignEthertype => &self.foreign_ethertype,
+            },
+            1,
+        );
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> WireStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        WireStats {
+            frames: g(&self.frames),
+            received: g(&self.received),
+            lost: g(&self.lost),
+            duplicated: g(&self.duplicated),
+            reordered: g(&self.reordered),
+            unknown_source: g(&self.unknown_source),
+            source_mismatch: g(&self.source_mismatch),
+            foreign_ethertype: g(&self.foreign_ethertype),
+            malformed: g(&self.malformed),
+        }
+    }
+}
+
+/// Why a network wire refused a received frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Too short, truncated or undecodable.
+    Malformed,
+    /// From an address not in the route table, or claiming a node not in it.
+    UnknownSource,
+    /// From node A's address, claiming to be node B.
+    SourceMismatch,
+    /// Another protocol's Ethernet frame.
+    ForeignEthertype,
+}
+
+/// The source node a received frame claims: it must be a valid EMP frame.
+pub fn claimed_source(frame: &[u8]) -> Result<u16, Refused> {
+    Frame::parse(frame).map(|f| f.header().src_node).map_err(|_| Refused::Malformed)
+}
+
+/// Accepts a frame claiming node `claimed` from the node the sender's
+/// address belongs to (`from`, `None` when the address is in no route).
+pub fn check_source(claimed: u16, from: Option<u16>, nodes: usize) -> Result<u16, Refused> {
+    match from {
+        _ if claimed as usize >= nodes => Err(Refused::UnknownSource),
+        None => Err(Refused::UnknownSource),
+        Some(n) if n != claimed => Err(Refused::SourceMismatch),
+        Some(n) => Ok(n),
+    }
+}
+
+/// What a wire is, for `emp info`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WireKindInfo {
+    /// In-process switch.
+    Mem,
+    /// UDP sockets.
+    Udp,
+    /// Raw Ethernet on these interfaces (one per local NIC).
+    Packet {
+        /// Interface names, by local NIC.
+        interfaces: Vec<String>,
+    },
+}
+
+/// A wire: frames out of local NICs, frames into local NICs' queues.
+pub trait Wire: Send {
+    /// NIC `src` (local index) transmits to node `dst`.
+    fn send(&mut self, now: u64, src: usize, dst: u16, frame: Vec<u8>);
+    /// Sends what [`Wire::send`] queued (the engine calls it once per pass,
+    /// so a wire can batch its system calls).
+    fn flush(&mut self) {}
+    /// Moves arrived frames into `rx[local index]`; returns how many.
+    fn poll(&mut self, now: u64, rx: &mut [VecDeque<Vec<u8>>]) -> usize;
+    /// Earliest time a delayed frame is due.
+    fn next_due(&self) -> Option<u64>;
+    /// Descriptors to sleep on.
+    fn fds(&self) -> Vec<RawFd>;
+    /// Counters, shared.
+    fn counters(&self) -> Arc<WireCounters>;
+    /// Counters now.
+    fn stats(&self) -> WireStats {
+        self.counters().snapshot()
+    }
+}
+
+/// A frame held back by fault injection, ordered by when it is due.
+struct Delayed {
+    /// Wire time (ns) at which it arrives.
+    due: u64,
+    /// Send order: frames due at the same time arrive in the order sent.
+    seq: u64,
+    /// Local index of the receiving NIC.
+    dst: usize,
+    frame: Vec<u8>,
+}
+
+impl Delayed {
+    fn key(&self) -> (u64, u64) {
+        (self.due, self.seq)
+    }
+}
+
+impl PartialEq for Delayed {
+    fn eq(&self, o: &Self) -> bool {
+        self.key() == o.key()
+    }
+}
+impl Eq for Delayed {}
+impl PartialOrd for Delayed {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Delayed {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        o.key().cmp(&self.key()) // Reversed: `BinaryHeap` is a max-heap.
+    }
+}
+
+/// Applies faults: the extra delays of the copies to deliver (none: lost;
+/// at most two, no allocation).
+fn inject(f: &Faults, rng: &mut Prng, stats: &WireCounters) -> ([u64; 2], usize) {
+    WireCounters::add(&stats.frames, 1);
+    if rng.chance(f.loss) {
+        WireCounters::add(&stats.lost, 1);
+        return ([0; 2], 0);
+    }
+    let mut out = [0; 2];
+    if rng.chance(f.reorder) {
+        WireCounters::add(&stats.reordered, 1);
+        out[0] = 1 + rng.next() % f.jitter_ns.max(1);
+    }
+    if rng.chance(f.dup) {
+        WireCounters::add(&stats.duplicated, 1);
+        out[1] = rng.next() % f.jitter_ns.max(1);
+        return (out, 2);
+    }
+    (out, 1)
+}
+
+/// The in-process switch.
+pub struct MemWire {
+    local: HashMap<u16, usize>,
+    faults: Faults,
+    rng: Prng,
+    now_queue: VecDeque<(usize, Vec<u8>)>,
+    delayed: BinaryHeap<Delayed>,
+    seq: u64,
+    stats: Arc<WireCounters>,
+}
+
+impl MemWire {
+    /// A switch between the given node ids (local index = position).
+    pub fn new(nodes: &[u16], faults: Faults) -> MemWire {
+        MemWire {
+            local: nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect(),
+            rng: Prng(faults.seed | 1),
+            faults,
+            now_queue: VecDeque::new(),
+            delayed: BinaryHeap::new(),
+            seq: 0,
+            stats: Arc::default(),
+        }
+    }
+}
+
+impl Wire for MemWire {
+    fn send(&mut self, now: u64, _src: usize, dst: u16, frame: Vec<u8>) {
+        let Some(&d) = self.local.get(&dst) else {
+            WireCounters::add(&self.stats.frames, 1);
+            WireCounters::add(&self.stats.lost, 1);
+            return;
+        };
+        let (delays, n) = inject(&self.faults, &mut self.rng, &self.stats);
+        let mut frame = Some(frame);
+        for (i, delay) in delays[..n].iter().enumerate() {
+            // The last copy takes the buffer itself: no copy without faults.
+            let f = if i + 1 == n { frame.take().expect("once") } else { frame.as_ref().expect("kept").clone() };
+            if *delay == 0 {
+                self.now_queue.push_back((d, f));
+            } else {
+                self.seq += 1;
+                self.delayed.push(Delayed { due: now + delay, seq: self.seq, dst: d, frame: f });
+            }
+        }
+    }
+
+    fn poll(&mut self, now: u64, rx: &mut [VecDeque<Vec<u8>>]) -> usize {
+        let mut n = 0;
+        while let Some((d, f)) = self.now_queue.pop_front() {
+            rx[d].push_back(f);
+            n += 1;
+        }
+        while self.delayed.peek().is_some_and(|x| x.due <= now) {
+            let Delayed { dst, frame, .. } = self.delayed.pop().expect("peeked");
+            rx[dst].push_back(frame);
+            n += 1;
+        }
+        WireCounters::add(&self.stats.received, n as u64);
+        n
+    }
+
+    fn next_due(&self) -> Option<u64> {
+        if !self.now_queue.is_empty() {
+            return Some(0);
+        }
+        self.delayed.peek().map(|d| d.due)
+    }
+
+    fn fds(&self) -> Vec<RawFd> {
+        Vec::new()
+    }
+
+    fn counters(&self) -> Arc<WireCounters> {
+        self.stats.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_checks() {
+        assert_eq!(check_source(1, Some(1), 2), Ok(1));
+        assert_eq!(check_source(1, Some(0), 2), Err(Refused::SourceMismatch));
+        assert_eq!(check_source(1, None, 2), Err(Refused::UnknownSource));
+        assert_eq!(check_source(2, Some(2), 2), Err(Refused::UnknownSource), "node 2 is outside a 2-node table");
+    }
+
+    /// A valid ACK frame from `src` to `dst` (tests of the wires).
+    pub(crate) fn ack_frame(src: u16, dst: u16) -> Vec<u8> {
+        use emp_uapi::wire::{emit_ack, AckBody, FrameHeader, FrameKind, WIRE_VERSION};
+        let hdr = FrameHeader {
+            version: WIRE_VERSION,
+            kind: FrameKind::Ack as u8,
+            src_node: src,
+            dst_node: dst,
+            frame_count: 1,
+            ..Default::default()
+        };
+        let mut out = vec![0u8; 256];
+        let n = emit_ack(&hdr, &AckBody::default(), &mut out).unwrap();
+        out.truncate(n);
+        out
+    }
+
+    #[test]
+    fn claimed_source_needs_a_valid_frame() {
+        let f = ack_frame(3, 1);
+        assert_eq!(claimed_source(&f), Ok(3));
+        assert_eq!(claimed_source(&f[..20]), Err(Refused::Malformed), "truncated header");
+        let mut bad = f.clone();
+        bad[0] = 99;
+        assert_eq!(claimed_source(&bad), Err(Refused::Malformed), "wrong version");
+        bad = f.clone();
+        bad[1] = 77;
+        assert_eq!(claimed_source(&bad), Err(Refused::Malformed), "unknown kind");
+        assert_eq!(claimed_source(&[]), Err(Refused::Malformed));
+    }
+
+    #[test]
+    fn mem_wire_counts_what_it_moves() {
+        let mut w = MemWire::new(&[0, 1], Faults::default());
+        let mut rx = vec![VecDeque::new(), VecDeque::new()];
+        w.send(0, 0, 1, ack_frame(0, 1));
+        w.send(0, 0, 7, ack_frame(0, 7));
+        assert_eq!(w.poll(0, &mut rx), 1);
+        let s = w.stats();
+        assert_eq!((s.frames, s.received, s.lost), (2, 1, 1));
+        assert_eq!(rx[1].len(), 1);
+    }
+}

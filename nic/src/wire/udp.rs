@@ -1,0 +1,226 @@
+//! The `udp` wire: one UDP socket per local NIC, bound to its node's
+//! address (IPv4 or IPv6; a link-local IPv6 address scoped to the node's
+//! interface), peers from the route table. A datagram is accepted only from
+//! the address the route table gives the node its header claims.
+
+use std::collections::VecDeque;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+
+use super::batch::RecvBatch;
+use super::{check_source, claimed_source, inject, Faults, Prng, Refused, Wire, WireCounters};
+use crate::route::RouteTable;
+
+/// One UDP socket per local NIC.
+pub struct UdpWire {
+    socks: Vec<UdpSocket>,
+    /// Per local NIC: each node's address as that NIC's socket reaches it
+    /// (link-local peers take the local interface's scope).
+    dests: Vec<Vec<Option<SocketAddr>>>,
+    routes: RouteTable,
+    faults: Faults,
+    rng: Prng,
+    stats: Arc<WireCounters>,
+    batch: Box<RecvBatch>,
+}
+
+impl UdpWire {
+    /// Binds `binds[i]` (scoped) for local NIC i; `routes` gives every node's address.
+    pub fn new(binds: &[SocketAddr], routes: RouteTable, faults: Faults) -> std::io::Result<UdpWire> {
+        let socks = binds
+            .iter()
+            .map(|a| {
+                let s = UdpSocket::bind(a).map_err(|e| std::io::Error::new(e.kind(), format!("bind {a}: {e}")))?;
+                s.set_nonblocking(true)?;
+                Ok(s)
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let dests = binds
+            .iter()
+            .map(|b| {
+                let scope = match b {
+                    SocketAddr::V6(v6) => v6.scope_id(),
+                    SocketAddr::V4(_) => 0,
+                };
+                routes
+                    .iter()
+                    .map(|(_, r)| {
+                        r.udp.map(|a| match a {
+                            SocketAddr::V6(mut v6) if v6.ip().is_unicast_link_local() && v6.scope_id() == 0 => {
+                                v6.set_scope_id(scope);
+                                SocketAddr::V6(v6)
+                            }
+                            a => a,
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(UdpWire {
+            socks,
+            dests,
+            routes,
+            rng: Prng(faults.seed | 1),
+            faults,
+            stats: Arc::default(),
+            batch: Box::new(RecvBatch::new()),
+        })
+    }
+
+    /// Local NIC i's bound address.
+    pub fn local_addr(&self, i: usize) -> std::io::Result<SocketAddr> {
+        self.socks[i].local_addr()
+    }
+}
+
+/// The socket address the kernel wrote into `s`.
+pub(crate) fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match s.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in, which it is large enough for.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(a.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6, which it is large enough for.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(a.sin6_port), a.sin6_flowinfo, a.sin6_scope_id)))
+        }
+        _ => None,
+    }
+}
+
+impl UdpWire {
+    /// Checks datagram `i` of the batch; the node it came from.
+    fn accept(&self, i: usize) -> Result<u16, Refused> {
+        if self.batch.truncated(i) {
+            return Err(Refused::Malformed);
+        }
+        let claimed = claimed_source(self.batch.data(i))?;
+        let from = sockaddr_to_std(self.batch.name(i)).and_then(|a| self.routes.node_of_udp(&a));
+        check_source(claimed, from, self.routes.len())
+    }
+}
+
+impl Wire for UdpWire {
+    fn send(&mut self, _now: u64, src: usize, dst: u16, frame: Vec<u8>) {
+        let Some(addr) = self.dests[src].get(dst as usize).copied().flatten() else {
+            WireCounters::add(&self.stats.frames, 1);
+            WireCounters::add(&self.stats.lost, 1);
+            return;
+        };
+        // Delays are not modelled on UDP: a delayed copy is sent at once
+        // after the others, which still reorders it.
+        let (_, copies) = inject(&self.faults, &mut self.rng, &self.stats);
+        for _ in 0..copies {
+            // A full socket buffer is a lost frame: reliability recovers it.
+            if self.socks[src].send_to(&frame, addr).is_err() {
+                WireCounters::add(&self.stats.lost, 1);
+            }
+        }
+    }
+
+    fn poll(&mut self, _now: u64, rx: &mut [VecDeque<Vec<u8>>]) -> usize {
+        let mut n = 0;
+        for (i, queue) in rx.iter_mut().enumerate().take(self.socks.len()) {
+            // Bounded: at most 4 batches per socket per pass.
+            for _ in 0..4 {
+                let got = self.batch.recv(self.socks[i].as_raw_fd());
+                for k in 0..got {
+                    match self.accept(k) {
+                        Ok(_) => {
+                            queue.push_back(self.batch.data(k).to_vec());
+                            n += 1;
+                        }
+                        Err(why) => self.stats.refused(why),
+                    }
+                }
+                if got < super::batch::BATCH {
+                    break;
+                }
+            }
+        }
+        WireCounters::add(&self.stats.received, n as u64);
+        n
+    }
+
+    fn next_due(&self) -> Option<u64> {
+        None
+    }
+
+    fn fds(&self) -> Vec<RawFd> {
+        self.socks.iter().map(|s| s.as_raw_fd()).collect()
+    }
+
+    fn counters(&self) -> Arc<WireCounters> {
+        self.stats.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::ack_frame;
+    use super::*;
+    use crate::route::Route;
+
+    fn table(addrs: &[SocketAddr]) -> RouteTable {
+        RouteTable::new(addrs.iter().map(|&a| Route { udp: Some(a), mac: None }).collect())
+    }
+
+    fn poll_until(w: &mut UdpWire, rx: &mut [VecDeque<Vec<u8>>], want_seen: u64) {
+        for _ in 0..200 {
+            w.poll(0, rx);
+            let s = w.stats();
+            if s.received + s.unknown_source + s.source_mismatch + s.malformed >= want_seen {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// Two nodes on loopback (one wire, two sockets) and a forger socket.
+    fn checks_on(lo: &str) {
+        let probe = |_: ()| UdpSocket::bind(format!("{lo}:0")).unwrap().local_addr().unwrap();
+        let (a, b) = (probe(()), probe(()));
+        let mut w = UdpWire::new(&[a, b], table(&[a, b]), Faults::default()).unwrap();
+        let mut rx = vec![VecDeque::new(), VecDeque::new()];
+        // Real traffic: node 0 → node 1.
+        w.send(0, 0, 1, ack_frame(0, 1));
+        poll_until(&mut w, &mut rx, 1);
+        assert_eq!(rx[1].len(), 1, "a frame from node 0's address claiming node 0 is accepted");
+        let forger = UdpSocket::bind(format!("{lo}:0")).unwrap();
+        forger.send_to(&ack_frame(0, 1), b).unwrap(); // unknown address
+        forger.send_to(&ack_frame(0, 1)[..10], b).unwrap(); // truncated
+        forger.send_to(&ack_frame(9, 1), b).unwrap(); // node 9 is in no route (and unknown address)
+                                                      // Node 1's own socket claiming to be node 0: a known address, the wrong node.
+        w.socks[1].send_to(&ack_frame(0, 1), b).unwrap();
+        poll_until(&mut w, &mut rx, 5);
+        let s = w.stats();
+        assert_eq!(s.received, 1, "{s:?}");
+        assert_eq!(s.unknown_source, 2, "{s:?}");
+        assert_eq!(s.malformed, 1, "{s:?}");
+        assert_eq!(s.source_mismatch, 1, "{s:?}");
+        assert_eq!(rx[1].len(), 1, "nothing forged was delivered");
+        // Still works.
+        w.send(0, 1, 0, ack_frame(1, 0));
+        poll_until(&mut w, &mut rx, 6);
+        assert_eq!(rx[0].len(), 1);
+    }
+
+    #[test]
+    fn udp_v4_refuses_forged_sources() {
+        checks_on("127.0.0.1");
+    }
+
+    #[test]
+    fn udp_v6_refuses_forged_sources() {
+        if UdpSocket::bind("[::1]:0").is_err() {
+            eprintln!("skipped: no IPv6 loopback here");
+            return;
+        }
+        checks_on("[::1]");
+    }
+}
