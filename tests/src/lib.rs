@@ -155,7 +155,7 @@ pub fn tap_start(name: &str, min_ranks: usize, without_rdv: WithoutRendezvous) -
             std::process::exit(2);
         }
     };
-    let dev = match Device::open() {
+    let dev = match Device::open_for_job(&job) {
         Ok(d) => d,
         Err(e) => {
             println!("TAP version 13\n1..0 # SKIP cannot open the device: {e}");
