@@ -15,6 +15,10 @@ command -v python3 >/dev/null 2>&1 || need_apt+=(python3) # make lint: scripts/d
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists pmix; } || need_apt+=(libpmix-dev)
 command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+# The namespace test bed (scripts/netns/bed.sh): ip and tc, and nft for
+# loss on kernels without sch_netem.
+command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" -ne 0 ]; then
         echo "setup: need ${need_apt[*]}; run as root or install them" >&2
