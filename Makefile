@@ -2,8 +2,12 @@
 #   make           build everything (release) and the signed firmware image
 #   make test      every test: unit, property, C layout, simulation suite,
 #                  firmware signing, chassis integration (real emp-nicd),
-#                  then the kernel path in QEMU guests (scripts/vm/suite.sh;
-#                  builds the toolchain and guest kernel once, cached)
+#                  then every TAP suite across 4 network namespaces over the
+#                  udp and packet wires, with loss, and faults across hosts
+#                  (scripts/netns/suite.sh; needs root), then the kernel path
+#                  in QEMU guests (scripts/vm/suite.sh; builds the toolchain
+#                  and guest kernel once, cached)
+#   make netns-test  the namespace suites alone
 #   make demo      the main job: a 4-NIC chassis, latency and bandwidth
 #   make lint      rustfmt (workspace and driver), clippy -D warnings, rustdoc
 #                  -D warnings, no module cycles; part of make test
@@ -12,7 +16,7 @@
 #                  development key (generated once, never committed)
 CARGO ?= cargo
 
-.PHONY: all build firmware test demo setup clean driver kernel vm-test lint fmt
+.PHONY: all build firmware test demo setup clean driver kernel vm-test netns-test lint fmt
 
 # The Rust-for-Linux toolchain and guest kernel (cached in ~/.cache/emp).
 kernel:
@@ -27,6 +31,9 @@ driver:
 
 vm-test: build
 	@scripts/vm/suite.sh
+
+netns-test: build
+	@scripts/netns/suite.sh
 
 all: build
 
@@ -56,6 +63,7 @@ lint:
 
 test: build lint
 	$(CARGO) test --workspace --no-fail-fast
+	@scripts/netns/suite.sh
 	@scripts/vm/suite.sh
 
 demo: build

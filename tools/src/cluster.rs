@@ -1,6 +1,7 @@
 //! `emp cluster up|down|status`, `emp info`, `emp stats`: a chassis of
 //! emulated NICs on this machine, run as `emp-nicd` daemons in the
-//! background, found through a state directory.
+//! background, found through a state directory. (A cluster of many hosts,
+//! from a cluster file, is `hosts.rs`.)
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -85,7 +86,7 @@ pub fn sibling(name: &str) -> PathBuf {
 
 /// The firmware image: explicit, `$EMP_FIRMWARE`, ./firmware-blobs, or the
 /// repository's firmware-blobs next to the binary (target/release/../..).
-fn firmware(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
+pub(crate) fn firmware(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
     let cands: Vec<PathBuf> = explicit
         .into_iter()
         .chain(std::env::var_os("EMP_FIRMWARE").map(PathBuf::from))

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod cluster;
 mod fw;
+mod hosts;
 mod run;
 
 /// EMP: OS-bypass messaging on an emulated programmable NIC.
@@ -39,6 +40,14 @@ enum Cmd {
         /// Cluster directory.
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
+        /// Cluster file: rank r runs on node r mod nodes, on that node's host
+        /// (through its `launch`).
+        #[arg(long, conflicts_with = "dir")]
+        config: Option<std::path::PathBuf>,
+        /// With --config: the rendezvous directory, one every host sees
+        /// [default: a fresh directory under $TMPDIR, enough on one machine].
+        #[arg(long, requires = "config")]
+        rdv_dir: Option<std::path::PathBuf>,
         /// Kill the job after this many seconds.
         #[arg(long)]
         timeout: Option<u64>,
@@ -74,33 +83,81 @@ enum ClusterCmd {
         dir: Option<std::path::PathBuf>,
         #[command(flatten)]
         args: cluster::UpArgs,
+        #[command(flatten)]
+        file: FileOpts,
+        /// With --config: seconds a host may take to bring its NICs up.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
     },
     /// Stop them.
     Down {
         /// Cluster directory.
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        file: FileOpts,
     },
-    /// Show them.
+    /// Show them (fails when every NIC is down).
     Status {
         /// Cluster directory.
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        file: FileOpts,
     },
+}
+
+/// A cluster of many hosts, from a cluster file (docs/cluster.md).
+#[derive(clap::Args, Debug, Clone)]
+struct FileOpts {
+    /// Cluster file: act on every host it names, through each host's `launch`.
+    #[arg(long, conflicts_with_all = ["dir", "nics", "wire", "loss", "dup", "reorder", "ports", "mtu", "cpu_plan", "udp_base"])]
+    config: Option<std::path::PathBuf>,
+    /// With --config: only this host, here (what the command runs on each
+    /// host through its `launch`).
+    #[arg(long, requires = "config")]
+    host: Option<String>,
+    /// With --config: path of `emp` on the hosts [default: this emp].
+    #[arg(long, requires = "config")]
+    emp: Option<std::path::PathBuf>,
+}
+
+impl FileOpts {
+    fn args(&self, config: std::path::PathBuf) -> hosts::FileArgs {
+        hosts::FileArgs { config, host: self.host.clone(), emp: self.emp.clone(), ..Default::default() }
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Fw { cmd } => fw::run(cmd),
-        Cmd::Cluster { cmd: ClusterCmd::Up { dir, args } } => cluster::up(&cluster::dir_or_default(dir), &args),
-        Cmd::Cluster { cmd: ClusterCmd::Down { dir } } => cluster::down(&cluster::dir_or_default(dir)),
-        Cmd::Cluster { cmd: ClusterCmd::Status { dir } } | Cmd::Info { dir } => {
-            cluster::status(&cluster::dir_or_default(dir))
-        }
+        Cmd::Cluster { cmd: ClusterCmd::Up { dir, args, file, timeout } } => match file.config.clone() {
+            Some(c) => hosts::up(&hosts::FileArgs {
+                firmware: args.firmware.clone(),
+                timeout,
+                nicd_args: args.nicd_args.clone(),
+                ..file.args(c)
+            }),
+            None => cluster::up(&cluster::dir_or_default(dir), &args),
+        },
+        Cmd::Cluster { cmd: ClusterCmd::Down { dir, file } } => match file.config.clone() {
+            Some(c) => hosts::down(&file.args(c)),
+            None => cluster::down(&cluster::dir_or_default(dir)),
+        },
+        Cmd::Cluster { cmd: ClusterCmd::Status { dir, file } } => match file.config.clone() {
+            Some(c) => hosts::status(&file.args(c)),
+            None => cluster::status(&cluster::dir_or_default(dir)),
+        },
+        Cmd::Info { dir } => cluster::status(&cluster::dir_or_default(dir)),
         Cmd::Stats { dir } => cluster::stats(&cluster::dir_or_default(dir)),
-        Cmd::Run { n, dir, timeout, argv } => {
-            match run::run(&cluster::dir_or_default(dir), n, &argv, timeout.map(std::time::Duration::from_secs)) {
+        Cmd::Run { n, dir, config, rdv_dir, timeout, argv } => {
+            let timeout = timeout.map(std::time::Duration::from_secs);
+            let job = match config {
+                Some(c) => run::run_on_hosts(&c, rdv_dir, n, &argv, timeout),
+                None => run::run(&cluster::dir_or_default(dir), n, &argv, timeout),
+            };
+            match job {
                 Ok(0) => Ok(()),
                 Ok(code) => return ExitCode::from(code.clamp(1, 255) as u8),
                 Err(e) => Err(e),

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The namespace suites (part of `make test`, as `make netns-test`): every
+# TAP suite across 4 network namespaces, one NIC and one rank in each, over
+# each wire, with 1 % loss and 100 µs delay on every link (scripts/netns/
+# bed.sh; on a kernel without sch_netem only the loss is applied, and the
+# suite says so). Then the faults across hosts (scripts/netns/faults.sh).
+# Prints one TAP line per step with its wall time and a final
+# "N passed, N failed" line; always removes the bed.
+#
+#   suite.sh [--name P] [--subnet 198.18.K] [--wires "udp packet"] [--no-faults]
+#
+# Needs root and `make build` (target/release, firmware-blobs/emp-fw.bin).
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+bin="$root/target/release"
+
+name=empsuite
+subnet=198.18.201
+# The wires to run (EMP_NETNS_WIRES or --wires). The packet wire joins
+# once emp-nicd has it: then this is "udp packet".
+wires="${EMP_NETNS_WIRES:-udp}"
+faults=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --name) name="$2"; shift 2 ;;
+    --subnet) subnet="$2"; shift 2 ;;
+    --wires) wires="$2"; shift 2 ;;
+    --no-faults) faults=0; shift ;;
+    *) sed -n '10,11p' "$0" >&2; exit 2 ;;
+    esac
+done
+
+t_start=$SECONDS
+passed=0
+failed=0
+bed=$(mktemp -d "/tmp/emp-netns-$name.XXXXXX")
+log="$bed/step.log"
+config=""
+
+teardown() {
+    if [ -n "$config" ]; then
+        "$bin/emp" cluster down --config "$config" >/dev/null 2>&1 || true
+    fi
+    scripts/netns/bed.sh down --dir "$bed/bed" >/dev/null || echo "# bed teardown failed: see above" >&2
+    rm -rf "$bed"
+}
+trap teardown EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+pass() {
+    passed=$((passed + 1))
+    echo "ok - $1"
+}
+fail() {
+    failed=$((failed + 1))
+    echo "not ok - $1"
+    [ ! -s "$log" ] || sed 's/^/#   /' "$log" | tail -n 60
+}
+
+# step NAME CMD…: runs CMD; passes when it exits 0.
+step() {
+    local what="$1" t0=$SECONDS
+    shift
+    if "$@" >"$log" 2>&1; then pass "$what ($((SECONDS - t0)) s)"; else fail "$what ($((SECONDS - t0)) s)"; fi
+}
+
+# tap NAME CMD…: runs a TAP program; passes when it exits 0 and every test
+# of its plan printed "ok".
+tap() {
+    local what="$1" t0=$SECONDS rc plan oks
+    shift
+    "$@" >"$log" 2>&1
+    rc=$?
+    plan=$(sed -n 's/^1\.\.\([0-9][0-9]*\)$/\1/p' "$log" | head -n 1)
+    oks=$(grep -c '^ok ' "$log")
+    if [ "$rc" -eq 0 ] && [ -n "$plan" ] && [ "$oks" -eq "$plan" ] && ! grep -q '^not ok' "$log"; then
+        pass "$what: $oks/$plan ($((SECONDS - t0)) s)"
+    else
+        fail "$what: exit $rc, ${oks}/${plan:-?} ok ($((SECONDS - t0)) s)"
+    fi
+}
+
+finish() {
+    echo "# netns suite: $((SECONDS - t_start)) s"
+    echo "$passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+    exit
+}
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "not ok - the namespace suite needs root (network namespaces, bridge, tc)"
+    failed=1
+    finish
+fi
+for b in emp emp-nicd tap-p2p tap-robust tap-coll tap-coll-host tap-atomics tap-fault; do
+    if [ ! -x "$bin/$b" ]; then
+        echo "not ok - $bin/$b is missing: run make build"
+        failed=1
+        finish
+    fi
+done
+
+if ! scripts/netns/bed.sh up --name "$name" --hosts 4 --dir "$bed/bed" --subnet "$subnet" \
+    --loss 1% --delay 100us >"$log" 2>&1; then
+    fail "bed of 4 namespaces"
+    finish
+fi
+sed 's/^/# /' "$log"
+
+# Each suite with 4 ranks, one per namespace; TAP from rank 0 (rank 1 for
+# tap-robust garbage). The timeout bounds a hang; the programs' own per-call
+# timeouts end a lost-frame stall long before it.
+suites=("tap-p2p" "tap-robust garbage" "tap-coll" "tap-coll-host" "tap-atomics")
+for wire in $wires; do
+    config="$bed/bed/cluster-$wire.toml"
+    if ! "$bin/emp" cluster up --config "$config" >"$log" 2>&1; then
+        fail "cluster up over $wire (4 namespaces)"
+        config=""
+        continue
+    fi
+    pass "cluster up over $wire (4 namespaces): $(tail -n 1 "$log")"
+    for s in "${suites[@]}"; do
+        read -ra words <<<"$s"
+        tap "$s over $wire, 4 ranks in 4 namespaces" \
+            "$bin/emp" run --config "$config" -n 4 --timeout 300 -- "$bin/${words[0]}" "${words[@]:1}"
+    done
+    if [ "$faults" -eq 1 ]; then
+        # The fault tests print their own TAP lines; count them here.
+        while IFS= read -r line; do
+            case "$line" in
+            "ok "*) passed=$((passed + 1)); echo "$line" ;;
+            "not ok "*) failed=$((failed + 1)); echo "$line" ;;
+            *) echo "$line" ;;
+            esac
+        done < <(scripts/netns/faults.sh --config "$config" --name "$name" 2>&1)
+    fi
+    step "cluster down over $wire" "$bin/emp" cluster down --config "$config"
+    config=""
+done
+finish
