@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Installs what EMP needs to build and test, idempotently. Safe to rerun.
-# Today: a Rust toolchain (cargo) and a C compiler (the uapi layout test
-# compiles the C header). Kernel and QEMU tooling arrive with the driver.
+# Today: a Rust toolchain (cargo), a C compiler (the uapi layout test
+# compiles the C header), libpmix-dev and Open MPI's mpirun (jobs started
+# by a PMIx launcher). Kernel and QEMU tooling arrive with the driver.
 set -euo pipefail
 
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3) # make lint: scripts/dev/modcycles.py
+# Jobs started by mpirun (docs/launch.md): libemp loads libpmix.so.2 at run
+# time; its layout test compiles against pmix.h (pkg-config pmix); the
+# chassis tests run ranks under Open MPI's mpirun.
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+{ command -v pkg-config >/dev/null 2>&1 && pkg-config --exists pmix; } || need_apt+=(libpmix-dev)
+command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
 # The namespace test bed (scripts/netns/bed.sh): ip and tc, and nft for
 # loss on kernels without sch_netem.
 command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need_apt+=(iproute2)

@@ -133,12 +133,40 @@ int emp_req_notify_cq(struct emp_device *dev);
 int emp_get_event_fd(struct emp_device *dev);
 const char *emp_wc_status_str(uint32_t status);
 
+/* The job (since EMP_1.1; docs/launch.md). A process started by `emp run`
+ * (EMP_RANK, EMP_SIZE, EMP_RDV_DIR) or by a PMIx launcher (mpirun,
+ * prterun, srun --mpi=pmix: PMIX_NAMESPACE, PMIX_RANK; libpmix.so.2 is
+ * loaded then) learns its rank, the job's size and every rank's endpoint,
+ * instead of assuming rank r is NIC r, port 0. Errors are negative errno
+ * values: -EPROTO when the process was not started by a launcher or the
+ * launcher's exchange failed (the reason is printed on stderr once). */
+/* Recognizes the job; 0 or a negative errno. Optional: every emp_job_*
+ * call does it first. Later calls return the first one's result. */
+int emp_job_init(void);
+/* This process's rank, or a negative errno. */
+int emp_job_rank(void);
+/* Ranks in the job, or a negative errno. */
+int emp_job_size(void);
+/* Opens the NIC this rank uses: EMP_DEVICE if set; else, with EMP_CLUSTER
+ * naming a cluster file, the nodes of this host (EMP_HOST, else the
+ * hostname) taken round robin by local rank (EMP_LOCAL_RANK,
+ * PMIX_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, ...). NULL and *err (if
+ * non-NULL): -ENODEV when neither variable is set, -EPROTO when the
+ * cluster file does not name this host or cannot be read. */
+struct emp_device *emp_job_open_device(int *err);
+/* Collective, every rank once: publishes dev's endpoint and writes rank
+ * r's endpoint into eps[r] for every rank (n must be at least the job's
+ * size, else -EINVAL). 0 or a negative errno. */
+int emp_job_endpoints(struct emp_device *dev, struct emp_endpoint *eps, size_t n);
+
 /* Groups and NIC-offloaded collectives. Every member creates its groups,
  * and posts collectives on a group, in the same order. Nonblocking forms
  * complete in the CQ (wr_id); blocking forms return 0 or a negative errno
  * (-EIO when the operation completed with an error status, which is then
  * in *status if non-NULL). */
-/* Waits until every rank of the job (emp run) has called it. */
+/* Waits until every rank of the job (emp run's or a PMIx launcher's, see
+ * emp_job_init) has called it: through the rendezvous directory or a PMIx
+ * fence, in a static job with messages over EMP. */
 int emp_job_barrier(struct emp_device *dev);
 struct emp_group *emp_group_create(struct emp_device *dev, uint32_t id, const struct emp_endpoint *members,
 				   size_t n, int *err);

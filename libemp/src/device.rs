@@ -76,6 +76,18 @@ impl Device {
         Device::open_path(&path)
     }
 
+    /// Opens the NIC a rank of `job` uses ([`Job::device_path`](crate::rdv::Job::device_path)):
+    /// `EMP_DEVICE`, else this host's node in the cluster file `EMP_CLUSTER`
+    /// for the rank's local rank.
+    ///
+    /// # Errors
+    /// As [`Job::device_path`](crate::rdv::Job::device_path), then as [`Device::open_path`].
+    pub fn open_for_job(job: &crate::rdv::Job) -> Result<Device> {
+        let path = job.device_path()?;
+        let path = path.to_str().ok_or_else(|| Error::invalid(format!("device path {path:?} is not UTF-8")))?;
+        Device::open_path(path)
+    }
+
     /// Opens `/dev/emp-nic…` (the kernel driver) or an `emp-nicd` socket;
     /// the arena size comes from `EMP_ARENA_MB`, the spin before sleeping
     /// from `EMP_SPIN_US`. Closing (dropping) the device closes the port

@@ -74,6 +74,7 @@ fn errno(e: &Error) -> c_int {
         Error::NoDevice => -libc::ENODEV,
         Error::Nic { errno, .. } => -errno,
         Error::Protocol(_) => -libc::EPIPE,
+        Error::Job(_) => -libc::EPROTO,
         Error::RingFull => -libc::EAGAIN,
         Error::TooManySges => -libc::EINVAL,
         Error::ArenaFull => -libc::ENOMEM,
@@ -676,8 +677,103 @@ pub unsafe extern "C" fn emp_allreduce(
     unsafe { blocking_status(r, status) }
 }
 
-/// Waits until every rank of the job (`emp run`: EMP_RANK, EMP_SIZE and
-/// the rendezvous directory, or a static job over EMP) has called it; a
+/// The process's job for the C API, recognized once (`emp_job_init`):
+/// `Ok` or the negative errno every later call returns.
+static C_JOB: std::sync::OnceLock<Result<crate::rdv::Job, c_int>> = std::sync::OnceLock::new();
+
+/// The job, recognized on first use; a failure is said once on stderr
+/// (the errno alone would not tell which variable is missing).
+fn c_job() -> Result<&'static crate::rdv::Job, c_int> {
+    C_JOB
+        .get_or_init(|| {
+            crate::rdv::Job::from_env().map_err(|e| {
+                eprintln!("libemp: {e}");
+                errno(&e)
+            })
+        })
+        .as_ref()
+        .map_err(|e| *e)
+}
+
+/// Recognizes this process's job: `emp run`'s (EMP_RANK, EMP_SIZE,
+/// EMP_RDV_DIR) or a PMIx launcher's (mpirun, prterun, srun). 0 or a
+/// negative errno; later calls return the first's result.
+#[no_mangle]
+pub extern "C" fn emp_job_init() -> c_int {
+    c_job().map_or_else(|e| e, |_| 0)
+}
+
+/// This process's rank, or a negative errno.
+#[no_mangle]
+pub extern "C" fn emp_job_rank() -> c_int {
+    c_job().map_or_else(|e| e, |j| c_int::try_from(j.rank).unwrap_or(-libc::EOVERFLOW))
+}
+
+/// Ranks in the job, or a negative errno.
+#[no_mangle]
+pub extern "C" fn emp_job_size() -> c_int {
+    c_job().map_or_else(|e| e, |j| c_int::try_from(j.size).unwrap_or(-libc::EOVERFLOW))
+}
+
+/// Opens the NIC this rank uses (`Device::open_for_job`). NULL and `*err`
+/// (if non-NULL) on failure.
+///
+/// # Safety
+/// `err` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_job_open_device(err: *mut c_int) -> *mut EmpDevice {
+    let r = c_job().and_then(|j| {
+        Device::open_for_job(j).map_err(|e| {
+            eprintln!("libemp: opening this rank's NIC: {e}");
+            errno(&e)
+        })
+    });
+    match r {
+        Ok(d) => Box::into_raw(Box::new(EmpDevice(d))),
+        Err(e) => {
+            if !err.is_null() {
+                // SAFETY: the caller passes a writable pointer or NULL.
+                unsafe { *err = e };
+            }
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// Collective: publishes `dev`'s endpoint and writes every rank's into
+/// `eps[0..size)` (`n` at least the job's size). 0 or a negative errno.
+///
+/// # Safety
+/// `dev` is open; `eps` has room for `n` endpoints.
+#[no_mangle]
+pub unsafe extern "C" fn emp_job_endpoints(dev: *mut EmpDevice, eps: *mut EmpEndpoint, n: usize) -> c_int {
+    let job = match c_job() {
+        Ok(j) => j,
+        Err(e) => return e,
+    };
+    if eps.is_null() || n < job.size {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees `dev`.
+    let d = unsafe { &(*dev).0 };
+    match job.endpoints(d.endpoint()) {
+        Ok(all) => {
+            // SAFETY: the caller gives room for `n` >= size endpoints.
+            let out = unsafe { core::slice::from_raw_parts_mut(eps, n) };
+            for (o, e) in out.iter_mut().zip(&all) {
+                *o = EmpEndpoint { node: e.node, port: e.port };
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("libemp: emp_job_endpoints: {e}");
+            errno(&e)
+        }
+    }
+}
+
+/// Waits until every rank of the job (`emp run`'s rendezvous directory,
+/// PMIx's fence, or in a static job messages over EMP) has called it; a
 /// program's first collective may follow it safely. 0 or a negative errno.
 ///
 /// # Safety
@@ -686,10 +782,15 @@ pub unsafe extern "C" fn emp_allreduce(
 pub unsafe extern "C" fn emp_job_barrier(dev: *mut EmpDevice) -> c_int {
     static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let k = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let job = match c_job() {
+        Ok(j) => j,
+        Err(e) => return e,
+    };
     // SAFETY: caller guarantees `dev`.
     let d = unsafe { &mut (*dev).0 };
-    rc(crate::rdv::Job::from_env().and_then(|j| j.barrier(d, &format!("emp_job_barrier-{k}"))))
+    rc(job.barrier(d, &format!("emp_job_barrier-{k}")))
 }
+
 /// Posts a remote fetch-and-add on `*at` at (node, port); the completion's
 /// `tag` and the `*result` word receive the old value. 0 or a negative errno.
 ///

@@ -26,6 +26,7 @@ pub mod group;
 pub mod host_atomics;
 mod map;
 pub mod mcs;
+mod pmix;
 pub mod rdv;
 mod ring;
 pub mod schedule;
@@ -102,6 +103,10 @@ pub enum Error {
     /// A library call got arguments it cannot use (checked before anything
     /// is posted); says which and why.
     InvalidArgument(String),
+    /// The job could not be set up: no launcher's environment (neither
+    /// `emp run`'s nor PMIx's), a PMIx call failed, the rendezvous timed
+    /// out, or the cluster file does not say which NIC this rank uses.
+    Job(String),
     /// A host-run collective failed: `what` names the call, its instance,
     /// the rank and the step; `cause` is the underlying error (an error
     /// completion, [`Status::CollMismatch`] for a message of the wrong size,
@@ -135,7 +140,11 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Os(e) => write!(f, "{e}"),
-            Error::NoDevice => write!(f, "EMP_DEVICE is not set (path of an emp-nicd socket or /dev/emp-nic)"),
+            Error::NoDevice => write!(
+                f,
+                "EMP_DEVICE is not set (path of an emp-nicd socket or /dev/emp-nic) and, for a job, neither is \
+                 EMP_CLUSTER (a cluster file: this host's nodes, by local rank)"
+            ),
             Error::Nic { op, errno } => write!(f, "{op}: {}", std::io::Error::from_raw_os_error(*errno)),
             Error::Protocol(s) => write!(f, "NIC connection: {s}"),
             Error::RingFull => write!(f, "ring full"),
@@ -146,6 +155,7 @@ impl fmt::Display for Error {
             Error::Unsupported(what) => write!(f, "not supported: {what}"),
             Error::InvalidOp { dtype, op } => write!(f, "{} is not defined on {}", op.name(), dtype.name()),
             Error::InvalidArgument(s) => write!(f, "invalid argument: {s}"),
+            Error::Job(s) => write!(f, "job: {s}"),
             Error::Collective { what, cause } => write!(f, "{what}: {cause}"),
         }
     }

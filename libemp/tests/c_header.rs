@@ -15,8 +15,9 @@
 //! - `libemp.so.1`, linked from the staticlib built with this test by
 //!   `scripts/libemp-link.sh` (what `make build` runs) with `libemp.map`,
 //!   has SONAME `libemp.so.1` and exports every function `emp.h` declares
-//!   at version `EMP_1.0`, and nothing else; `libemp.map` lists exactly
-//!   those functions.
+//!   at the version `libemp.map` lists it in (`EMP_1.0`, then `EMP_1.1`,
+//!   each node naming its predecessor), and nothing else; `libemp.map`
+//!   lists exactly those functions, each once.
 
 use core::mem::{offset_of, size_of};
 use std::collections::{BTreeMap, BTreeSet};
@@ -362,8 +363,8 @@ fn run(cmd: &mut Command) -> String {
 // libemp.so.1
 // ---------------------------------------------------------------------------
 
-/// The version every function of the C ABI carries.
-const ABI_VERSION: &str = "EMP_1.0";
+/// The versions of the C ABI, oldest first: the nodes of `libemp.map`.
+const ABI_VERSIONS: &[&str] = &["EMP_1.0", "EMP_1.1"];
 
 /// The staticlib built with this test: in `deps/` next to it, as
 /// `libemp-<metadata hash>.a` (the copy one level up is refreshed only by
@@ -439,12 +440,15 @@ fn soname_and_version_definitions(so: &Path) -> (Option<String>, BTreeSet<String
     (soname, definitions)
 }
 
-/// A node of `libemp.map`: `EMP_1.0 { global: a; b; local: *; };`.
+/// A node of `libemp.map`: `EMP_1.0 { global: a; b; local: *; };` or
+/// `EMP_1.1 { global: c; } EMP_1.0;`.
 #[derive(Debug)]
 struct VersionNode {
     name: String,
     global: BTreeSet<String>,
     local: BTreeSet<String>,
+    /// The node it extends (after its closing brace).
+    predecessor: Option<String>,
 }
 
 fn version_script() -> Vec<VersionNode> {
@@ -459,10 +463,17 @@ fn version_script() -> Vec<VersionNode> {
         let (global, local) = body.split_once("local:").unwrap_or((body, ""));
         let global = global.trim_start();
         let global = global.strip_prefix("global:").unwrap_or(global);
-        nodes.push(VersionNode { name: rest[..open].trim().to_string(), global: names(global), local: names(local) });
         // Past "};" or "} EMP_1.0;" (a node naming its predecessor).
-        rest = &rest[close + 1..];
-        rest = &rest[rest.find(';').map_or(rest.len(), |i| i + 1)..];
+        let after = &rest[close + 1..];
+        let semi = after.find(';').unwrap_or(after.len());
+        let predecessor = Some(after[..semi].trim().to_string()).filter(|p| !p.is_empty());
+        nodes.push(VersionNode {
+            name: rest[..open].trim().to_string(),
+            global: names(global),
+            local: names(local),
+            predecessor,
+        });
+        rest = &after[(semi + 1).min(after.len())..];
     }
     nodes
 }
@@ -548,32 +559,55 @@ fn header_layout_matches_rust() {
     assert_eq!(got.len(), want.len(), "the C program printed lines nobody expects");
 }
 
-/// `libemp.map` exports exactly the functions emp.h declares, all in
-/// `EMP_1.0`, and leaves everything else local.
+/// `libemp.map` exports exactly the functions emp.h declares, each in one
+/// node (`EMP_1.0`, then `EMP_1.1` extending it), and leaves everything
+/// else local.
 #[test]
 fn version_script_lists_exactly_the_header() {
     let nodes = version_script();
-    let [node] = &nodes[..] else {
-        panic!("libemp.map: only {ABI_VERSION} has shipped, so one node, found {nodes:?}");
-    };
-    assert_eq!(node.name, ABI_VERSION, "libemp.map's node");
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ABI_VERSIONS, "libemp.map's nodes, oldest first");
     let all: BTreeSet<String> = ["*".to_string()].into();
-    assert_eq!(node.local, all, "libemp.map must keep everything it does not list local (`local: *;`)");
-    let declared = parse_header().functions;
+    assert_eq!(nodes[0].local, all, "libemp.map must keep everything it does not list local (`local: *;`)");
     let mut errors = Vec::new();
-    for f in declared.difference(&node.global) {
+    for (i, node) in nodes.iter().enumerate().skip(1) {
+        if node.predecessor.as_deref() != Some(ABI_VERSIONS[i - 1]) {
+            errors.push(format!(
+                "{} must extend {} (`}} {};`), not {:?}",
+                node.name,
+                names[i - 1],
+                names[i - 1],
+                node.predecessor
+            ));
+        }
+        if !node.local.is_empty() {
+            errors.push(format!("{}: only the first node has `local:`", node.name));
+        }
+    }
+    let mut listed = BTreeMap::new();
+    for node in &nodes {
+        for f in &node.global {
+            if let Some(earlier) = listed.insert(f.clone(), node.name.clone()) {
+                errors.push(format!("{f} is listed in both {earlier} and {}", node.name));
+            }
+        }
+    }
+    let listed: BTreeSet<String> = listed.into_keys().collect();
+    let declared = parse_header().functions;
+    for f in declared.difference(&listed) {
         errors.push(format!("{f} is declared in emp.h but libemp.map does not list it"));
     }
-    for f in node.global.difference(&declared) {
+    for f in listed.difference(&declared) {
         errors.push(format!("libemp.map lists {f}, which emp.h does not declare"));
     }
     assert!(errors.is_empty(), "{}", errors.join("\n"));
 }
 
 /// libemp.so.1 has SONAME libemp.so.1 and exports exactly the functions
-/// emp.h declares, each at version EMP_1.0: no Rust symbol leaks.
+/// emp.h declares, each at the version libemp.map lists it in: no Rust
+/// symbol leaks.
 #[test]
-fn shared_object_exports_exactly_the_header_at_emp_1_0() {
+fn shared_object_exports_exactly_the_header_at_its_version() {
     let dir = TempDir::new("libemp-link");
     let so = link_libemp(&dir.0);
     let link = std::fs::read_link(dir.0.join("libemp.so")).expect("libemp.so, the link-time name, is a symlink");
@@ -581,8 +615,12 @@ fn shared_object_exports_exactly_the_header_at_emp_1_0() {
 
     let (soname, definitions) = soname_and_version_definitions(&so);
     assert_eq!(soname.as_deref(), Some("libemp.so.1"), "SONAME of {}", so.display());
-    let want: BTreeSet<String> = ["libemp.so.1", ABI_VERSION].iter().map(|s| s.to_string()).collect();
-    assert_eq!(definitions, want, "version definitions of {} (the base version and {ABI_VERSION})", so.display());
+    let want: BTreeSet<String> = ["libemp.so.1"].iter().chain(ABI_VERSIONS).map(|s| s.to_string()).collect();
+    assert_eq!(definitions, want, "version definitions of {} (the base version and {ABI_VERSIONS:?})", so.display());
+    let version_of: BTreeMap<String, String> = version_script()
+        .into_iter()
+        .flat_map(|node| node.global.into_iter().map(move |f| (f, node.name.clone())))
+        .collect();
 
     let declared = parse_header().functions;
     let exported = exported(&so, &definitions);
@@ -595,8 +633,9 @@ fn shared_object_exports_exactly_the_header_at_emp_1_0() {
         errors.push(format!("libemp.so.1 exports {f}, which emp.h does not declare"));
     }
     for (name, version) in &exported {
-        if *version != format!("@@{ABI_VERSION}") {
-            errors.push(format!("libemp.so.1 exports {name}{version}, not {name}@@{ABI_VERSION}"));
+        let want = version_of.get(name).map_or("(not in libemp.map)", String::as_str);
+        if *version != format!("@@{want}") {
+            errors.push(format!("libemp.so.1 exports {name}{version}, not {name}@@{want}"));
         }
     }
     assert!(errors.is_empty(), "{}", errors.join("\n"));

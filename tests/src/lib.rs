@@ -155,7 +155,7 @@ pub fn tap_start(name: &str, min_ranks: usize, without_rdv: WithoutRendezvous) -
             std::process::exit(2);
         }
     };
-    let dev = match Device::open() {
+    let dev = match Device::open_for_job(&job) {
         Ok(d) => d,
         Err(e) => {
             println!("TAP version 13\n1..0 # SKIP cannot open the device: {e}");
@@ -169,6 +169,7 @@ pub fn tap_start(name: &str, min_ranks: usize, without_rdv: WithoutRendezvous) -
 pub mod harness {
     use std::path::{Path, PathBuf};
     use std::process::{Command, Output};
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// Checks a TAP program's run: exit 0 and `passed` passed, 0 failed
     /// (its output is echoed for the test log).
@@ -263,5 +264,44 @@ pub mod harness {
             let _ = emp().args(["cluster", "down", "--dir"]).arg(&self.dir).output();
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+
+    /// Where `make build` puts the C library: `libemp.so.1` with versioned
+    /// symbols, and its link-time name `libemp.so` (scripts/libemp-link.sh).
+    pub fn libemp_dir() -> PathBuf {
+        let lib = bin_dir().join("lib");
+        assert!(
+            lib.join("libemp.so.1").exists() && lib.join("libemp.so").exists(),
+            "{}/libemp.so.1 or libemp.so missing: run `make build` (it links the C library from libemp's staticlib)",
+            lib.display()
+        );
+        lib
+    }
+
+    /// Compiles `libemp/examples/c/<name>.c` against libemp.so.1 (-Werror).
+    pub fn compile_c_example(name: &str) -> PathBuf {
+        // Tests compile the same example in parallel: one path per call.
+        static CALLS: AtomicUsize = AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, Ordering::Relaxed);
+        let out_bin = std::env::temp_dir().join(format!("emp-c-{name}-{}-{call}", std::process::id()));
+        let lib = libemp_dir();
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let st = Command::new(&cc)
+            .args(["-Wall", "-Wextra", "-Werror", "-O2", "-I"])
+            .arg(root().join("libemp/include"))
+            .arg(root().join(format!("libemp/examples/c/{name}.c")))
+            .arg("-L")
+            .arg(&lib)
+            .arg("-lemp")
+            // RPATH, not RUNPATH: cargo's LD_LIBRARY_PATH must not win over
+            // the release library.
+            .arg("-Wl,--disable-new-dtags")
+            .arg(format!("-Wl,-rpath,{}", lib.display()))
+            .arg("-o")
+            .arg(&out_bin)
+            .status()
+            .expect("a C compiler (cc) is required");
+        assert!(st.success(), "the C example {name} must compile");
+        out_bin
     }
 }

@@ -7,14 +7,13 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The machine has 2 cores: one chassis at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-use emp_tests::harness::{assert_tap, bin_dir, emp, image, root, Cluster};
+use emp_tests::harness::{assert_tap, compile_c_example, emp, image, root, Cluster};
 
 #[test]
 fn tap_p2p_two_ranks_mem_wire() {
@@ -202,45 +201,6 @@ fn tampered_or_unsigned_firmware_is_refused_with_the_reason() {
     let header_byte = tampered_copy(&base.join("header"), |_| 20);
     up_fails_with(&header_byte, &base.join("header"), "signature");
     let _ = std::fs::remove_dir_all(&base);
-}
-
-/// Where `make build` puts the C library: `libemp.so.1` with versioned
-/// symbols, and its link-time name `libemp.so` (scripts/libemp-link.sh).
-fn libemp_dir() -> PathBuf {
-    let lib = bin_dir().join("lib");
-    assert!(
-        lib.join("libemp.so.1").exists() && lib.join("libemp.so").exists(),
-        "{}/libemp.so.1 or libemp.so missing: run `make build` (it links the C library from libemp's staticlib)",
-        lib.display()
-    );
-    lib
-}
-
-/// Compiles `libemp/examples/c/<name>.c` against libemp.so.1 (-Werror).
-fn compile_c_example(name: &str) -> PathBuf {
-    // Tests compile the same example in parallel: one path per call.
-    static CALLS: AtomicUsize = AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, Ordering::Relaxed);
-    let out_bin = std::env::temp_dir().join(format!("emp-c-{name}-{}-{call}", std::process::id()));
-    let lib = libemp_dir();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let st = Command::new(&cc)
-        .args(["-Wall", "-Wextra", "-Werror", "-O2", "-I"])
-        .arg(root().join("libemp/include"))
-        .arg(root().join(format!("libemp/examples/c/{name}.c")))
-        .arg("-L")
-        .arg(&lib)
-        .arg("-lemp")
-        // RPATH, not RUNPATH: cargo's LD_LIBRARY_PATH must not win over
-        // the release library.
-        .arg("-Wl,--disable-new-dtags")
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg("-o")
-        .arg(&out_bin)
-        .status()
-        .expect("a C compiler (cc) is required");
-    assert!(st.success(), "the C example {name} must compile");
-    out_bin
 }
 
 /// A C program linked with `-lemp` records that it needs libemp.so.1 (the
