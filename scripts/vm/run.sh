@@ -100,7 +100,7 @@ done
 # Ordinary users: empuser is in the device's group, outsider is not. What
 # they may pin is RLIMIT_MEMLOCK's to say (root has CAP_IPC_LOCK, they do
 # not): 64 MiB covers tap-p2p's arena and buffers.
-as_user() { ( ulimit -l 65536 && /bin/busybox su -p -s /bin/sh empuser -c "\$*" ); }
+as_user() { ( ulimit -l 65536 && /bin/busybox su -p -s /bin/sh empuser -c "echo \"# as \\\$(/bin/busybox id), RLIMIT_MEMLOCK \\\$(ulimit -l) KiB\"; \$*" ); }
 as_outsider() { /bin/busybox su -p -s /bin/sh outsider -c "\$*"; }
 $guest_cmd
 if [ -e /sys/kernel/debug/kmemleak ]; then

@@ -136,7 +136,10 @@ fn main() {
     // SAFETY: plain id queries.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let limit = memlock_limit();
-    println!("# uid {uid} gid {gid}, RLIMIT_MEMLOCK {limit:?}");
+    match &limit {
+        Ok(l) => println!("# uid {uid} gid {gid}, RLIMIT_MEMLOCK {l} bytes"),
+        Err(e) => println!("# uid {uid} gid {gid}: {e}"),
+    }
     t.check("running as a user who is not root", if uid != 0 { Ok(()) } else { Err("uid 0".into()) });
     let fd = open_dev();
     t.check(
