@@ -79,7 +79,7 @@ EMP_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 KO := driver/emp.ko
 KVER ?= $(shell [ -f $(KO) ] && /sbin/modinfo -F vermagic $(KO) 2>/dev/null | cut -d' ' -f1)
 MODULEDIR ?= /lib/modules/$(KVER)/extra
-REL := target/release
+REL := $(if $(CARGO_TARGET_DIR),$(CARGO_TARGET_DIR),target)/release
 
 # Installs what is built; builds nothing (run `make build` first, as the
 # user who owns the tree), so `sudo make install` never writes to target/.
