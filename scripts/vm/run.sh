@@ -16,7 +16,9 @@
 # their port events: --blocking; EMP_BENCH_FLAGS overrides).
 # One VM runs the driver tests (tap-driver); N >= 2 VMs run the
 # point-to-point suite (tap-p2p) between them, one rank per VM, over one
-# emp-nicd with N NICs on its in-memory switch. A guest command replaces
+# emp-nicd with N NICs on its in-memory switch, as an ordinary user
+# (`as_user`). The guest applies driver/udev/60-emp.rules itself (there is
+# no udevd) and has two users: empuser (in group emp) and outsider. A guest command replaces
 # the default; it sees $rank and $size (e.g. the collectives suite:
 #   run.sh --vms 2 'EMP_DEVICE=/dev/emp-nic EMP_RANK=$rank EMP_SIZE=$size /bin/tap-coll').
 set -euo pipefail
@@ -43,14 +45,14 @@ guest_cmd="${*:-}"
 firmware=$(realpath "$firmware")
 if [ "$two_nics" = 1 ]; then
     vms=1
-    guest_cmd='ls /dev/emp-nic /dev/emp-nic1 && { EMP_DEVICE=/dev/emp-nic1 EMP_RANK=1 EMP_SIZE=2 EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p & EMP_DEVICE=/dev/emp-nic EMP_RANK=0 EMP_SIZE=2 EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p; wait; }'
+    guest_cmd='ls /dev/emp-nic /dev/emp-nic1 && { as_user "EMP_DEVICE=/dev/emp-nic1 EMP_RANK=1 EMP_SIZE=2 EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p" & as_user "EMP_DEVICE=/dev/emp-nic EMP_RANK=0 EMP_SIZE=2 EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p"; wait; }'
 elif [ -n "$bench" ]; then
     vms=2
     guest_cmd="/bin/busybox ip link set eth0 up && /bin/busybox ip addr add 10.9.0.\$((rank + 1))/24 dev eth0 && \\
 EMP_DEVICE=/dev/emp-nic EMP_RANK=\$rank EMP_SIZE=2 EMP_ARENA_MB=24 EMP_BENCH_TCP=10.9.0.1:7000 /bin/emp bench-rank latency --sizes=$bench ${EMP_BENCH_FLAGS:---blocking} && echo 'EMP-VM: bench ok'"
 elif [ -z "$guest_cmd" ] && [ -z "$expect_fail" ]; then
     if [ "$vms" -gt 1 ]; then
-        guest_cmd='EMP_DEVICE=/dev/emp-nic EMP_RANK=$rank EMP_SIZE=$size EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p'
+        guest_cmd='as_user "EMP_DEVICE=/dev/emp-nic EMP_RANK=$rank EMP_SIZE=$size EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p"'
     else
         guest_cmd=/bin/tap-driver
     fi
@@ -87,6 +89,19 @@ for w in \$(/bin/busybox cat /proc/cmdline); do
 done
 /bin/busybox insmod /emp.ko
 echo "EMP-VM: insmod rc=\$?"
+# No udevd here: apply what the repository's udev rule says (its GROUP and
+# MODE) to the port devices, as udev would.
+rule=/lib/udev/rules.d/60-emp.rules
+dev_group=\$(/bin/busybox sed -n 's/.*KERNEL=="emp-nic[*]".*GROUP="\([^"]*\)".*/\1/p' \$rule)
+dev_mode=\$(/bin/busybox sed -n 's/.*KERNEL=="emp-nic[*]".*MODE="\([0-7]*\)".*/\1/p' \$rule)
+for d in /dev/emp-nic*; do
+    [ -e "\$d" ] && /bin/busybox chgrp "\$dev_group" "\$d" && /bin/busybox chmod "\$dev_mode" "\$d"
+done
+# Ordinary users: empuser is in the device's group, outsider is not. What
+# they may pin is RLIMIT_MEMLOCK's to say (root has CAP_IPC_LOCK, they do
+# not): 64 MiB covers tap-p2p's arena and buffers.
+as_user() { ( ulimit -l 65536 && /bin/busybox su -p -s /bin/sh empuser -c "echo \"# as \\\$(/bin/busybox id), RLIMIT_MEMLOCK \\\$(ulimit -l) KiB\"; \$*" ); }
+as_outsider() { /bin/busybox su -p -s /bin/sh outsider -c "\$*"; }
 $guest_cmd
 if [ -e /sys/kernel/debug/kmemleak ]; then
     echo scan > /sys/kernel/debug/kmemleak
@@ -97,6 +112,17 @@ echo "EMP-VM: rmmod rc=\$?"
 echo "EMP-VM: done"
 /bin/busybox poweroff -f
 INIT
+cat > "$work/passwd" <<'PASSWD'
+root:x:0:0:root:/:/bin/sh
+empuser:x:1000:1000:EMP user (group emp):/tmp:/bin/sh
+outsider:x:1001:1001:not in group emp:/tmp:/bin/sh
+PASSWD
+cat > "$work/group" <<'GROUP'
+root:x:0:
+emp:x:900:empuser
+empuser:x:1000:
+outsider:x:1001:
+GROUP
 cat > "$work/cpio.list" <<LIST
 dir /dev 755 0 0
 nod /dev/console 600 0 0 c 5 1
@@ -107,6 +133,13 @@ dir /lib 755 0 0
 dir /lib/firmware 755 0 0
 dir /lib/firmware/emp 755 0 0
 dir /tmp 1777 0 0
+dir /etc 755 0 0
+file /etc/passwd $work/passwd 644 0 0
+file /etc/group $work/group 644 0 0
+dir /lib/udev 755 0 0
+dir /lib/udev/rules.d 755 0 0
+file /lib/udev/rules.d/60-emp.rules $root/driver/udev/60-emp.rules 644 0 0
+file /bin/tap-user $root/$static/tap-user 755 0 0
 file /bin/busybox /bin/busybox 755 0 0
 slink /bin/sh busybox 777 0 0
 file /init $work/init 755 0 0

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The kernel-path tests (part of `make test`): builds (or reuses) the guest
 # kernel and emp.ko, then boots TCG guests through scripts/vm/run.sh:
+#   0. ordinary users in one guest (tap-user: the device's group may open
+#      it and pins within RLIMIT_MEMLOCK, anyone else gets EACCES; its TAP
+#      lines are shown as subtests);
 #   1. driver tests (tap-driver) in one guest, after checking that rmmod
 #      with a port open is refused safely;
 #   2. the point-to-point TAP suite between two guests over /dev/emp-nic,
+#      run as an ordinary user (run.sh's `as_user`: group emp, no
+#      CAP_IPC_LOCK, RLIMIT_MEMLOCK 64 MiB),
 #      then the collectives suite (tap-coll: groups through GROUP_SET)
 #      across three guests;
 #   3. the same with the NIC as ivshmem-plain (no MSI-X: libemp polls),
@@ -22,12 +27,15 @@ trap 'rm -rf "$log_dir"' EXIT
 passed=0
 failed=0
 
+# A step's lines matching $show (if set) are printed under it as TAP
+# subtests (indented), pass or fail.
 step() {
     local name="$1"; shift
     local t0=$SECONDS
     if "$@" > "$log_dir/step.log" 2>&1; then
         passed=$((passed + 1))
         echo "ok - $name ($((SECONDS - t0)) s)"
+        [ -n "${show:-}" ] && grep -E "$show" "$log_dir/step.log" | sed 's/^/    /'
     else
         failed=$((failed + 1))
         echo "not ok - $name ($((SECONDS - t0)) s)"
@@ -45,12 +53,22 @@ if ! kbuild=$(scripts/kernel/build.sh); then
 fi
 echo "# guest kernel ready in $((SECONDS - t0)) s: $kbuild"
 
+# Ordinary users: the node's group and mode come from
+# driver/udev/60-emp.rules; a member of the group pins within RLIMIT_MEMLOCK
+# (1 MiB here), a user outside it is refused. Their TAP lines are shown.
+users='/bin/busybox ls -l /dev/emp-nic
+( ulimit -l 1024 && /bin/busybox su -s /bin/sh empuser -c /bin/tap-user )
+as_outsider "/bin/tap-user --denied"'
+show='^(not )?ok [0-9]+ - |^# uid |^c.* /dev/emp-nic$' \
+    step "ordinary users (tap-user): group emp opens /dev/emp-nic and pins within RLIMIT_MEMLOCK, others get EACCES" \
+    scripts/vm/run.sh "$users"
 rmmod_busy='exec 3<>/dev/emp-nic
 if /bin/busybox rmmod emp 2>/dev/null; then echo "not ok - rmmod with a port open succeeded"; else echo "# rmmod with a port open refused: module in use"; fi
 exec 3<&-
 /bin/tap-driver'
 step "driver tests in a guest (tap-driver; rmmod with a port open)" scripts/vm/run.sh "$rmmod_busy"
-step "two guests exchange messages through emp.ko (tap-p2p, MSI-X events)" scripts/vm/run.sh --vms 2
+show='^# as uid=' step "two guests exchange messages through emp.ko as an ordinary user (tap-p2p, MSI-X events)" \
+    scripts/vm/run.sh --vms 2
 coll='EMP_DEVICE=/dev/emp-nic EMP_RANK=$rank EMP_SIZE=$size EMP_ARENA_MB=24 /bin/tap-coll'
 step "three guests run the collectives suite through emp.ko (tap-coll, groups via GROUP_SET)" scripts/vm/run.sh --vms 3 "$coll"
 step "two guests, NIC without interrupts (ivshmem-plain, polling)" scripts/vm/run.sh --vms 2 --plain

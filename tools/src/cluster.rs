@@ -84,8 +84,9 @@ pub fn sibling(name: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
-/// The firmware image: explicit, `$EMP_FIRMWARE`, ./firmware-blobs, or the
-/// repository's firmware-blobs next to the binary (target/release/../..).
+/// The firmware image: explicit, `$EMP_FIRMWARE`, ./firmware-blobs, the
+/// repository's firmware-blobs next to the binary (target/release/../..), or
+/// where `make install` puts it (the kernel's firmware directory).
 pub(crate) fn firmware(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
     let cands: Vec<PathBuf> = explicit
         .into_iter()
@@ -96,6 +97,7 @@ pub(crate) fn firmware(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
                 .ok()
                 .and_then(|e| e.ancestors().nth(3).map(|r| r.join("firmware-blobs/emp-fw.bin"))),
         )
+        .chain(Some(PathBuf::from("/lib/firmware/emp/emp-fw.bin")))
         .collect();
     cands
         .iter()
