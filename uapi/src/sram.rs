@@ -22,8 +22,10 @@ use crate::{le_struct, DecodeError, Le, PAGE_SIZE};
 pub const BOARD_SIGNATURE: u64 = u64::from_le_bytes(*b"EMP-NIC\0");
 /// Version of this memory map and of the structures the NIC and host share
 /// through it (descriptors, CQEs). 3: the CQE's phase byte moved to its last
-/// byte, published after a DMA fence.
-pub const LAYOUT_VERSION: u32 = 3;
+/// byte, published after a DMA fence. 4: three more counters (the header is
+/// 280 bytes), the port's liveness word and refused remote accesses in its
+/// control page, and a remote key's 32-bit secret in the MR entry.
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// NIC status (header `status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,8 +156,14 @@ pub mod counter {
     pub const COLL_REFUSED: usize = 18;
     /// Remote atomic requests answered from the result cache (duplicates).
     pub const ATOMIC_REPLAYS: usize = 19;
+    /// Idle peer entries reclaimed to make room for a new peer.
+    pub const PEERS_RECLAIMED: usize = 20;
+    /// Remote accesses refused (bad key, rights, bounds), all ports.
+    pub const REMOTE_REFUSED: usize = 21;
+    /// Remote accesses refused because their source kept guessing keys.
+    pub const REMOTE_THROTTLED: usize = 22;
     /// Number of counters.
-    pub const COUNT: usize = 20;
+    pub const COUNT: usize = 23;
     /// Names, for tools.
     pub const NAMES: [&str; COUNT] = [
         "tx_frames",
@@ -178,11 +186,14 @@ pub mod counter {
         "coll_early",
         "coll_refused",
         "atomic_replays",
+        "peers_reclaimed",
+        "remote_refused",
+        "remote_throttled",
     ];
 }
 
 le_struct! {
-    /// SRAM header at offset 0 (256 bytes).
+    /// SRAM header at offset 0 (280 bytes).
     pub struct SramHeader {
         /// [`BOARD_SIGNATURE`]. Hardware.
         pub magic: u64,
@@ -237,7 +248,7 @@ le_struct! {
         /// Counters (see [`counter`]). NIC.
         pub counters: [u64; counter::COUNT],
     }
-    size = 256;
+    size = 280;
 }
 
 /// Parameters from which a [`Layout`] is computed.
@@ -759,7 +770,7 @@ mod tests {
         assert!(l.sram_size.is_power_of_two());
         assert_eq!(l.port_stride as usize % PAGE_SIZE, 0);
         let h = l.header(3, 1500, 0);
-        let mut b = [0u8; 256];
+        let mut b = [0u8; SramHeader::SIZE];
         h.encode(&mut b).unwrap();
         assert_eq!(Layout::from_header(&SramHeader::decode(&b).unwrap()), Ok(l));
         let end = l.port(l.params.ports - 1).recv_slot(l.params.recv_entries - 1) + WorkDesc::SIZE;
