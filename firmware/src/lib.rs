@@ -241,6 +241,13 @@ impl Config {
         self.window_frames.div_ceil(self.group_size)
     }
 
+    /// How long a sender keeps retransmitting one unacknowledged group before
+    /// the message fails with `RetryLimitExceeded`: the first timeout and
+    /// `retry_limit` more, each doubling up to `rto_ns_max`.
+    pub fn retry_budget_ns(&self) -> u64 {
+        (0..=self.retry_limit).map(|i| self.rto_ns.saturating_mul(1u64 << i.min(63)).min(self.rto_ns_max)).sum()
+    }
+
     /// Checks the configuration; returns the first rule broken.
     pub fn invalid(&self) -> Option<&'static str> {
         if self.group_size == 0 || self.group_size > 32 {
