@@ -551,7 +551,9 @@ struct emp_port_ctl {
 	uint32_t cq_overruns;
 	uint32_t nic_sleeping; /* nonzero while the NIC sleeps on the doorbell:
 	                        * the host rings the doorbell only then */
-	uint32_t nic_pad[11];
+	uint32_t nic_alive;    /* advanced (never to 0) every EMP_NIC_ALIVE_PERIOD_NS
+	                        * while the NIC runs; still for EMP_NIC_DEAD_NS = dead */
+	uint32_t nic_pad[10];
 	/* trusted side */
 	uint32_t state;      /* EMP_PORT_STATE_* */
 	uint32_t gen;
@@ -571,6 +573,9 @@ struct emp_port_ctl {
 #define EMP_CTL_CQ_PROD 72U
 #define EMP_CTL_CQ_OVERRUNS 76U
 #define EMP_CTL_NIC_SLEEPING 80U
+#define EMP_CTL_NIC_ALIVE 84U
+#define EMP_NIC_ALIVE_PERIOD_NS 50000000ULL
+#define EMP_NIC_DEAD_NS 2000000000ULL
 #define EMP_CTL_STATE 128U
 #define EMP_CTL_GEN 132U
 

@@ -676,8 +676,13 @@ le_struct! {
         /// NIC: nonzero while the NIC sleeps on the doorbell; the host
         /// writes the doorbell only then (no system call while it polls).
         pub nic_sleeping: u32,
+        /// NIC: liveness word, advanced (never to 0) every
+        /// [`NIC_ALIVE_PERIOD_NS`] while the NIC runs its control program;
+        /// a host that sees it stand still for [`NIC_DEAD_NS`] takes the NIC
+        /// for dead. 0 = a NIC that does not advance it.
+        pub nic_alive: u32,
         /// Reserved (cache line of NIC-written words).
-        pub nic_pad: [u32; 11],
+        pub nic_pad: [u32; 10],
         /// Trusted side: [`port_state`].
         pub state: u32,
         /// Trusted side: generation of this opening.
@@ -730,6 +735,12 @@ impl PortWindow {
     }
 }
 
+/// How often a running NIC advances every port's [`PortCtl::nic_alive`].
+pub const NIC_ALIVE_PERIOD_NS: u64 = 50_000_000;
+/// How long [`PortCtl::nic_alive`] may stand still before a host takes
+/// the NIC for dead (many periods: a loaded machine may delay a few).
+pub const NIC_DEAD_NS: u64 = 2_000_000_000;
+
 /// Offsets of `PortCtl` fields, for single-word accesses.
 pub mod ctl {
     use super::PortCtl;
@@ -752,6 +763,8 @@ pub mod ctl {
     pub const CQ_OVERRUNS: usize = offset_of!(PortCtl, cq_overruns);
     /// See [`PortCtl::nic_sleeping`].
     pub const NIC_SLEEPING: usize = offset_of!(PortCtl, nic_sleeping);
+    /// See [`PortCtl::nic_alive`].
+    pub const NIC_ALIVE: usize = offset_of!(PortCtl, nic_alive);
     /// See [`PortCtl::state`].
     pub const STATE: usize = offset_of!(PortCtl, state);
     /// See [`PortCtl::gen`].

@@ -269,6 +269,7 @@ fn structs() -> Vec<StructDesc> {
                 cq_prod,
                 cq_overruns,
                 nic_sleeping,
+                nic_alive,
                 nic_pad,
                 state,
                 gen,
@@ -470,6 +471,8 @@ fn constants() -> Vec<ConstDesc> {
         // sram.rs
         EMP_BOARD_SIGNATURE = sram::BOARD_SIGNATURE,
         EMP_LAYOUT_VERSION = sram::LAYOUT_VERSION,
+        EMP_NIC_ALIVE_PERIOD_NS = sram::NIC_ALIVE_PERIOD_NS,
+        EMP_NIC_DEAD_NS = sram::NIC_DEAD_NS,
         EMP_NIC_STATUS_RESET = NicStatus::Reset as u32,
         EMP_NIC_STATUS_LOADING = NicStatus::Loading as u32,
         EMP_NIC_STATUS_RUNNING = NicStatus::Running as u32,
@@ -533,6 +536,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_CTL_CQ_PROD = ctl::CQ_PROD,
         EMP_CTL_CQ_OVERRUNS = ctl::CQ_OVERRUNS,
         EMP_CTL_NIC_SLEEPING = ctl::NIC_SLEEPING,
+        EMP_CTL_NIC_ALIVE = ctl::NIC_ALIVE,
         EMP_CTL_STATE = ctl::STATE,
         EMP_CTL_GEN = ctl::GEN,
         // image.rs
