@@ -425,15 +425,13 @@ struct emp_coll_header {
 #define EMP_COUNTER_COLL_REFUSED 18U   /* collective messages refused (sender retries) */
 #define EMP_COUNTER_ATOMIC_REPLAYS 19U /* atomic requests answered from the result cache */
 #define EMP_COUNTER_PEERS_RECLAIMED 20U /* idle peer entries reclaimed for a new peer */
-#define EMP_COUNTER_REMOTE_REFUSED 21U  /* remote accesses refused (key, rights, bounds) */
-#define EMP_COUNTER_REMOTE_THROTTLED 22U /* refused: the source kept guessing keys */
-#define EMP_COUNTER_COUNT 23U
+#define EMP_COUNTER_COUNT 21U
 
 /* Largest SRAM laid out; largest ring. */
 #define EMP_SRAM_SIZE_MAX (1U << 30)
 #define EMP_RING_ENTRIES_MAX 4096U
 
-/* SRAM header at offset 0 (280 bytes). */
+/* SRAM header at offset 0 (264 bytes). */
 struct emp_sram_header {
 	uint64_t magic;          /* EMP_BOARD_SIGNATURE */
 	uint32_t layout_version; /* EMP_LAYOUT_VERSION */
@@ -908,7 +906,7 @@ EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 32, "emp_cqe");
 EMP_STATIC_ASSERT(sizeof(struct emp_phys_seg) == 16, "emp_phys_seg");
 EMP_STATIC_ASSERT(sizeof(struct emp_mr_entry) == 144, "emp_mr_entry");
 EMP_STATIC_ASSERT(sizeof(struct emp_coll_header) == 24, "emp_coll_header");
-EMP_STATIC_ASSERT(sizeof(struct emp_sram_header) == 280, "emp_sram_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_sram_header) == 264, "emp_sram_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_admin_mailbox) == 64, "emp_admin_mailbox");
 EMP_STATIC_ASSERT(sizeof(struct emp_route_entry) == 32, "emp_route_entry");
 EMP_STATIC_ASSERT(sizeof(struct emp_group_entry) == 1024, "emp_group_entry");

@@ -22,9 +22,8 @@ use crate::{le_struct, DecodeError, Le, PAGE_SIZE};
 pub const BOARD_SIGNATURE: u64 = u64::from_le_bytes(*b"EMP-NIC\0");
 /// Version of this memory map and of the structures the NIC and host share
 /// through it (descriptors, CQEs). 3: the CQE's phase byte moved to its last
-/// byte, published after a DMA fence. 4: three more counters (the header is
-/// 280 bytes), the port's liveness word and refused remote accesses in its
-/// control page, and a remote key's 32-bit secret in the MR entry.
+/// byte, published after a DMA fence. 4: a counter of reclaimed peer entries
+/// (the header is 264 bytes) and the port's liveness word in its control page.
 pub const LAYOUT_VERSION: u32 = 4;
 
 /// NIC status (header `status`).
@@ -158,12 +157,8 @@ pub mod counter {
     pub const ATOMIC_REPLAYS: usize = 19;
     /// Idle peer entries reclaimed to make room for a new peer.
     pub const PEERS_RECLAIMED: usize = 20;
-    /// Remote accesses refused (bad key, rights, bounds), all ports.
-    pub const REMOTE_REFUSED: usize = 21;
-    /// Remote accesses refused because their source kept guessing keys.
-    pub const REMOTE_THROTTLED: usize = 22;
     /// Number of counters.
-    pub const COUNT: usize = 23;
+    pub const COUNT: usize = 21;
     /// Names, for tools.
     pub const NAMES: [&str; COUNT] = [
         "tx_frames",
@@ -187,13 +182,11 @@ pub mod counter {
         "coll_refused",
         "atomic_replays",
         "peers_reclaimed",
-        "remote_refused",
-        "remote_throttled",
     ];
 }
 
 le_struct! {
-    /// SRAM header at offset 0 (280 bytes).
+    /// SRAM header at offset 0 (264 bytes).
     pub struct SramHeader {
         /// [`BOARD_SIGNATURE`]. Hardware.
         pub magic: u64,
@@ -248,7 +241,7 @@ le_struct! {
         /// Counters (see [`counter`]). NIC.
         pub counters: [u64; counter::COUNT],
     }
-    size = 280;
+    size = 264;
 }
 
 /// Parameters from which a [`Layout`] is computed.
