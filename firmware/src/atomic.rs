@@ -145,7 +145,7 @@ impl Nic {
         if let Err(st) = self.check_sges(hal, port, &ld.sges()[..1], MR_LOCAL_WRITE) {
             return self.complete(hal, port, Completion::of(&ld, op, st));
         }
-        let Some(peer) = self.peer_for(port, ld.wd.node, ld.wd.port, 0) else {
+        let Some(peer) = self.peer_for(now, port, ld.wd.node, ld.wd.port, 0) else {
             return self.complete(hal, port, Completion::of(&ld, op, Status::TableFull));
         };
         let seq = {
@@ -323,13 +323,13 @@ impl Nic {
 
     /// An ATOMIC_REQ: execute it (in sequence order, once), replay it from
     /// the cache, hold it for its turn, or drop it.
-    pub(crate) fn on_atomic_req<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AtomicBody) {
+    pub(crate) fn on_atomic_req<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &AtomicBody) {
         let port = hdr.dst_port;
         let st = &self.ports[port as usize];
         if !st.open || (hdr.dst_gen != 0 && hdr.dst_gen != st.gen) {
             return self.atomic_reply_raw(hal, hdr, Status::RemotePortClosed);
         }
-        let Some(peer) = self.peer_for(port, hdr.src_node, hdr.src_port, 0) else {
+        let Some(peer) = self.peer_for(now, port, hdr.src_node, hdr.src_port, 0) else {
             return self.atomic_reply_raw(hal, hdr, Status::RemoteTableFull);
         };
         if !self.atomic_incarnation(peer, hdr) {

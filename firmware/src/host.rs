@@ -257,7 +257,7 @@ impl Nic {
         if !self.route_valid(hal, ld.wd.node) {
             return self.bad_descriptor(hal, port, &ld, Opcode::Send);
         }
-        let Some(peer) = self.peer_for(port, ld.wd.node, ld.wd.port, 0) else {
+        let Some(peer) = self.peer_for(now, port, ld.wd.node, ld.wd.port, 0) else {
             return self.complete(hal, port, Completion::of(&ld, Opcode::Send, Status::TableFull));
         };
         self.enqueue_tx(now, port, peer, ld);

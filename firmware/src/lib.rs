@@ -241,6 +241,13 @@ impl Config {
         self.window_frames.div_ceil(self.group_size)
     }
 
+    /// How long a sender keeps retransmitting one unacknowledged group before
+    /// the message fails with `RetryLimitExceeded`: the first timeout and
+    /// `retry_limit` more, each doubling up to `rto_ns_max`.
+    pub fn retry_budget_ns(&self) -> u64 {
+        (0..=self.retry_limit).map(|i| self.rto_ns.saturating_mul(1u64 << i.min(63)).min(self.rto_ns_max)).sum()
+    }
+
     /// Checks the configuration; returns the first rule broken.
     pub fn invalid(&self) -> Option<&'static str> {
         if self.group_size == 0 || self.group_size > 32 {
@@ -391,6 +398,34 @@ pub(crate) struct Peer {
     pub max_seen: u32,
     /// Remote atomics, both directions (own sequence space).
     pub atomic: atomic::PeerAtomics,
+    /// Last time this entry was looked up (for reclaiming the least
+    /// recently used idle entry when the table is full).
+    pub last_ns: u64,
+    /// A message from this sender was consumed (matched, taken into the
+    /// overflow buffer or by a collective): `rx_expected` now carries
+    /// history the sender's next frame does not repeat.
+    pub rx_taken: bool,
+}
+
+impl Peer {
+    /// May this entry be dropped and later rebuilt from the next frame
+    /// without breaking exactly-once delivery? Never while anything is
+    /// outstanding, nor once it has sent (the remote end's receive state
+    /// follows our sequence numbers) or answered atomics (its replay
+    /// cache). An entry that consumed messages only after `rx_idle_ns`
+    /// without a frame: longer than the sender's whole retry budget, so
+    /// every message it had was acknowledged or abandoned and the floor
+    /// its next frame carries says where to resume.
+    fn reclaimable(&self, now: u64, rx_idle_ns: u64) -> bool {
+        let quiet = self.tx_queue.is_empty()
+            && self.rx_active.is_empty()
+            && !self.ready
+            && self.tx_seq_next == 0
+            && self.atomic.seq_next == 0
+            && self.atomic.queue.is_empty()
+            && self.atomic.rx.is_none();
+        quiet && (!self.rx_taken || now.saturating_sub(self.last_ns) >= rx_idle_ns)
+    }
 }
 
 /// Everything the control program holds.
@@ -557,7 +592,15 @@ impl Nic {
     /// Dispatches a received frame by kind.
     fn receive_frame<H: Hal>(&mut self, hal: &mut H, now: u64, bytes: &[u8]) {
         let frame = match Frame::parse(bytes) {
-            Ok(f) if f.header().dst_node == self.node && (f.header().dst_port as usize) < self.ports.len() => f,
+            // A source outside the route table is no node of this cluster:
+            // refused before it can take a peer entry or reach a receive.
+            Ok(f)
+                if f.header().dst_node == self.node
+                    && (f.header().dst_port as usize) < self.ports.len()
+                    && self.route_valid(hal, f.header().src_node) =>
+            {
+                f
+            }
             _ => return self.count(counter::DROPPED_MALFORMED, 1),
         };
         match frame {
@@ -574,7 +617,7 @@ impl Nic {
                     self.on_nack(hal, now, &hdr, &body, reason);
                 }
             }
-            Frame::AtomicReq { hdr, body } => self.on_atomic_req(hal, &hdr, &body),
+            Frame::AtomicReq { hdr, body } => self.on_atomic_req(hal, now, &hdr, &body),
             Frame::AtomicResp { hdr, result } => self.on_atomic_resp(hal, now, &hdr, &result),
         }
     }
@@ -878,10 +921,16 @@ impl Nic {
         self.peer_index.get(&(port, node, rport)).copied()
     }
 
-    /// Finds or creates a peer entry; `None` when the table is full.
-    pub(crate) fn peer_for(&mut self, port: u16, node: u16, rport: u16, rx_floor: u32) -> Option<u32> {
+    /// Finds or creates a peer entry, reclaiming the least recently used
+    /// reclaimable one ([`Peer::reclaimable`]) when the table is full;
+    /// `None` when none is.
+    pub(crate) fn peer_for(&mut self, now: u64, port: u16, node: u16, rport: u16, rx_floor: u32) -> Option<u32> {
         if let Some(i) = self.find_peer(port, node, rport) {
+            self.peer_mut(i).last_ns = now;
             return Some(i);
+        }
+        if self.peer_free.is_empty() {
+            self.reclaim_peer(now);
         }
         let i = self.peer_free.pop()?;
         self.peers[i as usize] = Some(Peer {
@@ -904,9 +953,27 @@ impl Nic {
             last_loss_nack_ns: 0,
             max_seen: rx_floor,
             atomic: Default::default(),
+            last_ns: now,
+            rx_taken: false,
         });
         self.peer_index.insert((port, node, rport), i);
         Some(i)
+    }
+
+    /// Frees the least recently used reclaimable peer entry, if any. Runs
+    /// only when the table is full: one scan of it.
+    fn reclaim_peer(&mut self, now: u64) {
+        let idle = self.cfg.rx_idle_timeout_ns;
+        let victim = self
+            .live_peers()
+            .filter(|(_, p)| p.reclaimable(now, idle))
+            .min_by_key(|&(i, p)| (p.last_ns, i))
+            .map(|(i, _)| i);
+        let Some(i) = victim else { return };
+        let p = self.peers[i as usize].take().expect("indexed peer is live");
+        self.peer_index.remove(&(p.port, p.node, p.rport));
+        self.peer_free.push(i);
+        self.count(counter::PEERS_RECLAIMED, 1);
     }
 
     pub(crate) fn peer(&self, i: u32) -> &Peer {

@@ -300,7 +300,7 @@ impl Nic {
             self.send_raw_nack(hal, hdr, NackReason::PortClosed);
             return None;
         }
-        let Some(peer) = self.peer_for(port, hdr.src_node, hdr.src_port, hdr.tx_floor) else {
+        let Some(peer) = self.peer_for(now, port, hdr.src_node, hdr.src_port, hdr.tx_floor) else {
             self.send_raw_nack(hal, hdr, NackReason::PeerTableFull);
             return None;
         };
@@ -376,6 +376,7 @@ impl Nic {
         p.rx_expected = seq.wrapping_add(1);
         p.rnr_seq = None;
         p.rnr_coll = false;
+        p.rx_taken = true;
     }
 
     /// No buffer for the next message: NACK it as not ready and remember it
@@ -520,9 +521,7 @@ impl Nic {
                 return MatchOutcome::NotReady;
             };
             self.ports[port as usize].posted.remove(i);
-            let p = self.peer_mut(peer);
-            p.rx_expected = hdr.msg_seq.wrapping_add(1);
-            p.rnr_seq = None;
+            self.rx_took_next(peer, hdr.msg_seq);
             return MatchOutcome::Matched(r);
         }
         let fits = hdr.frame_count == 1 && msg.total_len <= self.overflow.slot_size as u64;
@@ -535,9 +534,7 @@ impl Nic {
                 slot.src_node = hdr.src_node;
                 slot.src_port = hdr.src_port;
                 self.ports[port as usize].overflow.push_back(s);
-                let p = self.peer_mut(peer);
-                p.rx_expected = hdr.msg_seq.wrapping_add(1);
-                p.rnr_seq = None;
+                self.rx_took_next(peer, hdr.msg_seq);
                 self.count(counter::OVERFLOW_MSGS, 1);
                 self.count(counter::RX_FRAMES, 1);
                 return MatchOutcome::Overflowed;

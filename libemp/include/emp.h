@@ -127,7 +127,15 @@ int emp_post_send(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_
 		  const struct emp_sge *sge, size_t n);
 int emp_post_recv(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port, uint64_t tag,
 		  uint64_t ignore, const struct emp_sge *sge, size_t n);
+/* Takes up to n completions without blocking or a system call; returns how
+ * many (0 = none yet), or -EPIPE once the NIC is found dead: while the queue
+ * is empty it looks (every few hundred polls) at the liveness word the NIC
+ * advances; when that stood still for EMP_NIC_DEAD_NS (2 s), this and every
+ * later call on the device (polls, waits, posts) return -EPIPE. */
 int emp_poll_cq(struct emp_device *dev, struct emp_wc *wc, size_t n);
+/* Waits up to timeout_ms (-1 = forever, 0 = poll once) for completions;
+ * returns how many (at least 1), -ETIMEDOUT when none came in time, or
+ * -EPIPE when the NIC died (as emp_poll_cq) or its daemon went away. */
 int emp_wait_cq(struct emp_device *dev, struct emp_wc *wc, size_t n, int timeout_ms);
 int emp_req_notify_cq(struct emp_device *dev);
 int emp_get_event_fd(struct emp_device *dev);

@@ -9,7 +9,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
 use emp_uapi::desc::{Opcode, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, SGE_MAX, WD_SIGNALED};
-use emp_uapi::sram::{ctl, GroupEntry};
+use emp_uapi::sram::{ctl, GroupEntry, NIC_DEAD_NS};
 use emp_uapi::{Le, PAGE_SIZE};
 
 use crate::backend::{Backend, COUNTERS};
@@ -20,6 +20,10 @@ use crate::{Buffer, Completion, Endpoint, Error, EventSource, MemoryRegion, Port
 /// Work request ids of the library's blocking calls: this prefix (bits 63
 /// and 61) plus a 48-bit counter. (`rdv` uses bit 63 alone and 63 + 62.)
 pub const INTERNAL_WR: u64 = 0xA000_0000_0000_0000;
+
+/// Empty polls between two looks at the NIC's liveness word (one clock
+/// read per batch keeps the empty poll cheap).
+const LIVENESS_POLLS: u32 = 256;
 
 /// Bytes of the scratch buffer: a group entry or an atomic's result word.
 const SCRATCH: usize = 4096;
@@ -52,6 +56,13 @@ pub struct Device {
     internal_wr: u64,
     /// How long a wait polls before it arms the port and sleeps.
     spin: Duration,
+    /// The NIC's liveness word as last seen, when it was seen to change,
+    /// and empty polls since the last look (see `check_nic`).
+    alive_seen: u32,
+    alive_changed: Instant,
+    empty_polls: u32,
+    /// The NIC was found dead: every later call fails.
+    nic_dead: bool,
 }
 
 // SAFETY: the raw pointers are mappings owned by this Device; it is used
@@ -125,6 +136,10 @@ impl Device {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(Duration::from_micros(20), Duration::from_micros),
+            alive_seen: 0,
+            alive_changed: Instant::now(),
+            empty_polls: 0,
+            nic_dead: false,
         })
     }
 
@@ -242,6 +257,9 @@ impl Device {
     /// Writes `d` into the send (or receive) ring and wakes the NIC if it
     /// sleeps.
     pub(crate) fn post(&mut self, send: bool, d: &WorkDesc) -> Result<()> {
+        if self.nic_dead {
+            return Err(nic_dead());
+        }
         let ring = if send { &mut self.send } else { &mut self.recv };
         ring.push(&self.window, d)?;
         // Pairs with the NIC's fence before it sleeps: either it sees our
@@ -346,6 +364,48 @@ impl Device {
             n += 1;
         }
         n + self.cq.poll(&self.window, &mut out[n..])
+    }
+
+    /// As [`Device::poll_cq`], but reports a dead NIC: when the queue has
+    /// been empty for a while, it looks at the liveness word the NIC
+    /// advances (no system call); once that stood still for
+    /// [`NIC_DEAD_NS`], this and every later call on the device fail.
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] when the NIC died.
+    pub fn try_poll_cq(&mut self, out: &mut [Completion]) -> Result<usize> {
+        if self.nic_dead {
+            return Err(nic_dead());
+        }
+        let n = self.poll_cq(out);
+        if n == 0 {
+            self.check_nic()?;
+        }
+        Ok(n)
+    }
+
+    /// Called on an empty poll: every [`LIVENESS_POLLS`] of them, compares
+    /// the NIC's liveness word with what it was (0: a NIC that does not
+    /// keep one).
+    fn check_nic(&mut self) -> Result<()> {
+        if self.nic_dead {
+            return Err(nic_dead());
+        }
+        self.empty_polls += 1;
+        if self.empty_polls < LIVENESS_POLLS {
+            return Ok(());
+        }
+        self.empty_polls = 0;
+        let now = Instant::now();
+        let v = self.window.word(ctl::NIC_ALIVE).load(Ordering::Relaxed);
+        if v != self.alive_seen || v == 0 {
+            self.alive_seen = v;
+            self.alive_changed = now;
+        } else if now.duration_since(self.alive_changed) >= Duration::from_nanos(NIC_DEAD_NS) {
+            self.nic_dead = true;
+            return Err(nic_dead());
+        }
+        Ok(())
     }
 
     /// Waits for the completion of work request `wr_id`; other completions
@@ -469,6 +529,9 @@ impl Device {
     /// # Ok::<(), emp::Error>(())
     /// ```
     pub fn wait_cq(&mut self, out: &mut [Completion], timeout: Option<Duration>) -> Result<usize> {
+        if self.nic_dead {
+            return Err(nic_dead());
+        }
         if !self.stash.is_empty() {
             return Ok(self.poll_cq(out));
         }
@@ -483,6 +546,7 @@ impl Device {
             if n > 0 {
                 return Ok(n);
             }
+            self.check_nic()?;
             if Instant::now() < spin_until {
                 std::hint::spin_loop();
                 continue;
@@ -569,6 +633,10 @@ impl Device {
     pub fn nic_counters(&self) -> Result<[u64; COUNTERS]> {
         self.backend.counters()
     }
+}
+
+fn nic_dead() -> Error {
+    Error::Protocol(format!("the NIC stopped: its liveness word stood still for {} s", NIC_DEAD_NS / 1_000_000_000))
 }
 
 impl EventSource for Device {

@@ -279,7 +279,10 @@ pub unsafe extern "C" fn emp_poll_cq(dev: *mut EmpDevice, wc: *mut EmpWc, n: usi
     // SAFETY: caller guarantees the pointers.
     let (d, out) = unsafe { (&mut (*dev).0, core::slice::from_raw_parts_mut(wc, n)) };
     let mut tmp = vec![Completion::default(); n.min(256)];
-    let got = d.poll_cq(&mut tmp);
+    let got = match d.try_poll_cq(&mut tmp) {
+        Ok(got) => got,
+        Err(e) => return errno(&e),
+    };
     for (o, c) in out.iter_mut().zip(&tmp[..got]) {
         *o = to_wc(c);
     }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use emp_uapi::fwabi::FwConfig;
-use emp_uapi::sram::{ctl, AdminMailbox};
+use emp_uapi::sram::{ctl, AdminMailbox, NicStatus, NIC_ALIVE_PERIOD_NS};
 
 use crate::firmware::{boot_staged, Firmware};
 use crate::image::TrustedKeys;
@@ -50,6 +50,9 @@ pub struct Engine {
     wire_fds: Vec<RawFd>,
     pool: Vec<Vec<u8>>,
     trusted: Arc<TrustedKeys>,
+    /// When the liveness words advance next, and their current value.
+    next_beat_ns: u64,
+    alive: u32,
 }
 
 impl Engine {
@@ -99,6 +102,8 @@ impl Engine {
             wire_fds,
             pool: Vec::new(),
             trusted,
+            next_beat_ns: 0,
+            alive: 0,
         })
     }
 
@@ -177,6 +182,25 @@ impl Engine {
         work
     }
 
+    /// Advances every port's liveness word on each NIC whose control
+    /// program runs (a failed or stopped one stays still, so its hosts learn
+    /// it is gone without a system call), once per [`NIC_ALIVE_PERIOD_NS`].
+    fn beat(&mut self, now: u64) {
+        if now < self.next_beat_ns {
+            return;
+        }
+        self.next_beat_ns = now + NIC_ALIVE_PERIOD_NS;
+        self.alive = self.alive.wrapping_add(1).max(1);
+        for c in &self.cards {
+            if c.fw.is_none() || c.shared.header().status != NicStatus::Running as u32 {
+                continue;
+            }
+            for p in 0..c.shared.layout.params.ports {
+                c.shared.sram.put_u32(c.shared.layout.port(p).ctl(ctl::NIC_ALIVE), self.alive);
+            }
+        }
+    }
+
     fn set_sleeping(&self, v: u32) {
         for c in &self.cards {
             for p in 0..c.shared.layout.params.ports {
@@ -206,7 +230,7 @@ impl Engine {
     fn sleep(&mut self) {
         let now = self.now();
         let mut due = self.cards.iter().filter_map(|c| c.fw.as_ref()).map(Firmware::deadline).min().unwrap_or(u64::MAX);
-        due = due.min(self.wire.next_due().unwrap_or(u64::MAX));
+        due = due.min(self.wire.next_due().unwrap_or(u64::MAX)).min(self.next_beat_ns);
         if due <= now + 2_000 {
             std::thread::yield_now();
             return;
@@ -285,6 +309,7 @@ impl Engine {
                 self.dump();
             }
             self.refresh_doorbells(&mut registered);
+            self.beat(self.now());
             if self.pass() {
                 idle_since = self.now();
                 continue;

@@ -173,6 +173,14 @@ fn one(a: &OneArgs) -> ExitCode {
         end_ns: ms * 1_000_000,
         side: (0..a.nodes).map(|n| n < a.nodes / 2).collect(),
     });
+    if spec.partition_outlasts_budget() && (spec.atomics > 0 || spec.collectives > 0) {
+        eprintln!(
+            "emp-sim: a partition longer than the retry budget ({} ms) is checked for point-to-point messages \
+             only: drop --atomics/--collectives",
+            spec.retry_budget_ns() / 1_000_000
+        );
+        return ExitCode::from(2);
+    }
     if !(emp_uapi::wire::MTU_MIN..=emp_uapi::wire::MTU_MAX).contains(&a.mtu) || !(1..=32).contains(&a.group) {
         eprintln!("emp-sim: --mtu must be 256..=9000 and --group 1..=32");
         return ExitCode::from(2);

@@ -13,6 +13,10 @@ use crate::collplan::CollPlan;
 pub(crate) enum Expect {
     Deliver,
     Fail(Status),
+    /// Sent across a partition that outlasts the sender's retry budget:
+    /// delivered (the send may still fail, its ACKs lost), or not
+    /// delivered and the send failed with this status.
+    DeliverOrFail(Status),
 }
 
 /// One tagged message: who sends it, when, and how it must end.

@@ -187,6 +187,17 @@ impl Spec {
         cmd
     }
 
+    /// The retry budget of the control program this scenario runs.
+    pub fn retry_budget_ns(&self) -> u64 {
+        self.firmware_config().retry_budget_ns()
+    }
+
+    /// Does the partition outlast the retry budget? Then sends across it
+    /// may fail with `RetryLimitExceeded`, which the checker expects.
+    pub fn partition_outlasts_budget(&self) -> bool {
+        self.wire.partition.as_ref().is_some_and(|p| p.end_ns - p.start_ns > self.retry_budget_ns())
+    }
+
     fn firmware_config(&self) -> Config {
         Config {
             group_size: self.group_size,
@@ -336,6 +347,13 @@ fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
         msgs.push(MsgPlan { dst: eps[0], expect: Expect::Fail(Status::BadKey), corrupt: 1, ..base.clone() });
         msgs.push(MsgPlan { dst: eps[0], expect: Expect::Fail(Status::BadDescriptor), corrupt: 2, ..base });
     }
+    if let Some(p) = spec.wire.partition.as_ref().filter(|p| p.end_ns - p.start_ns > spec.retry_budget_ns()) {
+        for m in msgs.iter_mut().filter(|m| m.expect == Expect::Deliver) {
+            if p.side[m.src.0 as usize] != p.side[m.dst.0 as usize] {
+                m.expect = Expect::DeliverOrFail(Status::RetryLimitExceeded);
+            }
+        }
+    }
     // Message ids follow posting order, so per-pair order is id order.
     msgs.sort_by_key(|m| m.send_at);
     for (id, m) in msgs.iter_mut().enumerate() {
@@ -356,7 +374,7 @@ fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
     // message always has a receive whatever order frames arrive in.
     let mut groups: BTreeMap<((u16, u16), u64), Vec<u32>> = BTreeMap::new();
     for (id, m) in msgs.iter().enumerate() {
-        if m.expect == Expect::Deliver {
+        if matches!(m.expect, Expect::Deliver | Expect::DeliverOrFail(_)) {
             groups.entry((m.dst, m.tag >> 32)).or_default().push(id as u32);
         }
     }
@@ -536,7 +554,7 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
     d.setup(spec, &mut r).map_err(|e| fail(spec, e))?;
     d.schedule_posts();
     let limit_ns = 60_000_000_000;
-    while d.outstanding > 0 {
+    while d.outstanding > d.delivery.receives_never_due(&d.plan) {
         let Some(step) = d.world.step() else {
             return Err(fail(
                 spec,
@@ -845,7 +863,8 @@ impl Driver {
             collectives: self.colls.completed(),
             ..Default::default()
         };
-        leak::at_quiesce(&self.world, spec.ports)?;
+        let open = self.delivery.receives_left_open(&self.plan, spec.nodes);
+        leak::at_quiesce(&self.world, spec.ports, &open)?;
         for node in &self.world.nodes {
             for (k, v) in node.nic.counters().iter().enumerate() {
                 report.counters[k] += v;

@@ -381,7 +381,7 @@ struct emp_coll_header {
 
 /* Board signature at SRAM offset 0: "EMP-NIC\0" little-endian. */
 #define EMP_BOARD_SIGNATURE 0x0043494E2D504D45ULL
-#define EMP_LAYOUT_VERSION 3U
+#define EMP_LAYOUT_VERSION 4U
 
 /* NIC status (emp_sram_header.status). */
 #define EMP_NIC_STATUS_RESET 0U
@@ -424,13 +424,14 @@ struct emp_coll_header {
 #define EMP_COUNTER_COLL_EARLY 17U     /* collective messages before their op was posted */
 #define EMP_COUNTER_COLL_REFUSED 18U   /* collective messages refused (sender retries) */
 #define EMP_COUNTER_ATOMIC_REPLAYS 19U /* atomic requests answered from the result cache */
-#define EMP_COUNTER_COUNT 20U
+#define EMP_COUNTER_PEERS_RECLAIMED 20U /* idle peer entries reclaimed for a new peer */
+#define EMP_COUNTER_COUNT 21U
 
 /* Largest SRAM laid out; largest ring. */
 #define EMP_SRAM_SIZE_MAX (1U << 30)
 #define EMP_RING_ENTRIES_MAX 4096U
 
-/* SRAM header at offset 0 (256 bytes). */
+/* SRAM header at offset 0 (264 bytes). */
 struct emp_sram_header {
 	uint64_t magic;          /* EMP_BOARD_SIGNATURE */
 	uint32_t layout_version; /* EMP_LAYOUT_VERSION */
@@ -548,7 +549,9 @@ struct emp_port_ctl {
 	uint32_t cq_overruns;
 	uint32_t nic_sleeping; /* nonzero while the NIC sleeps on the doorbell:
 	                        * the host rings the doorbell only then */
-	uint32_t nic_pad[11];
+	uint32_t nic_alive;    /* advanced (never to 0) every EMP_NIC_ALIVE_PERIOD_NS
+	                        * while the NIC runs; still for EMP_NIC_DEAD_NS = dead */
+	uint32_t nic_pad[10];
 	/* trusted side */
 	uint32_t state;      /* EMP_PORT_STATE_* */
 	uint32_t gen;
@@ -568,6 +571,9 @@ struct emp_port_ctl {
 #define EMP_CTL_CQ_PROD 72U
 #define EMP_CTL_CQ_OVERRUNS 76U
 #define EMP_CTL_NIC_SLEEPING 80U
+#define EMP_CTL_NIC_ALIVE 84U
+#define EMP_NIC_ALIVE_PERIOD_NS 50000000ULL
+#define EMP_NIC_DEAD_NS 2000000000ULL
 #define EMP_CTL_STATE 128U
 #define EMP_CTL_GEN 132U
 
@@ -900,7 +906,7 @@ EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 32, "emp_cqe");
 EMP_STATIC_ASSERT(sizeof(struct emp_phys_seg) == 16, "emp_phys_seg");
 EMP_STATIC_ASSERT(sizeof(struct emp_mr_entry) == 144, "emp_mr_entry");
 EMP_STATIC_ASSERT(sizeof(struct emp_coll_header) == 24, "emp_coll_header");
-EMP_STATIC_ASSERT(sizeof(struct emp_sram_header) == 256, "emp_sram_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_sram_header) == 264, "emp_sram_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_admin_mailbox) == 64, "emp_admin_mailbox");
 EMP_STATIC_ASSERT(sizeof(struct emp_route_entry) == 32, "emp_route_entry");
 EMP_STATIC_ASSERT(sizeof(struct emp_group_entry) == 1024, "emp_group_entry");

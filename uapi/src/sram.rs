@@ -22,8 +22,9 @@ use crate::{le_struct, DecodeError, Le, PAGE_SIZE};
 pub const BOARD_SIGNATURE: u64 = u64::from_le_bytes(*b"EMP-NIC\0");
 /// Version of this memory map and of the structures the NIC and host share
 /// through it (descriptors, CQEs). 3: the CQE's phase byte moved to its last
-/// byte, published after a DMA fence.
-pub const LAYOUT_VERSION: u32 = 3;
+/// byte, published after a DMA fence. 4: a counter of reclaimed peer entries
+/// (the header is 264 bytes) and the port's liveness word in its control page.
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// NIC status (header `status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,8 +155,10 @@ pub mod counter {
     pub const COLL_REFUSED: usize = 18;
     /// Remote atomic requests answered from the result cache (duplicates).
     pub const ATOMIC_REPLAYS: usize = 19;
+    /// Idle peer entries reclaimed to make room for a new peer.
+    pub const PEERS_RECLAIMED: usize = 20;
     /// Number of counters.
-    pub const COUNT: usize = 20;
+    pub const COUNT: usize = 21;
     /// Names, for tools.
     pub const NAMES: [&str; COUNT] = [
         "tx_frames",
@@ -178,11 +181,12 @@ pub mod counter {
         "coll_early",
         "coll_refused",
         "atomic_replays",
+        "peers_reclaimed",
     ];
 }
 
 le_struct! {
-    /// SRAM header at offset 0 (256 bytes).
+    /// SRAM header at offset 0 (264 bytes).
     pub struct SramHeader {
         /// [`BOARD_SIGNATURE`]. Hardware.
         pub magic: u64,
@@ -237,7 +241,7 @@ le_struct! {
         /// Counters (see [`counter`]). NIC.
         pub counters: [u64; counter::COUNT],
     }
-    size = 256;
+    size = 264;
 }
 
 /// Parameters from which a [`Layout`] is computed.
@@ -677,8 +681,13 @@ le_struct! {
         /// NIC: nonzero while the NIC sleeps on the doorbell; the host
         /// writes the doorbell only then (no system call while it polls).
         pub nic_sleeping: u32,
+        /// NIC: liveness word, advanced (never to 0) every
+        /// [`NIC_ALIVE_PERIOD_NS`] while the NIC runs its control program;
+        /// a host that sees it stand still for [`NIC_DEAD_NS`] takes the NIC
+        /// for dead. 0 = a NIC that does not advance it.
+        pub nic_alive: u32,
         /// Reserved (cache line of NIC-written words).
-        pub nic_pad: [u32; 11],
+        pub nic_pad: [u32; 10],
         /// Trusted side: [`port_state`].
         pub state: u32,
         /// Trusted side: generation of this opening.
@@ -731,6 +740,12 @@ impl PortWindow {
     }
 }
 
+/// How often a running NIC advances every port's [`PortCtl::nic_alive`].
+pub const NIC_ALIVE_PERIOD_NS: u64 = 50_000_000;
+/// How long [`PortCtl::nic_alive`] may stand still before a host takes
+/// the NIC for dead (many periods: a loaded machine may delay a few).
+pub const NIC_DEAD_NS: u64 = 2_000_000_000;
+
 /// Offsets of `PortCtl` fields, for single-word accesses.
 pub mod ctl {
     use super::PortCtl;
@@ -753,6 +768,8 @@ pub mod ctl {
     pub const CQ_OVERRUNS: usize = offset_of!(PortCtl, cq_overruns);
     /// See [`PortCtl::nic_sleeping`].
     pub const NIC_SLEEPING: usize = offset_of!(PortCtl, nic_sleeping);
+    /// See [`PortCtl::nic_alive`].
+    pub const NIC_ALIVE: usize = offset_of!(PortCtl, nic_alive);
     /// See [`PortCtl::state`].
     pub const STATE: usize = offset_of!(PortCtl, state);
     /// See [`PortCtl::gen`].
@@ -771,7 +788,7 @@ mod tests {
         assert!(l.sram_size.is_power_of_two());
         assert_eq!(l.port_stride as usize % PAGE_SIZE, 0);
         let h = l.header(3, 1500, 0);
-        let mut b = [0u8; 256];
+        let mut b = [0u8; SramHeader::SIZE];
         h.encode(&mut b).unwrap();
         assert_eq!(Layout::from_header(&SramHeader::decode(&b).unwrap()), Ok(l));
         let end = l.port(l.params.ports - 1).recv_slot(l.params.recv_entries - 1) + WorkDesc::SIZE;

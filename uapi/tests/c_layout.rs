@@ -269,6 +269,7 @@ fn structs() -> Vec<StructDesc> {
                 cq_prod,
                 cq_overruns,
                 nic_sleeping,
+                nic_alive,
                 nic_pad,
                 state,
                 gen,
@@ -470,6 +471,8 @@ fn constants() -> Vec<ConstDesc> {
         // sram.rs
         EMP_BOARD_SIGNATURE = sram::BOARD_SIGNATURE,
         EMP_LAYOUT_VERSION = sram::LAYOUT_VERSION,
+        EMP_NIC_ALIVE_PERIOD_NS = sram::NIC_ALIVE_PERIOD_NS,
+        EMP_NIC_DEAD_NS = sram::NIC_DEAD_NS,
         EMP_NIC_STATUS_RESET = NicStatus::Reset as u32,
         EMP_NIC_STATUS_LOADING = NicStatus::Loading as u32,
         EMP_NIC_STATUS_RUNNING = NicStatus::Running as u32,
@@ -504,6 +507,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_COUNTER_COLL_EARLY = counter::COLL_EARLY,
         EMP_COUNTER_COLL_REFUSED = counter::COLL_REFUSED,
         EMP_COUNTER_ATOMIC_REPLAYS = counter::ATOMIC_REPLAYS,
+        EMP_COUNTER_PEERS_RECLAIMED = counter::PEERS_RECLAIMED,
         EMP_COUNTER_COUNT = counter::COUNT,
         EMP_SRAM_SIZE_MAX = sram::SRAM_SIZE_MAX,
         EMP_RING_ENTRIES_MAX = sram::RING_ENTRIES_MAX,
@@ -530,6 +534,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_CTL_CQ_PROD = ctl::CQ_PROD,
         EMP_CTL_CQ_OVERRUNS = ctl::CQ_OVERRUNS,
         EMP_CTL_NIC_SLEEPING = ctl::NIC_SLEEPING,
+        EMP_CTL_NIC_ALIVE = ctl::NIC_ALIVE,
         EMP_CTL_STATE = ctl::STATE,
         EMP_CTL_GEN = ctl::GEN,
         // image.rs

@@ -400,5 +400,6 @@ fn counter_names() {
     assert_eq!(counter::NAMES[counter::COLL_EARLY], "coll_early");
     assert_eq!(counter::NAMES[counter::COLL_REFUSED], "coll_refused");
     assert_eq!(counter::NAMES[counter::ATOMIC_REPLAYS], "atomic_replays");
-    assert_eq!(counter::ATOMIC_REPLAYS + 1, counter::COUNT);
+    assert_eq!(counter::NAMES[counter::PEERS_RECLAIMED], "peers_reclaimed");
+    assert_eq!(counter::PEERS_RECLAIMED + 1, counter::COUNT);
 }

@@ -642,7 +642,7 @@ impl Nic {
         let g = self.groups.get(o.group).expect("live group");
         let (node, rport) = g.endpoint(to);
         let (port, stamp, src) = (o.port, o.stamp, o.state.source());
-        let Some(peer) = self.peer_for(port, node, rport, 0) else { return Err(Status::TableFull) };
+        let Some(peer) = self.peer_for(now, port, node, rport, 0) else { return Err(Status::TableFull) };
         let wd = WorkDesc { opcode: Opcode::Send as u8, node, port: rport, ..Default::default() };
         let mut desc = match &data {
             // The data's memory becomes the message's scatter/gather list.

@@ -7,14 +7,16 @@ use emp_uapi::sram::ctl;
 
 use crate::world::World;
 
-/// Every node of `world`, at quiesce, with `ports` ports each in use.
-pub(crate) fn at_quiesce(world: &World, ports: u16) -> Result<(), String> {
+/// Every node of `world`, at quiesce, with `ports` ports each in use;
+/// `open_recvs[n]` receives on node `n` may stay posted (their message
+/// was lost with its sender's retries: see `Delivery::receives_left_open`).
+pub(crate) fn at_quiesce(world: &World, ports: u16, open_recvs: &[u32]) -> Result<(), String> {
     let layout = world.layout;
     for (n, node) in world.nodes.iter().enumerate() {
         let o = node.nic.occupancy();
         if o.tx_msgs
             + o.rx_msgs
-            + o.posted_recvs
+            + (o.posted_recvs - open_recvs[n].min(o.posted_recvs))
             + o.overflow_used
             + o.atomics
             + o.coll_ops
