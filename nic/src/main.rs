@@ -334,6 +334,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
         libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t);
     }
+    let wire_counters = wire.counters();
     let stop = Arc::new(AtomicBool::new(false));
     let mut engine = Engine::new(nics, wire, stop.clone(), trusted).map_err(|e| format!("engine: {e}"))?;
     engine.spin_ns = a.spin_us * 1000;
@@ -362,6 +363,6 @@ fn run(a: Args) -> Result<ExitCode, String> {
     if let Some(p) = &a.pidfile {
         let _ = std::fs::remove_file(p);
     }
-    tracing::info!("stopped");
+    tracing::info!(wire = ?wire_counters.snapshot(), "stopped");
     Ok(ExitCode::SUCCESS)
 }
