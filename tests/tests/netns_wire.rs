@@ -49,8 +49,7 @@ impl Bed {
             sh(&["ip", "netns", "add", n]);
         }
         sh(&["ip", "link", "add", &bed.ifs[0], "type", "veth", "peer", "name", &bed.ifs[1]]);
-        for i in 0..2 {
-            let (ns, ifn) = (&bed.ns[i], &bed.ifs[i]);
+        for (i, (ns, ifn)) in bed.ns.iter().zip(&bed.ifs).enumerate() {
             sh(&["ip", "link", "set", ifn, "netns", ns]);
             let ex = |a: &[&str]| {
                 let mut v = vec!["ip", "netns", "exec", ns];
