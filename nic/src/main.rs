@@ -14,7 +14,7 @@ use emp_nic::firmware::boot_staged;
 use emp_nic::image::TrustedKeys;
 use emp_nic::nic::{power_on, NicConfig, SramBacking};
 use emp_nic::route::RouteTable;
-use emp_nic::wire::{Faults, MemWire, UdpWire, Wire};
+use emp_nic::wire::{Faults, MemWire, PacketWire, UdpWire, Wire};
 use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{LayoutParams, NicStatus, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
 
@@ -112,6 +112,7 @@ enum Plan {
 enum WireKind {
     Mem,
     Udp,
+    Packet,
 }
 
 impl WireKind {
@@ -119,7 +120,7 @@ impl WireKind {
         match w {
             emp_config::WireKind::Mem => Ok(WireKind::Mem),
             emp_config::WireKind::Udp => Ok(WireKind::Udp),
-            emp_config::WireKind::Packet => Err("the packet wire is not built into this emp-nicd yet".into()),
+            emp_config::WireKind::Packet => Ok(WireKind::Packet),
         }
     }
 }
@@ -240,6 +241,38 @@ fn run(a: Args) -> Result<ExitCode, String> {
         std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
     }
     std::fs::create_dir_all(&p.socket_dir).map_err(|e| format!("{}: {e}", p.socket_dir.display()))?;
+    // The wire first: a refused socket (capability, MTU) leaves nothing behind.
+    let faults = Faults { loss: a.loss, dup: a.dup, reorder: a.reorder, jitter_ns: a.jitter_us * 1000, seed: a.seed };
+    let local = p.local.clone();
+    let wire: Box<dyn Wire> = match p.wire {
+        WireKind::Mem => Box::new(MemWire::new(&local, faults)),
+        WireKind::Udp => {
+            let mut binds = Vec::new();
+            for (&n, entry) in local.iter().zip(&p.nodes) {
+                let a = p.routes.get(n).and_then(|r| r.udp).ok_or_else(|| format!("node {n} has no udp address"))?;
+                let iface = entry.as_ref().and_then(|e| e.interface.as_deref());
+                binds.push(emp_nic::route::with_scope(a, iface).map_err(|e| format!("node {n}: {e}"))?);
+            }
+            let wrong_family =
+                p.routes.iter().filter_map(|(n, r)| Some((n, r.udp?))).find(|(_, a)| a.is_ipv4() != binds[0].is_ipv4());
+            if let Some((n, a)) = wrong_family {
+                // A socket of one family cannot send to the other.
+                return Err(format!("udp: node {n} ({a}) and node {} ({}) differ in IP family", local[0], binds[0]));
+            }
+            Box::new(UdpWire::new(&binds, p.routes.clone(), faults).map_err(|e| format!("udp: {e}"))?)
+        }
+        WireKind::Packet => {
+            let mut locals = Vec::new();
+            for (&n, entry) in local.iter().zip(&p.nodes) {
+                let iface = entry.as_ref().and_then(|e| e.interface.clone());
+                locals.push((
+                    iface.ok_or_else(|| format!("node {n}: the packet wire needs --config and `interface`"))?,
+                    n,
+                ));
+            }
+            Box::new(PacketWire::new(&locals, p.routes.clone(), p.mtu, faults).map_err(|e| format!("packet: {e}"))?)
+        }
+    };
     let mut features = 0;
     if a.overflow > 0 {
         features |= FEATURE_OVERFLOW;
@@ -294,26 +327,6 @@ fn run(a: Args) -> Result<ExitCode, String> {
         }
         nics.push((shared, fw, cfg.fw));
     }
-    let faults = Faults { loss: a.loss, dup: a.dup, reorder: a.reorder, jitter_ns: a.jitter_us * 1000, seed: a.seed };
-    let local = p.local.clone();
-    let wire: Box<dyn Wire> = match p.wire {
-        WireKind::Mem => Box::new(MemWire::new(&local, faults)),
-        WireKind::Udp => {
-            let mut binds = Vec::new();
-            for (&n, entry) in local.iter().zip(&p.nodes) {
-                let a = p.routes.get(n).and_then(|r| r.udp).ok_or_else(|| format!("node {n} has no udp address"))?;
-                let iface = entry.as_ref().and_then(|e| e.interface.as_deref());
-                binds.push(emp_nic::route::with_scope(a, iface).map_err(|e| format!("node {n}: {e}"))?);
-            }
-            let wrong_family =
-                p.routes.iter().filter_map(|(n, r)| Some((n, r.udp?))).find(|(_, a)| a.is_ipv4() != binds[0].is_ipv4());
-            if let Some((n, a)) = wrong_family {
-                // A socket of one family cannot send to the other.
-                return Err(format!("udp: node {n} ({a}) and node {} ({}) differ in IP family", local[0], binds[0]));
-            }
-            Box::new(UdpWire::new(&binds, p.routes.clone(), faults).map_err(|e| format!("udp: {e}"))?)
-        }
-    };
     // SAFETY: installing an async-signal-safe handler (it only stores an atomic).
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -321,6 +334,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
         libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t);
     }
+    let wire_counters = wire.counters();
     let stop = Arc::new(AtomicBool::new(false));
     let mut engine = Engine::new(nics, wire, stop.clone(), trusted).map_err(|e| format!("engine: {e}"))?;
     engine.spin_ns = a.spin_us * 1000;
@@ -349,6 +363,6 @@ fn run(a: Args) -> Result<ExitCode, String> {
     if let Some(p) = &a.pidfile {
         let _ = std::fs::remove_file(p);
     }
-    tracing::info!("stopped");
+    tracing::info!(wire = ?wire_counters.snapshot(), "stopped");
     Ok(ExitCode::SUCCESS)
 }

@@ -79,14 +79,12 @@ impl RecvBatch {
 
 /// Frames queued for one `sendmmsg` on a connected or bound socket (no
 /// per-frame destination address).
-#[allow(dead_code)] // Used by the packet wire (next commit).
 pub(crate) struct SendBatch {
     buf: Vec<u8>,
     lens: [usize; BATCH],
     n: usize,
 }
 
-#[allow(dead_code)]
 impl SendBatch {
     pub(crate) fn new() -> SendBatch {
         SendBatch { buf: vec![0; BATCH * SLOT], lens: [0; BATCH], n: 0 }

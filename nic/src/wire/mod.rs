@@ -14,9 +14,10 @@ use std::sync::Arc;
 use emp_uapi::wire::Frame;
 
 mod batch;
-// pub mod packet;
+pub mod packet;
 pub mod udp;
 
+pub use packet::PacketWire;
 pub use udp::UdpWire;
 
 /// Fault injection applied by every backend on transmit.

@@ -1,0 +1,451 @@
+//! The `packet` wire: raw Ethernet frames (ethertype 0x88B5, the EMP frame
+//! as payload) on each local NIC's interface through an AF_PACKET socket,
+//! addressed by the route table's MACs. Receive and transmit are batched
+//! (`recvmmsg`; `sendmmsg` once per engine pass). Frames are accepted only
+//! from the MAC the route table gives the node their header claims.
+//! Needs CAP_NET_RAW (and nothing else).
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use emp_uapi::ETHERTYPE_EMP;
+
+use super::batch::{RecvBatch, SendBatch, BATCH};
+use super::{check_source, claimed_source, inject, Faults, Prng, Refused, Wire, WireCounters};
+use crate::route::{if_index, RouteTable};
+
+/// Ethernet header: destination, source, ethertype.
+pub const ETH_HEADER: usize = 14;
+
+/// What the link looks like now (`emp info`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkState {
+    /// Interface name.
+    pub interface: String,
+    /// Administratively up and carrier present.
+    pub up: bool,
+    /// The interface's MTU.
+    pub mtu: u32,
+    /// The interface's hardware address.
+    pub mac: [u8; 6],
+}
+
+/// An ifreq as the SIOCGIF* ioctls use it: the name, then a union whose
+/// first bytes hold an int (MTU), a short (flags) or a sockaddr (hwaddr).
+#[repr(C)]
+struct IfReq {
+    name: [u8; libc::IFNAMSIZ],
+    data: [u8; 24],
+}
+
+fn if_ioctl(fd: RawFd, name: &str, req: libc::c_ulong) -> std::io::Result<[u8; 24]> {
+    let mut r = IfReq { name: [0; libc::IFNAMSIZ], data: [0; 24] };
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(std::io::Error::other(format!("interface name {name:?} is too long")));
+    }
+    r.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: `r` is a writable ifreq-sized buffer for the duration of the call.
+    if unsafe { libc::ioctl(fd, req as _, &mut r) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r.data)
+}
+
+/// The state of interface `name`, asked through socket `fd`.
+pub fn link_state(fd: RawFd, name: &str) -> std::io::Result<LinkState> {
+    let mtu = i32::from_ne_bytes(if_ioctl(fd, name, libc::SIOCGIFMTU)?[..4].try_into().expect("4 bytes"));
+    let flags = i16::from_ne_bytes(if_ioctl(fd, name, libc::SIOCGIFFLAGS)?[..2].try_into().expect("2 bytes")) as i32;
+    let hw = if_ioctl(fd, name, libc::SIOCGIFHWADDR)?;
+    let mut mac = [0; 6];
+    mac.copy_from_slice(&hw[2..8]);
+    Ok(LinkState {
+        interface: name.into(),
+        up: flags & libc::IFF_UP != 0 && flags & libc::IFF_RUNNING != 0,
+        mtu: mtu.max(0) as u32,
+        mac,
+    })
+}
+
+/// What is wrong with a received Ethernet frame, or its EMP payload and
+/// the node it came from. `me` is the receiving node's MAC; frames to
+/// another unicast address (a shared segment floods them) are `Ok(None)`:
+/// not ours, not an error.
+pub fn check_frame(
+    eth: &[u8],
+    me: &[u8; 6],
+    groups: &[[u8; 6]],
+    routes: &RouteTable,
+) -> Result<Option<(u16, std::ops::Range<usize>)>, Refused> {
+    if eth.len() < ETH_HEADER {
+        return Err(Refused::Malformed);
+    }
+    let dst: [u8; 6] = eth[..6].try_into().expect("6 bytes");
+    let src: [u8; 6] = eth[6..12].try_into().expect("6 bytes");
+    if u16::from_be_bytes([eth[12], eth[13]]) != ETHERTYPE_EMP {
+        return Err(Refused::ForeignEthertype);
+    }
+    if dst != *me && dst != [0xff; 6] && !groups.contains(&dst) {
+        return Ok(None);
+    }
+    let claimed = claimed_source(&eth[ETH_HEADER..])?;
+    let node = check_source(claimed, routes.node_of_mac(&src), routes.len())?;
+    Ok(Some((node, ETH_HEADER..eth.len())))
+}
+
+/// One local NIC's socket.
+struct Port {
+    sock: OwnedFd,
+    interface: String,
+    mac: [u8; 6],
+    /// Multicast MACs joined.
+    groups: Vec<[u8; 6]>,
+    tx: Box<SendBatch>,
+}
+
+/// AF_PACKET sockets, one per local NIC.
+pub struct PacketWire {
+    ports: Vec<Port>,
+    routes: RouteTable,
+    faults: Faults,
+    rng: Prng,
+    stats: Arc<WireCounters>,
+    rx: Box<RecvBatch>,
+}
+
+fn open_packet_socket(interface: &str) -> Result<(OwnedFd, i32), String> {
+    let proto = (ETHERTYPE_EMP).to_be() as i32;
+    // SAFETY: plain socket(2); the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, proto) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => format!(
+                "an AF_PACKET socket needs CAP_NET_RAW ({e}): run emp-nicd with that capability \
+                 (`setcap cap_net_raw+ep emp-nicd`, or ambient CAP_NET_RAW; docs/cluster.md)"
+            ),
+            _ => format!("AF_PACKET socket: {e}"),
+        });
+    }
+    // SAFETY: a fresh descriptor we own.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let ifindex = if_index(interface)? as i32;
+    // SAFETY: sockaddr_ll is plain old data.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = ETHERTYPE_EMP.to_be();
+    sll.sll_ifindex = ifindex;
+    // SAFETY: `sll` is a valid sockaddr_ll of the size passed.
+    let r = unsafe {
+        libc::bind(
+            fd,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(format!("bind to {interface}: {}", std::io::Error::last_os_error()));
+    }
+    // Our own transmissions are not for us (Linux ≥ 4.20; older kernels
+    // show them as PACKET_OUTGOING, which the source check refuses anyway).
+    let one: libc::c_int = 1;
+    // SAFETY: an int option, passed by pointer with its size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_PACKET,
+            23, // PACKET_IGNORE_OUTGOING
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    // Room for a burst of jumbo frames in each direction.
+    let buf: libc::c_int = 4 << 20;
+    for opt in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
+        // SAFETY: an int option, passed by pointer with its size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&buf as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+    Ok((sock, ifindex))
+}
+
+fn membership(fd: RawFd, ifindex: i32, mac: &[u8; 6], kind: libc::c_int, add: bool) -> std::io::Result<()> {
+    #[repr(C)]
+    struct PacketMreq {
+        ifindex: libc::c_int,
+        kind: libc::c_ushort,
+        alen: libc::c_ushort,
+        address: [u8; 8],
+    }
+    let mut m = PacketMreq { ifindex, kind: kind as u16, alen: 6, address: [0; 8] };
+    m.address[..6].copy_from_slice(mac);
+    let opt = if add { 1 } else { 2 }; // PACKET_ADD_MEMBERSHIP, PACKET_DROP_MEMBERSHIP
+                                       // SAFETY: a packet_mreq, passed by pointer with its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_PACKET,
+            opt,
+            (&m as *const PacketMreq).cast(),
+            std::mem::size_of::<PacketMreq>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl PacketWire {
+    /// One socket per local NIC: `locals[i]` = (interface, node id);
+    /// `mtu` is the EMP frame size, which must fit the link's MTU.
+    pub fn new(locals: &[(String, u16)], routes: RouteTable, mtu: u32, faults: Faults) -> Result<PacketWire, String> {
+        let mut ports = Vec::new();
+        for (interface, node) in locals {
+            let mac = routes
+                .get(*node)
+                .and_then(|r| r.mac)
+                .ok_or_else(|| format!("node {node}: the packet wire needs its `mac`"))?;
+            let (sock, ifindex) = open_packet_socket(interface).map_err(|e| format!("node {node}: {e}"))?;
+            let link = link_state(sock.as_raw_fd(), interface).map_err(|e| format!("{interface}: {e}"))?;
+            if mtu > link.mtu {
+                return Err(format!(
+                    "node {node}: MTU {mtu} is larger than {interface}'s MTU {} (set `mtu` ≤ {} in the cluster \
+                     file, or raise the link's: `ip link set {interface} mtu {mtu}`)",
+                    link.mtu, link.mtu
+                ));
+            }
+            if link.mac != mac {
+                // Frames to the node's MAC are not the interface's own:
+                // receive them anyway.
+                tracing::warn!(
+                    node,
+                    interface,
+                    "node MAC differs from the interface's hardware address: listening promiscuously"
+                );
+                membership(sock.as_raw_fd(), ifindex, &mac, 1, true)
+                    .map_err(|e| format!("{interface}: promisc: {e}"))?;
+            }
+            ports.push(Port {
+                sock,
+                interface: interface.clone(),
+                mac,
+                groups: Vec::new(),
+                tx: Box::new(SendBatch::new()),
+            });
+        }
+        Ok(PacketWire {
+            ports,
+            routes,
+            rng: Prng(faults.seed | 1),
+            faults,
+            stats: Arc::default(),
+            rx: Box::new(RecvBatch::new()),
+        })
+    }
+
+    /// Local NIC `i` receives frames sent to multicast MAC `group`.
+    pub fn join(&mut self, i: usize, group: [u8; 6]) -> Result<(), String> {
+        if group[0] & 1 == 0 {
+            return Err(format!("{} is not a multicast address", fmt_mac(&group)));
+        }
+        let p = &mut self.ports[i];
+        if p.groups.contains(&group) {
+            return Ok(());
+        }
+        let ifindex = if_index(&p.interface)? as i32;
+        membership(p.sock.as_raw_fd(), ifindex, &group, 0, true).map_err(|e| format!("join: {e}"))?;
+        p.groups.push(group);
+        Ok(())
+    }
+
+    /// Local NIC `i` stops receiving frames sent to `group`.
+    pub fn leave(&mut self, i: usize, group: [u8; 6]) -> Result<(), String> {
+        let p = &mut self.ports[i];
+        let Some(at) = p.groups.iter().position(|g| *g == group) else { return Ok(()) };
+        let ifindex = if_index(&p.interface)? as i32;
+        membership(p.sock.as_raw_fd(), ifindex, &group, 0, false).map_err(|e| format!("leave: {e}"))?;
+        p.groups.swap_remove(at);
+        Ok(())
+    }
+
+    /// Local NIC `src` sends `frame` to Ethernet address `to` (a node's or a
+    /// multicast group's); queued until [`Wire::flush`].
+    pub fn send_to_mac(&mut self, src: usize, to: [u8; 6], frame: &[u8]) {
+        let p = &mut self.ports[src];
+        if p.tx.full() {
+            let lost = p.tx.flush(p.sock.as_raw_fd());
+            WireCounters::add(&self.stats.lost, lost as u64);
+        }
+        if frame.len() + ETH_HEADER > super::batch::SLOT {
+            WireCounters::add(&self.stats.lost, 1);
+            return;
+        }
+        let me = p.mac;
+        p.tx.push(|slot| {
+            slot[..6].copy_from_slice(&to);
+            slot[6..12].copy_from_slice(&me);
+            slot[12..14].copy_from_slice(&ETHERTYPE_EMP.to_be_bytes());
+            slot[ETH_HEADER..ETH_HEADER + frame.len()].copy_from_slice(frame);
+            ETH_HEADER + frame.len()
+        });
+    }
+
+    /// The link of local NIC `i` now.
+    pub fn link(&self, i: usize) -> std::io::Result<LinkState> {
+        let p = &self.ports[i];
+        link_state(p.sock.as_raw_fd(), &p.interface)
+    }
+
+    /// Interface names, by local NIC.
+    pub fn interfaces(&self) -> Vec<String> {
+        self.ports.iter().map(|p| p.interface.clone()).collect()
+    }
+}
+
+/// `aa:bb:…`
+pub fn fmt_mac(m: &[u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+impl Wire for PacketWire {
+    fn send(&mut self, _now: u64, src: usize, dst: u16, frame: Vec<u8>) {
+        let Some(to) = self.routes.get(dst).and_then(|r| r.mac) else {
+            WireCounters::add(&self.stats.frames, 1);
+            WireCounters::add(&self.stats.lost, 1);
+            return;
+        };
+        let (_, copies) = inject(&self.faults, &mut self.rng, &self.stats);
+        for _ in 0..copies {
+            self.send_to_mac(src, to, &frame);
+        }
+    }
+
+    fn flush(&mut self) {
+        for p in &mut self.ports {
+            let lost = p.tx.flush(p.sock.as_raw_fd());
+            WireCounters::add(&self.stats.lost, lost as u64);
+        }
+    }
+
+    fn poll(&mut self, _now: u64, rx: &mut [VecDeque<Vec<u8>>]) -> usize {
+        let mut n = 0;
+        for (p, queue) in self.ports.iter().zip(rx.iter_mut()) {
+            // Bounded: at most 4 batches per socket per pass.
+            for _ in 0..4 {
+                let got = self.rx.recv(p.sock.as_raw_fd());
+                for k in 0..got {
+                    // SAFETY: an AF_PACKET socket names its senders with sockaddr_ll, which fits the storage.
+                    let sll =
+                        unsafe { &*(self.rx.name(k) as *const libc::sockaddr_storage).cast::<libc::sockaddr_ll>() };
+                    if sll.sll_pkttype == 4 {
+                        continue; // PACKET_OUTGOING: our own frame, on kernels that show it.
+                    }
+                    if self.rx.truncated(k) {
+                        self.stats.refused(Refused::Malformed);
+                        continue;
+                    }
+                    match check_frame(self.rx.data(k), &p.mac, &p.groups, &self.routes) {
+                        Ok(Some((_, range))) => {
+                            queue.push_back(self.rx.data(k)[range].to_vec());
+                            n += 1;
+                        }
+                        Ok(None) => {}
+                        Err(why) => self.stats.refused(why),
+                    }
+                }
+                if got < BATCH {
+                    break;
+                }
+            }
+        }
+        WireCounters::add(&self.stats.received, n as u64);
+        n
+    }
+
+    fn next_due(&self) -> Option<u64> {
+        None
+    }
+
+    fn fds(&self) -> Vec<RawFd> {
+        self.ports.iter().map(|p| p.sock.as_raw_fd()).collect()
+    }
+
+    fn counters(&self) -> Arc<WireCounters> {
+        self.stats.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::ack_frame;
+    use super::*;
+    use crate::route::Route;
+
+    const A: [u8; 6] = [2, 0, 0xc6, 0x12, 0, 1];
+    const B: [u8; 6] = [2, 0, 0xc6, 0x12, 0, 2];
+    const GROUP: [u8; 6] = [0x01, 0, 0x5e, 0x12, 0, 1];
+
+    fn table() -> RouteTable {
+        RouteTable::new(vec![Route { udp: None, mac: Some(A) }, Route { udp: None, mac: Some(B) }])
+    }
+
+    fn eth(dst: [u8; 6], src: [u8; 6], ty: u16, payload: &[u8]) -> Vec<u8> {
+        let mut f = Vec::new();
+        f.extend_from_slice(&dst);
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&ty.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    #[test]
+    fn frame_checks() {
+        let t = table();
+        let good = eth(B, A, ETHERTYPE_EMP, &ack_frame(0, 1));
+        let (node, range) = check_frame(&good, &B, &[], &t).unwrap().unwrap();
+        assert_eq!(node, 0);
+        assert_eq!(&good[range], &ack_frame(0, 1)[..]);
+        assert_eq!(check_frame(&good[..13], &B, &[], &t), Err(Refused::Malformed));
+        assert_eq!(check_frame(&good[..30], &B, &[], &t), Err(Refused::Malformed));
+        assert_eq!(check_frame(&eth(B, A, 0x0800, &ack_frame(0, 1)), &B, &[], &t), Err(Refused::ForeignEthertype));
+        let stranger = [2, 0, 0xc6, 0x12, 0, 9];
+        assert_eq!(
+            check_frame(&eth(B, stranger, ETHERTYPE_EMP, &ack_frame(0, 1)), &B, &[], &t),
+            Err(Refused::UnknownSource)
+        );
+        assert_eq!(
+            check_frame(&eth(B, A, ETHERTYPE_EMP, &ack_frame(1, 1)), &B, &[], &t),
+            Err(Refused::SourceMismatch),
+            "A's MAC claiming node 1"
+        );
+        assert_eq!(
+            check_frame(&eth(B, A, ETHERTYPE_EMP, &ack_frame(5, 1)), &B, &[], &t),
+            Err(Refused::UnknownSource),
+            "node 5 is in no route"
+        );
+        assert_eq!(check_frame(&good, &A, &[], &t), Ok(None), "another node's unicast is not ours");
+        let to_group = eth(GROUP, A, ETHERTYPE_EMP, &ack_frame(0, 1));
+        assert_eq!(check_frame(&to_group, &B, &[], &t), Ok(None), "a group not joined");
+        assert!(check_frame(&to_group, &B, &[GROUP], &t).unwrap().is_some(), "a joined group");
+    }
+
+    #[test]
+    fn loopback_link_state_is_readable() {
+        // SAFETY: plain socket(2); closed below by OwnedFd.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+        assert!(fd >= 0);
+        // SAFETY: fresh descriptor.
+        let s = unsafe { OwnedFd::from_raw_fd(fd) };
+        let l = link_state(s.as_raw_fd(), "lo").unwrap();
+        assert!(l.up && l.mtu >= 1500, "{l:?}");
+        assert!(link_state(s.as_raw_fd(), "ew-none").is_err());
+    }
+}

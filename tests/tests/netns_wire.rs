@@ -1,0 +1,298 @@
+//! The network wires between hosts: two network namespaces joined by a
+//! veth pair (198.18.0.0/15 addresses, locally administered MACs), one
+//! `emp-nicd --config --host` in each, tap-p2p with a rank in each, over
+//! the `packet` and the `udp` wire. Forged frames (unknown source, a node's
+//! address claiming another node, truncated, a foreign ethertype) are sent
+//! at node 1 first: each is counted and dropped, and the real traffic
+//! still passes. Needs CAP_NET_ADMIN (namespaces) and the release binaries
+//! (`make build`); without the capability it says "skipped: …".
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use emp_tests::harness::{assert_tap, bin_dir, image, root};
+use emp_uapi::wire::{emit_ack, AckBody, FrameHeader, FrameKind, WIRE_VERSION};
+
+const MAC: [[u8; 6]; 3] = [[2, 0, 0xc6, 0x12, 0, 1], [2, 0, 0xc6, 0x12, 0, 2], [2, 0, 0xc6, 0x12, 0, 3]];
+
+fn mac_str(m: &[u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+fn has_cap_net_admin() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(|v| v.trim().to_string());
+    eff.and_then(|v| u64::from_str_radix(&v, 16).ok()).is_some_and(|c| c & (1 << 12) != 0)
+}
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().expect("run");
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Two namespaces and a veth pair, removed on drop (whatever happened).
+struct Bed {
+    ns: [String; 2],
+    ifs: [String; 2],
+}
+
+impl Bed {
+    fn up(tag: &str) -> Bed {
+        let id = std::process::id() % 100_000;
+        let bed = Bed {
+            ns: [format!("ew-{tag}{id}-a"), format!("ew-{tag}{id}-b")],
+            ifs: [format!("ew{tag}{id}a"), format!("ew{tag}{id}b")],
+        };
+        for n in &bed.ns {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+            sh(&["ip", "netns", "add", n]);
+        }
+        sh(&["ip", "link", "add", &bed.ifs[0], "type", "veth", "peer", "name", &bed.ifs[1]]);
+        for (i, (ns, ifn)) in bed.ns.iter().zip(&bed.ifs).enumerate() {
+            sh(&["ip", "link", "set", ifn, "netns", ns]);
+            let ex = |a: &[&str]| {
+                let mut v = vec!["ip", "netns", "exec", ns];
+                v.extend_from_slice(a);
+                sh(&v);
+            };
+            ex(&["ip", "link", "set", "dev", ifn, "address", &mac_str(&MAC[i])]);
+            ex(&["ip", "addr", "add", &format!("198.18.0.{}/24", i + 1), "dev", ifn]);
+            ex(&["ip", "link", "set", "lo", "up"]);
+            ex(&["ip", "link", "set", ifn, "up"]);
+        }
+        bed
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end in it, and so the pair.
+        for n in &self.ns {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+    }
+}
+
+/// Daemons killed on drop.
+struct Daemons(Vec<Child>);
+
+impl Daemons {
+    fn stop(&mut self) {
+        for c in &mut self.0 {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn cluster_file(dir: &Path, wire: &str, bed: &Bed) -> PathBuf {
+    let mut t = format!("[cluster]\nwire = \"{wire}\"\nmtu = 1500\n");
+    for h in ["a", "b", "c"] {
+        t += &format!("[[host]]\nname = \"{h}\"\ndir = \"{}\"\n", dir.join(h).display());
+    }
+    // Node 2 is in the route table but runs nowhere: its address is the
+    // forger's "known node claiming to be another".
+    for (id, host, ifn, ip) in [(0, "a", &bed.ifs[0], 1), (1, "b", &bed.ifs[1], 2), (2, "c", &bed.ifs[0], 1)] {
+        t += &format!(
+            "[[node]]\nid = {id}\nhost = \"{host}\"\ninterface = \"{ifn}\"\nmac = \"{}\"\nudp = \"198.18.0.{ip}:{}\"\n",
+            mac_str(&MAC[id]),
+            47100 + id
+        );
+    }
+    let p = dir.join("cluster.toml");
+    std::fs::write(&p, t).expect("write cluster file");
+    p
+}
+
+fn ack(src: u16, dst: u16) -> Vec<u8> {
+    let hdr = FrameHeader {
+        version: WIRE_VERSION,
+        kind: FrameKind::Ack as u8,
+        src_node: src,
+        dst_node: dst,
+        frame_count: 1,
+        ..Default::default()
+    };
+    let mut out = vec![0u8; 128];
+    let n = emit_ack(&hdr, &AckBody::default(), &mut out).expect("emit");
+    out.truncate(n);
+    out
+}
+
+/// Runs `f` on a thread that entered network namespace `ns` (setns is per thread).
+fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("netns file");
+            // SAFETY: setns(2) on an open namespace file; affects this thread only.
+            let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "setns {ns}: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .expect("netns thread")
+    })
+}
+
+/// Raw Ethernet frames out of `ifn` (in the current thread's namespace).
+fn send_raw(ifn: &str, frames: &[Vec<u8>]) {
+    // SAFETY: plain socket(2); checked, closed below.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+    assert!(fd >= 0, "packet socket: {}", std::io::Error::last_os_error());
+    let name = std::ffi::CString::new(ifn).expect("name");
+    // SAFETY: NUL-terminated name.
+    let idx = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    assert!(idx > 0);
+    // SAFETY: sockaddr_ll is plain old data.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_ifindex = idx as i32;
+    sll.sll_halen = 6;
+    for f in frames {
+        // SAFETY: `f` and `sll` are live for the call, lengths as passed.
+        let r = unsafe {
+            libc::sendto(
+                fd,
+                f.as_ptr().cast(),
+                f.len(),
+                0,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(r, f.len() as isize, "sendto: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+}
+
+fn eth(dst: [u8; 6], src: [u8; 6], ty: u16, payload: &[u8]) -> Vec<u8> {
+    [&dst[..], &src[..], &ty.to_be_bytes(), payload].concat()
+}
+
+/// Sends the forged frames at node 1 from namespace a; returns what node
+/// 1's wire must count: (unknown_source, source_mismatch, malformed).
+fn forge(wire: &str, bed: &Bed) -> (u64, u64, u64) {
+    match wire {
+        "packet" => in_netns(&bed.ns[0], || {
+            let stranger = [2, 0, 0xc6, 0x12, 0, 0x99];
+            send_raw(
+                &bed.ifs[0],
+                &[
+                    eth(MAC[1], stranger, 0x88B5, &ack(0, 1)),     // unknown MAC
+                    eth(MAC[1], MAC[0], 0x88B5, &ack(7, 1)),       // node 7: in no route
+                    eth(MAC[1], MAC[2], 0x88B5, &ack(0, 1)),       // node 2's MAC claiming node 0
+                    eth(MAC[1], MAC[0], 0x88B5, &ack(0, 1)[..20]), // truncated
+                    eth(MAC[1], MAC[0], 0x0800, &ack(0, 1)),       // foreign ethertype: the kernel filters it
+                ],
+            );
+            (2, 1, 1)
+        }),
+        _ => in_netns(&bed.ns[0], || {
+            let to = "198.18.0.2:47101";
+            let stranger = std::net::UdpSocket::bind("198.18.0.1:47199").expect("bind");
+            stranger.send_to(&ack(0, 1), to).expect("send"); // unknown address
+            stranger.send_to(&ack(0, 1)[..20], to).expect("send"); // truncated (and unknown)
+            let node2 = std::net::UdpSocket::bind("198.18.0.1:47102").expect("bind node 2's address");
+            node2.send_to(&ack(0, 1), to).expect("send"); // node 2's address claiming node 0
+            node2.send_to(&ack(9, 1), to).expect("send"); // node 9: in no route
+            (2, 1, 1)
+        }),
+    }
+}
+
+fn wait_for(p: &Path) {
+    let t = Instant::now();
+    while !p.exists() {
+        assert!(t.elapsed() < Duration::from_secs(10), "{} did not appear", p.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn run_wire(wire: &str) {
+    if !has_cap_net_admin() {
+        println!("skipped: network namespaces need CAP_NET_ADMIN, which this process lacks");
+        return;
+    }
+    let bed = Bed::up(&wire[..1]);
+    let dir = std::env::temp_dir().join(format!("ew-wire-{}-{wire}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("rdv")).expect("dir");
+    let cfg = cluster_file(&dir, wire, &bed);
+    let nicd = bin_dir().join("emp-nicd");
+    let mut daemons = Daemons(Vec::new());
+    for (i, host) in ["a", "b"].iter().enumerate() {
+        let log = std::fs::File::create(dir.join(format!("{host}.log"))).expect("log");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &bed.ns[i]])
+            .arg(&nicd)
+            .arg("--config")
+            .arg(&cfg)
+            .args(["--host", host, "--firmware"])
+            .arg(image())
+            .arg("--trusted")
+            .arg(root().join("firmware-blobs"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("emp-nicd");
+        daemons.0.push(child);
+    }
+    for (i, host) in ["a", "b"].iter().enumerate() {
+        wait_for(&dir.join(host).join(format!("nic{i}.sock")));
+    }
+    let (unknown, mismatch, malformed) = forge(wire, &bed);
+    let ranks: Vec<Child> = (0..2)
+        .map(|r| {
+            Command::new("ip")
+                .args(["netns", "exec", &bed.ns[r], "timeout", "120"])
+                .arg(env!("CARGO_BIN_EXE_tap-p2p"))
+                .env("EMP_DEVICE", dir.join(["a", "b"][r]).join(format!("nic{r}.sock")))
+                .env("EMP_RANK", r.to_string())
+                .env("EMP_SIZE", "2")
+                .env("EMP_RDV_DIR", dir.join("rdv"))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("tap-p2p")
+        })
+        .collect();
+    let outs: Vec<_> = ranks.into_iter().map(|c| c.wait_with_output().expect("wait")).collect();
+    daemons.stop();
+    let log_b = std::fs::read_to_string(dir.join("b.log")).unwrap_or_default();
+    eprintln!("node 1's daemon ({wire}):\n{log_b}");
+    assert_tap(&outs[0], 10);
+    assert!(outs[1].status.success(), "rank 1: {}", String::from_utf8_lossy(&outs[1].stderr));
+    let stopped = log_b.lines().find(|l| l.contains("stopped")).expect("the daemon logs its wire counters");
+    for (field, want) in
+        [("unknown_source", unknown), ("source_mismatch", mismatch), ("malformed", malformed), ("foreign_ethertype", 0)]
+    {
+        let at = stopped.find(&format!("{field}: ")).expect("field logged") + field.len() + 2;
+        let got: String = stopped[at..].chars().take_while(char::is_ascii_digit).collect();
+        assert_eq!(got, want.to_string(), "{field}: {stopped}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tap_p2p_across_namespaces_packet_wire_with_forged_frames() {
+    run_wire("packet");
+}
+
+#[test]
+fn tap_p2p_across_namespaces_udp_wire_with_forged_frames() {
+    run_wire("udp");
+}
