@@ -1,6 +1,7 @@
 //! The packet wire's Ethernet multicast: in a network namespace of its own
 //! with a veth pair, node 1 receives what node 0 sends to a group MAC only
-//! while it has joined the group. Needs CAP_NET_ADMIN and CAP_NET_RAW
+//! while it has joined the group; frames between the NICs of one wire
+//! loop back inside it. Needs CAP_NET_ADMIN and CAP_NET_RAW
 //! (prints "skipped: …" without them).
 
 use std::collections::VecDeque;
@@ -83,10 +84,17 @@ fn multicast_group_join_send_leave() {
         let mut w = PacketWire::new(&locals, routes, 1500, Faults::default()).unwrap();
         assert!(w.link(1).unwrap().up);
         let mut rx = vec![VecDeque::new(), VecDeque::new()];
-        // Unicast works.
-        w.send(0, 0, 1, ack(0, 1));
+        // Unicast on the link works.
+        w.send_to_mac(0, MACS[1], &ack(0, 1));
         w.flush();
         assert_eq!(delivered(&mut w, &mut rx), 1, "unicast to node 1");
+        // Between NICs of one daemon, and from a NIC to itself, frames loop
+        // back inside the wire: a link never returns a frame to its sender.
+        w.send(0, 0, 1, ack(0, 1));
+        w.send(0, 0, 0, ack(0, 0));
+        w.flush();
+        assert_eq!(delivered(&mut w, &mut rx), 1, "looped to node 1");
+        assert_eq!(rx[0].len(), 1, "looped to node 0 itself");
         // A group node 1 has not joined: not delivered.
         w.send_to_mac(0, GROUP, &ack(0, 1));
         w.flush();

@@ -17,9 +17,8 @@ bin="$root/target/release"
 
 name=empsuite
 subnet=198.18.201
-# The wires to run (EMP_NETNS_WIRES or --wires). The packet wire joins
-# once emp-nicd has it: then this is "udp packet".
-wires="${EMP_NETNS_WIRES:-udp}"
+# The wires to run (EMP_NETNS_WIRES or --wires).
+wires="${EMP_NETNS_WIRES:-udp packet}"
 faults=1
 while [ $# -gt 0 ]; do
     case "$1" in

@@ -111,7 +111,17 @@ pub struct PacketWire {
     rng: Prng,
     stats: Arc<WireCounters>,
     rx: Box<RecvBatch>,
+    /// Node id of each local NIC, by local index.
+    local: Vec<u16>,
+    /// Frames from one local NIC to another (or to itself): a link does not
+    /// send a frame back out of the port it came in on, so they never
+    /// leave the daemon, as a real NIC loops its own traffic back.
+    looped: VecDeque<(usize, Vec<u8>)>,
 }
+
+/// Most frames in flight between local NICs: each NIC's send window is
+/// bounded, so this only guards against a runaway sender.
+const LOOPED_MAX: usize = 4096;
 
 fn open_packet_socket(interface: &str) -> Result<(OwnedFd, i32), String> {
     let proto = (ETHERTYPE_EMP).to_be() as i32;
@@ -248,6 +258,8 @@ impl PacketWire {
             faults,
             stats: Arc::default(),
             rx: Box::new(RecvBatch::new()),
+            local: locals.iter().map(|&(_, node)| node).collect(),
+            looped: VecDeque::new(),
         })
     }
 
@@ -317,6 +329,15 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
 
 impl Wire for PacketWire {
     fn send(&mut self, _now: u64, src: usize, dst: u16, frame: Vec<u8>) {
+        if let Some(i) = self.local.iter().position(|&n| n == dst) {
+            WireCounters::add(&self.stats.frames, 1);
+            if self.looped.len() >= LOOPED_MAX {
+                WireCounters::add(&self.stats.lost, 1);
+            } else {
+                self.looped.push_back((i, frame));
+            }
+            return;
+        }
         let Some(to) = self.routes.get(dst).and_then(|r| r.mac) else {
             WireCounters::add(&self.stats.frames, 1);
             WireCounters::add(&self.stats.lost, 1);
@@ -337,6 +358,10 @@ impl Wire for PacketWire {
 
     fn poll(&mut self, _now: u64, rx: &mut [VecDeque<Vec<u8>>]) -> usize {
         let mut n = 0;
+        while let Some((i, f)) = self.looped.pop_front() {
+            rx[i].push_back(f);
+            n += 1;
+        }
         for (p, queue) in self.ports.iter().zip(rx.iter_mut()) {
             // Bounded: at most 4 batches per socket per pass.
             for _ in 0..4 {
@@ -371,7 +396,11 @@ impl Wire for PacketWire {
     }
 
     fn next_due(&self) -> Option<u64> {
-        None
+        if self.looped.is_empty() {
+            None
+        } else {
+            Some(0)
+        }
     }
 
     fn fds(&self) -> Vec<RawFd> {
