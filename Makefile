@@ -72,7 +72,8 @@ test: build lint
 # kernel and udev look for them, whatever PREFIX is: request_firmware() searches
 # /lib/firmware (the driver asks for emp/emp-fw.bin), udev reads
 # /lib/udev/rules.d (an admin's /etc/udev/rules.d/60-emp.rules overrides).
-# `emp cluster up` takes the trusted keys from the firmware image's directory.
+# Installed emp-nicd/`emp cluster up` trust the keys in /lib/firmware/emp
+# (emp_config::trusted_keys_dir): a fixed place, not the image's directory.
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 LIBDIR ?= $(PREFIX)/lib

@@ -38,6 +38,36 @@ use serde::Deserialize;
 /// node id; 0xFFFF is reserved on the wire).
 pub const NODES_MAX: usize = 4096;
 
+/// Where `make install` puts the trusted firmware-signing keys (beside the
+/// image the kernel driver requests, `/lib/firmware/emp/emp-fw.bin`).
+pub const INSTALLED_TRUSTED_KEYS: &str = "/lib/firmware/emp";
+
+/// The directory of public keys (`*.pub`) a NIC trusts to sign its control
+/// program: `explicit` (a flag or the cluster file's `trusted_keys`), else
+/// `$EMP_TRUSTED_KEYS`, else — for binaries run from a build tree
+/// (`<tree>/target/<profile>/`) — the tree's `firmware-blobs/`, where
+/// `make firmware` keeps the development key, else the installed
+/// [`INSTALLED_TRUSTED_KEYS`]. It is configuration of the NIC, never derived
+/// from where an image lies: an image signed by a key that sits beside it
+/// must not boot for that reason alone.
+pub fn trusted_keys_dir(explicit: Option<&Path>) -> PathBuf {
+    if let Some(d) = explicit {
+        return d.to_path_buf();
+    }
+    if let Some(d) = std::env::var_os("EMP_TRUSTED_KEYS").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    let exe = std::env::current_exe().ok();
+    let tree = exe.as_deref().and_then(|e| {
+        let target = e.ancestors().nth(2)?;
+        (target.file_name()? == "target").then(|| target.parent().map(|t| t.join("firmware-blobs")))?
+    });
+    match tree {
+        Some(d) if d.is_dir() => d,
+        _ => PathBuf::from(INSTALLED_TRUSTED_KEYS),
+    }
+}
+
 /// How a cluster's NICs exchange frames.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -363,6 +393,16 @@ id = 0
 host = "a"
 udp = "198.18.0.1:47000"
 "#;
+
+    #[test]
+    fn trusted_keys_are_never_the_images_directory() {
+        assert_eq!(trusted_keys_dir(Some(Path::new("/k"))), PathBuf::from("/k"));
+        // Tests run from target/<profile>/deps: not a build tree's binary
+        // directory, so without the variable the installed one is used.
+        if std::env::var_os("EMP_TRUSTED_KEYS").is_none() {
+            assert_eq!(trusted_keys_dir(None), PathBuf::from(INSTALLED_TRUSTED_KEYS));
+        }
+    }
 
     #[test]
     fn parses_and_indexes() {

@@ -65,7 +65,9 @@ struct Args {
     /// Signed firmware image [default: the file's `firmware`, else firmware-blobs/emp-fw.bin].
     #[arg(long)]
     firmware: Option<PathBuf>,
-    /// Directory of trusted public keys (*.pub) [default: the file's `trusted_keys`, else firmware-blobs].
+    /// Directory of trusted public keys (*.pub) [default: the file's
+    /// `trusted_keys`, else $EMP_TRUSTED_KEYS, else the build tree's
+    /// firmware-blobs/, else /lib/firmware/emp; never the image's directory].
     #[arg(long)]
     trusted: Option<PathBuf>,
     /// Ports (processes) per NIC [default: the file's `ports`, else 8].
@@ -159,7 +161,7 @@ fn setup(a: &Args) -> Result<Setup, String> {
             ports: a.ports.unwrap_or(8),
             socket_dir: a.socket_dir.clone().unwrap_or_else(|| "/tmp/emp".into()),
             firmware: a.firmware.clone().unwrap_or_else(|| "firmware-blobs/emp-fw.bin".into()),
-            trusted: a.trusted.clone().unwrap_or_else(|| "firmware-blobs".into()),
+            trusted: emp_config::trusted_keys_dir(a.trusted.as_deref()),
         });
     };
     let c = emp_config::ClusterConfig::load(path).map_err(|e| e.to_string())?;
@@ -188,7 +190,7 @@ fn setup(a: &Args) -> Result<Setup, String> {
         ports: a.ports.or(c.ports).unwrap_or(8),
         socket_dir: a.socket_dir.clone().unwrap_or_else(|| host.dir.clone()),
         firmware: a.firmware.clone().or(c.firmware.clone()).unwrap_or_else(|| "firmware-blobs/emp-fw.bin".into()),
-        trusted: a.trusted.clone().or(c.trusted_keys.clone()).unwrap_or_else(|| "firmware-blobs".into()),
+        trusted: emp_config::trusted_keys_dir(a.trusted.as_deref().or(c.trusted_keys.as_deref())),
     })
 }
 

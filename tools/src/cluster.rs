@@ -49,6 +49,11 @@ pub struct UpArgs {
     /// Signed firmware image.
     #[arg(long)]
     pub firmware: Option<PathBuf>,
+    /// Directory of the public keys (*.pub) the NICs trust to sign their
+    /// firmware (default: $EMP_TRUSTED_KEYS, else the build tree's
+    /// firmware-blobs/, else /lib/firmware/emp; never the image's directory).
+    #[arg(long)]
+    pub trusted_keys: Option<PathBuf>,
     /// UDP port of node 0.
     #[arg(long, default_value_t = 47000)]
     pub udp_base: u16,
@@ -157,7 +162,7 @@ pub fn start(dir: &Path, a: &UpArgs) -> Result<String, String> {
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let fw = firmware(a.firmware.clone())?;
-    let trusted = fw.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let trusted = emp_config::trusted_keys_dir(a.trusted_keys.as_deref());
     let nicd = sibling("emp-nicd");
     let groups: Vec<(u16, u16)> = match a.wire {
         WireKind::Mem => vec![(0, a.nics)],

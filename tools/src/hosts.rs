@@ -33,6 +33,9 @@ pub struct FileArgs {
     /// Signed firmware image (default: the file's `firmware`, else found as
     /// for `emp cluster up -n`, on each host).
     pub firmware: Option<PathBuf>,
+    /// Directory of trusted firmware-signing keys on each host (default: the
+    /// file's `trusted_keys`, else as `emp_config::trusted_keys_dir` finds it).
+    pub trusted_keys: Option<PathBuf>,
     /// Seconds a host may take to bring its NICs up.
     pub timeout: u64,
     /// Extra `emp-nicd` arguments (after the file's `nicd_args`).
@@ -110,7 +113,7 @@ fn up_here(a: &FileArgs, cfg: &ClusterConfig, path: &Path, name: &str) -> Result
         let _ = std::fs::remove_file(cfg.socket(n).expect("node of this file"));
     }
     let fw = crate::cluster::firmware(a.firmware.clone().or_else(|| cfg.firmware.clone()))?;
-    let trusted = cfg.trusted_keys.clone().unwrap_or_else(|| fw.parent().unwrap_or(Path::new(".")).to_path_buf());
+    let trusted = emp_config::trusted_keys_dir(a.trusted_keys.as_deref().or(cfg.trusted_keys.as_deref()));
     let nicd = sibling("emp-nicd");
     let log = std::fs::File::create(logfile(h)).map_err(|e| format!("host {name}: {}: {e}", logfile(h).display()))?;
     let mut cmd = Command::new(&nicd);
@@ -270,6 +273,10 @@ fn on_every_host(a: &FileArgs, cfg: &ClusterConfig, path: &Path, verb: &str) -> 
         if let Some(f) = &a.firmware {
             let f = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
             extra.extend(["--firmware".into(), f.to_string_lossy().into_owned()]);
+        }
+        if let Some(k) = &a.trusted_keys {
+            let k = std::fs::canonicalize(k).unwrap_or_else(|_| k.clone());
+            extra.extend(["--trusted-keys".into(), k.to_string_lossy().into_owned()]);
         }
         if let Some(n) = &a.nicd_args {
             extra.push(format!("--nicd-args={n}"));

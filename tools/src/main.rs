@@ -135,6 +135,7 @@ fn main() -> ExitCode {
         Cmd::Cluster { cmd: ClusterCmd::Up { dir, args, file, timeout } } => match file.config.clone() {
             Some(c) => hosts::up(&hosts::FileArgs {
                 firmware: args.firmware.clone(),
+                trusted_keys: args.trusted_keys.clone(),
                 timeout,
                 nicd_args: args.nicd_args.clone(),
                 ..file.args(c)

@@ -160,6 +160,7 @@ fn private_chassis(a: &BenchArgs, ranks: usize) -> Result<PathBuf, String> {
         mtu: None,
         cpu_plan: "base".into(),
         firmware: None,
+        trusted_keys: None,
         // Private: clear of a cluster someone else runs.
         udp_base: 20000 + (std::process::id() % 400) as u16 * 64,
         nicd_args: None,
