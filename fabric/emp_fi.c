@@ -33,6 +33,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
+#include <rdma/providers/fi_log.h>
 #include <rdma/providers/fi_prov.h>
 
 #include "emp.h"
@@ -116,6 +117,7 @@ struct emp_fi_domain {
 	int *free_slots;
 	size_t nslots, nfree_slots;
 	struct emp_req *orphans; /* oldest first */
+	size_t zombies;		 /* canceled receives the NIC still holds */
 };
 
 struct cq_ent {
@@ -375,7 +377,7 @@ static int av_resolve(const struct emp_fi_av *av, fi_addr_t a, uint16_t *node, u
 	if (!av || a == FI_ADDR_UNSPEC || a == FI_ADDR_NOTAVAIL)
 		return -FI_EINVAL;
 	if (av->type == FI_AV_MAP) {
-		if (a > 0xFFFFFFFEull)
+		if (a > 0xFFFFFFFEull || av_reverse(av, (uint32_t)a) == FI_ADDR_NOTAVAIL)
 			return -FI_EINVAL;
 		code = (uint32_t)a;
 	} else {
@@ -928,6 +930,7 @@ static void complete(struct emp_fi_domain *dom, const struct emp_wc *wc)
 	if (r < dom->reqs || r >= dom->reqs + dom->nreqs || !r->in_use)
 		return; /* not ours */
 	if (r->kind == REQ_RECV && r->cancelled) {
+		dom->zombies--;
 		bool landed = r->ep && (wc->status == EMP_WC_SUCCESS || wc->status == EMP_WC_TRUNCATED);
 		if (!landed) {
 			req_release(dom, r);
@@ -1608,11 +1611,13 @@ static ssize_t do_send(struct emp_fi_ep *ep, const void *buf, size_t len, void *
 	int n = place(dom, r, buf, len, desc, true, how & SEND_INJECT, &sge);
 	if (n < 0) {
 		ret = n;
+		r->ep = NULL; /* never counted as in flight */
 		req_release(dom, r);
 		goto out;
 	}
 	ret = post_errno(emp_post_send(dom->dev, (uint64_t)(uintptr_t)r, node, port, emp_tag, &sge, (size_t)n));
 	if (ret) {
+		r->ep = NULL;
 		req_release(dom, r);
 		goto out;
 	}
@@ -1673,6 +1678,8 @@ static ssize_t do_recv(struct emp_fi_ep *ep, void *buf, size_t len, void *desc, 
 	}
 	/* A message that landed in a canceled receive goes to the first
 	 * receive that matches it. */
+	if (dom->zombies)
+		progress(dom);
 	for (struct emp_req **p = &dom->orphans; *p; p = &(*p)->next) {
 		struct emp_req *o = *p;
 		if (o->ep != ep || !orphan_matches(o, node, port, emp_tag, emp_ignore))
@@ -1711,12 +1718,14 @@ static ssize_t do_recv(struct emp_fi_ep *ep, void *buf, size_t len, void *desc, 
 	int n = place(dom, r, buf, len, desc, false, false, &sge);
 	if (n < 0) {
 		ret = n;
+		r->ep = NULL; /* never counted as in flight */
 		req_release(dom, r);
 		goto out;
 	}
 	ret = post_errno(emp_post_recv(dom->dev, (uint64_t)(uintptr_t)r, node, port, emp_tag, emp_ignore, &sge,
 				       (size_t)n));
 	if (ret) {
+		r->ep = NULL;
 		req_release(dom, r);
 		goto out;
 	}
@@ -2032,6 +2041,7 @@ static ssize_t ep_cancel(fid_t fid, void *context)
 			break;
 		}
 		q->cancelled = true;
+		dom->zombies++;
 		if (ep->rx_cq && q->cq_reserved) {
 			struct cq_ent e = {.op_context = context, .flags = q->cq_flags, .src = FI_ADDR_NOTAVAIL,
 					   .err = FI_ECANCELED, .prov_errno = EMP_WC_FLUSHED};
@@ -2522,6 +2532,7 @@ static int dom_open(struct fid_fabric *fid, struct fi_info *info, struct fid_dom
 	int err = 0;
 	dom->dev = open_nic(&err);
 	if (!dom->dev) {
+		FI_WARN(&emp_prov, FI_LOG_DOMAIN, "opening this process's EMP NIC: %s\n", strerror(err < 0 ? -err : ENODEV));
 		free(dom);
 		return err < 0 ? err : -FI_ENODEV;
 	}
@@ -2691,69 +2702,73 @@ static int parse_node(const char *s, struct emp_fi_name *n)
 	return 0;
 }
 
-/* Everything in the hints EMP cannot do. */
-static bool hints_refused(uint32_t version, const struct fi_info *h, const struct emp_port_info *pi)
+/* Everything in the hints EMP cannot do: the first such hint, or NULL. */
+static const char *hints_refused(uint32_t version, const struct fi_info *h, const struct emp_port_info *pi)
 {
 	if (!h)
-		return false;
+		return NULL;
 	if (h->caps & ~(uint64_t)EMP_CAPS)
-		return true;
+		return "h->caps & ~(uint64_t)EMP_CAPS";
 	if (h->addr_format != FI_FORMAT_UNSPEC)
-		return true;
+		return "h->addr_format != FI_FORMAT_UNSPEC";
 	if (h->ep_attr) {
 		const struct fi_ep_attr *e = h->ep_attr;
 		if (e->type != FI_EP_UNSPEC && e->type != FI_EP_RDM)
-			return true;
+			return "e->type != FI_EP_UNSPEC && e->type != FI_EP_RDM";
 		if (e->protocol != FI_PROTO_UNSPEC || e->max_msg_size > pi->msg_max || e->auth_key_size)
-			return true;
+			return "e->protocol != FI_PROTO_UNSPEC || e->max_msg_size > pi->msg_max || e->auth_key_size";
 		if (e->tx_ctx_cnt > 1 || e->rx_ctx_cnt > 1)
-			return true; /* includes FI_SHARED_CONTEXT */
+			return "e->tx_ctx_cnt > 1 || e->rx_ctx_cnt > 1";
 		if (e->msg_prefix_size || e->max_order_raw_size || e->max_order_war_size || e->max_order_waw_size)
-			return true;
+			return "e->msg_prefix_size || e->max_order_raw_size || e->max_order_war_size || e->max_order_waw_size";
 		bool both = (h->caps & FI_MSG) && (h->caps & FI_TAGGED);
 		if (both && (e->mem_tag_format & MSG_TAG_BIT))
-			return true;
+			return "both && (e->mem_tag_format & MSG_TAG_BIT)";
 	}
 	if (h->domain_attr) {
 		const struct fi_domain_attr *d = h->domain_attr;
 		if (d->name && strcmp(d->name, EMP_FI_NAME))
-			return true;
-		if (d->cq_data_size || d->auth_key_size || d->ep_cnt > 1 || d->tx_ctx_cnt > 1 || d->rx_ctx_cnt > 1)
-			return true;
+			return "d->name && strcmp(d->name, EMP_FI_NAME)";
+		/* A size wish is harmless without FI_REMOTE_CQ_DATA (refused above):
+		 * we answer 0. */
+		if (d->auth_key_size)
+			return "domain auth_key";
+		if (d->ep_cnt > 1 || d->tx_ctx_cnt > 1 || d->rx_ctx_cnt > 1)
+			return "domain ep_cnt/tx_ctx_cnt/rx_ctx_cnt > 1 (one endpoint per domain)";
 		if (d->max_ep_stx_ctx || d->max_ep_srx_ctx || d->mr_iov_limit > 1)
-			return true;
+			return "d->max_ep_stx_ctx || d->max_ep_srx_ctx || d->mr_iov_limit > 1";
 		if (FI_VERSION_GE(version, FI_VERSION(1, 5)) && (d->caps & ~(uint64_t)EMP_CAPS))
-			return true;
+			return "FI_VERSION_GE(version, FI_VERSION(1, 5)) && (d->caps & ~(uint64_t)EMP_CAPS)";
 		if (FI_VERSION_LT(version, FI_VERSION(1, 5)) && d->mr_mode == FI_MR_SCALABLE)
-			return true;
+			return "FI_VERSION_LT(version, FI_VERSION(1, 5)) && d->mr_mode == FI_MR_SCALABLE";
 		if (d->av_type != FI_AV_UNSPEC && d->av_type != FI_AV_MAP && d->av_type != FI_AV_TABLE)
-			return true;
+			return "d->av_type != FI_AV_UNSPEC && d->av_type != FI_AV_MAP && d->av_type != FI_AV_TABLE";
 	}
 	if (h->fabric_attr && h->fabric_attr->name && strcmp(h->fabric_attr->name, EMP_FI_NAME))
-		return true;
+		return "h->fabric_attr && h->fabric_attr->name && strcmp(h->fabric_attr->name, EMP_FI_NAME)";
 	if (h->tx_attr) {
 		const struct fi_tx_attr *t = h->tx_attr;
 		if ((t->caps & ~(uint64_t)EMP_CAPS) || (t->op_flags & ~(uint64_t)EMP_TX_OP_FLAGS))
-			return true;
+			return "(t->caps & ~(uint64_t)EMP_CAPS) || (t->op_flags & ~(uint64_t)EMP_TX_OP_FLAGS)";
 		if ((t->msg_order & ~FI_ORDER_SAS) || t->comp_order != FI_ORDER_NONE)
-			return true;
+			return "(t->msg_order & ~FI_ORDER_SAS) || t->comp_order != FI_ORDER_NONE";
 		if (t->inject_size > INJECT_SIZE || t->size > pi->send_entries || t->iov_limit > 1 || t->rma_iov_limit)
-			return true;
+			return "t->inject_size > INJECT_SIZE || t->size > pi->send_entries || t->iov_limit > 1 || t->rma_iov_limit";
 	}
 	if (h->rx_attr) {
 		const struct fi_rx_attr *r = h->rx_attr;
 		if ((r->caps & ~(uint64_t)EMP_CAPS) || (r->op_flags & ~(uint64_t)EMP_RX_OP_FLAGS))
-			return true;
+			return "(r->caps & ~(uint64_t)EMP_CAPS) || (r->op_flags & ~(uint64_t)EMP_RX_OP_FLAGS)";
 		if ((r->msg_order & ~FI_ORDER_SAS) || r->comp_order != FI_ORDER_NONE)
-			return true;
+			return "(r->msg_order & ~FI_ORDER_SAS) || r->comp_order != FI_ORDER_NONE";
 		if (r->total_buffered_recv || r->size > pi->recv_entries || r->iov_limit > 1)
-			return true;
+			return "r->total_buffered_recv || r->size > pi->recv_entries || r->iov_limit > 1";
 	}
 	if (h->src_addr && h->src_addrlen != sizeof(struct emp_fi_name))
-		return true;
+		return "h->src_addr && h->src_addrlen != sizeof(struct emp_fi_name)";
 	if (h->dest_addr && h->dest_addrlen != sizeof(struct emp_fi_name))
-		return true;
-	return false;
+		return "h->dest_addr && h->dest_addrlen != sizeof(struct emp_fi_name)";
+	return NULL;
 }
 
 static int emp_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
@@ -2763,10 +2778,16 @@ static int emp_getinfo(uint32_t version, const char *node, const char *service, 
 	struct emp_port_info pi;
 	if (!info)
 		return -FI_EINVAL;
-	if (query_nic(&pi))
-		return -FI_ENODATA; /* no NIC for this process */
-	if (hints_refused(version, hints, &pi))
+	int nic = query_nic(&pi);
+	if (nic) {
+		FI_INFO(&emp_prov, FI_LOG_CORE, "no EMP NIC for this process: %s\n", strerror(-nic));
 		return -FI_ENODATA;
+	}
+	const char *why = hints_refused(version, hints, &pi);
+	if (why) {
+		FI_INFO(&emp_prov, FI_LOG_CORE, "hints refused: %s\n", why);
+		return -FI_ENODATA;
+	}
 	struct emp_fi_name dest;
 	bool have_dest = false;
 	if (node && !(flags & FI_SOURCE)) {

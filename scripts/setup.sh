@@ -21,7 +21,8 @@ command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
 # fi_pingpong (libfabric-bin) and Open MPI programs (libopenmpi-dev: mpicc).
 [ -f /usr/include/rdma/providers/fi_prov.h ] || need_apt+=(libfabric-dev)
 command -v fi_pingpong >/dev/null 2>&1 || need_apt+=(libfabric-bin)
-command -v mpicc >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
+# mpicc comes with openmpi-bin, mpi.h with libopenmpi-dev.
+dpkg-query -W -f='${Status}' libopenmpi-dev 2>/dev/null | grep -q 'ok installed' || need_apt+=(libopenmpi-dev)
 # The namespace test bed (scripts/netns/bed.sh): ip and tc, and nft for
 # loss on kernels without sch_netem.
 command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need_apt+=(iproute2)
