@@ -96,9 +96,15 @@ static void test_getinfo(void)
 	h = hints_base(FI_TAGGED);
 	h->tx_attr->size = 1 << 30;
 	EXPECT(getinfo_ret(h), -FI_ENODATA);
-	h = hints_base(FI_TAGGED);
-	h->domain_attr->cq_data_size = 8;
+	h = hints_base(FI_TAGGED | FI_REMOTE_CQ_DATA);
 	EXPECT(getinfo_ret(h), -FI_ENODATA);
+	h = hints_base(FI_TAGGED);
+	h->domain_attr->cq_data_size = 8; /* a wish, without the cap: answered with 0 */
+	EXPECT(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &out), 0);
+	check(out && out->domain_attr->cq_data_size == 0, "cq_data_size 0");
+	fi_freeinfo(out);
+	fi_freeinfo(h);
+	out = NULL;
 	h = hints_base(FI_TAGGED);
 	h->tx_attr->msg_order = FI_ORDER_RAW;
 	EXPECT(getinfo_ret(h), -FI_ENODATA);
