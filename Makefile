@@ -46,10 +46,12 @@ firmware: setup
 	@scripts/fw-image.sh
 
 # libemp.so.1, the C library with versioned symbols, is linked from libemp's
-# staticlib into target/release/lib/ (scripts/libemp-link.sh says why).
+# staticlib into target/release/lib/ (scripts/libemp-link.sh says why); the
+# libfabric provider libemp-fi.so goes next to it (fabric/build.sh).
 build: firmware
 	$(CARGO) build --release --workspace --bins --examples --lib
 	@scripts/libemp-link.sh
+	@fabric/build.sh
 
 # The driver is formatted with the same rustfmt.toml (rustfmt follows its mod tree).
 fmt:

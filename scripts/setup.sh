@@ -2,7 +2,8 @@
 # Installs what EMP needs to build and test, idempotently. Safe to rerun.
 # Today: a Rust toolchain (cargo), a C compiler (the uapi layout test
 # compiles the C header), libpmix-dev and Open MPI's mpirun (jobs started
-# by a PMIx launcher). Kernel and QEMU tooling arrive with the driver.
+# by a PMIx launcher), libfabric's headers and tools. Kernel and QEMU
+# tooling arrive with the driver.
 set -euo pipefail
 
 need_apt=()
@@ -15,6 +16,13 @@ command -v python3 >/dev/null 2>&1 || need_apt+=(python3) # make lint: scripts/d
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists pmix; } || need_apt+=(libpmix-dev)
 command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+# The libfabric provider (fabric/): built against libfabric's public headers
+# (libfabric-dev ships rdma/providers/fi_prov.h); its tests run fi_info and
+# fi_pingpong (libfabric-bin) and Open MPI programs (libopenmpi-dev: mpicc).
+[ -f /usr/include/rdma/providers/fi_prov.h ] || need_apt+=(libfabric-dev)
+command -v fi_pingpong >/dev/null 2>&1 || need_apt+=(libfabric-bin)
+# mpicc comes with openmpi-bin, mpi.h with libopenmpi-dev.
+dpkg-query -W -f='${Status}' libopenmpi-dev 2>/dev/null | grep -q 'ok installed' || need_apt+=(libopenmpi-dev)
 # The namespace test bed (scripts/netns/bed.sh): ip and tc, and nft for
 # loss on kernels without sch_netem.
 command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need_apt+=(iproute2)

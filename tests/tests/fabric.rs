@@ -1,0 +1,206 @@
+//! The libfabric provider `emp` (fabric/, `libemp-fi.so`, loaded through
+//! `FI_PROVIDER_PATH`) under clients nobody here wrote, on a 2-NIC `mem`
+//! chassis: `fi_info -p emp`, the distribution's `fi_pingpong` in msg and
+//! tagged modes with data checks at every size, the provider's own unit
+//! test program (fabric/test/fi_emp_unit.c, TAP), and Open MPI's `mtl ofi`
+//! running fabric/test/mpi_emp.c over it. See docs/libfabric.md. Without
+//! libfabric-bin or Open MPI (scripts/setup.sh installs them) the tests that
+//! need them say SKIP and pass.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use emp_tests::harness::{assert_tap, bin_dir, root, Cluster};
+
+/// The machine has 2 cores, and fi_pingpong's control port is fixed: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The directory `make build` puts libemp-fi.so in (`FI_PROVIDER_PATH`).
+fn provider_dir() -> PathBuf {
+    let lib = bin_dir().join("lib");
+    assert!(lib.join("libemp-fi.so").exists(), "{}/libemp-fi.so missing: run `make build`", lib.display());
+    lib
+}
+
+/// `tool` on `PATH`, or `None` after saying the test is skipped.
+fn tool(test: &str, tool: &str, package: &str) -> Option<PathBuf> {
+    let found =
+        std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|d| d.join(tool)).find(|p| p.is_file());
+    if found.is_none() {
+        println!("SKIP {test}: {tool} is not installed (scripts/setup.sh installs {package})");
+    }
+    found
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// A command with the provider's path and NIC `nic` of `c`, nothing else of EMP's.
+fn fabric_cmd(program: &Path, c: &Cluster, nic: u16) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env("FI_PROVIDER_PATH", provider_dir())
+        .env("EMP_DEVICE", c.socket(nic))
+        .env_remove("EMP_CLUSTER")
+        .env_remove("EMP_RANK")
+        .env_remove("FI_PROVIDER");
+    cmd
+}
+
+fn wait_timeout(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+#[test]
+fn fi_info_lists_emp() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(fi_info) = tool("fi_info_lists_emp", "fi_info", "libfabric-bin") else { return };
+    let c = Cluster::up("fabric-info", &["-n", "1"]);
+    let out = fabric_cmd(&fi_info, &c, 0).args(["-p", "emp"]).output().expect("fi_info");
+    let all = text(&out);
+    assert!(out.status.success(), "fi_info -p emp failed:\n{all}");
+    assert!(all.contains("provider: emp") && all.contains("FI_EP_RDM"), "no emp entry:\n{all}");
+    // Tagged only: every tag bit is the caller's; refused hints give nothing.
+    let out = fabric_cmd(&fi_info, &c, 0).args(["-p", "emp", "-c", "FI_TAGGED", "-v"]).output().expect("fi_info");
+    assert!(text(&out).contains("mem_tag_format: 0xffffffffffffffff"), "tag format:\n{}", text(&out));
+    let out = fabric_cmd(&fi_info, &c, 0).args(["-p", "emp", "-c", "FI_RMA"]).output().expect("fi_info");
+    assert!(!out.status.success(), "FI_RMA is not offered yet, fi_info said:\n{}", text(&out));
+    // No NIC for the process: no entry, no crash.
+    let out = Command::new(&fi_info)
+        .env("FI_PROVIDER_PATH", provider_dir())
+        .env_remove("EMP_DEVICE")
+        .env_remove("EMP_CLUSTER")
+        .args(["-p", "emp"])
+        .output()
+        .expect("fi_info");
+    assert!(!out.status.success(), "fi_info without a NIC:\n{}", text(&out));
+}
+
+/// `fi_pingpong -p emp -e rdm -m <mode> -c -S all`: server on NIC 0, client on NIC 1.
+fn pingpong(mode: &str) {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let test = format!("fi_pingpong_{mode}");
+    let Some(pp) = tool(&test, "fi_pingpong", "libfabric-bin") else { return };
+    let c = Cluster::up(&format!("fabric-pp-{mode}"), &["-n", "2"]);
+    // A control port of our own: other runs on this machine use the default.
+    let port = (20000 + std::process::id() % 20000).to_string();
+    let args = ["-p", "emp", "-e", "rdm", "-m", mode, "-c", "-S", "all", "-I", "10"];
+    let server = fabric_cmd(&pp, &c, 0)
+        .args(args)
+        .args(["-B", &port])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server");
+    // The client needs the server listening: retry while it is not yet.
+    let mut client = None;
+    for _ in 0..100 {
+        let out = fabric_cmd(&pp, &c, 1).args(args).args(["-P", &port, "127.0.0.1"]).output().expect("client");
+        if !text(&out).contains("Connection refused") {
+            client = Some(out);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let server = wait_timeout(server, Duration::from_secs(120));
+    let client = client.expect("the fi_pingpong server never listened");
+    let (s, cl) = (text(&server), text(&client));
+    assert!(server.status.success() && client.status.success(), "server:\n{s}\nclient:\n{cl}");
+    // One line per size, 1 B to 6 MiB, each with all transfers acknowledged.
+    for size in ["1 ", "64 ", "1k ", "64k ", "1m ", "6m "] {
+        assert!(
+            cl.lines().any(|l| l.starts_with(size) && l.contains("=10")),
+            "no completed {size}line in the client's output:\n{cl}"
+        );
+    }
+    print!("{cl}");
+}
+
+#[test]
+fn fi_pingpong_msg() {
+    pingpong("msg");
+}
+
+#[test]
+fn fi_pingpong_tagged() {
+    pingpong("tagged");
+}
+
+#[test]
+fn provider_unit_tests() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let unit = provider_dir().join("fi_emp_unit");
+    assert!(unit.exists(), "{} missing: run `make build` (fabric/build.sh)", unit.display());
+    let c = Cluster::up("fabric-unit", &["-n", "1"]);
+    let child = fabric_cmd(&unit, &c, 0).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("unit");
+    let out = wait_timeout(child, Duration::from_secs(180));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let planned: usize = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("1.."))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no TAP plan:\n{}", text(&out)));
+    assert!(planned > 300, "the unit program ran only {planned} checks");
+    assert_tap(&out, planned);
+}
+
+/// A cluster file naming the chassis's NICs on one host, `chassis`.
+fn cluster_file(c: &Cluster, nics: u16) -> PathBuf {
+    let mut text = format!("[cluster]\nwire = \"mem\"\n\n[[host]]\nname = \"chassis\"\ndir = {:?}\n", c.dir);
+    for id in 0..nics {
+        text.push_str(&format!("\n[[node]]\nid = {id}\nhost = \"chassis\"\n"));
+    }
+    let path = c.dir.join("cluster.toml");
+    std::fs::write(&path, text).expect("write the cluster file");
+    path
+}
+
+#[test]
+fn open_mpi_over_emp() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mpirun) = tool("open_mpi_over_emp", "mpirun", "openmpi-bin") else { return };
+    let Some(mpicc) = tool("open_mpi_over_emp", "mpicc", "libopenmpi-dev") else { return };
+    let prog = std::env::temp_dir().join(format!("emp-mpi-emp-{}", std::process::id()));
+    let st = Command::new(mpicc)
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(root().join("fabric/test/mpi_emp.c"))
+        .status()
+        .expect("mpicc");
+    assert!(st.success(), "fabric/test/mpi_emp.c must compile");
+    let c = Cluster::up("fabric-mpi", &["-n", "2"]);
+    let cluster = cluster_file(&c, 2);
+    // Each rank's NIC: the cluster file's nodes of this host, by local rank.
+    let out = Command::new(mpirun)
+        .args(["-n", "2", "--bind-to", "none", "--oversubscribe", "--timeout", "300"])
+        .args(["--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "mtl_ofi_provider_include", "emp"])
+        .arg("-x")
+        .arg(format!("FI_PROVIDER_PATH={}", provider_dir().display()))
+        .arg("-x")
+        .arg(format!("EMP_CLUSTER={}", cluster.display()))
+        .args(["-x", "EMP_HOST=chassis"])
+        .arg(&prog)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove("EMP_DEVICE")
+        .env_remove("EMP_RANK")
+        .env_remove("EMP_SIZE")
+        .env_remove("EMP_RDV_DIR")
+        .output()
+        .expect("mpirun");
+    let _ = std::fs::remove_file(&prog);
+    let all = text(&out);
+    print!("{all}");
+    assert!(out.status.success(), "mpirun over emp failed:\n{all}");
+    assert!(all.contains("# 14 passed, 0 failed"), "MPI checks:\n{all}");
+}
