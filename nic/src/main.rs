@@ -94,6 +94,10 @@ struct Args {
     /// firmware.
     #[arg(long)]
     vm_sram_dir: Option<PathBuf>,
+    /// First port generation of this daemon's NICs [default: from the pid]
+    /// (tests: a restart whose generations look older to the peers).
+    #[arg(long, hide = true)]
+    gen_seed: Option<u32>,
     /// Write the pid here once every NIC is serving.
     #[arg(long)]
     pidfile: Option<PathBuf>,
@@ -308,7 +312,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
             },
             fw: FwConfig {
                 overflow_slots: a.overflow,
-                gen_seed: std::process::id() ^ (node as u32) << 8,
+                gen_seed: a.gen_seed.unwrap_or_else(std::process::id) ^ (node as u32) << 8,
                 cpu_plan: a.cpu_plan as u32,
                 ..Default::default()
             },
