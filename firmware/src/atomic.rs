@@ -82,6 +82,8 @@ struct Cached {
 pub(crate) struct AtomicRx {
     /// The requester's port generation this state belongs to.
     gen: u16,
+    /// Last time a request of `gen` arrived.
+    gen_ns: u64,
     /// Next sequence to execute.
     expected: u32,
     /// Results of the last `W` executed requests, slot `seq % W`.
@@ -91,8 +93,8 @@ pub(crate) struct AtomicRx {
 }
 
 impl AtomicRx {
-    fn new(gen: u16, expected: u32) -> AtomicRx {
-        AtomicRx { gen, expected, cache: [Cached::default(); W as usize], waiting: [None; W as usize] }
+    fn new(gen: u16, expected: u32, now: u64) -> AtomicRx {
+        AtomicRx { gen, gen_ns: now, expected, cache: [Cached::default(); W as usize], waiting: [None; W as usize] }
     }
 }
 
@@ -332,7 +334,7 @@ impl Nic {
         let Some(peer) = self.peer_for(now, port, hdr.src_node, hdr.src_port, 0) else {
             return self.atomic_reply_raw(hal, hdr, Status::RemoteTableFull);
         };
-        if !self.atomic_incarnation(peer, hdr) {
+        if !self.atomic_incarnation(now, peer, hdr) {
             return self.count(counter::DROPPED_UNEXPECTED, 1);
         }
         let rx = self.peer_mut(peer).atomic.rx.as_mut().expect("set up by atomic_incarnation");
@@ -360,17 +362,22 @@ impl Nic {
     }
 
     /// Tracks the requester's incarnation and floor; false for a request
-    /// from an earlier incarnation. A new incarnation starts afresh: its
+    /// from an earlier incarnation ([`crate::Config::new_incarnation`]). A
+    /// new incarnation starts afresh: its
     /// sequence numbers restart and must not hit the old cache.
-    fn atomic_incarnation(&mut self, peer: u32, hdr: &FrameHeader) -> bool {
-        let a = &mut self.peer_mut(peer).atomic;
-        let rx = a.rx.get_or_insert_with(|| Box::new(AtomicRx::new(hdr.src_gen, hdr.tx_floor)));
-        if rx.gen != hdr.src_gen {
-            if (hdr.src_gen.wrapping_sub(rx.gen) as i16) < 0 {
+    fn atomic_incarnation(&mut self, now: u64, peer: u32, hdr: &FrameHeader) -> bool {
+        let known = self.peer(peer).atomic.rx.as_ref().map(|rx| (rx.gen, rx.gen_ns));
+        if let Some((gen, gen_ns)) = known {
+            if gen != hdr.src_gen && !self.cfg.new_incarnation(gen, gen_ns, hdr.src_gen, now) {
                 return false;
             }
-            **rx = AtomicRx::new(hdr.src_gen, hdr.tx_floor);
         }
+        let a = &mut self.peer_mut(peer).atomic;
+        let rx = a.rx.get_or_insert_with(|| Box::new(AtomicRx::new(hdr.src_gen, hdr.tx_floor, now)));
+        if rx.gen != hdr.src_gen {
+            **rx = AtomicRx::new(hdr.src_gen, hdr.tx_floor, now);
+        }
+        rx.gen_ns = now;
         if seq_lt(rx.expected, hdr.tx_floor) {
             // Requests below the floor were given up: never run them late.
             rx.expected = hdr.tx_floor;

@@ -241,6 +241,18 @@ impl Config {
         self.window_frames.div_ceil(self.group_size)
     }
 
+    /// Is a frame of port generation `gen` from a new incarnation of the
+    /// sender, where `known` is the generation heard last, `known_ns` ago
+    /// (at `now`)? A newer generation is (the port was reopened). An older
+    /// looking one is a stale frame of an earlier incarnation, unless the
+    /// known one has been silent longer than any sender retransmits: then no
+    /// frame of it can still come, and this is a new incarnation whose
+    /// generation only looks older — a restarted NIC numbers its ports
+    /// afresh, so its generations are unrelated to its predecessor's.
+    pub(crate) fn new_incarnation(&self, known: u16, known_ns: u64, gen: u16, now: u64) -> bool {
+        (gen.wrapping_sub(known) as i16) > 0 || now.saturating_sub(known_ns) > self.retry_budget_ns()
+    }
+
     /// How long a sender keeps retransmitting one unacknowledged group before
     /// the message fails with `RetryLimitExceeded`: the first timeout and
     /// `retry_limit` more, each doubling up to `rto_ns_max`.
@@ -384,6 +396,8 @@ pub(crate) struct Peer {
     pub remote_gen: u16,
     // Receive side.
     pub rx_gen: Option<u16>,
+    /// Last time a DATA frame of `rx_gen` was admitted.
+    pub rx_gen_ns: u64,
     pub rx_expected: u32,
     /// Message the receiver refused for lack of buffers (RNR), if any, and
     /// its tag (PM's record of the refused ⟨sender, message⟩).
@@ -945,6 +959,7 @@ impl Nic {
             ready: false,
             remote_gen: 0,
             rx_gen: None,
+            rx_gen_ns: now,
             rx_expected: rx_floor,
             rnr_seq: None,
             rnr_tag: 0,

@@ -456,21 +456,29 @@ impl Nic {
         self.trace.push_back((hdr.msg_seq, hdr.frame_index, expected, outcome));
     }
 
-    /// Tracks the sender's port generation; a new incarnation resets the
-    /// receive side. Returns false for frames from an older incarnation.
+    /// Tracks the sender's port generation; a new incarnation
+    /// ([`crate::Config::new_incarnation`]) resets the receive side.
+    /// Returns false for frames from an older incarnation.
     fn check_incarnation<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader) -> bool {
-        match self.peer(peer).rx_gen {
+        let p = self.peer(peer);
+        match p.rx_gen {
             None => {
-                self.peer_mut(peer).rx_gen = Some(hdr.src_gen);
+                let p = self.peer_mut(peer);
+                p.rx_gen = Some(hdr.src_gen);
+                p.rx_gen_ns = now;
                 true
             }
-            Some(g) if g == hdr.src_gen => true,
-            Some(g) if (hdr.src_gen.wrapping_sub(g) as i16) > 0 => {
+            Some(g) if g == hdr.src_gen => {
+                self.peer_mut(peer).rx_gen_ns = now;
+                true
+            }
+            Some(g) if self.cfg.new_incarnation(g, p.rx_gen_ns, hdr.src_gen, now) => {
                 while let Some(&r) = self.peer(peer).rx_active.first() {
                     self.finish_rx(hal, now, r, Some(Status::SenderAborted));
                 }
                 let p = self.peer_mut(peer);
                 p.rx_gen = Some(hdr.src_gen);
+                p.rx_gen_ns = now;
                 p.rx_expected = hdr.tx_floor;
                 p.rnr_seq = None;
                 true

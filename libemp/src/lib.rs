@@ -36,7 +36,7 @@ use std::fmt;
 use std::os::fd::RawFd;
 
 pub use atomic::{RemoteWord, Width};
-pub use backend::direct::{nic_counters_at, nic_stats};
+pub use backend::direct::{nic_counters_at, nic_routes, nic_stats, nic_wire_info, Link, RouteInfo, WireInfo, WireKind};
 pub use backend::COUNTERS;
 pub use device::{Device, INTERNAL_WR};
 pub use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};

@@ -8,7 +8,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use emp_uapi::attach::{attach_reply as ar, op, status, AttachMsg, ATTACH_VERSION};
+use emp_uapi::attach::{
+    attach_reply as ar, link_flags, op, route_page, status, wire_counter, wire_kind, wire_reply as wr, AttachMsg,
+    ATTACH_VERSION, ROUTES_PER_PAGE,
+};
 use emp_uapi::Le;
 use nix::sys::socket::{
     accept, bind, getsockopt, listen, recvmsg, sendmsg, socket, sockopt, AddressFamily, Backlog, ControlMessage,
@@ -16,6 +19,16 @@ use nix::sys::socket::{
 };
 
 use crate::nic::NicShared;
+use crate::wire::{WireKindInfo, WireView};
+
+/// The wire a NIC is on, as `WIRE_INFO` reports it.
+#[derive(Clone)]
+pub struct WireSeat {
+    /// The daemon's wire.
+    pub view: Arc<WireView>,
+    /// This NIC's local index on it.
+    pub local: usize,
+}
 
 /// Socket path of node `node` under `dir`.
 pub fn socket_path(dir: &Path, node: u16) -> PathBuf {
@@ -23,7 +36,7 @@ pub fn socket_path(dir: &Path, node: u16) -> PathBuf {
 }
 
 /// Binds the NIC's socket and serves it on a new thread.
-pub fn serve(nic: Arc<NicShared>, path: PathBuf) -> std::io::Result<()> {
+pub fn serve(nic: Arc<NicShared>, path: PathBuf, wire: WireSeat) -> std::io::Result<()> {
     let _ = std::fs::remove_file(&path);
     let fd = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
     bind(fd.as_raw_fd(), &UnixAddr::new(&path)?)?;
@@ -34,7 +47,8 @@ pub fn serve(nic: Arc<NicShared>, path: PathBuf) -> std::io::Result<()> {
                 // SAFETY: accept returned a new descriptor we own.
                 let conn = unsafe { OwnedFd::from_raw_fd(c) };
                 let nic = nic.clone();
-                let _ = std::thread::Builder::new().name("emp-client".into()).spawn(move || client(nic, conn));
+                let wire = wire.clone();
+                let _ = std::thread::Builder::new().name("emp-client".into()).spawn(move || client(nic, wire, conn));
             }
             Err(e) => {
                 tracing::warn!("accept: {e}");
@@ -56,7 +70,7 @@ fn reply(conn: RawFd, mut m: AttachMsg, st: i32, fds: &[RawFd]) -> bool {
     sendmsg::<()>(conn, &iov, cm, MsgFlags::MSG_NOSIGNAL, None).is_ok()
 }
 
-fn client(nic: Arc<NicShared>, conn: OwnedFd) {
+fn client(nic: Arc<NicShared>, wire: WireSeat, conn: OwnedFd) {
     let pid = getsockopt(&conn, sockopt::PeerCredentials).map(|c| c.pid()).unwrap_or(0);
     let mut port: Option<u16> = None;
     let mut buf = [0u8; AttachMsg::SIZE + 1];
@@ -98,7 +112,7 @@ fn client(nic: Arc<NicShared>, conn: OwnedFd) {
             }
             continue;
         }
-        if !handle(&nic, conn.as_raw_fd(), pid, &mut port, req, fds) {
+        if !handle(&nic, &wire, conn.as_raw_fd(), pid, &mut port, req, fds) {
             break;
         }
     }
@@ -110,6 +124,7 @@ fn client(nic: Arc<NicShared>, conn: OwnedFd) {
 
 fn handle(
     nic: &NicShared,
+    wire: &WireSeat,
     conn: RawFd,
     pid: i32,
     port: &mut Option<u16>,
@@ -135,6 +150,11 @@ fn handle(
             out.arg[..ext.len()].copy_from_slice(ext);
             status::OK
         }
+        (op::WIRE_INFO, _) => {
+            wire_info(nic, wire, &mut out);
+            status::OK
+        }
+        (op::WIRE_ROUTES, _) => routes_page(&wire.view, req.arg[0], &mut out),
         (op::ATTACH, None) => match nic.alloc_port(pid) {
             Ok(p) => {
                 *port = Some(p);
@@ -208,4 +228,67 @@ fn handle(
         _ => status::EOPNOTSUPP,
     };
     reply(conn, out, st, &[])
+}
+
+/// The `WIRE_INFO` reply.
+fn wire_info(nic: &NicShared, wire: &WireSeat, out: &mut AttachMsg) {
+    let v = &wire.view;
+    out.arg[wr::KIND] = match v.kind {
+        WireKindInfo::Mem => wire_kind::MEM,
+        WireKindInfo::Udp => wire_kind::UDP,
+        WireKindInfo::Packet { .. } => wire_kind::PACKET,
+    };
+    out.arg[wr::NODES] = v.routes.len() as u64;
+    out.arg[wr::LOCAL_NICS] = v.interfaces.len() as u64;
+    out.arg[wr::LOCAL_INDEX] = wire.local as u64;
+    out.arg[wr::DAEMON_PID] = std::process::id() as u64;
+    out.arg[wr::MTU] = nic.header().mtu as u64;
+    let c = v.counters.snapshot();
+    let counts = [
+        c.frames,
+        c.received,
+        c.lost,
+        c.duplicated,
+        c.reordered,
+        c.unknown_source,
+        c.source_mismatch,
+        c.foreign_ethertype,
+        c.malformed,
+    ];
+    out.arg[wr::COUNTERS..wr::COUNTERS + wire_counter::COUNT].copy_from_slice(&counts);
+    let name = v.interfaces.get(wire.local).cloned().flatten().unwrap_or_default();
+    let mut name_bytes = [0u8; 16];
+    let n = name.len().min(15);
+    name_bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+    out.arg[wr::LINK_NAME] = u64::from_le_bytes(name_bytes[..8].try_into().expect("8 bytes"));
+    out.arg[wr::LINK_NAME + 1] = u64::from_le_bytes(name_bytes[8..].try_into().expect("8 bytes"));
+    out.arg[wr::LINK_FLAGS] = match v.link(wire.local) {
+        None => 0,
+        Some(Err(e)) => {
+            tracing::debug!(interface = name, "link state: {e}");
+            link_flags::KNOWN | link_flags::ERROR
+        }
+        Some(Ok(l)) => {
+            let mut mac = [0u8; 8];
+            mac[2..].copy_from_slice(&l.mac);
+            out.arg[wr::LINK_MTU] = l.mtu as u64;
+            out.arg[wr::LINK_MAC] = u64::from_be_bytes(mac);
+            link_flags::KNOWN | if l.up { link_flags::UP } else { 0 }
+        }
+    };
+}
+
+/// The `WIRE_ROUTES` reply: the page of the route table from node `first`.
+fn routes_page(v: &WireView, first: u64, out: &mut AttachMsg) -> i32 {
+    let nodes = v.routes.len() as u64;
+    if first > nodes {
+        return status::EINVAL;
+    }
+    let count = (nodes - first).min(ROUTES_PER_PAGE as u64);
+    out.arg[0] = route_page::header(nodes as u32, count as u32);
+    for i in 0..count as usize {
+        let w = route_page::encode(&v.route_words((first as usize + i) as u16));
+        out.arg[1 + 3 * i..4 + 3 * i].copy_from_slice(&w);
+    }
+    status::OK
 }

@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
-use emp_nic::attach::{self, socket_path};
+use emp_nic::attach::{self, socket_path, WireSeat};
 use emp_nic::engine::Engine;
 use emp_nic::firmware::boot_staged;
 use emp_nic::image::TrustedKeys;
 use emp_nic::nic::{power_on, NicConfig, SramBacking};
 use emp_nic::route::RouteTable;
-use emp_nic::wire::{Faults, MemWire, PacketWire, UdpWire, Wire};
+use emp_nic::wire::{Faults, MemWire, PacketWire, UdpWire, Wire, WireKindInfo, WireView};
 use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{LayoutParams, NicStatus, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
 
@@ -96,6 +96,10 @@ struct Args {
     /// firmware.
     #[arg(long)]
     vm_sram_dir: Option<PathBuf>,
+    /// First port generation of this daemon's NICs [default: from the pid]
+    /// (tests: a restart whose generations look older to the peers).
+    #[arg(long, hide = true)]
+    gen_seed: Option<u32>,
     /// Write the pid here once every NIC is serving.
     #[arg(long)]
     pidfile: Option<PathBuf>,
@@ -275,6 +279,18 @@ fn run(a: Args) -> Result<ExitCode, String> {
             Box::new(PacketWire::new(&locals, p.routes.clone(), p.mtu, faults).map_err(|e| format!("packet: {e}"))?)
         }
     };
+    let interfaces: Vec<Option<String>> =
+        p.nodes.iter().map(|e| e.as_ref().and_then(|e| e.interface.clone())).collect();
+    let view = Arc::new(WireView {
+        kind: match p.wire {
+            WireKind::Mem => WireKindInfo::Mem,
+            WireKind::Udp => WireKindInfo::Udp,
+            WireKind::Packet => WireKindInfo::Packet { interfaces: interfaces.iter().flatten().cloned().collect() },
+        },
+        interfaces,
+        routes: p.routes.clone(),
+        counters: wire.counters(),
+    });
     let mut features = 0;
     if a.overflow > 0 {
         features |= FEATURE_OVERFLOW;
@@ -284,7 +300,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
     }
     let mut nics = Vec::new();
     let mut failed = 0;
-    for &node in &p.local {
+    for (local_index, &node) in p.local.iter().enumerate() {
         let cfg = NicConfig {
             node,
             nodes,
@@ -298,7 +314,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
             },
             fw: FwConfig {
                 overflow_slots: a.overflow,
-                gen_seed: std::process::id() ^ (node as u32) << 8,
+                gen_seed: a.gen_seed.unwrap_or_else(std::process::id) ^ (node as u32) << 8,
                 cpu_plan: a.cpu_plan as u32,
                 ..Default::default()
             },
@@ -320,7 +336,8 @@ fn run(a: Args) -> Result<ExitCode, String> {
         if a.vm_sram_dir.is_none() && shared.status().0 != NicStatus::Running {
             failed += 1;
         }
-        attach::serve(shared.clone(), socket_path(&p.socket_dir, node)).map_err(|e| format!("socket: {e}"))?;
+        let seat = WireSeat { view: view.clone(), local: local_index };
+        attach::serve(shared.clone(), socket_path(&p.socket_dir, node), seat).map_err(|e| format!("socket: {e}"))?;
         if let Some(sram) = &sram_path {
             // A QEMU guest connects here (`-device ivshmem-doorbell,vectors=1`).
             let sock = p.socket_dir.join(format!("ivshmem{node}.sock"));

@@ -3,11 +3,15 @@
 # TAP suite across 4 network namespaces, one NIC and one rank in each, over
 # each wire, with 1 % loss and 100 µs delay on every link (scripts/netns/
 # bed.sh; on a kernel without sch_netem only the loss is applied, and the
-# suite says so). Then the faults across hosts (scripts/netns/faults.sh).
+# suite says so); `emp info` over the bed; tap-p2p, tap-coll and a C job
+# started by Open MPI's mpirun across the same namespaces and NICs
+# (scripts/netns/mpirun-suite.sh; skipped with --no-mpirun, or said "not
+# ok" when mpirun is missing). Then the faults across hosts
+# (scripts/netns/faults.sh).
 # Prints one TAP line per step with its wall time and a final
 # "N passed, N failed" line; always removes the bed.
 #
-#   suite.sh [--name P] [--subnet 198.18.K] [--wires "udp packet"] [--no-faults]
+#   suite.sh [--name P] [--subnet 198.18.K] [--wires "udp packet"] [--no-faults] [--no-mpirun]
 #
 # Needs root and `make build` (target/release, firmware-blobs/emp-fw.bin).
 set -uo pipefail
@@ -20,13 +24,15 @@ subnet=198.18.201
 # The wires to run (EMP_NETNS_WIRES or --wires).
 wires="${EMP_NETNS_WIRES:-udp packet}"
 faults=1
+mpi=1
 while [ $# -gt 0 ]; do
     case "$1" in
     --name) name="$2"; shift 2 ;;
     --subnet) subnet="$2"; shift 2 ;;
     --wires) wires="$2"; shift 2 ;;
     --no-faults) faults=0; shift ;;
-    *) sed -n '10,11p' "$0" >&2; exit 2 ;;
+    --no-mpirun) mpi=0; shift ;;
+    *) sed -n '14,15p' "$0" >&2; exit 2 ;;
     esac
 done
 
@@ -81,6 +87,44 @@ tap() {
     fi
 }
 
+# counted WHAT CMD…: runs a script that prints its own TAP lines and counts
+# them; its other lines become comments. A script that exits non-zero
+# without a "not ok" line of its own fails as WHAT.
+counted() {
+    local what="$1" line status="" bad=0
+    shift
+    while IFS= read -r line; do
+        case "$line" in
+        "ok "*) passed=$((passed + 1)); echo "$line" ;;
+        "not ok "*) failed=$((failed + 1)); bad=1; echo "$line" ;;
+        "counted-exit "*) status="${line#counted-exit }" ;;
+        "#"*) echo "$line" ;;
+        *) echo "# $line" ;;
+        esac
+    done < <("$@" 2>&1; echo "counted-exit $?")
+    if [ "$status" != 0 ] && [ "$bad" -eq 0 ]; then
+        failed=$((failed + 1))
+        echo "not ok - $what: exit ${status:-?} before any test failed"
+    fi
+}
+
+# check_info F: `emp info --config F` succeeds and shows every node of F
+# running with its link up, and every daemon's wire counters.
+check_info() {
+    local nodes out
+    nodes=$(grep -c '^\[\[node\]\]' "$1")
+    out=$("$bin/emp" info --config "$1") || { echo "$out"; return 1; }
+    echo "$out"
+    [ "$(grep -cE '^[0-9]+ +Running .* up mtu [0-9]+ mac ' <<<"$out")" -eq "$nodes" ] || {
+        echo "# not every one of the $nodes nodes is Running with its link up"
+        return 1
+    }
+    [ "$(grep -cE '^wire of emp-nicd pid .* sent=[0-9]+ received=' <<<"$out")" -eq "$nodes" ] || {
+        echo "# not every daemon reported its wire counters"
+        return 1
+    }
+}
+
 finish() {
     echo "# netns suite: $((SECONDS - t_start)) s"
     echo "$passed passed, $failed failed"
@@ -125,15 +169,15 @@ for wire in $wires; do
         tap "$s over $wire, 4 ranks in 4 namespaces" \
             "$bin/emp" run --config "$config" -n 4 --timeout 300 -- "$bin/${words[0]}" "${words[@]:1}"
     done
+    step "emp info over $wire: 4 NICs running, their links and wire counters" \
+        check_info "$config"
+    if [ "$mpi" -eq 1 ]; then
+        # One TAP line per job; a script that fails before its jobs says so.
+        counted "mpirun across 4 namespaces over $wire" \
+            scripts/netns/mpirun-suite.sh --bed "$bed/bed" --config "$config"
+    fi
     if [ "$faults" -eq 1 ]; then
-        # The fault tests print their own TAP lines; count them here.
-        while IFS= read -r line; do
-            case "$line" in
-            "ok "*) passed=$((passed + 1)); echo "$line" ;;
-            "not ok "*) failed=$((failed + 1)); echo "$line" ;;
-            *) echo "$line" ;;
-            esac
-        done < <(scripts/netns/faults.sh --config "$config" --name "$name" 2>&1)
+        counted "faults over $wire" scripts/netns/faults.sh --config "$config" --name "$name"
     fi
     step "cluster down over $wire" "$bin/emp" cluster down --config "$config"
     config=""

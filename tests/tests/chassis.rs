@@ -256,3 +256,72 @@ fn c_collectives_example_builds_and_runs() {
         assert!(text.contains(&format!("rank {r}: sum 10, \"hello from rank 0 of 4\"")), "{text}");
     }
 }
+
+/// `emp info` on a mem chassis: every NIC, the daemon's one wire with its
+/// counters (injected loss shows), no route table (the mem wire has none);
+/// the same counters through `emp::nic_wire_info`. On a udp chassis: one
+/// wire per daemon, and the route table capped as asked.
+#[test]
+fn info_shows_wire_counters_and_routes() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::up("info", &["-n", "3", "--loss", "0.05"]);
+    assert_tap(&c.run(3, &[env!("CARGO_BIN_EXE_tap-p2p")]), 10);
+    let out = emp().args(["info", "--dir"]).arg(&c.dir).output().expect("info");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for n in 0..3 {
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("{n} ")) && l.contains("Running") && l.contains(" mem ")),
+            "node {n} running on the mem wire:\n{text}"
+        );
+    }
+    let wire: Vec<&str> = text.lines().filter(|l| l.starts_with("wire of emp-nicd")).collect();
+    assert_eq!(wire.len(), 1, "one daemon, one wire:\n{text}");
+    assert!(wire[0].contains("(node 0,1,2)"), "{text}");
+    let count = |name: &str| -> u64 {
+        let w = wire[0].split_whitespace().find_map(|w| w.strip_prefix(&format!("{name}="))).expect(name);
+        w.parse().expect("a number")
+    };
+    assert!(count("sent") > 0 && count("received") > 0, "{text}");
+    assert!(count("lost") > 0, "5 % loss was injected:\n{text}");
+    assert_eq!(count("malformed") + count("unknown_source"), 0, "{text}");
+    assert!(text.contains("routes: none (the mem wire"), "{text}");
+
+    let sock = c.sock(1);
+    let w = emp::nic_wire_info(&sock).expect("wire info");
+    assert_eq!((w.kind, w.nodes, w.local_nics, w.local_index), (emp::WireKind::Mem, 3, 3, 1));
+    assert_eq!(w.link, emp::Link::None, "the mem wire has no interface");
+    assert!(w.counter("sent").unwrap() >= count("sent"), "counters only grow");
+    let (nodes, routes) = emp::nic_routes(&sock, 1, 100).expect("routes");
+    assert_eq!((nodes, routes.len(), routes[0].node), (3, 2, 1), "from node 1 to the end");
+    match emp::nic_routes(&sock, 4, 1) {
+        Err(emp::Error::Nic { errno: 22, .. }) => {}
+        r => panic!("a first node beyond the table is EINVAL, got {r:?}"),
+    }
+    let stats = emp().args(["stats", "--dir"]).arg(&c.dir).output().expect("stats");
+    assert!(stats.status.success());
+    drop(c);
+
+    let base = 40000 + (std::process::id() % 20000) as u16;
+    let c = Cluster::up("info-udp", &["-n", "3", "--wire", "udp", "--udp-base", &base.to_string()]);
+    let out = emp().args(["info", "--routes", "2", "--dir"]).arg(&c.dir).output().expect("info");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.lines().filter(|l| l.starts_with("wire of emp-nicd")).count(), 3, "a daemon per NIC:\n{text}");
+    assert!(text.contains("routes of node 0 (3 nodes):"), "{text}");
+    assert!(text.contains(&format!("  node 1     udp 127.0.0.1:{}", base + 1)), "{text}");
+    assert_eq!(text.lines().filter(|l| l.starts_with("  node ")).count(), 2, "capped at 2:\n{text}");
+    assert!(text.contains("… 1 more (emp info --routes 3)"), "{text}");
+    drop(c);
+
+    // Every NIC down: both fail, and say so.
+    let dead = std::env::temp_dir().join(format!("emp-it-{}-info-dead", std::process::id()));
+    std::fs::create_dir_all(&dead).unwrap();
+    std::fs::write(dead.join("cluster"), "nics 2\npids\n").unwrap();
+    for cmd in ["info", "stats"] {
+        let o = emp().args([cmd, "--dir"]).arg(&dead).output().expect(cmd);
+        assert!(!o.status.success(), "{cmd} with every NIC down must fail");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("every NIC is down"), "{cmd}");
+    }
+    let _ = std::fs::remove_dir_all(&dead);
+}

@@ -4,7 +4,8 @@
 //! the `packet` and the `udp` wire. Forged frames (unknown source, a node's
 //! address claiming another node, truncated, a foreign ethertype) are sent
 //! at node 1 first: each is counted and dropped, and the real traffic
-//! still passes. Needs CAP_NET_ADMIN (namespaces) and the release binaries
+//! still passes; the daemon's counters (`emp::nic_wire_info`, `emp info
+//! --config`) show them. Needs CAP_NET_ADMIN (namespaces) and the release binaries
 //! (`make build`); without the capability it says "skipped: …".
 
 use std::path::{Path, PathBuf};
@@ -271,19 +272,37 @@ fn run_wire(wire: &str) {
         })
         .collect();
     let outs: Vec<_> = ranks.into_iter().map(|c| c.wait_with_output().expect("wait")).collect();
+    // The counters as the running daemon reports them (WIRE_INFO), and as `emp info` shows them.
+    let wire_b = emp::nic_wire_info(&dir.join("b/nic1.sock").to_string_lossy());
+    let info = emp_tests::harness::emp().arg("info").arg("--config").arg(&cfg).output().expect("emp info");
     daemons.stop();
     let log_b = std::fs::read_to_string(dir.join("b.log")).unwrap_or_default();
     eprintln!("node 1's daemon ({wire}):\n{log_b}");
     assert_tap(&outs[0], 10);
     assert!(outs[1].status.success(), "rank 1: {}", String::from_utf8_lossy(&outs[1].stderr));
-    let stopped = log_b.lines().find(|l| l.contains("stopped")).expect("the daemon logs its wire counters");
+    let w = wire_b.expect("node 1 answers WIRE_INFO");
+    assert_eq!(w.kind.as_str(), wire);
+    assert_eq!(
+        w.link,
+        emp::Link::Known { interface: bed.ifs[1].clone(), up: true, mtu: 1500, mac: MAC[1] },
+        "node 1's link, read in its namespace"
+    );
+    assert!(w.counter("received").unwrap() > 0, "tap-p2p's frames were received: {w:?}");
     for (field, want) in
         [("unknown_source", unknown), ("source_mismatch", mismatch), ("malformed", malformed), ("foreign_ethertype", 0)]
     {
-        let at = stopped.find(&format!("{field}: ")).expect("field logged") + field.len() + 2;
-        let got: String = stopped[at..].chars().take_while(char::is_ascii_digit).collect();
-        assert_eq!(got, want.to_string(), "{field}: {stopped}");
+        assert_eq!(w.counter(field), Some(want), "{field}: {w:?}");
     }
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(info.status.success(), "emp info --config: {text}{}", String::from_utf8_lossy(&info.stderr));
+    for (n, host) in [(0, "a"), (1, "b")] {
+        assert!(text.contains(&format!("host {host}\n")), "{text}");
+        let row = text.lines().find(|l| l.starts_with(&format!("{n} "))).unwrap_or_else(|| panic!("node {n}: {text}"));
+        assert!(row.contains("Running") && row.contains(&format!("{} up mtu 1500", bed.ifs[n])), "{row}");
+    }
+    assert!(text.lines().any(|l| l.starts_with("2 ") && l.contains("down")), "node 2 runs nowhere: {text}");
+    assert!(text.contains(&format!("source_mismatch={mismatch} foreign_ethertype=0 malformed={malformed}")), "{text}");
+    assert!(text.contains(&format!("mac {}", mac_str(&MAC[2]))), "the route table: {text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

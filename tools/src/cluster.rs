@@ -1,4 +1,4 @@
-//! `emp cluster up|down|status`, `emp info`, `emp stats`: a chassis of
+//! `emp cluster up|down|status`: a chassis of
 //! emulated NICs on this machine, run as `emp-nicd` daemons in the
 //! background, found through a state directory. (A cluster of many hosts,
 //! from a cluster file, is `hosts.rs`.)
@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use emp_uapi::sram::{counter, FailReason, NicStatus};
+use emp_uapi::sram::{FailReason, NicStatus};
 
 /// Wire backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -253,7 +253,7 @@ fn reap() {
     while unsafe { libc::waitpid(-1, core::ptr::null_mut(), libc::WNOHANG) } > 0 {}
 }
 
-/// `emp cluster status` / `emp info`.
+/// `emp cluster status`.
 pub fn status(dir: &Path) -> Result<(), String> {
     let s = read_state(dir)?;
     println!("{:<5} {:<8} {:<28} {:>9}", "node", "status", "reason", "ports");
@@ -266,27 +266,6 @@ pub fn status(dir: &Path) -> Result<(), String> {
             }
             Err(e) => println!("{n:<5} down     {e}"),
         }
-    }
-    Ok(())
-}
-
-/// `emp stats`: every NIC counter.
-pub fn stats(dir: &Path) -> Result<(), String> {
-    let s = read_state(dir)?;
-    print!("{:<20}", "counter");
-    for n in 0..s.nics {
-        print!(" {:>12}", format!("nic{n}"));
-    }
-    println!();
-    let rows: Vec<[u64; emp::COUNTERS]> = (0..s.nics)
-        .map(|n| emp::nic_counters_at(&socket(dir, n).to_string_lossy()).unwrap_or([0; emp::COUNTERS]))
-        .collect();
-    for (i, name) in counter::NAMES.iter().enumerate() {
-        print!("{name:<20}");
-        for r in &rows {
-            print!(" {:>12}", r[i]);
-        }
-        println!();
     }
     Ok(())
 }

@@ -52,7 +52,8 @@ pub fn logfile(h: &Host) -> PathBuf {
     h.dir.join("nicd.log")
 }
 
-fn load(a: &FileArgs) -> Result<(ClusterConfig, PathBuf), String> {
+/// The cluster file of `a`, its absolute path, and `a.host` checked to be in it.
+pub fn load(a: &FileArgs) -> Result<(ClusterConfig, PathBuf), String> {
     // Absolute, so the same path works after `launch` (ssh starts in $HOME).
     let path = std::fs::canonicalize(&a.config).map_err(|e| format!("{}: {e}", a.config.display()))?;
     let cfg = ClusterConfig::load(&path).map_err(|e| e.to_string())?;
@@ -263,32 +264,43 @@ fn shell_safe(w: &str) -> bool {
 
 /// Starts `emp cluster <verb> --config F --host H …` on every host at once.
 fn on_every_host(a: &FileArgs, cfg: &ClusterConfig, path: &Path, verb: &str) -> Result<Vec<(String, Output)>, String> {
-    let emp = match &a.emp {
-        Some(p) => p.clone(),
-        None => std::env::current_exe().map_err(|e| format!("cannot find this emp: {e}"))?,
-    };
-    let mut extra: Vec<String> = Vec::new();
+    let mut cmd: Vec<String> = vec!["cluster".into(), verb.into()];
     if verb == "up" {
-        extra.extend(["--timeout".into(), a.timeout.to_string()]);
+        cmd.extend(["--timeout".into(), a.timeout.to_string()]);
         if let Some(f) = &a.firmware {
             let f = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
-            extra.extend(["--firmware".into(), f.to_string_lossy().into_owned()]);
+            cmd.extend(["--firmware".into(), f.to_string_lossy().into_owned()]);
         }
         if let Some(k) = &a.trusted_keys {
             let k = std::fs::canonicalize(k).unwrap_or_else(|_| k.clone());
             extra.extend(["--trusted-keys".into(), k.to_string_lossy().into_owned()]);
         }
         if let Some(n) = &a.nicd_args {
-            extra.push(format!("--nicd-args={n}"));
+            cmd.push(format!("--nicd-args={n}"));
         }
     }
+    run_on_every_host(a.emp.as_deref(), cfg, path, &cmd)
+}
+
+/// Runs `emp <cmd…> --config F --host H` on every host H of the file at
+/// once, each through its `launch`; returns each host's output, in the
+/// file's order.
+pub fn run_on_every_host(
+    emp: Option<&Path>,
+    cfg: &ClusterConfig,
+    path: &Path,
+    cmd: &[String],
+) -> Result<Vec<(String, Output)>, String> {
+    let emp = match emp {
+        Some(p) => p.to_path_buf(),
+        None => std::env::current_exe().map_err(|e| format!("cannot find this emp: {e}"))?,
+    };
     let mut kids: Vec<(String, Result<Child, String>)> = Vec::new();
     for h in &cfg.hosts {
         let mut argv: Vec<String> = h.launch.clone();
         argv.push(emp.to_string_lossy().into_owned());
-        argv.extend(["cluster".into(), verb.into(), "--config".into(), path.to_string_lossy().into_owned()]);
-        argv.extend(["--host".into(), h.name.clone()]);
-        argv.extend(extra.iter().cloned());
+        argv.extend(cmd.iter().cloned());
+        argv.extend(["--config".into(), path.to_string_lossy().into_owned(), "--host".into(), h.name.clone()]);
         if !h.launch.is_empty() {
             if let Some(w) = argv[h.launch.len()..].iter().find(|w| !shell_safe(w)) {
                 return Err(format!("host {}: {w:?} would be split by a remote shell; use plain paths", h.name));
@@ -318,7 +330,8 @@ fn on_every_host(a: &FileArgs, cfg: &ClusterConfig, path: &Path, verb: &str) -> 
     Ok(out)
 }
 
-fn text(b: &[u8]) -> String {
+/// A command's output as text, without its trailing newline.
+pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim_end().to_string()
 }
 

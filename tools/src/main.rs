@@ -10,6 +10,7 @@ mod bench;
 mod cluster;
 mod fw;
 mod hosts;
+mod info;
 mod run;
 
 /// EMP: OS-bypass messaging on an emulated programmable NIC.
@@ -55,17 +56,25 @@ enum Cmd {
         #[arg(trailing_var_arg = true, required = true)]
         argv: Vec<String>,
     },
-    /// NIC status of the running cluster.
+    /// The running cluster's NICs: status, wire, link, wire counters and
+    /// routes (fails when every NIC is down).
     Info {
         /// Cluster directory.
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        file: ViewOpts,
+        /// Routes to show (of each host's first NIC).
+        #[arg(long, default_value_t = 32)]
+        routes: usize,
     },
-    /// NIC counters of the running cluster.
+    /// Every NIC counter of the running cluster (fails when every NIC is down).
     Stats {
         /// Cluster directory.
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        file: ViewOpts,
     },
     /// OSU-style micro-benchmarks, EMP beside TCP loopback.
     Bench(bench::BenchArgs),
@@ -122,6 +131,34 @@ struct FileOpts {
     emp: Option<std::path::PathBuf>,
 }
 
+/// `emp info` / `emp stats` on a cluster file.
+#[derive(clap::Args, Debug, Clone)]
+struct ViewOpts {
+    /// Cluster file: ask every host it names, through each host's `launch`.
+    #[arg(long, conflicts_with = "dir")]
+    config: Option<std::path::PathBuf>,
+    /// With --config: only this host, here.
+    #[arg(long, requires = "config")]
+    host: Option<String>,
+    /// With --config: path of `emp` on the hosts [default: this emp].
+    #[arg(long, requires = "config")]
+    emp: Option<std::path::PathBuf>,
+}
+
+impl ViewOpts {
+    fn target(&self, dir: Option<std::path::PathBuf>) -> info::Target {
+        match &self.config {
+            Some(c) => info::Target::File(hosts::FileArgs {
+                config: c.clone(),
+                host: self.host.clone(),
+                emp: self.emp.clone(),
+                ..Default::default()
+            }),
+            None => info::Target::Dir(cluster::dir_or_default(dir)),
+        }
+    }
+}
+
 impl FileOpts {
     fn args(&self, config: std::path::PathBuf) -> hosts::FileArgs {
         hosts::FileArgs { config, host: self.host.clone(), emp: self.emp.clone(), ..Default::default() }
@@ -150,8 +187,8 @@ fn main() -> ExitCode {
             Some(c) => hosts::status(&file.args(c)),
             None => cluster::status(&cluster::dir_or_default(dir)),
         },
-        Cmd::Info { dir } => cluster::status(&cluster::dir_or_default(dir)),
-        Cmd::Stats { dir } => cluster::stats(&cluster::dir_or_default(dir)),
+        Cmd::Info { dir, file, routes } => info::info(&file.target(dir), routes),
+        Cmd::Stats { dir, file } => info::stats(&file.target(dir)),
         Cmd::Run { n, dir, config, rdv_dir, timeout, argv } => {
             let timeout = timeout.map(std::time::Duration::from_secs);
             let job = match config {

@@ -771,6 +771,11 @@ struct emp_group_clear {
 /*             (checked by the daemon) -> reply arg[0] slot            */
 /*   GROUP_CLEAR arg[0] slot: retire it                                */
 /*   STATS_EXT reply arg[i] = counter 16 + i (EMP_COUNTER_COLL_OPS ..) */
+/*   WIRE_INFO reply: wire kind, link and wire counters, in            */
+/*             arg[EMP_WIRE_REPLY_*]                                   */
+/*   WIRE_ROUTES arg[0] first node -> arg[0] = nodes | count << 32,    */
+/*             entry i in arg[1 + 3i ..= 3 + 3i]: IPv6 address (two   */
+/*             big-endian words), udp port | big-endian MAC << 16      */
 /*                                                                     */
 /* Closing the socket closes the port.                                 */
 /* ------------------------------------------------------------------ */
@@ -787,6 +792,44 @@ struct emp_group_clear {
 #define EMP_ATTACH_OP_GROUP_SET 7U
 #define EMP_ATTACH_OP_GROUP_CLEAR 8U
 #define EMP_ATTACH_OP_STATS_EXT 9U
+#define EMP_ATTACH_OP_WIRE_INFO 10U
+#define EMP_ATTACH_OP_WIRE_ROUTES 11U
+
+/* WIRE_INFO reply fields (indices into emp_attach_msg.arg). */
+#define EMP_WIRE_REPLY_KIND 0
+#define EMP_WIRE_REPLY_NODES 1
+#define EMP_WIRE_REPLY_LOCAL_NICS 2
+#define EMP_WIRE_REPLY_LOCAL_INDEX 3
+#define EMP_WIRE_REPLY_LINK_FLAGS 4
+#define EMP_WIRE_REPLY_LINK_MTU 5
+#define EMP_WIRE_REPLY_LINK_MAC 6
+#define EMP_WIRE_REPLY_LINK_NAME 7
+#define EMP_WIRE_REPLY_COUNTERS 9
+#define EMP_WIRE_REPLY_DAEMON_PID 18
+#define EMP_WIRE_REPLY_MTU 19
+#define EMP_WIRE_ROUTES_PER_PAGE 7
+
+/* WIRE_INFO wire counters: arg[EMP_WIRE_REPLY_COUNTERS + i]. */
+#define EMP_WIRE_COUNTER_SENT 0
+#define EMP_WIRE_COUNTER_RECEIVED 1
+#define EMP_WIRE_COUNTER_LOST 2
+#define EMP_WIRE_COUNTER_DUPLICATED 3
+#define EMP_WIRE_COUNTER_REORDERED 4
+#define EMP_WIRE_COUNTER_UNKNOWN_SOURCE 5
+#define EMP_WIRE_COUNTER_SOURCE_MISMATCH 6
+#define EMP_WIRE_COUNTER_FOREIGN_ETHERTYPE 7
+#define EMP_WIRE_COUNTER_MALFORMED 8
+#define EMP_WIRE_COUNTER_COUNT 9
+
+/* WIRE_INFO wire kinds (arg[EMP_WIRE_REPLY_KIND]). */
+#define EMP_WIRE_KIND_MEM 1
+#define EMP_WIRE_KIND_UDP 2
+#define EMP_WIRE_KIND_PACKET 3
+
+/* WIRE_INFO link flags (arg[EMP_WIRE_REPLY_LINK_FLAGS]). */
+#define EMP_LINK_KNOWN 1
+#define EMP_LINK_UP 2
+#define EMP_LINK_ERROR 4
 
 /* Reply status codes (emp_attach_msg.status): errno numbers. */
 #define EMP_ATTACH_STATUS_OK 0

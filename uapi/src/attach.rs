@@ -27,6 +27,11 @@
 //! 6. `GROUP_SET` / `GROUP_CLEAR`: load or retire a group table entry for
 //!    collectives (checked by the daemon: the caller is the member at its
 //!    rank, the trees are trees).
+//! 7. `WIRE_INFO` (also before `ATTACH`): the wire the NIC is on, its link
+//!    and the wire's counters, in `arg` at the indices of [`wire_reply`].
+//!    `WIRE_ROUTES`: `arg[0]` = first node → one page of the route table
+//!    (at most [`ROUTES_PER_PAGE`] entries, see [`route_page`]): a table of
+//!    any size is read a page at a time, every reply bounded.
 //!
 //! Closing the socket (or dying) closes the port: outstanding work is
 //! flushed, every region deregistered, every table entry freed.
@@ -58,6 +63,10 @@ pub mod op {
     pub const GROUP_CLEAR: u32 = 8;
     /// Counters beyond the first 16: reply `arg[i]` = counter 16 + i.
     pub const STATS_EXT: u32 = 9;
+    /// The NIC's wire, link and wire counters (see [`super::wire_reply`]).
+    pub const WIRE_INFO: u32 = 10;
+    /// One page of the route table from node `arg[0]` (see [`super::route_page`]).
+    pub const WIRE_ROUTES: u32 = 11;
 }
 
 /// Reply status codes (`AttachMsg::status`); values are errno numbers so a
@@ -126,4 +135,162 @@ pub mod attach_reply {
     pub const NODES: usize = 10;
     /// Largest message.
     pub const MSG_MAX: usize = 11;
+}
+
+/// Reply fields of `WIRE_INFO`, in `arg`.
+pub mod wire_reply {
+    /// [`super::wire_kind`] code.
+    pub const KIND: usize = 0;
+    /// Nodes in the route table.
+    pub const NODES: usize = 1;
+    /// NICs of this daemon on the same wire (they share its counters).
+    pub const LOCAL_NICS: usize = 2;
+    /// This NIC's index among them.
+    pub const LOCAL_INDEX: usize = 3;
+    /// [`super::link_flags`] of the NIC's interface.
+    pub const LINK_FLAGS: usize = 4;
+    /// The interface's MTU.
+    pub const LINK_MTU: usize = 5;
+    /// The interface's MAC address, big-endian in the low 48 bits.
+    pub const LINK_MAC: usize = 6;
+    /// The interface's name: 16 bytes, NUL-padded, in `arg[7]` and `arg[8]`
+    /// (little-endian words).
+    pub const LINK_NAME: usize = 7;
+    /// The wire counters from here, in [`super::wire_counter`] order.
+    pub const COUNTERS: usize = 9;
+    /// The daemon's pid (NICs with the same pid share one wire).
+    pub const DAEMON_PID: usize = 18;
+    /// The NIC's MTU.
+    pub const MTU: usize = 19;
+}
+
+/// Wire counters in a `WIRE_INFO` reply: index from [`wire_reply::COUNTERS`].
+pub mod wire_counter {
+    /// Frames sent.
+    pub const SENT: usize = 0;
+    /// Frames received and handed to a NIC.
+    pub const RECEIVED: usize = 1;
+    /// Lost on transmit: injected loss, no route, or refused by the socket.
+    pub const LOST: usize = 2;
+    /// Duplicated by fault injection.
+    pub const DUPLICATED: usize = 3;
+    /// Delayed out of order by fault injection.
+    pub const REORDERED: usize = 4;
+    /// Dropped: from an address, or claiming a node, not in the route table.
+    pub const UNKNOWN_SOURCE: usize = 5;
+    /// Dropped: from one node's address, claiming to be another node.
+    pub const SOURCE_MISMATCH: usize = 6;
+    /// Dropped: an Ethernet frame of another ethertype.
+    pub const FOREIGN_ETHERTYPE: usize = 7;
+    /// Dropped: too short, truncated, or not a valid EMP frame.
+    pub const MALFORMED: usize = 8;
+    /// How many.
+    pub const COUNT: usize = 9;
+    /// Their names, in order (as `emp info` prints them).
+    pub const NAMES: [&str; COUNT] = [
+        "sent",
+        "received",
+        "lost",
+        "duplicated",
+        "reordered",
+        "unknown_source",
+        "source_mismatch",
+        "foreign_ethertype",
+        "malformed",
+    ];
+}
+
+/// `WIRE_INFO` wire kinds.
+pub mod wire_kind {
+    /// The in-process switch between the NICs of one daemon.
+    pub const MEM: u64 = 1;
+    /// UDP datagrams.
+    pub const UDP: u64 = 2;
+    /// Raw Ethernet frames (AF_PACKET).
+    pub const PACKET: u64 = 3;
+}
+
+/// `WIRE_INFO` link flags.
+pub mod link_flags {
+    /// The NIC has a named interface (the other link fields are valid
+    /// unless [`ERROR`] is set).
+    pub const KNOWN: u64 = 1;
+    /// Administratively up with carrier.
+    pub const UP: u64 = 2;
+    /// The interface could not be read (gone, renamed).
+    pub const ERROR: u64 = 4;
+}
+
+/// Route entries in one `WIRE_ROUTES` reply.
+pub const ROUTES_PER_PAGE: usize = 7;
+
+// A page and the `WIRE_INFO` fields fit in `AttachMsg::arg`, the counters
+// before the pid.
+const _: () = assert!(3 * ROUTES_PER_PAGE < 22);
+const _: () = assert!(wire_reply::MTU <= 21 && wire_reply::COUNTERS + wire_counter::COUNT <= wire_reply::DAEMON_PID);
+
+/// One route table entry as `WIRE_ROUTES` carries it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteWords {
+    /// IPv6 address (IPv4 as `::ffff:a.b.c.d`); meaningful when `udp_port` is not 0.
+    pub ip6: [u8; 16],
+    /// UDP port, 0 when the node has no UDP address.
+    pub udp_port: u16,
+    /// Ethernet address, all zero when the node has none.
+    pub mac: [u8; 6],
+}
+
+/// The `WIRE_ROUTES` reply layout: `arg[0]` = nodes in the table (low 32
+/// bits) | entries in this page << 32; entry `i` (node first + i) in
+/// `arg[1 + 3i ..= 3 + 3i]`.
+pub mod route_page {
+    use super::RouteWords;
+
+    /// Packs the page header.
+    pub fn header(nodes: u32, count: u32) -> u64 {
+        nodes as u64 | (count as u64) << 32
+    }
+
+    /// (nodes in the table, entries in this page).
+    pub fn parse_header(w: u64) -> (u32, u32) {
+        (w as u32, (w >> 32) as u32)
+    }
+
+    /// Entry `r` as three words.
+    pub fn encode(r: &RouteWords) -> [u64; 3] {
+        let mut mac = [0u8; 8];
+        mac[2..].copy_from_slice(&r.mac);
+        [
+            u64::from_be_bytes(r.ip6[..8].try_into().expect("8 bytes")),
+            u64::from_be_bytes(r.ip6[8..].try_into().expect("8 bytes")),
+            r.udp_port as u64 | u64::from_be_bytes(mac) << 16,
+        ]
+    }
+
+    /// The entry three words hold.
+    pub fn decode(w: &[u64; 3]) -> RouteWords {
+        let mut ip6 = [0u8; 16];
+        ip6[..8].copy_from_slice(&w[0].to_be_bytes());
+        ip6[8..].copy_from_slice(&w[1].to_be_bytes());
+        let mut mac = [0u8; 6];
+        mac.copy_from_slice(&(w[2] >> 16).to_be_bytes()[2..]);
+        RouteWords { ip6, udp_port: w[2] as u16, mac }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_words_round_trip() {
+        let r = RouteWords {
+            ip6: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8],
+            udp_port: 47001,
+            mac: [2, 0, 0xc6, 0x12, 0xa0, 0xff],
+        };
+        assert_eq!(route_page::decode(&route_page::encode(&r)), r);
+        assert_eq!(route_page::decode(&[0; 3]), RouteWords::default());
+        assert_eq!(route_page::parse_header(route_page::header(70000, 7)), (70000, 7));
+    }
 }

@@ -7,7 +7,10 @@ use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use emp_uapi::attach::{attach_reply as ar, op, AttachMsg, ATTACH_VERSION};
+use emp_uapi::attach::{
+    attach_reply as ar, link_flags, op, route_page, wire_counter, wire_kind, wire_reply as wr, AttachMsg,
+    ATTACH_VERSION, ROUTES_PER_PAGE,
+};
 use emp_uapi::desc::{Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE};
 use emp_uapi::ring;
 use emp_uapi::{Le, PAGE_SIZE};
@@ -101,6 +104,8 @@ fn op_name(o: u32) -> &'static str {
         op::DEREG => "deregister memory",
         op::GROUP_SET => "set group",
         op::GROUP_CLEAR => "clear group",
+        op::WIRE_INFO => "wire info",
+        op::WIRE_ROUTES => "route table",
         _ => "stats",
     }
 }
@@ -161,6 +166,193 @@ pub fn nic_stats(path: &str) -> Result<AttachMsg> {
 pub fn nic_counters_at(path: &str) -> Result<[u64; COUNTERS]> {
     let sock = connect_to(path)?;
     all_counters(sock.as_raw_fd())
+}
+
+/// The kind of wire a NIC is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireKind {
+    /// The in-process switch between the NICs of one daemon.
+    Mem,
+    /// UDP datagrams.
+    Udp,
+    /// Raw Ethernet frames.
+    Packet,
+}
+
+impl WireKind {
+    /// Its name in cluster files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WireKind::Mem => "mem",
+            WireKind::Udp => "udp",
+            WireKind::Packet => "packet",
+        }
+    }
+}
+
+/// The state of a NIC's network interface.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Link {
+    /// The NIC has no interface of its own (mem; udp without `interface`).
+    None,
+    /// The interface could not be read (gone or renamed).
+    Unreadable {
+        /// Its name.
+        interface: String,
+    },
+    /// The interface now.
+    Known {
+        /// Its name.
+        interface: String,
+        /// Administratively up with carrier.
+        up: bool,
+        /// Its MTU.
+        mtu: u32,
+        /// Its hardware address.
+        mac: [u8; 6],
+    },
+}
+
+/// A NIC's wire, as its daemon reports it ([`nic_wire_info`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WireInfo {
+    /// The wire's kind.
+    pub kind: WireKind,
+    /// Nodes in the route table.
+    pub nodes: u32,
+    /// NICs of the daemon on this wire: they share its counters.
+    pub local_nics: u32,
+    /// This NIC's index among them.
+    pub local_index: u32,
+    /// The daemon's pid: NICs with the same pid share one wire.
+    pub daemon_pid: u32,
+    /// The NIC's MTU.
+    pub mtu: u32,
+    /// The NIC's interface.
+    pub link: Link,
+    /// The wire's counters, in `emp_uapi::attach::wire_counter` order
+    /// (names in `wire_counter::NAMES`).
+    pub counters: [u64; wire_counter::COUNT],
+}
+
+impl WireInfo {
+    /// Counter `i` of `emp_uapi::attach::wire_counter` by its name.
+    pub fn counter(&self, name: &str) -> Option<u64> {
+        wire_counter::NAMES.iter().position(|n| *n == name).map(|i| self.counters[i])
+    }
+}
+
+/// One node's route ([`nic_routes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteInfo {
+    /// Node id.
+    pub node: u16,
+    /// Its UDP address (IPv6 link-local scope not included).
+    pub udp: Option<std::net::SocketAddr>,
+    /// Its Ethernet address.
+    pub mac: Option<[u8; 6]>,
+}
+
+/// The wire of the NIC at `path`: kind, link and counters, read without
+/// attaching.
+///
+/// # Errors
+/// As [`nic_stats`]; a daemon without the request answers [`Error::Nic`]
+/// (EOPNOTSUPP).
+///
+/// # Examples
+/// ```no_run
+/// let w = emp::nic_wire_info("/run/emp/nic0.sock")?;
+/// println!("{} wire, {} frames refused as malformed", w.kind.as_str(), w.counter("malformed").unwrap());
+/// # Ok::<(), emp::Error>(())
+/// ```
+pub fn nic_wire_info(path: &str) -> Result<WireInfo> {
+    let sock = connect_to(path)?;
+    let (r, _) = call(sock.as_raw_fd(), op::WIRE_INFO, &[], &[])?;
+    let kind = match r.arg[wr::KIND] {
+        wire_kind::MEM => WireKind::Mem,
+        wire_kind::UDP => WireKind::Udp,
+        wire_kind::PACKET => WireKind::Packet,
+        k => return Err(Error::Protocol(format!("unknown wire kind {k}"))),
+    };
+    let mut name = [0u8; 16];
+    name[..8].copy_from_slice(&r.arg[wr::LINK_NAME].to_le_bytes());
+    name[8..].copy_from_slice(&r.arg[wr::LINK_NAME + 1].to_le_bytes());
+    let end = name.iter().position(|&b| b == 0).unwrap_or(16);
+    let interface = String::from_utf8_lossy(&name[..end]).into_owned();
+    let flags = r.arg[wr::LINK_FLAGS];
+    let link = if flags & link_flags::KNOWN == 0 {
+        Link::None
+    } else if flags & link_flags::ERROR != 0 {
+        Link::Unreadable { interface }
+    } else {
+        let mut mac = [0u8; 6];
+        mac.copy_from_slice(&r.arg[wr::LINK_MAC].to_be_bytes()[2..]);
+        Link::Known { interface, up: flags & link_flags::UP != 0, mtu: r.arg[wr::LINK_MTU] as u32, mac }
+    };
+    let mut counters = [0u64; wire_counter::COUNT];
+    counters.copy_from_slice(&r.arg[wr::COUNTERS..wr::COUNTERS + wire_counter::COUNT]);
+    Ok(WireInfo {
+        kind,
+        nodes: r.arg[wr::NODES] as u32,
+        local_nics: r.arg[wr::LOCAL_NICS] as u32,
+        local_index: r.arg[wr::LOCAL_INDEX] as u32,
+        daemon_pid: r.arg[wr::DAEMON_PID] as u32,
+        mtu: r.arg[wr::MTU] as u32,
+        link,
+        counters,
+    })
+}
+
+/// Up to `max` routes of the route table of the NIC at `path`, from node
+/// `first`, and how many nodes the table holds. The daemon answers a page
+/// at a time, so a large table costs one request per
+/// `emp_uapi::attach::ROUTES_PER_PAGE` routes asked for.
+///
+/// # Errors
+/// As [`nic_wire_info`]; `first` beyond the table is [`Error::Nic`] (EINVAL).
+///
+/// # Examples
+/// ```no_run
+/// let (nodes, routes) = emp::nic_routes("/run/emp/nic0.sock", 0, 64)?;
+/// for r in &routes {
+///     println!("node {}: {:?} {:?}", r.node, r.udp, r.mac);
+/// }
+/// assert!(routes.len() as u32 <= nodes);
+/// # Ok::<(), emp::Error>(())
+/// ```
+pub fn nic_routes(path: &str, first: u32, max: usize) -> Result<(u32, Vec<RouteInfo>)> {
+    let sock = connect_to(path)?;
+    let mut out = Vec::new();
+    let mut at = first;
+    let mut nodes = 0;
+    while out.len() < max {
+        let (r, _) = call(sock.as_raw_fd(), op::WIRE_ROUTES, &[at as u64], &[])?;
+        let (n, count) = route_page::parse_header(r.arg[0]);
+        nodes = n;
+        if count as usize > ROUTES_PER_PAGE || at as u64 + count as u64 > n as u64 {
+            return Err(Error::Protocol(format!("route page of {count} entries at node {at} of {n}")));
+        }
+        for i in 0..count as usize {
+            if out.len() == max {
+                break;
+            }
+            let w: [u64; 3] = r.arg[1 + 3 * i..4 + 3 * i].try_into().expect("3 words");
+            let e = route_page::decode(&w);
+            let ip = std::net::Ipv6Addr::from(e.ip6);
+            let ip: std::net::IpAddr = ip.to_ipv4_mapped().map(Into::into).unwrap_or(ip.into());
+            out.push(RouteInfo {
+                node: (at as usize + i) as u16,
+                udp: (e.udp_port != 0).then(|| std::net::SocketAddr::new(ip, e.udp_port)),
+                mac: (e.mac != [0; 6]).then_some(e.mac),
+            });
+        }
+        at += count;
+        if count == 0 || at >= n {
+            break;
+        }
+    }
+    Ok((nodes, out))
 }
 
 impl Daemon {

@@ -14,9 +14,11 @@ use std::sync::Arc;
 use emp_uapi::wire::Frame;
 
 mod batch;
+pub mod info;
 pub mod packet;
 pub mod udp;
 
+pub use info::WireView;
 pub use packet::PacketWire;
 pub use udp::UdpWire;
 
