@@ -273,7 +273,7 @@ fn on_every_host(a: &FileArgs, cfg: &ClusterConfig, path: &Path, verb: &str) -> 
         }
         if let Some(k) = &a.trusted_keys {
             let k = std::fs::canonicalize(k).unwrap_or_else(|_| k.clone());
-            extra.extend(["--trusted-keys".into(), k.to_string_lossy().into_owned()]);
+            cmd.extend(["--trusted-keys".into(), k.to_string_lossy().into_owned()]);
         }
         if let Some(n) = &a.nicd_args {
             cmd.push(format!("--nicd-args={n}"));
