@@ -2,8 +2,8 @@
 # Faults across hosts on a namespace bed whose cluster is up (run by
 # scripts/netns/suite.sh for each wire; tests/src/bin/tap-fault.rs is the
 # job): ranks 0 and 1 on nodes 0 and 1 (namespaces P-0 and P-1).
-#   1. link flap: P-1's bridge port goes down for 1.5 s mid-stream; every
-#      message arrives, by retransmission, and one stalled >= 1 s (proof
+#   1. link flap: P-1's bridge port goes down for 1 s mid-stream; every
+#      message arrives, by retransmission, and one stalled >= 0.7 s (proof
 #      the fault hit the transfer);
 #   2. link cut: down for 8 s (past the ~3 s retry budget: rto 0.5 ms
 #      doubling to 50 ms, 64 retries); the send fails with
@@ -36,7 +36,7 @@ trap 'ip link set "$port" up 2>/dev/null; rm -f "$out"' EXIT
 # streams (or fails if it does not within 30 s).
 job_pid=""
 start_job() {
-    EMP_FAULT_SECS="$2" EMP_FAULT_MIN_STALL_MS=1000 "$bin/emp" run --config "$config" -n 2 --timeout 180 -- "$bin/tap-fault" "$1" >"$out" 2>&1 &
+    EMP_FAULT_SECS="$2" EMP_FAULT_MIN_STALL_MS=700 "$bin/emp" run --config "$config" -n 2 --timeout 180 -- "$bin/tap-fault" "$1" >"$out" 2>&1 &
     job_pid=$!
     local i
     for ((i = 0; i < 300; i++)); do
@@ -67,9 +67,9 @@ verdict() {
 t0=$SECONDS
 if start_job flap 6; then
     sleep 1
-    ip link set "$port" down && sleep 1.5 && ip link set "$port" up
+    ip link set "$port" down && sleep 1 && ip link set "$port" up
 fi
-verdict "link flap mid-stream (1.5 s down): every message arrives by retransmission"
+verdict "link flap mid-stream (1 s down): every message arrives by retransmission"
 
 t0=$SECONDS
 if start_job cut 30; then
