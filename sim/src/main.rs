@@ -119,6 +119,29 @@ enum Cmd {
         #[arg(long)]
         sweep: bool,
     },
+    /// Seeded random fuzzing of the control program's untrusted inputs
+    /// (wire frames, work descriptors) for a given time; replays one
+    /// failing execution with `--replay`.
+    Fuzz {
+        /// What to fuzz.
+        #[arg(long, value_enum)]
+        target: FuzzTarget,
+        /// Run this long.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Seed of the run (execution i has a seed derived from it).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Run only the execution with this seed (as a crash report gives it).
+        #[arg(long)]
+        replay: Option<u64>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum FuzzTarget {
+    Frames,
+    Descriptors,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -140,6 +163,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::Swarm { seed, count, verbose }) => swarm(seed, count, verbose),
+        Some(Cmd::Fuzz { target, seconds, seed, replay }) => fuzz_cmd(target, seconds, seed, replay),
         Some(Cmd::Model { what, nodes, size, cost, set, sweep }) => model_cmd(what, nodes, size, cost, &set, sweep),
         None => one(&cli.one),
     }
@@ -307,5 +331,43 @@ fn model_cmd(what: What, nodes: u16, size: Option<u64>, set: CostSet, overrides:
             eprintln!("emp-sim: model: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn fuzz_cmd(target: FuzzTarget, seconds: u64, seed: u64, replay: Option<u64>) -> ExitCode {
+    use emp_sim::fuzz;
+    let target = match target {
+        FuzzTarget::Frames => fuzz::Target::Frames,
+        FuzzTarget::Descriptors => fuzz::Target::Descriptors,
+    };
+    if let Some(s) = replay {
+        return match fuzz::execute(target, s) {
+            Ok(n) => {
+                println!("{target:?} execution {s}: {n} inputs, clean");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                println!("{target:?} execution {s}: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let start = Instant::now();
+    let r = fuzz::run(target, seed, std::time::Duration::from_secs(seconds), u64::MAX);
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "fuzz {target:?} seed {seed}: {} executions ({:.0}/s), {} inputs, {} crashes",
+        r.executions,
+        r.executions as f64 / secs,
+        r.inputs,
+        r.crashes.len()
+    );
+    for (s, e) in &r.crashes {
+        println!("crash: --replay {s}: {e}");
+    }
+    if r.crashes.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }

@@ -147,10 +147,8 @@ fn poll_b(b: &CPort, deadline: Instant) -> Result<EmpWc, &'static str> {
         // SAFETY: `b.dev` is open, `wc` holds 4 entries.
         match unsafe { emp_poll_cq(b.dev, wc.as_mut_ptr(), 1) } {
             1 if wc[0].status == Status::Success as u32 => {
-                return Ok(std::mem::replace(&mut wc[0], unsafe {
-                    // SAFETY: plain data.
-                    std::mem::zeroed()
-                }))
+                let [first, ..] = wc;
+                return Ok(first);
             }
             1 => return Err("port B: error completion"),
             0 => {}
