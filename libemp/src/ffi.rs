@@ -278,8 +278,11 @@ fn to_wc(c: &Completion) -> EmpWc {
 pub unsafe extern "C" fn emp_poll_cq(dev: *mut EmpDevice, wc: *mut EmpWc, n: usize) -> c_int {
     // SAFETY: caller guarantees the pointers.
     let (d, out) = unsafe { (&mut (*dev).0, core::slice::from_raw_parts_mut(wc, n)) };
-    let mut tmp = vec![Completion::default(); n.min(256)];
-    let got = match d.try_poll_cq(&mut tmp) {
+    // A stack batch, not a Vec: polling is the hot path and must not reach
+    // the allocator (which may make a system call).
+    let mut tmp = [Completion::default(); WC_BATCH];
+    let want = n.min(WC_BATCH);
+    let got = match d.try_poll_cq(&mut tmp[..want]) {
         Ok(got) => got,
         Err(e) => return errno(&e),
     };
@@ -289,6 +292,9 @@ pub unsafe extern "C" fn emp_poll_cq(dev: *mut EmpDevice, wc: *mut EmpWc, n: usi
     got as c_int
 }
 
+/// Completions taken per `emp_poll_cq` / `emp_wait_cq` call at most.
+const WC_BATCH: usize = 64;
+
 /// Waits up to `timeout_ms` (-1 = forever) for completions.
 ///
 /// # Safety
@@ -297,9 +303,10 @@ pub unsafe extern "C" fn emp_poll_cq(dev: *mut EmpDevice, wc: *mut EmpWc, n: usi
 pub unsafe extern "C" fn emp_wait_cq(dev: *mut EmpDevice, wc: *mut EmpWc, n: usize, timeout_ms: c_int) -> c_int {
     // SAFETY: caller guarantees the pointers.
     let (d, out) = unsafe { (&mut (*dev).0, core::slice::from_raw_parts_mut(wc, n)) };
-    let mut tmp = vec![Completion::default(); n.min(256)];
+    let mut tmp = [Completion::default(); WC_BATCH];
+    let want = n.min(WC_BATCH);
     let t = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
-    match d.wait_cq(&mut tmp, t) {
+    match d.wait_cq(&mut tmp[..want], t) {
         Ok(got) => {
             for (o, c) in out.iter_mut().zip(&tmp[..got]) {
                 *o = to_wc(c);

@@ -70,11 +70,18 @@ fn reply(conn: RawFd, mut m: AttachMsg, st: i32, fds: &[RawFd]) -> bool {
     sendmsg::<()>(conn, &iov, cm, MsgFlags::MSG_NOSIGNAL, None).is_ok()
 }
 
+/// Descriptors one `SCM_RIGHTS` message carries at most (include/net/scm.h).
+const SCM_MAX_FD: usize = 253;
+
 fn client(nic: Arc<NicShared>, wire: WireSeat, conn: OwnedFd) {
     let pid = getsockopt(&conn, sockopt::PeerCredentials).map(|c| c.pid()).unwrap_or(0);
     let mut port: Option<u16> = None;
     let mut buf = [0u8; AttachMsg::SIZE + 1];
-    let mut cspace = nix::cmsg_space!([RawFd; 4]);
+    // Room for every descriptor one message can carry (the kernel's
+    // SCM_MAX_FD): with less, a request carrying more is truncated and the
+    // descriptors that did arrive cannot be reached to be closed (the
+    // control messages of a truncated receive are not parsed).
+    let mut cspace = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
     loop {
         let (n, fds) = {
             let mut iov = [IoSliceMut::new(&mut buf)];

@@ -16,6 +16,7 @@
 //!   swarm's collectives and what each result must be; `checker/`: the
 //!   checks every run must pass (delivery, atomics, collectives, leaks).
 //! - [`cost`], [`model`]: the cost model and `emp-sim model`.
+//! - [`fuzz`]: seeded random fuzzing of wire frames and work descriptors.
 //! - [`weak_dma`]: a weakly ordered DMA engine (writes late and in random
 //!   byte order unless fenced), the completion contract's adversary.
 //! - [`rng`]: the seeded PRNG.
@@ -24,6 +25,7 @@ mod checker;
 pub mod cluster;
 mod collplan;
 pub mod cost;
+pub mod fuzz;
 pub mod host;
 pub mod model;
 mod plan;

@@ -8,7 +8,7 @@ use emp_firmware::FlowControl;
 use emp_sim::cost::CostModel;
 use emp_sim::model::{self, Comparison, Experiment, Params, NODES_MAX, NODES_SIMULATED_MAX};
 use emp_sim::world::Partition;
-use emp_sim::{run, Spec};
+use emp_sim::{run, Report, Spec};
 
 #[derive(Parser)]
 #[command(name = "emp-sim", about = "Deterministic simulation of EMP NICs running the real control program")]
@@ -119,6 +119,42 @@ enum Cmd {
         #[arg(long)]
         sweep: bool,
     },
+    /// The swarm on every core for a given time, each seed run twice and
+    /// its two results compared (determinism); reports seeds per second.
+    SwarmTime {
+        /// Run this long.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// First seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Worker threads (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// Seeded random fuzzing of the control program's untrusted inputs
+    /// (wire frames, work descriptors) for a given time; replays one
+    /// failing execution with `--replay`.
+    Fuzz {
+        /// What to fuzz.
+        #[arg(long, value_enum)]
+        target: FuzzTarget,
+        /// Run this long.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Seed of the run (execution i has a seed derived from it).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Run only the execution with this seed (as a crash report gives it).
+        #[arg(long)]
+        replay: Option<u64>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum FuzzTarget {
+    Frames,
+    Descriptors,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -140,6 +176,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::Swarm { seed, count, verbose }) => swarm(seed, count, verbose),
+        Some(Cmd::SwarmTime { seconds, seed, threads }) => swarm_time(seconds, seed, threads),
+        Some(Cmd::Fuzz { target, seconds, seed, replay }) => fuzz_cmd(target, seconds, seed, replay),
         Some(Cmd::Model { what, nodes, size, cost, set, sweep }) => model_cmd(what, nodes, size, cost, &set, sweep),
         None => one(&cli.one),
     }
@@ -307,5 +345,100 @@ fn model_cmd(what: What, nodes: u16, size: Option<u64>, set: CostSet, overrides:
             eprintln!("emp-sim: model: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn fuzz_cmd(target: FuzzTarget, seconds: u64, seed: u64, replay: Option<u64>) -> ExitCode {
+    use emp_sim::fuzz;
+    let target = match target {
+        FuzzTarget::Frames => fuzz::Target::Frames,
+        FuzzTarget::Descriptors => fuzz::Target::Descriptors,
+    };
+    if let Some(s) = replay {
+        return match fuzz::execute(target, s) {
+            Ok(n) => {
+                println!("{target:?} execution {s}: {n} inputs, clean");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                println!("{target:?} execution {s}: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let start = Instant::now();
+    let r = fuzz::run(target, seed, std::time::Duration::from_secs(seconds), u64::MAX);
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "fuzz {target:?} seed {seed}: {} executions ({:.0}/s), {} inputs, {} crashes",
+        r.executions,
+        r.executions as f64 / secs,
+        r.inputs,
+        r.crashes.len()
+    );
+    for (s, e) in &r.crashes {
+        println!("crash: --replay {s}: {e}");
+    }
+    if r.crashes.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// One seed's outcome, comparable between two runs.
+fn swarm_outcome(seed: u64) -> Result<Report, String> {
+    run(&Spec::swarm(seed)).map_err(|f| f.to_string())
+}
+
+fn swarm_time(seconds: u64, first: u64, threads: Option<usize>) -> ExitCode {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+    let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let next = AtomicU64::new(first);
+    let done = AtomicU64::new(0);
+    // (seed, what went wrong), bounded: the first 32 are enough to act on.
+    let bad: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
+    let start = Instant::now();
+    let budget = std::time::Duration::from_secs(seconds);
+    std::thread::scope(|sc| {
+        for _ in 0..threads {
+            sc.spawn(|| {
+                while start.elapsed() < budget {
+                    let s = next.fetch_add(1, Ordering::Relaxed);
+                    let (a, b) = (swarm_outcome(s), swarm_outcome(s));
+                    let problem = match (&a, &b) {
+                        _ if a != b => Some(format!("not deterministic: {a:?} then {b:?}")),
+                        (Err(e), _) => Some(e.clone()),
+                        _ => None,
+                    };
+                    done.fetch_add(1, Ordering::Relaxed);
+                    if let Some(p) = problem {
+                        let mut v = bad.lock().unwrap_or_else(|e| e.into_inner());
+                        if v.len() < 32 {
+                            v.push((s, p));
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let wall = start.elapsed().as_secs_f64();
+    let n = done.load(Ordering::Relaxed);
+    let bad = bad.into_inner().unwrap_or_else(|e| e.into_inner());
+    let rate = n as f64 / wall;
+    println!(
+        "{n} seeds from {first}, each run twice, on {threads} threads in {wall:.1} s: {rate:.1} seeds/s \
+         ({:.2} M seeds/day); {} failed or differed",
+        rate * 86_400.0 / 1e6,
+        bad.len()
+    );
+    for (s, p) in &bad {
+        println!("seed {s}: {p}");
+    }
+    if bad.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
