@@ -56,6 +56,11 @@ struct Args {
     /// Largest extra delay of a reordered frame.
     #[arg(long, default_value_t = 50)]
     jitter_us: u64,
+    /// Link delay (µs): every frame this daemon's NICs send leaves this
+    /// long after it was sent, order kept (the udp and packet wires; `tc
+    /// netem`'s delay where the kernel has none; docs/cluster.md).
+    #[arg(long, default_value_t = 0)]
+    link_delay_us: u64,
     /// Seed of the fault injector.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -242,7 +247,17 @@ fn run(a: Args) -> Result<ExitCode, String> {
     }
     std::fs::create_dir_all(&p.socket_dir).map_err(|e| format!("{}: {e}", p.socket_dir.display()))?;
     // The wire first: a refused socket (capability, MTU) leaves nothing behind.
-    let faults = Faults { loss: a.loss, dup: a.dup, reorder: a.reorder, jitter_ns: a.jitter_us * 1000, seed: a.seed };
+    if a.link_delay_us > 1_000_000 {
+        return Err(format!("--link-delay-us {}: at most 1000000 (1 s)", a.link_delay_us));
+    }
+    let faults = Faults {
+        loss: a.loss,
+        dup: a.dup,
+        reorder: a.reorder,
+        jitter_ns: a.jitter_us * 1000,
+        link_delay_ns: a.link_delay_us * 1000,
+        seed: a.seed,
+    };
     let local = p.local.clone();
     let wire: Box<dyn Wire> = match p.wire {
         WireKind::Mem => Box::new(MemWire::new(&local, faults)),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use emp_uapi::ETHERTYPE_EMP;
 
 use super::batch::{RecvBatch, SendBatch, BATCH};
-use super::{check_source, claimed_source, inject, Faults, Prng, Refused, Wire, WireCounters};
+use super::{check_source, claimed_source, inject, DelayLine, Faults, Prng, Refused, Wire, WireCounters};
 use crate::route::{if_index, RouteTable};
 
 /// Ethernet header: destination, source, ethertype.
@@ -117,6 +117,8 @@ pub struct PacketWire {
     /// send a frame back out of the port it came in on, so they never
     /// leave the daemon, as a real NIC loops its own traffic back.
     looped: VecDeque<(usize, Vec<u8>)>,
+    /// Frames waiting out `faults.link_delay_ns`: (local NIC, to MAC, frame).
+    delayed: DelayLine<(usize, [u8; 6], Vec<u8>)>,
 }
 
 /// Most frames in flight between local NICs: each NIC's send window is
@@ -260,6 +262,7 @@ impl PacketWire {
             rx: Box::new(RecvBatch::new()),
             local: locals.iter().map(|&(_, node)| node).collect(),
             looped: VecDeque::new(),
+            delayed: DelayLine::new(faults.link_delay_ns),
         })
     }
 
@@ -328,7 +331,7 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
 }
 
 impl Wire for PacketWire {
-    fn send(&mut self, _now: u64, src: usize, dst: u16, frame: Vec<u8>) {
+    fn send(&mut self, now: u64, src: usize, dst: u16, frame: Vec<u8>) {
         if let Some(i) = self.local.iter().position(|&n| n == dst) {
             WireCounters::add(&self.stats.frames, 1);
             if self.looped.len() >= LOOPED_MAX {
@@ -344,12 +347,26 @@ impl Wire for PacketWire {
             return;
         };
         let (_, copies) = inject(&self.faults, &mut self.rng, &self.stats);
+        if self.delayed.active() {
+            let mut frame = Some(frame);
+            for i in 0..copies {
+                // The last copy takes the buffer itself.
+                let f = if i + 1 == copies { frame.take().expect("once") } else { frame.clone().expect("kept") };
+                if self.delayed.push(now, (src, to, f)).is_err() {
+                    WireCounters::add(&self.stats.lost, 1);
+                }
+            }
+            return;
+        }
         for _ in 0..copies {
             self.send_to_mac(src, to, &frame);
         }
     }
 
-    fn flush(&mut self) {
+    fn flush(&mut self, now: u64) {
+        while let Some((src, to, frame)) = self.delayed.pop_due(now) {
+            self.send_to_mac(src, to, &frame);
+        }
         for p in &mut self.ports {
             let lost = p.tx.flush(p.sock.as_raw_fd());
             WireCounters::add(&self.stats.lost, lost as u64);
@@ -397,7 +414,7 @@ impl Wire for PacketWire {
 
     fn next_due(&self) -> Option<u64> {
         if self.looped.is_empty() {
-            None
+            self.delayed.next_due()
         } else {
             Some(0)
         }

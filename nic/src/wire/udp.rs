@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 use super::batch::RecvBatch;
-use super::{check_source, claimed_source, inject, Faults, Prng, Refused, Wire, WireCounters};
+use super::{check_source, claimed_source, inject, DelayLine, Faults, Prng, Refused, Wire, WireCounters};
 use crate::route::RouteTable;
 
 /// One UDP socket per local NIC.
@@ -23,6 +23,8 @@ pub struct UdpWire {
     rng: Prng,
     stats: Arc<WireCounters>,
     batch: Box<RecvBatch>,
+    /// Frames waiting out `faults.link_delay_ns`: (local NIC, to, frame).
+    delayed: DelayLine<(usize, SocketAddr, Vec<u8>)>,
 }
 
 impl UdpWire {
@@ -62,6 +64,7 @@ impl UdpWire {
             dests,
             routes,
             rng: Prng(faults.seed | 1),
+            delayed: DelayLine::new(faults.link_delay_ns),
             faults,
             stats: Arc::default(),
             batch: Box::new(RecvBatch::new()),
@@ -103,10 +106,18 @@ impl UdpWire {
         let from = sockaddr_to_std(self.batch.name(i)).and_then(|a| self.routes.node_of_udp(&a));
         check_source(claimed, from, self.routes.len())
     }
+
+    /// Sends one datagram now; a full socket buffer is a lost frame
+    /// (reliability recovers it).
+    fn transmit(&self, src: usize, to: SocketAddr, frame: &[u8]) {
+        if self.socks[src].send_to(frame, to).is_err() {
+            WireCounters::add(&self.stats.lost, 1);
+        }
+    }
 }
 
 impl Wire for UdpWire {
-    fn send(&mut self, _now: u64, src: usize, dst: u16, frame: Vec<u8>) {
+    fn send(&mut self, now: u64, src: usize, dst: u16, frame: Vec<u8>) {
         let Some(addr) = self.dests[src].get(dst as usize).copied().flatten() else {
             WireCounters::add(&self.stats.frames, 1);
             WireCounters::add(&self.stats.lost, 1);
@@ -115,11 +126,25 @@ impl Wire for UdpWire {
         // Delays are not modelled on UDP: a delayed copy is sent at once
         // after the others, which still reorders it.
         let (_, copies) = inject(&self.faults, &mut self.rng, &self.stats);
-        for _ in 0..copies {
-            // A full socket buffer is a lost frame: reliability recovers it.
-            if self.socks[src].send_to(&frame, addr).is_err() {
-                WireCounters::add(&self.stats.lost, 1);
+        if self.delayed.active() {
+            let mut frame = Some(frame);
+            for i in 0..copies {
+                // The last copy takes the buffer itself.
+                let f = if i + 1 == copies { frame.take().expect("once") } else { frame.clone().expect("kept") };
+                if self.delayed.push(now, (src, addr, f)).is_err() {
+                    WireCounters::add(&self.stats.lost, 1);
+                }
             }
+            return;
+        }
+        for _ in 0..copies {
+            self.transmit(src, addr, &frame);
+        }
+    }
+
+    fn flush(&mut self, now: u64) {
+        while let Some((src, to, frame)) = self.delayed.pop_due(now) {
+            self.transmit(src, to, &frame);
         }
     }
 
@@ -148,7 +173,7 @@ impl Wire for UdpWire {
     }
 
     fn next_due(&self) -> Option<u64> {
-        None
+        self.delayed.next_due()
     }
 
     fn fds(&self) -> Vec<RawFd> {
@@ -208,6 +233,33 @@ mod tests {
         w.send(0, 1, 0, ack_frame(1, 0));
         poll_until(&mut w, &mut rx, 6);
         assert_eq!(rx[0].len(), 1);
+    }
+
+    #[test]
+    fn link_delay_holds_frames_until_due_in_order() {
+        let probe = |_: ()| UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let (a, b) = (probe(()), probe(()));
+        let delay = 2_000_000;
+        let faults = Faults { link_delay_ns: delay, ..Faults::default() };
+        let mut w = UdpWire::new(&[a, b], table(&[a, b]), faults).unwrap();
+        let mut rx = vec![VecDeque::new(), VecDeque::new()];
+        let (first, mut second) = (ack_frame(0, 1), ack_frame(0, 1));
+        second[8] ^= 0x5a; // some header byte: tells the two apart
+        w.send(1_000, 0, 1, first.clone());
+        w.send(5_000, 0, 1, second.clone());
+        assert_eq!(w.next_due(), Some(1_000 + delay), "the engine must wake for the first frame");
+        w.flush(1_000 + delay - 1);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(w.poll(0, &mut rx), 0, "nothing leaves before its delay");
+        w.flush(1_000 + delay);
+        assert_eq!(w.next_due(), Some(5_000 + delay));
+        poll_until(&mut w, &mut rx, 1);
+        assert_eq!(rx[1].len(), 1);
+        w.flush(5_000 + delay);
+        assert_eq!(w.next_due(), None);
+        poll_until(&mut w, &mut rx, 2);
+        let got: Vec<Vec<u8>> = rx[1].drain(..).collect();
+        assert_eq!(got, vec![first, second], "in the order sent");
     }
 
     #[test]
