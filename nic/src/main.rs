@@ -89,6 +89,15 @@ struct Args {
     /// split over two NIC CPUs.
     #[arg(long, value_enum, default_value_t = Plan::Base)]
     cpu_plan: Plan,
+    /// Control program: initial retransmission timeout (µs) [default: the
+    /// program's, 500]. Above the worst scheduling delay of a loaded host,
+    /// or every late ACK is a spurious retransmission.
+    #[arg(long)]
+    rto_us: Option<u64>,
+    /// Control program: unacknowledged frames in flight per peer [default:
+    /// the program's, 48]. Every NIC of a cluster must use the same.
+    #[arg(long)]
+    window_frames: Option<u32>,
     /// Spin this long (µs) after the last work before sleeping.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
@@ -247,6 +256,9 @@ fn run(a: Args) -> Result<ExitCode, String> {
     }
     std::fs::create_dir_all(&p.socket_dir).map_err(|e| format!("{}: {e}", p.socket_dir.display()))?;
     // The wire first: a refused socket (capability, MTU) leaves nothing behind.
+    if a.rto_us == Some(0) || a.window_frames == Some(0) {
+        return Err("--rto-us and --window-frames must be at least 1".into());
+    }
     if a.link_delay_us > 1_000_000 {
         return Err(format!("--link-delay-us {}: at most 1000000 (1 s)", a.link_delay_us));
     }
@@ -313,6 +325,9 @@ fn run(a: Args) -> Result<ExitCode, String> {
                 overflow_slots: a.overflow,
                 gen_seed: std::process::id() ^ (node as u32) << 8,
                 cpu_plan: a.cpu_plan as u32,
+                // 0: the program's default.
+                rto_ns: a.rto_us.unwrap_or(0).saturating_mul(1000),
+                window_frames: a.window_frames.unwrap_or(0),
                 ..Default::default()
             },
             routes: p.routes.clone(),

@@ -76,12 +76,30 @@ if ! scripts/netns/bed.sh up --name "$name" --hosts 2 --dir "$work/bed" --subnet
 fi
 while IFS= read -r l; do say "# $l"; done <"$work/bed.log"
 
+# --nicd-args go into the cluster files (`emp cluster up --nicd-args` refuses
+# words with spaces through a launcher, as a remote shell would split them),
+# before any nicd_args the bed wrote.
+if [ -n "$nicd_args" ]; then
+    words=""
+    for w in $nicd_args; do
+        [[ "$w" =~ ^[A-Za-z0-9_.,:=/+-]+$ ]] || { echo "bench: --nicd-args: unsafe word $w" >&2; exit 2; }
+        words+="\"$w\", "
+    done
+    for f in "$work"/bed/cluster-*.toml; do
+        if grep -q '^nicd_args = \[' "$f"; then
+            sed -i "s|^nicd_args = \[|nicd_args = [$words|" "$f"
+        else
+            sed -i "s|^\[cluster\]\$|[cluster]\nnicd_args = [${words%, }]|" "$f"
+        fi
+    done
+fi
+
 extra=()
 [ -z "$iters" ] || extra+=(--iters "$iters")
 status=0
 for wire in $wires; do
     config="$work/bed/cluster-$wire.toml"
-    if ! "$bin/emp" cluster up --config "$config" ${nicd_args:+--nicd-args="$nicd_args"} >"$work/up.log" 2>&1; then
+    if ! "$bin/emp" cluster up --config "$config" >"$work/up.log" 2>&1; then
         cat "$work/up.log" >&2
         echo "bench: cluster up over $wire failed" >&2
         status=1
