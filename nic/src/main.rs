@@ -14,7 +14,7 @@ use emp_nic::firmware::boot_staged;
 use emp_nic::image::TrustedKeys;
 use emp_nic::nic::{power_on, NicConfig, SramBacking};
 use emp_nic::route::RouteTable;
-use emp_nic::wire::{Faults, MemWire, PacketWire, UdpWire, Wire};
+use emp_nic::wire::{Faults, MemWire, PacketOptions, PacketWire, UdpWire, Wire};
 use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{LayoutParams, NicStatus, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
 
@@ -98,6 +98,10 @@ struct Args {
     /// the program's, 48]. Every NIC of a cluster must use the same.
     #[arg(long)]
     window_frames: Option<u32>,
+    /// packet wire: receive with `recvmmsg` instead of a PACKET_RX_RING
+    /// (to compare the two).
+    #[arg(long)]
+    no_rx_ring: bool,
     /// Spin this long (µs) after the last work before sleeping.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
@@ -297,7 +301,11 @@ fn run(a: Args) -> Result<ExitCode, String> {
                     n,
                 ));
             }
-            Box::new(PacketWire::new(&locals, p.routes.clone(), p.mtu, faults).map_err(|e| format!("packet: {e}"))?)
+            let opts = PacketOptions { rx_ring: !a.no_rx_ring };
+            Box::new(
+                PacketWire::with_options(&locals, p.routes.clone(), p.mtu, faults, opts)
+                    .map_err(|e| format!("packet: {e}"))?,
+            )
         }
     };
     let mut features = 0;

@@ -17,7 +17,7 @@ mod batch;
 pub mod packet;
 pub mod udp;
 
-pub use packet::PacketWire;
+pub use packet::{PacketOptions, PacketWire};
 pub use udp::UdpWire;
 
 /// Fault injection applied by every backend on transmit.

@@ -101,6 +101,8 @@ struct Port {
     /// Multicast MACs joined.
     groups: Vec<[u8; 6]>,
     tx: Box<SendBatch>,
+    /// The receive ring (None: the kernel has none; `recvmmsg` instead).
+    ring: Option<RxRing>,
 }
 
 /// AF_PACKET sockets, one per local NIC.
@@ -125,10 +127,136 @@ pub struct PacketWire {
 /// bounded, so this only guards against a runaway sender.
 const LOOPED_MAX: usize = 4096;
 
-fn open_packet_socket(interface: &str) -> Result<(OwnedFd, i32), String> {
-    let proto = (ETHERTYPE_EMP).to_be() as i32;
+/// A TPACKET_V2 receive ring shared with the kernel: the kernel copies each
+/// frame into the next free slot and flips its status word to the user;
+/// the wire copies it out and hands the slot back. Polling it is a load,
+/// not a system call, so a busy engine finds frames at no cost.
+struct RxRing {
+    map: *mut u8,
+    /// Bytes mapped (`RING_FRAME * RING_FRAMES`).
+    len: usize,
+    /// The next slot the kernel fills.
+    head: usize,
+}
+
+/// Bytes per ring slot: the tpacket2 header, the sockaddr_ll, and a jumbo
+/// frame (a longer one is marked TP_STATUS_COPY and refused).
+const RING_FRAME: usize = 16 << 10;
+/// Slots per block (a block is what the kernel allocates contiguously).
+const RING_BLOCK: usize = 4 * RING_FRAME;
+/// Slots: a few windows of jumbo frames (4 MiB per NIC).
+const RING_FRAMES: usize = 256;
+/// `PACKET_VERSION` value of TPACKET_V2.
+const TPACKET_V2: libc::c_int = 1;
+
+// SAFETY: the mapping belongs to the ring alone and is only touched through
+// `&mut self` (or `&self` for reads of slots the kernel handed over).
+unsafe impl Send for RxRing {}
+
+impl RxRing {
+    /// Sets up and maps the ring of packet socket `fd` (before it is bound,
+    /// so no frame lands in its ordinary queue first).
+    fn new(fd: RawFd) -> std::io::Result<RxRing> {
+        let set = |opt: libc::c_int, v: *const libc::c_void, len: usize| {
+            // SAFETY: `v` points at a live option value of `len` bytes.
+            if unsafe { libc::setsockopt(fd, libc::SOL_PACKET, opt, v, len as libc::socklen_t) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        };
+        let version = TPACKET_V2;
+        set(libc::PACKET_VERSION, (&version as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>())?;
+        let req = libc::tpacket_req {
+            tp_block_size: RING_BLOCK as u32,
+            tp_block_nr: (RING_FRAMES * RING_FRAME / RING_BLOCK) as u32,
+            tp_frame_size: RING_FRAME as u32,
+            tp_frame_nr: RING_FRAMES as u32,
+        };
+        set(libc::PACKET_RX_RING, (&req as *const libc::tpacket_req).cast(), std::mem::size_of::<libc::tpacket_req>())?;
+        let len = RING_FRAMES * RING_FRAME;
+        // SAFETY: mapping the ring just configured on `fd`, shared with the kernel.
+        let map = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if map == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(RxRing { map: map.cast(), len, head: 0 })
+    }
+
+    /// The status word of slot `i`, shared with the kernel.
+    fn status(&self, i: usize) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: slot i starts inside the mapping, 16-byte aligned, with
+        // the u32 tp_status first; the kernel and we access it atomically.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.map.add(i * RING_FRAME).cast()) }
+    }
+
+    /// The frame in the head slot, if the kernel has filled it: whether it
+    /// was truncated (TP_STATUS_COPY), its packet type, and its bytes.
+    fn peek(&self) -> Option<(bool, u8, &[u8])> {
+        // Acquire: the frame's bytes are visible once the status says so.
+        let st = self.status(self.head).load(std::sync::atomic::Ordering::Acquire);
+        if st & libc::TP_STATUS_USER == 0 {
+            return None;
+        }
+        // SAFETY: the kernel handed this slot over: it holds a tpacket2_hdr,
+        // then (aligned) a sockaddr_ll, and the frame at tp_mac, all inside
+        // the slot; it writes none of them again until we release it.
+        unsafe {
+            let slot = self.map.add(self.head * RING_FRAME);
+            let hdr = &*slot.cast::<libc::tpacket2_hdr>();
+            let sll =
+                &*slot.add(std::mem::size_of::<libc::tpacket2_hdr>().next_multiple_of(16)).cast::<libc::sockaddr_ll>();
+            let (at, n) = (hdr.tp_mac as usize, hdr.tp_snaplen as usize);
+            if at + n > RING_FRAME {
+                return Some((true, sll.sll_pkttype, &[]));
+            }
+            Some((st & libc::TP_STATUS_COPY != 0, sll.sll_pkttype, std::slice::from_raw_parts(slot.add(at), n)))
+        }
+    }
+
+    /// Gives the head slot back to the kernel and moves on.
+    fn release(&mut self) {
+        // Release: we are done reading the slot before the kernel reuses it.
+        self.status(self.head).store(libc::TP_STATUS_KERNEL, std::sync::atomic::Ordering::Release);
+        self.head = (self.head + 1) % RING_FRAMES;
+    }
+}
+
+impl Drop for RxRing {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the mapping made in `new`, used by nothing after.
+        unsafe { libc::munmap(self.map.cast(), self.len) };
+    }
+}
+
+/// Drops one datagram from the socket's ordinary queue (where the kernel
+/// puts the whole of a frame too long for a ring slot).
+fn drop_queued(fd: RawFd) {
+    let mut b = [0u8; 64];
+    // SAFETY: reading at most 64 bytes into a live buffer, without blocking.
+    unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT | libc::MSG_TRUNC) };
+}
+
+/// How a packet wire does its I/O.
+#[derive(Clone, Copy, Debug)]
+pub struct PacketOptions {
+    /// Receive through a PACKET_RX_RING (else, or when the kernel refuses
+    /// one, with `recvmmsg`).
+    pub rx_ring: bool,
+}
+
+impl Default for PacketOptions {
+    fn default() -> Self {
+        PacketOptions { rx_ring: true }
+    }
+}
+
+fn open_packet_socket(interface: &str, rx_ring: bool) -> Result<(OwnedFd, i32, Option<RxRing>), String> {
+    // Protocol 0: nothing is received until bind names the ethertype, after
+    // the receive ring is in place.
     // SAFETY: plain socket(2); the result is checked.
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, proto) };
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         let e = std::io::Error::last_os_error();
         return Err(match e.raw_os_error() {
@@ -142,6 +270,14 @@ fn open_packet_socket(interface: &str) -> Result<(OwnedFd, i32), String> {
     // SAFETY: a fresh descriptor we own.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     let ifindex = if_index(interface)? as i32;
+    let ring = match rx_ring.then(|| RxRing::new(fd)) {
+        None => None,
+        Some(Ok(r)) => Some(r),
+        Some(Err(e)) => {
+            tracing::warn!(interface, "no PACKET_RX_RING ({e}): receiving with recvmmsg");
+            None
+        }
+    };
     // SAFETY: sockaddr_ll is plain old data.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
@@ -185,7 +321,7 @@ fn open_packet_socket(interface: &str) -> Result<(OwnedFd, i32), String> {
             )
         };
     }
-    Ok((sock, ifindex))
+    Ok((sock, ifindex, ring))
 }
 
 fn membership(fd: RawFd, ifindex: i32, mac: &[u8; 6], kind: libc::c_int, add: bool) -> std::io::Result<()> {
@@ -219,13 +355,25 @@ impl PacketWire {
     /// One socket per local NIC: `locals[i]` = (interface, node id);
     /// `mtu` is the EMP frame size, which must fit the link's MTU.
     pub fn new(locals: &[(String, u16)], routes: RouteTable, mtu: u32, faults: Faults) -> Result<PacketWire, String> {
+        Self::with_options(locals, routes, mtu, faults, PacketOptions::default())
+    }
+
+    /// As [`PacketWire::new`], with `opts`.
+    pub fn with_options(
+        locals: &[(String, u16)],
+        routes: RouteTable,
+        mtu: u32,
+        faults: Faults,
+        opts: PacketOptions,
+    ) -> Result<PacketWire, String> {
         let mut ports = Vec::new();
         for (interface, node) in locals {
             let mac = routes
                 .get(*node)
                 .and_then(|r| r.mac)
                 .ok_or_else(|| format!("node {node}: the packet wire needs its `mac`"))?;
-            let (sock, ifindex) = open_packet_socket(interface).map_err(|e| format!("node {node}: {e}"))?;
+            let (sock, ifindex, ring) =
+                open_packet_socket(interface, opts.rx_ring).map_err(|e| format!("node {node}: {e}"))?;
             let link = link_state(sock.as_raw_fd(), interface).map_err(|e| format!("{interface}: {e}"))?;
             if mtu > link.mtu {
                 return Err(format!(
@@ -251,6 +399,7 @@ impl PacketWire {
                 mac,
                 groups: Vec::new(),
                 tx: Box::new(SendBatch::new()),
+                ring,
             });
         }
         Ok(PacketWire {
@@ -379,7 +528,30 @@ impl Wire for PacketWire {
             rx[i].push_back(f);
             n += 1;
         }
-        for (p, queue) in self.ports.iter().zip(rx.iter_mut()) {
+        for (p, queue) in self.ports.iter_mut().zip(rx.iter_mut()) {
+            if let Some(ring) = p.ring.as_mut() {
+                // Bounded: at most 4 batches' worth per socket per pass.
+                for _ in 0..4 * BATCH {
+                    let Some((truncated, pkttype, eth)) = ring.peek() else { break };
+                    if pkttype == libc::PACKET_OUTGOING {
+                        // Our own frame, on kernels that show it.
+                    } else if truncated {
+                        self.stats.refused(Refused::Malformed);
+                        drop_queued(p.sock.as_raw_fd());
+                    } else {
+                        match check_frame(eth, &p.mac, &p.groups, &self.routes) {
+                            Ok(Some((_, range))) => {
+                                queue.push_back(eth[range].to_vec());
+                                n += 1;
+                            }
+                            Ok(None) => {}
+                            Err(why) => self.stats.refused(why),
+                        }
+                    }
+                    ring.release();
+                }
+                continue;
+            }
             // Bounded: at most 4 batches per socket per pass.
             for _ in 0..4 {
                 let got = self.rx.recv(p.sock.as_raw_fd());
@@ -387,7 +559,7 @@ impl Wire for PacketWire {
                     // SAFETY: an AF_PACKET socket names its senders with sockaddr_ll, which fits the storage.
                     let sll =
                         unsafe { &*(self.rx.name(k) as *const libc::sockaddr_storage).cast::<libc::sockaddr_ll>() };
-                    if sll.sll_pkttype == 4 {
+                    if sll.sll_pkttype == libc::PACKET_OUTGOING {
                         continue; // PACKET_OUTGOING: our own frame, on kernels that show it.
                     }
                     if self.rx.truncated(k) {
