@@ -102,6 +102,10 @@ struct Args {
     /// (to compare the two).
     #[arg(long)]
     no_rx_ring: bool,
+    /// packet wire: transmit with `sendmmsg` instead of a PACKET_TX_RING
+    /// (to compare the two).
+    #[arg(long)]
+    no_tx_ring: bool,
     /// Spin this long (µs) after the last work before sleeping.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
@@ -301,7 +305,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
                     n,
                 ));
             }
-            let opts = PacketOptions { rx_ring: !a.no_rx_ring };
+            let opts = PacketOptions { rx_ring: !a.no_rx_ring, tx_ring: !a.no_tx_ring };
             Box::new(
                 PacketWire::with_options(&locals, p.routes.clone(), p.mtu, faults, opts)
                     .map_err(|e| format!("packet: {e}"))?,

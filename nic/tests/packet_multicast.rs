@@ -83,6 +83,7 @@ fn multicast_group_join_send_leave() {
         let locals = [("ewm0".to_string(), 0), ("ewm1".to_string(), 1)];
         let mut w = PacketWire::new(&locals, routes, 1500, Faults::default()).unwrap();
         assert!(w.link(1).unwrap().up);
+        assert_eq!(w.rings(0), (true, true), "PACKET_RX_RING and PACKET_TX_RING");
         let mut rx = vec![VecDeque::new(), VecDeque::new()];
         // Unicast on the link works.
         w.send_to_mac(0, MACS[1], &ack(0, 1));

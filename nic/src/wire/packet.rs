@@ -101,8 +101,9 @@ struct Port {
     /// Multicast MACs joined.
     groups: Vec<[u8; 6]>,
     tx: Box<SendBatch>,
-    /// The receive ring (None: the kernel has none; `recvmmsg` instead).
-    ring: Option<RxRing>,
+    /// The rings (None, or without one of them: the kernel refused them;
+    /// `recvmmsg` and `sendmmsg` instead).
+    rings: Option<Rings>,
 }
 
 /// AF_PACKET sockets, one per local NIC.
@@ -127,36 +128,48 @@ pub struct PacketWire {
 /// bounded, so this only guards against a runaway sender.
 const LOOPED_MAX: usize = 4096;
 
-/// A TPACKET_V2 receive ring shared with the kernel: the kernel copies each
-/// frame into the next free slot and flips its status word to the user;
-/// the wire copies it out and hands the slot back. Polling it is a load,
-/// not a system call, so a busy engine finds frames at no cost.
-struct RxRing {
+/// TPACKET_V2 rings shared with the kernel, in one mapping (the receive
+/// ring first, then the transmit ring). Receive: the kernel copies each
+/// frame into the next free slot and flips its status word to the user; the
+/// wire copies it out and hands the slot back, so polling is a load, not a
+/// system call. Transmit: the wire writes frames into free slots and marks
+/// them for sending; one `send()` per engine pass sends them all, and the
+/// kernel builds its packets from the ring's pages without copying them.
+struct Rings {
     map: *mut u8,
-    /// Bytes mapped (`RING_FRAME * RING_FRAMES`).
+    /// Bytes mapped.
     len: usize,
-    /// The next slot the kernel fills.
-    head: usize,
+    rx: bool,
+    tx: bool,
+    /// The next receive slot the kernel fills.
+    rx_head: usize,
+    /// The next transmit slot the wire fills.
+    tx_head: usize,
+    /// Transmit slots filled since the last `send()`.
+    tx_queued: usize,
 }
 
 /// Bytes per ring slot: the tpacket2 header, the sockaddr_ll, and a jumbo
-/// frame (a longer one is marked TP_STATUS_COPY and refused).
+/// frame (a longer one arrives marked TP_STATUS_COPY and is refused).
 const RING_FRAME: usize = 16 << 10;
 /// Slots per block (a block is what the kernel allocates contiguously).
 const RING_BLOCK: usize = 4 * RING_FRAME;
-/// Slots: a few windows of jumbo frames (4 MiB per NIC).
+/// Slots per ring: a few windows of jumbo frames (4 MiB per ring).
 const RING_FRAMES: usize = 256;
 /// `PACKET_VERSION` value of TPACKET_V2.
 const TPACKET_V2: libc::c_int = 1;
+/// Where a transmit slot's frame starts: after the tpacket2 header, aligned
+/// (the kernel's default without PACKET_TX_HAS_OFF).
+const TX_DATA: usize = std::mem::size_of::<libc::tpacket2_hdr>().next_multiple_of(16);
 
-// SAFETY: the mapping belongs to the ring alone and is only touched through
-// `&mut self` (or `&self` for reads of slots the kernel handed over).
-unsafe impl Send for RxRing {}
+// SAFETY: the mapping belongs to the rings alone and is only touched
+// through them (slots the kernel handed over, and the atomic status words).
+unsafe impl Send for Rings {}
 
-impl RxRing {
-    /// Sets up and maps the ring of packet socket `fd` (before it is bound,
+impl Rings {
+    /// Sets up and maps the rings of packet socket `fd` (before it is bound,
     /// so no frame lands in its ordinary queue first).
-    fn new(fd: RawFd) -> std::io::Result<RxRing> {
+    fn new(fd: RawFd, rx: bool, tx: bool) -> std::io::Result<Rings> {
         let set = |opt: libc::c_int, v: *const libc::c_void, len: usize| {
             // SAFETY: `v` points at a live option value of `len` bytes.
             if unsafe { libc::setsockopt(fd, libc::SOL_PACKET, opt, v, len as libc::socklen_t) } < 0 {
@@ -164,38 +177,58 @@ impl RxRing {
             }
             Ok(())
         };
+        let int = std::mem::size_of::<libc::c_int>();
         let version = TPACKET_V2;
-        set(libc::PACKET_VERSION, (&version as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>())?;
+        set(libc::PACKET_VERSION, (&version as *const libc::c_int).cast(), int)?;
         let req = libc::tpacket_req {
             tp_block_size: RING_BLOCK as u32,
             tp_block_nr: (RING_FRAMES * RING_FRAME / RING_BLOCK) as u32,
             tp_frame_size: RING_FRAME as u32,
             tp_frame_nr: RING_FRAMES as u32,
         };
-        set(libc::PACKET_RX_RING, (&req as *const libc::tpacket_req).cast(), std::mem::size_of::<libc::tpacket_req>())?;
-        let len = RING_FRAMES * RING_FRAME;
-        // SAFETY: mapping the ring just configured on `fd`, shared with the kernel.
+        let req_len = std::mem::size_of::<libc::tpacket_req>();
+        if tx {
+            // A malformed slot is skipped rather than stopping the ring
+            // (set before any ring exists, or the kernel refuses it).
+            let one: libc::c_int = 1;
+            set(libc::PACKET_LOSS, (&one as *const libc::c_int).cast(), int)?;
+        }
+        if rx {
+            set(libc::PACKET_RX_RING, (&req as *const libc::tpacket_req).cast(), req_len)?;
+        }
+        if tx {
+            set(libc::PACKET_TX_RING, (&req as *const libc::tpacket_req).cast(), req_len)?;
+        }
+        let len = RING_FRAMES * RING_FRAME * (rx as usize + tx as usize);
+        // SAFETY: mapping the rings just configured on `fd`, shared with the kernel.
         let map = unsafe {
             libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
         };
         if map == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(RxRing { map: map.cast(), len, head: 0 })
+        Ok(Rings { map: map.cast(), len, rx, tx, rx_head: 0, tx_head: 0, tx_queued: 0 })
     }
 
-    /// The status word of slot `i`, shared with the kernel.
-    fn status(&self, i: usize) -> &std::sync::atomic::AtomicU32 {
-        // SAFETY: slot i starts inside the mapping, 16-byte aligned, with
-        // the u32 tp_status first; the kernel and we access it atomically.
-        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.map.add(i * RING_FRAME).cast()) }
+    /// Slot `i` of the receive ring, or of the transmit ring.
+    fn slot(&self, tx: bool, i: usize) -> *mut u8 {
+        let ring = if tx && self.rx { RING_FRAMES } else { 0 };
+        // SAFETY: slot `i` < RING_FRAMES of a mapped ring lies inside the mapping.
+        unsafe { self.map.add((ring + i) * RING_FRAME) }
     }
 
-    /// The frame in the head slot, if the kernel has filled it: whether it
-    /// was truncated (TP_STATUS_COPY), its packet type, and its bytes.
-    fn peek(&self) -> Option<(bool, u8, &[u8])> {
+    /// The status word of a slot, shared with the kernel.
+    fn status(&self, tx: bool, i: usize) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: a slot starts 16-byte aligned with the u32 tp_status
+        // first; the kernel and we access it atomically.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.slot(tx, i).cast()) }
+    }
+
+    /// The frame in the head receive slot, if the kernel has filled it:
+    /// whether it was truncated (TP_STATUS_COPY), its packet type, its bytes.
+    fn rx_peek(&self) -> Option<(bool, u8, &[u8])> {
         // Acquire: the frame's bytes are visible once the status says so.
-        let st = self.status(self.head).load(std::sync::atomic::Ordering::Acquire);
+        let st = self.status(false, self.rx_head).load(std::sync::atomic::Ordering::Acquire);
         if st & libc::TP_STATUS_USER == 0 {
             return None;
         }
@@ -203,10 +236,9 @@ impl RxRing {
         // then (aligned) a sockaddr_ll, and the frame at tp_mac, all inside
         // the slot; it writes none of them again until we release it.
         unsafe {
-            let slot = self.map.add(self.head * RING_FRAME);
+            let slot = self.slot(false, self.rx_head);
             let hdr = &*slot.cast::<libc::tpacket2_hdr>();
-            let sll =
-                &*slot.add(std::mem::size_of::<libc::tpacket2_hdr>().next_multiple_of(16)).cast::<libc::sockaddr_ll>();
+            let sll = &*slot.add(TX_DATA).cast::<libc::sockaddr_ll>();
             let (at, n) = (hdr.tp_mac as usize, hdr.tp_snaplen as usize);
             if at + n > RING_FRAME {
                 return Some((true, sll.sll_pkttype, &[]));
@@ -215,15 +247,53 @@ impl RxRing {
         }
     }
 
-    /// Gives the head slot back to the kernel and moves on.
-    fn release(&mut self) {
+    /// Gives the head receive slot back to the kernel and moves on.
+    fn rx_release(&mut self) {
         // Release: we are done reading the slot before the kernel reuses it.
-        self.status(self.head).store(libc::TP_STATUS_KERNEL, std::sync::atomic::Ordering::Release);
-        self.head = (self.head + 1) % RING_FRAMES;
+        self.status(false, self.rx_head).store(libc::TP_STATUS_KERNEL, std::sync::atomic::Ordering::Release);
+        self.rx_head = (self.rx_head + 1) % RING_FRAMES;
+    }
+
+    /// Room for a frame in the head transmit slot (the kernel has sent
+    /// what it held before)?
+    fn tx_free(&self) -> bool {
+        self.status(true, self.tx_head).load(std::sync::atomic::Ordering::Acquire) == libc::TP_STATUS_AVAILABLE
+    }
+
+    /// Fills the head transmit slot (which must be free) with a frame of
+    /// `len` bytes written by `fill`, and marks it for sending.
+    fn tx_push(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) {
+        debug_assert!(self.tx_free() && TX_DATA + len <= RING_FRAME);
+        let slot = self.slot(true, self.tx_head);
+        // SAFETY: the slot is ours (status AVAILABLE): the frame area after
+        // the header, `len` ≤ RING_FRAME - TX_DATA bytes, then the header.
+        unsafe {
+            fill(std::slice::from_raw_parts_mut(slot.add(TX_DATA), len));
+            let hdr = &mut *slot.cast::<libc::tpacket2_hdr>();
+            hdr.tp_len = len as u32;
+            hdr.tp_snaplen = len as u32;
+        }
+        // Release: the frame is written before the kernel may read it.
+        self.status(true, self.tx_head).store(libc::TP_STATUS_SEND_REQUEST, std::sync::atomic::Ordering::Release);
+        self.tx_head = (self.tx_head + 1) % RING_FRAMES;
+        self.tx_queued += 1;
+    }
+
+    /// Asks the kernel to send every marked slot (without waiting for it).
+    fn tx_kick(&mut self, fd: RawFd) -> std::io::Result<()> {
+        if self.tx_queued == 0 {
+            return Ok(());
+        }
+        self.tx_queued = 0;
+        // SAFETY: send(2) without a buffer: the frames are in the ring.
+        if unsafe { libc::send(fd, std::ptr::null(), 0, libc::MSG_DONTWAIT) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
 
-impl Drop for RxRing {
+impl Drop for Rings {
     fn drop(&mut self) {
         // SAFETY: unmapping the mapping made in `new`, used by nothing after.
         unsafe { libc::munmap(self.map.cast(), self.len) };
@@ -244,15 +314,36 @@ pub struct PacketOptions {
     /// Receive through a PACKET_RX_RING (else, or when the kernel refuses
     /// one, with `recvmmsg`).
     pub rx_ring: bool,
+    /// Transmit through a PACKET_TX_RING (else, or when the kernel refuses
+    /// one, with `sendmmsg`).
+    pub tx_ring: bool,
 }
 
 impl Default for PacketOptions {
     fn default() -> Self {
-        PacketOptions { rx_ring: true }
+        PacketOptions { rx_ring: true, tx_ring: true }
     }
 }
 
-fn open_packet_socket(interface: &str, rx_ring: bool) -> Result<(OwnedFd, i32, Option<RxRing>), String> {
+fn open_packet_socket(interface: &str, opts: PacketOptions) -> Result<(OwnedFd, i32, Option<Rings>), String> {
+    if !(opts.rx_ring || opts.tx_ring) {
+        return open_packet_socket_with(interface, None);
+    }
+    match open_packet_socket_with(interface, Some(opts)) {
+        Err(e) if e.starts_with("rings: ") => {
+            // A half-configured socket may hold a ring nobody reads: start
+            // over with a fresh one.
+            tracing::warn!(interface, "{e}: recvmmsg and sendmmsg instead");
+            open_packet_socket_with(interface, None)
+        }
+        r => r,
+    }
+}
+
+fn open_packet_socket_with(
+    interface: &str,
+    rings: Option<PacketOptions>,
+) -> Result<(OwnedFd, i32, Option<Rings>), String> {
     // Protocol 0: nothing is received until bind names the ethertype, after
     // the receive ring is in place.
     // SAFETY: plain socket(2); the result is checked.
@@ -270,13 +361,9 @@ fn open_packet_socket(interface: &str, rx_ring: bool) -> Result<(OwnedFd, i32, O
     // SAFETY: a fresh descriptor we own.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     let ifindex = if_index(interface)? as i32;
-    let ring = match rx_ring.then(|| RxRing::new(fd)) {
+    let rings = match rings {
         None => None,
-        Some(Ok(r)) => Some(r),
-        Some(Err(e)) => {
-            tracing::warn!(interface, "no PACKET_RX_RING ({e}): receiving with recvmmsg");
-            None
-        }
+        Some(o) => Some(Rings::new(fd, o.rx_ring, o.tx_ring).map_err(|e| format!("rings: {e}"))?),
     };
     // SAFETY: sockaddr_ll is plain old data.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -321,7 +408,7 @@ fn open_packet_socket(interface: &str, rx_ring: bool) -> Result<(OwnedFd, i32, O
             )
         };
     }
-    Ok((sock, ifindex, ring))
+    Ok((sock, ifindex, rings))
 }
 
 fn membership(fd: RawFd, ifindex: i32, mac: &[u8; 6], kind: libc::c_int, add: bool) -> std::io::Result<()> {
@@ -372,8 +459,8 @@ impl PacketWire {
                 .get(*node)
                 .and_then(|r| r.mac)
                 .ok_or_else(|| format!("node {node}: the packet wire needs its `mac`"))?;
-            let (sock, ifindex, ring) =
-                open_packet_socket(interface, opts.rx_ring).map_err(|e| format!("node {node}: {e}"))?;
+            let (sock, ifindex, rings) =
+                open_packet_socket(interface, opts).map_err(|e| format!("node {node}: {e}"))?;
             let link = link_state(sock.as_raw_fd(), interface).map_err(|e| format!("{interface}: {e}"))?;
             if mtu > link.mtu {
                 return Err(format!(
@@ -399,7 +486,7 @@ impl PacketWire {
                 mac,
                 groups: Vec::new(),
                 tx: Box::new(SendBatch::new()),
-                ring,
+                rings,
             });
         }
         Ok(PacketWire {
@@ -444,6 +531,33 @@ impl PacketWire {
     /// multicast group's); queued until [`Wire::flush`].
     pub fn send_to_mac(&mut self, src: usize, to: [u8; 6], frame: &[u8]) {
         let p = &mut self.ports[src];
+        let me = p.mac;
+        let fill = |b: &mut [u8]| {
+            b[..6].copy_from_slice(&to);
+            b[6..12].copy_from_slice(&me);
+            b[12..14].copy_from_slice(&ETHERTYPE_EMP.to_be_bytes());
+            b[ETH_HEADER..ETH_HEADER + frame.len()].copy_from_slice(frame);
+        };
+        if let Some(ring) = p.rings.as_mut().filter(|r| r.tx) {
+            if TX_DATA + ETH_HEADER + frame.len() > RING_FRAME {
+                WireCounters::add(&self.stats.lost, 1);
+                return;
+            }
+            // The ring is full of frames the kernel has not sent yet: send
+            // them and give the link a moment rather than lose this one.
+            let mut stalls = 0;
+            while !ring.tx_free() && stalls < 64 {
+                let _ = ring.tx_kick(p.sock.as_raw_fd());
+                stalls += 1;
+                std::thread::yield_now();
+            }
+            if !ring.tx_free() {
+                WireCounters::add(&self.stats.lost, 1);
+                return;
+            }
+            ring.tx_push(ETH_HEADER + frame.len(), fill);
+            return;
+        }
         if p.tx.full() {
             let lost = p.tx.flush(p.sock.as_raw_fd());
             WireCounters::add(&self.stats.lost, lost as u64);
@@ -452,12 +566,8 @@ impl PacketWire {
             WireCounters::add(&self.stats.lost, 1);
             return;
         }
-        let me = p.mac;
         p.tx.push(|slot| {
-            slot[..6].copy_from_slice(&to);
-            slot[6..12].copy_from_slice(&me);
-            slot[12..14].copy_from_slice(&ETHERTYPE_EMP.to_be_bytes());
-            slot[ETH_HEADER..ETH_HEADER + frame.len()].copy_from_slice(frame);
+            fill(slot);
             ETH_HEADER + frame.len()
         });
     }
@@ -466,6 +576,12 @@ impl PacketWire {
     pub fn link(&self, i: usize) -> std::io::Result<LinkState> {
         let p = &self.ports[i];
         link_state(p.sock.as_raw_fd(), &p.interface)
+    }
+
+    /// Does local NIC `i` receive and transmit through rings (else
+    /// `recvmmsg`, `sendmmsg`)?
+    pub fn rings(&self, i: usize) -> (bool, bool) {
+        self.ports[i].rings.as_ref().map_or((false, false), |r| (r.rx, r.tx))
     }
 
     /// Interface names, by local NIC.
@@ -517,6 +633,13 @@ impl Wire for PacketWire {
             self.send_to_mac(src, to, &frame);
         }
         for p in &mut self.ports {
+            if let Some(ring) = p.rings.as_mut().filter(|r| r.tx) {
+                // A refused send (link down, no buffers) leaves the frames
+                // marked: the next pass sends them, or they are lost when
+                // the ring is still full by then.
+                let _ = ring.tx_kick(p.sock.as_raw_fd());
+                continue;
+            }
             let lost = p.tx.flush(p.sock.as_raw_fd());
             WireCounters::add(&self.stats.lost, lost as u64);
         }
@@ -529,10 +652,10 @@ impl Wire for PacketWire {
             n += 1;
         }
         for (p, queue) in self.ports.iter_mut().zip(rx.iter_mut()) {
-            if let Some(ring) = p.ring.as_mut() {
+            if let Some(ring) = p.rings.as_mut().filter(|r| r.rx) {
                 // Bounded: at most 4 batches' worth per socket per pass.
                 for _ in 0..4 * BATCH {
-                    let Some((truncated, pkttype, eth)) = ring.peek() else { break };
+                    let Some((truncated, pkttype, eth)) = ring.rx_peek() else { break };
                     if pkttype == libc::PACKET_OUTGOING {
                         // Our own frame, on kernels that show it.
                     } else if truncated {
@@ -548,7 +671,7 @@ impl Wire for PacketWire {
                             Err(why) => self.stats.refused(why),
                         }
                     }
-                    ring.release();
+                    ring.rx_release();
                 }
                 continue;
             }
