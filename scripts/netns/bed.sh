@@ -291,8 +291,14 @@ write_files() {
             echo "# Written by scripts/netns/bed.sh: $hosts namespaces of bed $name, one NIC each."
             echo "[cluster]"
             echo "wire = \"$wire\""
-            # The packet wire carries jumbo frames up to the link's MTU.
-            [ "$wire" != packet ] || echo "mtu = $mtu"
+            # Jumbo frames up to the link's MTU: the packet wire's frame is
+            # the Ethernet payload; a udp datagram also carries IPv4 and UDP
+            # headers (28 bytes), or IP fragments it.
+            if [ "$wire" = packet ]; then
+                echo "mtu = $((mtu > 9000 ? 9000 : mtu))"
+            else
+                echo "mtu = $((mtu - 28 > 9000 ? 9000 : mtu - 28))"
+            fi
             # No netem: the daemons delay their own frames.
             [ "$link_delay_us" -eq 0 ] || echo "nicd_args = [\"--link-delay-us\", \"$link_delay_us\"]"
             for ((i = 0; i < hosts; i++)); do

@@ -394,20 +394,8 @@ fn open_packet_socket_with(
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    // Room for a burst of jumbo frames in each direction.
-    let buf: libc::c_int = 4 << 20;
-    for opt in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
-        // SAFETY: an int option, passed by pointer with its size.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                opt,
-                (&buf as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-    }
+    // Room for a burst of jumbo frames in each direction (without rings).
+    super::udp::socket_buffers(fd);
     Ok((sock, ifindex, rings))
 }
 

@@ -35,6 +35,7 @@ impl UdpWire {
             .map(|a| {
                 let s = UdpSocket::bind(a).map_err(|e| std::io::Error::new(e.kind(), format!("bind {a}: {e}")))?;
                 s.set_nonblocking(true)?;
+                socket_buffers(s.as_raw_fd());
                 Ok(s)
             })
             .collect::<std::io::Result<Vec<_>>>()?;
@@ -74,6 +75,28 @@ impl UdpWire {
     /// Local NIC i's bound address.
     pub fn local_addr(&self, i: usize) -> std::io::Result<SocketAddr> {
         self.socks[i].local_addr()
+    }
+}
+
+/// Bytes asked for each socket buffer: a window of jumbo frames in each
+/// direction (the default, ~200 KiB, holds less than one: a burst beyond it
+/// is dropped and costs a retransmission timeout). The kernel caps it at
+/// net.core.rmem_max / wmem_max.
+const SOCKET_BUFFER: libc::c_int = 4 << 20;
+
+/// Sizes `fd`'s receive and send buffers to [`SOCKET_BUFFER`].
+pub(crate) fn socket_buffers(fd: RawFd) {
+    for opt in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
+        // SAFETY: an int option, passed by pointer with its size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&SOCKET_BUFFER as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
     }
 }
 
