@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSo
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
-use super::batch::RecvBatch;
+use super::batch::{RecvBatch, SendBatch, SLOT};
 use super::{check_source, claimed_source, inject, DelayLine, Faults, Prng, Refused, Wire, WireCounters};
 use crate::route::RouteTable;
 
@@ -25,6 +25,8 @@ pub struct UdpWire {
     batch: Box<RecvBatch>,
     /// Frames waiting out `faults.link_delay_ns`: (local NIC, to, frame).
     delayed: DelayLine<(usize, SocketAddr, Vec<u8>)>,
+    /// Per local NIC: datagrams queued for one `sendmmsg` per engine pass.
+    tx: Vec<SendBatch>,
 }
 
 impl UdpWire {
@@ -66,6 +68,7 @@ impl UdpWire {
             routes,
             rng: Prng(faults.seed | 1),
             delayed: DelayLine::new(faults.link_delay_ns),
+            tx: binds.iter().map(|_| SendBatch::new()).collect(),
             faults,
             stats: Arc::default(),
             batch: Box::new(RecvBatch::new()),
@@ -130,12 +133,18 @@ impl UdpWire {
         check_source(claimed, from, self.routes.len())
     }
 
-    /// Sends one datagram now; a full socket buffer is a lost frame
-    /// (reliability recovers it).
-    fn transmit(&self, src: usize, to: SocketAddr, frame: &[u8]) {
-        if self.socks[src].send_to(frame, to).is_err() {
+    /// Queues one datagram for this pass's `sendmmsg`; one the socket
+    /// refuses (buffer full) is a lost frame (reliability recovers it).
+    fn transmit(&mut self, src: usize, to: SocketAddr, frame: &[u8]) {
+        if frame.len() > SLOT {
             WireCounters::add(&self.stats.lost, 1);
+            return;
         }
+        if self.tx[src].full() {
+            let lost = self.tx[src].flush(self.socks[src].as_raw_fd());
+            WireCounters::add(&self.stats.lost, lost as u64);
+        }
+        self.tx[src].push_to(&to, frame);
     }
 }
 
@@ -168,6 +177,10 @@ impl Wire for UdpWire {
     fn flush(&mut self, now: u64) {
         while let Some((src, to, frame)) = self.delayed.pop_due(now) {
             self.transmit(src, to, &frame);
+        }
+        for (batch, sock) in self.tx.iter_mut().zip(&self.socks) {
+            let lost = batch.flush(sock.as_raw_fd());
+            WireCounters::add(&self.stats.lost, lost as u64);
         }
     }
 
@@ -237,6 +250,7 @@ mod tests {
         let mut rx = vec![VecDeque::new(), VecDeque::new()];
         // Real traffic: node 0 → node 1.
         w.send(0, 0, 1, ack_frame(0, 1));
+        w.flush(0);
         poll_until(&mut w, &mut rx, 1);
         assert_eq!(rx[1].len(), 1, "a frame from node 0's address claiming node 0 is accepted");
         let forger = UdpSocket::bind(format!("{lo}:0")).unwrap();
@@ -254,6 +268,7 @@ mod tests {
         assert_eq!(rx[1].len(), 1, "nothing forged was delivered");
         // Still works.
         w.send(0, 1, 0, ack_frame(1, 0));
+        w.flush(0);
         poll_until(&mut w, &mut rx, 6);
         assert_eq!(rx[0].len(), 1);
     }
