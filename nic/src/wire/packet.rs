@@ -133,8 +133,9 @@ const LOOPED_MAX: usize = 4096;
 /// frame into the next free slot and flips its status word to the user; the
 /// wire copies it out and hands the slot back, so polling is a load, not a
 /// system call. Transmit: the wire writes frames into free slots and marks
-/// them for sending; one `send()` per engine pass sends them all, and the
-/// kernel builds its packets from the ring's pages without copying them.
+/// them for sending; one `send()` per engine pass sends them all, the kernel
+/// building its packets from the ring's pages (a NIC's driver DMAs them from
+/// there; a veth copies them when the packet crosses to its peer).
 struct Rings {
     map: *mut u8,
     /// Bytes mapped.
@@ -158,9 +159,10 @@ const RING_BLOCK: usize = 4 * RING_FRAME;
 const RING_FRAMES: usize = 256;
 /// `PACKET_VERSION` value of TPACKET_V2.
 const TPACKET_V2: libc::c_int = 1;
-/// Where a transmit slot's frame starts: after the tpacket2 header, aligned
-/// (the kernel's default without PACKET_TX_HAS_OFF).
-const TX_DATA: usize = std::mem::size_of::<libc::tpacket2_hdr>().next_multiple_of(16);
+/// The tpacket2 header's size, aligned: where a received frame's
+/// sockaddr_ll and a sent frame's bytes start (the kernel's default for the
+/// latter without PACKET_TX_HAS_OFF).
+const HDR_ALIGNED: usize = std::mem::size_of::<libc::tpacket2_hdr>().next_multiple_of(16);
 
 // SAFETY: the mapping belongs to the rings alone and is only touched
 // through them (slots the kernel handed over, and the atomic status words).
@@ -238,7 +240,7 @@ impl Rings {
         unsafe {
             let slot = self.slot(false, self.rx_head);
             let hdr = &*slot.cast::<libc::tpacket2_hdr>();
-            let sll = &*slot.add(TX_DATA).cast::<libc::sockaddr_ll>();
+            let sll = &*slot.add(HDR_ALIGNED).cast::<libc::sockaddr_ll>();
             let (at, n) = (hdr.tp_mac as usize, hdr.tp_snaplen as usize);
             if at + n > RING_FRAME {
                 return Some((true, sll.sll_pkttype, &[]));
@@ -263,12 +265,12 @@ impl Rings {
     /// Fills the head transmit slot (which must be free) with a frame of
     /// `len` bytes written by `fill`, and marks it for sending.
     fn tx_push(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) {
-        debug_assert!(self.tx_free() && TX_DATA + len <= RING_FRAME);
+        debug_assert!(self.tx_free() && HDR_ALIGNED + len <= RING_FRAME);
         let slot = self.slot(true, self.tx_head);
         // SAFETY: the slot is ours (status AVAILABLE): the frame area after
-        // the header, `len` ≤ RING_FRAME - TX_DATA bytes, then the header.
+        // the header, `len` ≤ RING_FRAME - HDR_ALIGNED bytes, then the header.
         unsafe {
-            fill(std::slice::from_raw_parts_mut(slot.add(TX_DATA), len));
+            fill(std::slice::from_raw_parts_mut(slot.add(HDR_ALIGNED), len));
             let hdr = &mut *slot.cast::<libc::tpacket2_hdr>();
             hdr.tp_len = len as u32;
             hdr.tp_snaplen = len as u32;
@@ -527,7 +529,7 @@ impl PacketWire {
             b[ETH_HEADER..ETH_HEADER + frame.len()].copy_from_slice(frame);
         };
         if let Some(ring) = p.rings.as_mut().filter(|r| r.tx) {
-            if TX_DATA + ETH_HEADER + frame.len() > RING_FRAME {
+            if HDR_ALIGNED + ETH_HEADER + frame.len() > RING_FRAME {
                 WireCounters::add(&self.stats.lost, 1);
                 return;
             }
