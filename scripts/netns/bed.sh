@@ -172,7 +172,7 @@ bed_up() {
             [ -z "$delay" ] || link_delay_us=$(delay_us "$delay")
             link_delay_us=$((2 * link_delay_us))
             [ "$link_delay_us" -le 1000000 ] || die "--delay $delay: without sch_netem emp-nicd delays at most 1 s one way (--delay ≤ 500ms)"
-            [ "$impair" = nft ] || echo "bed: NOTE: this kernel has no sch_netem (tc netem is unavailable): loss is applied with nftables;" \
+            [ "$impair" = nft ] || echo "bed: NOTE: this kernel has no sch_netem (tc netem is unavailable):${loss:+ loss $loss is applied with nftables;}" \
                 "${delay:+delay $delay per hop is applied by emp-nicd on transmit (--link-delay-us $link_delay_us in the nicd_args of the cluster files: EMP frames only, not TCP); }reordering${reorder:+ $reorder} is NOT applied" >&2
             [ -z "$loss" ] || command -v nft >/dev/null || die "no sch_netem and no nft (apt-get install nftables): cannot apply loss"
             [ -z "$loss" ] || use=nft
