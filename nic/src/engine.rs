@@ -178,7 +178,7 @@ impl Engine {
             fw.swap_frame_pool(&mut self.pool);
             self.flush(i, now);
         }
-        self.wire.flush();
+        self.wire.flush(now);
         work
     }
 

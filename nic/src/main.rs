@@ -14,7 +14,7 @@ use emp_nic::firmware::boot_staged;
 use emp_nic::image::TrustedKeys;
 use emp_nic::nic::{power_on, NicConfig, SramBacking};
 use emp_nic::route::RouteTable;
-use emp_nic::wire::{Faults, MemWire, PacketWire, UdpWire, Wire, WireKindInfo, WireView};
+use emp_nic::wire::{Faults, MemWire, PacketOptions, PacketWire, UdpWire, Wire, WireKindInfo, WireView};
 use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{LayoutParams, NicStatus, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
 
@@ -56,6 +56,11 @@ struct Args {
     /// Largest extra delay of a reordered frame.
     #[arg(long, default_value_t = 50)]
     jitter_us: u64,
+    /// Link delay (µs): every frame this daemon's NICs send leaves this
+    /// long after it was sent, order kept (the udp and packet wires; `tc
+    /// netem`'s delay where the kernel has none; docs/cluster.md).
+    #[arg(long, default_value_t = 0)]
+    link_delay_us: u64,
     /// Seed of the fault injector.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -86,6 +91,23 @@ struct Args {
     /// split over two NIC CPUs.
     #[arg(long, value_enum, default_value_t = Plan::Base)]
     cpu_plan: Plan,
+    /// Control program: initial retransmission timeout (µs) [default: the
+    /// program's, 500]. Above the worst scheduling delay of a loaded host,
+    /// or every late ACK is a spurious retransmission.
+    #[arg(long)]
+    rto_us: Option<u64>,
+    /// Control program: unacknowledged frames in flight per peer [default:
+    /// the program's, 48]. Every NIC of a cluster must use the same.
+    #[arg(long)]
+    window_frames: Option<u32>,
+    /// packet wire: receive with `recvmmsg` instead of a PACKET_RX_RING
+    /// (to compare the two).
+    #[arg(long)]
+    no_rx_ring: bool,
+    /// packet wire: transmit with `sendmmsg` instead of a PACKET_TX_RING
+    /// (to compare the two).
+    #[arg(long)]
+    no_tx_ring: bool,
     /// Spin this long (µs) after the last work before sleeping.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
@@ -248,7 +270,20 @@ fn run(a: Args) -> Result<ExitCode, String> {
     }
     std::fs::create_dir_all(&p.socket_dir).map_err(|e| format!("{}: {e}", p.socket_dir.display()))?;
     // The wire first: a refused socket (capability, MTU) leaves nothing behind.
-    let faults = Faults { loss: a.loss, dup: a.dup, reorder: a.reorder, jitter_ns: a.jitter_us * 1000, seed: a.seed };
+    if a.rto_us == Some(0) || a.window_frames == Some(0) {
+        return Err("--rto-us and --window-frames must be at least 1".into());
+    }
+    if a.link_delay_us > 1_000_000 {
+        return Err(format!("--link-delay-us {}: at most 1000000 (1 s)", a.link_delay_us));
+    }
+    let faults = Faults {
+        loss: a.loss,
+        dup: a.dup,
+        reorder: a.reorder,
+        jitter_ns: a.jitter_us * 1000,
+        link_delay_ns: a.link_delay_us * 1000,
+        seed: a.seed,
+    };
     let local = p.local.clone();
     let wire: Box<dyn Wire> = match p.wire {
         WireKind::Mem => Box::new(MemWire::new(&local, faults)),
@@ -276,7 +311,11 @@ fn run(a: Args) -> Result<ExitCode, String> {
                     n,
                 ));
             }
-            Box::new(PacketWire::new(&locals, p.routes.clone(), p.mtu, faults).map_err(|e| format!("packet: {e}"))?)
+            let opts = PacketOptions { rx_ring: !a.no_rx_ring, tx_ring: !a.no_tx_ring };
+            Box::new(
+                PacketWire::with_options(&locals, p.routes.clone(), p.mtu, faults, opts)
+                    .map_err(|e| format!("packet: {e}"))?,
+            )
         }
     };
     let interfaces: Vec<Option<String>> =
@@ -316,6 +355,9 @@ fn run(a: Args) -> Result<ExitCode, String> {
                 overflow_slots: a.overflow,
                 gen_seed: a.gen_seed.unwrap_or_else(std::process::id) ^ (node as u32) << 8,
                 cpu_plan: a.cpu_plan as u32,
+                // 0: the program's default.
+                rto_ns: a.rto_us.unwrap_or(0).saturating_mul(1000),
+                window_frames: a.window_frames.unwrap_or(0),
                 ..Default::default()
             },
             routes: p.routes.clone(),

@@ -83,29 +83,30 @@ fn multicast_group_join_send_leave() {
         let locals = [("ewm0".to_string(), 0), ("ewm1".to_string(), 1)];
         let mut w = PacketWire::new(&locals, routes, 1500, Faults::default()).unwrap();
         assert!(w.link(1).unwrap().up);
+        assert_eq!(w.rings(0), (true, true), "PACKET_RX_RING and PACKET_TX_RING");
         let mut rx = vec![VecDeque::new(), VecDeque::new()];
         // Unicast on the link works.
         w.send_to_mac(0, MACS[1], &ack(0, 1));
-        w.flush();
+        w.flush(0);
         assert_eq!(delivered(&mut w, &mut rx), 1, "unicast to node 1");
         // Between NICs of one daemon, and from a NIC to itself, frames loop
         // back inside the wire: a link never returns a frame to its sender.
         w.send(0, 0, 1, ack(0, 1));
         w.send(0, 0, 0, ack(0, 0));
-        w.flush();
+        w.flush(0);
         assert_eq!(delivered(&mut w, &mut rx), 1, "looped to node 1");
         assert_eq!(rx[0].len(), 1, "looped to node 0 itself");
         // A group node 1 has not joined: not delivered.
         w.send_to_mac(0, GROUP, &ack(0, 1));
-        w.flush();
+        w.flush(0);
         assert_eq!(delivered(&mut w, &mut rx), 0, "group not joined");
         w.join(1, GROUP).unwrap();
         w.send_to_mac(0, GROUP, &ack(0, 1));
-        w.flush();
+        w.flush(0);
         assert_eq!(delivered(&mut w, &mut rx), 1, "joined group");
         w.leave(1, GROUP).unwrap();
         w.send_to_mac(0, GROUP, &ack(0, 1));
-        w.flush();
+        w.flush(0);
         assert_eq!(delivered(&mut w, &mut rx), 0, "left group");
         assert!(w.join(1, MACS[0]).is_err(), "a unicast MAC is no group");
         let s = w.stats();

@@ -24,8 +24,11 @@
 #       netem:  `tc netem` on both ends of each veth;
 #       nft:    when the kernel has no sch_netem, loss only, by an nftables
 #               bridge table P_bed that drops the given fraction of the
-#               frames entering and leaving each bridge port; delay and
-#               reordering are then not applied (said loudly and recorded);
+#               frames entering and leaving each bridge port; the delay is
+#               then applied by emp-nicd itself (`--link-delay-us`, twice
+#               --delay: the one-way delay netem would give, in the cluster
+#               files' nicd_args), to EMP's frames only; reordering is not
+#               applied (said loudly and recorded);
 #   in D: cluster-udp.toml and cluster-packet.toml (one host per namespace,
 #     one node each), hosts (lines "<ipv4> <namespace>"), bed.record, and a
 #     state directory D/P-i per namespace.
@@ -112,6 +115,13 @@ has_netem() {
     return $ok
 }
 
+# "100us" / "1.5ms" / "1s" → whole microseconds.
+delay_us() {
+    [[ "$1" =~ ^([0-9]+(\.[0-9]+)?)(us|ms|s)$ ]] || die "--delay wants e.g. 100us or 2ms: $1"
+    awk -v v="${BASH_REMATCH[1]}" -v u="${BASH_REMATCH[3]}" \
+        'BEGIN { m = (u == "us") ? 1 : (u == "ms") ? 1000 : 1000000; printf "%d\n", v * m + 0.5 }'
+}
+
 # "1%" / "0.5" (percent) → parts per million, for nft's numgen.
 percent_ppm() {
     local p="${1%\%}"
@@ -150,16 +160,20 @@ bed_up() {
     [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces, bridge, tc)"
     command -v ip >/dev/null && command -v tc >/dev/null || die "needs ip and tc (iproute2: scripts/setup.sh installs it)"
 
-    # Which impairment: netem when the kernel has it, else nftables (loss only).
-    local use=none
+    # Which impairment: netem when the kernel has it, else nftables (loss)
+    # and emp-nicd's own transmit delay (delay).
+    local use=none link_delay_us=0
     if [ -n "$loss$delay$reorder" ]; then
         if [ "$impair" != nft ] && has_netem; then
             use=netem
         elif [ "$impair" = netem ]; then
             die "this kernel has no sch_netem (tc: \"Specified qdisc kind is unknown\"; CONFIG_NET_SCH_NETEM is off and no module loads); use --impair auto or nft"
         else
-            [ "$impair" = nft ] || echo "bed: NOTE: this kernel has no sch_netem (tc netem is unavailable): loss is applied with nftables;" \
-                "delay${delay:+ $delay} and reordering${reorder:+ $reorder} are NOT applied" >&2
+            [ -z "$delay" ] || link_delay_us=$(delay_us "$delay")
+            link_delay_us=$((2 * link_delay_us))
+            [ "$link_delay_us" -le 1000000 ] || die "--delay $delay: without sch_netem emp-nicd delays at most 1 s one way (--delay ≤ 500ms)"
+            [ "$impair" = nft ] || echo "bed: NOTE: this kernel has no sch_netem (tc netem is unavailable):${loss:+ loss $loss is applied with nftables;}" \
+                "${delay:+delay $delay per hop is applied by emp-nicd on transmit (--link-delay-us $link_delay_us in the nicd_args of the cluster files: EMP frames only, not TCP); }reordering${reorder:+ $reorder} is NOT applied" >&2
             [ -z "$loss" ] || command -v nft >/dev/null || die "no sch_netem and no nft (apt-get install nftables): cannot apply loss"
             [ -z "$loss" ] || use=nft
         fi
@@ -188,7 +202,7 @@ bed_up() {
     : >"$record"
     [ "$made_top" -eq 0 ] || echo "topdir $dir" >>"$record"
     echo "name $name" >>"$record"
-    echo "param hosts=$hosts subnet=$subnet mtu=$mtu loss=${loss:-0} delay=${delay:-0} reorder=${reorder:-0}" >>"$record"
+    echo "param hosts=$hosts subnet=$subnet mtu=$mtu loss=${loss:-0} delay=${delay:-0} reorder=${reorder:-0} link_delay_us=$link_delay_us" >>"$record"
     # From here on, a failure or an interrupt removes what was made.
     local done_up=0
     trap 'rc=$?; if [ "$done_up" -eq 0 ]; then echo "bed: up did not finish; removing what it made" >&2; bed_down "$dir" >&2 || true; fi; exit $rc' EXIT
@@ -250,20 +264,21 @@ EOF
     fi
     echo "impair $use" >>"$record"
 
-    write_files "$name" "$hosts" "$dir" "$subnet" "$oct2" "$k" "$mtu"
+    write_files "$name" "$hosts" "$dir" "$subnet" "$oct2" "$k" "$mtu" "$link_delay_us"
 
     done_up=1
     trap - EXIT INT TERM
     local what="no impairment"
     case "$use" in
     netem) what="tc netem ${netem_args[*]} on both ends of every veth" ;;
-    nft) what="loss $loss per hop by nftables (no sch_netem: no delay, no reordering)" ;;
+    nft) what="loss $loss per hop by nftables (no sch_netem: no reordering)" ;;
     esac
+    [ "$link_delay_us" -eq 0 ] || what="$what, delay ${link_delay_us} us one way by emp-nicd (no sch_netem)"
     echo "bed: up: $hosts namespaces $name-0..$name-$((hosts - 1)) on bridge $name-br ($subnet.254), mtu $mtu, $what; files in $dir"
 }
 
 write_files() {
-    local name="$1" hosts="$2" dir="$3" subnet="$4" oct2="$5" k="$6" mtu="$7" wire i f
+    local name="$1" hosts="$2" dir="$3" subnet="$4" oct2="$5" k="$6" mtu="$7" link_delay_us="$8" wire i f
     echo "file $dir/hosts" >>"$dir/bed.record"
     : >"$dir/hosts"
     for ((i = 0; i < hosts; i++)); do
@@ -276,8 +291,16 @@ write_files() {
             echo "# Written by scripts/netns/bed.sh: $hosts namespaces of bed $name, one NIC each."
             echo "[cluster]"
             echo "wire = \"$wire\""
-            # The packet wire carries jumbo frames up to the link's MTU.
-            [ "$wire" != packet ] || echo "mtu = $mtu"
+            # Jumbo frames up to the link's MTU: the packet wire's frame is
+            # the Ethernet payload; a udp datagram also carries IPv4 and UDP
+            # headers (28 bytes), or IP fragments it.
+            if [ "$wire" = packet ]; then
+                echo "mtu = $((mtu > 9000 ? 9000 : mtu))"
+            else
+                echo "mtu = $((mtu - 28 > 9000 ? 9000 : mtu - 28))"
+            fi
+            # No netem: the daemons delay their own frames.
+            [ "$link_delay_us" -eq 0 ] || echo "nicd_args = [\"--link-delay-us\", \"$link_delay_us\"]"
             for ((i = 0; i < hosts; i++)); do
                 echo
                 echo "[[host]]"

@@ -2,7 +2,7 @@
 //! and nothing else (it pipes into `jq`); human lines go to stderr. Needs
 //! the release binaries and the signed image (`make build`).
 
-use emp_tests::harness::emp;
+use emp_tests::harness::{emp, Cluster};
 
 #[test]
 fn bench_latency_json_is_the_only_thing_on_stdout() {
@@ -19,6 +19,31 @@ fn bench_latency_json_is_the_only_thing_on_stdout() {
     for key in ["\"benchmark\":\"Latency\"", "\"unit\":\"us\"", "{\"size\":1,\"emp\":", "{\"size\":8,\"emp\":"] {
         assert!(doc.contains(key), "missing {key} in {doc}");
     }
+}
+
+/// emp-nicd's `--link-delay-us` takes effect: every frame leaves that long
+/// after it was sent, so a ping-pong's one-way latency (round trip / 2) is
+/// never below the delay. A lower bound: no load on the machine can make
+/// it flaky (load only adds).
+#[test]
+fn link_delay_bounds_ping_pong_latency_from_below() {
+    let delay_us = 2000.0;
+    let base = 31000 + (std::process::id() % 500) as u16 * 8;
+    let c = Cluster::up(
+        "linkdelay",
+        &["-n", "2", "--wire", "udp", "--udp-base", &base.to_string(), "--nicd-args", "--link-delay-us 2000"],
+    );
+    let out = emp()
+        .args(["bench", "latency", "--json", "--no-tcp", "--sizes", "8", "--iters", "20", "--dir"])
+        .arg(c.path())
+        .output()
+        .expect("run emp bench");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "emp bench failed:\n{stdout}{stderr}");
+    let at = stdout.find("\"emp\":").unwrap_or_else(|| panic!("no EMP figure in {stdout}")) + 6;
+    let num: String = stdout[at..].chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    let one_way: f64 = num.parse().unwrap_or_else(|_| panic!("bad number {num:?} in {stdout}"));
+    assert!(one_way >= delay_us, "one-way latency {one_way} µs is below the {delay_us} µs link delay: {stdout}");
 }
 
 #[test]

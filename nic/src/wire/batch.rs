@@ -77,17 +77,37 @@ impl RecvBatch {
     }
 }
 
-/// Frames queued for one `sendmmsg` on a connected or bound socket (no
-/// per-frame destination address).
+/// Frames queued for one `sendmmsg`: on a bound packet socket (no
+/// destination address), or each to its own address (UDP).
 pub(crate) struct SendBatch {
     buf: Vec<u8>,
     lens: [usize; BATCH],
+    /// Destination of each frame (`namelens[i] == 0`: none).
+    names: Vec<libc::sockaddr_storage>,
+    namelens: [libc::socklen_t; BATCH],
     n: usize,
 }
 
 impl SendBatch {
     pub(crate) fn new() -> SendBatch {
-        SendBatch { buf: vec![0; BATCH * SLOT], lens: [0; BATCH], n: 0 }
+        SendBatch {
+            buf: vec![0; BATCH * SLOT],
+            lens: [0; BATCH],
+            // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+            names: vec![unsafe { std::mem::zeroed() }; BATCH],
+            namelens: [0; BATCH],
+            n: 0,
+        }
+    }
+
+    /// Queues `frame` (at most [`SLOT`] bytes) to socket address `to`.
+    pub(crate) fn push_to(&mut self, to: &std::net::SocketAddr, frame: &[u8]) {
+        debug_assert!(!self.full() && frame.len() <= SLOT);
+        let i = self.n;
+        self.namelens[i] = sockaddr_from_std(to, &mut self.names[i]);
+        self.buf[i * SLOT..i * SLOT + frame.len()].copy_from_slice(frame);
+        self.lens[i] = frame.len();
+        self.n += 1;
     }
 
     /// Room for one more frame?
@@ -101,6 +121,7 @@ impl SendBatch {
         debug_assert!(!self.full());
         let slot = &mut self.buf[self.n * SLOT..(self.n + 1) * SLOT];
         self.lens[self.n] = fill(slot).min(SLOT);
+        self.namelens[self.n] = 0;
         self.n += 1;
     }
 
@@ -116,11 +137,17 @@ impl SendBatch {
                 iov_base: unsafe { base.add(i * SLOT) }.cast(),
                 iov_len: self.lens[i],
             });
+            let names = self.names.as_mut_ptr();
             let mut msgs: [libc::mmsghdr; BATCH] = std::array::from_fn(|i| {
                 // SAFETY: msghdr is plain old data; the fields that matter are set below.
                 let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
                 h.msg_iov = &mut iov[i];
                 h.msg_iovlen = 1;
+                if self.namelens[i] > 0 {
+                    // SAFETY: slot i of `names` (BATCH entries).
+                    h.msg_name = unsafe { names.add(i) }.cast();
+                    h.msg_namelen = self.namelens[i];
+                }
                 libc::mmsghdr { msg_hdr: h, msg_len: 0 }
             });
             let rest = (self.n - sent) as u32;
@@ -144,5 +171,29 @@ impl SendBatch {
         }
         self.n = 0;
         lost
+    }
+}
+
+/// Writes `a` into `out` as the kernel takes it; returns its length.
+fn sockaddr_from_std(a: &std::net::SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
+    match a {
+        std::net::SocketAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is large enough and aligned for a sockaddr_in.
+            let sin = unsafe { &mut *(out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = v4.port().to_be();
+            sin.sin_addr = libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() };
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
+        }
+        std::net::SocketAddr::V6(v6) => {
+            // SAFETY: sockaddr_storage is large enough and aligned for a sockaddr_in6.
+            let sin6 = unsafe { &mut *(out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = v6.port().to_be();
+            sin6.sin6_flowinfo = v6.flowinfo();
+            sin6.sin6_addr = libc::in6_addr { s6_addr: v6.ip().octets() };
+            sin6.sin6_scope_id = v6.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
+        }
     }
 }

@@ -19,7 +19,7 @@ pub mod packet;
 pub mod udp;
 
 pub use info::WireView;
-pub use packet::PacketWire;
+pub use packet::{PacketOptions, PacketWire};
 pub use udp::UdpWire;
 
 /// Fault injection applied by every backend on transmit.
@@ -33,6 +33,9 @@ pub struct Faults {
     pub reorder: f64,
     /// Largest extra delay of a reordered frame (ns).
     pub jitter_ns: u64,
+    /// Every frame leaves this long (ns) after it was sent, order kept: a
+    /// link's propagation delay, where the kernel has no `tc netem` to add it.
+    pub link_delay_ns: u64,
     /// Seed.
     pub seed: u64,
 }
@@ -174,9 +177,10 @@ pub enum WireKindInfo {
 pub trait Wire: Send {
     /// NIC `src` (local index) transmits to node `dst`.
     fn send(&mut self, now: u64, src: usize, dst: u16, frame: Vec<u8>);
-    /// Sends what [`Wire::send`] queued (the engine calls it once per pass,
-    /// so a wire can batch its system calls).
-    fn flush(&mut self) {}
+    /// Sends what [`Wire::send`] queued and what a link delay held until
+    /// `now` (the engine calls it once per pass, so a wire can batch its
+    /// system calls).
+    fn flush(&mut self, _now: u64) {}
     /// Moves arrived frames into `rx[local index]`; returns how many.
     fn poll(&mut self, now: u64, rx: &mut [VecDeque<Vec<u8>>]) -> usize;
     /// Earliest time a delayed frame is due.
@@ -188,6 +192,62 @@ pub trait Wire: Send {
     /// Counters now.
     fn stats(&self) -> WireStats {
         self.counters().snapshot()
+    }
+}
+
+/// Most frames a [`DelayLine`] holds: 100 µs at 10 Gbit/s of jumbo frames
+/// is ~14; beyond this a sender outruns any link and the frame is lost.
+pub const DELAY_LINE_MAX: usize = 4096;
+
+/// Frames waiting out a fixed link delay. One delay for all, so they leave
+/// in the order sent: a FIFO, not a heap. Bounded by [`DELAY_LINE_MAX`].
+pub struct DelayLine<T> {
+    delay_ns: u64,
+    queue: VecDeque<(u64, T)>,
+}
+
+impl<T> DelayLine<T> {
+    /// A line delaying every frame by `delay_ns`.
+    pub fn new(delay_ns: u64) -> DelayLine<T> {
+        DelayLine { delay_ns, queue: VecDeque::new() }
+    }
+
+    /// Does it delay anything?
+    pub fn active(&self) -> bool {
+        self.delay_ns > 0
+    }
+
+    /// Holds `item`, sent at `now`, until `now + delay`; gives it back when full.
+    pub fn push(&mut self, now: u64, item: T) -> Result<(), T> {
+        if self.queue.len() >= DELAY_LINE_MAX {
+            return Err(item);
+        }
+        // `now` never goes back, so the queue stays sorted by due time.
+        self.queue.push_back((now + self.delay_ns, item));
+        Ok(())
+    }
+
+    /// The oldest frame, if it is due at `now`.
+    pub fn pop_due(&mut self, now: u64) -> Option<T> {
+        if self.queue.front().is_some_and(|(due, _)| *due <= now) {
+            return self.queue.pop_front().map(|(_, item)| item);
+        }
+        None
+    }
+
+    /// When the oldest frame is due.
+    pub fn next_due(&self) -> Option<u64> {
+        self.queue.front().map(|(due, _)| *due)
+    }
+
+    /// Frames held.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Nothing held?
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
     }
 }
 
@@ -284,7 +344,8 @@ impl Wire for MemWire {
         for (i, delay) in delays[..n].iter().enumerate() {
             // The last copy takes the buffer itself: no copy without faults.
             let f = if i + 1 == n { frame.take().expect("once") } else { frame.as_ref().expect("kept").clone() };
-            if *delay == 0 {
+            let delay = delay + self.faults.link_delay_ns;
+            if delay == 0 {
                 self.now_queue.push_back((d, f));
             } else {
                 self.seq += 1;
@@ -365,6 +426,37 @@ mod tests {
         bad[1] = 77;
         assert_eq!(claimed_source(&bad), Err(Refused::Malformed), "unknown kind");
         assert_eq!(claimed_source(&[]), Err(Refused::Malformed));
+    }
+
+    #[test]
+    fn delay_line_keeps_order_and_its_bound() {
+        let mut d = DelayLine::new(100);
+        assert!(d.active());
+        assert_eq!(d.next_due(), None);
+        d.push(10, 'a').unwrap();
+        d.push(10, 'b').unwrap();
+        d.push(50, 'c').unwrap();
+        assert_eq!(d.next_due(), Some(110));
+        assert_eq!(d.pop_due(109), None, "not before it is due");
+        assert_eq!((d.pop_due(110), d.pop_due(110), d.pop_due(110)), (Some('a'), Some('b'), None));
+        assert_eq!(d.pop_due(1000), Some('c'));
+        assert!(d.is_empty());
+        for i in 0..DELAY_LINE_MAX {
+            d.push(0, 'x').unwrap_or_else(|_| panic!("frame {i} refused below the bound"));
+        }
+        assert_eq!(d.push(0, 'y'), Err('y'), "full: refused, given back");
+        assert_eq!(d.len(), DELAY_LINE_MAX);
+        assert!(!DelayLine::<u8>::new(0).active());
+    }
+
+    #[test]
+    fn mem_wire_link_delay_holds_every_frame() {
+        let mut w = MemWire::new(&[0, 1], Faults { link_delay_ns: 1_000, ..Faults::default() });
+        let mut rx = vec![VecDeque::new(), VecDeque::new()];
+        w.send(0, 0, 1, ack_frame(0, 1));
+        assert_eq!(w.next_due(), Some(1_000));
+        assert_eq!(w.poll(999, &mut rx), 0);
+        assert_eq!(w.poll(1_000, &mut rx), 1);
     }
 
     #[test]

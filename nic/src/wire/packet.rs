@@ -12,7 +12,7 @@ use std::sync::Arc;
 use emp_uapi::ETHERTYPE_EMP;
 
 use super::batch::{RecvBatch, SendBatch, BATCH};
-use super::{check_source, claimed_source, inject, Faults, Prng, Refused, Wire, WireCounters};
+use super::{check_source, claimed_source, inject, DelayLine, Faults, Prng, Refused, Wire, WireCounters};
 use crate::route::{if_index, RouteTable};
 
 /// Ethernet header: destination, source, ethertype.
@@ -101,6 +101,9 @@ struct Port {
     /// Multicast MACs joined.
     groups: Vec<[u8; 6]>,
     tx: Box<SendBatch>,
+    /// The rings (None, or without one of them: the kernel refused them;
+    /// `recvmmsg` and `sendmmsg` instead).
+    rings: Option<Rings>,
 }
 
 /// AF_PACKET sockets, one per local NIC.
@@ -117,16 +120,236 @@ pub struct PacketWire {
     /// send a frame back out of the port it came in on, so they never
     /// leave the daemon, as a real NIC loops its own traffic back.
     looped: VecDeque<(usize, Vec<u8>)>,
+    /// Frames waiting out `faults.link_delay_ns`: (local NIC, to MAC, frame).
+    delayed: DelayLine<(usize, [u8; 6], Vec<u8>)>,
 }
 
 /// Most frames in flight between local NICs: each NIC's send window is
 /// bounded, so this only guards against a runaway sender.
 const LOOPED_MAX: usize = 4096;
 
-fn open_packet_socket(interface: &str) -> Result<(OwnedFd, i32), String> {
-    let proto = (ETHERTYPE_EMP).to_be() as i32;
+/// TPACKET_V2 rings shared with the kernel, in one mapping (the receive
+/// ring first, then the transmit ring). Receive: the kernel copies each
+/// frame into the next free slot and flips its status word to the user; the
+/// wire copies it out and hands the slot back, so polling is a load, not a
+/// system call. Transmit: the wire writes frames into free slots and marks
+/// them for sending; one `send()` per engine pass sends them all, the kernel
+/// building its packets from the ring's pages (a NIC's driver DMAs them from
+/// there; a veth copies them when the packet crosses to its peer).
+struct Rings {
+    map: *mut u8,
+    /// Bytes mapped.
+    len: usize,
+    rx: bool,
+    tx: bool,
+    /// The next receive slot the kernel fills.
+    rx_head: usize,
+    /// The next transmit slot the wire fills.
+    tx_head: usize,
+    /// Transmit slots filled since the last `send()`.
+    tx_queued: usize,
+}
+
+/// Bytes per ring slot: the tpacket2 header, the sockaddr_ll, and a jumbo
+/// frame (a longer one arrives marked TP_STATUS_COPY and is refused).
+const RING_FRAME: usize = 16 << 10;
+/// Slots per block (a block is what the kernel allocates contiguously).
+const RING_BLOCK: usize = 4 * RING_FRAME;
+/// Slots per ring: a few windows of jumbo frames (4 MiB per ring).
+const RING_FRAMES: usize = 256;
+/// `PACKET_VERSION` value of TPACKET_V2.
+const TPACKET_V2: libc::c_int = 1;
+/// The tpacket2 header's size, aligned: where a received frame's
+/// sockaddr_ll and a sent frame's bytes start (the kernel's default for the
+/// latter without PACKET_TX_HAS_OFF).
+const HDR_ALIGNED: usize = std::mem::size_of::<libc::tpacket2_hdr>().next_multiple_of(16);
+
+// SAFETY: the mapping belongs to the rings alone and is only touched
+// through them (slots the kernel handed over, and the atomic status words).
+unsafe impl Send for Rings {}
+
+impl Rings {
+    /// Sets up and maps the rings of packet socket `fd` (before it is bound,
+    /// so no frame lands in its ordinary queue first).
+    fn new(fd: RawFd, rx: bool, tx: bool) -> std::io::Result<Rings> {
+        let set = |opt: libc::c_int, v: *const libc::c_void, len: usize| {
+            // SAFETY: `v` points at a live option value of `len` bytes.
+            if unsafe { libc::setsockopt(fd, libc::SOL_PACKET, opt, v, len as libc::socklen_t) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        };
+        let int = std::mem::size_of::<libc::c_int>();
+        let version = TPACKET_V2;
+        set(libc::PACKET_VERSION, (&version as *const libc::c_int).cast(), int)?;
+        let req = libc::tpacket_req {
+            tp_block_size: RING_BLOCK as u32,
+            tp_block_nr: (RING_FRAMES * RING_FRAME / RING_BLOCK) as u32,
+            tp_frame_size: RING_FRAME as u32,
+            tp_frame_nr: RING_FRAMES as u32,
+        };
+        let req_len = std::mem::size_of::<libc::tpacket_req>();
+        if tx {
+            // A malformed slot is skipped rather than stopping the ring
+            // (set before any ring exists, or the kernel refuses it).
+            let one: libc::c_int = 1;
+            set(libc::PACKET_LOSS, (&one as *const libc::c_int).cast(), int)?;
+        }
+        if rx {
+            set(libc::PACKET_RX_RING, (&req as *const libc::tpacket_req).cast(), req_len)?;
+        }
+        if tx {
+            set(libc::PACKET_TX_RING, (&req as *const libc::tpacket_req).cast(), req_len)?;
+        }
+        let len = RING_FRAMES * RING_FRAME * (rx as usize + tx as usize);
+        // SAFETY: mapping the rings just configured on `fd`, shared with the kernel.
+        let map = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if map == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Rings { map: map.cast(), len, rx, tx, rx_head: 0, tx_head: 0, tx_queued: 0 })
+    }
+
+    /// Slot `i` of the receive ring, or of the transmit ring.
+    fn slot(&self, tx: bool, i: usize) -> *mut u8 {
+        let ring = if tx && self.rx { RING_FRAMES } else { 0 };
+        // SAFETY: slot `i` < RING_FRAMES of a mapped ring lies inside the mapping.
+        unsafe { self.map.add((ring + i) * RING_FRAME) }
+    }
+
+    /// The status word of a slot, shared with the kernel.
+    fn status(&self, tx: bool, i: usize) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: a slot starts 16-byte aligned with the u32 tp_status
+        // first; the kernel and we access it atomically.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.slot(tx, i).cast()) }
+    }
+
+    /// The frame in the head receive slot, if the kernel has filled it:
+    /// whether it was truncated (TP_STATUS_COPY), its packet type, its bytes.
+    fn rx_peek(&self) -> Option<(bool, u8, &[u8])> {
+        // Acquire: the frame's bytes are visible once the status says so.
+        let st = self.status(false, self.rx_head).load(std::sync::atomic::Ordering::Acquire);
+        if st & libc::TP_STATUS_USER == 0 {
+            return None;
+        }
+        // SAFETY: the kernel handed this slot over: it holds a tpacket2_hdr,
+        // then (aligned) a sockaddr_ll, and the frame at tp_mac, all inside
+        // the slot; it writes none of them again until we release it.
+        unsafe {
+            let slot = self.slot(false, self.rx_head);
+            let hdr = &*slot.cast::<libc::tpacket2_hdr>();
+            let sll = &*slot.add(HDR_ALIGNED).cast::<libc::sockaddr_ll>();
+            let (at, n) = (hdr.tp_mac as usize, hdr.tp_snaplen as usize);
+            if at + n > RING_FRAME {
+                return Some((true, sll.sll_pkttype, &[]));
+            }
+            Some((st & libc::TP_STATUS_COPY != 0, sll.sll_pkttype, std::slice::from_raw_parts(slot.add(at), n)))
+        }
+    }
+
+    /// Gives the head receive slot back to the kernel and moves on.
+    fn rx_release(&mut self) {
+        // Release: we are done reading the slot before the kernel reuses it.
+        self.status(false, self.rx_head).store(libc::TP_STATUS_KERNEL, std::sync::atomic::Ordering::Release);
+        self.rx_head = (self.rx_head + 1) % RING_FRAMES;
+    }
+
+    /// Room for a frame in the head transmit slot (the kernel has sent
+    /// what it held before)?
+    fn tx_free(&self) -> bool {
+        self.status(true, self.tx_head).load(std::sync::atomic::Ordering::Acquire) == libc::TP_STATUS_AVAILABLE
+    }
+
+    /// Fills the head transmit slot (which must be free) with a frame of
+    /// `len` bytes written by `fill`, and marks it for sending.
+    fn tx_push(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) {
+        debug_assert!(self.tx_free() && HDR_ALIGNED + len <= RING_FRAME);
+        let slot = self.slot(true, self.tx_head);
+        // SAFETY: the slot is ours (status AVAILABLE): the frame area after
+        // the header, `len` ≤ RING_FRAME - HDR_ALIGNED bytes, then the header.
+        unsafe {
+            fill(std::slice::from_raw_parts_mut(slot.add(HDR_ALIGNED), len));
+            let hdr = &mut *slot.cast::<libc::tpacket2_hdr>();
+            hdr.tp_len = len as u32;
+            hdr.tp_snaplen = len as u32;
+        }
+        // Release: the frame is written before the kernel may read it.
+        self.status(true, self.tx_head).store(libc::TP_STATUS_SEND_REQUEST, std::sync::atomic::Ordering::Release);
+        self.tx_head = (self.tx_head + 1) % RING_FRAMES;
+        self.tx_queued += 1;
+    }
+
+    /// Asks the kernel to send every marked slot (without waiting for it).
+    fn tx_kick(&mut self, fd: RawFd) -> std::io::Result<()> {
+        if self.tx_queued == 0 {
+            return Ok(());
+        }
+        self.tx_queued = 0;
+        // SAFETY: send(2) without a buffer: the frames are in the ring.
+        if unsafe { libc::send(fd, std::ptr::null(), 0, libc::MSG_DONTWAIT) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Rings {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the mapping made in `new`, used by nothing after.
+        unsafe { libc::munmap(self.map.cast(), self.len) };
+    }
+}
+
+/// Drops one datagram from the socket's ordinary queue (where the kernel
+/// puts the whole of a frame too long for a ring slot).
+fn drop_queued(fd: RawFd) {
+    let mut b = [0u8; 64];
+    // SAFETY: reading at most 64 bytes into a live buffer, without blocking.
+    unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT | libc::MSG_TRUNC) };
+}
+
+/// How a packet wire does its I/O.
+#[derive(Clone, Copy, Debug)]
+pub struct PacketOptions {
+    /// Receive through a PACKET_RX_RING (else, or when the kernel refuses
+    /// one, with `recvmmsg`).
+    pub rx_ring: bool,
+    /// Transmit through a PACKET_TX_RING (else, or when the kernel refuses
+    /// one, with `sendmmsg`).
+    pub tx_ring: bool,
+}
+
+impl Default for PacketOptions {
+    fn default() -> Self {
+        PacketOptions { rx_ring: true, tx_ring: true }
+    }
+}
+
+fn open_packet_socket(interface: &str, opts: PacketOptions) -> Result<(OwnedFd, i32, Option<Rings>), String> {
+    if !(opts.rx_ring || opts.tx_ring) {
+        return open_packet_socket_with(interface, None);
+    }
+    match open_packet_socket_with(interface, Some(opts)) {
+        Err(e) if e.starts_with("rings: ") => {
+            // A half-configured socket may hold a ring nobody reads: start
+            // over with a fresh one.
+            tracing::warn!(interface, "{e}: recvmmsg and sendmmsg instead");
+            open_packet_socket_with(interface, None)
+        }
+        r => r,
+    }
+}
+
+fn open_packet_socket_with(
+    interface: &str,
+    rings: Option<PacketOptions>,
+) -> Result<(OwnedFd, i32, Option<Rings>), String> {
+    // Protocol 0: nothing is received until bind names the ethertype, after
+    // the receive ring is in place.
     // SAFETY: plain socket(2); the result is checked.
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, proto) };
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         let e = std::io::Error::last_os_error();
         return Err(match e.raw_os_error() {
@@ -140,6 +363,10 @@ fn open_packet_socket(interface: &str) -> Result<(OwnedFd, i32), String> {
     // SAFETY: a fresh descriptor we own.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     let ifindex = if_index(interface)? as i32;
+    let rings = match rings {
+        None => None,
+        Some(o) => Some(Rings::new(fd, o.rx_ring, o.tx_ring).map_err(|e| format!("rings: {e}"))?),
+    };
     // SAFETY: sockaddr_ll is plain old data.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
@@ -169,21 +396,9 @@ fn open_packet_socket(interface: &str) -> Result<(OwnedFd, i32), String> {
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    // Room for a burst of jumbo frames in each direction.
-    let buf: libc::c_int = 4 << 20;
-    for opt in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
-        // SAFETY: an int option, passed by pointer with its size.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                opt,
-                (&buf as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-    }
-    Ok((sock, ifindex))
+    // Room for a burst of jumbo frames in each direction (without rings).
+    super::udp::socket_buffers(fd);
+    Ok((sock, ifindex, rings))
 }
 
 fn membership(fd: RawFd, ifindex: i32, mac: &[u8; 6], kind: libc::c_int, add: bool) -> std::io::Result<()> {
@@ -217,13 +432,25 @@ impl PacketWire {
     /// One socket per local NIC: `locals[i]` = (interface, node id);
     /// `mtu` is the EMP frame size, which must fit the link's MTU.
     pub fn new(locals: &[(String, u16)], routes: RouteTable, mtu: u32, faults: Faults) -> Result<PacketWire, String> {
+        Self::with_options(locals, routes, mtu, faults, PacketOptions::default())
+    }
+
+    /// As [`PacketWire::new`], with `opts`.
+    pub fn with_options(
+        locals: &[(String, u16)],
+        routes: RouteTable,
+        mtu: u32,
+        faults: Faults,
+        opts: PacketOptions,
+    ) -> Result<PacketWire, String> {
         let mut ports = Vec::new();
         for (interface, node) in locals {
             let mac = routes
                 .get(*node)
                 .and_then(|r| r.mac)
                 .ok_or_else(|| format!("node {node}: the packet wire needs its `mac`"))?;
-            let (sock, ifindex) = open_packet_socket(interface).map_err(|e| format!("node {node}: {e}"))?;
+            let (sock, ifindex, rings) =
+                open_packet_socket(interface, opts).map_err(|e| format!("node {node}: {e}"))?;
             let link = link_state(sock.as_raw_fd(), interface).map_err(|e| format!("{interface}: {e}"))?;
             if mtu > link.mtu {
                 return Err(format!(
@@ -249,6 +476,7 @@ impl PacketWire {
                 mac,
                 groups: Vec::new(),
                 tx: Box::new(SendBatch::new()),
+                rings,
             });
         }
         Ok(PacketWire {
@@ -260,6 +488,7 @@ impl PacketWire {
             rx: Box::new(RecvBatch::new()),
             local: locals.iter().map(|&(_, node)| node).collect(),
             looped: VecDeque::new(),
+            delayed: DelayLine::new(faults.link_delay_ns),
         })
     }
 
@@ -292,6 +521,33 @@ impl PacketWire {
     /// multicast group's); queued until [`Wire::flush`].
     pub fn send_to_mac(&mut self, src: usize, to: [u8; 6], frame: &[u8]) {
         let p = &mut self.ports[src];
+        let me = p.mac;
+        let fill = |b: &mut [u8]| {
+            b[..6].copy_from_slice(&to);
+            b[6..12].copy_from_slice(&me);
+            b[12..14].copy_from_slice(&ETHERTYPE_EMP.to_be_bytes());
+            b[ETH_HEADER..ETH_HEADER + frame.len()].copy_from_slice(frame);
+        };
+        if let Some(ring) = p.rings.as_mut().filter(|r| r.tx) {
+            if HDR_ALIGNED + ETH_HEADER + frame.len() > RING_FRAME {
+                WireCounters::add(&self.stats.lost, 1);
+                return;
+            }
+            // The ring is full of frames the kernel has not sent yet: send
+            // them and give the link a moment rather than lose this one.
+            let mut stalls = 0;
+            while !ring.tx_free() && stalls < 64 {
+                let _ = ring.tx_kick(p.sock.as_raw_fd());
+                stalls += 1;
+                std::thread::yield_now();
+            }
+            if !ring.tx_free() {
+                WireCounters::add(&self.stats.lost, 1);
+                return;
+            }
+            ring.tx_push(ETH_HEADER + frame.len(), fill);
+            return;
+        }
         if p.tx.full() {
             let lost = p.tx.flush(p.sock.as_raw_fd());
             WireCounters::add(&self.stats.lost, lost as u64);
@@ -300,12 +556,8 @@ impl PacketWire {
             WireCounters::add(&self.stats.lost, 1);
             return;
         }
-        let me = p.mac;
         p.tx.push(|slot| {
-            slot[..6].copy_from_slice(&to);
-            slot[6..12].copy_from_slice(&me);
-            slot[12..14].copy_from_slice(&ETHERTYPE_EMP.to_be_bytes());
-            slot[ETH_HEADER..ETH_HEADER + frame.len()].copy_from_slice(frame);
+            fill(slot);
             ETH_HEADER + frame.len()
         });
     }
@@ -314,6 +566,12 @@ impl PacketWire {
     pub fn link(&self, i: usize) -> std::io::Result<LinkState> {
         let p = &self.ports[i];
         link_state(p.sock.as_raw_fd(), &p.interface)
+    }
+
+    /// Does local NIC `i` receive and transmit through rings (else
+    /// `recvmmsg`, `sendmmsg`)?
+    pub fn rings(&self, i: usize) -> (bool, bool) {
+        self.ports[i].rings.as_ref().map_or((false, false), |r| (r.rx, r.tx))
     }
 
     /// Interface names, by local NIC.
@@ -328,7 +586,7 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
 }
 
 impl Wire for PacketWire {
-    fn send(&mut self, _now: u64, src: usize, dst: u16, frame: Vec<u8>) {
+    fn send(&mut self, now: u64, src: usize, dst: u16, frame: Vec<u8>) {
         if let Some(i) = self.local.iter().position(|&n| n == dst) {
             WireCounters::add(&self.stats.frames, 1);
             if self.looped.len() >= LOOPED_MAX {
@@ -344,13 +602,34 @@ impl Wire for PacketWire {
             return;
         };
         let (_, copies) = inject(&self.faults, &mut self.rng, &self.stats);
+        if self.delayed.active() {
+            let mut frame = Some(frame);
+            for i in 0..copies {
+                // The last copy takes the buffer itself.
+                let f = if i + 1 == copies { frame.take().expect("once") } else { frame.clone().expect("kept") };
+                if self.delayed.push(now, (src, to, f)).is_err() {
+                    WireCounters::add(&self.stats.lost, 1);
+                }
+            }
+            return;
+        }
         for _ in 0..copies {
             self.send_to_mac(src, to, &frame);
         }
     }
 
-    fn flush(&mut self) {
+    fn flush(&mut self, now: u64) {
+        while let Some((src, to, frame)) = self.delayed.pop_due(now) {
+            self.send_to_mac(src, to, &frame);
+        }
         for p in &mut self.ports {
+            if let Some(ring) = p.rings.as_mut().filter(|r| r.tx) {
+                // A refused send (link down, no buffers) leaves the frames
+                // marked: the next pass sends them, or they are lost when
+                // the ring is still full by then.
+                let _ = ring.tx_kick(p.sock.as_raw_fd());
+                continue;
+            }
             let lost = p.tx.flush(p.sock.as_raw_fd());
             WireCounters::add(&self.stats.lost, lost as u64);
         }
@@ -362,7 +641,30 @@ impl Wire for PacketWire {
             rx[i].push_back(f);
             n += 1;
         }
-        for (p, queue) in self.ports.iter().zip(rx.iter_mut()) {
+        for (p, queue) in self.ports.iter_mut().zip(rx.iter_mut()) {
+            if let Some(ring) = p.rings.as_mut().filter(|r| r.rx) {
+                // Bounded: at most 4 batches' worth per socket per pass.
+                for _ in 0..4 * BATCH {
+                    let Some((truncated, pkttype, eth)) = ring.rx_peek() else { break };
+                    if pkttype == libc::PACKET_OUTGOING {
+                        // Our own frame, on kernels that show it.
+                    } else if truncated {
+                        self.stats.refused(Refused::Malformed);
+                        drop_queued(p.sock.as_raw_fd());
+                    } else {
+                        match check_frame(eth, &p.mac, &p.groups, &self.routes) {
+                            Ok(Some((_, range))) => {
+                                queue.push_back(eth[range].to_vec());
+                                n += 1;
+                            }
+                            Ok(None) => {}
+                            Err(why) => self.stats.refused(why),
+                        }
+                    }
+                    ring.rx_release();
+                }
+                continue;
+            }
             // Bounded: at most 4 batches per socket per pass.
             for _ in 0..4 {
                 let got = self.rx.recv(p.sock.as_raw_fd());
@@ -370,7 +672,7 @@ impl Wire for PacketWire {
                     // SAFETY: an AF_PACKET socket names its senders with sockaddr_ll, which fits the storage.
                     let sll =
                         unsafe { &*(self.rx.name(k) as *const libc::sockaddr_storage).cast::<libc::sockaddr_ll>() };
-                    if sll.sll_pkttype == 4 {
+                    if sll.sll_pkttype == libc::PACKET_OUTGOING {
                         continue; // PACKET_OUTGOING: our own frame, on kernels that show it.
                     }
                     if self.rx.truncated(k) {
@@ -397,7 +699,7 @@ impl Wire for PacketWire {
 
     fn next_due(&self) -> Option<u64> {
         if self.looped.is_empty() {
-            None
+            self.delayed.next_due()
         } else {
             Some(0)
         }

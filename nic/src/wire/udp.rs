@@ -8,8 +8,8 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSo
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
-use super::batch::RecvBatch;
-use super::{check_source, claimed_source, inject, Faults, Prng, Refused, Wire, WireCounters};
+use super::batch::{RecvBatch, SendBatch, SLOT};
+use super::{check_source, claimed_source, inject, DelayLine, Faults, Prng, Refused, Wire, WireCounters};
 use crate::route::RouteTable;
 
 /// One UDP socket per local NIC.
@@ -23,6 +23,10 @@ pub struct UdpWire {
     rng: Prng,
     stats: Arc<WireCounters>,
     batch: Box<RecvBatch>,
+    /// Frames waiting out `faults.link_delay_ns`: (local NIC, to, frame).
+    delayed: DelayLine<(usize, SocketAddr, Vec<u8>)>,
+    /// Per local NIC: datagrams queued for one `sendmmsg` per engine pass.
+    tx: Vec<SendBatch>,
 }
 
 impl UdpWire {
@@ -33,6 +37,7 @@ impl UdpWire {
             .map(|a| {
                 let s = UdpSocket::bind(a).map_err(|e| std::io::Error::new(e.kind(), format!("bind {a}: {e}")))?;
                 s.set_nonblocking(true)?;
+                socket_buffers(s.as_raw_fd());
                 Ok(s)
             })
             .collect::<std::io::Result<Vec<_>>>()?;
@@ -62,6 +67,8 @@ impl UdpWire {
             dests,
             routes,
             rng: Prng(faults.seed | 1),
+            delayed: DelayLine::new(faults.link_delay_ns),
+            tx: binds.iter().map(|_| SendBatch::new()).collect(),
             faults,
             stats: Arc::default(),
             batch: Box::new(RecvBatch::new()),
@@ -71,6 +78,28 @@ impl UdpWire {
     /// Local NIC i's bound address.
     pub fn local_addr(&self, i: usize) -> std::io::Result<SocketAddr> {
         self.socks[i].local_addr()
+    }
+}
+
+/// Bytes asked for each socket buffer: a window of jumbo frames in each
+/// direction (the default, ~200 KiB, holds less than one: a burst beyond it
+/// is dropped and costs a retransmission timeout). The kernel caps it at
+/// net.core.rmem_max / wmem_max.
+const SOCKET_BUFFER: libc::c_int = 4 << 20;
+
+/// Sizes `fd`'s receive and send buffers to [`SOCKET_BUFFER`].
+pub(crate) fn socket_buffers(fd: RawFd) {
+    for opt in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
+        // SAFETY: an int option, passed by pointer with its size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&SOCKET_BUFFER as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
     }
 }
 
@@ -103,10 +132,24 @@ impl UdpWire {
         let from = sockaddr_to_std(self.batch.name(i)).and_then(|a| self.routes.node_of_udp(&a));
         check_source(claimed, from, self.routes.len())
     }
+
+    /// Queues one datagram for this pass's `sendmmsg`; one the socket
+    /// refuses (buffer full) is a lost frame (reliability recovers it).
+    fn transmit(&mut self, src: usize, to: SocketAddr, frame: &[u8]) {
+        if frame.len() > SLOT {
+            WireCounters::add(&self.stats.lost, 1);
+            return;
+        }
+        if self.tx[src].full() {
+            let lost = self.tx[src].flush(self.socks[src].as_raw_fd());
+            WireCounters::add(&self.stats.lost, lost as u64);
+        }
+        self.tx[src].push_to(&to, frame);
+    }
 }
 
 impl Wire for UdpWire {
-    fn send(&mut self, _now: u64, src: usize, dst: u16, frame: Vec<u8>) {
+    fn send(&mut self, now: u64, src: usize, dst: u16, frame: Vec<u8>) {
         let Some(addr) = self.dests[src].get(dst as usize).copied().flatten() else {
             WireCounters::add(&self.stats.frames, 1);
             WireCounters::add(&self.stats.lost, 1);
@@ -115,11 +158,29 @@ impl Wire for UdpWire {
         // Delays are not modelled on UDP: a delayed copy is sent at once
         // after the others, which still reorders it.
         let (_, copies) = inject(&self.faults, &mut self.rng, &self.stats);
-        for _ in 0..copies {
-            // A full socket buffer is a lost frame: reliability recovers it.
-            if self.socks[src].send_to(&frame, addr).is_err() {
-                WireCounters::add(&self.stats.lost, 1);
+        if self.delayed.active() {
+            let mut frame = Some(frame);
+            for i in 0..copies {
+                // The last copy takes the buffer itself.
+                let f = if i + 1 == copies { frame.take().expect("once") } else { frame.clone().expect("kept") };
+                if self.delayed.push(now, (src, addr, f)).is_err() {
+                    WireCounters::add(&self.stats.lost, 1);
+                }
             }
+            return;
+        }
+        for _ in 0..copies {
+            self.transmit(src, addr, &frame);
+        }
+    }
+
+    fn flush(&mut self, now: u64) {
+        while let Some((src, to, frame)) = self.delayed.pop_due(now) {
+            self.transmit(src, to, &frame);
+        }
+        for (batch, sock) in self.tx.iter_mut().zip(&self.socks) {
+            let lost = batch.flush(sock.as_raw_fd());
+            WireCounters::add(&self.stats.lost, lost as u64);
         }
     }
 
@@ -148,7 +209,7 @@ impl Wire for UdpWire {
     }
 
     fn next_due(&self) -> Option<u64> {
-        None
+        self.delayed.next_due()
     }
 
     fn fds(&self) -> Vec<RawFd> {
@@ -189,6 +250,7 @@ mod tests {
         let mut rx = vec![VecDeque::new(), VecDeque::new()];
         // Real traffic: node 0 → node 1.
         w.send(0, 0, 1, ack_frame(0, 1));
+        w.flush(0);
         poll_until(&mut w, &mut rx, 1);
         assert_eq!(rx[1].len(), 1, "a frame from node 0's address claiming node 0 is accepted");
         let forger = UdpSocket::bind(format!("{lo}:0")).unwrap();
@@ -206,8 +268,36 @@ mod tests {
         assert_eq!(rx[1].len(), 1, "nothing forged was delivered");
         // Still works.
         w.send(0, 1, 0, ack_frame(1, 0));
+        w.flush(0);
         poll_until(&mut w, &mut rx, 6);
         assert_eq!(rx[0].len(), 1);
+    }
+
+    #[test]
+    fn link_delay_holds_frames_until_due_in_order() {
+        let probe = |_: ()| UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let (a, b) = (probe(()), probe(()));
+        let delay = 2_000_000;
+        let faults = Faults { link_delay_ns: delay, ..Faults::default() };
+        let mut w = UdpWire::new(&[a, b], table(&[a, b]), faults).unwrap();
+        let mut rx = vec![VecDeque::new(), VecDeque::new()];
+        let (first, mut second) = (ack_frame(0, 1), ack_frame(0, 1));
+        second[8] ^= 0x5a; // some header byte: tells the two apart
+        w.send(1_000, 0, 1, first.clone());
+        w.send(5_000, 0, 1, second.clone());
+        assert_eq!(w.next_due(), Some(1_000 + delay), "the engine must wake for the first frame");
+        w.flush(1_000 + delay - 1);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(w.poll(0, &mut rx), 0, "nothing leaves before its delay");
+        w.flush(1_000 + delay);
+        assert_eq!(w.next_due(), Some(5_000 + delay));
+        poll_until(&mut w, &mut rx, 1);
+        assert_eq!(rx[1].len(), 1);
+        w.flush(5_000 + delay);
+        assert_eq!(w.next_due(), None);
+        poll_until(&mut w, &mut rx, 2);
+        let got: Vec<Vec<u8>> = rx[1].drain(..).collect();
+        assert_eq!(got, vec![first, second], "in the order sent");
     }
 
     #[test]

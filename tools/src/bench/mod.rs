@@ -20,15 +20,17 @@ mod coll;
 mod p2p;
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use emp::coll::Wait;
 use emp::rdv::Job;
 use emp::{Completion, Device, Status};
+use emp_config::{ClusterConfig, WireKind};
+use emp_uapi::sram::counter;
 
-use crate::cluster::{self, UpArgs, WireKind};
+use crate::cluster::{self, UpArgs};
 
 /// Which benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -91,6 +93,19 @@ pub struct BenchArgs {
     /// Cluster directory (default: a private 2-NIC chassis for this run).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Cluster file of a running cluster (`emp cluster up --config`): the
+    /// ranks run on its nodes 0, 1, … through their hosts' `launch`, as
+    /// `emp run --config` starts them, and TCP goes between the same hosts
+    /// over the same link (docs/cluster.md, "Benchmarks across hosts").
+    #[arg(long, conflicts_with_all = ["dir", "wire"])]
+    pub config: Option<PathBuf>,
+    /// Rank 0's TCP address (set by `emp bench --config`): an IP address or
+    /// an interface whose address rank 0 listens on and publishes.
+    #[arg(long, hide = true)]
+    pub tcp_at: Option<String>,
+    /// What the EMP side runs over, for the report (set by `emp bench`).
+    #[arg(long, hide = true)]
+    pub emp_path: Option<String>,
     /// Collectives: ranks (default 8), one NIC each on the private chassis.
     #[arg(long)]
     pub nodes: Option<usize>,
@@ -113,8 +128,8 @@ pub struct BenchArgs {
     /// Wire of the private chassis: `mem` runs every NIC in one engine
     /// thread; `udp` runs one emp-nicd per NIC, so NICs work in parallel
     /// as the papers' NIC processors did (one per host).
-    #[arg(long, value_enum, default_value_t = WireKind::Mem)]
-    pub wire: WireKind,
+    #[arg(long, value_enum, default_value_t = cluster::WireKind::Mem)]
+    pub wire: cluster::WireKind,
 }
 
 /// `emp bench …`: starts a private chassis unless `--dir` names a running
@@ -131,6 +146,9 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
     if ranks == 0 || ranks > u16::MAX as usize {
         return Err(format!("--nodes {ranks}: at least 1"));
     }
+    if let Some(config) = &a.config {
+        return bench_on_hosts(a, config, ranks);
+    }
     let (dir, private) = match &a.dir {
         Some(d) => (d.clone(), false),
         None => (private_chassis(a, ranks)?, true),
@@ -142,6 +160,62 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     match r? {
+        0 => Ok(()),
+        c => Err(format!("benchmark ranks failed (status {c})")),
+    }
+}
+
+/// `emp bench … --config F`: rank r on node r of the running cluster `F`
+/// (through `emp run --config`'s launcher); TCP between the same hosts, to
+/// node 0's address on the cluster's link.
+fn bench_on_hosts(a: &BenchArgs, config: &Path, ranks: usize) -> Result<(), String> {
+    let cfg = ClusterConfig::load(config).map_err(|e| e.to_string())?;
+    if cfg.nodes.len() < ranks {
+        return Err(format!(
+            "{}: {} node(s); this benchmark runs {ranks} ranks, one per node",
+            config.display(),
+            cfg.nodes.len()
+        ));
+    }
+    let node0 = cfg.node(0).expect("ids are 0..N");
+    // TCP over the link EMP uses: node 0's interface on the packet wire
+    // (rank 0 resolves its address there), its UDP address on the udp wire.
+    let tcp_at = match (cfg.wire, &node0.interface, node0.udp) {
+        (WireKind::Packet, Some(i), _) => Some(i.clone()),
+        (_, _, Some(u)) => Some(u.ip().to_string()),
+        (_, Some(i), None) => Some(i.clone()),
+        (_, None, None) => None,
+    };
+    let mut argv = rank_argv(a, ranks)?;
+    if let Some(t) = tcp_at {
+        argv.push(format!("--tcp-at={t}"));
+    }
+    let hosts: Vec<&str> = cfg.nodes.iter().take(ranks).map(|n| n.host.as_str()).collect();
+    argv.push(format!(
+        "--emp-path=EMP over the {} wire, nodes 0-{} on hosts {}",
+        cfg.wire.as_str(),
+        ranks - 1,
+        hosts.join(",")
+    ));
+    // The NICs' protocol counters around the run (retransmissions and
+    // timeouts say where a slow figure comes from), when their sockets are
+    // reachable from here (namespaces of one machine).
+    let sockets: Vec<(u16, String)> =
+        (0..ranks as u16).filter_map(|n| Some((n, cfg.socket(n)?.to_string_lossy().into_owned()))).collect();
+    let before: Vec<Option<[u64; emp::COUNTERS]>> = sockets.iter().map(|(_, s)| emp::nic_counters_at(s).ok()).collect();
+    let status = crate::run::run_on_hosts(config, None, ranks, &argv, Some(Duration::from_secs(3600)))?;
+    for ((node, sock), b) in sockets.iter().zip(before) {
+        let (Some(b), Ok(after)) = (b, emp::nic_counters_at(sock)) else { continue };
+        let shown = ["tx_frames", "rx_frames", "retransmits", "timeouts", "duplicates", "out_of_order", "nacks_tx"];
+        let deltas: Vec<String> = counter::NAMES
+            .iter()
+            .enumerate()
+            .filter(|(_, name)| shown.contains(name))
+            .map(|(i, name)| format!("{name} {}", after[i].wrapping_sub(b[i])))
+            .collect();
+        say(a, format!("# node {node} during the run: {}", deltas.join(", ")));
+    }
+    match status {
         0 => Ok(()),
         c => Err(format!("benchmark ranks failed (status {c})")),
     }
@@ -188,6 +262,12 @@ fn rank_argv(a: &BenchArgs, ranks: usize) -> Result<Vec<String>, String> {
     }
     if a.blocking {
         argv.push("--blocking".into());
+    }
+    if a.dir.is_none() && a.config.is_none() {
+        argv.push(format!(
+            "--emp-path=EMP on a private {}-wire chassis of {ranks} NICs",
+            format!("{:?}", a.wire).to_lowercase()
+        ));
     }
     if a.kind.is_collective() {
         argv.push(format!("--nodes={ranks}"));

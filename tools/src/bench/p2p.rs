@@ -1,6 +1,7 @@
 //! `emp bench latency|bw|bibw`: OSU-style micro-benchmarks between two
-//! ranks, EMP and TCP over loopback measured side by side in the same run
-//! by the same method (the TCP side is implemented here too).
+//! ranks, EMP and TCP measured side by side in the same run by the same
+//! method (the TCP side is implemented here too): TCP over loopback on one
+//! machine, over the cluster's link between two hosts (`--config`).
 //!
 //! - latency: ping-pong, one-way latency = round trip / 2 (µs);
 //! - bw: the sender streams windows of 64 messages, the receiver answers
@@ -8,7 +9,7 @@
 //! - bibw: both ranks stream at once (MB/s, both directions summed).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use emp::rdv::Job;
@@ -206,6 +207,8 @@ struct Tcp {
     s: TcpStream,
     rank: usize,
     buf: Vec<u8>,
+    /// Where it goes, for the report (`TCP to 198.18.0.1:41234`).
+    path: String,
 }
 
 impl Tcp {
@@ -275,7 +278,7 @@ pub(super) fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) 
     let (sbuf, rbuf, ack) = (dev.alloc(max).map_err(err)?, dev.alloc(max).map_err(err)?, dev.alloc(64).map_err(err)?);
     let cq = Cq::new(a.blocking);
     let mut emp = Emp { dev, cq, peer, rank: job.rank, sbuf, rbuf, ack, posted_sends: 0, job: job.clone() };
-    let mut tcp = if a.no_tcp { None } else { Some(tcp_connect(job, max)?) };
+    let mut tcp = if a.no_tcp { None } else { Some(tcp_connect(job, max, a.tcp_at.as_deref())?) };
     let mut rows = Vec::new();
     for (i, &size) in sizes.iter().enumerate() {
         let (n, warm) = iters_for(a.kind, size, a.iters);
@@ -295,29 +298,32 @@ pub(super) fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) 
         };
         rows.push((size, e, t));
         if job.rank == 0 && !a.json && rows.len() == 1 {
-            print_header(a.kind, tcp.is_some());
+            print_header(a, tcp.as_ref().map(|t| t.path.as_str()));
         }
         if job.rank == 0 && !a.json {
             print_row(size, e, t);
         }
     }
     if job.rank == 0 && a.json {
-        print_json(&json(a.kind, &rows));
+        let paths = (a.emp_path.as_deref().unwrap_or(""), tcp.as_ref().map(|t| t.path.as_str()));
+        print_json(&json(a.kind, paths, &rows));
     }
     emp.job.barrier(&mut emp.dev, "bench-done").map_err(err)
 }
 
-/// The TCP side of the comparison. Over loopback by default (the port is
-/// exchanged through the rendezvous directory); `EMP_BENCH_TCP=host:port`
-/// names rank 0's address instead (e.g. between two VMs over virtio-net,
-/// where a static job has no rendezvous directory): rank 0 listens on that
-/// port, rank 1 connects, retrying for 30 s.
-fn tcp_connect(job: &Job, max: usize) -> Result<Tcp, String> {
+/// The TCP side of the comparison. Rank 0 listens and publishes its
+/// address through the rendezvous; rank 1 connects. Over loopback by
+/// default; `tcp_at` (from `emp bench --config`) is rank 0's IP address or
+/// the interface whose address it listens on, so TCP crosses the link EMP
+/// does. `EMP_BENCH_TCP=host:port` names rank 0's address instead (e.g.
+/// between two VMs over virtio-net, where a static job has no rendezvous
+/// directory): rank 0 listens on that port, rank 1 connects, retrying for 30 s.
+fn tcp_connect(job: &Job, max: usize, tcp_at: Option<&str>) -> Result<Tcp, String> {
     let e = |e: std::io::Error| e.to_string();
     let named = std::env::var("EMP_BENCH_TCP").ok();
-    let s = if let Some(addr) = named {
-        let sa: std::net::SocketAddr = addr.parse().map_err(|_| format!("EMP_BENCH_TCP={addr}: not host:port"))?;
-        if job.rank == 0 {
+    let (s, path) = if let Some(addr) = named {
+        let sa: SocketAddr = addr.parse().map_err(|_| format!("EMP_BENCH_TCP={addr}: not host:port"))?;
+        let s = if job.rank == 0 {
             let l =
                 TcpListener::bind(("0.0.0.0", sa.port())).map_err(|err| format!("listen on {}: {err}", sa.port()))?;
             l.accept().map_err(e)?.0
@@ -330,18 +336,77 @@ fn tcp_connect(job: &Job, max: usize) -> Result<Tcp, String> {
                     Err(err) => return Err(format!("connect to {sa}: {err}")),
                 }
             }
-        }
+        };
+        (s, format!("TCP to {sa}"))
     } else if job.rank == 0 {
-        let l = TcpListener::bind("127.0.0.1:0").map_err(e)?;
-        let port = l.local_addr().map_err(e)?.port();
-        job.exchange("tcp", &port.to_string(), Duration::from_secs(30)).map_err(err)?;
-        l.accept().map_err(e)?.0
+        let ip = match tcp_at {
+            None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            Some(at) => listen_ip(at)?,
+        };
+        let l = TcpListener::bind((ip, 0)).map_err(|err| format!("TCP listen on {ip}: {err}"))?;
+        let sa = l.local_addr().map_err(e)?;
+        job.exchange("tcp", &sa.to_string(), Duration::from_secs(30)).map_err(err)?;
+        (l.accept().map_err(e)?.0, format!("TCP to {sa}"))
     } else {
         let all = job.exchange("tcp", "", Duration::from_secs(30)).map_err(err)?;
-        TcpStream::connect(("127.0.0.1", all[0].trim().parse::<u16>().map_err(|e| e.to_string())?)).map_err(e)?
+        let sa: SocketAddr =
+            all[0].trim().parse().map_err(|_| format!("rank 0 published {:?}: not ip:port", all[0]))?;
+        let s = TcpStream::connect_timeout(&sa, Duration::from_secs(10))
+            .map_err(|err| format!("connect to {sa}: {err}"))?;
+        (s, format!("TCP to {sa}"))
     };
     s.set_nodelay(true).map_err(e)?;
-    Ok(Tcp { s, rank: job.rank, buf: vec![0; max] })
+    Ok(Tcp { s, rank: job.rank, buf: vec![0; max], path })
+}
+
+/// The address rank 0 listens on: `at` itself when it is an IP address,
+/// else the address of interface `at` here (IPv4 first; an IPv6 link-local
+/// address would need the peer's scope, so only a global one).
+fn listen_ip(at: &str) -> Result<IpAddr, String> {
+    if let Ok(ip) = at.parse::<IpAddr>() {
+        return Ok(ip);
+    }
+    let addrs = interface_addrs(at).map_err(|e| format!("addresses of {at}: {e}"))?;
+    let v4 = addrs.iter().find(|a| a.is_ipv4());
+    let v6 = addrs.iter().find(|a| matches!(a, IpAddr::V6(v6) if !v6.is_unicast_link_local()));
+    v4.or(v6).copied().ok_or_else(|| {
+        format!("interface {at} has no IPv4 or global IPv6 address for the TCP baseline (add one, or use --no-tcp)")
+    })
+}
+
+/// The IP addresses of interface `name` in this network namespace.
+fn interface_addrs(name: &str) -> std::io::Result<Vec<IpAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        // SAFETY: ifa_name is a NUL-terminated string of the same list.
+        let ifname = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        if ifa.ifa_addr.is_null() || ifname.to_bytes() != name.as_bytes() {
+            continue;
+        }
+        // SAFETY: a non-null sockaddr of the list; its family says which kind it is.
+        let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+        if family == libc::AF_INET {
+            // SAFETY: AF_INET: the address is a sockaddr_in.
+            let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+            out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
+        } else if family == libc::AF_INET6 {
+            // SAFETY: AF_INET6: the address is a sockaddr_in6.
+            let sin6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+            out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+        }
+    }
+    // SAFETY: the list getifaddrs returned, freed once; nothing of it is used after.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
 }
 
 fn unit(k: Kind) -> &'static str {
@@ -351,24 +416,28 @@ fn unit(k: Kind) -> &'static str {
     }
 }
 
-fn print_header(k: Kind, tcp: bool) {
+fn print_header(a: &BenchArgs, tcp: Option<&str>) {
+    let k = a.kind;
     let what = match k {
         Kind::Latency => "one-way latency, ping-pong",
         Kind::Bw => "bandwidth, windows of 64",
         _ => "bidirectional bandwidth, windows of 64",
     };
-    let tcp_path = match std::env::var("EMP_BENCH_TCP") {
-        Ok(a) => format!("TCP to {a}"),
-        Err(_) => "TCP loopback".into(),
-    };
     let device = std::env::var("EMP_DEVICE").unwrap_or_default();
-    let emp_path =
-        if device.starts_with("/dev/") { format!("EMP through {device}") } else { "EMP on an emp-nicd chassis".into() };
-    println!("# EMP {what} ({}); {emp_path} vs {tcp_path}, same run", unit(k));
-    if tcp {
-        println!("# {:<10} {:>12} {:>12} {:>10}", "Size", "EMP", "TCP", "EMP/TCP");
-    } else {
-        println!("# {:<10} {:>12}", "Size", "EMP");
+    let emp_path = match &a.emp_path {
+        _ if device.starts_with("/dev/") => format!("EMP through {device}"),
+        Some(p) => p.clone(),
+        None => format!("EMP through {device}"),
+    };
+    match tcp {
+        Some(t) => {
+            println!("# EMP {what} ({}); {emp_path} vs {t}, same run", unit(k));
+            println!("# {:<10} {:>12} {:>12} {:>10}", "Size", "EMP", "TCP", "EMP/TCP");
+        }
+        None => {
+            println!("# EMP {what} ({}); {emp_path}", unit(k));
+            println!("# {:<10} {:>12}", "Size", "EMP");
+        }
     }
 }
 
@@ -379,8 +448,8 @@ fn print_row(size: usize, e: f64, t: Option<f64>) {
     }
 }
 
-/// `{"benchmark":"Latency","unit":"us","rows":[{"size":1,"emp":…,"tcp":…},…]}`.
-fn json(k: Kind, rows: &[(usize, f64, Option<f64>)]) -> Json {
+/// `{"benchmark":"Latency","unit":"us","emp_path":…,"tcp_path":…,"rows":[{"size":1,"emp":…,"tcp":…},…]}`.
+fn json(k: Kind, (emp_path, tcp_path): (&str, Option<&str>), rows: &[(usize, f64, Option<f64>)]) -> Json {
     let rows = rows
         .iter()
         .map(|&(size, e, t)| {
@@ -391,5 +460,11 @@ fn json(k: Kind, rows: &[(usize, f64, Option<f64>)]) -> Json {
             Json::Obj(row)
         })
         .collect();
-    Json::Obj(vec![("benchmark", Json::str(format!("{k:?}"))), ("unit", Json::str(unit(k))), ("rows", Json::Arr(rows))])
+    Json::Obj(vec![
+        ("benchmark", Json::str(format!("{k:?}"))),
+        ("unit", Json::str(unit(k))),
+        ("emp_path", Json::str(emp_path)),
+        ("tcp_path", tcp_path.map_or(Json::Null, Json::str)),
+        ("rows", Json::Arr(rows)),
+    ])
 }
