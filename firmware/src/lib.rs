@@ -59,6 +59,8 @@
 //!   `coll/cache.rs`: the per-operation frame cache.
 //! - `combine.rs`: the reduction arithmetic.
 //! - `atomic.rs`: remote atomics, requester and responder.
+//! - `guard.rs`: remote-access checks (key, secret, rights, bounds), their
+//!   refusal counters, and throttling a source that keeps guessing keys.
 //!
 //! The path of one message through these files, from the host's post to the
 //! peer's completion, is in `docs/architecture.md`.
@@ -70,6 +72,7 @@ mod control;
 mod cpu;
 mod ffi;
 mod group;
+mod guard;
 mod host;
 mod mr;
 mod rx;
@@ -195,6 +198,13 @@ pub struct Config {
     /// destination has sent them (all ops; at most `window_frames` per op;
     /// 0 = none, every send reads the host).
     pub coll_cache_frames: u32,
+    /// Refused remote accesses from one source node within
+    /// `remote_refusal_window_ns` that throttle it (a key guesser).
+    pub remote_refusals_max: u32,
+    /// The window refusals are counted in.
+    pub remote_refusal_window_ns: u64,
+    /// How long a throttled source's remote accesses are all refused.
+    pub remote_throttle_ns: u64,
 }
 
 impl Default for Config {
@@ -225,6 +235,9 @@ impl Default for Config {
             coll_buf_size: 8192,
             atomic_max: 256,
             coll_cache_frames: 256,
+            remote_refusals_max: 16,
+            remote_refusal_window_ns: 1_000_000_000,
+            remote_throttle_ns: 2_000_000_000,
         }
     }
 }
@@ -288,6 +301,9 @@ impl Config {
         }
         if self.atomic_max == 0 {
             return Some("atomic_max must be > 0");
+        }
+        if self.remote_refusals_max == 0 || self.remote_refusal_window_ns == 0 {
+            return Some("remote_refusals_max and remote_refusal_window_ns must be > 0");
         }
         None
     }
@@ -475,6 +491,8 @@ pub struct Nic {
     pub(crate) coll_stalled: bool,
     /// Frames in the collective frame cache (all ops).
     pub(crate) coll_cache_used: u32,
+    /// Refused remote accesses per source, and throttling.
+    pub(crate) guard: guard::Guard,
 }
 
 impl Nic {
@@ -552,6 +570,7 @@ impl Nic {
             coll_pool_used: 0,
             coll_stalled: false,
             coll_cache_used: 0,
+            guard: guard::Guard::new(),
             cfg,
         };
         set_status(hal, NicStatus::Running, FailReason::None);

@@ -99,11 +99,17 @@ struct emp_wc {
 };
 
 /* A word in another port's memory, registered there with
- * EMP_ACCESS_REMOTE_ATOMIC: width (4 or 8) bytes at offset, naturally aligned. */
+ * EMP_ACCESS_REMOTE_ATOMIC: width (4 or 8) bytes at offset, naturally
+ * aligned, of the region named by key and its remote-access secret (the
+ * region owner's emp_remote_key: key = low 32 bits, secret = high 32).
+ * EMP_1.2 added secret and reserved (zero): the target NIC refuses a
+ * remote access without the region's secret. */
 struct emp_remote_word {
 	uint32_t key;
 	uint32_t width;
 	uint64_t offset;
+	uint32_t secret;
+	uint32_t reserved;
 };
 
 struct emp_port_info {
@@ -215,6 +221,17 @@ int emp_cmp_swap(struct emp_device *dev, uint16_t node, uint16_t port, const str
 		 uint64_t compare, uint64_t swap, uint64_t *old);
 int emp_swap(struct emp_device *dev, uint16_t node, uint16_t port, const struct emp_remote_word *at,
 	     uint64_t value, uint64_t *old);
+
+/* Remote keys (since EMP_1.2). Another port names a region this port
+ * registered by a 64-bit remote key: the region's key in the low 32 bits,
+ * the 32-bit secret the NIC drew from the OS's random generator in the
+ * high 32. The target NIC checks both (and the rights and bounds), counts
+ * refusals, and refuses every remote access of a source that keeps
+ * guessing for a while (EMP_WC_REMOTE_ACCESS_ERROR). */
+/* Writes the remote key of region `key` (from emp_alloc_mr or emp_reg_mr
+ * on this device) to *rkey: 0, or -ENOENT for a key this device did not
+ * register, -EINVAL for a NULL rkey. */
+int emp_remote_key(struct emp_device *dev, uint32_t key, uint64_t *rkey);
 
 #ifdef __cplusplus
 }

@@ -45,6 +45,10 @@ pub struct EmpRemoteWord {
     pub width: u32,
     /// Offset within the target's region.
     pub offset: u64,
+    /// The region's remote-access secret (since EMP_1.2).
+    pub secret: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
 }
 
 /// C view of port information (`struct emp_port_info`).
@@ -195,7 +199,7 @@ pub unsafe extern "C" fn emp_reg_mr(dev: *mut EmpDevice, addr: *const c_void, le
 pub unsafe extern "C" fn emp_dereg_mr(dev: *mut EmpDevice, key: u32) -> c_int {
     // SAFETY: caller guarantees `dev`.
     let d = unsafe { &mut (*dev).0 };
-    match d.dereg_mr(crate::MemoryRegion { key, addr: 0, len: 0 }) {
+    match d.dereg_mr(crate::MemoryRegion { key, secret: 0, addr: 0, len: 0 }) {
         Ok(()) => 0,
         Err(e) => errno(&e),
     }
@@ -382,7 +386,11 @@ unsafe fn remote_word(at: *const EmpRemoteWord) -> Option<RemoteWord> {
     }
     // SAFETY: the caller passes a readable struct.
     let w = unsafe { *at };
-    Some(RemoteWord { key: w.key, offset: w.offset, width: Width::from_bytes(w.width)? })
+    if w.reserved != 0 {
+        return None;
+    }
+    let key = crate::RemoteKey { key: w.key, secret: w.secret };
+    Some(RemoteWord { key, offset: w.offset, width: Width::from_bytes(w.width)? })
 }
 
 /// One nonblocking atomic post: the shared argument checks.
@@ -934,6 +942,29 @@ pub unsafe extern "C" fn emp_swap(
     unsafe { blocking(dev, at, old, |d, w| d.swap(Endpoint { node, port }, w, value)) }
 }
 
+// ---- remote keys, remote write and read (EMP_1.2) ----
+
+/// The remote key of a region this device registered.
+///
+/// # Safety
+/// `dev` is open; `rkey` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_remote_key(dev: *mut EmpDevice, key: u32, rkey: *mut u64) -> c_int {
+    if rkey.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees `dev`.
+    let d = unsafe { &(*dev).0 };
+    match d.remote_key(key) {
+        Some(k) => {
+            // SAFETY: writable per the contract.
+            unsafe { *rkey = k.as_u64() };
+            0
+        }
+        None => -libc::ENOENT,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -942,7 +973,8 @@ mod tests {
     fn c_structs_match_emp_h() {
         assert_eq!(core::mem::size_of::<EmpWc>(), 40);
         assert_eq!(core::mem::offset_of!(EmpWc, opcode), 36);
-        assert_eq!(core::mem::size_of::<EmpRemoteWord>(), 16);
+        assert_eq!(core::mem::size_of::<EmpRemoteWord>(), 24);
         assert_eq!(core::mem::offset_of!(EmpRemoteWord, offset), 8);
+        assert_eq!(core::mem::offset_of!(EmpRemoteWord, secret), 16);
     }
 }

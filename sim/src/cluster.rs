@@ -10,7 +10,7 @@
 
 use emp_firmware::Config;
 use emp_uapi::coll::{reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_MEMBERS_MAX, TREE_ROOT};
-use emp_uapi::desc::{Cqe, MrEntry, Opcode, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, WD_SIGNALED};
+use emp_uapi::desc::{Cqe, MrEntry, Opcode, RemoteSge, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, WD_SIGNALED};
 use emp_uapi::sram::{admin_result as ar, AdminOp, GroupEntry, LayoutParams};
 use emp_uapi::PAGE_SIZE;
 
@@ -348,7 +348,8 @@ impl Cluster {
         let first = (off / page) as usize;
         let pages = data.pages[first..first + len.div_ceil(page).max(1) as usize].to_vec();
         let slot = EXTRA_MR_SLOT + self.extra.len() as u32;
-        let region = Region { key: (0x33 << 16) | slot, len, pages };
+        let secret = (self.rng.next_u64() as u32).max(1);
+        let region = Region { key: (0x33 << 16) | slot, secret, len, pages };
         let layout = self.world.layout;
         let node = &mut self.world.nodes[n as usize];
         let e = mr_entry(&region, 0, access, &mut node.mem, &mut self.rng);
@@ -356,6 +357,12 @@ impl Cluster {
         let key = region.key;
         self.extra.push((n, region));
         key
+    }
+
+    /// The remote-access secret of `node`'s region `key` (from
+    /// [`Cluster::reg_mr`]); 0 for a key it never registered.
+    pub fn secret(&self, n: u16, key: u32) -> u32 {
+        self.extra.iter().find(|(m, r)| *m == n && r.key == key).map_or(0, |(_, r)| r.secret)
     }
 
     fn extra_region(&self, n: u16, key: u32) -> &Region {
@@ -376,10 +383,27 @@ impl Cluster {
     }
 
     /// Posts a remote atomic from `node` to (`dst`, port 0) on the word
-    /// `(key, offset, width)`; `operand` is the addend / new value, `compare`
-    /// the CAS compare value (0 otherwise). Its result word is read with
-    /// [`Cluster::received`]`(wr, width)`. Returns the wr_id.
+    /// `(key, offset, width)` with the key's own secret; `operand` is the
+    /// addend / new value, `compare` the CAS compare value (0 otherwise).
+    /// Its result word is read with [`Cluster::received`]`(wr, width)`.
+    /// Returns the wr_id.
     pub fn atomic(&mut self, n: u16, op: Opcode, dst: u16, at: (u32, u64, u32), operand: u64, compare: u64) -> u64 {
+        let secret = self.secret(dst, at.0);
+        self.atomic_with_secret(n, op, dst, at, secret, operand, compare)
+    }
+
+    /// [`Cluster::atomic`] presenting `secret` with the key (a guesser).
+    #[allow(clippy::too_many_arguments)]
+    pub fn atomic_with_secret(
+        &mut self,
+        n: u16,
+        op: Opcode,
+        dst: u16,
+        at: (u32, u64, u32),
+        secret: u32,
+        operand: u64,
+        compare: u64,
+    ) -> u64 {
         let (key, offset, width) = at;
         let off = self.alloc(n, 8);
         let wr = self.bufs.len() as u64;
@@ -395,7 +419,7 @@ impl Cluster {
             ..Default::default()
         };
         d.sge[0] = Sge { key: self.ports[n as usize].data.key, len: width, offset: off };
-        d.sge[1] = Sge { key, len: width, offset };
+        d.sge[1] = RemoteSge { key, secret, offset }.to_sge();
         self.bufs.push((n, off, width as u64));
         self.post_desc(n, d, true)
     }

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 use emp_firmware::{Config, FlowControl};
 use emp_uapi::desc::{
-    Cqe, Opcode, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, WD_SIGNALED,
+    Cqe, Opcode, RemoteSge, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, WD_SIGNALED,
 };
 use emp_uapi::sram::{admin_result as ar, AdminOp, LayoutParams, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
 use emp_uapi::{sram::counter, ANY_NODE, ANY_PORT, PAGE_SIZE};
@@ -770,8 +770,8 @@ impl Driver {
                     Post::Atomic(i) => {
                         let a = &self.plan.atomics[i as usize];
                         let (c_node, c_port) = self.plan.counter_at;
-                        let key = self.atomic_keys[c_node as usize][c_port as usize].0
-                            ^ if a.bad_key { 0x0100_0000 } else { 0 };
+                        let (key, ref region) = self.atomic_keys[c_node as usize][c_port as usize];
+                        let (key, secret) = (key ^ if a.bad_key { 0x0100_0000 } else { 0 }, region.secret);
                         let mut d = WorkDesc {
                             wr_id: ATOMIC_BIT | i as u64,
                             opcode: Opcode::AtomicFetchAdd as u8,
@@ -783,7 +783,7 @@ impl Driver {
                             ..Default::default()
                         };
                         d.sge[0] = Sge { key: hp.data.key, len: 8, offset: a.result_off };
-                        d.sge[1] = Sge { key, len: 8, offset: COUNTER_OFF };
+                        d.sge[1] = RemoteSge { key, secret, offset: COUNTER_OFF }.to_sge();
                         hp.post(sram, &layout, &d, true)
                     }
                     Post::Coll(k, rank) => {

@@ -23,8 +23,9 @@
 
 use crate::{le_struct, DecodeError, Le};
 
-/// Wire protocol version carried in every frame.
-pub const WIRE_VERSION: u8 = 2;
+/// Wire protocol version carried in every frame. 3: remote accesses carry
+/// the region's 32-bit secret.
+pub const WIRE_VERSION: u8 = 3;
 /// Largest frame (header + payload) a NIC accepts: jumbo MTU.
 pub const MTU_MAX: u32 = 9000;
 /// Smallest MTU that still carries headers plus a useful payload.
@@ -184,7 +185,7 @@ pub mod atomic_op {
 }
 
 le_struct! {
-    /// Body of an ATOMIC_REQ frame (32 bytes).
+    /// Body of an ATOMIC_REQ frame (40 bytes).
     pub struct AtomicBody {
         /// [`atomic_op`].
         pub op: u8,
@@ -200,8 +201,12 @@ le_struct! {
         pub operand: u64,
         /// Compare value (CAS), else 0.
         pub compare: u64,
+        /// The region's remote-access secret (`desc::MrEntry::secret`).
+        pub secret: u32,
+        /// Reserved, zero.
+        pub reserved2: u32,
     }
-    size = 32;
+    size = 40;
 }
 
 le_struct! {
@@ -346,7 +351,7 @@ impl<'a> Frame<'a> {
                 if !known {
                     return Err(DecodeError::BadKind);
                 }
-                if body.reserved != 0 || (body.op != atomic_op::CMP_SWAP && body.compare != 0) {
+                if body.reserved != 0 || body.reserved2 != 0 || (body.op != atomic_op::CMP_SWAP && body.compare != 0) {
                     return Err(DecodeError::ReservedNotZero);
                 }
                 if body.width != 4 && body.width != 8 {
@@ -436,7 +441,7 @@ mod tests {
 
     /// Byte-exact fixture: an ACK for group 2 of message 7, 0 -> 1.
     static ACK_BYTES: [u8; 48] = [
-        2, 2, 0, 0, // version, kind, dst_gen
+        3, 2, 0, 0, // version, kind, dst_gen
         0, 0, 1, 0, // src_node 0, dst_node 1
         3, 0, 4, 0, // src_port 3, dst_port 4
         9, 0, 0, 0, // src_gen 9, payload_len 0
@@ -550,9 +555,9 @@ mod tests {
             compare: 1,
             ..Default::default()
         };
-        let mut out = [0u8; 64];
+        let mut out = [0u8; 80];
         let n = emit_atomic_req(&hdr, &body, &mut out).unwrap();
-        assert_eq!(n, 64);
+        assert_eq!(n, 72);
         assert_eq!(Frame::parse(&out[..n]), Ok(Frame::AtomicReq { hdr, body }));
         let mut bad = out;
         bad[FrameHeader::SIZE + 1] = 3; // width 3
