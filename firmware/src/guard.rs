@@ -20,6 +20,7 @@
 use emp_uapi::desc::{MrEntry, Status};
 use emp_uapi::sram::{counter, ctl};
 
+use crate::mr::Buf;
 use crate::{sram_put_u32, sram_u32, Hal, Nic};
 
 /// Source nodes the guard tracks at once.
@@ -153,6 +154,26 @@ impl Nic {
             return Err(Status::BadKey);
         }
         Ok(e)
+    }
+
+    /// Moves bytes between `buf` and a remote access's region, re-checking
+    /// the key and secret (the region may have been deregistered since the
+    /// access was admitted).
+    pub(crate) fn remote_io<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        port: u16,
+        t: &RemoteTarget,
+        off_in: u64,
+        buf: Buf<'_>,
+        access: u8,
+    ) -> Result<(), Status> {
+        if buf.len() == 0 {
+            return Ok(());
+        }
+        let off = t.offset + off_in;
+        self.remote_lookup(hal, port, t.key, t.secret, off, buf.len() as u64, access)?;
+        self.region_io(hal, port, t.key, off, buf, access)
     }
 
     /// Counts a refused remote access to `port`, globally and in the

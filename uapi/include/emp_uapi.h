@@ -68,6 +68,7 @@ extern "C" {
 /*                   (msg_seq = the per-peer atomic sequence)          */
 /*   ATOMIC_RESP:    emp_frame_header | emp_atomic_result              */
 /*                   (doubles as the ACK)                              */
+/*   RMA:            as DATA; the payload starts with emp_rma_header   */
 /*                                                                     */
 /* Collective messages share the per-peer message sequence,            */
 /* reliability and flow control of DATA; the NIC consumes them itself. */
@@ -88,6 +89,7 @@ extern "C" {
 #define EMP_FRAME_COLL_DATA 4U   /* payload starts with an emp_coll_header */
 #define EMP_FRAME_ATOMIC_REQ 5U  /* body: emp_atomic_body */
 #define EMP_FRAME_ATOMIC_RESP 6U /* body: emp_atomic_result */
+#define EMP_FRAME_RMA 7U         /* payload starts with an emp_rma_header */
 
 /* NACK reasons (emp_ack_body.reason). */
 #define EMP_NACK_LOSS 1U
@@ -97,6 +99,7 @@ extern "C" {
 #define EMP_NACK_TOO_LARGE 5U
 #define EMP_NACK_STALE_EPOCH 6U   /* collective message for an older group epoch */
 #define EMP_NACK_COLL_MISMATCH 7U /* receiver's collective instance disagrees */
+#define EMP_NACK_REMOTE_ACCESS 8U /* remote write/read refused: key, secret, rights, bounds */
 
 /* Header of every EMP frame (32 bytes). */
 struct emp_frame_header {
@@ -152,6 +155,23 @@ struct emp_atomic_body {
 	uint64_t compare;  /* compare value (CMP_SWAP), else 0 */
 	uint32_t secret;   /* the region's remote-access secret */
 	uint32_t reserved2; /* zero */
+};
+
+/* RMA operations (emp_rma_header.op). */
+#define EMP_RMA_OP_WRITE 1U     /* data to (rkey, offset) */
+#define EMP_RMA_OP_WRITE_IMM 2U /* and complete a receive matching tag = cookie */
+#define EMP_RMA_OP_READ_REQ 3U  /* read len bytes at (rkey, offset); header only */
+#define EMP_RMA_OP_READ_RESP 4U /* the data for the read named by cookie */
+
+/* Header at the start of every RMA message's payload (32 bytes). */
+struct emp_rma_header {
+	uint8_t op;          /* EMP_RMA_OP_* */
+	uint8_t reserved[3]; /* zero */
+	uint32_t rkey;       /* target region key, else 0 */
+	uint32_t secret;     /* the region's remote-access secret */
+	uint32_t len;        /* READ_REQ: bytes to read, else 0 */
+	uint64_t offset;     /* within the target region, else 0 */
+	uint64_t cookie;     /* WRITE_IMM: immediate; READ_*: the read's name; else 0 */
 };
 
 /* Body of an ATOMIC_RESP frame (16 bytes). */
@@ -924,6 +944,7 @@ EMP_STATIC_ASSERT(sizeof(struct emp_msg_header) == 16, "emp_msg_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_ack_body) == 16, "emp_ack_body");
 EMP_STATIC_ASSERT(sizeof(struct emp_atomic_body) == 40, "emp_atomic_body");
 EMP_STATIC_ASSERT(sizeof(struct emp_atomic_result) == 16, "emp_atomic_result");
+EMP_STATIC_ASSERT(sizeof(struct emp_rma_header) == 32, "emp_rma_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_sge) == 16, "emp_sge");
 EMP_STATIC_ASSERT(sizeof(struct emp_work_desc) == 128, "emp_work_desc");
 EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 32, "emp_cqe");

@@ -13,7 +13,14 @@
 //! COLL_DATA:      as DATA; the message payload starts with a CollHeader
 //! ATOMIC_REQ:     FrameHeader | AtomicBody     (msg_seq = atomic sequence)
 //! ATOMIC_RESP:    FrameHeader | AtomicResult   (doubles as the ACK)
+//! RMA:            as DATA; the message payload starts with an RmaHeader
 //! ```
+//! Remote writes, read requests and read responses are RMA messages: they
+//! share the per-peer message sequence, reliability and flow control of
+//! DATA (so each is executed once, however often it is retransmitted);
+//! the target places a write's data in the region its [`RmaHeader`] names
+//! instead of a posted receive, and answers a read request with a read
+//! response, an RMA message of its own.
 //! Collective messages share the per-peer message sequence, reliability
 //! and flow control of DATA; only the receiver's matching differs (the NIC
 //! consumes them itself). Atomics have their own per-peer sequence, a
@@ -47,6 +54,8 @@ pub enum FrameKind {
     AtomicReq = 5,
     /// Remote atomic response.
     AtomicResp = 6,
+    /// Remote write, read request or read response (payload starts with an [`RmaHeader`]).
+    Rma = 7,
 }
 
 impl FrameKind {
@@ -59,6 +68,7 @@ impl FrameKind {
             4 => Some(FrameKind::CollData),
             5 => Some(FrameKind::AtomicReq),
             6 => Some(FrameKind::AtomicResp),
+            7 => Some(FrameKind::Rma),
             _ => None,
         }
     }
@@ -83,6 +93,9 @@ pub enum NackReason {
     StaleEpoch = 6,
     /// The receiver's collective instance disagrees with the message.
     CollMismatch = 7,
+    /// A remote write or read refused: key, secret, rights or bounds (or
+    /// the source is throttled for guessing keys).
+    RemoteAccess = 8,
 }
 
 impl NackReason {
@@ -96,6 +109,7 @@ impl NackReason {
             5 => Some(NackReason::TooLarge),
             6 => Some(NackReason::StaleEpoch),
             7 => Some(NackReason::CollMismatch),
+            8 => Some(NackReason::RemoteAccess),
             _ => None,
         }
     }
@@ -222,6 +236,65 @@ le_struct! {
     size = 16;
 }
 
+/// RMA operations on the wire (`RmaHeader::op`).
+pub mod rma_op {
+    /// Write the message's data at (`rkey`, `offset`) of the target.
+    pub const WRITE: u8 = 1;
+    /// As `WRITE`, then complete a posted receive matching (initiator,
+    /// tag = `cookie`, the immediate data).
+    pub const WRITE_IMM: u8 = 2;
+    /// Read `len` bytes at (`rkey`, `offset`) of the target; the answer is
+    /// a `READ_RESP` carrying `cookie`. The message is the header alone.
+    pub const READ_REQ: u8 = 3;
+    /// The data a `READ_REQ` asked for, for the read named by `cookie`.
+    pub const READ_RESP: u8 = 4;
+}
+
+le_struct! {
+    /// Header at the start of every RMA message's payload (32 bytes).
+    pub struct RmaHeader {
+        /// [`rma_op`].
+        pub op: u8,
+        /// Reserved, zero.
+        pub reserved: [u8; 3],
+        /// Target region key (WRITE, WRITE_IMM, READ_REQ), else 0.
+        pub rkey: u32,
+        /// The region's remote-access secret, with `rkey`.
+        pub secret: u32,
+        /// READ_REQ: bytes to read; else 0.
+        pub len: u32,
+        /// Offset within the target region (with `rkey`), else 0.
+        pub offset: u64,
+        /// WRITE_IMM: the immediate data; READ_REQ and READ_RESP: the
+        /// initiator's name for the read; WRITE: 0.
+        pub cookie: u64,
+    }
+    size = 32;
+}
+
+impl RmaHeader {
+    /// Parses and validates the header at the start of an RMA message of
+    /// `total_len` bytes from untrusted bytes.
+    pub fn parse(b: &[u8], total_len: u64) -> Result<RmaHeader, DecodeError> {
+        let h = RmaHeader::decode(b)?;
+        if h.reserved != [0; 3] {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        let addressed = h.rkey != 0 || h.secret != 0 || h.offset != 0;
+        let ok = match h.op {
+            rma_op::WRITE => h.len == 0 && h.cookie == 0,
+            rma_op::WRITE_IMM => h.len == 0,
+            rma_op::READ_REQ => total_len == RmaHeader::SIZE as u64,
+            rma_op::READ_RESP => h.len == 0 && !addressed,
+            _ => return Err(DecodeError::BadKind),
+        };
+        if !ok {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        Ok(h)
+    }
+}
+
 /// Bytes of headers before the payload in a DATA frame.
 pub const fn data_header_len(frame_index: u32) -> usize {
     if frame_index == 0 {
@@ -294,7 +367,7 @@ impl<'a> Frame<'a> {
         }
         let rest = &bytes[FrameHeader::SIZE..];
         match FrameKind::from_u8(hdr.kind).ok_or(DecodeError::BadKind)? {
-            kind @ (FrameKind::Data | FrameKind::CollData) => {
+            kind @ (FrameKind::Data | FrameKind::CollData | FrameKind::Rma) => {
                 if hdr.frame_count == 0 || hdr.frame_index >= hdr.frame_count {
                     return Err(DecodeError::BadIndex);
                 }
@@ -320,6 +393,13 @@ impl<'a> Frame<'a> {
                             return Err(DecodeError::BadLength);
                         }
                         crate::coll::CollHeader::parse(payload)?;
+                    }
+                    if kind == FrameKind::Rma {
+                        // The RMA header leads the message, whole in frame 0.
+                        if m.total_len < RmaHeader::SIZE as u64 {
+                            return Err(DecodeError::BadLength);
+                        }
+                        RmaHeader::parse(payload, m.total_len)?;
                     }
                 }
                 Ok(Frame::Data { hdr, msg, payload })
@@ -388,7 +468,7 @@ impl<'a> Frame<'a> {
 /// the payload (`hdr.payload_len` bytes) goes. `msg` must be `Some` exactly
 /// for frame 0.
 pub fn emit_data_headers(hdr: &FrameHeader, msg: Option<&MsgHeader>, out: &mut [u8]) -> Result<usize, DecodeError> {
-    debug_assert!(hdr.kind == FrameKind::Data as u8 || hdr.kind == FrameKind::CollData as u8);
+    debug_assert!(matches!(FrameKind::from_u8(hdr.kind), Some(FrameKind::Data | FrameKind::CollData | FrameKind::Rma)));
     debug_assert_eq!(msg.is_some(), hdr.frame_index == 0);
     let head = data_header_len(hdr.frame_index);
     if out.len() < head + hdr.payload_len as usize {

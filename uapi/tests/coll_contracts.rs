@@ -363,8 +363,8 @@ fn wire_and_desc_enums_round_trip() {
         }
     }
     assert_eq!(n_ops, 13);
-    assert_eq!((0..=255u8).filter_map(FrameKind::from_u8).count(), 6);
-    assert_eq!((0..=255u8).filter_map(NackReason::from_u8).count(), 7);
+    assert_eq!((0..=255u8).filter_map(FrameKind::from_u8).count(), 7);
+    assert_eq!((0..=255u8).filter_map(NackReason::from_u8).count(), 8);
     for v in 0..64u32 {
         if let Some(a) = AdminOp::from_u32(v) {
             assert_eq!(a as u32, v);
