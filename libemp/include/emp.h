@@ -60,6 +60,9 @@ enum emp_wc_opcode {
 	EMP_WC_ATOMIC_FETCH_ADD = 8,
 	EMP_WC_ATOMIC_CMP_SWAP = 9,
 	EMP_WC_ATOMIC_SWAP = 10,
+	EMP_WC_RDMA_WRITE = 11,     /* since EMP_1.2 */
+	EMP_WC_RDMA_READ = 12,      /* since EMP_1.2 */
+	EMP_WC_RECV_RDMA_IMM = 13,  /* a receive consumed by a write with immediate data (is_recv = 1) */
 };
 
 /* Reduction element types and operators (NIC-offloaded reduce/allreduce). */
@@ -232,6 +235,26 @@ int emp_swap(struct emp_device *dev, uint16_t node, uint16_t port, const struct 
  * on this device) to *rkey: 0, or -ENOENT for a key this device did not
  * register, -EINVAL for a NULL rkey. */
 int emp_remote_key(struct emp_device *dev, uint32_t key, uint64_t *rkey);
+
+/* Remote write and read (since EMP_1.2; verbs' RDMA WRITE / READ): the NICs
+ * move the bytes of sge[0..n) (this device's registered memory, n <= 5) to
+ * or from remote_offset of the region `rkey` names at (node, port),
+ * registered there with EMP_ACCESS_REMOTE_WRITE / EMP_ACCESS_REMOTE_READ.
+ * 0, -EAGAIN when the ring is full, or a negative errno (-EINVAL: n > 5 or
+ * a range that wraps). The operation completes here (EMP_WC_RDMA_WRITE /
+ * EMP_WC_RDMA_READ, byte_len = bytes moved), exactly once whatever the
+ * wire does; the target refuses a foreign key, a wrong secret, a missing
+ * right or a range beyond the region with EMP_WC_REMOTE_ACCESS_ERROR and
+ * leaves its memory unchanged. */
+int emp_post_write(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port, const struct emp_sge *sge,
+		   size_t n, uint64_t rkey, uint64_t remote_offset);
+/* As emp_post_write; then the target completes one of its posted receives
+ * matching (this endpoint, tag = imm) as EMP_WC_RECV_RDMA_IMM (tag = imm,
+ * msg_len = bytes written). The write waits until such a receive exists. */
+int emp_post_write_imm(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port,
+		       const struct emp_sge *sge, size_t n, uint64_t rkey, uint64_t remote_offset, uint64_t imm);
+int emp_post_read(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port, const struct emp_sge *sge,
+		  size_t n, uint64_t rkey, uint64_t remote_offset);
 
 #ifdef __cplusplus
 }

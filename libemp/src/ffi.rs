@@ -965,6 +965,97 @@ pub unsafe extern "C" fn emp_remote_key(dev: *mut EmpDevice, key: u32, rkey: *mu
     }
 }
 
+/// One remote write or read post: the shared argument handling.
+///
+/// # Safety
+/// `dev` is open; `sge` points to `n` entries.
+unsafe fn post_rma(
+    dev: *mut EmpDevice,
+    sge: *const Sge,
+    n: usize,
+    rkey: u64,
+    remote_offset: u64,
+    post: impl FnOnce(&mut Device, &[Sge], crate::RemoteAddr) -> crate::Result<()>,
+) -> c_int {
+    if n > 0 && sge.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees the pointers.
+    let (d, s) = unsafe { (&mut (*dev).0, sges(sge, n)) };
+    let at = crate::RemoteAddr { key: crate::RemoteKey::from_u64(rkey), offset: remote_offset };
+    match post(d, s, at) {
+        Ok(()) => 0,
+        Err(e) => errno(&e),
+    }
+}
+
+/// Posts a remote write of `sge[..n]` to (`rkey`, `remote_offset`) at
+/// (`node`, `port`); 0, -EAGAIN when the ring is full, or a negative errno.
+///
+/// # Safety
+/// `dev` is open; `sge` points to `n` entries.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_write(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    sge: *const Sge,
+    n: usize,
+    rkey: u64,
+    remote_offset: u64,
+) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    unsafe {
+        post_rma(dev, sge, n, rkey, remote_offset, |d, s, at| d.post_write(wr_id, Endpoint { node, port }, s, at))
+    }
+}
+
+/// As `emp_post_write`, with immediate data `imm` for a receive at the target.
+///
+/// # Safety
+/// As `emp_post_write`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn emp_post_write_imm(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    sge: *const Sge,
+    n: usize,
+    rkey: u64,
+    remote_offset: u64,
+    imm: u64,
+) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    unsafe {
+        post_rma(dev, sge, n, rkey, remote_offset, |d, s, at| {
+            d.post_write_imm(wr_id, Endpoint { node, port }, s, at, imm)
+        })
+    }
+}
+
+/// Posts a remote read from (`rkey`, `remote_offset`) at (`node`, `port`)
+/// into `sge[..n]`; 0, -EAGAIN when the ring is full, or a negative errno.
+///
+/// # Safety
+/// As `emp_post_write`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_read(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    sge: *const Sge,
+    n: usize,
+    rkey: u64,
+    remote_offset: u64,
+) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    unsafe { post_rma(dev, sge, n, rkey, remote_offset, |d, s, at| d.post_read(wr_id, Endpoint { node, port }, s, at)) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

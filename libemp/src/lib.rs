@@ -29,6 +29,7 @@ pub mod mcs;
 mod pmix;
 pub mod rdv;
 mod ring;
+pub mod rma;
 pub mod schedule;
 pub mod tree;
 
@@ -336,7 +337,7 @@ impl Buffer {
     }
 
     /// Byte `off` of this buffer as another port addresses it in remote
-    /// writes and reads.
+    /// writes and reads ([`Device::post_write`], [`Device::post_read`]).
     ///
     /// # Panics
     /// If `off` is beyond the buffer.

@@ -127,7 +127,16 @@ fn constants() -> BTreeMap<String, u64> {
         m.insert(format!("EMP_WC_{}", upper_snake(&format!("{s:?}"))), s as u64);
     }
     // The opcodes a completion reports to C (`emp_wc.opcode`).
-    for op in [Opcode::Send, Opcode::Recv, Opcode::AtomicFetchAdd, Opcode::AtomicCmpSwap, Opcode::AtomicSwap] {
+    for op in [
+        Opcode::Send,
+        Opcode::Recv,
+        Opcode::AtomicFetchAdd,
+        Opcode::AtomicCmpSwap,
+        Opcode::AtomicSwap,
+        Opcode::RdmaWrite,
+        Opcode::RdmaRead,
+        Opcode::RecvRdmaImm,
+    ] {
         m.insert(format!("EMP_WC_{}", upper_snake(&format!("{op:?}"))), op as u64);
     }
     for t in (0..=u8::MAX).filter_map(Dtype::from_u8) {
