@@ -124,7 +124,7 @@ impl RxMsg {
             skip: match owner {
                 RxOwner::Recv => 0,
                 RxOwner::Bcast { .. } => CollHeader::SIZE as u64,
-                RxOwner::RmaWrite { .. } | RxOwner::ReadResp { .. } => crate::rma::HDR,
+                RxOwner::RmaWrite { .. } | RxOwner::ReadResp { .. } => wire::RmaHeader::SIZE as u64,
             },
             rma: None,
             owner,

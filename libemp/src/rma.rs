@@ -22,7 +22,7 @@
 //! The target NIC checks the key, its secret, the region's rights
 //! ([`crate::MR_REMOTE_WRITE`], [`crate::MR_REMOTE_READ`]) and bounds for
 //! the whole transfer before it touches memory; a refusal completes the
-//! operation with [`Status::RemoteAccessError`] and leaves the target's
+//! operation with [`crate::Status::RemoteAccessError`] and leaves the target's
 //! memory unchanged. Each operation is executed once, whatever the wire
 //! loses or duplicates. Operations from one port to one target start in
 //! posting order; writes in flight together to overlapping bytes land in
