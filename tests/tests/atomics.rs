@@ -90,14 +90,19 @@ fn c_atomic_example_builds_and_runs() {
 fn tap_rma_two_ranks() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let c = Cluster::up("rma2", &["-n", "2"]);
-    assert_tap(&c.run(2, &[env!("CARGO_BIN_EXE_tap-rma")]), 4);
+    let out = c.run(2, &[env!("CARGO_BIN_EXE_tap-rma")]);
+    // The guesser's figures, for the record.
+    for l in String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("# ") && l.contains("guess")) {
+        eprintln!("{l}");
+    }
+    assert_tap(&out, 5);
 }
 
 #[test]
 fn tap_rma_four_ranks_with_loss_counts_refusals() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let c = Cluster::up("rma4", &["-n", "2", "--loss", "0.05", "--dup", "0.05", "--reorder", "0.1"]);
-    assert_tap(&c.run(4, &[env!("CARGO_BIN_EXE_tap-rma")]), 4);
+    assert_tap(&c.run(4, &[env!("CARGO_BIN_EXE_tap-rma")]), 5);
     let stats = emp_tests::harness::emp().args(["stats", "--dir"]).arg(&c.dir).output().expect("stats");
     let text = String::from_utf8_lossy(&stats.stdout);
     let refused: u64 = text
@@ -108,7 +113,16 @@ fn tap_rma_four_ranks_with_loss_counts_refusals() {
         .skip(1)
         .map(|v| v.parse::<u64>().unwrap())
         .sum();
-    assert!(refused >= 7, "the refusals must show in `emp stats`:\n{text}");
+    assert!(refused >= 1007, "the refusals must show in `emp stats`:\n{text}");
+    let throttled: u64 = text
+        .lines()
+        .find(|l| l.starts_with("remote_throttled"))
+        .unwrap_or_else(|| panic!("no remote_throttled row in:\n{text}"))
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse::<u64>().unwrap())
+        .sum();
+    assert!(throttled > 0, "the guesser must show as throttled in `emp stats`:\n{text}");
 }
 
 #[test]

@@ -189,6 +189,53 @@ fn refusals(c: &mut Ctx) -> Result<(), String> {
     Ok(())
 }
 
+/// Guesses at rank 0's window secret (its key known: the worst case).
+const GUESSES: u32 = 1000;
+
+/// A key guesser: rank 1 tries `GUESSES` secrets with rank 0's key; none
+/// reaches the window, rank 0's port counts every refusal, and most of
+/// them as throttled (the guesser's node is cut off after 16 in a second).
+fn guesser(c: &mut Ctx) -> Result<(), String> {
+    let me = c.rank();
+    c.window.as_mut_slice()[..64].fill(0xC3);
+    let (before, throttled_before) = c.dev.remote_refusals();
+    c.sync("guess-ready")?;
+    if me == 1 {
+        let rw = c.keys[0].0;
+        let mut x = 0x2545_F491_4F6C_DD1Du64 ^ rw.secret as u64;
+        let start = std::time::Instant::now();
+        let mut hits = 0;
+        for i in 0..GUESSES {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let guess = if x as u32 == rw.secret { !rw.secret } else { x as u32 };
+            let at = RemoteAddr { key: RemoteKey { secret: guess, ..rw }, offset: 0 };
+            c.dev.post_write(1000 + i as u64, c.eps[0], &[c.local.sge(0, 8)], at).map_err(|e| e.to_string())?;
+            let wc = wait_for(&mut c.dev, 1000 + i as u64, T)?;
+            hits += (wc.status == Status::Success) as u32;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        println!("# {GUESSES} guesses in {secs:.3} s ({:.0}/s), {hits} reached the window", GUESSES as f64 / secs);
+        if hits != 0 {
+            return Err(format!("{hits} guesses reached the window"));
+        }
+    }
+    c.sync("guessed")?;
+    if me == 0 {
+        if c.window.as_slice()[..64].iter().any(|&b| b != 0xC3) {
+            return Err("a guess changed the window".into());
+        }
+        let (after, throttled) = c.dev.remote_refusals();
+        let (refused, throttled) = (after.wrapping_sub(before), throttled.wrapping_sub(throttled_before));
+        println!("# rank 0's port: {refused} refused, {throttled} of them throttled");
+        if refused < GUESSES || throttled < GUESSES / 2 {
+            return Err(format!("port counters: {refused} refused, {throttled} throttled"));
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let (job, mut dev, eps) = emp_tests::tap_start("tap-rma", 2, emp_tests::WithoutRendezvous::Refuse);
     let quiet = job.rank != 0;
@@ -207,11 +254,12 @@ fn main() {
     let local = dev.alloc(2 * LARGE).expect("arena");
     let mut c = Ctx { dev, job, eps, window, keys, local };
     type Check = fn(&mut Ctx) -> Result<(), String>;
-    let tests: [(&str, Check); 4] = [
+    let tests: [(&str, Check); 5] = [
         ("every rank writes and reads back a slice of every other rank's window", all_to_all),
         ("a write with immediate data completes one receive at the target", immediate),
         ("700 KiB written and read back into a scatter list, exact", large),
         ("foreign key, wrong secret, no right, out of range: refused, memory unchanged, counted", refusals),
+        ("a key guesser reaches nothing and is throttled (last: it stays cut off a while)", guesser),
     ];
     emp_tests::run_tap(quiet, &mut c, &tests, |c, name| {
         let _ = c.sync(name);
