@@ -77,9 +77,8 @@ pub(crate) struct ReadTx {
     pub peer: u32,
     pub desc: LocalDesc,
     pub stamp: u32,
-    /// The request was acknowledged: only the response is awaited.
-    pub requested: bool,
-    /// Stamp of the armed response timer (0 = none).
+    /// Stamp of the armed response timer: nonzero once the request was
+    /// acknowledged and only the response is awaited.
     pub timer: u32,
 }
 
@@ -128,8 +127,7 @@ impl Nic {
             RmaTx { hdr, source: RmaSource::Local, data_len: ld.len, read: None }
         } else {
             let stamp = self.next_stamp();
-            let slot =
-                self.rma_reads.insert_checked(ReadTx { port, peer, desc: ld, stamp, requested: false, timer: 0 });
+            let slot = self.rma_reads.insert_checked(ReadTx { port, peer, desc: ld, stamp, timer: 0 });
             hdr.op = rma_op::READ_REQ;
             hdr.len = ld.len as u32;
             hdr.cookie = cookie(slot, stamp);
@@ -190,10 +188,11 @@ impl Nic {
                 if self.rma_reads.get(slot).is_none_or(|r| r.stamp != stamp) {
                     return; // The response came first and completed the read.
                 }
-                if status != Status::Success {
+                // A request given up while its response is arriving (its
+                // ACKs lost): the response decides, not the request.
+                if status != Status::Success && !self.read_arriving(slot, stamp) {
                     return self.read_finish(hal, slot, status);
                 }
-                self.rma_reads.get_mut(slot).requested = true;
                 self.read_arm(now, slot);
             }
             _ => {
@@ -217,17 +216,18 @@ impl Nic {
         if r.timer != stamp {
             return;
         }
-        let (peer, rstamp) = (r.peer, r.stamp);
-        let arriving = self
-            .peer(peer)
-            .rx_active
-            .iter()
-            .any(|&x| self.rx.get(x).is_some_and(|m| m.owner == RxOwner::ReadResp { slot, stamp: rstamp }));
-        if arriving {
+        if self.read_arriving(slot, r.stamp) {
             return self.read_arm(now, slot);
         }
         self.count(counter::TIMEOUTS, 1);
         self.read_finish(hal, slot, Status::RetryLimitExceeded);
+    }
+
+    /// Is the response to read (`slot`, `stamp`) being received?
+    fn read_arriving(&self, slot: u32, stamp: u32) -> bool {
+        let Some(r) = self.rma_reads.get(slot) else { return false };
+        let owner = RxOwner::ReadResp { slot, stamp };
+        self.peer(r.peer).rx_active.iter().any(|&x| self.rx.get(x).is_some_and(|m| m.owner == owner))
     }
 
     /// Retires read `slot` and completes its descriptor.
@@ -310,7 +310,10 @@ impl Nic {
                 if self.remote_admit(hal, now, hdr.src_node, port, &t, MR_REMOTE_READ).is_err() {
                     return self.send_nack(hal, peer, seq, 0, 0, NackReason::RemoteAccess);
                 }
-                if self.tx.is_full() || rh.len as u64 + HDR > self.cfg.msg_max {
+                if rh.len as u64 + HDR > self.cfg.msg_max {
+                    return self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge);
+                }
+                if self.tx.is_full() {
                     // No record for the answer now: the requester retries.
                     return self.refuse_next(hal, peer, hdr, Some(0));
                 }
