@@ -173,6 +173,16 @@ fn checker_catches_corrupted_delivery() {
 }
 
 #[test]
+fn checker_catches_corrupted_remote_writes_and_reads() {
+    let mut spec = Spec::basic(6, 4, 0);
+    spec.rma = 80;
+    spec.wire.corrupt = 0.05;
+    let f = run(&spec).expect_err("corrupted RMA payloads must be caught");
+    assert!(f.what.contains("RMA"), "{}", f.what);
+    assert!(f.to_string().contains("--rma 80"), "{f}");
+}
+
+#[test]
 fn checker_catches_lost_liveness() {
     // Every frame lost: nothing can complete, and the run must say so.
     let mut spec = Spec::basic(1, 2, 3);
