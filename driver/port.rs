@@ -607,9 +607,11 @@ impl Port {
             return Err(ENODEV);
         }
         let slot = st.mr_free.pop().ok_or(ENOSPC)?;
-        let key = MrEntry::make_key(&mut st.key_salt, slot);
+        // SAFETY: get_random_u32 has no preconditions (the kernel's CRNG).
+        let random = unsafe { bindings::get_random_u32() };
+        let (key, secret) = MrEntry::make_key(&mut st.key_salt, slot, random);
         let entry = match pinned.entry(q.addr, q.length, key, self.port, q.access as u8) {
-            Ok(e) => e,
+            Ok(e) => MrEntry { secret, ..e },
             Err(e) => {
                 let _ = st.mr_free.push(slot, GFP_KERNEL);
                 return Err(e);
@@ -625,6 +627,7 @@ impl Port {
         drop(st);
         regions.push(Region { key, slot, pinned }, GFP_KERNEL)?;
         q.key = key;
+        q.secret = secret;
         arg.write(&q)?;
         Ok(0)
     }

@@ -37,11 +37,12 @@
 
 use std::collections::VecDeque;
 
-use emp_uapi::desc::{Opcode, Status, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC};
+use emp_uapi::desc::{Opcode, RemoteSge, Status, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC};
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, atomic_op, AtomicBody, AtomicResult, FrameHeader, FrameKind, ATOMIC_WINDOW};
 use emp_uapi::{seq_lt, Le};
 
+use crate::guard::RemoteTarget;
 use crate::host::Completion;
 use crate::mr::Buf;
 use crate::timer::Timer;
@@ -206,7 +207,7 @@ impl Nic {
     fn atomic_transmit<H: Hal>(&mut self, hal: &mut H, slot: u32) {
         let a = self.atomics.get(slot).expect("live");
         let p = self.peer(a.peer);
-        let (wd, remote) = (&a.desc.wd, a.desc.wd.sge[1]);
+        let (wd, remote, width) = (&a.desc.wd, RemoteSge::from_sge(a.desc.wd.sge[1]), a.desc.wd.sge[0].len);
         let hdr = FrameHeader {
             version: wire::WIRE_VERSION,
             kind: FrameKind::AtomicReq as u8,
@@ -224,12 +225,14 @@ impl Nic {
         };
         let body = AtomicBody {
             op: wire_op(a.op),
-            width: remote.len as u8,
+            width: width as u8,
             reserved: 0,
             rkey: remote.key,
             offset: remote.offset,
             operand: wd.tag,
             compare: if a.op == Opcode::AtomicCmpSwap { wd.ignore } else { 0 },
+            secret: remote.secret,
+            reserved2: 0,
         };
         let mut b = [0u8; FrameHeader::SIZE + AtomicBody::SIZE];
         let n = wire::emit_atomic_req(&hdr, &body, &mut b).expect("fits");
@@ -340,8 +343,8 @@ impl Nic {
         let rx = self.peer_mut(peer).atomic.rx.as_mut().expect("set up by atomic_incarnation");
         let seq = hdr.msg_seq;
         if seq == rx.expected {
-            self.atomic_execute(hal, peer, seq, body);
-            return self.atomic_run_waiting(hal, peer);
+            self.atomic_execute(hal, now, peer, seq, body);
+            return self.atomic_run_waiting(hal, now, peer);
         }
         if seq_lt(seq, rx.expected) {
             let c = rx.cache[(seq % W) as usize];
@@ -391,21 +394,20 @@ impl Nic {
     }
 
     /// Runs the requests that were waiting for their turn.
-    fn atomic_run_waiting<H: Hal>(&mut self, hal: &mut H, peer: u32) {
+    fn atomic_run_waiting<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32) {
         for _ in 0..W {
             let rx = self.peer_mut(peer).atomic.rx.as_mut().expect("live");
             let i = (rx.expected % W) as usize;
             match rx.waiting[i].take() {
-                Some((seq, body)) if seq == rx.expected => self.atomic_execute(hal, peer, seq, &body),
+                Some((seq, body)) if seq == rx.expected => self.atomic_execute(hal, now, peer, seq, &body),
                 _ => return,
             }
         }
     }
 
     /// Executes request `seq` (the expected one), caches and answers it.
-    fn atomic_execute<H: Hal>(&mut self, hal: &mut H, peer: u32, seq: u32, body: &AtomicBody) {
-        let port = self.peer(peer).port;
-        let (status, old) = match self.atomic_apply(hal, port, body) {
+    fn atomic_execute<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, seq: u32, body: &AtomicBody) {
+        let (status, old) = match self.atomic_apply(hal, now, peer, body) {
             Ok(old) => (Status::Success, old),
             Err(()) => (Status::RemoteAccessError, 0),
         };
@@ -418,8 +420,11 @@ impl Nic {
 
     /// The operation itself on the target's host memory: one DMA to read,
     /// one to write back when the value changes.
-    fn atomic_apply<H: Hal>(&mut self, hal: &mut H, port: u16, body: &AtomicBody) -> Result<u64, ()> {
+    fn atomic_apply<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, body: &AtomicBody) -> Result<u64, ()> {
+        let (port, src) = (self.peer(peer).port, self.peer(peer).node);
         let width = body.width as usize;
+        let t = RemoteTarget { key: body.rkey, secret: body.secret, offset: body.offset, len: width as u64 };
+        self.remote_admit(hal, now, src, port, &t, MR_REMOTE_ATOMIC).map_err(|_| ())?;
         if !body.offset.is_multiple_of(width as u64) {
             return Err(());
         }

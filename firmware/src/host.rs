@@ -150,6 +150,7 @@ impl Nic {
             self.overflow.free(s);
         }
         self.atomic_flush_port(hal, port);
+        self.rma_flush_port(hal, port);
         self.free_peers_of(port);
         debug_assert_eq!(self.ports[port as usize].outstanding, 0);
         self.ports[port as usize].open = false;
@@ -191,7 +192,8 @@ impl Nic {
             }
             let next = self.layout.port(port).send_slot(self.ports[port as usize].send_cons);
             let opcode = Opcode::from_u8(peek_opcode(hal, next));
-            if opcode.is_some_and(|op| !self.coll_fits(op) || (op.is_atomic() && !self.atomic_fits())) {
+            let fits = |op: Opcode| self.coll_fits(op) && (!op.is_atomic() || self.atomic_fits()) && self.rma_fits(op);
+            if opcode.is_some_and(|op| !fits(op)) {
                 break; // Stays in the ring until an operation or atomic record frees.
             }
             budget -= 1;
@@ -237,6 +239,7 @@ impl Nic {
             Ok(Opcode::Send) => {}
             Ok(op) if op.is_collective() => return self.post_coll(hal, now, port, ld, op),
             Ok(op) if op.is_atomic() => return self.post_atomic(hal, now, port, ld, op),
+            Ok(op) if op.is_rma() => return self.post_rma(hal, now, port, ld, op),
             Ok(op) if op != Opcode::Recv => return self.bad_descriptor(hal, port, &ld, op),
             // A malformed descriptor is reported under the opcode it claims.
             _ => {

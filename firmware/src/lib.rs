@@ -59,6 +59,9 @@
 //!   `coll/cache.rs`: the per-operation frame cache.
 //! - `combine.rs`: the reduction arithmetic.
 //! - `atomic.rs`: remote atomics, requester and responder.
+//! - `rma.rs`: remote write and read, initiator and target.
+//! - `guard.rs`: remote-access checks (key, secret, rights, bounds), their
+//!   refusal counters, and throttling a source that keeps guessing keys.
 //!
 //! The path of one message through these files, from the host's post to the
 //! peer's completion, is in `docs/architecture.md`.
@@ -70,8 +73,10 @@ mod control;
 mod cpu;
 mod ffi;
 mod group;
+mod guard;
 mod host;
 mod mr;
+mod rma;
 mod rx;
 mod slots;
 mod timer;
@@ -195,6 +200,15 @@ pub struct Config {
     /// destination has sent them (all ops; at most `window_frames` per op;
     /// 0 = none, every send reads the host).
     pub coll_cache_frames: u32,
+    /// Refused remote accesses from one source node within
+    /// `remote_refusal_window_ns` that throttle it (a key guesser).
+    pub remote_refusals_max: u32,
+    /// The window refusals are counted in.
+    pub remote_refusal_window_ns: u64,
+    /// How long a throttled source's remote accesses are all refused.
+    pub remote_throttle_ns: u64,
+    /// Outstanding remote reads (all peers).
+    pub rma_reads_max: u32,
 }
 
 impl Default for Config {
@@ -225,6 +239,10 @@ impl Default for Config {
             coll_buf_size: 8192,
             atomic_max: 256,
             coll_cache_frames: 256,
+            remote_refusals_max: 16,
+            remote_refusal_window_ns: 1_000_000_000,
+            remote_throttle_ns: 2_000_000_000,
+            rma_reads_max: 256,
         }
     }
 }
@@ -301,6 +319,12 @@ impl Config {
         if self.atomic_max == 0 {
             return Some("atomic_max must be > 0");
         }
+        if self.rma_reads_max == 0 {
+            return Some("rma_reads_max must be > 0");
+        }
+        if self.remote_refusals_max == 0 || self.remote_refusal_window_ns == 0 {
+            return Some("remote_refusals_max and remote_refusal_window_ns must be > 0");
+        }
         None
     }
 }
@@ -330,6 +354,8 @@ pub struct Occupancy {
     pub atomics: u32,
     /// Broadcast/multisend frames held in the collective frame cache.
     pub coll_cache_frames: u32,
+    /// Remote reads outstanding.
+    pub rma_reads: u32,
 }
 
 /// A send or receive descriptor as the NIC keeps it: the validated
@@ -348,8 +374,10 @@ impl LocalDesc {
         LocalDesc { signaled: wd.flags & WD_SIGNALED != 0 || wd.opcode == Opcode::Recv as u8, len: wd.total_len(), wd }
     }
 
+    /// The SGEs naming this port's memory (a remote access's last SGE
+    /// names the target's and is not among them).
     pub(crate) fn sges(&self) -> &[Sge] {
-        &self.wd.sge[..self.wd.num_sge as usize]
+        self.wd.local_sges()
     }
 
     /// Does this receive accept a message from (node, port) with `tag`?
@@ -459,6 +487,8 @@ pub struct Nic {
     /// Group windows of the receive records (one per `rx` slot).
     pub(crate) rx_rings: slots::Rings<u32>,
     pub(crate) atomics: atomic::AtomicTable,
+    /// Remote reads being performed.
+    pub(crate) rma_reads: rma::ReadTable,
     pub(crate) overflow: rx::Overflow,
     pub(crate) timers: TimerHeap,
     pub(crate) ready: VecDeque<u32>,
@@ -489,6 +519,8 @@ pub struct Nic {
     pub(crate) coll_stalled: bool,
     /// Frames in the collective frame cache (all ops).
     pub(crate) coll_cache_used: u32,
+    /// Refused remote accesses per source, and throttling.
+    pub(crate) guard: guard::Guard,
 }
 
 impl Nic {
@@ -544,11 +576,15 @@ impl Nic {
             rx: slots::Slots::new(cfg.rx_max),
             rx_rings: slots::Rings::new(cfg.rx_max, cfg.window_groups()),
             atomics: slots::Slots::new(cfg.atomic_max),
+            rma_reads: slots::Slots::new(cfg.rma_reads_max),
             overflow: rx::Overflow::new(cfg.overflow_slots, cfg.overflow_slot_size),
             // Live timers: one per live group of every send record, one
-            // per atomic request, the receive sweep.
+            // per atomic request, one per read, the receive sweep.
             timers: TimerHeap::with_capacity(
-                cfg.tx_max as usize * cfg.window_groups() as usize + cfg.atomic_max as usize + 1,
+                cfg.tx_max as usize * cfg.window_groups() as usize
+                    + cfg.atomic_max as usize
+                    + cfg.rma_reads_max as usize
+                    + 1,
             ),
             ready: VecDeque::new(),
             mr_cursors: mr::CursorCache::new(layout.params.mr_entries),
@@ -566,6 +602,7 @@ impl Nic {
             coll_pool_used: 0,
             coll_stalled: false,
             coll_cache_used: 0,
+            guard: guard::Guard::new(),
             cfg,
         };
         set_status(hal, NicStatus::Running, FailReason::None);
@@ -653,6 +690,10 @@ impl Nic {
                 let msg = msg.expect("frame 0 carries the message header");
                 self.on_coll_first(hal, now, peer, hdr, msg, payload);
             }
+            DataVerdict::RmaFirst => {
+                let msg = msg.expect("frame 0 carries the message header");
+                self.on_rma_first(hal, now, peer, hdr, msg, payload);
+            }
         }
     }
 
@@ -717,6 +758,8 @@ impl Nic {
         match m.owner {
             RxOwner::Recv => self.complete_recv(hal, &m, error),
             RxOwner::Bcast { op, stamp } => self.bcast_rx_done(hal, now, op, stamp, error),
+            RxOwner::RmaWrite { imm } => self.rma_write_done(hal, &m, imm, error),
+            RxOwner::ReadResp { slot, stamp } => self.read_resp_done(hal, slot, stamp, error),
         }
     }
 
@@ -736,6 +779,7 @@ impl Nic {
                 timer::Timer::Group { slot, group, stamp } => self.on_group_timeout(hal, now, slot, group, stamp),
                 timer::Timer::RxSweep => self.on_rx_sweep(hal, now),
                 timer::Timer::Atomic { slot, stamp } => self.on_atomic_timeout(hal, now, slot, stamp),
+                timer::Timer::RmaRead { slot, stamp } => self.on_read_timeout(hal, now, slot, stamp),
             }
         }
         self.poll_rings(hal, now);
@@ -763,6 +807,7 @@ impl Nic {
             }
             timer::Timer::RxSweep => true,
             timer::Timer::Atomic { slot, stamp } => self.atomics.get(slot).is_some_and(|a| a.stamp == stamp),
+            timer::Timer::RmaRead { slot, stamp } => self.rma_reads.get(slot).is_some_and(|r| r.timer == stamp),
         }
     }
 
@@ -799,6 +844,7 @@ impl Nic {
             groups: self.groups.used(),
             atomics: self.atomics.used(),
             coll_cache_frames: self.coll_cache_used,
+            rma_reads: self.rma_reads.used(),
         }
     }
 
@@ -900,6 +946,7 @@ impl Nic {
             return Err(format!("{} overflow slots used, {ov} queued", self.overflow.used()));
         }
         self.coll_invariants()?;
+        self.rma_invariants()?;
         self.atomic_invariants()
     }
 

@@ -8,7 +8,7 @@
 //! the bounded overflow buffer takes it.
 
 use emp_uapi::coll::CollHeader;
-use emp_uapi::desc::{Opcode, Status, MR_LOCAL_WRITE};
+use emp_uapi::desc::{Opcode, Status, MR_LOCAL_WRITE, MR_REMOTE_WRITE};
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, FrameHeader, FrameKind, MsgHeader, NackReason};
 use emp_uapi::{seq_le, seq_lt, Le};
@@ -29,6 +29,13 @@ pub(crate) enum RxOwner {
     /// names the op across slot reuse). The message opens with a
     /// `CollHeader`, which is not delivered.
     Bcast { op: u32, stamp: u32 },
+    /// A remote write into the region in the record's `rma`; with
+    /// immediate data, `desc` is the posted receive it completes. The
+    /// message opens with an `RmaHeader`, which is not delivered.
+    RmaWrite { imm: bool },
+    /// The response to read `slot` (`stamp` names it across slot reuse),
+    /// landing in the read's local buffer (`desc`).
+    ReadResp { slot: u32, stamp: u32 },
 }
 
 /// A message being received into a matched receive.
@@ -54,8 +61,10 @@ pub(crate) struct RxMsg {
     pub highest: u32,
     pub last_activity: u64,
     pub error: Option<Status>,
-    /// Leading message bytes not delivered (a collective's header).
+    /// Leading message bytes not delivered (a collective's or RMA header).
     pub skip: u64,
+    /// A remote write: the region its data goes to (instead of `desc`).
+    pub rma: Option<crate::guard::RemoteTarget>,
     /// Who the record reports to when it finishes.
     pub owner: RxOwner,
     /// Frames received without a gap from frame 0.
@@ -115,7 +124,9 @@ impl RxMsg {
             skip: match owner {
                 RxOwner::Recv => 0,
                 RxOwner::Bcast { .. } => CollHeader::SIZE as u64,
+                RxOwner::RmaWrite { .. } | RxOwner::ReadResp { .. } => wire::RmaHeader::SIZE as u64,
             },
+            rma: None,
             owner,
             contig: 0,
             group_size,
@@ -260,6 +271,9 @@ pub(crate) enum DataVerdict {
     /// The header frame of the next message, a collective one: the
     /// collective layer decides.
     CollFirst,
+    /// The header frame of the next message, a remote write, read request
+    /// or read response: the RMA layer decides.
+    RmaFirst,
     /// The header frame of the next message.
     NextMsg,
     /// A frame that cannot be matched yet (its message's header frame is
@@ -329,10 +343,10 @@ impl Nic {
         if seq != p.rx_expected || hdr.frame_index != 0 {
             return DataVerdict::Early;
         }
-        if hdr.kind == FrameKind::CollData as u8 {
-            DataVerdict::CollFirst
-        } else {
-            DataVerdict::NextMsg
+        match FrameKind::from_u8(hdr.kind) {
+            Some(FrameKind::CollData) => DataVerdict::CollFirst,
+            Some(FrameKind::Rma) => DataVerdict::RmaFirst,
+            _ => DataVerdict::NextMsg,
         }
     }
 
@@ -682,27 +696,29 @@ impl Nic {
     /// `payload` when all of them were written.
     fn store_payload<H: Hal>(&mut self, hal: &mut H, r: u32, f: u32, payload: &[u8]) -> (Option<u8>, Option<usize>) {
         let m = self.rx.get(r).expect("live");
-        let (port, seq, desc) = (m.port, m.seq, m.desc);
+        let (port, seq, desc, rma) = (m.port, m.seq, m.desc, m.rma);
         let off = wire::frame_offset(f, self.mtu);
         let (off, data_at) = match m.skip.checked_sub(off) {
             Some(cut) if cut > 0 => (0, (cut as usize).min(payload.len())),
             _ => (off - m.skip, 0),
         };
         let data = &payload[data_at..];
-        let n = (desc.len.saturating_sub(off)).min(data.len() as u64) as usize;
+        let room = rma.map_or(desc.len, |t| t.len);
+        let n = (room.saturating_sub(off)).min(data.len() as u64) as usize;
         // Forwarding reads what was received from host memory: the NIC's own
         // broadcasts are written before anything else happens.
         let deferred = match m.owner {
             RxOwner::Recv => self.defer(crate::cpu::Step::Receiving),
-            RxOwner::Bcast { .. } => None,
+            _ => None,
         };
-        let io = match deferred {
+        let io = match (deferred, rma) {
             _ if n == 0 => Ok(()),
-            Some(cpu) => {
+            (Some(cpu), _) => {
                 self.enqueue_receive(hal, cpu, r, seq, off, &data[..n]);
                 Ok(())
             }
-            None => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE),
+            (None, Some(t)) => self.remote_io(hal, port, &t, off, Buf::ToHost(&data[..n]), MR_REMOTE_WRITE),
+            (None, None) => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE),
         };
         let stored = io.is_ok() && n == data.len();
         if let Err(e) = io {

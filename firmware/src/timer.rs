@@ -17,6 +17,8 @@ pub enum Timer {
     RxSweep,
     /// Retransmission timer of remote atomic request `slot`.
     Atomic { slot: u32, stamp: u32 },
+    /// Response timer of remote read `slot`.
+    RmaRead { slot: u32, stamp: u32 },
 }
 
 /// Deadline-ordered timers.

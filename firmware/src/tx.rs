@@ -129,6 +129,9 @@ pub(crate) struct TxMsg {
     /// Frames whose data exists (a broadcast forwarded while it arrives);
     /// frames from here on wait.
     pub limit: u32,
+    /// A remote write, read request or read response: its header and
+    /// where its data comes from.
+    pub rma: Option<Box<crate::rma::RmaTx>>,
 }
 
 impl TxMsg {
@@ -143,6 +146,14 @@ impl TxMsg {
     pub fn state_bytes(&self) -> usize {
         core::mem::size_of::<Self>() - core::mem::size_of::<SendWindow>() + self.groups.state_bytes()
     }
+
+    /// Bytes of the message: the descriptor's, or an RMA header and its data.
+    pub fn msg_len(&self) -> u64 {
+        match &self.rma {
+            Some(r) => crate::rma::HDR + r.data_len,
+            None => self.desc.len,
+        }
+    }
 }
 
 /// Bounded table of transmission records.
@@ -151,7 +162,12 @@ pub(crate) type TxTable = crate::slots::Slots<TxMsg>;
 impl Nic {
     /// Queues a validated send on its peer.
     pub(crate) fn enqueue_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc) {
-        self.enqueue_tx_as(now, port, peer, desc, None);
+        self.enqueue_tx_as(now, port, peer, desc, None, None);
+    }
+
+    /// Queues an RMA message (remote write, read request or response).
+    pub(crate) fn enqueue_tx_rma(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc, rma: crate::rma::RmaTx) {
+        self.enqueue_tx_as(now, port, peer, desc, None, Some(Box::new(rma)));
     }
 
     /// Queues an internal collective message on its peer.
@@ -163,7 +179,7 @@ impl Nic {
         desc: LocalDesc,
         coll: crate::coll::CollTx,
     ) -> u32 {
-        self.enqueue_tx_as(now, port, peer, desc, Some(Box::new(coll)))
+        self.enqueue_tx_as(now, port, peer, desc, Some(Box::new(coll)), None)
     }
 
     fn enqueue_tx_as(
@@ -173,8 +189,10 @@ impl Nic {
         peer: u32,
         desc: LocalDesc,
         coll: Option<Box<crate::coll::CollTx>>,
+        rma: Option<Box<crate::rma::RmaTx>>,
     ) -> u32 {
-        let frame_count = wire::frames_for(desc.len, self.mtu) as u32;
+        let len = rma.as_ref().map_or(desc.len, |r| crate::rma::HDR + r.data_len);
+        let frame_count = wire::frames_for(len, self.mtu) as u32;
         let groups = frame_count.div_ceil(self.cfg.group_size);
         let seq = {
             let p = self.peer_mut(peer);
@@ -196,6 +214,7 @@ impl Nic {
             queued_ns: now,
             limit: coll.as_ref().map_or(u32::MAX, |c| c.limit),
             coll,
+            rma,
         });
         self.peer_mut(peer).tx_queue.push_back(slot);
         self.mark_ready(peer);
@@ -334,8 +353,13 @@ impl Nic {
         let m = self.tx.get(slot).expect("live");
         let p = self.peer(m.peer);
         let off = wire::frame_offset(f, self.mtu);
-        let len = (wire::payload_capacity(self.mtu, f) as u64).min(m.desc.len - off.min(m.desc.len)) as usize;
-        let kind = if m.coll.as_ref().is_some_and(|c| c.hdr.is_some()) { FrameKind::CollData } else { FrameKind::Data };
+        let total = m.msg_len();
+        let len = (wire::payload_capacity(self.mtu, f) as u64).min(total - off.min(total)) as usize;
+        let kind = match (&m.coll, &m.rma) {
+            (Some(c), _) if c.hdr.is_some() => FrameKind::CollData,
+            (_, Some(_)) => FrameKind::Rma,
+            _ => FrameKind::Data,
+        };
         let hdr = FrameHeader {
             version: wire::WIRE_VERSION,
             kind: kind as u8,
@@ -351,18 +375,27 @@ impl Nic {
             frame_index: f,
             frame_count: m.frame_count,
         };
-        let msg = MsgHeader { tag: m.desc.wd.tag, total_len: m.desc.len };
+        let msg = MsgHeader { tag: if m.rma.is_some() { 0 } else { m.desc.wd.tag }, total_len: total };
         let (port, dst, desc) = (m.port, p.node, m.desc);
         let mut buf = core::mem::take(&mut self.frame_buf);
         let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");
-        let r = match &self.tx.get(slot).expect("live").coll {
-            Some(c) => match Nic::coll_payload(c, off, &mut buf[head..head + len]) {
+        let m = self.tx.get(slot).expect("live");
+        let r = match (&m.coll, m.rma.as_deref().copied()) {
+            (Some(c), _) => match Nic::coll_payload(c, off, &mut buf[head..head + len]) {
                 // The rest is host data (broadcast, multisend): from the
                 // op's frame cache, or read from the host.
                 Some((at, data_off)) => self.coll_frame_data(hal, slot, f, data_off, &mut buf[head + at..head + len]),
                 None => Ok(()),
             },
-            None => self.sge_io(hal, port, desc.sges(), off, Buf::FromHost(&mut buf[head..head + len]), MR_LOCAL_READ),
+            (None, Some(rma)) => match Nic::rma_payload(&rma, off, &mut buf[head..head + len]) {
+                Some((at, data_off)) => {
+                    self.rma_data(hal, port, &desc, rma.source, data_off, &mut buf[head + at..head + len])
+                }
+                None => Ok(()),
+            },
+            (None, None) => {
+                self.sge_io(hal, port, desc.sges(), off, Buf::FromHost(&mut buf[head..head + len]), MR_LOCAL_READ)
+            }
         };
         if r.is_ok() {
             hal.mac_transmit(dst, &buf[..head + len]);
@@ -521,6 +554,7 @@ impl Nic {
             NackReason::TooLarge => self.finish_tx(hal, now, slot, Status::TooLarge),
             NackReason::StaleEpoch => self.finish_tx(hal, now, slot, Status::StaleGroup),
             NackReason::CollMismatch => self.finish_tx(hal, now, slot, Status::CollMismatch),
+            NackReason::RemoteAccess => self.finish_tx(hal, now, slot, Status::RemoteAccessError),
             NackReason::PortClosed => unreachable!("handled above"),
         }
     }
@@ -613,9 +647,10 @@ impl Nic {
             self.count(counter::MSGS_TX, 1);
         }
         self.mark_ready(m.peer);
-        match m.coll {
-            Some(c) => self.coll_tx_done(hal, now, &c, status),
-            None => {
+        match (m.coll, m.rma) {
+            (Some(c), _) => self.coll_tx_done(hal, now, &c, status),
+            (None, Some(rma)) => self.rma_tx_done(hal, now, m.port, &m.desc, &rma, status),
+            (None, None) => {
                 let mut c = Completion::of(&m.desc, Opcode::Send, status);
                 c.byte_len = m.desc.len.min(u32::MAX as u64) as u32;
                 self.complete(hal, m.port, c);
@@ -672,6 +707,7 @@ mod tests {
             queued_ns: 0,
             coll: None,
             limit: u32::MAX,
+            rma: None,
         };
         let m = m(w);
         // Group 1 (frames 3..6) is the oldest unacknowledged: 48 frames from frame 3.

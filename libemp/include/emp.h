@@ -60,6 +60,9 @@ enum emp_wc_opcode {
 	EMP_WC_ATOMIC_FETCH_ADD = 8,
 	EMP_WC_ATOMIC_CMP_SWAP = 9,
 	EMP_WC_ATOMIC_SWAP = 10,
+	EMP_WC_RDMA_WRITE = 11,     /* since EMP_1.2 */
+	EMP_WC_RDMA_READ = 12,      /* since EMP_1.2 */
+	EMP_WC_RECV_RDMA_IMM = 13,  /* a receive consumed by a write with immediate data (is_recv = 1) */
 };
 
 /* Reduction element types and operators (NIC-offloaded reduce/allreduce). */
@@ -99,11 +102,17 @@ struct emp_wc {
 };
 
 /* A word in another port's memory, registered there with
- * EMP_ACCESS_REMOTE_ATOMIC: width (4 or 8) bytes at offset, naturally aligned. */
+ * EMP_ACCESS_REMOTE_ATOMIC: width (4 or 8) bytes at offset, naturally
+ * aligned, of the region named by key and its remote-access secret (the
+ * region owner's emp_remote_key: key = low 32 bits, secret = high 32).
+ * EMP_1.2 added secret and reserved (zero): the target NIC refuses a
+ * remote access without the region's secret. */
 struct emp_remote_word {
 	uint32_t key;
 	uint32_t width;
 	uint64_t offset;
+	uint32_t secret;
+	uint32_t reserved;
 };
 
 struct emp_port_info {
@@ -215,6 +224,37 @@ int emp_cmp_swap(struct emp_device *dev, uint16_t node, uint16_t port, const str
 		 uint64_t compare, uint64_t swap, uint64_t *old);
 int emp_swap(struct emp_device *dev, uint16_t node, uint16_t port, const struct emp_remote_word *at,
 	     uint64_t value, uint64_t *old);
+
+/* Remote keys (since EMP_1.2). Another port names a region this port
+ * registered by a 64-bit remote key: the region's key in the low 32 bits,
+ * the 32-bit secret the NIC drew from the OS's random generator in the
+ * high 32. The target NIC checks both (and the rights and bounds), counts
+ * refusals, and refuses every remote access of a source that keeps
+ * guessing for a while (EMP_WC_REMOTE_ACCESS_ERROR). */
+/* Writes the remote key of region `key` (from emp_alloc_mr or emp_reg_mr
+ * on this device) to *rkey: 0, or -ENOENT for a key this device did not
+ * register, -EINVAL for a NULL rkey. */
+int emp_remote_key(struct emp_device *dev, uint32_t key, uint64_t *rkey);
+
+/* Remote write and read (since EMP_1.2; verbs' RDMA WRITE / READ): the NICs
+ * move the bytes of sge[0..n) (this device's registered memory, n <= 5) to
+ * or from remote_offset of the region `rkey` names at (node, port),
+ * registered there with EMP_ACCESS_REMOTE_WRITE / EMP_ACCESS_REMOTE_READ.
+ * 0, -EAGAIN when the ring is full, or a negative errno (-EINVAL: n > 5 or
+ * a range that wraps). The operation completes here (EMP_WC_RDMA_WRITE /
+ * EMP_WC_RDMA_READ, byte_len = bytes moved), exactly once whatever the
+ * wire does; the target refuses a foreign key, a wrong secret, a missing
+ * right or a range beyond the region with EMP_WC_REMOTE_ACCESS_ERROR and
+ * leaves its memory unchanged. */
+int emp_post_write(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port, const struct emp_sge *sge,
+		   size_t n, uint64_t rkey, uint64_t remote_offset);
+/* As emp_post_write; then the target completes one of its posted receives
+ * matching (this endpoint, tag = imm) as EMP_WC_RECV_RDMA_IMM (tag = imm,
+ * msg_len = bytes written). The write waits until such a receive exists. */
+int emp_post_write_imm(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port,
+		       const struct emp_sge *sge, size_t n, uint64_t rkey, uint64_t remote_offset, uint64_t imm);
+int emp_post_read(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port, const struct emp_sge *sge,
+		  size_t n, uint64_t rkey, uint64_t remote_offset);
 
 #ifdef __cplusplus
 }

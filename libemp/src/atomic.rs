@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! # let mut dev = emp::Device::open()?;
-//! # let (peer, key) = (emp::Endpoint { node: 1, port: 0 }, 0x10001);
+//! # let (peer, key) = (emp::Endpoint { node: 1, port: 0 }, emp::RemoteKey::from_u64(0x1234_5678_0001_0001));
 //! let counter = emp::RemoteWord { key, offset: 0, width: emp::Width::W64 };
 //! let before = dev.fetch_add(peer, counter, 1)?;   // blocking
 //! let result = dev.alloc(8)?;                        // or nonblocking:
@@ -28,9 +28,9 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use emp_uapi::desc::{Opcode, Sge, WorkDesc, WD_SIGNALED};
+use emp_uapi::desc::{Opcode, RemoteSge, Sge, WorkDesc, WD_SIGNALED};
 
-use crate::{Buffer, Device, Endpoint, Error, Result, Status};
+use crate::{Buffer, Device, Endpoint, Error, RemoteKey, Result, Status};
 
 /// Width of an atomic word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -61,11 +61,11 @@ impl Width {
 }
 
 /// A word in another port's memory: `width` bytes at `offset` of the
-/// region named by `key` (the target's key, handed over out of band).
+/// region named by `key` (the target's key and secret, handed over out of band).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteWord {
-    /// The target's memory key.
-    pub key: u32,
+    /// The target's memory key and secret.
+    pub key: RemoteKey,
     /// Byte offset within the region (a multiple of the width).
     pub offset: u64,
     /// Word width.
@@ -91,7 +91,7 @@ impl Buffer {
     /// buffer must come from [`Device::alloc_mr`] with remote-atomic rights).
     pub fn remote_word(&self, off: usize, width: Width) -> RemoteWord {
         let s = self.sge(off, width.bytes() as usize);
-        RemoteWord { key: s.key, offset: s.offset, width }
+        RemoteWord { key: self.remote_key(), offset: s.offset, width }
     }
 
     /// The 64-bit word at `off`, for local loads (and stores the protocol
@@ -150,7 +150,7 @@ fn atomic_desc(
         ..Default::default()
     };
     d.sge[0] = result;
-    d.sge[1] = Sge { key: at.key, len: w, offset: at.offset };
+    d.sge[1] = RemoteSge { key: at.key.key, secret: at.key.secret, offset: at.offset }.to_sge();
     Ok(d)
 }
 
@@ -320,7 +320,7 @@ mod tests {
     const DST: Endpoint = Endpoint { node: 3, port: 1 };
 
     fn word(width: Width, offset: u64) -> RemoteWord {
-        RemoteWord { key: 0x10005, offset, width }
+        RemoteWord { key: RemoteKey { key: 0x10005, secret: 0xABCD_1234 }, offset, width }
     }
 
     #[test]
@@ -329,7 +329,7 @@ mod tests {
         let d = atomic_desc(Opcode::AtomicCmpSwap, 9, DST, word(Width::W64, 16), 5, 4, res).unwrap();
         assert_eq!(d.validate(), Ok(Opcode::AtomicCmpSwap));
         assert_eq!((d.node, d.port, d.tag, d.ignore, d.num_sge), (3, 1, 5, 4, 2));
-        assert_eq!((d.sge[0], d.sge[1]), (res, Sge { key: 0x10005, len: 8, offset: 16 }));
+        assert_eq!((d.sge[0], d.remote()), (res, RemoteSge { key: 0x10005, secret: 0xABCD_1234, offset: 16 }));
         let r4 = Sge { len: 4, ..res };
         for op in [Opcode::AtomicFetchAdd, Opcode::AtomicSwap] {
             let d = atomic_desc(op, 1, DST, word(Width::W32, 12), u32::MAX as u64, 0, r4).unwrap();

@@ -39,6 +39,9 @@ pub struct Device {
     arena: Mapping,
     arena_key: u32,
     arena_next: usize,
+    /// Remote-access secrets of this port's registrations, by key (for
+    /// [`Device::remote_key`]).
+    secrets: std::collections::HashMap<u32, u32>,
     backend: Backend,
     info: PortInfo,
     send: WorkRing,
@@ -126,6 +129,7 @@ impl Device {
             arena: a.arena,
             arena_key: a.arena_key,
             arena_next: CompletionQueue::BYTES.next_multiple_of(PAGE_SIZE),
+            secrets: Default::default(),
             backend: a.backend,
             info: a.info,
             stash: VecDeque::new(),
@@ -176,7 +180,8 @@ impl Device {
         self.arena_next = off + len;
         // SAFETY: `off + len <= arena.len()`, inside our mapping.
         let ptr = unsafe { self.arena.ptr().add(off) };
-        Ok(Buffer { ptr, len, key: self.arena_key, offset: off as u64 })
+        // The arena has local rights only: no remote access reaches it.
+        Ok(Buffer { ptr, len, key: self.arena_key, secret: 0, offset: off as u64 })
     }
 
     /// Like [`Device::alloc`], in a registration of its own with `access`
@@ -202,11 +207,12 @@ impl Device {
             return Err(Error::ArenaFull);
         }
         let access = access | MR_LOCAL_READ | MR_LOCAL_WRITE;
-        let key = self.backend.reg_arena_part(&self.arena, off, span, access)?;
+        let (key, secret) = self.backend.reg_arena_part(&self.arena, off, span, access)?;
         // SAFETY: `off + span <= arena.len()`, inside our mapping.
         let ptr = unsafe { self.arena.ptr().add(off) };
         self.arena_next = off + span;
-        Ok(Buffer { ptr, len, key, offset: 0 })
+        self.secrets.insert(key, secret);
+        Ok(Buffer { ptr, len, key, secret, offset: 0 })
     }
 
     /// Registers arbitrary memory of this process. The NIC reaches it with
@@ -232,8 +238,9 @@ impl Device {
     /// # Ok::<(), emp::Error>(())
     /// ```
     pub unsafe fn reg_mr(&mut self, addr: *const u8, len: usize, access: u8) -> Result<MemoryRegion> {
-        let key = self.backend.reg_mr(addr as u64, len as u64, access)?;
-        Ok(MemoryRegion { key, addr: addr as usize, len })
+        let (key, secret) = self.backend.reg_mr(addr as u64, len as u64, access)?;
+        self.secrets.insert(key, secret);
+        Ok(MemoryRegion { key, secret, addr: addr as usize, len })
     }
 
     /// Deregisters a region; the NIC no longer reaches it.
@@ -251,7 +258,16 @@ impl Device {
     /// # Ok::<(), emp::Error>(())
     /// ```
     pub fn dereg_mr(&mut self, mr: MemoryRegion) -> Result<()> {
-        self.backend.dereg_mr(mr.key)
+        self.backend.dereg_mr(mr.key)?;
+        self.secrets.remove(&mr.key);
+        Ok(())
+    }
+
+    /// The remote key (key and secret) of a region this port registered
+    /// with [`Device::alloc_mr`] or [`Device::reg_mr`]; `None` for any
+    /// other key.
+    pub fn remote_key(&self, key: u32) -> Option<crate::RemoteKey> {
+        self.secrets.get(&key).map(|&secret| crate::RemoteKey { key, secret })
     }
 
     /// Writes `d` into the send (or receive) ring and wakes the NIC if it
@@ -382,6 +398,15 @@ impl Device {
             self.check_nic()?;
         }
         Ok(n)
+    }
+
+    /// Remote accesses to this port the NIC refused (bad key, secret,
+    /// rights or bounds), and of those how many because their source was
+    /// throttled for guessing keys: free-running counts from the port's
+    /// control page (no system call).
+    pub fn remote_refusals(&self) -> (u32, u32) {
+        let w = |off| self.window.word(off).load(Ordering::Relaxed);
+        (w(ctl::REMOTE_REFUSED), w(ctl::REMOTE_THROTTLED))
     }
 
     /// Called on an empty poll: every [`LIVENESS_POLLS`] of them, compares

@@ -45,6 +45,10 @@ pub struct EmpRemoteWord {
     pub width: u32,
     /// Offset within the target's region.
     pub offset: u64,
+    /// The region's remote-access secret (since EMP_1.2).
+    pub secret: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
 }
 
 /// C view of port information (`struct emp_port_info`).
@@ -195,7 +199,7 @@ pub unsafe extern "C" fn emp_reg_mr(dev: *mut EmpDevice, addr: *const c_void, le
 pub unsafe extern "C" fn emp_dereg_mr(dev: *mut EmpDevice, key: u32) -> c_int {
     // SAFETY: caller guarantees `dev`.
     let d = unsafe { &mut (*dev).0 };
-    match d.dereg_mr(crate::MemoryRegion { key, addr: 0, len: 0 }) {
+    match d.dereg_mr(crate::MemoryRegion { key, secret: 0, addr: 0, len: 0 }) {
         Ok(()) => 0,
         Err(e) => errno(&e),
     }
@@ -389,7 +393,11 @@ unsafe fn remote_word(at: *const EmpRemoteWord) -> Option<RemoteWord> {
     }
     // SAFETY: the caller passes a readable struct.
     let w = unsafe { *at };
-    Some(RemoteWord { key: w.key, offset: w.offset, width: Width::from_bytes(w.width)? })
+    if w.reserved != 0 {
+        return None;
+    }
+    let key = crate::RemoteKey { key: w.key, secret: w.secret };
+    Some(RemoteWord { key, offset: w.offset, width: Width::from_bytes(w.width)? })
 }
 
 /// One nonblocking atomic post: the shared argument checks.
@@ -941,6 +949,120 @@ pub unsafe extern "C" fn emp_swap(
     unsafe { blocking(dev, at, old, |d, w| d.swap(Endpoint { node, port }, w, value)) }
 }
 
+// ---- remote keys, remote write and read (EMP_1.2) ----
+
+/// The remote key of a region this device registered.
+///
+/// # Safety
+/// `dev` is open; `rkey` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_remote_key(dev: *mut EmpDevice, key: u32, rkey: *mut u64) -> c_int {
+    if rkey.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees `dev`.
+    let d = unsafe { &(*dev).0 };
+    match d.remote_key(key) {
+        Some(k) => {
+            // SAFETY: writable per the contract.
+            unsafe { *rkey = k.as_u64() };
+            0
+        }
+        None => -libc::ENOENT,
+    }
+}
+
+/// One remote write or read post: the shared argument handling.
+///
+/// # Safety
+/// `dev` is open; `sge` points to `n` entries.
+unsafe fn post_rma(
+    dev: *mut EmpDevice,
+    sge: *const Sge,
+    n: usize,
+    rkey: u64,
+    remote_offset: u64,
+    post: impl FnOnce(&mut Device, &[Sge], crate::RemoteAddr) -> crate::Result<()>,
+) -> c_int {
+    if n > 0 && sge.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees the pointers.
+    let (d, s) = unsafe { (&mut (*dev).0, sges(sge, n)) };
+    let at = crate::RemoteAddr { key: crate::RemoteKey::from_u64(rkey), offset: remote_offset };
+    match post(d, s, at) {
+        Ok(()) => 0,
+        Err(e) => errno(&e),
+    }
+}
+
+/// Posts a remote write of `sge[..n]` to (`rkey`, `remote_offset`) at
+/// (`node`, `port`); 0, -EAGAIN when the ring is full, or a negative errno.
+///
+/// # Safety
+/// `dev` is open; `sge` points to `n` entries.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_write(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    sge: *const Sge,
+    n: usize,
+    rkey: u64,
+    remote_offset: u64,
+) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    unsafe {
+        post_rma(dev, sge, n, rkey, remote_offset, |d, s, at| d.post_write(wr_id, Endpoint { node, port }, s, at))
+    }
+}
+
+/// As `emp_post_write`, with immediate data `imm` for a receive at the target.
+///
+/// # Safety
+/// As `emp_post_write`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn emp_post_write_imm(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    sge: *const Sge,
+    n: usize,
+    rkey: u64,
+    remote_offset: u64,
+    imm: u64,
+) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    unsafe {
+        post_rma(dev, sge, n, rkey, remote_offset, |d, s, at| {
+            d.post_write_imm(wr_id, Endpoint { node, port }, s, at, imm)
+        })
+    }
+}
+
+/// Posts a remote read from (`rkey`, `remote_offset`) at (`node`, `port`)
+/// into `sge[..n]`; 0, -EAGAIN when the ring is full, or a negative errno.
+///
+/// # Safety
+/// As `emp_post_write`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_read(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    sge: *const Sge,
+    n: usize,
+    rkey: u64,
+    remote_offset: u64,
+) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    unsafe { post_rma(dev, sge, n, rkey, remote_offset, |d, s, at| d.post_read(wr_id, Endpoint { node, port }, s, at)) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -949,7 +1071,8 @@ mod tests {
     fn c_structs_match_emp_h() {
         assert_eq!(core::mem::size_of::<EmpWc>(), 40);
         assert_eq!(core::mem::offset_of!(EmpWc, opcode), 36);
-        assert_eq!(core::mem::size_of::<EmpRemoteWord>(), 16);
+        assert_eq!(core::mem::size_of::<EmpRemoteWord>(), 24);
         assert_eq!(core::mem::offset_of!(EmpRemoteWord, offset), 8);
+        assert_eq!(core::mem::offset_of!(EmpRemoteWord, secret), 16);
     }
 }

@@ -291,7 +291,7 @@ mod tests {
 
     /// A server over plain memory (no device: `execute` only).
     fn server(words: &mut [u64]) -> HostAtomicServer {
-        let b = |ptr: *mut u64, len| Buffer { ptr: ptr.cast(), len, key: 1, offset: 0 };
+        let b = |ptr: *mut u64, len| Buffer { ptr: ptr.cast(), len, key: 1, secret: 0, offset: 0 };
         let at = words.as_mut_ptr();
         // `execute` touches only the words: the request and reply slots are empty.
         HostAtomicServer { words: b(at, words.len() * 8), reqs: b(at, 0), reps: b(at, 0), slots: 1, next: 0 }

@@ -29,6 +29,7 @@ pub mod mcs;
 mod pmix;
 pub mod rdv;
 mod ring;
+pub mod rma;
 pub mod schedule;
 pub mod tree;
 
@@ -40,6 +41,7 @@ pub use backend::direct::{nic_counters_at, nic_routes, nic_stats, nic_wire_info,
 pub use backend::COUNTERS;
 pub use device::{Device, INTERNAL_WR};
 pub use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};
+pub use emp_uapi::desc::RemoteSge;
 pub use emp_uapi::desc::{
     Opcode, Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE,
 };
@@ -279,6 +281,7 @@ pub struct Buffer {
     ptr: *mut u8,
     len: usize,
     key: u32,
+    secret: u32,
     offset: u64,
 }
 
@@ -324,6 +327,23 @@ impl Buffer {
     /// If the range is not inside this buffer.
     pub fn sge(&self, off: usize, len: usize) -> Sge {
         self.span().sge(off, len)
+    }
+
+    /// The key other ports name this buffer's region by, with its
+    /// remote-access secret (hand it to them out of band). Only a buffer of
+    /// [`Device::alloc_mr`] with remote rights can be reached with it.
+    pub fn remote_key(&self) -> RemoteKey {
+        RemoteKey { key: self.key, secret: self.secret }
+    }
+
+    /// Byte `off` of this buffer as another port addresses it in remote
+    /// writes and reads ([`Device::post_write`], [`Device::post_read`]).
+    ///
+    /// # Panics
+    /// If `off` is beyond the buffer.
+    pub fn remote_addr(&self, off: usize) -> RemoteAddr {
+        assert!(off <= self.len, "remote address beyond buffer");
+        RemoteAddr { key: self.remote_key(), offset: self.offset + off as u64 }
     }
 
     /// The whole buffer as the NIC names it.
@@ -393,13 +413,61 @@ impl From<&Buffer> for MemSpan {
 pub struct MemoryRegion {
     /// Key.
     pub key: u32,
+    /// Remote-access secret (see [`RemoteKey`]).
+    pub secret: u32,
     /// Start address.
     pub addr: usize,
     /// Length.
     pub len: usize,
 }
 
+/// How another port names a registered region in remote accesses: the
+/// region's key and the 32-bit secret the NIC generated with it (from the
+/// OS's random generator). The target NIC checks both, so a remote key
+/// has 48 bits of which at least 32 cannot be guessed. Exchange it as one
+/// `u64` ([`RemoteKey::as_u64`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RemoteKey {
+    /// The region's key.
+    pub key: u32,
+    /// The region's remote-access secret.
+    pub secret: u32,
+}
+
+impl RemoteKey {
+    /// As one word: the secret in the high 32 bits, the key in the low.
+    pub const fn as_u64(self) -> u64 {
+        (self.secret as u64) << 32 | self.key as u64
+    }
+
+    /// From [`RemoteKey::as_u64`].
+    pub const fn from_u64(v: u64) -> RemoteKey {
+        RemoteKey { key: v as u32, secret: (v >> 32) as u32 }
+    }
+}
+
+/// A byte of another port's registered memory: region and offset within it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteAddr {
+    /// The region.
+    pub key: RemoteKey,
+    /// Byte offset within the region.
+    pub offset: u64,
+}
+
+impl RemoteAddr {
+    /// The address `n` bytes further on.
+    pub fn offset_by(self, n: u64) -> RemoteAddr {
+        RemoteAddr { offset: self.offset + n, ..self }
+    }
+}
+
 impl MemoryRegion {
+    /// The key other ports name this region by (see [`RemoteKey`]).
+    pub fn remote_key(&self) -> RemoteKey {
+        RemoteKey { key: self.key, secret: self.secret }
+    }
+
     /// A scatter/gather entry for `[addr, addr+len)` inside the region.
     pub fn sge(&self, addr: usize, len: usize) -> Sge {
         assert!(addr >= self.addr && addr + len <= self.addr + self.len, "sge outside region");

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use crate::atomic::{RemoteWord, Width};
 use crate::rdv::Job;
-use crate::{Buffer, Device, Endpoint, Error, Result, MR_REMOTE_ATOMIC};
+use crate::{Buffer, Device, Endpoint, Error, RemoteKey, Result, MR_REMOTE_ATOMIC};
 
 /// Offsets within each rank's lock region.
 const NEXT: usize = 0;
@@ -40,7 +40,7 @@ pub struct McsLock {
     home: usize,
     eps: Vec<Endpoint>,
     /// Each rank's region key.
-    keys: Vec<u32>,
+    keys: Vec<RemoteKey>,
     local: Buffer,
     held: bool,
 }
@@ -51,7 +51,7 @@ impl McsLock {
     /// [`REGION`] bytes with remote-atomic rights); `keys[r]` is rank `r`'s
     /// region key. Every rank must have its region zeroed before any rank
     /// first acquires.
-    pub fn new(me: usize, home: usize, eps: Vec<Endpoint>, keys: Vec<u32>, local: Buffer) -> Result<McsLock> {
+    pub fn new(me: usize, home: usize, eps: Vec<Endpoint>, keys: Vec<RemoteKey>, local: Buffer) -> Result<McsLock> {
         if me >= eps.len() || home >= eps.len() || keys.len() != eps.len() || local.len() < REGION {
             return Err(Error::invalid("mcs: rank, home, keys and region must match the job"));
         }
@@ -68,12 +68,16 @@ impl McsLock {
     pub fn create(dev: &mut Device, job: &Job, name: &str, home: usize) -> Result<McsLock> {
         let local = Self::alloc_region(dev)?;
         let eps = job.endpoints(dev.endpoint())?;
-        let mine = local.remote_word(0, Width::W64).key;
+        let mine = local.remote_key().as_u64();
         let all = job.exchange(&format!("mcs-{name}"), &mine.to_string(), Duration::from_secs(60))?;
         let keys = all
             .iter()
-            .map(|k| k.trim().parse::<u32>().map_err(|_| Error::Protocol(format!("mcs {name}: bad key record {k:?}"))))
-            .collect::<Result<Vec<u32>>>()?;
+            .map(|k| {
+                let k =
+                    k.trim().parse::<u64>().map_err(|_| Error::Protocol(format!("mcs {name}: bad key record {k:?}")));
+                k.map(RemoteKey::from_u64)
+            })
+            .collect::<Result<Vec<RemoteKey>>>()?;
         Self::new(job.rank, home, eps, keys, local)
     }
 

@@ -150,7 +150,7 @@ fn completion(c: &Cqe) -> Completion {
     Completion {
         wr_id: c.wr_id,
         status: Status::from_u8(c.status).unwrap_or(Status::BadDescriptor),
-        is_recv: opcode == Opcode::Recv,
+        is_recv: matches!(opcode, Opcode::Recv | Opcode::RecvRdmaImm),
         byte_len: c.byte_len,
         tag: c.tag,
         src: Endpoint { node: c.src_node, port: c.src_port },

@@ -16,7 +16,7 @@
 //!   `scripts/libemp-link.sh` (what `make build` runs) with `libemp.map`,
 //!   has SONAME `libemp.so.1` and exports every function `emp.h` declares
 //!   at the version `libemp.map` lists it in (`EMP_1.0`, then `EMP_1.1`,
-//!   each node naming its predecessor), and nothing else; `libemp.map`
+//!   `EMP_1.2`, each node naming its predecessor), and nothing else; `libemp.map`
 //!   lists exactly those functions, each once.
 
 use core::mem::{offset_of, size_of};
@@ -91,7 +91,7 @@ fn structs() -> Vec<Struct> {
         st!("emp_endpoint", EmpEndpoint { node, port }),
         st!("emp_sge", Sge { key, len, offset }),
         st!("emp_wc", EmpWc { wr_id, status, is_recv, byte_len, msg_len, tag, src_node, src_port, opcode, reserved }),
-        st!("emp_remote_word", EmpRemoteWord { key, width, offset }),
+        st!("emp_remote_word", EmpRemoteWord { key, width, offset, secret, reserved }),
         st!("emp_port_info", EmpPortInfo { node, port, mtu, nodes, send_entries, recv_entries, reserved, msg_max }),
     ]
 }
@@ -127,7 +127,16 @@ fn constants() -> BTreeMap<String, u64> {
         m.insert(format!("EMP_WC_{}", upper_snake(&format!("{s:?}"))), s as u64);
     }
     // The opcodes a completion reports to C (`emp_wc.opcode`).
-    for op in [Opcode::Send, Opcode::Recv, Opcode::AtomicFetchAdd, Opcode::AtomicCmpSwap, Opcode::AtomicSwap] {
+    for op in [
+        Opcode::Send,
+        Opcode::Recv,
+        Opcode::AtomicFetchAdd,
+        Opcode::AtomicCmpSwap,
+        Opcode::AtomicSwap,
+        Opcode::RdmaWrite,
+        Opcode::RdmaRead,
+        Opcode::RecvRdmaImm,
+    ] {
         m.insert(format!("EMP_WC_{}", upper_snake(&format!("{op:?}"))), op as u64);
     }
     for t in (0..=u8::MAX).filter_map(Dtype::from_u8) {
@@ -364,7 +373,7 @@ fn run(cmd: &mut Command) -> String {
 // ---------------------------------------------------------------------------
 
 /// The versions of the C ABI, oldest first: the nodes of `libemp.map`.
-const ABI_VERSIONS: &[&str] = &["EMP_1.0", "EMP_1.1"];
+const ABI_VERSIONS: &[&str] = &["EMP_1.0", "EMP_1.1", "EMP_1.2"];
 
 /// The staticlib built with this test: in `deps/` next to it, as
 /// `libemp-<metadata hash>.a` (the copy one level up is refreshed only by

@@ -195,8 +195,9 @@ fn handle(
         (_, None) => status::EPROTO,
         (op::REG_ARENA, Some(p)) => match (fds.len(), u8::try_from(req.arg[2])) {
             (1, Ok(access)) => match nic.reg_arena(p, fds.remove(0), req.arg[0], req.arg[1], access) {
-                Ok(k) => {
+                Ok((k, secret)) => {
                     out.arg[0] = k as u64;
+                    out.arg[1] = secret as u64;
                     status::OK
                 }
                 Err(e) => e,
@@ -205,8 +206,9 @@ fn handle(
         },
         (op::REG_VM, Some(p)) => match u8::try_from(req.arg[2]) {
             Ok(access) => match nic.reg_vm(p, pid, req.arg[0], req.arg[1], access) {
-                Ok(k) => {
+                Ok((k, secret)) => {
                     out.arg[0] = k as u64;
+                    out.arg[1] = secret as u64;
                     status::OK
                 }
                 Err(e) => e,

@@ -173,11 +173,19 @@ impl NicShared {
         Ok(p)
     }
 
-    fn new_key(&self, slot: u16) -> u32 {
-        MrEntry::make_key(&mut self.key_salt.lock().expect("salt"), slot)
+    /// A fresh (key, secret) for `slot`: the secret's 32 bits come from the
+    /// OS's generator (`getrandom`), so a remote peer cannot predict them.
+    fn new_key(&self, slot: u16) -> Result<(u32, u32), Errno> {
+        let mut b = [0u8; 4];
+        // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+        if n != b.len() as isize {
+            return Err(libc::EAGAIN);
+        }
+        Ok(MrEntry::make_key(&mut self.key_salt.lock().expect("salt"), slot, u32::from_ne_bytes(b)))
     }
 
-    fn install_mr(&self, port: u16, region: Region, access: u8, space: u64) -> Result<u32, Errno> {
+    fn install_mr(&self, port: u16, region: Region, access: u8, space: u64) -> Result<(u32, u32), Errno> {
         if access & !MR_ACCESS_ALL != 0 || access == 0 {
             return Err(libc::EINVAL);
         }
@@ -187,8 +195,9 @@ impl NicShared {
             return Err(libc::EINVAL);
         }
         let slot = self.mr_free.lock().expect("mr").pop().ok_or(libc::ENOSPC)?;
-        let key = self.new_key(slot);
-        let mut e = MrEntry { key, port, access, format: MrFormat::Chained as u8, length: len, ..Default::default() };
+        let (key, secret) = self.new_key(slot).inspect_err(|_| self.mr_free.lock().expect("mr").push(slot))?;
+        let mut e =
+            MrEntry { key, port, access, format: MrFormat::Chained as u8, length: len, secret, ..Default::default() };
         let mut at = 0;
         let mut i = 0;
         while at < len {
@@ -204,18 +213,20 @@ impl NicShared {
         if let Some(ps) = self.ports.lock().expect("ports").get_mut(port as usize).and_then(|p| p.as_mut()) {
             ps.keys.push(key);
         }
-        Ok(key)
+        Ok((key, secret))
     }
 
     /// Registers `len` bytes at `offset` of a process's memfd.
-    pub fn reg_arena(&self, port: u16, fd: OwnedFd, offset: u64, len: u64, access: u8) -> Result<u32, Errno> {
+    /// Returns the key and its remote-access secret.
+    pub fn reg_arena(&self, port: u16, fd: OwnedFd, offset: u64, len: u64, access: u8) -> Result<(u32, u32), Errno> {
         self.running()?;
         let r = Region::map_arena(fd, offset, len).map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
         self.install_mr(port, r, access, SPACE_ARENA)
     }
 
     /// Registers process memory reached by `process_vm_*`.
-    pub fn reg_vm(&self, port: u16, pid: i32, addr: u64, len: u64, access: u8) -> Result<u32, Errno> {
+    /// Returns the key and its remote-access secret.
+    pub fn reg_vm(&self, port: u16, pid: i32, addr: u64, len: u64, access: u8) -> Result<(u32, u32), Errno> {
         self.running()?;
         if len == 0 || len >= crate::dma::REGION_MAX || addr.checked_add(len).is_none() {
             return Err(libc::EINVAL);

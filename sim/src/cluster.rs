@@ -10,7 +10,9 @@
 
 use emp_firmware::Config;
 use emp_uapi::coll::{reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_MEMBERS_MAX, TREE_ROOT};
-use emp_uapi::desc::{Cqe, MrEntry, Opcode, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, WD_SIGNALED};
+use emp_uapi::desc::{
+    Cqe, MrEntry, Opcode, RemoteSge, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, WD_IMM, WD_SIGNALED,
+};
 use emp_uapi::sram::{admin_result as ar, AdminOp, GroupEntry, LayoutParams};
 use emp_uapi::PAGE_SIZE;
 
@@ -348,7 +350,8 @@ impl Cluster {
         let first = (off / page) as usize;
         let pages = data.pages[first..first + len.div_ceil(page).max(1) as usize].to_vec();
         let slot = EXTRA_MR_SLOT + self.extra.len() as u32;
-        let region = Region { key: (0x33 << 16) | slot, len, pages };
+        let secret = (self.rng.next_u64() as u32).max(1);
+        let region = Region { key: (0x33 << 16) | slot, secret, len, pages };
         let layout = self.world.layout;
         let node = &mut self.world.nodes[n as usize];
         let e = mr_entry(&region, 0, access, &mut node.mem, &mut self.rng);
@@ -356,6 +359,12 @@ impl Cluster {
         let key = region.key;
         self.extra.push((n, region));
         key
+    }
+
+    /// The remote-access secret of `node`'s region `key` (from
+    /// [`Cluster::reg_mr`]); 0 for a key it never registered.
+    pub fn secret(&self, n: u16, key: u32) -> u32 {
+        self.extra.iter().find(|(m, r)| *m == n && r.key == key).map_or(0, |(_, r)| r.secret)
     }
 
     fn extra_region(&self, n: u16, key: u32) -> &Region {
@@ -376,10 +385,27 @@ impl Cluster {
     }
 
     /// Posts a remote atomic from `node` to (`dst`, port 0) on the word
-    /// `(key, offset, width)`; `operand` is the addend / new value, `compare`
-    /// the CAS compare value (0 otherwise). Its result word is read with
-    /// [`Cluster::received`]`(wr, width)`. Returns the wr_id.
+    /// `(key, offset, width)` with the key's own secret; `operand` is the
+    /// addend / new value, `compare` the CAS compare value (0 otherwise).
+    /// Its result word is read with [`Cluster::received`]`(wr, width)`.
+    /// Returns the wr_id.
     pub fn atomic(&mut self, n: u16, op: Opcode, dst: u16, at: (u32, u64, u32), operand: u64, compare: u64) -> u64 {
+        let secret = self.secret(dst, at.0);
+        self.atomic_with_secret(n, op, dst, at, secret, operand, compare)
+    }
+
+    /// [`Cluster::atomic`] presenting `secret` with the key (a guesser).
+    #[allow(clippy::too_many_arguments)]
+    pub fn atomic_with_secret(
+        &mut self,
+        n: u16,
+        op: Opcode,
+        dst: u16,
+        at: (u32, u64, u32),
+        secret: u32,
+        operand: u64,
+        compare: u64,
+    ) -> u64 {
         let (key, offset, width) = at;
         let off = self.alloc(n, 8);
         let wr = self.bufs.len() as u64;
@@ -395,9 +421,46 @@ impl Cluster {
             ..Default::default()
         };
         d.sge[0] = Sge { key: self.ports[n as usize].data.key, len: width, offset: off };
-        d.sge[1] = Sge { key, len: width, offset };
+        d.sge[1] = RemoteSge { key, secret, offset }.to_sge();
         self.bufs.push((n, off, width as u64));
         self.post_desc(n, d, true)
+    }
+
+    /// Copies `data` into `node`'s region `key` (from [`Cluster::reg_mr`]) at `off`, as its host CPU would.
+    pub fn write_region(&mut self, n: u16, key: u32, off: u64, data: &[u8]) {
+        let r = self.extra_region(n, key).clone();
+        r.write(&mut self.world.nodes[n as usize].mem, off, data);
+    }
+
+    /// `len` bytes of `node`'s region `key` at `off`.
+    pub fn read_region(&self, n: u16, key: u32, off: u64, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        self.extra_region(n, key).read(&self.world.nodes[n as usize].mem, off, &mut b);
+        b
+    }
+
+    /// Posts a remote write of `data` from `node` to (`dst`, port 0) at
+    /// `remote` = (key, secret, offset); with `imm`, immediate data for a
+    /// receive at the target. Returns the wr_id.
+    pub fn rma_write(&mut self, n: u16, dst: u16, data: &[u8], remote: (u32, u32, u64), imm: Option<u64>) -> u64 {
+        let off = self.alloc(n, data.len() as u64);
+        let node = &mut self.world.nodes[n as usize];
+        self.ports[n as usize].data.write(&mut node.mem, off, data);
+        let local = Sge { key: self.ports[n as usize].data.key, len: data.len() as u32, offset: off };
+        let d = rma_desc(Opcode::RdmaWrite, dst, local, remote, imm);
+        self.bufs.push((n, off, data.len() as u64));
+        self.post_desc_copy(n, WorkDesc { wr_id: self.bufs.len() as u64 - 1, ..d }, true, 0)
+    }
+
+    /// Posts a remote read of `len` bytes at `remote` = (key, secret,
+    /// offset) of (`dst`, port 0) into fresh local memory of `node`, read
+    /// back with [`Cluster::received`]. Returns the wr_id.
+    pub fn rma_read(&mut self, n: u16, dst: u16, len: u64, remote: (u32, u32, u64)) -> u64 {
+        let off = self.alloc(n, len);
+        let local = Sge { key: self.ports[n as usize].data.key, len: len as u32, offset: off };
+        let d = rma_desc(Opcode::RdmaRead, dst, local, remote, None);
+        self.bufs.push((n, off, len));
+        self.post_desc_copy(n, WorkDesc { wr_id: self.bufs.len() as u64 - 1, ..d }, true, 0)
     }
 
     /// Closes and re-opens port 0 of `node` (a new process: a new port
@@ -602,4 +665,21 @@ pub fn group_entry(id: u32, epoch: u32, members: &[u16], rank: u16, trees: &[Vec
 /// the parent of r is r without its highest set bit.
 pub fn binomial_parents(n: usize) -> Vec<u8> {
     (0..n).map(|r| if r == 0 { TREE_ROOT } else { (r - (1 << (usize::BITS - 1 - r.leading_zeros()))) as u8 }).collect()
+}
+
+/// A remote write or read descriptor: `local`, then the remote end.
+fn rma_desc(op: Opcode, dst: u16, local: Sge, remote: (u32, u32, u64), imm: Option<u64>) -> WorkDesc {
+    let (key, secret, offset) = remote;
+    let mut d = WorkDesc {
+        opcode: op as u8,
+        flags: WD_SIGNALED | if imm.is_some() { WD_IMM } else { 0 },
+        num_sge: 2,
+        node: dst,
+        port: 0,
+        tag: imm.unwrap_or(0),
+        ..Default::default()
+    };
+    d.sge[0] = local;
+    d.sge[1] = RemoteSge { key, secret, offset }.to_sge();
+    d
 }

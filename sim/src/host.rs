@@ -118,6 +118,8 @@ impl HostMem {
 pub struct Region {
     /// Key the NIC knows it by.
     pub key: u32,
+    /// Remote-access secret registered with the key.
+    pub secret: u32,
     /// Bytes.
     pub len: u64,
     /// Physical page of each virtual page.
@@ -178,7 +180,8 @@ impl Region {
 /// exercised; indirect page lists are written into host memory.
 pub fn mr_entry(region: &Region, port: u16, access: u8, mem: &mut HostMem, rng: &mut Rng) -> MrEntry {
     let runs = region.runs();
-    let mut e = MrEntry { key: region.key, port, access, length: region.len, ..Default::default() };
+    let mut e =
+        MrEntry { key: region.key, port, access, length: region.len, secret: region.secret, ..Default::default() };
     let page_segs: Vec<(u64, u32)> = {
         // Page-granular segments (EMP's layout) or merged runs.
         let mut v = Vec::new();
@@ -241,7 +244,8 @@ pub fn alloc_region(mem: &mut HostMem, len: u64, key: u32, rng: &mut Rng) -> Reg
             }
         }
     }
-    Region { key, len, pages }
+    let secret = (rng.next_u64() as u32).max(1);
+    Region { key, secret, len, pages }
 }
 
 /// SRAM accessors used by the host side.

@@ -67,6 +67,10 @@ struct OneArgs {
     /// group over random endpoints, posted at skewed times.
     #[arg(long, default_value_t = 0)]
     collectives: u32,
+    /// Remote writes (some with immediate data) and reads between random
+    /// endpoints' RMA windows.
+    #[arg(long, default_value_t = 0)]
+    rma: u32,
     /// NIC CPU plan: 0 base, 1 SO, 2 RO, 3 SR, 4 DSR (EMP thesis ch. 3).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4))]
     cpu_plan: u32,
@@ -198,6 +202,7 @@ fn one(a: &OneArgs) -> ExitCode {
     spec.weak_dma = a.weak_dma;
     spec.atomics = a.atomics;
     spec.collectives = a.collectives;
+    spec.rma = a.rma;
     spec.flow = match a.flow {
         Flow::Off => FlowControl::Off,
         Flow::Piggyback => FlowControl::Piggyback,

@@ -62,6 +62,53 @@ pub(crate) struct AtomicPlan {
     pub(crate) expect: Expect,
 }
 
+/// What an RMA operation does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RmaKind {
+    Write,
+    /// A write with immediate data: the target posts a receive for it.
+    WriteImm,
+    Read,
+}
+
+/// How an RMA operation names the target's window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RmaBad {
+    /// Rightly.
+    No,
+    /// With a wrong secret.
+    Secret,
+}
+
+/// One remote write or read on `dst`'s RMA window.
+#[derive(Clone, Debug)]
+pub(crate) struct RmaPlan {
+    pub(crate) src: (u16, u16),
+    pub(crate) dst: (u16, u16),
+    pub(crate) kind: RmaKind,
+    pub(crate) post_at: u64,
+    /// When the target posts the receive of a write with immediate data.
+    pub(crate) recv_post_at: u64,
+    pub(crate) len: u64,
+    /// Offset in the target's window (writes: a slice no other op touches;
+    /// reads: in the part no write touches).
+    pub(crate) remote_off: u64,
+    /// Offset of the local buffer in the source's data region.
+    pub(crate) local_off: u64,
+    pub(crate) bad: RmaBad,
+    pub(crate) expect: Expect,
+}
+
+impl RmaPlan {
+    /// Tag (= immediate data) of operation `i`'s receive: a class no message uses.
+    pub(crate) fn imm_tag(&self, i: usize) -> u64 {
+        RMA_IMM_CLASS << 32 | i as u64
+    }
+}
+
+/// Tag class of immediate data (messages use classes 0..=7).
+pub(crate) const RMA_IMM_CLASS: u64 = 9;
+
 /// A scenario's workload, drawn from its seed before the run starts.
 pub(crate) struct Plan {
     pub(crate) msgs: Vec<MsgPlan>,
@@ -71,6 +118,8 @@ pub(crate) struct Plan {
     pub(crate) counter_at: (u16, u16),
     /// Collectives, if the scenario has any.
     pub(crate) coll: Option<CollPlan>,
+    /// Remote writes and reads.
+    pub(crate) rma: Vec<RmaPlan>,
     /// Per (node, port): bytes of the data region.
     pub(crate) region_len: HashMap<(u16, u16), u64>,
 }
@@ -81,6 +130,10 @@ pub(crate) const RECV_BIT: u64 = 1 << 63;
 pub(crate) const ATOMIC_BIT: u64 = 1 << 62;
 /// Collective wr_ids: `COLL_BIT | op << 8 | rank`.
 pub(crate) const COLL_BIT: u64 = 1 << 61;
+/// wr_id of RMA operation `i`: `RMA_BIT | i`.
+pub(crate) const RMA_BIT: u64 = 1 << 60;
+/// wr_id of the receive RMA write `i` with immediate data completes.
+pub(crate) const RMA_RECV_BIT: u64 = RECV_BIT | RMA_BIT;
 
 impl Plan {
     /// Descriptors `ep` posts (its CQ must hold all their completions).
@@ -89,5 +142,7 @@ impl Plan {
             + self.recvs.iter().filter(|r| r.dst == ep).count()
             + self.atomics.iter().filter(|a| a.src == ep).count()
             + self.coll.as_ref().map_or(0, |c| c.posts_of(ep))
+            + self.rma.iter().filter(|o| o.src == ep).count()
+            + self.rma.iter().filter(|o| o.dst == ep && o.kind == RmaKind::WriteImm).count()
     }
 }

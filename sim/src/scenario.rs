@@ -12,17 +12,21 @@ use std::fmt::Write as _;
 
 use emp_firmware::{Config, FlowControl};
 use emp_uapi::desc::{
-    Cqe, Opcode, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, WD_SIGNALED,
+    Cqe, Opcode, RemoteSge, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ,
+    MR_REMOTE_WRITE, WD_IMM, WD_SIGNALED,
 };
 use emp_uapi::sram::{admin_result as ar, AdminOp, LayoutParams, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
 use emp_uapi::{sram::counter, ANY_NODE, ANY_PORT, PAGE_SIZE};
 
-use crate::checker::{leak, Atomics, Collectives, Delivery};
+use crate::checker::{leak, Atomics, Collectives, Delivery, Rma};
 use crate::collplan::CollPlan;
 use crate::host::{
     admin_post, admin_result, alloc_region, mr_entry, reset_port_ctl, work_desc, HostMem, HostPort, Sram,
 };
-use crate::plan::{AtomicPlan, Expect, MsgPlan, Plan, RecvPlan, ATOMIC_BIT, COLL_BIT, RECV_BIT};
+use crate::plan::{
+    AtomicPlan, Expect, MsgPlan, Plan, RecvPlan, RmaBad, RmaKind, RmaPlan, ATOMIC_BIT, COLL_BIT, RECV_BIT, RMA_BIT,
+    RMA_RECV_BIT,
+};
 use crate::rng::{fill_pattern, Rng};
 use crate::world::{Partition, Step, WireConfig, World};
 
@@ -65,6 +69,8 @@ pub struct Spec {
     pub atomics: u32,
     /// Collective operations on one group over random endpoints.
     pub collectives: u32,
+    /// Remote writes and reads between random endpoints' RMA windows.
+    pub rma: u32,
     /// The NICs' writes to host memory appear late and in random byte
     /// order, ordered only by DMA fences (`emp_sim::weak_dma`); hosts check
     /// every completion they accept against what the NIC wrote.
@@ -94,6 +100,7 @@ impl Spec {
             atomics: 0,
             collectives: 0,
             weak_dma: false,
+            rma: 0,
         }
     }
 
@@ -143,6 +150,8 @@ impl Spec {
             atomics: if r.chance(0.5) { r.range(1, 48) as u32 } else { 0 },
             collectives: if r.chance(0.4) { r.range(1, 24) as u32 } else { 0 },
             weak_dma: r.chance(0.5),
+            // Drawn after everything else, for the same reason.
+            rma: if r.chance(0.4) { r.range(1, 24) as u32 } else { 0 },
         }
     }
 
@@ -177,6 +186,9 @@ impl Spec {
         }
         if self.collectives > 0 {
             cmd += &format!(" --collectives {}", self.collectives);
+        }
+        if self.rma > 0 {
+            cmd += &format!(" --rma {}", self.rma);
         }
         if self.weak_dma {
             cmd += " --weak-dma";
@@ -229,6 +241,8 @@ pub struct Report {
     pub atomics: u64,
     /// Collective operations completed (one per member per operation).
     pub collectives: u64,
+    /// Remote writes and reads completed successfully.
+    pub rma: u64,
     /// NIC counters summed over all NICs.
     pub counters: [u64; counter::COUNT],
     /// Wire counters.
@@ -255,6 +269,7 @@ impl Report {
             c[counter::COLL_EARLY],
             c[counter::COLL_REFUSED]
         );
+        let _ = writeln!(s, "rma              {}", self.rma);
         let _ = writeln!(s, "frames on wire   {}", self.wire.frames);
         let _ = writeln!(s, "data frames      {}", c[counter::TX_FRAMES]);
         let _ = writeln!(s, "retransmitted    {}", c[counter::RETRANSMITS]);
@@ -283,6 +298,10 @@ enum Post {
     Atomic(u32),
     /// Operation `.0` of the collective plan, by member `.1`.
     Coll(u32, u16),
+    /// RMA operation `.0`.
+    Rma(u32),
+    /// The receive RMA write `.0` with immediate data completes.
+    RmaRecv(u32),
 }
 
 /// How a (destination endpoint, tag class) is served.
@@ -299,6 +318,11 @@ const ATOMIC_SLOT: u32 = 32;
 /// Bytes of that region; the counter is the 64-bit word at offset 8.
 const ATOMIC_REGION: u64 = 64;
 const COUNTER_OFF: u64 = 8;
+/// MR slot of each port's RMA window (`RMA_SLOT + port`), its bytes, and
+/// the part of it reads read (writes write the rest, each its own slice).
+const RMA_SLOT: u32 = 48;
+const RMA_WINDOW: u64 = 64 << 10;
+const RMA_READ_AREA: u64 = 16 << 10;
 
 fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
     let mut msgs = Vec::new();
@@ -405,7 +429,83 @@ fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
     // Drawn last and only when asked for: other runs stay as they were.
     let coll = (spec.collectives > 0)
         .then(|| CollPlan::draw(spec.seed, spec.collectives, &eps, spec.spread_ns, spec.mtu, r, &mut bump));
-    Plan { msgs, recvs, atomics, counter_at, coll, region_len }
+    let rma = plan_rma(spec, &eps, r, &mut bump);
+    Plan { msgs, recvs, atomics, counter_at, coll, rma, region_len }
+}
+
+/// Remote writes (some with immediate data) and reads between random
+/// endpoints: writes into disjoint slices of the target's window beyond
+/// its read area, reads from the read area; with `errors`, a write with a
+/// wrong secret and a read beyond the window.
+fn plan_rma(
+    spec: &Spec,
+    eps: &[(u16, u16)],
+    r: &mut Rng,
+    bump: &mut impl FnMut((u16, u16), u64, &mut Rng) -> u64,
+) -> Vec<RmaPlan> {
+    if spec.rma == 0 {
+        return Vec::new(); // No draw: runs without RMA are unchanged.
+    }
+    let long_partition = spec.wire.partition.as_ref().filter(|p| p.end_ns - p.start_ns > spec.retry_budget_ns());
+    let mut next_slice: HashMap<(u16, u16), u64> = HashMap::new();
+    let mut out = Vec::new();
+    let n_bad = if spec.errors { 2 } else { 0 };
+    for i in 0..spec.rma + n_bad {
+        let src = eps[r.below(eps.len() as u64) as usize];
+        let dst = eps[r.below(eps.len() as u64) as usize];
+        let len = match r.below(4) {
+            0 => r.range(0, 64),
+            1 => r.range(0, 1500),
+            2 => r.range(0, 4096),
+            _ => r.range(0, 12 << 10),
+        };
+        let mut kind = [RmaKind::Write, RmaKind::WriteImm, RmaKind::Read][r.below(3) as usize];
+        let post_at = r.below(spec.spread_ns + 1);
+        let recv_post_at = r.below(spec.spread_ns + 1);
+        let crosses = long_partition.is_some_and(|p| p.side[src.0 as usize] != p.side[dst.0 as usize]);
+        if crosses && kind == RmaKind::WriteImm {
+            kind = RmaKind::Write; // A receive for a write that may be given up would stay posted.
+        }
+        let mut op = RmaPlan {
+            src,
+            dst,
+            kind,
+            post_at,
+            recv_post_at,
+            len,
+            remote_off: 0,
+            local_off: 0,
+            bad: RmaBad::No,
+            expect: if crosses { Expect::DeliverOrFail(Status::RetryLimitExceeded) } else { Expect::Deliver },
+        };
+        if i >= spec.rma {
+            // The misuses: refused by the target, its memory unchanged.
+            op.expect = Expect::Fail(Status::RemoteAccessError);
+            if i == spec.rma {
+                (op.kind, op.bad) = (RmaKind::Write, RmaBad::Secret);
+            } else {
+                op.kind = RmaKind::Read;
+                op.len = op.len.max(4);
+                op.remote_off = RMA_WINDOW - op.len / 2 - 1; // Past the window's end.
+            }
+        }
+        if op.kind == RmaKind::Read {
+            if op.expect != Expect::Fail(Status::RemoteAccessError) {
+                op.len = op.len.min(RMA_READ_AREA);
+                op.remote_off = r.below(RMA_READ_AREA - op.len + 1);
+            }
+        } else {
+            let at = next_slice.entry(dst).or_insert(RMA_READ_AREA);
+            if *at + op.len > RMA_WINDOW {
+                op.len = 0; // The window is spoken for: an empty write.
+            }
+            op.remote_off = *at;
+            *at += op.len;
+        }
+        op.local_off = bump(src, op.len, r);
+        out.push(op);
+    }
+    out
 }
 
 /// Fetch-adds from random endpoints at random times on one endpoint's
@@ -490,6 +590,9 @@ struct Driver {
     colls: Collectives,
     /// Per node, per port: the key of the port's atomic counter region.
     atomic_keys: Vec<Vec<(u32, crate::host::Region)>>,
+    rma: Rma,
+    /// Per node, per port: the port's RMA window.
+    rma_windows: Vec<Vec<crate::host::Region>>,
     outstanding: u64,
 }
 
@@ -528,6 +631,7 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
                     HostMem::pages_for_region(data)
                         + HostMem::pages_for_region(cq)
                         + HostMem::pages_for_region(ATOMIC_REGION)
+                        + HostMem::pages_for_region(RMA_WINDOW)
                 })
                 .sum::<usize>()
                 * PAGE_SIZE
@@ -547,8 +651,11 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
         atomics: Atomics::new(&plan),
         colls: Collectives::new(plan.coll.as_ref()),
         atomic_keys: Vec::new(),
+        rma: Rma::new(&plan),
+        rma_windows: Vec::new(),
         outstanding: (plan.msgs.len() + plan.recvs.len() + plan.atomics.len()) as u64
-            + plan.coll.as_ref().map_or(0, |c| (c.ops.len() * c.members.len()) as u64),
+            + plan.coll.as_ref().map_or(0, |c| (c.ops.len() * c.members.len()) as u64)
+            + plan.rma.iter().map(|o| 1 + (o.kind == RmaKind::WriteImm) as u64).sum::<u64>(),
         plan,
     };
     d.setup(spec, &mut r).map_err(|e| fail(spec, e))?;
@@ -605,7 +712,7 @@ impl Driver {
     fn settled(&self) -> bool {
         self.world.nodes.iter().all(|node| {
             let o = node.nic.occupancy();
-            o.tx_msgs + o.rx_msgs + o.coll_ops + o.coll_bufs_used + o.coll_cache_frames + o.atomics == 0
+            o.tx_msgs + o.rx_msgs + o.coll_ops + o.coll_bufs_used + o.coll_cache_frames + o.atomics + o.rma_reads == 0
         })
     }
 
@@ -635,6 +742,17 @@ impl Driver {
                     self.atomic_keys.resize_with(n as usize + 1, Vec::new);
                     self.atomic_keys[n as usize].push((atomic.key, atomic));
                 }
+                if spec.rma > 0 {
+                    // The RMA window: remote writes and reads allowed, known bytes.
+                    let w = alloc_region(&mut node.mem, RMA_WINDOW, key_gen | (RMA_SLOT + p as u32), r);
+                    let rights = MR_LOCAL_READ | MR_LOCAL_WRITE | MR_REMOTE_READ | MR_REMOTE_WRITE;
+                    let e = mr_entry(&w, p, rights, &mut node.mem, r);
+                    Sram(&mut node.sram).put(layout.mr_entry(emp_uapi::desc::MrEntry::slot_of(w.key)), &e);
+                    let bytes: Vec<u8> = (0..RMA_WINDOW).map(crate::checker::rma::initial_byte).collect();
+                    w.write(&mut node.mem, 0, &bytes);
+                    self.rma_windows.resize_with(n as usize + 1, Vec::new);
+                    self.rma_windows[n as usize].push(w);
+                }
                 reset_port_ctl(&mut node.sram, &layout, p);
                 admin_post(
                     &mut node.sram,
@@ -657,6 +775,12 @@ impl Driver {
             fill_pattern(m.tag & 0xFFFF_FFFF, 0, &mut buf);
             let node = &mut self.world.nodes[m.src.0 as usize];
             self.ports[m.src.0 as usize][m.src.1 as usize].data.write(&mut node.mem, m.buf_off, &buf);
+        }
+        // What RMA writes carry.
+        for (i, op) in self.plan.rma.iter().enumerate().filter(|(_, o)| o.kind != RmaKind::Read) {
+            let buf: Vec<u8> = (0..op.len).map(|k| crate::checker::rma::write_byte(i, k)).collect();
+            let node = &mut self.world.nodes[op.src.0 as usize];
+            self.ports[op.src.0 as usize][op.src.1 as usize].data.write(&mut node.mem, op.local_off, &buf);
         }
         if let Some(coll) = &self.plan.coll {
             for (rank, &(n, p)) in coll.members.iter().enumerate() {
@@ -689,6 +813,12 @@ impl Driver {
         for (i, a) in self.plan.atomics.iter().enumerate() {
             items.push((a.post_at, a.src.0, a.src.1, Post::Atomic(i as u32)));
         }
+        for (i, op) in self.plan.rma.iter().enumerate() {
+            items.push((op.post_at, op.src.0, op.src.1, Post::Rma(i as u32)));
+            if op.kind == RmaKind::WriteImm {
+                items.push((op.recv_post_at, op.dst.0, op.dst.1, Post::RmaRecv(i as u32)));
+            }
+        }
         if let Some(coll) = &self.plan.coll {
             for (k, at) in coll.post_at.iter().enumerate() {
                 for (rank, &(n, p)) in coll.members.iter().enumerate() {
@@ -715,7 +845,7 @@ impl Driver {
                 break;
             }
             let (_, p, post) = self.schedule[n as usize].pop_front().expect("front");
-            let send = !matches!(post, Post::Recv(_));
+            let send = !matches!(post, Post::Recv(_) | Post::RmaRecv(_));
             self.backlog.entry((n, p, send)).or_default().push_back(post);
         }
         self.flush_backlog(n);
@@ -770,8 +900,8 @@ impl Driver {
                     Post::Atomic(i) => {
                         let a = &self.plan.atomics[i as usize];
                         let (c_node, c_port) = self.plan.counter_at;
-                        let key = self.atomic_keys[c_node as usize][c_port as usize].0
-                            ^ if a.bad_key { 0x0100_0000 } else { 0 };
+                        let (key, ref region) = self.atomic_keys[c_node as usize][c_port as usize];
+                        let (key, secret) = (key ^ if a.bad_key { 0x0100_0000 } else { 0 }, region.secret);
                         let mut d = WorkDesc {
                             wr_id: ATOMIC_BIT | i as u64,
                             opcode: Opcode::AtomicFetchAdd as u8,
@@ -783,8 +913,43 @@ impl Driver {
                             ..Default::default()
                         };
                         d.sge[0] = Sge { key: hp.data.key, len: 8, offset: a.result_off };
-                        d.sge[1] = Sge { key, len: 8, offset: COUNTER_OFF };
+                        d.sge[1] = RemoteSge { key, secret, offset: COUNTER_OFF }.to_sge();
                         hp.post(sram, &layout, &d, true)
+                    }
+                    Post::Rma(i) => {
+                        let op = &self.plan.rma[i as usize];
+                        let w = &self.rma_windows[op.dst.0 as usize][op.dst.1 as usize];
+                        let secret = if op.bad == RmaBad::Secret { w.secret ^ 0x10 } else { w.secret };
+                        let (opcode, imm) = match op.kind {
+                            RmaKind::Write => (Opcode::RdmaWrite, 0),
+                            RmaKind::WriteImm => (Opcode::RdmaWrite, WD_IMM),
+                            RmaKind::Read => (Opcode::RdmaRead, 0),
+                        };
+                        let mut d = WorkDesc {
+                            wr_id: RMA_BIT | i as u64,
+                            opcode: opcode as u8,
+                            flags: WD_SIGNALED | imm,
+                            num_sge: 2,
+                            node: op.dst.0,
+                            port: op.dst.1,
+                            tag: if imm != 0 { op.imm_tag(i as usize) } else { 0 },
+                            ..Default::default()
+                        };
+                        d.sge[0] = Sge { key: hp.data.key, len: op.len as u32, offset: op.local_off };
+                        d.sge[1] = RemoteSge { key: w.key, secret, offset: op.remote_off }.to_sge();
+                        hp.post(sram, &layout, &d, true)
+                    }
+                    Post::RmaRecv(i) => {
+                        let op = &self.plan.rma[i as usize];
+                        let d = WorkDesc {
+                            wr_id: RMA_RECV_BIT | i as u64,
+                            opcode: Opcode::Recv as u8,
+                            node: op.src.0,
+                            port: op.src.1,
+                            tag: op.imm_tag(i as usize),
+                            ..Default::default()
+                        };
+                        hp.post(sram, &layout, &d, false)
                     }
                     Post::Coll(k, rank) => {
                         let coll = self.plan.coll.as_ref().expect("a collective post has a plan");
@@ -827,7 +992,11 @@ impl Driver {
         let (ports, world, plan) = (&self.ports, &self.world, &self.plan);
         let read =
             |off: u64, buf: &mut [u8]| ports[n as usize][p as usize].data.read(&world.nodes[n as usize].mem, off, buf);
-        if c.wr_id & (RECV_BIT | ATOMIC_BIT | COLL_BIT) == COLL_BIT {
+        if c.wr_id & RMA_RECV_BIT == RMA_RECV_BIT {
+            self.rma.on_imm_recv(plan, (n, p), status, &c)?;
+        } else if c.wr_id & (RECV_BIT | RMA_BIT) == RMA_BIT {
+            self.rma.on_completion(plan, (n, p), status, &c, read)?;
+        } else if c.wr_id & (RECV_BIT | ATOMIC_BIT | COLL_BIT) == COLL_BIT {
             self.colls.on_completion(plan.coll.as_ref(), (n, p), status, &c, read)?;
         } else if c.wr_id & (RECV_BIT | ATOMIC_BIT) == ATOMIC_BIT {
             self.atomics.on_completion(plan, (n, p), status, &c, read)?;
@@ -857,10 +1026,19 @@ impl Driver {
             events: self.world.events,
             wire: self.world.stats,
             delivered: tally.delivered,
-            expected_errors: tally.expected_errors + Atomics::expected_errors(&self.plan),
+            expected_errors: tally.expected_errors
+                + Atomics::expected_errors(&self.plan)
+                + Rma::expected_errors(&self.plan),
             truncated: tally.truncated,
             atomics: self.atomics.check_counter(&self.plan, counter)?,
             collectives: self.colls.completed(),
+            rma: {
+                let (windows, world) = (&self.rma_windows, &self.world);
+                let window = |(n, p): (u16, u16), off: u64, buf: &mut [u8]| {
+                    windows[n as usize][p as usize].read(&world.nodes[n as usize].mem, off, buf)
+                };
+                self.rma.check(&self.plan, window)?
+            },
             ..Default::default()
         };
         let open = self.delivery.receives_left_open(&self.plan, spec.nodes);

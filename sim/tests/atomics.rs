@@ -11,10 +11,11 @@ use emp_firmware::{Config, Occupancy};
 use emp_sim::cluster::Cluster;
 use emp_sim::world::{Partition, WireConfig};
 use emp_uapi::desc::{
-    Cqe, Opcode, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, WD_SIGNALED,
+    Cqe, Opcode, RemoteSge, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, WD_SIGNALED,
 };
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, atomic_op, AtomicBody, Frame, FrameHeader, FrameKind, ATOMIC_WINDOW};
+use emp_uapi::Le;
 
 const MS: u64 = 1_000_000;
 const ATOMIC_RW: u8 = MR_LOCAL_READ | MR_LOCAL_WRITE | MR_REMOTE_ATOMIC;
@@ -266,26 +267,23 @@ fn test_malformed_atomic_descriptors_refused_locally() {
     let key = c.reg_mr(0, 4096, ATOMIC_RW);
     let local = c.data_key(1);
     let r8 = Sge { key: local, len: 8, offset: 0 };
-    let w8 = Sge { key, len: 8, offset: 8 };
+    // The remote end: key, secret (in the SGE's length), offset.
+    let w8 = RemoteSge { key, secret: c.secret(0, key), offset: 8 }.to_sge();
     let cases = [
         (
             raw_atomic(&c, Opcode::AtomicFetchAdd, 0, r8, Sge { offset: 4, ..w8 }, 1, 0),
             Status::BadDescriptor,
             "misaligned",
         ),
+        (raw_atomic(&c, Opcode::AtomicFetchAdd, 0, Sge { len: 3, ..r8 }, w8, 1, 0), Status::BadDescriptor, "width 3"),
         (
-            raw_atomic(&c, Opcode::AtomicFetchAdd, 0, Sge { len: 3, ..r8 }, Sge { len: 3, ..w8 }, 1, 0),
+            raw_atomic(&c, Opcode::AtomicFetchAdd, 0, Sge { len: 4, ..r8 }, Sge { offset: 6, ..w8 }, 1, 0),
             Status::BadDescriptor,
-            "width 3",
-        ),
-        (
-            raw_atomic(&c, Opcode::AtomicFetchAdd, 0, Sge { len: 4, ..r8 }, w8, 1, 0),
-            Status::BadDescriptor,
-            "widths differ",
+            "a 4-byte word misaligned",
         ),
         (raw_atomic(&c, Opcode::AtomicFetchAdd, 0, r8, w8, 1, 9), Status::BadDescriptor, "compare on a fetch-add"),
         (
-            raw_atomic(&c, Opcode::AtomicSwap, 0, Sge { len: 4, ..r8 }, Sge { len: 4, ..w8 }, 1 << 32, 0),
+            raw_atomic(&c, Opcode::AtomicSwap, 0, Sge { len: 4, ..r8 }, w8, 1 << 32, 0),
             Status::BadDescriptor,
             "operand wider than 32 bits",
         ),
@@ -339,9 +337,11 @@ fn test_forged_misaligned_request_refused_by_target() {
         src_gen: 77,
         ..Default::default()
     };
-    let mut b = [0u8; 64];
+    let mut b = [0u8; FrameHeader::SIZE + AtomicBody::SIZE];
+    let secret = c.secret(0, key);
     for (seq, offset, width) in [(0u32, 3u64, 8u8), (1, 2, 4), (2, 8, 8)] {
-        let body = AtomicBody { op: atomic_op::FETCH_ADD, width, rkey: key, offset, operand: 1, ..Default::default() };
+        let body =
+            AtomicBody { op: atomic_op::FETCH_ADD, width, rkey: key, offset, operand: 1, secret, ..Default::default() };
         let n = wire::emit_atomic_req(&FrameHeader { msg_seq: seq, ..hdr }, &body, &mut b).unwrap();
         c.world.inject_frame(0, &b[..n]);
         c.run_for(MS);

@@ -1,8 +1,9 @@
 //! The simulation suite: thousands of seeded scenarios across 2–16 nodes,
 //! messages of 0 B–4 MiB, loss 0–20 %, duplication, reordering and healing
-//! partitions, every flow-control scheme and NIC CPU plan, remote atomics and
-//! collectives on random groups, weakly ordered DMA; every run checked by the
-//! scenario checker. A failure prints the command that replays it.
+//! partitions, every flow-control scheme and NIC CPU plan, remote atomics,
+//! remote writes and reads, collectives on random groups, weakly ordered DMA;
+//! every run checked by the scenario checker. A failure prints the command
+//! that replays it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -38,6 +39,8 @@ struct Coverage {
     coll_early: u64,
     coll_refused: u64,
     weak_dma: u64,
+    rma_runs: u64,
+    rma_ops: u64,
 }
 
 #[test]
@@ -80,6 +83,8 @@ fn swarm_every_seed_passes_every_invariant() {
                         c.coll_early += r.counters[emp_uapi::sram::counter::COLL_EARLY];
                         c.coll_refused += r.counters[emp_uapi::sram::counter::COLL_REFUSED];
                         c.weak_dma += spec.weak_dma as u64;
+                        c.rma_runs += (spec.rma > 0) as u64;
+                        c.rma_ops += r.rma;
                         if spec.size_max >= 4 << 20 {
                             c.largest = c.largest.max(spec.size_max);
                         }
@@ -118,6 +123,7 @@ fn swarm_every_seed_passes_every_invariant() {
         assert!(c.jumbo > 100 && c.overflow > 50 && c.errors > 100 && c.truncated > 50);
         assert!(c.retransmits > 1000);
         assert!(c.weak_dma > 100, "weakly ordered DMA: {} runs", c.weak_dma);
+        assert!(c.rma_runs > 100 && c.rma_ops > 1000, "RMA: {} runs, {} operations", c.rma_runs, c.rma_ops);
         assert!(
             c.atomic_runs > 100 && c.atomic_replays > 100,
             "atomics: {} runs, {} replays",
@@ -150,6 +156,10 @@ fn same_seed_same_run() {
     let a = run(&spec).unwrap();
     assert_eq!(a.atomics, 30);
     assert_eq!(a, run(&spec).unwrap());
+    spec.rma = 40;
+    let a = run(&spec).unwrap();
+    assert_eq!(a.rma, 40, "every remote write and read succeeded");
+    assert_eq!(a, run(&spec).unwrap());
 }
 
 #[test]
@@ -160,6 +170,16 @@ fn checker_catches_corrupted_delivery() {
     assert!(f.what.contains("corrupted"), "{}", f.what);
     let shown = f.to_string();
     assert!(shown.contains("replay: cargo run --release -p emp-sim -- --nodes 4 --messages 200 --seed 5"), "{shown}");
+}
+
+#[test]
+fn checker_catches_corrupted_remote_writes_and_reads() {
+    let mut spec = Spec::basic(6, 4, 0);
+    spec.rma = 80;
+    spec.wire.corrupt = 0.05;
+    let f = run(&spec).expect_err("corrupted RMA payloads must be caught");
+    assert!(f.what.contains("RMA"), "{}", f.what);
+    assert!(f.to_string().contains("--rma 80"), "{f}");
 }
 
 #[test]

@@ -68,6 +68,7 @@ extern "C" {
 /*                   (msg_seq = the per-peer atomic sequence)          */
 /*   ATOMIC_RESP:    emp_frame_header | emp_atomic_result              */
 /*                   (doubles as the ACK)                              */
+/*   RMA:            as DATA; the payload starts with emp_rma_header   */
 /*                                                                     */
 /* Collective messages share the per-peer message sequence,            */
 /* reliability and flow control of DATA; the NIC consumes them itself. */
@@ -75,7 +76,7 @@ extern "C" {
 /* EMP_ATOMIC_WINDOW and a result cache at the target.                 */
 /* ------------------------------------------------------------------ */
 
-#define EMP_WIRE_VERSION 2U
+#define EMP_WIRE_VERSION 3U
 /* Largest frame (headers + payload) a NIC accepts. */
 #define EMP_MTU_MAX 9000U
 /* Smallest MTU. */
@@ -88,6 +89,7 @@ extern "C" {
 #define EMP_FRAME_COLL_DATA 4U   /* payload starts with an emp_coll_header */
 #define EMP_FRAME_ATOMIC_REQ 5U  /* body: emp_atomic_body */
 #define EMP_FRAME_ATOMIC_RESP 6U /* body: emp_atomic_result */
+#define EMP_FRAME_RMA 7U         /* payload starts with an emp_rma_header */
 
 /* NACK reasons (emp_ack_body.reason). */
 #define EMP_NACK_LOSS 1U
@@ -97,6 +99,7 @@ extern "C" {
 #define EMP_NACK_TOO_LARGE 5U
 #define EMP_NACK_STALE_EPOCH 6U   /* collective message for an older group epoch */
 #define EMP_NACK_COLL_MISMATCH 7U /* receiver's collective instance disagrees */
+#define EMP_NACK_REMOTE_ACCESS 8U /* remote write/read refused: key, secret, rights, bounds */
 
 /* Header of every EMP frame (32 bytes). */
 struct emp_frame_header {
@@ -141,7 +144,7 @@ struct emp_ack_body {
 #define EMP_ATOMIC_OP_CMP_SWAP 2U  /* X -> operand if X == compare */
 #define EMP_ATOMIC_OP_SWAP 3U      /* X -> operand */
 
-/* Body of an ATOMIC_REQ frame (32 bytes). */
+/* Body of an ATOMIC_REQ frame (40 bytes). */
 struct emp_atomic_body {
 	uint8_t op;        /* EMP_ATOMIC_OP_* */
 	uint8_t width;     /* word width in bytes: 4 or 8 */
@@ -150,6 +153,25 @@ struct emp_atomic_body {
 	uint64_t offset;   /* of the word within the region (naturally aligned) */
 	uint64_t operand;  /* addend / new value */
 	uint64_t compare;  /* compare value (CMP_SWAP), else 0 */
+	uint32_t secret;   /* the region's remote-access secret */
+	uint32_t reserved2; /* zero */
+};
+
+/* RMA operations (emp_rma_header.op). */
+#define EMP_RMA_OP_WRITE 1U     /* data to (rkey, offset) */
+#define EMP_RMA_OP_WRITE_IMM 2U /* and complete a receive matching tag = cookie */
+#define EMP_RMA_OP_READ_REQ 3U  /* read len bytes at (rkey, offset); header only */
+#define EMP_RMA_OP_READ_RESP 4U /* the data for the read named by cookie */
+
+/* Header at the start of every RMA message's payload (32 bytes). */
+struct emp_rma_header {
+	uint8_t op;          /* EMP_RMA_OP_* */
+	uint8_t reserved[3]; /* zero */
+	uint32_t rkey;       /* target region key, else 0 */
+	uint32_t secret;     /* the region's remote-access secret */
+	uint32_t len;        /* READ_REQ: bytes to read, else 0 */
+	uint64_t offset;     /* within the target region, else 0 */
+	uint64_t cookie;     /* WRITE_IMM: immediate; READ_*: the read's name; else 0 */
 };
 
 /* Body of an ATOMIC_RESP frame (16 bytes). */
@@ -180,10 +202,17 @@ struct emp_atomic_result {
  *               sge[1] = result (root only); 1 or 2 sge
  *   ALLREDUCE   as REDUCE with port 0 and a result buffer on every member
  *   ATOMIC_*    node/port = target (not ANY), 2 sge: sge[0] = local result
- *               word, sge[1] = remote word {key = rkey, len = width 4 or 8,
- *               offset naturally aligned}, both of the same len;
+ *               word (len = width 4 or 8), sge[1] = the remote word as an
+ *               emp_remote_sge {key, secret, offset naturally aligned};
  *               tag = addend / new value, ignore = compare (CMP_SWAP, else 0);
  *               with width 4, tag and ignore fit in 32 bits
+ *   RDMA_WRITE  node/port = target (not ANY), n >= 1 sge: sge[0..n-1] =
+ *               local source, sge[n-1] = the remote region as an
+ *               emp_remote_sge; ignore 0; with EMP_WD_IMM tag = immediate
+ *               data (the target completes a matching posted receive as
+ *               RECV_RDMA_IMM), else tag 0
+ *   RDMA_READ   as RDMA_WRITE, sge[0..n-1] = local destination, tag 0
+ *   RECV_RDMA_IMM  completions only
  */
 #define EMP_OP_SEND 1U
 #define EMP_OP_RECV 2U
@@ -195,10 +224,14 @@ struct emp_atomic_result {
 #define EMP_OP_ATOMIC_FETCH_ADD 8U
 #define EMP_OP_ATOMIC_CMP_SWAP 9U
 #define EMP_OP_ATOMIC_SWAP 10U
+#define EMP_OP_RDMA_WRITE 11U
+#define EMP_OP_RDMA_READ 12U
+#define EMP_OP_RECV_RDMA_IMM 13U
 
 /* Work descriptor flags. */
 #define EMP_WD_SIGNALED (1U << 0)
-#define EMP_WD_FLAGS_ALL EMP_WD_SIGNALED
+#define EMP_WD_IMM (1U << 1) /* RDMA_WRITE: tag is immediate data */
+#define EMP_WD_FLAGS_ALL (EMP_WD_SIGNALED | EMP_WD_IMM)
 
 /* Completion status codes (emp_cqe.status). */
 #define EMP_STATUS_SUCCESS 0U
@@ -252,6 +285,13 @@ struct emp_sge {
 	uint64_t offset; /* within the region */
 };
 
+/* The remote end of a remote-access descriptor, in its last sge slot (16 bytes). */
+struct emp_remote_sge {
+	uint32_t key;    /* the target's region key */
+	uint32_t secret; /* the region's remote-access secret */
+	uint64_t offset; /* within the target's region */
+};
+
 /* A send or receive work descriptor (128 bytes), in a port ring slot. */
 struct emp_work_desc {
 	uint64_t wr_id;
@@ -303,7 +343,7 @@ struct emp_mr_entry {
 	uint64_t length;
 	uint64_t indirect_addr;
 	uint32_t indirect_count;
-	uint32_t reserved;
+	uint32_t secret; /* remote-access secret, presented with the key */
 	struct emp_phys_seg segs[EMP_MR_INLINE_SEGS];
 };
 
@@ -381,7 +421,7 @@ struct emp_coll_header {
 
 /* Board signature at SRAM offset 0: "EMP-NIC\0" little-endian. */
 #define EMP_BOARD_SIGNATURE 0x0043494E2D504D45ULL
-#define EMP_LAYOUT_VERSION 4U
+#define EMP_LAYOUT_VERSION 5U
 
 /* NIC status (emp_sram_header.status). */
 #define EMP_NIC_STATUS_RESET 0U
@@ -425,13 +465,15 @@ struct emp_coll_header {
 #define EMP_COUNTER_COLL_REFUSED 18U   /* collective messages refused (sender retries) */
 #define EMP_COUNTER_ATOMIC_REPLAYS 19U /* atomic requests answered from the result cache */
 #define EMP_COUNTER_PEERS_RECLAIMED 20U /* idle peer entries reclaimed for a new peer */
-#define EMP_COUNTER_COUNT 21U
+#define EMP_COUNTER_REMOTE_REFUSED 21U  /* remote accesses refused (key, secret, rights, bounds) */
+#define EMP_COUNTER_REMOTE_THROTTLED 22U /* refused: the source kept guessing keys */
+#define EMP_COUNTER_COUNT 23U
 
 /* Largest SRAM laid out; largest ring. */
 #define EMP_SRAM_SIZE_MAX (1U << 30)
 #define EMP_RING_ENTRIES_MAX 4096U
 
-/* SRAM header at offset 0 (264 bytes). */
+/* SRAM header at offset 0 (280 bytes). */
 struct emp_sram_header {
 	uint64_t magic;          /* EMP_BOARD_SIGNATURE */
 	uint32_t layout_version; /* EMP_LAYOUT_VERSION */
@@ -551,7 +593,9 @@ struct emp_port_ctl {
 	                        * the host rings the doorbell only then */
 	uint32_t nic_alive;    /* advanced (never to 0) every EMP_NIC_ALIVE_PERIOD_NS
 	                        * while the NIC runs; still for EMP_NIC_DEAD_NS = dead */
-	uint32_t nic_pad[10];
+	uint32_t remote_refused;   /* remote accesses to this port refused */
+	uint32_t remote_throttled; /* of those: the source kept guessing */
+	uint32_t nic_pad[8];
 	/* trusted side */
 	uint32_t state;      /* EMP_PORT_STATE_* */
 	uint32_t gen;
@@ -656,7 +700,7 @@ struct emp_reg_mr {
 	uint64_t addr;
 	uint64_t length;
 	uint32_t key;    /* out */
-	uint32_t reserved0;
+	uint32_t secret; /* out: remote-access secret */
 	uint64_t reserved[2];
 };
 
@@ -941,15 +985,16 @@ struct emp_fw_config {
 EMP_STATIC_ASSERT(sizeof(struct emp_frame_header) == 32, "emp_frame_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_msg_header) == 16, "emp_msg_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_ack_body) == 16, "emp_ack_body");
-EMP_STATIC_ASSERT(sizeof(struct emp_atomic_body) == 32, "emp_atomic_body");
+EMP_STATIC_ASSERT(sizeof(struct emp_atomic_body) == 40, "emp_atomic_body");
 EMP_STATIC_ASSERT(sizeof(struct emp_atomic_result) == 16, "emp_atomic_result");
+EMP_STATIC_ASSERT(sizeof(struct emp_rma_header) == 32, "emp_rma_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_sge) == 16, "emp_sge");
 EMP_STATIC_ASSERT(sizeof(struct emp_work_desc) == 128, "emp_work_desc");
 EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 32, "emp_cqe");
 EMP_STATIC_ASSERT(sizeof(struct emp_phys_seg) == 16, "emp_phys_seg");
 EMP_STATIC_ASSERT(sizeof(struct emp_mr_entry) == 144, "emp_mr_entry");
 EMP_STATIC_ASSERT(sizeof(struct emp_coll_header) == 24, "emp_coll_header");
-EMP_STATIC_ASSERT(sizeof(struct emp_sram_header) == 264, "emp_sram_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_sram_header) == 280, "emp_sram_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_admin_mailbox) == 64, "emp_admin_mailbox");
 EMP_STATIC_ASSERT(sizeof(struct emp_route_entry) == 32, "emp_route_entry");
 EMP_STATIC_ASSERT(sizeof(struct emp_group_entry) == 1024, "emp_group_entry");

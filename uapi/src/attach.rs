@@ -10,10 +10,11 @@
 //!    offset 0), the doorbell eventfd (process → NIC) and the event eventfd
 //!    (NIC → process).
 //! 2. `REG_ARENA` with a memfd → the NIC maps it; `arg[0]` = offset,
-//!    `arg[1]` = length, `arg[2]` = access bits → reply `key`. True
+//!    `arg[1]` = length, `arg[2]` = access bits → reply `arg[0]` = key,
+//!    `arg[1]` = its remote-access secret (`desc::MrEntry::secret`). True
 //!    zero-copy: the NIC's DMA engine reads and writes that memory directly.
 //! 3. `REG_VM`: `arg[0]` = virtual address, `arg[1]` = length, `arg[2]` =
-//!    access → `key`. The NIC reaches the memory with
+//!    access → key and secret, as `REG_ARENA`. The NIC reaches the memory with
 //!    `process_vm_readv/writev` (the process allows it with
 //!    `prctl(PR_SET_PTRACER, daemon pid)`; the reply's `arg[0]` on ATTACH is
 //!    the daemon's pid).

@@ -34,13 +34,27 @@ pub enum Opcode {
     /// `port` = 0 and a result buffer on every member.
     Allreduce = 7,
     /// Remote atomic fetch-and-add at (`node`, `port`): `tag` = addend,
-    /// `sge[0]` = local result word, `sge[1]` = remote word
-    /// {`key` = remote key, `len` = width 4 or 8, `offset`}.
+    /// `sge[0]` = local result word (its `len` is the width, 4 or 8),
+    /// `sge[1]` = the remote word as a [`RemoteSge`].
     AtomicFetchAdd = 8,
     /// Remote compare-and-swap: `tag` = new value, `ignore` = compare.
     AtomicCmpSwap = 9,
     /// Remote swap: `tag` = new value.
     AtomicSwap = 10,
+    /// Remote write (one-sided put) to (`node`, `port`): `sge[..n-1]` =
+    /// local source, `sge[n-1]` = the remote region as a [`RemoteSge`]
+    /// (`n` = `num_sge` ≥ 1; one entry alone writes zero bytes). With
+    /// [`WD_IMM`], `tag` is immediate data: the target consumes a posted
+    /// receive matching (initiator, `tag`) and completes it as
+    /// [`Opcode::RecvRdmaImm`]. Else `tag` = 0.
+    RdmaWrite = 11,
+    /// Remote read (one-sided get): as [`Opcode::RdmaWrite`], `sge[..n-1]`
+    /// = local destination; `tag` = 0.
+    RdmaRead = 12,
+    /// Completions only (never a descriptor): a posted receive consumed by
+    /// a remote write with immediate data (`tag` = the immediate,
+    /// `msg_len` = bytes written to the region, `byte_len` = 0).
+    RecvRdmaImm = 13,
 }
 
 impl Opcode {
@@ -57,6 +71,9 @@ impl Opcode {
             8 => Some(Opcode::AtomicFetchAdd),
             9 => Some(Opcode::AtomicCmpSwap),
             10 => Some(Opcode::AtomicSwap),
+            11 => Some(Opcode::RdmaWrite),
+            12 => Some(Opcode::RdmaRead),
+            13 => Some(Opcode::RecvRdmaImm),
             _ => None,
         }
     }
@@ -70,12 +87,24 @@ impl Opcode {
     pub const fn is_atomic(self) -> bool {
         matches!(self, Opcode::AtomicFetchAdd | Opcode::AtomicCmpSwap | Opcode::AtomicSwap)
     }
+
+    /// A remote memory access: remote write or read.
+    pub const fn is_rma(self) -> bool {
+        matches!(self, Opcode::RdmaWrite | Opcode::RdmaRead)
+    }
+
+    /// Names another port's memory: the descriptor's last SGE is a [`RemoteSge`].
+    pub const fn is_remote_access(self) -> bool {
+        self.is_atomic() || self.is_rma()
+    }
 }
 
 /// Descriptor flag: produce a completion (always on for receives).
 pub const WD_SIGNALED: u8 = 1 << 0;
+/// Descriptor flag: a remote write carries `tag` as immediate data.
+pub const WD_IMM: u8 = 1 << 1;
 /// All defined descriptor flags.
-pub const WD_FLAGS_ALL: u8 = WD_SIGNALED;
+pub const WD_FLAGS_ALL: u8 = WD_SIGNALED | WD_IMM;
 
 le_struct! {
     /// One scatter/gather element: `len` bytes at `offset` within the memory
@@ -89,6 +118,35 @@ le_struct! {
         pub offset: u64,
     }
     size = 16;
+}
+
+le_struct! {
+    /// The remote end of a remote-access descriptor (atomics, remote write
+    /// and read), in the descriptor's last scatter/gather slot (16 bytes,
+    /// the size of an [`Sge`]): the target's region `key`, the `secret`
+    /// registered with it (see [`MrEntry::make_key`]) and the `offset`
+    /// within it. The length is the local side's.
+    pub struct RemoteSge {
+        /// The target's memory region key.
+        pub key: u32,
+        /// The region's remote-access secret.
+        pub secret: u32,
+        /// Offset within the target's region.
+        pub offset: u64,
+    }
+    size = 16;
+}
+
+impl RemoteSge {
+    /// Its encoding in a descriptor's SGE slot.
+    pub const fn to_sge(self) -> Sge {
+        Sge { key: self.key, len: self.secret, offset: self.offset }
+    }
+
+    /// Reads a descriptor's SGE slot as the remote end.
+    pub const fn from_sge(s: Sge) -> RemoteSge {
+        RemoteSge { key: s.key, secret: s.len, offset: s.offset }
+    }
 }
 
 le_struct! {
@@ -134,6 +192,9 @@ impl WorkDesc {
         if self.num_sge as usize > SGE_MAX {
             return Err(DecodeError::BadIndex);
         }
+        if self.flags & WD_IMM != 0 && op != Opcode::RdmaWrite {
+            return Err(DecodeError::ReservedNotZero);
+        }
         if op == Opcode::Send && (self.ignore != 0 || self.node == ANY_NODE || self.port == ANY_PORT) {
             return Err(DecodeError::BadIndex);
         }
@@ -142,10 +203,27 @@ impl WorkDesc {
         if unused.iter().any(|s| *s != Sge::default()) {
             return Err(DecodeError::ReservedNotZero);
         }
-        if self.sge[..self.num_sge as usize].iter().any(|s| s.offset.checked_add(s.len as u64).is_none()) {
+        if self.local_sges().iter().any(|s| s.offset.checked_add(s.len as u64).is_none()) {
+            return Err(DecodeError::BadLength);
+        }
+        if op.is_rma() && self.remote().offset.checked_add(self.total_len()).is_none() {
             return Err(DecodeError::BadLength);
         }
         Ok(op)
+    }
+
+    /// The SGEs that name this port's memory (all of them, but the last
+    /// of a remote-access descriptor).
+    pub fn local_sges(&self) -> &[Sge] {
+        let n = (self.num_sge as usize).min(SGE_MAX);
+        let remote = Opcode::from_u8(self.opcode).is_some_and(|op| op.is_remote_access());
+        &self.sge[..if remote { n.saturating_sub(1) } else { n }]
+    }
+
+    /// The remote end of a remote-access descriptor (its last SGE).
+    pub fn remote(&self) -> RemoteSge {
+        let n = (self.num_sge as usize).clamp(1, SGE_MAX);
+        RemoteSge::from_sge(self.sge[n - 1])
     }
 
     /// The per-opcode rules for the fields collectives and atomics reuse.
@@ -175,16 +253,23 @@ impl WorkDesc {
                     && (n == 1 || n == 2)
             }
             Opcode::AtomicFetchAdd | Opcode::AtomicCmpSwap | Opcode::AtomicSwap => {
-                let (local, remote) = (self.sge[0], self.sge[1]);
+                let (local, remote) = (self.sge[0], RemoteSge::from_sge(self.sge[1]));
                 n == 2
                     && self.node != ANY_NODE
                     && self.port != ANY_PORT
-                    && (remote.len == 4 || remote.len == 8)
-                    && local.len == remote.len
-                    && remote.offset % remote.len as u64 == 0
+                    && (local.len == 4 || local.len == 8)
+                    && remote.offset % local.len as u64 == 0
                     && (op == Opcode::AtomicCmpSwap || self.ignore == 0)
-                    && (remote.len == 8 || (self.tag >> 32 == 0 && self.ignore >> 32 == 0))
+                    && (local.len == 8 || (self.tag >> 32 == 0 && self.ignore >> 32 == 0))
             }
+            Opcode::RdmaWrite | Opcode::RdmaRead => {
+                n >= 1
+                    && self.node != ANY_NODE
+                    && self.port != ANY_PORT
+                    && self.ignore == 0
+                    && (self.flags & WD_IMM != 0 || self.tag == 0)
+            }
+            Opcode::RecvRdmaImm => false,
         };
         if ok {
             Ok(())
@@ -193,10 +278,9 @@ impl WorkDesc {
         }
     }
 
-    /// Total bytes described by the scatter/gather list.
+    /// Total bytes described by the local scatter/gather list.
     pub fn total_len(&self) -> u64 {
-        let n = (self.num_sge as usize).min(SGE_MAX);
-        self.sge[..n].iter().map(|s| s.len as u64).sum()
+        self.local_sges().iter().map(|s| s.len as u64).sum()
     }
 
     /// Does a receive with this descriptor's filter accept a message from
@@ -248,7 +332,9 @@ pub enum Status {
     InvalidOp = 16,
     /// Members disagree on the collective (kind, root, tree, type, op, count).
     CollMismatch = 17,
-    /// The target refused a remote atomic (key, rights, bounds, alignment).
+    /// The target refused a remote access: atomic, write or read (key,
+    /// secret, rights, bounds, alignment; or the source was throttled for
+    /// guessing keys).
     RemoteAccessError = 18,
 }
 
@@ -302,7 +388,7 @@ impl Status {
             StaleGroup => c"group re-created during the operation",
             InvalidOp => c"operation undefined for the datatype",
             CollMismatch => c"members disagree on the collective",
-            RemoteAccessError => c"remote atomic refused by the target",
+            RemoteAccessError => c"remote access refused by the target",
         }
     }
 
@@ -435,8 +521,10 @@ le_struct! {
         pub indirect_addr: u64,
         /// Indirect: number of data segments (links not counted).
         pub indirect_count: u32,
-        /// Reserved, zero.
-        pub reserved: u32,
+        /// Remote-access secret: 32 unpredictable bits a remote peer must
+        /// present with `key` (see [`RemoteSge`]); 0 in entries without
+        /// remote rights is allowed but matches no real request.
+        pub secret: u32,
         /// Short/Chained: the segments.
         pub segs: [PhysSeg; MR_INLINE_SEGS],
     }
@@ -449,19 +537,24 @@ impl MrEntry {
         (key & 0xFFFF) as usize
     }
 
-    /// A fresh key for table `slot`: advances the registering party's
-    /// generator state `salt` (an LCG) and puts 15 of its bits, never zero,
-    /// above the slot, so a stale key of a reused slot no longer matches.
-    /// The one generator: emp-nicd and the driver both call it.
-    pub fn make_key(salt: &mut u32, slot: u16) -> u32 {
+    /// A fresh (key, secret) for table `slot`: advances the registering
+    /// party's generator state `salt` (an LCG) and puts 15 of its bits,
+    /// never zero, above the slot, so a stale key of a reused slot no longer
+    /// matches; the secret is `random` (32 bits from the OS's generator:
+    /// getrandom in emp-nicd, `get_random_u32` in the driver), never 0. A
+    /// remote peer must present both, so a guess has at least 32
+    /// unpredictable bits to find. The one generator: emp-nicd and the
+    /// driver both call it.
+    pub fn make_key(salt: &mut u32, slot: u16, random: u32) -> (u32, u32) {
         *salt = salt.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-        (((*salt >> 8) & 0x7FFF) | 1) << 16 | slot as u32
+        let key = (((*salt >> 8) & 0x7FFF) | 1) << 16 | slot as u32;
+        (key, random.max(1))
     }
 
     /// Validates an entry the NIC is about to use; returns its format.
     pub fn validate(&self) -> Result<MrFormat, DecodeError> {
         let format = MrFormat::from_u8(self.format).ok_or(DecodeError::BadKind)?;
-        if self.reserved != 0 || self.access & !MR_ACCESS_ALL != 0 {
+        if self.access & !MR_ACCESS_ALL != 0 {
             return Err(DecodeError::ReservedNotZero);
         }
         let inline = |n: usize| -> Result<(), DecodeError> {

@@ -115,8 +115,9 @@ le_struct! {
         pub length: u64,
         /// Out: the key.
         pub key: u32,
-        /// Reserved.
-        pub reserved0: u32,
+        /// Out: the region's remote-access secret (what a peer presents
+        /// with the key; see `desc::MrEntry::make_key`).
+        pub secret: u32,
         /// Reserved.
         pub reserved: [u64; 2],
     }
@@ -535,13 +536,10 @@ mod tests {
     #[test]
     fn a_shorter_struct_is_zero_extended() {
         let mut b = reg_mr_bytes(32, 32);
-        b[28] = 0x55; // reserved0, inside the caller's struct: passed on.
+        b[28] = 0x55; // secret, inside the caller's struct: passed on.
         let (r, read) = read_from::<EmpRegMr>(&b);
         let q = r.unwrap();
-        assert_eq!(
-            (q.size, q.access, q.addr, q.length, q.reserved0, q.reserved),
-            (32, 3, 0x1000, 0x2000, 0x55, [0; 2])
-        );
+        assert_eq!((q.size, q.access, q.addr, q.length, q.secret, q.reserved), (32, 3, 0x1000, 0x2000, 0x55, [0; 2]));
         assert_eq!(read, 32, "never reads past the caller's struct");
     }
 

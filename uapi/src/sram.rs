@@ -24,7 +24,11 @@ pub const BOARD_SIGNATURE: u64 = u64::from_le_bytes(*b"EMP-NIC\0");
 /// through it (descriptors, CQEs). 3: the CQE's phase byte moved to its last
 /// byte, published after a DMA fence. 4: a counter of reclaimed peer entries
 /// (the header is 264 bytes) and the port's liveness word in its control page.
-pub const LAYOUT_VERSION: u32 = 4;
+/// 5: remote keys carry a 32-bit secret (the MR entry's former reserved
+/// word; a remote-access descriptor's last SGE is a `desc::RemoteSge`),
+/// remote write and read opcodes, counters of refused and throttled remote
+/// accesses (the header is 280 bytes) and per port in its control page.
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// NIC status (header `status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,8 +161,12 @@ pub mod counter {
     pub const ATOMIC_REPLAYS: usize = 19;
     /// Idle peer entries reclaimed to make room for a new peer.
     pub const PEERS_RECLAIMED: usize = 20;
+    /// Remote accesses refused (key, secret, rights, bounds), all ports.
+    pub const REMOTE_REFUSED: usize = 21;
+    /// Remote accesses refused because their source kept guessing keys.
+    pub const REMOTE_THROTTLED: usize = 22;
     /// Number of counters.
-    pub const COUNT: usize = 21;
+    pub const COUNT: usize = 23;
     /// Names, for tools.
     pub const NAMES: [&str; COUNT] = [
         "tx_frames",
@@ -182,11 +190,13 @@ pub mod counter {
         "coll_refused",
         "atomic_replays",
         "peers_reclaimed",
+        "remote_refused",
+        "remote_throttled",
     ];
 }
 
 le_struct! {
-    /// SRAM header at offset 0 (264 bytes).
+    /// SRAM header at offset 0 (280 bytes).
     pub struct SramHeader {
         /// [`BOARD_SIGNATURE`]. Hardware.
         pub magic: u64,
@@ -241,7 +251,7 @@ le_struct! {
         /// Counters (see [`counter`]). NIC.
         pub counters: [u64; counter::COUNT],
     }
-    size = 264;
+    size = 280;
 }
 
 /// Parameters from which a [`Layout`] is computed.
@@ -686,8 +696,13 @@ le_struct! {
         /// a host that sees it stand still for [`NIC_DEAD_NS`] takes the NIC
         /// for dead. 0 = a NIC that does not advance it.
         pub nic_alive: u32,
+        /// NIC: remote accesses to this port refused (key, secret, rights,
+        /// bounds; throttled ones included), free-running.
+        pub remote_refused: u32,
+        /// NIC: of those, refused because their source kept guessing.
+        pub remote_throttled: u32,
         /// Reserved (cache line of NIC-written words).
-        pub nic_pad: [u32; 10],
+        pub nic_pad: [u32; 8],
         /// Trusted side: [`port_state`].
         pub state: u32,
         /// Trusted side: generation of this opening.
@@ -770,6 +785,10 @@ pub mod ctl {
     pub const NIC_SLEEPING: usize = offset_of!(PortCtl, nic_sleeping);
     /// See [`PortCtl::nic_alive`].
     pub const NIC_ALIVE: usize = offset_of!(PortCtl, nic_alive);
+    /// See [`PortCtl::remote_refused`].
+    pub const REMOTE_REFUSED: usize = offset_of!(PortCtl, remote_refused);
+    /// See [`PortCtl::remote_throttled`].
+    pub const REMOTE_THROTTLED: usize = offset_of!(PortCtl, remote_throttled);
     /// See [`PortCtl::state`].
     pub const STATE: usize = offset_of!(PortCtl, state);
     /// See [`PortCtl::gen`].

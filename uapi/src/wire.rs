@@ -13,7 +13,14 @@
 //! COLL_DATA:      as DATA; the message payload starts with a CollHeader
 //! ATOMIC_REQ:     FrameHeader | AtomicBody     (msg_seq = atomic sequence)
 //! ATOMIC_RESP:    FrameHeader | AtomicResult   (doubles as the ACK)
+//! RMA:            as DATA; the message payload starts with an RmaHeader
 //! ```
+//! Remote writes, read requests and read responses are RMA messages: they
+//! share the per-peer message sequence, reliability and flow control of
+//! DATA (so each is executed once, however often it is retransmitted);
+//! the target places a write's data in the region its [`RmaHeader`] names
+//! instead of a posted receive, and answers a read request with a read
+//! response, an RMA message of its own.
 //! Collective messages share the per-peer message sequence, reliability
 //! and flow control of DATA; only the receiver's matching differs (the NIC
 //! consumes them itself). Atomics have their own per-peer sequence, a
@@ -23,8 +30,9 @@
 
 use crate::{le_struct, DecodeError, Le};
 
-/// Wire protocol version carried in every frame.
-pub const WIRE_VERSION: u8 = 2;
+/// Wire protocol version carried in every frame. 3: remote accesses carry
+/// the region's 32-bit secret.
+pub const WIRE_VERSION: u8 = 3;
 /// Largest frame (header + payload) a NIC accepts: jumbo MTU.
 pub const MTU_MAX: u32 = 9000;
 /// Smallest MTU that still carries headers plus a useful payload.
@@ -46,6 +54,8 @@ pub enum FrameKind {
     AtomicReq = 5,
     /// Remote atomic response.
     AtomicResp = 6,
+    /// Remote write, read request or read response (payload starts with an [`RmaHeader`]).
+    Rma = 7,
 }
 
 impl FrameKind {
@@ -58,6 +68,7 @@ impl FrameKind {
             4 => Some(FrameKind::CollData),
             5 => Some(FrameKind::AtomicReq),
             6 => Some(FrameKind::AtomicResp),
+            7 => Some(FrameKind::Rma),
             _ => None,
         }
     }
@@ -82,6 +93,9 @@ pub enum NackReason {
     StaleEpoch = 6,
     /// The receiver's collective instance disagrees with the message.
     CollMismatch = 7,
+    /// A remote write or read refused: key, secret, rights or bounds (or
+    /// the source is throttled for guessing keys).
+    RemoteAccess = 8,
 }
 
 impl NackReason {
@@ -95,6 +109,7 @@ impl NackReason {
             5 => Some(NackReason::TooLarge),
             6 => Some(NackReason::StaleEpoch),
             7 => Some(NackReason::CollMismatch),
+            8 => Some(NackReason::RemoteAccess),
             _ => None,
         }
     }
@@ -184,7 +199,7 @@ pub mod atomic_op {
 }
 
 le_struct! {
-    /// Body of an ATOMIC_REQ frame (32 bytes).
+    /// Body of an ATOMIC_REQ frame (40 bytes).
     pub struct AtomicBody {
         /// [`atomic_op`].
         pub op: u8,
@@ -200,8 +215,12 @@ le_struct! {
         pub operand: u64,
         /// Compare value (CAS), else 0.
         pub compare: u64,
+        /// The region's remote-access secret (`desc::MrEntry::secret`).
+        pub secret: u32,
+        /// Reserved, zero.
+        pub reserved2: u32,
     }
-    size = 32;
+    size = 40;
 }
 
 le_struct! {
@@ -215,6 +234,65 @@ le_struct! {
         pub old: u64,
     }
     size = 16;
+}
+
+/// RMA operations on the wire (`RmaHeader::op`).
+pub mod rma_op {
+    /// Write the message's data at (`rkey`, `offset`) of the target.
+    pub const WRITE: u8 = 1;
+    /// As `WRITE`, then complete a posted receive matching (initiator,
+    /// tag = `cookie`, the immediate data).
+    pub const WRITE_IMM: u8 = 2;
+    /// Read `len` bytes at (`rkey`, `offset`) of the target; the answer is
+    /// a `READ_RESP` carrying `cookie`. The message is the header alone.
+    pub const READ_REQ: u8 = 3;
+    /// The data a `READ_REQ` asked for, for the read named by `cookie`.
+    pub const READ_RESP: u8 = 4;
+}
+
+le_struct! {
+    /// Header at the start of every RMA message's payload (32 bytes).
+    pub struct RmaHeader {
+        /// [`rma_op`].
+        pub op: u8,
+        /// Reserved, zero.
+        pub reserved: [u8; 3],
+        /// Target region key (WRITE, WRITE_IMM, READ_REQ), else 0.
+        pub rkey: u32,
+        /// The region's remote-access secret, with `rkey`.
+        pub secret: u32,
+        /// READ_REQ: bytes to read; else 0.
+        pub len: u32,
+        /// Offset within the target region (with `rkey`), else 0.
+        pub offset: u64,
+        /// WRITE_IMM: the immediate data; READ_REQ and READ_RESP: the
+        /// initiator's name for the read; WRITE: 0.
+        pub cookie: u64,
+    }
+    size = 32;
+}
+
+impl RmaHeader {
+    /// Parses and validates the header at the start of an RMA message of
+    /// `total_len` bytes from untrusted bytes.
+    pub fn parse(b: &[u8], total_len: u64) -> Result<RmaHeader, DecodeError> {
+        let h = RmaHeader::decode(b)?;
+        if h.reserved != [0; 3] {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        let addressed = h.rkey != 0 || h.secret != 0 || h.offset != 0;
+        let ok = match h.op {
+            rma_op::WRITE => h.len == 0 && h.cookie == 0,
+            rma_op::WRITE_IMM => h.len == 0,
+            rma_op::READ_REQ => total_len == RmaHeader::SIZE as u64,
+            rma_op::READ_RESP => h.len == 0 && !addressed,
+            _ => return Err(DecodeError::BadKind),
+        };
+        if !ok {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        Ok(h)
+    }
 }
 
 /// Bytes of headers before the payload in a DATA frame.
@@ -289,7 +367,7 @@ impl<'a> Frame<'a> {
         }
         let rest = &bytes[FrameHeader::SIZE..];
         match FrameKind::from_u8(hdr.kind).ok_or(DecodeError::BadKind)? {
-            kind @ (FrameKind::Data | FrameKind::CollData) => {
+            kind @ (FrameKind::Data | FrameKind::CollData | FrameKind::Rma) => {
                 if hdr.frame_count == 0 || hdr.frame_index >= hdr.frame_count {
                     return Err(DecodeError::BadIndex);
                 }
@@ -315,6 +393,13 @@ impl<'a> Frame<'a> {
                             return Err(DecodeError::BadLength);
                         }
                         crate::coll::CollHeader::parse(payload)?;
+                    }
+                    if kind == FrameKind::Rma {
+                        // The RMA header leads the message, whole in frame 0.
+                        if m.total_len < RmaHeader::SIZE as u64 {
+                            return Err(DecodeError::BadLength);
+                        }
+                        RmaHeader::parse(payload, m.total_len)?;
                     }
                 }
                 Ok(Frame::Data { hdr, msg, payload })
@@ -346,7 +431,7 @@ impl<'a> Frame<'a> {
                 if !known {
                     return Err(DecodeError::BadKind);
                 }
-                if body.reserved != 0 || (body.op != atomic_op::CMP_SWAP && body.compare != 0) {
+                if body.reserved != 0 || body.reserved2 != 0 || (body.op != atomic_op::CMP_SWAP && body.compare != 0) {
                     return Err(DecodeError::ReservedNotZero);
                 }
                 if body.width != 4 && body.width != 8 {
@@ -383,7 +468,7 @@ impl<'a> Frame<'a> {
 /// the payload (`hdr.payload_len` bytes) goes. `msg` must be `Some` exactly
 /// for frame 0.
 pub fn emit_data_headers(hdr: &FrameHeader, msg: Option<&MsgHeader>, out: &mut [u8]) -> Result<usize, DecodeError> {
-    debug_assert!(hdr.kind == FrameKind::Data as u8 || hdr.kind == FrameKind::CollData as u8);
+    debug_assert!(matches!(FrameKind::from_u8(hdr.kind), Some(FrameKind::Data | FrameKind::CollData | FrameKind::Rma)));
     debug_assert_eq!(msg.is_some(), hdr.frame_index == 0);
     let head = data_header_len(hdr.frame_index);
     if out.len() < head + hdr.payload_len as usize {
@@ -436,7 +521,7 @@ mod tests {
 
     /// Byte-exact fixture: an ACK for group 2 of message 7, 0 -> 1.
     static ACK_BYTES: [u8; 48] = [
-        2, 2, 0, 0, // version, kind, dst_gen
+        3, 2, 0, 0, // version, kind, dst_gen
         0, 0, 1, 0, // src_node 0, dst_node 1
         3, 0, 4, 0, // src_port 3, dst_port 4
         9, 0, 0, 0, // src_gen 9, payload_len 0
@@ -550,9 +635,9 @@ mod tests {
             compare: 1,
             ..Default::default()
         };
-        let mut out = [0u8; 64];
+        let mut out = [0u8; 80];
         let n = emit_atomic_req(&hdr, &body, &mut out).unwrap();
-        assert_eq!(n, 64);
+        assert_eq!(n, 72);
         assert_eq!(Frame::parse(&out[..n]), Ok(Frame::AtomicReq { hdr, body }));
         let mut bad = out;
         bad[FrameHeader::SIZE + 1] = 3; // width 3

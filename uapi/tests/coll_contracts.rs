@@ -352,6 +352,8 @@ fn wire_and_desc_enums_round_trip() {
             assert!(!(op.is_collective() && op.is_atomic()));
             assert_eq!(op.is_collective(), (3..=7).contains(&v), "{op:?}");
             assert_eq!(op.is_atomic(), (8..=10).contains(&v), "{op:?}");
+            assert_eq!(op.is_rma(), (11..=12).contains(&v), "{op:?}");
+            assert_eq!(op.is_remote_access(), (8..=12).contains(&v), "{op:?}");
         }
         if let Some(k) = FrameKind::from_u8(v) {
             assert_eq!(k as u8, v);
@@ -360,9 +362,9 @@ fn wire_and_desc_enums_round_trip() {
             assert_eq!(r as u8, v);
         }
     }
-    assert_eq!(n_ops, 10);
-    assert_eq!((0..=255u8).filter_map(FrameKind::from_u8).count(), 6);
-    assert_eq!((0..=255u8).filter_map(NackReason::from_u8).count(), 7);
+    assert_eq!(n_ops, 13);
+    assert_eq!((0..=255u8).filter_map(FrameKind::from_u8).count(), 7);
+    assert_eq!((0..=255u8).filter_map(NackReason::from_u8).count(), 8);
     for v in 0..64u32 {
         if let Some(a) = AdminOp::from_u32(v) {
             assert_eq!(a as u32, v);
@@ -401,5 +403,7 @@ fn counter_names() {
     assert_eq!(counter::NAMES[counter::COLL_REFUSED], "coll_refused");
     assert_eq!(counter::NAMES[counter::ATOMIC_REPLAYS], "atomic_replays");
     assert_eq!(counter::NAMES[counter::PEERS_RECLAIMED], "peers_reclaimed");
-    assert_eq!(counter::PEERS_RECLAIMED + 1, counter::COUNT);
+    assert_eq!(counter::NAMES[counter::REMOTE_REFUSED], "remote_refused");
+    assert_eq!(counter::NAMES[counter::REMOTE_THROTTLED], "remote_throttled");
+    assert_eq!(counter::REMOTE_THROTTLED + 1, counter::COUNT);
 }

@@ -125,7 +125,7 @@ arb_struct!(arb_mr_entry -> MrEntry {
     length: any::<u64>(),
     indirect_addr: any::<u64>(),
     indirect_count: any::<u32>(),
-    reserved: any::<u32>(),
+    secret: any::<u32>(),
     segs: proptest::array::uniform::<_, MR_INLINE_SEGS>(arb_phys_seg()),
 });
 arb_struct!(arb_sram_header -> SramHeader {
@@ -211,6 +211,8 @@ arb_struct!(arb_atomic_body -> AtomicBody {
     offset: any::<u64>(),
     operand: any::<u64>(),
     compare: any::<u64>(),
+    secret: any::<u32>(),
+    reserved2: any::<u32>(),
 });
 arb_struct!(arb_atomic_result -> AtomicResult {
     status: any::<u8>(),
@@ -229,7 +231,9 @@ arb_struct!(arb_port_ctl -> PortCtl {
     cq_overruns: any::<u32>(),
     nic_sleeping: any::<u32>(),
     nic_alive: any::<u32>(),
-    nic_pad: any::<[u32; 10]>(),
+    remote_refused: any::<u32>(),
+    remote_throttled: any::<u32>(),
+    nic_pad: any::<[u32; 8]>(),
     state: any::<u32>(),
     gen: any::<u32>(),
     cq_key: any::<u32>(),
@@ -274,7 +278,7 @@ arb_struct!(arb_emp_reg_mr -> EmpRegMr {
     addr: any::<u64>(),
     length: any::<u64>(),
     key: any::<u32>(),
-    reserved0: any::<u32>(),
+    secret: any::<u32>(),
     reserved: any::<[u64; 2]>(),
 });
 arb_struct!(arb_emp_dereg_mr -> EmpDeregMr { size: any::<u32>(), key: any::<u32>() });
@@ -657,6 +661,7 @@ fn valid_atomic_body() -> impl Strategy<Value = AtomicBody> {
         b.op = op;
         b.width = width;
         b.reserved = 0;
+        b.reserved2 = 0;
         if op != atomic_op::CMP_SWAP {
             b.compare = 0;
         }
@@ -688,7 +693,7 @@ fn atomic_req_spec(bytes: &[u8]) -> Result<AtomicBody, DecodeError> {
     if !(1..=3).contains(&b.op) {
         return Err(DecodeError::BadKind);
     }
-    if b.reserved != 0 || (b.op != atomic_op::CMP_SWAP && b.compare != 0) {
+    if b.reserved != 0 || b.reserved2 != 0 || (b.op != atomic_op::CMP_SWAP && b.compare != 0) {
         return Err(DecodeError::ReservedNotZero);
     }
     if b.width != 4 && b.width != 8 {
@@ -732,6 +737,7 @@ fn plausible_atomic_frame() -> impl Strategy<Value = Vec<u8>> {
             b.width = width;
             if clear_reserved {
                 b.reserved = 0;
+                b.reserved2 = 0;
             }
             if clear_compare && op != atomic_op::CMP_SWAP {
                 b.compare = 0;
@@ -1012,7 +1018,7 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
     let mut x = seed | 1;
     let op = Opcode::from_u8(d.opcode).unwrap();
     d.reserved0 = 0;
-    d.flags &= WD_FLAGS_ALL;
+    d.flags &= WD_FLAGS_ALL & !WD_IMM; // a remote write's own choice, below
     let members = GROUP_MEMBERS_MAX as u64;
     let trees = TREES_MAX as u64;
     let mut n = (d.num_sge as usize).min(SGE_MAX);
@@ -1057,7 +1063,7 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
             n = 2;
             d.sge[0].len = width;
             d.sge[0].offset = next(&mut x) >> 8;
-            d.sge[1].len = width;
+            d.sge[1].len = next(&mut x) as u32; // the remote end's secret
             d.sge[1].offset = (next(&mut x) >> 8) / width as u64 * width as u64;
             d.ignore = if op == Opcode::AtomicCmpSwap { next(&mut x) } else { 0 };
             if width == 4 {
@@ -1065,6 +1071,19 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
                 d.ignore &= u32::MAX as u64;
             }
         }
+        Opcode::RdmaWrite | Opcode::RdmaRead => {
+            d.node %= ANY_NODE;
+            d.port %= ANY_PORT;
+            d.ignore = 0;
+            n = n.max(1);
+            let imm = op == Opcode::RdmaWrite && next(&mut x).is_multiple_of(2);
+            d.flags = if imm { d.flags | WD_IMM } else { d.flags & !WD_IMM };
+            if !imm {
+                d.tag = 0;
+            }
+            d.sge[n - 1].offset >>= 2; // the remote end: room for the length
+        }
+        Opcode::RecvRdmaImm => {}
     }
     d.num_sge = n as u8;
     for s in d.sge.iter_mut().skip(n) {
@@ -1072,9 +1091,9 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
     }
 }
 
-/// Descriptors of every opcode shaped to be valid.
+/// Descriptors of every opcode a host may post (RECV_RDMA_IMM is a completion only), shaped to be valid.
 fn shaped_work_desc() -> impl Strategy<Value = WorkDesc> {
-    (arb_work_desc(), 1u8..=10, any::<u64>()).prop_map(|(mut d, opcode, seed)| {
+    (arb_work_desc(), 1u8..=12, any::<u64>()).prop_map(|(mut d, opcode, seed)| {
         d.opcode = opcode;
         shape_operands(&mut d, seed);
         d
@@ -1121,6 +1140,9 @@ fn work_desc_spec(d: &WorkDesc) -> Result<Opcode, DecodeError> {
     if d.num_sge as usize > SGE_MAX {
         return Err(DecodeError::BadIndex);
     }
+    if d.flags & WD_IMM != 0 && op != Opcode::RdmaWrite {
+        return Err(DecodeError::ReservedNotZero);
+    }
     if op == Opcode::Send && (d.ignore != 0 || d.node == ANY_NODE || d.port == ANY_PORT) {
         return Err(DecodeError::BadIndex);
     }
@@ -1131,7 +1153,13 @@ fn work_desc_spec(d: &WorkDesc) -> Result<Opcode, DecodeError> {
     if d.sge[n..].iter().any(|s| s.key != 0 || s.len != 0 || s.offset != 0) {
         return Err(DecodeError::ReservedNotZero);
     }
-    if d.sge[..n].iter().any(|s| s.offset as u128 + s.len as u128 > u64::MAX as u128) {
+    // The last SGE of a remote access is the remote end: key, secret, offset.
+    let local = if op.is_atomic() || op.is_rma() { n - 1 } else { n };
+    if d.sge[..local].iter().any(|s| s.offset as u128 + s.len as u128 > u64::MAX as u128) {
+        return Err(DecodeError::BadLength);
+    }
+    let total: u128 = d.sge[..local].iter().map(|s| s.len as u128).sum();
+    if op.is_rma() && d.sge[n - 1].offset as u128 + total > u64::MAX as u128 {
         return Err(DecodeError::BadLength);
     }
     Ok(op)
@@ -1165,21 +1193,27 @@ fn operands_spec(d: &WorkDesc, op: Opcode) -> bool {
                 && (1..=u32::MAX as u64).contains(&d.ignore)
                 && (n == 1 || n == 2)
         }
-        // A target endpoint; sge[0] local result word, sge[1] the remote
-        // word of width 4 or 8, naturally aligned; compare only for CAS;
-        // 32-bit operands for width 4.
+        // A target endpoint; sge[0] local result word of width 4 or 8,
+        // sge[1] the remote word {key, secret, offset}, naturally aligned;
+        // compare only for CAS; 32-bit operands for width 4.
         Opcode::AtomicFetchAdd | Opcode::AtomicCmpSwap | Opcode::AtomicSwap => {
             let (local, remote) = (d.sge[0], d.sge[1]);
-            let width = remote.len as u64;
+            let width = local.len as u64;
             n == 2
                 && d.node != ANY_NODE
                 && d.port != ANY_PORT
                 && (width == 4 || width == 8)
-                && local.len == remote.len
                 && remote.offset % width == 0
                 && (op == Opcode::AtomicCmpSwap || d.ignore == 0)
                 && (width == 8 || (d.tag <= u32::MAX as u64 && d.ignore <= u32::MAX as u64))
         }
+        // A target endpoint, at least the remote end, no ignore; a tag only
+        // as a write's immediate data.
+        Opcode::RdmaWrite | Opcode::RdmaRead => {
+            n >= 1 && d.node != ANY_NODE && d.port != ANY_PORT && d.ignore == 0 && (d.flags & WD_IMM != 0 || d.tag == 0)
+        }
+        // Completions only.
+        Opcode::RecvRdmaImm => false,
     }
 }
 
@@ -1190,12 +1224,17 @@ fn check_accepted_work_desc(d: &WorkDesc, op: Opcode) -> Result<(), TestCaseErro
     prop_assert_eq!(op.is_collective(), (3..=7).contains(&d.opcode));
     prop_assert_eq!(op.is_atomic(), (8..=10).contains(&d.opcode));
     if op.is_atomic() {
-        let remote = d.sge[1];
+        let (width, remote) = (d.sge[0].len, d.remote());
         prop_assert_eq!(d.num_sge, 2);
-        prop_assert!(remote.len == 4 || remote.len == 8, "atomic width {}", remote.len);
-        prop_assert_eq!(remote.offset % remote.len as u64, 0, "atomic word not naturally aligned");
-        prop_assert_eq!(d.sge[0].len, remote.len);
+        prop_assert!(width == 4 || width == 8, "atomic width {}", width);
+        prop_assert_eq!(remote.offset % width as u64, 0, "atomic word not naturally aligned");
+        prop_assert_eq!(d.total_len(), width as u64, "the remote end is not local data");
         prop_assert!(d.node != ANY_NODE && d.port != ANY_PORT);
+    }
+    if op.is_rma() {
+        prop_assert!(d.num_sge >= 1);
+        prop_assert_eq!(d.local_sges().len() + 1, d.num_sge as usize);
+        prop_assert!(d.remote().offset.checked_add(d.total_len()).is_some());
     }
     match op {
         Opcode::Barrier => prop_assert_eq!(d.total_len(), 0),
@@ -1219,7 +1258,10 @@ fn check_work_desc(d: &WorkDesc) -> Result<(), TestCaseError> {
     // The helpers never panic either, valid or not.
     let total = d.total_len();
     if got.is_ok() {
-        let want: u64 = d.sge[..d.num_sge as usize].iter().map(|s| s.len as u64).sum();
+        // The remote end of a remote access is not local data.
+        let remote = Opcode::from_u8(d.opcode).is_some_and(|op| op.is_remote_access());
+        let local = d.num_sge as usize - remote as usize;
+        let want: u64 = d.sge[..local].iter().map(|s| s.len as u64).sum();
         prop_assert_eq!(total, want);
     }
     let _ = d.matches(d.node, d.port, d.tag);
@@ -1236,17 +1278,17 @@ fn plausible_mr_entry() -> impl Strategy<Value = MrEntry> {
         arb_mr_entry(),
         prop_oneof![8 => 0u8..=3, 1 => any::<u8>()],
         prop_oneof![1 => any::<u8>(), 4 => 0u8..=MR_ACCESS_ALL],
-        prop_oneof![6 => Just(0u32), 1 => any::<u32>()],
+        any::<u32>(),
         0usize..=MR_INLINE_SEGS,
         prop_oneof![1 => Just(0u32), 4 => 1u32..=4096, 1 => 4096u32..=8192, 1 => any::<u32>()],
         prop_oneof![6 => Just(0u8), 1 => 1u8..4],
         prop_oneof![6 => Just(true), 1 => Just(false)],
         prop_oneof![6 => Just(true), 1 => Just(false)],
     )
-        .prop_map(|(mut e, format, access, reserved, nsegs, seg_len, length_mode, clean_flags, shaped)| {
+        .prop_map(|(mut e, format, access, secret, nsegs, seg_len, length_mode, clean_flags, shaped)| {
             e.format = format;
             e.access = access;
-            e.reserved = reserved;
+            e.secret = secret;
             // Shape the segments the way the format wants them.
             let nsegs = match format {
                 f if f == MrFormat::Short as u8 && shaped => 1,
@@ -1281,7 +1323,6 @@ fn check_mr_entry(e: &MrEntry) -> Result<(), TestCaseError> {
     let got = e.validate();
     if let Ok(f) = got {
         prop_assert_eq!(f as u8, e.format);
-        prop_assert_eq!(e.reserved, 0);
         prop_assert_eq!(e.access & !MR_ACCESS_ALL, 0);
         let sum: u64 = e.segs.iter().map(|s| s.len as u64).sum();
         match f {
@@ -1349,9 +1390,9 @@ proptest! {
         let got = d.validate();
         if let Ok(op) = got {
             if op.is_atomic() {
-                let r = d.sge[1];
-                prop_assert!(r.len == 4 || r.len == 8);
-                prop_assert_eq!(r.offset % r.len as u64, 0);
+                let (width, r) = (d.sge[0].len, d.remote());
+                prop_assert!(width == 4 || width == 8);
+                prop_assert_eq!(r.offset % width as u64, 0);
             }
         }
         prop_assert_eq!(got, work_desc_spec(&d));
@@ -1378,13 +1419,18 @@ proptest! {
     }
 
     #[test]
-    fn mr_make_key_names_its_slot_and_changes_with_each_call(salt in any::<u32>(), slot in any::<u16>()) {
+    fn mr_make_key_names_its_slot_and_changes_with_each_call(
+        salt in any::<u32>(),
+        slot in any::<u16>(),
+        random in any::<u32>(),
+    ) {
         let mut s = salt;
-        let a = MrEntry::make_key(&mut s, slot);
+        let (a, secret) = MrEntry::make_key(&mut s, slot, random);
         prop_assert_eq!(MrEntry::slot_of(a), slot as usize);
         prop_assert!(a >> 16 != 0, "a key is never just its slot");
         prop_assert_ne!(s, salt, "the generator advanced");
-        let b = MrEntry::make_key(&mut s, slot);
+        prop_assert_eq!(secret, random.max(1), "the secret is the caller's randomness, never 0");
+        let (b, _) = MrEntry::make_key(&mut s, slot, random);
         prop_assert_eq!(MrEntry::slot_of(b), slot as usize);
     }
 }

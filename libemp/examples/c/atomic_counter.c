@@ -93,7 +93,13 @@ int main(void)
 			struct emp_sge s = { key, 8, off + 8 * i };
 			emp_post_recv(dev, 200 + i, i, 0, TAG_DONE, 0, &s, 1);
 		}
-		buf[0] = akey;
+		/* Peers need the region's remote key: key and secret in one word. */
+		uint64_t rkey;
+		if (emp_remote_key(dev, akey, &rkey)) {
+			fprintf(stderr, "emp_remote_key failed\n");
+			return 1;
+		}
+		buf[0] = rkey;
 		for (int i = 1; i < size; i++)
 			if (send_word(dev, key, off, i, TAG_KEY))
 				return 1;
@@ -109,7 +115,7 @@ int main(void)
 	emp_post_recv(dev, 1, 0, 0, TAG_KEY, 0, &k, 1);
 	if (wait_one(dev, &wc, "key"))
 		return 1;
-	struct emp_remote_word at = { (uint32_t)buf[0], 8, 0 };
+	struct emp_remote_word at = { (uint32_t)buf[0], 8, 0, (uint32_t)(buf[0] >> 32), 0 };
 	uint64_t old = 0, prev = 0;
 	for (int i = 0; i < ADDS; i++) {
 		int rc = emp_fetch_add(dev, 0, 0, &at, 1, &old);

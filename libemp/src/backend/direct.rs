@@ -405,17 +405,19 @@ impl Daemon {
 
     /// Registers `[offset, offset + len)` of the arena memfd again, with
     /// `access`.
-    pub(crate) fn reg_arena_part(&self, offset: usize, len: usize, access: u8) -> Result<u32> {
+    pub(crate) fn reg_arena_part(&self, offset: usize, len: usize, access: u8) -> Result<(u32, u32)> {
         let args = [offset as u64, len as u64, access as u64];
-        Ok(call(self.sock.as_raw_fd(), op::REG_ARENA, &args, &[self.arena.as_raw_fd()])?.0.arg[0] as u32)
+        let r = call(self.sock.as_raw_fd(), op::REG_ARENA, &args, &[self.arena.as_raw_fd()])?.0;
+        Ok((r.arg[0] as u32, r.arg[1] as u32))
     }
 
     /// Registers memory of this process by address; lets the daemon reach
     /// it (`prctl(PR_SET_PTRACER)`).
-    pub(crate) fn reg_vm(&self, addr: u64, len: u64, access: u8) -> Result<u32> {
+    pub(crate) fn reg_vm(&self, addr: u64, len: u64, access: u8) -> Result<(u32, u32)> {
         // SAFETY: prctl with a pid argument has no memory effects.
         unsafe { libc::prctl(libc::PR_SET_PTRACER, self.pid as libc::c_ulong, 0, 0, 0) };
-        Ok(call(self.sock.as_raw_fd(), op::REG_VM, &[addr, len, access as u64], &[])?.0.arg[0] as u32)
+        let r = call(self.sock.as_raw_fd(), op::REG_VM, &[addr, len, access as u64], &[])?.0;
+        Ok((r.arg[0] as u32, r.arg[1] as u32))
     }
 
     pub(crate) fn dereg(&self, key: u32) -> Result<()> {

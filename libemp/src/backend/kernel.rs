@@ -42,11 +42,13 @@ fn ioctl_buf(fd: RawFd, cmd: u32, buf: &mut [u8], what: &'static str) -> Result<
     Ok(())
 }
 
-fn reg_mr(fd: RawFd, addr: u64, length: u64, access: u8) -> Result<u32> {
+/// Returns the key and its remote-access secret.
+fn reg_mr(fd: RawFd, addr: u64, length: u64, access: u8) -> Result<(u32, u32)> {
     let mut b = [0u8; EmpRegMr::SIZE];
     EmpRegMr { size: EmpRegMr::SIZE as u32, access: access as u32, addr, length, ..Default::default() }.put(&mut b);
     ioctl_buf(fd, EMP_IOC_REG_MR, &mut b, "register memory")?;
-    Ok(EmpRegMr::get(&b).key)
+    let r = EmpRegMr::get(&b);
+    Ok((r.key, r.secret))
 }
 
 /// Hands the driver an eventfd for completion events; `None` when the NIC
@@ -100,7 +102,7 @@ impl Chardev {
         let arena_len =
             std::env::var("EMP_ARENA_MB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(ARENA_DEFAULT_MB) << 20;
         let arena = Mapping::anonymous_populated(arena_len)?;
-        let key = reg_mr(dev.as_raw_fd(), arena.ptr() as u64, arena_len as u64, MR_LOCAL_READ | MR_LOCAL_WRITE)?;
+        let (key, _) = reg_mr(dev.as_raw_fd(), arena.ptr() as u64, arena_len as u64, MR_LOCAL_READ | MR_LOCAL_WRITE)?;
         let mut s = [0u8; EmpStart::SIZE];
         EmpStart { size: EmpStart::SIZE as u32, cq_entries, cq_key: key, ..Default::default() }.put(&mut s);
         ioctl_buf(dev.as_raw_fd(), EMP_IOC_START, &mut s, "start port")?;
@@ -109,7 +111,7 @@ impl Chardev {
     }
 
     /// REG_MR: pins and registers `[addr, addr + len)` of this process.
-    pub(crate) fn reg_mr(&self, addr: u64, len: u64, access: u8) -> Result<u32> {
+    pub(crate) fn reg_mr(&self, addr: u64, len: u64, access: u8) -> Result<(u32, u32)> {
         reg_mr(self.dev.as_raw_fd(), addr, len, access)
     }
 

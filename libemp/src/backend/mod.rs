@@ -61,7 +61,8 @@ impl Backend {
     }
 
     /// Registers `[offset, offset + len)` of `arena` again with `access`.
-    pub(crate) fn reg_arena_part(&self, arena: &Mapping, offset: usize, len: usize, access: u8) -> Result<u32> {
+    /// Returns the key and its remote-access secret (as does `reg_mr`).
+    pub(crate) fn reg_arena_part(&self, arena: &Mapping, offset: usize, len: usize, access: u8) -> Result<(u32, u32)> {
         debug_assert!(offset.checked_add(len).is_some_and(|end| end <= arena.len()));
         match self {
             // The same memfd pages, registered by descriptor.
@@ -71,7 +72,7 @@ impl Backend {
     }
 
     /// Registers `[addr, addr + len)` of this process.
-    pub(crate) fn reg_mr(&self, addr: u64, len: u64, access: u8) -> Result<u32> {
+    pub(crate) fn reg_mr(&self, addr: u64, len: u64, access: u8) -> Result<(u32, u32)> {
         match self {
             Backend::Direct(d) => d.reg_vm(addr, len, access),
             Backend::Kernel(k) => k.reg_mr(addr, len, access),

@@ -22,6 +22,7 @@ pub(crate) fn at_quiesce(world: &World, ports: u16, open_recvs: &[u32]) -> Resul
             + o.coll_ops
             + o.coll_bufs_used
             + o.coll_cache_frames
+            + o.rma_reads
             != 0
         {
             return Err(format!("leak at quiesce on node {n}: {o:?}"));

@@ -10,6 +10,10 @@
 //!   ends at `k`);
 //! - [`Collectives`]: a collective completes on a member only once the
 //!   members it depends on have posted, with the right result;
+//! - [`Rma`]: remote writes and reads complete once with the planned
+//!   status, reads deliver the target's bytes, immediate data completes
+//!   one receive, and each target window ends with exactly the successful
+//!   writes' bytes;
 //! - [`leak`]: at quiesce no NIC table entry is held, the control program's
 //!   invariants hold and no CQ overran; after the ports close, nothing is
 //!   held at all.
@@ -23,7 +27,9 @@ mod atomic;
 mod coll;
 mod delivery;
 pub(crate) mod leak;
+pub(crate) mod rma;
 
 pub(crate) use atomic::Atomics;
 pub(crate) use coll::Collectives;
 pub(crate) use delivery::Delivery;
+pub(crate) use rma::Rma;

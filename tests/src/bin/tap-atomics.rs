@@ -8,7 +8,7 @@ use std::time::Duration;
 use emp::host_atomics::{HostAtomicClient, HostAtomicServer};
 use emp::mcs::McsLock;
 use emp::rdv::Job;
-use emp::{Buffer, Device, Endpoint, Error, Opcode, RemoteWord, Status, Width, MR_REMOTE_ATOMIC};
+use emp::{Buffer, Device, Endpoint, Error, Opcode, RemoteKey, RemoteWord, Status, Width, MR_REMOTE_ATOMIC};
 use emp_tests::wait_for;
 
 const T: Duration = Duration::from_secs(120);
@@ -29,7 +29,7 @@ struct Ctx {
     /// This rank's region with remote-atomic rights.
     region: Buffer,
     /// Every rank's region key.
-    keys: Vec<u32>,
+    keys: Vec<RemoteKey>,
     /// Local result words.
     results: Buffer,
 }
@@ -140,10 +140,17 @@ fn refusals(c: &mut Ctx) -> Result<(), String> {
         r => return Err(format!("beyond the region: {r:?}")),
     }
     // Rank 1's own key is no key of rank 0's.
-    let foreign = RemoteWord { key: c.keys[1] ^ 0x0100_0000, offset: 0, width: Width::W64 };
+    let foreign_key = RemoteKey { key: c.keys[1].key ^ 0x0100_0000, ..c.keys[1] };
+    let foreign = RemoteWord { key: foreign_key, offset: 0, width: Width::W64 };
     match c.dev.swap(to, foreign, 1) {
         Err(Error::Failed(Status::RemoteAccessError)) => {}
         r => return Err(format!("unknown key: {r:?}")),
+    }
+    // Rank 0's key with a wrong secret.
+    let guessed = RemoteKey { secret: c.keys[0].secret ^ 1, ..c.keys[0] };
+    match c.dev.swap(to, RemoteWord { key: guessed, offset: 0, width: Width::W64 }, 1) {
+        Err(Error::Failed(Status::RemoteAccessError)) => {}
+        r => return Err(format!("wrong secret: {r:?}")),
     }
     match c.dev.fetch_add(to, c.word(0, 4, Width::W64), 1) {
         Err(Error::InvalidArgument(_)) => {}
@@ -161,7 +168,7 @@ fn refusals(c: &mut Ctx) -> Result<(), String> {
         ..Default::default()
     };
     d.sge[0] = c.results.sge(0, 8);
-    d.sge[1] = emp::Sge { key: c.keys[0], len: 8, offset: 4 };
+    d.sge[1] = emp_uapi::desc::RemoteSge { key: c.keys[0].key, secret: c.keys[0].secret, offset: 4 }.to_sge();
     c.dev.post_raw(true, &d).map_err(e)?;
     let wc = wait_for(&mut c.dev, 77, T)?;
     if wc.status != Status::BadDescriptor {
@@ -230,9 +237,13 @@ fn main() {
     let (job, mut dev, eps) = emp_tests::tap_start("tap-atomics", 2, emp_tests::WithoutRendezvous::Refuse);
     let quiet = job.rank != 0;
     let region = dev.alloc_mr(4096, MR_REMOTE_ATOMIC).expect("atomic region");
-    let mine = region.remote_word(0, Width::W64).key.to_string();
-    let keys =
-        job.exchange("atomic-keys", &mine, T).expect("key exchange").iter().map(|k| k.parse().expect("key")).collect();
+    let mine = region.remote_key().as_u64().to_string();
+    let keys = job
+        .exchange("atomic-keys", &mine, T)
+        .expect("key exchange")
+        .iter()
+        .map(|k| RemoteKey::from_u64(k.parse().expect("key")))
+        .collect();
     let results = dev.alloc(4096).expect("arena");
     let mut c = Ctx { dev, job, eps, region, keys, results };
     type Check = fn(&mut Ctx) -> Result<(), String>;

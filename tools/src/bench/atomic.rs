@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use emp::host_atomics::{HostAtomicClient, HostAtomicServer};
 use emp::rdv::Job;
-use emp::{Device, Endpoint, MemSpan, RemoteWord, Width, MR_REMOTE_ATOMIC};
+use emp::{Device, Endpoint, MemSpan, RemoteKey, RemoteWord, Width, MR_REMOTE_ATOMIC};
 
 use super::{err, print_json, BenchArgs, Json, Waiter};
 
@@ -66,7 +66,7 @@ fn nic_op(
 }
 
 /// Rank 0's word, as rank 1 names it: sent over EMP (works in static jobs too).
-fn share_key(dev: &mut Device, job: &Job, peer: Endpoint, key: u32) -> Result<u32, String> {
+fn share_key(dev: &mut Device, job: &Job, peer: Endpoint, key: RemoteKey) -> Result<RemoteKey, String> {
     // Once per run, outside the timed loops: block whatever `--blocking` says.
     let blocking = Waiter::blocking(true, T);
     let b = dev.alloc(8).map_err(err)?;
@@ -75,13 +75,13 @@ fn share_key(dev: &mut Device, job: &Job, peer: Endpoint, key: u32) -> Result<u3
     }
     job.barrier(dev, "atomic-key").map_err(err)?;
     if job.rank == 0 {
-        b.atomic_u64(0).store(key as u64, std::sync::atomic::Ordering::SeqCst);
+        b.atomic_u64(0).store(key.as_u64(), std::sync::atomic::Ordering::SeqCst);
         dev.post_send(2, peer, KEY_TAG, &[b.sge(0, 8)]).map_err(err)?;
         blocking.ok(dev, 2, "sending the key")?;
         return Ok(key);
     }
     blocking.ok(dev, 1, "receiving the key")?;
-    Ok(b.atomic_u64(0).load(std::sync::atomic::Ordering::SeqCst) as u32)
+    Ok(RemoteKey::from_u64(b.atomic_u64(0).load(std::sync::atomic::Ordering::SeqCst)))
 }
 
 /// One timed loop of `warm + iters` operations by the client; `op(i)`
@@ -115,7 +115,7 @@ pub(super) fn rank(a: &BenchArgs, job: &Job, mut dev: Device, eps: &[Endpoint]) 
     // Rank 0's words: NIC atomics hit `region`, the host server `served`.
     let region = dev.alloc_mr(4096, MR_REMOTE_ATOMIC).map_err(err)?;
     let served = dev.alloc(64).map_err(err)?;
-    let key = share_key(&mut dev, job, peer, region.remote_word(0, Width::W64).key)?;
+    let key = share_key(&mut dev, job, peer, region.remote_key())?;
     let mut server = if job.rank == 0 { Some(HostAtomicServer::new(&mut dev, served, 4).map_err(err)?) } else { None };
     let mut client =
         if job.rank == 1 { Some(HostAtomicClient::new(&mut dev).map_err(err)?.polling(!a.blocking)) } else { None };
