@@ -71,6 +71,17 @@ fn ping(from: &mut Device, to: &mut Device, tag: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// `ping`, allowing the one documented failure when the restart looked older.
+fn first_after_restart(from: &mut Device, to: &mut Device, tag: u64, looked_older: bool) -> Result<(), String> {
+    match ping(from, to, tag) {
+        Err(e) if looked_older && e.ends_with("retry limit exceeded") => {
+            eprintln!("first message after an older-looking restart: {e}; sending again");
+            ping(from, to, tag | 1 << 40)
+        }
+        r => r,
+    }
+}
+
 #[test]
 fn peer_keeps_working_across_restarts_of_a_daemon() {
     let dir: PathBuf = std::env::temp_dir().join(format!("emp-it-{}-restart", std::process::id()));
@@ -85,9 +96,14 @@ fn peer_keeps_working_across_restarts_of_a_daemon() {
     let (mut older, mut newer) = (0, 0);
     let mut result = Ok(());
     let mut tag = 1u64;
+    // After a restart whose generation looks older, the new process's first
+    // message can outlast its retry budget while the peer waits out the old
+    // incarnation's (docs/cluster.md, "Daemon restarts"): one
+    // RetryLimitExceeded is allowed there, and the next message must pass.
+    let mut looked_older = false;
     for (round, &seed) in SEEDS[1..].iter().enumerate() {
         let r = (|| -> Result<(), String> {
-            ping(&mut dev1, &mut dev0, tag)?;
+            first_after_restart(&mut dev1, &mut dev0, tag, looked_older)?;
             ping(&mut dev0, &mut dev1, tag + 1)?;
             // The daemon dies with a send to it in flight, and comes back.
             let _ = nicd1.kill();
@@ -102,10 +118,11 @@ fn peer_keeps_working_across_restarts_of_a_daemon() {
             }
             eprintln!("round {round}: the send in flight ended with {}", c.status.as_str());
             let new_gen = first_gen(seed, 1);
-            if (new_gen.wrapping_sub(gen1) as i16) > 0 {
-                newer += 1;
-            } else {
+            looked_older = (new_gen.wrapping_sub(gen1) as i16) <= 0;
+            if looked_older {
                 older += 1;
+            } else {
+                newer += 1;
             }
             eprintln!("round {round}: node 1's port generation {gen1} → {new_gen}");
             gen1 = new_gen;
@@ -119,7 +136,9 @@ fn peer_keeps_working_across_restarts_of_a_daemon() {
         }
     }
     // Messages flow with the last incarnation too.
-    let last = result.and_then(|()| ping(&mut dev1, &mut dev0, tag)).and_then(|()| ping(&mut dev0, &mut dev1, tag + 1));
+    let last = result
+        .and_then(|()| first_after_restart(&mut dev1, &mut dev0, tag, looked_older))
+        .and_then(|()| ping(&mut dev0, &mut dev1, tag + 1));
     drop((dev0, dev1));
     for c in [&mut nicd0, &mut nicd1] {
         let _ = c.kill();
