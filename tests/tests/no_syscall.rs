@@ -108,6 +108,8 @@ struct CPort {
     ep: Endpoint,
     buf: Sge,
     word: Sge,
+    /// The word's region, as peers name it (key and secret).
+    word_rkey: emp::RemoteKey,
 }
 
 // SAFETY: the device is used by one thread at a time (moved to the loop thread).
@@ -203,7 +205,7 @@ fn data_path(
             poll_b(b, deadline)?; // B's send completion
             out.round_trips += 1;
         }
-        let word = emp::RemoteWord { key: b.word.key, offset: b.word.offset, width: Width::W64 };
+        let word = emp::RemoteWord { key: b.word_rkey, offset: b.word.offset, width: Width::W64 };
         for i in 0..atomics {
             a.post_fetch_add(1_000_000 + i, bep, word, 1, ares).map_err(|_| "port A: post_fetch_add")?;
             let c = poll_a(a, deadline)?;
@@ -244,11 +246,15 @@ fn the_data_path_makes_no_system_call() {
         )
     };
     assert!(!p.is_null() && !w.is_null(), "port B alloc");
+    let mut rkey = 0u64;
+    // SAFETY: `bdev` is open; `rkey` is writable.
+    assert_eq!(unsafe { emp::ffi::emp_remote_key(bdev, wkey, &mut rkey) }, 0, "port B remote key");
     let b = CPort {
         dev: bdev,
         ep: Endpoint { node: info.node, port: info.port },
         buf: Sge { key, offset: off, len: MSG as u32 },
         word: Sge { key: wkey, offset: woff, len: 8 },
+        word_rkey: emp::RemoteKey::from_u64(rkey),
     };
     install_handler();
 
