@@ -227,6 +227,21 @@ impl<T> DelayLine<T> {
         Ok(())
     }
 
+    /// Holds `copies` copies of `frame` (fault injection's duplicates), each
+    /// wrapped by `item`; returns how many did not fit. The last copy takes
+    /// the buffer itself.
+    pub fn push_copies(&mut self, now: u64, copies: usize, frame: Vec<u8>, item: impl Fn(Vec<u8>) -> T) -> u64 {
+        let mut frame = Some(frame);
+        let mut lost = 0;
+        for i in 0..copies {
+            let f = if i + 1 == copies { frame.take().expect("once") } else { frame.clone().expect("kept") };
+            if self.push(now, item(f)).is_err() {
+                lost += 1;
+            }
+        }
+        lost
+    }
+
     /// The oldest frame, if it is due at `now`.
     pub fn pop_due(&mut self, now: u64) -> Option<T> {
         if self.queue.front().is_some_and(|(due, _)| *due <= now) {

@@ -603,14 +603,8 @@ impl Wire for PacketWire {
         };
         let (_, copies) = inject(&self.faults, &mut self.rng, &self.stats);
         if self.delayed.active() {
-            let mut frame = Some(frame);
-            for i in 0..copies {
-                // The last copy takes the buffer itself.
-                let f = if i + 1 == copies { frame.take().expect("once") } else { frame.clone().expect("kept") };
-                if self.delayed.push(now, (src, to, f)).is_err() {
-                    WireCounters::add(&self.stats.lost, 1);
-                }
-            }
+            let lost = self.delayed.push_copies(now, copies, frame, |f| (src, to, f));
+            WireCounters::add(&self.stats.lost, lost);
             return;
         }
         for _ in 0..copies {

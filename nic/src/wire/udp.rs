@@ -159,14 +159,8 @@ impl Wire for UdpWire {
         // after the others, which still reorders it.
         let (_, copies) = inject(&self.faults, &mut self.rng, &self.stats);
         if self.delayed.active() {
-            let mut frame = Some(frame);
-            for i in 0..copies {
-                // The last copy takes the buffer itself.
-                let f = if i + 1 == copies { frame.take().expect("once") } else { frame.clone().expect("kept") };
-                if self.delayed.push(now, (src, addr, f)).is_err() {
-                    WireCounters::add(&self.stats.lost, 1);
-                }
-            }
+            let lost = self.delayed.push_copies(now, copies, frame, |f| (src, addr, f));
+            WireCounters::add(&self.stats.lost, lost);
             return;
         }
         for _ in 0..copies {
