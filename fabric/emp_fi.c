@@ -1167,23 +1167,30 @@ static int cq_close(struct fid *fid)
 	return 0;
 }
 
-static int cq_control(struct fid *fid, int command, void *arg)
+/* FI_GETWAIT / FI_GETWAITOBJ for a CQ or counter: both wait on the domain's
+ * eventfd when opened with FI_WAIT_FD. */
+static int wait_control(enum fi_wait_obj wait, int event_fd, int command, void *arg)
 {
-	struct emp_fi_cq *cq = container_of(fid, struct emp_fi_cq, cq.fid);
 	if (!arg)
 		return -FI_EINVAL;
 	switch (command) {
 	case FI_GETWAIT:
-		if (cq->wait != FI_WAIT_FD)
+		if (wait != FI_WAIT_FD)
 			return -FI_ENODATA;
-		*(int *)arg = cq->dom->event_fd;
+		*(int *)arg = event_fd;
 		return 0;
 	case FI_GETWAITOBJ:
-		*(enum fi_wait_obj *)arg = cq->wait;
+		*(enum fi_wait_obj *)arg = wait;
 		return 0;
 	default:
 		return -FI_ENOSYS;
 	}
+}
+
+static int cq_control(struct fid *fid, int command, void *arg)
+{
+	struct emp_fi_cq *cq = container_of(fid, struct emp_fi_cq, cq.fid);
+	return wait_control(cq->wait, cq->dom->event_fd, command, arg);
 }
 
 static struct fi_ops cq_fi_ops = {
@@ -1369,20 +1376,7 @@ static int cntr_close(struct fid *fid)
 static int cntr_control(struct fid *fid, int command, void *arg)
 {
 	struct emp_fi_cntr *c = container_of(fid, struct emp_fi_cntr, cntr.fid);
-	if (!arg)
-		return -FI_EINVAL;
-	switch (command) {
-	case FI_GETWAIT:
-		if (c->wait != FI_WAIT_FD)
-			return -FI_ENODATA;
-		*(int *)arg = c->dom->event_fd;
-		return 0;
-	case FI_GETWAITOBJ:
-		*(enum fi_wait_obj *)arg = c->wait;
-		return 0;
-	default:
-		return -FI_ENOSYS;
-	}
+	return wait_control(c->wait, c->dom->event_fd, command, arg);
 }
 
 static struct fi_ops cntr_fi_ops = {
