@@ -19,8 +19,8 @@ if [ ! -e "$out/libemp.so" ]; then
     echo "fabric: $out/libemp.so not built: run scripts/libemp-link.sh (make build)" >&2
     exit 1
 fi
-cflags=(-std=gnu11 -O2 -g -fPIC -Wall -Wextra -Werror -fvisibility=hidden -I"$root/libemp/include")
-"$cc" "${cflags[@]}" -shared -o "$out/libemp-fi.so.tmp" "$root/fabric/emp_fi.c" \
+cflags=(-std=gnu11 -O2 -g -fPIC -Wall -Wextra -Werror -fvisibility=hidden -I"$root/libemp/include" -I"$root/fabric")
+"$cc" "${cflags[@]}" -shared -o "$out/libemp-fi.so.tmp" "$root"/fabric/emp_fi_*.c \
     -Wl,--version-script="$root/fabric/emp_fi.map" -Wl,-z,defs \
     -L"$out" -Wl,-rpath,'$ORIGIN' -lemp -lfabric -lpthread
 mv "$out/libemp-fi.so.tmp" "$out/libemp-fi.so"

@@ -1,0 +1,287 @@
+/* libemp-fi.so: the libfabric provider "emp", an external provider
+ * (FI_PROVIDER_PATH) over libemp's C ABI (emp.h). See fabric/README.md for
+ * the design and docs/libfabric.md for what is supported.
+ *
+ * Objects: a domain owns one EMP port (emp_open_device / emp_job_open_device)
+ * with its single hardware CQ; the provider's CQs and counters are software
+ * queues filled by progress() from that CQ. Every bound object is refcounted
+ * so closing something in use fails with -FI_EBUSY instead of leaving
+ * dangling pointers. One mutex per domain serialises everything
+ * (FI_THREAD_SAFE); waiting blocks on the port's eventfd. */
+
+/* This internal header holds the objects every part shares and the
+ * functions the parts call across files; fabric/emp_fi_*.c are the parts,
+ * one concern each. Not installed. */
+#ifndef EMP_FI_H
+#define EMP_FI_H
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_collective.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <rdma/providers/fi_log.h>
+#include <rdma/providers/fi_prov.h>
+
+#include "emp.h"
+
+#define EMP_FI_NAME "emp"
+#define EMP_FI_PROV_VERSION FI_VERSION(0, 1)
+/* Unregistered buffers up to this size are copied through registered
+ * "bounce" slots; larger ones are registered for the operation. */
+#define BOUNCE_SIZE (64u * 1024u)
+#define BOUNCE_SLOTS_MAX 512u
+#define INJECT_SIZE 4096u
+/* With both FI_MSG and FI_TAGGED on one endpoint, untagged messages carry
+ * this tag bit, which tagged ones may not use (mem_tag_format says so). */
+#define MSG_TAG_BIT (1ULL << 63)
+#define ADDR_MAGIC 0x31504d45u /* "EMP1" */
+#define AV_MAX (1u << 24)
+#define CQ_SIZE_MAX (1u << 20)
+#define POLL_BATCH 32
+
+#define EMP_PRIMARY_CAPS (FI_MSG | FI_TAGGED | FI_SEND | FI_RECV)
+#define EMP_SECONDARY_CAPS (FI_SOURCE | FI_DIRECTED_RECV | FI_LOCAL_COMM | FI_REMOTE_COMM)
+#define EMP_CAPS (EMP_PRIMARY_CAPS | EMP_SECONDARY_CAPS)
+#define EMP_MR_MODES (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED)
+#define EMP_TX_OP_FLAGS (FI_COMPLETION | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE)
+#define EMP_RX_OP_FLAGS (FI_COMPLETION)
+#define EMP_MR_ACCESS (FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)
+
+/* What fi_getname returns and fi_av_insert takes: an EMP endpoint. */
+struct emp_fi_name {
+	uint16_t node;
+	uint16_t port;
+	uint32_t magic;
+};
+
+struct emp_fi_fabric {
+	struct fid_fabric fabric;
+	int refs;
+	pthread_mutex_t lock;
+};
+
+enum req_kind { REQ_SEND, REQ_RECV };
+
+struct emp_fi_ep;
+
+struct emp_req {
+	struct emp_req *next; /* free list, or the orphan list */
+	bool in_use;
+	enum req_kind kind;
+	struct emp_fi_ep *ep; /* NULL once the endpoint is closed */
+	void *context;
+	uint64_t cq_flags;  /* FI_SEND|FI_MSG, FI_RECV|FI_TAGGED, ... */
+	bool want_entry;    /* a success entry (errors always get one) */
+	bool cq_reserved;   /* holds a slot of its CQ */
+	void *buf;
+	size_t len;
+	int slot;	    /* bounce slot, or -1 */
+	int64_t tmp_key;    /* registration for this operation, or -1 */
+	bool cancelled;	    /* reported as canceled; the NIC still holds it */
+	/* A canceled receive's message that landed after all (an orphan). */
+	size_t got_len;
+	size_t msg_len;
+	uint64_t got_tag;
+	uint16_t src_node, src_port;
+};
+
+struct emp_fi_domain {
+	struct fid_domain domain;
+	struct emp_fi_fabric *fab;
+	pthread_mutex_t lock;
+	struct emp_device *dev;
+	struct emp_port_info pi;
+	int event_fd;
+	uint64_t mr_mode;
+	int refs;
+	struct emp_fi_ep *ep;
+	struct emp_req *reqs, *free_reqs;
+	size_t nreqs;
+	char *bounce;
+	uint32_t bounce_key;
+	uint64_t bounce_off;
+	int *free_slots;
+	size_t nslots, nfree_slots;
+	struct emp_req *orphans; /* oldest first */
+	size_t zombies;		 /* canceled receives the NIC still holds */
+};
+
+struct cq_ent {
+	void *op_context;
+	uint64_t flags;
+	size_t len;
+	uint64_t tag;
+	fi_addr_t src;
+	int err;
+	size_t olen;
+	int prov_errno;
+};
+
+struct emp_fi_cq {
+	struct fid_cq cq;
+	struct emp_fi_domain *dom;
+	enum fi_cq_format format;
+	enum fi_wait_obj wait;
+	struct cq_ent *ring;
+	size_t size, head, count, reserved;
+	int refs;
+	int signal_fd;
+};
+
+struct emp_fi_cntr {
+	struct fid_cntr cntr;
+	struct emp_fi_domain *dom;
+	enum fi_wait_obj wait;
+	uint64_t value, err;
+	int refs;
+};
+
+struct emp_fi_av {
+	struct fid_av av;
+	struct emp_fi_domain *dom;
+	enum fi_av_type type;
+	uint32_t *table; /* FI_AV_TABLE: index -> node<<16|port, or ADDR_NONE */
+	size_t count, cap;
+	uint32_t *hkeys; /* reverse map: node<<16|port -> fi_addr */
+	fi_addr_t *hvals;
+	size_t hcap, hused;
+	int refs;
+};
+#define ADDR_NONE 0xFFFFFFFFu
+
+struct emp_fi_mr {
+	struct fid_mr mr;
+	struct emp_fi_domain *dom;
+	uintptr_t addr;
+	size_t len;
+};
+
+struct emp_fi_ep {
+	struct fid_ep ep;
+	struct emp_fi_domain *dom;
+	uint64_t caps;
+	bool msg_and_tagged;
+	struct emp_fi_av *av;
+	struct emp_fi_cq *tx_cq, *rx_cq;
+	bool tx_selective, rx_selective;
+	struct emp_fi_cntr *tx_cntr, *rx_cntr;
+	struct emp_fi_eq *eq;
+	uint64_t tx_op_flags, rx_op_flags;
+	bool enabled;
+	size_t tx_inflight, rx_inflight, tx_size, rx_size;
+};
+
+
+/* EMP endpoints are connectionless and the AV takes no FI_EVENT, so the
+ * provider itself posts no events: an EQ carries what the application
+ * writes (fi_eq_write), and endpoints may be bound to one. */
+#define EQ_ENTRY_MAX 128
+
+struct eq_ent {
+	uint32_t event;
+	size_t len;
+	uint8_t data[EQ_ENTRY_MAX];
+};
+
+struct emp_fi_eq {
+	struct fid_eq eq;
+	pthread_mutex_t lock;
+	struct eq_ent *ring;
+	size_t size, head, count;
+	int fd; /* readable while entries wait */
+	int refs;
+};
+
+extern struct fi_provider emp_prov;
+
+#define EP(fid) container_of(fid, struct emp_fi_ep, ep)
+
+/* Operations not offered yet say so instead of leaving a NULL function
+ * pointer for libfabric's inline wrappers to call. */
+#define NOSYS_BODY return -FI_ENOSYS
+
+/* Small helpers used by several parts. */
+static inline uint32_t ep_code(uint16_t node, uint16_t port)
+{
+	return (uint32_t)node << 16 | port;
+}
+
+static inline char *slot_ptr(struct emp_fi_domain *dom, int slot)
+{
+	return dom->bounce + (size_t)slot * BOUNCE_SIZE;
+}
+
+/* emp_fi_nic.c */
+struct emp_device *open_nic(int *err);
+int query_nic(struct emp_port_info *pi);
+int status_errno(uint32_t status);
+ssize_t post_errno(int r);
+void drain_fd(int fd);
+int64_t now_ms(void);
+/* emp_fi_av.c */
+fi_addr_t av_reverse(const struct emp_fi_av *av, uint32_t key);
+int av_resolve(const struct emp_fi_av *av, fi_addr_t a, uint16_t *node, uint16_t *port);
+int name_copy_out(uint32_t code, void *addr, size_t *addrlen);
+int fid_no_bind(struct fid *fid, struct fid *bfid, uint64_t flags);
+int fid_no_control(struct fid *fid, int command, void *arg);
+int fid_no_ops_open(struct fid *fid, const char *name, uint64_t flags, void **ops, void *context);
+int av_open(struct fid_domain *fid, struct fi_av_attr *attr, struct fid_av **out, void *context);
+/* emp_fi_eq.c */
+int fab_eq_open(struct fid_fabric *f, struct fi_eq_attr *attr, struct fid_eq **out, void *context);
+/* emp_fi_progress.c */
+struct emp_req *req_get(struct emp_fi_domain *dom);
+void req_release(struct emp_fi_domain *dom, struct emp_req *r);
+void cq_push(struct emp_fi_cq *cq, const struct cq_ent *e);
+void req_report(struct emp_req *r, int err, size_t len, size_t olen, uint64_t tag, uint16_t node,
+		uint16_t port, uint32_t status);
+void progress(struct emp_fi_domain *dom);
+void arm(struct emp_fi_domain *dom);
+void wait_event(struct emp_fi_domain *dom, int fd2, int timeout_ms);
+/* emp_fi_cq.c */
+int wait_control(enum fi_wait_obj wait, int event_fd, int command, void *arg);
+int wait_obj_pick(enum fi_wait_obj asked, const struct emp_fi_domain *dom, enum fi_wait_obj *out);
+int cq_open(struct fid_domain *fid, struct fi_cq_attr *attr, struct fid_cq **out, void *context);
+/* emp_fi_cntr.c */
+int cntr_open(struct fid_domain *fid, struct fi_cntr_attr *attr, struct fid_cntr **out, void *context);
+/* emp_fi_mr.c */
+extern struct fi_ops_mr mr_ops;
+/* emp_fi_msg.c */
+extern struct fi_ops_msg msg_ops;
+extern struct fi_ops_tagged tagged_ops;
+/* emp_fi_rma.c */
+extern struct fi_ops_rma rma_ops;
+/* emp_fi_atomic.c */
+extern struct fi_ops_atomic atomic_ops;
+/* emp_fi_coll.c */
+extern struct fi_ops_collective coll_ops;
+/* emp_fi_ep.c */
+int ep_open(struct fid_domain *fid, struct fi_info *info, struct fid_ep **out, void *context);
+int ep_open2(struct fid_domain *d, struct fi_info *info, struct fid_ep **ep, uint64_t flags, void *context);
+/* emp_fi_domain.c */
+int dom_open(struct fid_fabric *fid, struct fi_info *info, struct fid_domain **out, void *context);
+int dom_open2(struct fid_fabric *f, struct fi_info *info, struct fid_domain **d, uint64_t flags, void *ctx);
+/* emp_fi_fabric.c */
+int fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **out, void *context);
+
+#endif /* EMP_FI_H */

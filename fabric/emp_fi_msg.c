@@ -1,0 +1,395 @@
+/* libemp-fi.so, the libfabric provider "emp": data transfer: FI_MSG and
+ * FI_TAGGED sends and receives. See emp_fi.h and fabric/README.md. */
+
+#include "emp_fi.h"
+
+/* ---- data transfer ------------------------------------------------------------ */
+
+/* Where the NIC reads or writes [buf, buf+len): the caller's registration
+ * (desc), a bounce slot, or a registration for this operation alone. */
+static int place(struct emp_fi_domain *dom, struct emp_req *r, const void *buf, size_t len, void *desc,
+		 bool copy_in, bool force_bounce, struct emp_sge *sge)
+{
+	if (!len)
+		return 0;
+	if (desc && !force_bounce) {
+		const struct emp_fi_mr *mr = desc;
+		uintptr_t a = (uintptr_t)buf;
+		if (mr->mr.fid.fclass != FI_CLASS_MR || mr->dom != dom || a < mr->addr || a + len > mr->addr + mr->len)
+			return -FI_EINVAL;
+		*sge = (struct emp_sge){(uint32_t)mr->mr.key, (uint32_t)len, a - mr->addr};
+		return 1;
+	}
+	if (len <= BOUNCE_SIZE) {
+		if (!dom->nfree_slots)
+			return -FI_EAGAIN;
+		r->slot = dom->free_slots[--dom->nfree_slots];
+		if (copy_in)
+			memcpy(slot_ptr(dom, r->slot), buf, len);
+		*sge = (struct emp_sge){dom->bounce_key, (uint32_t)len, dom->bounce_off + (uint64_t)r->slot * BOUNCE_SIZE};
+		return 1;
+	}
+	uint32_t access = copy_in ? EMP_ACCESS_LOCAL_READ : EMP_ACCESS_LOCAL_WRITE;
+	int64_t key = emp_reg_mr(dom->dev, buf, len, access);
+	if (key < 0)
+		return (int)key;
+	r->tmp_key = key;
+	*sge = (struct emp_sge){(uint32_t)key, (uint32_t)len, 0};
+	return 1;
+}
+
+#define SEND_INJECT 1u	   /* copy the data now (fi_inject, FI_INJECT) */
+#define SEND_NO_ENTRY 2u   /* never a success entry (fi_inject) */
+
+static ssize_t do_send(struct emp_fi_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t tag,
+		       bool tagged, void *context, uint64_t flags, unsigned how)
+{
+	struct emp_fi_domain *dom = ep->dom;
+	if (!(ep->caps & (tagged ? FI_TAGGED : FI_MSG)))
+		return -FI_EOPNOTSUPP;
+	if (!ep->enabled)
+		return -FI_EOPBADSTATE;
+	if (flags & (FI_REMOTE_CQ_DATA | FI_DELIVERY_COMPLETE | FI_MATCH_COMPLETE | FI_FENCE | FI_MULTICAST))
+		return -FI_EBADFLAGS;
+	if (len && !buf)
+		return -FI_EINVAL;
+	if (len > dom->pi.msg_max || len > UINT32_MAX)
+		return -FI_EMSGSIZE;
+	if ((how & SEND_INJECT) && len > INJECT_SIZE)
+		return -FI_EMSGSIZE;
+	uint64_t emp_tag = tagged ? tag : (ep->msg_and_tagged ? MSG_TAG_BIT : 0);
+	if (tagged && ep->msg_and_tagged && (tag & MSG_TAG_BIT))
+		return -FI_EINVAL;
+	uint16_t node, port;
+	pthread_mutex_lock(&dom->lock);
+	ssize_t ret = av_resolve(ep->av, dest, &node, &port);
+	if (ret)
+		goto out;
+	if (ep->tx_inflight >= ep->tx_size)
+		progress(dom);
+	struct emp_fi_cq *cq = ep->tx_cq;
+	bool need_cq = cq && !(how & SEND_NO_ENTRY);
+	if (ep->tx_inflight >= ep->tx_size || (need_cq && cq->count + cq->reserved >= cq->size)) {
+		ret = -FI_EAGAIN;
+		goto out;
+	}
+	struct emp_req *r = req_get(dom);
+	if (!r) {
+		ret = -FI_EAGAIN;
+		goto out;
+	}
+	r->kind = REQ_SEND;
+	r->ep = ep;
+	r->context = context;
+	r->cq_flags = FI_SEND | (tagged ? FI_TAGGED : FI_MSG);
+	r->want_entry = !(how & SEND_NO_ENTRY) && (!ep->tx_selective || (flags & FI_COMPLETION));
+	r->buf = (void *)buf;
+	r->len = len;
+	struct emp_sge sge;
+	int n = place(dom, r, buf, len, desc, true, how & SEND_INJECT, &sge);
+	if (n < 0) {
+		ret = n;
+		r->ep = NULL; /* never counted as in flight */
+		req_release(dom, r);
+		goto out;
+	}
+	ret = post_errno(emp_post_send(dom->dev, (uint64_t)(uintptr_t)r, node, port, emp_tag, &sge, (size_t)n));
+	if (ret) {
+		r->ep = NULL;
+		req_release(dom, r);
+		goto out;
+	}
+	ep->tx_inflight++;
+	if (need_cq) {
+		cq->reserved++;
+		r->cq_reserved = true;
+	}
+out:
+	pthread_mutex_unlock(&dom->lock);
+	return ret;
+}
+
+static bool orphan_matches(const struct emp_req *o, uint16_t node, uint16_t port, uint64_t tag, uint64_t ignore)
+{
+	if (((o->got_tag ^ tag) & ~ignore) != 0)
+		return false;
+	return node == EMP_ANY_NODE || (o->src_node == node && o->src_port == port);
+}
+
+static ssize_t do_recv(struct emp_fi_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
+		       uint64_t ignore, bool tagged, void *context, uint64_t flags)
+{
+	struct emp_fi_domain *dom = ep->dom;
+	if (!(ep->caps & (tagged ? FI_TAGGED : FI_MSG)))
+		return -FI_EOPNOTSUPP;
+	if (!ep->enabled)
+		return -FI_EOPBADSTATE;
+	if (flags & (FI_PEEK | FI_CLAIM | FI_DISCARD | FI_MULTI_RECV))
+		return -FI_EOPNOTSUPP; /* no unexpected-message store to probe (yet) */
+	if (len && !buf)
+		return -FI_EINVAL;
+	if (len > UINT32_MAX)
+		return -FI_EMSGSIZE;
+	uint64_t emp_tag = tag, emp_ignore = ignore;
+	if (!tagged) {
+		emp_tag = ep->msg_and_tagged ? MSG_TAG_BIT : 0;
+		emp_ignore = 0;
+	} else if (ep->msg_and_tagged) {
+		if (tag & MSG_TAG_BIT)
+			return -FI_EINVAL;
+		emp_ignore &= ~MSG_TAG_BIT;
+	}
+	uint16_t node = EMP_ANY_NODE, port = EMP_ANY_PORT;
+	pthread_mutex_lock(&dom->lock);
+	ssize_t ret = 0;
+	if ((ep->caps & FI_DIRECTED_RECV) && src != FI_ADDR_UNSPEC) {
+		ret = av_resolve(ep->av, src, &node, &port);
+		if (ret)
+			goto out;
+	}
+	if (ep->rx_inflight >= ep->rx_size)
+		progress(dom);
+	struct emp_fi_cq *cq = ep->rx_cq;
+	if (ep->rx_inflight >= ep->rx_size || (cq && cq->count + cq->reserved >= cq->size)) {
+		ret = -FI_EAGAIN;
+		goto out;
+	}
+	/* A message that landed in a canceled receive goes to the first
+	 * receive that matches it. */
+	if (dom->zombies)
+		progress(dom);
+	for (struct emp_req **p = &dom->orphans; *p; p = &(*p)->next) {
+		struct emp_req *o = *p;
+		if (o->ep != ep || !orphan_matches(o, node, port, emp_tag, emp_ignore))
+			continue;
+		*p = o->next;
+		size_t n = o->got_len < len ? o->got_len : len;
+		if (n)
+			memcpy(buf, slot_ptr(dom, o->slot), n);
+		o->context = context;
+		o->cq_flags = FI_RECV | (tagged ? FI_TAGGED : FI_MSG);
+		o->want_entry = !ep->rx_selective || (flags & FI_COMPLETION);
+		o->cancelled = false;
+		if (cq) {
+			cq->reserved++;
+			o->cq_reserved = true;
+		}
+		bool trunc = o->msg_len > len;
+		req_report(o, trunc ? FI_ETRUNC : 0, n, trunc ? o->msg_len - n : 0, o->got_tag, o->src_node,
+			   o->src_port, trunc ? EMP_WC_TRUNCATED : EMP_WC_SUCCESS);
+		req_release(dom, o);
+		goto out;
+	}
+	struct emp_req *r = req_get(dom);
+	if (!r) {
+		ret = -FI_EAGAIN;
+		goto out;
+	}
+	r->kind = REQ_RECV;
+	r->ep = ep;
+	r->context = context;
+	r->cq_flags = FI_RECV | (tagged ? FI_TAGGED : FI_MSG);
+	r->want_entry = !ep->rx_selective || (flags & FI_COMPLETION);
+	r->buf = buf;
+	r->len = len;
+	struct emp_sge sge;
+	int n = place(dom, r, buf, len, desc, false, false, &sge);
+	if (n < 0) {
+		ret = n;
+		r->ep = NULL; /* never counted as in flight */
+		req_release(dom, r);
+		goto out;
+	}
+	ret = post_errno(emp_post_recv(dom->dev, (uint64_t)(uintptr_t)r, node, port, emp_tag, emp_ignore, &sge,
+				       (size_t)n));
+	if (ret) {
+		r->ep = NULL;
+		req_release(dom, r);
+		goto out;
+	}
+	ep->rx_inflight++;
+	if (cq) {
+		cq->reserved++;
+		r->cq_reserved = true;
+	}
+out:
+	pthread_mutex_unlock(&dom->lock);
+	return ret;
+}
+
+static int one_iov(const struct iovec *iov, void **desc, size_t count, void **buf, size_t *len, void **d)
+{
+	if (count > 1)
+		return -FI_EINVAL; /* iov_limit is 1 */
+	if (count == 1 && !iov)
+		return -FI_EINVAL;
+	*buf = count ? iov[0].iov_base : NULL;
+	*len = count ? iov[0].iov_len : 0;
+	*d = (count && desc) ? desc[0] : NULL;
+	return 0;
+}
+
+static ssize_t msg_recv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, void *context)
+{
+	return do_recv(EP(ep), buf, len, desc, src, 0, 0, false, context, EP(ep)->rx_op_flags);
+}
+
+static ssize_t msg_recvv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t src,
+			 void *context)
+{
+	void *b, *d;
+	size_t l;
+	int r = one_iov(iov, desc, count, &b, &l, &d);
+	return r ? r : do_recv(EP(ep), b, l, d, src, 0, 0, false, context, EP(ep)->rx_op_flags);
+}
+
+static ssize_t msg_recvmsg(struct fid_ep *ep, const struct fi_msg *msg, uint64_t flags)
+{
+	void *b, *d;
+	size_t l;
+	if (!msg)
+		return -FI_EINVAL;
+	int r = one_iov(msg->msg_iov, msg->desc, msg->iov_count, &b, &l, &d);
+	return r ? r : do_recv(EP(ep), b, l, d, msg->addr, 0, 0, false, msg->context, flags);
+}
+
+static ssize_t msg_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, void *context)
+{
+	return do_send(EP(ep), buf, len, desc, dest, 0, false, context, EP(ep)->tx_op_flags, 0);
+}
+
+static ssize_t msg_sendv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t dest,
+			 void *context)
+{
+	void *b, *d;
+	size_t l;
+	int r = one_iov(iov, desc, count, &b, &l, &d);
+	return r ? r : do_send(EP(ep), b, l, d, dest, 0, false, context, EP(ep)->tx_op_flags, 0);
+}
+
+static ssize_t msg_sendmsg(struct fid_ep *ep, const struct fi_msg *msg, uint64_t flags)
+{
+	void *b, *d;
+	size_t l;
+	if (!msg)
+		return -FI_EINVAL;
+	int r = one_iov(msg->msg_iov, msg->desc, msg->iov_count, &b, &l, &d);
+	return r ? r
+		 : do_send(EP(ep), b, l, d, msg->addr, 0, false, msg->context, flags,
+			   (flags & FI_INJECT) ? SEND_INJECT : 0);
+}
+
+static ssize_t msg_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest)
+{
+	return do_send(EP(ep), buf, len, NULL, dest, 0, false, NULL, 0, SEND_INJECT | SEND_NO_ENTRY);
+}
+
+static ssize_t msg_senddata(struct fid_ep *ep, const void *buf, size_t len, void *desc, uint64_t data,
+			    fi_addr_t dest, void *context)
+{
+	(void)ep, (void)buf, (void)len, (void)desc, (void)data, (void)dest, (void)context;
+	return -FI_ENOSYS; /* no FI_REMOTE_CQ_DATA: EMP messages carry no immediate data */
+}
+
+static ssize_t msg_injectdata(struct fid_ep *ep, const void *buf, size_t len, uint64_t data, fi_addr_t dest)
+{
+	(void)ep, (void)buf, (void)len, (void)data, (void)dest;
+	return -FI_ENOSYS;
+}
+
+struct fi_ops_msg msg_ops = {
+	.size = sizeof(struct fi_ops_msg),
+	.recv = msg_recv,
+	.recvv = msg_recvv,
+	.recvmsg = msg_recvmsg,
+	.send = msg_send,
+	.sendv = msg_sendv,
+	.sendmsg = msg_sendmsg,
+	.inject = msg_inject,
+	.senddata = msg_senddata,
+	.injectdata = msg_injectdata,
+};
+
+static ssize_t tag_recv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
+			uint64_t ignore, void *context)
+{
+	return do_recv(EP(ep), buf, len, desc, src, tag, ignore, true, context, EP(ep)->rx_op_flags);
+}
+
+static ssize_t tag_recvv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t src,
+			 uint64_t tag, uint64_t ignore, void *context)
+{
+	void *b, *d;
+	size_t l;
+	int r = one_iov(iov, desc, count, &b, &l, &d);
+	return r ? r : do_recv(EP(ep), b, l, d, src, tag, ignore, true, context, EP(ep)->rx_op_flags);
+}
+
+static ssize_t tag_recvmsg(struct fid_ep *ep, const struct fi_msg_tagged *msg, uint64_t flags)
+{
+	void *b, *d;
+	size_t l;
+	if (!msg)
+		return -FI_EINVAL;
+	int r = one_iov(msg->msg_iov, msg->desc, msg->iov_count, &b, &l, &d);
+	return r ? r : do_recv(EP(ep), b, l, d, msg->addr, msg->tag, msg->ignore, true, msg->context, flags);
+}
+
+static ssize_t tag_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t tag,
+			void *context)
+{
+	return do_send(EP(ep), buf, len, desc, dest, tag, true, context, EP(ep)->tx_op_flags, 0);
+}
+
+static ssize_t tag_sendv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t dest,
+			 uint64_t tag, void *context)
+{
+	void *b, *d;
+	size_t l;
+	int r = one_iov(iov, desc, count, &b, &l, &d);
+	return r ? r : do_send(EP(ep), b, l, d, dest, tag, true, context, EP(ep)->tx_op_flags, 0);
+}
+
+static ssize_t tag_sendmsg(struct fid_ep *ep, const struct fi_msg_tagged *msg, uint64_t flags)
+{
+	void *b, *d;
+	size_t l;
+	if (!msg)
+		return -FI_EINVAL;
+	int r = one_iov(msg->msg_iov, msg->desc, msg->iov_count, &b, &l, &d);
+	return r ? r
+		 : do_send(EP(ep), b, l, d, msg->addr, msg->tag, true, msg->context, flags,
+			   (flags & FI_INJECT) ? SEND_INJECT : 0);
+}
+
+static ssize_t tag_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest, uint64_t tag)
+{
+	return do_send(EP(ep), buf, len, NULL, dest, tag, true, NULL, 0, SEND_INJECT | SEND_NO_ENTRY);
+}
+
+static ssize_t tag_senddata(struct fid_ep *ep, const void *buf, size_t len, void *desc, uint64_t data,
+			    fi_addr_t dest, uint64_t tag, void *context)
+{
+	(void)ep, (void)buf, (void)len, (void)desc, (void)data, (void)dest, (void)tag, (void)context;
+	return -FI_ENOSYS;
+}
+
+static ssize_t tag_injectdata(struct fid_ep *ep, const void *buf, size_t len, uint64_t data, fi_addr_t dest,
+			      uint64_t tag)
+{
+	(void)ep, (void)buf, (void)len, (void)data, (void)dest, (void)tag;
+	return -FI_ENOSYS;
+}
+
+struct fi_ops_tagged tagged_ops = {
+	.size = sizeof(struct fi_ops_tagged),
+	.recv = tag_recv,
+	.recvv = tag_recvv,
+	.recvmsg = tag_recvmsg,
+	.send = tag_send,
+	.sendv = tag_sendv,
+	.sendmsg = tag_sendmsg,
+	.inject = tag_inject,
+	.senddata = tag_senddata,
+	.injectdata = tag_injectdata,
+};

@@ -1,0 +1,155 @@
+/* libemp-fi.so, the libfabric provider "emp": requests, bounce slots and
+ * progress: turning the port's completions into CQ entries. See emp_fi.h and
+ * fabric/README.md. */
+
+#include "emp_fi.h"
+
+/* ---- requests, bounce slots, progress ---------------------------------- */
+
+struct emp_req *req_get(struct emp_fi_domain *dom)
+{
+	struct emp_req *r = dom->free_reqs;
+	if (!r)
+		return NULL;
+	dom->free_reqs = r->next;
+	memset(r, 0, sizeof *r);
+	r->in_use = true;
+	r->slot = -1;
+	r->tmp_key = -1;
+	return r;
+}
+
+/* Gives back what a request holds and the request itself. */
+void req_release(struct emp_fi_domain *dom, struct emp_req *r)
+{
+	if (r->tmp_key >= 0)
+		emp_dereg_mr(dom->dev, (uint32_t)r->tmp_key);
+	if (r->slot >= 0)
+		dom->free_slots[dom->nfree_slots++] = r->slot;
+	struct emp_fi_ep *ep = r->ep;
+	if (ep) {
+		if (r->kind == REQ_SEND)
+			ep->tx_inflight--;
+		else
+			ep->rx_inflight--;
+		struct emp_fi_cq *cq = r->kind == REQ_SEND ? ep->tx_cq : ep->rx_cq;
+		if (r->cq_reserved && cq)
+			cq->reserved--;
+	}
+	r->in_use = false;
+	r->next = dom->free_reqs;
+	dom->free_reqs = r;
+}
+
+/* Appends an entry (its slot was reserved when the operation was posted). */
+void cq_push(struct emp_fi_cq *cq, const struct cq_ent *e)
+{
+	size_t tail = (cq->head + cq->count) % cq->size;
+	cq->ring[tail] = *e;
+	cq->count++;
+}
+
+void req_report(struct emp_req *r, int err, size_t len, size_t olen, uint64_t tag, uint16_t node,
+		       uint16_t port, uint32_t status)
+{
+	struct emp_fi_ep *ep = r->ep;
+	bool rx = r->kind == REQ_RECV;
+	struct emp_fi_cq *cq = rx ? ep->rx_cq : ep->tx_cq;
+	struct emp_fi_cntr *cntr = rx ? ep->rx_cntr : ep->tx_cntr;
+	if (cntr) {
+		if (err)
+			cntr->err++;
+		else
+			cntr->value++;
+	}
+	if (!cq || !r->cq_reserved || (!err && !r->want_entry))
+		return;
+	struct cq_ent e = {
+		.op_context = r->context,
+		.flags = r->cq_flags,
+		.len = rx ? len : 0,
+		.tag = (r->cq_flags & FI_TAGGED) ? tag : 0,
+		.src = FI_ADDR_NOTAVAIL,
+		.err = err,
+		.olen = olen,
+		.prov_errno = (int)status,
+	};
+	if (rx && (ep->caps & FI_SOURCE))
+		e.src = av_reverse(ep->av, ep_code(node, port));
+	cq_push(cq, &e);
+	cq->reserved--;
+	r->cq_reserved = false;
+}
+
+static void complete(struct emp_fi_domain *dom, const struct emp_wc *wc)
+{
+	struct emp_req *r = (struct emp_req *)(uintptr_t)wc->wr_id;
+	if (r < dom->reqs || r >= dom->reqs + dom->nreqs || !r->in_use)
+		return; /* not ours */
+	if (r->kind == REQ_RECV && r->cancelled) {
+		dom->zombies--;
+		bool landed = r->ep && (wc->status == EMP_WC_SUCCESS || wc->status == EMP_WC_TRUNCATED);
+		if (!landed) {
+			req_release(dom, r);
+			return;
+		}
+		/* A message matched a receive the application canceled: keep
+		 * it for the next matching receive. */
+		r->got_len = wc->byte_len;
+		r->msg_len = wc->msg_len > wc->byte_len ? wc->msg_len : wc->byte_len;
+		r->got_tag = wc->tag;
+		r->src_node = wc->src_node;
+		r->src_port = wc->src_port;
+		r->next = NULL;
+		struct emp_req **p = &dom->orphans;
+		while (*p)
+			p = &(*p)->next;
+		*p = r;
+		return;
+	}
+	if (!r->ep) {
+		req_release(dom, r);
+		return;
+	}
+	size_t len = wc->byte_len;
+	if (r->kind == REQ_RECV && r->slot >= 0 && len)
+		memcpy(r->buf, slot_ptr(dom, r->slot), len < r->len ? len : r->len);
+	int err = status_errno(wc->status);
+	size_t olen = (err == FI_ETRUNC && wc->msg_len > len) ? wc->msg_len - len : 0;
+	req_report(r, err, len, olen, wc->tag, wc->src_node, wc->src_port, wc->status);
+	req_release(dom, r);
+}
+
+/* Takes every completion the port has. Called with the domain lock. */
+void progress(struct emp_fi_domain *dom)
+{
+	struct emp_wc wc[POLL_BATCH];
+	for (;;) {
+		int n = emp_poll_cq(dom->dev, wc, POLL_BATCH);
+		for (int i = 0; i < n; i++)
+			complete(dom, &wc[i]);
+		if (n < POLL_BATCH)
+			return;
+	}
+}
+
+/* Arms the port's event, then takes what came meanwhile: afterwards the
+ * eventfd fires on the next completion. */
+void arm(struct emp_fi_domain *dom)
+{
+	drain_fd(dom->event_fd);
+	emp_req_notify_cq(dom->dev);
+	progress(dom);
+}
+
+/* Blocks until the port's event (or fd2) fires or timeout_ms passes. */
+void wait_event(struct emp_fi_domain *dom, int fd2, int timeout_ms)
+{
+	struct pollfd p[2] = {{.fd = dom->event_fd, .events = POLLIN}, {.fd = fd2, .events = POLLIN}};
+	if (dom->event_fd < 0) {
+		/* A NIC without an interrupt: sleep briefly, then poll again. */
+		usleep(50);
+		return;
+	}
+	poll(p, fd2 >= 0 ? 2 : 1, timeout_ms);
+}
