@@ -24,4 +24,5 @@ cflags=(-std=gnu11 -O2 -g -fPIC -Wall -Wextra -Werror -fvisibility=hidden -I"$ro
     -Wl,--version-script="$root/fabric/emp_fi.map" -Wl,-z,defs \
     -L"$out" -Wl,-rpath,'$ORIGIN' -lemp -lfabric -lpthread
 mv "$out/libemp-fi.so.tmp" "$out/libemp-fi.so"
-"$cc" -std=gnu11 -O2 -g -Wall -Wextra -Werror -o "$out/fi_emp_unit" "$root/fabric/test/fi_emp_unit.c" -lfabric
+"$cc" -std=gnu11 -O2 -g -Wall -Wextra -Werror -o "$out/fi_emp_unit" "$root/fabric/test/fi_emp_unit.c" \
+    "$root/fabric/test/fi_emp_rma.c" -lfabric

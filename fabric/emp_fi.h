@@ -60,13 +60,31 @@
 #define CQ_SIZE_MAX (1u << 20)
 #define POLL_BATCH 32
 
-#define EMP_PRIMARY_CAPS (FI_MSG | FI_TAGGED | FI_SEND | FI_RECV)
+/* Directions of the primary caps: none named means all of them. */
+#define EMP_DIR_CAPS (FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)
+#define EMP_PRIMARY_CAPS (FI_MSG | FI_TAGGED | FI_RMA | EMP_DIR_CAPS)
 #define EMP_SECONDARY_CAPS (FI_SOURCE | FI_DIRECTED_RECV | FI_LOCAL_COMM | FI_REMOTE_COMM)
 #define EMP_CAPS (EMP_PRIMARY_CAPS | EMP_SECONDARY_CAPS)
 #define EMP_MR_MODES (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED)
 #define EMP_TX_OP_FLAGS (FI_COMPLETION | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE)
 #define EMP_RX_OP_FLAGS (FI_COMPLETION)
 #define EMP_MR_ACCESS (FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)
+/* RMA: op flags fi_writemsg/fi_readmsg take. EMP completes a write when the
+ * target acknowledged it, after the data is in its memory: delivery
+ * complete. */
+#define EMP_RMA_FLAGS                                                                                        \
+	(FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE | FI_MORE | \
+	 FI_REMOTE_CQ_DATA)
+/* Remote CQ data rides a write with immediate data (emp_post_write_imm),
+ * which completes a receive at the target matching (initiator, tag =
+ * immediate). The provider keeps a few receives posted for them with tag
+ * IMM_TAG_BIT | data and the low 32 bits ignored: untagged messages (tag 0
+ * or MSG_TAG_BIT) never match them, tagged ones could, so remote CQ data
+ * (4 bytes) is offered on endpoints without FI_TAGGED only. */
+#define IMM_TAG_BIT (1ULL << 62)
+#define IMM_DATA_MASK 0xFFFFFFFFULL
+#define CQ_DATA_SIZE 4u
+#define IMM_POOL_MAX 16u
 
 /* What fi_getname returns and fi_av_insert takes: an EMP endpoint. */
 struct emp_fi_name {
@@ -99,6 +117,8 @@ struct emp_req {
 	int slot;	    /* bounce slot, or -1 */
 	int64_t tmp_key;    /* registration for this operation, or -1 */
 	bool cancelled;	    /* reported as canceled; the NIC still holds it */
+	bool copy_out;	    /* an RMA read: the bounce slot's bytes go to buf */
+	bool imm_pool;	    /* one of the endpoint's receives for remote CQ data */
 	/* A canceled receive's message that landed after all (an orphan). */
 	size_t got_len;
 	size_t msg_len;
@@ -136,6 +156,7 @@ struct cq_ent {
 	int err;
 	size_t olen;
 	int prov_errno;
+	uint64_t data; /* remote CQ data (FI_REMOTE_CQ_DATA) */
 };
 
 struct emp_fi_cq {
@@ -186,6 +207,8 @@ struct emp_fi_ep {
 	struct emp_fi_cq *tx_cq, *rx_cq;
 	bool tx_selective, rx_selective;
 	struct emp_fi_cntr *tx_cntr, *rx_cntr;
+	struct emp_fi_cntr *write_cntr, *read_cntr; /* FI_WRITE / FI_READ */
+	size_t imm_posted;			     /* receives posted for remote CQ data */
 	struct emp_fi_eq *eq;
 	uint64_t tx_op_flags, rx_op_flags;
 	bool enabled;
@@ -267,10 +290,15 @@ int cntr_open(struct fid_domain *fid, struct fi_cntr_attr *attr, struct fid_cntr
 /* emp_fi_mr.c */
 extern struct fi_ops_mr mr_ops;
 /* emp_fi_msg.c */
+int place(struct emp_fi_domain *dom, struct emp_req *r, const void *buf, size_t len, void *desc, bool copy_in,
+	  bool force_bounce, struct emp_sge *sge);
 extern struct fi_ops_msg msg_ops;
 extern struct fi_ops_tagged tagged_ops;
 /* emp_fi_rma.c */
 extern struct fi_ops_rma rma_ops;
+bool rma_cq_data_ok(uint64_t caps);
+int imm_pool_fill(struct emp_fi_ep *ep);
+void imm_complete(struct emp_fi_domain *dom, struct emp_req *r, const struct emp_wc *wc);
 /* emp_fi_atomic.c */
 extern struct fi_ops_atomic atomic_ops;
 /* emp_fi_coll.c */

@@ -15,12 +15,12 @@ static void cq_write(const struct emp_fi_cq *cq, void *buf, size_t i, const stru
 	}
 	case FI_CQ_FORMAT_DATA: {
 		struct fi_cq_data_entry *o = (struct fi_cq_data_entry *)buf + i;
-		*o = (struct fi_cq_data_entry){e->op_context, e->flags, e->len, NULL, 0};
+		*o = (struct fi_cq_data_entry){e->op_context, e->flags, e->len, NULL, e->data};
 		break;
 	}
 	case FI_CQ_FORMAT_TAGGED: {
 		struct fi_cq_tagged_entry *o = (struct fi_cq_tagged_entry *)buf + i;
-		*o = (struct fi_cq_tagged_entry){e->op_context, e->flags, e->len, NULL, 0, e->tag};
+		*o = (struct fi_cq_tagged_entry){e->op_context, e->flags, e->len, NULL, e->data, e->tag};
 		break;
 	}
 	default: {
@@ -81,7 +81,7 @@ static ssize_t cq_readerr(struct fid_cq *fid, struct fi_cq_err_entry *buf, uint6
 		buf->flags = e->flags;
 		buf->len = e->len;
 		buf->buf = NULL;
-		buf->data = 0;
+		buf->data = e->data;
 		buf->tag = e->tag;
 		buf->olen = e->olen;
 		buf->err = e->err;

@@ -16,7 +16,8 @@ static ssize_t ep_cancel(fid_t fid, void *context)
 	ssize_t r = -FI_ENOENT;
 	for (size_t i = 0; i < dom->nreqs; i++) {
 		struct emp_req *q = &dom->reqs[i];
-		if (!q->in_use || q->ep != ep || q->kind != REQ_RECV || q->cancelled || q->context != context)
+		if (!q->in_use || q->ep != ep || q->kind != REQ_RECV || q->cancelled || q->imm_pool ||
+		    q->context != context)
 			continue;
 		/* EMP cannot take a posted receive back from the NIC. One whose
 		 * bytes land in a bounce slot (or nowhere) can be retired here:
@@ -227,11 +228,22 @@ static int ep_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
 	}
 	case FI_CLASS_CNTR: {
 		struct emp_fi_cntr *c = container_of(bfid, struct emp_fi_cntr, cntr.fid);
-		if (flags & ~(FI_SEND | FI_RECV) || !flags) {
-			r = -FI_EBADFLAGS; /* no FI_READ/FI_WRITE/FI_REMOTE_*: no RMA */
-		} else if (c->dom != dom || ((flags & FI_SEND) && ep->tx_cntr) || ((flags & FI_RECV) && ep->rx_cntr)) {
+		if (flags & (FI_REMOTE_READ | FI_REMOTE_WRITE)) {
+			r = -FI_EOPNOTSUPP; /* no FI_RMA_EVENT: the target's NIC tells its host nothing */
+		} else if (flags & ~(FI_SEND | FI_RECV | FI_READ | FI_WRITE) || !flags) {
+			r = -FI_EBADFLAGS;
+		} else if (c->dom != dom || ((flags & FI_SEND) && ep->tx_cntr) || ((flags & FI_RECV) && ep->rx_cntr) ||
+			   ((flags & FI_READ) && ep->read_cntr) || ((flags & FI_WRITE) && ep->write_cntr)) {
 			r = -FI_EINVAL;
 		} else {
+			if (flags & FI_READ) {
+				ep->read_cntr = c;
+				c->refs++;
+			}
+			if (flags & FI_WRITE) {
+				ep->write_cntr = c;
+				c->refs++;
+			}
 			if (flags & FI_SEND) {
 				ep->tx_cntr = c;
 				c->refs++;
@@ -276,7 +288,7 @@ static int ep_control(struct fid *fid, int command, void *arg)
 			r = -FI_ENOAV;
 		else if ((!ep->tx_cq && !ep->tx_cntr) || (!ep->rx_cq && !ep->rx_cntr))
 			r = -FI_ENOCQ;
-		else
+		else if (!ep->enabled && (r = imm_pool_fill(ep)) == 0)
 			ep->enabled = true;
 		break;
 	case FI_GETOPSFLAG:
@@ -345,6 +357,10 @@ static int ep_close(struct fid *fid)
 		ep->tx_cntr->refs--;
 	if (ep->rx_cntr)
 		ep->rx_cntr->refs--;
+	if (ep->read_cntr)
+		ep->read_cntr->refs--;
+	if (ep->write_cntr)
+		ep->write_cntr->refs--;
 	if (ep->eq) {
 		pthread_mutex_lock(&ep->eq->lock);
 		ep->eq->refs--;
@@ -365,9 +381,15 @@ static struct fi_ops ep_fi_ops = {
 	.ops_open = fid_no_ops_open,
 };
 
+/* Caps as libfabric reads them: no transfer class named means msg and
+ * tagged; no direction named means every direction. */
 static uint64_t primary_or_both(uint64_t caps)
 {
-	return (caps & (FI_MSG | FI_TAGGED)) ? caps : caps | FI_MSG | FI_TAGGED;
+	if (!(caps & (FI_MSG | FI_TAGGED | FI_RMA)))
+		caps |= FI_MSG | FI_TAGGED;
+	if (!(caps & EMP_DIR_CAPS))
+		caps |= EMP_DIR_CAPS;
+	return caps;
 }
 
 int ep_open(struct fid_domain *fid, struct fi_info *info, struct fid_ep **out, void *context)

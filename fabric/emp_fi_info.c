@@ -70,8 +70,8 @@ static const char *hints_refused(uint32_t version, const struct fi_info *h, cons
 			return "(t->caps & ~(uint64_t)EMP_CAPS) || (t->op_flags & ~(uint64_t)EMP_TX_OP_FLAGS)";
 		if ((t->msg_order & ~FI_ORDER_SAS) || t->comp_order != FI_ORDER_NONE)
 			return "(t->msg_order & ~FI_ORDER_SAS) || t->comp_order != FI_ORDER_NONE";
-		if (t->inject_size > INJECT_SIZE || t->size > pi->send_entries || t->iov_limit > 1 || t->rma_iov_limit)
-			return "t->inject_size > INJECT_SIZE || t->size > pi->send_entries || t->iov_limit > 1 || t->rma_iov_limit";
+		if (t->inject_size > INJECT_SIZE || t->size > pi->send_entries || t->iov_limit > 1 || t->rma_iov_limit > 1)
+			return "t->inject_size > INJECT_SIZE || t->size > pi->send_entries || t->iov_limit > 1 || t->rma_iov_limit > 1";
 	}
 	if (h->rx_attr) {
 		const struct fi_rx_attr *r = h->rx_attr;
@@ -81,6 +81,23 @@ static const char *hints_refused(uint32_t version, const struct fi_info *h, cons
 			return "(r->msg_order & ~FI_ORDER_SAS) || r->comp_order != FI_ORDER_NONE";
 		if (r->total_buffered_recv || r->size > pi->recv_entries || r->iov_limit > 1)
 			return "r->total_buffered_recv || r->size > pi->recv_entries || r->iov_limit > 1";
+	}
+	if (h->caps & FI_RMA) {
+		/* Remote addresses are offsets and keys the NIC's: a caller that
+		 * must pick keys, or an API before 1.5 (FI_MR_BASIC: virtual
+		 * addresses), cannot use EMP's RMA. */
+		if (FI_VERSION_LT(version, FI_VERSION(1, 5)))
+			return "FI_RMA before API 1.5 (FI_MR_BASIC addresses are virtual)";
+		if (h->domain_attr && (h->domain_attr->mr_mode == FI_MR_BASIC || h->domain_attr->mr_mode == FI_MR_SCALABLE))
+			return "FI_RMA with FI_MR_BASIC/FI_MR_SCALABLE (virtual addresses or caller keys)";
+		if (h->domain_attr && h->domain_attr->mr_mode != FI_MR_UNSPEC && !(h->domain_attr->mr_mode & FI_MR_PROV_KEY))
+			return "FI_RMA without FI_MR_PROV_KEY (keys are the NIC's)";
+		if (h->domain_attr && h->domain_attr->cq_data_size > CQ_DATA_SIZE)
+			return "cq_data_size > 4";
+		if (h->domain_attr && h->domain_attr->cq_data_size && !rma_cq_data_ok(h->caps))
+			return "cq_data_size with FI_TAGGED (remote CQ data needs an endpoint without FI_TAGGED)";
+		if (h->domain_attr && h->domain_attr->mr_key_size > sizeof(uint64_t))
+			return "mr_key_size > 8";
 	}
 	if (h->src_addr && h->src_addrlen != sizeof(struct emp_fi_name))
 		return "h->src_addr && h->src_addrlen != sizeof(struct emp_fi_name)";
@@ -119,10 +136,12 @@ static int emp_getinfo(uint32_t version, const char *node, const char *service, 
 		have_dest = true;
 	}
 	uint64_t asked = hints ? hints->caps : 0;
-	uint64_t caps = asked & (FI_MSG | FI_TAGGED);
-	if (!caps)
-		caps = FI_MSG | FI_TAGGED;
-	caps |= (asked & (FI_SEND | FI_RECV)) ? asked & (FI_SEND | FI_RECV) : 0;
+	uint64_t caps = asked & (FI_MSG | FI_TAGGED | FI_RMA);
+	if (!(caps & (FI_MSG | FI_TAGGED)) && !(asked & FI_RMA))
+		caps |= FI_MSG | FI_TAGGED;
+	if (!asked)
+		caps |= FI_RMA; /* no hints: everything there is */
+	caps |= asked & EMP_DIR_CAPS;
 	caps |= asked ? asked & EMP_SECONDARY_CAPS : EMP_SECONDARY_CAPS;
 	bool both = (caps & FI_MSG) && (caps & FI_TAGGED);
 
@@ -152,7 +171,7 @@ static int emp_getinfo(uint32_t version, const char *node, const char *service, 
 	fi->tx_attr->inject_size = INJECT_SIZE;
 	fi->tx_attr->size = pi.send_entries;
 	fi->tx_attr->iov_limit = 1;
-	fi->tx_attr->rma_iov_limit = 0;
+	fi->tx_attr->rma_iov_limit = (caps & FI_RMA) ? 1 : 0;
 
 	fi->rx_attr->caps = caps;
 	fi->rx_attr->op_flags = hr ? hr->op_flags : 0;
@@ -190,8 +209,15 @@ static int emp_getinfo(uint32_t version, const char *node, const char *service, 
 		 * so the caller's registrations give zero copy. */
 		d->mr_mode = hd->mr_mode & EMP_MR_MODES;
 	}
-	d->mr_key_size = sizeof(uint32_t);
-	d->cq_data_size = 0;
+	if (caps & FI_RMA) {
+		/* Remote addresses are offsets into the region; keys (the NIC's
+		 * key and secret) are 64 bits. */
+		d->mr_mode = (d->mr_mode & ~FI_MR_VIRT_ADDR) | FI_MR_PROV_KEY;
+		d->mr_key_size = sizeof(uint64_t);
+	} else {
+		d->mr_key_size = sizeof(uint32_t);
+	}
+	d->cq_data_size = rma_cq_data_ok(caps) ? CQ_DATA_SIZE : 0;
 	d->cq_cnt = 64;
 	d->ep_cnt = 1;
 	d->tx_ctx_cnt = 1;

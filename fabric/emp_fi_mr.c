@@ -29,7 +29,9 @@ static int mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
 		  uint64_t requested_key, uint64_t flags, struct fid_mr **out, void *context)
 {
 	struct emp_fi_domain *dom = container_of(fid, struct emp_fi_domain, domain.fid);
-	(void)offset, (void)requested_key; /* keys are the NIC's (FI_MR_PROV_KEY); no RMA yet */
+	/* Keys are the NIC's (FI_MR_PROV_KEY) and remote addresses are offsets
+	 * into the region (no FI_MR_VIRT_ADDR with RMA): both asks are moot. */
+	(void)offset, (void)requested_key;
 	if (fid->fclass != FI_CLASS_DOMAIN || !out)
 		return -FI_EINVAL;
 	if (flags)
@@ -53,7 +55,16 @@ static int mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
 	mr->mr.fid.context = context;
 	mr->mr.fid.ops = &mr_fi_ops;
 	mr->mr.mem_desc = mr;
-	mr->mr.key = (uint64_t)key;
+	/* The 64-bit key is EMP's remote key: the region's key in the low 32
+	 * bits (what local descriptors use), its secret in the high 32. */
+	uint64_t rkey;
+	int rk = emp_remote_key(dom->dev, (uint32_t)key, &rkey);
+	if (rk < 0) {
+		emp_dereg_mr(dom->dev, (uint32_t)key);
+		free(mr);
+		return rk;
+	}
+	mr->mr.key = rkey;
 	mr->dom = dom;
 	mr->addr = (uintptr_t)buf;
 	mr->len = len;

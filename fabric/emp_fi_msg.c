@@ -7,8 +7,8 @@
 
 /* Where the NIC reads or writes [buf, buf+len): the caller's registration
  * (desc), a bounce slot, or a registration for this operation alone. */
-static int place(struct emp_fi_domain *dom, struct emp_req *r, const void *buf, size_t len, void *desc,
-		 bool copy_in, bool force_bounce, struct emp_sge *sge)
+int place(struct emp_fi_domain *dom, struct emp_req *r, const void *buf, size_t len, void *desc, bool copy_in,
+	  bool force_bounce, struct emp_sge *sge)
 {
 	if (!len)
 		return 0;

@@ -56,6 +56,8 @@ void req_report(struct emp_req *r, int err, size_t len, size_t olen, uint64_t ta
 	bool rx = r->kind == REQ_RECV;
 	struct emp_fi_cq *cq = rx ? ep->rx_cq : ep->tx_cq;
 	struct emp_fi_cntr *cntr = rx ? ep->rx_cntr : ep->tx_cntr;
+	if (r->cq_flags & FI_RMA)
+		cntr = (r->cq_flags & FI_READ) ? ep->read_cntr : ep->write_cntr;
 	if (cntr) {
 		if (err)
 			cntr->err++;
@@ -112,7 +114,11 @@ static void complete(struct emp_fi_domain *dom, const struct emp_wc *wc)
 		return;
 	}
 	size_t len = wc->byte_len;
-	if (r->kind == REQ_RECV && r->slot >= 0 && len)
+	if (r->imm_pool) {
+		imm_complete(dom, r, wc);
+		return;
+	}
+	if ((r->kind == REQ_RECV || r->copy_out) && r->slot >= 0 && len)
 		memcpy(r->buf, slot_ptr(dom, r->slot), len < r->len ? len : r->len);
 	int err = status_errno(wc->status);
 	size_t olen = (err == FI_ETRUNC && wc->msg_len > len) ? wc->msg_len - len : 0;

@@ -73,8 +73,13 @@ fn fi_info_lists_emp() {
     // Tagged only: every tag bit is the caller's; refused hints give nothing.
     let out = fabric_cmd(&fi_info, &c, 0).args(["-p", "emp", "-c", "FI_TAGGED", "-v"]).output().expect("fi_info");
     assert!(text(&out).contains("mem_tag_format: 0xffffffffffffffff"), "tag format:\n{}", text(&out));
-    let out = fabric_cmd(&fi_info, &c, 0).args(["-p", "emp", "-c", "FI_RMA"]).output().expect("fi_info");
-    assert!(!out.status.success(), "FI_RMA is not offered yet, fi_info said:\n{}", text(&out));
+    // RMA when asked: 64-bit keys (the NIC's key and secret), offsets.
+    let out = fabric_cmd(&fi_info, &c, 0).args(["-p", "emp", "-c", "FI_MSG|FI_RMA", "-v"]).output().expect("fi_info");
+    let rma = text(&out);
+    assert!(out.status.success() && rma.contains("FI_RMA"), "FI_RMA not offered:\n{rma}");
+    assert!(rma.contains("mr_key_size: 8") && rma.contains("cq_data_size: 4"), "RMA attributes:\n{rma}");
+    let out = fabric_cmd(&fi_info, &c, 0).args(["-p", "emp", "-c", "FI_RMA_EVENT"]).output().expect("fi_info");
+    assert!(!out.status.success(), "FI_RMA_EVENT is not offered, fi_info said:\n{}", text(&out));
     // No NIC for the process: no entry, no crash.
     let out = Command::new(&fi_info)
         .env("FI_PROVIDER_PATH", provider_dir())

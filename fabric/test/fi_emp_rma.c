@@ -1,0 +1,340 @@
+/* FI_RMA unit tests of the emp provider (part of fi_emp_unit, TAP): what
+ * fi_getinfo answers, each call's bad parameters, writes and reads of
+ * every form through bounce slots, per-operation registrations and the
+ * caller's MRs, remote CQ data, counters, and the target NIC's refusals
+ * (foreign key, wrong secret, missing right, out of range) as error
+ * entries that leave the target's memory unchanged. */
+#define _GNU_SOURCE
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include "fi_emp_unit.h"
+
+static struct fi_info *rma_hints(uint64_t caps)
+{
+	struct fi_info *h = fi_allocinfo();
+	h->caps = caps;
+	h->ep_attr->type = FI_EP_RDM;
+	h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+	h->fabric_attr->prov_name = strdup("emp");
+	return h;
+}
+
+/* fi_getinfo's return for hints h (freed). */
+static int rma_getinfo_ret(struct fi_info *h)
+{
+	struct fi_info *out = NULL;
+	int r = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &out);
+	fi_freeinfo(out);
+	fi_freeinfo(h);
+	return r;
+}
+
+void test_rma_getinfo(void)
+{
+	struct fi_info *h, *out = NULL;
+
+	h = rma_hints(FI_MSG | FI_RMA);
+	EXPECT(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &out), 0);
+	check(out && (out->caps & FI_RMA) && (out->caps & FI_MSG) && !(out->caps & FI_TAGGED), "caps as asked (msg+rma)");
+	check(out && out->domain_attr->mr_key_size == 8, "RMA keys are 64 bits (key + secret)");
+	check(out && !(out->domain_attr->mr_mode & FI_MR_VIRT_ADDR) && (out->domain_attr->mr_mode & FI_MR_PROV_KEY),
+	      "RMA: offsets, provider keys (mr_mode %#x)", out ? out->domain_attr->mr_mode : 0);
+	check(out && out->domain_attr->cq_data_size == 4, "remote CQ data: 4 bytes without FI_TAGGED");
+	check(out && out->tx_attr->rma_iov_limit == 1, "rma_iov_limit 1");
+	fi_freeinfo(out);
+	fi_freeinfo(h);
+	out = NULL;
+
+	h = rma_hints(FI_TAGGED | FI_RMA);
+	EXPECT(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &out), 0);
+	check(out && out->domain_attr->cq_data_size == 0, "no remote CQ data with FI_TAGGED");
+	fi_freeinfo(out);
+	fi_freeinfo(h);
+	out = NULL;
+
+	h = rma_hints(FI_TAGGED);
+	EXPECT(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &out), 0);
+	check(out && !(out->caps & FI_RMA), "FI_RMA only when asked");
+	fi_freeinfo(out);
+	fi_freeinfo(h);
+	out = NULL;
+
+	h = rma_hints(FI_MSG | FI_RMA);
+	h->domain_attr->mr_mode = FI_MR_BASIC;
+	EXPECT(rma_getinfo_ret(h), -FI_ENODATA);
+	h = rma_hints(FI_MSG | FI_RMA);
+	h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR; /* the caller would pick keys */
+	EXPECT(rma_getinfo_ret(h), -FI_ENODATA);
+	h = rma_hints(FI_MSG | FI_RMA);
+	h->domain_attr->cq_data_size = 8;
+	EXPECT(rma_getinfo_ret(h), -FI_ENODATA);
+	h = rma_hints(FI_TAGGED | FI_RMA);
+	h->domain_attr->cq_data_size = 4;
+	EXPECT(rma_getinfo_ret(h), -FI_ENODATA);
+	h = rma_hints(FI_MSG | FI_RMA);
+	h->tx_attr->rma_iov_limit = 2;
+	EXPECT(rma_getinfo_ret(h), -FI_ENODATA);
+	h = rma_hints(FI_MSG | FI_RMA | FI_RMA_EVENT);
+	EXPECT(rma_getinfo_ret(h), -FI_ENODATA);
+	h = rma_hints(FI_MSG | FI_RMA);
+	EXPECT(fi_getinfo(FI_VERSION(1, 4), NULL, NULL, 0, h, &out), -FI_ENODATA);
+	fi_freeinfo(h);
+}
+
+struct rside {
+	struct fid_domain *dom;
+	struct fid_ep *ep;
+	struct fid_cq *cq;
+	struct fid_av *av;
+	struct fid_cntr *cntr; /* FI_WRITE | FI_READ */
+	fi_addr_t peer;
+};
+
+static void open_rside(struct fid_fabric *fabric, struct fi_info *info, struct rside *s)
+{
+	struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_FD};
+	struct fi_av_attr av_attr = {.type = FI_AV_MAP};
+	struct fi_cntr_attr cntr_attr = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_UNSPEC};
+	EXPECT(fi_domain(fabric, info, &s->dom, NULL), 0);
+	EXPECT(fi_cq_open(s->dom, &cq_attr, &s->cq, NULL), 0);
+	EXPECT(fi_av_open(s->dom, &av_attr, &s->av, NULL), 0);
+	EXPECT(fi_cntr_open(s->dom, &cntr_attr, &s->cntr, NULL), 0);
+	EXPECT(fi_endpoint(s->dom, info, &s->ep, NULL), 0);
+	EXPECT(fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_ep_bind(s->ep, &s->av->fid, 0), 0);
+	EXPECT(fi_ep_bind(s->ep, &s->cntr->fid, FI_REMOTE_WRITE), -FI_EOPNOTSUPP); /* no FI_RMA_EVENT */
+	EXPECT(fi_ep_bind(s->ep, &s->cntr->fid, FI_WRITE | FI_READ), 0);
+	EXPECT(fi_ep_bind(s->ep, &s->cntr->fid, FI_WRITE), -FI_EINVAL); /* already bound */
+	char b[8];
+	EXPECT(fi_write(s->ep, b, sizeof b, NULL, 0, 0, 0, NULL), -FI_EOPBADSTATE);
+	EXPECT(fi_enable(s->ep), 0);
+}
+
+static void close_rside(struct rside *s)
+{
+	EXPECT(fi_close(&s->cntr->fid), -FI_EBUSY);
+	EXPECT(fi_close(&s->ep->fid), 0);
+	EXPECT(fi_close(&s->cq->fid), 0);
+	EXPECT(fi_close(&s->av->fid), 0);
+	EXPECT(fi_close(&s->cntr->fid), 0);
+	EXPECT(fi_close(&s->dom->fid), 0);
+}
+
+/* The next entry, -FI_EAVAIL for an error entry, or -FI_ETIMEDOUT (~10 s). */
+static ssize_t next_entry(struct fid_cq *cq, struct fi_cq_tagged_entry *e)
+{
+	for (int i = 0; i < 10000; i++) {
+		ssize_t r = fi_cq_read(cq, e, 1);
+		if (r != -FI_EAGAIN)
+			return r;
+		r = fi_cq_sread(cq, e, 0, NULL, 1);
+		(void)r;
+	}
+	return -FI_ETIMEDOUT;
+}
+
+/* One successful operation's entry: its flags and context. */
+static void expect_done(struct fid_cq *cq, uint64_t flags, void *ctx, const char *what)
+{
+	struct fi_cq_tagged_entry e = {0};
+	ssize_t r = next_entry(cq, &e);
+	check(r == 1 && e.flags == flags && e.op_context == ctx, "%s completes (ret %zd, flags %#llx, ctx %p)", what, r,
+	      (unsigned long long)e.flags, e.op_context);
+}
+
+/* One refused operation's error entry: FI_EACCES, its flags and context. */
+static void expect_refused(struct fid_cq *cq, uint64_t flags, void *ctx, const char *what)
+{
+	struct fi_cq_tagged_entry e;
+	ssize_t r = next_entry(cq, &e);
+	struct fi_cq_err_entry err = {0};
+	ssize_t re = r == -FI_EAVAIL ? fi_cq_readerr(cq, &err, 0) : 0;
+	check(r == -FI_EAVAIL && re == 1 && err.err == FI_EACCES && err.flags == flags && err.op_context == ctx,
+	      "%s: error entry FI_EACCES (ret %zd, err %d, flags %#llx)", what, r, err.err,
+	      (unsigned long long)err.flags);
+}
+
+#define REGION (256u * 1024u)
+#define BIG (200u * 1024u) /* above the bounce size: registered for the operation */
+
+void test_rma(struct fid_fabric *fabric, uint64_t caps)
+{
+	struct fi_info *h = rma_hints(caps), *info = NULL;
+	int r = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info);
+	fi_freeinfo(h);
+	check(r == 0, "fi_getinfo for RMA endpoints, caps %#llx (%d)", (unsigned long long)caps, r);
+	if (r)
+		return;
+	bool cq_data = !(caps & FI_TAGGED);
+	struct rside a, b;
+	open_rside(fabric, info, &a);
+	open_rside(fabric, info, &b);
+	char na[64], nb[64];
+	size_t la = sizeof na, lb = sizeof nb;
+	EXPECT(fi_getname(&a.ep->fid, na, &la), 0);
+	EXPECT(fi_getname(&b.ep->fid, nb, &lb), 0);
+	EXPECT(fi_av_insert(a.av, nb, 1, &a.peer, 0, NULL), 1);
+	EXPECT(fi_av_insert(b.av, na, 1, &b.peer, 0, NULL), 1);
+
+	/* The target's regions: read/write, read only, and no remote right. */
+	char *rw = calloc(1, REGION), *ro = calloc(1, 4096), *none = calloc(1, 4096), *snap = malloc(REGION);
+	char *local = malloc(REGION), *big = malloc(BIG);
+	struct fid_mr *mr_rw, *mr_ro, *mr_none, *mr_local;
+	EXPECT(fi_mr_reg(b.dom, rw, REGION, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr_rw, NULL), 0);
+	EXPECT(fi_mr_reg(b.dom, ro, 4096, FI_REMOTE_READ, 0, 0, 0, &mr_ro, NULL), 0);
+	EXPECT(fi_mr_reg(b.dom, none, 4096, FI_SEND | FI_RECV, 0, 0, 0, &mr_none, NULL), 0);
+	EXPECT(fi_mr_reg(a.dom, local, REGION, FI_READ | FI_WRITE, 0, 0, 0, &mr_local, NULL), 0);
+	uint64_t k_rw = fi_mr_key(mr_rw), k_ro = fi_mr_key(mr_ro), k_none = fi_mr_key(mr_none);
+	check((k_rw >> 32) != 0 || (k_ro >> 32) != 0, "keys carry a secret in their high 32 bits (%#llx, %#llx)",
+	      (unsigned long long)k_rw, (unsigned long long)k_ro);
+	memset(ro, 'r', 4096);
+
+	/* Bad parameters. */
+	char src[256];
+	memset(src, 'w', sizeof src);
+	EXPECT(fi_write(a.ep, NULL, 8, NULL, a.peer, 0, k_rw, NULL), -FI_EINVAL);
+	EXPECT(fi_write(a.ep, src, 8, NULL, 12345, 0, k_rw, NULL), -FI_EINVAL); /* not in the AV */
+	EXPECT(fi_write(a.ep, src, 64, NULL, a.peer, UINT64_MAX - 8, k_rw, NULL), -FI_EINVAL); /* wraps */
+	EXPECT(fi_inject_write(a.ep, big, BIG, a.peer, 0, k_rw), -FI_EMSGSIZE);
+	struct iovec iov2[2] = {{src, 8}, {src + 8, 8}};
+	EXPECT(fi_writev(a.ep, iov2, NULL, 2, a.peer, 0, k_rw, NULL), -FI_EINVAL); /* iov_limit 1 */
+	struct fi_rma_iov riov = {.addr = 0, .len = 16, .key = k_rw};
+	struct fi_msg_rma m = {.msg_iov = iov2, .iov_count = 1, .addr = a.peer, .rma_iov = &riov, .rma_iov_count = 1};
+	EXPECT(fi_writemsg(a.ep, &m, 0), -FI_EINVAL); /* 8 local bytes, 16 remote */
+	riov.len = 8;
+	m.rma_iov_count = 2;
+	EXPECT(fi_writemsg(a.ep, &m, 0), -FI_EINVAL);
+	m.rma_iov_count = 1;
+	EXPECT(fi_writemsg(a.ep, &m, FI_FENCE), -FI_EBADFLAGS);
+	EXPECT(fi_readmsg(a.ep, &m, FI_INJECT), -FI_EBADFLAGS);
+	EXPECT(fi_writemsg(a.ep, NULL, 0), -FI_EINVAL);
+	if (cq_data)
+		EXPECT(fi_writedata(a.ep, src, 8, NULL, 1ULL << 32, a.peer, 0, k_rw, NULL), -FI_EINVAL); /* 4 bytes */
+	else
+		EXPECT(fi_writedata(a.ep, src, 8, NULL, 1, a.peer, 0, k_rw, NULL), -FI_EOPNOTSUPP);
+
+	/* Writes: bounced, the caller's MR, registered for the operation. */
+	EXPECT(fi_write(a.ep, src, 64, NULL, a.peer, 100, k_rw, (void *)1), 0);
+	expect_done(a.cq, FI_RMA | FI_WRITE, (void *)1, "fi_write (bounced)");
+	check(memcmp(rw + 100, src, 64) == 0 && rw[99] == 0 && rw[164] == 0, "the target holds exactly the 64 bytes");
+	for (size_t i = 0; i < REGION; i++)
+		local[i] = (char)(i * 7 + 3);
+	EXPECT(fi_write(a.ep, local, REGION, fi_mr_desc(mr_local), a.peer, 0, k_rw, (void *)2), 0);
+	expect_done(a.cq, FI_RMA | FI_WRITE, (void *)2, "fi_write 256 KiB from the caller's MR");
+	check(memcmp(rw, local, REGION) == 0, "256 KiB written intact");
+	for (size_t i = 0; i < BIG; i++)
+		big[i] = (char)(i * 13 + 1);
+	struct iovec iov = {big, BIG};
+	EXPECT(fi_writev(a.ep, &iov, NULL, 1, a.peer, 4096, k_rw, (void *)3), 0);
+	expect_done(a.cq, FI_RMA | FI_WRITE, (void *)3, "fi_writev 200 KiB unregistered");
+	check(memcmp(rw + 4096, big, BIG) == 0, "200 KiB written intact");
+	iov = (struct iovec){src, 32};
+	riov = (struct fi_rma_iov){.addr = 8, .len = 32, .key = k_rw};
+	m = (struct fi_msg_rma){.msg_iov = &iov, .iov_count = 1, .addr = a.peer, .rma_iov = &riov, .rma_iov_count = 1,
+				.context = (void *)4};
+	EXPECT(fi_writemsg(a.ep, &m, FI_COMPLETION | FI_DELIVERY_COMPLETE), 0);
+	expect_done(a.cq, FI_RMA | FI_WRITE, (void *)4, "fi_writemsg");
+	check(memcmp(rw + 8, src, 32) == 0, "fi_writemsg's bytes are there");
+	EXPECT(fi_write(a.ep, src, 0, NULL, a.peer, 0, k_rw, (void *)5), 0);
+	expect_done(a.cq, FI_RMA | FI_WRITE, (void *)5, "a 0-byte write");
+
+	/* fi_inject_write: no entry; the counter says when it is done. */
+	uint64_t before = fi_cntr_read(a.cntr);
+	char inj[16] = "injected bytes!";
+	EXPECT(fi_inject_write(a.ep, inj, sizeof inj, a.peer, 2000, k_rw), 0);
+	memset(inj, 0, sizeof inj); /* the provider copied it */
+	EXPECT(fi_cntr_wait(a.cntr, before + 1, 10000), 0);
+	check(memcmp(rw + 2000, "injected bytes!", 16) == 0, "fi_inject_write's bytes are there");
+	struct fi_cq_tagged_entry e;
+	EXPECT(fi_cq_read(a.cq, &e, 1), -FI_EAGAIN);
+
+	/* Reads: bounced, into the caller's MR, registered for the operation. */
+	char dst[256] = {0};
+	EXPECT(fi_read(a.ep, dst, 64, NULL, a.peer, 100, k_ro, (void *)6), 0);
+	expect_done(a.cq, FI_RMA | FI_READ, (void *)6, "fi_read (bounced)");
+	check(memcmp(dst, ro, 64) == 0 && dst[64] == 0, "read the 64 bytes");
+	memset(local, 0, REGION);
+	EXPECT(fi_read(a.ep, local, REGION, fi_mr_desc(mr_local), a.peer, 0, k_rw, (void *)7), 0);
+	expect_done(a.cq, FI_RMA | FI_READ, (void *)7, "fi_read 256 KiB into the caller's MR");
+	check(memcmp(local, rw, REGION) == 0, "256 KiB read intact");
+	memset(big, 0, BIG);
+	iov = (struct iovec){big, BIG};
+	EXPECT(fi_readv(a.ep, &iov, NULL, 1, a.peer, 4096, k_rw, (void *)8), 0);
+	expect_done(a.cq, FI_RMA | FI_READ, (void *)8, "fi_readv 200 KiB unregistered");
+	check(memcmp(big, rw + 4096, BIG) == 0, "200 KiB read intact");
+	iov = (struct iovec){dst, 16};
+	riov = (struct fi_rma_iov){.addr = 2000, .len = 16, .key = k_rw};
+	m = (struct fi_msg_rma){.msg_iov = &iov, .iov_count = 1, .addr = a.peer, .rma_iov = &riov, .rma_iov_count = 1,
+				.context = (void *)9};
+	EXPECT(fi_readmsg(a.ep, &m, FI_COMPLETION), 0);
+	expect_done(a.cq, FI_RMA | FI_READ, (void *)9, "fi_readmsg");
+	check(memcmp(dst, "injected bytes!", 16) == 0, "fi_readmsg's bytes");
+
+	/* Refusals by the target's NIC: error entries, memory unchanged. */
+	memcpy(snap, rw, REGION);
+	EXPECT(fi_write(a.ep, src, 64, NULL, a.peer, 0, k_rw ^ (1ULL << 40), (void *)10), 0);
+	expect_refused(a.cq, FI_RMA | FI_WRITE, (void *)10, "a wrong secret");
+	EXPECT(fi_write(a.ep, src, 64, NULL, a.peer, 0, (k_rw & ~0xFFFFFFFFULL) | 0x7FFFFFF0u, (void *)11), 0);
+	expect_refused(a.cq, FI_RMA | FI_WRITE, (void *)11, "a foreign key");
+	EXPECT(fi_write(a.ep, src, 64, NULL, a.peer, 0, k_ro, (void *)12), 0);
+	expect_refused(a.cq, FI_RMA | FI_WRITE, (void *)12, "a write without FI_REMOTE_WRITE");
+	EXPECT(fi_read(a.ep, dst, 64, NULL, a.peer, 0, k_none, (void *)13), 0);
+	expect_refused(a.cq, FI_RMA | FI_READ, (void *)13, "a read without FI_REMOTE_READ");
+	EXPECT(fi_write(a.ep, src, 64, NULL, a.peer, REGION - 32, k_rw, (void *)14), 0);
+	expect_refused(a.cq, FI_RMA | FI_WRITE, (void *)14, "a write past the region's end");
+	EXPECT(fi_read(a.ep, dst, 64, NULL, a.peer, 4090, k_ro, (void *)15), 0);
+	expect_refused(a.cq, FI_RMA | FI_READ, (void *)15, "a read past the region's end");
+	check(memcmp(snap, rw, REGION) == 0, "the target's memory is unchanged by the refused writes");
+	check(ro[0] == 'r' && none[0] == 0, "the other regions too");
+	check(fi_cntr_readerr(a.cntr) == 6, "the counter counted 6 errors (%llu)",
+	      (unsigned long long)fi_cntr_readerr(a.cntr));
+	check(fi_cntr_read(a.cntr) == 10, "and 10 successes (%llu)", (unsigned long long)fi_cntr_read(a.cntr));
+
+	/* Remote CQ data: the target's CQ gets the data. */
+	if (cq_data) {
+		EXPECT(fi_writedata(a.ep, src, 48, NULL, 0xC0FFEE, a.peer, 300, k_rw, (void *)16), 0);
+		expect_done(a.cq, FI_RMA | FI_WRITE, (void *)16, "fi_writedata");
+		struct fi_cq_tagged_entry t = {0};
+		ssize_t n = next_entry(b.cq, &t);
+		check(n == 1 && t.flags == (FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA) && t.data == 0xC0FFEE &&
+			      t.len == 48,
+		      "the target's entry: flags %#llx data %#llx len %zu (ret %zd)", (unsigned long long)t.flags,
+		      (unsigned long long)t.data, t.len, n);
+		check(memcmp(rw + 300, src, 48) == 0, "fi_writedata's bytes are there");
+		for (uint64_t i = 0; i < 40; i++) /* more than the pool: it refills */
+			EXPECT(fi_inject_writedata(a.ep, &i, sizeof i, i, a.peer, 8 * i, k_rw), 0);
+		int got = 0, in_order = 1;
+		for (uint64_t i = 0; i < 40; i++) {
+			if (next_entry(b.cq, &t) != 1)
+				break;
+			got++;
+			in_order &= t.data == i;
+		}
+		check(got == 40 && in_order, "40 writes with data: %d entries, in order %d", got, in_order);
+	}
+
+	EXPECT(fi_close(&mr_rw->fid), 0);
+	EXPECT(fi_close(&mr_ro->fid), 0);
+	EXPECT(fi_close(&mr_none->fid), 0);
+	EXPECT(fi_close(&mr_local->fid), 0);
+	close_rside(&a);
+	close_rside(&b);
+	fi_freeinfo(info);
+	free(rw);
+	free(ro);
+	free(none);
+	free(snap);
+	free(local);
+	free(big);
+}
