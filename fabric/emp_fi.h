@@ -62,7 +62,7 @@
 
 /* Directions of the primary caps: none named means all of them. */
 #define EMP_DIR_CAPS (FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)
-#define EMP_PRIMARY_CAPS (FI_MSG | FI_TAGGED | FI_RMA | EMP_DIR_CAPS)
+#define EMP_PRIMARY_CAPS (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | EMP_DIR_CAPS)
 #define EMP_SECONDARY_CAPS (FI_SOURCE | FI_DIRECTED_RECV | FI_LOCAL_COMM | FI_REMOTE_COMM)
 #define EMP_CAPS (EMP_PRIMARY_CAPS | EMP_SECONDARY_CAPS)
 #define EMP_MR_MODES (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED)
@@ -119,6 +119,7 @@ struct emp_req {
 	bool cancelled;	    /* reported as canceled; the NIC still holds it */
 	bool copy_out;	    /* an RMA read: the bounce slot's bytes go to buf */
 	bool imm_pool;	    /* one of the endpoint's receives for remote CQ data */
+	bool result_from_tag; /* an atomic fetch: the old value (wc.tag) goes to buf */
 	/* A canceled receive's message that landed after all (an orphan). */
 	size_t got_len;
 	size_t msg_len;
@@ -301,6 +302,9 @@ int imm_pool_fill(struct emp_fi_ep *ep);
 void imm_complete(struct emp_fi_domain *dom, struct emp_req *r, const struct emp_wc *wc);
 /* emp_fi_atomic.c */
 extern struct fi_ops_atomic atomic_ops;
+/* 0, with *count = 1, when the NIC runs op on t for kind 0 (fi_atomic),
+ * 1 (fi_fetch_atomic) or 2 (fi_compare_atomic); else -FI_EOPNOTSUPP. */
+int atomic_valid(enum fi_datatype t, enum fi_op o, int kind, size_t *count);
 /* emp_fi_coll.c */
 extern struct fi_ops_collective coll_ops;
 /* emp_fi_ep.c */

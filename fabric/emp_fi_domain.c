@@ -60,8 +60,20 @@ static int dom_srx(struct fid_domain *d, struct fi_rx_attr *attr, struct fid_ep 
 static int dom_query_atomic(struct fid_domain *d, enum fi_datatype t, enum fi_op o, struct fi_atomic_attr *attr,
 			    uint64_t flags)
 {
-	(void)d, (void)t, (void)o, (void)attr, (void)flags;
-	return -FI_EOPNOTSUPP;
+	(void)d;
+	if (!attr)
+		return -FI_EINVAL;
+	if (flags & ~(uint64_t)(FI_FETCH_ATOMIC | FI_COMPARE_ATOMIC) ||
+	    (flags & (FI_FETCH_ATOMIC | FI_COMPARE_ATOMIC)) == (FI_FETCH_ATOMIC | FI_COMPARE_ATOMIC))
+		return -FI_EBADFLAGS;
+	int kind = (flags & FI_COMPARE_ATOMIC) ? 2 : (flags & FI_FETCH_ATOMIC) ? 1 : 0;
+	size_t count;
+	int r = atomic_valid(t, o, kind, &count);
+	if (r)
+		return r;
+	attr->count = count;
+	attr->size = (t == FI_INT32 || t == FI_UINT32) ? 4 : 8;
+	return 0;
 }
 
 static int dom_query_collective(struct fid_domain *d, enum fi_collective_op c, struct fi_collective_attr *attr,

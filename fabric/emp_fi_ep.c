@@ -385,7 +385,7 @@ static struct fi_ops ep_fi_ops = {
  * tagged; no direction named means every direction. */
 static uint64_t primary_or_both(uint64_t caps)
 {
-	if (!(caps & (FI_MSG | FI_TAGGED | FI_RMA)))
+	if (!(caps & (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC)))
 		caps |= FI_MSG | FI_TAGGED;
 	if (!(caps & EMP_DIR_CAPS))
 		caps |= EMP_DIR_CAPS;

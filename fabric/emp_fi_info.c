@@ -82,7 +82,7 @@ static const char *hints_refused(uint32_t version, const struct fi_info *h, cons
 		if (r->total_buffered_recv || r->size > pi->recv_entries || r->iov_limit > 1)
 			return "r->total_buffered_recv || r->size > pi->recv_entries || r->iov_limit > 1";
 	}
-	if (h->caps & FI_RMA) {
+	if (h->caps & (FI_RMA | FI_ATOMIC)) {
 		/* Remote addresses are offsets and keys the NIC's: a caller that
 		 * must pick keys, or an API before 1.5 (FI_MR_BASIC: virtual
 		 * addresses), cannot use EMP's RMA. */
@@ -136,11 +136,11 @@ static int emp_getinfo(uint32_t version, const char *node, const char *service, 
 		have_dest = true;
 	}
 	uint64_t asked = hints ? hints->caps : 0;
-	uint64_t caps = asked & (FI_MSG | FI_TAGGED | FI_RMA);
-	if (!(caps & (FI_MSG | FI_TAGGED)) && !(asked & FI_RMA))
+	uint64_t caps = asked & (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC);
+	if (!(caps & (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC)))
 		caps |= FI_MSG | FI_TAGGED;
 	if (!asked)
-		caps |= FI_RMA; /* no hints: everything there is */
+		caps |= FI_RMA | FI_ATOMIC; /* no hints: everything there is */
 	caps |= asked & EMP_DIR_CAPS;
 	caps |= asked ? asked & EMP_SECONDARY_CAPS : EMP_SECONDARY_CAPS;
 	bool both = (caps & FI_MSG) && (caps & FI_TAGGED);
@@ -171,7 +171,7 @@ static int emp_getinfo(uint32_t version, const char *node, const char *service, 
 	fi->tx_attr->inject_size = INJECT_SIZE;
 	fi->tx_attr->size = pi.send_entries;
 	fi->tx_attr->iov_limit = 1;
-	fi->tx_attr->rma_iov_limit = (caps & FI_RMA) ? 1 : 0;
+	fi->tx_attr->rma_iov_limit = (caps & (FI_RMA | FI_ATOMIC)) ? 1 : 0;
 
 	fi->rx_attr->caps = caps;
 	fi->rx_attr->op_flags = hr ? hr->op_flags : 0;
@@ -209,7 +209,7 @@ static int emp_getinfo(uint32_t version, const char *node, const char *service, 
 		 * so the caller's registrations give zero copy. */
 		d->mr_mode = hd->mr_mode & EMP_MR_MODES;
 	}
-	if (caps & FI_RMA) {
+	if (caps & (FI_RMA | FI_ATOMIC)) {
 		/* Remote addresses are offsets into the region; keys (the NIC's
 		 * key and secret) are 64 bits. */
 		d->mr_mode = (d->mr_mode & ~FI_MR_VIRT_ADDR) | FI_MR_PROV_KEY;

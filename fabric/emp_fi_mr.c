@@ -41,8 +41,8 @@ static int mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
 	uint32_t emp_access = EMP_ACCESS_LOCAL_READ | EMP_ACCESS_LOCAL_WRITE;
 	if (access & FI_REMOTE_READ)
 		emp_access |= EMP_ACCESS_REMOTE_READ;
-	if (access & FI_REMOTE_WRITE)
-		emp_access |= EMP_ACCESS_REMOTE_WRITE;
+	if (access & FI_REMOTE_WRITE) /* atomics change memory: they need the write right */
+		emp_access |= EMP_ACCESS_REMOTE_WRITE | EMP_ACCESS_REMOTE_ATOMIC;
 	struct emp_fi_mr *mr = calloc(1, sizeof *mr);
 	if (!mr)
 		return -FI_ENOMEM;

@@ -56,7 +56,7 @@ void req_report(struct emp_req *r, int err, size_t len, size_t olen, uint64_t ta
 	bool rx = r->kind == REQ_RECV;
 	struct emp_fi_cq *cq = rx ? ep->rx_cq : ep->tx_cq;
 	struct emp_fi_cntr *cntr = rx ? ep->rx_cntr : ep->tx_cntr;
-	if (r->cq_flags & FI_RMA)
+	if (r->cq_flags & (FI_RMA | FI_ATOMIC))
 		cntr = (r->cq_flags & FI_READ) ? ep->read_cntr : ep->write_cntr;
 	if (cntr) {
 		if (err)
@@ -121,6 +121,8 @@ static void complete(struct emp_fi_domain *dom, const struct emp_wc *wc)
 	if ((r->kind == REQ_RECV || r->copy_out) && r->slot >= 0 && len)
 		memcpy(r->buf, slot_ptr(dom, r->slot), len < r->len ? len : r->len);
 	int err = status_errno(wc->status);
+	if (r->result_from_tag && !err && r->buf)
+		memcpy(r->buf, &wc->tag, r->len); /* the low bytes: little-endian */
 	size_t olen = (err == FI_ETRUNC && wc->msg_len > len) ? wc->msg_len - len : 0;
 	req_report(r, err, len, olen, wc->tag, wc->src_node, wc->src_port, wc->status);
 	req_release(dom, r);

@@ -78,8 +78,6 @@ static void test_getinfo(void)
 	fi_freeinfo(out);
 	fi_freeinfo(h);
 
-	h = hints_base(FI_TAGGED | FI_ATOMIC);
-	EXPECT(getinfo_ret(h), -FI_ENODATA);
 	h = hints_base(FI_TAGGED);
 	h->ep_attr->type = FI_EP_MSG;
 	EXPECT(getinfo_ret(h), -FI_ENODATA);
@@ -448,6 +446,7 @@ int main(void)
 	test_rma_getinfo();
 	test_rma(fabric, FI_MSG | FI_RMA);
 	test_rma(fabric, FI_TAGGED | FI_RMA);
+	test_atomic(fabric);
 	EXPECT(fi_close(&fabric->fid), 0);
 	fi_freeinfo(info);
 done:

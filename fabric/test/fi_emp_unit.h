@@ -20,5 +20,7 @@ void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
  * endpoints opened with caps (their own domains on fabric). */
 void test_rma_getinfo(void);
 void test_rma(struct fid_fabric *fabric, uint64_t caps);
+/* fi_emp_rma.c: FI_ATOMIC on two endpoints. */
+void test_atomic(struct fid_fabric *fabric);
 
 #endif
