@@ -62,7 +62,7 @@
 
 /* Directions of the primary caps: none named means all of them. */
 #define EMP_DIR_CAPS (FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)
-#define EMP_PRIMARY_CAPS (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | EMP_DIR_CAPS)
+#define EMP_PRIMARY_CAPS (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_COLLECTIVE | EMP_DIR_CAPS)
 #define EMP_SECONDARY_CAPS (FI_SOURCE | FI_DIRECTED_RECV | FI_LOCAL_COMM | FI_REMOTE_COMM)
 #define EMP_CAPS (EMP_PRIMARY_CAPS | EMP_SECONDARY_CAPS)
 #define EMP_MR_MODES (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED)
@@ -85,6 +85,13 @@
 #define IMM_DATA_MASK 0xFFFFFFFFULL
 #define CQ_DATA_SIZE 4u
 #define IMM_POOL_MAX 16u
+/* Collectives: members of an EMP group, groups one endpoint has joined at
+ * once, distinct member lists it remembers join counts of. */
+#define COLL_MEMBERS_MAX 64u
+#define COLL_GROUPS_MAX 64u
+#define COLL_JOIN_HIST_MAX 64u
+
+struct emp_fi_mc;
 
 /* What fi_getname returns and fi_av_insert takes: an EMP endpoint. */
 struct emp_fi_name {
@@ -120,6 +127,10 @@ struct emp_req {
 	bool copy_out;	    /* an RMA read: the bounce slot's bytes go to buf */
 	bool imm_pool;	    /* one of the endpoint's receives for remote CQ data */
 	bool result_from_tag; /* an atomic fetch: the old value (wc.tag) goes to buf */
+	struct emp_fi_mc *mc; /* a collective's group */
+	int out_slot;	      /* a reduction's result slot, or -1 */
+	void *out_buf;	      /* where that slot's out_len bytes go */
+	size_t out_len;
 	/* A canceled receive's message that landed after all (an orphan). */
 	size_t got_len;
 	size_t msg_len;
@@ -210,6 +221,12 @@ struct emp_fi_ep {
 	struct emp_fi_cntr *tx_cntr, *rx_cntr;
 	struct emp_fi_cntr *write_cntr, *read_cntr; /* FI_WRITE / FI_READ */
 	size_t imm_posted;			     /* receives posted for remote CQ data */
+	struct emp_fi_mc *mcs[COLL_GROUPS_MAX];	     /* joined collective groups */
+	size_t nmcs;
+	struct {
+		uint32_t hash, count;
+	} join_hist[COLL_JOIN_HIST_MAX]; /* groups joined per member list */
+	size_t njoin_hist;
 	struct emp_fi_eq *eq;
 	uint64_t tx_op_flags, rx_op_flags;
 	bool enabled;
@@ -307,6 +324,12 @@ extern struct fi_ops_atomic atomic_ops;
 int atomic_valid(enum fi_datatype t, enum fi_op o, int kind, size_t *count);
 /* emp_fi_coll.c */
 extern struct fi_ops_collective coll_ops;
+int av_set_open(struct fid_av *fid, struct fi_av_set_attr *attr, struct fid_av_set **out, void *context);
+int coll_join(struct emp_fi_ep *ep, const void *addr, uint64_t flags, struct fid_mc **out, void *context);
+void coll_done(struct emp_req *r);
+size_t coll_reduce_max(const struct emp_port_info *pi);
+int coll_query(const struct emp_port_info *pi, enum fi_collective_op coll, struct fi_collective_attr *attr,
+	       uint64_t flags);
 /* emp_fi_ep.c */
 int ep_open(struct fid_domain *fid, struct fi_info *info, struct fid_ep **out, void *context);
 int ep_open2(struct fid_domain *d, struct fi_info *info, struct fid_ep **ep, uint64_t flags, void *context);

@@ -273,12 +273,6 @@ static const char *av_straddr(struct fid_av *fid, const void *addr, char *buf, s
 	return buf;
 }
 
-static int av_set(struct fid_av *av, struct fi_av_set_attr *attr, struct fid_av_set **set, void *context)
-{
-	(void)av, (void)attr, (void)set, (void)context;
-	return -FI_ENOSYS;
-}
-
 int fid_no_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
 {
 	(void)fid, (void)bfid, (void)flags;
@@ -331,7 +325,7 @@ static struct fi_ops_av av_ops = {
 	.remove = av_remove,
 	.lookup = av_lookup,
 	.straddr = av_straddr,
-	.av_set = av_set,
+	.av_set = av_set_open,
 };
 
 int av_open(struct fid_domain *fid, struct fi_av_attr *attr, struct fid_av **out, void *context)

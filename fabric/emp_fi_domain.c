@@ -79,8 +79,8 @@ static int dom_query_atomic(struct fid_domain *d, enum fi_datatype t, enum fi_op
 static int dom_query_collective(struct fid_domain *d, enum fi_collective_op c, struct fi_collective_attr *attr,
 				uint64_t flags)
 {
-	(void)d, (void)c, (void)attr, (void)flags;
-	return -FI_EOPNOTSUPP;
+	struct emp_fi_domain *dom = container_of(d, struct emp_fi_domain, domain);
+	return coll_query(&dom->pi, c, attr, flags);
 }
 
 static struct fi_ops_domain dom_ops = {

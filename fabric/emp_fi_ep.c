@@ -164,8 +164,9 @@ static int cm_shutdown(struct fid_ep *ep, uint64_t flags)
 
 static int cm_join(struct fid_ep *ep, const void *addr, uint64_t flags, struct fid_mc **mc, void *context)
 {
-	(void)ep, (void)addr, (void)flags, (void)mc, (void)context;
-	return -FI_ENOSYS;
+	if (flags & FI_COLLECTIVE)
+		return coll_join(EP(ep), addr, flags, mc, context);
+	return -FI_ENOSYS; /* no multicast */
 }
 
 static struct fi_ops_cm cm_ops = {
@@ -324,6 +325,10 @@ static int ep_close(struct fid *fid)
 	struct emp_fi_ep *ep = container_of(fid, struct emp_fi_ep, ep.fid);
 	struct emp_fi_domain *dom = ep->dom;
 	pthread_mutex_lock(&dom->lock);
+	if (ep->nmcs) {
+		pthread_mutex_unlock(&dom->lock);
+		return -FI_EBUSY; /* its collective groups are still open */
+	}
 	progress(dom);
 	/* What the NIC still holds completes later and is dropped; memory the
 	 * caller lent it is taken back now (the NIC then fails those). */
@@ -385,7 +390,7 @@ static struct fi_ops ep_fi_ops = {
  * tagged; no direction named means every direction. */
 static uint64_t primary_or_both(uint64_t caps)
 {
-	if (!(caps & (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC)))
+	if (!(caps & (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_COLLECTIVE)))
 		caps |= FI_MSG | FI_TAGGED;
 	if (!(caps & EMP_DIR_CAPS))
 		caps |= EMP_DIR_CAPS;

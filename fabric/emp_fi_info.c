@@ -136,11 +136,11 @@ static int emp_getinfo(uint32_t version, const char *node, const char *service, 
 		have_dest = true;
 	}
 	uint64_t asked = hints ? hints->caps : 0;
-	uint64_t caps = asked & (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC);
-	if (!(caps & (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC)))
+	uint64_t caps = asked & (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_COLLECTIVE);
+	if (!(caps & (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_COLLECTIVE)))
 		caps |= FI_MSG | FI_TAGGED;
 	if (!asked)
-		caps |= FI_RMA | FI_ATOMIC; /* no hints: everything there is */
+		caps |= FI_RMA | FI_ATOMIC | FI_COLLECTIVE; /* no hints: everything there is */
 	caps |= asked & EMP_DIR_CAPS;
 	caps |= asked ? asked & EMP_SECONDARY_CAPS : EMP_SECONDARY_CAPS;
 	bool both = (caps & FI_MSG) && (caps & FI_TAGGED);

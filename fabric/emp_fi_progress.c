@@ -16,6 +16,7 @@ struct emp_req *req_get(struct emp_fi_domain *dom)
 	r->in_use = true;
 	r->slot = -1;
 	r->tmp_key = -1;
+	r->out_slot = -1;
 	return r;
 }
 
@@ -26,6 +27,9 @@ void req_release(struct emp_fi_domain *dom, struct emp_req *r)
 		emp_dereg_mr(dom->dev, (uint32_t)r->tmp_key);
 	if (r->slot >= 0)
 		dom->free_slots[dom->nfree_slots++] = r->slot;
+	if (r->out_slot >= 0)
+		dom->free_slots[dom->nfree_slots++] = r->out_slot;
+	coll_done(r);
 	struct emp_fi_ep *ep = r->ep;
 	if (ep) {
 		if (r->kind == REQ_SEND)
@@ -121,6 +125,8 @@ static void complete(struct emp_fi_domain *dom, const struct emp_wc *wc)
 	if ((r->kind == REQ_RECV || r->copy_out) && r->slot >= 0 && len)
 		memcpy(r->buf, slot_ptr(dom, r->slot), len < r->len ? len : r->len);
 	int err = status_errno(wc->status);
+	if (r->out_slot >= 0 && !err)
+		memcpy(r->out_buf, slot_ptr(dom, r->out_slot), r->out_len);
 	if (r->result_from_tag && !err && r->buf)
 		memcpy(r->buf, &wc->tag, r->len); /* the low bytes: little-endian */
 	size_t olen = (err == FI_ETRUNC && wc->msg_len > len) ? wc->msg_len - len : 0;

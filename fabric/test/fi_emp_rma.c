@@ -17,6 +17,7 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_atomic.h>
+#include <rdma/fi_collective.h>
 #include <rdma/fi_rma.h>
 
 #include "fi_emp_unit.h"
@@ -311,6 +312,7 @@ skip_refusals:
 	size_t cnt;
 	EXPECT(fi_atomicvalid(a.ep, FI_UINT64, FI_SUM, &cnt), -FI_EOPNOTSUPP); /* no FI_ATOMIC asked */
 	EXPECT(fi_atomic(a.ep, src, 1, NULL, a.peer, 0, k_rw, FI_UINT64, FI_SUM, NULL), -FI_EOPNOTSUPP);
+	EXPECT(fi_barrier(a.ep, 0, NULL), -FI_EOPNOTSUPP); /* no FI_COLLECTIVE asked */
 
 	/* Remote CQ data: the target's CQ gets the data. */
 	if (cq_data) {
@@ -480,4 +482,231 @@ void test_atomic(struct fid_fabric *fabric)
 	fi_freeinfo(info);
 	free(words);
 	free(ro);
+}
+
+#define NCOLL 3
+
+struct cside {
+	struct fid_domain *dom;
+	struct fid_ep *ep;
+	struct fid_cq *cq;
+	struct fid_av *av;
+	struct fid_eq *eq;
+	struct fid_av_set *set;
+	struct fid_mc *mc;
+	fi_addr_t coll;
+};
+
+static void open_cside(struct fid_fabric *fabric, struct fi_info *info, struct cside *s, bool with_eq)
+{
+	struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_FD};
+	struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+	struct fi_eq_attr eq_attr = {.size = 8, .wait_obj = FI_WAIT_UNSPEC};
+	EXPECT(fi_domain(fabric, info, &s->dom, NULL), 0);
+	EXPECT(fi_cq_open(s->dom, &cq_attr, &s->cq, NULL), 0);
+	EXPECT(fi_av_open(s->dom, &av_attr, &s->av, NULL), 0);
+	EXPECT(fi_endpoint(s->dom, info, &s->ep, NULL), 0);
+	EXPECT(fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	EXPECT(fi_ep_bind(s->ep, &s->av->fid, 0), 0);
+	s->eq = NULL;
+	if (with_eq) {
+		EXPECT(fi_eq_open(fabric, &eq_attr, &s->eq, NULL), 0);
+		EXPECT(fi_ep_bind(s->ep, &s->eq->fid, 0), 0);
+	}
+	EXPECT(fi_enable(s->ep), 0);
+}
+
+static void close_cside(struct cside *s)
+{
+	EXPECT(fi_close(&s->ep->fid), 0);
+	EXPECT(fi_close(&s->cq->fid), 0);
+	EXPECT(fi_close(&s->av->fid), 0);
+	if (s->eq)
+		EXPECT(fi_close(&s->eq->fid), 0);
+	EXPECT(fi_close(&s->dom->fid), 0);
+}
+
+/* Waits for one entry on each side's CQ: all FI_COLLECTIVE with ctx. */
+static void expect_all_done(struct cside *s, void *ctx, const char *what)
+{
+	int ok = 0;
+	for (int i = 0; i < NCOLL; i++) {
+		struct fi_cq_tagged_entry e = {0};
+		ssize_t r = next_entry(s[i].cq, &e);
+		if (r == -FI_EAVAIL) {
+			struct fi_cq_err_entry err = {0};
+			fi_cq_readerr(s[i].cq, &err, 0);
+			printf("# %s: member %d error %d (%s), prov_errno %d\n", what, i, err.err, fi_strerror(err.err),
+			       err.prov_errno);
+		}
+		ok += r == 1 && e.flags == FI_COLLECTIVE && e.op_context == ctx;
+	}
+	check(ok == NCOLL, "%s completes at all %d members (%d did)", what, NCOLL, ok);
+}
+
+void test_coll(struct fid_fabric *fabric)
+{
+	struct fi_info *h = rma_hints(FI_MSG | FI_COLLECTIVE), *info = NULL;
+	int r = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info);
+	fi_freeinfo(h);
+	check(r == 0 && info && (info->caps & FI_COLLECTIVE), "fi_getinfo for FI_COLLECTIVE (%d)", r);
+	if (r)
+		return;
+	struct cside s[NCOLL];
+	for (int i = 0; i < NCOLL; i++)
+		open_cside(fabric, info, &s[i], true);
+	char names[NCOLL][64];
+	for (int i = 0; i < NCOLL; i++) {
+		size_t l = sizeof names[i];
+		EXPECT(fi_getname(&s[i].ep->fid, names[i], &l), 0);
+	}
+	for (int i = 0; i < NCOLL; i++)
+		for (int j = 0; j < NCOLL; j++)
+			EXPECT(fi_av_insert(s[i].av, names[j], 1, NULL, 0, NULL), 1); /* fi_addr j */
+
+	/* fi_query_collective. */
+	struct fi_collective_attr qa = {.op = FI_SUM, .datatype = FI_INT64};
+	EXPECT(fi_query_collective(s[0].dom, FI_ALLREDUCE, &qa, 0), 0);
+	check(qa.datatype_attr.count >= 64 && qa.datatype_attr.size == 8 && qa.max_members == 64,
+	      "allreduce: up to %zu int64 per operation, %zu members", qa.datatype_attr.count, qa.max_members);
+	qa = (struct fi_collective_attr){.op = FI_LOR, .datatype = FI_INT64};
+	EXPECT(fi_query_collective(s[0].dom, FI_ALLREDUCE, &qa, 0), -FI_EOPNOTSUPP);
+	qa = (struct fi_collective_attr){.op = FI_BAND, .datatype = FI_DOUBLE};
+	EXPECT(fi_query_collective(s[0].dom, FI_ALLREDUCE, &qa, 0), -FI_EOPNOTSUPP);
+	qa = (struct fi_collective_attr){.datatype = FI_UINT8};
+	EXPECT(fi_query_collective(s[0].dom, FI_BROADCAST, &qa, 0), 0);
+	EXPECT(fi_query_collective(s[0].dom, FI_BARRIER, &qa, 0), 0);
+	EXPECT(fi_query_collective(s[0].dom, FI_ALLTOALL, &qa, 0), -FI_EOPNOTSUPP);
+	EXPECT(fi_query_collective(s[0].dom, FI_GATHER, &qa, 0), -FI_EOPNOTSUPP);
+	EXPECT(fi_query_collective(s[0].dom, FI_BARRIER, NULL, 0), -FI_EINVAL);
+
+	/* AV sets: parameters and set algebra. */
+	struct fi_av_set_attr sa = {.count = NCOLL, .start_addr = 0, .end_addr = NCOLL - 1, .stride = 1};
+	struct fid_av_set *tmp, *one;
+	sa.flags = 1ULL << 3;
+	EXPECT(fi_av_set(s[0].av, &sa, &tmp, NULL), -FI_EBADFLAGS);
+	sa.flags = 0;
+	uint8_t key = 1;
+	sa.comm_key_size = 1, sa.comm_key = &key;
+	EXPECT(fi_av_set(s[0].av, &sa, &tmp, NULL), -FI_EOPNOTSUPP);
+	sa.comm_key_size = 0, sa.comm_key = NULL;
+	sa.end_addr = 7;
+	EXPECT(fi_av_set(s[0].av, &sa, &tmp, NULL), -FI_EINVAL); /* 3..7 are not in the AV */
+	sa.end_addr = NCOLL - 1;
+	EXPECT(fi_av_set(s[0].av, &sa, &tmp, NULL), 0);
+	sa.start_addr = sa.end_addr = 1;
+	EXPECT(fi_av_set(s[0].av, &sa, &one, NULL), 0);
+	EXPECT(fi_av_set_insert(tmp, 1), -FI_EALREADY);
+	EXPECT(fi_av_set_insert(tmp, 9), -FI_EINVAL);
+	EXPECT(fi_av_set_diff(tmp, one), 0);
+	EXPECT(fi_av_set_remove(tmp, 1), -FI_ENOENT);
+	EXPECT(fi_av_set_union(tmp, one), 0);
+	EXPECT(fi_av_set_intersect(tmp, one), 0);
+	EXPECT(fi_av_set_remove(tmp, 1), 0);
+	fi_addr_t ca = 0;
+	EXPECT(fi_av_set_addr(tmp, &ca), 0);
+	EXPECT(fi_close(&s[0].av->fid), -FI_EBUSY); /* sets use it */
+	EXPECT(fi_join_collective(s[0].ep, ca, tmp, 0, &s[0].mc, NULL), -FI_EINVAL); /* an empty set */
+	EXPECT(fi_close(&tmp->fid), 0);
+	EXPECT(fi_join_collective(s[0].ep, ca, one, 0, &s[0].mc, NULL), -FI_EINVAL); /* not a member */
+	EXPECT(fi_close(&one->fid), 0);
+
+	/* An endpoint without an EQ cannot be told the join completed. */
+	struct cside x;
+	open_cside(fabric, info, &x, false);
+	sa = (struct fi_av_set_attr){.count = NCOLL, .flags = FI_UNIVERSE};
+	struct fid_av_set *xs;
+	EXPECT(fi_av_insert(x.av, names[0], 1, NULL, 0, NULL), 1);
+	size_t xl = sizeof names[0];
+	char xn[64];
+	EXPECT(fi_getname(&x.ep->fid, xn, &xl), 0);
+	EXPECT(fi_av_insert(x.av, xn, 1, NULL, 0, NULL), 1);
+	EXPECT(fi_av_set(x.av, &sa, &xs, NULL), 0);
+	struct fid_mc *xmc;
+	EXPECT(fi_join_collective(x.ep, FI_ADDR_NOTAVAIL, xs, 0, &xmc, NULL), -FI_ENOEQ);
+	EXPECT(fi_close(&xs->fid), 0);
+	close_cside(&x);
+
+	/* Join: everyone's set is the whole AV, in the same order. */
+	for (int i = 0; i < NCOLL; i++) {
+		EXPECT(fi_av_set(s[i].av, &sa, &s[i].set, NULL), 0);
+		EXPECT(fi_join_collective(s[i].ep, FI_ADDR_NOTAVAIL, s[i].set, 0, &s[i].mc, (void *)(uintptr_t)(50 + i)),
+		       0);
+		uint32_t ev = 0;
+		struct fi_eq_entry ent = {0};
+		ssize_t n = fi_eq_read(s[i].eq, &ev, &ent, sizeof ent, 0);
+		check(n == (ssize_t)sizeof ent && ev == FI_JOIN_COMPLETE && ent.fid == &s[i].mc->fid &&
+			      ent.context == (void *)(uintptr_t)(50 + i),
+		      "member %d: FI_JOIN_COMPLETE on its EQ (%zd, event %u)", i, n, ev);
+		s[i].coll = fi_mc_addr(s[i].mc);
+	}
+
+	/* Bad parameters. */
+	uint64_t v[4] = {0}, res[4] = {0};
+	EXPECT(fi_barrier(s[0].ep, 12345, NULL), -FI_EINVAL);
+	EXPECT(fi_broadcast(s[0].ep, v, 4, NULL, s[0].coll, 7, FI_UINT64, 0, NULL), -FI_EINVAL); /* root */
+	EXPECT(fi_broadcast(s[0].ep, v, 4, NULL, s[0].coll, 0, FI_LONG_DOUBLE, 0, NULL), -FI_EOPNOTSUPP);
+	EXPECT(fi_allreduce(s[0].ep, v, 1, NULL, res, NULL, s[0].coll, FI_DOUBLE, FI_BXOR, 0, NULL), -FI_EOPNOTSUPP);
+	EXPECT(fi_allreduce(s[0].ep, v, 1, NULL, res, NULL, s[0].coll, FI_INT64, FI_LAND, 0, NULL), -FI_EOPNOTSUPP);
+	EXPECT(fi_allreduce(s[0].ep, v, 1 << 20, NULL, res, NULL, s[0].coll, FI_INT64, FI_SUM, 0, NULL), -FI_EMSGSIZE);
+	EXPECT(fi_allreduce(s[0].ep, v, 1, NULL, NULL, NULL, s[0].coll, FI_INT64, FI_SUM, 0, NULL), -FI_EINVAL);
+	EXPECT(fi_allreduce(s[0].ep, v, 1, NULL, res, NULL, s[0].coll, FI_INT64, FI_SUM, FI_INJECT, NULL),
+	       -FI_EBADFLAGS);
+	EXPECT(fi_alltoall(s[0].ep, v, 1, NULL, res, NULL, s[0].coll, FI_INT64, 0, NULL), -FI_EOPNOTSUPP);
+	EXPECT(fi_allgather(s[0].ep, v, 1, NULL, res, NULL, s[0].coll, FI_INT64, 0, NULL), -FI_EOPNOTSUPP);
+	EXPECT(fi_scatter(s[0].ep, v, 1, NULL, res, NULL, s[0].coll, 0, FI_INT64, 0, NULL), -FI_EOPNOTSUPP);
+
+	/* The operations, posted by every member, completed by the NICs. */
+	for (int i = 0; i < NCOLL; i++)
+		EXPECT(fi_barrier(s[i].ep, s[i].coll, (void *)1), 0);
+	expect_all_done(s, (void *)1, "fi_barrier");
+
+	uint64_t bc[NCOLL][4];
+	for (int i = 0; i < NCOLL; i++)
+		for (int k = 0; k < 4; k++)
+			bc[i][k] = i == 1 ? 0xB0B0 + (uint64_t)k : 0;
+	for (int i = 0; i < NCOLL; i++)
+		EXPECT(fi_broadcast(s[i].ep, bc[i], 4, NULL, s[i].coll, 1, FI_UINT64, 0, (void *)2), 0);
+	expect_all_done(s, (void *)2, "fi_broadcast from member 1");
+	int same = 1;
+	for (int i = 0; i < NCOLL; i++)
+		for (int k = 0; k < 4; k++)
+			same &= bc[i][k] == 0xB0B0 + (uint64_t)k;
+	check(same, "every member has the root's 4 words");
+
+	int64_t in[NCOLL][3], out[NCOLL][3];
+	for (int i = 0; i < NCOLL; i++) {
+		for (int k = 0; k < 3; k++) {
+			in[i][k] = (int64_t)(i + 1) * (k - 1); /* k = 0 negative */
+			out[i][k] = 0;
+		}
+	}
+	for (int i = 0; i < NCOLL; i++)
+		EXPECT(fi_allreduce(s[i].ep, in[i], 3, NULL, out[i], NULL, s[i].coll, FI_INT64, FI_SUM, 0, (void *)3),
+		       0);
+	expect_all_done(s, (void *)3, "fi_allreduce FI_SUM int64");
+	same = 1;
+	for (int i = 0; i < NCOLL; i++)
+		same &= out[i][0] == -6 && out[i][1] == 0 && out[i][2] == 6;
+	check(same, "every member has the sums (%lld %lld %lld)", (long long)out[0][0], (long long)out[0][1],
+	      (long long)out[0][2]);
+
+	double dv[NCOLL], dr[NCOLL];
+	for (int i = 0; i < NCOLL; i++)
+		dv[i] = 1.5 * i, dr[i] = -1;
+	for (int i = 0; i < NCOLL; i++)
+		EXPECT(fi_reduce(s[i].ep, &dv[i], 1, NULL, &dr[i], NULL, s[i].coll, 0, FI_DOUBLE, FI_MAX, 0, (void *)4),
+		       0);
+	expect_all_done(s, (void *)4, "fi_reduce FI_MAX double to member 0");
+	check(dr[0] == 3.0 && dr[1] == -1 && dr[2] == -1, "only the root has the maximum (%g)", dr[0]);
+
+	/* Lifecycle: groups before their endpoint, sets before their AV. */
+	EXPECT(fi_close(&s[0].ep->fid), -FI_EBUSY);
+	for (int i = 0; i < NCOLL; i++) {
+		EXPECT(fi_close(&s[i].mc->fid), 0);
+		EXPECT(fi_close(&s[i].set->fid), 0);
+	}
+	for (int i = 0; i < NCOLL; i++)
+		close_cside(&s[i]);
+	fi_freeinfo(info);
 }

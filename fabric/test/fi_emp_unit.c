@@ -447,6 +447,7 @@ int main(void)
 	test_rma(fabric, FI_MSG | FI_RMA);
 	test_rma(fabric, FI_TAGGED | FI_RMA);
 	test_atomic(fabric);
+	test_coll(fabric);
 	EXPECT(fi_close(&fabric->fid), 0);
 	fi_freeinfo(info);
 done:

@@ -22,5 +22,7 @@ void test_rma_getinfo(void);
 void test_rma(struct fid_fabric *fabric, uint64_t caps);
 /* fi_emp_rma.c: FI_ATOMIC on two endpoints. */
 void test_atomic(struct fid_fabric *fabric);
+/* fi_emp_rma.c: FI_COLLECTIVE on three endpoints. */
+void test_coll(struct fid_fabric *fabric);
 
 #endif
