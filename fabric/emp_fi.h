@@ -67,6 +67,15 @@
 #define EMP_CAPS (EMP_PRIMARY_CAPS | EMP_SECONDARY_CAPS)
 #define EMP_MR_MODES (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED)
 #define EMP_TX_OP_FLAGS (FI_COMPLETION | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE)
+/* The transmit op flags an endpoint with these caps may default to: RMA,
+ * atomics and collectives complete once done at the target, so an endpoint
+ * without messages (whose completion promises less) may ask for
+ * FI_DELIVERY_COMPLETE. */
+static inline uint64_t tx_op_flags_ok(uint64_t caps)
+{
+	bool one_sided = (caps & (FI_RMA | FI_ATOMIC | FI_COLLECTIVE)) && !(caps & (FI_MSG | FI_TAGGED));
+	return EMP_TX_OP_FLAGS | (one_sided ? FI_DELIVERY_COMPLETE : 0);
+}
 #define EMP_RX_OP_FLAGS (FI_COMPLETION)
 #define EMP_MR_ACCESS (FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)
 /* RMA: op flags fi_writemsg/fi_readmsg take. EMP completes a write when the

@@ -301,7 +301,7 @@ static int ep_control(struct fid *fid, int command, void *arg)
 		}
 		bool tx = *f & FI_TRANSMIT;
 		uint64_t *ops = tx ? &ep->tx_op_flags : &ep->rx_op_flags;
-		uint64_t allowed = tx ? EMP_TX_OP_FLAGS : EMP_RX_OP_FLAGS;
+		uint64_t allowed = tx ? tx_op_flags_ok(ep->caps) : EMP_RX_OP_FLAGS;
 		if (command == FI_GETOPSFLAG) {
 			*f = *ops | (tx ? FI_TRANSMIT : FI_RECV);
 		} else {
@@ -404,7 +404,7 @@ int ep_open(struct fid_domain *fid, struct fi_info *info, struct fid_ep **out, v
 		return -FI_EINVAL;
 	if (info->ep_attr->type != FI_EP_RDM || (info->caps & ~(uint64_t)EMP_CAPS))
 		return -FI_EINVAL;
-	if ((info->tx_attr->op_flags & ~(uint64_t)EMP_TX_OP_FLAGS) ||
+	if ((info->tx_attr->op_flags & ~tx_op_flags_ok(info->caps)) ||
 	    (info->rx_attr->op_flags & ~(uint64_t)EMP_RX_OP_FLAGS))
 		return -FI_EBADFLAGS;
 	struct emp_fi_ep *ep = calloc(1, sizeof *ep);

@@ -66,8 +66,8 @@ static const char *hints_refused(uint32_t version, const struct fi_info *h, cons
 		return "h->fabric_attr && h->fabric_attr->name && strcmp(h->fabric_attr->name, EMP_FI_NAME)";
 	if (h->tx_attr) {
 		const struct fi_tx_attr *t = h->tx_attr;
-		if ((t->caps & ~(uint64_t)EMP_CAPS) || (t->op_flags & ~(uint64_t)EMP_TX_OP_FLAGS))
-			return "(t->caps & ~(uint64_t)EMP_CAPS) || (t->op_flags & ~(uint64_t)EMP_TX_OP_FLAGS)";
+		if ((t->caps & ~(uint64_t)EMP_CAPS) || (t->op_flags & ~tx_op_flags_ok(h->caps)))
+			return "tx caps beyond EMP's, or tx op_flags EMP cannot promise (FI_DELIVERY_COMPLETE with messages)";
 		if ((t->msg_order & ~FI_ORDER_SAS) || t->comp_order != FI_ORDER_NONE)
 			return "(t->msg_order & ~FI_ORDER_SAS) || t->comp_order != FI_ORDER_NONE";
 		if (t->inject_size > INJECT_SIZE || t->size > pi->send_entries || t->iov_limit > 1 || t->rma_iov_limit > 1)

@@ -170,25 +170,31 @@ fn cluster_file(c: &Cluster, nics: u16) -> PathBuf {
     path
 }
 
-#[test]
-fn open_mpi_over_emp() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(mpirun) = tool("open_mpi_over_emp", "mpirun", "openmpi-bin") else { return };
-    let Some(mpicc) = tool("open_mpi_over_emp", "mpicc", "libopenmpi-dev") else { return };
-    let prog = std::env::temp_dir().join(format!("emp-mpi-emp-{}", std::process::id()));
+/// Builds `fabric/test/<source>` with mpicc and runs it on 2 ranks under
+/// the distribution's Open MPI over emp (`pml cm`, `mtl ofi`, plus
+/// `extra_mca` pairs), each rank on its own NIC of a chassis; None when
+/// Open MPI is not installed.
+fn mpirun_over_emp(test: &str, source: &str, extra_mca: &[(&str, &str)]) -> Option<Output> {
+    let mpirun = tool(test, "mpirun", "openmpi-bin")?;
+    let mpicc = tool(test, "mpicc", "libopenmpi-dev")?;
+    let prog = std::env::temp_dir().join(format!("emp-{test}-{}", std::process::id()));
     let st = Command::new(mpicc)
         .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&prog)
-        .arg(root().join("fabric/test/mpi_emp.c"))
+        .arg(root().join("fabric/test").join(source))
         .status()
         .expect("mpicc");
-    assert!(st.success(), "fabric/test/mpi_emp.c must compile");
-    let c = Cluster::up("fabric-mpi", &["-n", "2"]);
+    assert!(st.success(), "fabric/test/{source} must compile");
+    let c = Cluster::up(test, &["-n", "2"]);
     let cluster = cluster_file(&c, 2);
+    let mut cmd = Command::new(mpirun);
+    cmd.args(["-n", "2", "--bind-to", "none", "--oversubscribe", "--timeout", "300"]);
+    cmd.args(["--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "mtl_ofi_provider_include", "emp"]);
+    for (k, v) in extra_mca {
+        cmd.args(["--mca", k, v]);
+    }
     // Each rank's NIC: the cluster file's nodes of this host, by local rank.
-    let out = Command::new(mpirun)
-        .args(["-n", "2", "--bind-to", "none", "--oversubscribe", "--timeout", "300"])
-        .args(["--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "mtl_ofi_provider_include", "emp"])
+    let out = cmd
         .arg("-x")
         .arg(format!("FI_PROVIDER_PATH={}", provider_dir().display()))
         .arg("-x")
@@ -204,8 +210,28 @@ fn open_mpi_over_emp() {
         .output()
         .expect("mpirun");
     let _ = std::fs::remove_file(&prog);
+    Some(out)
+}
+
+#[test]
+fn open_mpi_over_emp() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(out) = mpirun_over_emp("open_mpi_over_emp", "mpi_emp.c", &[]) else { return };
     let all = text(&out);
     print!("{all}");
     assert!(out.status.success(), "mpirun over emp failed:\n{all}");
     assert!(all.contains("# 14 passed, 0 failed"), "MPI checks:\n{all}");
+}
+
+/// MPI one-sided through Open MPI's `osc rdma` on `btl ofi` over emp's
+/// FI_RMA and FI_ATOMIC: puts, gets, accumulate, fetch-and-op, locks.
+#[test]
+fn open_mpi_one_sided_over_emp() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mca = [("osc", "rdma"), ("btl", "ofi,self"), ("btl_ofi_provider_include", "emp")];
+    let Some(out) = mpirun_over_emp("open_mpi_one_sided_over_emp", "mpi_emp_osc.c", &mca) else { return };
+    let all = text(&out);
+    print!("{all}");
+    assert!(out.status.success(), "mpirun (osc rdma, btl ofi) over emp failed:\n{all}");
+    assert!(all.contains("# 8 passed, 0 failed"), "MPI one-sided checks:\n{all}");
 }
