@@ -11,7 +11,8 @@
  * order (MPI's communicator rule, which EMP needs anyway) agree on it.
  * fi_barrier, fi_broadcast, fi_reduce and fi_allreduce run on the NICs and
  * complete in the transmit CQ with FI_COLLECTIVE. Reductions carry what
- * one NIC partial buffer holds (coll_reduce_max); the rest of
+ * one NIC partial buffer holds (coll_reduce_max). Closing a group flushes
+ * its unfinished collectives (FI_ECANCELED entries). The rest of
  * fi_collective(3) is -FI_EOPNOTSUPP. */
 
 #include "emp_fi.h"
@@ -280,9 +281,14 @@ static int mc_close(struct fid *fid)
 	struct emp_fi_domain *dom = ep->dom;
 	pthread_mutex_lock(&dom->lock);
 	progress(dom);
-	if (mc->inflight) {
-		pthread_mutex_unlock(&dom->lock);
-		return -FI_EBUSY;
+	/* Collectives still in flight (members that never posted theirs) are
+	 * flushed by the NIC when the group goes: they complete FI_ECANCELED
+	 * and no longer name it. */
+	for (size_t i = 0; mc->inflight && i < dom->nreqs; i++) {
+		if (dom->reqs[i].in_use && dom->reqs[i].mc == mc) {
+			dom->reqs[i].mc = NULL;
+			mc->inflight--;
+		}
 	}
 	int r = emp_group_destroy(dom->dev, mc->g);
 	ep->mcs[mc->slot] = NULL;

@@ -48,7 +48,12 @@ int status_errno(uint32_t status)
 	switch (status) {
 	case EMP_WC_SUCCESS: return 0;
 	case EMP_WC_TRUNCATED: return FI_ETRUNC;
-	case EMP_WC_FLUSHED: return FI_ECANCELED;
+	case EMP_WC_FLUSHED:
+	/* A collective whose group was destroyed (fi_close of its fid_mc) or
+	 * re-created under it. */
+	case EMP_WC_GROUP_INVALID:
+	case EMP_WC_STALE_GROUP: return FI_ECANCELED;
+	case EMP_WC_COLL_MISMATCH: return FI_EINVAL; /* members posted different operations */
 	case EMP_WC_REMOTE_PORT_CLOSED: return FI_ECONNREFUSED;
 	case EMP_WC_RETRY_LIMIT_EXCEEDED:
 	case EMP_WC_RNR_RETRY_EXCEEDED: return FI_ETIMEDOUT;

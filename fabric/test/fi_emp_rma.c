@@ -700,10 +700,22 @@ void test_coll(struct fid_fabric *fabric)
 	expect_all_done(s, (void *)4, "fi_reduce FI_MAX double to member 0");
 	check(dr[0] == 3.0 && dr[1] == -1 && dr[2] == -1, "only the root has the maximum (%g)", dr[0]);
 
-	/* Lifecycle: groups before their endpoint, sets before their AV. */
+	/* Lifecycle: groups before their endpoint, sets before their AV; a
+	 * group closed under a collective the others never joined flushes it. */
 	EXPECT(fi_close(&s[0].ep->fid), -FI_EBUSY);
+	EXPECT(fi_barrier(s[0].ep, s[0].coll, (void *)5), 0);
+	EXPECT(fi_close(&s[0].mc->fid), 0);
+	struct fi_cq_tagged_entry fe;
+	struct fi_cq_err_entry ferr = {0};
+	ssize_t fr = next_entry(s[0].cq, &fe);
+	ssize_t fre = fr == -FI_EAVAIL ? fi_cq_readerr(s[0].cq, &ferr, 0) : 0;
+	check(fr == -FI_EAVAIL && fre == 1 && ferr.err == FI_ECANCELED && ferr.op_context == (void *)5,
+	      "the lone barrier is flushed: FI_ECANCELED (ret %zd, err %d, prov_errno %d)", fr, ferr.err,
+	      ferr.prov_errno);
+	s[0].mc = NULL;
 	for (int i = 0; i < NCOLL; i++) {
-		EXPECT(fi_close(&s[i].mc->fid), 0);
+		if (s[i].mc)
+			EXPECT(fi_close(&s[i].mc->fid), 0);
 		EXPECT(fi_close(&s[i].set->fid), 0);
 	}
 	for (int i = 0; i < NCOLL; i++)
