@@ -3,7 +3,10 @@
 //! chassis: `fi_info -p emp`, the distribution's `fi_pingpong` in msg and
 //! tagged modes with data checks at every size, the provider's own unit
 //! test program (fabric/test/fi_emp_unit.c, TAP), and Open MPI's `mtl ofi`
-//! running fabric/test/mpi_emp.c over it. See docs/libfabric.md. Without
+//! running fabric/test/mpi_emp.c over it, MPI one-sided through `osc rdma`
+//! on `btl ofi`, and the provider fuzzer (fabric/test/fi_emp_fuzz.c: short
+//! here, long with `EMP_FUZZ_SECONDS=600 cargo test -p emp-tests --test
+//! fabric provider_fuzz -- --nocapture`). See docs/libfabric.md. Without
 //! libfabric-bin or Open MPI (scripts/setup.sh installs them) the tests that
 //! need them say SKIP and pass.
 
@@ -234,4 +237,52 @@ fn open_mpi_one_sided_over_emp() {
     print!("{all}");
     assert!(out.status.success(), "mpirun (osc rdma, btl ofi) over emp failed:\n{all}");
     assert!(all.contains("# 8 passed, 0 failed"), "MPI one-sided checks:\n{all}");
+}
+
+/// Runs `fi_emp_fuzz` (random calls, arguments and object lifecycles on
+/// one NIC) with fresh seeds for `EMP_FUZZ_SECONDS` (default 4): every
+/// run must end with no crash, no hang and only proper `-FI_E*` returns,
+/// and the NIC must still serve the unit program's traffic afterwards.
+#[test]
+fn provider_fuzz() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fuzz = provider_dir().join("fi_emp_fuzz");
+    assert!(fuzz.exists(), "{} missing: run `make build` (fabric/build.sh)", fuzz.display());
+    let budget =
+        Duration::from_secs_f64(std::env::var("EMP_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4.0));
+    let c = Cluster::up("fabric-fuzz", &["-n", "1"]);
+    let start = Instant::now();
+    let base = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+    let (mut runs, mut calls) = (0u64, 0u64);
+    while runs == 0 || start.elapsed() < budget {
+        let seed = base.wrapping_add(runs.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let child = fabric_cmd(&fuzz, &c, 0)
+            .args(["--seed", &seed.to_string(), "--calls", "3000"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("fi_emp_fuzz");
+        let out = wait_timeout(child, Duration::from_secs(300));
+        let all = text(&out);
+        assert!(
+            out.status.success(),
+            "fi_emp_fuzz failed (exit {:?}); reproduce with FI_PROVIDER_PATH={} EMP_DEVICE=<nic socket> \
+             {} --seed {seed} --calls 3000:\n{all}",
+            out.status,
+            provider_dir().display(),
+            fuzz.display()
+        );
+        calls += all
+            .lines()
+            .find_map(|l| l.strip_prefix("# fuzz: seed ").and_then(|r| r.split(", ").nth(1)))
+            .and_then(|n| n.trim_end_matches(" calls").parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no summary line:\n{all}"));
+        runs += 1;
+    }
+    println!("fi_emp_fuzz: {runs} runs, {calls} calls, no crash, every return a proper -FI_E*");
+    // The NIC still works for a well-behaved client.
+    let unit = provider_dir().join("fi_emp_unit");
+    let child = fabric_cmd(&unit, &c, 0).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("unit");
+    let out = wait_timeout(child, Duration::from_secs(180));
+    assert!(out.status.success(), "the unit program after fuzzing:\n{}", text(&out));
 }
