@@ -81,6 +81,10 @@ fn fi_info_lists_emp() {
     let rma = text(&out);
     assert!(out.status.success() && rma.contains("FI_RMA"), "FI_RMA not offered:\n{rma}");
     assert!(rma.contains("mr_key_size: 8") && rma.contains("cq_data_size: 4"), "RMA attributes:\n{rma}");
+    for caps in ["FI_ATOMIC", "FI_COLLECTIVE", "FI_TAGGED|FI_RMA|FI_ATOMIC"] {
+        let out = fabric_cmd(&fi_info, &c, 0).args(["-p", "emp", "-c", caps]).output().expect("fi_info");
+        assert!(out.status.success(), "fi_info -c {caps}:\n{}", text(&out));
+    }
     let out = fabric_cmd(&fi_info, &c, 0).args(["-p", "emp", "-c", "FI_RMA_EVENT"]).output().expect("fi_info");
     assert!(!out.status.success(), "FI_RMA_EVENT is not offered, fi_info said:\n{}", text(&out));
     // No NIC for the process: no entry, no crash.
