@@ -350,6 +350,12 @@ static int ep_close(struct fid *fid)
 			emp_dereg_mr(dom->dev, (uint32_t)q->tmp_key);
 			q->tmp_key = -1;
 		}
+		/* Its CQ entry will never be written: give the slot back, the CQ
+		 * may be bound to the next endpoint. */
+		struct emp_fi_cq *qcq = q->kind == REQ_SEND ? ep->tx_cq : ep->rx_cq;
+		if (q->cq_reserved && qcq)
+			qcq->reserved--;
+		q->cq_reserved = false;
 		q->ep = NULL;
 	}
 	if (ep->av)

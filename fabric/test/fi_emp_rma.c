@@ -343,6 +343,44 @@ skip_refusals:
 	EXPECT(fi_close(&mr_local->fid), 0);
 	close_rside(&a);
 	close_rside(&b);
+
+	/* Endpoints closed with operations in flight (here the receives kept
+	 * for remote CQ data) give their CQ slots back: a small CQ outlives
+	 * many endpoints. */
+	if (cq_data) {
+		struct fid_domain *dom;
+		struct fid_cq *cq;
+		struct fid_av *av;
+		struct fid_ep *ep;
+		struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_DATA, .size = 8};
+		struct fi_av_attr aa = {.type = FI_AV_MAP};
+		EXPECT(fi_domain(fabric, info, &dom, NULL), 0);
+		EXPECT(fi_cq_open(dom, &ca, &cq, NULL), 0);
+		EXPECT(fi_av_open(dom, &aa, &av, NULL), 0);
+		int cycles_ok = 0;
+		for (int i = 0; i < 12; i++) {
+			if (fi_endpoint(dom, info, &ep, NULL))
+				break;
+			int bound = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV) == 0 &&
+				    fi_ep_bind(ep, &av->fid, 0) == 0 && fi_enable(ep) == 0;
+			cycles_ok += bound && fi_close(&ep->fid) == 0;
+		}
+		check(cycles_ok == 12, "12 endpoints on one small CQ, each closed with its receives posted (%d)",
+		      cycles_ok);
+		EXPECT(fi_endpoint(dom, info, &ep, NULL), 0);
+		EXPECT(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+		EXPECT(fi_ep_bind(ep, &av->fid, 0), 0);
+		EXPECT(fi_enable(ep), 0);
+		int posted = 0;
+		for (int i = 0; i < 6; i++)
+			posted += fi_recv(ep, dst, 8, NULL, FI_ADDR_UNSPEC, NULL) == 0;
+		check(posted == 6, "the CQ still takes 6 receives beside the endpoint's 2 for remote CQ data (%d)",
+		      posted);
+		EXPECT(fi_close(&ep->fid), 0);
+		EXPECT(fi_close(&cq->fid), 0);
+		EXPECT(fi_close(&av->fid), 0);
+		EXPECT(fi_close(&dom->fid), 0);
+	}
 	fi_freeinfo(info);
 	free(rw);
 	free(ro);
