@@ -209,14 +209,11 @@ static int emp_getinfo(uint32_t version, const char *node, const char *service, 
 		 * so the caller's registrations give zero copy. */
 		d->mr_mode = hd->mr_mode & EMP_MR_MODES;
 	}
-	if (caps & (FI_RMA | FI_ATOMIC)) {
-		/* Remote addresses are offsets into the region; keys (the NIC's
-		 * key and secret) are 64 bits. */
+	/* Remote addresses are offsets into the region. */
+	if (caps & (FI_RMA | FI_ATOMIC))
 		d->mr_mode = (d->mr_mode & ~FI_MR_VIRT_ADDR) | FI_MR_PROV_KEY;
-		d->mr_key_size = sizeof(uint64_t);
-	} else {
-		d->mr_key_size = sizeof(uint32_t);
-	}
+	/* fi_mr_key is EMP's remote key, the region's key and its secret. */
+	d->mr_key_size = sizeof(uint64_t);
 	d->cq_data_size = rma_cq_data_ok(caps) ? CQ_DATA_SIZE : 0;
 	d->cq_cnt = 64;
 	d->ep_cnt = 1;
