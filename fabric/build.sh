@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libfabric provider libemp-fi.so into target/release/lib/
 # (next to libemp.so.1, which it links with rpath $ORIGIN), and the
-# provider's test programs fi_emp_unit and fi_emp_fuzz (fabric/test/).
+# provider's test programs fi_emp_unit, fi_emp_peer and fi_emp_fuzz
+# (fabric/test/).
 # `make build` runs it after scripts/libemp-link.sh. Point FI_PROVIDER_PATH
 # at the output directory to load the provider.
 set -euo pipefail
@@ -27,3 +28,4 @@ mv "$out/libemp-fi.so.tmp" "$out/libemp-fi.so"
 "$cc" -std=gnu11 -O2 -g -Wall -Wextra -Werror -o "$out/fi_emp_unit" "$root/fabric/test/fi_emp_unit.c" \
     "$root/fabric/test/fi_emp_rma.c" -lfabric
 "$cc" -std=gnu11 -O2 -g -Wall -Wextra -Werror -o "$out/fi_emp_fuzz" "$root/fabric/test/fi_emp_fuzz.c" -lfabric
+"$cc" -std=gnu11 -O2 -g -Wall -Wextra -Werror -o "$out/fi_emp_peer" "$root/fabric/test/fi_emp_peer.c" -lfabric

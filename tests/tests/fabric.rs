@@ -4,7 +4,8 @@
 //! tagged modes with data checks at every size, the provider's own unit
 //! test program (fabric/test/fi_emp_unit.c, TAP), and Open MPI's `mtl ofi`
 //! running fabric/test/mpi_emp.c over it, MPI one-sided through `osc rdma`
-//! on `btl ofi`, and the provider fuzzer (fabric/test/fi_emp_fuzz.c: short
+//! on `btl ofi`, RMA/atomics/collectives across two NICs
+//! (fabric/test/fi_emp_peer.c), and the provider fuzzer (fabric/test/fi_emp_fuzz.c: short
 //! here, long with `EMP_FUZZ_SECONDS=600 cargo test -p emp-tests --test
 //! fabric provider_fuzz -- --nocapture`). See docs/libfabric.md. Without
 //! libfabric-bin or Open MPI (scripts/setup.sh installs them) the tests that
@@ -289,4 +290,34 @@ fn provider_fuzz() {
     let child = fabric_cmd(&unit, &c, 0).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("unit");
     let out = wait_timeout(child, Duration::from_secs(180));
     assert!(out.status.success(), "the unit program after fuzzing:\n{}", text(&out));
+}
+
+/// RMA, atomics and collectives across two NICs: fabric/test/fi_emp_peer.c
+/// as rank 0 on NIC 0 and rank 1 on NIC 1, exchanging names and keys
+/// through files.
+#[test]
+fn provider_two_nics() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let peer = provider_dir().join("fi_emp_peer");
+    assert!(peer.exists(), "{} missing: run `make build` (fabric/build.sh)", peer.display());
+    let c = Cluster::up("fabric-peer", &["-n", "2"]);
+    let xdir = c.dir.join("exchange");
+    std::fs::create_dir_all(&xdir).expect("exchange dir");
+    let spawn = |rank: u16| {
+        fabric_cmd(&peer, &c, rank)
+            .arg(rank.to_string())
+            .arg(&xdir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("fi_emp_peer")
+    };
+    let (r0, r1) = (spawn(0), spawn(1));
+    let (o0, o1) = (wait_timeout(r0, Duration::from_secs(180)), wait_timeout(r1, Duration::from_secs(180)));
+    for (rank, out) in [(0, &o0), (1, &o1)] {
+        let all = text(out);
+        print!("{all}");
+        assert!(out.status.success(), "fi_emp_peer rank {rank} failed:\n{all}");
+        assert!(all.contains(" passed, 0 failed"), "rank {rank}: no TAP summary:\n{all}");
+    }
 }
