@@ -298,6 +298,7 @@ int fid_no_control(struct fid *fid, int command, void *arg);
 int fid_no_ops_open(struct fid *fid, const char *name, uint64_t flags, void **ops, void *context);
 int av_open(struct fid_domain *fid, struct fi_av_attr *attr, struct fid_av **out, void *context);
 /* emp_fi_eq.c */
+ssize_t eq_push_locked(struct emp_fi_eq *eq, uint32_t event, const void *buf, size_t len);
 int fab_eq_open(struct fid_fabric *f, struct fi_eq_attr *attr, struct fid_eq **out, void *context);
 /* emp_fi_progress.c */
 struct emp_req *req_get(struct emp_fi_domain *dom);

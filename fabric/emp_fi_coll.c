@@ -60,11 +60,8 @@ static int set_insert(struct fid_av_set *fid, fi_addr_t addr)
 	return r;
 }
 
-static int set_remove(struct fid_av_set *fid, fi_addr_t addr)
+static int set_remove_locked(struct emp_fi_av_set *s, fi_addr_t addr)
 {
-	struct emp_fi_av_set *s = set_of(fid);
-	if (!s)
-		return -FI_EINVAL;
 	for (size_t i = 0; i < s->count; i++) {
 		if (s->addrs[i] == addr) {
 			memmove(&s->addrs[i], &s->addrs[i + 1], (s->count - i - 1) * sizeof s->addrs[0]);
@@ -75,11 +72,19 @@ static int set_remove(struct fid_av_set *fid, fi_addr_t addr)
 	return -FI_ENOENT;
 }
 
-static int set_union(struct fid_av_set *dst, const struct fid_av_set *src)
+static int set_remove(struct fid_av_set *fid, fi_addr_t addr)
 {
-	struct emp_fi_av_set *d = set_of(dst), *s = set_of(src);
-	if (!d || !s || d->av != s->av)
+	struct emp_fi_av_set *s = set_of(fid);
+	if (!s)
 		return -FI_EINVAL;
+	pthread_mutex_lock(&s->av->dom->lock);
+	int r = set_remove_locked(s, addr);
+	pthread_mutex_unlock(&s->av->dom->lock);
+	return r;
+}
+
+static int set_union_locked(struct emp_fi_av_set *d, const struct emp_fi_av_set *s)
+{
 	size_t extra = 0;
 	for (size_t i = 0; i < s->count; i++)
 		extra += !set_has(d, s->addrs[i]);
@@ -91,12 +96,9 @@ static int set_union(struct fid_av_set *dst, const struct fid_av_set *src)
 	return 0;
 }
 
-/* Keeps (keep = true) or drops the members of dst that are in src. */
-static int set_filter(struct fid_av_set *dst, const struct fid_av_set *src, bool keep)
+/* Keeps (keep = true) or drops the members of d that are in s. */
+static int set_filter_locked(struct emp_fi_av_set *d, const struct emp_fi_av_set *s, bool keep)
 {
-	struct emp_fi_av_set *d = set_of(dst), *s = set_of(src);
-	if (!d || !s || d->av != s->av)
-		return -FI_EINVAL;
 	size_t n = 0;
 	for (size_t i = 0; i < d->count; i++)
 		if (set_has(s, d->addrs[i]) == keep)
@@ -105,14 +107,33 @@ static int set_filter(struct fid_av_set *dst, const struct fid_av_set *src, bool
 	return 0;
 }
 
+enum set_op { SET_UNION, SET_INTERSECT, SET_DIFF };
+
+/* dst op= src, two sets of one AV, under the domain's lock. */
+static int set_combine(struct fid_av_set *dst, const struct fid_av_set *src, enum set_op op)
+{
+	struct emp_fi_av_set *d = set_of(dst), *s = set_of(src);
+	if (!d || !s || d->av != s->av)
+		return -FI_EINVAL;
+	pthread_mutex_lock(&d->av->dom->lock);
+	int r = op == SET_UNION ? set_union_locked(d, s) : set_filter_locked(d, s, op == SET_INTERSECT);
+	pthread_mutex_unlock(&d->av->dom->lock);
+	return r;
+}
+
+static int set_union(struct fid_av_set *dst, const struct fid_av_set *src)
+{
+	return set_combine(dst, src, SET_UNION);
+}
+
 static int set_intersect(struct fid_av_set *dst, const struct fid_av_set *src)
 {
-	return set_filter(dst, src, true);
+	return set_combine(dst, src, SET_INTERSECT);
 }
 
 static int set_diff(struct fid_av_set *dst, const struct fid_av_set *src)
 {
-	return set_filter(dst, src, false);
+	return set_combine(dst, src, SET_DIFF);
 }
 
 /* A set has no address of its own before it is joined: fi_join_collective
@@ -254,6 +275,7 @@ struct emp_fi_mc {
 	struct fid_mc mc;
 	struct emp_fi_ep *ep;
 	struct emp_group *g;
+	uint32_t id;
 	size_t slot;
 	struct emp_endpoint members[COLL_MEMBERS_MAX];
 	size_t count;
@@ -306,22 +328,22 @@ static struct fi_ops mc_fi_ops = {
 	.ops_open = fid_no_ops_open,
 };
 
-/* How many groups of this member list the endpoint joined before (the
- * join's sequence number), counted in a bounded table. */
-static int join_seq(struct emp_fi_ep *ep, uint32_t members_hash, uint32_t *seq)
+/* The entry counting the joins of this member list (found or added) in a
+ * bounded table; its count is the next join's sequence number, and only a
+ * join that succeeds advances it (a retried join gets the same id). */
+static int join_hist_entry(struct emp_fi_ep *ep, uint32_t members_hash, size_t *idx)
 {
 	for (size_t i = 0; i < ep->njoin_hist; i++) {
 		if (ep->join_hist[i].hash == members_hash) {
-			*seq = ep->join_hist[i].count++;
+			*idx = i;
 			return 0;
 		}
 	}
 	if (ep->njoin_hist == COLL_JOIN_HIST_MAX)
 		return -FI_ENOSPC;
 	ep->join_hist[ep->njoin_hist].hash = members_hash;
-	ep->join_hist[ep->njoin_hist].count = 1;
-	ep->njoin_hist++;
-	*seq = 0;
+	ep->join_hist[ep->njoin_hist].count = 0;
+	*idx = ep->njoin_hist++;
 	return 0;
 }
 
@@ -375,13 +397,33 @@ int coll_join(struct emp_fi_ep *ep, const void *addr, uint64_t flags, struct fid
 		r = -FI_ENOSPC;
 		goto fail;
 	}
-	uint32_t seq;
-	r = join_seq(ep, group_id(mc->members, mc->count, 0), &seq);
+	size_t hist;
+	r = join_hist_entry(ep, group_id(mc->members, mc->count, 0), &hist);
 	if (r)
 		goto fail;
+	mc->id = group_id(mc->members, mc->count, ep->join_hist[hist].count);
+	for (size_t i = 0; i < COLL_GROUPS_MAX; i++) {
+		if (ep->mcs[i] && ep->mcs[i]->id == mc->id) {
+			/* Two member lists hashed alike (1 in 2^32): re-creating
+			 * the id would flush the open group. */
+			r = -FI_EBUSY;
+			goto fail;
+		}
+	}
+	/* The EQ must take FI_JOIN_COMPLETE before the group exists: a group
+	 * created and destroyed again would be a newer epoch of its id here
+	 * than at the other members. Its lock keeps the room until then. */
+	struct emp_fi_eq *eq = ep->eq;
+	pthread_mutex_lock(&eq->lock);
+	if (eq->count >= eq->size) {
+		pthread_mutex_unlock(&eq->lock);
+		r = -FI_EAGAIN;
+		goto fail;
+	}
 	int err = 0;
-	mc->g = emp_group_create(dom->dev, group_id(mc->members, mc->count, seq), mc->members, mc->count, &err);
+	mc->g = emp_group_create(dom->dev, mc->id, mc->members, mc->count, &err);
 	if (!mc->g) {
+		pthread_mutex_unlock(&eq->lock);
 		r = err < 0 ? err : -FI_EIO;
 		goto fail;
 	}
@@ -392,14 +434,11 @@ int coll_join(struct emp_fi_ep *ep, const void *addr, uint64_t flags, struct fid
 	mc->ep = ep;
 	mc->slot = slot;
 	struct fi_eq_entry ev = {.fid = &mc->mc.fid, .context = context};
-	ssize_t w = fi_eq_write(&ep->eq->eq, FI_JOIN_COMPLETE, &ev, sizeof ev, 0);
-	if (w != (ssize_t)sizeof ev) {
-		emp_group_destroy(dom->dev, mc->g);
-		r = w < 0 ? (int)w : -FI_EIO; /* a full EQ: -FI_EAGAIN */
-		goto fail;
-	}
+	eq_push_locked(eq, FI_JOIN_COMPLETE, &ev, sizeof ev); /* room checked above */
+	pthread_mutex_unlock(&eq->lock);
 	ep->mcs[slot] = mc;
 	ep->nmcs++;
+	ep->join_hist[hist].count++;
 	pthread_mutex_unlock(&dom->lock);
 	*out = &mc->mc;
 	return 0;

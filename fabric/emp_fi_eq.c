@@ -42,6 +42,24 @@ static ssize_t eq_readerr(struct fid_eq *fid, struct fi_eq_err_entry *buf, uint6
 	return flags ? -FI_EBADFLAGS : -FI_EAGAIN; /* no error events */
 }
 
+/* Appends an entry (len <= EQ_ENTRY_MAX) and wakes a waiter: len, or
+ * -FI_EAGAIN when the EQ is full. Called with eq->lock. */
+ssize_t eq_push_locked(struct emp_fi_eq *eq, uint32_t event, const void *buf, size_t len)
+{
+	if (eq->count >= eq->size)
+		return -FI_EAGAIN;
+	struct eq_ent *e = &eq->ring[(eq->head + eq->count) % eq->size];
+	e->event = event;
+	e->len = len;
+	if (len)
+		memcpy(e->data, buf, len);
+	eq->count++;
+	uint64_t one = 1;
+	ssize_t w = write(eq->fd, &one, sizeof one);
+	(void)w;
+	return (ssize_t)len;
+}
+
 static ssize_t eq_write(struct fid_eq *fid, uint32_t event, const void *buf, size_t len, uint64_t flags)
 {
 	struct emp_fi_eq *eq = container_of(fid, struct emp_fi_eq, eq);
@@ -50,18 +68,7 @@ static ssize_t eq_write(struct fid_eq *fid, uint32_t event, const void *buf, siz
 	if (len > EQ_ENTRY_MAX || (len && !buf))
 		return -FI_EINVAL;
 	pthread_mutex_lock(&eq->lock);
-	ssize_t r = -FI_EAGAIN;
-	if (eq->count < eq->size) {
-		struct eq_ent *e = &eq->ring[(eq->head + eq->count) % eq->size];
-		e->event = event;
-		e->len = len;
-		memcpy(e->data, buf, len);
-		eq->count++;
-		uint64_t one = 1;
-		ssize_t w = write(eq->fd, &one, sizeof one);
-		(void)w;
-		r = (ssize_t)len;
-	}
+	ssize_t r = eq_push_locked(eq, event, buf, len);
 	pthread_mutex_unlock(&eq->lock);
 	return r;
 }

@@ -665,9 +665,22 @@ void test_coll(struct fid_fabric *fabric)
 	EXPECT(fi_close(&xs->fid), 0);
 	close_cside(&x);
 
-	/* Join: everyone's set is the whole AV, in the same order. */
+	/* Join: everyone's set is the whole AV, in the same order. Member 0
+	 * first finds its EQ full: the join fails and, retried, gets the same
+	 * group as the others (the barrier below proves it). */
 	for (int i = 0; i < NCOLL; i++) {
 		EXPECT(fi_av_set(s[i].av, &sa, &s[i].set, NULL), 0);
+		if (i == 0) {
+			int filled = 0;
+			while (fi_eq_write(s[0].eq, FI_NOTIFY, &filled, sizeof filled, 0) == sizeof filled)
+				filled++;
+			EXPECT(fi_join_collective(s[0].ep, FI_ADDR_NOTAVAIL, s[0].set, 0, &s[0].mc, NULL), -FI_EAGAIN);
+			uint32_t ev;
+			int v;
+			while (fi_eq_read(s[0].eq, &ev, &v, sizeof v, 0) == sizeof v)
+				filled--;
+			check(filled == 0, "member 0's EQ drained");
+		}
 		EXPECT(fi_join_collective(s[i].ep, FI_ADDR_NOTAVAIL, s[i].set, 0, &s[i].mc, (void *)(uintptr_t)(50 + i)),
 		       0);
 		uint32_t ev = 0;
