@@ -48,6 +48,15 @@ static void check(int ok, const char *fmt, ...)
 		      got_ < 0 ? fi_strerror((int)-got_) : "");                                          \
 	} while (0)
 
+/* A step everything after it needs: on failure, straight to the summary. */
+#define REQUIRE(call, want)                                                                              \
+	do {                                                                                             \
+		long req_ = (long)(call);                                                                \
+		check(req_ == (long)(want), "%s == %s (got %ld)", #call, #want, req_);                  \
+		if (req_ != (long)(want))                                                                \
+			goto done;                                                                       \
+	} while (0)
+
 static const char *dir;
 
 /* Publishes bytes under name (atomically: write, then rename). */
@@ -147,29 +156,29 @@ int main(int argc, char **argv)
 	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_FD};
 	struct fi_av_attr aa = {.type = FI_AV_TABLE};
 	struct fi_eq_attr ea = {.size = 8, .wait_obj = FI_WAIT_UNSPEC};
-	EXPECT(fi_fabric(info->fabric_attr, &fabric, NULL), 0);
-	EXPECT(fi_domain(fabric, info, &dom, NULL), 0);
-	EXPECT(fi_cq_open(dom, &ca, &cq, NULL), 0);
-	EXPECT(fi_av_open(dom, &aa, &av, NULL), 0);
-	EXPECT(fi_eq_open(fabric, &ea, &eq, NULL), 0);
-	EXPECT(fi_endpoint(dom, info, &ep, NULL), 0);
-	EXPECT(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
-	EXPECT(fi_ep_bind(ep, &av->fid, 0), 0);
-	EXPECT(fi_ep_bind(ep, &eq->fid, 0), 0);
-	EXPECT(fi_enable(ep), 0);
+	REQUIRE(fi_fabric(info->fabric_attr, &fabric, NULL), 0);
+	REQUIRE(fi_domain(fabric, info, &dom, NULL), 0);
+	REQUIRE(fi_cq_open(dom, &ca, &cq, NULL), 0);
+	REQUIRE(fi_av_open(dom, &aa, &av, NULL), 0);
+	REQUIRE(fi_eq_open(fabric, &ea, &eq, NULL), 0);
+	REQUIRE(fi_endpoint(dom, info, &ep, NULL), 0);
+	REQUIRE(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+	REQUIRE(fi_ep_bind(ep, &av->fid, 0), 0);
+	REQUIRE(fi_ep_bind(ep, &eq->fid, 0), 0);
+	REQUIRE(fi_enable(ep), 0);
 
 	/* Names, in rank order: fi_addr r is rank r on both sides. */
 	uint64_t name[2]; /* EMP names are 8 bytes; fi_av_insert takes them back to back */
 	size_t nl = sizeof name[0];
-	EXPECT(fi_getname(&ep->fid, &name[rank], &nl), 0);
+	REQUIRE(fi_getname(&ep->fid, &name[rank], &nl), 0);
 	publish(rank ? "name.1" : "name.0", &name[rank], sizeof name[rank]);
 	fetch(rank ? "name.0" : "name.1", &name[1 - rank], sizeof name[1 - rank]);
-	EXPECT(fi_av_insert(av, name, 2, NULL, 0, NULL), 2);
+	REQUIRE(fi_av_insert(av, name, 2, NULL, 0, NULL), 2);
 
 	/* Rank 0's region and its key (key + secret). */
 	char *region = calloc(1, REGION);
 	struct fid_mr *mr;
-	EXPECT(fi_mr_reg(dom, region, REGION, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
+	REQUIRE(fi_mr_reg(dom, region, REGION, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
 	uint64_t key = fi_mr_key(mr), peer_key;
 	publish(rank ? "key.1" : "key.0", &key, sizeof key);
 	fetch(rank ? "key.0" : "key.1", &peer_key, sizeof peer_key);
@@ -178,8 +187,11 @@ int main(int argc, char **argv)
 	struct fi_av_set_attr sa = {.count = 2, .flags = FI_UNIVERSE};
 	struct fid_av_set *set;
 	struct fid_mc *mc;
-	EXPECT(fi_av_set(av, &sa, &set, NULL), 0);
-	EXPECT(fi_join_collective(ep, FI_ADDR_NOTAVAIL, set, 0, &mc, NULL), 0);
+	REQUIRE(fi_av_set(av, &sa, &set, NULL), 0);
+	r = fi_join_collective(ep, FI_ADDR_NOTAVAIL, set, 0, &mc, NULL);
+	check(r == 0, "fi_join_collective (%d: %s)", r, fi_strerror(-r));
+	if (r)
+		goto done; /* nothing below can run without the group */
 	uint32_t ev = 0;
 	struct fi_eq_entry ent;
 	EXPECT(fi_eq_sread(eq, &ev, &ent, sizeof ent, 5000, 0), sizeof ent);
