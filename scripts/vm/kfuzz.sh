@@ -14,7 +14,7 @@
 #   scripts/vm/kfuzz.sh [--calls N] [--threads T] [--seed S]
 # Defaults: 1 000 000 calls (`make kfuzz`), 4 threads, a seed from the
 # clock (printed; EMP_KFUZZ_SEED also sets it). The VM suite runs a short
-# run (--calls 50000). docs/fuzzing.md describes the fuzzer.
+# run (--calls 40000). docs/fuzzing.md describes the fuzzer.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"

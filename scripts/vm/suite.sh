@@ -70,8 +70,8 @@ if /bin/busybox rmmod emp 2>/dev/null; then echo "not ok - rmmod with a port ope
 exec 3<&-
 /bin/tap-driver'
 step "driver tests in a guest (tap-driver; rmmod with a port open)" scripts/vm/run.sh "$rmmod_busy"
-show='^# kfuzz: |^# counter |^# kmemleak' step "unprivileged ioctl/mmap fuzzer (tap-kfuzz, ${EMP_KFUZZ_CALLS:-50000} calls as empuser): counters back to 0, kmemleak clean, tap-driver after it" \
-    scripts/vm/kfuzz.sh --calls "${EMP_KFUZZ_CALLS:-50000}"
+show='^# kfuzz: |^# counter |^# kmemleak' step "unprivileged ioctl/mmap fuzzer (tap-kfuzz, ${EMP_KFUZZ_CALLS:-40000} calls as empuser): counters back to 0, kmemleak clean, tap-driver after it" \
+    scripts/vm/kfuzz.sh --calls "${EMP_KFUZZ_CALLS:-40000}"
 show='^# as uid=' step "two guests exchange messages through emp.ko as an ordinary user (tap-p2p, MSI-X events)" \
     scripts/vm/run.sh --vms 2
 coll='EMP_DEVICE=/dev/emp-nic EMP_RANK=$rank EMP_SIZE=$size EMP_ARENA_MB=24 /bin/tap-coll'
