@@ -1027,11 +1027,17 @@ fn random_phase(args: &Args) -> Result<String, String> {
     }
     let counters = shared_counters();
     let t0 = Instant::now();
-    let rounds = args.calls.div_ceil(ROUND_CALLS);
-    let mut done = 0u64;
+    // Rounds run until the calls executed reach --calls: a killed round
+    // stops short of its share, the next ones make up for it.
+    let mut rounds = 0u64;
     let mut killed = 0u64;
     let mut last_report = Instant::now();
-    for r in args.first_round..args.first_round + rounds {
+    for r in args.first_round.. {
+        let done = counters.calls.load(Relaxed);
+        if done >= args.calls {
+            break;
+        }
+        rounds += 1;
         let seed = mix(args.seed, r + 1, 0);
         let calls = ROUND_CALLS.min(args.calls - done);
         // Every third round is killed after a random share of its calls.
@@ -1081,7 +1087,6 @@ fn random_phase(args: &Args) -> Result<String, String> {
         // A killed round's forked children were reparented to us (the
         // subreaper): the round is over only when they are gone too.
         reap_all();
-        done += calls;
         if last_report.elapsed().as_secs() >= 30 {
             last_report = Instant::now();
             let n = counters.calls.load(Relaxed);
@@ -1123,7 +1128,7 @@ fn errno_name(e: i32) -> String {
         (libc::ENOTCONN, "ENOTCONN"),
         (libc::EOPNOTSUPP, "EOPNOTSUPP"),
         (libc::ETIMEDOUT, "ETIMEDOUT"),
-        (libc::ENODEV, "ENODEV"),
+        (libc::ENOSYS, "ENOSYS"),
     ];
     names.iter().find(|(n, _)| *n == e).map(|(_, s)| s.to_string()).unwrap_or_else(|| format!("errno{e}"))
 }
