@@ -416,6 +416,12 @@ fn forged_and_replayed_frames_are_dropped_with_auth(wire: &str, mode: &str) {
     unsafe { libc::close(cap) };
     assert_tap(&outs[0], 10);
     assert!(outs[1].status.success(), "rank 1: {}", String::from_utf8_lossy(&outs[1].stderr));
+    let mut genuine = genuine;
+    if wire == "udp" {
+        // The veth left the UDP checksum to "hardware" (partial): a replay
+        // without one (allowed on IPv4) carries the same datagram.
+        genuine[40..42].copy_from_slice(&[0, 0]);
+    }
     let (_, before) = stats(dir, 1);
     in_netns(&bed.ns[0], || send_raw(&bed.ifs[0], &[genuine.clone(), genuine.clone()]));
     settle(dir, |_, a| a.replayed, before.replayed + 2);
@@ -511,7 +517,6 @@ fn udp_rotation_mid_traffic_loses_nothing_and_a_wrong_key_talks_to_nobody() {
     let outs = wait_tap(spawn_tap(dir, &bed, "rdv3", 8));
     assert!(!outs[0].status.success(), "rank 0 reached a NIC with another key");
     let (w1, a1) = stats(dir, 1);
-    let (_, a0) = stats(dir, 0);
-    assert!(a1.bad_tag > 0 && a0.bad_tag > 0, "dropped as bad tags both ways: {a0:?} {a1:?}");
+    assert!(a1.bad_tag > 0, "rank 0's frames dropped as bad tags: {a1:?}");
     assert_eq!(w1.counter("received"), Some(0), "nothing reached node 1's control program: {w1:?}");
 }
