@@ -260,6 +260,13 @@ fn run(a: Args) -> Result<ExitCode, String> {
         return Err("--ports must be at least 1".into());
     }
     let nodes = p.routes.len() as u16;
+    // Authentication: the key is read before anything starts, so a bad
+    // key file stops the daemon with its reason.
+    let auth = match (p.auth, &p.auth_key) {
+        (AuthMode::Off, _) => None,
+        (mode, Some(path)) => Some(AuthShared::load(mode, path)?),
+        (mode, None) => return Err(format!("auth {:?} without a key file", mode.as_str())),
+    };
     for (name, p) in [("--loss", a.loss), ("--dup", a.dup), ("--reorder", a.reorder)] {
         if !(0.0..1.0).contains(&p) {
             return Err(format!("{name} must be in [0, 1)"));
@@ -293,13 +300,6 @@ fn run(a: Args) -> Result<ExitCode, String> {
         seed: a.seed,
     };
     let local = p.local.clone();
-    // Authentication: the key is read before anything starts, so a bad
-    // key file stops the daemon with its reason.
-    let auth = match (p.auth, &p.auth_key) {
-        (AuthMode::Off, _) => None,
-        (mode, Some(path)) => Some(AuthShared::load(mode, path)?),
-        (mode, None) => return Err(format!("auth {:?} without a key file", mode.as_str())),
-    };
     // The control programs' MTU: the trailer rides in what the wire carries.
     let nic_mtu = if auth.is_some() { p.mtu - TRAILER as u32 } else { p.mtu };
     let new_auth = || auth.as_ref().map(|s| Auth::new(s.clone(), local.len(), nodes as usize));
