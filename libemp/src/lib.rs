@@ -37,7 +37,10 @@ use std::fmt;
 use std::os::fd::RawFd;
 
 pub use atomic::{RemoteWord, Width};
-pub use backend::direct::{nic_counters_at, nic_routes, nic_stats, nic_wire_info, Link, RouteInfo, WireInfo, WireKind};
+pub use backend::direct::{
+    nic_counters_at, nic_routes, nic_stats, nic_wire_auth, nic_wire_info, nic_wire_rekey, Link, RouteInfo, WireAuth,
+    WireInfo, WireKind,
+};
 pub use backend::COUNTERS;
 pub use device::{Device, INTERNAL_WR};
 pub use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};

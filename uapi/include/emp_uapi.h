@@ -820,6 +820,10 @@ struct emp_group_clear {
 /*   WIRE_ROUTES arg[0] first node -> arg[0] = nodes | count << 32,    */
 /*             entry i in arg[1 + 3i ..= 3 + 3i]: IPv6 address (two   */
 /*             big-endian words), udp port | big-endian MAC << 16      */
+/*   WIRE_AUTH reply: auth mode, key ids, refusals in                  */
+/*             arg[EMP_AUTH_REPLY_*]                                   */
+/*   WIRE_REKEY arg[0] EMP_REKEY_INSTALL | EMP_REKEY_SWITCH (daemon's  */
+/*             user or root) -> reply as WIRE_AUTH                     */
 /*                                                                     */
 /* Closing the socket closes the port.                                 */
 /* ------------------------------------------------------------------ */
@@ -838,6 +842,22 @@ struct emp_group_clear {
 #define EMP_ATTACH_OP_STATS_EXT 9U
 #define EMP_ATTACH_OP_WIRE_INFO 10U
 #define EMP_ATTACH_OP_WIRE_ROUTES 11U
+#define EMP_ATTACH_OP_WIRE_AUTH 20U
+#define EMP_ATTACH_OP_WIRE_REKEY 21U
+
+/* WIRE_REKEY steps (arg[0]). */
+#define EMP_REKEY_INSTALL 1
+#define EMP_REKEY_SWITCH 2
+
+/* WIRE_AUTH / WIRE_REKEY reply fields (indices into emp_attach_msg.arg). */
+#define EMP_AUTH_REPLY_MODE 0
+#define EMP_AUTH_REPLY_KEY_ID 1
+#define EMP_AUTH_REPLY_NEXT_KEY_ID 2
+#define EMP_AUTH_REPLY_PREVIOUS_KEY_ID 3
+#define EMP_AUTH_REPLY_BAD_TAG 4
+#define EMP_AUTH_REPLY_UNKNOWN_KEY 5
+#define EMP_AUTH_REPLY_REPLAYED 6
+#define EMP_AUTH_REPLY_TRAILER 7
 
 /* WIRE_INFO reply fields (indices into emp_attach_msg.arg). */
 #define EMP_WIRE_REPLY_KIND 0
