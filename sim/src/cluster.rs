@@ -466,6 +466,12 @@ impl Cluster {
     /// Closes and re-opens port 0 of `node` (a new process: a new port
     /// generation, sequence numbers from 0), keeping its registrations.
     pub fn reopen_port(&mut self, n: u16) {
+        self.reopen_port_mode(n, emp_uapi::sram::match_mode::DEFAULT);
+    }
+
+    /// As [`Cluster::reopen_port`], the port opening in matching mode
+    /// `mode` (`emp_uapi::sram::match_mode`).
+    pub fn reopen_port_mode(&mut self, n: u16, mode: u64) {
         assert_eq!(self.close_port(n), Some(ar::OK));
         let layout = self.world.layout;
         let hp = &mut self.ports[n as usize];
@@ -473,7 +479,7 @@ impl Cluster {
         hp.cq.write(&mut node.mem, 0, &vec![0u8; CQ_ENTRIES as usize * 32]);
         (hp.cq_head, hp.send_prod, hp.recv_prod) = (0, 0, 0);
         reset_port_ctl(&mut node.sram, &layout, 0);
-        admin_post(&mut node.sram, &layout, AdminOp::PortOpen, [0, hp.cq.key as u64, 0, CQ_ENTRIES as u64, 0, 0]);
+        admin_post(&mut node.sram, &layout, AdminOp::PortOpen, [0, hp.cq.key as u64, 0, CQ_ENTRIES as u64, mode, 0]);
         self.world.doorbell_now(n);
         assert_eq!(admin_result(&mut self.world.nodes[n as usize].sram, &layout), Some(ar::OK));
     }

@@ -364,7 +364,7 @@ fn wire_and_desc_enums_round_trip() {
     }
     assert_eq!(n_ops, 13);
     assert_eq!((0..=255u8).filter_map(FrameKind::from_u8).count(), 7);
-    assert_eq!((0..=255u8).filter_map(NackReason::from_u8).count(), 8);
+    assert_eq!((0..=255u8).filter_map(NackReason::from_u8).count(), 9);
     for v in 0..64u32 {
         if let Some(a) = AdminOp::from_u32(v) {
             assert_eq!(a as u32, v);
@@ -405,5 +405,10 @@ fn counter_names() {
     assert_eq!(counter::NAMES[counter::PEERS_RECLAIMED], "peers_reclaimed");
     assert_eq!(counter::NAMES[counter::REMOTE_REFUSED], "remote_refused");
     assert_eq!(counter::NAMES[counter::REMOTE_THROTTLED], "remote_throttled");
-    assert_eq!(counter::REMOTE_THROTTLED + 1, counter::COUNT);
+    assert_eq!(counter::NAMES[counter::UNEXP_EAGER], "unexp_eager");
+    assert_eq!(counter::NAMES[counter::UNEXP_BYTES], "unexp_bytes");
+    assert_eq!(counter::NAMES[counter::UNEXP_RDV], "unexp_rdv");
+    assert_eq!(counter::NAMES[counter::RDV_PULLS], "rdv_pulls");
+    assert_eq!(counter::NAMES[counter::UNEXP_REFUSED_FULL], "unexp_refused_full");
+    assert_eq!(counter::UNEXP_REFUSED_FULL + 1, counter::COUNT);
 }
