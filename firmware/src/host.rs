@@ -221,10 +221,14 @@ impl Nic {
         let ld = LocalDesc::new(d);
         match d.validate() {
             Ok(Opcode::Recv) => {}
+            Ok(Opcode::Probe) => return self.probe(hal, port, &ld),
             _ => return self.bad_descriptor(hal, port, &ld, Opcode::Recv),
         }
         if let Err(st) = self.check_sges(hal, port, ld.sges(), MR_LOCAL_WRITE) {
             return self.complete(hal, port, Completion::of(&ld, Opcode::Recv, st));
+        }
+        if d.flags & emp_uapi::desc::WD_CLAIM != 0 {
+            return self.recv_claimed(hal, now, port, &ld);
         }
         if self.match_unexpected(hal, now, port, &ld) {
             return;

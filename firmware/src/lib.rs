@@ -437,7 +437,9 @@ impl LocalDesc {
     pub(crate) fn new(wd: &WorkDesc) -> LocalDesc {
         let mut wd = *wd;
         wd.num_sge = wd.num_sge.min(SGE_MAX as u8);
-        LocalDesc { signaled: wd.flags & WD_SIGNALED != 0 || wd.opcode == Opcode::Recv as u8, len: wd.total_len(), wd }
+        // Receives and probes always report: their completion is their result.
+        let reports = wd.opcode == Opcode::Recv as u8 || wd.opcode == Opcode::Probe as u8;
+        LocalDesc { signaled: wd.flags & WD_SIGNALED != 0 || reports, len: wd.total_len(), wd }
     }
 
     /// The SGEs naming this port's memory (a remote access's last SGE

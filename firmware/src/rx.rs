@@ -269,6 +269,14 @@ pub(crate) struct Unexpected {
     pub seq: u32,
     /// A receive matched it and its data is being pulled (read slot, stamp).
     pub pull: Option<(u32, u32)>,
+    /// A probe claimed it: only a claimed receive naming this handle
+    /// (`claim_handle`) takes it.
+    pub claimed: Option<u16>,
+}
+
+/// The handle a claiming probe reports for entry `e` claimed with `stamp`.
+pub(crate) fn claim_handle(e: u32, stamp: u16) -> u32 {
+    e << 16 | stamp as u32
 }
 
 /// Bounded table of unexpected entries (eager pool slots + retained headers).
@@ -609,6 +617,7 @@ impl Nic {
             peer,
             seq: hdr.msg_seq,
             pull: None,
+            claimed: None,
         };
         let fits = pool && hdr.frame_count == 1 && msg.total_len <= self.overflow.slot_size as u64;
         if fits && !self.unexp.is_full() {
@@ -686,20 +695,65 @@ impl Nic {
     /// into the receive now; a retained header starts its pull. False when
     /// none matches.
     pub(crate) fn match_unexpected<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &LocalDesc) -> bool {
-        let q = &self.ports[port as usize].unexpected;
-        let Some(i) = q.iter().position(|&e| {
+        match self.find_unexpected(port, d) {
+            Some(e) => {
+                self.take_unexpected(hal, now, port, e, d);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The oldest unexpected entry of `port` that receive or probe `d`
+    /// matches, passing by entries being pulled or claimed.
+    fn find_unexpected(&self, port: u16, d: &LocalDesc) -> Option<u32> {
+        self.ports[port as usize].unexpected.iter().copied().find(|&e| {
             let u = self.unexp.get(e).expect("queued entry is live");
-            u.pull.is_none() && d.matches(u.src_node, u.src_port, u.tag)
-        }) else {
-            return false;
+            u.pull.is_none() && u.claimed.is_none() && d.matches(u.src_node, u.src_port, u.tag)
+        })
+    }
+
+    /// A probe (`Opcode::Probe`): reports the oldest matching unexpected
+    /// message without receiving it; with `WD_CLAIM` claims it.
+    pub(crate) fn probe<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
+        let Some(e) = self.find_unexpected(port, d) else {
+            return self.complete(hal, port, Completion::of(d, Opcode::Probe, Status::NoMessage));
         };
-        let e = q[i];
+        let mut c = Completion::of(d, Opcode::Probe, Status::Success);
+        if d.wd.flags & emp_uapi::desc::WD_CLAIM != 0 {
+            let stamp = self.next_stamp() as u16;
+            self.unexp.get_mut(e).claimed = Some(stamp);
+            c.byte_len = claim_handle(e, stamp);
+        }
+        let u = self.unexp.get(e).expect("found");
+        c.tag = u.tag;
+        c.src_node = u.src_node;
+        c.src_port = u.src_port;
+        c.msg_len = u.total_len.min(u32::MAX as u64) as u32;
+        self.complete(hal, port, c);
+    }
+
+    /// A claimed receive (`WD_CLAIM`, `tag` = the handle): takes exactly
+    /// the entry a probe claimed, else completes `NoMessage`.
+    pub(crate) fn recv_claimed<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &LocalDesc) {
+        let (e, stamp) = ((d.wd.tag >> 16) as u32, d.wd.tag as u16);
+        let ok = self.unexp.get(e).is_some_and(|u| u.port == port && u.claimed == Some(stamp) && u.pull.is_none());
+        if !ok {
+            return self.complete(hal, port, Completion::of(d, Opcode::Recv, Status::NoMessage));
+        }
+        self.take_unexpected(hal, now, port, e, d);
+    }
+
+    /// Receive `d` takes unexpected entry `e`: an eager one is copied and
+    /// completed now, a retained header starts its pull.
+    fn take_unexpected<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, e: u32, d: &LocalDesc) {
         let u = *self.unexp.get(e).expect("found");
         let Some(s) = u.data else {
-            self.rdv_pull(now, port, e, d);
-            return true;
+            return self.rdv_pull(now, port, e, d);
         };
-        self.ports[port as usize].unexpected.remove(i);
+        let q = &mut self.ports[port as usize].unexpected;
+        let i = q.iter().position(|&x| x == e).expect("queued");
+        q.remove(i);
         self.unexp.remove(e);
         let data = core::mem::take(&mut self.overflow.slots[s as usize].data);
         let total = data.len() as u64;
@@ -720,7 +774,6 @@ impl Nic {
         c.src_port = u.src_port;
         c.msg_len = total.min(u32::MAX as u64) as u32;
         self.complete(hal, port, c);
-        true
     }
 
     /// Takes unexpected entry `e` out of its port's queue and the table,

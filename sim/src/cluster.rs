@@ -182,6 +182,39 @@ impl Cluster {
         wr
     }
 
+    /// Posts a probe for an unexpected message matching (`src`, `tag`,
+    /// `ignore`) at `node` (claiming it with `claim`); returns its wr_id.
+    /// Its completion says what was found (`byte_len` = the claim handle).
+    pub fn probe(&mut self, n: u16, src: (u16, u16), tag: u64, ignore: u64, claim: bool) -> u64 {
+        let wr = self.bufs.len() as u64;
+        let flags = if claim { emp_uapi::desc::WD_CLAIM } else { 0 };
+        let d = WorkDesc {
+            opcode: Opcode::Probe as u8,
+            flags,
+            wr_id: wr,
+            node: src.0,
+            port: src.1,
+            tag,
+            ignore,
+            ..WorkDesc::default()
+        };
+        self.bufs.push((n, 0, 0));
+        self.post(n, d, false, 0)
+    }
+
+    /// Posts a receive of up to `len` bytes that takes the message a probe
+    /// claimed with `handle`; returns its wr_id.
+    pub fn recv_claimed(&mut self, n: u16, handle: u32, len: u64) -> u64 {
+        let off = self.alloc(n, len);
+        let key = self.ports[n as usize].data.key;
+        let wr = self.bufs.len() as u64;
+        let mut d = work_desc(Opcode::Recv as u8, wr, 0, 0, handle as u64, 0, key, off, len, 3);
+        d.flags |= emp_uapi::desc::WD_CLAIM;
+        self.bufs.push((n, off, len));
+        self.post(n, d, false, 0);
+        wr
+    }
+
     /// Posts `d`; a send of `copy` bytes costs the host that much copying.
     fn post(&mut self, n: u16, d: WorkDesc, send: bool, copy: u64) -> u64 {
         if send {

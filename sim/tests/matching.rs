@@ -225,3 +225,47 @@ fn test_sender_closing_fails_the_pull_not_hangs() {
     assert_ne!(status(&rc), Status::Success);
     assert_eq!(c.world.nodes[1].nic.occupancy().unexp_entries, 0);
 }
+
+#[test]
+fn test_probe_peeks_and_claim_reserves_one_message() {
+    let mut c = cluster_with(Config::default(), WireConfig::default());
+    let (small, large) = (data(40, 1), data(30_000, 2));
+    let s1 = c.send(0, 1, 3, &small);
+    let s2 = c.send(0, 1, 3, &large);
+    c.run_for(5 * MS);
+    // Nothing matches tag 4: NoMessage, nothing consumed.
+    let p = c.probe(1, (ANY_NODE, ANY_PORT), 4, 0, false);
+    assert_eq!(status(&c.wait(1, p, 10 * MS).unwrap()), Status::NoMessage);
+    // A plain probe sees the oldest of tag 3, twice: it takes nothing.
+    for _ in 0..2 {
+        let p = c.probe(1, (0, 0), 3, 0, false);
+        let pc = c.wait(1, p, 10 * MS).unwrap();
+        assert_eq!((status(&pc), pc.tag, pc.msg_len, pc.src_node), (Status::Success, 3, 40, 0));
+    }
+    // Claim the large one (pass the small one by claiming it first, then
+    // the next probe finds the large one).
+    let p = c.probe(1, (0, 0), 3, 0, true);
+    let first = c.wait(1, p, 10 * MS).unwrap();
+    assert_eq!((status(&first), first.msg_len), (Status::Success, 40));
+    let p = c.probe(1, (ANY_NODE, ANY_PORT), 0, u64::MAX, true);
+    let second = c.wait(1, p, 10 * MS).unwrap();
+    assert_eq!((status(&second), second.msg_len), (Status::Success, 30_000), "a claimed message is passed by");
+    // An ordinary receive now finds nothing: both are claimed.
+    let p = c.probe(1, (ANY_NODE, ANY_PORT), 0, u64::MAX, false);
+    assert_eq!(status(&c.wait(1, p, 10 * MS).unwrap()), Status::NoMessage);
+    // Claimed receives take exactly their messages, the large one first.
+    let r2 = c.recv_claimed(1, second.byte_len, 30_000);
+    let rc = c.wait(1, r2, 100 * MS).unwrap();
+    assert_eq!((status(&rc), rc.byte_len), (Status::Success, 30_000));
+    assert_eq!(c.received(r2, 30_000), large);
+    let r1 = c.recv_claimed(1, first.byte_len, 40);
+    assert_eq!(status(&c.wait(1, r1, 10 * MS).unwrap()), Status::Success);
+    assert_eq!(c.received(r1, 40), small);
+    // A handle used once (or made up) names nothing.
+    let again = c.recv_claimed(1, first.byte_len, 40);
+    assert_eq!(status(&c.wait(1, again, 10 * MS).unwrap()), Status::NoMessage);
+    for s in [s1, s2] {
+        assert_eq!(status(&c.wait(0, s, 100 * MS).unwrap()), Status::Success);
+    }
+    assert_eq!(c.world.nodes[1].nic.occupancy().unexp_entries, 0);
+}

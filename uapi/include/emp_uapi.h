@@ -229,11 +229,13 @@ struct emp_atomic_result {
 #define EMP_OP_RDMA_WRITE 11U
 #define EMP_OP_RDMA_READ 12U
 #define EMP_OP_RECV_RDMA_IMM 13U
+#define EMP_OP_PROBE 14U /* receive ring: peek (or claim) an unexpected message; no SGEs */
 
 /* Work descriptor flags. */
 #define EMP_WD_SIGNALED (1U << 0)
 #define EMP_WD_IMM (1U << 1) /* RDMA_WRITE: tag is immediate data */
-#define EMP_WD_FLAGS_ALL (EMP_WD_SIGNALED | EMP_WD_IMM)
+#define EMP_WD_CLAIM (1U << 2) /* PROBE: claim it; RECV: take the claimed message tag names */
+#define EMP_WD_FLAGS_ALL (EMP_WD_SIGNALED | EMP_WD_IMM | EMP_WD_CLAIM)
 
 /* Completion status codes (emp_cqe.status). */
 #define EMP_STATUS_SUCCESS 0U
@@ -255,6 +257,7 @@ struct emp_atomic_result {
 #define EMP_STATUS_INVALID_OP 16U         /* datatype and operation do not combine */
 #define EMP_STATUS_COLL_MISMATCH 17U      /* members disagree on the collective */
 #define EMP_STATUS_REMOTE_ACCESS_ERROR 18U /* target refused a remote atomic */
+#define EMP_STATUS_NO_MESSAGE 19U /* probe found nothing; claimed receive names nothing */
 
 /* Completion flag: owner (phase) bit, flips each time the CQ wraps. */
 #define EMP_CQE_PHASE (1U << 0)
