@@ -27,6 +27,7 @@ pub mod host_atomics;
 mod map;
 pub mod mcs;
 mod pmix;
+mod probe;
 pub mod rdv;
 mod ring;
 pub mod rma;
@@ -50,6 +51,7 @@ pub use emp_uapi::desc::{
 };
 pub use emp_uapi::{ANY_NODE, ANY_PORT};
 pub use group::{CostModel, Group, GroupOpts};
+pub use probe::{Claim, Probed};
 
 /// An endpoint: (node, port).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

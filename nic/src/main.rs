@@ -17,7 +17,7 @@ use emp_nic::route::RouteTable;
 use emp_nic::wire::auth::{Auth, AuthMode, AuthShared, TRAILER};
 use emp_nic::wire::{Faults, MemWire, PacketOptions, PacketWire, UdpWire, Wire, WireKindInfo, WireView};
 use emp_uapi::fwabi::FwConfig;
-use emp_uapi::sram::{LayoutParams, NicStatus, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
+use emp_uapi::sram::{LayoutParams, NicStatus, FEATURE_MODIFIED_ACK_NACK, FEATURE_ORDERED_REFUSAL, FEATURE_OVERFLOW};
 
 #[derive(Parser, Debug)]
 #[command(name = "emp-nicd", about = "Emulated EMP NICs: a chassis of NICs running signed firmware")]
@@ -85,9 +85,17 @@ struct Args {
     /// Overflow buffer slots for small unexpected messages.
     #[arg(long, default_value_t = 0)]
     overflow: u32,
-    /// Use PM's Modified ACK/NACK flow control.
+    /// Use PM's Modified ACK/NACK flow control (its ports refuse unexpected
+    /// messages in order, whatever `--matching` says).
     #[arg(long)]
     modified_ack_nack: bool,
+    /// What a port does with a message no posted receive matches:
+    /// `unexpected` holds it (small ones with their payload, others as a
+    /// header whose data is pulled when a receive matches) and later
+    /// messages go on; `ordered-refusal` refuses it and holds every later
+    /// message from its sender behind it (the EMP thesis' and PM's rule).
+    #[arg(long, value_enum, default_value_t = Matching::Unexpected)]
+    matching: Matching,
     /// NIC CPU plan (EMP thesis ch. 3): how the control program's steps are
     /// split over two NIC CPUs.
     #[arg(long, value_enum, default_value_t = Plan::Base)]
@@ -126,6 +134,13 @@ struct Args {
     /// Write the pid here once every NIC is serving.
     #[arg(long)]
     pidfile: Option<PathBuf>,
+}
+
+/// `--matching`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Matching {
+    Unexpected,
+    OrderedRefusal,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -361,6 +376,9 @@ fn run(a: Args) -> Result<ExitCode, String> {
     }
     if a.modified_ack_nack {
         features |= FEATURE_MODIFIED_ACK_NACK;
+    }
+    if matches!(a.matching, Matching::OrderedRefusal) {
+        features |= FEATURE_ORDERED_REFUSAL;
     }
     let mut nics = Vec::new();
     let mut failed = 0;
