@@ -103,6 +103,10 @@ pub struct SoakArgs {
     /// Inject a fault the soak must catch (a self-check).
     #[arg(long, value_enum, hide = true)]
     pub inject: Option<Inject>,
+    /// Seconds after which a rank reports an operation still outstanding
+    /// as hung (the NIC gives up on a dead peer after ~3 s).
+    #[arg(long, default_value_t = 30, hide = true)]
+    pub op_deadline: u64,
 }
 
 /// `emp soak-rank` options (given by the soak).
@@ -120,6 +124,9 @@ pub struct RankArgs {
     /// Fault to inject.
     #[arg(long, value_enum)]
     pub inject: Option<Inject>,
+    /// Seconds before an outstanding operation is reported hung.
+    #[arg(long, default_value_t = 30)]
+    pub op_deadline: u64,
 }
 
 /// Counters a rank reports in its STAT lines, summed over incarnations.
@@ -235,8 +242,8 @@ pub fn soak(a: &SoakArgs) -> Result<(), String> {
     if !(a.minutes > 0.0) || a.kill_interval < 0.0 || a.coll_interval < 0.0 {
         return Err("--minutes must be > 0, --kill-interval and --coll-interval >= 0".into());
     }
-    if a.max_msg == 0 {
-        return Err("--max-msg must be > 0".into());
+    if a.max_msg == 0 || a.op_deadline == 0 {
+        return Err("--max-msg and --op-deadline must be > 0".into());
     }
     let seed = a.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
@@ -305,7 +312,7 @@ impl Soak {
         let mut cmd = Command::new(&self.exe);
         cmd.arg("soak-rank")
             .args(["--seed", &self.seed.to_string(), "--incarnation", &inc.to_string()])
-            .args(["--max-msg", &self.a.max_msg.to_string()])
+            .args(["--max-msg", &self.a.max_msg.to_string(), "--op-deadline", &self.a.op_deadline.to_string()])
             .args(self.a.inject.map(|i| format!("--inject={}", i.to_possible_value().expect("named").get_name())))
             .env("EMP_DEVICE", cluster::socket(&self.dir, rank as u16))
             .env("EMP_RANK", rank.to_string())

@@ -43,10 +43,7 @@ const COLL_OPS: usize = 6;
 const BCAST_MAX: usize = 64 << 10;
 /// Largest reduction, in u64 elements.
 const REDUCE_MAX: usize = 512;
-/// An operation outstanding longer than this is reported as hung (the
-/// NIC's retry budget is ~3 s, so a live peer or a dead one ends it long before).
-const OP_DEADLINE: Duration = Duration::from_secs(30);
-/// How long the stop and final checks wait.
+/// How long the final check waits for messages senders saw complete.
 const PHASE_DEADLINE: Duration = Duration::from_secs(30);
 /// How long a message from an incarnation not announced yet waits for
 /// the soak's announcement.
@@ -160,6 +157,9 @@ struct Rank {
     seed: u64,
     max_msg: usize,
     inject: Option<Inject>,
+    /// An operation outstanding longer than this is reported as hung (the
+    /// NIC's retry budget is ~3 s: it ends one to a live or dead peer long before).
+    op_deadline: Duration,
     dev: Device,
     rng: Rng,
     control: Receiver<String>,
@@ -233,6 +233,7 @@ pub fn rank(a: &RankArgs) -> Result<(), String> {
         seed: a.seed,
         max_msg,
         inject: a.inject,
+        op_deadline: Duration::from_secs(a.op_deadline),
         rng: Rng::new(mix(&[a.seed, job.rank as u64, a.incarnation])),
         control,
         out: std::io::stdout(),
@@ -885,13 +886,14 @@ impl Rank {
         let now = Instant::now();
         let mut hung = Vec::new();
         for (wr, p) in self.pending.iter_mut() {
-            if !matches!(p.op, Op::Recv { .. }) && !p.hang_reported && now.duration_since(p.posted) > OP_DEADLINE {
+            if !matches!(p.op, Op::Recv { .. }) && !p.hang_reported && now.duration_since(p.posted) > self.op_deadline {
                 p.hang_reported = true;
                 hung.push((*wr, format!("{:?}", p.op)));
             }
         }
+        let deadline = self.op_deadline;
         for (wr, op) in hung {
-            self.say(format_args!("ERR hang any - work request {wr} outstanding over {OP_DEADLINE:?}: {op}"));
+            self.say(format_args!("ERR hang any - work request {wr} outstanding over {deadline:?}: {op}"));
             let stuck_round = self.round.as_ref().filter(|r| r.pending == Some(wr)).map(|r| r.round);
             if stuck_round.is_some() {
                 self.end_round(false, "hung");
@@ -903,11 +905,12 @@ impl Rank {
         match self.phase {
             Phase::Stopping(since) => {
                 let busy = self.pending.values().any(|p| !matches!(p.op, Op::Recv { .. }) && !p.hang_reported);
-                if busy && since.elapsed() < PHASE_DEADLINE {
+                let deadline = self.op_deadline;
+                if busy && since.elapsed() < deadline {
                     return;
                 }
                 if busy {
-                    self.say(format_args!("ERR hang any - operations still outstanding {PHASE_DEADLINE:?} after STOP"));
+                    self.say(format_args!("ERR hang any - operations still outstanding {deadline:?} after STOP"));
                 }
                 let mut sent: Vec<_> = self.sent_ok.iter().map(|(&k, &v)| (k, v)).collect();
                 sent.sort();
