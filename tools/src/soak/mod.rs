@@ -218,16 +218,22 @@ struct Soak {
     started: bool,
 }
 
-/// Stops the chassis and removes its directory, on every path (the
-/// ranks are killed by `soak` before this drops).
+/// Stops the chassis on every path (the ranks are killed by `soak` before
+/// this drops) and removes its directory, unless the soak failed: then the
+/// NICs' logs stay there for the post-mortem.
 struct Cleanup {
     dir: PathBuf,
+    keep: bool,
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let _ = cluster::down(&self.dir);
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.keep {
+            eprintln!("emp soak: the NICs' logs are kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -264,7 +270,7 @@ pub fn soak(a: &SoakArgs) -> Result<(), String> {
         nicd_args: None,
     };
     let note = cluster::start(&dir, &up)?;
-    let _cleanup = Cleanup { dir: dir.clone() };
+    let mut cleanup = Cleanup { dir: dir.clone(), keep: false };
     say(a, format_args!("emp soak: {note}; seed {seed}; loss {}; {} ranks; {} min", a.loss, a.ranks, a.minutes));
     let (lines_tx, lines) = mpsc::sync_channel(LINE_QUEUE);
     let mut s = Soak {
@@ -295,6 +301,7 @@ pub fn soak(a: &SoakArgs) -> Result<(), String> {
             let _ = c.wait();
         }
     }
+    cleanup.keep = result.is_err();
     result
 }
 
@@ -751,11 +758,14 @@ impl Soak {
                 unexpected == 0
             );
         } else {
-            println!("emp soak: seed {} — {:.1} s, {} ranks, loss {}", self.seed, elapsed.as_secs_f64(), self.a.ranks, self.a.loss);
             println!(
-                "  operations {ops}, bytes verified {bytes} ({:.1} MiB)",
-                bytes as f64 / (1 << 20) as f64
+                "emp soak: seed {} — {:.1} s, {} ranks, loss {}",
+                self.seed,
+                elapsed.as_secs_f64(),
+                self.a.ranks,
+                self.a.loss
             );
+            println!("  operations {ops}, bytes verified {bytes} ({:.1} MiB)", bytes as f64 / (1 << 20) as f64);
             println!(
                 "  point-to-point: {} sends ({} B), {} receives ({} B)",
                 t("sends"),

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use emp::rdv::Job;
 use emp::{
-    BarrierAlgo, Buffer, Completion, Device, Dtype, Endpoint, Group, GroupOpts, ReduceOp, RemoteAddr,
-    RemoteKey, RemoteWord, Status, Width, ANY, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE,
+    BarrierAlgo, Buffer, Completion, Device, Dtype, Endpoint, Group, GroupOpts, ReduceOp, RemoteAddr, RemoteKey,
+    RemoteWord, Status, Width, ANY, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE,
 };
 
 use super::verify::{check_message, fill, first_mismatch, mix, MsgId, OrderCheck, Rng, CLASSES, SEQ_MAX};
@@ -78,7 +78,10 @@ struct Shadow {
 #[derive(Clone, Copy, Debug)]
 enum AtomicKind {
     FetchAdd(u64),
-    CmpSwap { compare: u64, swap: u64 },
+    CmpSwap {
+        compare: u64,
+        swap: u64,
+    },
     /// `fetch_add(0)` after a failure: takes the value, checks nothing.
     Resync,
 }
@@ -93,13 +96,44 @@ enum CollKind {
 
 #[derive(Debug)]
 enum Op {
-    Send { slot: usize, dst: usize, dinc: u64, len: usize },
+    Send {
+        slot: usize,
+        dst: usize,
+        dinc: u64,
+        len: usize,
+    },
     /// `posted`: this receive's number among its class's, in posting order.
-    Recv { slot: usize, class: u64, posted: u64 },
-    Write { t: usize, tinc: u64, off: usize, len: usize, seed: u64, local: usize },
-    Read { t: usize, tinc: u64, off: usize, len: usize, local: usize },
-    Atomic { t: usize, tinc: u64, kind: AtomicKind, local: usize },
-    Coll { round: u64, kind: CollKind, index: usize },
+    Recv {
+        slot: usize,
+        class: u64,
+        posted: u64,
+    },
+    Write {
+        t: usize,
+        tinc: u64,
+        off: usize,
+        len: usize,
+        seed: u64,
+        local: usize,
+    },
+    Read {
+        t: usize,
+        tinc: u64,
+        off: usize,
+        len: usize,
+        local: usize,
+    },
+    Atomic {
+        t: usize,
+        tinc: u64,
+        kind: AtomicKind,
+        local: usize,
+    },
+    Coll {
+        round: u64,
+        kind: CollKind,
+        index: usize,
+    },
 }
 
 struct Pending {
@@ -567,11 +601,7 @@ impl Rank {
         match p.op {
             Op::Send { slot, dst, dinc, len } => {
                 self.send_completions += 1;
-                if ok
-                    && self.inject == Some(Inject::LoseSend)
-                    && self.me == 1
-                    && self.send_completions == INJECT_AT
-                {
+                if ok && self.inject == Some(Inject::LoseSend) && self.me == 1 && self.send_completions == INJECT_AT {
                     // Never taken: the send looks outstanding forever.
                     self.pending.insert(c.wr_id, Pending { op: Op::Send { slot, dst, dinc, len }, ..p });
                     return Ok(());
@@ -588,7 +618,8 @@ impl Rank {
             Op::Recv { slot, class, posted } => {
                 if ok {
                     self.received_total += 1;
-                    let lose = self.inject == Some(Inject::LoseRecv) && self.me == 2 && self.received_total == INJECT_AT;
+                    let lose =
+                        self.inject == Some(Inject::LoseRecv) && self.me == 2 && self.received_total == INJECT_AT;
                     if !lose {
                         self.check_recv(c, slot, class, posted)?;
                     }
@@ -642,7 +673,8 @@ impl Rank {
             }
             Op::Atomic { t, tinc, kind, local } => {
                 self.atomic_free.push(local);
-                let word = u64::from_le_bytes(self.atomic_buf.as_slice()[local * 8..local * 8 + 8].try_into().expect("8"));
+                let word =
+                    u64::from_le_bytes(self.atomic_buf.as_slice()[local * 8..local * 8 + 8].try_into().expect("8"));
                 let mut bad = None;
                 if let Some(sh) = self.shadows[t].as_mut().filter(|s| s.inc == tinc) {
                     sh.busy = false;
@@ -685,7 +717,10 @@ impl Rank {
         };
         let (src, sinc) = (id.src as usize, id.src_inc);
         if id.class != class {
-            self.say(format_args!("ERR verify recv peer={src}/{sinc} class {} matched a class {class} receive", id.class));
+            self.say(format_args!(
+                "ERR verify recv peer={src}/{sinc} class {} matched a class {class} receive",
+                id.class
+            ));
         }
         // Its sender may be a replacement the soak has not announced here yet.
         let until = Instant::now() + PEER_WAIT;
@@ -746,7 +781,8 @@ impl Rank {
         let id = (round % (u32::MAX as u64 - 1)) as u32 + 1;
         match self.dev.create_group(id, members, &opts) {
             Ok(group) => {
-                self.round = Some(Round { round, group, plan: Rng::new(mix(&[3, self.seed, round])), next: 0, pending: None });
+                self.round =
+                    Some(Round { round, group, plan: Rng::new(mix(&[3, self.seed, round])), next: 0, pending: None });
                 self.next_coll();
             }
             Err(e) => {
@@ -772,9 +808,15 @@ impl Rank {
         let n = rd.group.size() as u64;
         let kind = match rd.plan.range(0, 3) {
             0 => CollKind::Barrier,
-            1 => CollKind::Bcast { root: rd.plan.range(0, n - 1) as usize, len: rd.plan.range(1, BCAST_MAX as u64) as usize },
+            1 => CollKind::Bcast {
+                root: rd.plan.range(0, n - 1) as usize,
+                len: rd.plan.range(1, BCAST_MAX as u64) as usize,
+            },
             2 => CollKind::Allreduce { count: rd.plan.range(1, REDUCE_MAX as u64) as usize },
-            _ => CollKind::Reduce { root: rd.plan.range(0, n - 1) as usize, count: rd.plan.range(1, REDUCE_MAX as u64) as usize },
+            _ => CollKind::Reduce {
+                root: rd.plan.range(0, n - 1) as usize,
+                count: rd.plan.range(1, REDUCE_MAX as u64) as usize,
+            },
         };
         let (round, index) = (rd.round, rd.next);
         rd.next += 1;
