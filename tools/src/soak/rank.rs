@@ -43,8 +43,10 @@ const COLL_OPS: usize = 6;
 const BCAST_MAX: usize = 64 << 10;
 /// Largest reduction, in u64 elements.
 const REDUCE_MAX: usize = 512;
-/// How long the final check waits for messages senders saw complete.
-const PHASE_DEADLINE: Duration = Duration::from_secs(30);
+/// How long the final check waits for messages senders saw complete (a
+/// send completes once the receiving NIC has the message, so they are there
+/// within moments).
+const PHASE_DEADLINE: Duration = Duration::from_secs(10);
 /// How long a message from an incarnation not announced yet waits for
 /// the soak's announcement.
 const PEER_WAIT: Duration = Duration::from_secs(10);
@@ -136,6 +138,17 @@ enum Op {
     },
 }
 
+impl Op {
+    /// The peer incarnation an operation targets (not receives or collectives).
+    fn peer(&self) -> Option<(usize, u64)> {
+        match *self {
+            Op::Send { dst, dinc, .. } => Some((dst, dinc)),
+            Op::Write { t, tinc, .. } | Op::Read { t, tinc, .. } | Op::Atomic { t, tinc, .. } => Some((t, tinc)),
+            Op::Recv { .. } | Op::Coll { .. } => None,
+        }
+    }
+}
+
 struct Pending {
     op: Op,
     posted: Instant,
@@ -212,6 +225,8 @@ struct Rank {
     order: HashMap<(usize, u64, u64), OrderCheck>,
     /// Receives posted so far, per class.
     recv_posted: [u64; CLASSES as usize],
+    /// Peer incarnations an operation of this rank has succeeded on.
+    reached: std::collections::HashSet<(usize, u64)>,
     /// Messages verified per (sender, its incarnation).
     received: HashMap<(usize, u64), u64>,
     expected: Vec<((usize, u64), u64)>,
@@ -277,6 +292,7 @@ pub fn rank(a: &RankArgs) -> Result<(), String> {
         next_seq: vec![0; job.size],
         sent_ok: HashMap::new(),
         order: HashMap::new(),
+        reached: Default::default(),
         recv_posted: [0; CLASSES as usize],
         received: HashMap::new(),
         expected: Vec::new(),
@@ -586,6 +602,16 @@ impl Rank {
         Ok(())
     }
 
+    /// What an error line adds when no operation on this peer incarnation
+    /// has succeeded yet (the soak judges RemotePortClosed by it).
+    fn first_word(&self, t: usize, tinc: u64) -> &'static str {
+        if self.reached.contains(&(t, tinc)) {
+            ""
+        } else {
+            " first-to-incarnation"
+        }
+    }
+
     /// The shadow of peer `t`'s window if it still is incarnation `tinc`'s.
     fn shadow(&mut self, t: usize, tinc: u64) -> Option<&mut Shadow> {
         self.shadows[t].as_mut().filter(|s| s.inc == tinc)
@@ -598,6 +624,11 @@ impl Rank {
         };
         let ok = c.status == Status::Success;
         let st = format!("{:?}", c.status);
+        if ok {
+            if let Some(peer) = p.op.peer() {
+                self.reached.insert(peer);
+            }
+        }
         match p.op {
             Op::Send { slot, dst, dinc, len } => {
                 self.send_completions += 1;
@@ -612,7 +643,8 @@ impl Rank {
                     self.counts.sends += 1;
                     self.counts.send_bytes += len as u64;
                 } else {
-                    self.say(format_args!("ERR status:{st} send peer={dst}/{dinc} {len} bytes"));
+                    let first = self.first_word(dst, dinc);
+                    self.say(format_args!("ERR status:{st} send peer={dst}/{dinc} {len} bytes{first}"));
                 }
             }
             Op::Recv { slot, class, posted } => {
@@ -645,7 +677,8 @@ impl Rank {
                     self.counts.writes += 1;
                     self.counts.write_bytes += len as u64;
                 } else {
-                    self.say(format_args!("ERR status:{st} write peer={t}/{tinc} {len} bytes"));
+                    let first = self.first_word(t, tinc);
+                    self.say(format_args!("ERR status:{st} write peer={t}/{tinc} {len} bytes{first}"));
                 }
             }
             Op::Read { t, tinc, off, len, local } => {
@@ -662,7 +695,8 @@ impl Rank {
                     self.counts.reads += 1;
                     self.counts.read_bytes += len as u64;
                 } else {
-                    self.say(format_args!("ERR status:{st} read peer={t}/{tinc} {len} bytes"));
+                    let first = self.first_word(t, tinc);
+                    self.say(format_args!("ERR status:{st} read peer={t}/{tinc} {len} bytes{first}"));
                 }
                 if let Some(at) = bad {
                     self.say(format_args!(
@@ -699,7 +733,8 @@ impl Rank {
                         self.counts.atomics += 1;
                     }
                 } else {
-                    self.say(format_args!("ERR status:{st} atomic peer={t}/{tinc} {kind:?}"));
+                    let first = self.first_word(t, tinc);
+                    self.say(format_args!("ERR status:{st} atomic peer={t}/{tinc} {kind:?}{first}"));
                 }
                 if let Some(why) = bad {
                     self.say(format_args!("ERR verify atomic peer={t}/{tinc} {kind:?}: {why}"));
