@@ -250,6 +250,18 @@ impl Nic {
         }
     }
 
+    /// The process that owed `peer`'s reads their responses is gone (its
+    /// port answered "closed", or a new incarnation spoke from it): reads
+    /// whose request it acknowledged fail `RemotePortClosed` now instead of
+    /// after the idle timeout (`rx_idle_timeout_ns`, 30 s). Found by `emp soak`.
+    pub(crate) fn rma_abort_reads<H: Hal>(&mut self, hal: &mut H, peer: u32) {
+        let owed: Vec<u32> =
+            self.rma_reads.iter().filter(|(_, r)| r.peer == peer && r.timer != 0).map(|(s, _)| s).collect();
+        for s in owed {
+            self.read_finish(hal, s, Status::RemotePortClosed);
+        }
+    }
+
     /// The port closes: its reads complete `Flushed` (their send records
     /// and receive records were flushed first).
     pub(crate) fn rma_flush_port<H: Hal>(&mut self, hal: &mut H, port: u16) {

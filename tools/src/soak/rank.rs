@@ -52,6 +52,11 @@ const PHASE_DEADLINE: Duration = Duration::from_secs(10);
 const PEER_WAIT: Duration = Duration::from_secs(10);
 /// Between two STAT lines.
 const STAT_EVERY: Duration = Duration::from_millis(500);
+/// After a remote access is refused, how long this rank leaves that peer's
+/// window alone: a refused key is usually a dead incarnation's, and the
+/// target NIC throttles a source refused 16 times in a second for 2 s
+/// (its key-guessing guard), which would refuse the replacement's key too.
+const REFUSAL_PAUSE: Duration = Duration::from_secs(3);
 /// Which message an injected fault hits (the N-th of its kind).
 const INJECT_AT: u64 = 50;
 
@@ -216,6 +221,8 @@ struct Rank {
     /// can still arrive).
     history: HashMap<(usize, u64), Endpoint>,
     shadows: Vec<Option<Shadow>>,
+    /// Per peer: no remote access before then (see `REFUSAL_PAUSE`).
+    rma_paused: Vec<Option<Instant>>,
     next_seq: Vec<u64>,
     /// Sends completed successfully, per (receiver, its incarnation).
     sent_ok: HashMap<(usize, u64), u64>,
@@ -289,6 +296,7 @@ pub fn rank(a: &RankArgs) -> Result<(), String> {
         peers: vec![None; job.size],
         history: HashMap::new(),
         shadows: (0..job.size).map(|_| None).collect(),
+        rma_paused: vec![None; job.size],
         next_seq: vec![0; job.size],
         sent_ok: HashMap::new(),
         order: HashMap::new(),
@@ -414,6 +422,7 @@ impl Rank {
                 if self.peers[rank].is_none_or(|p| p.inc < inc) {
                     self.peers[rank] = Some(Peer { inc, ep, key });
                     self.next_seq[rank] = 0;
+                    self.rma_paused[rank] = None;
                     // A window this rank's predecessor may have written to
                     // (one announced before GO, when this is a replacement)
                     // is unknown until written whole; a new one is zeros.
@@ -544,6 +553,9 @@ impl Rank {
                 }
             };
         }
+        if self.rma_paused[t].is_some_and(|until| Instant::now() < until) {
+            return Ok(());
+        }
         let Some(sh) = self.shadows[t].as_mut().filter(|s| !s.busy && s.inc == peer.inc) else { return Ok(()) };
         let base = self.me * WINDOW_SLOT;
         if what < 80 {
@@ -624,9 +636,11 @@ impl Rank {
         };
         let ok = c.status == Status::Success;
         let st = format!("{:?}", c.status);
-        if ok {
-            if let Some(peer) = p.op.peer() {
+        if let Some(peer) = p.op.peer() {
+            if ok {
                 self.reached.insert(peer);
+            } else if c.status == Status::RemoteAccessError {
+                self.rma_paused[peer.0] = Some(Instant::now() + REFUSAL_PAUSE);
             }
         }
         match p.op {
