@@ -24,7 +24,9 @@
 //!   initiator stores that data into the read's local buffer and completes
 //!   the read (`RdmaRead`) when all of it is in. A read whose response does
 //!   not arrive within `rx_idle_timeout_ns` of its request's
-//!   acknowledgement fails `RetryLimitExceeded` (the target gave up).
+//!   acknowledgement fails `RetryLimitExceeded` (the target gave up); one
+//!   whose target's process is seen gone first (its port answers "closed",
+//!   or a new incarnation speaks from it) fails `RemotePortClosed` then.
 //!
 //! A refusal is a NACK `RemoteAccess` of the message's header frame: the
 //! target leaves its memory untouched and does not take the message, the

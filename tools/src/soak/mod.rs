@@ -181,7 +181,12 @@ struct ErrorCounts {
     unexpected: BTreeMap<String, u64>,
     /// The first unexpected ones, verbatim (rank/incarnation: line).
     samples: Vec<String>,
+    /// Unexpected ones printed as they came (the rest only counted).
+    printed: u64,
 }
+
+/// Unexpected errors printed as they come; the summary counts them all.
+const PRINT_UNEXPECTED: u64 = 100;
 
 impl ErrorCounts {
     fn add(&mut self, kind: &str, expected: bool, who: &str, line: &str) {
@@ -192,7 +197,12 @@ impl ErrorCounts {
             if self.samples.len() < 20 {
                 self.samples.push(format!("{who}: {line}"));
             }
-            eprintln!("emp soak: UNEXPECTED {who}: {line}");
+            self.printed += 1;
+            if self.printed <= PRINT_UNEXPECTED {
+                eprintln!("emp soak: UNEXPECTED {who}: {line}");
+            } else if self.printed == PRINT_UNEXPECTED + 1 {
+                eprintln!("emp soak: more unexpected errors: counted, not printed");
+            }
         }
     }
 
@@ -222,6 +232,8 @@ struct Soak {
     kills: u64,
     restarts: u64,
     started: bool,
+    /// A rank exited by itself: the job is broken, the soak ends at once.
+    broken: bool,
 }
 
 /// Stops the chassis on every path (the ranks are killed by `soak` before
@@ -251,7 +263,11 @@ pub fn soak(a: &SoakArgs) -> Result<(), String> {
     if !(0.0..0.5).contains(&a.loss) {
         return Err("--loss must be in [0, 0.5)".into());
     }
-    if !(a.minutes > 0.0) || a.kill_interval < 0.0 || a.coll_interval < 0.0 {
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(a.minutes)
+        || !(a.kill_interval == 0.0 || positive(a.kill_interval))
+        || !(a.coll_interval == 0.0 || positive(a.coll_interval))
+    {
         return Err("--minutes must be > 0, --kill-interval and --coll-interval >= 0".into());
     }
     if a.max_msg == 0 || a.op_deadline == 0 {
@@ -299,6 +315,7 @@ pub fn soak(a: &SoakArgs) -> Result<(), String> {
         kills: 0,
         restarts: 0,
         started: false,
+        broken: false,
     };
     let result = s.run();
     for w in &mut s.workers {
@@ -307,7 +324,8 @@ pub fn soak(a: &SoakArgs) -> Result<(), String> {
             let _ = c.wait();
         }
     }
-    cleanup.keep = result.is_err();
+    // A self-check's failure is the point: nothing to look at afterwards.
+    cleanup.keep = result.is_err() && a.inject.is_none();
     result
 }
 
@@ -398,6 +416,9 @@ impl Soak {
         let mut next_coll = (self.a.coll_interval > 0.0).then(|| t0 + exp(&mut rng, self.a.coll_interval));
         // Traffic, kills and rounds until the time is up.
         while t0.elapsed() < traffic || !self.started {
+            if self.broken {
+                return self.give_up(t0.elapsed());
+            }
             if !self.started && t0.elapsed() > END_PHASE {
                 return Err("the ranks did not all start (no HELLO) within 60 s".into());
             }
@@ -425,6 +446,9 @@ impl Soak {
         // Let the last replacements start and the last round end.
         let end = Instant::now() + END_PHASE;
         while self.workers.iter().any(|w| w.respawn_at.is_some() || w.hello.is_none()) || self.round.is_some() {
+            if self.broken {
+                return self.give_up(t0.elapsed());
+            }
             if Instant::now() > end {
                 self.errors.add("hang", false, "soak", "the last replacement or collective round did not finish");
                 break;
@@ -438,6 +462,9 @@ impl Soak {
             self.send(r, "STOP");
         }
         self.wait_all("STOPPED", |w| w.stopped)?;
+        if self.broken {
+            return self.give_up(t0.elapsed());
+        }
         let mut expect: Vec<Vec<String>> = vec![Vec::new(); n];
         for src in 0..n {
             let sinc = self.workers[src].inc;
@@ -459,6 +486,9 @@ impl Soak {
             self.send(dst, "CHECK");
         }
         self.wait_all("FINAL", |w| w.final_seen)?;
+        if self.broken {
+            return self.give_up(t0.elapsed());
+        }
         let nic = self.nic_counters();
         for r in 0..n {
             self.send(r, "EXIT");
@@ -484,10 +514,25 @@ impl Soak {
         self.report(elapsed, &nic)
     }
 
+    /// Ends a broken soak: the ranks are killed, the NICs' counters read,
+    /// the summary printed (a failure).
+    fn give_up(&mut self, elapsed: Duration) -> Result<(), String> {
+        eprintln!("emp soak: a rank exited by itself; stopping");
+        for w in &mut self.workers {
+            if let Some(mut c) = w.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            self.ended_stats.push(std::mem::take(&mut w.stat));
+        }
+        let nic = self.nic_counters();
+        self.report(elapsed, &nic)
+    }
+
     /// Waits until every rank has reached a phase, taking lines meanwhile.
     fn wait_all(&mut self, what: &str, done: impl Fn(&Worker) -> bool) -> Result<(), String> {
         let end = Instant::now() + END_PHASE;
-        while !self.workers.iter().all(&done) {
+        while !self.workers.iter().all(&done) && !self.broken {
             if Instant::now() > end {
                 let late: Vec<String> =
                     (0..self.workers.len()).filter(|&r| !done(&self.workers[r])).map(|r| r.to_string()).collect();
@@ -643,6 +688,7 @@ impl Soak {
                     let st = c.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
                     self.errors.add("exit", false, &who, &format!("the rank exited by itself: {st}"));
                     w.stdin = None;
+                    self.broken = true;
                 }
             }
             _ => self.errors.add("protocol", false, &who, line),
