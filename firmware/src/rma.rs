@@ -24,9 +24,7 @@
 //!   initiator stores that data into the read's local buffer and completes
 //!   the read (`RdmaRead`) when all of it is in. A read whose response does
 //!   not arrive within `rx_idle_timeout_ns` of its request's
-//!   acknowledgement fails `RetryLimitExceeded` (the target gave up); one
-//!   whose target's process is seen gone first (its port answers "closed",
-//!   or a new incarnation speaks from it) fails `RemotePortClosed` then.
+//!   acknowledgement fails `RetryLimitExceeded` (the target gave up).
 //!
 //! A refusal is a NACK `RemoteAccess` of the message's header frame: the
 //! target leaves its memory untouched and does not take the message, the
@@ -249,18 +247,6 @@ impl Nic {
     pub(crate) fn read_resp_done<H: Hal>(&mut self, hal: &mut H, slot: u32, stamp: u32, error: Option<Status>) {
         if self.rma_reads.get(slot).is_some_and(|r| r.stamp == stamp) {
             self.read_finish(hal, slot, error.unwrap_or(Status::Success));
-        }
-    }
-
-    /// The process that owed `peer`'s reads their responses is gone (its
-    /// port answered "closed", or a new incarnation spoke from it): reads
-    /// whose request it acknowledged fail `RemotePortClosed` now instead of
-    /// after the idle timeout (`rx_idle_timeout_ns`, 30 s). Found by `emp soak`.
-    pub(crate) fn rma_abort_reads<H: Hal>(&mut self, hal: &mut H, peer: u32) {
-        let owed: Vec<u32> =
-            self.rma_reads.iter().filter(|(_, r)| r.peer == peer && r.timer != 0).map(|(s, _)| s).collect();
-        for s in owed {
-            self.read_finish(hal, s, Status::RemotePortClosed);
         }
     }
 

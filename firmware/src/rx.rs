@@ -490,7 +490,6 @@ impl Nic {
                 while let Some(&r) = self.peer(peer).rx_active.first() {
                     self.finish_rx(hal, now, r, Some(Status::SenderAborted));
                 }
-                self.rma_abort_reads(hal, peer);
                 let p = self.peer_mut(peer);
                 p.rx_gen = Some(hdr.src_gen);
                 p.rx_gen_ns = now;

@@ -527,7 +527,6 @@ impl Nic {
             while let Some(&slot) = self.peer(peer).tx_queue.front() {
                 self.finish_tx(hal, now, slot, Status::RemotePortClosed);
             }
-            self.rma_abort_reads(hal, peer);
             self.peer_mut(peer).remote_gen = 0;
             return;
         }

@@ -110,8 +110,9 @@ pub struct SoakArgs {
     #[arg(long)]
     pub strict_endpoints: bool,
     /// Seconds after which a rank reports an operation still outstanding
-    /// as hung (the NIC gives up on a dead peer after ~3 s).
-    #[arg(long, default_value_t = 30, hide = true)]
+    /// as hung (the NIC gives up on a dead peer after ~3 s, on a read's
+    /// response after its 30 s idle timeout).
+    #[arg(long, default_value_t = 45, hide = true)]
     pub op_deadline: u64,
 }
 
@@ -131,7 +132,7 @@ pub struct RankArgs {
     #[arg(long, value_enum)]
     pub inject: Option<Inject>,
     /// Seconds before an outstanding operation is reported hung.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 45)]
     pub op_deadline: u64,
 }
 
