@@ -670,7 +670,19 @@ impl Rank {
                         self.check_recv(c, slot, class, posted)?;
                     }
                 } else {
-                    self.say(format_args!("ERR status:{st} recv src={}:{} tag {:#x}", c.src.node, c.src.port, c.tag));
+                    // A message meant for this port's previous process (its
+                    // tag says which) is that process's business, even here.
+                    let meant = MsgId::from_tag(c.tag).and_then(|id| id.dst_incarnation(self.inc));
+                    match meant {
+                        Some(m) if m != self.inc => {
+                            let me = self.me;
+                            self.say(format_args!("ERR status:{st} recv peer={me}/{m} tag {:#x} from {}", c.tag, c.src))
+                        }
+                        _ => self.say(format_args!(
+                            "ERR status:{st} recv src={}:{} tag {:#x}",
+                            c.src.node, c.src.port, c.tag
+                        )),
+                    }
                 }
                 if self.phase != Phase::Done {
                     self.post_recv(slot).map_err(|e| format!("reposting a receive: {e}"))?;
