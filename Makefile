@@ -11,6 +11,9 @@
 #   make kfuzz     the long run of the guest ioctl/mmap fuzzer of emp.ko:
 #                  1 M calls as an ordinary user (KFUZZ_CALLS, KFUZZ_SEED,
 #                  KFUZZ_THREADS override; scripts/vm/kfuzz.sh)
+#   make soak      `emp soak` for MINUTES (default 60): 8 ranks, mixed traffic,
+#                  5 % frame loss, ranks killed and replaced; every byte checked
+#                  (docs/soak.md); `make soak-short` is its 5-minute run in make test
 #   make demo      the main job: a 4-NIC chassis, latency and bandwidth
 #   make lint      rustfmt (workspace and driver), clippy -D warnings, rustdoc
 #                  -D warnings, no module cycles; part of make test
@@ -21,7 +24,7 @@
 #                  PREFIX=/usr/local, DESTDIR for staging (docs/install.md)
 CARGO ?= cargo
 
-.PHONY: all build firmware test demo setup clean driver kernel vm-test netns-test kfuzz lint fmt install
+.PHONY: all build firmware test demo setup clean driver kernel vm-test netns-test kfuzz lint fmt install soak soak-short
 
 # The Rust-for-Linux toolchain and guest kernel (cached in ~/.cache/emp).
 kernel:
@@ -73,8 +76,20 @@ lint:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet
 	python3 scripts/dev/modcycles.py
 
+# The soak (docs/soak.md): a seed from the clock unless SOAK_SEED is given;
+# a failure prints the seed that replays its schedule.
+MINUTES ?= 60
+SOAK_SHORT_MINUTES ?= 5
+SOAK_SEED ?=
+SOAK = $(REL)/emp soak $(if $(SOAK_SEED),--seed $(SOAK_SEED))
+soak: build
+	$(SOAK) --minutes $(MINUTES)
+soak-short: build
+	$(SOAK) --minutes $(SOAK_SHORT_MINUTES)
+
 test: build lint
 	$(CARGO) test --workspace --no-fail-fast
+	@$(MAKE) --no-print-directory soak-short
 	@scripts/netns/suite.sh
 	@scripts/vm/suite.sh
 

@@ -651,3 +651,36 @@ fn test_multisend_bad_mask_is_refused() {
         assert_eq!(status(&c.wait(0, wr, 10 * MS)), Some(Status::BadDescriptor), "mask {mask:#b}");
     }
 }
+
+/// A group removed (emp's `destroy_group`, as a rank giving up on a round
+/// whose member died does) while a member is still receiving a broadcast:
+/// flushing the receive finishes the operation, which must not then be
+/// looked up again. Found by `emp soak` (the NIC panicked "live" in
+/// `coll_flush_group` and went FAILED). Clears at every moment of a
+/// multi-frame broadcast on every member, so one of them lands mid-receive.
+#[test]
+fn test_group_cleared_mid_broadcast_flushes_without_panic() {
+    let data = pattern(60_000, 3);
+    let mut mid_receive = 0;
+    for delay_us in (0..400).step_by(10) {
+        let mut c = bcast_group(4, WireConfig::default());
+        let wrs: Vec<(u16, u64)> = (0..4).map(|r| (r, c.bcast(r, 0, 0, 2, &data, r == 0))).collect();
+        c.run_for(delay_us * 1000);
+        for r in 0..4u16 {
+            mid_receive += (c.world.nodes[r as usize].nic.occupancy().rx_msgs > 0) as u32;
+            assert_eq!(c.clear_group(r, 0), admin_result::OK, "delay {delay_us} µs, rank {r}");
+        }
+        for (r, cqe) in c.wait_all(&wrs, 100 * MS).into_iter().enumerate() {
+            let st = status(&cqe);
+            // GroupInvalid: the descriptor was still in the ring when the group went.
+            let ended = matches!(st, Some(Status::Success | Status::Flushed | Status::GroupInvalid));
+            assert!(ended, "delay {delay_us} µs, rank {r}: {st:?}");
+        }
+        c.run_for(100 * MS);
+        for r in 0..4 {
+            let o = c.world.nodes[r].nic.occupancy();
+            assert_eq!((o.groups, o.coll_ops), (0, 0), "delay {delay_us} µs, rank {r}");
+        }
+    }
+    assert!(mid_receive > 0, "no clear landed while a member was receiving");
+}

@@ -12,6 +12,7 @@ mod fw;
 mod hosts;
 mod info;
 mod run;
+mod soak;
 mod wire;
 
 /// EMP: OS-bypass messaging on an emulated programmable NIC.
@@ -87,6 +88,12 @@ enum Cmd {
     /// One rank of a benchmark (started by `emp bench`).
     #[command(hide = true)]
     BenchRank(bench::BenchArgs),
+    /// A soak: N ranks, mixed traffic of random sizes, frame loss, ranks
+    /// killed and replaced at random; every byte verified (docs/soak.md).
+    Soak(soak::SoakArgs),
+    /// One rank of a soak (started by `emp soak`).
+    #[command(hide = true)]
+    SoakRank(soak::RankArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -210,6 +217,8 @@ fn main() -> ExitCode {
         }
         Cmd::Bench(a) => bench::bench(&a),
         Cmd::BenchRank(a) => bench::rank(&a),
+        Cmd::Soak(a) => soak::soak(&a),
+        Cmd::SoakRank(a) => soak::rank(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -787,10 +787,10 @@ impl Nic {
     pub(crate) fn coll_flush_group<H: Hal>(&mut self, hal: &mut H, now: u64, group: u32, status: Status) {
         let ops: Vec<u32> = self.coll_ops.iter().filter(|(_, o)| o.group == group).map(|(s, _)| s).collect();
         for op in ops {
-            let o = self.coll_ops.get_mut(op);
-            // Failed first, so finishing its messages cannot start new ones.
-            o.error.get_or_insert(status);
+            let Some(o) = self.coll_ops.get(op).filter(|o| o.group == group) else { continue };
             let stamp = o.stamp;
+            // Failed first, so finishing its messages cannot start new ones.
+            self.coll_ops.get_mut(op).error.get_or_insert(status);
             let rxs: Vec<u32> = self
                 .rx
                 .iter()
@@ -799,6 +799,11 @@ impl Nic {
                 .collect();
             for r in rxs {
                 self.finish_rx(hal, now, r, Some(Status::Flushed));
+            }
+            // Finishing its receive may have completed (and retired) it.
+            let live = |nic: &Self| nic.coll_ops.get(op).is_some_and(|o| o.stamp == stamp);
+            if !live(self) {
+                continue;
             }
             let early = self.coll_ops.get(op).expect("live").desc.is_none();
             let txs: Vec<u32> = self
@@ -811,6 +816,9 @@ impl Nic {
                 self.finish_tx(hal, now, t, Status::Flushed);
             }
             if early {
+                if !live(self) {
+                    continue;
+                }
                 // No descriptor to complete: the record just goes.
                 let o = self.coll_op_remove(op);
                 self.coll_pool_used -= o.state.partials_held().min(self.coll_pool_used);
@@ -819,7 +827,7 @@ impl Nic {
                 }
                 continue;
             }
-            if self.coll_ops.get(op).is_some_and(|o| o.stamp == stamp) {
+            if live(self) {
                 self.coll_try_complete(hal, op);
             }
         }
