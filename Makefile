@@ -8,6 +8,9 @@
 #                  in QEMU guests (scripts/vm/suite.sh; builds the toolchain
 #                  and guest kernel once, cached)
 #   make netns-test  the namespace suites alone
+#   make kfuzz     the long run of the guest ioctl/mmap fuzzer of emp.ko:
+#                  1 M calls as an ordinary user (KFUZZ_CALLS, KFUZZ_SEED,
+#                  KFUZZ_THREADS override; scripts/vm/kfuzz.sh)
 #   make demo      the main job: a 4-NIC chassis, latency and bandwidth
 #   make lint      rustfmt (workspace and driver), clippy -D warnings, rustdoc
 #                  -D warnings, no module cycles; part of make test
@@ -18,7 +21,7 @@
 #                  PREFIX=/usr/local, DESTDIR for staging (docs/install.md)
 CARGO ?= cargo
 
-.PHONY: all build firmware test demo setup clean driver kernel vm-test netns-test lint fmt install
+.PHONY: all build firmware test demo setup clean driver kernel vm-test netns-test kfuzz lint fmt install
 
 # The Rust-for-Linux toolchain and guest kernel (cached in ~/.cache/emp).
 kernel:
@@ -36,6 +39,11 @@ vm-test: build
 
 netns-test: build
 	@scripts/netns/suite.sh
+
+KFUZZ_CALLS ?= 1000000
+KFUZZ_THREADS ?= 4
+kfuzz: build
+	@scripts/vm/kfuzz.sh --calls $(KFUZZ_CALLS) --threads $(KFUZZ_THREADS) $(if $(KFUZZ_SEED),--seed $(KFUZZ_SEED))
 
 all: build
 

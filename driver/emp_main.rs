@@ -15,6 +15,7 @@ pub(crate) use uapi::{
     attach, coll, desc, fwabi, image, ioctl, ring, sram, wire, DecodeError, Le, ANY_NODE, ANY_PORT, PAGE_SIZE, ZEROS,
 };
 
+mod counters;
 mod irq;
 mod mr;
 mod nic;

@@ -74,7 +74,13 @@ impl Pinned {
             return Err(EINVAL);
         }
         let first = addr & !(PAGE_SIZE as u64 - 1);
-        let n = ((end + PAGE_SIZE as u64 - 1 - first) / PAGE_SIZE as u64) as usize;
+        // From the first to the last page touched; rounding `end` up instead
+        // would overflow for a range ending in the address space's last page.
+        let last = (end - 1) & !(PAGE_SIZE as u64 - 1);
+        let n = ((last - first) / PAGE_SIZE as u64) as usize + 1;
+        // Allocated before anything is charged: a failure here owes nothing.
+        let mut pages: KVec<*mut bindings::page> = KVec::with_capacity(n, GFP_KERNEL)?;
+        pages.resize(n, core::ptr::null_mut(), GFP_KERNEL)?;
         // SAFETY: no preconditions; returns current->mm with a reference, or null.
         let mm = unsafe { emp_current_mm_grab() };
         if mm.is_null() {
@@ -90,8 +96,6 @@ impl Pinned {
         // INVARIANT: from here on, `this` owns the charge and the mm reference;
         // its Drop undoes both for the pages it holds.
         let mut this = Pinned { pages: KVec::new(), mm, lists: KVec::new() };
-        let mut pages: KVec<*mut bindings::page> = KVec::with_capacity(n, GFP_KERNEL)?;
-        pages.resize(n, core::ptr::null_mut(), GFP_KERNEL)?;
         let mut done = 0usize;
         while done < n {
             let want = (n - done).min(1 << 16);
@@ -111,7 +115,13 @@ impl Pinned {
                 this.pages = pages;
                 this.pages.truncate(done);
                 this.uncharge_extra(n - done);
-                return Err(if got < 0 { Error::from_errno(got) } else { EFAULT });
+                // EOVERFLOW: the range runs into the end of the address
+                // space, which is no user memory either.
+                return Err(if got < 0 && got != -(bindings::EOVERFLOW as i32) {
+                    Error::from_errno(got)
+                } else {
+                    EFAULT
+                });
             }
             done += got as usize;
         }

@@ -102,6 +102,23 @@ struct State {
     groups: group::GroupSlots,
 }
 
+/// A snapshot of what the driver holds for one NIC ([`NicInfo::counters`]).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Counters {
+    /// Ports taken by open files.
+    pub(crate) open_ports: u32,
+    /// Pages pinned for memory registrations (all ports).
+    pub(crate) pinned_pages: u64,
+    /// MR table slots holding a registration.
+    pub(crate) regions: u32,
+    /// Group table slots held.
+    pub(crate) groups_in_use: u32,
+    /// Ports armed for an event not delivered yet.
+    pub(crate) armed_ports: u32,
+    /// eventfd references held (SET_EVENTFD).
+    pub(crate) eventfds: u32,
+}
+
 /// A reference on an eventfd context (`eventfd_ctx_fdget`), or null.
 #[derive(Clone, Copy)]
 struct EventCtx(*mut bindings::eventfd_ctx);
@@ -207,6 +224,22 @@ impl NicInfo {
         }
         st.groups.init(self.layout.params.group_entries)?;
         Ok(())
+    }
+
+    /// What the driver holds for this NIC right now (`counters.rs` shows
+    /// it in debugfs): after every process using the NIC has exited, all
+    /// of it is zero.
+    pub(crate) fn counters(&self) -> Counters {
+        let st = self.state.lock();
+        let mr_slots = self.layout.params.mr_entries.min(0x1_0000) as usize;
+        Counters {
+            open_ports: st.used.count_ones(),
+            pinned_pages: st.pinned,
+            regions: mr_slots.saturating_sub(st.mr_free.len()) as u32,
+            groups_in_use: st.groups.in_use(),
+            armed_ports: st.armed.count_ones(),
+            eventfds: st.events.iter().filter(|e| !e.0.is_null()).count() as u32,
+        }
     }
 
     /// Whether ARM / SET_EVENTFD can work (the NIC's vector is set up).
@@ -337,6 +370,9 @@ impl Drop for NodeName {
 pub(crate) struct NicDev {
     #[pin]
     misc: MiscDeviceRegistration<Port>,
+    /// debugfs counters (`counters.rs`), removed after the node.
+    #[pin]
+    counters: crate::counters::DebugCounters,
     info: Arc<NicInfo>,
     name: NodeName,
 }
@@ -349,6 +385,7 @@ impl NicDev {
         let node = NODE_NAMES[name.0];
         Ok(try_pin_init!(Self {
             misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: node }),
+            counters <- crate::counters::DebugCounters::new(node, info.clone()),
             info,
             name,
         }))
@@ -589,10 +626,12 @@ impl Port {
         Ok(0)
     }
 
-    /// REG_MR: pin, charge, describe to the NIC, return the key.
+    /// REG_MR: pin, charge, describe to the NIC, return the key. A key
+    /// that cannot be written back is deregistered again.
     ///
     /// # Errors
-    /// `EFAULT` bad pointers or unmapped memory, `EINVAL`/`E2BIG` bad size, access
+    /// `EFAULT` bad pointers or unmapped memory, or an argument struct that
+    /// cannot be written back (nothing stays registered), `EINVAL`/`E2BIG` bad size, access
     /// or length, `ENOMEM` over RLIMIT_MEMLOCK, `ENOSPC` MR table full,
     /// `ENODEV` device gone.
     fn reg_mr(&self, arg: UserArg) -> Result<isize> {
@@ -602,6 +641,9 @@ impl Port {
         }
         let mut pinned = Pinned::pin(q.addr, q.length)?;
         let mut regions = self.regions.lock();
+        // Room for the region before the NIC learns of it: once the MR entry
+        // is written, nothing may fail and leave it pointing at pages we unpin.
+        regions.reserve(1, GFP_KERNEL)?;
         let mut st = self.info.state.lock();
         if st.gone {
             return Err(ENODEV);
@@ -625,10 +667,28 @@ impl Port {
         }
         st.pinned += pinned.page_count() as u64;
         drop(st);
-        regions.push(Region { key, slot, pinned }, GFP_KERNEL)?;
+        // Cannot fail: the room was reserved above.
+        regions.push_within_capacity(Region { key, slot, pinned }).map_err(|_| ENOMEM)?;
+        // Writing to user memory may fault (mmap_lock): not under our locks.
+        drop(regions);
         q.key = key;
         q.secret = secret;
-        arg.write(&q)?;
+        if let Err(e) = arg.write(&q) {
+            // The caller cannot learn the key: undo the registration (as
+            // GROUP_SET undoes a group), so a failed call holds nothing.
+            let undone = {
+                let mut regions = self.regions.lock();
+                // Gone already if another thread deregistered the key.
+                let region = regions.iter().position(|x| x.key == key).and_then(|i| regions.remove(i).ok());
+                if let Some(r) = &region {
+                    self.info.clear_mr(r.slot, r.pinned.page_count());
+                }
+                region
+            };
+            // Unpinned with none of our locks held.
+            drop(undone);
+            return Err(e);
+        }
         Ok(0)
     }
 

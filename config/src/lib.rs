@@ -9,6 +9,8 @@
 //! wire = "udp"                 # "udp", "packet" or "mem"
 //! mtu = 1500                   # optional
 //! ports = 8                    # optional: ports (processes) per NIC
+//! auth = "mac"                 # optional: "off", "mac" or "aead" (udp, packet)
+//! auth_key = "/etc/emp/wire.key"   # with auth: the cluster key file (`emp wire keygen`)
 //!
 //! [[host]]
 //! name = "a"
@@ -33,6 +35,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+pub mod wirekey;
+pub use wirekey::{WireKey, KEY_LEN};
 
 /// Most nodes in one cluster (the NIC's route table is indexed by a `u16`
 /// node id; 0xFFFF is reserved on the wire).
@@ -88,6 +93,32 @@ impl WireKind {
             WireKind::Mem => "mem",
             WireKind::Udp => "udp",
             WireKind::Packet => "packet",
+        }
+    }
+}
+
+/// Per-frame authentication of the network wires (docs/cluster.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// Frames carry no proof of origin beyond their source address.
+    #[default]
+    Off,
+    /// Every frame carries a tag (AES-256-GCM over header and payload) under
+    /// the cluster key: integrity and origin, no confidentiality.
+    Mac,
+    /// As `mac`, and the payload (everything after the frame header) is
+    /// encrypted.
+    Aead,
+}
+
+impl AuthMode {
+    /// The name used in the file and on command lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthMode::Off => "off",
+            AuthMode::Mac => "mac",
+            AuthMode::Aead => "aead",
         }
     }
 }
@@ -170,6 +201,10 @@ pub struct ClusterConfig {
     pub trusted_keys: Option<PathBuf>,
     /// Extra `emp-nicd` arguments for every host.
     pub nicd_args: Vec<String>,
+    /// Per-frame authentication of the wire.
+    pub auth: AuthMode,
+    /// The cluster key file (present exactly when `auth` is not off).
+    pub auth_key: Option<PathBuf>,
     /// Hosts, in file order.
     pub hosts: Vec<Host>,
     /// Nodes, indexed by id.
@@ -208,6 +243,9 @@ struct RawCluster {
     trusted_keys: Option<PathBuf>,
     #[serde(default)]
     nicd_args: Vec<String>,
+    #[serde(default)]
+    auth: AuthMode,
+    auth_key: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -251,6 +289,20 @@ impl ClusterConfig {
         }
         if c.ports == Some(0) {
             return err("cluster.ports must be at least 1");
+        }
+        match (c.auth, &c.auth_key) {
+            (AuthMode::Off, Some(_)) => return err("cluster.auth_key is set but cluster.auth is \"off\""),
+            (AuthMode::Mac | AuthMode::Aead, None) => {
+                return err(format!(
+                    "cluster.auth = {:?} needs cluster.auth_key (a key file: `emp wire keygen`)",
+                    c.auth.as_str()
+                ))
+            }
+            (_, Some(k)) if k.as_os_str().is_empty() => return err("cluster.auth_key is empty"),
+            (AuthMode::Mac | AuthMode::Aead, Some(_)) if c.wire == WireKind::Mem => {
+                return err("cluster.auth applies to the udp and packet wires; the mem wire never leaves its daemon")
+            }
+            _ => {}
         }
         let mut hosts = Vec::new();
         for h in raw.host {
@@ -303,6 +355,8 @@ impl ClusterConfig {
             firmware: c.firmware,
             trusted_keys: c.trusted_keys,
             nicd_args: c.nicd_args,
+            auth: c.auth,
+            auth_key: c.auth_key,
             hosts,
             nodes,
         };
@@ -435,6 +489,22 @@ udp = "198.18.0.1:47000"
         refused(&TWO.replace("name = \"b\"", "name = \"a\""), "named twice");
         refused("[cluster]\nwire = \"udp\"\n[[host]]\nname = \"a\"\ndir = \"/x\"\n", "no [[node]]");
         refused(&TWO.replace("wire = \"udp\"", "wire = \"udp\"\nmtu = 100"), "outside");
+    }
+
+    #[test]
+    fn auth_needs_a_key_and_a_network_wire() {
+        let c = ClusterConfig::parse(TWO).unwrap();
+        assert_eq!((c.auth, c.auth_key), (AuthMode::Off, None), "off unless asked");
+        let mac = TWO.replace("wire = \"udp\"", "wire = \"udp\"\nauth = \"mac\"\nauth_key = \"/k/wire.key\"");
+        let c = ClusterConfig::parse(&mac).unwrap();
+        assert_eq!((c.auth, c.auth_key.unwrap()), (AuthMode::Mac, PathBuf::from("/k/wire.key")));
+        assert_eq!(ClusterConfig::parse(&mac.replace("\"mac\"", "\"aead\"")).unwrap().auth, AuthMode::Aead);
+        refused(&mac.replace("auth_key = \"/k/wire.key\"", ""), "needs cluster.auth_key");
+        refused(&mac.replace("\"mac\"", "\"off\""), "auth is \"off\"");
+        refused(&mac.replace("\"mac\"", "\"hmac\""), "unknown variant");
+        refused(&mac.replace("/k/wire.key", ""), "auth_key is empty");
+        let mem = mac.replace("wire = \"udp\"", "wire = \"mem\"").replace("host = \"b\"", "host = \"a\"");
+        refused(&mem, "never leaves its daemon");
     }
 
     #[test]

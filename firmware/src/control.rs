@@ -12,8 +12,19 @@ impl Nic {
     /// Receiver state piggybacked on ACKs: posted receives plus free
     /// overflow slots on the port, and a coarse "slow down" level.
     fn rx_credits(&self, port: u16) -> (u16, u8) {
-        let posted = self.ports[port as usize].posted.len() as u32;
-        let credits = posted + self.overflow.available();
+        let st = &self.ports[port as usize];
+        let posted = st.posted.len() as u32;
+        // Messages the port would accept now: posted receives, then what
+        // its mode holds for unexpected ones (the pool, retained headers).
+        let held = match st.mode {
+            crate::MatchMode::Unexpected => {
+                let room = self.overflow.available() + self.cfg.unexp_headers.saturating_sub(self.rdv_held);
+                room.min(self.unexp.capacity() - self.unexp.used())
+            }
+            crate::MatchMode::OrderedRefusal if self.cfg.overflow_slots > 0 => self.overflow.available(),
+            crate::MatchMode::OrderedRefusal => 0,
+        };
+        let credits = posted + held;
         let level = match credits {
             0 => 2,
             1..=3 => 1,

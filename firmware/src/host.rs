@@ -79,6 +79,9 @@ impl Nic {
         if port >= self.ports.len() as u64 || cq_key > u32::MAX as u64 {
             return admin_result::BAD_ARG;
         }
+        let Some(mode) = crate::MatchMode::from_arg(args[4], self.cfg.matching) else {
+            return admin_result::BAD_ARG;
+        };
         if cq_entries > 1 << 20 || !ring::valid_entries(cq_entries as u32) {
             return admin_result::BAD_ARG;
         }
@@ -100,6 +103,7 @@ impl Nic {
             st.cq_entries = cq_entries as u32;
             st.cq_prod = 0;
             st.outstanding = 0;
+            st.mode = mode;
             // The trusted side zeroed the host-written words before opening.
             st.send_cons = sram_u32(hal, w.ctl(ctl::SEND_PROD));
             st.recv_cons = sram_u32(hal, w.ctl(ctl::RECV_PROD));
@@ -146,11 +150,9 @@ impl Nic {
         while let Some(d) = self.ports[port as usize].posted.pop_front() {
             self.complete(hal, port, Completion::of(&d, Opcode::Recv, Status::Flushed));
         }
-        while let Some(s) = self.ports[port as usize].overflow.pop_front() {
-            self.overflow.free(s);
-        }
         self.atomic_flush_port(hal, port);
         self.rma_flush_port(hal, port);
+        self.unexp_flush_port(port);
         self.free_peers_of(port);
         debug_assert_eq!(self.ports[port as usize].outstanding, 0);
         self.ports[port as usize].open = false;
@@ -174,12 +176,12 @@ impl Nic {
         let mut budget = w.recv_entries;
         while ring::has_entry(recv_prod, self.ports[port as usize].recv_cons) && budget > 0 {
             let posted: u32 = self.ports.iter().map(|p| p.posted.len() as u32).sum();
-            if posted >= self.cfg.recv_posted_max || !self.cq_has_room(hal, port) {
+            if posted >= self.cfg.recv_posted_max || !self.recv_fits() || !self.cq_has_room(hal, port) {
                 break;
             }
             budget -= 1;
             let d = self.take_desc(hal, port, false);
-            self.post_recv(hal, port, &d);
+            self.post_recv(hal, now, port, &d);
         }
         let rc = self.ports[port as usize].recv_cons;
         sram_put_u32(hal, w.ctl(ctl::RECV_CONS), rc);
@@ -215,16 +217,20 @@ impl Nic {
         read_desc(hal, off)
     }
 
-    fn post_recv<H: Hal>(&mut self, hal: &mut H, port: u16, d: &WorkDesc) {
+    fn post_recv<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
         let ld = LocalDesc::new(d);
         match d.validate() {
             Ok(Opcode::Recv) => {}
+            Ok(Opcode::Probe) => return self.probe(hal, port, &ld),
             _ => return self.bad_descriptor(hal, port, &ld, Opcode::Recv),
         }
         if let Err(st) = self.check_sges(hal, port, ld.sges(), MR_LOCAL_WRITE) {
             return self.complete(hal, port, Completion::of(&ld, Opcode::Recv, st));
         }
-        if self.match_overflow(hal, port, &ld) {
+        if d.flags & emp_uapi::desc::WD_CLAIM != 0 {
+            return self.recv_claimed(hal, now, port, &ld);
+        }
+        if self.match_unexpected(hal, now, port, &ld) {
             return;
         }
         self.ports[port as usize].posted.push_back(ld);

@@ -16,9 +16,17 @@
 //! wildcards and an ignore mask in posting order, fragmentation into MTU
 //! frames pulled from host memory one frame at a time, groups of frames
 //! acknowledged together with a timer per group, NACKs for fast recovery,
-//! drop-and-retransmit for unexpected messages (plus an optional bounded
-//! overflow buffer), and flow control either by receiver state piggybacked
+//! and flow control either by receiver state piggybacked
 //! on ACKs (EMP) or by PM's Modified ACK/NACK (seed 003 §3.3).
+//!
+//! A message no posted receive matches is handled by its port's
+//! [`MatchMode`]: by default it is accepted as an unexpected entry (small
+//! ones with their payload in a bounded eager pool, others as a retained
+//! header whose data the NIC pulls from the sender with a rendezvous read
+//! once a receive matches), so it blocks nothing behind it; or, as in the
+//! thesis and PM, it is refused and the sender retransmits it, every later
+//! message from that sender waiting behind it (plus an optional bounded
+//! overflow buffer).
 //!
 //! Layout rule: `Nic` is one state machine split by concern; files call
 //! each other through `Nic`; leaf state owns its own logic. Each file adds
@@ -85,7 +93,10 @@ mod tx;
 use std::collections::{HashMap, VecDeque};
 
 use emp_uapi::desc::{Opcode, Sge, Status, WorkDesc, SGE_MAX, WD_SIGNALED};
-use emp_uapi::sram::{counter, FailReason, Layout, NicStatus, SramHeader, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
+use emp_uapi::sram::{
+    counter, FailReason, Layout, NicStatus, SramHeader, FEATURE_MODIFIED_ACK_NACK, FEATURE_ORDERED_REFUSAL,
+    FEATURE_OVERFLOW,
+};
 use emp_uapi::wire::{Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
 use emp_uapi::Le;
 
@@ -137,6 +148,46 @@ pub enum FlowControl {
     ModifiedAckNack,
 }
 
+/// What a port does with a message that matches no posted receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatchMode {
+    /// Accept it as an unexpected entry: a message of at most
+    /// `overflow_slot_size` bytes (one frame) with its payload in the eager
+    /// pool, any other (or any when the pool is full) as its header alone,
+    /// the data pulled from the sender's buffer once a receive matches.
+    /// Later messages from the sender go on; only when the header table is
+    /// full too is it refused (flow control, counted). Posted receives
+    /// search the entries in arrival order first, so messages that match
+    /// the same receive keep their order (MPI's non-overtaking rule).
+    Unexpected,
+    /// The EMP thesis' and PM's rule: refuse it (the sender retransmits it)
+    /// and hold every later message from the sender behind it; with
+    /// `FEATURE_OVERFLOW`, small ones go to the overflow buffer.
+    OrderedRefusal,
+}
+
+impl MatchMode {
+    /// The mode `PortOpen` names (`emp_uapi::sram::match_mode`), `default`
+    /// for 0; `None` for an unknown value.
+    pub fn from_arg(v: u64, default: MatchMode) -> Option<MatchMode> {
+        use emp_uapi::sram::match_mode as m;
+        match v {
+            m::DEFAULT => Some(default),
+            m::UNEXPECTED => Some(MatchMode::Unexpected),
+            m::ORDERED_REFUSAL => Some(MatchMode::OrderedRefusal),
+            _ => None,
+        }
+    }
+
+    /// The name users give it (`emp-nicd --matching`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MatchMode::Unexpected => "unexpected",
+            MatchMode::OrderedRefusal => "ordered-refusal",
+        }
+    }
+}
+
 /// Tunables and table bounds. Every table is sized here, once.
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
@@ -175,10 +226,20 @@ pub struct Config {
     pub rx_max: u32,
     /// Posted receives not yet matched.
     pub recv_posted_max: u32,
-    /// Overflow slots for small unexpected messages (0 = EMP's pure drop).
+    /// Overflow slots for small unexpected messages in the ordered-refusal
+    /// mode (0 = EMP's pure drop; only with `FEATURE_OVERFLOW`). With it,
+    /// also the eager pool's size.
     pub overflow_slots: u32,
-    /// Largest message the overflow buffer takes.
+    /// Largest message the overflow buffer or eager pool takes (the eager
+    /// threshold; at most one frame's payload).
     pub overflow_slot_size: u32,
+    /// Eager pool slots for small unexpected messages when the NIC has no
+    /// `FEATURE_OVERFLOW` (then `overflow_slots` sizes it).
+    pub unexp_slots: u32,
+    /// Unexpected messages retained as a header alone (rendezvous), all ports.
+    pub unexp_headers: u32,
+    /// The matching mode ports open in unless their open names one.
+    pub matching: MatchMode,
     /// Largest message.
     pub msg_max: u64,
     /// First port generation (vary per boot so peers can tell incarnations).
@@ -230,6 +291,9 @@ impl Default for Config {
             recv_posted_max: 4096,
             overflow_slots: 0,
             overflow_slot_size: 1024,
+            unexp_slots: 64,
+            unexp_headers: 256,
+            matching: MatchMode::Unexpected,
             msg_max: 1 << 30,
             gen_seed: 1,
             cpu_plan: emp_uapi::image::cpu_plan::BASE,
@@ -338,8 +402,10 @@ pub struct Occupancy {
     pub rx_msgs: u32,
     /// Posted receives not yet matched.
     pub posted_recvs: u32,
-    /// Overflow slots holding a message.
+    /// Overflow (eager pool) slots holding a message.
     pub overflow_used: u32,
+    /// Unexpected entries (eager or retained headers).
+    pub unexp_entries: u32,
     /// Peer entries.
     pub peers: u32,
     /// Ports open.
@@ -371,7 +437,9 @@ impl LocalDesc {
     pub(crate) fn new(wd: &WorkDesc) -> LocalDesc {
         let mut wd = *wd;
         wd.num_sge = wd.num_sge.min(SGE_MAX as u8);
-        LocalDesc { signaled: wd.flags & WD_SIGNALED != 0 || wd.opcode == Opcode::Recv as u8, len: wd.total_len(), wd }
+        // Receives and probes always report: their completion is their result.
+        let reports = wd.opcode == Opcode::Recv as u8 || wd.opcode == Opcode::Probe as u8;
+        LocalDesc { signaled: wd.flags & WD_SIGNALED != 0 || reports, len: wd.total_len(), wd }
     }
 
     /// The SGEs naming this port's memory (a remote access's last SGE
@@ -401,8 +469,10 @@ pub(crate) struct Port {
     pub recv_cons: u32,
     /// Posted receives, in posting order.
     pub posted: VecDeque<LocalDesc>,
-    /// Overflow slots holding unexpected messages, in arrival order.
-    pub overflow: VecDeque<u32>,
+    /// Unexpected entries (`Nic::unexp` slots), in arrival order.
+    pub unexpected: VecDeque<u32>,
+    /// What a message no posted receive matches gets.
+    pub mode: MatchMode,
 }
 
 /// Peer = (local port, remote node, remote port): the unit of sequencing.
@@ -447,6 +517,8 @@ pub(crate) struct Peer {
     /// overflow buffer or by a collective): `rx_expected` now carries
     /// history the sender's next frame does not repeat.
     pub rx_taken: bool,
+    /// Retained unexpected headers from this sender (they name this entry).
+    pub rdv_entries: u32,
 }
 
 impl Peer {
@@ -465,7 +537,8 @@ impl Peer {
             && self.tx_seq_next == 0
             && self.atomic.seq_next == 0
             && self.atomic.queue.is_empty()
-            && self.atomic.rx.is_none();
+            && self.atomic.rx.is_none()
+            && self.rdv_entries == 0;
         quiet && (!self.rx_taken || now.saturating_sub(self.last_ns) >= rx_idle_ns)
     }
 }
@@ -490,6 +563,10 @@ pub struct Nic {
     /// Remote reads being performed.
     pub(crate) rma_reads: rma::ReadTable,
     pub(crate) overflow: rx::Overflow,
+    /// Unexpected entries of every port (eager and retained headers).
+    pub(crate) unexp: rx::UnexpTable,
+    /// Entries of `unexp` that are retained headers.
+    pub(crate) rdv_held: u32,
     pub(crate) timers: TimerHeap,
     pub(crate) ready: VecDeque<u32>,
     pub(crate) mr_cursors: mr::CursorCache,
@@ -544,10 +621,15 @@ impl Nic {
         if header.features & FEATURE_MODIFIED_ACK_NACK != 0 {
             cfg.flow_control = FlowControl::ModifiedAckNack;
         }
+        // PM's flow control refuses in order: its ports keep that rule.
+        if header.features & FEATURE_ORDERED_REFUSAL != 0 || cfg.flow_control == FlowControl::ModifiedAckNack {
+            cfg.matching = MatchMode::OrderedRefusal;
+        }
         if header.features & FEATURE_OVERFLOW == 0 {
             cfg.overflow_slots = 0;
         }
         cfg.overflow_slot_size = cfg.overflow_slot_size.min(emp_uapi::wire::payload_capacity(header.mtu, 0) as u32);
+        let pool_slots = if cfg.overflow_slots > 0 { cfg.overflow_slots } else { cfg.unexp_slots };
         let ports = (0..layout.params.ports)
             .map(|i| Port {
                 open: false,
@@ -560,7 +642,8 @@ impl Nic {
                 send_cons: 0,
                 recv_cons: 0,
                 posted: VecDeque::new(),
-                overflow: VecDeque::new(),
+                unexpected: VecDeque::with_capacity((pool_slots + cfg.unexp_headers) as usize),
+                mode: cfg.matching,
             })
             .collect();
         let nic = Nic {
@@ -577,7 +660,9 @@ impl Nic {
             rx_rings: slots::Rings::new(cfg.rx_max, cfg.window_groups()),
             atomics: slots::Slots::new(cfg.atomic_max),
             rma_reads: slots::Slots::new(cfg.rma_reads_max),
-            overflow: rx::Overflow::new(cfg.overflow_slots, cfg.overflow_slot_size),
+            overflow: rx::Overflow::new(pool_slots, cfg.overflow_slot_size),
+            unexp: slots::Slots::new(pool_slots + cfg.unexp_headers),
+            rdv_held: 0,
             // Live timers: one per live group of every send record, one
             // per atomic request, one per read, the receive sweep.
             timers: TimerHeap::with_capacity(
@@ -681,6 +766,7 @@ impl Nic {
         match self.classify_data(peer, hdr) {
             DataVerdict::Active(r) => self.deliver(hal, now, r, hdr, msg, payload),
             DataVerdict::Old => self.on_old_data(hal, peer, hdr),
+            DataVerdict::Retained => self.on_retained_data(hal, peer, hdr),
             DataVerdict::Early => self.on_early_data(hal, now, peer, hdr),
             DataVerdict::NextMsg => {
                 let msg = msg.expect("frame 0 carries the message header");
@@ -837,6 +923,7 @@ impl Nic {
             rx_msgs: self.rx.used(),
             posted_recvs: self.ports.iter().map(|p| p.posted.len() as u32).sum(),
             overflow_used: self.overflow.used(),
+            unexp_entries: self.unexp.used(),
             peers: self.peer_index.len() as u32,
             ports_open: self.ports.iter().filter(|p| p.open).count() as u32,
             coll_ops: self.coll_ops.used(),
@@ -854,14 +941,15 @@ impl Nic {
         let mut s = String::new();
         for (i, p) in self.ports.iter().enumerate().filter(|(_, p)| p.open) {
             s += &format!(
-                "  port {i}: send_cons {} recv_cons {} cq_prod {}/{} outstanding {} posted {} overflow {}\n",
+                "  port {i}: send_cons {} recv_cons {} cq_prod {}/{} outstanding {} posted {} unexpected {} ({})\n",
                 p.send_cons,
                 p.recv_cons,
                 p.cq_prod,
                 p.cq_entries,
                 p.outstanding,
                 p.posted.len(),
-                p.overflow.len()
+                p.unexpected.len(),
+                p.mode.name()
             );
         }
         s += &format!("  recent rx decisions (seq, frame, expected, outcome): {:?}\n", self.trace);
@@ -941,10 +1029,7 @@ impl Nic {
         if rx_listed as u32 != self.rx.used() {
             return Err(format!("{} rx records, {rx_listed} listed", self.rx.used()));
         }
-        let ov: usize = self.ports.iter().map(|p| p.overflow.len()).sum();
-        if ov as u32 != self.overflow.used() {
-            return Err(format!("{} overflow slots used, {ov} queued", self.overflow.used()));
-        }
+        self.unexp_invariants()?;
         self.coll_invariants()?;
         self.rma_invariants()?;
         self.atomic_invariants()
@@ -1017,6 +1102,7 @@ impl Nic {
             atomic: Default::default(),
             last_ns: now,
             rx_taken: false,
+            rdv_entries: 0,
         });
         self.peer_index.insert((port, node, rport), i);
         Some(i)
@@ -1052,6 +1138,7 @@ impl Nic {
             if self.peers[i].as_ref().is_some_and(|p| p.port == port) {
                 let p = self.peers[i].take().expect("checked");
                 debug_assert!(p.tx_queue.is_empty() && p.rx_active.is_empty() && p.atomic.queue.is_empty());
+                debug_assert_eq!(p.rdv_entries, 0);
                 self.peer_index.remove(&(p.port, p.node, p.rport));
                 self.peer_free.push(i as u32);
             }
@@ -1108,6 +1195,44 @@ mod tests {
         for c in bad {
             assert!(c.invalid().is_some(), "{c:?} accepted");
         }
+    }
+
+    #[test]
+    fn a_ports_matching_mode_comes_from_its_open() {
+        use emp_uapi::sram::match_mode as m;
+        for default in [MatchMode::Unexpected, MatchMode::OrderedRefusal] {
+            assert_eq!(MatchMode::from_arg(m::DEFAULT, default), Some(default));
+            assert_eq!(MatchMode::from_arg(m::UNEXPECTED, default), Some(MatchMode::Unexpected));
+            assert_eq!(MatchMode::from_arg(m::ORDERED_REFUSAL, default), Some(MatchMode::OrderedRefusal));
+            assert_eq!(MatchMode::from_arg(3, default), None, "an unknown mode is refused");
+        }
+        assert_eq!(Config::default().matching, MatchMode::Unexpected);
+    }
+
+    fn booted(features: u32) -> (NullHal, Nic) {
+        let l = Layout::new(emp_uapi::sram::LayoutParams { staging_size: 4096, ..Default::default() }).unwrap();
+        let mut hal = NullHal(vec![0; l.sram_size as usize]);
+        let mut h = l.header(0, 1500, 0);
+        h.features = features;
+        h.put(&mut hal.0);
+        let nic = Nic::boot(&mut hal, Config::default()).unwrap();
+        (hal, nic)
+    }
+
+    #[test]
+    fn boot_sizes_the_unexpected_tables_and_picks_the_default_mode() {
+        let (_, nic) = booted(0);
+        let cfg = Config::default();
+        assert_eq!(nic.config().matching, MatchMode::Unexpected);
+        assert_eq!(nic.overflow.available(), cfg.unexp_slots, "the eager pool");
+        assert_eq!(nic.unexp.capacity(), cfg.unexp_slots + cfg.unexp_headers);
+        assert!(nic.ports.iter().all(|p| p.mode == MatchMode::Unexpected));
+        for f in [FEATURE_ORDERED_REFUSAL, FEATURE_MODIFIED_ACK_NACK] {
+            let (_, nic) = booted(f);
+            assert_eq!(nic.config().matching, MatchMode::OrderedRefusal, "features {f:#x}");
+            assert_eq!(nic.config().overflow_slots, 0, "no overflow buffer without FEATURE_OVERFLOW");
+        }
+        assert_eq!(nic.unexp_invariants(), Ok(()));
     }
 
     #[test]

@@ -26,6 +26,13 @@
 //!   not arrive within `rx_idle_timeout_ns` of its request's
 //!   acknowledgement fails `RetryLimitExceeded` (the target gave up).
 //!
+//! - **Rendezvous pull** (`RDV_READ`): a read of a send message the
+//!   receiver retained as an unexpected header (`rx.rs`), started when a
+//!   receive matches it. It names the message by its sequence number on
+//!   the peer, not a key: the sender's NIC serves only that held send's
+//!   own buffer, and completes the send when its `READ_RESP` is
+//!   acknowledged. The read record completes the receive (`Recv`).
+//!
 //! A refusal is a NACK `RemoteAccess` of the message's header frame: the
 //! target leaves its memory untouched and does not take the message, the
 //! initiator completes the operation with `RemoteAccessError` and its
@@ -68,6 +75,9 @@ pub(crate) struct RmaTx {
     pub data_len: u64,
     /// A read request: the read record (slot, stamp) it belongs to.
     pub read: Option<(u32, u32)>,
+    /// A rendezvous pull's response: the held send (slot, seq) it carries
+    /// the data of, completed with it.
+    pub rdv_send: Option<(u32, u32)>,
 }
 
 /// A remote read being performed.
@@ -80,6 +90,19 @@ pub(crate) struct ReadTx {
     /// Stamp of the armed response timer: nonzero once the request was
     /// acknowledged and only the response is awaited.
     pub timer: u32,
+    /// Data bytes the response must carry.
+    pub want: u64,
+    /// A rendezvous pull: the unexpected entry it fetches, whose receive
+    /// (`desc`) it completes.
+    pub rdv: Option<RdvPull>,
+}
+
+/// What a rendezvous pull's read record keeps of its unexpected entry.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RdvPull {
+    pub entry: u32,
+    pub tag: u64,
+    pub total_len: u64,
 }
 
 /// Bounded table of read records.
@@ -124,16 +147,37 @@ impl Nic {
             let imm = ld.wd.flags & WD_IMM != 0;
             hdr.op = if imm { rma_op::WRITE_IMM } else { rma_op::WRITE };
             hdr.cookie = if imm { ld.wd.tag } else { 0 };
-            RmaTx { hdr, source: RmaSource::Local, data_len: ld.len, read: None }
+            RmaTx { hdr, source: RmaSource::Local, data_len: ld.len, read: None, rdv_send: None }
         } else {
             let stamp = self.next_stamp();
-            let slot = self.rma_reads.insert_checked(ReadTx { port, peer, desc: ld, stamp, timer: 0 });
+            let read = ReadTx { port, peer, desc: ld, stamp, timer: 0, want: ld.len, rdv: None };
+            let slot = self.rma_reads.insert_checked(read);
             hdr.op = rma_op::READ_REQ;
             hdr.len = ld.len as u32;
             hdr.cookie = cookie(slot, stamp);
-            RmaTx { hdr, source: RmaSource::None, data_len: 0, read: Some((slot, stamp)) }
+            RmaTx { hdr, source: RmaSource::None, data_len: 0, read: Some((slot, stamp)), rdv_send: None }
         };
         self.enqueue_tx_rma(now, port, peer, ld, rma);
+    }
+
+    /// A posted receive `d` matched retained header `e`: pull its data from
+    /// the sender into `d` (the caller checked `recv_fits`).
+    pub(crate) fn rdv_pull(&mut self, now: u64, port: u16, e: u32, d: &LocalDesc) {
+        let u = *self.unexp.get(e).expect("live entry");
+        let want = u.total_len.min(d.len);
+        let stamp = self.next_stamp();
+        let rdv = Some(RdvPull { entry: e, tag: u.tag, total_len: u.total_len });
+        let slot = self.rma_reads.insert_checked(ReadTx { port, peer: u.peer, desc: *d, stamp, timer: 0, want, rdv });
+        self.unexp.get_mut(e).pull = Some((slot, stamp));
+        let hdr = RmaHeader {
+            op: rma_op::RDV_READ,
+            offset: u.seq as u64,
+            len: want as u32,
+            cookie: cookie(slot, stamp),
+            ..Default::default()
+        };
+        let rma = RmaTx { hdr, source: RmaSource::None, data_len: 0, read: Some((slot, stamp)), rdv_send: None };
+        self.enqueue_tx_rma(now, port, u.peer, LocalDesc::new(&WorkDesc::default()), rma);
     }
 
     /// Payload bytes `[off, off + out.len())` of an RMA message: the header
@@ -184,7 +228,7 @@ impl Nic {
                 c.byte_len = rma.data_len.min(u32::MAX as u64) as u32;
                 self.complete(hal, port, c);
             }
-            (rma_op::READ_REQ, Some((slot, stamp))) => {
+            (rma_op::READ_REQ | rma_op::RDV_READ, Some((slot, stamp))) => {
                 if self.rma_reads.get(slot).is_none_or(|r| r.stamp != stamp) {
                     return; // The response came first and completed the read.
                 }
@@ -198,6 +242,12 @@ impl Nic {
             _ => {
                 if status != Status::Success {
                     self.count(counter::MSGS_FAILED, 1);
+                }
+                // A rendezvous response: the held send it carried is done.
+                if let Some((s, seq)) = rma.rdv_send {
+                    if self.tx.get(s).is_some_and(|m| m.seq == seq && m.held) {
+                        self.finish_tx(hal, now, s, status);
+                    }
                 }
             }
         }
@@ -230,10 +280,32 @@ impl Nic {
         self.peer(r.peer).rx_active.iter().any(|&x| self.rx.get(x).is_some_and(|m| m.owner == owner))
     }
 
-    /// Retires read `slot` and completes its descriptor.
+    /// Retires read `slot` and completes its descriptor (a rendezvous
+    /// pull: its receive, and its unexpected entry goes).
     fn read_finish<H: Hal>(&mut self, hal: &mut H, slot: u32, status: Status) {
         let r = self.rma_reads.remove(slot);
         let (node, rport) = (self.peer(r.peer).node, self.peer(r.peer).rport);
+        if let Some(p) = r.rdv {
+            if self.unexp.get(p.entry).is_some_and(|u| u.pull == Some((slot, r.stamp))) {
+                self.unexp_remove(p.entry);
+            }
+            let status = match status {
+                Status::Success if p.total_len > r.desc.len => Status::Truncated,
+                s => s,
+            };
+            if status == Status::Success || status == Status::Truncated {
+                self.count(counter::RDV_PULLS, 1);
+            }
+            let mut c = Completion::of(&r.desc, Opcode::Recv, status);
+            if matches!(status, Status::Success | Status::Truncated) {
+                c.byte_len = r.want as u32;
+            }
+            c.tag = p.tag;
+            c.src_node = node;
+            c.src_port = rport;
+            c.msg_len = p.total_len.min(u32::MAX as u64) as u32;
+            return self.complete(hal, r.port, c);
+        }
         let mut c = Completion::of(&r.desc, Opcode::RdmaRead, status);
         if status == Status::Success {
             c.byte_len = r.desc.len.min(u32::MAX as u64) as u32;
@@ -322,16 +394,18 @@ impl Nic {
                 self.count(counter::MSGS_RX, 1);
                 self.send_ack(hal, peer, seq, 0);
                 let resp = RmaHeader { op: rma_op::READ_RESP, cookie: rh.cookie, ..Default::default() };
-                let rma = RmaTx { hdr: resp, source: RmaSource::Remote(t), data_len: t.len, read: None };
+                let rma =
+                    RmaTx { hdr: resp, source: RmaSource::Remote(t), data_len: t.len, read: None, rdv_send: None };
                 self.enqueue_tx_rma(now, port, peer, LocalDesc::new(&WorkDesc::default()), rma);
                 self.nack_gap(hal, peer);
             }
+            rma_op::RDV_READ => self.on_rdv_read(hal, now, peer, hdr, &rh),
             _ => {
                 // READ_RESP: the data of one of our reads.
                 let (slot, stamp) = uncookie(rh.cookie);
                 let read = self.rma_reads.get(slot).filter(|r| r.stamp == stamp && r.peer == peer && r.port == port);
-                match read.map(|r| r.desc) {
-                    Some(desc) if desc.len == data_len => {
+                match read.map(|r| (r.desc, r.want)) {
+                    Some((desc, want)) if want == data_len => {
                         let owner = RxOwner::ReadResp { slot, stamp };
                         let Some(r) = self.rx_open(now, peer, hdr, msg, desc, owner) else {
                             return self.refuse_next(hal, peer, hdr, Some(0));
@@ -350,6 +424,44 @@ impl Nic {
                 self.nack_gap(hal, peer);
             }
         }
+    }
+
+    /// A rendezvous pull of our send `rh.offset` to this peer: its buffer
+    /// is read into a `READ_RESP`, and the send completes with that
+    /// response. A pull of no pullable message (finished, another kind,
+    /// pulled already, longer than the message) is refused.
+    fn on_rdv_read<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader, rh: &RmaHeader) {
+        let seq = hdr.msg_seq;
+        let target = u32::try_from(rh.offset).ok().and_then(|s| self.find_tx(peer, s));
+        let held = target.filter(|&s| {
+            let m = self.tx.get(s).expect("queued");
+            m.pullable() && !m.pulling && rh.len as u64 <= m.desc.len
+        });
+        let Some(s) = held else {
+            return self.send_nack(hal, peer, seq, 0, 0, NackReason::RemoteAccess);
+        };
+        if self.tx.is_full() {
+            // No record for the answer now: the puller retries.
+            return self.refuse_next(hal, peer, hdr, Some(0));
+        }
+        self.hold_tx(now, s);
+        let m = self.tx.get_mut(s);
+        m.pulling = true;
+        let (port, desc, send_seq) = (m.port, m.desc, m.seq);
+        self.rx_took_next(peer, seq);
+        self.count(counter::RX_FRAMES, 1);
+        self.count(counter::MSGS_RX, 1);
+        self.send_ack(hal, peer, seq, 0);
+        let resp = RmaHeader { op: rma_op::READ_RESP, cookie: rh.cookie, ..Default::default() };
+        let rma = RmaTx {
+            hdr: resp,
+            source: RmaSource::Local,
+            data_len: rh.len as u64,
+            read: None,
+            rdv_send: Some((s, send_seq)),
+        };
+        self.enqueue_tx_rma(now, port, peer, desc, rma);
+        self.nack_gap(hal, peer);
     }
 
     /// A remote write's receive record finished: with immediate data, its
@@ -391,7 +503,7 @@ mod tests {
     use super::*;
 
     fn tx(hdr: RmaHeader) -> RmaTx {
-        RmaTx { hdr, source: RmaSource::Local, data_len: 100, read: None }
+        RmaTx { hdr, source: RmaSource::Local, data_len: 100, read: None, rdv_send: None }
     }
 
     #[test]

@@ -1,11 +1,17 @@
 //! Receive side (EMP thesis §2.3.1, §3.1): classify the frame, find its
 //! message, drop duplicates, accept out-of-order frames, DMA the payload
 //! straight into the matched receive buffer, ACK each complete group, NACK
-//! holes. Messages from one peer are matched strictly in sequence order,
-//! which keeps MPI's non-overtaking rule: a message whose header cannot be
-//! matched blocks later ones from the same peer until a receive is posted
-//! (EMP's unexpected-message rule: drop, the sender retransmits) — unless
-//! the bounded overflow buffer takes it.
+//! holes. Messages from one peer are matched strictly in sequence order.
+//! A message whose header matches no posted receive becomes, in the
+//! `Unexpected` matching mode, an unexpected entry of its port (payload in
+//! the bounded eager pool, or its header alone: a rendezvous whose data is
+//! pulled with an `RDV_READ` when a receive matches), and the sender's
+//! later messages go on; receives posted later search the entries in
+//! arrival order, so messages that match the same receive keep their order
+//! (MPI's non-overtaking rule). In the `OrderedRefusal` mode it blocks
+//! later ones from the same peer until a receive is posted (EMP's rule:
+//! refuse, the sender retransmits) — unless the bounded overflow buffer
+//! takes it.
 
 use emp_uapi::coll::CollHeader;
 use emp_uapi::desc::{Opcode, Status, MR_LOCAL_WRITE, MR_REMOTE_WRITE};
@@ -16,7 +22,7 @@ use emp_uapi::{seq_le, seq_lt, Le};
 use crate::host::Completion;
 use crate::mr::Buf;
 use crate::timer::Timer;
-use crate::{FlowControl, Hal, LocalDesc, Nic};
+use crate::{FlowControl, Hal, LocalDesc, MatchMode, Nic};
 
 /// Who a receive record reports to when it finishes. The receive path
 /// treats both alike frame by frame; the dispatcher (`lib.rs`) routes what
@@ -211,13 +217,11 @@ impl RxMsg {
 /// Bounded table of receive records.
 pub(crate) type RxTable = crate::slots::Slots<RxMsg>;
 
-/// A small unexpected message held on the NIC until a receive matches it.
+/// A small unexpected message's payload, held on the NIC until a receive
+/// matches it (its entry, `Unexpected`, says whose it is).
 #[derive(Debug, Default)]
 struct OverflowSlot {
     data: Vec<u8>,
-    tag: u64,
-    src_node: u16,
-    src_port: u16,
 }
 
 /// The bounded overflow buffer (Portals-style), `slots × slot_size` bytes.
@@ -231,9 +235,7 @@ pub(crate) struct Overflow {
 impl Overflow {
     pub(crate) fn new(slots: u32, slot_size: u32) -> Self {
         Overflow {
-            slots: (0..slots)
-                .map(|_| OverflowSlot { data: Vec::with_capacity(slot_size as usize), ..Default::default() })
-                .collect(),
+            slots: (0..slots).map(|_| OverflowSlot { data: Vec::with_capacity(slot_size as usize) }).collect(),
             free: (0..slots).rev().collect(),
             slot_size,
         }
@@ -249,6 +251,36 @@ impl Overflow {
         self.free.len() as u32
     }
 }
+
+/// A message no posted receive matched, kept for a later receive.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Unexpected {
+    pub port: u16,
+    pub src_node: u16,
+    pub src_port: u16,
+    pub tag: u64,
+    pub total_len: u64,
+    /// The eager pool slot holding its payload; `None`: a retained header
+    /// (the data stays in the sender's buffer).
+    pub data: Option<u32>,
+    /// A retained header: the sender's peer entry and the message's
+    /// sequence number there (what the pull names).
+    pub peer: u32,
+    pub seq: u32,
+    /// A receive matched it and its data is being pulled (read slot, stamp).
+    pub pull: Option<(u32, u32)>,
+    /// A probe claimed it: only a claimed receive naming this handle
+    /// (`claim_handle`) takes it.
+    pub claimed: Option<u16>,
+}
+
+/// The handle a claiming probe reports for entry `e` claimed with `stamp`.
+pub(crate) fn claim_handle(e: u32, stamp: u16) -> u32 {
+    e << 16 | stamp as u32
+}
+
+/// Bounded table of unexpected entries (eager pool slots + retained headers).
+pub(crate) type UnexpTable = crate::slots::Slots<Unexpected>;
 
 /// A frame `accept_frame` took into a receive record.
 pub(crate) struct Accepted {
@@ -276,6 +308,9 @@ pub(crate) enum DataVerdict {
     RmaFirst,
     /// The header frame of the next message.
     NextMsg,
+    /// A frame of a message whose header this port retained (rendezvous):
+    /// its data comes by pull, the frame is not kept.
+    Retained,
     /// A frame that cannot be matched yet (its message's header frame is
     /// missing, or an earlier message is not matched).
     Early,
@@ -297,6 +332,8 @@ pub(crate) enum RxTrace {
 enum MatchOutcome {
     Matched(u32),
     Overflowed,
+    /// Kept as a retained header: the sender waits for the pull.
+    Retained,
     NotReady,
     TooLarge,
 }
@@ -338,6 +375,11 @@ impl Nic {
             return DataVerdict::Active(r);
         }
         if seq_lt(seq, p.rx_expected) {
+            let retained =
+                |&e: &u32| self.unexp.get(e).is_some_and(|u| u.data.is_none() && u.peer == peer && u.seq == seq);
+            if self.ports[hdr.dst_port as usize].unexpected.iter().any(retained) {
+                return DataVerdict::Retained;
+            }
             return DataVerdict::Old;
         }
         if seq != p.rx_expected || hdr.frame_index != 0 {
@@ -347,6 +389,18 @@ impl Nic {
             Some(FrameKind::CollData) => DataVerdict::CollFirst,
             Some(FrameKind::Rma) => DataVerdict::RmaFirst,
             _ => DataVerdict::NextMsg,
+        }
+    }
+
+    /// A frame of a retained message: the sender missed the `Retained`
+    /// answer (or keeps the message alive while it waits): answered on its
+    /// group's last frame, not kept.
+    pub(crate) fn on_retained_data<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader) {
+        self.count(counter::DUPLICATES, 1);
+        let g = hdr.frame_index / self.cfg.group_size;
+        let (_, end) = wire::group_range(self.cfg.group_size, hdr.frame_count, g);
+        if hdr.frame_index == 0 || hdr.frame_index + 1 == end {
+            self.send_nack(hal, peer, hdr.msg_seq, 0, 0, NackReason::Retained);
         }
     }
 
@@ -376,6 +430,10 @@ impl Nic {
             }
             MatchOutcome::Overflowed => {
                 self.send_ack(hal, peer, seq, 0);
+                self.nack_gap(hal, peer);
+            }
+            MatchOutcome::Retained => {
+                self.send_nack(hal, peer, seq, 0, 0, NackReason::Retained);
                 self.nack_gap(hal, peer);
             }
             MatchOutcome::TooLarge => self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge),
@@ -490,6 +548,7 @@ impl Nic {
                 while let Some(&r) = self.peer(peer).rx_active.first() {
                     self.finish_rx(hal, now, r, Some(Status::SenderAborted));
                 }
+                self.unexp_drop_peer(peer);
                 let p = self.peer_mut(peer);
                 p.rx_gen = Some(hdr.src_gen);
                 p.rx_gen_ns = now;
@@ -546,21 +605,49 @@ impl Nic {
             self.rx_took_next(peer, hdr.msg_seq);
             return MatchOutcome::Matched(r);
         }
-        let fits = hdr.frame_count == 1 && msg.total_len <= self.overflow.slot_size as u64;
-        if fits {
+        let mode = self.ports[port as usize].mode;
+        let pool = mode == MatchMode::Unexpected || self.cfg.overflow_slots > 0;
+        let mut entry = Unexpected {
+            port,
+            src_node: hdr.src_node,
+            src_port: hdr.src_port,
+            tag: msg.tag,
+            total_len: msg.total_len,
+            data: None,
+            peer,
+            seq: hdr.msg_seq,
+            pull: None,
+            claimed: None,
+        };
+        let fits = pool && hdr.frame_count == 1 && msg.total_len <= self.overflow.slot_size as u64;
+        if fits && !self.unexp.is_full() {
             if let Some(s) = self.overflow.free.pop() {
-                let slot = &mut self.overflow.slots[s as usize];
-                slot.data.clear();
-                slot.data.extend_from_slice(payload);
-                slot.tag = msg.tag;
-                slot.src_node = hdr.src_node;
-                slot.src_port = hdr.src_port;
-                self.ports[port as usize].overflow.push_back(s);
+                self.overflow.slots[s as usize].data.clear();
+                self.overflow.slots[s as usize].data.extend_from_slice(payload);
+                entry.data = Some(s);
+                let e = self.unexp.insert_checked(entry);
+                self.ports[port as usize].unexpected.push_back(e);
                 self.rx_took_next(peer, hdr.msg_seq);
                 self.count(counter::OVERFLOW_MSGS, 1);
                 self.count(counter::RX_FRAMES, 1);
+                if mode == MatchMode::Unexpected {
+                    self.count(counter::UNEXP_EAGER, 1);
+                    self.count(counter::UNEXP_BYTES, msg.total_len);
+                }
                 return MatchOutcome::Overflowed;
             }
+        }
+        if mode == MatchMode::Unexpected {
+            if self.rdv_held < self.cfg.unexp_headers && !self.unexp.is_full() {
+                let e = self.unexp.insert_checked(entry);
+                self.ports[port as usize].unexpected.push_back(e);
+                self.rdv_held += 1;
+                self.peer_mut(peer).rdv_entries += 1;
+                self.rx_took_next(peer, hdr.msg_seq);
+                self.count(counter::UNEXP_RDV, 1);
+                return MatchOutcome::Retained;
+            }
+            self.count(counter::UNEXP_REFUSED_FULL, 1);
         }
         MatchOutcome::NotReady
     }
@@ -595,21 +682,80 @@ impl Nic {
         }
     }
 
-    /// A receive was posted: take the oldest matching overflowed message.
-    pub(crate) fn match_overflow<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) -> bool {
-        let q = &self.ports[port as usize].overflow;
-        let Some(i) = q.iter().position(|&s| {
-            let o = &self.overflow.slots[s as usize];
-            d.matches(o.src_node, o.src_port, o.tag)
-        }) else {
-            return false;
+    /// May a receive be posted now? One that matches a retained header
+    /// needs a read record and a send record for its pull; until both
+    /// tables have room the receive waits in its ring (so it cannot pass
+    /// the entry and take a later message).
+    pub(crate) fn recv_fits(&self) -> bool {
+        !self.rma_reads.is_full() && !self.tx.is_full()
+    }
+
+    /// A receive was posted: take the oldest matching unexpected message
+    /// (arrival order, so same-match order holds). An eager one is copied
+    /// into the receive now; a retained header starts its pull. False when
+    /// none matches.
+    pub(crate) fn match_unexpected<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &LocalDesc) -> bool {
+        match self.find_unexpected(port, d) {
+            Some(e) => {
+                self.take_unexpected(hal, now, port, e, d);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The oldest unexpected entry of `port` that receive or probe `d`
+    /// matches, passing by entries being pulled or claimed.
+    fn find_unexpected(&self, port: u16, d: &LocalDesc) -> Option<u32> {
+        self.ports[port as usize].unexpected.iter().copied().find(|&e| {
+            let u = self.unexp.get(e).expect("queued entry is live");
+            u.pull.is_none() && u.claimed.is_none() && d.matches(u.src_node, u.src_port, u.tag)
+        })
+    }
+
+    /// A probe (`Opcode::Probe`): reports the oldest matching unexpected
+    /// message without receiving it; with `WD_CLAIM` claims it.
+    pub(crate) fn probe<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
+        let Some(e) = self.find_unexpected(port, d) else {
+            return self.complete(hal, port, Completion::of(d, Opcode::Probe, Status::NoMessage));
         };
-        let s = self.ports[port as usize].overflow.remove(i).expect("found");
+        let mut c = Completion::of(d, Opcode::Probe, Status::Success);
+        if d.wd.flags & emp_uapi::desc::WD_CLAIM != 0 {
+            let stamp = self.next_stamp() as u16;
+            self.unexp.get_mut(e).claimed = Some(stamp);
+            c.byte_len = claim_handle(e, stamp);
+        }
+        let u = self.unexp.get(e).expect("found");
+        c.tag = u.tag;
+        c.src_node = u.src_node;
+        c.src_port = u.src_port;
+        c.msg_len = u.total_len.min(u32::MAX as u64) as u32;
+        self.complete(hal, port, c);
+    }
+
+    /// A claimed receive (`WD_CLAIM`, `tag` = the handle): takes exactly
+    /// the entry a probe claimed, else completes `NoMessage`.
+    pub(crate) fn recv_claimed<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &LocalDesc) {
+        let (e, stamp) = ((d.wd.tag >> 16) as u32, d.wd.tag as u16);
+        let ok = self.unexp.get(e).is_some_and(|u| u.port == port && u.claimed == Some(stamp) && u.pull.is_none());
+        if !ok {
+            return self.complete(hal, port, Completion::of(d, Opcode::Recv, Status::NoMessage));
+        }
+        self.take_unexpected(hal, now, port, e, d);
+    }
+
+    /// Receive `d` takes unexpected entry `e`: an eager one is copied and
+    /// completed now, a retained header starts its pull.
+    fn take_unexpected<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, e: u32, d: &LocalDesc) {
+        let u = *self.unexp.get(e).expect("found");
+        let Some(s) = u.data else {
+            return self.rdv_pull(now, port, e, d);
+        };
+        let q = &mut self.ports[port as usize].unexpected;
+        let i = q.iter().position(|&x| x == e).expect("queued");
+        q.remove(i);
+        self.unexp.remove(e);
         let data = core::mem::take(&mut self.overflow.slots[s as usize].data);
-        let (tag, src_node, src_port) = {
-            let o = &self.overflow.slots[s as usize];
-            (o.tag, o.src_node, o.src_port)
-        };
         let total = data.len() as u64;
         let n = total.min(d.len) as usize;
         let io = self.sge_io(hal, port, d.sges(), 0, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE);
@@ -623,12 +769,81 @@ impl Nic {
         self.count(counter::MSGS_RX, 1);
         let mut c = Completion::of(d, Opcode::Recv, status);
         c.byte_len = n as u32;
-        c.tag = tag;
-        c.src_node = src_node;
-        c.src_port = src_port;
+        c.tag = u.tag;
+        c.src_node = u.src_node;
+        c.src_port = u.src_port;
         c.msg_len = total.min(u32::MAX as u64) as u32;
         self.complete(hal, port, c);
-        true
+    }
+
+    /// Takes unexpected entry `e` out of its port's queue and the table,
+    /// if it is still there; returns it.
+    pub(crate) fn unexp_remove(&mut self, e: u32) -> Option<Unexpected> {
+        let u = *self.unexp.get(e)?;
+        let q = &mut self.ports[u.port as usize].unexpected;
+        let i = q.iter().position(|&x| x == e)?;
+        q.remove(i);
+        self.unexp.remove(e);
+        match u.data {
+            Some(s) => self.overflow.free(s),
+            None => {
+                self.rdv_held -= 1;
+                self.peer_mut(u.peer).rdv_entries -= 1;
+            }
+        }
+        Some(u)
+    }
+
+    /// The port closes: its unexpected entries go (pulls were flushed first).
+    pub(crate) fn unexp_flush_port(&mut self, port: u16) {
+        while let Some(&e) = self.ports[port as usize].unexpected.front() {
+            self.unexp_remove(e);
+        }
+    }
+
+    /// The sender of retained headers is a new incarnation: its old
+    /// messages' data is gone, so headers not being pulled are dropped (a
+    /// pull already under way fails on its own, with an error).
+    pub(crate) fn unexp_drop_peer(&mut self, peer: u32) {
+        let port = self.peer(peer).port as usize;
+        let mine: Vec<u32> = self.ports[port]
+            .unexpected
+            .iter()
+            .copied()
+            .filter(|&e| self.unexp.get(e).is_some_and(|u| u.data.is_none() && u.peer == peer && u.pull.is_none()))
+            .collect();
+        for e in mine {
+            self.unexp_remove(e);
+            self.count(counter::DROPPED_UNEXPECTED, 1);
+        }
+    }
+
+    /// Checks the unexpected entries against the queues and pools.
+    pub(crate) fn unexp_invariants(&self) -> Result<(), String> {
+        let queued: usize = self.ports.iter().map(|p| p.unexpected.len()).sum();
+        if queued as u32 != self.unexp.used() {
+            return Err(format!("{} unexpected entries, {queued} queued", self.unexp.used()));
+        }
+        let eager = self.unexp.iter().filter(|(_, u)| u.data.is_some()).count() as u32;
+        if eager != self.overflow.used() || self.unexp.used() - eager != self.rdv_held {
+            return Err(format!(
+                "{eager} eager entries for {} pool slots; {} headers counted {}",
+                self.overflow.used(),
+                self.unexp.used() - eager,
+                self.rdv_held
+            ));
+        }
+        for (e, u) in self.unexp.iter().filter(|(_, u)| u.data.is_none()) {
+            let p = self.peers[u.peer as usize].as_ref().ok_or_else(|| format!("header {e} of a free peer"))?;
+            if p.port != u.port || (p.node, p.rport) != (u.src_node, u.src_port) {
+                return Err(format!("header {e} names peer {} of another endpoint", u.peer));
+            }
+        }
+        let held: u32 = self.live_peers().map(|(_, p)| p.rdv_entries).sum();
+        if held != self.rdv_held {
+            return Err(format!("peers count {held} headers, {} held", self.rdv_held));
+        }
+        Ok(())
     }
 
     /// A DATA frame of a matched message: recorded, stored, acknowledged.

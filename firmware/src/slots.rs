@@ -17,6 +17,9 @@ impl<T> Slots<T> {
     pub(crate) fn used(&self) -> u32 {
         (self.slots.len() - self.free.len()) as u32
     }
+    pub(crate) fn capacity(&self) -> u32 {
+        self.slots.len() as u32
+    }
     pub(crate) fn get(&self, s: u32) -> Option<&T> {
         self.slots.get(s as usize)?.as_ref()
     }

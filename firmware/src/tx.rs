@@ -131,7 +131,12 @@ pub(crate) struct TxMsg {
     pub limit: u32,
     /// A remote write, read request or read response: its header and
     /// where its data comes from.
-    pub rma: Option<Box<crate::rma::RmaTx>>,
+    pub rma: Option<crate::rma::RmaTx>,
+    /// The receiver retained its header (rendezvous): nothing more is sent
+    /// but a keepalive of frame 0, the buffer stays in use until pulled.
+    pub held: bool,
+    /// Its pull arrived: a read response carries its data.
+    pub pulling: bool,
 }
 
 impl TxMsg {
@@ -145,6 +150,18 @@ impl TxMsg {
     /// the window, not by the message's length.
     pub fn state_bytes(&self) -> usize {
         core::mem::size_of::<Self>() - core::mem::size_of::<SendWindow>() + self.groups.state_bytes()
+    }
+
+    /// May the receiver retain it and pull its data? A message whose bytes
+    /// are the descriptor's memory, as is: a send, or a multisend's copy
+    /// (no collective header, host data). Not an RMA message, nor a
+    /// collective one the receiving NIC consumes itself.
+    pub fn pullable(&self) -> bool {
+        match (&self.coll, &self.rma) {
+            (None, None) => true,
+            (Some(c), None) => c.hdr.is_none() && matches!(c.data, crate::coll::CollData::Host { .. }),
+            _ => false,
+        }
     }
 
     /// Bytes of the message: the descriptor's, or an RMA header and its data.
@@ -167,7 +184,7 @@ impl Nic {
 
     /// Queues an RMA message (remote write, read request or response).
     pub(crate) fn enqueue_tx_rma(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc, rma: crate::rma::RmaTx) {
-        self.enqueue_tx_as(now, port, peer, desc, None, Some(Box::new(rma)));
+        self.enqueue_tx_as(now, port, peer, desc, None, Some(rma));
     }
 
     /// Queues an internal collective message on its peer.
@@ -189,7 +206,7 @@ impl Nic {
         peer: u32,
         desc: LocalDesc,
         coll: Option<Box<crate::coll::CollTx>>,
-        rma: Option<Box<crate::rma::RmaTx>>,
+        rma: Option<crate::rma::RmaTx>,
     ) -> u32 {
         let len = rma.as_ref().map_or(desc.len, |r| crate::rma::HDR + r.data_len);
         let frame_count = wire::frames_for(len, self.mtu) as u32;
@@ -215,6 +232,8 @@ impl Nic {
             limit: coll.as_ref().map_or(u32::MAX, |c| c.limit),
             coll,
             rma,
+            held: false,
+            pulling: false,
         });
         self.peer_mut(peer).tx_queue.push_back(slot);
         self.mark_ready(peer);
@@ -264,6 +283,9 @@ impl Nic {
                 let m = self.tx.get(slot).expect("queued");
                 if refused.is_some_and(|r| seq_lt(r, m.seq)) {
                     return;
+                }
+                if m.held {
+                    continue; // Waits for its pull; later messages go on.
                 }
                 (m.next_frame, m.frame_count)
             };
@@ -380,7 +402,7 @@ impl Nic {
         let mut buf = core::mem::take(&mut self.frame_buf);
         let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");
         let m = self.tx.get(slot).expect("live");
-        let r = match (&m.coll, m.rma.as_deref().copied()) {
+        let r = match (&m.coll, m.rma) {
             (Some(c), _) => match Nic::coll_payload(c, off, &mut buf[head..head + len]) {
                 // The rest is host data (broadcast, multisend): from the
                 // op's frame cache, or read from the host.
@@ -406,13 +428,13 @@ impl Nic {
         Ok(())
     }
 
-    /// Every message below this sequence number is finished at the sender.
+    /// Every message below this sequence number is finished at the sender,
+    /// or held: taken by the receiver as a retained header, so skipping it
+    /// skips nothing the receiver still waits for.
     pub(crate) fn tx_floor(&self, peer: u32) -> u32 {
         let p = self.peer(peer);
-        match p.tx_queue.front() {
-            Some(&s) => self.tx.get(s).expect("queued").seq,
-            None => p.tx_seq_next,
-        }
+        let first = p.tx_queue.iter().map(|&s| self.tx.get(s).expect("queued")).find(|m| !m.held);
+        first.map_or(p.tx_seq_next, |m| m.seq)
     }
 
     /// Resends the frames of group `g` already sent once (all of them, or
@@ -436,6 +458,9 @@ impl Nic {
         if grp.stamp != stamp || grp.acked {
             return;
         }
+        if self.tx.get(slot).is_some_and(|m| m.held) {
+            return self.on_held_keepalive(hal, now, slot);
+        }
         self.count(counter::TIMEOUTS, 1);
         if grp.retries >= self.cfg.retry_limit {
             return self.finish_tx(hal, now, slot, Status::RetryLimitExceeded);
@@ -447,7 +472,54 @@ impl Nic {
         self.arm_group(now, slot, g, None);
     }
 
-    fn find_tx(&self, peer: u32, seq: u32) -> Option<u32> {
+    /// The receiver retained message `slot`'s header: stop sending it,
+    /// take its frames out of the window, and keep it alive with frame 0
+    /// every `rto_ns_max` until its pull arrives (the receiver answers
+    /// `Retained` while it holds the header; `PortClosed` if it went).
+    pub(crate) fn hold_tx(&mut self, now: u64, slot: u32) {
+        let m = self.tx.get_mut(slot);
+        if m.held {
+            return;
+        }
+        m.held = true;
+        m.rnr_waiting = false;
+        let mut freed = 0;
+        for g in m.groups.live() {
+            let grp = m.groups.get_mut(g).expect("live");
+            freed += core::mem::take(&mut grp.inflight);
+            grp.stamp = 0;
+            grp.retries = 0;
+        }
+        m.inflight_frames -= freed;
+        let (peer, live0) = (m.peer, m.groups.get(0).is_some());
+        self.peer_mut(peer).inflight_frames -= freed;
+        if live0 {
+            let keepalive = self.cfg.rto_ns_max;
+            self.arm_group(now, slot, 0, Some(keepalive));
+        }
+        self.mark_ready(peer);
+    }
+
+    /// A held message's keepalive: frame 0 again, unless its pull is under
+    /// way; a receiver silent for `retry_limit` keepalives is gone.
+    fn on_held_keepalive<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32) {
+        let m = self.tx.get_mut(slot);
+        if m.pulling {
+            return; // The response's own retransmission takes over.
+        }
+        let grp = m.groups.get_mut(0).expect("armed on group 0");
+        grp.retries += 1;
+        if grp.retries > self.cfg.retry_limit {
+            return self.finish_tx(hal, now, slot, Status::RetryLimitExceeded);
+        }
+        if let Err(st) = self.transmit(hal, slot, 0, true) {
+            return self.finish_tx(hal, now, slot, st);
+        }
+        let keepalive = self.cfg.rto_ns_max;
+        self.arm_group(now, slot, 0, Some(keepalive));
+    }
+
+    pub(crate) fn find_tx(&self, peer: u32, seq: u32) -> Option<u32> {
         self.peer(peer).tx_queue.iter().copied().find(|&s| self.tx.get(s).is_some_and(|m| m.seq == seq))
     }
 
@@ -456,6 +528,10 @@ impl Nic {
         let Some(peer) = self.find_peer(hdr.dst_port, hdr.src_node, hdr.src_port) else { return };
         self.learn_remote(peer, hdr, body);
         let Some(slot) = self.find_tx(peer, hdr.msg_seq) else { return };
+        if self.tx.get(slot).is_some_and(|m| m.held) {
+            // Its groups are not acknowledged: its pull's response completes it.
+            return;
+        }
         if self.peer(peer).not_to_send == Some(hdr.msg_seq) {
             // Modified ACK/NACK: the refused message was accepted; back to Normal.
             self.peer_mut(peer).not_to_send = None;
@@ -536,6 +612,17 @@ impl Nic {
         if g >= self.tx.get(slot).expect("live").groups.count() {
             return;
         }
+        if reason == NackReason::Retained && self.tx.get(slot).expect("live").pullable() {
+            // The receiver is alive and still holds the header.
+            self.hold_tx(now, slot);
+            if let Some(grp) = self.tx.get_mut(slot).groups.get_mut(0) {
+                grp.retries = 0;
+            }
+            return;
+        }
+        if self.tx.get(slot).expect("live").held {
+            return; // Only the pull moves a held message on.
+        }
         match reason {
             NackReason::Loss if g == 0 && body.missing_mask & 1 != 0 => {
                 // No header reached the receiver: nothing of the message was
@@ -555,6 +642,8 @@ impl Nic {
             NackReason::StaleEpoch => self.finish_tx(hal, now, slot, Status::StaleGroup),
             NackReason::CollMismatch => self.finish_tx(hal, now, slot, Status::CollMismatch),
             NackReason::RemoteAccess => self.finish_tx(hal, now, slot, Status::RemoteAccessError),
+            // Only a plain send can be retained: a forged or confused answer.
+            NackReason::Retained => self.finish_tx(hal, now, slot, Status::RemoteAccessError),
             NackReason::PortClosed => unreachable!("handled above"),
         }
     }
@@ -708,11 +797,44 @@ mod tests {
             coll: None,
             limit: u32::MAX,
             rma: None,
+            held: false,
+            pulling: false,
         };
         let m = m(w);
         // Group 1 (frames 3..6) is the oldest unacknowledged: 48 frames from frame 3.
         assert!(m.in_window(50, 3, 48));
         assert!(!m.in_window(51, 3, 48));
+    }
+
+    #[test]
+    fn only_a_message_of_the_descriptors_own_bytes_can_be_pulled() {
+        let m = |rma: Option<crate::rma::RmaTx>| TxMsg {
+            port: 0,
+            peer: 0,
+            desc: LocalDesc::new(&emp_uapi::desc::WorkDesc::default()),
+            seq: 0,
+            frame_count: 1,
+            next_frame: 0,
+            groups: window(1, 1),
+            inflight_frames: 0,
+            rnr_retries: 0,
+            rnr_waiting: false,
+            queued_ns: 0,
+            coll: None,
+            limit: u32::MAX,
+            rma,
+            held: false,
+            pulling: false,
+        };
+        assert!(m(None).pullable(), "a send");
+        let write = crate::rma::RmaTx {
+            hdr: Default::default(),
+            source: crate::rma::RmaSource::Local,
+            data_len: 1,
+            read: None,
+            rdv_send: None,
+        };
+        assert!(!m(Some(write)).pullable(), "an RMA message leads with its header");
     }
 
     #[test]

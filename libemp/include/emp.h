@@ -51,6 +51,7 @@ enum emp_wc_status {
 	EMP_WC_INVALID_OP = 16,
 	EMP_WC_COLL_MISMATCH = 17,
 	EMP_WC_REMOTE_ACCESS_ERROR = 18,
+	EMP_WC_NO_MESSAGE = 19, /* since EMP_1.3: a probe or claimed receive found nothing */
 };
 
 /* The operation a completion reports (struct emp_wc.opcode). */
@@ -63,6 +64,7 @@ enum emp_wc_opcode {
 	EMP_WC_RDMA_WRITE = 11,     /* since EMP_1.2 */
 	EMP_WC_RDMA_READ = 12,      /* since EMP_1.2 */
 	EMP_WC_RECV_RDMA_IMM = 13,  /* a receive consumed by a write with immediate data (is_recv = 1) */
+	EMP_WC_PROBE = 14,          /* since EMP_1.3; only the library's own probes */
 };
 
 /* Reduction element types and operators (NIC-offloaded reduce/allreduce). */
@@ -255,6 +257,31 @@ int emp_post_write_imm(struct emp_device *dev, uint64_t wr_id, uint16_t node, ui
 		       const struct emp_sge *sge, size_t n, uint64_t rkey, uint64_t remote_offset, uint64_t imm);
 int emp_post_read(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port, const struct emp_sge *sge,
 		  size_t n, uint64_t rkey, uint64_t remote_offset);
+
+/* Since EMP_1.3: probing unexpected messages (MPI_Iprobe, MPI_Improbe /
+ * MPI_Mrecv; FI_PEEK, FI_CLAIM, FI_DISCARD). A message no posted receive
+ * took waits on the NIC; a probe reports the oldest one a receive for
+ * (node, port, tag, ignore) would take, without receiving it. */
+struct emp_probed {
+	uint64_t tag;
+	uint32_t len;      /* the message's length */
+	uint32_t handle;   /* emp_probe_claim: the claim, for emp_post_recv_claimed */
+	uint16_t src_node;
+	uint16_t src_port;
+	uint32_t reserved;
+};
+/* Returns 1 and fills *out when such a message waits, 0 when none does,
+ * or a negative errno. Waits only for the NIC's answer. */
+int emp_probe(struct emp_device *dev, uint16_t node, uint16_t port, uint64_t tag, uint64_t ignore,
+	      struct emp_probed *out);
+/* As emp_probe, and claims the message: later receives and probes pass it
+ * by; only emp_post_recv_claimed with *out takes it. */
+int emp_probe_claim(struct emp_device *dev, uint16_t node, uint16_t port, uint64_t tag, uint64_t ignore,
+		    struct emp_probed *out);
+/* Posts a receive of exactly the claimed message (n = 0 discards it). It
+ * completes as a receive; EMP_WC_NO_MESSAGE if the claim was used. */
+int emp_post_recv_claimed(struct emp_device *dev, uint64_t wr_id, const struct emp_probed *claimed,
+			  const struct emp_sge *sge, size_t n);
 
 #ifdef __cplusplus
 }

@@ -51,6 +51,24 @@ pub struct EmpRemoteWord {
     pub reserved: u32,
 }
 
+/// C view of a probed message (`struct emp_probed`, since EMP_1.3).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct EmpProbed {
+    /// Its tag.
+    pub tag: u64,
+    /// Its length in bytes.
+    pub len: u32,
+    /// The claim handle (`emp_probe_claim`), else 0.
+    pub handle: u32,
+    /// Its sender's node.
+    pub src_node: u16,
+    /// Its sender's port.
+    pub src_port: u16,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+
 /// C view of port information (`struct emp_port_info`).
 #[repr(C)]
 pub struct EmpPortInfo {
@@ -254,6 +272,99 @@ pub unsafe extern "C" fn emp_post_recv(
     // SAFETY: caller guarantees the pointers.
     let (d, s) = unsafe { (&mut (*dev).0, sges(sge, n)) };
     match d.post_recv(wr_id, Endpoint { node, port }, tag, ignore, s) {
+        Ok(()) => 0,
+        Err(e) => errno(&e),
+    }
+}
+
+/// `emp_probe` and `emp_probe_claim`: 1 and `*out` filled when a message
+/// was found, 0 when none, else a negative errno.
+unsafe fn probe_into(
+    dev: *mut EmpDevice,
+    src: Endpoint,
+    tag: u64,
+    ignore: u64,
+    claim: bool,
+    out: *mut EmpProbed,
+) -> c_int {
+    if dev.is_null() || out.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: the caller passes a live device.
+    let d = unsafe { &mut (*dev).0 };
+    let found = if claim {
+        d.probe_claim(src, tag, ignore).map(|c| c.map(|c| (c.msg, c.handle())))
+    } else {
+        d.probe(src, tag, ignore).map(|m| m.map(|m| (m, 0)))
+    };
+    match found {
+        Ok(Some((m, handle))) => {
+            let p =
+                EmpProbed { tag: m.tag, len: m.len, handle, src_node: m.src.node, src_port: m.src.port, reserved: 0 };
+            // SAFETY: the caller passes a writable `struct emp_probed`.
+            unsafe { out.write(p) };
+            1
+        }
+        Ok(None) => 0,
+        Err(e) => errno(&e),
+    }
+}
+
+/// Peeks at the oldest unreceived message from (`node`, `port`) (or
+/// `EMP_ANY_*`) whose tag matches `tag` under `ignore`.
+///
+/// # Safety
+/// `dev` from `emp_open`; `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_probe(
+    dev: *mut EmpDevice,
+    node: u16,
+    port: u16,
+    tag: u64,
+    ignore: u64,
+    out: *mut EmpProbed,
+) -> c_int {
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe { probe_into(dev, Endpoint { node, port }, tag, ignore, false, out) }
+}
+
+/// As `emp_probe`, and claims the message for `emp_post_recv_claimed`.
+///
+/// # Safety
+/// As `emp_probe`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_probe_claim(
+    dev: *mut EmpDevice,
+    node: u16,
+    port: u16,
+    tag: u64,
+    ignore: u64,
+    out: *mut EmpProbed,
+) -> c_int {
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe { probe_into(dev, Endpoint { node, port }, tag, ignore, true, out) }
+}
+
+/// Posts a receive of exactly the message `claimed` (from
+/// `emp_probe_claim`) names.
+///
+/// # Safety
+/// `dev` from `emp_open`; `claimed` readable; `sge` points to `n` SGEs.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_recv_claimed(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    claimed: *const EmpProbed,
+    sge: *const Sge,
+    n: usize,
+) -> c_int {
+    if dev.is_null() || claimed.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees the pointers.
+    let (d, p, s) = unsafe { (&mut (*dev).0, *claimed, sges(sge, n)) };
+    let msg = crate::Probed { src: Endpoint { node: p.src_node, port: p.src_port }, tag: p.tag, len: p.len };
+    match d.post_recv_claimed(wr_id, &crate::Claim::from_parts(msg, p.handle), s) {
         Ok(()) => 0,
         Err(e) => errno(&e),
     }

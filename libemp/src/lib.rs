@@ -27,6 +27,7 @@ pub mod host_atomics;
 mod map;
 pub mod mcs;
 mod pmix;
+mod probe;
 pub mod rdv;
 mod ring;
 pub mod rma;
@@ -37,7 +38,10 @@ use std::fmt;
 use std::os::fd::RawFd;
 
 pub use atomic::{RemoteWord, Width};
-pub use backend::direct::{nic_counters_at, nic_routes, nic_stats, nic_wire_info, Link, RouteInfo, WireInfo, WireKind};
+pub use backend::direct::{
+    nic_counters_at, nic_routes, nic_stats, nic_wire_auth, nic_wire_info, nic_wire_rekey, Link, RouteInfo, WireAuth,
+    WireInfo, WireKind,
+};
 pub use backend::COUNTERS;
 pub use device::{Device, INTERNAL_WR};
 pub use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};
@@ -47,6 +51,7 @@ pub use emp_uapi::desc::{
 };
 pub use emp_uapi::{ANY_NODE, ANY_PORT};
 pub use group::{CostModel, Group, GroupOpts};
+pub use probe::{Claim, Probed};
 
 /// An endpoint: (node, port).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -16,7 +16,7 @@
 //!   `scripts/libemp-link.sh` (what `make build` runs) with `libemp.map`,
 //!   has SONAME `libemp.so.1` and exports every function `emp.h` declares
 //!   at the version `libemp.map` lists it in (`EMP_1.0`, then `EMP_1.1`,
-//!   `EMP_1.2`, each node naming its predecessor), and nothing else; `libemp.map`
+//!   `EMP_1.2`, `EMP_1.3`, each node naming its predecessor), and nothing else; `libemp.map`
 //!   lists exactly those functions, each once.
 
 use core::mem::{offset_of, size_of};
@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use emp::ffi::{EmpEndpoint, EmpPortInfo, EmpRemoteWord, EmpWc};
+use emp::ffi::{EmpEndpoint, EmpPortInfo, EmpProbed, EmpRemoteWord, EmpWc};
 use emp::{BarrierAlgo, Dtype, Opcode, ReduceOp, Sge, Status};
 
 // ---------------------------------------------------------------------------
@@ -92,6 +92,7 @@ fn structs() -> Vec<Struct> {
         st!("emp_sge", Sge { key, len, offset }),
         st!("emp_wc", EmpWc { wr_id, status, is_recv, byte_len, msg_len, tag, src_node, src_port, opcode, reserved }),
         st!("emp_remote_word", EmpRemoteWord { key, width, offset, secret, reserved }),
+        st!("emp_probed", EmpProbed { tag, len, handle, src_node, src_port, reserved }),
         st!("emp_port_info", EmpPortInfo { node, port, mtu, nodes, send_entries, recv_entries, reserved, msg_max }),
     ]
 }
@@ -136,6 +137,7 @@ fn constants() -> BTreeMap<String, u64> {
         Opcode::RdmaWrite,
         Opcode::RdmaRead,
         Opcode::RecvRdmaImm,
+        Opcode::Probe,
     ] {
         m.insert(format!("EMP_WC_{}", upper_snake(&format!("{op:?}"))), op as u64);
     }
@@ -373,7 +375,7 @@ fn run(cmd: &mut Command) -> String {
 // ---------------------------------------------------------------------------
 
 /// The versions of the C ABI, oldest first: the nodes of `libemp.map`.
-const ABI_VERSIONS: &[&str] = &["EMP_1.0", "EMP_1.1", "EMP_1.2"];
+const ABI_VERSIONS: &[&str] = &["EMP_1.0", "EMP_1.1", "EMP_1.2", "EMP_1.3"];
 
 /// The staticlib built with this test: in `deps/` next to it, as
 /// `libemp-<metadata hash>.a` (the copy one level up is refreshed only by

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use emp_uapi::attach::{
-    attach_reply as ar, link_flags, op, route_page, status, wire_counter, wire_kind, wire_reply as wr, AttachMsg,
-    ATTACH_VERSION, ROUTES_PER_PAGE,
+    attach_reply as ar, auth_reply, link_flags, op, rekey, route_page, status, wire_counter, wire_kind,
+    wire_reply as wr, AttachMsg, ATTACH_VERSION, ROUTES_PER_PAGE,
 };
 use emp_uapi::Le;
 use nix::sys::socket::{
@@ -19,6 +19,7 @@ use nix::sys::socket::{
 };
 
 use crate::nic::NicShared;
+use crate::wire::auth::{AuthMode, TRAILER};
 use crate::wire::{WireKindInfo, WireView};
 
 /// The wire a NIC is on, as `WIRE_INFO` reports it.
@@ -74,7 +75,11 @@ fn reply(conn: RawFd, mut m: AttachMsg, st: i32, fds: &[RawFd]) -> bool {
 const SCM_MAX_FD: usize = 253;
 
 fn client(nic: Arc<NicShared>, wire: WireSeat, conn: OwnedFd) {
-    let pid = getsockopt(&conn, sockopt::PeerCredentials).map(|c| c.pid()).unwrap_or(0);
+    let creds = getsockopt(&conn, sockopt::PeerCredentials).ok();
+    let pid = creds.map(|c| c.pid()).unwrap_or(0);
+    // Key rotation is the daemon's owner's (or root's) to ask for.
+    // SAFETY: geteuid has no preconditions.
+    let owner = creds.is_some_and(|c| c.uid() == 0 || c.uid() == unsafe { libc::geteuid() });
     let mut port: Option<u16> = None;
     let mut buf = [0u8; AttachMsg::SIZE + 1];
     // Room for every descriptor one message can carry (the kernel's
@@ -115,6 +120,14 @@ fn client(nic: Arc<NicShared>, wire: WireSeat, conn: OwnedFd) {
         };
         if req.version != ATTACH_VERSION {
             if !reply(conn.as_raw_fd(), req, status::EOPNOTSUPP, &[]) {
+                break;
+            }
+            continue;
+        }
+        if req.op == op::WIRE_REKEY {
+            let mut out = AttachMsg { op: req.op, ..Default::default() };
+            let st = if owner { wire_rekey(&wire.view, req.arg[0], &mut out) } else { status::EPERM };
+            if !reply(conn.as_raw_fd(), out, st, &[]) {
                 break;
             }
             continue;
@@ -162,6 +175,10 @@ fn handle(
             status::OK
         }
         (op::WIRE_ROUTES, _) => routes_page(&wire.view, req.arg[0], &mut out),
+        (op::WIRE_AUTH, _) => {
+            auth_info(&wire.view, &mut out);
+            status::OK
+        }
         (op::ATTACH, None) => match nic.alloc_port(pid) {
             Ok(p) => {
                 *port = Some(p);
@@ -285,6 +302,46 @@ fn wire_info(nic: &NicShared, wire: &WireSeat, out: &mut AttachMsg) {
             link_flags::KNOWN | if l.up { link_flags::UP } else { 0 }
         }
     };
+}
+
+/// The `WIRE_AUTH` reply.
+fn auth_info(v: &WireView, out: &mut AttachMsg) {
+    let c = v.counters.snapshot();
+    out.arg[auth_reply::BAD_TAG] = c.bad_tag;
+    out.arg[auth_reply::UNKNOWN_KEY] = c.unknown_key;
+    out.arg[auth_reply::REPLAYED] = c.replayed;
+    let Some(a) = &v.auth else { return };
+    out.arg[auth_reply::MODE] = match a.mode {
+        AuthMode::Off => 0,
+        AuthMode::Mac => 1,
+        AuthMode::Aead => 2,
+    };
+    let ids = a.ids();
+    out.arg[auth_reply::KEY_ID] = ids.current as u64;
+    out.arg[auth_reply::NEXT_KEY_ID] = ids.next as u64;
+    out.arg[auth_reply::PREVIOUS_KEY_ID] = ids.previous as u64;
+    out.arg[auth_reply::TRAILER] = TRAILER as u64;
+}
+
+/// A `WIRE_REKEY` step; replies as `WIRE_AUTH`.
+fn wire_rekey(v: &WireView, step: u64, out: &mut AttachMsg) -> i32 {
+    let Some(a) = &v.auth else { return status::EOPNOTSUPP };
+    let st = match step {
+        rekey::INSTALL => match a.install() {
+            Ok(_) => status::OK,
+            Err(e) => {
+                tracing::warn!("wire rekey refused: {e}");
+                status::EINVAL
+            }
+        },
+        rekey::SWITCH => {
+            a.switch();
+            status::OK
+        }
+        _ => status::EINVAL,
+    };
+    auth_info(v, out);
+    st
 }
 
 /// The `WIRE_ROUTES` reply: the page of the route table from node `first`.

@@ -14,9 +14,10 @@ use emp_nic::firmware::boot_staged;
 use emp_nic::image::TrustedKeys;
 use emp_nic::nic::{power_on, NicConfig, SramBacking};
 use emp_nic::route::RouteTable;
+use emp_nic::wire::auth::{Auth, AuthMode, AuthShared, TRAILER};
 use emp_nic::wire::{Faults, MemWire, PacketOptions, PacketWire, UdpWire, Wire, WireKindInfo, WireView};
 use emp_uapi::fwabi::FwConfig;
-use emp_uapi::sram::{LayoutParams, NicStatus, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
+use emp_uapi::sram::{LayoutParams, NicStatus, FEATURE_MODIFIED_ACK_NACK, FEATURE_ORDERED_REFUSAL, FEATURE_OVERFLOW};
 
 #[derive(Parser, Debug)]
 #[command(name = "emp-nicd", about = "Emulated EMP NICs: a chassis of NICs running signed firmware")]
@@ -84,9 +85,17 @@ struct Args {
     /// Overflow buffer slots for small unexpected messages.
     #[arg(long, default_value_t = 0)]
     overflow: u32,
-    /// Use PM's Modified ACK/NACK flow control.
+    /// Use PM's Modified ACK/NACK flow control (its ports refuse unexpected
+    /// messages in order, whatever `--matching` says).
     #[arg(long)]
     modified_ack_nack: bool,
+    /// What a port does with a message no posted receive matches:
+    /// `unexpected` holds it (small ones with their payload, others as a
+    /// header whose data is pulled when a receive matches) and later
+    /// messages go on; `ordered-refusal` refuses it and holds every later
+    /// message from its sender behind it (the EMP thesis' and PM's rule).
+    #[arg(long, value_enum, default_value_t = Matching::Unexpected)]
+    matching: Matching,
     /// NIC CPU plan (EMP thesis ch. 3): how the control program's steps are
     /// split over two NIC CPUs.
     #[arg(long, value_enum, default_value_t = Plan::Base)]
@@ -125,6 +134,13 @@ struct Args {
     /// Write the pid here once every NIC is serving.
     #[arg(long)]
     pidfile: Option<PathBuf>,
+}
+
+/// `--matching`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Matching {
+    Unexpected,
+    OrderedRefusal,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -166,6 +182,9 @@ struct Setup {
     trusted: PathBuf,
     /// The cluster file's node entries of the local NICs (interfaces).
     nodes: Vec<Option<emp_config::Node>>,
+    /// Per-frame authentication and the key file.
+    auth: AuthMode,
+    auth_key: Option<PathBuf>,
 }
 
 fn setup(a: &Args) -> Result<Setup, String> {
@@ -188,6 +207,8 @@ fn setup(a: &Args) -> Result<Setup, String> {
             socket_dir: a.socket_dir.clone().unwrap_or_else(|| "/tmp/emp".into()),
             firmware: a.firmware.clone().unwrap_or_else(|| "firmware-blobs/emp-fw.bin".into()),
             trusted: emp_config::trusted_keys_dir(a.trusted.as_deref()),
+            auth: AuthMode::Off,
+            auth_key: None,
         });
     };
     let c = emp_config::ClusterConfig::load(path).map_err(|e| e.to_string())?;
@@ -217,6 +238,8 @@ fn setup(a: &Args) -> Result<Setup, String> {
         socket_dir: a.socket_dir.clone().unwrap_or_else(|| host.dir.clone()),
         firmware: a.firmware.clone().or(c.firmware.clone()).unwrap_or_else(|| "firmware-blobs/emp-fw.bin".into()),
         trusted: emp_config::trusted_keys_dir(a.trusted.as_deref().or(c.trusted_keys.as_deref())),
+        auth: if wire == WireKind::Mem { AuthMode::Off } else { c.auth },
+        auth_key: c.auth_key.clone(),
     })
 }
 
@@ -252,6 +275,13 @@ fn run(a: Args) -> Result<ExitCode, String> {
         return Err("--ports must be at least 1".into());
     }
     let nodes = p.routes.len() as u16;
+    // Authentication: the key is read before anything starts, so a bad
+    // key file stops the daemon with its reason.
+    let auth = match (p.auth, &p.auth_key) {
+        (AuthMode::Off, _) => None,
+        (mode, Some(path)) => Some(AuthShared::load(mode, path)?),
+        (mode, None) => return Err(format!("auth {:?} without a key file", mode.as_str())),
+    };
     for (name, p) in [("--loss", a.loss), ("--dup", a.dup), ("--reorder", a.reorder)] {
         if !(0.0..1.0).contains(&p) {
             return Err(format!("{name} must be in [0, 1)"));
@@ -285,6 +315,9 @@ fn run(a: Args) -> Result<ExitCode, String> {
         seed: a.seed,
     };
     let local = p.local.clone();
+    // The control programs' MTU: the trailer rides in what the wire carries.
+    let nic_mtu = if auth.is_some() { p.mtu - TRAILER as u32 } else { p.mtu };
+    let new_auth = || auth.as_ref().map(|s| Auth::new(s.clone(), local.len(), nodes as usize));
     let wire: Box<dyn Wire> = match p.wire {
         WireKind::Mem => Box::new(MemWire::new(&local, faults)),
         WireKind::Udp => {
@@ -300,7 +333,11 @@ fn run(a: Args) -> Result<ExitCode, String> {
                 // A socket of one family cannot send to the other.
                 return Err(format!("udp: node {n} ({a}) and node {} ({}) differ in IP family", local[0], binds[0]));
             }
-            Box::new(UdpWire::new(&binds, p.routes.clone(), faults).map_err(|e| format!("udp: {e}"))?)
+            let mut w = UdpWire::new(&binds, p.routes.clone(), faults).map_err(|e| format!("udp: {e}"))?;
+            if let Some(a) = new_auth() {
+                w.authenticate(a);
+            }
+            Box::new(w)
         }
         WireKind::Packet => {
             let mut locals = Vec::new();
@@ -312,10 +349,12 @@ fn run(a: Args) -> Result<ExitCode, String> {
                 ));
             }
             let opts = PacketOptions { rx_ring: !a.no_rx_ring, tx_ring: !a.no_tx_ring };
-            Box::new(
-                PacketWire::with_options(&locals, p.routes.clone(), p.mtu, faults, opts)
-                    .map_err(|e| format!("packet: {e}"))?,
-            )
+            let mut w = PacketWire::with_options(&locals, p.routes.clone(), p.mtu, faults, opts)
+                .map_err(|e| format!("packet: {e}"))?;
+            if let Some(a) = new_auth() {
+                w.authenticate(a);
+            }
+            Box::new(w)
         }
     };
     let interfaces: Vec<Option<String>> =
@@ -329,6 +368,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
         interfaces,
         routes: p.routes.clone(),
         counters: wire.counters(),
+        auth: auth.clone(),
     });
     let mut features = 0;
     if a.overflow > 0 {
@@ -337,13 +377,16 @@ fn run(a: Args) -> Result<ExitCode, String> {
     if a.modified_ack_nack {
         features |= FEATURE_MODIFIED_ACK_NACK;
     }
+    if matches!(a.matching, Matching::OrderedRefusal) {
+        features |= FEATURE_ORDERED_REFUSAL;
+    }
     let mut nics = Vec::new();
     let mut failed = 0;
     for (local_index, &node) in p.local.iter().enumerate() {
         let cfg = NicConfig {
             node,
             nodes,
-            mtu: p.mtu,
+            mtu: nic_mtu,
             features,
             layout: LayoutParams {
                 ports: p.ports,
@@ -409,7 +452,8 @@ fn run(a: Args) -> Result<ExitCode, String> {
     if let Some(p) = &a.pidfile {
         std::fs::write(p, format!("{}\n", std::process::id())).map_err(|e| format!("{}: {e}", p.display()))?;
     }
-    tracing::info!(nics = local.len(), failed, dir = %p.socket_dir.display(), "serving");
+    let auth_mode = p.auth.as_str();
+    tracing::info!(nics = local.len(), failed, auth = auth_mode, dir = %p.socket_dir.display(), "serving");
     std::thread::spawn(move || {
         while !STOP.load(Ordering::Acquire) {
             std::thread::sleep(std::time::Duration::from_millis(50));

@@ -6,10 +6,13 @@
 # one table with the ratios (EMP/TCP, where lower is better for latency and
 # higher for bandwidth). Always removes the bed. A benchmark, not a test:
 # `--smoke` runs a few iterations of two sizes only, to check it works.
+# `--auth "off mac aead"` runs each wire once per wire authentication mode
+# (`[cluster] auth`, a fresh key), same veth, same run: the table adds each
+# mode's cost, its figure over the same wire's figure with auth off.
 #
 #   bench.sh [--name P] [--subnet 198.18.K] [--wires "packet udp"] [--json]
 #            [--lat-sizes 8,64,…] [--bw-sizes …,1048576] [--iters N] [--smoke]
-#            [--nicd-args "…"] [--delay 100us]
+#            [--nicd-args "…"] [--delay 100us] [--auth "off mac aead"]
 #
 # --nicd-args passes extra emp-nicd options to every daemon (e.g. --spin-us);
 # --delay is handed to bed.sh (netem, or emp-nicd's link delay without it).
@@ -28,6 +31,7 @@ bw_sizes=4096,65536,262144,1048576
 iters=""
 nicd_args=""
 delay=""
+auths="off"
 while [ $# -gt 0 ]; do
     case "$1" in
     --name) name="$2"; shift 2 ;;
@@ -39,12 +43,16 @@ while [ $# -gt 0 ]; do
     --iters) iters="$2"; shift 2 ;;
     --nicd-args) nicd_args="$2"; shift 2 ;;
     --delay) delay="$2"; shift 2 ;;
+    --auth) auths="$2"; shift 2 ;;
     --smoke) lat_sizes=8,4096; bw_sizes=65536,1048576; iters=20; shift ;;
-    *) sed -n '10,12p' "$0" >&2; exit 2 ;;
+    *) sed -n '13,16p' "$0" >&2; exit 2 ;;
     esac
 done
 for w in $wires; do
     case "$w" in packet | udp) ;; *) echo "bench: --wires: udp or packet, not $w" >&2; exit 2 ;; esac
+done
+for a in $auths; do
+    case "$a" in off | mac | aead) ;; *) echo "bench: --auth: off, mac or aead, not $a" >&2; exit 2 ;; esac
 done
 # Human-readable lines go to stderr with --json: stdout is the document.
 say() { if [ "$json" -eq 1 ]; then echo "$@" >&2; else echo "$@"; fi; }
@@ -97,42 +105,58 @@ fi
 extra=()
 [ -z "$iters" ] || extra+=(--iters "$iters")
 status=0
+if [ "$auths" != off ]; then
+    "$bin/emp" wire keygen --out "$work/wire.key" >/dev/null || { echo "bench: keygen failed" >&2; exit 1; }
+fi
+runs=""
 for wire in $wires; do
-    config="$work/bed/cluster-$wire.toml"
-    if ! "$bin/emp" cluster up --config "$config" >"$work/up.log" 2>&1; then
-        cat "$work/up.log" >&2
-        echo "bench: cluster up over $wire failed" >&2
-        status=1
-        config=""
-        continue
-    fi
-    for kind in latency bw; do
-        sizes=$lat_sizes
-        [ "$kind" = latency ] || sizes=$bw_sizes
-        if "$bin/emp" bench "$kind" --config "$config" --json --sizes "$sizes" "${extra[@]}" \
-            >"$work/$wire-$kind.json" 2>"$work/$wire-$kind.err"; then
-            while IFS= read -r l; do say "# $wire $kind: ${l#\# }"; done <"$work/$wire-$kind.err"
-        else
-            cat "$work/$wire-$kind.err" >&2
-            echo "bench: emp bench $kind over $wire failed" >&2
-            rm -f "$work/$wire-$kind.json"
-            status=1
+    for auth in $auths; do
+        # A run's label: the wire, and its auth mode when one is on.
+        label=$wire
+        config="$work/bed/cluster-$wire.toml"
+        if [ "$auth" != off ]; then
+            label="$wire/$auth"
+            config="$work/bed/cluster-$wire-$auth.toml"
+            sed "s|^\[cluster\]\$|[cluster]\nauth = \"$auth\"\nauth_key = \"$work/wire.key\"|" \
+                "$work/bed/cluster-$wire.toml" >"$config"
         fi
+        runs+="$label "
+        file=${label//\//-}
+        if ! "$bin/emp" cluster up --config "$config" >"$work/up.log" 2>&1; then
+            cat "$work/up.log" >&2
+            echo "bench: cluster up over $label failed" >&2
+            status=1
+            config=""
+            continue
+        fi
+        for kind in latency bw; do
+            sizes=$lat_sizes
+            [ "$kind" = latency ] || sizes=$bw_sizes
+            if "$bin/emp" bench "$kind" --config "$config" --json --sizes "$sizes" "${extra[@]}" \
+                >"$work/$file-$kind.json" 2>"$work/$file-$kind.err"; then
+                while IFS= read -r l; do say "# $label $kind: ${l#\# }"; done <"$work/$file-$kind.err"
+            else
+                cat "$work/$file-$kind.err" >&2
+                echo "bench: emp bench $kind over $label failed" >&2
+                rm -f "$work/$file-$kind.json"
+                status=1
+            fi
+        done
+        "$bin/emp" cluster down --config "$config" >/dev/null 2>&1 || true
+        config=""
     done
-    "$bin/emp" cluster down --config "$config" >/dev/null 2>&1 || true
-    config=""
 done
 
 # One table: per benchmark and size, each wire's EMP figure, the TCP figure
 # of the same run, and their ratio.
-python3 - "$work" "$json" "$wires" <<'EOF' || status=1
+python3 - "$work" "$json" "$runs" <<'EOF' || status=1
 import json, os, sys
 work, as_json, wires = sys.argv[1], sys.argv[2] == "1", sys.argv[3].split()
 doc = {"benchmarks": []}
 for kind in ("latency", "bw"):
     runs = {}
     for w in wires:
-        p = os.path.join(work, f"{w}-{kind}.json")
+        p = os.path.join(work, f"{w.replace('/', '-')}-{kind}.json")
         if os.path.exists(p):
             with open(p) as f:
                 runs[w] = json.load(f)
@@ -149,6 +173,11 @@ for kind in ("latency", "bw"):
                 continue
             tcp = r.get("tcp")
             row[w] = {"emp": r["emp"], "tcp": tcp, "ratio": (r["emp"] / tcp) if tcp else None}
+        for w in list(row):
+            # An auth mode's cost: its figure over the same wire's without auth.
+            off = row.get(w.split("/")[0]) if "/" in w else None
+            if off:
+                row[w]["vs_off"] = row[w]["emp"] / off["emp"]
         rows.append(row)
     doc["benchmarks"].append({
         "benchmark": kind, "unit": unit,
@@ -167,6 +196,8 @@ for b in doc["benchmarks"]:
     for w in wires:
         if w in b["paths"]:
             head += f" | {'EMP ' + w:>12} {'TCP':>10} {'ratio':>6}"
+            if "/" in w:
+                head += f" {'vs off':>6}"
     print(head)
     for r in b["rows"]:
         line = f"{r['size']:>8}"
@@ -175,11 +206,14 @@ for b in doc["benchmarks"]:
                 continue
             c = r.get(w)
             if c is None:
-                line += f" | {'-':>12} {'-':>10} {'-':>6}"
+                line += f" | {'-':>12} {'-':>10} {'-':>6}" + (f" {'-':>6}" if "/" in w else "")
                 continue
             tcp = f"{c['tcp']:.2f}" if c["tcp"] is not None else "-"
             ratio = f"{c['ratio']:.2f}" if c["ratio"] is not None else "-"
             line += f" | {c['emp']:>12.2f} {tcp:>10} {ratio:>6}"
+            if "/" in w:
+                vs = f"{c['vs_off']:.2f}" if c.get("vs_off") is not None else "-"
+                line += f" {vs:>6}"
         print(line)
     print()
 EOF

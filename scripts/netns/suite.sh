@@ -7,11 +7,15 @@
 # started by Open MPI's mpirun across the same namespaces and NICs
 # (scripts/netns/mpirun-suite.sh; skipped with --no-mpirun, or said "not
 # ok" when mpirun is missing). Then the faults across hosts
-# (scripts/netns/faults.sh).
+# (scripts/netns/faults.sh). Then the wire authenticated (`[cluster] auth`):
+# the first wire with auth = "mac" (tap-p2p, tap-coll, tap-atomics, and
+# tap-p2p again while the key is rotated under it: every daemon ends on the
+# new key, no frame refused), the second with auth = "aead" (tap-p2p);
+# skipped with --no-auth.
 # Prints one TAP line per step with its wall time and a final
 # "N passed, N failed" line; always removes the bed.
 #
-#   suite.sh [--name P] [--subnet 198.18.K] [--wires "udp packet"] [--no-faults] [--no-mpirun]
+#   suite.sh [--name P] [--subnet 198.18.K] [--wires "udp packet"] [--no-faults] [--no-mpirun] [--no-auth]
 #
 # Needs root and `make build` (target/release, firmware-blobs/emp-fw.bin).
 set -uo pipefail
@@ -25,6 +29,7 @@ subnet=198.18.201
 wires="${EMP_NETNS_WIRES:-udp packet}"
 faults=1
 mpi=1
+auth=1
 while [ $# -gt 0 ]; do
     case "$1" in
     --name) name="$2"; shift 2 ;;
@@ -32,7 +37,8 @@ while [ $# -gt 0 ]; do
     --wires) wires="$2"; shift 2 ;;
     --no-faults) faults=0; shift ;;
     --no-mpirun) mpi=0; shift ;;
-    *) sed -n '14,15p' "$0" >&2; exit 2 ;;
+    --no-auth) auth=0; shift ;;
+    *) sed -n '19,20p' "$0" >&2; exit 2 ;;
     esac
 done
 
@@ -182,4 +188,63 @@ for wire in $wires; do
     step "cluster down over $wire" "$bin/emp" cluster down --config "$config"
     config=""
 done
+
+# check_auth F KEY: every daemon of F sends with key KEY and refused nothing.
+check_auth() {
+    local out daemons
+    out=$("$bin/emp" info --config "$1") || { echo "$out"; return 1; }
+    echo "$out"
+    daemons=$(grep -c '^wire of emp-nicd pid' <<<"$out")
+    [ "$(grep -cE "auth=[a-z]+ key=$2 .* bad_tag=0 unknown_key=0 replayed=0" <<<"$out")" -eq "$daemons" ] || {
+        echo "# not every one of the $daemons daemons sends with key $2 having refused nothing"
+        return 1
+    }
+}
+
+# rotated_p2p F: tap-p2p across the namespaces, the key rotated under it.
+rotated_p2p() {
+    "$bin/emp" run --config "$1" -n 4 --timeout 300 -- "$bin/tap-p2p" &
+    local job=$! rc
+    sleep 0.5
+    "$bin/emp" wire keygen --out "$bed/wire.key" --next && "$bin/emp" wire rekey --config "$1" || rc=1
+    wait "$job" || rc=1
+    return "${rc:-0}"
+}
+
+if [ "$auth" -eq 1 ]; then
+    read -ra ws <<<"$wires"
+    "$bin/emp" wire keygen --out "$bed/wire.key" >"$log" 2>&1 || fail "wire keygen"
+    for i in 0 1; do
+        wire=${ws[$i]:-}
+        [ -n "$wire" ] || continue
+        mode=mac
+        [ "$i" -eq 0 ] || mode=aead
+        config="$bed/bed/cluster-$wire-$mode.toml"
+        sed "s|^\[cluster\]\$|[cluster]\nauth = \"$mode\"\nauth_key = \"$bed/wire.key\"|" \
+            "$bed/bed/cluster-$wire.toml" >"$config"
+        if ! "$bin/emp" cluster up --config "$config" >"$log" 2>&1; then
+            fail "cluster up over $wire with auth $mode"
+            config=""
+            continue
+        fi
+        pass "cluster up over $wire with auth $mode: $(tail -n 1 "$log")"
+        auth_suites=("tap-p2p")
+        [ "$i" -ne 0 ] || auth_suites+=("tap-coll" "tap-atomics")
+        for s in "${auth_suites[@]}"; do
+            tap "$s over $wire with auth $mode, 4 ranks in 4 namespaces" \
+                "$bin/emp" run --config "$config" -n 4 --timeout 300 -- "$bin/$s"
+        done
+        if [ "$i" -eq 0 ]; then
+            key=$(sed -n 's/^id = //p' "$bed/wire.key")
+            tap "tap-p2p over $wire with auth $mode, the key rotated under it" rotated_p2p "$config"
+            step "emp info over $wire: every daemon on key $((key + 1)), nothing refused" \
+                check_auth "$config" "$((key + 1))"
+        else
+            step "emp info over $wire with auth $mode: nothing refused" \
+                check_auth "$config" "$(sed -n 's/^id = //p' "$bed/wire.key")"
+        fi
+        step "cluster down over $wire with auth $mode" "$bin/emp" cluster down --config "$config"
+        config=""
+    done
+fi
 finish

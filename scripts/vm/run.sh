@@ -21,6 +21,8 @@
 # no udevd) and has two users: empuser (in group emp) and outsider. A guest command replaces
 # the default; it sees $rank and $size (e.g. the collectives suite:
 #   run.sh --vms 2 'EMP_DEVICE=/dev/emp-nic EMP_RANK=$rank EMP_SIZE=$size /bin/tap-coll').
+# EMP_VM_TIMEOUT bounds each guest's run in seconds (default 300; the
+# long fuzzer run, scripts/vm/kfuzz.sh, sets more).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -148,6 +150,7 @@ file /lib/firmware/emp/emp-fw.bin $firmware 644 0 0
 file /bin/tap-driver $root/$static/tap-driver 755 0 0
 file /bin/tap-p2p $root/$static/tap-p2p 755 0 0
 file /bin/tap-coll $root/$static/tap-coll 755 0 0
+file /bin/tap-kfuzz $root/$static/tap-kfuzz 755 0 0
 file /bin/emp $root/$static/emp 755 0 0
 LIST
 "$kbuild/usr/gen_init_cpio" "$work/cpio.list" | gzip -1 > "$work/initramfs.gz"
@@ -187,7 +190,7 @@ for i in $(seq 0 $((vms - 1))); do
         net=(-netdev "dgram,id=net0,local.type=inet,local.host=127.0.0.1,local.port=$((net_base + i)),remote.type=inet,remote.host=127.0.0.1,remote.port=$((net_base + 1 - i))"
              -device "virtio-net-pci,netdev=net0,mac=52:54:00:e0:00:0$i")
     fi
-    timeout 300 qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -smp 1 -m 256M \
+    timeout "${EMP_VM_TIMEOUT:-300}" qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -smp 1 -m 256M \
         -object memory-backend-file,id=ram,size=256M,mem-path="$shm/ram$i",share=on \
         -machine q35,memory-backend=ram \
         -kernel "$kbuild/arch/x86/boot/bzImage" -initrd "$work/initramfs.gz" \

@@ -6,6 +6,9 @@
 #      lines are shown as subtests);
 #   1. driver tests (tap-driver) in one guest, after checking that rmmod
 #      with a port open is refused safely;
+#   1b. the unprivileged ioctl/mmap fuzzer (tap-kfuzz, a short run as
+#      empuser; scripts/vm/kfuzz.sh): afterwards the driver's debugfs
+#      counters read 0, kmemleak finds nothing, tap-driver still passes;
 #   2. the point-to-point TAP suite between two guests over /dev/emp-nic,
 #      run as an ordinary user (run.sh's `as_user`: group emp, no
 #      CAP_IPC_LOCK, RLIMIT_MEMLOCK 64 MiB),
@@ -67,6 +70,8 @@ if /bin/busybox rmmod emp 2>/dev/null; then echo "not ok - rmmod with a port ope
 exec 3<&-
 /bin/tap-driver'
 step "driver tests in a guest (tap-driver; rmmod with a port open)" scripts/vm/run.sh "$rmmod_busy"
+show='^# kfuzz: |^# counter |^# kmemleak' step "unprivileged ioctl/mmap fuzzer (tap-kfuzz, ${EMP_KFUZZ_CALLS:-40000} calls as empuser): counters back to 0, kmemleak clean, tap-driver after it" \
+    scripts/vm/kfuzz.sh --calls "${EMP_KFUZZ_CALLS:-40000}"
 show='^# as uid=' step "two guests exchange messages through emp.ko as an ordinary user (tap-p2p, MSI-X events)" \
     scripts/vm/run.sh --vms 2
 coll='EMP_DEVICE=/dev/emp-nic EMP_RANK=$rank EMP_SIZE=$size EMP_ARENA_MB=24 /bin/tap-coll'

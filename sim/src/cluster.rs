@@ -182,6 +182,39 @@ impl Cluster {
         wr
     }
 
+    /// Posts a probe for an unexpected message matching (`src`, `tag`,
+    /// `ignore`) at `node` (claiming it with `claim`); returns its wr_id.
+    /// Its completion says what was found (`byte_len` = the claim handle).
+    pub fn probe(&mut self, n: u16, src: (u16, u16), tag: u64, ignore: u64, claim: bool) -> u64 {
+        let wr = self.bufs.len() as u64;
+        let flags = if claim { emp_uapi::desc::WD_CLAIM } else { 0 };
+        let d = WorkDesc {
+            opcode: Opcode::Probe as u8,
+            flags,
+            wr_id: wr,
+            node: src.0,
+            port: src.1,
+            tag,
+            ignore,
+            ..WorkDesc::default()
+        };
+        self.bufs.push((n, 0, 0));
+        self.post(n, d, false, 0)
+    }
+
+    /// Posts a receive of up to `len` bytes that takes the message a probe
+    /// claimed with `handle`; returns its wr_id.
+    pub fn recv_claimed(&mut self, n: u16, handle: u32, len: u64) -> u64 {
+        let off = self.alloc(n, len);
+        let key = self.ports[n as usize].data.key;
+        let wr = self.bufs.len() as u64;
+        let mut d = work_desc(Opcode::Recv as u8, wr, 0, 0, handle as u64, 0, key, off, len, 3);
+        d.flags |= emp_uapi::desc::WD_CLAIM;
+        self.bufs.push((n, off, len));
+        self.post(n, d, false, 0);
+        wr
+    }
+
     /// Posts `d`; a send of `copy` bytes costs the host that much copying.
     fn post(&mut self, n: u16, d: WorkDesc, send: bool, copy: u64) -> u64 {
         if send {
@@ -466,6 +499,12 @@ impl Cluster {
     /// Closes and re-opens port 0 of `node` (a new process: a new port
     /// generation, sequence numbers from 0), keeping its registrations.
     pub fn reopen_port(&mut self, n: u16) {
+        self.reopen_port_mode(n, emp_uapi::sram::match_mode::DEFAULT);
+    }
+
+    /// As [`Cluster::reopen_port`], the port opening in matching mode
+    /// `mode` (`emp_uapi::sram::match_mode`).
+    pub fn reopen_port_mode(&mut self, n: u16, mode: u64) {
         assert_eq!(self.close_port(n), Some(ar::OK));
         let layout = self.world.layout;
         let hp = &mut self.ports[n as usize];
@@ -473,7 +512,7 @@ impl Cluster {
         hp.cq.write(&mut node.mem, 0, &vec![0u8; CQ_ENTRIES as usize * 32]);
         (hp.cq_head, hp.send_prod, hp.recv_prod) = (0, 0, 0);
         reset_port_ctl(&mut node.sram, &layout, 0);
-        admin_post(&mut node.sram, &layout, AdminOp::PortOpen, [0, hp.cq.key as u64, 0, CQ_ENTRIES as u64, 0, 0]);
+        admin_post(&mut node.sram, &layout, AdminOp::PortOpen, [0, hp.cq.key as u64, 0, CQ_ENTRIES as u64, mode, 0]);
         self.world.doorbell_now(n);
         assert_eq!(admin_result(&mut self.world.nodes[n as usize].sram, &layout), Some(ar::OK));
     }

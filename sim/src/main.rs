@@ -57,6 +57,16 @@ struct OneArgs {
     /// Overflow buffer slots for small unexpected messages (0 = EMP's drop rule).
     #[arg(long, default_value_t = 0)]
     overflow: u32,
+    /// Matching mode of every port: `unexpected` (unmatched messages held,
+    /// later ones go on) or `ordered-refusal` (refused, order per sender).
+    #[arg(long, value_enum, default_value_t = Matching::Unexpected)]
+    matching: Matching,
+    /// Eager pool slots of the unexpected mode.
+    #[arg(long, default_value_t = emp_firmware::Config::default().unexp_slots)]
+    unexp_slots: u32,
+    /// Retained-header entries of the unexpected mode.
+    #[arg(long, default_value_t = emp_firmware::Config::default().unexp_headers)]
+    unexp_headers: u32,
     /// Ports per NIC.
     #[arg(long, default_value_t = 1)]
     ports: u16,
@@ -85,6 +95,12 @@ enum Flow {
     Off,
     Piggyback,
     Mack,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Matching {
+    Unexpected,
+    OrderedRefusal,
 }
 
 #[derive(Subcommand)]
@@ -198,6 +214,12 @@ fn one(a: &OneArgs) -> ExitCode {
     spec.mtu = a.mtu;
     spec.group_size = a.group;
     spec.overflow_slots = a.overflow;
+    spec.matching = match a.matching {
+        Matching::Unexpected => emp_firmware::MatchMode::Unexpected,
+        Matching::OrderedRefusal => emp_firmware::MatchMode::OrderedRefusal,
+    };
+    spec.unexp_slots = a.unexp_slots;
+    spec.unexp_headers = a.unexp_headers;
     spec.cpu_plan = a.cpu_plan;
     spec.weak_dma = a.weak_dma;
     spec.atomics = a.atomics;

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 
-use emp_firmware::{Config, FlowControl};
+use emp_firmware::{Config, FlowControl, MatchMode};
 use emp_uapi::desc::{
     Cqe, Opcode, RemoteSge, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ,
     MR_REMOTE_WRITE, WD_IMM, WD_SIGNALED,
@@ -53,6 +53,13 @@ pub struct Spec {
     pub flow: FlowControl,
     /// Overflow buffer slots (0 = off).
     pub overflow_slots: u32,
+    /// What a message no posted receive matches gets (Modified ACK/NACK
+    /// keeps ordered refusal whatever this says).
+    pub matching: MatchMode,
+    /// Eager pool slots and retained-header entries of the unexpected
+    /// mode (small ones exercise refusal when full).
+    pub unexp_slots: u32,
+    pub unexp_headers: u32,
     /// Sends and receives are posted at random times in `[0, spread_ns]`.
     pub spread_ns: u64,
     /// Probability an exact receive gets a shorter buffer.
@@ -91,6 +98,9 @@ impl Spec {
             group_size: 3,
             flow: FlowControl::Off,
             overflow_slots: 0,
+            matching: MatchMode::Unexpected,
+            unexp_slots: Config::default().unexp_slots,
+            unexp_headers: Config::default().unexp_headers,
             spread_ns: messages as u64 * 2_000,
             truncate_prob: 0.0,
             errors: false,
@@ -152,6 +162,10 @@ impl Spec {
             weak_dma: r.chance(0.5),
             // Drawn after everything else, for the same reason.
             rma: if r.chance(0.4) { r.range(1, 24) as u32 } else { 0 },
+            // Drawn after everything else, for the same reason.
+            matching: if r.chance(0.25) { MatchMode::OrderedRefusal } else { MatchMode::Unexpected },
+            unexp_slots: [0, 1, 4, 64][r.below(4) as usize],
+            unexp_headers: [1, 2, 8, 256][r.below(4) as usize],
         }
     }
 
@@ -167,7 +181,8 @@ impl Spec {
         };
         let mut cmd = format!(
             "cargo run --release -p emp-sim -- --nodes {} --messages {} --seed {} --loss {} --dup {} --reorder {} \
-             --max-size {} --mtu {} --group {} --flow {flow} --overflow {} --ports {} --cpu-plan {}",
+             --max-size {} --mtu {} --group {} --flow {flow} --overflow {} --ports {} --cpu-plan {} --matching {} \
+             --unexp-slots {} --unexp-headers {}",
             self.nodes,
             self.messages,
             self.seed,
@@ -179,7 +194,10 @@ impl Spec {
             self.group_size,
             self.overflow_slots,
             self.ports,
-            self.cpu_plan
+            self.cpu_plan,
+            self.matching.name(),
+            self.unexp_slots,
+            self.unexp_headers
         );
         if self.atomics > 0 {
             cmd += &format!(" --atomics {}", self.atomics);
@@ -215,6 +233,9 @@ impl Spec {
             group_size: self.group_size,
             window_frames: (16 * self.group_size).max(48),
             overflow_slots: self.overflow_slots,
+            matching: self.matching,
+            unexp_slots: self.unexp_slots,
+            unexp_headers: self.unexp_headers,
             flow_control: self.flow,
             // The workload posts every receive and send up front, as a
             // bulk-synchronous program would: size the tables for it (a
@@ -277,6 +298,15 @@ impl Report {
         let _ = writeln!(s, "out of order     {}", c[counter::OUT_OF_ORDER]);
         let _ = writeln!(s, "dropped (unexp.) {}", c[counter::DROPPED_UNEXPECTED]);
         let _ = writeln!(s, "overflowed       {}", c[counter::OVERFLOW_MSGS]);
+        let _ = writeln!(
+            s,
+            "unexpected       eager {} ({} B) retained {} pulled {} refused full {}",
+            c[counter::UNEXP_EAGER],
+            c[counter::UNEXP_BYTES],
+            c[counter::UNEXP_RDV],
+            c[counter::RDV_PULLS],
+            c[counter::UNEXP_REFUSED_FULL]
+        );
         let _ = writeln!(s, "timeouts         {}", c[counter::TIMEOUTS]);
         let _ = writeln!(s, "acks / nacks     {} / {}", c[counter::ACKS_TX], c[counter::NACKS_TX]);
         let _ = writeln!(

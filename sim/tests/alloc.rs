@@ -72,8 +72,9 @@ const SIZES: [u64; 6] = [0, 64, 1400, 10_000, 70_000, 200_000];
 const RECV_BASE: u64 = 2 << 20;
 
 /// One round: every size both ways with the receives posted first, plus
-/// one message whose receive is posted late (the receiver refuses it until
-/// then: not-ready NACKs, the kick on posting, the resend); all complete.
+/// one message whose receive is posted late (the receiver retains its
+/// header and pulls it on posting, or under ordered refusal refuses it
+/// until then: not-ready NACKs, the kick on posting, the resend); all complete.
 fn round(p: &mut Pair, tag: u64) {
     let mut expected = [0u32; 2];
     for n in 0..2u16 {
@@ -120,7 +121,9 @@ fn allocations(p: &mut Pair, warm: u64, measured: u64) -> (u64, u64) {
     }
     let sent = p.counter(0, counter::TX_FRAMES) - frames;
     assert!(sent > measured * 150, "the measured rounds sent only {sent} frames");
-    assert!(p.counter(1, counter::DROPPED_UNEXPECTED) > 0, "the late receives were refused first");
+    // Refused (ordered refusal) or retained and pulled (unexpected mode).
+    let late = p.counter(1, counter::DROPPED_UNEXPECTED) + p.counter(1, counter::RDV_PULLS);
+    assert!(late > 0, "the late receives' messages were unexpected first");
     (warm_allocs, firmware_allocs() - before)
 }
 
@@ -144,6 +147,14 @@ fn test_steady_stream_on_two_nic_cpus_allocates_nothing() {
         let (_, measured) = allocations(&mut p, 10, 30);
         assert_eq!(measured, 0, "plan {plan}: allocations inside the firmware after the warm-up");
     }
+}
+
+#[test]
+fn test_steady_stream_under_ordered_refusal_allocates_nothing() {
+    let mut p = pair(Config { matching: emp_firmware::MatchMode::OrderedRefusal, ..Config::default() });
+    let (_, measured) = allocations(&mut p, 10, 30);
+    assert!(p.counter(1, counter::DROPPED_UNEXPECTED) > 0, "the late receives were refused first");
+    assert_eq!(measured, 0, "allocations inside the firmware after the warm-up");
 }
 
 #[test]

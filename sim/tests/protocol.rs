@@ -1,7 +1,7 @@
 //! Targeted protocol tests: one mechanism each, scripted on a `Cluster`.
 //! Named `test_<situation>_<event>` as in smoltcp.
 
-use emp_firmware::{Config, FlowControl};
+use emp_firmware::{Config, FlowControl, MatchMode};
 use emp_sim::cluster::Cluster;
 use emp_sim::world::{Partition, WireConfig};
 use emp_uapi::desc::{Opcode, Status, WorkDesc};
@@ -50,8 +50,9 @@ fn test_zero_length_message_delivered() {
 }
 
 #[test]
-fn test_unexpected_message_dropped_until_receive_posted() {
-    let mut c = cluster(2);
+fn test_ordered_refusal_drops_unexpected_message_until_receive_posted() {
+    let cfg = Config { matching: MatchMode::OrderedRefusal, ..Config::default() };
+    let mut c = Cluster::new(2, cfg, 0, 1500, WireConfig::default());
     let msg = data(3000, 2);
     let s = c.send(0, 1, 9, &msg);
     c.run_for(5 * MS);
@@ -272,7 +273,7 @@ fn test_jumbo_mtu_fewer_frames() {
 /// A burst of messages behind one the receiver is not ready for: PM's
 /// Modified ACK/NACK stops the sender, EMP's rule keeps retransmitting.
 fn burst_behind_unready_head(flow: FlowControl, features: u32) -> (u64, Vec<u64>) {
-    let cfg = Config { flow_control: flow, ..Config::default() };
+    let cfg = Config { flow_control: flow, matching: MatchMode::OrderedRefusal, ..Config::default() };
     let mut c = Cluster::new(2, cfg, features, 1500, WireConfig::default());
     let sends: Vec<u64> = (0..8).map(|i| c.send(0, 1, i, &data(4000, i as u8))).collect();
     c.run_for(3 * MS);
@@ -302,7 +303,8 @@ fn test_piggyback_flow_control_delivers_in_order() {
 
 #[test]
 fn test_ack_frames_carry_receiver_credits() {
-    let mut c = cluster(2);
+    let cfg = Config { matching: MatchMode::OrderedRefusal, ..Config::default() };
+    let mut c = Cluster::new(2, cfg, 0, 1500, WireConfig::default());
     for t in 0..5 {
         c.recv(1, (0, 0), t, 0, 10);
     }

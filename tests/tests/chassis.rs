@@ -49,6 +49,38 @@ fn tap_p2p_on_two_nic_cpus_every_plan() {
     }
 }
 
+/// The `emp stats` row `name`, summed over the NICs.
+fn stats_row(dir: &Path, name: &str) -> u64 {
+    let stats = emp().args(["stats", "--dir"]).arg(dir).output().expect("stats");
+    let text = String::from_utf8_lossy(&stats.stdout);
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no {name} row in:\n{text}"))
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn tap_match_out_of_order_tags_two_ranks() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::up("match2", &["-n", "2"]);
+    assert_tap(&c.run(2, &[env!("CARGO_BIN_EXE_tap-match")]), 6);
+    assert!(stats_row(&c.dir, "unexp_eager") >= 2, "small unexpected messages counted");
+    assert!(stats_row(&c.dir, "unexp_rdv") >= 4, "retained headers counted");
+    assert!(stats_row(&c.dir, "rdv_pulls") >= 4, "rendezvous pulls counted");
+}
+
+#[test]
+fn tap_match_with_loss_on_the_udp_wire() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c =
+        Cluster::up("matchl", &["-n", "3", "--wire", "udp", "--loss", "0.03", "--dup", "0.02", "--reorder", "0.05"]);
+    assert_tap(&c.run(3, &[env!("CARGO_BIN_EXE_tap-match")]), 6);
+    assert!(stats_row(&c.dir, "rdv_pulls") >= 4);
+}
+
 #[test]
 fn tap_coll_two_ranks() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

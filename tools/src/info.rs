@@ -58,6 +58,18 @@ pub fn fmt_counters(w: &WireInfo) -> String {
     wire_counter::NAMES.iter().zip(&w.counters).map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>().join(" ")
 }
 
+/// A daemon's wire authentication as one line (`auth=mac key=2 … bad_tag=0 …`).
+pub fn fmt_auth(a: &emp::WireAuth) -> String {
+    let mut s = format!("auth={}", a.mode);
+    if a.mode != "off" {
+        s += &format!(
+            " key={} next_key={} previous_key={} trailer={}",
+            a.key_id, a.next_key_id, a.previous_key_id, a.trailer
+        );
+    }
+    s + &format!(" bad_tag={} unknown_key={} replayed={}", a.bad_tag, a.unknown_key, a.replayed)
+}
+
 /// The report of one host or chassis, and whether any of its NICs runs.
 fn info_report(label: &str, nics: &[(u16, PathBuf)], max_routes: usize) -> (String, bool) {
     let mut out = format!("{label}\n");
@@ -106,6 +118,10 @@ fn info_report(label: &str, nics: &[(u16, PathBuf)], max_routes: usize) -> (Stri
         let shared =
             if w.local_nics as usize > nodes.len() { format!(", {} NICs on it", w.local_nics) } else { String::new() };
         out += &format!("wire of emp-nicd pid {pid} (node {}{shared}): {}\n", list.join(","), fmt_counters(w));
+        let sock = nics.iter().find(|(n, _)| *n == nodes[0]).map(|(_, s)| s.to_string_lossy());
+        if let Some(a) = sock.and_then(|s| emp::nic_wire_auth(&s).ok()) {
+            out += &format!("  {}\n", fmt_auth(&a));
+        }
     }
     if !daemons.is_empty() && route_source.is_none() {
         out += "routes: none (the mem wire switches between the NICs of one daemon)\n";

@@ -12,6 +12,7 @@ mod fw;
 mod hosts;
 mod info;
 mod run;
+mod wire;
 
 /// EMP: OS-bypass messaging on an emulated programmable NIC.
 #[derive(Parser, Debug)]
@@ -27,6 +28,11 @@ enum Cmd {
     Fw {
         #[command(subcommand)]
         cmd: fw::FwCmd,
+    },
+    /// The wire's cluster key: make one, rotate it on a running cluster.
+    Wire {
+        #[command(subcommand)]
+        cmd: wire::WireCmd,
     },
     /// A chassis of emulated NICs on this machine.
     Cluster {
@@ -169,6 +175,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Fw { cmd } => fw::run(cmd),
+        Cmd::Wire { cmd } => wire::run(cmd),
         Cmd::Cluster { cmd: ClusterCmd::Up { dir, args, file, timeout } } => match file.config.clone() {
             Some(c) => hosts::up(&hosts::FileArgs {
                 firmware: args.firmware.clone(),

@@ -100,6 +100,7 @@ extern "C" {
 #define EMP_NACK_STALE_EPOCH 6U   /* collective message for an older group epoch */
 #define EMP_NACK_COLL_MISMATCH 7U /* receiver's collective instance disagrees */
 #define EMP_NACK_REMOTE_ACCESS 8U /* remote write/read refused: key, secret, rights, bounds */
+#define EMP_NACK_RETAINED 9U      /* header kept as an unexpected entry: wait for RDV_READ */
 
 /* Header of every EMP frame (32 bytes). */
 struct emp_frame_header {
@@ -162,6 +163,7 @@ struct emp_atomic_body {
 #define EMP_RMA_OP_WRITE_IMM 2U /* and complete a receive matching tag = cookie */
 #define EMP_RMA_OP_READ_REQ 3U  /* read len bytes at (rkey, offset); header only */
 #define EMP_RMA_OP_READ_RESP 4U /* the data for the read named by cookie */
+#define EMP_RMA_OP_RDV_READ 5U  /* rendezvous pull of send seq = offset; header only */
 
 /* Header at the start of every RMA message's payload (32 bytes). */
 struct emp_rma_header {
@@ -227,11 +229,13 @@ struct emp_atomic_result {
 #define EMP_OP_RDMA_WRITE 11U
 #define EMP_OP_RDMA_READ 12U
 #define EMP_OP_RECV_RDMA_IMM 13U
+#define EMP_OP_PROBE 14U /* receive ring: peek (or claim) an unexpected message; no SGEs */
 
 /* Work descriptor flags. */
 #define EMP_WD_SIGNALED (1U << 0)
 #define EMP_WD_IMM (1U << 1) /* RDMA_WRITE: tag is immediate data */
-#define EMP_WD_FLAGS_ALL (EMP_WD_SIGNALED | EMP_WD_IMM)
+#define EMP_WD_CLAIM (1U << 2) /* PROBE: claim it; RECV: take the claimed message tag names */
+#define EMP_WD_FLAGS_ALL (EMP_WD_SIGNALED | EMP_WD_IMM | EMP_WD_CLAIM)
 
 /* Completion status codes (emp_cqe.status). */
 #define EMP_STATUS_SUCCESS 0U
@@ -253,6 +257,7 @@ struct emp_atomic_result {
 #define EMP_STATUS_INVALID_OP 16U         /* datatype and operation do not combine */
 #define EMP_STATUS_COLL_MISMATCH 17U      /* members disagree on the collective */
 #define EMP_STATUS_REMOTE_ACCESS_ERROR 18U /* target refused a remote atomic */
+#define EMP_STATUS_NO_MESSAGE 19U /* probe found nothing; claimed receive names nothing */
 
 /* Completion flag: owner (phase) bit, flips each time the CQ wraps. */
 #define EMP_CQE_PHASE (1U << 0)
@@ -421,7 +426,7 @@ struct emp_coll_header {
 
 /* Board signature at SRAM offset 0: "EMP-NIC\0" little-endian. */
 #define EMP_BOARD_SIGNATURE 0x0043494E2D504D45ULL
-#define EMP_LAYOUT_VERSION 5U
+#define EMP_LAYOUT_VERSION 6U
 
 /* NIC status (emp_sram_header.status). */
 #define EMP_NIC_STATUS_RESET 0U
@@ -442,6 +447,12 @@ struct emp_coll_header {
 /* Feature bits (emp_sram_header.features, emp_query.features). */
 #define EMP_FEATURE_OVERFLOW (1U << 0)
 #define EMP_FEATURE_MODIFIED_ACK_NACK (1U << 1)
+#define EMP_FEATURE_ORDERED_REFUSAL (1U << 2) /* ports default to ordered refusal */
+
+/* Matching modes (PORT_OPEN args[4]). */
+#define EMP_MATCH_MODE_DEFAULT 0U
+#define EMP_MATCH_MODE_UNEXPECTED 1U      /* unmatched messages held; later ones go on */
+#define EMP_MATCH_MODE_ORDERED_REFUSAL 2U /* unmatched messages refused, order per sender */
 
 /* Counter slots (emp_sram_header.counters[i]). */
 #define EMP_COUNTER_TX_FRAMES 0U
@@ -467,13 +478,18 @@ struct emp_coll_header {
 #define EMP_COUNTER_PEERS_RECLAIMED 20U /* idle peer entries reclaimed for a new peer */
 #define EMP_COUNTER_REMOTE_REFUSED 21U  /* remote accesses refused (key, secret, rights, bounds) */
 #define EMP_COUNTER_REMOTE_THROTTLED 22U /* refused: the source kept guessing keys */
-#define EMP_COUNTER_COUNT 23U
+#define EMP_COUNTER_UNEXP_EAGER 23U  /* unexpected messages held with their payload */
+#define EMP_COUNTER_UNEXP_BYTES 24U  /* payload bytes of those */
+#define EMP_COUNTER_UNEXP_RDV 25U    /* unexpected messages retained as a header (rendezvous) */
+#define EMP_COUNTER_RDV_PULLS 26U    /* rendezvous pulls completed */
+#define EMP_COUNTER_UNEXP_REFUSED_FULL 27U /* refused: unexpected pool and header table full */
+#define EMP_COUNTER_COUNT 28U
 
 /* Largest SRAM laid out; largest ring. */
 #define EMP_SRAM_SIZE_MAX (1U << 30)
 #define EMP_RING_ENTRIES_MAX 4096U
 
-/* SRAM header at offset 0 (280 bytes). */
+/* SRAM header at offset 0 (320 bytes). */
 struct emp_sram_header {
 	uint64_t magic;          /* EMP_BOARD_SIGNATURE */
 	uint32_t layout_version; /* EMP_LAYOUT_VERSION */
@@ -820,6 +836,10 @@ struct emp_group_clear {
 /*   WIRE_ROUTES arg[0] first node -> arg[0] = nodes | count << 32,    */
 /*             entry i in arg[1 + 3i ..= 3 + 3i]: IPv6 address (two   */
 /*             big-endian words), udp port | big-endian MAC << 16      */
+/*   WIRE_AUTH reply: auth mode, key ids, refusals in                  */
+/*             arg[EMP_AUTH_REPLY_*]                                   */
+/*   WIRE_REKEY arg[0] EMP_REKEY_INSTALL | EMP_REKEY_SWITCH (daemon's  */
+/*             user or root) -> reply as WIRE_AUTH                     */
 /*                                                                     */
 /* Closing the socket closes the port.                                 */
 /* ------------------------------------------------------------------ */
@@ -838,6 +858,22 @@ struct emp_group_clear {
 #define EMP_ATTACH_OP_STATS_EXT 9U
 #define EMP_ATTACH_OP_WIRE_INFO 10U
 #define EMP_ATTACH_OP_WIRE_ROUTES 11U
+#define EMP_ATTACH_OP_WIRE_AUTH 20U
+#define EMP_ATTACH_OP_WIRE_REKEY 21U
+
+/* WIRE_REKEY steps (arg[0]). */
+#define EMP_REKEY_INSTALL 1
+#define EMP_REKEY_SWITCH 2
+
+/* WIRE_AUTH / WIRE_REKEY reply fields (indices into emp_attach_msg.arg). */
+#define EMP_AUTH_REPLY_MODE 0
+#define EMP_AUTH_REPLY_KEY_ID 1
+#define EMP_AUTH_REPLY_NEXT_KEY_ID 2
+#define EMP_AUTH_REPLY_PREVIOUS_KEY_ID 3
+#define EMP_AUTH_REPLY_BAD_TAG 4
+#define EMP_AUTH_REPLY_UNKNOWN_KEY 5
+#define EMP_AUTH_REPLY_REPLAYED 6
+#define EMP_AUTH_REPLY_TRAILER 7
 
 /* WIRE_INFO reply fields (indices into emp_attach_msg.arg). */
 #define EMP_WIRE_REPLY_KIND 0
@@ -994,7 +1030,7 @@ EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 32, "emp_cqe");
 EMP_STATIC_ASSERT(sizeof(struct emp_phys_seg) == 16, "emp_phys_seg");
 EMP_STATIC_ASSERT(sizeof(struct emp_mr_entry) == 144, "emp_mr_entry");
 EMP_STATIC_ASSERT(sizeof(struct emp_coll_header) == 24, "emp_coll_header");
-EMP_STATIC_ASSERT(sizeof(struct emp_sram_header) == 280, "emp_sram_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_sram_header) == 320, "emp_sram_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_admin_mailbox) == 64, "emp_admin_mailbox");
 EMP_STATIC_ASSERT(sizeof(struct emp_route_entry) == 32, "emp_route_entry");
 EMP_STATIC_ASSERT(sizeof(struct emp_group_entry) == 1024, "emp_group_entry");

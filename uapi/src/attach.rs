@@ -68,6 +68,45 @@ pub mod op {
     pub const WIRE_INFO: u32 = 10;
     /// One page of the route table from node `arg[0]` (see [`super::route_page`]).
     pub const WIRE_ROUTES: u32 = 11;
+    /// The wire's authentication: mode, key ids and refusal counters (see
+    /// [`super::auth_reply`]).
+    pub const WIRE_AUTH: u32 = 20;
+    /// Key rotation, for the whole daemon: `arg[0]` = [`super::rekey::INSTALL`]
+    /// (reread the key file; a new key id is accepted, not sent with yet)
+    /// or [`super::rekey::SWITCH`] (send with the installed key; the old one
+    /// stays accepted for a grace period) → reply as `WIRE_AUTH`. Only from
+    /// the daemon's own user or root (`EPERM`); `EOPNOTSUPP` when the wire
+    /// does not authenticate; `EINVAL` with a bad key file (the daemon logs
+    /// why and keeps its keys).
+    pub const WIRE_REKEY: u32 = 21;
+}
+
+/// `WIRE_REKEY` steps.
+pub mod rekey {
+    /// Reread the key file and accept its key.
+    pub const INSTALL: u64 = 1;
+    /// Send with the installed key.
+    pub const SWITCH: u64 = 2;
+}
+
+/// Reply fields of `WIRE_AUTH` and `WIRE_REKEY`, in `arg`.
+pub mod auth_reply {
+    /// 0 off, 1 mac, 2 aead.
+    pub const MODE: usize = 0;
+    /// Key id sent with (0: none).
+    pub const KEY_ID: usize = 1;
+    /// Key id installed, accepted, not yet sent with (0: none).
+    pub const NEXT_KEY_ID: usize = 2;
+    /// Key id still accepted after a switch (0: none).
+    pub const PREVIOUS_KEY_ID: usize = 3;
+    /// Frames dropped: the tag did not match.
+    pub const BAD_TAG: usize = 4;
+    /// Frames dropped: sealed under a key id not held.
+    pub const UNKNOWN_KEY: usize = 5;
+    /// Frames dropped: replayed or too far behind.
+    pub const REPLAYED: usize = 6;
+    /// Bytes of trailer every frame carries.
+    pub const TRAILER: usize = 7;
 }
 
 /// Reply status codes (`AttachMsg::status`); values are errno numbers so a

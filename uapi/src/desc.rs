@@ -55,6 +55,14 @@ pub enum Opcode {
     /// a remote write with immediate data (`tag` = the immediate,
     /// `msg_len` = bytes written to the region, `byte_len` = 0).
     RecvRdmaImm = 13,
+    /// Probe (receive ring): is there an unexpected message matching
+    /// (`node`, `port`, `tag` & !`ignore`), as a receive would match it?
+    /// No SGEs. Completes `Success` with the oldest such message's `tag`,
+    /// source and `msg_len`, or [`Status::NoMessage`]; nothing is received.
+    /// With [`WD_CLAIM`] the message is also claimed: later receives and
+    /// probes pass it by, and only a claimed receive whose `tag` is the
+    /// completion's `byte_len` (the claim handle) takes it.
+    Probe = 14,
 }
 
 impl Opcode {
@@ -74,6 +82,7 @@ impl Opcode {
             11 => Some(Opcode::RdmaWrite),
             12 => Some(Opcode::RdmaRead),
             13 => Some(Opcode::RecvRdmaImm),
+            14 => Some(Opcode::Probe),
             _ => None,
         }
     }
@@ -103,8 +112,12 @@ impl Opcode {
 pub const WD_SIGNALED: u8 = 1 << 0;
 /// Descriptor flag: a remote write carries `tag` as immediate data.
 pub const WD_IMM: u8 = 1 << 1;
+/// Descriptor flag: on a probe, claim the message found; on a receive,
+/// take the claimed message whose handle is `tag` (`node`, `port` and
+/// `ignore` zero).
+pub const WD_CLAIM: u8 = 1 << 2;
 /// All defined descriptor flags.
-pub const WD_FLAGS_ALL: u8 = WD_SIGNALED | WD_IMM;
+pub const WD_FLAGS_ALL: u8 = WD_SIGNALED | WD_IMM | WD_CLAIM;
 
 le_struct! {
     /// One scatter/gather element: `len` bytes at `offset` within the memory
@@ -195,6 +208,15 @@ impl WorkDesc {
         if self.flags & WD_IMM != 0 && op != Opcode::RdmaWrite {
             return Err(DecodeError::ReservedNotZero);
         }
+        if self.flags & WD_CLAIM != 0 && !matches!(op, Opcode::Probe | Opcode::Recv) {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        if op == Opcode::Recv
+            && self.flags & WD_CLAIM != 0
+            && (self.node != 0 || self.port != 0 || self.ignore != 0 || self.tag > u32::MAX as u64)
+        {
+            return Err(DecodeError::BadIndex);
+        }
         if op == Opcode::Send && (self.ignore != 0 || self.node == ANY_NODE || self.port == ANY_PORT) {
             return Err(DecodeError::BadIndex);
         }
@@ -232,6 +254,7 @@ impl WorkDesc {
         let n = self.num_sge;
         let ok = match op {
             Opcode::Send | Opcode::Recv => true,
+            Opcode::Probe => n == 0,
             Opcode::MultiSend => self.port == 0 && self.ignore != 0,
             Opcode::Bcast => {
                 (self.port as usize) < GROUP_MEMBERS_MAX && self.tag < TREES_MAX as u64 && self.ignore == 0
@@ -336,6 +359,9 @@ pub enum Status {
     /// secret, rights, bounds, alignment; or the source was throttled for
     /// guessing keys).
     RemoteAccessError = 18,
+    /// A probe found no unexpected message that matches; or a claimed
+    /// receive names no message claimed on this port.
+    NoMessage = 19,
 }
 
 impl Status {
@@ -362,6 +388,7 @@ impl Status {
             16 => InvalidOp,
             17 => CollMismatch,
             18 => RemoteAccessError,
+            19 => NoMessage,
             _ => return None,
         })
     }
@@ -389,6 +416,7 @@ impl Status {
             InvalidOp => c"operation undefined for the datatype",
             CollMismatch => c"members disagree on the collective",
             RemoteAccessError => c"remote access refused by the target",
+            NoMessage => c"no unexpected message matches",
         }
     }
 

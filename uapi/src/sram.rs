@@ -28,7 +28,9 @@ pub const BOARD_SIGNATURE: u64 = u64::from_le_bytes(*b"EMP-NIC\0");
 /// word; a remote-access descriptor's last SGE is a `desc::RemoteSge`),
 /// remote write and read opcodes, counters of refused and throttled remote
 /// accesses (the header is 280 bytes) and per port in its control page.
-pub const LAYOUT_VERSION: u32 = 5;
+/// 6: counters of unexpected messages and rendezvous pulls (the header is
+/// 320 bytes); a port's matching mode in `PortOpen` `args[4]`.
+pub const LAYOUT_VERSION: u32 = 6;
 
 /// NIC status (header `status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +118,24 @@ impl FailReason {
 pub const FEATURE_OVERFLOW: u32 = 1 << 0;
 /// Feature bit: PM Modified ACK/NACK flow control (else EMP piggyback).
 pub const FEATURE_MODIFIED_ACK_NACK: u32 = 1 << 1;
+/// Feature bit: ports open in the `ordered-refusal` matching mode unless
+/// their open asks otherwise (else `unexpected`; see [`match_mode`]).
+pub const FEATURE_ORDERED_REFUSAL: u32 = 1 << 2;
+
+/// Matching modes a port opens in (`PortOpen` `args[4]`).
+pub mod match_mode {
+    /// The NIC's default (`unexpected`, or `ordered-refusal` under
+    /// `FEATURE_ORDERED_REFUSAL` or Modified ACK/NACK).
+    pub const DEFAULT: u64 = 0;
+    /// A message no posted receive matches is accepted as an unexpected
+    /// entry (payload in the eager pool, or its header alone for a
+    /// rendezvous pull) and later messages from its sender go on.
+    pub const UNEXPECTED: u64 = 1;
+    /// The EMP thesis' and PM's rule: such a message is refused (the sender
+    /// retransmits it) and every later message from its sender waits behind
+    /// it; only the optional overflow buffer (`FEATURE_OVERFLOW`) takes small ones.
+    pub const ORDERED_REFUSAL: u64 = 2;
+}
 
 /// Counter slots in the header (`counters[i]`), written by the NIC.
 pub mod counter {
@@ -165,8 +185,19 @@ pub mod counter {
     pub const REMOTE_REFUSED: usize = 21;
     /// Remote accesses refused because their source kept guessing keys.
     pub const REMOTE_THROTTLED: usize = 22;
+    /// Unexpected messages taken with their payload into the eager pool.
+    pub const UNEXP_EAGER: usize = 23;
+    /// Payload bytes of those messages.
+    pub const UNEXP_BYTES: usize = 24;
+    /// Unexpected messages whose header alone was retained (rendezvous).
+    pub const UNEXP_RDV: usize = 25;
+    /// Rendezvous pulls completed (the data read from the sender).
+    pub const RDV_PULLS: usize = 26;
+    /// Unexpected messages refused because the pool and the header table
+    /// were full (flow control: the sender retries).
+    pub const UNEXP_REFUSED_FULL: usize = 27;
     /// Number of counters.
-    pub const COUNT: usize = 23;
+    pub const COUNT: usize = 28;
     /// Names, for tools.
     pub const NAMES: [&str; COUNT] = [
         "tx_frames",
@@ -192,11 +223,16 @@ pub mod counter {
         "peers_reclaimed",
         "remote_refused",
         "remote_throttled",
+        "unexp_eager",
+        "unexp_bytes",
+        "unexp_rdv",
+        "rdv_pulls",
+        "unexp_refused_full",
     ];
 }
 
 le_struct! {
-    /// SRAM header at offset 0 (280 bytes).
+    /// SRAM header at offset 0 (320 bytes).
     pub struct SramHeader {
         /// [`BOARD_SIGNATURE`]. Hardware.
         pub magic: u64,
@@ -251,7 +287,7 @@ le_struct! {
         /// Counters (see [`counter`]). NIC.
         pub counters: [u64; counter::COUNT],
     }
-    size = 280;
+    size = 320;
 }
 
 /// Parameters from which a [`Layout`] is computed.

@@ -96,6 +96,12 @@ pub enum NackReason {
     /// A remote write or read refused: key, secret, rights or bounds (or
     /// the source is throttled for guessing keys).
     RemoteAccess = 8,
+    /// The message matched no posted receive and the receiver kept its
+    /// header as an unexpected entry (rendezvous): the sender stops sending
+    /// it, keeps its buffer readable and waits for the receiver's
+    /// `RDV_READ`; the send completes once that pull's response is
+    /// acknowledged.
+    Retained = 9,
 }
 
 impl NackReason {
@@ -110,6 +116,7 @@ impl NackReason {
             6 => Some(NackReason::StaleEpoch),
             7 => Some(NackReason::CollMismatch),
             8 => Some(NackReason::RemoteAccess),
+            9 => Some(NackReason::Retained),
             _ => None,
         }
     }
@@ -248,6 +255,11 @@ pub mod rma_op {
     pub const READ_REQ: u8 = 3;
     /// The data a `READ_REQ` asked for, for the read named by `cookie`.
     pub const READ_RESP: u8 = 4;
+    /// Rendezvous pull: read `len` bytes of the send message `offset` (its
+    /// sequence number on this peer) that the requester retained as an
+    /// unexpected header; answered by a `READ_RESP` carrying `cookie`. No
+    /// key: the sender's NIC serves only its own retained send's buffer.
+    pub const RDV_READ: u8 = 5;
 }
 
 le_struct! {
@@ -286,6 +298,7 @@ impl RmaHeader {
             rma_op::WRITE_IMM => h.len == 0,
             rma_op::READ_REQ => total_len == RmaHeader::SIZE as u64,
             rma_op::READ_RESP => h.len == 0 && !addressed,
+            rma_op::RDV_READ => total_len == RmaHeader::SIZE as u64 && h.rkey == 0 && h.secret == 0,
             _ => return Err(DecodeError::BadKind),
         };
         if !ok {
@@ -518,6 +531,19 @@ pub fn emit_atomic_resp(hdr: &FrameHeader, result: &AtomicResult, out: &mut [u8]
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rendezvous_pull_names_a_message_not_a_key() {
+        let h = RmaHeader { op: rma_op::RDV_READ, offset: 7, len: 4096, cookie: 9, ..Default::default() };
+        let mut b = [0u8; RmaHeader::SIZE];
+        h.put(&mut b);
+        assert_eq!(RmaHeader::parse(&b, RmaHeader::SIZE as u64), Ok(h));
+        assert!(RmaHeader::parse(&b, RmaHeader::SIZE as u64 + 1).is_err(), "a pull carries no data");
+        let keyed = RmaHeader { rkey: 5, ..h };
+        keyed.put(&mut b);
+        assert!(RmaHeader::parse(&b, RmaHeader::SIZE as u64).is_err(), "a pull carries no key");
+        assert_eq!(NackReason::from_u8(NackReason::Retained as u8), Some(NackReason::Retained));
+    }
 
     /// Byte-exact fixture: an ACK for group 2 of message 7, 0 -> 1.
     static ACK_BYTES: [u8; 48] = [

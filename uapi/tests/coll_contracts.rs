@@ -362,9 +362,9 @@ fn wire_and_desc_enums_round_trip() {
             assert_eq!(r as u8, v);
         }
     }
-    assert_eq!(n_ops, 13);
+    assert_eq!(n_ops, 14);
     assert_eq!((0..=255u8).filter_map(FrameKind::from_u8).count(), 7);
-    assert_eq!((0..=255u8).filter_map(NackReason::from_u8).count(), 8);
+    assert_eq!((0..=255u8).filter_map(NackReason::from_u8).count(), 9);
     for v in 0..64u32 {
         if let Some(a) = AdminOp::from_u32(v) {
             assert_eq!(a as u32, v);
@@ -377,7 +377,7 @@ fn wire_and_desc_enums_round_trip() {
 #[test]
 fn status_texts() {
     let all: Vec<Status> = (0..=255u8).filter_map(Status::from_u8).collect();
-    assert_eq!(all.len(), 19, "statuses 0..=18");
+    assert_eq!(all.len(), 20, "statuses 0..=19");
     let mut texts = Vec::new();
     for (i, s) in all.iter().enumerate() {
         assert_eq!(*s as u8 as usize, i, "statuses are dense");
@@ -405,5 +405,10 @@ fn counter_names() {
     assert_eq!(counter::NAMES[counter::PEERS_RECLAIMED], "peers_reclaimed");
     assert_eq!(counter::NAMES[counter::REMOTE_REFUSED], "remote_refused");
     assert_eq!(counter::NAMES[counter::REMOTE_THROTTLED], "remote_throttled");
-    assert_eq!(counter::REMOTE_THROTTLED + 1, counter::COUNT);
+    assert_eq!(counter::NAMES[counter::UNEXP_EAGER], "unexp_eager");
+    assert_eq!(counter::NAMES[counter::UNEXP_BYTES], "unexp_bytes");
+    assert_eq!(counter::NAMES[counter::UNEXP_RDV], "unexp_rdv");
+    assert_eq!(counter::NAMES[counter::RDV_PULLS], "rdv_pulls");
+    assert_eq!(counter::NAMES[counter::UNEXP_REFUSED_FULL], "unexp_refused_full");
+    assert_eq!(counter::UNEXP_REFUSED_FULL + 1, counter::COUNT);
 }

@@ -1019,6 +1019,9 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
     let op = Opcode::from_u8(d.opcode).unwrap();
     d.reserved0 = 0;
     d.flags &= WD_FLAGS_ALL & !WD_IMM; // a remote write's own choice, below
+    if op != Opcode::Probe {
+        d.flags &= !WD_CLAIM; // a probe's own choice
+    }
     let members = GROUP_MEMBERS_MAX as u64;
     let trees = TREES_MAX as u64;
     let mut n = (d.num_sge as usize).min(SGE_MAX);
@@ -1084,6 +1087,7 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
             d.sge[n - 1].offset >>= 2; // the remote end: room for the length
         }
         Opcode::RecvRdmaImm => {}
+        Opcode::Probe => n = 0,
     }
     d.num_sge = n as u8;
     for s in d.sge.iter_mut().skip(n) {
@@ -1093,8 +1097,8 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
 
 /// Descriptors of every opcode a host may post (RECV_RDMA_IMM is a completion only), shaped to be valid.
 fn shaped_work_desc() -> impl Strategy<Value = WorkDesc> {
-    (arb_work_desc(), 1u8..=12, any::<u64>()).prop_map(|(mut d, opcode, seed)| {
-        d.opcode = opcode;
+    (arb_work_desc(), 1u8..=13, any::<u64>()).prop_map(|(mut d, opcode, seed)| {
+        d.opcode = if opcode == 13 { Opcode::Probe as u8 } else { opcode };
         shape_operands(&mut d, seed);
         d
     })
@@ -1143,6 +1147,13 @@ fn work_desc_spec(d: &WorkDesc) -> Result<Opcode, DecodeError> {
     if d.flags & WD_IMM != 0 && op != Opcode::RdmaWrite {
         return Err(DecodeError::ReservedNotZero);
     }
+    // Claiming: a probe's choice; a receive's names a handle (32 bits) alone.
+    if d.flags & WD_CLAIM != 0 && op != Opcode::Probe && op != Opcode::Recv {
+        return Err(DecodeError::ReservedNotZero);
+    }
+    if op == Opcode::Recv && d.flags & WD_CLAIM != 0 && (d.node | d.port != 0 || d.ignore != 0 || d.tag >> 32 != 0) {
+        return Err(DecodeError::BadIndex);
+    }
     if op == Opcode::Send && (d.ignore != 0 || d.node == ANY_NODE || d.port == ANY_PORT) {
         return Err(DecodeError::BadIndex);
     }
@@ -1173,6 +1184,8 @@ fn operands_spec(d: &WorkDesc, op: Opcode) -> bool {
     let trees = TREES_MAX as u64;
     match op {
         Opcode::Send | Opcode::Recv => true,
+        // No buffer.
+        Opcode::Probe => n == 0,
         // port 0, a nonzero rank mask.
         Opcode::MultiSend => d.port == 0 && d.ignore != 0,
         // root rank, tree index, no ignore.

@@ -106,6 +106,8 @@ fn op_name(o: u32) -> &'static str {
         op::GROUP_CLEAR => "clear group",
         op::WIRE_INFO => "wire info",
         op::WIRE_ROUTES => "route table",
+        op::WIRE_AUTH => "wire auth",
+        op::WIRE_REKEY => "wire rekey",
         _ => "stats",
     }
 }
@@ -302,6 +304,85 @@ pub fn nic_wire_info(path: &str) -> Result<WireInfo> {
         link,
         counters,
     })
+}
+
+/// A NIC's wire authentication, as its daemon reports it ([`nic_wire_auth`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WireAuth {
+    /// "off", "mac" or "aead".
+    pub mode: &'static str,
+    /// Key id sent with (0: none).
+    pub key_id: u32,
+    /// Key id installed by a rotation, accepted, not sent with yet (0: none).
+    pub next_key_id: u32,
+    /// Key id still accepted after a switch (0: none).
+    pub previous_key_id: u32,
+    /// Frames dropped: the tag did not match (forged, altered, another key).
+    pub bad_tag: u64,
+    /// Frames dropped: sealed under a key id the daemon does not hold.
+    pub unknown_key: u64,
+    /// Frames dropped: replayed, or too far behind the newest.
+    pub replayed: u64,
+    /// Bytes of trailer on every frame.
+    pub trailer: u32,
+}
+
+fn wire_auth_of(r: &AttachMsg) -> WireAuth {
+    use emp_uapi::attach::auth_reply as a;
+    WireAuth {
+        mode: match r.arg[a::MODE] {
+            1 => "mac",
+            2 => "aead",
+            _ => "off",
+        },
+        key_id: r.arg[a::KEY_ID] as u32,
+        next_key_id: r.arg[a::NEXT_KEY_ID] as u32,
+        previous_key_id: r.arg[a::PREVIOUS_KEY_ID] as u32,
+        bad_tag: r.arg[a::BAD_TAG],
+        unknown_key: r.arg[a::UNKNOWN_KEY],
+        replayed: r.arg[a::REPLAYED],
+        trailer: r.arg[a::TRAILER] as u32,
+    }
+}
+
+/// The wire authentication of the NIC at `path` (its daemon's): mode, key
+/// ids and frames refused, read without attaching.
+///
+/// # Errors
+/// As [`nic_wire_info`].
+///
+/// # Examples
+/// ```no_run
+/// let a = emp::nic_wire_auth("/run/emp/nic0.sock")?;
+/// println!("{} key {}: {} forged frames dropped", a.mode, a.key_id, a.bad_tag);
+/// # Ok::<(), emp::Error>(())
+/// ```
+pub fn nic_wire_auth(path: &str) -> Result<WireAuth> {
+    let sock = connect_to(path)?;
+    Ok(wire_auth_of(&call(sock.as_raw_fd(), op::WIRE_AUTH, &[], &[])?.0))
+}
+
+/// One step of a key rotation of the daemon of the NIC at `path`:
+/// `switch` false rereads its key file and accepts the new key; true sends
+/// with it (the old one stays accepted for a grace period). Returns the
+/// state after the step.
+///
+/// # Errors
+/// As [`nic_wire_info`]; [`Error::Nic`] with EOPNOTSUPP when the wire does
+/// not authenticate, EINVAL when the daemon refuses its key file (it logs
+/// why and keeps its keys), EPERM for another user than the daemon's.
+///
+/// # Examples
+/// ```no_run
+/// emp::nic_wire_rekey("/run/emp/nic0.sock", false)?; // every daemon first …
+/// emp::nic_wire_rekey("/run/emp/nic0.sock", true)?; // … then every daemon
+/// # Ok::<(), emp::Error>(())
+/// ```
+pub fn nic_wire_rekey(path: &str, switch: bool) -> Result<WireAuth> {
+    use emp_uapi::attach::rekey;
+    let sock = connect_to(path)?;
+    let step = if switch { rekey::SWITCH } else { rekey::INSTALL };
+    Ok(wire_auth_of(&call(sock.as_raw_fd(), op::WIRE_REKEY, &[step], &[])?.0))
 }
 
 /// Up to `max` routes of the route table of the NIC at `path`, from node

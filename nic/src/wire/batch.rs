@@ -100,14 +100,21 @@ impl SendBatch {
         }
     }
 
-    /// Queues `frame` (at most [`SLOT`] bytes) to socket address `to`.
-    pub(crate) fn push_to(&mut self, to: &std::net::SocketAddr, frame: &[u8]) {
-        debug_assert!(!self.full() && frame.len() <= SLOT);
+    /// Queues a datagram to socket address `to`, written in place by
+    /// `fill` into a [`SLOT`]-byte slot (it returns the length, or `None`
+    /// to queue nothing); true when queued.
+    pub(crate) fn push_to_with(
+        &mut self,
+        to: &std::net::SocketAddr,
+        fill: impl FnOnce(&mut [u8]) -> Option<usize>,
+    ) -> bool {
+        debug_assert!(!self.full());
         let i = self.n;
+        let Some(len) = fill(&mut self.buf[i * SLOT..(i + 1) * SLOT]) else { return false };
         self.namelens[i] = sockaddr_from_std(to, &mut self.names[i]);
-        self.buf[i * SLOT..i * SLOT + frame.len()].copy_from_slice(frame);
-        self.lens[i] = frame.len();
+        self.lens[i] = len.min(SLOT);
         self.n += 1;
+        true
     }
 
     /// Room for one more frame?

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use emp_uapi::attach::RouteWords;
 
+use super::auth::AuthShared;
 use super::packet::{link_state, LinkState};
 use super::{WireCounters, WireKindInfo};
 use crate::route::RouteTable;
@@ -23,6 +24,8 @@ pub struct WireView {
     pub routes: RouteTable,
     /// The wire's counters (one set for the whole daemon).
     pub counters: Arc<WireCounters>,
+    /// The wire's authentication and keys, when on.
+    pub auth: Option<Arc<AuthShared>>,
 }
 
 impl WireView {
@@ -75,6 +78,7 @@ mod tests {
                 Route { udp: Some("[fe80::2]:47001".parse().unwrap()), mac: None },
             ]),
             counters: Arc::default(),
+            auth: None,
         };
         let lo = v.link(0).unwrap().unwrap();
         assert_eq!((lo.interface.as_str(), lo.mtu > 0), ("lo", true));

@@ -5,14 +5,18 @@
 //! (`packet.rs`): raw Ethernet frames on a named interface (CAP_NET_RAW).
 //! The network wires accept a frame only from the address the route table
 //! gives the node its header claims; the rest is counted and dropped.
+//! With `[cluster] auth` on (`auth.rs`), they also seal every frame they
+//! send and open every frame they receive before a control program sees it.
 
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use emp_uapi::wire::Frame;
+use emp_uapi::wire::{Frame, FrameHeader, WIRE_VERSION};
+use emp_uapi::Le;
 
+pub mod auth;
 mod batch;
 pub mod info;
 pub mod packet;
@@ -77,6 +81,12 @@ pub struct WireStats {
     pub foreign_ethertype: u64,
     /// Dropped: too short, truncated, or not a valid EMP frame.
     pub malformed: u64,
+    /// Dropped (auth): the tag does not match: forged, altered, or another key.
+    pub bad_tag: u64,
+    /// Dropped (auth): sealed with a key id this daemon does not hold.
+    pub unknown_key: u64,
+    /// Dropped (auth): a counter seen before, or too far behind the newest.
+    pub replayed: u64,
 }
 
 /// Live wire counters, shared with the threads that report them (`emp info`).
@@ -91,6 +101,9 @@ pub struct WireCounters {
     source_mismatch: AtomicU64,
     foreign_ethertype: AtomicU64,
     malformed: AtomicU64,
+    bad_tag: AtomicU64,
+    unknown_key: AtomicU64,
+    replayed: AtomicU64,
 }
 
 impl WireCounters {
@@ -108,6 +121,9 @@ impl WireCounters {
                 Refused::UnknownSource => &self.unknown_source,
                 Refused::SourceMismatch => &self.source_mismatch,
                 Refused::ForeignEthertype => &self.foreign_ethertype,
+                Refused::BadTag => &self.bad_tag,
+                Refused::UnknownKey => &self.unknown_key,
+                Refused::Replayed => &self.replayed,
             },
             1,
         );
@@ -126,6 +142,9 @@ impl WireCounters {
             source_mismatch: g(&self.source_mismatch),
             foreign_ethertype: g(&self.foreign_ethertype),
             malformed: g(&self.malformed),
+            bad_tag: g(&self.bad_tag),
+            unknown_key: g(&self.unknown_key),
+            replayed: g(&self.replayed),
         }
     }
 }
@@ -141,11 +160,41 @@ pub enum Refused {
     SourceMismatch,
     /// Another protocol's Ethernet frame.
     ForeignEthertype,
+    /// Authentication: the tag does not match.
+    BadTag,
+    /// Authentication: sealed under a key id not held.
+    UnknownKey,
+    /// Authentication: a replayed (or too old) counter.
+    Replayed,
 }
 
 /// The source node a received frame claims: it must be a valid EMP frame.
 pub fn claimed_source(frame: &[u8]) -> Result<u16, Refused> {
     Frame::parse(frame).map(|f| f.header().src_node).map_err(|_| Refused::Malformed)
+}
+
+/// The source node a sealed frame claims (`sealed`: the wire
+/// authenticates, and only the header is readable before the trailer is
+/// checked), else as [`claimed_source`].
+pub fn claimed_source_of(frame: &[u8], sealed: bool) -> Result<u16, Refused> {
+    if !sealed {
+        return claimed_source(frame);
+    }
+    if frame.len() < FrameHeader::SIZE + auth::TRAILER {
+        return Err(Refused::Malformed);
+    }
+    match FrameHeader::decode(frame) {
+        Ok(h) if h.version == WIRE_VERSION => Ok(h.src_node),
+        _ => Err(Refused::Malformed),
+    }
+}
+
+/// Opens a sealed frame received by local NIC `local` from node `from`
+/// (when the wire authenticates) and checks what is left is an EMP frame.
+pub fn open_frame(auth: Option<&mut auth::Auth>, local: usize, from: u16, frame: &mut Vec<u8>) -> Result<(), Refused> {
+    let Some(a) = auth else { return Ok(()) };
+    a.open(local, from, frame)?;
+    Frame::parse(frame).map(|_| ()).map_err(|_| Refused::Malformed)
 }
 
 /// Accepts a frame claiming node `claimed` from the node the sender's

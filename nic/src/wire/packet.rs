@@ -2,7 +2,8 @@
 //! as payload) on each local NIC's interface through an AF_PACKET socket,
 //! addressed by the route table's MACs. Receive and transmit are batched
 //! (`recvmmsg`; `sendmmsg` once per engine pass). Frames are accepted only
-//! from the MAC the route table gives the node their header claims.
+//! from the MAC the route table gives the node their header claims, and,
+//! with authentication on, only once their trailer checks out (`auth.rs`).
 //! Needs CAP_NET_RAW (and nothing else).
 
 use std::collections::VecDeque;
@@ -11,8 +12,11 @@ use std::sync::Arc;
 
 use emp_uapi::ETHERTYPE_EMP;
 
+use super::auth::{Auth, TRAILER};
 use super::batch::{RecvBatch, SendBatch, BATCH};
-use super::{check_source, claimed_source, inject, DelayLine, Faults, Prng, Refused, Wire, WireCounters};
+use super::{
+    check_source, claimed_source_of, inject, open_frame, DelayLine, Faults, Prng, Refused, Wire, WireCounters,
+};
 use crate::route::{if_index, RouteTable};
 
 /// Ethernet header: destination, source, ethertype.
@@ -70,12 +74,14 @@ pub fn link_state(fd: RawFd, name: &str) -> std::io::Result<LinkState> {
 /// What is wrong with a received Ethernet frame, or its EMP payload and
 /// the node it came from. `me` is the receiving node's MAC; frames to
 /// another unicast address (a shared segment floods them) are `Ok(None)`:
-/// not ours, not an error.
+/// not ours, not an error. `sealed`: the wire authenticates (only the
+/// header is checked here; the trailer is checked by `auth.rs`).
 pub fn check_frame(
     eth: &[u8],
     me: &[u8; 6],
     groups: &[[u8; 6]],
     routes: &RouteTable,
+    sealed: bool,
 ) -> Result<Option<(u16, std::ops::Range<usize>)>, Refused> {
     if eth.len() < ETH_HEADER {
         return Err(Refused::Malformed);
@@ -88,7 +94,7 @@ pub fn check_frame(
     if dst != *me && dst != [0xff; 6] && !groups.contains(&dst) {
         return Ok(None);
     }
-    let claimed = claimed_source(&eth[ETH_HEADER..])?;
+    let claimed = claimed_source_of(&eth[ETH_HEADER..], sealed)?;
     let node = check_source(claimed, routes.node_of_mac(&src), routes.len())?;
     Ok(Some((node, ETH_HEADER..eth.len())))
 }
@@ -122,6 +128,9 @@ pub struct PacketWire {
     looped: VecDeque<(usize, Vec<u8>)>,
     /// Frames waiting out `faults.link_delay_ns`: (local NIC, to MAC, frame).
     delayed: DelayLine<(usize, [u8; 6], Vec<u8>)>,
+    /// Seals and opens every frame that leaves the daemon, when the cluster
+    /// authenticates.
+    auth: Option<Auth>,
 }
 
 /// Most frames in flight between local NICs: each NIC's send window is
@@ -489,7 +498,15 @@ impl PacketWire {
             local: locals.iter().map(|&(_, node)| node).collect(),
             looped: VecDeque::new(),
             delayed: DelayLine::new(faults.link_delay_ns),
+            auth: None,
         })
+    }
+
+    /// Seals every frame sent and opens every frame received with `auth`
+    /// (frames without a valid trailer are dropped from now on; frames
+    /// between this daemon's own NICs never leave it and are not sealed).
+    pub fn authenticate(&mut self, auth: Auth) {
+        self.auth = Some(auth);
     }
 
     /// Local NIC `i` receives frames sent to multicast MAC `group`.
@@ -522,14 +539,25 @@ impl PacketWire {
     pub fn send_to_mac(&mut self, src: usize, to: [u8; 6], frame: &[u8]) {
         let p = &mut self.ports[src];
         let me = p.mac;
-        let fill = |b: &mut [u8]| {
+        if self.auth.as_ref().is_some_and(|a| !a.sealable(src, frame)) {
+            WireCounters::add(&self.stats.lost, 1);
+            return;
+        }
+        let auth = &mut self.auth;
+        let wire_len = ETH_HEADER + frame.len() + if auth.is_some() { TRAILER } else { 0 };
+        // Built in the ring or batch slot itself, sealed there: no copy, no allocation.
+        let mut fill = |b: &mut [u8]| {
             b[..6].copy_from_slice(&to);
             b[6..12].copy_from_slice(&me);
             b[12..14].copy_from_slice(&ETHERTYPE_EMP.to_be_bytes());
             b[ETH_HEADER..ETH_HEADER + frame.len()].copy_from_slice(frame);
+            if let Some(a) = auth {
+                let sealed = a.seal(src, &mut b[ETH_HEADER..], frame.len());
+                debug_assert!(sealed.is_some(), "sealable, with room for the trailer");
+            }
         };
         if let Some(ring) = p.rings.as_mut().filter(|r| r.tx) {
-            if HDR_ALIGNED + ETH_HEADER + frame.len() > RING_FRAME {
+            if HDR_ALIGNED + wire_len > RING_FRAME {
                 WireCounters::add(&self.stats.lost, 1);
                 return;
             }
@@ -545,20 +573,20 @@ impl PacketWire {
                 WireCounters::add(&self.stats.lost, 1);
                 return;
             }
-            ring.tx_push(ETH_HEADER + frame.len(), fill);
+            ring.tx_push(wire_len, fill);
             return;
         }
         if p.tx.full() {
             let lost = p.tx.flush(p.sock.as_raw_fd());
             WireCounters::add(&self.stats.lost, lost as u64);
         }
-        if frame.len() + ETH_HEADER > super::batch::SLOT {
+        if wire_len > super::batch::SLOT {
             WireCounters::add(&self.stats.lost, 1);
             return;
         }
         p.tx.push(|slot| {
-            fill(slot);
-            ETH_HEADER + frame.len()
+            fill(&mut slot[..wire_len]);
+            wire_len
         });
     }
 
@@ -630,12 +658,16 @@ impl Wire for PacketWire {
     }
 
     fn poll(&mut self, _now: u64, rx: &mut [VecDeque<Vec<u8>>]) -> usize {
+        if let Some(a) = self.auth.as_mut() {
+            a.refresh();
+        }
+        let sealed = self.auth.is_some();
         let mut n = 0;
         while let Some((i, f)) = self.looped.pop_front() {
             rx[i].push_back(f);
             n += 1;
         }
-        for (p, queue) in self.ports.iter_mut().zip(rx.iter_mut()) {
+        for (local, (p, queue)) in self.ports.iter_mut().zip(rx.iter_mut()).enumerate() {
             if let Some(ring) = p.rings.as_mut().filter(|r| r.rx) {
                 // Bounded: at most 4 batches' worth per socket per pass.
                 for _ in 0..4 * BATCH {
@@ -646,9 +678,14 @@ impl Wire for PacketWire {
                         self.stats.refused(Refused::Malformed);
                         drop_queued(p.sock.as_raw_fd());
                     } else {
-                        match check_frame(eth, &p.mac, &p.groups, &self.routes) {
-                            Ok(Some((_, range))) => {
-                                queue.push_back(eth[range].to_vec());
+                        let checked = check_frame(eth, &p.mac, &p.groups, &self.routes, sealed).and_then(|ours| {
+                            let Some((from, range)) = ours else { return Ok(None) };
+                            let mut f = eth[range].to_vec();
+                            open_frame(self.auth.as_mut(), local, from, &mut f).map(|_| Some(f))
+                        });
+                        match checked {
+                            Ok(Some(f)) => {
+                                queue.push_back(f);
                                 n += 1;
                             }
                             Ok(None) => {}
@@ -673,9 +710,15 @@ impl Wire for PacketWire {
                         self.stats.refused(Refused::Malformed);
                         continue;
                     }
-                    match check_frame(self.rx.data(k), &p.mac, &p.groups, &self.routes) {
-                        Ok(Some((_, range))) => {
-                            queue.push_back(self.rx.data(k)[range].to_vec());
+                    let eth = self.rx.data(k);
+                    let checked = check_frame(eth, &p.mac, &p.groups, &self.routes, sealed).and_then(|ours| {
+                        let Some((from, range)) = ours else { return Ok(None) };
+                        let mut f = eth[range].to_vec();
+                        open_frame(self.auth.as_mut(), local, from, &mut f).map(|_| Some(f))
+                    });
+                    match checked {
+                        Ok(Some(f)) => {
+                            queue.push_back(f);
                             n += 1;
                         }
                         Ok(None) => {}
@@ -735,31 +778,34 @@ mod tests {
     fn frame_checks() {
         let t = table();
         let good = eth(B, A, ETHERTYPE_EMP, &ack_frame(0, 1));
-        let (node, range) = check_frame(&good, &B, &[], &t).unwrap().unwrap();
+        let (node, range) = check_frame(&good, &B, &[], &t, false).unwrap().unwrap();
         assert_eq!(node, 0);
         assert_eq!(&good[range], &ack_frame(0, 1)[..]);
-        assert_eq!(check_frame(&good[..13], &B, &[], &t), Err(Refused::Malformed));
-        assert_eq!(check_frame(&good[..30], &B, &[], &t), Err(Refused::Malformed));
-        assert_eq!(check_frame(&eth(B, A, 0x0800, &ack_frame(0, 1)), &B, &[], &t), Err(Refused::ForeignEthertype));
+        assert_eq!(check_frame(&good[..13], &B, &[], &t, false), Err(Refused::Malformed));
+        assert_eq!(check_frame(&good[..30], &B, &[], &t, false), Err(Refused::Malformed));
+        assert_eq!(
+            check_frame(&eth(B, A, 0x0800, &ack_frame(0, 1)), &B, &[], &t, false),
+            Err(Refused::ForeignEthertype)
+        );
         let stranger = [2, 0, 0xc6, 0x12, 0, 9];
         assert_eq!(
-            check_frame(&eth(B, stranger, ETHERTYPE_EMP, &ack_frame(0, 1)), &B, &[], &t),
+            check_frame(&eth(B, stranger, ETHERTYPE_EMP, &ack_frame(0, 1)), &B, &[], &t, false),
             Err(Refused::UnknownSource)
         );
         assert_eq!(
-            check_frame(&eth(B, A, ETHERTYPE_EMP, &ack_frame(1, 1)), &B, &[], &t),
+            check_frame(&eth(B, A, ETHERTYPE_EMP, &ack_frame(1, 1)), &B, &[], &t, false),
             Err(Refused::SourceMismatch),
             "A's MAC claiming node 1"
         );
         assert_eq!(
-            check_frame(&eth(B, A, ETHERTYPE_EMP, &ack_frame(5, 1)), &B, &[], &t),
+            check_frame(&eth(B, A, ETHERTYPE_EMP, &ack_frame(5, 1)), &B, &[], &t, false),
             Err(Refused::UnknownSource),
             "node 5 is in no route"
         );
-        assert_eq!(check_frame(&good, &A, &[], &t), Ok(None), "another node's unicast is not ours");
+        assert_eq!(check_frame(&good, &A, &[], &t, false), Ok(None), "another node's unicast is not ours");
         let to_group = eth(GROUP, A, ETHERTYPE_EMP, &ack_frame(0, 1));
-        assert_eq!(check_frame(&to_group, &B, &[], &t), Ok(None), "a group not joined");
-        assert!(check_frame(&to_group, &B, &[GROUP], &t).unwrap().is_some(), "a joined group");
+        assert_eq!(check_frame(&to_group, &B, &[], &t, false), Ok(None), "a group not joined");
+        assert!(check_frame(&to_group, &B, &[GROUP], &t, false).unwrap().is_some(), "a joined group");
     }
 
     #[test]

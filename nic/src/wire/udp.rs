@@ -1,15 +1,19 @@
 //! The `udp` wire: one UDP socket per local NIC, bound to its node's
 //! address (IPv4 or IPv6; a link-local IPv6 address scoped to the node's
 //! interface), peers from the route table. A datagram is accepted only from
-//! the address the route table gives the node its header claims.
+//! the address the route table gives the node its header claims, and, with
+//! authentication on, only once its trailer checks out (`auth.rs`).
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
+use super::auth::Auth;
 use super::batch::{RecvBatch, SendBatch, SLOT};
-use super::{check_source, claimed_source, inject, DelayLine, Faults, Prng, Refused, Wire, WireCounters};
+use super::{
+    check_source, claimed_source_of, inject, open_frame, DelayLine, Faults, Prng, Refused, Wire, WireCounters,
+};
 use crate::route::RouteTable;
 
 /// One UDP socket per local NIC.
@@ -27,6 +31,8 @@ pub struct UdpWire {
     delayed: DelayLine<(usize, SocketAddr, Vec<u8>)>,
     /// Per local NIC: datagrams queued for one `sendmmsg` per engine pass.
     tx: Vec<SendBatch>,
+    /// Seals and opens every frame, when the cluster authenticates.
+    auth: Option<Auth>,
 }
 
 impl UdpWire {
@@ -72,7 +78,14 @@ impl UdpWire {
             faults,
             stats: Arc::default(),
             batch: Box::new(RecvBatch::new()),
+            auth: None,
         })
+    }
+
+    /// Seals every frame sent and opens every frame received with `auth`
+    /// (frames without a valid trailer are dropped from now on).
+    pub fn authenticate(&mut self, auth: Auth) {
+        self.auth = Some(auth);
     }
 
     /// Local NIC i's bound address.
@@ -128,7 +141,7 @@ impl UdpWire {
         if self.batch.truncated(i) {
             return Err(Refused::Malformed);
         }
-        let claimed = claimed_source(self.batch.data(i))?;
+        let claimed = claimed_source_of(self.batch.data(i), self.auth.is_some())?;
         let from = sockaddr_to_std(self.batch.name(i)).and_then(|a| self.routes.node_of_udp(&a));
         check_source(claimed, from, self.routes.len())
     }
@@ -144,7 +157,18 @@ impl UdpWire {
             let lost = self.tx[src].flush(self.socks[src].as_raw_fd());
             WireCounters::add(&self.stats.lost, lost as u64);
         }
-        self.tx[src].push_to(&to, frame);
+        let auth = &mut self.auth;
+        // Sealed in the send slot itself: no copy, no allocation.
+        let queued = self.tx[src].push_to_with(&to, |slot| {
+            slot[..frame.len()].copy_from_slice(frame);
+            match auth {
+                Some(a) => a.seal(src, slot, frame.len()),
+                None => Some(frame.len()),
+            }
+        });
+        if !queued {
+            WireCounters::add(&self.stats.lost, 1);
+        }
     }
 }
 
@@ -179,15 +203,22 @@ impl Wire for UdpWire {
     }
 
     fn poll(&mut self, _now: u64, rx: &mut [VecDeque<Vec<u8>>]) -> usize {
+        if let Some(a) = self.auth.as_mut() {
+            a.refresh();
+        }
         let mut n = 0;
         for (i, queue) in rx.iter_mut().enumerate().take(self.socks.len()) {
             // Bounded: at most 4 batches per socket per pass.
             for _ in 0..4 {
                 let got = self.batch.recv(self.socks[i].as_raw_fd());
                 for k in 0..got {
-                    match self.accept(k) {
-                        Ok(_) => {
-                            queue.push_back(self.batch.data(k).to_vec());
+                    let checked = self.accept(k).and_then(|from| {
+                        let mut f = self.batch.data(k).to_vec();
+                        open_frame(self.auth.as_mut(), i, from, &mut f).map(|_| f)
+                    });
+                    match checked {
+                        Ok(f) => {
+                            queue.push_back(f);
                             n += 1;
                         }
                         Err(why) => self.stats.refused(why),
@@ -229,7 +260,8 @@ mod tests {
         for _ in 0..200 {
             w.poll(0, rx);
             let s = w.stats();
-            if s.received + s.unknown_source + s.source_mismatch + s.malformed >= want_seen {
+            let refused = s.unknown_source + s.source_mismatch + s.malformed + s.bad_tag + s.unknown_key + s.replayed;
+            if s.received + refused >= want_seen {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
@@ -292,6 +324,50 @@ mod tests {
         poll_until(&mut w, &mut rx, 2);
         let got: Vec<Vec<u8>> = rx[1].drain(..).collect();
         assert_eq!(got, vec![first, second], "in the order sent");
+    }
+
+    /// With auth, a frame from the right address is still refused unless
+    /// sealed with the cluster key, and a captured one cannot be replayed.
+    #[test]
+    fn auth_refuses_forgeries_from_the_right_address_and_replays() {
+        use super::super::auth::{Auth, AuthMode, AuthShared, TRAILER};
+        use std::os::unix::fs::PermissionsExt;
+        let key = |name: &str, byte: u8| {
+            let p = std::env::temp_dir().join(format!("emp-udp-auth-{}-{name}.key", std::process::id()));
+            std::fs::write(&p, emp_config::WireKey { id: 1, key: [byte; 32] }.to_text()).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+            p
+        };
+        let (good, bad) = (key("good", 3), key("bad", 4));
+        let probe = |_: ()| UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let (a, b) = (probe(()), probe(()));
+        let mut w = UdpWire::new(&[a, b], table(&[a, b]), Faults::default()).unwrap();
+        w.authenticate(Auth::new(AuthShared::load(AuthMode::Mac, &good).unwrap(), 2, 2));
+        let mut rx = vec![VecDeque::new(), VecDeque::new()];
+        w.send(0, 0, 1, ack_frame(0, 1));
+        w.flush(0);
+        poll_until(&mut w, &mut rx, 1);
+        assert_eq!(rx[1].pop_front(), Some(ack_frame(0, 1)), "sealed, opened, trailer cut off");
+        let seal = |k: &std::path::Path| {
+            let mut forger = Auth::new(AuthShared::load(AuthMode::Mac, k).unwrap(), 1, 2);
+            let f = ack_frame(0, 1);
+            let mut buf = vec![0u8; f.len() + TRAILER];
+            buf[..f.len()].copy_from_slice(&f);
+            forger.seal(0, &mut buf, f.len()).unwrap();
+            buf
+        };
+        // From node 0's own socket: the right source address every time.
+        let from_a = &w.socks[0];
+        from_a.send_to(&ack_frame(0, 1), b).unwrap(); // unsealed: no trailer
+        from_a.send_to(&seal(&bad), b).unwrap(); // another key
+        let captured = seal(&good);
+        from_a.send_to(&captured, b).unwrap(); // a genuine frame …
+        from_a.send_to(&captured, b).unwrap(); // … replayed
+        poll_until(&mut w, &mut rx, 4);
+        let s = w.stats();
+        assert_eq!((s.received, s.malformed, s.bad_tag, s.replayed), (2, 1, 1, 1), "{s:?}");
+        assert_eq!(rx[1].len(), 1, "only the genuine frame, once");
+        let _ = (std::fs::remove_file(good), std::fs::remove_file(bad));
     }
 
     #[test]
