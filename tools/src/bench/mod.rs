@@ -172,6 +172,9 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
     if a.kind != Kind::Rate && (a.pairs.is_some() || a.window.is_some()) {
         return Err("--pairs and --window are options of `emp bench rate`".into());
     }
+    if a.window == Some(0) {
+        return Err("--window 0: at least 1 message per window".into());
+    }
     if let Some(config) = &a.config {
         return bench_on_hosts(a, config, ranks);
     }

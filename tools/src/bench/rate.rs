@@ -428,13 +428,18 @@ mod tests {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         let a = thread_cpu_ns(pid, tid).expect("own thread readable");
-        let t = Instant::now();
+        // Spin until the accounting moves (however loaded the machine, a
+        // spinning thread gets run time); bounded so a stuck figure fails.
+        let end = Instant::now() + Duration::from_secs(10);
         let mut x = 0u64;
-        while t.elapsed() < Duration::from_millis(30) {
-            x = x.wrapping_add(std::hint::black_box(1));
+        let mut b = a;
+        while b == a && Instant::now() < end {
+            for _ in 0..100_000 {
+                x = x.wrapping_add(std::hint::black_box(1));
+            }
+            b = thread_cpu_ns(pid, tid).expect("own thread readable");
         }
-        let b = thread_cpu_ns(pid, tid).expect("own thread readable");
-        assert!(b > a + 10_000_000, "30 ms of spinning shows: {a} -> {b} ({x})");
+        assert!(b > a, "spinning shows as run time: {a} -> {b} ({x})");
         assert!(nic_cpu(&[]).is_none(), "no daemon, no figure");
         assert!(nic_cpu(&[pid]).is_some());
     }
