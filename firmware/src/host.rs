@@ -234,7 +234,12 @@ impl Nic {
             return;
         }
         self.ports[port as usize].posted.push_back(ld);
-        self.kick_refused(hal, port, &ld);
+        // `kick_refused` scans every peer slot (1024 by default): with no
+        // live peer waiting for a receive (almost always), skip it.
+        let refused = |&i: &u32| self.peers[i as usize].as_ref().is_some_and(|p| p.rnr_seq.is_some());
+        if self.peer_index.values().any(refused) {
+            self.kick_refused(hal, port, &ld);
+        }
     }
 
     /// One descriptor from the send ring, whatever its opcode: sends,

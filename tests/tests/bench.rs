@@ -21,6 +21,36 @@ fn bench_latency_json_is_the_only_thing_on_stdout() {
     }
 }
 
+/// `emp bench rate`: two pairs, every row carries the rate and the NIC's
+/// CPU per message read from the chassis' daemons (a real, positive figure:
+/// the engine did the work).
+#[test]
+fn bench_rate_json_has_the_nic_cpu_per_message() {
+    let out = emp()
+        .args(["bench", "rate", "--json", "--pairs", "2", "--sizes", "8,64", "--iters", "20"])
+        .output()
+        .expect("run emp bench");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "emp bench rate failed:\n{stdout}{stderr}");
+    let doc = stdout.trim();
+    if let Err(at) = json::validate(doc) {
+        panic!("stdout is not one JSON document (error at byte {at}):\n{stdout}");
+    }
+    for key in ["\"benchmark\":\"Rate\"", "\"pairs\":2", "{\"size\":8,\"messages\":2560,", "{\"size\":64,"] {
+        assert!(doc.contains(key), "missing {key} in {doc}");
+    }
+    for field in ["\"nic_us_per_msg\":", "\"tcp_us_per_msg\":"] {
+        let at = doc.find(field).unwrap_or_else(|| panic!("no {field} in {doc}")) + field.len();
+        let num: String = doc[at..].chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+        let v: f64 = num.parse().unwrap_or_else(|_| panic!("{field} is not a number in {doc}"));
+        assert!(v > 0.0, "{field} {v} in {doc}");
+    }
+    let bad = emp().args(["bench", "rate", "--window", "0"]).output().expect("run emp bench");
+    assert!(!bad.status.success(), "--window 0 accepted");
+    let misplaced = emp().args(["bench", "bw", "--pairs", "2"]).output().expect("run emp bench");
+    assert!(String::from_utf8_lossy(&misplaced.stderr).contains("options of `emp bench rate`"));
+}
+
 /// emp-nicd's `--link-delay-us` takes effect: every frame leaves that long
 /// after it was sent, so a ping-pong's one-way latency (round trip / 2) is
 /// never below the delay. A lower bound: no load on the machine can make

@@ -8,7 +8,7 @@
 //! With `[cluster] auth` on (`auth.rs`), they also seal every frame they
 //! send and open every frame they receive before a control program sees it.
 
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -372,7 +372,8 @@ fn inject(f: &Faults, rng: &mut Prng, stats: &WireCounters) -> ([u64; 2], usize)
 
 /// The in-process switch.
 pub struct MemWire {
-    local: HashMap<u16, usize>,
+    /// Local index by node id (indexed, not hashed: one lookup per frame).
+    local: Vec<Option<usize>>,
     faults: Faults,
     rng: Prng,
     now_queue: VecDeque<(usize, Vec<u8>)>,
@@ -385,7 +386,13 @@ impl MemWire {
     /// A switch between the given node ids (local index = position).
     pub fn new(nodes: &[u16], faults: Faults) -> MemWire {
         MemWire {
-            local: nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect(),
+            local: {
+                let mut by_node = vec![None; nodes.iter().map(|&n| n as usize + 1).max().unwrap_or(0)];
+                for (i, &n) in nodes.iter().enumerate() {
+                    by_node[n as usize] = Some(i);
+                }
+                by_node
+            },
             rng: Prng(faults.seed | 1),
             faults,
             now_queue: VecDeque::new(),
@@ -398,7 +405,7 @@ impl MemWire {
 
 impl Wire for MemWire {
     fn send(&mut self, now: u64, _src: usize, dst: u16, frame: Vec<u8>) {
-        let Some(&d) = self.local.get(&dst) else {
+        let Some(d) = self.local.get(dst as usize).copied().flatten() else {
             WireCounters::add(&self.stats.frames, 1);
             WireCounters::add(&self.stats.lost, 1);
             return;

@@ -33,7 +33,13 @@ pub struct UdpWire {
     tx: Vec<SendBatch>,
     /// Seals and opens every frame, when the cluster authenticates.
     auth: Option<Auth>,
+    /// Buffers of sent frames, which received frames are copied into: no
+    /// allocation per frame (bounded by [`SPARE_MAX`]).
+    spare: Vec<Vec<u8>>,
 }
+
+/// Most spare frame buffers a [`UdpWire`] keeps (about 1.5 MB at MTU 1500).
+const SPARE_MAX: usize = 1024;
 
 impl UdpWire {
     /// Binds `binds[i]` (scoped) for local NIC i; `routes` gives every node's address.
@@ -78,6 +84,7 @@ impl UdpWire {
             faults,
             stats: Arc::default(),
             batch: Box::new(RecvBatch::new()),
+            spare: Vec::new(),
             auth: None,
         })
     }
@@ -136,6 +143,13 @@ pub(crate) fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> 
 }
 
 impl UdpWire {
+    /// Keeps a frame's buffer for a later received frame, up to [`SPARE_MAX`].
+    fn keep(&mut self, frame: Vec<u8>) {
+        if self.spare.len() < SPARE_MAX {
+            self.spare.push(frame);
+        }
+    }
+
     /// Checks datagram `i` of the batch; the node it came from.
     fn accept(&self, i: usize) -> Result<u16, Refused> {
         if self.batch.truncated(i) {
@@ -190,11 +204,13 @@ impl Wire for UdpWire {
         for _ in 0..copies {
             self.transmit(src, addr, &frame);
         }
+        self.keep(frame);
     }
 
     fn flush(&mut self, now: u64) {
         while let Some((src, to, frame)) = self.delayed.pop_due(now) {
             self.transmit(src, to, &frame);
+            self.keep(frame);
         }
         for (batch, sock) in self.tx.iter_mut().zip(&self.socks) {
             let lost = batch.flush(sock.as_raw_fd());
@@ -212,16 +228,25 @@ impl Wire for UdpWire {
             for _ in 0..4 {
                 let got = self.batch.recv(self.socks[i].as_raw_fd());
                 for k in 0..got {
-                    let checked = self.accept(k).and_then(|from| {
-                        let mut f = self.batch.data(k).to_vec();
-                        open_frame(self.auth.as_mut(), i, from, &mut f).map(|_| f)
-                    });
-                    match checked {
-                        Ok(f) => {
+                    let from = match self.accept(k) {
+                        Ok(from) => from,
+                        Err(why) => {
+                            self.stats.refused(why);
+                            continue;
+                        }
+                    };
+                    let mut f = self.spare.pop().unwrap_or_default();
+                    f.clear();
+                    f.extend_from_slice(self.batch.data(k));
+                    match open_frame(self.auth.as_mut(), i, from, &mut f) {
+                        Ok(()) => {
                             queue.push_back(f);
                             n += 1;
                         }
-                        Err(why) => self.stats.refused(why),
+                        Err(why) => {
+                            self.stats.refused(why);
+                            self.keep(f);
+                        }
                     }
                 }
                 if got < super::batch::BATCH {

@@ -3,6 +3,8 @@
 //! family, as rdma-core's `examples/` keeps one per pingpong:
 //!
 //! - [`p2p`]: `latency`, `bw`, `bibw` between two ranks, EMP beside TCP;
+//! - [`rate`]: `rate`, message rate of 1…N sender/receiver pairs with the
+//!   NICs' CPU time per message, EMP beside TCP;
 //! - [`atomic`]: remote atomic latency, NIC-executed vs host-served;
 //! - [`coll`]: `barrier`, `bcast`, `bcast-skew`, `allreduce`, `reduce` over
 //!   `--nodes N` ranks, NIC-offloaded variants beside host baselines.
@@ -18,6 +20,7 @@
 mod atomic;
 mod coll;
 mod p2p;
+mod rate;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -41,6 +44,9 @@ pub enum Kind {
     Bw,
     /// Bidirectional bandwidth.
     Bibw,
+    /// Message rate of `--pairs` sender/receiver pairs (OSU mbw_mr), with
+    /// the NICs' CPU time per message.
+    Rate,
     /// Remote atomic latency: NIC vs host-based responder.
     Atomic,
     /// Collective: consecutive barriers (`--nodes`, `--algo`).
@@ -106,6 +112,16 @@ pub struct BenchArgs {
     /// What the EMP side runs over, for the report (set by `emp bench`).
     #[arg(long, hide = true)]
     pub emp_path: Option<String>,
+    /// rate: sender/receiver pairs (default 1); senders on NIC 0, receivers
+    /// on NIC 1 of the private chassis.
+    #[arg(long)]
+    pub pairs: Option<usize>,
+    /// rate: messages per window (default 64, at most the port's rings).
+    #[arg(long)]
+    pub window: Option<usize>,
+    /// The emulated NIC daemons whose CPU time `rate` reads (set by `emp bench`).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    pub nicd_pids: Vec<i32>,
     /// Collectives: ranks (default 8), one NIC each on the private chassis.
     #[arg(long)]
     pub nodes: Option<usize>,
@@ -142,18 +158,41 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
     if a.kind.is_collective() {
         coll::select(a.kind, &a.algo)?;
     }
-    let ranks = if a.kind.is_collective() { a.nodes.unwrap_or(8) } else { 2 };
+    let ranks = match a.kind {
+        k if k.is_collective() => a.nodes.unwrap_or(8),
+        Kind::Rate => 2 * a.pairs.unwrap_or(1),
+        _ => 2,
+    };
     if ranks == 0 || ranks > u16::MAX as usize {
-        return Err(format!("--nodes {ranks}: at least 1"));
+        return Err(match a.kind {
+            Kind::Rate => "--pairs: 1 to 32767".to_string(),
+            _ => format!("--nodes {ranks}: at least 1"),
+        });
+    }
+    if a.kind != Kind::Rate && (a.pairs.is_some() || a.window.is_some()) {
+        return Err("--pairs and --window are options of `emp bench rate`".into());
+    }
+    if a.window == Some(0) {
+        return Err("--window 0: at least 1 message per window".into());
     }
     if let Some(config) = &a.config {
         return bench_on_hosts(a, config, ranks);
     }
+    // rate: every sender on NIC 0, every receiver on NIC 1 (ranks go to
+    // NICs round robin), as mbw_mr runs its pairs between two nodes.
+    let nics = if a.kind == Kind::Rate { 2 } else { ranks };
     let (dir, private) = match &a.dir {
         Some(d) => (d.clone(), false),
-        None => (private_chassis(a, ranks)?, true),
+        None => (private_chassis(a, nics)?, true),
     };
-    let argv = rank_argv(a, ranks)?;
+    let mut argv = rank_argv(a, ranks)?;
+    if a.kind == Kind::Rate {
+        // The daemons' CPU accounting is read by rank 0 on this machine.
+        if let Ok(s) = cluster::read_state(&dir) {
+            let pids: Vec<String> = s.pids.iter().map(|p| p.to_string()).collect();
+            argv.push(format!("--nicd-pids={}", pids.join(",")));
+        }
+    }
     let r = crate::run::run(&dir, ranks, &argv, Some(Duration::from_secs(3600)));
     if private {
         let _ = cluster::down(&dir);
@@ -221,11 +260,11 @@ fn bench_on_hosts(a: &BenchArgs, config: &Path, ranks: usize) -> Result<(), Stri
     }
 }
 
-/// Starts a chassis of `ranks` NICs for this run alone; returns its directory.
-fn private_chassis(a: &BenchArgs, ranks: usize) -> Result<PathBuf, String> {
+/// Starts a chassis of `nics` NICs for this run alone; returns its directory.
+fn private_chassis(a: &BenchArgs, nics: usize) -> Result<PathBuf, String> {
     let d = std::env::temp_dir().join(format!("emp-bench-{}", std::process::id()));
     let up = UpArgs {
-        nics: ranks as u16,
+        nics: nics as u16,
         wire: a.wire,
         loss: 0.0,
         dup: 0.0,
@@ -263,9 +302,13 @@ fn rank_argv(a: &BenchArgs, ranks: usize) -> Result<Vec<String>, String> {
     if a.blocking {
         argv.push("--blocking".into());
     }
+    if let Some(w) = a.window {
+        argv.push(format!("--window={w}"));
+    }
     if a.dir.is_none() && a.config.is_none() {
+        let nics = if a.kind == Kind::Rate { 2 } else { ranks };
         argv.push(format!(
-            "--emp-path=EMP on a private {}-wire chassis of {ranks} NICs",
+            "--emp-path=EMP on a private {}-wire chassis of {nics} NICs",
             format!("{:?}", a.wire).to_lowercase()
         ));
     }
@@ -290,6 +333,9 @@ pub fn rank(a: &BenchArgs) -> Result<(), String> {
     let job = Job::from_env().map_err(err)?;
     if a.kind.is_collective() {
         return coll::rank(a, job);
+    }
+    if a.kind == Kind::Rate {
+        return rate::rank(a, &job);
     }
     if job.size != 2 {
         return Err("benchmarks run with exactly 2 ranks".into());
