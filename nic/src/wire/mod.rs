@@ -24,7 +24,7 @@ pub mod udp;
 
 pub use info::WireView;
 pub use packet::{PacketOptions, PacketWire};
-pub use udp::UdpWire;
+pub use udp::{UdpMcastMode, UdpWire};
 
 /// Fault injection applied by every backend on transmit.
 #[derive(Clone, Copy, Debug, Default)]
