@@ -24,7 +24,8 @@ pub enum McastError {
     BadPort,
     /// [`JOINED_MAX`] memberships held already.
     TableFull,
-    /// The frame is not a valid EMP frame to a multicast address.
+    /// The frame is not a valid EMP frame from this node to a multicast
+    /// address, or is longer than the MTU.
     BadFrame,
 }
 
@@ -107,7 +108,7 @@ impl Nic {
     /// Transmits `frame` once to the multicast address its header names.
     pub fn mcast_transmit<H: Hal>(&mut self, hal: &mut H, frame: &[u8]) -> Result<(), McastError> {
         let hdr = FrameHeader::decode(frame).map_err(|_| McastError::BadFrame)?;
-        if !is_mcast(hdr.dst_node) || hdr.src_node != self.node {
+        if !is_mcast(hdr.dst_node) || hdr.src_node != self.node || frame.len() > self.mtu as usize {
             return Err(McastError::BadFrame);
         }
         self.mcast.sent += 1;

@@ -49,6 +49,9 @@ fn one_transmission_reaches_joined_ports_only() {
     assert_eq!(c.world.mcast_membership(1, 0, 7, true), Err(McastError::NotMulticast));
     c.world.mcast_transmit(0, &frame(0)).unwrap();
     assert_eq!(c.world.mcast_transmit(0, &frame(1)), Err(McastError::BadFrame), "another node's frame");
+    let mut long = frame(0);
+    long.resize(1501, 0);
+    assert_eq!(c.world.mcast_transmit(0, &long), Err(McastError::BadFrame), "beyond the MTU");
     run(&mut c);
     let got: Vec<(u64, u64, u64)> = c.world.nodes.iter().map(|n| n.nic.mcast_counts()).collect();
     assert_eq!(got, [(1, 0, 0), (0, 1, 0), (0, 1, 0), (0, 0, 0), (0, 1, 0)]);
