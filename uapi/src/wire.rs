@@ -550,6 +550,16 @@ pub fn emit_atomic_resp(hdr: &FrameHeader, result: &AtomicResult, out: &mut [u8]
 mod tests {
     use super::*;
 
+    #[test]
+    fn multicast_addresses_are_above_node_ids() {
+        assert!(!is_mcast(MCAST_BASE - 1) && is_mcast(MCAST_BASE) && is_mcast(MCAST_BASE + MCAST_GROUPS - 1));
+        assert!(!is_mcast(MCAST_BASE + MCAST_GROUPS) && !is_mcast(u16::MAX));
+        assert_eq!((mcast_group(MCAST_BASE + 0x102), mcast_group(7)), (Some(0x102), None));
+        let m = mcast_mac(MCAST_BASE + 0x102);
+        assert_eq!(m, [0x03, 0x00, 0xc6, 0x12, 0x01, 0x02]);
+        assert_eq!(m[0] & 3, 3, "group and locally administered bits");
+    }
+
     /// Byte-exact fixture: an ACK for group 2 of message 7, 0 -> 1.
     static ACK_BYTES: [u8; 48] = [
         3, 2, 0, 0, // version, kind, dst_gen
