@@ -36,6 +36,9 @@ impl Hal for CHal {
     fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]) {
         (self.0.mac_transmit)(self.0.ctx, dst_node, frame.as_ptr(), frame.len());
     }
+    fn mcast_membership(&mut self, addr: u16, join: bool) {
+        (self.0.mcast_membership)(self.0.ctx, addr, join as u8);
+    }
     fn raise_interrupt(&mut self, vector: u16) {
         (self.0.raise_interrupt)(self.0.ctx, vector);
     }
@@ -155,7 +158,7 @@ pub unsafe extern "C" fn emp_fw_poll_timeout(nic: *mut c_void) -> u64 {
 pub unsafe extern "C" fn emp_fw_describe(nic: *mut c_void, buf: *mut u8, cap: usize) -> usize {
     // SAFETY: the caller guarantees `nic` is live and `buf` writable.
     let (nic, out) = unsafe { (&*nic.cast::<Nic>(), core::slice::from_raw_parts_mut(buf, cap)) };
-    let text = format!("{:?}\n{}", nic.occupancy(), nic.describe_peers());
+    let text = format!("{:?}\n{}{}", nic.occupancy(), nic.describe_peers(), nic.describe_mcast());
     let n = text.len().min(cap);
     out[..n].copy_from_slice(&text.as_bytes()[..n]);
     n

@@ -154,6 +154,7 @@ impl Nic {
         self.rma_flush_port(hal, port);
         self.unexp_flush_port(port);
         self.free_peers_of(port);
+        self.mcast_leave_all(hal, port);
         debug_assert_eq!(self.ports[port as usize].outstanding, 0);
         self.ports[port as usize].open = false;
         let w = self.layout.port(port);

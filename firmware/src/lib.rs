@@ -83,6 +83,7 @@ mod ffi;
 mod group;
 mod guard;
 mod host;
+pub mod mcast;
 mod mr;
 mod rma;
 mod rx;
@@ -130,6 +131,10 @@ pub trait Hal {
     fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]);
     /// Raises MSI-X `vector` (0 = admin, 1 + port = port events).
     fn raise_interrupt(&mut self, vector: u16);
+    /// The MAC starts (`join`) or stops receiving frames sent to multicast
+    /// address `addr` (`mcast.rs`); hardware without a multicast filter
+    /// ignores it, and the control program filters alone.
+    fn mcast_membership(&mut self, _addr: u16, _join: bool) {}
     /// Signals another NIC CPU (multi-CPU plans); single-CPU plans never call it.
     fn cpu_event(&mut self, _cpu: u8, _event: u32) {}
 }
@@ -598,6 +603,8 @@ pub struct Nic {
     pub(crate) coll_cache_used: u32,
     /// Refused remote accesses per source, and throttling.
     pub(crate) guard: guard::Guard,
+    /// Multicast memberships and counts.
+    pub(crate) mcast: mcast::Mcast,
 }
 
 impl Nic {
@@ -688,6 +695,7 @@ impl Nic {
             coll_stalled: false,
             coll_cache_used: 0,
             guard: guard::Guard::new(),
+            mcast: mcast::Mcast::default(),
             cfg,
         };
         set_status(hal, NicStatus::Running, FailReason::None);
@@ -728,6 +736,13 @@ impl Nic {
     /// Dispatches a received frame by kind.
     fn receive_frame<H: Hal>(&mut self, hal: &mut H, now: u64, bytes: &[u8]) {
         let frame = match Frame::parse(bytes) {
+            Ok(f)
+                if emp_uapi::wire::is_mcast(f.header().dst_node)
+                    && (f.header().dst_port as usize) < self.ports.len()
+                    && self.route_valid(hal, f.header().src_node) =>
+            {
+                return self.receive_mcast(f.header());
+            }
             // A source outside the route table is no node of this cluster:
             // refused before it can take a peer entry or reach a receive.
             Ok(f)

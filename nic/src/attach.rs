@@ -179,6 +179,13 @@ fn handle(
             auth_info(&wire.view, &mut out);
             status::OK
         }
+        (op::WIRE_MCAST, _) => {
+            let c = wire.view.counters.snapshot();
+            out.arg[emp_uapi::attach::mcast_reply::SENT] = c.mcast_sent;
+            out.arg[emp_uapi::attach::mcast_reply::RECEIVED] = c.mcast_received;
+            out.arg[emp_uapi::attach::mcast_reply::FALLBACK] = c.mcast_fallback;
+            status::OK
+        }
         (op::ATTACH, None) => match nic.alloc_port(pid) {
             Ok(p) => {
                 *port = Some(p);

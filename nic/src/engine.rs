@@ -132,6 +132,11 @@ impl Engine {
 
     fn flush(&mut self, i: usize, now: u64) {
         if let Some(fw) = self.cards[i].fw.as_mut() {
+            for (addr, join) in fw.take_memberships() {
+                if let Err(e) = self.wire.set_membership(i, addr, join) {
+                    tracing::warn!(local = i, "multicast filter {addr:#x}: {e}");
+                }
+            }
             for (dst, f) in fw.take_outbox() {
                 self.wire.send(now, i, dst, f);
             }

@@ -22,6 +22,23 @@ struct HwCtx {
     outbox: Vec<(u16, Vec<u8>)>,
     /// Frame buffers for reuse (bounded): no allocation per frame.
     pool: Vec<Vec<u8>>,
+    /// Multicast filter changes the control program asked for, for the
+    /// engine to apply to the wire (bounded: [`MEMBERSHIP_QUEUE_MAX`]).
+    memberships: Vec<(u16, bool)>,
+}
+
+/// Most filter changes queued between two engine passes; beyond, the
+/// change is refused (logged) and the control program filters alone.
+const MEMBERSHIP_QUEUE_MAX: usize = 1024;
+
+extern "C" fn hw_mcast_membership(ctx: *mut c_void, addr: u16, join: u8) {
+    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call.
+    let hw = unsafe { &mut *ctx.cast::<HwCtx>() };
+    if hw.memberships.len() >= MEMBERSHIP_QUEUE_MAX {
+        tracing::warn!(node = hw.shared.node, addr, "multicast filter queue full: change dropped");
+        return;
+    }
+    hw.memberships.push((addr, join != 0));
 }
 
 extern "C" fn hw_sram_read(ctx: *mut c_void, off: usize, buf: *mut u8, len: usize) {
@@ -106,7 +123,7 @@ unsafe impl Send for Firmware {}
 impl Firmware {
     /// Boots the control program on a NIC; `None` if it refused to boot.
     pub fn boot(lib: Arc<FwLib>, shared: Arc<NicShared>, cfg: FwConfig) -> Option<Firmware> {
-        let mut hw = Box::new(HwCtx { shared, outbox: Vec::new(), pool: Vec::new() });
+        let mut hw = Box::new(HwCtx { shared, outbox: Vec::new(), pool: Vec::new(), memberships: Vec::new() });
         let hal = hal_for(&mut hw);
         // SAFETY: `hal` and `cfg` are valid for the call; `boot` follows the
         // firmware ABI.
@@ -177,6 +194,11 @@ impl Firmware {
 
     /// The frames the control program transmitted since the last call, as
     /// (destination node, frame).
+    /// Multicast filter changes asked for since the last call.
+    pub(crate) fn take_memberships(&mut self) -> std::vec::Drain<'_, (u16, bool)> {
+        self.hw.memberships.drain(..)
+    }
+
     pub(crate) fn take_outbox(&mut self) -> std::vec::Drain<'_, (u16, Vec<u8>)> {
         self.hw.outbox.drain(..)
     }
@@ -212,6 +234,7 @@ fn hal_for(hw: &mut HwCtx) -> FwHal {
         mac_transmit: hw_mac_transmit,
         raise_interrupt: hw_raise_interrupt,
         dma_fence: hw_dma_fence,
+        mcast_membership: hw_mcast_membership,
     }
 }
 

@@ -334,6 +334,9 @@ fn run(a: Args) -> Result<ExitCode, String> {
                 return Err(format!("udp: node {n} ({a}) and node {} ({}) differ in IP family", local[0], binds[0]));
             }
             let mut w = UdpWire::new(&binds, p.routes.clone(), faults).map_err(|e| format!("udp: {e}"))?;
+            // IP multicast where the host routes it, else replicated unicast (warned, counted).
+            let mode = w.enable_multicast();
+            tracing::info!("udp wire multicast: {mode:?}");
             if let Some(a) = new_auth() {
                 w.authenticate(a);
             }

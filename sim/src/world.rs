@@ -6,6 +6,7 @@ use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use emp_firmware::mcast::McastError;
 use emp_firmware::{Config, DmaError, Hal, Nic};
 use emp_uapi::sram::{Layout, LayoutParams, NicStatus, SramHeader};
 use emp_uapi::Le;
@@ -79,6 +80,10 @@ pub struct WireStats {
     pub reordered: u64,
     /// Bytes put on the wire.
     pub bytes: u64,
+    /// Multicast transmissions (one per transmission, also in `frames`).
+    pub mcast_sent: u64,
+    /// Multicast copies delivered to members (each link faulted on its own).
+    pub mcast_copies: u64,
 }
 
 /// One NIC and its host's memory.
@@ -144,6 +149,8 @@ struct SimHal<'a> {
     out: &'a mut Out,
     pool: &'a mut Vec<Vec<u8>>,
     interrupts: &'a mut u64,
+    /// Multicast filter changes the control program asked for.
+    mcast: &'a mut Vec<(u16, bool)>,
     /// Cost of the run so far (ps), and what DMA and transmits add.
     work_ps: u64,
     /// `work_ps` when the last write to host memory was done.
@@ -195,6 +202,10 @@ impl Hal for SimHal<'_> {
     fn raise_interrupt(&mut self, _vector: u16) {
         let _hw = Running::firmware(false);
         *self.interrupts += 1;
+    }
+    fn mcast_membership(&mut self, addr: u16, join: bool) {
+        let _hw = Running::firmware(false);
+        self.mcast.push((addr, join));
     }
 }
 
@@ -260,6 +271,11 @@ pub struct World {
     pool: Vec<Vec<u8>>,
     /// Test hook: return true to lose a frame (src, dst, bytes).
     pub drop_filter: Option<DropFilter>,
+    /// The switch's multicast table: the member nodes of each address
+    /// (sorted), as their MACs asked (`Hal::mcast_membership`).
+    mcast_members: std::collections::BTreeMap<u16, Vec<u16>>,
+    /// Filter changes of the handler running now.
+    mcast_changes: Vec<(u16, bool)>,
 }
 
 impl World {
@@ -291,6 +307,7 @@ impl World {
                     out: &mut out,
                     pool: &mut pool,
                     interrupts: &mut interrupts,
+                    mcast: &mut Vec::new(),
                     work_ps: 0,
                     written_ps: 0,
                     dma_ps_per_byte: 0,
@@ -332,6 +349,8 @@ impl World {
             out: Vec::new(),
             pool: Vec::new(),
             drop_filter: None,
+            mcast_members: std::collections::BTreeMap::new(),
+            mcast_changes: Vec::new(),
         }
     }
 
@@ -446,6 +465,7 @@ impl World {
     fn run_nic(&mut self, node: u16, rx_frames: u64, f: impl FnOnce(&mut Nic, &mut SimHal<'_>, u64)) {
         let now = self.now;
         let mut out = core::mem::take(&mut self.out);
+        let mut mcast = core::mem::take(&mut self.mcast_changes);
         let cost = self.cost;
         let work_ps = {
             let n = &mut self.nodes[node as usize];
@@ -455,6 +475,7 @@ impl World {
                 out: &mut out,
                 pool: &mut self.pool,
                 interrupts: &mut n.interrupts,
+                mcast: &mut mcast,
                 work_ps: rx_frames * cost.nic_rx_frame_ns * 1000,
                 written_ps: 0,
                 dma_ps_per_byte: cost.nic_dma_ps_per_byte,
@@ -484,6 +505,17 @@ impl World {
         let work_ns = work_ps.div_ceil(1000);
         n.nic_free_at = n.nic_free_at.max(now + work_ns);
         n.nic_busy_ns += work_ns;
+        for (addr, join) in mcast.drain(..) {
+            let members = self.mcast_members.entry(addr).or_default();
+            match (members.binary_search(&node), join) {
+                (Err(at), true) => members.insert(at, node),
+                (Ok(at), false) => {
+                    members.remove(at);
+                }
+                _ => {}
+            }
+        }
+        self.mcast_changes = mcast;
         for (dst, frame, done_ps) in out.drain(..) {
             self.transmit(node, dst, frame, now + done_ps.div_ceil(1000));
         }
@@ -527,7 +559,25 @@ impl World {
         let n = &mut self.nodes[src as usize];
         let start = n.egress_free_at.max(ready);
         n.egress_free_at = start + tx_ns;
-        let mut at = start + tx_ns + self.wire.latency_ns;
+        let at = start + tx_ns + self.wire.latency_ns;
+        if emp_uapi::wire::is_mcast(dst) {
+            // One transmission; the switch copies it to every member but
+            // the sender, each link losing, delaying, reordering on its own.
+            self.stats.mcast_sent += 1;
+            let members = self.mcast_members.get(&dst).cloned().unwrap_or_default();
+            for m in members.into_iter().filter(|&m| m != src) {
+                self.stats.mcast_copies += 1;
+                self.deliver(src, m, frame.clone(), at);
+            }
+            self.pool.push(frame);
+            return;
+        }
+        self.deliver(src, dst, frame, at);
+    }
+
+    /// The switch's link from `src` to `dst`: partition, loss, corruption,
+    /// reordering and duplication, then the frame arrives at `at` or later.
+    fn deliver(&mut self, src: u16, dst: u16, frame: Vec<u8>, mut at: u64) {
         if dst as usize >= self.nodes.len() {
             self.stats.lost += 1;
             return;
@@ -564,6 +614,24 @@ impl World {
             self.push(at + extra, dst, Kind::Frame, frame.clone());
         }
         self.push(at, dst, Kind::Frame, frame);
+    }
+
+    /// `node`'s port `port` joins (or leaves) multicast address `addr`,
+    /// as the control program's multicast interface is asked to (no host
+    /// request reaches it yet: the reliable-broadcast protocol will).
+    pub fn mcast_membership(&mut self, node: u16, port: u16, addr: u16, join: bool) -> Result<(), McastError> {
+        let mut r = Ok(());
+        self.run_nic(node, 0, |nic, hal, _| {
+            r = if join { nic.mcast_join(hal, port, addr) } else { nic.mcast_leave(hal, port, addr) };
+        });
+        r
+    }
+
+    /// `node`'s control program transmits `frame` to the multicast address its header names.
+    pub fn mcast_transmit(&mut self, node: u16, frame: &[u8]) -> Result<(), McastError> {
+        let mut r = Ok(());
+        self.run_nic(node, 0, |nic, hal, _| r = nic.mcast_transmit(hal, frame));
+        r
     }
 
     /// True when no event is pending.

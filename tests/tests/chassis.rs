@@ -318,9 +318,14 @@ fn info_shows_wire_counters_and_routes() {
     assert!(count("lost") > 0, "5 % loss was injected:\n{text}");
     assert_eq!(count("malformed") + count("unknown_source"), 0, "{text}");
     assert!(text.contains("routes: none (the mem wire"), "{text}");
+    assert!(
+        text.contains("  multicast: mcast_sent=0 mcast_received=0 mcast_fallback=0"),
+        "no multicast yet, counted as such:\n{text}"
+    );
 
     let sock = c.sock(1);
     let w = emp::nic_wire_info(&sock).expect("wire info");
+    assert_eq!(emp::nic_wire_mcast(&sock).expect("wire multicast"), emp::WireMcast::default());
     assert_eq!((w.kind, w.nodes, w.local_nics, w.local_index), (emp::WireKind::Mem, 3, 3, 1));
     assert_eq!(w.link, emp::Link::None, "the mem wire has no interface");
     assert!(w.counter("sent").unwrap() >= count("sent"), "counters only grow");

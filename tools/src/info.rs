@@ -119,6 +119,12 @@ fn info_report(label: &str, nics: &[(u16, PathBuf)], max_routes: usize) -> (Stri
             if w.local_nics as usize > nodes.len() { format!(", {} NICs on it", w.local_nics) } else { String::new() };
         out += &format!("wire of emp-nicd pid {pid} (node {}{shared}): {}\n", list.join(","), fmt_counters(w));
         let sock = nics.iter().find(|(n, _)| *n == nodes[0]).map(|(_, s)| s.to_string_lossy());
+        if let Some(m) = sock.as_ref().and_then(|s| emp::nic_wire_mcast(s).ok()) {
+            out += &format!(
+                "  multicast: mcast_sent={} mcast_received={} mcast_fallback={}\n",
+                m.sent, m.received, m.fallback
+            );
+        }
         if let Some(a) = sock.and_then(|s| emp::nic_wire_auth(&s).ok()) {
             out += &format!("  {}\n", fmt_auth(&a));
         }

@@ -79,6 +79,9 @@ extern "C" {
 #define EMP_WIRE_VERSION 3U
 /* Largest frame (headers + payload) a NIC accepts. */
 #define EMP_MTU_MAX 9000U
+/* Destination node ids from EMP_MCAST_BASE are multicast addresses. */
+#define EMP_MCAST_BASE 0xF000U
+#define EMP_MCAST_GROUPS 0x0F00U
 /* Smallest MTU. */
 #define EMP_MTU_MIN 256U
 
@@ -644,7 +647,7 @@ struct emp_port_ctl {
 /* Image magic: "EMPFWIMG" little-endian. */
 #define EMP_IMAGE_MAGIC 0x474D495746504D45ULL
 #define EMP_IMAGE_HEADER_VERSION 1U
-#define EMP_FIRMWARE_ABI 2U
+#define EMP_FIRMWARE_ABI 3U
 /* Bytes covered by the signature (everything before `signature`). */
 #define EMP_IMAGE_SIGNED_LEN 152U
 /* Largest payload accepted. */
@@ -998,6 +1001,9 @@ struct emp_fw_hal {
 	/* every dma_write issued before is visible to the host before any
 	 * issued after (a write barrier; a CQE's phase byte follows one) */
 	void (*dma_fence)(void *ctx);
+	/* the MAC starts (join 1) or stops (0) receiving frames sent to
+	 * multicast address addr (EMP_MCAST_BASE and up) */
+	void (*mcast_membership)(void *ctx, uint16_t addr, uint8_t join);
 };
 
 /* Control-program tunables passed at boot; zero means "use the default". */
@@ -1043,7 +1049,7 @@ EMP_STATIC_ASSERT(sizeof(struct emp_set_eventfd) == 16, "emp_set_eventfd");
 EMP_STATIC_ASSERT(sizeof(struct emp_arm) == 8, "emp_arm");
 EMP_STATIC_ASSERT(sizeof(struct emp_start) == 24, "emp_start");
 EMP_STATIC_ASSERT(sizeof(struct emp_attach_msg) == 192, "emp_attach_msg");
-EMP_STATIC_ASSERT(sizeof(struct emp_fw_hal) == 8 * sizeof(void *), "emp_fw_hal");
+EMP_STATIC_ASSERT(sizeof(struct emp_fw_hal) == 9 * sizeof(void *), "emp_fw_hal");
 EMP_STATIC_ASSERT(sizeof(struct emp_fw_config) == 48, "emp_fw_config");
 
 EMP_STATIC_ASSERT(offsetof(struct emp_cqe, flags) == EMP_CQE_FLAGS_OFFSET, "emp_cqe.flags");

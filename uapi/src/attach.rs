@@ -79,6 +79,18 @@ pub mod op {
     /// does not authenticate; `EINVAL` with a bad key file (the daemon logs
     /// why and keeps its keys).
     pub const WIRE_REKEY: u32 = 21;
+    /// The wire's multicast counters (see [`super::mcast_reply`]).
+    pub const WIRE_MCAST: u32 = 22;
+}
+
+/// Reply fields of `WIRE_MCAST`, in `arg` (one set per daemon).
+pub mod mcast_reply {
+    /// Multicast transmissions (one per transmission at the sender).
+    pub const SENT: usize = 0;
+    /// Multicast frames handed to a member NIC.
+    pub const RECEIVED: usize = 1;
+    /// Transmissions sent as replicated unicast (no IP multicast).
+    pub const FALLBACK: usize = 2;
 }
 
 /// `WIRE_REKEY` steps.

@@ -59,6 +59,9 @@ pub struct FwHal {
     /// Write barrier: every `dma_write` issued before is visible to the host
     /// before any issued after (a CQE's phase byte follows one).
     pub dma_fence: extern "C" fn(ctx: *mut c_void),
+    /// The MAC starts (`join` 1) or stops (0) receiving frames sent to
+    /// multicast address `addr` (`crate::wire::MCAST_BASE` and up).
+    pub mcast_membership: extern "C" fn(ctx: *mut c_void, addr: u16, join: u8),
 }
 
 /// Control-program tunables passed at boot (mirrors the firmware's config;

@@ -14,7 +14,7 @@ pub const IMAGE_MAGIC: u64 = u64::from_le_bytes(*b"EMPFWIMG");
 pub const IMAGE_HEADER_VERSION: u32 = 1;
 /// ABI between the NIC hardware model and the control program.
 /// 2: `FwHal::dma_fence`.
-pub const FIRMWARE_ABI: u32 = 2;
+pub const FIRMWARE_ABI: u32 = 3;
 /// Bytes covered by the signature (everything before `signature`).
 pub const SIGNED_LEN: usize = core::mem::offset_of!(ImageHeader, signature);
 /// Largest payload accepted.

@@ -38,6 +38,37 @@ pub const MTU_MAX: u32 = 9000;
 /// Smallest MTU that still carries headers plus a useful payload.
 pub const MTU_MIN: u32 = 256;
 
+/// Multicast addresses share the node id space: a frame header's
+/// `dst_node` (and the NIC's transmit address) from [`MCAST_BASE`] up names
+/// multicast group `dst_node - MCAST_BASE`, not a node. Node ids stay below
+/// it. Delivery is unreliable by design (as InfiniBand UD multicast): one
+/// transmission, a copy to every member, each copy lost on its own.
+pub const MCAST_BASE: u16 = 0xF000;
+/// Multicast addresses: `MCAST_BASE .. MCAST_BASE + MCAST_GROUPS`.
+pub const MCAST_GROUPS: u16 = 0x0F00;
+
+/// Is `dst` a multicast address?
+pub const fn is_mcast(dst: u16) -> bool {
+    dst >= MCAST_BASE && dst < MCAST_BASE + MCAST_GROUPS
+}
+
+/// Multicast address `addr`'s group index (`None`: not a multicast address).
+pub const fn mcast_group(addr: u16) -> Option<u16> {
+    if is_mcast(addr) {
+        Some(addr - MCAST_BASE)
+    } else {
+        None
+    }
+}
+
+/// The Ethernet address of multicast address `addr` on the raw-Ethernet
+/// wire: group bit and locally-administered bit set (`03:00:c6:12:hi:lo`,
+/// `hi:lo` the group index), so it collides with no assigned range.
+pub const fn mcast_mac(addr: u16) -> [u8; 6] {
+    let g = addr.wrapping_sub(MCAST_BASE);
+    [0x03, 0x00, 0xc6, 0x12, (g >> 8) as u8, g as u8]
+}
+
 /// Frame kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -543,6 +574,16 @@ mod tests {
         keyed.put(&mut b);
         assert!(RmaHeader::parse(&b, RmaHeader::SIZE as u64).is_err(), "a pull carries no key");
         assert_eq!(NackReason::from_u8(NackReason::Retained as u8), Some(NackReason::Retained));
+    }
+
+    #[test]
+    fn multicast_addresses_are_above_node_ids() {
+        assert!(!is_mcast(MCAST_BASE - 1) && is_mcast(MCAST_BASE) && is_mcast(MCAST_BASE + MCAST_GROUPS - 1));
+        assert!(!is_mcast(MCAST_BASE + MCAST_GROUPS) && !is_mcast(u16::MAX));
+        assert_eq!((mcast_group(MCAST_BASE + 0x102), mcast_group(7)), (Some(0x102), None));
+        let m = mcast_mac(MCAST_BASE + 0x102);
+        assert_eq!(m, [0x03, 0x00, 0xc6, 0x12, 0x01, 0x02]);
+        assert_eq!(m[0] & 3, 3, "group and locally administered bits");
     }
 
     /// Byte-exact fixture: an ACK for group 2 of message 7, 0 -> 1.

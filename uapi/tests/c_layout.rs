@@ -99,6 +99,7 @@ ptr_kind! {
     "int32_t (*)(void *, uint64_t, const uint8_t *, size_t)" => extern "C" fn(*mut c_void, u64, *const u8, usize) -> i32,
     "void (*)(void *, uint16_t, const uint8_t *, size_t)" => extern "C" fn(*mut c_void, u16, *const u8, usize),
     "void (*)(void *, uint16_t)" => extern "C" fn(*mut c_void, u16),
+    "void (*)(void *, uint16_t, uint8_t)" => extern "C" fn(*mut c_void, u16, u8),
     "void (*)(void *)" => extern "C" fn(*mut c_void),
 }
 
@@ -327,7 +328,17 @@ fn structs() -> Vec<StructDesc> {
         st!("emp_attach_msg", AttachMsg { version, op, status, reserved, arg }),
         st_repr_c!(
             "emp_fw_hal",
-            FwHal { ctx, sram_read, sram_write, dma_read, dma_write, mac_transmit, raise_interrupt, dma_fence }
+            FwHal {
+                ctx,
+                sram_read,
+                sram_write,
+                dma_read,
+                dma_write,
+                mac_transmit,
+                raise_interrupt,
+                dma_fence,
+                mcast_membership
+            }
         ),
         st_repr_c!(
             "emp_fw_config",
@@ -375,6 +386,8 @@ fn constants() -> Vec<ConstDesc> {
         // wire.rs
         EMP_WIRE_VERSION = wire::WIRE_VERSION,
         EMP_MTU_MAX = wire::MTU_MAX,
+        EMP_MCAST_BASE = wire::MCAST_BASE,
+        EMP_MCAST_GROUPS = wire::MCAST_GROUPS,
         EMP_MTU_MIN = wire::MTU_MIN,
         EMP_FRAME_DATA = FrameKind::Data as u8,
         EMP_FRAME_ACK = FrameKind::Ack as u8,

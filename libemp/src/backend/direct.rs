@@ -108,6 +108,7 @@ fn op_name(o: u32) -> &'static str {
         op::WIRE_ROUTES => "route table",
         op::WIRE_AUTH => "wire auth",
         op::WIRE_REKEY => "wire rekey",
+        op::WIRE_MCAST => "wire multicast",
         _ => "stats",
     }
 }
@@ -304,6 +305,36 @@ pub fn nic_wire_info(path: &str) -> Result<WireInfo> {
         link,
         counters,
     })
+}
+
+/// A NIC's wire multicast counters, as its daemon reports them ([`nic_wire_mcast`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WireMcast {
+    /// Multicast transmissions (one per transmission, however many members).
+    pub sent: u64,
+    /// Multicast frames handed to a member NIC.
+    pub received: u64,
+    /// Transmissions sent as one unicast copy per node (no IP multicast).
+    pub fallback: u64,
+}
+
+/// The multicast counters of the wire of the NIC at `path` (its daemon's),
+/// read without attaching.
+///
+/// # Errors
+/// As [`nic_wire_info`].
+///
+/// # Examples
+/// ```no_run
+/// let m = emp::nic_wire_mcast("/run/emp/nic0.sock")?;
+/// println!("{} multicast sent, {} replicated", m.sent, m.fallback);
+/// # Ok::<(), emp::Error>(())
+/// ```
+pub fn nic_wire_mcast(path: &str) -> Result<WireMcast> {
+    use emp_uapi::attach::mcast_reply as m;
+    let sock = connect_to(path)?;
+    let (r, _) = call(sock.as_raw_fd(), op::WIRE_MCAST, &[], &[])?;
+    Ok(WireMcast { sent: r.arg[m::SENT], received: r.arg[m::RECEIVED], fallback: r.arg[m::FALLBACK] })
 }
 
 /// A NIC's wire authentication, as its daemon reports it ([`nic_wire_auth`]).

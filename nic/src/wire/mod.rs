@@ -24,7 +24,7 @@ pub mod udp;
 
 pub use info::WireView;
 pub use packet::{PacketOptions, PacketWire};
-pub use udp::UdpWire;
+pub use udp::{UdpMcastMode, UdpWire};
 
 /// Fault injection applied by every backend on transmit.
 #[derive(Clone, Copy, Debug, Default)]
@@ -87,6 +87,15 @@ pub struct WireStats {
     pub unknown_key: u64,
     /// Dropped (auth): a counter seen before, or too far behind the newest.
     pub replayed: u64,
+    /// Multicast transmissions (one per transmission at the sender, however
+    /// many members; also counted in `frames`).
+    pub mcast_sent: u64,
+    /// Multicast frames handed to a local NIC that joined the address (also
+    /// counted in `received`).
+    pub mcast_received: u64,
+    /// Multicast transmissions sent as one unicast copy per node because
+    /// the network refused multicast (UDP without multicast routing).
+    pub mcast_fallback: u64,
 }
 
 /// Live wire counters, shared with the threads that report them (`emp info`).
@@ -104,6 +113,9 @@ pub struct WireCounters {
     bad_tag: AtomicU64,
     unknown_key: AtomicU64,
     replayed: AtomicU64,
+    mcast_sent: AtomicU64,
+    mcast_received: AtomicU64,
+    mcast_fallback: AtomicU64,
 }
 
 impl WireCounters {
@@ -145,6 +157,9 @@ impl WireCounters {
             bad_tag: g(&self.bad_tag),
             unknown_key: g(&self.unknown_key),
             replayed: g(&self.replayed),
+            mcast_sent: g(&self.mcast_sent),
+            mcast_received: g(&self.mcast_received),
+            mcast_fallback: g(&self.mcast_fallback),
         }
     }
 }
@@ -208,6 +223,18 @@ pub fn check_source(claimed: u16, from: Option<u16>, nodes: usize) -> Result<u16
     }
 }
 
+/// Is `frame` sent to a multicast address (its header's destination)?
+pub fn is_mcast_frame(frame: &[u8]) -> bool {
+    frame_dst(frame).is_some_and(emp_uapi::wire::is_mcast)
+}
+
+/// The destination a frame's header names (readable whether or not the
+/// frame is sealed): two bytes, no decoding on the per-frame path.
+pub fn frame_dst(frame: &[u8]) -> Option<u16> {
+    const AT: usize = std::mem::offset_of!(FrameHeader, dst_node);
+    frame.get(AT..AT + 2).map(|b| u16::from_le_bytes([b[0], b[1]]))
+}
+
 /// What a wire is, for `emp info`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WireKindInfo {
@@ -238,6 +265,13 @@ pub trait Wire: Send {
     fn fds(&self) -> Vec<RawFd>;
     /// Counters, shared.
     fn counters(&self) -> Arc<WireCounters>;
+    /// Local NIC `local` starts (`join`) or stops receiving frames sent to
+    /// multicast address `addr` (see [`emp_uapi::wire::MCAST_BASE`]). A wire
+    /// without multicast refuses.
+    fn set_membership(&mut self, local: usize, addr: u16, join: bool) -> Result<(), String> {
+        let _ = (local, join);
+        Err(format!("multicast address {addr:#x}: this wire has no multicast"))
+    }
     /// Counters now.
     fn stats(&self) -> WireStats {
         self.counters().snapshot()
@@ -353,6 +387,12 @@ impl Ord for Delayed {
 /// at most two, no allocation).
 fn inject(f: &Faults, rng: &mut Prng, stats: &WireCounters) -> ([u64; 2], usize) {
     WireCounters::add(&stats.frames, 1);
+    inject_copy(f, rng, stats)
+}
+
+/// As [`inject`], for one receiver's copy of a transmission already
+/// counted (multicast: each member loses, duplicates, delays on its own).
+fn inject_copy(f: &Faults, rng: &mut Prng, stats: &WireCounters) -> ([u64; 2], usize) {
     if rng.chance(f.loss) {
         WireCounters::add(&stats.lost, 1);
         return ([0; 2], 0);
@@ -370,6 +410,56 @@ fn inject(f: &Faults, rng: &mut Prng, stats: &WireCounters) -> ([u64; 2], usize)
     (out, 1)
 }
 
+/// Most multicast addresses one local NIC joins at a time.
+pub const MCAST_JOINED_MAX: usize = 256;
+
+/// Which multicast addresses each local NIC joined (what a real NIC's
+/// multicast filter holds). Bounded by [`MCAST_JOINED_MAX`] per NIC.
+#[derive(Clone, Debug, Default)]
+pub struct Memberships {
+    joined: Vec<Vec<u16>>,
+}
+
+impl Memberships {
+    /// No NIC in any group, `locals` NICs.
+    pub fn new(locals: usize) -> Memberships {
+        Memberships { joined: vec![Vec::new(); locals] }
+    }
+
+    /// Local NIC `local` joins or leaves `addr`; true when that changed
+    /// anything (a second join or a leave of a group not joined does not).
+    pub fn set(&mut self, local: usize, addr: u16, join: bool) -> Result<bool, String> {
+        if !emp_uapi::wire::is_mcast(addr) {
+            return Err(format!("{addr:#x} is not a multicast address"));
+        }
+        let set = self.joined.get_mut(local).ok_or_else(|| format!("no local NIC {local}"))?;
+        match (set.binary_search(&addr), join) {
+            (Ok(_), true) | (Err(_), false) => Ok(false),
+            (Err(_), true) if set.len() >= MCAST_JOINED_MAX => {
+                Err(format!("local NIC {local} already joined {MCAST_JOINED_MAX} multicast addresses"))
+            }
+            (Err(at), true) => {
+                set.insert(at, addr);
+                Ok(true)
+            }
+            (Ok(at), false) => {
+                set.remove(at);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Did local NIC `local` join `addr`?
+    pub fn joined(&self, local: usize, addr: u16) -> bool {
+        self.joined.get(local).is_some_and(|s| s.binary_search(&addr).is_ok())
+    }
+
+    /// Addresses local NIC `local` joined.
+    pub fn of(&self, local: usize) -> &[u16] {
+        self.joined.get(local).map_or(&[], |s| s.as_slice())
+    }
+}
+
 /// The in-process switch.
 pub struct MemWire {
     /// Local index by node id (indexed, not hashed: one lookup per frame).
@@ -380,6 +470,7 @@ pub struct MemWire {
     delayed: BinaryHeap<Delayed>,
     seq: u64,
     stats: Arc<WireCounters>,
+    groups: Memberships,
 }
 
 impl MemWire {
@@ -399,12 +490,43 @@ impl MemWire {
             delayed: BinaryHeap::new(),
             seq: 0,
             stats: Arc::default(),
+            groups: Memberships::new(nodes.len()),
+        }
+    }
+
+    /// Queues `frame` for local NIC `d` after `delay` ns.
+    fn deliver(&mut self, now: u64, d: usize, delay: u64, frame: Vec<u8>) {
+        let delay = delay + self.faults.link_delay_ns;
+        if delay == 0 {
+            self.now_queue.push_back((d, frame));
+        } else {
+            self.seq += 1;
+            self.delayed.push(Delayed { due: now + delay, seq: self.seq, dst: d, frame });
+        }
+    }
+
+    /// One multicast transmission from local NIC `src`: a copy to every
+    /// other local NIC that joined `addr`, each faulted on its own.
+    fn send_mcast(&mut self, now: u64, src: usize, addr: u16, frame: Vec<u8>) {
+        WireCounters::add(&self.stats.frames, 1);
+        WireCounters::add(&self.stats.mcast_sent, 1);
+        for d in 0..self.groups.joined.len() {
+            if d == src || !self.groups.joined(d, addr) {
+                continue;
+            }
+            let (delays, n) = inject_copy(&self.faults, &mut self.rng, &self.stats);
+            for delay in &delays[..n] {
+                self.deliver(now, d, *delay, frame.clone());
+            }
         }
     }
 }
 
 impl Wire for MemWire {
-    fn send(&mut self, now: u64, _src: usize, dst: u16, frame: Vec<u8>) {
+    fn send(&mut self, now: u64, src: usize, dst: u16, frame: Vec<u8>) {
+        if emp_uapi::wire::is_mcast(dst) {
+            return self.send_mcast(now, src, dst, frame);
+        }
         let Some(d) = self.local.get(dst as usize).copied().flatten() else {
             WireCounters::add(&self.stats.frames, 1);
             WireCounters::add(&self.stats.lost, 1);
@@ -427,17 +549,25 @@ impl Wire for MemWire {
 
     fn poll(&mut self, now: u64, rx: &mut [VecDeque<Vec<u8>>]) -> usize {
         let mut n = 0;
+        let mut mcast = 0;
         while let Some((d, f)) = self.now_queue.pop_front() {
+            mcast += is_mcast_frame(&f) as u64;
             rx[d].push_back(f);
             n += 1;
         }
         while self.delayed.peek().is_some_and(|x| x.due <= now) {
             let Delayed { dst, frame, .. } = self.delayed.pop().expect("peeked");
+            mcast += is_mcast_frame(&frame) as u64;
             rx[dst].push_back(frame);
             n += 1;
         }
         WireCounters::add(&self.stats.received, n as u64);
+        WireCounters::add(&self.stats.mcast_received, mcast);
         n
+    }
+
+    fn set_membership(&mut self, local: usize, addr: u16, join: bool) -> Result<(), String> {
+        self.groups.set(local, addr, join).map(|_| ())
     }
 
     fn next_due(&self) -> Option<u64> {
@@ -528,6 +658,80 @@ mod tests {
         assert_eq!(w.next_due(), Some(1_000));
         assert_eq!(w.poll(999, &mut rx), 0);
         assert_eq!(w.poll(1_000, &mut rx), 1);
+    }
+
+    const GROUP: u16 = emp_uapi::wire::MCAST_BASE + 5;
+
+    #[test]
+    fn frame_dst_reads_the_header() {
+        assert_eq!(frame_dst(&ack_frame(3, GROUP)), Some(GROUP));
+        assert!(is_mcast_frame(&ack_frame(3, GROUP)));
+        assert!(!is_mcast_frame(&ack_frame(3, 1)));
+        assert_eq!(frame_dst(&[1, 2, 3]), None);
+    }
+
+    #[test]
+    fn memberships_are_bounded_and_idempotent() {
+        let mut m = Memberships::new(2);
+        assert_eq!(m.set(0, GROUP, true), Ok(true));
+        assert_eq!(m.set(0, GROUP, true), Ok(false), "a second join changes nothing");
+        assert!(m.joined(0, GROUP) && !m.joined(1, GROUP));
+        assert!(m.set(0, 7, true).unwrap_err().contains("not a multicast address"));
+        assert!(m.set(2, GROUP, true).unwrap_err().contains("no local NIC 2"));
+        assert_eq!(m.set(0, GROUP, false), Ok(true));
+        assert_eq!(m.set(0, GROUP, false), Ok(false));
+        for i in 0..MCAST_JOINED_MAX as u16 {
+            m.set(1, emp_uapi::wire::MCAST_BASE + i, true).unwrap();
+        }
+        assert!(m.set(1, GROUP + 1000, true).unwrap_err().contains("already joined"));
+        assert_eq!(m.of(1).len(), MCAST_JOINED_MAX);
+    }
+
+    #[test]
+    fn mem_wire_multicast_reaches_members_only() {
+        let mut w = MemWire::new(&[0, 1, 2, 3, 4], Faults::default());
+        let mut rx = vec![VecDeque::new(); 5];
+        for d in [0, 1, 2, 4] {
+            w.set_membership(d, GROUP, true).unwrap();
+        }
+        w.send(0, 0, GROUP, ack_frame(0, GROUP));
+        assert_eq!(w.poll(0, &mut rx), 3);
+        let got: Vec<usize> = rx.iter().map(VecDeque::len).collect();
+        assert_eq!(got, [0, 1, 1, 0, 1], "every member but the sender, no non-member");
+        let s = w.stats();
+        assert_eq!((s.frames, s.mcast_sent, s.received, s.mcast_received), (1, 1, 3, 3), "one transmission");
+        w.set_membership(2, GROUP, false).unwrap();
+        w.send(0, 1, GROUP, ack_frame(1, GROUP));
+        w.poll(0, &mut rx);
+        let got: Vec<usize> = rx.iter().map(VecDeque::len).collect();
+        assert_eq!(got, [1, 1, 1, 0, 2], "a member that left gets nothing");
+        assert!(w.set_membership(0, 3, true).is_err(), "a node id is not a group");
+    }
+
+    #[test]
+    fn mem_wire_multicast_loss_is_per_receiver() {
+        let members = 8;
+        let mut w =
+            MemWire::new(&(0..=members as u16).collect::<Vec<_>>(), Faults { loss: 0.5, seed: 7, ..Faults::default() });
+        let mut rx = vec![VecDeque::new(); members + 1];
+        for d in 1..=members {
+            w.set_membership(d, GROUP, true).unwrap();
+        }
+        let sends = 400;
+        let mut partial = 0;
+        for _ in 0..sends {
+            w.send(0, 0, GROUP, ack_frame(0, GROUP));
+            let n = w.poll(0, &mut rx);
+            partial += (n > 0 && n < members) as u32;
+        }
+        let s = w.stats();
+        assert_eq!((s.frames, s.mcast_sent), (sends, sends));
+        assert_eq!(s.received + s.lost, sends * members as u64, "each copy delivered or lost");
+        // Independent 50 % losses: all-or-nothing per transmission would make `partial` 0.
+        assert!(partial > sends as u32 / 2, "losses independent per receiver: {partial} partial of {sends}");
+        for (d, q) in rx.iter().enumerate().skip(1) {
+            assert!(q.len() > 100 && q.len() < 300, "member {d} got {} of {sends}", q.len());
+        }
     }
 
     #[test]

@@ -103,6 +103,9 @@ pub fn check_frame(
 struct Port {
     sock: OwnedFd,
     interface: String,
+    /// The interface's index, resolved when the socket was opened (in the
+    /// socket's network namespace).
+    ifindex: i32,
     mac: [u8; 6],
     /// Multicast MACs joined.
     groups: Vec<[u8; 6]>,
@@ -482,6 +485,7 @@ impl PacketWire {
             ports.push(Port {
                 sock,
                 interface: interface.clone(),
+                ifindex,
                 mac,
                 groups: Vec::new(),
                 tx: Box::new(SendBatch::new()),
@@ -518,7 +522,7 @@ impl PacketWire {
         if p.groups.contains(&group) {
             return Ok(());
         }
-        let ifindex = if_index(&p.interface)? as i32;
+        let ifindex = p.ifindex;
         membership(p.sock.as_raw_fd(), ifindex, &group, 0, true).map_err(|e| format!("join: {e}"))?;
         p.groups.push(group);
         Ok(())
@@ -528,7 +532,7 @@ impl PacketWire {
     pub fn leave(&mut self, i: usize, group: [u8; 6]) -> Result<(), String> {
         let p = &mut self.ports[i];
         let Some(at) = p.groups.iter().position(|g| *g == group) else { return Ok(()) };
-        let ifindex = if_index(&p.interface)? as i32;
+        let ifindex = p.ifindex;
         membership(p.sock.as_raw_fd(), ifindex, &group, 0, false).map_err(|e| format!("leave: {e}"))?;
         p.groups.swap_remove(at);
         Ok(())
@@ -613,8 +617,42 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
     m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
+impl PacketWire {
+    /// One multicast transmission from local NIC `src`: one Ethernet frame
+    /// to the address's group MAC ([`emp_uapi::wire::mcast_mac`]); the
+    /// link delivers it to every interface that joined, and fault
+    /// injection's loss applies per receiver ([`PacketWire::mcast_lost`]).
+    fn send_mcast(&mut self, now: u64, src: usize, addr: u16, frame: Vec<u8>) {
+        WireCounters::add(&self.stats.frames, 1);
+        WireCounters::add(&self.stats.mcast_sent, 1);
+        let to = emp_uapi::wire::mcast_mac(addr);
+        if self.delayed.active() {
+            let lost = self.delayed.push_copies(now, 1, frame, |f| (src, to, f));
+            WireCounters::add(&self.stats.lost, lost);
+            return;
+        }
+        self.send_to_mac(src, to, &frame);
+    }
+
+    /// Does fault injection lose this receiver's copy of multicast frame `f`?
+    fn mcast_lost(rng: &mut Prng, faults: &Faults, stats: &WireCounters, f: &[u8]) -> bool {
+        if !super::is_mcast_frame(f) {
+            return false;
+        }
+        if rng.chance(faults.loss) {
+            WireCounters::add(&stats.lost, 1);
+            return true;
+        }
+        WireCounters::add(&stats.mcast_received, 1);
+        false
+    }
+}
+
 impl Wire for PacketWire {
     fn send(&mut self, now: u64, src: usize, dst: u16, frame: Vec<u8>) {
+        if emp_uapi::wire::is_mcast(dst) {
+            return self.send_mcast(now, src, dst, frame);
+        }
         if let Some(i) = self.local.iter().position(|&n| n == dst) {
             WireCounters::add(&self.stats.frames, 1);
             if self.looped.len() >= LOOPED_MAX {
@@ -684,6 +722,7 @@ impl Wire for PacketWire {
                             open_frame(self.auth.as_mut(), local, from, &mut f).map(|_| Some(f))
                         });
                         match checked {
+                            Ok(Some(f)) if Self::mcast_lost(&mut self.rng, &self.faults, &self.stats, &f) => {}
                             Ok(Some(f)) => {
                                 queue.push_back(f);
                                 n += 1;
@@ -717,6 +756,7 @@ impl Wire for PacketWire {
                         open_frame(self.auth.as_mut(), local, from, &mut f).map(|_| Some(f))
                     });
                     match checked {
+                        Ok(Some(f)) if Self::mcast_lost(&mut self.rng, &self.faults, &self.stats, &f) => {}
                         Ok(Some(f)) => {
                             queue.push_back(f);
                             n += 1;
@@ -748,6 +788,27 @@ impl Wire for PacketWire {
 
     fn counters(&self) -> Arc<WireCounters> {
         self.stats.clone()
+    }
+
+    fn set_membership(&mut self, local: usize, addr: u16, join: bool) -> Result<(), String> {
+        if !emp_uapi::wire::is_mcast(addr) {
+            return Err(format!("{addr:#x} is not a multicast address"));
+        }
+        if local >= self.ports.len() {
+            return Err(format!("no local NIC {local}"));
+        }
+        let mac = emp_uapi::wire::mcast_mac(addr);
+        if join {
+            if self.ports[local].groups.len() >= super::MCAST_JOINED_MAX {
+                return Err(format!(
+                    "local NIC {local} already joined {} multicast addresses",
+                    super::MCAST_JOINED_MAX
+                ));
+            }
+            self.join(local, mac)
+        } else {
+            self.leave(local, mac)
+        }
     }
 }
 
