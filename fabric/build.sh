@@ -2,7 +2,7 @@
 # Builds the libfabric provider libemp-fi.so into target/release/lib/
 # (next to libemp.so.1, which it links with rpath $ORIGIN), and the
 # provider's test programs fi_emp_unit, fi_emp_peer and fi_emp_fuzz
-# (fabric/test/).
+# (fabric/test/), and `emp bench mpi`'s program fabric/test/mpi_bench.
 # `make build` runs it after scripts/libemp-link.sh. Point FI_PROVIDER_PATH
 # at the output directory to load the provider.
 #
@@ -43,3 +43,10 @@ mv "$out/libemp-fi.so.tmp" "$out/libemp-fi.so"
 "$cc" "${cflags[@]}" -o "$out/fi_emp_unit" "$root/fabric/test/fi_emp_unit.c" "$root/fabric/test/fi_emp_rma.c" -lfabric
 "$cc" "${cflags[@]}" -o "$out/fi_emp_fuzz" "$root/fabric/test/fi_emp_fuzz.c" -lfabric
 "$cc" "${cflags[@]}" -o "$out/fi_emp_peer" "$root/fabric/test/fi_emp_peer.c" -lfabric
+# The MPI benchmark program of `emp bench mpi`, when Open MPI's mpicc is
+# here (libopenmpi-dev; scripts/setup.sh installs it).
+if command -v mpicc >/dev/null 2>&1; then
+    mpicc -std=gnu11 -O2 -g -Wall -Wextra -Werror -o "$out/mpi_bench" "$root/fabric/test/mpi_bench.c"
+else
+    echo "fabric: mpicc not found: $out/mpi_bench (emp bench mpi) not built" >&2
+fi

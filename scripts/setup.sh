@@ -3,7 +3,8 @@
 # Today: a Rust toolchain (cargo), a C compiler (the uapi layout test
 # compiles the C header), libpmix-dev and Open MPI's mpirun (jobs started
 # by a PMIx launcher), libfabric's headers and tools. Kernel and QEMU
-# tooling arrive with the driver.
+# tooling arrive with the driver. Third-party MPI programs for the
+# provider's tests: netpipe-openmpi, hpcc, python3-mpi4py.
 set -euo pipefail
 
 need_apt=()
@@ -23,6 +24,14 @@ command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
 command -v fi_pingpong >/dev/null 2>&1 || need_apt+=(libfabric-bin)
 # mpicc comes with openmpi-bin, mpi.h with libopenmpi-dev.
 dpkg-query -W -f='${Status}' libopenmpi-dev 2>/dev/null | grep -q 'ok installed' || need_apt+=(libopenmpi-dev)
+# MPI programs nobody here wrote, run over the provider by the chassis tests
+# (tests/tests/fabric.rs): NetPIPE (NPopenmpi, its integrity mode), the HPC
+# Challenge suite (hpcc, which checks its own results) and mpi4py's
+# bundled benchmarks (/usr/bin/python3 -m mpi4py.bench).
+command -v NPopenmpi >/dev/null 2>&1 || need_apt+=(netpipe-openmpi)
+command -v hpcc >/dev/null 2>&1 || need_apt+=(hpcc)
+# The distribution's python (another python3 may come first on PATH).
+/usr/bin/python3 -c 'import mpi4py' >/dev/null 2>&1 || need_apt+=(python3-mpi4py)
 # The namespace test bed (scripts/netns/bed.sh): ip and tc, and nft for
 # loss on kernels without sch_netem.
 command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need_apt+=(iproute2)

@@ -1,6 +1,7 @@
 /* A small MPI program for Open MPI over the emp libfabric provider (or any
  * other transport): ping-pong with a data check at several sizes, wildcard
- * receives (any source, any tag, in the sender's order), and collectives.
+ * receives (any source, any tag, in the sender's order), and every
+ * collective (blocking, and the nonblocking barrier, allreduce and bcast).
  * Rank 0 prints "# N passed, M failed" and, for comparing transports, the
  * 8-byte one-way latency ("latency 8 B: X us"). Needs 2 ranks or more. */
 #include <mpi.h>
@@ -142,6 +143,105 @@ int main(int argc, char **argv)
 			ok &= all[r] == r;
 		check(ok, "MPI_Allgather");
 		free(all);
+	}
+
+	/* The rest of MPI's collectives, each result checked. */
+	{
+		int n = size, *all = malloc(sizeof(int) * (size_t)n * 4), *cnt = malloc(sizeof(int) * (size_t)n),
+		    *dsp = malloc(sizeof(int) * (size_t)n), v, ok;
+		long lv = rank + 1, lsum = 0;
+
+		MPI_Reduce(&lv, &lsum, 1, MPI_LONG, MPI_SUM, n - 1, MPI_COMM_WORLD);
+		check(rank != n - 1 || lsum == (long)n * (n + 1) / 2, "MPI_Reduce sum to the last rank");
+
+		for (int r = 0; r < n; r++)
+			all[r] = -1;
+		v = rank * 3;
+		MPI_Gather(&v, 1, MPI_INT, all, 1, MPI_INT, 0, MPI_COMM_WORLD);
+		ok = 1;
+		for (int r = 0; rank == 0 && r < n; r++)
+			ok &= all[r] == r * 3;
+		check(ok, "MPI_Gather");
+
+		for (int r = 0; r < n; r++)
+			all[r] = r * 5;
+		v = -1;
+		MPI_Scatter(all, 1, MPI_INT, &v, 1, MPI_INT, 0, MPI_COMM_WORLD);
+		check(v == rank * 5, "MPI_Scatter");
+
+		/* Alltoall: rank r sends r*100+d to rank d. */
+		int *out = all, *in = all + 2 * n;
+		for (int d = 0; d < n; d++)
+			out[d] = rank * 100 + d;
+		MPI_Alltoall(out, 1, MPI_INT, in, 1, MPI_INT, MPI_COMM_WORLD);
+		ok = 1;
+		for (int s2 = 0; s2 < n; s2++)
+			ok &= in[s2] == s2 * 100 + rank;
+		check(ok, "MPI_Alltoall");
+
+		/* The v-forms: one element per rank, laid out in reverse. */
+		for (int r = 0; r < n; r++) {
+			cnt[r] = 1;
+			dsp[r] = n - 1 - r;
+		}
+		MPI_Alltoallv(out, cnt, dsp, MPI_INT, in, cnt, dsp, MPI_INT, MPI_COMM_WORLD);
+		ok = 1;
+		for (int s2 = 0; s2 < n; s2++)
+			ok &= in[n - 1 - s2] == s2 * 100 + (n - 1 - rank);
+		check(ok, "MPI_Alltoallv");
+		v = rank + 7;
+		MPI_Allgatherv(&v, 1, MPI_INT, in, cnt, dsp, MPI_INT, MPI_COMM_WORLD);
+		ok = 1;
+		for (int r = 0; r < n; r++)
+			ok &= in[n - 1 - r] == r + 7;
+		check(ok, "MPI_Allgatherv");
+		MPI_Gatherv(&v, 1, MPI_INT, in, cnt, dsp, MPI_INT, 0, MPI_COMM_WORLD);
+		ok = 1;
+		for (int r = 0; rank == 0 && r < n; r++)
+			ok &= in[n - 1 - r] == r + 7;
+		check(ok, "MPI_Gatherv");
+		for (int r = 0; r < n; r++)
+			out[n - 1 - r] = r * 11;
+		v = -1;
+		MPI_Scatterv(out, cnt, dsp, MPI_INT, &v, 1, MPI_INT, 0, MPI_COMM_WORLD);
+		check(v == rank * 11, "MPI_Scatterv");
+
+		/* Reduce_scatter(_block): element d of every rank's vector,
+		 * d + rank, summed, lands on rank d. */
+		for (int d = 0; d < n; d++)
+			out[d] = d + rank;
+		v = -1;
+		MPI_Reduce_scatter_block(out, &v, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+		check(v == n * rank + n * (n - 1) / 2, "MPI_Reduce_scatter_block");
+		v = -1;
+		MPI_Reduce_scatter(out, &v, cnt, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+		check(v == n * rank + n * (n - 1) / 2, "MPI_Reduce_scatter");
+
+		int one = rank + 1, pre = -1;
+		MPI_Scan(&one, &pre, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+		check(pre == (rank + 1) * (rank + 2) / 2, "MPI_Scan");
+		pre = -1;
+		MPI_Exscan(&one, &pre, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+		check(rank == 0 || pre == rank * (rank + 1) / 2, "MPI_Exscan");
+
+		int mx = -1;
+		MPI_Allreduce(&rank, &mx, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+		check(mx == n - 1, "MPI_Allreduce max");
+
+		/* Nonblocking collectives. */
+		MPI_Request rq[2];
+		long isum = 0;
+		MPI_Ibarrier(MPI_COMM_WORLD, &rq[0]);
+		MPI_Iallreduce(&lv, &isum, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD, &rq[1]);
+		MPI_Waitall(2, rq, MPI_STATUSES_IGNORE);
+		check(isum == (long)n * (n + 1) / 2, "MPI_Ibarrier and MPI_Iallreduce");
+		int b = rank == 0 ? 4242 : 0;
+		MPI_Ibcast(&b, 1, MPI_INT, 0, MPI_COMM_WORLD, &rq[0]);
+		MPI_Wait(&rq[0], MPI_STATUS_IGNORE);
+		check(b == 4242, "MPI_Ibcast");
+		free(all);
+		free(cnt);
+		free(dsp);
 	}
 
 	/* 8-byte one-way latency between ranks 0 and 1 (for comparisons; the

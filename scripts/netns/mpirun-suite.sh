@@ -5,7 +5,10 @@
 # test bed, through the launch agent scripts/netns/mpirun-agent.sh. Every
 # rank learns its rank, the job's size and its peers' endpoints from PMIx,
 # and its NIC from the cluster file (EMP_CLUSTER) by its host, which is its
-# namespace's hostname. See docs/launch.md.
+# namespace's hostname. Then Open MPI's own MPI over EMP: fabric/test/
+# mpi_emp.c and mpi_bench.c under `--mca pml cm --mca mtl ofi --mca
+# mtl_ofi_provider_include emp` (the libfabric provider, docs/libfabric.md),
+# the provider finding each rank's NIC the same way. See docs/launch.md.
 #
 #   mpirun-suite.sh [--name P] [--hosts N] [--ranks-per-host R] [--subnet 198.18.K]
 #                   [--nics bed|root] [--wire udp|packet]
@@ -200,6 +203,45 @@ if ${CC:-cc} -Wall -Wextra -Werror -O2 -I "$root/libemp/include" "$root/libemp/e
     fi
 fi
 report "$good" "job_ring (C job API), $where: token $want around the ring ($((SECONDS - t0)) s)"
+
+# Open MPI's own point-to-point and collectives over the libfabric provider
+# emp (pml cm, mtl ofi): fabric/test/mpi_emp.c (ping-pong 0 B-4 MiB with
+# data checks, wildcard receives, every collective) and the benchmark
+# program of `emp bench mpi` (a quick pass: latency, barrier, allreduce),
+# each rank on its namespace's NIC. Skipped (and said so) without mpicc
+# or the provider.
+if [ -e "$bin/lib/libemp-fi.so" ] && command -v mpicc >/dev/null; then
+    ofi_emp=(--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include emp -x FI_PROVIDER_PATH="$bin/lib")
+    t0=$SECONDS
+    good=0
+    rc=-1
+    if mpicc -O2 -Wall -Wextra -Werror -o "$dir/mpi_emp" "$root/fabric/test/mpi_emp.c" >"$out" 2>&1; then
+        set +e
+        "${mpi[@]}" "${ofi_emp[@]}" "$dir/mpi_emp" >"$out" 2>&1
+        rc=$?
+        set -e
+        if [ "$rc" -eq 0 ] && grep -Eq '^# [1-9][0-9]* passed, 0 failed$' "$out"; then
+            good=1
+        fi
+    fi
+    report "$good" "mpi_emp.c over the provider emp (mtl ofi), $where: exit $rc ($((SECONDS - t0)) s)"
+    grep -E '^(latency|not ok)' "$out" | sed 's/^/#   /' || true
+    t0=$SECONDS
+    good=0
+    mpicc -O2 -Wall -Wextra -Werror -o "$dir/mpi_bench" "$root/fabric/test/mpi_bench.c" >"$out" 2>&1 && {
+        set +e
+        "${mpi[@]}" "${ofi_emp[@]}" "$dir/mpi_bench" -q -r 3 -m latency,barrier,allreduce -s 8,65536 -a 8 >"$out" 2>&1
+        rc=$?
+        set -e
+        if [ "$rc" -eq 0 ] && [ "$(grep -c '^result ' "$out")" -eq 4 ]; then
+            good=1
+        fi
+    }
+    report "$good" "mpi_bench over the provider emp (mtl ofi), $where: exit $rc ($((SECONDS - t0)) s)"
+    grep '^result ' "$out" | sed 's/^/#   /' || true
+else
+    echo "ok - mpirun: Open MPI over the provider emp # SKIP no $bin/lib/libemp-fi.so or no mpicc"
+fi
 
 echo "mpirun-suite: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

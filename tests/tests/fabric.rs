@@ -7,7 +7,8 @@
 //! on `btl ofi`, RMA/atomics/collectives across two NICs
 //! (fabric/test/fi_emp_peer.c), and the provider fuzzer (fabric/test/fi_emp_fuzz.c: short
 //! here, long with `EMP_FUZZ_SECONDS=600 cargo test -p emp-tests --test
-//! fabric provider_fuzz -- --nocapture`). See docs/libfabric.md. Without
+//! fabric provider_fuzz -- --nocapture`); and third-party MPI programs
+//! (NetPIPE, HPCC, mpi4py) and `emp bench mpi`'s smoke run. See docs/libfabric.md. Without
 //! libfabric-bin or Open MPI (scripts/setup.sh installs them) the tests that
 //! need them say SKIP and pass.
 
@@ -178,11 +179,32 @@ fn cluster_file(c: &Cluster, nics: u16) -> PathBuf {
     path
 }
 
-/// Builds `fabric/test/<source>` with mpicc and runs it on 2 ranks under
-/// the distribution's Open MPI over emp (`pml cm`, `mtl ofi`, plus
-/// `extra_mca` pairs), each rank on its own NIC of a chassis; None when
-/// Open MPI is not installed.
-fn mpirun_over_emp(test: &str, source: &str, extra_mca: &[(&str, &str)]) -> Option<Output> {
+/// `mpirun -n N` over the provider (`pml cm`, `mtl ofi`, provider `emp`):
+/// each rank finds its NIC in a cluster file naming the chassis's N NICs on
+/// one host, by local rank. The caller adds the program and its arguments.
+fn mpirun_over_emp(mpirun: &Path, c: &Cluster, n: u16) -> Command {
+    let cluster = cluster_file(c, n);
+    let mut cmd = Command::new(mpirun);
+    cmd.args(["-n", &n.to_string(), "--bind-to", "none", "--oversubscribe", "--timeout", "300"])
+        .args(["--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "mtl_ofi_provider_include", "emp"])
+        .arg("-x")
+        .arg(format!("FI_PROVIDER_PATH={}", provider_dir().display()))
+        .arg("-x")
+        .arg(format!("EMP_CLUSTER={}", cluster.display()))
+        .args(["-x", "EMP_HOST=chassis"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove("EMP_DEVICE")
+        .env_remove("EMP_RANK")
+        .env_remove("EMP_SIZE")
+        .env_remove("EMP_RDV_DIR")
+        .env_remove("FI_PROVIDER");
+    cmd
+}
+
+/// Builds `fabric/test/<source>` with mpicc; (mpirun, the program), None
+/// (SKIP) when Open MPI is not installed.
+fn mpi_program(test: &str, source: &str) -> Option<(PathBuf, PathBuf)> {
     let mpirun = tool(test, "mpirun", "openmpi-bin")?;
     let mpicc = tool(test, "mpicc", "libopenmpi-dev")?;
     let prog = std::env::temp_dir().join(format!("emp-{test}-{}", std::process::id()));
@@ -193,42 +215,33 @@ fn mpirun_over_emp(test: &str, source: &str, extra_mca: &[(&str, &str)]) -> Opti
         .status()
         .expect("mpicc");
     assert!(st.success(), "fabric/test/{source} must compile");
-    let c = Cluster::up(test, &["-n", "2"]);
-    let cluster = cluster_file(&c, 2);
-    let mut cmd = Command::new(mpirun);
-    cmd.args(["-n", "2", "--bind-to", "none", "--oversubscribe", "--timeout", "300"]);
-    cmd.args(["--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "mtl_ofi_provider_include", "emp"]);
-    for (k, v) in extra_mca {
-        cmd.args(["--mca", k, v]);
-    }
-    // Each rank's NIC: the cluster file's nodes of this host, by local rank.
-    let out = cmd
-        .arg("-x")
-        .arg(format!("FI_PROVIDER_PATH={}", provider_dir().display()))
-        .arg("-x")
-        .arg(format!("EMP_CLUSTER={}", cluster.display()))
-        .args(["-x", "EMP_HOST=chassis"])
-        .arg(&prog)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env_remove("EMP_DEVICE")
-        .env_remove("EMP_RANK")
-        .env_remove("EMP_SIZE")
-        .env_remove("EMP_RDV_DIR")
-        .output()
+    Some((mpirun, prog))
+}
+
+/// Runs `prog` on `n` ranks over emp with `extra` mpirun arguments before it.
+fn run_mpi_program(mpirun: &Path, prog: &Path, c: &Cluster, n: u16, extra: &[&str]) -> Output {
+    let child = mpirun_over_emp(mpirun, c, n)
+        .args(extra)
+        .arg(prog)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("mpirun");
-    let _ = std::fs::remove_file(&prog);
-    Some(out)
+    let out = wait_timeout(child, Duration::from_secs(300));
+    let _ = std::fs::remove_file(prog);
+    out
 }
 
 #[test]
 fn open_mpi_over_emp() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(out) = mpirun_over_emp("open_mpi_over_emp", "mpi_emp.c", &[]) else { return };
+    let Some((mpirun, prog)) = mpi_program("open_mpi_over_emp", "mpi_emp.c") else { return };
+    let c = Cluster::up("fabric-mpi", &["-n", "2"]);
+    let out = run_mpi_program(&mpirun, &prog, &c, 2, &[]);
     let all = text(&out);
     print!("{all}");
     assert!(out.status.success(), "mpirun over emp failed:\n{all}");
-    assert!(all.contains("# 14 passed, 0 failed"), "MPI checks:\n{all}");
+    assert!(all.contains("# 29 passed, 0 failed"), "MPI checks:\n{all}");
 }
 
 /// MPI one-sided through Open MPI's `osc rdma` on `btl ofi` over emp's
@@ -236,12 +249,231 @@ fn open_mpi_over_emp() {
 #[test]
 fn open_mpi_one_sided_over_emp() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mca = [("osc", "rdma"), ("btl", "ofi,self"), ("btl_ofi_provider_include", "emp")];
-    let Some(out) = mpirun_over_emp("open_mpi_one_sided_over_emp", "mpi_emp_osc.c", &mca) else { return };
+    let Some((mpirun, prog)) = mpi_program("open_mpi_one_sided_over_emp", "mpi_emp_osc.c") else { return };
+    let c = Cluster::up("fabric-osc", &["-n", "2"]);
+    let mca = ["--mca", "osc", "rdma", "--mca", "btl", "ofi,self", "--mca", "btl_ofi_provider_include", "emp"];
+    let out = run_mpi_program(&mpirun, &prog, &c, 2, &mca);
     let all = text(&out);
     print!("{all}");
     assert!(out.status.success(), "mpirun (osc rdma, btl ofi) over emp failed:\n{all}");
     assert!(all.contains("# 8 passed, 0 failed"), "MPI one-sided checks:\n{all}");
+}
+
+/// A scratch directory of this test process, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(what: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("emp-fabric-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("scratch directory");
+        Scratch(d)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// NetPIPE (Debian's netpipe-openmpi, `NPopenmpi`) in its integrity mode:
+/// every size of its schedule from 1 B to 768 KiB (`-u 1048576`), each
+/// message's contents checked by NetPIPE.
+#[test]
+fn netpipe_over_emp() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mpirun) = tool("netpipe_over_emp", "mpirun", "openmpi-bin") else { return };
+    let Some(np) = tool("netpipe_over_emp", "NPopenmpi", "netpipe-openmpi") else { return };
+    let c = Cluster::up("fabric-netpipe", &["-n", "2"]);
+    // NetPIPE writes np.out in its working directory.
+    let dir = Scratch::new("netpipe");
+    let child = mpirun_over_emp(&mpirun, &c, 2)
+        .arg(np)
+        .args(["-i", "-u", "1048576"])
+        .current_dir(&dir.0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mpirun");
+    let out = wait_timeout(child, Duration::from_secs(300));
+    let all = text(&out);
+    print!("{all}");
+    assert!(out.status.success(), "NetPIPE over emp failed:\n{all}");
+    let checked: Vec<&str> = all.lines().filter(|l| l.contains("-->")).collect();
+    assert!(checked.iter().all(|l| l.contains("Integrity check passed")), "an integrity check failed:\n{all}");
+    // NetPIPE's schedule up to -u: 1 B, 2 B, 3 B, … 786433 B (powers of two
+    // and three-byte neighbours; the next step would pass the bound).
+    assert!(checked.len() >= 30, "NetPIPE checked only {} sizes:\n{all}", checked.len());
+    assert!(checked.iter().any(|l| l.contains(" 786433 bytes")), "no check near 1 MiB:\n{all}");
+}
+
+/// The HPC Challenge suite (Debian's hpcc) at a small size on 2 ranks: HPL,
+/// PTRANS, DGEMM, STREAM, RandomAccess, FFT and its latency/bandwidth
+/// rings, each verifying its own result ("Success=1" in hpccoutf.txt).
+/// Today it hangs in PTRANS: rank 1 is in an allreduce whose message NIC 0
+/// keeps refusing (no receive posted: `dropped_unexpected` climbs) while
+/// rank 0 waits in MPI_Recv for a message behind it, so it is ignored
+/// until issue 13 item 0 (`cargo test --test fabric -- --ignored` runs it).
+#[test]
+#[ignore = "hangs in PTRANS until unexpected messages stop blocking later ones (issue 13 item 0, docs/libfabric.md)"]
+fn hpcc_over_emp() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mpirun) = tool("hpcc_over_emp", "mpirun", "openmpi-bin") else { return };
+    let Some(hpcc) = tool("hpcc_over_emp", "hpcc", "hpcc") else { return };
+    let c = Cluster::up("fabric-hpcc", &["-n", "2"]);
+    let dir = Scratch::new("hpcc");
+    // hpcc reads hpccinf.txt from its working directory: HPL's input with
+    // N = 200, NB = 32 on a 1 x 2 grid (the distribution's example file's
+    // layout), then PTRANS's extra sizes (none).
+    let input = [
+        "HPLinpack benchmark input file",
+        "Innovative Computing Laboratory, University of Tennessee",
+        "HPL.out      output file name (if any)",
+        "8            device out (6=stdout,7=stderr,file)",
+        "1            # of problems sizes (N)",
+        "200          Ns",
+        "1            # of NBs",
+        "32           NBs",
+        "0            PMAP process mapping (0=Row-,1=Column-major)",
+        "1            # of process grids (P x Q)",
+        "1            Ps",
+        "2            Qs",
+        "16.0         threshold",
+        "1            # of panel fact",
+        "2            PFACTs (0=left, 1=Crout, 2=Right)",
+        "1            # of recursive stopping criterium",
+        "4            NBMINs (>= 1)",
+        "1            # of panels in recursion",
+        "2            NDIVs",
+        "1            # of recursive panel fact.",
+        "1            RFACTs (0=left, 1=Crout, 2=Right)",
+        "1            # of broadcast",
+        "1            BCASTs (0=1rg,1=1rM,2=2rg,3=2rM,4=Lng,5=LnM)",
+        "1            # of lookahead depth",
+        "1            DEPTHs (>=0)",
+        "2            SWAP (0=bin-exch,1=long,2=mix)",
+        "64           swapping threshold",
+        "0            L1 in (0=transposed,1=no-transposed) form",
+        "0            U  in (0=transposed,1=no-transposed) form",
+        "1            Equilibration (0=no,1=yes)",
+        "8            memory alignment in double (> 0)",
+        "##### This line (no. 32) is ignored (it serves as a separator). ######",
+        "0                      Number of additional problem sizes for PTRANS",
+        "1200 10000 30000       values of N",
+        "0                      number of additional blocking sizes for PTRANS",
+        "40 9 8 13 13 20 16 32 64       values of NB",
+    ];
+    std::fs::write(dir.0.join("hpccinf.txt"), input.join("\n") + "\n").expect("hpccinf.txt");
+    let child = mpirun_over_emp(&mpirun, &c, 2)
+        .arg(hpcc)
+        .current_dir(&dir.0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mpirun");
+    let out = wait_timeout(child, Duration::from_secs(300));
+    let report = std::fs::read_to_string(dir.0.join("hpccoutf.txt")).unwrap_or_default();
+    let all = format!("{}{report}", text(&out));
+    assert!(out.status.success(), "hpcc over emp failed:\n{all}");
+    assert!(report.contains("CommWorldProcs=2"), "hpcc did not run on 2 ranks:\n{all}");
+    assert!(report.lines().any(|l| l == "Success=1"), "hpcc's summary is not Success=1:\n{all}");
+    assert!(report.contains("0 tests completed and failed residual checks"), "HPL residuals:\n{all}");
+    assert!(!report.contains("FAILED"), "a check FAILED:\n{all}");
+    // Its own data checks (RandomAccess's error counts, PTRANS, FFT…).
+    for l in report.lines().filter(|l| l.starts_with("Found ") && l.contains(" errors in ")) {
+        assert!(l.starts_with("Found 0 errors"), "{l}\n{all}");
+    }
+    for section in ["PTRANS", "MPIRandomAccess", "MPIFFT", "LatencyBandwidth"] {
+        assert!(report.contains(&format!("End of {section} section.")), "no {section} section:\n{all}");
+    }
+    println!(
+        "{}",
+        report.lines().filter(|l| l.starts_with("HPL_") || l.starts_with("Success")).collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// mpi4py (Debian's python3-mpi4py, for the distribution's python) and
+/// the benchmarks it ships: `helloworld` (every rank answers) and
+/// `ringtest` (a message around the ring of ranks, its own timing loop).
+#[test]
+fn mpi4py_over_emp() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mpirun) = tool("mpi4py_over_emp", "mpirun", "openmpi-bin") else { return };
+    let python = Path::new("/usr/bin/python3");
+    let has_mpi4py = Command::new(python).args(["-c", "import mpi4py"]).output().is_ok_and(|o| o.status.success());
+    if !has_mpi4py {
+        println!("SKIP mpi4py_over_emp: /usr/bin/python3 has no mpi4py (scripts/setup.sh installs python3-mpi4py)");
+        return;
+    }
+    // 2 ranks: at 3, Open MPI's first MPI_Barrier over the provider fails
+    // (fi_trecv returns -FI_EINVAL; docs/libfabric.md, known limitations).
+    let c = Cluster::up("fabric-mpi4py", &["-n", "2"]);
+    let run = |args: &[&str]| {
+        let child = mpirun_over_emp(&mpirun, &c, 2)
+            .arg(python)
+            .args(["-m", "mpi4py.bench"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("mpirun");
+        wait_timeout(child, Duration::from_secs(120))
+    };
+    let out = run(&["helloworld"]);
+    let all = text(&out);
+    print!("{all}");
+    assert!(out.status.success(), "mpi4py helloworld over emp failed:\n{all}");
+    for r in 0..2 {
+        assert!(all.contains(&format!("process {r} of 2")), "rank {r} did not answer:\n{all}");
+    }
+    let out = run(&["ringtest", "-n", "1024", "-l", "200"]);
+    let all = text(&out);
+    print!("{all}");
+    assert!(out.status.success(), "mpi4py ringtest over emp failed:\n{all}");
+    assert!(all.contains("time for 200 loops"), "no ringtest timing:\n{all}");
+}
+
+/// `emp bench mpi --quick` on 2 ranks: the command works end to end (every
+/// transport runs the benchmark program, JSON and plots come out). A smoke
+/// check only: the figures are not judged here (docs/libfabric.md has the
+/// full run).
+#[test]
+fn emp_bench_mpi_runs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if tool("emp_bench_mpi_runs", "mpirun", "openmpi-bin").is_none() {
+        return;
+    }
+    let program = provider_dir().join("mpi_bench");
+    assert!(program.exists(), "{} missing: fabric/build.sh builds it with mpicc", program.display());
+    let plots = Scratch::new("bench-plots");
+    let child = Command::new(bin_dir().join("emp"))
+        .args(["bench", "mpi", "--quick", "--nodes", "2", "--json", "--plot-dir"])
+        .arg(&plots.0)
+        .env_remove("EMP_DEVICE")
+        .env_remove("EMP_CLUSTER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("emp bench mpi");
+    let out = wait_timeout(child, Duration::from_secs(300));
+    let json = String::from_utf8_lossy(&out.stdout).into_owned();
+    let all = text(&out);
+    assert!(out.status.success(), "emp bench mpi failed:\n{all}");
+    assert_eq!(json.lines().count(), 1, "--json: stdout is one JSON document:\n{all}");
+    assert!(json.contains(r#""failed":[]"#), "a transport failed:\n{all}");
+    for m in ["latency", "bw", "mr", "barrier", "allreduce"] {
+        assert!(json.contains(&format!(r#""measure":"{m}","ranks":2"#)), "no {m} result:\n{all}");
+        assert!(plots.0.join(format!("mpi-{m}.svg")).exists(), "no plot of {m}");
+    }
+    // Every transport has a figure at 8 B latency.
+    let row = json.split(r#"{"measure":"latency","ranks":2,"size":8,"#).nth(1).expect("8 B latency row");
+    let row = &row[..row.find("emp_over_tcp").expect("ratio")];
+    for t in ["emp", "tcp", "udp", "shm"] {
+        assert!(row.contains(&format!(r#"{{"transport":"{t}","median":"#)), "no {t} 8 B latency:\n{all}");
+        assert!(!row.contains(&format!(r#"{{"transport":"{t}","median":null"#)), "no {t} 8 B latency:\n{all}");
+    }
+    assert!(json.contains(r#""emp_nic_barrier":[{"ranks":2,"#), "no EMP NIC barrier:\n{all}");
 }
 
 /// Runs `fi_emp_fuzz` (random calls, arguments and object lifecycles on

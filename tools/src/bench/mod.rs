@@ -7,7 +7,9 @@
 //!   NICs' CPU time per message, EMP beside TCP;
 //! - [`atomic`]: remote atomic latency, NIC-executed vs host-served;
 //! - [`coll`]: `barrier`, `bcast`, `bcast-skew`, `allreduce`, `reduce` over
-//!   `--nodes N` ranks, NIC-offloaded variants beside host baselines.
+//!   `--nodes N` ranks, NIC-offloaded variants beside host baselines;
+//! - [`mpi`]: `mpi`, one MPI program under Open MPI's `mpirun` over EMP's
+//!   libfabric provider, libfabric tcp and udp, and shared memory.
 //!
 //! This file holds what they share: the options, the chassis a run starts
 //! and the dispatch of a rank to its benchmark, the one way to wait for a
@@ -19,6 +21,7 @@
 
 mod atomic;
 mod coll;
+mod mpi;
 mod p2p;
 mod rate;
 
@@ -59,6 +62,10 @@ pub enum Kind {
     Allreduce,
     /// Collective: reduce (sum) to rank 0, wall and CPU time in the call.
     Reduce,
+    /// MPI under Open MPI (latency, bandwidth, message rate, barrier,
+    /// allreduce) over EMP's libfabric provider, libfabric tcp and udp, and
+    /// shared memory, one run (`--transports`, `--reps`, `--plot-dir`).
+    Mpi,
 }
 
 impl Kind {
@@ -146,11 +153,26 @@ pub struct BenchArgs {
     /// as the papers' NIC processors did (one per host).
     #[arg(long, value_enum, default_value_t = cluster::WireKind::Mem)]
     pub wire: cluster::WireKind,
+    /// mpi: transports to compare (comma separated; default emp,tcp,udp,shm).
+    #[arg(long, value_delimiter = ',')]
+    pub transports: Vec<String>,
+    /// mpi: repetitions of each measurement, the median reported (default 5).
+    #[arg(long)]
+    pub reps: Option<usize>,
+    /// mpi: a quick check that every transport runs (2 sizes, few iterations).
+    #[arg(long)]
+    pub quick: bool,
+    /// mpi: write one SVG plot per measure (against message size) here.
+    #[arg(long)]
+    pub plot_dir: Option<PathBuf>,
 }
 
 /// `emp bench …`: starts a private chassis unless `--dir` names a running
 /// cluster, runs two ranks (collectives: `--nodes`), prints rank 0's report.
 pub fn bench(a: &BenchArgs) -> Result<(), String> {
+    if a.kind == Kind::Mpi {
+        return mpi::run(a);
+    }
     if a.kind.is_collective() && a.algo.iter().any(|s| s == "list") {
         coll::list(a.kind);
         return Ok(());
@@ -330,6 +352,9 @@ fn rank_argv(a: &BenchArgs, ranks: usize) -> Result<Vec<String>, String> {
 
 /// One rank of a benchmark (`emp bench-rank`, started by `emp bench`).
 pub fn rank(a: &BenchArgs) -> Result<(), String> {
+    if a.kind == Kind::Mpi {
+        return Err("emp bench mpi has no ranks of its own: mpirun starts its program".into());
+    }
     let job = Job::from_env().map_err(err)?;
     if a.kind.is_collective() {
         return coll::rank(a, job);
