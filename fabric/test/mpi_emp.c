@@ -1,6 +1,8 @@
 /* A small MPI program for Open MPI over the emp libfabric provider (or any
  * other transport): ping-pong with a data check at several sizes, wildcard
- * receives (any source, any tag, in the sender's order), and collectives.
+ * receives (any source, any tag, in the sender's order), and every collective
+ * (barrier, allreduce, bcast, allgather(v), reduce, scatter, gather,
+ * alltoall, reduce_scatter, scan, exscan).
  * Rank 0 prints "# N passed, M failed" and, for comparing transports, the
  * 8-byte one-way latency ("latency 8 B: X us"). Needs 2 ranks or more. */
 #include <mpi.h>
@@ -142,6 +144,66 @@ int main(int argc, char **argv)
 			ok &= all[r] == r;
 		check(ok, "MPI_Allgather");
 		free(all);
+	}
+
+	{
+		long v = rank + 1, sum = -1;
+		MPI_Reduce(&v, &sum, 1, MPI_LONG, MPI_SUM, size - 1, MPI_COMM_WORLD);
+		check(rank != size - 1 || sum == (long)size * (size + 1) / 2, "MPI_Reduce sum to the last rank");
+	}
+	{
+		int *all = malloc(sizeof(int) * (size_t)size), mine = -1, ok = 1;
+		for (int r = 0; r < size; r++)
+			all[r] = r * 7;
+		MPI_Scatter(all, 1, MPI_INT, &mine, 1, MPI_INT, 0, MPI_COMM_WORLD);
+		ok &= mine == rank * 7;
+		mine = rank * 3;
+		memset(all, 0xff, sizeof(int) * (size_t)size);
+		MPI_Gather(&mine, 1, MPI_INT, all, 1, MPI_INT, 0, MPI_COMM_WORLD);
+		for (int r = 0; rank == 0 && r < size; r++)
+			ok &= all[r] == r * 3;
+		check(ok, "MPI_Scatter and MPI_Gather");
+		free(all);
+	}
+	{
+		int *out = malloc(sizeof(int) * (size_t)size), *in = malloc(sizeof(int) * (size_t)size), ok = 1;
+		for (int r = 0; r < size; r++)
+			out[r] = rank * 100 + r;
+		MPI_Alltoall(out, 1, MPI_INT, in, 1, MPI_INT, MPI_COMM_WORLD);
+		for (int r = 0; r < size; r++)
+			ok &= in[r] == r * 100 + rank;
+		check(ok, "MPI_Alltoall");
+		int *counts = malloc(sizeof(int) * (size_t)size), got = -1;
+		for (int r = 0; r < size; r++)
+			counts[r] = 1;
+		MPI_Reduce_scatter(out, &got, counts, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+		/* Element r of the sum: sum over ranks k of k * 100 + r. */
+		check(got == 100 * size * (size - 1) / 2 + rank * size, "MPI_Reduce_scatter");
+		free(counts);
+		free(out);
+		free(in);
+	}
+	{
+		long v = rank + 1, inc = 0, exc = 0;
+		MPI_Scan(&v, &inc, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+		MPI_Exscan(&v, &exc, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+		long want = (long)(rank + 1) * (rank + 2) / 2;
+		check(inc == want && (rank == 0 || exc == want - v), "MPI_Scan and MPI_Exscan");
+	}
+	{
+		int *all = malloc(sizeof(int) * (size_t)size * 2), *counts = malloc(sizeof(int) * (size_t)size);
+		int *displs = malloc(sizeof(int) * (size_t)size), mine[2] = {rank, -rank}, ok = 1;
+		for (int r = 0; r < size; r++) {
+			counts[r] = 1 + (r & 1);
+			displs[r] = 2 * r;
+		}
+		MPI_Allgatherv(mine, counts[rank], MPI_INT, all, counts, displs, MPI_INT, MPI_COMM_WORLD);
+		for (int r = 0; r < size; r++)
+			ok &= all[2 * r] == r && (!(r & 1) || all[2 * r + 1] == -r);
+		check(ok, "MPI_Allgatherv");
+		free(all);
+		free(counts);
+		free(displs);
 	}
 
 	/* 8-byte one-way latency between ranks 0 and 1 (for comparisons; the
