@@ -125,6 +125,10 @@ static void complete(struct emp_fi_domain *dom, const struct emp_wc *wc)
 	if ((r->kind == REQ_RECV || r->copy_out) && r->slot >= 0 && len)
 		memcpy(r->buf, slot_ptr(dom, r->slot), len < r->len ? len : r->len);
 	int err = status_errno(wc->status);
+	if (r->discard && err == FI_ETRUNC) {
+		err = 0; /* dropped, as asked */
+		len = 0;
+	}
 	if (r->out_slot >= 0 && !err)
 		memcpy(r->out_buf, slot_ptr(dom, r->out_slot), r->out_len);
 	if (r->result_from_tag && !err && r->buf)

@@ -53,7 +53,19 @@ fn fabric_cmd(program: &Path, c: &Cluster, nic: u16) -> Command {
     cmd
 }
 
+/// Waits for `child` (killed after `limit`), its output read meanwhile: a
+/// child whose output fills the pipe would otherwise block for ever.
 fn wait_timeout(mut child: Child, limit: Duration) -> Output {
+    fn drain<R: std::io::Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    }
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
     let start = Instant::now();
     while child.try_wait().expect("wait").is_none() {
         if start.elapsed() > limit {
@@ -62,7 +74,8 @@ fn wait_timeout(mut child: Child, limit: Duration) -> Output {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    child.wait_with_output().expect("output")
+    let status = child.wait().expect("wait");
+    Output { status, stdout: out.join().expect("stdout reader"), stderr: err.join().expect("stderr reader") }
 }
 
 #[test]
