@@ -3,7 +3,8 @@
 //! chassis: `fi_info -p emp`, the distribution's `fi_pingpong` in msg and
 //! tagged modes with data checks at every size, the provider's own unit
 //! test program (fabric/test/fi_emp_unit.c, TAP), and Open MPI's `mtl ofi`
-//! running fabric/test/mpi_emp.c over it on 4 and 8 ranks, MPI one-sided through `osc rdma`
+//! running fabric/test/mpi_emp.c over it on 4 and 8 ranks and the
+//! out-of-order tags program fabric/test/mpi_ooo.c, MPI one-sided through `osc rdma`
 //! on `btl ofi`, RMA/atomics/collectives across two NICs
 //! (fabric/test/fi_emp_peer.c), and the provider fuzzer (fabric/test/fi_emp_fuzz.c: short
 //! here, long with `EMP_FUZZ_SECONDS=600 cargo test -p emp-tests --test
@@ -265,6 +266,19 @@ fn open_mpi_over_emp_4_ranks() {
 #[test]
 fn open_mpi_over_emp_8_ranks() {
     open_mpi_ranks(8);
+}
+
+/// The out-of-order tags program under Open MPI (fabric/test/mpi_ooo.c):
+/// tag 2 received before tag 1, 64 B and 4 MiB, after MPI_Iprobe and
+/// MPI_Probe with MPI_ANY_SOURCE (the provider's FI_PEEK) saw them.
+#[test]
+fn open_mpi_out_of_order_tags() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(out) = mpirun_over_emp("open_mpi_out_of_order_tags", "mpi_ooo.c", 2, &[]) else { return };
+    let all = text(&out);
+    print!("{all}");
+    assert!(out.status.success(), "mpirun (out-of-order tags) over emp failed:\n{all}");
+    assert!(all.contains("# 8 passed, 0 failed"), "out-of-order checks:\n{all}");
 }
 
 /// MPI one-sided through Open MPI's `osc rdma` on `btl ofi` over emp's
