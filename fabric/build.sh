@@ -40,7 +40,8 @@ cflags=(-std=gnu11 -O2 -g -Wall -Wextra -Werror "${san[@]}")
     -Wl,--version-script="$root/fabric/emp_fi.map" -Wl,-z,defs \
     -L"$lib" -Wl,-rpath,"$rpath" -lemp -lfabric -lpthread
 mv "$out/libemp-fi.so.tmp" "$out/libemp-fi.so"
-"$cc" "${cflags[@]}" -o "$out/fi_emp_unit" "$root/fabric/test/fi_emp_unit.c" "$root/fabric/test/fi_emp_rma.c" -lfabric
+"$cc" "${cflags[@]}" -o "$out/fi_emp_unit" "$root/fabric/test/fi_emp_unit.c" "$root/fabric/test/fi_emp_rma.c" \
+    "$root/fabric/test/fi_emp_probe.c" -lfabric
 "$cc" "${cflags[@]}" -o "$out/fi_emp_fuzz" "$root/fabric/test/fi_emp_fuzz.c" -lfabric
 "$cc" "${cflags[@]}" -o "$out/fi_emp_peer" "$root/fabric/test/fi_emp_peer.c" -lfabric
 # The MPI benchmark program of `emp bench mpi`, when Open MPI's mpicc is

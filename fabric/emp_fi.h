@@ -135,6 +135,7 @@ struct emp_req {
 	bool cancelled;	    /* reported as canceled; the NIC still holds it */
 	bool copy_out;	    /* an RMA read: the bounce slot's bytes go to buf */
 	bool imm_pool;	    /* one of the endpoint's receives for remote CQ data */
+	bool discard;	    /* FI_CLAIM | FI_DISCARD: completes with no data */
 	bool result_from_tag; /* an atomic fetch: the old value (wc.tag) goes to buf */
 	struct emp_fi_mc *mc; /* a collective's group */
 	int out_slot;	      /* a reduction's result slot, or -1 */
@@ -145,6 +146,16 @@ struct emp_req {
 	size_t msg_len;
 	uint64_t got_tag;
 	uint16_t src_node, src_port;
+};
+
+/* A message FI_PEEK | FI_CLAIM claimed, until the paired FI_CLAIM receive:
+ * known by the caller's fi_context pointer (never dereferenced). */
+#define CLAIMS_MAX 64u
+struct emp_fi_claim {
+	void *context;
+	struct emp_fi_ep *ep;
+	struct emp_req *orphan;	  /* a message that landed in a canceled receive, or NULL */
+	struct emp_probed nic;	  /* else the NIC's claim */
 };
 
 struct emp_fi_domain {
@@ -165,6 +176,8 @@ struct emp_fi_domain {
 	int *free_slots;
 	size_t nslots, nfree_slots;
 	struct emp_req *orphans; /* oldest first */
+	struct emp_fi_claim claims[CLAIMS_MAX];
+	size_t nclaims;
 	size_t zombies;		 /* canceled receives the NIC still holds */
 };
 

@@ -342,6 +342,20 @@ static int ep_close(struct fid *fid)
 			p = &o->next;
 		}
 	}
+	/* Claims never received: a claimed orphan goes; the NIC drops its
+	 * claimed messages when the port closes. */
+	for (size_t i = 0; i < dom->nclaims;) {
+		struct emp_fi_claim *c = &dom->claims[i];
+		if (c->ep != ep) {
+			i++;
+			continue;
+		}
+		if (c->orphan) {
+			c->orphan->ep = NULL;
+			req_release(dom, c->orphan);
+		}
+		*c = dom->claims[--dom->nclaims];
+	}
 	for (size_t i = 0; i < dom->nreqs; i++) {
 		struct emp_req *q = &dom->reqs[i];
 		if (!q->in_use || q->ep != ep)

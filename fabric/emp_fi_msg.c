@@ -116,16 +116,32 @@ static bool orphan_matches(const struct emp_req *o, uint16_t node, uint16_t port
 	return node == EMP_ANY_NODE || (o->src_node == node && o->src_port == port);
 }
 
+/* The claim made with context, or NULL. */
+static struct emp_fi_claim *claim_find(struct emp_fi_domain *dom, const struct emp_fi_ep *ep, const void *context)
+{
+	for (size_t i = 0; i < dom->nclaims; i++)
+		if (dom->claims[i].context == context && dom->claims[i].ep == ep)
+			return &dom->claims[i];
+	return NULL;
+}
+
+static void claim_drop(struct emp_fi_domain *dom, struct emp_fi_claim *c)
+{
+	*c = dom->claims[--dom->nclaims];
+}
+
 static ssize_t do_recv(struct emp_fi_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
-		       uint64_t ignore, bool tagged, void *context, uint64_t flags)
+		       uint64_t ignore, bool tagged, void *context, uint64_t flags, const struct emp_probed *claimed)
 {
 	struct emp_fi_domain *dom = ep->dom;
 	if (!(ep->caps & (tagged ? FI_TAGGED : FI_MSG)))
 		return -FI_EOPNOTSUPP;
 	if (!ep->enabled)
 		return -FI_EOPBADSTATE;
-	if (flags & (FI_PEEK | FI_CLAIM | FI_DISCARD | FI_MULTI_RECV))
-		return -FI_EOPNOTSUPP; /* no unexpected-message store to probe (yet) */
+	if (flags & FI_MULTI_RECV)
+		return -FI_EOPNOTSUPP;
+	if ((flags & (FI_PEEK | FI_CLAIM | FI_DISCARD)) && !claimed)
+		return -FI_EOPNOTSUPP; /* probing: fi_trecvmsg only (tag_peek, tag_claimed) */
 	if (len && !buf)
 		return -FI_EINVAL;
 	if (len > UINT32_MAX)
@@ -158,7 +174,7 @@ static ssize_t do_recv(struct emp_fi_ep *ep, void *buf, size_t len, void *desc, 
 	 * receive that matches it. */
 	if (dom->zombies)
 		progress(dom);
-	for (struct emp_req **p = &dom->orphans; *p; p = &(*p)->next) {
+	for (struct emp_req **p = &dom->orphans; *p && !claimed; p = &(*p)->next) {
 		struct emp_req *o = *p;
 		if (o->ep != ep || !orphan_matches(o, node, port, emp_tag, emp_ignore))
 			continue;
@@ -190,6 +206,7 @@ static ssize_t do_recv(struct emp_fi_ep *ep, void *buf, size_t len, void *desc, 
 	r->context = context;
 	r->cq_flags = FI_RECV | (tagged ? FI_TAGGED : FI_MSG);
 	r->want_entry = !ep->rx_selective || (flags & FI_COMPLETION);
+	r->discard = claimed && (flags & FI_DISCARD);
 	r->buf = buf;
 	r->len = len;
 	struct emp_sge sge;
@@ -200,8 +217,11 @@ static ssize_t do_recv(struct emp_fi_ep *ep, void *buf, size_t len, void *desc, 
 		req_release(dom, r);
 		goto out;
 	}
-	ret = post_errno(emp_post_recv(dom->dev, (uint64_t)(uintptr_t)r, node, port, emp_tag, emp_ignore, &sge,
-				       (size_t)n));
+	if (claimed)
+		ret = post_errno(emp_post_recv_claimed(dom->dev, (uint64_t)(uintptr_t)r, claimed, &sge, (size_t)n));
+	else
+		ret = post_errno(emp_post_recv(dom->dev, (uint64_t)(uintptr_t)r, node, port, emp_tag, emp_ignore,
+					       &sge, (size_t)n));
 	if (ret) {
 		r->ep = NULL;
 		req_release(dom, r);
@@ -231,7 +251,7 @@ static int one_iov(const struct iovec *iov, void **desc, size_t count, void **bu
 
 static ssize_t msg_recv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, void *context)
 {
-	return do_recv(EP(ep), buf, len, desc, src, 0, 0, false, context, EP(ep)->rx_op_flags);
+	return do_recv(EP(ep), buf, len, desc, src, 0, 0, false, context, EP(ep)->rx_op_flags, NULL);
 }
 
 static ssize_t msg_recvv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t src,
@@ -240,7 +260,7 @@ static ssize_t msg_recvv(struct fid_ep *ep, const struct iovec *iov, void **desc
 	void *b, *d;
 	size_t l;
 	int r = one_iov(iov, desc, count, &b, &l, &d);
-	return r ? r : do_recv(EP(ep), b, l, d, src, 0, 0, false, context, EP(ep)->rx_op_flags);
+	return r ? r : do_recv(EP(ep), b, l, d, src, 0, 0, false, context, EP(ep)->rx_op_flags, NULL);
 }
 
 static ssize_t msg_recvmsg(struct fid_ep *ep, const struct fi_msg *msg, uint64_t flags)
@@ -250,7 +270,7 @@ static ssize_t msg_recvmsg(struct fid_ep *ep, const struct fi_msg *msg, uint64_t
 	if (!msg)
 		return -FI_EINVAL;
 	int r = one_iov(msg->msg_iov, msg->desc, msg->iov_count, &b, &l, &d);
-	return r ? r : do_recv(EP(ep), b, l, d, msg->addr, 0, 0, false, msg->context, flags);
+	return r ? r : do_recv(EP(ep), b, l, d, msg->addr, 0, 0, false, msg->context, flags, NULL);
 }
 
 static ssize_t msg_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, void *context)
@@ -313,7 +333,7 @@ struct fi_ops_msg msg_ops = {
 static ssize_t tag_recv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
 			uint64_t ignore, void *context)
 {
-	return do_recv(EP(ep), buf, len, desc, src, tag, ignore, true, context, EP(ep)->rx_op_flags);
+	return do_recv(EP(ep), buf, len, desc, src, tag, ignore, true, context, EP(ep)->rx_op_flags, NULL);
 }
 
 static ssize_t tag_recvv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t src,
@@ -322,7 +342,191 @@ static ssize_t tag_recvv(struct fid_ep *ep, const struct iovec *iov, void **desc
 	void *b, *d;
 	size_t l;
 	int r = one_iov(iov, desc, count, &b, &l, &d);
-	return r ? r : do_recv(EP(ep), b, l, d, src, tag, ignore, true, context, EP(ep)->rx_op_flags);
+	return r ? r : do_recv(EP(ep), b, l, d, src, tag, ignore, true, context, EP(ep)->rx_op_flags, NULL);
+}
+
+/* ---- probing unexpected messages: FI_PEEK, FI_CLAIM, FI_DISCARD ---- */
+
+/* Queues a peek's answer: the message's length, tag and source, or an
+ * FI_ENOMSG error entry. The caller checked there is room. */
+static void peek_report(struct emp_fi_ep *ep, void *context, uint64_t flags, bool found, size_t len, uint64_t tag,
+			uint16_t node, uint16_t port)
+{
+	struct emp_fi_cq *cq = ep->rx_cq;
+	struct cq_ent e = {
+		.op_context = context,
+		.flags = FI_RECV | FI_TAGGED | (flags & (FI_CLAIM | FI_DISCARD)),
+		.len = found ? len : 0,
+		.tag = found ? tag : 0,
+		.src = FI_ADDR_NOTAVAIL,
+		.err = found ? 0 : FI_ENOMSG,
+		.prov_errno = found ? EMP_WC_SUCCESS : EMP_WC_NO_MESSAGE,
+	};
+	if (found && (ep->caps & FI_SOURCE))
+		e.src = av_reverse(ep->av, ep_code(node, port));
+	cq_push(cq, &e);
+}
+
+/* fi_trecvmsg with FI_PEEK: asks the NIC for the oldest unexpected message
+ * this receive would take (a message that landed in a canceled receive
+ * counts too) and answers in the CQ at once. With FI_CLAIM the message is
+ * the caller's, its claim kept in the fi_context; with FI_DISCARD it is
+ * dropped. */
+static ssize_t tag_peek(struct emp_fi_ep *ep, const struct fi_msg_tagged *msg, uint64_t flags)
+{
+	struct emp_fi_domain *dom = ep->dom;
+	if (!(ep->caps & FI_TAGGED))
+		return -FI_EOPNOTSUPP;
+	if (!ep->enabled)
+		return -FI_EOPBADSTATE;
+	if (flags & FI_MULTI_RECV)
+		return -FI_EOPNOTSUPP;
+	if ((flags & FI_CLAIM) && (flags & FI_DISCARD))
+		return -FI_EINVAL;
+	if ((flags & FI_CLAIM) && !msg->context)
+		return -FI_EINVAL; /* the claim lives in the caller's fi_context */
+	if (!ep->rx_cq)
+		return -FI_ENOCQ; /* a peek answers only through the CQ */
+	uint64_t tag = msg->tag, ignore = msg->ignore;
+	if (ep->msg_and_tagged) {
+		if (tag & MSG_TAG_BIT)
+			return -FI_EINVAL;
+		ignore &= ~MSG_TAG_BIT;
+	}
+	uint16_t node = EMP_ANY_NODE, port = EMP_ANY_PORT;
+	pthread_mutex_lock(&dom->lock);
+	ssize_t ret = 0;
+	struct emp_fi_cq *cq = ep->rx_cq;
+	if ((ep->caps & FI_DIRECTED_RECV) && msg->addr != FI_ADDR_UNSPEC) {
+		ret = av_resolve(ep->av, msg->addr, &node, &port);
+		if (ret)
+			goto out;
+	}
+	if (cq->count + cq->reserved >= cq->size) {
+		ret = -FI_EAGAIN;
+		goto out;
+	}
+	if (flags & FI_CLAIM) {
+		if (claim_find(dom, ep, msg->context)) {
+			ret = -FI_EINVAL; /* this fi_context holds a claim not yet received */
+			goto out;
+		}
+		if (dom->nclaims == CLAIMS_MAX) {
+			ret = -FI_EAGAIN; /* until claimed messages are received */
+			goto out;
+		}
+	}
+	if (dom->zombies)
+		progress(dom);
+	for (struct emp_req **p = &dom->orphans; *p; p = &(*p)->next) {
+		struct emp_req *o = *p;
+		if (o->ep != ep || !orphan_matches(o, node, port, tag, ignore))
+			continue;
+		peek_report(ep, msg->context, flags, true, o->msg_len, o->got_tag, o->src_node, o->src_port);
+		if (flags & (FI_CLAIM | FI_DISCARD))
+			*p = o->next;
+		if (flags & FI_CLAIM)
+			dom->claims[dom->nclaims++] = (struct emp_fi_claim){.context = msg->context, .ep = ep, .orphan = o};
+		else if (flags & FI_DISCARD) {
+			req_release(dom, o);
+		}
+		goto out;
+	}
+	/* A discard takes the message off the NIC with a receive of nothing:
+	 * its request is taken first, so a found message is never left
+	 * claimed by nobody. */
+	struct emp_req *drop = NULL;
+	if (flags & FI_DISCARD) {
+		drop = req_get(dom);
+		if (!drop) {
+			ret = -FI_EAGAIN;
+			goto out;
+		}
+		drop->kind = REQ_RECV; /* no endpoint: released, silently, on completion */
+	}
+	struct emp_probed got;
+	int found = (flags & (FI_CLAIM | FI_DISCARD)) ? emp_probe_claim(dom->dev, node, port, tag, ignore, &got)
+						       : emp_probe(dom->dev, node, port, tag, ignore, &got);
+	if (found < 0) {
+		ret = post_errno(found);
+		if (drop)
+			req_release(dom, drop);
+		goto out;
+	}
+	if (drop && !found)
+		req_release(dom, drop);
+	if (drop && found) {
+		ret = post_errno(emp_post_recv_claimed(dom->dev, (uint64_t)(uintptr_t)drop, &got, NULL, 0));
+		if (ret) {
+			req_release(dom, drop);
+			goto out;
+		}
+	}
+	if (found && (flags & FI_CLAIM))
+		dom->claims[dom->nclaims++] = (struct emp_fi_claim){.context = msg->context, .ep = ep, .nic = got};
+	peek_report(ep, msg->context, flags, found, got.len, got.tag, got.src_node, got.src_port);
+out:
+	pthread_mutex_unlock(&dom->lock);
+	return ret;
+}
+
+/* fi_trecvmsg with FI_CLAIM (no FI_PEEK): receives the message an earlier
+ * FI_PEEK | FI_CLAIM with this fi_context claimed (or drops it with
+ * FI_DISCARD). */
+static ssize_t tag_claimed(struct emp_fi_ep *ep, void *buf, size_t len, void *desc, void *context, uint64_t flags)
+{
+	struct emp_fi_domain *dom = ep->dom;
+	if (!(ep->caps & FI_TAGGED))
+		return -FI_EOPNOTSUPP;
+	if (!context)
+		return -FI_EINVAL;
+	if (len && !buf)
+		return -FI_EINVAL;
+	if (flags & FI_DISCARD)
+		len = 0;
+	pthread_mutex_lock(&dom->lock);
+	struct emp_fi_claim *c = claim_find(dom, ep, context);
+	if (!c) {
+		pthread_mutex_unlock(&dom->lock);
+		return -FI_EINVAL; /* no FI_PEEK | FI_CLAIM claimed with this context */
+	}
+	if (!c->orphan) {
+		struct emp_probed claim = c->nic;
+		pthread_mutex_unlock(&dom->lock);
+		ssize_t r = do_recv(ep, buf, len, desc, FI_ADDR_UNSPEC, 0, 0, true, context, flags & ~FI_CLAIM, &claim);
+		pthread_mutex_lock(&dom->lock);
+		c = r == 0 ? claim_find(dom, ep, context) : NULL;
+		if (c)
+			claim_drop(dom, c); /* used: a second FI_CLAIM is refused */
+		pthread_mutex_unlock(&dom->lock);
+		return r;
+	}
+	/* A message that had landed in a canceled receive: its bytes are in
+	 * the bounce slot. */
+	struct emp_fi_cq *cq = ep->rx_cq;
+	if (cq && cq->count + cq->reserved >= cq->size) {
+		pthread_mutex_unlock(&dom->lock);
+		return -FI_EAGAIN;
+	}
+	struct emp_req *o = c->orphan;
+	claim_drop(dom, c);
+	size_t n = o->got_len < len ? o->got_len : len;
+	if (n)
+		memcpy(buf, slot_ptr(dom, o->slot), n);
+	o->context = context;
+	o->cq_flags = FI_RECV | FI_TAGGED;
+	o->want_entry = !ep->rx_selective || (flags & FI_COMPLETION);
+	o->cancelled = false;
+	if (cq) {
+		cq->reserved++;
+		o->cq_reserved = true;
+	}
+	bool trunc = !(flags & FI_DISCARD) && o->msg_len > len;
+	req_report(o, trunc ? FI_ETRUNC : 0, n, trunc ? o->msg_len - n : 0, o->got_tag, o->src_node, o->src_port,
+		   trunc ? EMP_WC_TRUNCATED : EMP_WC_SUCCESS);
+	req_release(dom, o);
+	pthread_mutex_unlock(&dom->lock);
+	return 0;
 }
 
 static ssize_t tag_recvmsg(struct fid_ep *ep, const struct fi_msg_tagged *msg, uint64_t flags)
@@ -332,7 +536,15 @@ static ssize_t tag_recvmsg(struct fid_ep *ep, const struct fi_msg_tagged *msg, u
 	if (!msg)
 		return -FI_EINVAL;
 	int r = one_iov(msg->msg_iov, msg->desc, msg->iov_count, &b, &l, &d);
-	return r ? r : do_recv(EP(ep), b, l, d, msg->addr, msg->tag, msg->ignore, true, msg->context, flags);
+	if (r)
+		return r;
+	if (flags & FI_PEEK)
+		return tag_peek(EP(ep), msg, flags);
+	if (flags & FI_CLAIM)
+		return tag_claimed(EP(ep), b, l, d, msg->context, flags);
+	if (flags & FI_DISCARD)
+		return -FI_EINVAL; /* only with FI_PEEK or FI_CLAIM */
+	return do_recv(EP(ep), b, l, d, msg->addr, msg->tag, msg->ignore, true, msg->context, flags, NULL);
 }
 
 static ssize_t tag_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t tag,

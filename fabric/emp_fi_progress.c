@@ -125,11 +125,19 @@ static void complete(struct emp_fi_domain *dom, const struct emp_wc *wc)
 	if ((r->kind == REQ_RECV || r->copy_out) && r->slot >= 0 && len)
 		memcpy(r->buf, slot_ptr(dom, r->slot), len < r->len ? len : r->len);
 	int err = status_errno(wc->status);
+	if (r->discard && err == FI_ETRUNC) {
+		err = 0; /* dropped, as asked */
+		len = 0;
+	}
 	if (r->out_slot >= 0 && !err)
 		memcpy(r->out_buf, slot_ptr(dom, r->out_slot), r->out_len);
 	if (r->result_from_tag && !err && r->buf)
 		memcpy(r->buf, &wc->tag, r->len); /* the low bytes: little-endian */
 	size_t olen = (err == FI_ETRUNC && wc->msg_len > len) ? wc->msg_len - len : 0;
+	if (err)
+		FI_INFO(&emp_prov, FI_LOG_CQ, "%s failed: NIC status %u (%s), peer %u:%u, tag 0x%" PRIx64 "\n",
+			r->kind == REQ_RECV ? "receive" : "send", wc->status, fi_strerror(err), wc->src_node,
+			wc->src_port, wc->tag);
 	req_report(r, err, len, olen, wc->tag, wc->src_node, wc->src_port, wc->status);
 	req_release(dom, r);
 }

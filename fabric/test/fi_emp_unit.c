@@ -281,7 +281,7 @@ static void test_calls(void)
 	struct iovec iov[2] = {{buf, 4}, {buf + 4, 4}};
 	EXPECT(fi_tsendv(ep, iov, NULL, 2, 0, 1, NULL), -FI_EINVAL); /* iov_limit 1 */
 	struct fi_msg_tagged tm = {.msg_iov = iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .tag = 1};
-	EXPECT(fi_trecvmsg(ep, &tm, FI_PEEK), -FI_EOPNOTSUPP);
+	EXPECT(fi_trecvmsg(ep, &tm, FI_MULTI_RECV), -FI_EOPNOTSUPP); /* FI_PEEK and co: fi_emp_probe.c */
 	EXPECT(fi_cancel(&ep->fid, (void *)0x1234), -FI_ENOENT);
 	EXPECT(fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, buf, sizeof(size_t)), -FI_ENOPROTOOPT);
 	EXPECT(fi_close(&av->fid), -FI_EBUSY);
@@ -443,6 +443,7 @@ int main(void)
 	test_traffic(FI_AV_MAP);
 	test_traffic(FI_AV_TABLE);
 	test_selective();
+	test_probe(fabric, info);
 	test_rma_getinfo();
 	test_rma(fabric, FI_MSG | FI_RMA);
 	test_rma(fabric, FI_TAGGED | FI_RMA);

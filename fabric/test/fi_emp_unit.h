@@ -24,5 +24,7 @@ void test_rma(struct fid_fabric *fabric, uint64_t caps);
 void test_atomic(struct fid_fabric *fabric);
 /* fi_emp_rma.c: FI_COLLECTIVE on three endpoints. */
 void test_coll(struct fid_fabric *fabric);
+/* fi_emp_probe.c: FI_PEEK, FI_CLAIM and FI_DISCARD on two endpoints. */
+void test_probe(struct fid_fabric *fabric, struct fi_info *info);
 
 #endif
