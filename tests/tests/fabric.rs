@@ -201,7 +201,7 @@ fn cluster_file(c: &Cluster, nics: u16) -> PathBuf {
 /// another rank, and the sender waits for ever. The tuned barrier's double
 /// ring and recursive doubling (its choice for 3 ranks or more) use such
 /// sends; Bruck's algorithm does not. See docs/libfabric.md.
-const BARRIER_WITHOUT_SSEND: [&str; 4] =
+const BARRIER_WITHOUT_SSEND: [&str; 6] =
     ["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_barrier_algorithm", "4"];
 
 /// `mpirun -n N` over the provider (`pml cm`, `mtl ofi`, provider `emp`):
