@@ -843,6 +843,7 @@ struct emp_group_clear {
 /*             arg[EMP_AUTH_REPLY_*]                                   */
 /*   WIRE_REKEY arg[0] EMP_REKEY_INSTALL | EMP_REKEY_SWITCH (daemon's  */
 /*             user or root) -> reply as WIRE_AUTH                     */
+/*   WIRE_MCAST reply: multicast counters in arg[EMP_MCAST_REPLY_*]    */
 /*                                                                     */
 /* Closing the socket closes the port.                                 */
 /* ------------------------------------------------------------------ */
@@ -863,6 +864,12 @@ struct emp_group_clear {
 #define EMP_ATTACH_OP_WIRE_ROUTES 11U
 #define EMP_ATTACH_OP_WIRE_AUTH 20U
 #define EMP_ATTACH_OP_WIRE_REKEY 21U
+#define EMP_ATTACH_OP_WIRE_MCAST 22U
+
+/* WIRE_MCAST reply fields (indices into emp_attach_msg.arg). */
+#define EMP_MCAST_REPLY_SENT 0
+#define EMP_MCAST_REPLY_RECEIVED 1
+#define EMP_MCAST_REPLY_FALLBACK 2
 
 /* WIRE_REKEY steps (arg[0]). */
 #define EMP_REKEY_INSTALL 1
