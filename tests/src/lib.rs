@@ -305,3 +305,98 @@ pub mod harness {
         out_bin
     }
 }
+
+/// Two network namespaces joined by a veth pair, for the wire tests that
+/// run one `emp-nicd` per namespace (tests/tests/netns_*.rs).
+pub mod veth {
+    use std::process::{Child, Command};
+
+    /// `02:00:…` as `ip link` writes it.
+    pub fn mac_str(m: &[u8; 6]) -> String {
+        m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    }
+
+    /// The process may make namespaces (CAP_NET_ADMIN in its effective set).
+    pub fn has_cap_net_admin() -> bool {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(|v| v.trim().to_string());
+        eff.and_then(|v| u64::from_str_radix(&v, 16).ok()).is_some_and(|c| c & (1 << 12) != 0)
+    }
+
+    /// Runs a command that must succeed.
+    pub fn sh(args: &[&str]) {
+        let out = Command::new(args[0]).args(&args[1..]).output().expect("run");
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Namespaces `<prefix>-<tag><pid>-{a,b}` with veth ends
+    /// `<prefix><tag><pid>{a,b}`, removed on drop (whatever happened).
+    pub struct Bed {
+        pub ns: [String; 2],
+        pub ifs: [String; 2],
+    }
+
+    impl Bed {
+        /// End i gets `macs[i]` and `ips[i]`/24; both ends and `lo` up.
+        pub fn up(prefix: &str, tag: &str, macs: &[[u8; 6]; 2], ips: &[[u8; 4]; 2]) -> Bed {
+            let id = std::process::id() % 100_000;
+            let bed = Bed {
+                ns: [format!("{prefix}-{tag}{id}-a"), format!("{prefix}-{tag}{id}-b")],
+                ifs: [format!("{prefix}{tag}{id}a"), format!("{prefix}{tag}{id}b")],
+            };
+            for n in &bed.ns {
+                let _ = Command::new("ip").args(["netns", "del", n]).output();
+                sh(&["ip", "netns", "add", n]);
+            }
+            sh(&["ip", "link", "add", &bed.ifs[0], "type", "veth", "peer", "name", &bed.ifs[1]]);
+            for (i, (ns, ifn)) in bed.ns.iter().zip(&bed.ifs).enumerate() {
+                sh(&["ip", "link", "set", ifn, "netns", ns]);
+                let ex = |a: &[&str]| {
+                    let mut v = vec!["ip", "netns", "exec", ns];
+                    v.extend_from_slice(a);
+                    sh(&v);
+                };
+                ex(&["ip", "link", "set", "dev", ifn, "address", &mac_str(&macs[i])]);
+                let ip = ips[i];
+                ex(&["ip", "addr", "add", &format!("{}.{}.{}.{}/24", ip[0], ip[1], ip[2], ip[3]), "dev", ifn]);
+                ex(&["ip", "link", "set", "lo", "up"]);
+                ex(&["ip", "link", "set", ifn, "up"]);
+            }
+            bed
+        }
+    }
+
+    impl Drop for Bed {
+        fn drop(&mut self) {
+            // Deleting a namespace deletes the veth end in it, and so the pair.
+            for n in &self.ns {
+                let _ = Command::new("ip").args(["netns", "del", n]).output();
+            }
+        }
+    }
+
+    /// Daemons killed on drop.
+    pub struct Daemons(pub Vec<Child>);
+
+    impl Daemons {
+        /// SIGTERM to each, then wait for all.
+        pub fn stop(&mut self) {
+            for c in &mut self.0 {
+                // SAFETY: kill(2) on our own child's pid.
+                unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            }
+            for c in &mut self.0 {
+                let _ = c.wait();
+            }
+        }
+    }
+
+    impl Drop for Daemons {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}

@@ -16,6 +16,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use emp_tests::harness::{assert_tap, bin_dir, emp, image, root};
+use emp_tests::veth::{has_cap_net_admin, mac_str, Bed, Daemons};
 use emp_uapi::wire::{emit_ack, AckBody, FrameHeader, FrameKind, WIRE_VERSION};
 
 const MAC: [[u8; 6]; 2] = [[2, 0, 0xc6, 0x12, 40, 1], [2, 0, 0xc6, 0x12, 40, 2]];
@@ -25,74 +26,9 @@ const ETHERTYPE_EMP: u16 = 0x88B5;
 /// Key id, counter and tag.
 const TRAILER: usize = 28;
 
-fn mac_str(m: &[u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
-
-fn has_cap_net_admin() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(|v| v.trim().to_string());
-    eff.and_then(|v| u64::from_str_radix(&v, 16).ok()).is_some_and(|c| c & (1 << 12) != 0)
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().expect("run");
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// Two namespaces (prefix `au`) and a veth pair, removed on drop.
-struct Bed {
-    ns: [String; 2],
-    ifs: [String; 2],
-}
-
-impl Bed {
-    fn up(tag: &str) -> Bed {
-        let id = std::process::id() % 100_000;
-        let bed = Bed {
-            ns: [format!("au-{tag}{id}-a"), format!("au-{tag}{id}-b")],
-            ifs: [format!("au{tag}{id}a"), format!("au{tag}{id}b")],
-        };
-        for n in &bed.ns {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-            sh(&["ip", "netns", "add", n]);
-        }
-        sh(&["ip", "link", "add", &bed.ifs[0], "type", "veth", "peer", "name", &bed.ifs[1]]);
-        for (i, (ns, ifn)) in bed.ns.iter().zip(&bed.ifs).enumerate() {
-            sh(&["ip", "link", "set", ifn, "netns", ns]);
-            let ex = |a: &[&str]| {
-                let mut v = vec!["ip", "netns", "exec", ns];
-                v.extend_from_slice(a);
-                sh(&v);
-            };
-            ex(&["ip", "link", "set", "dev", ifn, "address", &mac_str(&MAC[i])]);
-            let ip = IP[i];
-            ex(&["ip", "addr", "add", &format!("{}.{}.{}.{}/24", ip[0], ip[1], ip[2], ip[3]), "dev", ifn]);
-            ex(&["ip", "link", "set", "lo", "up"]);
-            ex(&["ip", "link", "set", ifn, "up"]);
-        }
-        bed
-    }
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        for n in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
-}
-
-/// Daemons killed on drop.
-struct Daemons(Vec<Child>);
-
-impl Drop for Daemons {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+/// This file's bed: namespaces `au-…`, [`IP`] and [`MAC`].
+fn bed(tag: &str) -> Bed {
+    Bed::up("au", tag, &MAC, &IP)
 }
 
 /// A scratch directory removed on drop.
@@ -376,7 +312,7 @@ fn scratch(name: &str) -> Scratch {
 fn forged_frames_are_believed_without_auth(wire: &str) {
     let s = scratch(&format!("off-{wire}"));
     let dir = &s.0;
-    let bed = Bed::up(&format!("o{}", &wire[..1]));
+    let bed = bed(&format!("o{}", &wire[..1]));
     let cfg = cluster_file(dir, "off.toml", wire, &bed, "off", Path::new(""));
     let _d = start(dir, &bed, [&cfg, &cfg]);
     in_netns(&bed.ns[0], || send_raw(&bed.ifs[0], &forgeries(wire, false, 5)));
@@ -396,7 +332,7 @@ fn forged_frames_are_believed_without_auth(wire: &str) {
 fn forged_and_replayed_frames_are_dropped_with_auth(wire: &str, mode: &str) {
     let s = scratch(&format!("{mode}-{wire}"));
     let dir = &s.0;
-    let bed = Bed::up(&format!("{}{}", &mode[..1], &wire[..1]));
+    let bed = bed(&format!("{}{}", &mode[..1], &wire[..1]));
     let key = dir.join("wire.key");
     keygen(&key, false);
     let cfg = cluster_file(dir, "auth.toml", wire, &bed, mode, &key);
@@ -483,7 +419,7 @@ fn udp_rotation_mid_traffic_loses_nothing_and_a_wrong_key_talks_to_nobody() {
     }
     let s = scratch("rotate");
     let dir = &s.0;
-    let bed = Bed::up("r");
+    let bed = bed("r");
     let key = dir.join("wire.key");
     keygen(&key, false);
     let cfg = cluster_file(dir, "auth.toml", "udp", &bed, "mac", &key);

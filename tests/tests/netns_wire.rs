@@ -13,90 +13,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use emp_tests::harness::{assert_tap, bin_dir, image, root};
+use emp_tests::veth::{has_cap_net_admin, mac_str, Bed, Daemons};
 use emp_uapi::wire::{emit_ack, AckBody, FrameHeader, FrameKind, WIRE_VERSION};
 
 const MAC: [[u8; 6]; 3] = [[2, 0, 0xc6, 0x12, 0, 1], [2, 0, 0xc6, 0x12, 0, 2], [2, 0, 0xc6, 0x12, 0, 3]];
 
-fn mac_str(m: &[u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
-
-fn has_cap_net_admin() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(|v| v.trim().to_string());
-    eff.and_then(|v| u64::from_str_radix(&v, 16).ok()).is_some_and(|c| c & (1 << 12) != 0)
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().expect("run");
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// Two namespaces and a veth pair, removed on drop (whatever happened).
-struct Bed {
-    ns: [String; 2],
-    ifs: [String; 2],
-}
-
-impl Bed {
-    fn up(tag: &str) -> Bed {
-        let id = std::process::id() % 100_000;
-        let bed = Bed {
-            ns: [format!("ew-{tag}{id}-a"), format!("ew-{tag}{id}-b")],
-            ifs: [format!("ew{tag}{id}a"), format!("ew{tag}{id}b")],
-        };
-        for n in &bed.ns {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-            sh(&["ip", "netns", "add", n]);
-        }
-        sh(&["ip", "link", "add", &bed.ifs[0], "type", "veth", "peer", "name", &bed.ifs[1]]);
-        for (i, (ns, ifn)) in bed.ns.iter().zip(&bed.ifs).enumerate() {
-            sh(&["ip", "link", "set", ifn, "netns", ns]);
-            let ex = |a: &[&str]| {
-                let mut v = vec!["ip", "netns", "exec", ns];
-                v.extend_from_slice(a);
-                sh(&v);
-            };
-            ex(&["ip", "link", "set", "dev", ifn, "address", &mac_str(&MAC[i])]);
-            ex(&["ip", "addr", "add", &format!("198.18.0.{}/24", i + 1), "dev", ifn]);
-            ex(&["ip", "link", "set", "lo", "up"]);
-            ex(&["ip", "link", "set", ifn, "up"]);
-        }
-        bed
-    }
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        // Deleting a namespace deletes the veth end in it, and so the pair.
-        for n in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
-}
-
-/// Daemons killed on drop.
-struct Daemons(Vec<Child>);
-
-impl Daemons {
-    fn stop(&mut self) {
-        for c in &mut self.0 {
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        }
-        for c in &mut self.0 {
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Daemons {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+/// This file's bed: namespaces `ew-…`, 198.18.0.1 and .2.
+fn bed(tag: &str) -> Bed {
+    Bed::up("ew", tag, &[MAC[0], MAC[1]], &[[198, 18, 0, 1], [198, 18, 0, 2]])
 }
 
 fn cluster_file(dir: &Path, wire: &str, bed: &Bed) -> PathBuf {
@@ -228,7 +152,7 @@ fn run_wire(wire: &str) {
         println!("skipped: network namespaces need CAP_NET_ADMIN, which this process lacks");
         return;
     }
-    let bed = Bed::up(&wire[..1]);
+    let bed = bed(&wire[..1]);
     let dir = std::env::temp_dir().join(format!("ew-wire-{}-{wire}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("rdv")).expect("dir");
