@@ -400,3 +400,62 @@ pub mod veth {
         }
     }
 }
+
+/// A point-to-point TAP program's state: its job, device, peers' endpoints,
+/// a send and a receive buffer, and the next work-request id
+/// (tap-p2p, tap-match).
+pub struct P2pCtx {
+    pub dev: Device,
+    pub job: Job,
+    pub eps: Vec<Endpoint>,
+    pub sbuf: emp::Buffer,
+    pub rbuf: emp::Buffer,
+    next_wr: u64,
+    timeout: Duration,
+}
+
+impl P2pCtx {
+    /// `timeout` bounds each [`P2pCtx::wait`].
+    pub fn new(
+        dev: Device,
+        job: Job,
+        eps: Vec<Endpoint>,
+        sbuf: emp::Buffer,
+        rbuf: emp::Buffer,
+        timeout: Duration,
+    ) -> P2pCtx {
+        P2pCtx { dev, job, eps, sbuf, rbuf, next_wr: 0, timeout }
+    }
+    pub fn rank(&self) -> usize {
+        self.job.rank
+    }
+    /// A fresh work-request id.
+    pub fn wr(&mut self) -> u64 {
+        self.next_wr += 1;
+        self.next_wr
+    }
+    pub fn sync(&mut self, name: &str) -> Result<(), String> {
+        self.job.barrier(&mut self.dev, name).map_err(|e| e.to_string())
+    }
+    pub fn wait(&mut self, wr: u64) -> Result<Completion, String> {
+        wait_for(&mut self.dev, wr, self.timeout)
+    }
+    /// Sends `len` bytes of the send buffer at `off` to rank `to`.
+    pub fn send(&mut self, to: usize, tag: u64, off: usize, len: usize) -> Result<u64, String> {
+        let wr = self.wr();
+        let s = self.sbuf.sge(off, len);
+        self.dev.post_send(wr, self.eps[to], tag, &[s]).map_err(|e| e.to_string())?;
+        Ok(wr)
+    }
+    /// Posts a receive of `len` bytes into the receive buffer at `off`.
+    pub fn recv(&mut self, from: Endpoint, tag: u64, ignore: u64, off: usize, len: usize) -> Result<u64, String> {
+        let wr = self.wr();
+        let s = self.rbuf.sge(off, len);
+        self.dev.post_recv(wr, from, tag, ignore, &[s]).map_err(|e| e.to_string())?;
+        Ok(wr)
+    }
+    /// NIC counter `c` (emp_uapi::sram::counter).
+    pub fn counter(&self, c: usize) -> Result<u64, String> {
+        Ok(self.dev.nic_counters().map_err(|e| e.to_string())?[c])
+    }
+}

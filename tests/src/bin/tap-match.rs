@@ -7,54 +7,15 @@
 
 use std::time::Duration;
 
-use emp::rdv::Job;
-use emp::{Buffer, Completion, Device, Endpoint, Status, ANY};
-use emp_tests::{check_pattern, expect_ok, pattern, wait_for};
+use emp::{Status, ANY};
+use emp_tests::{check_pattern, expect_ok, pattern};
 use emp_uapi::sram::counter;
 
 const T: Duration = Duration::from_secs(120);
 /// The largest message.
 const BIG: usize = 4 << 20;
 
-struct Ctx {
-    dev: Device,
-    job: Job,
-    eps: Vec<Endpoint>,
-    sbuf: Buffer,
-    rbuf: Buffer,
-    next_wr: u64,
-}
-
-impl Ctx {
-    fn rank(&self) -> usize {
-        self.job.rank
-    }
-    fn wr(&mut self) -> u64 {
-        self.next_wr += 1;
-        self.next_wr
-    }
-    fn sync(&mut self, name: &str) -> Result<(), String> {
-        self.job.barrier(&mut self.dev, name).map_err(|e| e.to_string())
-    }
-    fn wait(&mut self, wr: u64) -> Result<Completion, String> {
-        wait_for(&mut self.dev, wr, T)
-    }
-    fn send(&mut self, to: usize, tag: u64, off: usize, len: usize) -> Result<u64, String> {
-        let wr = self.wr();
-        let s = self.sbuf.sge(off, len);
-        self.dev.post_send(wr, self.eps[to], tag, &[s]).map_err(|e| e.to_string())?;
-        Ok(wr)
-    }
-    fn recv(&mut self, from: Endpoint, tag: u64, ignore: u64, off: usize, len: usize) -> Result<u64, String> {
-        let wr = self.wr();
-        let s = self.rbuf.sge(off, len);
-        self.dev.post_recv(wr, from, tag, ignore, &[s]).map_err(|e| e.to_string())?;
-        Ok(wr)
-    }
-    fn counter(&self, c: usize) -> Result<u64, String> {
-        Ok(self.dev.nic_counters().map_err(|e| e.to_string())?[c])
-    }
-}
+type Ctx = emp_tests::P2pCtx;
 
 fn tag(test: u64, n: u64) -> u64 {
     test << 48 | n
@@ -270,7 +231,7 @@ fn main() {
     let quiet = job.rank != 0;
     let sbuf = dev.alloc(2 * BIG + 4096).expect("arena");
     let rbuf = dev.alloc(2 * BIG + 4096).expect("arena");
-    let mut c = Ctx { dev, job, eps, sbuf, rbuf, next_wr: 0 };
+    let mut c = Ctx::new(dev, job, eps, sbuf, rbuf, T);
     let tests: [emp_tests::TapCase<Ctx>; 6] = [
         ("out-of-order tags, 64 B (eager): tag 2 received first", small),
         ("out-of-order tags, 64 KiB (rendezvous pull)", large_64k),

@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use emp::rdv::Job;
-use emp::{Buffer, Completion, Device, Endpoint, Status, ANY, MR_LOCAL_READ, MR_LOCAL_WRITE};
-use emp_tests::{check_pattern, expect_ok, pattern, wait_for};
+use emp::{Status, ANY, MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_tests::{check_pattern, expect_ok, pattern};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -15,42 +14,7 @@ fn big() -> usize {
     std::env::var("EMP_TAP_BIG_MB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(64) << 20
 }
 
-struct Ctx {
-    dev: Device,
-    job: Job,
-    eps: Vec<Endpoint>,
-    sbuf: Buffer,
-    rbuf: Buffer,
-    next_wr: u64,
-}
-
-impl Ctx {
-    fn rank(&self) -> usize {
-        self.job.rank
-    }
-    fn wr(&mut self) -> u64 {
-        self.next_wr += 1;
-        self.next_wr
-    }
-    fn sync(&mut self, name: &str) -> Result<(), String> {
-        self.job.barrier(&mut self.dev, name).map_err(|e| e.to_string())
-    }
-    fn wait(&mut self, wr: u64) -> Result<Completion, String> {
-        wait_for(&mut self.dev, wr, T)
-    }
-    fn send(&mut self, to: usize, tag: u64, off: usize, len: usize) -> Result<u64, String> {
-        let wr = self.wr();
-        let s = self.sbuf.sge(off, len);
-        self.dev.post_send(wr, self.eps[to], tag, &[s]).map_err(|e| e.to_string())?;
-        Ok(wr)
-    }
-    fn recv(&mut self, from: Endpoint, tag: u64, ignore: u64, off: usize, len: usize) -> Result<u64, String> {
-        let wr = self.wr();
-        let s = self.rbuf.sge(off, len);
-        self.dev.post_recv(wr, from, tag, ignore, &[s]).map_err(|e| e.to_string())?;
-        Ok(wr)
-    }
-}
+type Ctx = emp_tests::P2pCtx;
 
 fn tag(test: u64, n: u64) -> u64 {
     test << 48 | n
@@ -326,7 +290,7 @@ fn main() {
     let quiet = job.rank != 0;
     let sbuf = dev.alloc(big() + 4096).expect("arena");
     let rbuf = dev.alloc(big() + 4096).expect("arena");
-    let mut c = Ctx { dev, job, eps, sbuf, rbuf, next_wr: 0 };
+    let mut c = Ctx::new(dev, job, eps, sbuf, rbuf, T);
     let tests: [emp_tests::TapCase<Ctx>; 10] = [
         ("tagged ping-pong, 8 B", ping_pong),
         ("messages of 0 B to 64 MiB (EMP_TAP_BIG_MB) arrive intact", sizes),
