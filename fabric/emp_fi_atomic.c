@@ -91,24 +91,10 @@ static ssize_t at_post(struct emp_fi_ep *ep, enum at_kind kind, const void *buf,
 	ssize_t ret = av_resolve(ep->av, dest, &node, &port);
 	if (ret)
 		goto out;
-	if (ep->tx_inflight >= ep->tx_size)
-		progress(dom);
-	struct emp_fi_cq *cq = ep->tx_cq;
-	bool need_cq = cq && !inject;
-	if (ep->tx_inflight >= ep->tx_size || (need_cq && cq->count + cq->reserved >= cq->size)) {
-		ret = -FI_EAGAIN;
+	struct emp_req *r;
+	ret = tx_req_get(ep, inject, flags, context, FI_ATOMIC | dir, &r);
+	if (ret)
 		goto out;
-	}
-	struct emp_req *r = req_get(dom);
-	if (!r) {
-		ret = -FI_EAGAIN;
-		goto out;
-	}
-	r->kind = REQ_SEND;
-	r->ep = ep;
-	r->context = context;
-	r->cq_flags = FI_ATOMIC | dir;
-	r->want_entry = !inject && (!ep->tx_selective || (flags & FI_COMPLETION));
 	/* The NIC writes the old value to a result word in a bounce slot; the
 	 * completion carries it too, and that goes to the caller's result. */
 	r->buf = result;
@@ -137,11 +123,7 @@ static ssize_t at_post(struct emp_fi_ep *ep, enum at_kind kind, const void *buf,
 		req_release(dom, r);
 		goto out;
 	}
-	ep->tx_inflight++;
-	if (need_cq) {
-		cq->reserved++;
-		r->cq_reserved = true;
-	}
+	tx_req_posted(r, inject);
 out:
 	pthread_mutex_unlock(&dom->lock);
 	return ret;

@@ -577,23 +577,10 @@ static ssize_t coll_post(struct emp_fi_ep *ep, enum coll_kind kind, const void *
 		ret = -FI_EINVAL;
 		goto out;
 	}
-	if (ep->tx_inflight >= ep->tx_size)
-		progress(dom);
-	struct emp_fi_cq *cq = ep->tx_cq;
-	if (ep->tx_inflight >= ep->tx_size || (cq && cq->count + cq->reserved >= cq->size)) {
-		ret = -FI_EAGAIN;
+	struct emp_req *r;
+	ret = tx_req_get(ep, false, flags, context, FI_COLLECTIVE, &r);
+	if (ret)
 		goto out;
-	}
-	struct emp_req *r = req_get(dom);
-	if (!r) {
-		ret = -FI_EAGAIN;
-		goto out;
-	}
-	r->kind = REQ_SEND;
-	r->ep = ep;
-	r->context = context;
-	r->cq_flags = FI_COLLECTIVE;
-	r->want_entry = !ep->tx_selective || (flags & FI_COMPLETION);
 	r->mc = mc;
 	uint64_t wr = (uint64_t)(uintptr_t)r;
 	int p;
@@ -651,12 +638,8 @@ static ssize_t coll_post(struct emp_fi_ep *ep, enum coll_kind kind, const void *
 		req_release(dom, r);
 		goto out;
 	}
-	ep->tx_inflight++;
 	mc->inflight++;
-	if (cq) {
-		cq->reserved++;
-		r->cq_reserved = true;
-	}
+	tx_req_posted(r, false);
 out:
 	pthread_mutex_unlock(&dom->lock);
 	return ret;

@@ -65,24 +65,10 @@ static ssize_t do_send(struct emp_fi_ep *ep, const void *buf, size_t len, void *
 	ssize_t ret = av_resolve(ep->av, dest, &node, &port);
 	if (ret)
 		goto out;
-	if (ep->tx_inflight >= ep->tx_size)
-		progress(dom);
-	struct emp_fi_cq *cq = ep->tx_cq;
-	bool need_cq = cq && !(how & SEND_NO_ENTRY);
-	if (ep->tx_inflight >= ep->tx_size || (need_cq && cq->count + cq->reserved >= cq->size)) {
-		ret = -FI_EAGAIN;
+	struct emp_req *r;
+	ret = tx_req_get(ep, (how & SEND_NO_ENTRY), flags, context, FI_SEND | (tagged ? FI_TAGGED : FI_MSG), &r);
+	if (ret)
 		goto out;
-	}
-	struct emp_req *r = req_get(dom);
-	if (!r) {
-		ret = -FI_EAGAIN;
-		goto out;
-	}
-	r->kind = REQ_SEND;
-	r->ep = ep;
-	r->context = context;
-	r->cq_flags = FI_SEND | (tagged ? FI_TAGGED : FI_MSG);
-	r->want_entry = !(how & SEND_NO_ENTRY) && (!ep->tx_selective || (flags & FI_COMPLETION));
 	r->buf = (void *)buf;
 	r->len = len;
 	struct emp_sge sge;
@@ -99,11 +85,7 @@ static ssize_t do_send(struct emp_fi_ep *ep, const void *buf, size_t len, void *
 		req_release(dom, r);
 		goto out;
 	}
-	ep->tx_inflight++;
-	if (need_cq) {
-		cq->reserved++;
-		r->cq_reserved = true;
-	}
+	tx_req_posted(r, (how & SEND_NO_ENTRY));
 out:
 	pthread_mutex_unlock(&dom->lock);
 	return ret;

@@ -20,6 +20,43 @@ struct emp_req *req_get(struct emp_fi_domain *dom)
 	return r;
 }
 
+/* A request for one of `ep`'s transmit operations, once its transmit queue
+ * and (unless the operation reports nothing: `no_entry`) its CQ have room,
+ * progressing first when the queue is full; -FI_EAGAIN when there is none.
+ * The domain lock is held. */
+ssize_t tx_req_get(struct emp_fi_ep *ep, bool no_entry, uint64_t flags, void *context, uint64_t cq_flags,
+		   struct emp_req **out)
+{
+	struct emp_fi_domain *dom = ep->dom;
+	if (ep->tx_inflight >= ep->tx_size)
+		progress(dom);
+	struct emp_fi_cq *cq = ep->tx_cq;
+	bool need_cq = cq && !no_entry;
+	if (ep->tx_inflight >= ep->tx_size || (need_cq && cq->count + cq->reserved >= cq->size))
+		return -FI_EAGAIN;
+	struct emp_req *r = req_get(dom);
+	if (!r)
+		return -FI_EAGAIN;
+	r->kind = REQ_SEND;
+	r->ep = ep;
+	r->context = context;
+	r->cq_flags = cq_flags;
+	r->want_entry = !no_entry && (!ep->tx_selective || (flags & FI_COMPLETION));
+	*out = r;
+	return 0;
+}
+
+/* A request from tx_req_get was posted: it holds a transmit slot, and its
+ * CQ entry's room when it reports one. */
+void tx_req_posted(struct emp_req *r, bool no_entry)
+{
+	r->ep->tx_inflight++;
+	if (r->ep->tx_cq && !no_entry) {
+		r->ep->tx_cq->reserved++;
+		r->cq_reserved = true;
+	}
+}
+
 /* Gives back what a request holds and the request itself. */
 void req_release(struct emp_fi_domain *dom, struct emp_req *r)
 {

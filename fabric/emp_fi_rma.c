@@ -51,24 +51,10 @@ static ssize_t rma_post(struct emp_fi_ep *ep, bool write, void *buf, size_t len,
 	ssize_t ret = av_resolve(ep->av, dest, &node, &port);
 	if (ret)
 		goto out;
-	if (ep->tx_inflight >= ep->tx_size)
-		progress(dom);
-	struct emp_fi_cq *cq = ep->tx_cq;
-	bool need_cq = cq && !(how & RMA_NO_ENTRY);
-	if (ep->tx_inflight >= ep->tx_size || (need_cq && cq->count + cq->reserved >= cq->size)) {
-		ret = -FI_EAGAIN;
+	struct emp_req *r;
+	ret = tx_req_get(ep, (how & RMA_NO_ENTRY), flags, context, FI_RMA | (write ? FI_WRITE : FI_READ), &r);
+	if (ret)
 		goto out;
-	}
-	struct emp_req *r = req_get(dom);
-	if (!r) {
-		ret = -FI_EAGAIN;
-		goto out;
-	}
-	r->kind = REQ_SEND;
-	r->ep = ep;
-	r->context = context;
-	r->cq_flags = FI_RMA | (write ? FI_WRITE : FI_READ);
-	r->want_entry = !(how & RMA_NO_ENTRY) && (!ep->tx_selective || (flags & FI_COMPLETION));
 	r->copy_out = !write;
 	r->buf = buf;
 	r->len = len;
@@ -94,11 +80,7 @@ static ssize_t rma_post(struct emp_fi_ep *ep, bool write, void *buf, size_t len,
 		req_release(dom, r);
 		goto out;
 	}
-	ep->tx_inflight++;
-	if (need_cq) {
-		cq->reserved++;
-		r->cq_reserved = true;
-	}
+	tx_req_posted(r, (how & RMA_NO_ENTRY));
 out:
 	pthread_mutex_unlock(&dom->lock);
 	return ret;
