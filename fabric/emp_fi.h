@@ -318,6 +318,7 @@ struct emp_req *req_get(struct emp_fi_domain *dom);
 ssize_t tx_req_get(struct emp_fi_ep *ep, bool no_entry, uint64_t flags, void *context, uint64_t cq_flags,
 		   struct emp_req **out);
 void tx_req_posted(struct emp_req *r, bool no_entry);
+const char *wc_strerror(int prov_errno, char *buf, size_t len);
 void req_release(struct emp_fi_domain *dom, struct emp_req *r);
 void cq_push(struct emp_fi_cq *cq, const struct cq_ent *e);
 void req_report(struct emp_req *r, int err, size_t len, size_t olen, uint64_t tag, uint16_t node,

@@ -148,12 +148,7 @@ static int cq_signal(struct fid_cq *fid)
 static const char *cq_strerror(struct fid_cq *fid, int prov_errno, const void *err_data, char *buf, size_t len)
 {
 	(void)fid, (void)err_data;
-	const char *s = emp_wc_status_str((uint32_t)prov_errno);
-	if (buf && len) {
-		snprintf(buf, len, "%s", s);
-		return buf;
-	}
-	return s;
+	return wc_strerror(prov_errno, buf, len);
 }
 
 static int cq_close(struct fid *fid)

@@ -96,12 +96,7 @@ static ssize_t eq_sread(struct fid_eq *fid, uint32_t *event, void *buf, size_t l
 static const char *eq_strerror(struct fid_eq *fid, int prov_errno, const void *err_data, char *buf, size_t len)
 {
 	(void)fid, (void)err_data;
-	const char *s = emp_wc_status_str((uint32_t)prov_errno);
-	if (buf && len) {
-		snprintf(buf, len, "%s", s);
-		return buf;
-	}
-	return s;
+	return wc_strerror(prov_errno, buf, len);
 }
 
 static int eq_close(struct fid *fid)

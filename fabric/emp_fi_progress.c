@@ -57,6 +57,18 @@ void tx_req_posted(struct emp_req *r, bool no_entry)
 	}
 }
 
+/* fi_cq_strerror/fi_eq_strerror: a provider errno is an EMP completion
+ * status; copied into buf when the caller gives one. */
+const char *wc_strerror(int prov_errno, char *buf, size_t len)
+{
+	const char *s = emp_wc_status_str((uint32_t)prov_errno);
+	if (buf && len) {
+		snprintf(buf, len, "%s", s);
+		return buf;
+	}
+	return s;
+}
+
 /* Gives back what a request holds and the request itself. */
 void req_release(struct emp_fi_domain *dom, struct emp_req *r)
 {
