@@ -375,6 +375,38 @@ pub mod veth {
         }
     }
 
+    /// A well-formed ACK frame from node `src` to node `dst`, for forging.
+    pub fn ack(src: u16, dst: u16) -> Vec<u8> {
+        use emp_uapi::wire::{emit_ack, AckBody, FrameHeader, FrameKind, WIRE_VERSION};
+        let hdr = FrameHeader {
+            version: WIRE_VERSION,
+            kind: FrameKind::Ack as u8,
+            src_node: src,
+            dst_node: dst,
+            frame_count: 1,
+            ..Default::default()
+        };
+        let mut out = vec![0u8; 128];
+        let n = emit_ack(&hdr, &AckBody::default(), &mut out).expect("emit");
+        out.truncate(n);
+        out
+    }
+
+    /// Runs `f` on a thread that entered network namespace `ns` (setns is per thread).
+    pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let file = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("netns file");
+                // SAFETY: setns(2) on an open namespace file; affects this thread only.
+                let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+                assert_eq!(r, 0, "setns {ns}: {}", std::io::Error::last_os_error());
+                f()
+            })
+            .join()
+            .expect("netns thread")
+        })
+    }
+
     /// Daemons killed on drop.
     pub struct Daemons(pub Vec<Child>);
 

@@ -16,8 +16,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use emp_tests::harness::{assert_tap, bin_dir, emp, image, root};
-use emp_tests::veth::{has_cap_net_admin, mac_str, Bed, Daemons};
-use emp_uapi::wire::{emit_ack, AckBody, FrameHeader, FrameKind, WIRE_VERSION};
+use emp_tests::veth::{ack, has_cap_net_admin, in_netns, mac_str, Bed, Daemons};
 
 const MAC: [[u8; 6]; 2] = [[2, 0, 0xc6, 0x12, 40, 1], [2, 0, 0xc6, 0x12, 40, 2]];
 const IP: [[u8; 4]; 2] = [[198, 18, 40, 1], [198, 18, 40, 2]];
@@ -76,36 +75,6 @@ fn keygen_with(path: &Path, args: &[&str]) {
     c.args(["wire", "keygen", "--out"]).arg(path).args(args);
     let o = c.output().expect("emp wire keygen");
     assert!(o.status.success(), "keygen: {}", String::from_utf8_lossy(&o.stderr));
-}
-
-fn ack(src: u16, dst: u16) -> Vec<u8> {
-    let hdr = FrameHeader {
-        version: WIRE_VERSION,
-        kind: FrameKind::Ack as u8,
-        src_node: src,
-        dst_node: dst,
-        frame_count: 1,
-        ..Default::default()
-    };
-    let mut out = vec![0u8; 128];
-    let n = emit_ack(&hdr, &AckBody::default(), &mut out).expect("emit");
-    out.truncate(n);
-    out
-}
-
-/// Runs `f` on a thread that entered network namespace `ns`.
-fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let file = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("netns file");
-            // SAFETY: setns(2) on an open namespace file; affects this thread only.
-            let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
-            assert_eq!(r, 0, "setns {ns}: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .expect("netns thread")
-    })
 }
 
 /// A packet socket on `ifn` (this thread's namespace) seeing every frame.

@@ -13,8 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use emp_tests::harness::{assert_tap, bin_dir, image, root};
-use emp_tests::veth::{has_cap_net_admin, mac_str, Bed, Daemons};
-use emp_uapi::wire::{emit_ack, AckBody, FrameHeader, FrameKind, WIRE_VERSION};
+use emp_tests::veth::{ack, has_cap_net_admin, in_netns, mac_str, Bed, Daemons};
 
 const MAC: [[u8; 6]; 3] = [[2, 0, 0xc6, 0x12, 0, 1], [2, 0, 0xc6, 0x12, 0, 2], [2, 0, 0xc6, 0x12, 0, 3]];
 
@@ -40,36 +39,6 @@ fn cluster_file(dir: &Path, wire: &str, bed: &Bed) -> PathBuf {
     let p = dir.join("cluster.toml");
     std::fs::write(&p, t).expect("write cluster file");
     p
-}
-
-fn ack(src: u16, dst: u16) -> Vec<u8> {
-    let hdr = FrameHeader {
-        version: WIRE_VERSION,
-        kind: FrameKind::Ack as u8,
-        src_node: src,
-        dst_node: dst,
-        frame_count: 1,
-        ..Default::default()
-    };
-    let mut out = vec![0u8; 128];
-    let n = emit_ack(&hdr, &AckBody::default(), &mut out).expect("emit");
-    out.truncate(n);
-    out
-}
-
-/// Runs `f` on a thread that entered network namespace `ns` (setns is per thread).
-fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let file = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("netns file");
-            // SAFETY: setns(2) on an open namespace file; affects this thread only.
-            let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
-            assert_eq!(r, 0, "setns {ns}: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .expect("netns thread")
-    })
 }
 
 /// Raw Ethernet frames out of `ifn` (in the current thread's namespace).
