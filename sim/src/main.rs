@@ -153,6 +153,10 @@ enum Cmd {
         /// bandwidth.svg and bidirectional.svg into this directory.
         #[arg(long, value_name = "DIR")]
         plot: Option<std::path::PathBuf>,
+        /// Which of a NIC's waiting events its CPU takes first (§2.2.1):
+        /// the host's doorbell (`mailbox`, the Tigon2's) or a received frame.
+        #[arg(long, value_enum, default_value_t = Priority::Mailbox)]
+        event_priority: Priority,
     },
     /// The swarm on every core for a given time, each seed run twice and
     /// its two results compared (determinism); reports seeds per second.
@@ -187,6 +191,12 @@ enum Cmd {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum Priority {
+    Mailbox,
+    MacRx,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum FuzzTarget {
     Frames,
     Descriptors,
@@ -214,7 +224,9 @@ fn main() -> ExitCode {
         Some(Cmd::SwarmTime { seconds, seed, threads }) => swarm_time(seconds, seed, threads),
         Some(Cmd::Fuzz { target, seconds, seed, replay }) => fuzz_cmd(target, seconds, seed, replay),
         Some(Cmd::Model { what, nodes, size, cost, set, sweep }) => model_cmd(what, nodes, size, cost, &set, sweep),
-        Some(Cmd::Thesis { iters, msgs, plot }) => thesis_cmd(iters, msgs, plot.as_deref()),
+        Some(Cmd::Thesis { iters, msgs, plot, event_priority }) => {
+            thesis_cmd(iters, msgs, plot.as_deref(), event_priority)
+        }
         None => one(&cli.one),
     }
 }
@@ -486,14 +498,20 @@ fn swarm_time(seconds: u64, first: u64, threads: Option<usize>) -> ExitCode {
     }
 }
 
-fn thesis_cmd(iters: u32, msgs: u64, plot: Option<&std::path::Path>) -> ExitCode {
+fn thesis_cmd(iters: u32, msgs: u64, plot: Option<&std::path::Path>, priority: Priority) -> ExitCode {
     use emp_sim::thesis::{self, Machine};
-    let m = Machine::thesis();
+    use emp_sim::world::EventOrder;
+    let mut m = Machine::thesis();
+    m.order = match priority {
+        Priority::Mailbox => EventOrder::MailboxFirst,
+        Priority::MacRx => EventOrder::MacRxFirst,
+    };
     println!(
-        "EMP thesis ch. 3 on per-CPU timelines: Table 3.1/3.2 step costs, hand-off {} ns, DMA {} ps/B, GigE, MTU {}",
+        "EMP thesis ch. 3 on per-CPU timelines: Table 3.1/3.2 step costs, hand-off {} ns, DMA {} ps/B, GigE, MTU {}, {:?}",
         m.steps.handoff_ns,
         m.steps.dma_ps_per_byte,
-        thesis::MTU
+        thesis::MTU,
+        m.order
     );
     let result = (|| -> Result<bool, String> {
         let r = thesis::reproduce(&m, iters, msgs)?;

@@ -23,7 +23,7 @@ use emp_uapi::PAGE_SIZE;
 
 use crate::cluster::Cluster;
 use crate::cost::{CostModel, StepCosts};
-use crate::world::{Step, WireConfig};
+use crate::world::{EventOrder, Step, WireConfig};
 
 /// The plans, in the thesis' order, with their names.
 pub const PLANS: [(u32, &str); 5] = [
@@ -61,6 +61,8 @@ pub struct Machine {
     pub host: CostModel,
     /// The wire.
     pub wire: WireConfig,
+    /// Event priority (§2.2.1): the Tigon2's is MAILBOX before MAC_RX.
+    pub order: EventOrder,
 }
 
 impl Machine {
@@ -69,7 +71,7 @@ impl Machine {
         let host = CostModel { host_post_ns: HOST_PCI_NS, host_cqe_ns: HOST_PCI_NS, ..CostModel::ZERO };
         let wire =
             WireConfig { latency_ns: 0, bandwidth_bps: 1_000_000_000, min_frame_bytes: 64, ..WireConfig::default() };
-        Machine { steps: StepCosts::THESIS, host, wire }
+        Machine { steps: StepCosts::THESIS, host, wire, order: EventOrder::MailboxFirst }
     }
 
     /// Two NICs running `plan`.
@@ -86,6 +88,7 @@ impl Machine {
         c.world.cost = self.host;
         c.world.cpu_costs = Some(self.steps);
         c.world.doorbell_ns = 0;
+        c.world.event_order = self.order;
         c
     }
 }

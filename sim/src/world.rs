@@ -364,6 +364,33 @@ struct Event {
     due: u64,
 }
 
+/// The order of a NIC's events due at the same instant (the EMP thesis'
+/// event priority, §2.2.1). With a cost model, every event that waited for
+/// a busy CPU is due when it frees, so this is which one the CPU takes next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EventOrder {
+    /// In the order they were queued (the simulator's default).
+    #[default]
+    Arrival,
+    /// The Tigon2's: the host's doorbell (MAILBOX) before received frames
+    /// (MAC_RX), then timers.
+    MailboxFirst,
+    /// The thesis' remedy: received frames (an ACK, a NACK) before the
+    /// host's doorbell, so the sender hears the receiver before it sends on.
+    MacRxFirst,
+}
+
+impl EventOrder {
+    fn rank(self, kind: &Kind) -> u8 {
+        match (self, kind) {
+            (EventOrder::Arrival, _) => 0,
+            (EventOrder::MailboxFirst, Kind::Doorbell) | (EventOrder::MacRxFirst, Kind::Frame) => 0,
+            (_, Kind::Frame | Kind::Doorbell) => 1,
+            _ => 2,
+        }
+    }
+}
+
 /// What an event was, as seen by the workload driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
@@ -397,7 +424,10 @@ pub struct World {
     pub cost: CostModel,
     /// Per-step costs on per-CPU timelines (replaces `cost`'s NIC part); none by default.
     pub cpu_costs: Option<StepCosts>,
-    queue: BinaryHeap<Reverse<(u64, u64, u32)>>,
+    /// Which of a NIC's events due at the same time runs first.
+    pub event_order: EventOrder,
+    /// (due, rank by `event_order`, sequence, slab index).
+    queue: BinaryHeap<Reverse<(u64, u8, u64, u32)>>,
     slab: Vec<Option<Event>>,
     slab_free: Vec<u32>,
     seq: u64,
@@ -481,6 +511,7 @@ impl World {
             doorbell_ns: 1_000,
             cost: CostModel::ZERO,
             cpu_costs: None,
+            event_order: EventOrder::Arrival,
             queue: BinaryHeap::new(),
             slab: Vec::new(),
             slab_free: Vec::new(),
@@ -511,7 +542,8 @@ impl World {
                 (self.slab.len() - 1) as u32
             }
         };
-        self.queue.push(Reverse((at, self.seq, i)));
+        let rank = self.event_order.rank(&self.slab[i as usize].as_ref().expect("just stored").kind);
+        self.queue.push(Reverse((at, rank, self.seq, i)));
     }
 
     /// From now on every NIC's writes to host memory appear late and in
@@ -571,7 +603,7 @@ impl World {
 
     /// Processes the next event; `None` when nothing is left.
     pub fn step(&mut self) -> Option<Step> {
-        let Reverse((at, _, i)) = self.queue.pop()?;
+        let Reverse((at, _, _, i)) = self.queue.pop()?;
         let ev = self.slab[i as usize].take().expect("queued event");
         self.slab_free.push(i);
         debug_assert!(at >= self.now, "time went backwards");
@@ -826,6 +858,6 @@ impl World {
 
     /// Time of the next event.
     pub fn next_at(&self) -> Option<u64> {
-        self.queue.peek().map(|Reverse((at, _, _))| *at)
+        self.queue.peek().map(|Reverse((at, _, _, _))| *at)
     }
 }

@@ -96,3 +96,28 @@ fn steps_land_on_the_cpus_their_plan_names() {
     let (dsr, handoffs) = share_b(cpu_plan::DSR);
     assert!(dsr > 0.8 && handoffs[0] > 10, "DSR {dsr} {handoffs:?}");
 }
+
+#[test]
+fn event_priority_decides_between_a_doorbell_and_a_frame_due_together() {
+    use emp_sim::world::{EventOrder, WireConfig};
+    use emp_uapi::sram::counter;
+    // A send's doorbell and a (malformed) frame due at the same instant:
+    // after one event, either the send left and the frame waits, or the
+    // frame was looked at (and the rings polled after it: the send left too).
+    let first = |order| {
+        let mut c = Cluster::new(2, emp_firmware::Config::default(), 0, 1500, WireConfig::default());
+        c.world.event_order = order;
+        c.world.doorbell_ns = 0;
+        c.send(0, 1, 1, b"ping");
+        c.world.inject_frame(0, &[0xEE; 20]);
+        c.world.step().expect("two events are due");
+        match (c.world.stats.frames, c.counter(0, counter::DROPPED_MALFORMED)) {
+            (1, 0) => "mailbox",
+            (1, 1) => "mac_rx",
+            other => panic!("{order:?}: {other:?}"),
+        }
+    };
+    assert_eq!(first(EventOrder::Arrival), "mailbox", "queued first");
+    assert_eq!(first(EventOrder::MailboxFirst), "mailbox");
+    assert_eq!(first(EventOrder::MacRxFirst), "mac_rx");
+}
