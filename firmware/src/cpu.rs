@@ -183,7 +183,7 @@ impl Nic {
     }
 
     /// Queues the DMA of received `data` into rx record `slot` (message
-    /// `seq`) at message offset `off` on `cpu`, which `defer` gave.
+    /// `seq`) at message offset `off` on `cpu`, which `dispatch` gave.
     pub(crate) fn enqueue_receive<H: Hal>(&mut self, hal: &mut H, cpu: u8, slot: u32, seq: u32, off: u64, data: &[u8]) {
         // Past the pool (a driver that let the queue grow), a new buffer:
         // the step must still be queued, in order with the record's finish.
