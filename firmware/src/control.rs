@@ -125,7 +125,7 @@ impl Nic {
 
     /// The send-ack step: runs now, or on the CPU the plan gives it.
     fn emit_control<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) {
-        match self.defer(crate::cpu::Step::SendAck) {
+        match self.dispatch(hal, crate::cpu::Step::SendAck) {
             Some(cpu) => self.enqueue(hal, cpu, crate::cpu::Work::Control { hdr: *hdr, body: *body }),
             None => self.put_control(hal, hdr, body),
         }

@@ -6,13 +6,26 @@
 //! which step runs when, exactly as the thesis' pipelining does, while the
 //! state stays one structure (the thesis' single semaphore).
 //!
-//! | plan | transmission | receiving (frame DMA) | send ack | frames classified on |
-//! |------|--------------|-----------------------|----------|----------------------|
-//! | base | A            | A                     | A        | A                    |
-//! | SO   | B            | A                     | B        | A                    |
-//! | RO   | A            | B                     | A        | A                    |
-//! | SR   | B            | B                     | B        | A                    |
-//! | DSR  | A            | B                     | A        | B                    |
+//! The steps are the thesis' Table 3.1 ones, and the plans its Table 3.2:
+//!
+//! | plan | send bookkeep | transmission | recv bookkeep | recv frame + receiving | send ack | recv ack |
+//! |------|---------------|--------------|---------------|------------------------|----------|----------|
+//! | base | A             | A            | A             | A                      | A        | A        |
+//! | SO   | A             | B            | A             | A                      | B        | A        |
+//! | RO   | A             | A            | A             | B                      | A        | A        |
+//! | SR   | A             | B            | A             | B                      | B        | A        |
+//! | DSR  | A             | A            | B             | B                      | A        | B classifies, A updates the send record |
+//!
+//! Send ack goes out when the frame that completes its group has been
+//! received, before the receive completes; on another CPU it runs beside
+//! the rest of the receive (§3.3: send ack in parallel with receiving).
+//! Receive ack is a step of its own, and DSR splits it (Table 3.2): the
+//! receive CPU classifies the ACK frame, the send CPU updates the send
+//! record.
+//!
+//! Every step tells the hardware where it runs ([`Hal::cpu_step`]): the
+//! NIC ignores it; the simulator's per-CPU cost model charges it on that
+//! CPU's timeline.
 
 use std::collections::VecDeque;
 
@@ -26,9 +39,39 @@ use crate::{Hal, Nic};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Step {
     Transmission,
+    /// Recv frame and receiving: the payload's DMA to the host.
     Receiving,
     SendAck,
+    /// Frames are classified (receive bookkeeping) where they arrive.
     Classify,
+    /// The send-record half of receive ack (DSR's split).
+    AckUpdate,
+}
+
+/// A step of the thesis' Table 3.1 (and 3.2's splits) as it runs, for
+/// [`Hal::cpu_step`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CpuStep {
+    /// Send bookkeeping of one frame (descriptor, fragmentation, record).
+    SendBookkeep,
+    /// One frame: DMA from the host, queue to the MAC.
+    Transmission,
+    /// An ACK or NACK frame handled whole on one CPU.
+    RecvAck,
+    /// DSR: the receive CPU's part of an ACK (classify, find the record).
+    RecvAckClassify,
+    /// DSR: the send CPU's part of an ACK (update the send record).
+    RecvAckUpdate,
+    /// Classify one received data frame against the receive records.
+    RecvBookkeep,
+    /// Record the frame in its receive record and start its DMA.
+    RecvFrame,
+    /// The payload's DMA to the host.
+    Receiving,
+    /// Build and transmit an ACK or NACK.
+    SendAck,
+    /// Publish a completion (the thesis' status word: no step of its own).
+    Complete,
 }
 
 /// Which CPU runs `step` under `plan`.
@@ -63,6 +106,8 @@ pub(crate) enum Work {
     Finish { slot: u32, seq: u32 },
     /// Put an ACK/NACK on the wire.
     Control { hdr: FrameHeader, body: AckBody },
+    /// Update the send record an ACK names (DSR: classified on the other CPU).
+    Ack { hdr: FrameHeader, body: AckBody },
 }
 
 /// Bound of each queue: beyond it a step runs inline (never dropped).
@@ -93,14 +138,52 @@ impl Queues {
 }
 
 impl Nic {
-    /// Should `step` be queued rather than run now?
-    pub(crate) fn defer(&self, step: Step) -> Option<u8> {
+    /// Where `step` runs: `Some(cpu)` to queue it there, `None` to run it
+    /// now (its cost is then reported to `hal` here; a queued one's when it
+    /// runs). Transmission is preceded by the frame's send bookkeeping,
+    /// always here.
+    pub(crate) fn dispatch<H: Hal>(&mut self, hal: &mut H, step: Step) -> Option<u8> {
         let cpu = cpu_of(self.cfg.cpu_plan, step);
-        (cpu != self.cpu && self.queues.q[cpu as usize].len() < QUEUE_MAX).then_some(cpu)
+        if step == Step::Transmission {
+            hal.cpu_step(self.cpu, CpuStep::SendBookkeep, false);
+        }
+        if cpu != self.cpu && self.queues.q[cpu as usize].len() < QUEUE_MAX {
+            return Some(cpu);
+        }
+        let here = match step {
+            Step::Transmission => CpuStep::Transmission,
+            Step::Receiving => {
+                hal.cpu_step(self.cpu, CpuStep::RecvFrame, false);
+                CpuStep::Receiving
+            }
+            Step::SendAck => CpuStep::SendAck,
+            Step::Classify => CpuStep::RecvBookkeep,
+            Step::AckUpdate => CpuStep::RecvAckUpdate,
+        };
+        hal.cpu_step(self.cpu, here, false);
+        None
+    }
+
+    /// The CPU frames arrive on (a driver runs `handle_frame` there).
+    pub fn frame_cpu(&self) -> usize {
+        cpu_of(self.cfg.cpu_plan, Step::Classify) as usize
+    }
+
+    /// Receive ack: whole on this CPU, or (DSR) classified here and the send
+    /// record updated on the send CPU.
+    pub(crate) fn recv_ack<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &AckBody) {
+        let cpu = cpu_of(self.cfg.cpu_plan, Step::AckUpdate);
+        if cpu != self.cpu && self.queues.q[cpu as usize].len() < QUEUE_MAX {
+            hal.cpu_step(self.cpu, CpuStep::RecvAckClassify, false);
+            self.enqueue(hal, cpu, Work::Ack { hdr: *hdr, body: *body });
+        } else {
+            hal.cpu_step(self.cpu, CpuStep::RecvAck, false);
+            self.on_ack(hal, now, hdr, body);
+        }
     }
 
     /// Queues the DMA of received `data` into rx record `slot` (message
-    /// `seq`) at message offset `off` on `cpu`, which `defer` gave.
+    /// `seq`) at message offset `off` on `cpu`, which `dispatch` gave.
     pub(crate) fn enqueue_receive<H: Hal>(&mut self, hal: &mut H, cpu: u8, slot: u32, seq: u32, off: u64, data: &[u8]) {
         // Past the pool (a driver that let the queue grow), a new buffer:
         // the step must still be queued, in order with the record's finish.
@@ -140,6 +223,14 @@ impl Nic {
     }
 
     fn run_work<H: Hal>(&mut self, hal: &mut H, now: u64, w: Work) {
+        let step = match &w {
+            Work::Transmit { .. } => CpuStep::Transmission,
+            Work::Receive { .. } => CpuStep::RecvFrame,
+            Work::Finish { .. } => CpuStep::Complete,
+            Work::Control { .. } => CpuStep::SendAck,
+            Work::Ack { .. } => CpuStep::RecvAckUpdate,
+        };
+        hal.cpu_step(self.cpu, step, true);
         match w {
             Work::Transmit { slot, seq, frame, retransmit } => {
                 if self.tx.get(slot).is_some_and(|m| m.seq == seq) {
@@ -149,6 +240,7 @@ impl Nic {
                 }
             }
             Work::Receive { slot, seq, off, data } => {
+                hal.cpu_step(self.cpu, CpuStep::Receiving, false);
                 if let Some(m) = self.rx.get(slot).filter(|m| m.seq == seq) {
                     let (port, desc) = (m.port, m.desc);
                     let to = Buf::ToHost(&data);
@@ -164,6 +256,12 @@ impl Nic {
                 }
             }
             Work::Control { hdr, body } => self.put_control(hal, &hdr, &body),
+            Work::Ack { hdr, body } => {
+                // The port may have closed since the ACK was classified.
+                if self.ports.get(hdr.dst_port as usize).is_some_and(|p| p.open) {
+                    self.on_ack(hal, now, &hdr, &body);
+                }
+            }
         }
     }
 }

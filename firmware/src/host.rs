@@ -295,6 +295,7 @@ impl Nic {
     /// Reports a finished descriptor: writes a CQE unless it is an
     /// unsignaled success, and releases its CQ reservation.
     pub(crate) fn complete<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
+        hal.cpu_step(self.cpu, crate::CpuStep::Complete, false);
         let st = &mut self.ports[port as usize];
         debug_assert!(st.outstanding > 0, "completion without a consumed descriptor");
         st.outstanding = st.outstanding.saturating_sub(1);

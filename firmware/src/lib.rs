@@ -101,6 +101,7 @@ use emp_uapi::sram::{
 use emp_uapi::wire::{Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
 use emp_uapi::Le;
 
+pub use cpu::CpuStep;
 pub use timer::TimerHeap;
 
 use rx::{DataVerdict, RxOwner};
@@ -135,8 +136,13 @@ pub trait Hal {
     /// address `addr` (`mcast.rs`); hardware without a multicast filter
     /// ignores it, and the control program filters alone.
     fn mcast_membership(&mut self, _addr: u16, _join: bool) {}
-    /// Signals another NIC CPU (multi-CPU plans); single-CPU plans never call it.
+    /// Signals a NIC CPU that a step was queued for it (it runs when the
+    /// driver calls `handle_cpu`).
     fn cpu_event(&mut self, _cpu: u8, _event: u32) {}
+    /// The control program starts `step` on NIC CPU `cpu` (`queued`: a step
+    /// queued by a `cpu_event`, taken in queue order). Hardware ignores it;
+    /// the simulator's per-CPU cost model charges the step there.
+    fn cpu_step(&mut self, _cpu: u8, _step: CpuStep, _queued: bool) {}
 }
 
 /// Flow-control scheme.
@@ -755,15 +761,19 @@ impl Nic {
             _ => return self.count(counter::DROPPED_MALFORMED, 1),
         };
         match frame {
-            Frame::Data { hdr, msg, payload } => self.on_data(hal, now, &hdr, msg.as_ref(), payload),
+            Frame::Data { hdr, msg, payload } => {
+                hal.cpu_step(self.cpu, CpuStep::RecvBookkeep, false);
+                self.on_data(hal, now, &hdr, msg.as_ref(), payload)
+            }
             Frame::Ack { hdr, body } => {
                 self.count(counter::ACKS_RX, 1);
                 if self.ports[hdr.dst_port as usize].open {
-                    self.on_ack(hal, now, &hdr, &body);
+                    self.recv_ack(hal, now, &hdr, &body);
                 }
             }
             Frame::Nack { hdr, body, reason } => {
                 self.count(counter::ACKS_RX, 1);
+                hal.cpu_step(self.cpu, CpuStep::RecvAck, false);
                 if self.ports[hdr.dst_port as usize].open {
                     self.on_nack(hal, now, &hdr, &body, reason);
                 }

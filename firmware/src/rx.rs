@@ -923,7 +923,7 @@ impl Nic {
         // Forwarding reads what was received from host memory: the NIC's own
         // broadcasts are written before anything else happens.
         let deferred = match m.owner {
-            RxOwner::Recv => self.defer(crate::cpu::Step::Receiving),
+            RxOwner::Recv => self.dispatch(hal, crate::cpu::Step::Receiving),
             _ => None,
         };
         let io = match (deferred, rma) {

@@ -354,7 +354,7 @@ impl Nic {
 
     /// The transmission step: runs now, or on the CPU the plan gives it.
     fn transmit<H: Hal>(&mut self, hal: &mut H, slot: u32, f: u32, retransmit: bool) -> Result<(), Status> {
-        match self.defer(crate::cpu::Step::Transmission) {
+        match self.dispatch(hal, crate::cpu::Step::Transmission) {
             Some(cpu) => {
                 let seq = self.tx.get(slot).expect("live").seq;
                 self.enqueue(hal, cpu, crate::cpu::Work::Transmit { slot, seq, frame: f, retransmit });

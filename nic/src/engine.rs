@@ -45,6 +45,11 @@ pub struct Engine {
     /// Never sleep longer than this (guests ring no doorbell yet: the NIC
     /// polls their rings).
     pub max_sleep_ns: Option<u64>,
+    /// Event priority (EMP thesis §2.2.1): each pass hands a NIC its
+    /// received frames (MAC_RX) before the host's doorbell (MAILBOX)
+    /// instead of after, so a sender hears ACKs and NACKs before it takes
+    /// more sends.
+    pub mac_rx_first: bool,
     stop: Arc<AtomicBool>,
     /// The wire's descriptors: woken by them, never drained like eventfds.
     wire_fds: Vec<RawFd>,
@@ -98,6 +103,7 @@ impl Engine {
             timer,
             spin_ns: 50_000,
             max_sleep_ns: None,
+            mac_rx_first: false,
             stop,
             wire_fds,
             pool: Vec::new(),
@@ -146,6 +152,7 @@ impl Engine {
     /// One pass over every NIC; true when anything was done.
     fn pass(&mut self) -> bool {
         let now = self.now();
+        let mac_rx_first = self.mac_rx_first;
         let mut work = self.wire.poll(now, &mut self.rx) > 0;
         for i in 0..self.cards.len() {
             let c = &mut self.cards[i];
@@ -166,16 +173,20 @@ impl Engine {
             // One pool of frame buffers for the whole chassis: frames one NIC
             // receives become the buffers another transmits from.
             c.fw.as_mut().expect("checked").swap_frame_pool(&mut self.pool);
-            if Self::host_changed(c) {
+            if !mac_rx_first && Self::host_changed(c) {
+                c.fw.as_mut().expect("checked").doorbell(now);
+                work = true;
+            }
+            for _ in 0..256 {
+                let Some(f) = self.rx[i].pop_front() else { break };
+                c.fw.as_mut().expect("checked").frame(now, f);
+                work = true;
+            }
+            if mac_rx_first && Self::host_changed(c) {
                 c.fw.as_mut().expect("checked").doorbell(now);
                 work = true;
             }
             let fw = c.fw.as_mut().expect("checked");
-            for _ in 0..256 {
-                let Some(f) = self.rx[i].pop_front() else { break };
-                fw.frame(now, f);
-                work = true;
-            }
             if fw.deadline() <= now {
                 fw.timeout(now);
                 work = true;

@@ -100,6 +100,11 @@ struct Args {
     /// split over two NIC CPUs.
     #[arg(long, value_enum, default_value_t = Plan::Base)]
     cpu_plan: Plan,
+    /// Which of a NIC's pending events it takes first in each pass (EMP
+    /// thesis §2.2.1): the host's doorbell (`mailbox`, the Tigon2's order)
+    /// or received frames (`mac-rx`: ACKs and NACKs before more sends).
+    #[arg(long, value_enum, default_value_t = EventPriority::Mailbox)]
+    event_priority: EventPriority,
     /// Control program: initial retransmission timeout (µs) [default: the
     /// program's, 500]. Above the worst scheduling delay of a loaded host,
     /// or every late ACK is a spurious retransmission.
@@ -134,6 +139,13 @@ struct Args {
     /// Write the pid here once every NIC is serving.
     #[arg(long)]
     pidfile: Option<PathBuf>,
+}
+
+/// `--event-priority`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum EventPriority {
+    Mailbox,
+    MacRx,
 }
 
 /// `--matching`.
@@ -445,6 +457,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut engine = Engine::new(nics, wire, stop.clone(), trusted).map_err(|e| format!("engine: {e}"))?;
     engine.spin_ns = a.spin_us * 1000;
+    engine.mac_rx_first = matches!(a.event_priority, EventPriority::MacRx);
     if let Some(d) = &a.vm_sram_dir {
         // Guests map their RAM from `<dir>/ram<node>` (QEMU creates it).
         for (i, n) in local.iter().enumerate() {

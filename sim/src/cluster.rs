@@ -153,6 +153,14 @@ impl Cluster {
         self.post(n, d, true, len)
     }
 
+    /// As [`Cluster::send_from`], the buffer described by one piece.
+    pub fn send_contiguous(&mut self, n: u16, dst: u16, tag: u64, off: u64, len: u64) -> u64 {
+        assert!(off + len <= REGION, "beyond the data region");
+        let key = self.ports[n as usize].data.key;
+        let d = work_desc(Opcode::Send as u8, self.bufs.len() as u64, dst, 0, tag, 0, key, off, len, 1);
+        self.post(n, d, true, len)
+    }
+
     /// Where a receive (or collective) delivers: (offset in the data region, length).
     pub fn buffer(&self, wr: u64) -> (u64, u64) {
         let (_, off, len) = self.bufs[wr as usize];
@@ -177,6 +185,19 @@ impl Cluster {
         let key = self.ports[n as usize].data.key;
         let wr = self.bufs.len() as u64;
         let d = work_desc(Opcode::Recv as u8, wr, src.0, src.1, tag, ignore, key, off, len, 3);
+        self.bufs.push((n, off, len));
+        self.post(n, d, false, 0);
+        wr
+    }
+
+    /// Posts a receive of `len` bytes into `off` of `node`'s data region,
+    /// described by one piece (buffers reused across receives, e.g. a
+    /// benchmark's); returns its wr_id.
+    pub fn recv_into(&mut self, n: u16, src: (u16, u16), tag: u64, off: u64, len: u64) -> u64 {
+        assert!(off + len <= REGION, "beyond the data region");
+        let key = self.ports[n as usize].data.key;
+        let wr = self.bufs.len() as u64;
+        let d = work_desc(Opcode::Recv as u8, wr, src.0, src.1, tag, 0, key, off, len, 1);
         self.bufs.push((n, off, len));
         self.post(n, d, false, 0);
         wr
@@ -289,6 +310,9 @@ impl Cluster {
     }
 
     fn drain(&mut self, n: u16) {
+        if self.world.cpu_costs.is_some() {
+            return self.drain_per_cpu(n);
+        }
         let visible = self.world.nodes[n as usize].host_visible_at;
         if visible > self.world.now {
             // The NIC is still writing (cost model): look when it is done.
@@ -299,6 +323,35 @@ impl Cluster {
         let node = &mut self.world.nodes[n as usize];
         let mut got = Vec::new();
         while let Some(c) = self.ports[n as usize].poll_cq(&mut node.sram, &layout, &node.mem) {
+            got.push(c);
+        }
+        let ns = self.world.cost.host_cqe_ns;
+        for c in got {
+            let seen = self.host_work(n, ns);
+            if seen > self.world.now {
+                self.world.wake_host(n, seen);
+            }
+            self.completions[n as usize].push((c, seen));
+        }
+    }
+
+    /// [`Cluster::drain`] under the per-CPU cost model: the host takes the
+    /// completions whose writes are done by now (port 0's only: the model
+    /// tracks one completion queue per node) and looks again when the next is.
+    fn drain_per_cpu(&mut self, n: u16) {
+        let now = self.world.now;
+        let layout = self.world.layout;
+        let node = &mut self.world.nodes[n as usize];
+        let marks = &mut node.cpus.cqe_done_ps;
+        let ready = marks.iter().take_while(|&&t| t.div_ceil(1000) <= now).count();
+        if let Some(&next) = marks.get(ready) {
+            self.world.wake_host(n, next.div_ceil(1000));
+        }
+        let node = &mut self.world.nodes[n as usize];
+        let mut got = Vec::new();
+        for _ in 0..ready {
+            let Some(c) = self.ports[n as usize].poll_cq(&mut node.sram, &layout, &node.mem) else { break };
+            node.cpus.cqe_done_ps.pop_front();
             got.push(c);
         }
         let ns = self.world.cost.host_cqe_ns;

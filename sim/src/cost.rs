@@ -53,6 +53,8 @@
 //! (one 1,536 B packet to 6 destinations; model 153.2 µs multisend, 333.7 µs
 //! unicast) as about 175 and 355 µs.
 
+use emp_firmware::CpuStep;
+
 /// Per-node NIC and host costs (see the module documentation).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CostModel {
@@ -143,6 +145,100 @@ impl CostModel {
     /// Host time (ns) to post a descriptor whose send carries `bytes`.
     pub fn post_ns(&self, bytes: u64) -> u64 {
         self.host_post_ns + (bytes * self.host_copy_ps_per_byte).div_ceil(1000)
+    }
+}
+
+/// Per-step NIC CPU costs charged on per-CPU timelines (the EMP thesis,
+/// seed 004 ch. 3), with the NIC's DMA engines. When a world has one
+/// ([`crate::world::World::cpu_costs`]), every NIC CPU has its own
+/// busy-until time: each step the control program reports
+/// ([`emp_firmware::Hal::cpu_step`]) costs its Table 3.1 time on the CPU it
+/// runs on; a step queued for another CPU starts when that CPU is free and
+/// the hand-off is done; an event waits for the CPU it arrives on (frames:
+/// the classifying CPU; doorbells and timers: CPU A). DMA runs on the
+/// engines (one host-to-NIC, one NIC-to-host), beside the CPUs: a frame
+/// leaves when its step and its payload's DMA are done, and the host sees
+/// data when its DMA is done. [`StepCosts::THESIS`] documents where each
+/// number comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepCosts {
+    /// Send bookkeeping, per frame.
+    pub send_bookkeep_ns: u64,
+    /// Transmission, per frame.
+    pub transmission_ns: u64,
+    /// Receive ack handled whole on one CPU.
+    pub recv_ack_ns: u64,
+    /// DSR: the receive CPU's part of receive ack.
+    pub recv_ack_classify_ns: u64,
+    /// DSR: the send CPU's part of receive ack.
+    pub recv_ack_update_ns: u64,
+    /// Receive bookkeeping (classify), per data frame.
+    pub recv_bookkeep_ns: u64,
+    /// Recv frame (record it, start its DMA), per data frame.
+    pub recv_frame_ns: u64,
+    /// Receiving, per data frame.
+    pub receiving_ns: u64,
+    /// Send ack, per ACK or NACK.
+    pub send_ack_ns: u64,
+    /// A hand-off to the other CPU through the common area, paid by the
+    /// CPU that hands off (lock, write, event bit, unlock).
+    pub handoff_ns: u64,
+    /// DMA engine time per byte.
+    pub dma_ps_per_byte: u64,
+    /// Each DMA of a step beyond its first (a page boundary inside a
+    /// frame): one more DMA descriptor.
+    pub dma_extra_ns: u64,
+}
+
+impl StepCosts {
+    /// The thesis' numbers (seed 004):
+    ///
+    /// | parameter | value | source |
+    /// |---|---|---|
+    /// | send bookkeep, transmission, recv ack | 5.25, 5.50, 5.75 µs | Table 3.1 |
+    /// | recv bookkeep + recv frame | 6.25 + 4.25 µs | Table 3.2's split of Table 3.1's 10.50 |
+    /// | receiving, send ack | 2.75, 2.50 µs | Table 3.1 |
+    /// | DSR's recv ack split | 3.25 (receive CPU) + 2.50 (send CPU) µs | Table 3.2 |
+    /// | DMA | 1.894 ns/B (64-bit 66 MHz PCI, 528 MB/s) | §2.1, §3.5.1 |
+    /// | extra DMA | 1 µs | §2.2.3 "1–3 µs per DMA", the low end |
+    /// | hand-off | 0.105 µs | derived, see below |
+    ///
+    /// The thesis gives no hand-off cost. The one figure that isolates it
+    /// is SO's latency minus base's (24.52 − 24.31 µs): SO's one-way path
+    /// differs from base's by exactly two hand-offs (the sender's frame to
+    /// CPU B, the receiver's send ack to CPU B before its completion), so
+    /// one is 0.105 µs — about 9 cycles of the 88 MHz CPU, what a lock,
+    /// two common-area writes and an event bit take. Every other figure is
+    /// then a prediction.
+    pub const THESIS: StepCosts = StepCosts {
+        send_bookkeep_ns: 5_250,
+        transmission_ns: 5_500,
+        recv_ack_ns: 5_750,
+        recv_ack_classify_ns: 3_250,
+        recv_ack_update_ns: 2_500,
+        recv_bookkeep_ns: 6_250,
+        recv_frame_ns: 4_250,
+        receiving_ns: 2_750,
+        send_ack_ns: 2_500,
+        handoff_ns: 105,
+        dma_ps_per_byte: 1_894,
+        dma_extra_ns: 1_000,
+    };
+
+    /// CPU time of `step`.
+    pub fn of(&self, step: CpuStep) -> u64 {
+        match step {
+            CpuStep::SendBookkeep => self.send_bookkeep_ns,
+            CpuStep::Transmission => self.transmission_ns,
+            CpuStep::RecvAck => self.recv_ack_ns,
+            CpuStep::RecvAckClassify => self.recv_ack_classify_ns,
+            CpuStep::RecvAckUpdate => self.recv_ack_update_ns,
+            CpuStep::RecvBookkeep => self.recv_bookkeep_ns,
+            CpuStep::RecvFrame => self.recv_frame_ns,
+            CpuStep::Receiving => self.receiving_ns,
+            CpuStep::SendAck => self.send_ack_ns,
+            CpuStep::Complete => 0,
+        }
     }
 }
 

@@ -16,6 +16,8 @@
 //!   swarm's collectives and what each result must be; `checker/`: the
 //!   checks every run must pass (delivery, atomics, collectives, leaks).
 //! - [`cost`], [`model`]: the cost model and `emp-sim model`.
+//! - [`thesis`]: the EMP thesis' NIC CPU plans reproduced on per-CPU
+//!   timelines (`emp-sim thesis`).
 //! - [`fuzz`]: seeded random fuzzing of wire frames and work descriptors.
 //! - [`weak_dma`]: a weakly ordered DMA engine (writes late and in random
 //!   byte order unless fenced), the completion contract's adversary.
@@ -31,6 +33,7 @@ pub mod model;
 mod plan;
 pub mod rng;
 pub mod scenario;
+pub mod thesis;
 pub mod weak_dma;
 pub mod world;
 

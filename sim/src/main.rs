@@ -139,6 +139,25 @@ enum Cmd {
         #[arg(long)]
         sweep: bool,
     },
+    /// The EMP thesis' NIC CPU plans (seed 004 ch. 3) on per-CPU timelines:
+    /// its stated latencies and bandwidths against ours, and with --plot its
+    /// latency and bandwidth curves per plan (docs/thesis-cpus.md).
+    Thesis {
+        /// Ping-pong round trips per latency.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        iters: u32,
+        /// Messages per bandwidth run.
+        #[arg(long, default_value_t = 48, value_parser = clap::value_parser!(u64).range(8..=1_000_000))]
+        msgs: u64,
+        /// Also run every plan over message sizes and draw latency.svg,
+        /// bandwidth.svg and bidirectional.svg into this directory.
+        #[arg(long, value_name = "DIR")]
+        plot: Option<std::path::PathBuf>,
+        /// Which of a NIC's waiting events its CPU takes first (§2.2.1):
+        /// the host's doorbell (`mailbox`, the Tigon2's) or a received frame.
+        #[arg(long, value_enum, default_value_t = Priority::Mailbox)]
+        event_priority: Priority,
+    },
     /// The swarm on every core for a given time, each seed run twice and
     /// its two results compared (determinism); reports seeds per second.
     SwarmTime {
@@ -172,6 +191,12 @@ enum Cmd {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum Priority {
+    Mailbox,
+    MacRx,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum FuzzTarget {
     Frames,
     Descriptors,
@@ -199,6 +224,9 @@ fn main() -> ExitCode {
         Some(Cmd::SwarmTime { seconds, seed, threads }) => swarm_time(seconds, seed, threads),
         Some(Cmd::Fuzz { target, seconds, seed, replay }) => fuzz_cmd(target, seconds, seed, replay),
         Some(Cmd::Model { what, nodes, size, cost, set, sweep }) => model_cmd(what, nodes, size, cost, &set, sweep),
+        Some(Cmd::Thesis { iters, msgs, plot, event_priority }) => {
+            thesis_cmd(iters, msgs, plot.as_deref(), event_priority)
+        }
         None => one(&cli.one),
     }
 }
@@ -467,5 +495,82 @@ fn swarm_time(seconds: u64, first: u64, threads: Option<usize>) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+fn thesis_cmd(iters: u32, msgs: u64, plot: Option<&std::path::Path>, priority: Priority) -> ExitCode {
+    use emp_sim::thesis::{self, Machine};
+    use emp_sim::world::EventOrder;
+    let mut m = Machine::thesis();
+    m.order = match priority {
+        Priority::Mailbox => EventOrder::MailboxFirst,
+        Priority::MacRx => EventOrder::MacRxFirst,
+    };
+    println!(
+        "EMP thesis ch. 3 on per-CPU timelines: Table 3.1/3.2 step costs, hand-off {} ns, DMA {} ps/B, GigE, MTU {}, {:?}",
+        m.steps.handoff_ns,
+        m.steps.dma_ps_per_byte,
+        thesis::MTU,
+        m.order
+    );
+    let result = (|| -> Result<bool, String> {
+        let r = thesis::reproduce(&m, iters, msgs)?;
+        println!("  {:<22} {:>14} {:>10} {:>8}  {:<4} source", "figure", "thesis", "ours", "diff", "±15%");
+        let mut all = true;
+        for row in &r.rows {
+            let p = &row.paper;
+            let stated =
+                if p.low == p.high { format!("{:.2}", p.low) } else { format!("{:.0}–{:.0}", p.low, p.high) };
+            let ok = row.holds();
+            all &= ok;
+            println!(
+                "  {:<22} {:>9} {:<4} {:>10.2} {:>+7.1}%  {:<4} {}",
+                p.what,
+                stated,
+                p.unit,
+                row.ours,
+                row.deviation() * 100.0,
+                if ok { "yes" } else { "no" },
+                p.source
+            );
+        }
+        for j in &r.jumps {
+            println!(
+                "  latency jump, {}: {} B {:.2} µs -> {} B {:.2} µs ({:+.2} µs beyond the bytes)",
+                j.what,
+                j.below,
+                j.lat_below,
+                j.above,
+                j.lat_above,
+                j.excess()
+            );
+        }
+        if let Some(dir) = plot {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let lat_sizes = thesis::curve_sizes(16 * 1024);
+            let lat = thesis::curves(&lat_sizes, |plan, s| thesis::latency(&m, plan, s, iters.min(10)))?;
+            let marks: Vec<(u64, f64)> = r.rows[..4].iter().map(|row| (10, row.paper.low)).collect();
+            thesis::plot::draw(&dir.join("latency.svg"), "one-way latency (ping-pong / 2)", "µs", &lat, &marks)?;
+            let bw_sizes = thesis::curve_sizes(64 * 1024);
+            let bw = thesis::curves(&bw_sizes, |plan, s| thesis::bandwidth(&m, plan, s, msgs, false))?;
+            let marks = [(thesis::BW_SIZE, 840.0), (thesis::BW_SIZE, 880.0), (thesis::BW_SIZE, 964.0)];
+            thesis::plot::draw(&dir.join("bandwidth.svg"), "unidirectional bandwidth", "Mb/s", &bw, &marks)?;
+            let bi = thesis::curves(&bw_sizes, |plan, s| thesis::bandwidth(&m, plan, s, msgs, true))?;
+            let marks = [(thesis::BW_SIZE, 940.0), (thesis::BW_SIZE, 1100.0)];
+            thesis::plot::draw(&dir.join("bidirectional.svg"), "bidirectional bandwidth (sum)", "Mb/s", &bi, &marks)?;
+            println!("  plots: {}/{{latency,bandwidth,bidirectional}}.svg", dir.display());
+        }
+        Ok(all)
+    })();
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            println!("  figures outside ±15%: docs/thesis-cpus.md explains why the thesis' own numbers prevent them");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("emp-sim thesis: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -154,6 +154,7 @@ impl Spec {
                 reorder_jitter_ns: r.range(1_000, 100_000),
                 partition,
                 corrupt: 0.0,
+                min_frame_bytes: 0,
             },
             swarm: true,
             // Drawn last: the other knobs of a seed stay what they were.

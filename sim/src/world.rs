@@ -4,14 +4,14 @@
 
 use std::cell::Cell;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 use emp_firmware::mcast::McastError;
-use emp_firmware::{Config, DmaError, Hal, Nic};
+use emp_firmware::{Config, CpuStep, DmaError, Hal, Nic};
 use emp_uapi::sram::{Layout, LayoutParams, NicStatus, SramHeader};
 use emp_uapi::Le;
 
-use crate::cost::CostModel;
+use crate::cost::{CostModel, StepCosts};
 use crate::host::{write_routes, HostMem};
 use crate::rng::Rng;
 
@@ -48,6 +48,9 @@ pub struct WireConfig {
     /// headers noticing (an undetected corruption: only used to prove the
     /// checker catches corrupted deliveries).
     pub corrupt: f64,
+    /// Ethernet's shortest frame (header and FCS included; 64): a shorter
+    /// frame is padded on the wire. 0: no padding.
+    pub min_frame_bytes: u64,
 }
 
 impl Default for WireConfig {
@@ -61,6 +64,7 @@ impl Default for WireConfig {
             reorder_jitter_ns: 20_000,
             partition: None,
             corrupt: 0.0,
+            min_frame_bytes: 0,
         }
     }
 }
@@ -108,6 +112,101 @@ pub struct Node {
     pub host_visible_at: u64,
     /// A `Reveal` event is queued (weakly ordered DMA).
     reveal_queued: bool,
+    /// Per-CPU cost model: each CPU's and DMA engine's timelines.
+    pub cpus: CpuTimelines,
+}
+
+/// Per-CPU state of [`World::cpu_costs`]: every time in ps.
+#[derive(Debug, Default)]
+pub struct CpuTimelines {
+    /// When each NIC CPU is next free.
+    free_ps: [u64; 2],
+    /// When each DMA engine is next free (0: host to NIC, 1: NIC to host).
+    dma_free_ps: [u64; 2],
+    /// Time each CPU spent in steps (ps).
+    pub busy_ps: [u64; 2],
+    /// Steps each CPU ran.
+    pub steps: [u64; 2],
+    /// Hand-offs made to each CPU.
+    pub handoffs: [u64; 2],
+    /// When each step queued for a CPU is ready there, in queue order.
+    ready_ps: [VecDeque<u64>; 2],
+    /// When each completion written and not yet reaped is whole in host
+    /// memory, in CQ order (the host takes only those: a completion the
+    /// NIC's DMA is still writing is not there yet).
+    pub(crate) cqe_done_ps: VecDeque<u64>,
+}
+
+/// One handler run's view of [`CpuTimelines`].
+struct CpuRun<'a> {
+    costs: StepCosts,
+    t: &'a mut CpuTimelines,
+    /// The CPU running the current step.
+    cur: usize,
+    /// The current step, and the DMAs it issued.
+    step: CpuStep,
+    dmas: u32,
+    /// The current step (a completion) has written its first byte.
+    cqe_open: bool,
+    /// When the current step's last host-to-NIC DMA is done.
+    read_done_ps: u64,
+    /// When the run's last NIC-to-host DMA is done.
+    written_ps: u64,
+}
+
+impl CpuRun<'_> {
+    fn step(&mut self, cpu: u8, step: CpuStep, queued: bool) {
+        let c = (cpu as usize).min(1);
+        let mut start = self.t.free_ps[c];
+        if queued {
+            start = start.max(self.t.ready_ps[c].pop_front().unwrap_or(0));
+        }
+        let cost = self.costs.of(step) * 1000;
+        self.t.free_ps[c] = start + cost;
+        self.t.busy_ps[c] += cost;
+        self.t.steps[c] += 1;
+        self.cur = c;
+        self.step = step;
+        self.dmas = 0;
+        self.cqe_open = false;
+        self.read_done_ps = 0;
+    }
+
+    /// A step was queued for `cpu`: the current CPU pays the hand-off when
+    /// it is another CPU; the step is ready there once that is done.
+    fn event(&mut self, cpu: u8) {
+        let c = (cpu as usize).min(1);
+        if c != self.cur {
+            self.t.free_ps[self.cur] += self.costs.handoff_ns * 1000;
+            self.t.busy_ps[self.cur] += self.costs.handoff_ns * 1000;
+            self.t.handoffs[c] += 1;
+        }
+        let at = self.t.free_ps[self.cur];
+        self.t.ready_ps[c].push_back(at);
+    }
+
+    /// A DMA of `bytes` on `engine`, issued by the current step; returns when it is done.
+    fn dma(&mut self, engine: usize, bytes: usize) -> u64 {
+        // A completion's status word is no DMA of the thesis' NIC's.
+        let extra = if self.dmas > 0 && self.step != CpuStep::Complete { self.costs.dma_extra_ns * 1000 } else { 0 };
+        self.dmas += 1;
+        let start = self.t.dma_free_ps[engine].max(self.t.free_ps[self.cur]);
+        let done = start + extra + bytes as u64 * self.costs.dma_ps_per_byte;
+        self.t.dma_free_ps[engine] = done;
+        if engine == 1 && self.step == CpuStep::Complete {
+            // A completion's writes (entry, then phase byte): whole at the last.
+            match self.cqe_open {
+                false => self.t.cqe_done_ps.push_back(done),
+                true => {
+                    if let Some(last) = self.t.cqe_done_ps.back_mut() {
+                        *last = done;
+                    }
+                }
+            }
+            self.cqe_open = true;
+        }
+        done
+    }
 }
 
 thread_local! {
@@ -157,6 +256,11 @@ struct SimHal<'a> {
     written_ps: u64,
     dma_ps_per_byte: u64,
     tx_ps: u64,
+    /// The per-CPU cost model, when the world has one (then the fields
+    /// above are unused).
+    cpus: Option<CpuRun<'a>>,
+    /// The run's start (ps).
+    now_ps: u64,
 }
 
 impl SimHal<'_> {
@@ -177,14 +281,25 @@ impl Hal for SimHal<'_> {
     fn dma_read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         let _hw = Running::firmware(false);
         self.mem.nic_read(addr, buf).ok_or(DmaError)?;
-        self.dma(buf.len());
+        match &mut self.cpus {
+            Some(c) => c.read_done_ps = c.dma(0, buf.len()),
+            None => self.dma(buf.len()),
+        }
         Ok(())
     }
     fn dma_write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
         let _hw = Running::firmware(false);
         self.mem.nic_write(addr, data).ok_or(DmaError)?;
-        self.dma(data.len());
-        self.written_ps = self.work_ps;
+        match &mut self.cpus {
+            Some(c) => {
+                let done = c.dma(1, data.len());
+                c.written_ps = c.written_ps.max(done);
+            }
+            None => {
+                self.dma(data.len());
+                self.written_ps = self.work_ps;
+            }
+        }
         Ok(())
     }
     fn dma_fence(&mut self) {
@@ -196,8 +311,15 @@ impl Hal for SimHal<'_> {
         let mut b = self.pool.pop().unwrap_or_default();
         b.clear();
         b.extend_from_slice(frame);
-        self.work_ps += self.tx_ps;
-        self.out.push((dst_node, b, self.work_ps));
+        let done_ps = match &self.cpus {
+            // The frame leaves when its step and its payload's DMA are done.
+            Some(c) => c.t.free_ps[c.cur].max(c.read_done_ps) - self.now_ps,
+            None => {
+                self.work_ps += self.tx_ps;
+                self.work_ps
+            }
+        };
+        self.out.push((dst_node, b, done_ps));
     }
     fn raise_interrupt(&mut self, _vector: u16) {
         let _hw = Running::firmware(false);
@@ -206,6 +328,18 @@ impl Hal for SimHal<'_> {
     fn mcast_membership(&mut self, addr: u16, join: bool) {
         let _hw = Running::firmware(false);
         self.mcast.push((addr, join));
+    }
+    fn cpu_event(&mut self, cpu: u8, _event: u32) {
+        let _hw = Running::firmware(false);
+        if let Some(c) = &mut self.cpus {
+            c.event(cpu);
+        }
+    }
+    fn cpu_step(&mut self, cpu: u8, step: CpuStep, queued: bool) {
+        let _hw = Running::firmware(false);
+        if let Some(c) = &mut self.cpus {
+            c.step(cpu, step, queued);
+        }
     }
 }
 
@@ -228,6 +362,33 @@ struct Event {
     data: Vec<u8>,
     /// When it was due (a NIC event waits while its NIC is busy).
     due: u64,
+}
+
+/// The order of a NIC's events due at the same instant (the EMP thesis'
+/// event priority, §2.2.1). With a cost model, every event that waited for
+/// a busy CPU is due when it frees, so this is which one the CPU takes next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EventOrder {
+    /// In the order they were queued (the simulator's default).
+    #[default]
+    Arrival,
+    /// The Tigon2's: the host's doorbell (MAILBOX) before received frames
+    /// (MAC_RX), then timers.
+    MailboxFirst,
+    /// The thesis' remedy: received frames (an ACK, a NACK) before the
+    /// host's doorbell, so the sender hears the receiver before it sends on.
+    MacRxFirst,
+}
+
+impl EventOrder {
+    fn rank(self, kind: &Kind) -> u8 {
+        match (self, kind) {
+            (EventOrder::Arrival, _) => 0,
+            (EventOrder::MailboxFirst, Kind::Doorbell) | (EventOrder::MacRxFirst, Kind::Frame) => 0,
+            (_, Kind::Frame | Kind::Doorbell) => 1,
+            _ => 2,
+        }
+    }
 }
 
 /// What an event was, as seen by the workload driver.
@@ -261,7 +422,12 @@ pub struct World {
     pub doorbell_ns: u64,
     /// What NIC (and, in the host driver, host) work costs; zero by default.
     pub cost: CostModel,
-    queue: BinaryHeap<Reverse<(u64, u64, u32)>>,
+    /// Per-step costs on per-CPU timelines (replaces `cost`'s NIC part); none by default.
+    pub cpu_costs: Option<StepCosts>,
+    /// Which of a NIC's events due at the same time runs first.
+    pub event_order: EventOrder,
+    /// (due, rank by `event_order`, sequence, slab index).
+    queue: BinaryHeap<Reverse<(u64, u8, u64, u32)>>,
     slab: Vec<Option<Event>>,
     slab_free: Vec<u32>,
     seq: u64,
@@ -312,6 +478,8 @@ impl World {
                     written_ps: 0,
                     dma_ps_per_byte: 0,
                     tx_ps: 0,
+                    cpus: None,
+                    now_ps: 0,
                 };
                 let mut c = cfg;
                 c.gen_seed = 1 + id.wrapping_mul(31);
@@ -329,6 +497,7 @@ impl World {
                     nic_busy_ns: 0,
                     host_visible_at: 0,
                     reveal_queued: false,
+                    cpus: CpuTimelines::default(),
                 }
             })
             .collect();
@@ -341,6 +510,8 @@ impl World {
             events: 0,
             doorbell_ns: 1_000,
             cost: CostModel::ZERO,
+            cpu_costs: None,
+            event_order: EventOrder::Arrival,
             queue: BinaryHeap::new(),
             slab: Vec::new(),
             slab_free: Vec::new(),
@@ -371,7 +542,8 @@ impl World {
                 (self.slab.len() - 1) as u32
             }
         };
-        self.queue.push(Reverse((at, self.seq, i)));
+        let rank = self.event_order.rank(&self.slab[i as usize].as_ref().expect("just stored").kind);
+        self.queue.push(Reverse((at, rank, self.seq, i)));
     }
 
     /// From now on every NIC's writes to host memory appear late and in
@@ -409,12 +581,29 @@ impl World {
 
     /// Runs the NIC of `node` synchronously on its doorbell (setup phase).
     pub fn doorbell_now(&mut self, node: u16) {
-        self.run_nic(node, 0, |nic, hal, now| nic.handle_doorbell(hal, now));
+        self.run_nic(node, 0, 0, |nic, hal, now| nic.handle_doorbell(hal, now));
+    }
+
+    /// When the CPU `kind` arrives on at `node` is next free.
+    fn free_for(&self, node: u16, kind: &Kind) -> u64 {
+        let n = &self.nodes[node as usize];
+        if self.cpu_costs.is_none() {
+            return n.nic_free_at;
+        }
+        n.cpus.free_ps[Self::entry_cpu(n, kind)].div_ceil(1000)
+    }
+
+    /// The NIC CPU an event of `kind` runs on.
+    fn entry_cpu(n: &Node, kind: &Kind) -> usize {
+        match kind {
+            Kind::Frame => n.nic.frame_cpu().min(1),
+            _ => 0,
+        }
     }
 
     /// Processes the next event; `None` when nothing is left.
     pub fn step(&mut self) -> Option<Step> {
-        let Reverse((at, _, i)) = self.queue.pop()?;
+        let Reverse((at, _, _, i)) = self.queue.pop()?;
         let ev = self.slab[i as usize].take().expect("queued event");
         self.slab_free.push(i);
         debug_assert!(at >= self.now, "time went backwards");
@@ -431,7 +620,7 @@ impl World {
             self.queue_reveal(node);
             return Some(Step::Nic(node));
         }
-        let free = self.nodes[node as usize].nic_free_at;
+        let free = self.free_for(node, &ev.kind);
         if ev.kind != Kind::Host && free > at {
             // The NIC is still busy with earlier work: the event waits.
             self.queue_event(free, ev);
@@ -441,18 +630,19 @@ impl World {
             Kind::Host => return Some(Step::Host(node)),
             Kind::Frame => {
                 let data = ev.data;
-                self.run_nic(node, 1, |nic, hal, now| nic.handle_frame(hal, now, &data));
+                let cpu = Self::entry_cpu(&self.nodes[node as usize], &Kind::Frame);
+                self.run_nic(node, 1, cpu, |nic, hal, now| nic.handle_frame(hal, now, &data));
                 if self.pool.len() < 4096 {
                     self.pool.push(data);
                 }
             }
             Kind::Timer => {
                 self.nodes[node as usize].timer_at = None;
-                self.run_nic(node, 0, |nic, hal, now| nic.handle_timeout(hal, now));
+                self.run_nic(node, 0, 0, |nic, hal, now| nic.handle_timeout(hal, now));
             }
             Kind::Doorbell => {
                 self.nodes[node as usize].doorbell_at = None;
-                self.run_nic(node, 0, |nic, hal, now| nic.handle_doorbell(hal, now));
+                self.run_nic(node, 0, 0, |nic, hal, now| nic.handle_doorbell(hal, now));
             }
             Kind::Reveal => unreachable!("handled above"),
         }
@@ -460,15 +650,33 @@ impl World {
     }
 
     /// Runs a handler of `node`'s NIC (which took in `rx_frames` frames)
-    /// now; under a cost model the NIC is then busy for the run's work and
-    /// each frame leaves when the work before it is done.
-    fn run_nic(&mut self, node: u16, rx_frames: u64, f: impl FnOnce(&mut Nic, &mut SimHal<'_>, u64)) {
+    /// now on NIC CPU `cpu`; under a cost model the NIC (per-CPU model: its
+    /// CPUs and DMA engines) is then busy for the run's work and each frame
+    /// leaves when the work before it is done.
+    fn run_nic(&mut self, node: u16, rx_frames: u64, cpu: usize, f: impl FnOnce(&mut Nic, &mut SimHal<'_>, u64)) {
         let now = self.now;
+        let now_ps = now * 1000;
         let mut out = core::mem::take(&mut self.out);
         let mut mcast = core::mem::take(&mut self.mcast_changes);
         let cost = self.cost;
+        let cpu_costs = self.cpu_costs;
         let work_ps = {
             let n = &mut self.nodes[node as usize];
+            let cpus = cpu_costs.map(|costs| {
+                for f in n.cpus.free_ps.iter_mut() {
+                    *f = (*f).max(now_ps);
+                }
+                CpuRun {
+                    costs,
+                    t: &mut n.cpus,
+                    cur: cpu,
+                    step: CpuStep::Complete,
+                    dmas: 0,
+                    cqe_open: false,
+                    read_done_ps: 0,
+                    written_ps: 0,
+                }
+            });
             let mut hal = SimHal {
                 sram: &mut n.sram,
                 mem: &mut n.mem,
@@ -480,6 +688,8 @@ impl World {
                 written_ps: 0,
                 dma_ps_per_byte: cost.nic_dma_ps_per_byte,
                 tx_ps: cost.nic_tx_frame_ns * 1000,
+                cpus,
+                now_ps,
             };
             let fw = Running::firmware(true);
             f(&mut n.nic, &mut hal, now);
@@ -497,14 +707,20 @@ impl World {
             if let Err(e) = n.nic.invariants() {
                 panic!("node {node} at {now} ns: invariant broken after a handler: {e}");
             }
-            (hal.work_ps, hal.written_ps)
+            match hal.cpus {
+                // Per-CPU: the CPUs' busy time was kept on their timelines.
+                Some(c) => (None, c.written_ps.saturating_sub(now_ps)),
+                None => (Some(hal.work_ps), hal.written_ps),
+            }
         };
         let (work_ps, written_ps) = work_ps;
         let n = &mut self.nodes[node as usize];
         n.host_visible_at = n.host_visible_at.max(now + written_ps.div_ceil(1000));
-        let work_ns = work_ps.div_ceil(1000);
-        n.nic_free_at = n.nic_free_at.max(now + work_ns);
-        n.nic_busy_ns += work_ns;
+        if let Some(work_ps) = work_ps {
+            let work_ns = work_ps.div_ceil(1000);
+            n.nic_free_at = n.nic_free_at.max(now + work_ns);
+            n.nic_busy_ns += work_ns;
+        }
         for (addr, join) in mcast.drain(..) {
             let members = self.mcast_members.entry(addr).or_default();
             match (members.binary_search(&node), join) {
@@ -553,8 +769,9 @@ impl World {
     fn transmit(&mut self, src: u16, dst: u16, frame: Vec<u8>, ready: u64) {
         self.stats.frames += 1;
         self.stats.bytes += frame.len() as u64;
-        // Serialization on the sender's link (Ethernet overhead: 38 bytes).
-        let bits = (frame.len() as u64 + 38) * 8;
+        // Serialization on the sender's link (Ethernet overhead: 38 bytes,
+        // of which 18 header and FCS, padded to the shortest frame).
+        let bits = ((frame.len() as u64 + 18).max(self.wire.min_frame_bytes) + 20) * 8;
         let tx_ns = bits * 1_000_000_000 / self.wire.bandwidth_bps;
         let n = &mut self.nodes[src as usize];
         let start = n.egress_free_at.max(ready);
@@ -621,7 +838,7 @@ impl World {
     /// request reaches it yet: the reliable-broadcast protocol will).
     pub fn mcast_membership(&mut self, node: u16, port: u16, addr: u16, join: bool) -> Result<(), McastError> {
         let mut r = Ok(());
-        self.run_nic(node, 0, |nic, hal, _| {
+        self.run_nic(node, 0, 0, |nic, hal, _| {
             r = if join { nic.mcast_join(hal, port, addr) } else { nic.mcast_leave(hal, port, addr) };
         });
         r
@@ -630,7 +847,7 @@ impl World {
     /// `node`'s control program transmits `frame` to the multicast address its header names.
     pub fn mcast_transmit(&mut self, node: u16, frame: &[u8]) -> Result<(), McastError> {
         let mut r = Ok(());
-        self.run_nic(node, 0, |nic, hal, _| r = nic.mcast_transmit(hal, frame));
+        self.run_nic(node, 0, 0, |nic, hal, _| r = nic.mcast_transmit(hal, frame));
         r
     }
 
@@ -641,6 +858,6 @@ impl World {
 
     /// Time of the next event.
     pub fn next_at(&self) -> Option<u64> {
-        self.queue.peek().map(|Reverse((at, _, _))| *at)
+        self.queue.peek().map(|Reverse((at, _, _, _))| *at)
     }
 }
