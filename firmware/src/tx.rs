@@ -164,6 +164,16 @@ impl TxMsg {
         }
     }
 
+    /// May a context switch save it as a descriptor to send again from its
+    /// first frame? Only a plain send the receiver holds nothing of: never
+    /// sent, or refused (not ready) with no group acknowledged. A message
+    /// the receiver started taking runs to its end first (C2–C4).
+    pub fn restartable(&self) -> bool {
+        let untouched = self.next_frame == 0 || self.rnr_waiting;
+        let none_acked = self.groups.una() == 0 && self.groups.live().all(|g| self.groups.get(g).is_some_and(|x| !x.acked));
+        self.coll.is_none() && self.rma.is_none() && !self.held && !self.pulling && untouched && none_acked
+    }
+
     /// Bytes of the message: the descriptor's, or an RMA header and its data.
     pub fn msg_len(&self) -> u64 {
         match &self.rma {
@@ -238,6 +248,42 @@ impl Nic {
         self.peer_mut(peer).tx_queue.push_back(slot);
         self.mark_ready(peer);
         slot
+    }
+
+    /// A restored context's message, queued with the sequence number it
+    /// had when saved (`ctxsw.rs`; the caller checked table room and order).
+    pub(crate) fn restore_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc, seq: u32) {
+        let frame_count = wire::frames_for(desc.len, self.mtu) as u32;
+        let groups = frame_count.div_ceil(self.cfg.group_size);
+        let slot = self.tx.insert_checked(TxMsg {
+            port,
+            peer,
+            desc,
+            seq,
+            frame_count,
+            next_frame: 0,
+            groups: SendWindow::new(groups, self.tx_rings.take()),
+            inflight_frames: 0,
+            rnr_retries: 0,
+            rnr_waiting: false,
+            queued_ns: now,
+            limit: u32::MAX,
+            coll: None,
+            rma: None,
+            held: false,
+            pulling: false,
+        });
+        self.peer_mut(peer).tx_queue.push_back(slot);
+    }
+
+    /// Takes a message out of its peer's queue without completing it: a
+    /// saved context carries it (`ctxsw.rs`).
+    pub(crate) fn unqueue_tx(&mut self, slot: u32) {
+        let m = self.tx.remove(slot);
+        self.tx_rings.give(m.groups.into_slots());
+        let p = self.peer_mut(m.peer);
+        p.inflight_frames -= m.inflight_frames;
+        p.tx_queue.retain(|&s| s != slot);
     }
 
     pub(crate) fn mark_ready(&mut self, peer: u32) {
@@ -388,7 +434,7 @@ impl Nic {
             dst_gen: p.remote_gen,
             src_node: self.node,
             dst_node: p.node,
-            src_port: m.port,
+            src_port: self.ports[m.port as usize].addr,
             dst_port: p.rport,
             src_gen: self.ports[m.port as usize].gen,
             payload_len: len as u16,
