@@ -41,6 +41,17 @@ use crate::atomic::{AtomicRx, ATOMIC_RX_IMAGE};
 use crate::mr::Buf;
 use crate::{sram_put_u32, sram_u32, Hal, LocalDesc, MatchMode, Nic, Peer};
 
+/// A saved context as the NIC remembers it: its identity, and per sender
+/// the next message it expected, so that a sender whose last ACK was lost
+/// before the save is answered (ACK) instead of refused forever.
+#[derive(Debug)]
+pub(crate) struct Parked {
+    pub addr: u16,
+    pub gen: u16,
+    /// (node, port, next expected message) per peer.
+    pub expected: Vec<(u16, u16, u32)>,
+}
+
 /// Saved contexts whose addresses a NIC keeps parked at once.
 pub(crate) const PARKED_MAX: usize = 64;
 /// "ECTX".
@@ -52,7 +63,7 @@ pub const HEADER: usize = 72;
 /// Byte offset of the checksum in the header.
 const CHECKSUM_AT: usize = 12;
 /// Bytes of one peer record.
-pub const PEER_IMAGE: usize = 48 + ATOMIC_RX_IMAGE;
+pub const PEER_IMAGE: usize = 52 + ATOMIC_RX_IMAGE;
 /// Bytes of one queued send besides its descriptor: peer index, reserved, sequence.
 const TX_IMAGE: usize = 8 + WorkDesc::SIZE;
 /// Bytes of one eager unexpected entry besides its payload.
@@ -254,19 +265,24 @@ impl Nic {
     /// other port claims (its frames get the closed port's answers).
     pub(crate) fn slot_for_frame(&self, addr: u16) -> Option<u16> {
         let a = addr as usize;
-        if a < self.ports.len() && self.ports[a].addr == addr && (self.ports[a].open || !self.addr_parked(addr)) {
+        // The common case: the port under its own slot number.
+        if a < self.ports.len() && self.ports[a].open && self.ports[a].addr == addr {
             return Some(addr);
         }
-        self.ports.iter().position(|p| p.open && p.addr == addr).map(|s| s as u16)
+        if let Some(s) = self.ports.iter().position(|p| p.open && p.addr == addr) {
+            return Some(s as u16);
+        }
+        (a < self.ports.len() && !self.addr_parked(addr)).then_some(addr)
     }
 
     fn addr_parked(&self, addr: u16) -> bool {
-        self.parked.iter().any(|&(a, _)| a == addr)
+        self.parked.iter().any(|k| k.addr == addr)
     }
 
     /// Is `addr` held by an open port other than `slot`, or parked?
     pub(crate) fn addr_taken(&self, addr: u16, slot: u16) -> bool {
-        self.addr_parked(addr) || self.ports.iter().enumerate().any(|(s, p)| p.open && p.addr == addr && s != slot as usize)
+        self.addr_parked(addr)
+            || self.ports.iter().enumerate().any(|(s, p)| p.open && p.addr == addr && s != slot as usize)
     }
 
     /// The address a port opens with (`PortOpen`'s `args[5]`), or `None`
@@ -281,16 +297,26 @@ impl Nic {
     }
 
     /// A frame for an address no slot holds: a parked context's frames are
-    /// refused as not ready (the sender retries until it is restored); any
-    /// other's as for a closed port.
+    /// refused as not ready (the sender retries until it is restored),
+    /// except those of messages it had finished (their ACK was lost: ACKed
+    /// again, as `on_old_data` does); any other address's as for a closed
+    /// port.
     pub(crate) fn refuse_unaddressed<H: Hal>(&mut self, hal: &mut H, frame: &Frame) {
         let hdr = *frame.header();
-        let parked = self.parked.iter().find(|&&(a, _)| a == hdr.dst_port).map(|&(_, g)| g);
+        let parked = self.parked.iter().find(|k| k.addr == hdr.dst_port);
+        let finished = parked.is_some_and(|k| {
+            k.expected.iter().any(|&(n, p, e)| (n, p) == (hdr.src_node, hdr.src_port) && seq_lt(hdr.msg_seq, e))
+        });
+        let gen = parked.map_or(0, |k| k.gen);
         match frame {
+            Frame::Data { .. } if finished => {
+                self.count(emp_uapi::sram::counter::DUPLICATES, 1);
+                self.send_unaddressed_reply(hal, &hdr, None, gen);
+            }
             Frame::Data { .. } => {
-                let reason = if parked.is_some() { NackReason::NoMatch } else { NackReason::PortClosed };
+                let reason = if gen != 0 { NackReason::NoMatch } else { NackReason::PortClosed };
                 self.count(emp_uapi::sram::counter::DROPPED_UNEXPECTED, 1);
-                self.send_unaddressed_nack(hal, &hdr, reason, parked.unwrap_or(0));
+                self.send_unaddressed_reply(hal, &hdr, Some(reason), gen);
             }
             // An atomic request waits for its requester's timer; control
             // frames for a saved context have nobody to act on them.
@@ -298,11 +324,20 @@ impl Nic {
         }
     }
 
-    fn send_unaddressed_nack<H: Hal>(&mut self, hal: &mut H, data: &FrameHeader, reason: NackReason, gen: u16) {
+    /// An ACK (`reason` `None`) or NACK for `data`, from a parked or unknown
+    /// address (generation `gen`; 0 = unknown).
+    fn send_unaddressed_reply<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        data: &FrameHeader,
+        reason: Option<NackReason>,
+        gen: u16,
+    ) {
+        use emp_uapi::wire::FrameKind;
         let gs = self.cfg.group_size;
         let hdr = FrameHeader {
             version: emp_uapi::wire::WIRE_VERSION,
-            kind: emp_uapi::wire::FrameKind::Nack as u8,
+            kind: if reason.is_some() { FrameKind::Nack } else { FrameKind::Ack } as u8,
             dst_gen: data.src_gen,
             src_node: self.node,
             dst_node: data.src_node,
@@ -317,12 +352,13 @@ impl Nic {
         };
         let body = emp_uapi::wire::AckBody {
             group: data.frame_index / gs,
-            reason: reason as u8,
+            reason: reason.map_or(0, |r| r as u8),
             fc_level: 2,
             ..Default::default()
         };
         self.put_control(hal, &hdr, &body);
-        self.count(emp_uapi::sram::counter::NACKS_TX, 1);
+        let c = if reason.is_some() { emp_uapi::sram::counter::NACKS_TX } else { emp_uapi::sram::counter::ACKS_TX };
+        self.count(c, 1);
     }
 
     /// C1.
@@ -333,6 +369,11 @@ impl Nic {
         }
         self.ports[p as usize].suspended = true;
         sram_put_u32(hal, self.layout.port(p).ctl(ctl::STATE), port_state::SUSPENDED);
+        // Messages refused before are not rewound here: they may have been
+        // sent again and taken since; a refusal from now on rewinds them.
+        for i in self.peers_of(p) {
+            self.rewind_blocked(i);
+        }
         admin_result::OK
     }
 
@@ -344,8 +385,9 @@ impl Nic {
         }
         self.ports[p as usize].suspended = false;
         sram_put_u32(hal, self.layout.port(p).ctl(ctl::STATE), port_state::OPEN);
-        let mine: Vec<u32> =
-            (0..self.peers.len() as u32).filter(|&i| self.peers[i as usize].as_ref().is_some_and(|x| x.port == p)).collect();
+        let mine: Vec<u32> = (0..self.peers.len() as u32)
+            .filter(|&i| self.peers[i as usize].as_ref().is_some_and(|x| x.port == p))
+            .collect();
         for i in mine {
             if !self.peer(i).tx_queue.is_empty() {
                 self.mark_ready(i);
@@ -374,7 +416,9 @@ impl Nic {
     }
 
     fn peers_of(&self, port: u16) -> Vec<u32> {
-        (0..self.peers.len() as u32).filter(|&i| self.peers[i as usize].as_ref().is_some_and(|p| p.port == port)).collect()
+        (0..self.peers.len() as u32)
+            .filter(|&i| self.peers[i as usize].as_ref().is_some_and(|p| p.port == port))
+            .collect()
     }
 
     /// What keeps suspended port `port` from being stable, if anything.
@@ -425,6 +469,28 @@ impl Nic {
         None
     }
 
+    /// DEBUG
+    pub fn debug_tx_of(&self, port: u16) -> String {
+        let mut out = String::new();
+        for i in self.peers_of(port) {
+            for &s in &self.peer(i).tx_queue {
+                let m = self.tx.get(s).unwrap();
+                out += &format!(
+                    "seq {} next {}/{} rnr_waiting {} una {} restartable {} held {} pulling {}\n",
+                    m.seq,
+                    m.next_frame,
+                    m.frame_count,
+                    m.rnr_waiting,
+                    m.groups.una(),
+                    m.restartable(),
+                    m.held,
+                    m.pulling
+                );
+            }
+        }
+        out
+    }
+
     /// Largest image this NIC writes or reads.
     fn image_max(&self) -> usize {
         let w = self.layout.port(0);
@@ -470,11 +536,8 @@ impl Nic {
         let recv_prod = clamp(recv_prod, st.recv_cons, w.recv_entries);
         let cq_cons = sram_u32(hal, w.ctl(ctl::CQ_CONS));
         let peers = self.peers_of(port);
-        let txs: Vec<(usize, u32)> = peers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, &p)| self.peer(p).tx_queue.iter().map(move |&s| (i, s)))
-            .collect();
+        let txs: Vec<(usize, u32)> =
+            peers.iter().enumerate().flat_map(|(i, &p)| self.peer(p).tx_queue.iter().map(move |&s| (i, s))).collect();
         let mut out = Vec::with_capacity(HEADER);
         out.extend_from_slice(&IMAGE_MAGIC.to_le_bytes());
         out.extend_from_slice(&IMAGE_VERSION.to_le_bytes());
@@ -545,6 +608,8 @@ impl Nic {
     /// After a save: the port's records leave the NIC (carried by the
     /// image, not completed), the slot is freed, its address parked.
     fn release_saved<H: Hal>(&mut self, hal: &mut H, port: u16) {
+        let expected =
+            self.peers_of(port).iter().map(|&i| self.peer(i)).map(|p| (p.node, p.rport, p.rx_expected)).collect();
         for i in self.peers_of(port) {
             while let Some(&s) = self.peer(i).tx_queue.front() {
                 self.unqueue_tx(s);
@@ -559,7 +624,7 @@ impl Nic {
         st.outstanding = 0;
         st.open = false;
         st.suspended = false;
-        self.parked.push((st.addr, st.gen));
+        self.parked.push(Parked { addr: st.addr, gen: st.gen, expected });
         st.addr = port;
         sram_put_u32(hal, self.layout.port(port).ctl(ctl::STATE), port_state::CLOSED);
     }
@@ -575,7 +640,7 @@ impl Nic {
             return admin_result::BAD_STATE;
         }
         let (addr, gen) = (args[4] as u16, (args[4] >> 16) as u16);
-        if !self.parked.contains(&(addr, gen)) {
+        if !self.parked.iter().any(|k| (k.addr, k.gen) == (addr, gen)) {
             return admin_result::BAD_STATE;
         }
         if args[3] < HEADER as u64 || args[3] > self.image_max() as u64 {
@@ -643,7 +708,8 @@ impl Nic {
         let (cq_prod, cq_cons) = (r.u32()?, r.u32()?);
         let send = (r.u32()?, r.u32()?);
         let recv = (r.u32()?, r.u32()?);
-        let (n_posted, n_peers, n_tx, n_unexp) = (r.u16()? as usize, r.u16()? as usize, r.u16()? as usize, r.u16()? as usize);
+        let (n_posted, n_peers, n_tx, n_unexp) =
+            (r.u16()? as usize, r.u16()? as usize, r.u16()? as usize, r.u16()? as usize);
         if cq_entries > 1 << 20 || !ring::valid_entries(cq_entries) || !ring::plausible(cq_prod, cq_cons, cq_entries) {
             return Err("completion queue".into());
         }
@@ -749,7 +815,7 @@ impl Nic {
     /// Installs a checked image into free slot `slot` (nothing can fail
     /// here: every bound was checked).
     fn apply_image<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u16, img: Image) {
-        self.parked.retain(|&x| x != (img.addr, img.gen));
+        self.parked.retain(|k| (k.addr, k.gen) != (img.addr, img.gen));
         let w = self.layout.port(slot);
         for (i, d) in img.send_ring.iter().enumerate() {
             let mut b = [0u8; WorkDesc::SIZE];
@@ -844,7 +910,7 @@ impl Nic {
             return admin_result::BAD_ARG;
         }
         let before = self.parked.len();
-        self.parked.retain(|&x| x != id);
+        self.parked.retain(|k| (k.addr, k.gen) != id);
         if self.parked.len() == before {
             admin_result::BAD_STATE
         } else {
@@ -858,13 +924,18 @@ impl Nic {
     }
 
     /// The parked contexts (address, generation).
-    pub fn parked(&self) -> &[(u16, u16)] {
-        &self.parked
+    pub fn parked(&self) -> Vec<(u16, u16)> {
+        self.parked.iter().map(|k| (k.addr, k.gen)).collect()
     }
 
     /// Wire address of port `slot`.
     pub fn port_addr(&self, slot: u16) -> u16 {
         self.ports[slot as usize].addr
+    }
+
+    /// Is slot `slot` holding an open port?
+    pub fn port_is_open(&self, slot: u16) -> bool {
+        self.ports[slot as usize].open
     }
 
     /// Generation of port `slot`.

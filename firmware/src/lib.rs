@@ -105,6 +105,7 @@ use emp_uapi::sram::{
 use emp_uapi::wire::{Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
 use emp_uapi::Le;
 
+pub use ctxsw::{image_checksum, IMAGE_MAGIC, IMAGE_VERSION};
 pub use timer::TimerHeap;
 
 use rx::{DataVerdict, RxOwner};
@@ -617,7 +618,7 @@ pub struct Nic {
     /// Multicast memberships and counts.
     pub(crate) mcast: mcast::Mcast,
     /// Saved contexts whose address is reserved: (address, generation).
-    pub(crate) parked: Vec<(u16, u16)>,
+    pub(crate) parked: Vec<ctxsw::Parked>,
     /// Why the last restore refused its image (diagnosis).
     pub(crate) restore_refusal: Option<&'static str>,
 }
