@@ -469,28 +469,6 @@ impl Nic {
         None
     }
 
-    /// DEBUG
-    pub fn debug_tx_of(&self, port: u16) -> String {
-        let mut out = String::new();
-        for i in self.peers_of(port) {
-            for &s in &self.peer(i).tx_queue {
-                let m = self.tx.get(s).unwrap();
-                out += &format!(
-                    "seq {} next {}/{} rnr_waiting {} una {} restartable {} held {} pulling {}\n",
-                    m.seq,
-                    m.next_frame,
-                    m.frame_count,
-                    m.rnr_waiting,
-                    m.groups.una(),
-                    m.restartable(),
-                    m.held,
-                    m.pulling
-                );
-            }
-        }
-        out
-    }
-
     /// Largest image this NIC writes or reads.
     fn image_max(&self) -> usize {
         let w = self.layout.port(0);
@@ -791,7 +769,6 @@ impl Nic {
         if r.at != b.len() {
             return Err("trailing bytes".into());
         }
-        debug_assert!(UNEXP_IMAGE == 16 && TX_IMAGE == 8 + WorkDesc::SIZE);
         Ok(Image {
             addr,
             gen,

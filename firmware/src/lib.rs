@@ -667,7 +667,7 @@ impl Nic {
                 posted: VecDeque::new(),
                 unexpected: VecDeque::with_capacity((pool_slots + cfg.unexp_headers) as usize),
                 mode: cfg.matching,
-                addr: i as u16,
+                addr: i,
                 suspended: false,
             })
             .collect();

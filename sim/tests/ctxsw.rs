@@ -67,18 +67,18 @@ fn stream_with_switches(seed: u64, loss: f64, msgs: usize) -> usize {
     // Receives first, every one for any tag: every message finds a
     // receive (no rendezvous), and the i-th receive must take the i-th
     // message (matching in the sender's order).
-    let mut recvs = vec![Vec::new(), Vec::new()];
+    let mut recvs = [Vec::new(), Vec::new()];
     for n in 0..2u16 {
         let from = 1 - n;
         for _ in 0..msgs {
             recvs[n as usize].push(c.recv(n, (from, 0), 0, u64::MAX, 20_000));
         }
     }
-    let mut sends = vec![Vec::new(), Vec::new()];
+    let mut sends = [Vec::new(), Vec::new()];
     for i in 0..msgs {
-        for n in 0..2u16 {
-            let len = lens[n as usize][i];
-            sends[n as usize].push(c.send(n, 1 - n, i as u64, &data(len, seed + i as u64 * 2 + n as u64)));
+        for (n, lens) in lens.iter().enumerate() {
+            let (n16, i64) = (n as u16, i as u64);
+            sends[n].push(c.send(n16, 1 - n16, i64, &data(lens[i], seed + i64 * 2 + n as u64)));
         }
     }
     let mut got: Vec<Vec<Cqe>> = vec![Vec::new(), Vec::new()];
