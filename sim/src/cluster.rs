@@ -47,6 +47,9 @@ pub struct SavedContext {
     pub gen: u16,
 }
 
+/// The owner the trusted side gives a parked job's MR entries: no slot.
+const PARKED_OWNER: u16 = u16::MAX;
+
 /// Room reserved for a context image in a data region.
 pub const IMAGE_ROOM: u64 = 256 << 10;
 
@@ -178,6 +181,9 @@ impl Cluster {
         if r != ar::OK {
             return Err(r);
         }
+        // The trusted side keeps the parked job's registrations, owned by
+        // no slot, so a job opened in the freed slot cannot use them.
+        self.move_mrs(n, PARKED_OWNER);
         let mut len = [0u8; 4];
         self.ports[n as usize].data.read(&self.world.nodes[n as usize].mem, off + 8, &mut len);
         Ok(SavedContext { off, len: u32::from_le_bytes(len) as u64, addr, gen })
@@ -199,22 +205,30 @@ impl Cluster {
     /// As the trusted side, first moves the job's MR entries to that slot
     /// (and fences them); on success the host goes on in the new window.
     pub fn restore_len(&mut self, n: u16, ctx: &SavedContext, slot: u16, len: u64) -> u32 {
-        let layout = self.world.layout;
-        let (data_key, cq_key) = (self.ports[n as usize].data.key, self.ports[n as usize].cq.key);
-        for key in [data_key, cq_key] {
-            let at = layout.mr_entry(MrEntry::slot_of(key));
-            let node = &mut self.world.nodes[n as usize];
-            let mut e: MrEntry = Sram(&mut node.sram).get(at);
-            e.port = slot;
-            Sram(&mut node.sram).put(at, &e);
-            assert_eq!(self.admin(n, AdminOp::MrFence, [MrEntry::slot_of(key) as u64, 0, 0, 0, 0, 0]), ar::OK);
-        }
+        let data_key = self.ports[n as usize].data.key;
+        self.move_mrs(n, slot);
         let id = ctx.addr as u64 | (ctx.gen as u64) << 16;
         let r = self.admin(n, AdminOp::PortRestore, [slot as u64, data_key as u64, ctx.off, len, id, 0]);
         if r == ar::OK {
             self.ports[n as usize].port = slot;
+        } else {
+            self.move_mrs(n, PARKED_OWNER);
         }
         r
+    }
+
+    /// Gives the job's MR entries (data and CQ) to `owner` and fences them
+    /// (the trusted side's part of a save and a restore).
+    fn move_mrs(&mut self, n: u16, owner: u16) {
+        let layout = self.world.layout;
+        for key in [self.ports[n as usize].data.key, self.ports[n as usize].cq.key] {
+            let at = layout.mr_entry(MrEntry::slot_of(key));
+            let node = &mut self.world.nodes[n as usize];
+            let mut e: MrEntry = Sram(&mut node.sram).get(at);
+            e.port = owner;
+            Sram(&mut node.sram).put(at, &e);
+            assert_eq!(self.admin(n, AdminOp::MrFence, [MrEntry::slot_of(key) as u64, 0, 0, 0, 0, 0]), ar::OK);
+        }
     }
 
     /// C7 with the image's own length.
