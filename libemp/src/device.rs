@@ -179,7 +179,18 @@ impl Device {
     /// [`Error::Nic`]: `EAGAIN` not stable, `ENOSPC` `buf` too small,
     /// `ENOENT` `buf` not this port's memory.
     pub fn save(&mut self, buf: &Buffer) -> Result<u64> {
-        let len = self.backend.save(buf.sge(0, buf.len()))?;
+        self.save_at(buf.sge(0, buf.len()))
+    }
+
+    /// As [`Device::save`], into registered memory `at` (`at.len` is the room).
+    ///
+    /// # Errors
+    /// As [`Device::save`].
+    pub fn save_at(&mut self, at: Sge) -> Result<u64> {
+        if self.saved {
+            return Err(Error::invalid("save: the port is saved already"));
+        }
+        let len = self.backend.save(at)?;
         // The slot's window may go to another process: drop our view of it.
         self.window = Window::new(Mapping::anonymous_populated(self.window.len())?);
         self.saved = true;
@@ -195,13 +206,21 @@ impl Device {
     /// changed: fix it and try again), `EBUSY` no free slot, `ENOSPC` no
     /// table room; [`Error::InvalidArgument`] when the port is not saved.
     pub fn restore(&mut self, buf: &Buffer, len: u64) -> Result<()> {
-        if !self.saved {
-            return Err(Error::invalid("restore: the port is not saved"));
-        }
         if len > buf.len() as u64 {
             return Err(Error::invalid(format!("restore: {len} bytes from a {} byte buffer", buf.len())));
         }
-        let (window, _slot) = self.backend.restore(buf.sge(0, len as usize))?;
+        self.restore_at(buf.sge(0, len as usize))
+    }
+
+    /// As [`Device::restore`], from registered memory `at` (`at.len` bytes).
+    ///
+    /// # Errors
+    /// As [`Device::restore`].
+    pub fn restore_at(&mut self, at: Sge) -> Result<()> {
+        if !self.saved {
+            return Err(Error::invalid("restore: the port is not saved"));
+        }
+        let (window, _slot) = self.backend.restore(at)?;
         self.window = Window::new(window);
         self.saved = false;
         Ok(())
