@@ -241,7 +241,8 @@ fn handle(
                 let h = nic.header();
                 out.arg[ar::DAEMON_PID] = std::process::id() as u64;
                 out.arg[ar::NODE] = nic.node as u64;
-                out.arg[ar::PORT] = p as u64;
+                // The endpoint peers use: the port's wire address.
+                out.arg[ar::PORT] = nic.port_addr(p).unwrap_or(p) as u64;
                 out.arg[ar::GEN] = 0;
                 out.arg[ar::MTU] = h.mtu as u64;
                 out.arg[ar::WINDOW_SIZE] = h.port_stride as u64;

@@ -97,7 +97,7 @@ pub type Errno = i32;
 //   engine to complete a mailbox command, and the engine completes it only
 //   after its HAL calls got their locks. So `admin` is never taken while
 //   holding any other lock, and the engine never takes `admin`.
-// * `dma`, `ports`, `mr_free`, `key_salt`, `groups` and `guest_irq` are
+// * `dma`, `ports`, `mr_free`, `key_salt`, `groups`, `parked_addrs` and `guest_irq` are
 //   leaves: each is taken on its own and released before the next one is
 //   taken (or `admin`). No two are ever held together, so there is no order
 //   among them to get wrong; keep it that way rather than nest.
@@ -125,6 +125,8 @@ pub struct NicShared {
     pub wake: OwnedFd,
     /// Set when the port set changed (the engine re-reads its sleep set).
     pub ports_changed: AtomicBool,
+    /// Wire addresses of saved (parked) ports: no new port takes them.
+    parked_addrs: Mutex<Vec<u16>>,
 
     key_salt: Mutex<u32>,
     /// Group table slots in use: (port, group id).
@@ -191,15 +193,20 @@ impl NicShared {
     /// Allocates a free port to process `pid`.
     pub fn alloc_port(&self, pid: i32) -> Result<u16, Errno> {
         self.running()?;
+        let parked = self.parked_addrs.lock().expect("parked").clone();
         let mut ports = self.ports.lock().expect("ports");
         let p = ports.iter().position(|p| p.is_none()).ok_or(libc::EBUSY)? as u16;
+        // The port's wire address: its slot, unless a saved port elsewhere
+        // holds that (docs/context-switch.md); then one above the slots.
+        let taken = |a: u16| parked.contains(&a) || ports.iter().flatten().any(|s| s.addr == a);
+        let addr = (p..u16::MAX).step_by(ports.len().max(1)).find(|&a| !taken(a)).ok_or(libc::EBUSY)?;
         let doorbell = eventfd(libc::EFD_NONBLOCK).map_err(|_| libc::EMFILE)?;
         let event = eventfd(0).map_err(|_| libc::EMFILE)?;
         let w = self.layout.port(p);
         let mut z = [0u8; PortCtl::SIZE];
         PortCtl::default().put(&mut z);
         self.sram.write(w.base, &z);
-        ports[p as usize] = Some(PortState { doorbell, event, pid, keys: Vec::new(), started: false, addr: p });
+        ports[p as usize] = Some(PortState { doorbell, event, pid, keys: Vec::new(), started: false, addr });
         self.ports_changed.store(true, Ordering::Release);
         Ok(p)
     }
@@ -292,7 +299,9 @@ impl NicShared {
 
     /// Opens `port` with its completion queue.
     pub fn start(&self, port: u16, cq_key: u32, cq_off: u64, cq_entries: u64) -> Result<(), Errno> {
-        let r = self.admin(AdminOp::PortOpen, [port as u64, cq_key as u64, cq_off, cq_entries, 0, 0])?;
+        let addr = self.port_addr(port).ok_or(libc::EINVAL)?;
+        let addr_arg = if addr == port { 0 } else { emp_uapi::sram::PORT_ADDR_EXPLICIT | addr as u64 };
+        let r = self.admin(AdminOp::PortOpen, [port as u64, cq_key as u64, cq_off, cq_entries, 0, addr_arg])?;
         match r {
             admin_result::OK => {
                 if let Some(ps) = self.ports.lock().expect("ports").get_mut(port as usize).and_then(|p| p.as_mut()) {
@@ -304,6 +313,11 @@ impl NicShared {
             admin_result::BAD_STATE => Err(libc::EALREADY),
             _ => Err(libc::EINVAL),
         }
+    }
+
+    /// The wire address of attached `port` (peers address it by this).
+    pub fn port_addr(&self, port: u16) -> Option<u16> {
+        self.ports.lock().expect("ports").get(port as usize)?.as_ref().map(|s| s.addr)
     }
 
     /// C1: suspends `port` (docs/context-switch.md).
@@ -338,6 +352,7 @@ impl NicShared {
         let mut len = [0u8; 4];
         let len = self.read_region(port, key, offset + 8, &mut len).map(|_| u32::from_le_bytes(len) as u64);
         let state = self.ports.lock().expect("ports")[port as usize].take().expect("a saved port was attached");
+        self.parked_addrs.lock().expect("parked").push(state.addr);
         self.ports_changed.store(true, Ordering::Release);
         self.move_mrs(&state.keys, port, PARKED_OWNER);
         let parked = ParkedPort { addr: state.addr, gen, state };
@@ -375,6 +390,7 @@ impl NicShared {
             .admin(AdminOp::PortRestore, [slot as u64, key as u64, offset, len, addr as u64 | (gen as u64) << 16, 0]);
         match r.and_then(ctx_result) {
             Ok(()) => {
+                self.unpark_addr(addr);
                 self.ports_changed.store(true, Ordering::Release);
                 signal(self.wake.as_raw_fd());
                 Ok(slot)
@@ -391,8 +407,16 @@ impl NicShared {
     /// its registrations go.
     pub fn discard(&self, p: ParkedPort) {
         let _ = self.admin(AdminOp::PortDiscard, [p.addr as u64 | (p.gen as u64) << 16, 0, 0, 0, 0, 0]);
+        self.unpark_addr(p.addr);
         for &k in &p.state.keys {
             let _ = self.dereg(PARKED_OWNER, k);
+        }
+    }
+
+    fn unpark_addr(&self, addr: u16) {
+        let mut parked = self.parked_addrs.lock().expect("parked");
+        if let Some(i) = parked.iter().position(|&a| a == addr) {
+            parked.swap_remove(i);
         }
     }
 
@@ -577,6 +601,7 @@ pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Ar
         admin: Mutex::new(()),
         wake: eventfd(libc::EFD_NONBLOCK)?,
         ports_changed: AtomicBool::new(true),
+        parked_addrs: Mutex::new(Vec::new()),
         key_salt: Mutex::new(cfg.node as u32 ^ std::process::id() ^ 0x5EED),
         groups: Mutex::new(vec![None; layout.params.group_entries as usize]),
 
