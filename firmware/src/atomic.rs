@@ -99,6 +99,46 @@ impl AtomicRx {
     }
 }
 
+/// Bytes of a responder state in a context image ([`AtomicRx::save`]).
+pub(crate) const ATOMIC_RX_IMAGE: usize = 8 + W as usize * 16;
+
+impl AtomicRx {
+    /// Appends the state a saved context carries: the requester's
+    /// generation, the next sequence and the replay cache. Requests held
+    /// ahead of their turn are not kept: unanswered, their requester sends
+    /// them again.
+    pub(crate) fn save(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.gen.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.expected.to_le_bytes());
+        for c in &self.cache {
+            out.extend_from_slice(&[c.valid as u8, c.status, 0, 0]);
+            out.extend_from_slice(&c.seq.to_le_bytes());
+            out.extend_from_slice(&c.old.to_le_bytes());
+        }
+    }
+
+    /// Reads what [`AtomicRx::save`] wrote (`ATOMIC_RX_IMAGE` bytes, untrusted).
+    pub(crate) fn load(b: &[u8], now: u64) -> Result<Box<AtomicRx>, &'static str> {
+        let b = b.get(..ATOMIC_RX_IMAGE).ok_or("atomic state truncated")?;
+        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        if u16_at(2) != 0 {
+            return Err("atomic state: reserved bytes not zero");
+        }
+        let mut rx = Box::new(AtomicRx::new(u16_at(0), u32_at(4), now));
+        for (i, c) in rx.cache.iter_mut().enumerate() {
+            let at = 8 + i * 16;
+            if b[at] > 1 || b[at + 2] != 0 || b[at + 3] != 0 {
+                return Err("atomic cache entry: bad flag or reserved bytes");
+            }
+            let old = u64::from_le_bytes(b[at + 8..at + 16].try_into().expect("8 bytes"));
+            *c = Cached { valid: b[at] == 1, status: b[at + 1], seq: u32_at(at + 4), old };
+        }
+        Ok(rx)
+    }
+}
+
 /// A peer's atomic state, both directions.
 #[derive(Debug, Default)]
 pub(crate) struct PeerAtomics {
@@ -214,7 +254,7 @@ impl Nic {
             dst_gen: p.remote_gen,
             src_node: self.node,
             dst_node: p.node,
-            src_port: a.port,
+            src_port: self.ports[a.port as usize].addr,
             dst_port: p.rport,
             src_gen: self.ports[a.port as usize].gen,
             payload_len: 0,

@@ -43,7 +43,7 @@ impl Nic {
             dst_gen: p.rx_gen.unwrap_or(0),
             src_node: self.node,
             dst_node: p.node,
-            src_port: p.port,
+            src_port: self.ports[p.port as usize].addr,
             dst_port: p.rport,
             src_gen: self.ports[p.port as usize].gen,
             payload_len: 0,
@@ -56,7 +56,7 @@ impl Nic {
 
     pub(crate) fn send_ack<H: Hal>(&mut self, hal: &mut H, peer: u32, seq: u32, g: u32) {
         let hdr = self.ack_header(peer, FrameKind::Ack, seq, g);
-        let (rx_credits, fc_level) = self.rx_credits(hdr.src_port);
+        let (rx_credits, fc_level) = self.rx_credits(self.peer(peer).port);
         let body =
             AckBody { group: g, rx_credits, fc_level, rx_expected: self.peer(peer).rx_expected, ..Default::default() };
         self.emit_control(hal, &hdr, &body);
@@ -73,7 +73,7 @@ impl Nic {
         reason: NackReason,
     ) {
         let hdr = self.ack_header(peer, FrameKind::Nack, seq, g);
-        let (rx_credits, fc_level) = self.rx_credits(hdr.src_port);
+        let (rx_credits, fc_level) = self.rx_credits(self.peer(peer).port);
         let body = AckBody {
             group: g,
             missing_mask: mask,
@@ -96,7 +96,8 @@ impl Nic {
             dst_gen: to.src_gen,
             src_node: self.node,
             dst_node: to.src_node,
-            src_port: to.dst_port,
+            // `to` names the local slot (`receive_frame`); peers know its address.
+            src_port: self.ports[to.dst_port as usize].addr,
             dst_port: to.src_port,
             src_gen: 0,
             payload_len: 0,

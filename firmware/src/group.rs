@@ -169,6 +169,11 @@ impl Nic {
     }
 
     /// Port close: every group of the port goes.
+    /// Is `port` a member of a loaded group?
+    pub(crate) fn port_in_group(&self, port: u16) -> bool {
+        self.groups.slots.iter().flatten().any(|g| g.port == port)
+    }
+
     pub(crate) fn groups_of_port_remove<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
         for s in 0..self.groups.slots.len() as u32 {
             if self.groups.get(s).is_some_and(|g| g.port == port) {

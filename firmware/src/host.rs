@@ -67,6 +67,12 @@ impl Nic {
             }
             Some(AdminOp::GroupSet) => self.admin_group_set(hal, now, mb.args[0]),
             Some(AdminOp::GroupClear) => self.admin_group_clear(hal, now, mb.args[0]),
+            Some(AdminOp::PortSuspend) => self.admin_port_suspend(hal, mb.args[0]),
+            Some(AdminOp::PortStable) => self.admin_port_stable(mb.args[0]),
+            Some(AdminOp::PortSave) => self.admin_port_save(hal, &mb.args),
+            Some(AdminOp::PortRestore) => self.admin_port_restore(hal, now, &mb.args),
+            Some(AdminOp::PortResume) => self.admin_port_resume(hal, mb.args[0]),
+            Some(AdminOp::PortDiscard) => self.admin_port_discard(mb.args[0]),
             None => admin_result::BAD_OP,
         };
         sram_put_u32(hal, off + core::mem::offset_of!(AdminMailbox, result), result);
@@ -89,6 +95,9 @@ impl Nic {
         if self.ports[p as usize].open {
             return admin_result::BAD_STATE;
         }
+        let Some(addr) = self.open_addr(p, args[5]) else {
+            return admin_result::BAD_STATE;
+        };
         let cq_bytes = cq_entries * Cqe::SIZE as u64;
         if self.mr_lookup(hal, p, cq_key as u32, cq_offset, cq_bytes, MR_LOCAL_WRITE).is_err() {
             return admin_result::BAD_KEY;
@@ -104,6 +113,8 @@ impl Nic {
             st.cq_prod = 0;
             st.outstanding = 0;
             st.mode = mode;
+            st.addr = addr;
+            st.suspended = false;
             // The trusted side zeroed the host-written words before opening.
             st.send_cons = sram_u32(hal, w.ctl(ctl::SEND_PROD));
             st.recv_cons = sram_u32(hal, w.ctl(ctl::RECV_PROD));
@@ -156,7 +167,10 @@ impl Nic {
         self.free_peers_of(port);
         self.mcast_leave_all(hal, port);
         debug_assert_eq!(self.ports[port as usize].outstanding, 0);
-        self.ports[port as usize].open = false;
+        let st = &mut self.ports[port as usize];
+        st.open = false;
+        st.suspended = false;
+        st.addr = port;
         let w = self.layout.port(port);
         sram_put_u32(hal, w.ctl(ctl::STATE), port_state::CLOSED);
     }

@@ -70,6 +70,9 @@
 //! - `rma.rs`: remote write and read, initiator and target.
 //! - `guard.rs`: remote-access checks (key, secret, rights, bounds), their
 //!   refusal counters, and throttling a source that keeps guessing keys.
+//! - `ctxsw.rs`: port context switch (PM §3.4, C1–C8): suspend, stability,
+//!   saving a port into a context image, restoring it into any free slot,
+//!   resume; wire addresses and parked contexts.
 //!
 //! The path of one message through these files, from the host's post to the
 //! peer's completion, is in `docs/architecture.md`.
@@ -79,6 +82,7 @@ mod coll;
 mod combine;
 mod control;
 mod cpu;
+mod ctxsw;
 mod ffi;
 mod group;
 mod guard;
@@ -102,6 +106,7 @@ use emp_uapi::wire::{Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
 use emp_uapi::Le;
 
 pub use cpu::CpuStep;
+pub use ctxsw::{image_checksum, IMAGE_MAGIC, IMAGE_VERSION};
 pub use timer::TimerHeap;
 
 use rx::{DataVerdict, RxOwner};
@@ -484,6 +489,13 @@ pub(crate) struct Port {
     pub unexpected: VecDeque<u32>,
     /// What a message no posted receive matches gets.
     pub mode: MatchMode,
+    /// The port number peers address it by (`FrameHeader::{src,dst}_port`):
+    /// the slot unless opened with an explicit address or restored into
+    /// another slot (`ctxsw.rs`).
+    pub addr: u16,
+    /// Suspended for a context switch (C1): consumes no descriptor, starts
+    /// no message, refuses new messages.
+    pub suspended: bool,
 }
 
 /// Peer = (local port, remote node, remote port): the unit of sequencing.
@@ -611,6 +623,10 @@ pub struct Nic {
     pub(crate) guard: guard::Guard,
     /// Multicast memberships and counts.
     pub(crate) mcast: mcast::Mcast,
+    /// Saved contexts whose address is reserved: (address, generation).
+    pub(crate) parked: Vec<ctxsw::Parked>,
+    /// Why the last restore refused its image (diagnosis).
+    pub(crate) restore_refusal: Option<&'static str>,
 }
 
 impl Nic {
@@ -657,6 +673,8 @@ impl Nic {
                 posted: VecDeque::new(),
                 unexpected: VecDeque::with_capacity((pool_slots + cfg.unexp_headers) as usize),
                 mode: cfg.matching,
+                addr: i,
+                suspended: false,
             })
             .collect();
         let nic = Nic {
@@ -702,6 +720,8 @@ impl Nic {
             coll_cache_used: 0,
             guard: guard::Guard::new(),
             mcast: mcast::Mcast::default(),
+            parked: Vec::with_capacity(ctxsw::PARKED_MAX),
+            restore_refusal: None,
             cfg,
         };
         set_status(hal, NicStatus::Running, FailReason::None);
@@ -741,7 +761,7 @@ impl Nic {
 
     /// Dispatches a received frame by kind.
     fn receive_frame<H: Hal>(&mut self, hal: &mut H, now: u64, bytes: &[u8]) {
-        let frame = match Frame::parse(bytes) {
+        let mut frame = match Frame::parse(bytes) {
             Ok(f)
                 if emp_uapi::wire::is_mcast(f.header().dst_node)
                     && (f.header().dst_port as usize) < self.ports.len()
@@ -751,15 +771,15 @@ impl Nic {
             }
             // A source outside the route table is no node of this cluster:
             // refused before it can take a peer entry or reach a receive.
-            Ok(f)
-                if f.header().dst_node == self.node
-                    && (f.header().dst_port as usize) < self.ports.len()
-                    && self.route_valid(hal, f.header().src_node) =>
-            {
-                f
-            }
+            Ok(f) if f.header().dst_node == self.node && self.route_valid(hal, f.header().src_node) => f,
             _ => return self.count(counter::DROPPED_MALFORMED, 1),
         };
+        // Peers address a port by its wire address; from here on the
+        // header names the slot that holds it.
+        match self.slot_for_frame(frame.header().dst_port) {
+            Some(slot) => frame.header_mut().dst_port = slot,
+            None => return self.refuse_unaddressed(hal, &frame),
+        }
         match frame {
             Frame::Data { hdr, msg, payload } => {
                 hal.cpu_step(self.cpu, CpuStep::RecvBookkeep, false);
@@ -788,7 +808,16 @@ impl Nic {
     /// collective layer.
     fn on_data<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, msg: Option<&MsgHeader>, payload: &[u8]) {
         let Some(peer) = self.admit_data(hal, now, hdr) else { return };
-        match self.classify_data(peer, hdr) {
+        let verdict = self.classify_data(peer, hdr);
+        if self.ports[hdr.dst_port as usize].suspended {
+            // C1: a suspended port finishes the messages it is receiving
+            // but starts none; the sender retries after resume.
+            if let DataVerdict::NextMsg | DataVerdict::CollFirst | DataVerdict::RmaFirst = verdict {
+                let tag = msg.map(|m| m.tag).filter(|_| !matches!(verdict, DataVerdict::CollFirst));
+                return self.refuse_next(hal, peer, hdr, tag);
+            }
+        }
+        match verdict {
             DataVerdict::Active(r) => self.deliver(hal, now, r, hdr, msg, payload),
             DataVerdict::Old => self.on_old_data(hal, peer, hdr),
             DataVerdict::Retained => self.on_retained_data(hal, peer, hdr),
@@ -876,7 +905,8 @@ impl Nic {
 
     fn poll_rings<H: Hal>(&mut self, hal: &mut H, now: u64) {
         for p in 0..self.ports.len() as u16 {
-            if self.ports[p as usize].open {
+            // A suspended port's rings wait for its resume (C1).
+            if self.ports[p as usize].open && !self.ports[p as usize].suspended {
                 self.consume_rings(hal, now, p);
             }
         }

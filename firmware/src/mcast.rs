@@ -100,6 +100,11 @@ impl Nic {
         }
     }
 
+    /// Has `port` joined any multicast address?
+    pub(crate) fn mcast_port_joined_any(&self, port: u16) -> bool {
+        self.mcast.joined.iter().any(|&(_, p)| p == port)
+    }
+
     /// Does `port` receive `addr`?
     pub fn mcast_joined(&self, port: u16, addr: u16) -> bool {
         self.mcast.joined(addr, port)

@@ -794,6 +794,44 @@ impl Nic {
         Some(u)
     }
 
+    /// The payload of eager unexpected entry `e` (`None` for a retained header).
+    pub(crate) fn eager_payload(&self, e: u32) -> Option<&[u8]> {
+        let s = self.unexp.get(e)?.data?;
+        Some(&self.overflow.slots[s as usize].data)
+    }
+
+    /// Largest payload an eager entry holds.
+    pub(crate) fn eager_slot_size(&self) -> u32 {
+        self.overflow.slot_size
+    }
+
+    /// Eager entries that can be added now.
+    pub(crate) fn eager_room(&self) -> u32 {
+        self.overflow.available().min(self.unexp.capacity() - self.unexp.used())
+    }
+
+    /// A restored context's eager unexpected entry, appended to `port`'s
+    /// queue (the caller checked `eager_room`).
+    pub(crate) fn restore_eager(&mut self, port: u16, peer: u32, src: (u16, u16), tag: u64, payload: &[u8]) {
+        let s = self.overflow.free.pop().expect("room checked");
+        self.overflow.slots[s as usize].data.clear();
+        self.overflow.slots[s as usize].data.extend_from_slice(payload);
+        let entry = Unexpected {
+            port,
+            src_node: src.0,
+            src_port: src.1,
+            tag,
+            total_len: payload.len() as u64,
+            data: Some(s),
+            peer,
+            seq: 0,
+            pull: None,
+            claimed: None,
+        };
+        let e = self.unexp.insert_checked(entry);
+        self.ports[port as usize].unexpected.push_back(e);
+    }
+
     /// The port closes: its unexpected entries go (pulls were flushed first).
     pub(crate) fn unexp_flush_port(&mut self, port: u16) {
         while let Some(&e) = self.ports[port as usize].unexpected.front() {

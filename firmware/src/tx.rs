@@ -164,6 +164,22 @@ impl TxMsg {
         }
     }
 
+    /// May a context switch save it as a descriptor to send again from its
+    /// first frame? Only a plain send the receiver holds nothing of: never
+    /// sent, or rewound on a suspended port (`Nic::rewind_refused`,
+    /// `Nic::rewind_blocked`), nothing of it acknowledged. A message the
+    /// receiver started taking runs to its end first (C2–C4).
+    pub fn restartable(&self) -> bool {
+        self.next_frame == 0 && self.plain_unacked()
+    }
+
+    /// A plain send nothing of which is acknowledged (nor retained, pulled).
+    pub fn plain_unacked(&self) -> bool {
+        let none_acked =
+            self.groups.una() == 0 && self.groups.live().all(|g| self.groups.get(g).is_some_and(|x| !x.acked));
+        self.coll.is_none() && self.rma.is_none() && !self.held && !self.pulling && none_acked
+    }
+
     /// Bytes of the message: the descriptor's, or an RMA header and its data.
     pub fn msg_len(&self) -> u64 {
         match &self.rma {
@@ -240,6 +256,42 @@ impl Nic {
         slot
     }
 
+    /// A restored context's message, queued with the sequence number it
+    /// had when saved (`ctxsw.rs`; the caller checked table room and order).
+    pub(crate) fn restore_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc, seq: u32) {
+        let frame_count = wire::frames_for(desc.len, self.mtu) as u32;
+        let groups = frame_count.div_ceil(self.cfg.group_size);
+        let slot = self.tx.insert_checked(TxMsg {
+            port,
+            peer,
+            desc,
+            seq,
+            frame_count,
+            next_frame: 0,
+            groups: SendWindow::new(groups, self.tx_rings.take()),
+            inflight_frames: 0,
+            rnr_retries: 0,
+            rnr_waiting: false,
+            queued_ns: now,
+            limit: u32::MAX,
+            coll: None,
+            rma: None,
+            held: false,
+            pulling: false,
+        });
+        self.peer_mut(peer).tx_queue.push_back(slot);
+    }
+
+    /// Takes a message out of its peer's queue without completing it: a
+    /// saved context carries it (`ctxsw.rs`).
+    pub(crate) fn unqueue_tx(&mut self, slot: u32) {
+        let m = self.tx.remove(slot);
+        self.tx_rings.give(m.groups.into_slots());
+        let p = self.peer_mut(m.peer);
+        p.inflight_frames -= m.inflight_frames;
+        p.tx_queue.retain(|&s| s != slot);
+    }
+
     pub(crate) fn mark_ready(&mut self, peer: u32) {
         let p = self.peer_mut(peer);
         if !p.ready {
@@ -298,6 +350,13 @@ impl Nic {
             if next == 0 {
                 if started >= msgs_max {
                     return;
+                }
+                // C1: a suspended port starts no message; later ones the
+                // receiver started taking (an earlier one was refused and
+                // rewound, `rewind_refused`) go on to their end.
+                let m = self.tx.get(slot).expect("queued");
+                if self.ports[m.port as usize].suspended && m.plain_unacked() {
+                    continue;
                 }
                 started += 1;
             }
@@ -388,7 +447,7 @@ impl Nic {
             dst_gen: p.remote_gen,
             src_node: self.node,
             dst_node: p.node,
-            src_port: m.port,
+            src_port: self.ports[m.port as usize].addr,
             dst_port: p.rport,
             src_gen: self.ports[m.port as usize].gen,
             payload_len: len as u16,
@@ -460,6 +519,15 @@ impl Nic {
         }
         if self.tx.get(slot).is_some_and(|m| m.held) {
             return self.on_held_keepalive(hal, now, slot);
+        }
+        let (port, peer) = self.tx.get(slot).map(|m| (m.port, m.peer)).expect("live");
+        if self.ports[port as usize].suspended {
+            // Behind a message it does not send, the receiver cannot take
+            // it: rewound, not retried until it fails.
+            self.rewind_blocked(peer);
+            if self.tx.get(slot).expect("live").next_frame == 0 {
+                return;
+            }
         }
         self.count(counter::TIMEOUTS, 1);
         if grp.retries >= self.cfg.retry_limit {
@@ -543,6 +611,9 @@ impl Nic {
             return;
         }
         if let Some(n) = m.groups.ack(body.group) {
+            // A message rewound on a suspended port (`rewind_refused`) that
+            // the receiver took after all: it goes on past what is acknowledged.
+            m.next_frame = m.next_frame.max(m.groups.una() * self.cfg.group_size).min(m.frame_count);
             m.inflight_frames -= n;
             let done = m.groups.done();
             self.peer_mut(peer).inflight_frames -= n;
@@ -692,6 +763,56 @@ impl Nic {
             self.peer_mut(peer).not_to_send = Some(seq);
             self.rewind_after(peer, seq);
         }
+        let port = self.tx.get(slot).expect("live").port;
+        if self.ports[port as usize].suspended {
+            self.rewind_refused(slot);
+            self.rewind_blocked(peer);
+        }
+    }
+
+    /// A suspended port's message the receiver just refused, nothing of it
+    /// acknowledged, goes back to unsent (`ctxsw.rs`): its frames leave the
+    /// window, so messages the receiver did start taking can finish, and it
+    /// starts again from frame 0 after the resume. The receiver holds
+    /// nothing of it (a late duplicate it took is deduplicated by sequence
+    /// number when the message comes again).
+    pub(crate) fn rewind_refused(&mut self, slot: u32) {
+        if self.tx.get(slot).is_some_and(|m| m.rnr_waiting && m.plain_unacked()) {
+            self.rewind_to_start(slot);
+        }
+    }
+
+    /// A suspended port's messages behind one it does not send (unstarted
+    /// or rewound): the receiver takes messages in sequence order, so it
+    /// cannot take them before that one; with nothing of them acknowledged
+    /// they are rewound too, rather than retransmitted until they fail.
+    pub(crate) fn rewind_blocked(&mut self, peer: u32) {
+        let mut blocked = false;
+        for qi in 0..self.peer(peer).tx_queue.len() {
+            let s = self.peer(peer).tx_queue[qi];
+            let m = self.tx.get(s).expect("queued");
+            if m.next_frame == 0 {
+                blocked = true;
+            } else if blocked && m.plain_unacked() {
+                self.rewind_to_start(s);
+            }
+        }
+    }
+
+    fn rewind_to_start(&mut self, slot: u32) {
+        let m = self.tx.get_mut(slot);
+        let mut freed = 0;
+        for g in m.groups.live() {
+            let grp = m.groups.get_mut(g).expect("live");
+            freed += core::mem::take(&mut grp.inflight);
+            *grp = Group::default();
+        }
+        m.inflight_frames -= freed;
+        m.next_frame = 0;
+        m.rnr_waiting = false;
+        let peer = m.peer;
+        self.peer_mut(peer).inflight_frames -= freed;
+        self.mark_ready(peer);
     }
 
     /// Modified ACK/NACK: the receiver refuses everything after a refused

@@ -283,6 +283,21 @@ int emp_probe_claim(struct emp_device *dev, uint16_t node, uint16_t port, uint64
 int emp_post_recv_claimed(struct emp_device *dev, uint64_t wr_id, const struct emp_probed *claimed,
 			  const struct emp_sge *sge, size_t n);
 
+/* Since EMP_1.4: port context switch (docs/context-switch.md; direct
+ * attach only, -EOPNOTSUPP through the kernel driver). Each returns 0 or a
+ * negative errno. Suspend (C1); emp_port_is_stable returns 1 once nothing
+ * is half sent or received (C2-C4), 0 before; save writes the port's NIC
+ * state into registered memory (key, offset, at most room bytes; *len =
+ * its length) and gives the NIC slot up: nothing may be posted until
+ * restore (-EBADMSG: the image failed its checks, nothing changed), which
+ * brings it back suspended, maybe in another slot, with the same endpoint;
+ * resume (C8). */
+int emp_port_suspend(struct emp_device *dev);
+int emp_port_is_stable(struct emp_device *dev);
+int emp_port_save(struct emp_device *dev, uint32_t key, uint64_t offset, uint64_t room, uint64_t *len);
+int emp_port_restore(struct emp_device *dev, uint32_t key, uint64_t offset, uint64_t len);
+int emp_port_resume(struct emp_device *dev);
+
 #ifdef __cplusplus
 }
 #endif

@@ -66,6 +66,8 @@ pub struct Device {
     empty_polls: u32,
     /// The NIC was found dead: every later call fails.
     nic_dead: bool,
+    /// The port is saved (context switch): no window until restored.
+    saved: bool,
 }
 
 // SAFETY: the raw pointers are mappings owned by this Device; it is used
@@ -144,7 +146,92 @@ impl Device {
             alive_changed: Instant::now(),
             empty_polls: 0,
             nic_dead: false,
+            saved: false,
         })
+    }
+
+    /// Context switch C1 (docs/context-switch.md): the NIC stops taking
+    /// this port's descriptors and starting its messages; posting may go
+    /// on until the rings are full. Direct attach only.
+    ///
+    /// # Errors
+    /// [`Error::Nic`] (`EALREADY` when suspended already),
+    /// [`Error::Unsupported`] through the kernel driver.
+    pub fn suspend(&mut self) -> Result<()> {
+        self.backend.suspend()
+    }
+
+    /// C2–C4: is the suspended port stable (nothing of it half sent or half
+    /// received)? Only a stable port can be saved.
+    ///
+    /// # Errors
+    /// As [`Device::suspend`].
+    pub fn is_stable(&mut self) -> Result<bool> {
+        self.backend.is_stable()
+    }
+
+    /// C6: saves the stable suspended port as a context image into `buf`
+    /// (this device's memory) and gives its NIC slot up; returns the
+    /// image's length. Until [`Device::restore`], nothing may be posted or
+    /// polled: the port's window is unmapped.
+    ///
+    /// # Errors
+    /// [`Error::Nic`]: `EAGAIN` not stable, `ENOSPC` `buf` too small,
+    /// `ENOENT` `buf` not this port's memory.
+    pub fn save(&mut self, buf: &Buffer) -> Result<u64> {
+        self.save_at(buf.sge(0, buf.len()))
+    }
+
+    /// As [`Device::save`], into registered memory `at` (`at.len` is the room).
+    ///
+    /// # Errors
+    /// As [`Device::save`].
+    pub fn save_at(&mut self, at: Sge) -> Result<u64> {
+        if self.saved {
+            return Err(Error::invalid("save: the port is saved already"));
+        }
+        let len = self.backend.save(at)?;
+        // The slot's window may go to another process: drop our view of it.
+        self.window = Window::new(Mapping::anonymous_populated(self.window.len())?);
+        self.saved = true;
+        Ok(len)
+    }
+
+    /// C7: restores the port saved into `buf` (`len` bytes) into a free
+    /// slot of the NIC, maybe another one; the port keeps its endpoint, so
+    /// peers reach it unchanged. It comes back suspended: [`Device::resume`].
+    ///
+    /// # Errors
+    /// [`Error::Nic`]: `EBADMSG` the image failed its checks (nothing
+    /// changed: fix it and try again), `EBUSY` no free slot, `ENOSPC` no
+    /// table room; [`Error::InvalidArgument`] when the port is not saved.
+    pub fn restore(&mut self, buf: &Buffer, len: u64) -> Result<()> {
+        if len > buf.len() as u64 {
+            return Err(Error::invalid(format!("restore: {len} bytes from a {} byte buffer", buf.len())));
+        }
+        self.restore_at(buf.sge(0, len as usize))
+    }
+
+    /// As [`Device::restore`], from registered memory `at` (`at.len` bytes).
+    ///
+    /// # Errors
+    /// As [`Device::restore`].
+    pub fn restore_at(&mut self, at: Sge) -> Result<()> {
+        if !self.saved {
+            return Err(Error::invalid("restore: the port is not saved"));
+        }
+        let (window, _slot) = self.backend.restore(at)?;
+        self.window = Window::new(window);
+        self.saved = false;
+        Ok(())
+    }
+
+    /// C8: the suspended port goes on.
+    ///
+    /// # Errors
+    /// As [`Device::suspend`].
+    pub fn resume(&mut self) -> Result<()> {
+        self.backend.resume()
     }
 
     /// What this port is.
@@ -275,6 +362,9 @@ impl Device {
     pub(crate) fn post(&mut self, send: bool, d: &WorkDesc) -> Result<()> {
         if self.nic_dead {
             return Err(nic_dead());
+        }
+        if self.saved {
+            return Err(Error::invalid("the port is saved (context switch): restore it first"));
         }
         let ring = if send { &mut self.send } else { &mut self.recv };
         ring.push(&self.window, d)?;

@@ -370,6 +370,86 @@ pub unsafe extern "C" fn emp_post_recv_claimed(
     }
 }
 
+/// Runs a context-switch call on `dev`: 0, or a negative errno.
+///
+/// # Safety
+/// `dev` null or from `emp_open`.
+unsafe fn port_call(dev: *mut EmpDevice, f: impl FnOnce(&mut Device) -> crate::Result<()>) -> c_int {
+    if dev.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: the caller passes a live device.
+    match f(unsafe { &mut (*dev).0 }) {
+        Ok(()) => 0,
+        Err(e) => errno(&e),
+    }
+}
+
+/// Context switch C1 (docs/context-switch.md).
+///
+/// # Safety
+/// `dev` from `emp_open`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_port_suspend(dev: *mut EmpDevice) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { port_call(dev, |d| d.suspend()) }
+}
+
+/// C8.
+///
+/// # Safety
+/// `dev` from `emp_open`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_port_resume(dev: *mut EmpDevice) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { port_call(dev, |d| d.resume()) }
+}
+
+/// C2–C4: 1 when the suspended port is stable, 0 when not yet, else a
+/// negative errno.
+///
+/// # Safety
+/// `dev` from `emp_open`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_port_is_stable(dev: *mut EmpDevice) -> c_int {
+    let mut stable = false;
+    // SAFETY: forwarded from the caller.
+    match unsafe { port_call(dev, |d| d.is_stable().map(|s| stable = s)) } {
+        0 => stable as c_int,
+        e => e,
+    }
+}
+
+/// C6: saves the port into registered memory (`key`, `offset`, at most
+/// `room` bytes); `*len` = the image's length.
+///
+/// # Safety
+/// `dev` from `emp_open`; `len` writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_port_save(dev: *mut EmpDevice, key: u32, offset: u64, room: u64, len: *mut u64) -> c_int {
+    if len.is_null() {
+        return -libc::EINVAL;
+    }
+    let at = Sge { key, offset, len: room.min(u32::MAX as u64) as u32 };
+    // SAFETY: forwarded from the caller; `len` checked non-null above.
+    unsafe { port_call(dev, |d| d.save_at(at).map(|n| *len = n)) }
+}
+
+/// C7: restores the saved port from registered memory (`key`, `offset`,
+/// `len` bytes). It comes back suspended.
+///
+/// # Safety
+/// `dev` from `emp_open`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_port_restore(dev: *mut EmpDevice, key: u32, offset: u64, len: u64) -> c_int {
+    if len > u32::MAX as u64 {
+        return -libc::EINVAL;
+    }
+    let at = Sge { key, offset, len: len as u32 };
+    // SAFETY: forwarded from the caller.
+    unsafe { port_call(dev, |d| d.restore_at(at)) }
+}
+
 fn to_wc(c: &Completion) -> EmpWc {
     EmpWc {
         wr_id: c.wr_id,

@@ -24,6 +24,11 @@ impl Window {
         Window(map)
     }
 
+    /// Bytes mapped.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// The 32-bit control word at `off` (`emp_uapi::sram::ctl`).
     pub(crate) fn word(&self, off: usize) -> &AtomicU32 {
         assert!(off.is_multiple_of(4) && off + 4 <= self.0.len(), "control word outside the window");

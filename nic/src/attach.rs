@@ -18,7 +18,7 @@ use nix::sys::socket::{
     ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
 };
 
-use crate::nic::NicShared;
+use crate::nic::{NicShared, ParkedPort};
 use crate::wire::auth::{AuthMode, TRAILER};
 use crate::wire::{WireKindInfo, WireView};
 
@@ -81,6 +81,7 @@ fn client(nic: Arc<NicShared>, wire: WireSeat, conn: OwnedFd) {
     // SAFETY: geteuid has no preconditions.
     let owner = creds.is_some_and(|c| c.uid() == 0 || c.uid() == unsafe { libc::geteuid() });
     let mut port: Option<u16> = None;
+    let mut parked: Option<ParkedPort> = None;
     let mut buf = [0u8; AttachMsg::SIZE + 1];
     // Room for every descriptor one message can carry (the kernel's
     // SCM_MAX_FD): with less, a request carrying more is truncated and the
@@ -132,13 +133,17 @@ fn client(nic: Arc<NicShared>, wire: WireSeat, conn: OwnedFd) {
             }
             continue;
         }
-        if !handle(&nic, &wire, conn.as_raw_fd(), pid, &mut port, req, fds) {
+        if !handle(&nic, &wire, conn.as_raw_fd(), pid, &mut port, &mut parked, req, fds) {
             break;
         }
     }
     if let Some(p) = port {
         tracing::info!(node = nic.node, port = p, pid, "process detached: releasing its port");
         nic.release_port(p);
+    }
+    if let Some(pp) = parked {
+        tracing::info!(node = nic.node, addr = pp.addr, pid, "process detached while saved: discarding its context");
+        nic.discard(pp);
     }
 }
 
@@ -148,11 +153,55 @@ fn handle(
     conn: RawFd,
     pid: i32,
     port: &mut Option<u16>,
+    parked: &mut Option<ParkedPort>,
     req: AttachMsg,
     mut fds: Vec<OwnedFd>,
 ) -> bool {
     let mut out = AttachMsg { op: req.op, ..Default::default() };
     let st = match (req.op, *port) {
+        (op::PORT_RESTORE, None) if parked.is_some() => {
+            let (Ok(key), Some(pp)) = (u32::try_from(req.arg[0]), parked.take()) else {
+                return reply(conn, out, status::ENOENT, &[]);
+            };
+            match nic.restore(pp, key, req.arg[1], req.arg[2]) {
+                Ok(slot) => {
+                    *port = Some(slot);
+                    out.arg[0] = slot as u64;
+                    out.arg[1] = nic.ports.lock().expect("ports")[slot as usize].as_ref().map_or(0, |s| s.addr) as u64;
+                    let Some(window) = nic.sram.port_fd(slot) else {
+                        return reply(conn, out, status::EOPNOTSUPP, &[]);
+                    };
+                    return reply(conn, out, status::OK, &[window.as_raw_fd()]);
+                }
+                Err((pp, e)) => {
+                    *parked = Some(pp);
+                    e
+                }
+            }
+        }
+        // A saved port's process may only restore it (or go).
+        (_, None) if parked.is_some() => status::EPROTO,
+        (op::PORT_SUSPEND, Some(p)) => nic.suspend(p).err().unwrap_or(status::OK),
+        (op::PORT_RESUME, Some(p)) => nic.resume(p).err().unwrap_or(status::OK),
+        (op::PORT_STABLE, Some(p)) => match nic.is_stable(p) {
+            Ok(stable) => {
+                out.arg[0] = stable as u64;
+                status::OK
+            }
+            Err(e) => e,
+        },
+        (op::PORT_SAVE, Some(p)) => match u32::try_from(req.arg[0]) {
+            Ok(key) => match nic.save(p, key, req.arg[1], req.arg[2]) {
+                Ok((pp, len)) => {
+                    *port = None;
+                    *parked = Some(pp);
+                    out.arg[0] = len;
+                    status::OK
+                }
+                Err(e) => e,
+            },
+            Err(_) => status::ENOENT,
+        },
         (op::STATS, _) => {
             let h = nic.header();
             out.arg[..16].copy_from_slice(&h.counters[..16]);
@@ -192,7 +241,8 @@ fn handle(
                 let h = nic.header();
                 out.arg[ar::DAEMON_PID] = std::process::id() as u64;
                 out.arg[ar::NODE] = nic.node as u64;
-                out.arg[ar::PORT] = p as u64;
+                // The endpoint peers use: the port's wire address.
+                out.arg[ar::PORT] = nic.port_addr(p).unwrap_or(p) as u64;
                 out.arg[ar::GEN] = 0;
                 out.arg[ar::MTU] = h.mtu as u64;
                 out.arg[ar::WINDOW_SIZE] = h.port_stride as u64;

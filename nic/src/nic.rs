@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, MR_ACCESS_ALL, MR_INLINE_SEGS};
 use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{
-    admin_result, AdminMailbox, AdminOp, FailReason, GroupEntry, Layout, LayoutParams, NicStatus, PortCtl, RouteEntry,
-    SramHeader,
+    admin_result, ctl, AdminMailbox, AdminOp, FailReason, GroupEntry, Layout, LayoutParams, NicStatus, PortCtl,
+    RouteEntry, SramHeader,
 };
 use emp_uapi::Le;
 
@@ -51,6 +51,36 @@ pub struct PortState {
     pub keys: Vec<u32>,
     /// START done.
     pub started: bool,
+    /// The port's wire address (its slot until restored into another).
+    pub addr: u16,
+}
+
+/// A port context saved by its process (docs/context-switch.md): its slot
+/// is free, its registrations belong to no slot, the NIC keeps its wire
+/// address parked under this identity.
+pub struct ParkedPort {
+    /// Wire address and generation (what `PortRestore` must name).
+    pub addr: u16,
+    /// Generation.
+    pub gen: u16,
+    /// The port's state, eventfds and keys kept for the restore.
+    pub state: PortState,
+}
+
+/// The owner the daemon gives a parked port's MR entries: no slot.
+const PARKED_OWNER: u16 = u16::MAX;
+
+/// A context-switch admin result as an errno.
+fn ctx_result(r: u32) -> Result<(), Errno> {
+    match r {
+        admin_result::OK => Ok(()),
+        admin_result::NOT_STABLE => Err(libc::EAGAIN),
+        admin_result::NO_ROOM => Err(libc::ENOSPC),
+        admin_result::BAD_KEY => Err(libc::ENOENT),
+        admin_result::BAD_STATE => Err(libc::EALREADY),
+        admin_result::BAD_IMAGE => Err(libc::EBADMSG),
+        _ => Err(libc::EINVAL),
+    }
 }
 
 /// Errors of trusted-side operations: an errno.
@@ -67,7 +97,7 @@ pub type Errno = i32;
 //   engine to complete a mailbox command, and the engine completes it only
 //   after its HAL calls got their locks. So `admin` is never taken while
 //   holding any other lock, and the engine never takes `admin`.
-// * `dma`, `ports`, `mr_free`, `key_salt`, `groups` and `guest_irq` are
+// * `dma`, `ports`, `mr_free`, `key_salt`, `groups`, `parked_addrs` and `guest_irq` are
 //   leaves: each is taken on its own and released before the next one is
 //   taken (or `admin`). No two are ever held together, so there is no order
 //   among them to get wrong; keep it that way rather than nest.
@@ -95,6 +125,9 @@ pub struct NicShared {
     pub wake: OwnedFd,
     /// Set when the port set changed (the engine re-reads its sleep set).
     pub ports_changed: AtomicBool,
+    /// Wire addresses of saved (parked) ports: no new port takes them.
+    parked_addrs: Mutex<Vec<u16>>,
+
     key_salt: Mutex<u32>,
     /// Group table slots in use: (port, group id).
     groups: Mutex<Vec<Option<(u16, u32)>>>,
@@ -160,15 +193,20 @@ impl NicShared {
     /// Allocates a free port to process `pid`.
     pub fn alloc_port(&self, pid: i32) -> Result<u16, Errno> {
         self.running()?;
+        let parked = self.parked_addrs.lock().expect("parked").clone();
         let mut ports = self.ports.lock().expect("ports");
         let p = ports.iter().position(|p| p.is_none()).ok_or(libc::EBUSY)? as u16;
+        // The port's wire address: its slot, unless a saved port elsewhere
+        // holds that (docs/context-switch.md); then one above the slots.
+        let taken = |a: u16| parked.contains(&a) || ports.iter().flatten().any(|s| s.addr == a);
+        let addr = (p..u16::MAX).step_by(ports.len().max(1)).find(|&a| !taken(a)).ok_or(libc::EBUSY)?;
         let doorbell = eventfd(libc::EFD_NONBLOCK).map_err(|_| libc::EMFILE)?;
         let event = eventfd(0).map_err(|_| libc::EMFILE)?;
         let w = self.layout.port(p);
         let mut z = [0u8; PortCtl::SIZE];
         PortCtl::default().put(&mut z);
         self.sram.write(w.base, &z);
-        ports[p as usize] = Some(PortState { doorbell, event, pid, keys: Vec::new(), started: false });
+        ports[p as usize] = Some(PortState { doorbell, event, pid, keys: Vec::new(), started: false, addr });
         self.ports_changed.store(true, Ordering::Release);
         Ok(p)
     }
@@ -261,7 +299,9 @@ impl NicShared {
 
     /// Opens `port` with its completion queue.
     pub fn start(&self, port: u16, cq_key: u32, cq_off: u64, cq_entries: u64) -> Result<(), Errno> {
-        let r = self.admin(AdminOp::PortOpen, [port as u64, cq_key as u64, cq_off, cq_entries, 0, 0])?;
+        let addr = self.port_addr(port).ok_or(libc::EINVAL)?;
+        let addr_arg = if addr == port { 0 } else { emp_uapi::sram::PORT_ADDR_EXPLICIT | addr as u64 };
+        let r = self.admin(AdminOp::PortOpen, [port as u64, cq_key as u64, cq_off, cq_entries, 0, addr_arg])?;
         match r {
             admin_result::OK => {
                 if let Some(ps) = self.ports.lock().expect("ports").get_mut(port as usize).and_then(|p| p.as_mut()) {
@@ -272,6 +312,123 @@ impl NicShared {
             admin_result::BAD_KEY => Err(libc::ENOENT),
             admin_result::BAD_STATE => Err(libc::EALREADY),
             _ => Err(libc::EINVAL),
+        }
+    }
+
+    /// The wire address of attached `port` (peers address it by this).
+    pub fn port_addr(&self, port: u16) -> Option<u16> {
+        self.ports.lock().expect("ports").get(port as usize)?.as_ref().map(|s| s.addr)
+    }
+
+    /// C1: suspends `port` (docs/context-switch.md).
+    pub fn suspend(&self, port: u16) -> Result<(), Errno> {
+        self.running()?;
+        ctx_result(self.admin(AdminOp::PortSuspend, [port as u64, 0, 0, 0, 0, 0])?)
+    }
+
+    /// C8: resumes `port`.
+    pub fn resume(&self, port: u16) -> Result<(), Errno> {
+        self.running()?;
+        ctx_result(self.admin(AdminOp::PortResume, [port as u64, 0, 0, 0, 0, 0])?)
+    }
+
+    /// C2–C4: is suspended `port` stable?
+    pub fn is_stable(&self, port: u16) -> Result<bool, Errno> {
+        self.running()?;
+        match self.admin(AdminOp::PortStable, [port as u64, 0, 0, 0, 0, 0])? {
+            admin_result::NOT_STABLE => Ok(false),
+            r => ctx_result(r).map(|_| true),
+        }
+    }
+
+    /// C6: saves stable suspended `port` into its region `key` at `offset`
+    /// (at most `room` bytes) and frees the slot. The registrations stay,
+    /// owned by no slot; the caller keeps the returned parked port (and
+    /// the image's length) for the restore.
+    pub fn save(&self, port: u16, key: u32, offset: u64, room: u64) -> Result<(ParkedPort, u64), Errno> {
+        self.running()?;
+        let gen = self.sram.u32(self.layout.port(port).ctl(ctl::GEN)) as u16;
+        ctx_result(self.admin(AdminOp::PortSave, [port as u64, key as u64, offset, room, 0, 0])?)?;
+        let mut len = [0u8; 4];
+        let len = self.read_region(port, key, offset + 8, &mut len).map(|_| u32::from_le_bytes(len) as u64);
+        let state = self.ports.lock().expect("ports")[port as usize].take().expect("a saved port was attached");
+        self.parked_addrs.lock().expect("parked").push(state.addr);
+        self.ports_changed.store(true, Ordering::Release);
+        self.move_mrs(&state.keys, port, PARKED_OWNER);
+        let parked = ParkedPort { addr: state.addr, gen, state };
+        match len {
+            Ok(len) => Ok((parked, len)),
+            Err(e) => {
+                self.discard(parked);
+                Err(e)
+            }
+        }
+    }
+
+    /// C7: restores parked `p` from its region `key` at `offset` (`len`
+    /// bytes) into a free slot, suspended; returns the slot. When refused,
+    /// `p` stays parked and comes back with the error.
+    pub fn restore(&self, p: ParkedPort, key: u32, offset: u64, len: u64) -> Result<u16, (ParkedPort, Errno)> {
+        if let Err(e) = self.running() {
+            return Err((p, e));
+        }
+        let ParkedPort { addr, gen, mut state } = p;
+        let keys = state.keys.clone();
+        // The slot is taken (with the port's eventfds) before the NIC is
+        // asked, so no other process can be given it meanwhile.
+        let slot = {
+            let mut ports = self.ports.lock().expect("ports");
+            let Some(slot) = ports.iter().position(|s| s.is_none()) else {
+                return Err((ParkedPort { addr, gen, state }, libc::EBUSY));
+            };
+            state.started = true;
+            ports[slot] = Some(state);
+            slot as u16
+        };
+        self.move_mrs(&keys, PARKED_OWNER, slot);
+        let r = self
+            .admin(AdminOp::PortRestore, [slot as u64, key as u64, offset, len, addr as u64 | (gen as u64) << 16, 0]);
+        match r.and_then(ctx_result) {
+            Ok(()) => {
+                self.unpark_addr(addr);
+                self.ports_changed.store(true, Ordering::Release);
+                signal(self.wake.as_raw_fd());
+                Ok(slot)
+            }
+            Err(e) => {
+                self.move_mrs(&keys, slot, PARKED_OWNER);
+                let state = self.ports.lock().expect("ports")[slot as usize].take().expect("reserved above");
+                Err((ParkedPort { addr, gen, state }, e))
+            }
+        }
+    }
+
+    /// A parked port's process went away: the NIC forgets the context and
+    /// its registrations go.
+    pub fn discard(&self, p: ParkedPort) {
+        let _ = self.admin(AdminOp::PortDiscard, [p.addr as u64 | (p.gen as u64) << 16, 0, 0, 0, 0, 0]);
+        self.unpark_addr(p.addr);
+        for &k in &p.state.keys {
+            let _ = self.dereg(PARKED_OWNER, k);
+        }
+    }
+
+    fn unpark_addr(&self, addr: u16) {
+        let mut parked = self.parked_addrs.lock().expect("parked");
+        if let Some(i) = parked.iter().position(|&a| a == addr) {
+            parked.swap_remove(i);
+        }
+    }
+
+    /// Gives the MR entries of `keys` owned by `from` to `to`, fencing each.
+    fn move_mrs(&self, keys: &[u32], from: u16, to: u16) {
+        for &k in keys {
+            let Ok((slot, mut e)) = self.port_mr(from, k) else { continue };
+            e.port = to;
+            let mut b = [0u8; MrEntry::SIZE];
+            e.put(&mut b);
+            self.sram.write(self.layout.mr_entry(slot), &b);
+            let _ = self.admin(AdminOp::MrFence, [slot as u64, 0, 0, 0, 0, 0]);
         }
     }
 
@@ -444,8 +601,10 @@ pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Ar
         admin: Mutex::new(()),
         wake: eventfd(libc::EFD_NONBLOCK)?,
         ports_changed: AtomicBool::new(true),
+        parked_addrs: Mutex::new(Vec::new()),
         key_salt: Mutex::new(cfg.node as u32 ^ std::process::id() ^ 0x5EED),
         groups: Mutex::new(vec![None; layout.params.group_entries as usize]),
+
         msg_max: 1 << 30,
         guest_irq: Mutex::new(None),
     }))

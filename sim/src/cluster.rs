@@ -33,6 +33,26 @@ const SPARE_PAGES: usize = 64;
 /// MR table slot of the first extra registration ([`Cluster::reg_mr`]).
 const EXTRA_MR_SLOT: u32 = 16;
 
+/// Where a saved port context is (`Cluster::save`): in the port's data
+/// region, with the identity the trusted side parked.
+#[derive(Clone, Copy, Debug)]
+pub struct SavedContext {
+    /// Offset of the image in the data region.
+    pub off: u64,
+    /// Bytes of the image (its header's length).
+    pub len: u64,
+    /// Wire address and generation of the saved port.
+    pub addr: u16,
+    /// Generation.
+    pub gen: u16,
+}
+
+/// The owner the trusted side gives a parked job's MR entries: no slot.
+const PARKED_OWNER: u16 = u16::MAX;
+
+/// Room reserved for a context image in a data region.
+pub const IMAGE_ROOM: u64 = 256 << 10;
+
 /// N nodes, port 0 open on each.
 pub struct Cluster {
     /// The simulated world.
@@ -117,10 +137,132 @@ impl Cluster {
         }
     }
 
-    /// Closes port 0 of `node` (as when its process dies).
+    /// Runs one admin command on `node` and returns its result.
+    pub fn admin(&mut self, n: u16, op: AdminOp, args: [u64; 6]) -> u32 {
+        let layout = self.world.layout;
+        admin_post(&mut self.world.nodes[n as usize].sram, &layout, op, args);
+        self.world.doorbell_now(n);
+        self.drain(n);
+        admin_result(&mut self.world.nodes[n as usize].sram, &layout).expect("admin commands run at once")
+    }
+
+    /// The slot `node`'s job port is in now (it moves when restored elsewhere).
+    pub fn port_slot(&self, n: u16) -> u16 {
+        self.ports[n as usize].port
+    }
+
+    /// C1: suspends `node`'s job port.
+    pub fn suspend(&mut self, n: u16) -> u32 {
+        let p = self.ports[n as usize].port as u64;
+        self.admin(n, AdminOp::PortSuspend, [p, 0, 0, 0, 0, 0])
+    }
+
+    /// C2–C4: is `node`'s suspended job port stable?
+    pub fn is_stable(&mut self, n: u16) -> bool {
+        let p = self.ports[n as usize].port as u64;
+        self.admin(n, AdminOp::PortStable, [p, 0, 0, 0, 0, 0]) == ar::OK
+    }
+
+    /// C8: resumes `node`'s job port.
+    pub fn resume(&mut self, n: u16) -> u32 {
+        let p = self.ports[n as usize].port as u64;
+        self.admin(n, AdminOp::PortResume, [p, 0, 0, 0, 0, 0])
+    }
+
+    /// C6: saves `node`'s job port into its data region (the room is
+    /// reserved once per node, at the region's end).
+    pub fn save(&mut self, n: u16) -> Result<SavedContext, u32> {
+        let hp = &self.ports[n as usize];
+        let (port, key) = (hp.port, hp.data.key);
+        let off = REGION - IMAGE_ROOM;
+        let nic = &self.world.nodes[n as usize].nic;
+        let (addr, gen) = (nic.port_addr(port), nic.port_gen(port));
+        let r = self.admin(n, AdminOp::PortSave, [port as u64, key as u64, off, IMAGE_ROOM, 0, 0]);
+        if r != ar::OK {
+            return Err(r);
+        }
+        // The trusted side keeps the parked job's registrations, owned by
+        // no slot, so a job opened in the freed slot cannot use them.
+        self.move_mrs(n, PARKED_OWNER);
+        let mut len = [0u8; 4];
+        self.ports[n as usize].data.read(&self.world.nodes[n as usize].mem, off + 8, &mut len);
+        Ok(SavedContext { off, len: u32::from_le_bytes(len) as u64, addr, gen })
+    }
+
+    /// The bytes of a saved image.
+    pub fn image(&self, n: u16, ctx: &SavedContext) -> Vec<u8> {
+        let mut b = vec![0u8; ctx.len as usize];
+        self.ports[n as usize].data.read(&self.world.nodes[n as usize].mem, ctx.off, &mut b);
+        b
+    }
+
+    /// Overwrites a saved image (a host corrupting it).
+    pub fn write_image(&mut self, n: u16, ctx: &SavedContext, bytes: &[u8]) {
+        self.ports[n as usize].data.write(&mut self.world.nodes[n as usize].mem, ctx.off, bytes);
+    }
+
+    /// C7: restores `ctx` (`len` bytes of it) into slot `slot` of `node`.
+    /// As the trusted side, first moves the job's MR entries to that slot
+    /// (and fences them); on success the host goes on in the new window.
+    pub fn restore_len(&mut self, n: u16, ctx: &SavedContext, slot: u16, len: u64) -> u32 {
+        let data_key = self.ports[n as usize].data.key;
+        self.move_mrs(n, slot);
+        let id = ctx.addr as u64 | (ctx.gen as u64) << 16;
+        let r = self.admin(n, AdminOp::PortRestore, [slot as u64, data_key as u64, ctx.off, len, id, 0]);
+        if r == ar::OK {
+            self.ports[n as usize].port = slot;
+        } else {
+            self.move_mrs(n, PARKED_OWNER);
+        }
+        r
+    }
+
+    /// Gives the job's MR entries (data and CQ) to `owner` and fences them
+    /// (the trusted side's part of a save and a restore).
+    fn move_mrs(&mut self, n: u16, owner: u16) {
+        let layout = self.world.layout;
+        for key in [self.ports[n as usize].data.key, self.ports[n as usize].cq.key] {
+            let at = layout.mr_entry(MrEntry::slot_of(key));
+            let node = &mut self.world.nodes[n as usize];
+            let mut e: MrEntry = Sram(&mut node.sram).get(at);
+            e.port = owner;
+            Sram(&mut node.sram).put(at, &e);
+            assert_eq!(self.admin(n, AdminOp::MrFence, [MrEntry::slot_of(key) as u64, 0, 0, 0, 0, 0]), ar::OK);
+        }
+    }
+
+    /// C7 with the image's own length.
+    pub fn restore(&mut self, n: u16, ctx: &SavedContext, slot: u16) -> u32 {
+        self.restore_len(n, ctx, slot, ctx.len)
+    }
+
+    /// Opens another job's port on `node` in slot `slot` with wire address
+    /// `addr` and its own regions (MR slots 32 + 2·slot and the next);
+    /// the caller drives it through the returned host port.
+    pub fn open_other_job(&mut self, n: u16, slot: u16, addr: u16) -> Result<HostPort, u32> {
+        let layout = self.world.layout;
+        let node = &mut self.world.nodes[n as usize];
+        let data = alloc_region(&mut node.mem, 64 << 10, (0x33 << 16) | (32 + 2 * slot as u32), &mut self.rng);
+        let cq =
+            alloc_region(&mut node.mem, CQ_ENTRIES as u64 * 32, (0x44 << 16) | (33 + 2 * slot as u32), &mut self.rng);
+        for (reg, acc) in [(&data, MR_LOCAL_READ | MR_LOCAL_WRITE), (&cq, MR_LOCAL_WRITE)] {
+            let e = mr_entry(reg, slot, acc, &mut node.mem, &mut self.rng);
+            Sram(&mut node.sram).put(layout.mr_entry(MrEntry::slot_of(reg.key)), &e);
+        }
+        reset_port_ctl(&mut node.sram, &layout, slot);
+        let explicit = emp_uapi::sram::PORT_ADDR_EXPLICIT | addr as u64;
+        let r = self.admin(n, AdminOp::PortOpen, [slot as u64, cq.key as u64, 0, CQ_ENTRIES as u64, 0, explicit]);
+        if r != ar::OK {
+            return Err(r);
+        }
+        Ok(HostPort { port: slot, data, cq, cq_entries: CQ_ENTRIES, cq_head: 0, send_prod: 0, recv_prod: 0 })
+    }
+
+    /// Closes the job port of `node` (as when its process dies).
     pub fn close_port(&mut self, n: u16) -> Option<u32> {
         let layout = self.world.layout;
-        admin_post(&mut self.world.nodes[n as usize].sram, &layout, AdminOp::PortClose, [0; 6]);
+        let p = self.ports[n as usize].port as u64;
+        admin_post(&mut self.world.nodes[n as usize].sram, &layout, AdminOp::PortClose, [p, 0, 0, 0, 0, 0]);
         self.world.doorbell_now(n);
         self.drain(n);
         admin_result(&mut self.world.nodes[n as usize].sram, &layout)
@@ -129,7 +271,7 @@ impl Cluster {
     fn alloc(&mut self, n: u16, len: u64) -> u64 {
         let off = self.bump[n as usize];
         self.bump[n as usize] += len + 64;
-        assert!(self.bump[n as usize] <= REGION, "test region exhausted");
+        assert!(self.bump[n as usize] <= REGION - IMAGE_ROOM, "test region exhausted");
         off
     }
 

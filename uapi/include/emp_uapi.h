@@ -529,6 +529,14 @@ struct emp_sram_header {
 #define EMP_ADMIN_OP_GROUP_SET 4U   /* load group slot args[0] (checked); a slot in
                                      * use is replaced (its ops fail STALE_GROUP) */
 #define EMP_ADMIN_OP_GROUP_CLEAR 5U /* retire group slot args[0]: its ops finish FLUSHED */
+/* Port context switch (docs/context-switch.md). */
+#define EMP_ADMIN_OP_PORT_SUSPEND 6U
+#define EMP_ADMIN_OP_PORT_STABLE 7U
+#define EMP_ADMIN_OP_PORT_SAVE 8U
+#define EMP_ADMIN_OP_PORT_RESTORE 9U
+#define EMP_ADMIN_OP_PORT_RESUME 10U
+#define EMP_ADMIN_OP_PORT_DISCARD 11U
+#define EMP_PORT_ADDR_EXPLICIT 0x10000ULL /* PORT_OPEN args[5]: | wire address */
 
 /* Admin result codes (emp_admin_mailbox.result). */
 #define EMP_ADMIN_RESULT_OK 0U
@@ -536,6 +544,9 @@ struct emp_sram_header {
 #define EMP_ADMIN_RESULT_BAD_ARG 2U
 #define EMP_ADMIN_RESULT_BAD_STATE 3U
 #define EMP_ADMIN_RESULT_BAD_KEY 4U
+#define EMP_ADMIN_RESULT_NOT_STABLE 5U
+#define EMP_ADMIN_RESULT_BAD_IMAGE 6U
+#define EMP_ADMIN_RESULT_NO_ROOM 7U
 
 /* Admin mailbox (64 bytes at admin_off). */
 struct emp_admin_mailbox {
@@ -594,6 +605,7 @@ struct emp_group_entry {
 /* Port states (emp_port_ctl.state). */
 #define EMP_PORT_STATE_CLOSED 0U
 #define EMP_PORT_STATE_OPEN 1U
+#define EMP_PORT_STATE_SUSPENDED 2U
 
 /* Control page at the start of every port window (first 192 bytes used). */
 struct emp_port_ctl {

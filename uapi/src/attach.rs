@@ -28,6 +28,15 @@
 //! 6. `GROUP_SET` / `GROUP_CLEAR`: load or retire a group table entry for
 //!    collectives (checked by the daemon: the caller is the member at its
 //!    rank, the trees are trees).
+//! 8. Context switch (docs/context-switch.md): `PORT_SUSPEND`,
+//!    `PORT_STABLE` (reply `arg[0]` = 1 when stable), `PORT_SAVE` (`arg[0]`
+//!    = key, `arg[1]` = offset, `arg[2]` = room of a region of the port →
+//!    reply `arg[0]` = the image's length; the port is then saved: no port
+//!    until restored), `PORT_RESTORE` (`arg[0]` = key, `arg[1]` = offset,
+//!    `arg[2]` = length → reply `arg[0]` = the slot it went to, `arg[1]` =
+//!    its wire address, and the new slot's window fd; the doorbell and
+//!    event eventfds stay), `PORT_RESUME`. Closing the socket while saved
+//!    discards the context.
 //! 7. `WIRE_INFO` (also before `ATTACH`): the wire the NIC is on, its link
 //!    and the wire's counters, in `arg` at the indices of [`wire_reply`].
 //!    `WIRE_ROUTES`: `arg[0]` = first node → one page of the route table
@@ -81,6 +90,16 @@ pub mod op {
     pub const WIRE_REKEY: u32 = 21;
     /// The wire's multicast counters (see [`super::mcast_reply`]).
     pub const WIRE_MCAST: u32 = 22;
+    /// Context switch C1: suspend the port.
+    pub const PORT_SUSPEND: u32 = 23;
+    /// C2–C4: reply `arg[0]` = 1 when the suspended port is stable.
+    pub const PORT_STABLE: u32 = 24;
+    /// C6: save the port into its own memory (see the module docs).
+    pub const PORT_SAVE: u32 = 25;
+    /// C7: restore the saved port into a free slot (see the module docs).
+    pub const PORT_RESTORE: u32 = 26;
+    /// C8: resume the port.
+    pub const PORT_RESUME: u32 = 27;
 }
 
 /// Reply fields of `WIRE_MCAST`, in `arg` (one set per daemon).

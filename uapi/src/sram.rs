@@ -487,7 +487,9 @@ pub enum AdminOp {
     /// No-op (ping).
     Nop = 0,
     /// Open a port: `args[0]` = port, `args[1]` = CQ key, `args[2]` = CQ offset,
-    /// `args[3]` = CQ entries (power of two).
+    /// `args[3]` = CQ entries (power of two), `args[4]` = [`match_mode`],
+    /// `args[5]` = 0 for the port's wire address to be its slot number, or
+    /// [`PORT_ADDR_EXPLICIT`] | address (an address in use or parked is refused).
     PortOpen = 1,
     /// Close a port: `args[0]` = port. Flushes its work, frees its tables.
     PortClose = 2,
@@ -499,6 +501,32 @@ pub enum AdminOp {
     GroupSet = 4,
     /// Group slot `args[0]` is retired: its operations finish `Flushed`.
     GroupClear = 5,
+    /// Context switch C1 (PM §3.4): port `args[0]` stops consuming its rings
+    /// and starting messages; frames of messages already started, ACKs and
+    /// NACKs go on; new messages arriving for it are refused (NACK, the
+    /// sender retries).
+    PortSuspend = 6,
+    /// C2–C4: `OK` when suspended port `args[0]` is stable (nothing of its
+    /// own in flight, nothing being received, no ACK owed), `NOT_STABLE`
+    /// otherwise.
+    PortStable = 7,
+    /// C6: saves stable suspended port `args[0]` as a context image into its
+    /// own region `args[1]` (key) at `args[2]` (offset), at most `args[3]`
+    /// bytes, then frees the slot; its wire address stays parked (frames
+    /// for it are refused, to be retried) until restored or discarded.
+    PortSave = 8,
+    /// C7: restores the image in region `args[1]` at `args[2]`, `args[3]`
+    /// bytes, into free slot `args[0]` (any slot; the trusted side moved the
+    /// context's MR entries to it), which must be the parked context
+    /// `args[4]` = address | generation << 16. The image is checked whole
+    /// first; a bad one is refused (`BAD_IMAGE`) and changes nothing. The
+    /// port comes back suspended.
+    PortRestore = 9,
+    /// C8: suspended port `args[0]` resumes.
+    PortResume = 10,
+    /// Forgets parked context `args[0]` = address | generation << 16 (its
+    /// job is gone): frames for it are then answered `PortClosed`.
+    PortDiscard = 11,
 }
 
 impl AdminOp {
@@ -511,6 +539,12 @@ impl AdminOp {
             3 => Some(AdminOp::MrFence),
             4 => Some(AdminOp::GroupSet),
             5 => Some(AdminOp::GroupClear),
+            6 => Some(AdminOp::PortSuspend),
+            7 => Some(AdminOp::PortStable),
+            8 => Some(AdminOp::PortSave),
+            9 => Some(AdminOp::PortRestore),
+            10 => Some(AdminOp::PortResume),
+            11 => Some(AdminOp::PortDiscard),
             _ => None,
         }
     }
@@ -528,7 +562,19 @@ pub mod admin_result {
     pub const BAD_STATE: u32 = 3;
     /// CQ key does not name a writable region of the port.
     pub const BAD_KEY: u32 = 4;
+    /// The port is not stable yet (context switch: try again later).
+    pub const NOT_STABLE: u32 = 5;
+    /// A context image failed its checks (magic, version, length,
+    /// checksum, a field out of bounds, an identity other than the one
+    /// parked): refused, nothing changed.
+    pub const BAD_IMAGE: u32 = 6;
+    /// The context image does not fit the region given, or the NIC lacks
+    /// table room to restore it: nothing changed.
+    pub const NO_ROOM: u32 = 7;
 }
+
+/// `PortOpen`'s `args[5]` flag: the low 16 bits are the wire address.
+pub const PORT_ADDR_EXPLICIT: u64 = 1 << 16;
 
 le_struct! {
     /// Admin mailbox (64 bytes at `admin_off`). The trusted host writes
@@ -699,6 +745,8 @@ pub mod port_state {
     pub const CLOSED: u32 = 0;
     /// Open and serving.
     pub const OPEN: u32 = 1;
+    /// Open but suspended for a context switch (`AdminOp::PortSuspend`).
+    pub const SUSPENDED: u32 = 2;
 }
 
 le_struct! {

@@ -506,6 +506,18 @@ impl<'a> Frame<'a> {
             | Frame::AtomicResp { hdr, .. } => hdr,
         }
     }
+
+    /// The header, to rewrite (a NIC names the local slot in `dst_port`
+    /// once it resolved the wire address).
+    pub fn header_mut(&mut self) -> &mut FrameHeader {
+        match self {
+            Frame::Data { hdr, .. }
+            | Frame::Ack { hdr, .. }
+            | Frame::Nack { hdr, .. }
+            | Frame::AtomicReq { hdr, .. }
+            | Frame::AtomicResp { hdr, .. } => hdr,
+        }
+    }
 }
 
 /// Writes the headers of a DATA frame into `out` and returns the offset where

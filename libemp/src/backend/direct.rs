@@ -36,6 +36,8 @@ pub(crate) struct Daemon {
     /// The daemon's process: it reaches memory registered by address with
     /// `process_vm_readv/writev`.
     pid: i32,
+    /// Bytes of a port window (to map the new one after a restore).
+    window_len: usize,
 }
 
 fn memfd(name: &str, len: usize) -> Result<OwnedFd> {
@@ -109,6 +111,11 @@ fn op_name(o: u32) -> &'static str {
         op::WIRE_AUTH => "wire auth",
         op::WIRE_REKEY => "wire rekey",
         op::WIRE_MCAST => "wire multicast",
+        op::PORT_SUSPEND => "suspend port",
+        op::PORT_STABLE => "port stable",
+        op::PORT_SAVE => "save port",
+        op::PORT_RESTORE => "restore port",
+        op::PORT_RESUME => "resume port",
         _ => "stats",
     }
 }
@@ -511,7 +518,7 @@ impl Daemon {
         let arena_key = r2.arg[0] as u32;
         call(sock.as_raw_fd(), op::START, &[arena_key as u64, 0, cq_entries as u64], &[])?;
         let pid = r.arg[ar::DAEMON_PID] as i32;
-        let backend = Daemon { sock, doorbell, event, arena: arena_fd, pid };
+        let backend = Daemon { sock, doorbell, event, arena: arena_fd, pid, window_len };
         Ok(Attached { backend, window, info, arena, arena_key })
     }
 
@@ -548,6 +555,30 @@ impl Daemon {
 
     pub(crate) fn event_fd(&self) -> RawFd {
         self.event.as_raw_fd()
+    }
+
+    /// A context-switch request without a result (`PORT_SUSPEND`, `PORT_RESUME`).
+    pub(crate) fn port_ctx(&self, opcode: u32) -> Result<()> {
+        call(self.sock.as_raw_fd(), opcode, &[], &[]).map(|_| ())
+    }
+
+    pub(crate) fn is_stable(&self) -> Result<bool> {
+        Ok(call(self.sock.as_raw_fd(), op::PORT_STABLE, &[], &[])?.0.arg[0] == 1)
+    }
+
+    /// Saves the port into registered memory `at` (its `len` is the room);
+    /// returns the image's length.
+    pub(crate) fn save(&self, at: Sge) -> Result<u64> {
+        Ok(call(self.sock.as_raw_fd(), op::PORT_SAVE, &[at.key as u64, at.offset, at.len as u64], &[])?.0.arg[0])
+    }
+
+    /// Restores the port from registered memory `at`; returns the new
+    /// window mapped and the slot it went to.
+    pub(crate) fn restore(&self, at: Sge) -> Result<(Mapping, u16)> {
+        let (r, fds) = call(self.sock.as_raw_fd(), op::PORT_RESTORE, &[at.key as u64, at.offset, at.len as u64], &[])?;
+        let [window] = <[OwnedFd; 1]>::try_from(fds)
+            .map_err(|f| Error::Protocol(format!("restore returned {} descriptors, expected 1", f.len())))?;
+        Ok((Mapping::shared(window.as_raw_fd(), self.window_len)?, r.arg[0] as u16))
     }
 
     /// GROUP_SET: the daemon reads the entry from registered memory `at`.

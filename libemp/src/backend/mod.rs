@@ -125,6 +125,46 @@ impl Backend {
         }
     }
 
+    /// Context switch C1 (docs/context-switch.md).
+    pub(crate) fn suspend(&self) -> Result<()> {
+        match self {
+            Backend::Direct(d) => d.port_ctx(emp_uapi::attach::op::PORT_SUSPEND),
+            Backend::Kernel(_) => Err(Error::Unsupported("context switch through the kernel driver")),
+        }
+    }
+
+    /// C8.
+    pub(crate) fn resume(&self) -> Result<()> {
+        match self {
+            Backend::Direct(d) => d.port_ctx(emp_uapi::attach::op::PORT_RESUME),
+            Backend::Kernel(_) => Err(Error::Unsupported("context switch through the kernel driver")),
+        }
+    }
+
+    /// C2–C4.
+    pub(crate) fn is_stable(&self) -> Result<bool> {
+        match self {
+            Backend::Direct(d) => d.is_stable(),
+            Backend::Kernel(_) => Err(Error::Unsupported("context switch through the kernel driver")),
+        }
+    }
+
+    /// C6: the image's length.
+    pub(crate) fn save(&self, at: Sge) -> Result<u64> {
+        match self {
+            Backend::Direct(d) => d.save(at),
+            Backend::Kernel(_) => Err(Error::Unsupported("context switch through the kernel driver")),
+        }
+    }
+
+    /// C7: the new window and the slot.
+    pub(crate) fn restore(&self, at: Sge) -> Result<(Mapping, u16)> {
+        match self {
+            Backend::Direct(d) => d.restore(at),
+            Backend::Kernel(_) => Err(Error::Unsupported("context switch through the kernel driver")),
+        }
+    }
+
     /// Retires a group slot; its unfinished operations complete `Flushed`.
     pub(crate) fn group_clear(&self, slot: u32) -> Result<()> {
         match self {

@@ -1,0 +1,922 @@
+//! Port context switch (PM, seed 003 §3.4; `docs/context-switch.md`): a
+//! port's whole NIC state leaves the NIC as a context image in host memory
+//! and comes back, possibly into another slot, without losing, duplicating
+//! or mixing a message.
+//!
+//! - C1 `PortSuspend`: the port consumes no descriptor and starts no
+//!   message; a message the receiver has started taking runs to its end,
+//!   ACKs and NACKs go on; new messages for the port are refused (NACK
+//!   `NoMatch`: the sender retries, nothing is lost).
+//! - C2–C4 `PortStable`: nothing of the port's own is in flight or being
+//!   received ([`Nic::port_unstable`] says what is left).
+//! - C6 `PortSave`: the image is written into a region of the port and the
+//!   slot is freed; its wire address stays *parked*: frames for it are
+//!   refused as not ready, so peers retry rather than fail.
+//! - C7 `PortRestore`: into any free slot; the context keeps its wire
+//!   address and generation, so peers reach it unchanged.
+//! - C8 `PortResume`.
+//!
+//! Identity: peers address a port by (node, wire address, generation).
+//! The address is the slot number unless the port was opened with an
+//! explicit one or restored elsewhere; `receive_frame` resolves it to the
+//! slot ([`Nic::slot_for_frame`]), every frame sent carries it.
+//!
+//! The image is untrusted on restore (it sat in the job's memory): every
+//! field is checked before anything changes, and the trusted side names the
+//! parked identity it expects. Layout (little endian): a [`HEADER`]-byte
+//! header, then the send and receive rings' unconsumed descriptors, the
+//! posted receives, the peers ([`PEER_IMAGE`] bytes each, written and read
+//! by `put_peer`/`get_peer` alone), the queued sends, the eager unexpected
+//! messages with their payload.
+
+use std::collections::VecDeque;
+
+use emp_uapi::desc::{Opcode, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::ring;
+use emp_uapi::sram::{admin_result, ctl, port_state, PORT_ADDR_EXPLICIT};
+use emp_uapi::wire::{Frame, FrameHeader, NackReason};
+use emp_uapi::{seq_lt, Le};
+
+use crate::atomic::{AtomicRx, ATOMIC_RX_IMAGE};
+use crate::mr::Buf;
+use crate::{sram_put_u32, sram_u32, Hal, LocalDesc, MatchMode, Nic, Peer};
+
+/// A saved context as the NIC remembers it: its identity, and per sender
+/// the next message it expected, so that a sender whose last ACK was lost
+/// before the save is answered (ACK) instead of refused forever.
+#[derive(Debug)]
+pub(crate) struct Parked {
+    pub addr: u16,
+    pub gen: u16,
+    /// (node, port, next expected message) per peer.
+    pub expected: Vec<(u16, u16, u32)>,
+}
+
+/// Saved contexts whose addresses a NIC keeps parked at once.
+pub(crate) const PARKED_MAX: usize = 64;
+/// "ECTX".
+pub const IMAGE_MAGIC: u32 = 0x5854_4345;
+/// Image format version; a restore refuses any other.
+pub const IMAGE_VERSION: u16 = 1;
+/// Bytes of the image header.
+pub const HEADER: usize = 72;
+/// Byte offset of the checksum in the header.
+const CHECKSUM_AT: usize = 12;
+/// Bytes of one peer record.
+pub const PEER_IMAGE: usize = 52 + ATOMIC_RX_IMAGE;
+/// Bytes of one queued send besides its descriptor: peer index, reserved, sequence.
+const TX_IMAGE: usize = 8 + WorkDesc::SIZE;
+/// Bytes of one eager unexpected entry besides its payload.
+const UNEXP_IMAGE: usize = 16;
+
+/// FNV-1a over `b`, the checksum field counted as zero.
+pub fn image_checksum(b: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for (i, &x) in b.iter().enumerate() {
+        let x = if (CHECKSUM_AT..CHECKSUM_AT + 4).contains(&i) { 0 } else { x };
+        h = (h ^ x as u32).wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// Peer record flags.
+mod pf {
+    pub const RX_GEN: u16 = 1;
+    pub const RNR: u16 = 2;
+    pub const RNR_COLL: u16 = 4;
+    pub const RX_TAKEN: u16 = 8;
+    pub const NOT_TO_SEND: u16 = 16;
+    pub const ATOMIC_RX: u16 = 32;
+    pub const ALL: u16 = 63;
+}
+
+/// Bounds-checked reads from an untrusted image.
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.b.len()).ok_or("image truncated")?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, &'static str> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, &'static str> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
+    }
+    fn u32(&mut self) -> Result<u32, &'static str> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Result<u64, &'static str> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+    fn desc(&mut self) -> Result<WorkDesc, &'static str> {
+        Ok(WorkDesc::get(self.take(WorkDesc::SIZE)?))
+    }
+}
+
+fn put_desc(out: &mut Vec<u8>, d: &WorkDesc) {
+    let mut b = [0u8; WorkDesc::SIZE];
+    d.put(&mut b);
+    out.extend_from_slice(&b);
+}
+
+/// A peer as a context image holds it: everything of a stable peer entry
+/// that outlives the switch (sequence and flow-control state, the refused-
+/// message record, atomic responder state). New per-peer fields go here,
+/// in `put_peer` and `get_peer`, and nowhere else.
+struct PeerImage {
+    node: u16,
+    rport: u16,
+    remote_gen: u16,
+    rx_gen: Option<u16>,
+    tx_seq_next: u32,
+    credits: u32,
+    not_to_send: Option<u32>,
+    rx_expected: u32,
+    max_seen: u32,
+    rnr_seq: Option<u32>,
+    rnr_coll: bool,
+    rnr_tag: u64,
+    rx_taken: bool,
+    atomic_seq_next: u32,
+    atomic_rx: Option<Box<AtomicRx>>,
+}
+
+fn put_peer(out: &mut Vec<u8>, p: &Peer) {
+    let start = out.len();
+    let mut flags = 0;
+    for (on, f) in [
+        (p.rx_gen.is_some(), pf::RX_GEN),
+        (p.rnr_seq.is_some(), pf::RNR),
+        (p.rnr_coll, pf::RNR_COLL),
+        (p.rx_taken, pf::RX_TAKEN),
+        (p.not_to_send.is_some(), pf::NOT_TO_SEND),
+        (p.atomic.rx.is_some(), pf::ATOMIC_RX),
+    ] {
+        if on {
+            flags |= f;
+        }
+    }
+    for v in [p.node, p.rport, p.remote_gen, flags, p.rx_gen.unwrap_or(0), 0] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    for v in [
+        p.tx_seq_next,
+        p.credits,
+        p.not_to_send.unwrap_or(0),
+        p.rx_expected,
+        p.max_seen,
+        p.rnr_seq.unwrap_or(0),
+        p.atomic.seq_next,
+        0,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&p.rnr_tag.to_le_bytes());
+    match &p.atomic.rx {
+        Some(rx) => rx.save(out),
+        None => out.resize(out.len() + ATOMIC_RX_IMAGE, 0),
+    }
+    debug_assert_eq!(out.len() - start, PEER_IMAGE);
+}
+
+fn get_peer(r: &mut Reader, now: u64) -> Result<PeerImage, &'static str> {
+    let (node, rport, remote_gen, flags, rx_gen, pad) = (r.u16()?, r.u16()?, r.u16()?, r.u16()?, r.u16()?, r.u16()?);
+    if flags & !pf::ALL != 0 || pad != 0 {
+        return Err("peer record: unknown flags or reserved bytes");
+    }
+    let (tx_seq_next, credits, nts, rx_expected, max_seen, rnr_seq, atomic_seq_next, pad) =
+        (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+    if pad != 0 {
+        return Err("peer record: reserved bytes not zero");
+    }
+    let rnr_tag = r.u64()?;
+    let atomic = r.take(ATOMIC_RX_IMAGE)?;
+    let atomic_rx = if flags & pf::ATOMIC_RX != 0 {
+        Some(AtomicRx::load(atomic, now)?)
+    } else if atomic.iter().any(|&x| x != 0) {
+        return Err("peer record: atomic state without its flag");
+    } else {
+        None
+    };
+    let on = |f: u16| flags & f != 0;
+    Ok(PeerImage {
+        node,
+        rport,
+        remote_gen,
+        rx_gen: on(pf::RX_GEN).then_some(rx_gen),
+        tx_seq_next,
+        credits,
+        not_to_send: on(pf::NOT_TO_SEND).then_some(nts),
+        rx_expected,
+        max_seen,
+        rnr_seq: on(pf::RNR).then_some(rnr_seq),
+        rnr_coll: on(pf::RNR_COLL),
+        rnr_tag,
+        rx_taken: on(pf::RX_TAKEN),
+        atomic_seq_next,
+        atomic_rx,
+    })
+}
+
+/// A checked image, ready to apply.
+struct Image {
+    addr: u16,
+    gen: u16,
+    mode: MatchMode,
+    cq_key: u32,
+    cq_entries: u32,
+    cq_offset: u64,
+    cq_prod: u32,
+    cq_cons: u32,
+    send: (u32, u32),
+    recv: (u32, u32),
+    send_ring: Vec<WorkDesc>,
+    recv_ring: Vec<WorkDesc>,
+    posted: Vec<LocalDesc>,
+    peers: Vec<PeerImage>,
+    /// (peer index, sequence, descriptor).
+    tx: Vec<(usize, u32, LocalDesc)>,
+    /// (source node, source port, tag, payload).
+    unexp: Vec<(u16, u16, u64, Vec<u8>)>,
+}
+
+/// Why a restore was refused.
+enum Refusal {
+    Bad(&'static str),
+    NoRoom,
+}
+
+impl From<&'static str> for Refusal {
+    fn from(s: &'static str) -> Self {
+        Refusal::Bad(s)
+    }
+}
+
+impl Nic {
+    /// The slot holding wire address `addr`, for a received frame: the
+    /// open port with that address; or a closed slot of that number no
+    /// other port claims (its frames get the closed port's answers).
+    pub(crate) fn slot_for_frame(&self, addr: u16) -> Option<u16> {
+        let a = addr as usize;
+        // The common case: the port under its own slot number.
+        if a < self.ports.len() && self.ports[a].open && self.ports[a].addr == addr {
+            return Some(addr);
+        }
+        if let Some(s) = self.ports.iter().position(|p| p.open && p.addr == addr) {
+            return Some(s as u16);
+        }
+        (a < self.ports.len() && !self.addr_parked(addr)).then_some(addr)
+    }
+
+    fn addr_parked(&self, addr: u16) -> bool {
+        self.parked.iter().any(|k| k.addr == addr)
+    }
+
+    /// Is `addr` held by an open port other than `slot`, or parked?
+    pub(crate) fn addr_taken(&self, addr: u16, slot: u16) -> bool {
+        self.addr_parked(addr)
+            || self.ports.iter().enumerate().any(|(s, p)| p.open && p.addr == addr && s != slot as usize)
+    }
+
+    /// The address a port opens with (`PortOpen`'s `args[5]`), or `None`
+    /// when it is malformed or taken.
+    pub(crate) fn open_addr(&self, slot: u16, arg: u64) -> Option<u16> {
+        let addr = match arg {
+            0 => slot,
+            a if a & !(PORT_ADDR_EXPLICIT | 0xFFFF) == 0 && a & PORT_ADDR_EXPLICIT != 0 => a as u16,
+            _ => return None,
+        };
+        (!self.addr_taken(addr, slot)).then_some(addr)
+    }
+
+    /// A frame for an address no slot holds: a parked context's frames are
+    /// refused as not ready (the sender retries until it is restored),
+    /// except those of messages it had finished (their ACK was lost: ACKed
+    /// again, as `on_old_data` does); any other address's as for a closed
+    /// port.
+    pub(crate) fn refuse_unaddressed<H: Hal>(&mut self, hal: &mut H, frame: &Frame) {
+        let hdr = *frame.header();
+        let parked = self.parked.iter().find(|k| k.addr == hdr.dst_port);
+        let finished = parked.is_some_and(|k| {
+            k.expected.iter().any(|&(n, p, e)| (n, p) == (hdr.src_node, hdr.src_port) && seq_lt(hdr.msg_seq, e))
+        });
+        let gen = parked.map_or(0, |k| k.gen);
+        match frame {
+            Frame::Data { .. } if finished => {
+                self.count(emp_uapi::sram::counter::DUPLICATES, 1);
+                self.send_unaddressed_reply(hal, &hdr, None, gen);
+            }
+            Frame::Data { .. } => {
+                let reason = if gen != 0 { NackReason::NoMatch } else { NackReason::PortClosed };
+                self.count(emp_uapi::sram::counter::DROPPED_UNEXPECTED, 1);
+                self.send_unaddressed_reply(hal, &hdr, Some(reason), gen);
+            }
+            // An atomic request waits for its requester's timer; control
+            // frames for a saved context have nobody to act on them.
+            _ => self.count(emp_uapi::sram::counter::DROPPED_UNEXPECTED, 1),
+        }
+    }
+
+    /// An ACK (`reason` `None`) or NACK for `data`, from a parked or unknown
+    /// address (generation `gen`; 0 = unknown).
+    fn send_unaddressed_reply<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        data: &FrameHeader,
+        reason: Option<NackReason>,
+        gen: u16,
+    ) {
+        use emp_uapi::wire::FrameKind;
+        let gs = self.cfg.group_size;
+        let hdr = FrameHeader {
+            version: emp_uapi::wire::WIRE_VERSION,
+            kind: if reason.is_some() { FrameKind::Nack } else { FrameKind::Ack } as u8,
+            dst_gen: data.src_gen,
+            src_node: self.node,
+            dst_node: data.src_node,
+            src_port: data.dst_port,
+            dst_port: data.src_port,
+            src_gen: gen,
+            payload_len: 0,
+            msg_seq: data.msg_seq,
+            tx_floor: 0,
+            frame_index: data.frame_index - data.frame_index % gs,
+            frame_count: 0,
+        };
+        let body = emp_uapi::wire::AckBody {
+            group: data.frame_index / gs,
+            reason: reason.map_or(0, |r| r as u8),
+            fc_level: 2,
+            ..Default::default()
+        };
+        self.put_control(hal, &hdr, &body);
+        let c = if reason.is_some() { emp_uapi::sram::counter::NACKS_TX } else { emp_uapi::sram::counter::ACKS_TX };
+        self.count(c, 1);
+    }
+
+    /// C1.
+    pub(crate) fn admin_port_suspend<H: Hal>(&mut self, hal: &mut H, port: u64) -> u32 {
+        let Some(p) = self.open_port_arg(port) else { return admin_result::BAD_ARG };
+        if self.ports[p as usize].suspended {
+            return admin_result::BAD_STATE;
+        }
+        self.ports[p as usize].suspended = true;
+        sram_put_u32(hal, self.layout.port(p).ctl(ctl::STATE), port_state::SUSPENDED);
+        // Messages refused before are not rewound here: they may have been
+        // sent again and taken since; a refusal from now on rewinds them.
+        for i in self.peers_of(p) {
+            self.rewind_blocked(i);
+        }
+        admin_result::OK
+    }
+
+    /// C8.
+    pub(crate) fn admin_port_resume<H: Hal>(&mut self, hal: &mut H, port: u64) -> u32 {
+        let Some(p) = self.open_port_arg(port) else { return admin_result::BAD_ARG };
+        if !self.ports[p as usize].suspended {
+            return admin_result::BAD_STATE;
+        }
+        self.ports[p as usize].suspended = false;
+        sram_put_u32(hal, self.layout.port(p).ctl(ctl::STATE), port_state::OPEN);
+        let mine: Vec<u32> = (0..self.peers.len() as u32)
+            .filter(|&i| self.peers[i as usize].as_ref().is_some_and(|x| x.port == p))
+            .collect();
+        for i in mine {
+            if !self.peer(i).tx_queue.is_empty() {
+                self.mark_ready(i);
+            }
+            // A sender refused while suspended: ask for the message now
+            // rather than after its backoff.
+            let (expected, refused) = (self.peer(i).rx_expected, self.peer(i).rnr_seq);
+            if refused == Some(expected) && !self.peer(i).rnr_coll {
+                self.send_nack(hal, i, expected, 0, 1, NackReason::Loss);
+            }
+        }
+        admin_result::OK
+    }
+
+    /// C2–C4.
+    pub(crate) fn admin_port_stable(&mut self, port: u64) -> u32 {
+        let Some(p) = self.open_port_arg(port) else { return admin_result::BAD_ARG };
+        match self.port_unstable(p) {
+            Some(_) => admin_result::NOT_STABLE,
+            None => admin_result::OK,
+        }
+    }
+
+    fn open_port_arg(&self, port: u64) -> Option<u16> {
+        (port < self.ports.len() as u64 && self.ports[port as usize].open).then_some(port as u16)
+    }
+
+    fn peers_of(&self, port: u16) -> Vec<u32> {
+        (0..self.peers.len() as u32)
+            .filter(|&i| self.peers[i as usize].as_ref().is_some_and(|p| p.port == port))
+            .collect()
+    }
+
+    /// What keeps suspended port `port` from being stable, if anything.
+    /// Besides PM's C2–C4 (nothing unsent, unanswered or owed), state a
+    /// context image does not carry must be gone: collectives, remote
+    /// reads, atomics of its own in flight, retained (rendezvous) or
+    /// claimed unexpected messages, group and multicast membership.
+    pub fn port_unstable(&self, port: u16) -> Option<&'static str> {
+        let st = &self.ports[port as usize];
+        if !st.open || !st.suspended {
+            return Some("not suspended");
+        }
+        if (0..self.cpus()).any(|c| self.cpu_pending(c) > 0) {
+            return Some("work queued for another NIC CPU");
+        }
+        let mut tx = 0u32;
+        for i in self.peers_of(port) {
+            let p = self.peer(i);
+            if !p.rx_active.is_empty() {
+                return Some("a message is being received");
+            }
+            if p.rdv_entries > 0 || !p.atomic.queue.is_empty() {
+                return Some("a retained message or an atomic is outstanding");
+            }
+            for &s in &p.tx_queue {
+                if !self.tx.get(s).expect("queued").restartable() {
+                    return Some("a message is being sent");
+                }
+                tx += 1;
+            }
+        }
+        let unexp_ok = |&e: &u32| self.unexp.get(e).is_some_and(|u| u.data.is_some() && u.claimed.is_none());
+        if !st.unexpected.iter().all(unexp_ok) {
+            return Some("a retained or claimed unexpected message");
+        }
+        if self.coll_ops.iter().any(|(_, c)| c.port == port)
+            || self.port_in_group(port)
+            || self.mcast_port_joined_any(port)
+        {
+            return Some("group or multicast membership");
+        }
+        if self.rma_reads.iter().any(|(_, r)| r.port == port) || self.atomics.iter().any(|(_, a)| a.port == port) {
+            return Some("a remote read or atomic is outstanding");
+        }
+        if st.outstanding != st.posted.len() as u32 + tx {
+            return Some("a descriptor is outstanding");
+        }
+        None
+    }
+
+    /// Largest image this NIC writes or reads.
+    fn image_max(&self) -> usize {
+        let w = self.layout.port(0);
+        let descs = (w.send_entries + w.recv_entries + self.cfg.recv_posted_max) as usize * WorkDesc::SIZE;
+        let unexp = self.unexp.capacity() as usize * (UNEXP_IMAGE + self.eager_slot_size() as usize);
+        HEADER + descs + self.cfg.peers_max as usize * PEER_IMAGE + self.cfg.tx_max as usize * TX_IMAGE + unexp
+    }
+
+    /// C6: `args` = [port, region key, offset, room].
+    pub(crate) fn admin_port_save<H: Hal>(&mut self, hal: &mut H, args: &[u64; 6]) -> u32 {
+        let Some(p) = self.open_port_arg(args[0]) else { return admin_result::BAD_ARG };
+        if args[1] > u32::MAX as u64 {
+            return admin_result::BAD_ARG;
+        }
+        if self.port_unstable(p).is_some() {
+            return admin_result::NOT_STABLE;
+        }
+        if self.parked.len() >= PARKED_MAX {
+            return admin_result::NO_ROOM;
+        }
+        let image = self.encode_image(hal, p);
+        if image.len() as u64 > args[3] {
+            return admin_result::NO_ROOM;
+        }
+        if self.mr_lookup(hal, p, args[1] as u32, args[2], image.len() as u64, MR_LOCAL_WRITE).is_err() {
+            return admin_result::BAD_KEY;
+        }
+        if self.region_io(hal, p, args[1] as u32, args[2], Buf::ToHost(&image), MR_LOCAL_WRITE).is_err() {
+            return admin_result::BAD_KEY;
+        }
+        self.release_saved(hal, p);
+        admin_result::OK
+    }
+
+    fn encode_image<H: Hal>(&self, hal: &mut H, port: u16) -> Vec<u8> {
+        let st = &self.ports[port as usize];
+        let w = self.layout.port(port);
+        let (send_prod, recv_prod) = (sram_u32(hal, w.ctl(ctl::SEND_PROD)), sram_u32(hal, w.ctl(ctl::RECV_PROD)));
+        // A host that wrote an implausible producer index loses nothing of
+        // the NIC's: its ring is saved as far as it can be valid.
+        let clamp = |prod: u32, cons: u32, n: u32| if ring::used(prod, cons) <= n { prod } else { cons };
+        let send_prod = clamp(send_prod, st.send_cons, w.send_entries);
+        let recv_prod = clamp(recv_prod, st.recv_cons, w.recv_entries);
+        let cq_cons = sram_u32(hal, w.ctl(ctl::CQ_CONS));
+        let peers = self.peers_of(port);
+        let txs: Vec<(usize, u32)> =
+            peers.iter().enumerate().flat_map(|(i, &p)| self.peer(p).tx_queue.iter().map(move |&s| (i, s))).collect();
+        let mut out = Vec::with_capacity(HEADER);
+        out.extend_from_slice(&IMAGE_MAGIC.to_le_bytes());
+        out.extend_from_slice(&IMAGE_VERSION.to_le_bytes());
+        out.extend_from_slice(&(HEADER as u16).to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes()); // total length, below
+        out.extend_from_slice(&0u32.to_le_bytes()); // checksum, below
+        for v in [self.node, st.addr, st.gen] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        let mode = match st.mode {
+            MatchMode::Unexpected => emp_uapi::sram::match_mode::UNEXPECTED,
+            MatchMode::OrderedRefusal => emp_uapi::sram::match_mode::ORDERED_REFUSAL,
+        };
+        out.extend_from_slice(&[mode as u8, 0]);
+        out.extend_from_slice(&st.cq_key.to_le_bytes());
+        out.extend_from_slice(&st.cq_entries.to_le_bytes());
+        out.extend_from_slice(&st.cq_offset.to_le_bytes());
+        for v in [st.cq_prod, cq_cons, st.send_cons, send_prod, st.recv_cons, recv_prod] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for n in [st.posted.len(), peers.len(), txs.len(), st.unexpected.len()] {
+            out.extend_from_slice(&(n as u16).to_le_bytes());
+        }
+        debug_assert_eq!(out.len(), HEADER);
+        let mut i = st.send_cons;
+        while i != send_prod {
+            let mut b = [0u8; WorkDesc::SIZE];
+            hal.sram_read(w.send_slot(i), &mut b);
+            out.extend_from_slice(&b);
+            i = i.wrapping_add(1);
+        }
+        let mut i = st.recv_cons;
+        while i != recv_prod {
+            let mut b = [0u8; WorkDesc::SIZE];
+            hal.sram_read(w.recv_slot(i), &mut b);
+            out.extend_from_slice(&b);
+            i = i.wrapping_add(1);
+        }
+        for d in &st.posted {
+            put_desc(&mut out, &d.wd);
+        }
+        for &p in &peers {
+            put_peer(&mut out, self.peer(p));
+        }
+        for &(i, s) in &txs {
+            let m = self.tx.get(s).expect("queued");
+            out.extend_from_slice(&(i as u16).to_le_bytes());
+            out.extend_from_slice(&0u16.to_le_bytes());
+            out.extend_from_slice(&m.seq.to_le_bytes());
+            put_desc(&mut out, &m.desc.wd);
+        }
+        for &e in &st.unexpected {
+            let u = self.unexp.get(e).expect("queued");
+            let data = self.eager_payload(e).expect("stable: eager only");
+            for v in [u.src_node, u.src_port, data.len() as u16, 0] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            out.extend_from_slice(&u.tag.to_le_bytes());
+            out.extend_from_slice(data);
+        }
+        let len = out.len() as u32;
+        out[8..12].copy_from_slice(&len.to_le_bytes());
+        let sum = image_checksum(&out);
+        out[CHECKSUM_AT..CHECKSUM_AT + 4].copy_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// After a save: the port's records leave the NIC (carried by the
+    /// image, not completed), the slot is freed, its address parked.
+    fn release_saved<H: Hal>(&mut self, hal: &mut H, port: u16) {
+        let expected =
+            self.peers_of(port).iter().map(|&i| self.peer(i)).map(|p| (p.node, p.rport, p.rx_expected)).collect();
+        for i in self.peers_of(port) {
+            while let Some(&s) = self.peer(i).tx_queue.front() {
+                self.unqueue_tx(s);
+            }
+        }
+        while let Some(&e) = self.ports[port as usize].unexpected.front() {
+            self.unexp_remove(e);
+        }
+        self.free_peers_of(port);
+        let st = &mut self.ports[port as usize];
+        st.posted.clear();
+        st.outstanding = 0;
+        st.open = false;
+        st.suspended = false;
+        self.parked.push(Parked { addr: st.addr, gen: st.gen, expected });
+        st.addr = port;
+        sram_put_u32(hal, self.layout.port(port).ctl(ctl::STATE), port_state::CLOSED);
+    }
+
+    /// C7: `args` = [slot, region key, offset, length, address | generation << 16].
+    pub(crate) fn admin_port_restore<H: Hal>(&mut self, hal: &mut H, now: u64, args: &[u64; 6]) -> u32 {
+        let slot = args[0];
+        if slot >= self.ports.len() as u64 || args[1] > u32::MAX as u64 || args[4] > u32::MAX as u64 {
+            return admin_result::BAD_ARG;
+        }
+        let slot = slot as u16;
+        if self.ports[slot as usize].open {
+            return admin_result::BAD_STATE;
+        }
+        let (addr, gen) = (args[4] as u16, (args[4] >> 16) as u16);
+        if !self.parked.iter().any(|k| (k.addr, k.gen) == (addr, gen)) {
+            return admin_result::BAD_STATE;
+        }
+        if args[3] < HEADER as u64 || args[3] > self.image_max() as u64 {
+            return admin_result::BAD_IMAGE;
+        }
+        let key = args[1] as u32;
+        if self.mr_lookup(hal, slot, key, args[2], args[3], MR_LOCAL_READ).is_err() {
+            return admin_result::BAD_KEY;
+        }
+        let mut bytes = vec![0u8; args[3] as usize];
+        if self.region_io(hal, slot, key, args[2], Buf::FromHost(&mut bytes), MR_LOCAL_READ).is_err() {
+            return admin_result::BAD_KEY;
+        }
+        match self.check_image(hal, slot, (addr, gen), &bytes, now) {
+            Ok(img) => {
+                self.restore_refusal = None;
+                self.apply_image(hal, now, slot, img);
+                admin_result::OK
+            }
+            Err(Refusal::NoRoom) => {
+                self.restore_refusal = Some("no table room");
+                admin_result::NO_ROOM
+            }
+            Err(Refusal::Bad(why)) => {
+                self.restore_refusal = Some(why);
+                admin_result::BAD_IMAGE
+            }
+        }
+    }
+
+    /// Checks a whole image (untrusted) against the identity the trusted
+    /// side expects and this NIC's tables, before anything changes.
+    fn check_image<H: Hal>(
+        &self,
+        hal: &mut H,
+        slot: u16,
+        id: (u16, u16),
+        b: &[u8],
+        now: u64,
+    ) -> Result<Image, Refusal> {
+        let mut r = Reader { b, at: 0 };
+        if r.u32()? != IMAGE_MAGIC {
+            return Err("not a context image".into());
+        }
+        if r.u16()? != IMAGE_VERSION || r.u16()? != HEADER as u16 {
+            return Err("image version".into());
+        }
+        let total = r.u32()? as usize;
+        let sum = r.u32()?;
+        if total != b.len() {
+            return Err("image length".into());
+        }
+        if image_checksum(b) != sum {
+            return Err("image checksum".into());
+        }
+        let (node, addr, gen) = (r.u16()?, r.u16()?, r.u16()?);
+        if node != self.node || (addr, gen) != id {
+            return Err("image of another context".into());
+        }
+        let mode = match (r.u8()? as u64, r.u8()?) {
+            (m, 0) => MatchMode::from_arg(m, self.cfg.matching).ok_or("match mode")?,
+            _ => return Err("reserved byte".into()),
+        };
+        let (cq_key, cq_entries, cq_offset) = (r.u32()?, r.u32()?, r.u64()?);
+        let (cq_prod, cq_cons) = (r.u32()?, r.u32()?);
+        let send = (r.u32()?, r.u32()?);
+        let recv = (r.u32()?, r.u32()?);
+        let (n_posted, n_peers, n_tx, n_unexp) =
+            (r.u16()? as usize, r.u16()? as usize, r.u16()? as usize, r.u16()? as usize);
+        if cq_entries > 1 << 20 || !ring::valid_entries(cq_entries) || !ring::plausible(cq_prod, cq_cons, cq_entries) {
+            return Err("completion queue".into());
+        }
+        let cq_bytes = cq_entries as u64 * emp_uapi::desc::Cqe::SIZE as u64;
+        if self.mr_lookup(hal, slot, cq_key, cq_offset, cq_bytes, MR_LOCAL_WRITE).is_err() {
+            return Err("completion queue region".into());
+        }
+        let w = self.layout.port(slot);
+        if ring::used(send.1, send.0) > w.send_entries || ring::used(recv.1, recv.0) > w.recv_entries {
+            return Err("ring indices".into());
+        }
+        let send_ring = (0..ring::used(send.1, send.0)).map(|_| r.desc()).collect::<Result<Vec<_>, _>>()?;
+        let recv_ring = (0..ring::used(recv.1, recv.0)).map(|_| r.desc()).collect::<Result<Vec<_>, _>>()?;
+        let posted_now: usize = self.ports.iter().map(|p| p.posted.len()).sum();
+        if posted_now + n_posted > self.cfg.recv_posted_max as usize {
+            return Err(Refusal::NoRoom);
+        }
+        let mut posted = Vec::with_capacity(n_posted);
+        for _ in 0..n_posted {
+            let d = r.desc()?;
+            let ld = LocalDesc::new(&d);
+            if d.validate() != Ok(Opcode::Recv) || d.flags & emp_uapi::desc::WD_CLAIM != 0 {
+                return Err("posted receive".into());
+            }
+            if self.check_sges(hal, slot, ld.sges(), MR_LOCAL_WRITE).is_err() {
+                return Err("posted receive's memory".into());
+            }
+            posted.push(ld);
+        }
+        if n_peers > self.peer_free.len() {
+            return Err(Refusal::NoRoom);
+        }
+        let mut peers: Vec<PeerImage> = Vec::with_capacity(n_peers);
+        for _ in 0..n_peers {
+            let p = get_peer(&mut r, now)?;
+            if peers.iter().any(|q| (q.node, q.rport) == (p.node, p.rport)) {
+                return Err("peer listed twice".into());
+            }
+            peers.push(p);
+        }
+        if n_tx as u32 > self.tx.capacity() - self.tx.used() || n_tx as u32 > self.tx_rings.available() {
+            return Err(Refusal::NoRoom);
+        }
+        let mut tx = Vec::with_capacity(n_tx);
+        let mut last: Vec<Option<u32>> = vec![None; peers.len()];
+        for _ in 0..n_tx {
+            let (i, pad, seq) = (r.u16()? as usize, r.u16()?, r.u32()?);
+            let d = r.desc()?;
+            let ld = LocalDesc::new(&d);
+            let p = peers.get(i).ok_or("send of an unknown peer")?;
+            if pad != 0 || d.validate() != Ok(Opcode::Send) || (d.node, d.port) != (p.node, p.rport) {
+                return Err("queued send".into());
+            }
+            // Sequence order, and below the peer's next number.
+            if !seq_lt(seq, p.tx_seq_next) || last[i].is_some_and(|l| !seq_lt(l, seq)) {
+                return Err("queued send's sequence".into());
+            }
+            last[i] = Some(seq);
+            if ld.len > self.cfg.msg_max || self.check_sges(hal, slot, ld.sges(), MR_LOCAL_READ).is_err() {
+                return Err("queued send's memory".into());
+            }
+            if !self.route_valid(hal, d.node) {
+                return Err("queued send's route".into());
+            }
+            tx.push((i, seq, ld));
+        }
+        if n_unexp as u32 > self.eager_room() {
+            return Err(Refusal::NoRoom);
+        }
+        let mut unexp = Vec::with_capacity(n_unexp);
+        for _ in 0..n_unexp {
+            let (src_node, src_port, len, pad) = (r.u16()?, r.u16()?, r.u16()?, r.u16()?);
+            let tag = r.u64()?;
+            if pad != 0 || len as u32 > self.eager_slot_size() {
+                return Err("unexpected message".into());
+            }
+            unexp.push((src_node, src_port, tag, r.take(len as usize)?.to_vec()));
+        }
+        if r.at != b.len() {
+            return Err("trailing bytes".into());
+        }
+        Ok(Image {
+            addr,
+            gen,
+            mode,
+            cq_key,
+            cq_entries,
+            cq_offset,
+            cq_prod,
+            cq_cons,
+            send,
+            recv,
+            send_ring,
+            recv_ring,
+            posted,
+            peers,
+            tx,
+            unexp,
+        })
+    }
+
+    /// Installs a checked image into free slot `slot` (nothing can fail
+    /// here: every bound was checked).
+    fn apply_image<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u16, img: Image) {
+        self.parked.retain(|k| (k.addr, k.gen) != (img.addr, img.gen));
+        let w = self.layout.port(slot);
+        for (i, d) in img.send_ring.iter().enumerate() {
+            let mut b = [0u8; WorkDesc::SIZE];
+            d.put(&mut b);
+            hal.sram_write(w.send_slot(img.send.0.wrapping_add(i as u32)), &b);
+        }
+        for (i, d) in img.recv_ring.iter().enumerate() {
+            let mut b = [0u8; WorkDesc::SIZE];
+            d.put(&mut b);
+            hal.sram_write(w.recv_slot(img.recv.0.wrapping_add(i as u32)), &b);
+        }
+        let outstanding = (img.posted.len() + img.tx.len()) as u32;
+        {
+            let st = &mut self.ports[slot as usize];
+            st.open = true;
+            st.suspended = true;
+            st.gen = img.gen;
+            st.addr = img.addr;
+            st.cq_key = img.cq_key;
+            st.cq_offset = img.cq_offset;
+            st.cq_entries = img.cq_entries;
+            st.cq_prod = img.cq_prod;
+            st.outstanding = outstanding;
+            st.send_cons = img.send.0;
+            st.recv_cons = img.recv.0;
+            st.posted = VecDeque::from(img.posted);
+            st.mode = img.mode;
+        }
+        // The host's words too: it goes on from where it was.
+        for (at, v) in [
+            (ctl::SEND_PROD, img.send.1),
+            (ctl::RECV_PROD, img.recv.1),
+            (ctl::CQ_CONS, img.cq_cons),
+            (ctl::ARM, 0),
+            (ctl::SEND_CONS, img.send.0),
+            (ctl::RECV_CONS, img.recv.0),
+            (ctl::CQ_PROD, img.cq_prod),
+            (ctl::CQ_OVERRUNS, 0),
+            (ctl::GEN, img.gen as u32),
+            (ctl::STATE, port_state::SUSPENDED),
+        ] {
+            sram_put_u32(hal, w.ctl(at), v);
+        }
+        let mut ids = Vec::with_capacity(img.peers.len());
+        for p in img.peers {
+            let i = self.peer_free.pop().expect("room checked");
+            self.peers[i as usize] = Some(Peer {
+                port: slot,
+                node: p.node,
+                rport: p.rport,
+                tx_seq_next: p.tx_seq_next,
+                tx_queue: VecDeque::new(),
+                inflight_frames: 0,
+                credits: p.credits,
+                not_to_send: p.not_to_send,
+                ready: false,
+                remote_gen: p.remote_gen,
+                rx_gen: p.rx_gen,
+                rx_gen_ns: now,
+                rx_expected: p.rx_expected,
+                rnr_seq: p.rnr_seq,
+                rnr_tag: p.rnr_tag,
+                rnr_coll: p.rnr_coll,
+                rx_active: Vec::new(),
+                last_loss_nack_ns: 0,
+                max_seen: p.max_seen,
+                atomic: crate::atomic::PeerAtomics {
+                    seq_next: p.atomic_seq_next,
+                    queue: VecDeque::new(),
+                    rx: p.atomic_rx,
+                },
+                last_ns: now,
+                rx_taken: p.rx_taken,
+                rdv_entries: 0,
+            });
+            self.peer_index.insert((slot, p.node, p.rport), i);
+            ids.push(i);
+        }
+        for (i, seq, d) in img.tx {
+            self.restore_tx(now, slot, ids[i], d, seq);
+        }
+        for (node, port, tag, data) in img.unexp {
+            let peer = self.find_peer(slot, node, port).unwrap_or(u32::MAX);
+            self.restore_eager(slot, peer, (node, port), tag, &data);
+        }
+    }
+
+    /// Forgets parked context `args[0]` = address | generation << 16.
+    pub(crate) fn admin_port_discard(&mut self, arg: u64) -> u32 {
+        let id = (arg as u16, (arg >> 16) as u16);
+        if arg > u32::MAX as u64 {
+            return admin_result::BAD_ARG;
+        }
+        let before = self.parked.len();
+        self.parked.retain(|k| (k.addr, k.gen) != id);
+        if self.parked.len() == before {
+            admin_result::BAD_STATE
+        } else {
+            admin_result::OK
+        }
+    }
+
+    /// Why the last restore refused its image, if it did.
+    pub fn restore_refusal(&self) -> Option<&'static str> {
+        self.restore_refusal
+    }
+
+    /// The parked contexts (address, generation).
+    pub fn parked(&self) -> Vec<(u16, u16)> {
+        self.parked.iter().map(|k| (k.addr, k.gen)).collect()
+    }
+
+    /// Wire address of port `slot`.
+    pub fn port_addr(&self, slot: u16) -> u16 {
+        self.ports[slot as usize].addr
+    }
+
+    /// Is slot `slot` holding an open port?
+    pub fn port_is_open(&self, slot: u16) -> bool {
+        self.ports[slot as usize].open
+    }
+
+    /// Generation of port `slot`.
+    pub fn port_gen(&self, slot: u16) -> u16 {
+        self.ports[slot as usize].gen
+    }
+}

@@ -1,0 +1,332 @@
+//! Port context switch (PM §3.4, C1–C8; docs/context-switch.md): ports
+//! suspended, saved into host memory, restored (into the same or another
+//! slot) and resumed at random moments while messages stream both ways,
+//! with loss; every message arrives exactly once, in order, with its
+//! bytes, and never at another job's port; a corrupted image is refused
+//! and changes nothing.
+
+use emp_firmware::{image_checksum, Config, Occupancy};
+use emp_sim::cluster::{Cluster, SavedContext};
+use emp_sim::host::work_desc;
+use emp_sim::rng::Rng;
+use emp_sim::world::WireConfig;
+use emp_uapi::desc::{Cqe, Opcode, Status};
+use emp_uapi::sram::{admin_result as ar, AdminOp, PORT_ADDR_EXPLICIT};
+use emp_uapi::{ANY_NODE, ANY_PORT};
+
+const MS: u64 = 1_000_000;
+
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    (0..len).map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed * 7) as u8).collect()
+}
+
+fn status(c: &Cqe) -> Status {
+    Status::from_u8(c.status).unwrap()
+}
+
+/// Suspends `n`, waits up to `limit_ns` for stability, and saves it;
+/// `None` (still suspended) when it did not become stable in time.
+fn try_suspend_and_save(c: &mut Cluster, n: u16, limit_ns: u64) -> Option<SavedContext> {
+    assert_eq!(c.suspend(n), ar::OK);
+    let mut waited = 0;
+    while !c.is_stable(n) {
+        if waited >= limit_ns {
+            return None;
+        }
+        c.run_for(50_000);
+        waited += 50_000;
+    }
+    Some(c.save(n).unwrap_or_else(|r| panic!("save refused: {r}")))
+}
+
+/// Suspends `n`, waits for stability (it must come: its peers run), and saves it.
+fn suspend_and_save(c: &mut Cluster, n: u16) -> SavedContext {
+    try_suspend_and_save(c, n, 2_000 * MS).unwrap_or_else(|| {
+        let slot = c.port_slot(n);
+        let nic = &c.world.nodes[n as usize].nic;
+        panic!("node {n} never stable ({:?}):\n{}", nic.port_unstable(slot), nic.describe_peers())
+    })
+}
+
+/// A free slot of `n`, at random (the one it left is free too).
+fn free_slot(c: &Cluster, n: u16, rng: &mut Rng) -> u16 {
+    let nic = &c.world.nodes[n as usize].nic;
+    let free: Vec<u16> = (0..4).filter(|&s| !nic.port_is_open(s)).collect();
+    free[rng.below(free.len() as u64) as usize]
+}
+
+/// Two ranks stream `msgs` messages (1 B – 20 KB, 1 to 14 frames) to each
+/// other while, at random moments, one or both (gang-style) are switched
+/// out and back into a random slot.
+/// Returns how many saved images carried queued sends (switched mid-stream).
+fn stream_with_switches(seed: u64, loss: f64, msgs: usize) -> usize {
+    let wire = WireConfig { loss, dup: loss / 2.0, reorder: loss, ..WireConfig::default() };
+    let mut c = Cluster::new(2, Config::default(), 0, 1500, wire);
+    let mut rng = Rng::new(seed);
+    let lens: Vec<Vec<usize>> = (0..2).map(|_| (0..msgs).map(|_| rng.range(1, 20_000) as usize).collect()).collect();
+    // Receives first, every one for any tag: every message finds a
+    // receive (no rendezvous), and the i-th receive must take the i-th
+    // message (matching in the sender's order).
+    let mut recvs = [Vec::new(), Vec::new()];
+    for n in 0..2u16 {
+        let from = 1 - n;
+        for _ in 0..msgs {
+            recvs[n as usize].push(c.recv(n, (from, 0), 0, u64::MAX, 20_000));
+        }
+    }
+    let mut sends = [Vec::new(), Vec::new()];
+    for i in 0..msgs {
+        for (n, lens) in lens.iter().enumerate() {
+            let (n16, i64) = (n as u16, i as u64);
+            sends[n].push(c.send(n16, 1 - n16, i64, &data(lens[i], seed + i64 * 2 + n as u64)));
+        }
+    }
+    let mut got: Vec<Vec<Cqe>> = vec![Vec::new(), Vec::new()];
+    let mut switches = 0;
+    let mut mid_stream = 0;
+    let mut aborted = 0;
+    let done = |got: &Vec<Vec<Cqe>>| got.iter().all(|g| g.len() == 2 * msgs);
+    while !done(&got) {
+        assert!(c.world.now < 20_000 * MS, "seed {seed}: stuck, {} and {} completions", got[0].len(), got[1].len());
+        c.run_for(rng.range(5_000, 150_000));
+        for (n, g) in got.iter_mut().enumerate() {
+            g.extend(c.completions(n as u16));
+        }
+        if done(&got) || switches >= 8 || (switches > 0 && !rng.chance(0.6)) {
+            continue;
+        }
+        switches += 1;
+        let who: Vec<u16> = match rng.below(3) {
+            0 => vec![0],
+            1 => vec![1],
+            _ => vec![0, 1],
+        };
+        // One node alone always becomes stable (its peer runs). A gang may
+        // not: when a message was half taken by one member as the other
+        // stopped it, the scheduler gives up this switch (restores and
+        // resumes everyone) and tries again later.
+        let mut saved: Vec<(u16, SavedContext)> = Vec::new();
+        let mut gave_up = false;
+        let mut suspended = Vec::new();
+        for &n in &who {
+            suspended.push(n);
+            let limit = if who.len() == 1 { 2_000 * MS } else { 20 * MS };
+            match try_suspend_and_save(&mut c, n, limit) {
+                Some(ctx) => saved.push((n, ctx)),
+                None if who.len() == 1 => panic!("seed {seed}: node {n} alone never stable"),
+                None => {
+                    gave_up = true;
+                    break;
+                }
+            }
+        }
+        aborted += gave_up as usize;
+        for (n, ctx) in &saved {
+            let image = c.image(*n, ctx);
+            mid_stream += (u16::from_le_bytes([image[68], image[69]]) > 0) as usize;
+        }
+        for (n, g) in got.iter_mut().enumerate() {
+            g.extend(c.completions(n as u16));
+        }
+        // Switched out for a while: peers' frames are refused, not lost.
+        c.run_for(rng.range(0, 5 * MS));
+        for (n, ctx) in saved {
+            let slot = free_slot(&c, n, &mut rng);
+            assert_eq!(c.restore(n, &ctx, slot), ar::OK, "restore into slot {slot}");
+        }
+        for n in suspended {
+            assert_eq!(c.resume(n), ar::OK);
+        }
+    }
+    assert!(switches > aborted, "seed {seed}: every switch given up");
+    for n in 0..2u16 {
+        let from = 1 - n as usize;
+        let g = &got[n as usize];
+        // Exactly once: one completion per work request.
+        let mut seen = std::collections::HashMap::new();
+        for cqe in g {
+            *seen.entry(cqe.wr_id).or_insert(0) += 1;
+        }
+        assert!(seen.values().all(|&k| k == 1), "seed {seed}: a completion twice");
+        for &s in &sends[n as usize] {
+            let cqe = g.iter().find(|x| x.wr_id == s).expect("send completed");
+            assert_eq!(status(cqe), Status::Success, "seed {seed}: send");
+        }
+        // In order: the i-th receive posted took the i-th message sent, with its bytes.
+        for (i, &r) in recvs[n as usize].iter().enumerate() {
+            let cqe = g.iter().find(|x| x.wr_id == r).expect("receive completed");
+            let len = lens[from][i];
+            assert_eq!(
+                (status(cqe), cqe.tag, cqe.byte_len as usize),
+                (Status::Success, i as u64, len),
+                "seed {seed}: receive {i}"
+            );
+            assert_eq!(c.received(r, len), data(len, seed + i as u64 * 2 + from as u64), "seed {seed}: bytes of {i}");
+        }
+    }
+    for n in 0..2 {
+        assert!(c.world.nodes[n].nic.parked().is_empty());
+        c.world.nodes[n].nic.invariants().unwrap();
+    }
+    mid_stream
+}
+
+/// Seeds per random test (`EMP_CTXSW_SEEDS` overrides; a failure names its seed).
+fn seeds() -> u64 {
+    std::env::var("EMP_CTXSW_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30)
+}
+
+#[test]
+fn test_switches_at_random_moments_lose_nothing() {
+    let mid: usize = (0..seeds()).map(|seed| stream_with_switches(seed, 0.0, 40)).sum();
+    assert!(mid > 10, "only {mid} switches caught messages queued");
+}
+
+#[test]
+fn test_switches_with_loss_lose_nothing() {
+    let mid: usize = (0..seeds()).map(|seed| stream_with_switches(1_000_000 + seed, 0.03, 40)).sum();
+    assert!(mid > 10, "only {mid} switches caught messages queued");
+}
+
+/// Small messages that arrived before their receives travel in the image
+/// (the eager pool's contents) and are received after the restore.
+#[test]
+fn test_unexpected_messages_travel_in_the_image() {
+    let mut c = Cluster::new(2, Config::default(), 0, 1500, WireConfig::default());
+    let sends: Vec<u64> = (0..5).map(|i| c.send(0, 1, i, &data(100 + i as usize, i))).collect();
+    c.run_for(5 * MS);
+    assert_eq!(c.world.nodes[1].nic.occupancy().unexp_entries, 5);
+    let ctx = suspend_and_save(&mut c, 1);
+    assert_eq!(c.world.nodes[1].nic.occupancy().unexp_entries, 0);
+    assert_eq!(c.restore(1, &ctx, 2), ar::OK);
+    assert_eq!(c.resume(1), ar::OK);
+    assert_eq!(c.port_slot(1), 2);
+    for i in 0..5u64 {
+        let r = c.recv(1, (0, 0), i, 0, 200);
+        let cqe = c.wait(1, r, 50 * MS).expect("received after the restore");
+        assert_eq!((status(&cqe), cqe.tag, cqe.byte_len), (Status::Success, i, 100 + i as u32));
+        assert_eq!(c.received(r, 100 + i as usize), data(100 + i as usize, i));
+    }
+    for s in sends {
+        assert_eq!(status(&c.wait(0, s, 50 * MS).unwrap()), Status::Success);
+    }
+}
+
+/// While job A's context is saved, job B runs in A's old slot under its own
+/// address: the messages sent to A are refused (and retried), never given
+/// to B; A, restored into another slot, receives them all, in order.
+#[test]
+fn test_another_job_in_the_slot_gets_nothing() {
+    let mut c = Cluster::new(2, Config::default(), 0, 1500, WireConfig::default());
+    let ctx = suspend_and_save(&mut c, 1);
+    // A's address is parked: slot 0 cannot open under it.
+    let mut b_refused = c.open_other_job(1, 0, 0).expect_err("the parked address is taken");
+    assert_eq!(b_refused, ar::BAD_STATE);
+    let mut b = c.open_other_job(1, 0, 9).expect("B opens in A's slot under address 9");
+    let layout = c.world.layout;
+    for i in 0..8 {
+        let d = work_desc(Opcode::Recv as u8, 1000 + i, ANY_NODE, ANY_PORT, 0, u64::MAX, b.data.key, i * 4096, 4096, 1);
+        let node = &mut c.world.nodes[1];
+        assert!(b.post(&mut node.sram, &layout, &d, false));
+        c.world.ring(1);
+    }
+    let sends: Vec<u64> = (0..10).map(|i| c.send(0, 1, i, &data(3000, i))).collect();
+    c.run_for(20 * MS);
+    let node = &mut c.world.nodes[1];
+    assert!(b.poll_cq(&mut node.sram, &layout, &node.mem).is_none(), "job B received a message of job A");
+    assert!(c.counter(1, emp_uapi::sram::counter::NACKS_TX) > 0, "A's messages were refused while it was out");
+    // A comes back into slot 2 while B keeps slot 0.
+    assert_eq!(c.restore(1, &ctx, 2), ar::OK);
+    assert_eq!(c.resume(1), ar::OK);
+    for i in 0..10u64 {
+        let r = c.recv(1, (0, 0), i, 0, 3000);
+        let cqe = c.wait(1, r, 100 * MS).expect("A receives after its restore");
+        assert_eq!((status(&cqe), cqe.tag), (Status::Success, i));
+        assert_eq!(c.received(r, 3000), data(3000, i));
+    }
+    for s in sends {
+        assert_eq!(status(&c.wait(0, s, 100 * MS).unwrap()), Status::Success);
+    }
+    let node = &mut c.world.nodes[1];
+    assert!(b.poll_cq(&mut node.sram, &layout, &node.mem).is_none());
+    b_refused = c.admin(1, AdminOp::PortClose, [0; 6]);
+    assert_eq!(b_refused, ar::OK);
+}
+
+/// Every corruption of a saved image is refused, and the NIC is left as it
+/// was: the slot stays free, the context stays parked, no table changes;
+/// the intact image then restores and the job goes on.
+#[test]
+fn test_corrupted_image_is_refused_and_changes_nothing() {
+    let mut c = Cluster::new(2, Config::default(), 0, 1500, WireConfig::default());
+    // State worth saving: a queued send, posted receives, an unexpected message.
+    c.send(0, 1, 77, &data(50, 1));
+    c.run_for(2 * MS);
+    let recvs: Vec<u64> = (0..3).map(|i| c.recv(1, (0, 0), i, 0, 5000)).collect();
+    let ctx = suspend_and_save(&mut c, 1);
+    let good = c.image(1, &ctx);
+    let before: (Occupancy, Vec<(u16, u16)>) = (c.world.nodes[1].nic.occupancy(), c.world.nodes[1].nic.parked());
+    let mut rng = Rng::new(5);
+    let mut cases: Vec<(String, Vec<u8>, u64)> = Vec::new();
+    for _ in 0..40 {
+        let mut b = good.clone();
+        let at = rng.below(b.len() as u64) as usize;
+        b[at] ^= 1 << rng.below(8);
+        cases.push((format!("bit flipped at {at}"), b, ctx.len));
+    }
+    cases.push(("truncated".into(), good.clone(), ctx.len - 1));
+    cases.push(("header only".into(), good.clone(), 72));
+    cases.push(("shorter than a header".into(), good.clone(), 10));
+    // Well formed, checksum fixed, but lying: counts beyond the bytes, a
+    // foreign identity, a ring index beyond the ring.
+    let fixed = |mut b: Vec<u8>| {
+        let sum = image_checksum(&b);
+        b[12..16].copy_from_slice(&sum.to_le_bytes());
+        b
+    };
+    let mut b = good.clone();
+    b[66..68].copy_from_slice(&u16::MAX.to_le_bytes()); // peers
+    cases.push(("peer count too large".into(), fixed(b), ctx.len));
+    let mut b = good.clone();
+    b[18..20].copy_from_slice(&(ctx.addr + 1).to_le_bytes()); // address
+    cases.push(("another context's address".into(), fixed(b), ctx.len));
+    let mut b = good.clone();
+    b[52..56].copy_from_slice(&1000u32.to_le_bytes()); // send producer
+    cases.push(("send producer beyond the ring".into(), fixed(b), ctx.len));
+    let mut b = good.clone();
+    b[0] ^= 0xFF;
+    cases.push(("bad magic".into(), fixed(b), ctx.len));
+    for (what, bytes, len) in cases {
+        c.write_image(1, &ctx, &bytes);
+        let r = c.restore_len(1, &ctx, 1, len);
+        assert_ne!(r, ar::OK, "{what}: restored");
+        assert!(matches!(r, ar::BAD_IMAGE | ar::NO_ROOM), "{what}: result {r}");
+        let nic = &c.world.nodes[1].nic;
+        assert!(nic.restore_refusal().is_some(), "{what}: no reason kept");
+        assert!(!nic.port_is_open(1), "{what}: the slot opened");
+        assert_eq!((nic.occupancy(), nic.parked()), before, "{what}: state changed");
+    }
+    c.write_image(1, &ctx, &good);
+    assert_eq!(c.restore(1, &ctx, 1), ar::OK);
+    assert_eq!(c.resume(1), ar::OK);
+    let r = c.recv(1, (0, 0), 77, 0, 50);
+    assert_eq!(status(&c.wait(1, r, 50 * MS).unwrap()), Status::Success);
+    assert_eq!(c.received(r, 50), data(50, 1));
+    let sends: Vec<u64> = (0..3).map(|i| c.send(0, 1, i, &data(4000, i + 9))).collect();
+    for (i, r) in recvs.into_iter().enumerate() {
+        let Some(cqe) = c.wait(1, r, 50 * MS) else {
+            panic!(
+                "posted receive {i} lost:\n{}\n{}\n{:?}",
+                c.world.nodes[1].nic.describe_peers(),
+                c.world.nodes[0].nic.describe_peers(),
+                c.completions(0)
+            );
+        };
+        assert_eq!((status(&cqe), cqe.tag), (Status::Success, i as u64));
+        assert_eq!(c.received(r, 4000), data(4000, i as u64 + 9));
+    }
+    for s in sends {
+        assert_eq!(status(&c.wait(0, s, 50 * MS).unwrap()), Status::Success);
+    }
+    let _ = PORT_ADDR_EXPLICIT;
+}
