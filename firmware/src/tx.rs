@@ -397,7 +397,11 @@ impl Nic {
             frame_index: f,
             frame_count: m.frame_count,
         };
-        let msg = MsgHeader { tag: if m.rma.is_some() { 0 } else { m.desc.wd.tag }, total_len: total };
+        let msg = if m.rma.is_some() {
+            MsgHeader::new(0, total, None)
+        } else {
+            MsgHeader::new(m.desc.wd.tag, total, m.desc.wd.send_imm())
+        };
         let (port, dst, desc) = (m.port, p.node, m.desc);
         let mut buf = core::mem::take(&mut self.frame_buf);
         let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");
