@@ -37,7 +37,8 @@ impl Pair {
         };
         let mut rng = Rng::new(11);
         let mem = region.map(|r| {
-            (HostMem::pages_for_region(r) + HostMem::pages_for_region(CQ_ENTRIES as u64 * Cqe::SIZE as u64) + 4) * PAGE_SIZE
+            (HostMem::pages_for_region(r) + HostMem::pages_for_region(CQ_ENTRIES as u64 * Cqe::SIZE as u64) + 4)
+                * PAGE_SIZE
         });
         let mut world = World::new(2, params, mtu, 0, cfg, WireConfig::default(), rng.fork(), &mem);
         let layout = world.layout;
