@@ -905,6 +905,10 @@ impl Driver {
                             m.len,
                             m.sge_pieces,
                         );
+                        if let Some(imm) = crate::plan::msg_imm(i as usize) {
+                            d.flags |= WD_IMM;
+                            d.ignore = imm as u64;
+                        }
                         match m.corrupt {
                             1 => d.sge[0].key ^= 0x0100_0000,
                             2 => d.num_sge = 7,
