@@ -287,7 +287,11 @@ impl Nic {
                 if m.held {
                     continue; // Waits for its pull; later messages go on.
                 }
-                (m.next_frame, m.frame_count)
+                // A rewind (`rewind_after`) may have put `next_frame` back
+                // into a group whose ACK, for frames sent before it, came
+                // since: acknowledged frames do not go again.
+                let acked = m.groups.una().saturating_mul(self.cfg.group_size).min(m.frame_count);
+                (m.next_frame.max(acked), m.frame_count)
             };
             if next > 0 || next == count {
                 started += 1;
