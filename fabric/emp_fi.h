@@ -146,6 +146,9 @@ struct emp_req {
 	size_t msg_len;
 	uint64_t got_tag;
 	uint16_t src_node, src_port;
+	/* A receive's remote CQ data (the sender's immediate data), if any. */
+	bool got_data;
+	uint32_t data;
 };
 
 /* A message FI_PEEK | FI_CLAIM claimed, until the paired FI_CLAIM receive:
@@ -342,6 +345,7 @@ extern struct fi_ops_tagged tagged_ops;
 /* emp_fi_rma.c */
 extern struct fi_ops_rma rma_ops;
 bool rma_cq_data_ok(uint64_t caps);
+bool cq_data_ok(uint64_t caps);
 int imm_pool_fill(struct emp_fi_ep *ep);
 void imm_complete(struct emp_fi_domain *dom, struct emp_req *r, const struct emp_wc *wc);
 /* emp_fi_atomic.c */

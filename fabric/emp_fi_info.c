@@ -47,10 +47,10 @@ static const char *hints_refused(uint32_t version, const struct fi_info *h, cons
 		const struct fi_domain_attr *d = h->domain_attr;
 		if (d->name && strcmp(d->name, EMP_FI_NAME))
 			return "d->name && strcmp(d->name, EMP_FI_NAME)";
-		/* A size wish is harmless without FI_REMOTE_CQ_DATA (refused above):
-		 * we answer 0. */
 		if (d->auth_key_size)
 			return "domain auth_key";
+		if (d->cq_data_size > CQ_DATA_SIZE)
+			return "cq_data_size > 4";
 		if (d->ep_cnt > 1 || d->tx_ctx_cnt > 1 || d->rx_ctx_cnt > 1)
 			return "domain ep_cnt/tx_ctx_cnt/rx_ctx_cnt > 1 (one endpoint per domain)";
 		if (d->max_ep_stx_ctx || d->max_ep_srx_ctx || d->mr_iov_limit > 1)
@@ -92,10 +92,6 @@ static const char *hints_refused(uint32_t version, const struct fi_info *h, cons
 			return "FI_RMA with FI_MR_BASIC/FI_MR_SCALABLE (virtual addresses or caller keys)";
 		if (h->domain_attr && h->domain_attr->mr_mode != FI_MR_UNSPEC && !(h->domain_attr->mr_mode & FI_MR_PROV_KEY))
 			return "FI_RMA without FI_MR_PROV_KEY (keys are the NIC's)";
-		if (h->domain_attr && h->domain_attr->cq_data_size > CQ_DATA_SIZE)
-			return "cq_data_size > 4";
-		if (h->domain_attr && h->domain_attr->cq_data_size && !rma_cq_data_ok(h->caps))
-			return "cq_data_size with FI_TAGGED (remote CQ data needs an endpoint without FI_TAGGED)";
 		if (h->domain_attr && h->domain_attr->mr_key_size > sizeof(uint64_t))
 			return "mr_key_size > 8";
 	}
@@ -144,6 +140,11 @@ static int emp_getinfo(uint32_t version, const char *node, const char *service, 
 	caps |= asked & EMP_DIR_CAPS;
 	caps |= asked ? asked & EMP_SECONDARY_CAPS : EMP_SECONDARY_CAPS;
 	bool both = (caps & FI_MSG) && (caps & FI_TAGGED);
+	if (hints && hints->domain_attr && hints->domain_attr->cq_data_size && !cq_data_ok(caps)) {
+		FI_INFO(&emp_prov, FI_LOG_CORE,
+			"hints refused: cq_data_size with FI_RMA and FI_TAGGED (remote CQ data needs one of them)\n");
+		return -FI_ENODATA;
+	}
 
 	struct fi_info *fi = fi_allocinfo();
 	if (!fi)
@@ -214,7 +215,7 @@ static int emp_getinfo(uint32_t version, const char *node, const char *service, 
 		d->mr_mode = (d->mr_mode & ~FI_MR_VIRT_ADDR) | FI_MR_PROV_KEY;
 	/* fi_mr_key is EMP's remote key, the region's key and its secret. */
 	d->mr_key_size = sizeof(uint64_t);
-	d->cq_data_size = rma_cq_data_ok(caps) ? CQ_DATA_SIZE : 0;
+	d->cq_data_size = cq_data_ok(caps) ? CQ_DATA_SIZE : 0;
 	d->cq_cnt = 64;
 	d->ep_cnt = 1;
 	d->tx_ctx_cnt = 1;

@@ -41,16 +41,22 @@ int place(struct emp_fi_domain *dom, struct emp_req *r, const void *buf, size_t 
 #define SEND_INJECT 1u	   /* copy the data now (fi_inject, FI_INJECT) */
 #define SEND_NO_ENTRY 2u   /* never a success entry (fi_inject) */
 
+/* A send; with FI_REMOTE_CQ_DATA in flags, `data` rides along as EMP
+ * immediate data and the receiver's completion reports it. */
 static ssize_t do_send(struct emp_fi_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t tag,
-		       bool tagged, void *context, uint64_t flags, unsigned how)
+		       bool tagged, void *context, uint64_t flags, uint64_t data, unsigned how)
 {
 	struct emp_fi_domain *dom = ep->dom;
 	if (!(ep->caps & (tagged ? FI_TAGGED : FI_MSG)))
 		return -FI_EOPNOTSUPP;
 	if (!ep->enabled)
 		return -FI_EOPBADSTATE;
-	if (flags & (FI_REMOTE_CQ_DATA | FI_DELIVERY_COMPLETE | FI_MATCH_COMPLETE | FI_FENCE | FI_MULTICAST))
+	if (flags & (FI_DELIVERY_COMPLETE | FI_MATCH_COMPLETE | FI_FENCE | FI_MULTICAST))
 		return -FI_EBADFLAGS;
+	if ((flags & FI_REMOTE_CQ_DATA) && !cq_data_ok(ep->caps))
+		return -FI_EOPNOTSUPP; /* cq_data_size 0: FI_RMA with FI_TAGGED */
+	if ((flags & FI_REMOTE_CQ_DATA) && data > IMM_DATA_MASK)
+		return -FI_EINVAL; /* cq_data_size is 4 */
 	if (len && !buf)
 		return -FI_EINVAL;
 	if (len > dom->pi.msg_max || len > UINT32_MAX)
@@ -79,7 +85,11 @@ static ssize_t do_send(struct emp_fi_ep *ep, const void *buf, size_t len, void *
 		req_release(dom, r);
 		goto out;
 	}
-	ret = post_errno(emp_post_send(dom->dev, (uint64_t)(uintptr_t)r, node, port, emp_tag, &sge, (size_t)n));
+	if (flags & FI_REMOTE_CQ_DATA)
+		ret = post_errno(emp_post_send_imm(dom->dev, (uint64_t)(uintptr_t)r, node, port, emp_tag, &sge, (size_t)n,
+						   (uint32_t)data));
+	else
+		ret = post_errno(emp_post_send(dom->dev, (uint64_t)(uintptr_t)r, node, port, emp_tag, &sge, (size_t)n));
 	if (ret) {
 		r->ep = NULL;
 		req_release(dom, r);
@@ -257,7 +267,7 @@ static ssize_t msg_recvmsg(struct fid_ep *ep, const struct fi_msg *msg, uint64_t
 
 static ssize_t msg_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, void *context)
 {
-	return do_send(EP(ep), buf, len, desc, dest, 0, false, context, EP(ep)->tx_op_flags, 0);
+	return do_send(EP(ep), buf, len, desc, dest, 0, false, context, EP(ep)->tx_op_flags, 0, 0);
 }
 
 static ssize_t msg_sendv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t dest,
@@ -266,7 +276,7 @@ static ssize_t msg_sendv(struct fid_ep *ep, const struct iovec *iov, void **desc
 	void *b, *d;
 	size_t l;
 	int r = one_iov(iov, desc, count, &b, &l, &d);
-	return r ? r : do_send(EP(ep), b, l, d, dest, 0, false, context, EP(ep)->tx_op_flags, 0);
+	return r ? r : do_send(EP(ep), b, l, d, dest, 0, false, context, EP(ep)->tx_op_flags, 0, 0);
 }
 
 static ssize_t msg_sendmsg(struct fid_ep *ep, const struct fi_msg *msg, uint64_t flags)
@@ -277,26 +287,26 @@ static ssize_t msg_sendmsg(struct fid_ep *ep, const struct fi_msg *msg, uint64_t
 		return -FI_EINVAL;
 	int r = one_iov(msg->msg_iov, msg->desc, msg->iov_count, &b, &l, &d);
 	return r ? r
-		 : do_send(EP(ep), b, l, d, msg->addr, 0, false, msg->context, flags,
+		 : do_send(EP(ep), b, l, d, msg->addr, 0, false, msg->context, flags, msg->data,
 			   (flags & FI_INJECT) ? SEND_INJECT : 0);
 }
 
 static ssize_t msg_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest)
 {
-	return do_send(EP(ep), buf, len, NULL, dest, 0, false, NULL, 0, SEND_INJECT | SEND_NO_ENTRY);
+	return do_send(EP(ep), buf, len, NULL, dest, 0, false, NULL, 0, 0, SEND_INJECT | SEND_NO_ENTRY);
 }
 
 static ssize_t msg_senddata(struct fid_ep *ep, const void *buf, size_t len, void *desc, uint64_t data,
 			    fi_addr_t dest, void *context)
 {
-	(void)ep, (void)buf, (void)len, (void)desc, (void)data, (void)dest, (void)context;
-	return -FI_ENOSYS; /* no FI_REMOTE_CQ_DATA: EMP messages carry no immediate data */
+	return do_send(EP(ep), buf, len, desc, dest, 0, false, context, EP(ep)->tx_op_flags | FI_REMOTE_CQ_DATA, data,
+		       0);
 }
 
 static ssize_t msg_injectdata(struct fid_ep *ep, const void *buf, size_t len, uint64_t data, fi_addr_t dest)
 {
-	(void)ep, (void)buf, (void)len, (void)data, (void)dest;
-	return -FI_ENOSYS;
+	return do_send(EP(ep), buf, len, NULL, dest, 0, false, NULL, FI_REMOTE_CQ_DATA, data,
+		       SEND_INJECT | SEND_NO_ENTRY);
 }
 
 struct fi_ops_msg msg_ops = {
@@ -332,7 +342,7 @@ static ssize_t tag_recvv(struct fid_ep *ep, const struct iovec *iov, void **desc
 /* Queues a peek's answer: the message's length, tag and source, or an
  * FI_ENOMSG error entry. The caller checked there is room. */
 static void peek_report(struct emp_fi_ep *ep, void *context, uint64_t flags, bool found, size_t len, uint64_t tag,
-			uint16_t node, uint16_t port)
+			uint16_t node, uint16_t port, bool has_data, uint32_t data)
 {
 	struct emp_fi_cq *cq = ep->rx_cq;
 	struct cq_ent e = {
@@ -346,6 +356,10 @@ static void peek_report(struct emp_fi_ep *ep, void *context, uint64_t flags, boo
 	};
 	if (found && (ep->caps & FI_SOURCE))
 		e.src = av_reverse(ep->av, ep_code(node, port));
+	if (found && has_data) {
+		e.flags |= FI_REMOTE_CQ_DATA;
+		e.data = data;
+	}
 	cq_push(cq, &e);
 }
 
@@ -404,7 +418,8 @@ static ssize_t tag_peek(struct emp_fi_ep *ep, const struct fi_msg_tagged *msg, u
 		struct emp_req *o = *p;
 		if (o->ep != ep || !orphan_matches(o, node, port, tag, ignore))
 			continue;
-		peek_report(ep, msg->context, flags, true, o->msg_len, o->got_tag, o->src_node, o->src_port);
+		peek_report(ep, msg->context, flags, true, o->msg_len, o->got_tag, o->src_node, o->src_port, o->got_data,
+			    o->data);
 		if (flags & (FI_CLAIM | FI_DISCARD))
 			*p = o->next;
 		if (flags & FI_CLAIM)
@@ -426,9 +441,9 @@ static ssize_t tag_peek(struct emp_fi_ep *ep, const struct fi_msg_tagged *msg, u
 		}
 		drop->kind = REQ_RECV; /* no endpoint: released, silently, on completion */
 	}
-	struct emp_probed got;
-	int found = (flags & (FI_CLAIM | FI_DISCARD)) ? emp_probe_claim(dom->dev, node, port, tag, ignore, &got)
-						       : emp_probe(dom->dev, node, port, tag, ignore, &got);
+	struct emp_probed_ex got_ex;
+	int found = emp_probe_ex(dom->dev, node, port, tag, ignore, (flags & (FI_CLAIM | FI_DISCARD)) != 0, &got_ex);
+	struct emp_probed got = got_ex.msg;
 	if (found < 0) {
 		ret = post_errno(found);
 		if (drop)
@@ -446,7 +461,8 @@ static ssize_t tag_peek(struct emp_fi_ep *ep, const struct fi_msg_tagged *msg, u
 	}
 	if (found && (flags & FI_CLAIM))
 		dom->claims[dom->nclaims++] = (struct emp_fi_claim){.context = msg->context, .ep = ep, .nic = got};
-	peek_report(ep, msg->context, flags, found, got.len, got.tag, got.src_node, got.src_port);
+	peek_report(ep, msg->context, flags, found, got.len, got.tag, got.src_node, got.src_port,
+		    found && (got_ex.flags & EMP_WC_WITH_IMM), got_ex.imm);
 out:
 	pthread_mutex_unlock(&dom->lock);
 	return ret;
@@ -532,7 +548,7 @@ static ssize_t tag_recvmsg(struct fid_ep *ep, const struct fi_msg_tagged *msg, u
 static ssize_t tag_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t tag,
 			void *context)
 {
-	return do_send(EP(ep), buf, len, desc, dest, tag, true, context, EP(ep)->tx_op_flags, 0);
+	return do_send(EP(ep), buf, len, desc, dest, tag, true, context, EP(ep)->tx_op_flags, 0, 0);
 }
 
 static ssize_t tag_sendv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t dest,
@@ -541,7 +557,7 @@ static ssize_t tag_sendv(struct fid_ep *ep, const struct iovec *iov, void **desc
 	void *b, *d;
 	size_t l;
 	int r = one_iov(iov, desc, count, &b, &l, &d);
-	return r ? r : do_send(EP(ep), b, l, d, dest, tag, true, context, EP(ep)->tx_op_flags, 0);
+	return r ? r : do_send(EP(ep), b, l, d, dest, tag, true, context, EP(ep)->tx_op_flags, 0, 0);
 }
 
 static ssize_t tag_sendmsg(struct fid_ep *ep, const struct fi_msg_tagged *msg, uint64_t flags)
@@ -552,27 +568,27 @@ static ssize_t tag_sendmsg(struct fid_ep *ep, const struct fi_msg_tagged *msg, u
 		return -FI_EINVAL;
 	int r = one_iov(msg->msg_iov, msg->desc, msg->iov_count, &b, &l, &d);
 	return r ? r
-		 : do_send(EP(ep), b, l, d, msg->addr, msg->tag, true, msg->context, flags,
+		 : do_send(EP(ep), b, l, d, msg->addr, msg->tag, true, msg->context, flags, msg->data,
 			   (flags & FI_INJECT) ? SEND_INJECT : 0);
 }
 
 static ssize_t tag_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest, uint64_t tag)
 {
-	return do_send(EP(ep), buf, len, NULL, dest, tag, true, NULL, 0, SEND_INJECT | SEND_NO_ENTRY);
+	return do_send(EP(ep), buf, len, NULL, dest, tag, true, NULL, 0, 0, SEND_INJECT | SEND_NO_ENTRY);
 }
 
 static ssize_t tag_senddata(struct fid_ep *ep, const void *buf, size_t len, void *desc, uint64_t data,
 			    fi_addr_t dest, uint64_t tag, void *context)
 {
-	(void)ep, (void)buf, (void)len, (void)desc, (void)data, (void)dest, (void)tag, (void)context;
-	return -FI_ENOSYS;
+	return do_send(EP(ep), buf, len, desc, dest, tag, true, context, EP(ep)->tx_op_flags | FI_REMOTE_CQ_DATA,
+		       data, 0);
 }
 
 static ssize_t tag_injectdata(struct fid_ep *ep, const void *buf, size_t len, uint64_t data, fi_addr_t dest,
 			      uint64_t tag)
 {
-	(void)ep, (void)buf, (void)len, (void)data, (void)dest, (void)tag;
-	return -FI_ENOSYS;
+	return do_send(EP(ep), buf, len, NULL, dest, tag, true, NULL, FI_REMOTE_CQ_DATA, data,
+		       SEND_INJECT | SEND_NO_ENTRY);
 }
 
 struct fi_ops_tagged tagged_ops = {

@@ -131,16 +131,23 @@ void req_report(struct emp_req *r, int err, size_t len, size_t olen, uint64_t ta
 	};
 	if (rx && (ep->caps & FI_SOURCE))
 		e.src = av_reverse(ep->av, ep_code(node, port));
+	if (rx && r->got_data) {
+		e.flags |= FI_REMOTE_CQ_DATA;
+		e.data = r->data;
+	}
 	cq_push(cq, &e);
 	cq->reserved--;
 	r->cq_reserved = false;
 }
 
-static void complete(struct emp_fi_domain *dom, const struct emp_wc *wc)
+static void complete(struct emp_fi_domain *dom, const struct emp_wc_ex *wcx)
 {
+	const struct emp_wc *wc = &wcx->wc;
 	struct emp_req *r = (struct emp_req *)(uintptr_t)wc->wr_id;
 	if (r < dom->reqs || r >= dom->reqs + dom->nreqs || !r->in_use)
 		return; /* not ours */
+	r->got_data = wc->is_recv && (wcx->wc_flags & EMP_WC_WITH_IMM);
+	r->data = wcx->imm;
 	if (r->kind == REQ_RECV && r->cancelled) {
 		dom->zombies--;
 		bool landed = r->ep && (wc->status == EMP_WC_SUCCESS || wc->status == EMP_WC_TRUNCATED);
@@ -194,9 +201,9 @@ static void complete(struct emp_fi_domain *dom, const struct emp_wc *wc)
 /* Takes every completion the port has. Called with the domain lock. */
 void progress(struct emp_fi_domain *dom)
 {
-	struct emp_wc wc[POLL_BATCH];
+	struct emp_wc_ex wc[POLL_BATCH];
 	for (;;) {
-		int n = emp_poll_cq(dom->dev, wc, POLL_BATCH);
+		int n = emp_poll_cq_ex(dom->dev, wc, POLL_BATCH);
 		for (int i = 0; i < n; i++)
 			complete(dom, &wc[i]);
 		if (n < POLL_BATCH)

@@ -20,6 +20,14 @@ bool rma_cq_data_ok(uint64_t caps)
 	return (caps & FI_RMA) && !(caps & FI_TAGGED);
 }
 
+/* Remote CQ data on this endpoint: messages carry it as EMP immediate
+ * data (emp_post_send_imm), writes as above; an endpoint with FI_RMA and
+ * FI_TAGGED has it for neither (cq_data_size is one number). */
+bool cq_data_ok(uint64_t caps)
+{
+	return rma_cq_data_ok(caps) || ((caps & (FI_MSG | FI_TAGGED)) && !(caps & FI_RMA));
+}
+
 static ssize_t rma_post(struct emp_fi_ep *ep, bool write, void *buf, size_t len, void *desc, fi_addr_t dest,
 			uint64_t addr, uint64_t key, void *context, uint64_t flags, uint64_t data, unsigned how)
 {

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #include <rdma/fabric.h>
@@ -90,9 +91,14 @@ static void test_getinfo(void)
 	h = hints_base(FI_TAGGED | FI_REMOTE_CQ_DATA);
 	EXPECT(getinfo_ret(h), -FI_ENODATA);
 	h = hints_base(FI_TAGGED);
-	h->domain_attr->cq_data_size = 8; /* a wish, without the cap: answered with 0 */
+	h->domain_attr->cq_data_size = 8; /* EMP's immediate data is 4 bytes */
+	EXPECT(getinfo_ret(h), -FI_ENODATA);
+	/* What Open MPI's mtl ofi asks before it puts the source rank in the
+	 * remote CQ data (its "ofi_tag_full" layout). */
+	h = hints_base(FI_TAGGED | FI_DIRECTED_RECV);
+	h->domain_attr->cq_data_size = 4;
 	EXPECT(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &out), 0);
-	check(out && out->domain_attr->cq_data_size == 0, "cq_data_size 0");
+	check(out && out->domain_attr->cq_data_size == 4, "cq_data_size 4 with FI_TAGGED");
 	fi_freeinfo(out);
 	fi_freeinfo(h);
 	out = NULL;
@@ -277,7 +283,8 @@ static void test_calls(void)
 	EXPECT(fi_send(ep, buf, 8, NULL, 0, NULL), -FI_EOPNOTSUPP); /* FI_TAGGED endpoint */
 	EXPECT(fi_write(ep, buf, 8, NULL, 0, 0, 0, NULL), -FI_EOPNOTSUPP); /* no FI_RMA asked */
 	EXPECT(fi_read(ep, buf, 8, NULL, 0, 0, 0, NULL), -FI_EOPNOTSUPP);
-	EXPECT(fi_tsenddata(ep, buf, 8, NULL, 5, 0, 1, NULL), -FI_ENOSYS);
+	EXPECT(fi_tsenddata(ep, buf, 8, NULL, 1ULL << 32, 0, 1, NULL), -FI_EINVAL); /* cq_data_size 4 */
+	EXPECT(fi_senddata(ep, buf, 8, NULL, 5, 0, NULL), -FI_EOPNOTSUPP); /* FI_TAGGED endpoint */
 	struct iovec iov[2] = {{buf, 4}, {buf + 4, 4}};
 	EXPECT(fi_tsendv(ep, iov, NULL, 2, 0, 1, NULL), -FI_EINVAL); /* iov_limit 1 */
 	struct fi_msg_tagged tm = {.msg_iov = iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .tag = 1};
@@ -341,6 +348,56 @@ static void test_traffic(enum fi_av_type av_type)
 	check(fi_cq_strerror(b.cq, ee.prov_errno, NULL, sbufe, sizeof sbufe) != NULL, "%s: strerror: %s", t, sbufe);
 	EXPECT(wait_cq(a.cq, &e, NULL), 1); /* the sender's send completed */
 	check(fi_cntr_readerr(b.rx_cntr) == 1, "%s: receive error counter 1", t);
+
+	/* Remote CQ data: the sender's data with FI_REMOTE_CQ_DATA in the
+	 * receive's entry, whether the receive was posted before (senddata),
+	 * after the message waited unexpected (injectdata), or after a 200 KiB
+	 * message's header was retained (tsendmsg, rendezvous); an FI_PEEK
+	 * reports it too; a plain send carries none. */
+	EXPECT(fi_trecv(b.ep, rbuf, sizeof rbuf, NULL, FI_ADDR_UNSPEC, 0x60, 0, (void *)0xc1), 0);
+	EXPECT(fi_tsenddata(a.ep, sbuf, 24, NULL, 0xfeedf00d, a.peer, 0x60, (void *)0xc2), 0);
+	EXPECT(wait_cq(b.cq, &e, NULL), 1);
+	check(e.op_context == (void *)0xc1 && (e.flags & FI_REMOTE_CQ_DATA) && e.data == 0xfeedf00d && e.len == 24 &&
+		      !memcmp(rbuf, sbuf, 24),
+	      "%s: tsenddata: flags %#llx data %#llx", t, (unsigned long long)e.flags, (unsigned long long)e.data);
+	EXPECT(wait_cq(a.cq, &e, NULL), 1);
+	check(e.op_context == (void *)0xc2 && !(e.flags & FI_REMOTE_CQ_DATA), "%s: the send's own entry has no data", t);
+	EXPECT(fi_tinjectdata(a.ep, sbuf, 16, 7, a.peer, 0x61), 0);
+	usleep(20000); /* it waits at b's NIC, unexpected */
+	struct iovec piov = {rbuf, sizeof rbuf};
+	struct fi_msg_tagged pm = {.msg_iov = &piov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .tag = 0x61,
+				   .context = (void *)0xc3};
+	EXPECT(fi_trecvmsg(b.ep, &pm, FI_PEEK), 0);
+	EXPECT(wait_cq(b.cq, &e, NULL), 1);
+	check(e.op_context == (void *)0xc3 && (e.flags & FI_REMOTE_CQ_DATA) && e.data == 7 && e.len == 16,
+	      "%s: FI_PEEK reports the data: flags %#llx data %#llx", t, (unsigned long long)e.flags,
+	      (unsigned long long)e.data);
+	EXPECT(fi_trecv(b.ep, rbuf, sizeof rbuf, NULL, FI_ADDR_UNSPEC, 0x61, 0, (void *)0xc4), 0);
+	EXPECT(wait_cq(b.cq, &e, NULL), 1);
+	check(e.op_context == (void *)0xc4 && (e.flags & FI_REMOTE_CQ_DATA) && e.data == 7 && e.len == 16,
+	      "%s: injectdata, received unexpected: data %#llx", t, (unsigned long long)e.data);
+	size_t mid = 200u << 10;
+	char *ms_ = malloc(mid), *mr_ = calloc(1, mid);
+	for (size_t i = 0; i < mid; i++)
+		ms_[i] = (char)(i * 11 + 3);
+	struct iovec siov = {ms_, mid};
+	struct fi_msg_tagged sm = {.msg_iov = &siov, .iov_count = 1, .addr = a.peer, .tag = 0x62,
+				   .context = (void *)0xc5, .data = 0x12345678};
+	EXPECT(fi_tsendmsg(a.ep, &sm, FI_COMPLETION | FI_REMOTE_CQ_DATA), 0);
+	usleep(20000); /* its header is retained at b's NIC */
+	EXPECT(fi_trecv(b.ep, mr_, mid, NULL, FI_ADDR_UNSPEC, 0x62, 0, (void *)0xc6), 0);
+	EXPECT(wait_cq(b.cq, &e, NULL), 1);
+	check(e.op_context == (void *)0xc6 && (e.flags & FI_REMOTE_CQ_DATA) && e.data == 0x12345678 && e.len == mid &&
+		      !memcmp(ms_, mr_, mid),
+	      "%s: 200 KiB by rendezvous with data %#llx", t, (unsigned long long)e.data);
+	EXPECT(wait_cq(a.cq, &e, NULL), 1);
+	free(ms_);
+	free(mr_);
+	EXPECT(fi_trecv(b.ep, rbuf, sizeof rbuf, NULL, FI_ADDR_UNSPEC, 0x63, 0, (void *)0xc7), 0);
+	EXPECT(fi_tsend(a.ep, sbuf, 8, NULL, a.peer, 0x63, (void *)0xc8), 0);
+	EXPECT(wait_cq(b.cq, &e, NULL), 1);
+	check(e.op_context == (void *)0xc7 && !(e.flags & FI_REMOTE_CQ_DATA), "%s: a plain send carries no data", t);
+	EXPECT(wait_cq(a.cq, &e, NULL), 1);
 
 	/* Cancellation: an error entry, and a message that matched the
 	 * canceled receive reaches the next matching one. */

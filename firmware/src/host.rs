@@ -5,7 +5,7 @@
 //! A descriptor is consumed only when the CQ has room for its completion, so
 //! the CQ can never overflow.
 
-use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, CQE_IMM, MR_LOCAL_READ, MR_LOCAL_WRITE};
 use emp_uapi::ring;
 use emp_uapi::sram::{admin_result, ctl, port_state, AdminMailbox, AdminOp, RouteEntry};
 use emp_uapi::{sram::counter, Le};
@@ -25,6 +25,8 @@ pub(crate) struct Completion {
     pub src_node: u16,
     pub src_port: u16,
     pub msg_len: u32,
+    /// A receive's or probe's immediate data (the sender's `WD_IMM`).
+    pub imm: Option<u32>,
 }
 
 impl Completion {
@@ -39,6 +41,7 @@ impl Completion {
             src_node: 0,
             src_port: 0,
             msg_len: 0,
+            imm: None,
         }
     }
 }
@@ -327,12 +330,14 @@ impl Nic {
             tag: c.tag,
             byte_len: c.byte_len,
             msg_len: c.msg_len,
+            imm: c.imm.unwrap_or(0),
+            reserved1: 0,
             src_node: c.src_node,
             src_port: c.src_port,
             status: c.status as u8,
             opcode: c.opcode as u8,
             reserved: 0,
-            flags: ring::cqe_phase(prod, entries),
+            flags: ring::cqe_phase(prod, entries) | if c.imm.is_some() { CQE_IMM } else { 0 },
         };
         let mut b = [0u8; Cqe::SIZE];
         cqe.put(&mut b);

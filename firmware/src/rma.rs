@@ -103,6 +103,7 @@ pub(crate) struct RdvPull {
     pub entry: u32,
     pub tag: u64,
     pub total_len: u64,
+    pub imm: Option<u32>,
 }
 
 /// Bounded table of read records.
@@ -166,7 +167,7 @@ impl Nic {
         let u = *self.unexp.get(e).expect("live entry");
         let want = u.total_len.min(d.len);
         let stamp = self.next_stamp();
-        let rdv = Some(RdvPull { entry: e, tag: u.tag, total_len: u.total_len });
+        let rdv = Some(RdvPull { entry: e, tag: u.tag, total_len: u.total_len, imm: u.imm });
         let slot = self.rma_reads.insert_checked(ReadTx { port, peer: u.peer, desc: *d, stamp, timer: 0, want, rdv });
         self.unexp.get_mut(e).pull = Some((slot, stamp));
         let hdr = RmaHeader {
@@ -304,6 +305,7 @@ impl Nic {
             c.src_node = node;
             c.src_port = rport;
             c.msg_len = p.total_len.min(u32::MAX as u64) as u32;
+            c.imm = p.imm;
             return self.complete(hal, r.port, c);
         }
         let mut c = Completion::of(&r.desc, Opcode::RdmaRead, status);

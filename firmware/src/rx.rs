@@ -53,6 +53,8 @@ pub(crate) struct RxMsg {
     pub desc: LocalDesc,
     pub tag: u64,
     pub total_len: u64,
+    /// The sender's immediate data, reported in the receive's completion.
+    pub imm: Option<u32>,
     pub frame_count: u32,
     /// Oldest incomplete group: every group below it is complete.
     base: u32,
@@ -120,6 +122,7 @@ impl RxMsg {
             desc,
             tag: msg.tag,
             total_len: msg.total_len,
+            imm: msg.imm(),
             frame_count: hdr.frame_count,
             base: 0,
             masks,
@@ -145,7 +148,7 @@ impl RxMsg {
         let off = wire::frame_offset(f, mtu);
         let expect_len = (wire::payload_capacity(mtu, f) as u64).min(self.total_len.saturating_sub(off));
         hdr.frame_count == self.frame_count
-            && msg.is_none_or(|h| h.total_len == self.total_len && h.tag == self.tag)
+            && msg.is_none_or(|h| h.total_len == self.total_len && h.tag == self.tag && h.imm() == self.imm)
             && payload_len as u64 == expect_len
     }
 
@@ -260,6 +263,8 @@ pub(crate) struct Unexpected {
     pub src_port: u16,
     pub tag: u64,
     pub total_len: u64,
+    /// The sender's immediate data.
+    pub imm: Option<u32>,
     /// The eager pool slot holding its payload; `None`: a retained header
     /// (the data stays in the sender's buffer).
     pub data: Option<u32>,
@@ -613,6 +618,7 @@ impl Nic {
             src_port: hdr.src_port,
             tag: msg.tag,
             total_len: msg.total_len,
+            imm: msg.imm(),
             data: None,
             peer,
             seq: hdr.msg_seq,
@@ -730,6 +736,7 @@ impl Nic {
         c.src_node = u.src_node;
         c.src_port = u.src_port;
         c.msg_len = u.total_len.min(u32::MAX as u64) as u32;
+        c.imm = u.imm;
         self.complete(hal, port, c);
     }
 
@@ -773,6 +780,7 @@ impl Nic {
         c.src_node = u.src_node;
         c.src_port = u.src_port;
         c.msg_len = total.min(u32::MAX as u64) as u32;
+        c.imm = u.imm;
         self.complete(hal, port, c);
     }
 
@@ -1014,6 +1022,7 @@ impl Nic {
         c.src_node = src.node;
         c.src_port = src.rport;
         c.msg_len = m.total_len.min(u32::MAX as u64) as u32;
+        c.imm = m.imm;
         self.complete(hal, m.port, c);
     }
 
@@ -1040,7 +1049,7 @@ mod tests {
 
     fn record_in(frames: u32, group_size: u32, window_groups: usize) -> RxMsg {
         let hdr = FrameHeader { frame_count: frames, ..Default::default() };
-        let msg = MsgHeader { tag: 7, total_len: frames as u64 * 1000 };
+        let msg = MsgHeader::new(7, frames as u64 * 1000, None);
         let desc = LocalDesc::new(&WorkDesc::default());
         let masks = vec![0; window_groups].into_boxed_slice();
         RxMsg::new(0, 0, &hdr, &msg, desc, RxOwner::Recv, group_size, masks, 0)

@@ -339,7 +339,11 @@ impl Nic {
                 if m.held {
                     continue; // Waits for its pull; later messages go on.
                 }
-                (m.next_frame, m.frame_count)
+                // A rewind (`rewind_after`) may have put `next_frame` back
+                // into a group whose ACK, for frames sent before it, came
+                // since: acknowledged frames do not go again.
+                let acked = m.groups.una().saturating_mul(self.cfg.group_size).min(m.frame_count);
+                (m.next_frame.max(acked), m.frame_count)
             };
             if next > 0 || next == count {
                 started += 1;
@@ -456,7 +460,11 @@ impl Nic {
             frame_index: f,
             frame_count: m.frame_count,
         };
-        let msg = MsgHeader { tag: if m.rma.is_some() { 0 } else { m.desc.wd.tag }, total_len: total };
+        let msg = if m.rma.is_some() {
+            MsgHeader::new(0, total, None)
+        } else {
+            MsgHeader::new(m.desc.wd.tag, total, m.desc.wd.send_imm())
+        };
         let (port, dst, desc) = (m.port, p.node, m.desc);
         let mut buf = core::mem::take(&mut self.frame_buf);
         let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");

@@ -298,6 +298,31 @@ int emp_port_save(struct emp_device *dev, uint32_t key, uint64_t offset, uint64_
 int emp_port_restore(struct emp_device *dev, uint32_t key, uint64_t offset, uint64_t len);
 int emp_port_resume(struct emp_device *dev);
 
+/* Since EMP_1.4: immediate data on sends (libfabric's remote CQ data, the
+ * source rank MPI libraries put there). The receive's completion, and a
+ * probe that finds the message, report it with EMP_WC_WITH_IMM. */
+#define EMP_WC_WITH_IMM (1u << 0)
+struct emp_wc_ex {
+	struct emp_wc wc;
+	uint32_t imm;      /* with EMP_WC_WITH_IMM in wc_flags */
+	uint32_t wc_flags; /* EMP_WC_WITH_* */
+};
+struct emp_probed_ex {
+	struct emp_probed msg;
+	uint32_t imm;      /* with EMP_WC_WITH_IMM in flags */
+	uint32_t flags;    /* EMP_WC_WITH_* */
+};
+/* As emp_post_send, with 32 bits of immediate data. */
+int emp_post_send_imm(struct emp_device *dev, uint64_t wr_id, uint16_t node, uint16_t port, uint64_t tag,
+		      const struct emp_sge *sge, size_t n, uint32_t imm);
+/* As emp_poll_cq / emp_wait_cq, with each completion's immediate data. */
+int emp_poll_cq_ex(struct emp_device *dev, struct emp_wc_ex *wc, size_t n);
+int emp_wait_cq_ex(struct emp_device *dev, struct emp_wc_ex *wc, size_t n, int timeout_ms);
+/* As emp_probe (claim 0) or emp_probe_claim (claim nonzero), with the
+ * message's immediate data; out->msg goes to emp_post_recv_claimed. */
+int emp_probe_ex(struct emp_device *dev, uint16_t node, uint16_t port, uint64_t tag, uint64_t ignore, int claim,
+		 struct emp_probed_ex *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,7 +8,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use emp_uapi::desc::{Opcode, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, SGE_MAX, WD_SIGNALED};
+use emp_uapi::desc::{Opcode, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, SGE_MAX, WD_IMM, WD_SIGNALED};
 use emp_uapi::sram::{ctl, GroupEntry, NIC_DEAD_NS};
 use emp_uapi::{Le, PAGE_SIZE};
 
@@ -416,6 +416,28 @@ impl Device {
     /// ```
     pub fn post_send(&mut self, wr_id: u64, dst: Endpoint, tag: u64, sges: &[Sge]) -> Result<()> {
         let d = Self::desc(Opcode::Send, wr_id, dst, tag, 0, sges)?;
+        self.post(true, &d)
+    }
+
+    /// As [`Device::post_send`], with 32 bits of immediate data that the
+    /// receive's completion reports ([`Completion::imm`]), as do probes
+    /// that find the message (libfabric's remote CQ data).
+    ///
+    /// # Errors
+    /// As [`Device::post_send`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// let buf = dev.alloc(64)?;
+    /// let peer = emp::Endpoint { node: 1, port: 0 };
+    /// dev.post_send_imm(1, peer, 7, &[buf.sge(0, 8)], 42)?;
+    /// // At the peer, the receive's completion has `imm == Some(42)`.
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn post_send_imm(&mut self, wr_id: u64, dst: Endpoint, tag: u64, sges: &[Sge], imm: u32) -> Result<()> {
+        let mut d = Self::desc(Opcode::Send, wr_id, dst, tag, imm as u64, sges)?;
+        d.flags |= WD_IMM;
         self.post(true, &d)
     }
 

@@ -35,6 +35,34 @@ pub struct EmpWc {
     pub reserved: [u8; 3],
 }
 
+/// C view of a completion with its immediate data (`struct emp_wc_ex`,
+/// since EMP_1.4).
+#[repr(C)]
+pub struct EmpWcEx {
+    /// The completion.
+    pub wc: EmpWc,
+    /// With `EMP_WC_WITH_IMM`: the sender's immediate data.
+    pub imm: u32,
+    /// `EMP_WC_WITH_*` flags.
+    pub wc_flags: u32,
+}
+
+/// `EmpWcEx::wc_flags` / `EmpProbedEx::flags`: `imm` is valid.
+pub const EMP_WC_WITH_IMM: u32 = 1;
+
+/// C view of a probed message with its immediate data (`struct
+/// emp_probed_ex`, since EMP_1.4).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct EmpProbedEx {
+    /// The message, as `emp_probe` reports it.
+    pub msg: EmpProbed,
+    /// With `EMP_WC_WITH_IMM`: the sender's immediate data.
+    pub imm: u32,
+    /// `EMP_WC_WITH_*` flags.
+    pub flags: u32,
+}
+
 /// C view of a remote word (`struct emp_remote_word`).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -254,6 +282,34 @@ pub unsafe extern "C" fn emp_post_send(
     }
 }
 
+/// Posts a send with 32 bits of immediate data, reported by the
+/// receive's completion (`emp_poll_cq_ex`); as `emp_post_send` otherwise.
+///
+/// # Safety
+/// `dev` is open; `sge` points to `n` entries.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn emp_post_send_imm(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    node: u16,
+    port: u16,
+    tag: u64,
+    sge: *const Sge,
+    n: usize,
+    imm: u32,
+) -> c_int {
+    if dev.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees the pointers.
+    let (d, s) = unsafe { (&mut (*dev).0, sges(sge, n)) };
+    match d.post_send_imm(wr_id, Endpoint { node, port }, tag, s, imm) {
+        Ok(()) => 0,
+        Err(e) => errno(&e),
+    }
+}
+
 /// Posts a receive (node/port may be EMP_ANY_NODE/EMP_ANY_PORT).
 ///
 /// # Safety
@@ -287,6 +343,31 @@ unsafe fn probe_into(
     claim: bool,
     out: *mut EmpProbed,
 ) -> c_int {
+    if out.is_null() {
+        return -libc::EINVAL;
+    }
+    let mut ex = EmpProbedEx::default();
+    // SAFETY: the caller's guarantees, passed on; `ex` is writable.
+    let r = unsafe { probe_into_ex(dev, src, tag, ignore, claim, &mut ex) };
+    if r == 1 {
+        // SAFETY: the caller passes a writable `struct emp_probed`.
+        unsafe { out.write(ex.msg) };
+    }
+    r
+}
+
+/// As `probe_into`, with the message's immediate data.
+///
+/// # Safety
+/// `dev` is open (or NULL: -EINVAL); `out` is writable (or NULL).
+unsafe fn probe_into_ex(
+    dev: *mut EmpDevice,
+    src: Endpoint,
+    tag: u64,
+    ignore: u64,
+    claim: bool,
+    out: *mut EmpProbedEx,
+) -> c_int {
     if dev.is_null() || out.is_null() {
         return -libc::EINVAL;
     }
@@ -299,9 +380,11 @@ unsafe fn probe_into(
     };
     match found {
         Ok(Some((m, handle))) => {
-            let p =
+            let msg =
                 EmpProbed { tag: m.tag, len: m.len, handle, src_node: m.src.node, src_port: m.src.port, reserved: 0 };
-            // SAFETY: the caller passes a writable `struct emp_probed`.
+            let p =
+                EmpProbedEx { msg, imm: m.imm.unwrap_or(0), flags: if m.imm.is_some() { EMP_WC_WITH_IMM } else { 0 } };
+            // SAFETY: the caller passes a writable `struct emp_probed_ex`.
             unsafe { out.write(p) };
             1
         }
@@ -363,7 +446,8 @@ pub unsafe extern "C" fn emp_post_recv_claimed(
     }
     // SAFETY: caller guarantees the pointers.
     let (d, p, s) = unsafe { (&mut (*dev).0, *claimed, sges(sge, n)) };
-    let msg = crate::Probed { src: Endpoint { node: p.src_node, port: p.src_port }, tag: p.tag, len: p.len };
+    // The claim handle names the message: its immediate data is not needed.
+    let msg = crate::Probed { src: Endpoint { node: p.src_node, port: p.src_port }, tag: p.tag, len: p.len, imm: None };
     match d.post_recv_claimed(wr_id, &crate::Claim::from_parts(msg, p.handle), s) {
         Ok(()) => 0,
         Err(e) => errno(&e),
@@ -485,6 +569,77 @@ pub unsafe extern "C" fn emp_poll_cq(dev: *mut EmpDevice, wc: *mut EmpWc, n: usi
         *o = to_wc(c);
     }
     got as c_int
+}
+
+fn to_wc_ex(c: &Completion) -> EmpWcEx {
+    EmpWcEx { wc: to_wc(c), imm: c.imm.unwrap_or(0), wc_flags: if c.imm.is_some() { EMP_WC_WITH_IMM } else { 0 } }
+}
+
+/// As `emp_poll_cq`, into `struct emp_wc_ex` (with immediate data).
+///
+/// # Safety
+/// `dev` is open; `wc` is writable for `n` entries.
+#[no_mangle]
+pub unsafe extern "C" fn emp_poll_cq_ex(dev: *mut EmpDevice, wc: *mut EmpWcEx, n: usize) -> c_int {
+    if dev.is_null() || (wc.is_null() && n > 0) {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees the pointers.
+    let (d, out) = unsafe { (&mut (*dev).0, core::slice::from_raw_parts_mut(wc, n)) };
+    let mut tmp = [Completion::default(); WC_BATCH];
+    let want = n.min(WC_BATCH);
+    let got = match d.try_poll_cq(&mut tmp[..want]) {
+        Ok(got) => got,
+        Err(e) => return errno(&e),
+    };
+    for (o, c) in out.iter_mut().zip(&tmp[..got]) {
+        *o = to_wc_ex(c);
+    }
+    got as c_int
+}
+
+/// As `emp_wait_cq`, into `struct emp_wc_ex` (with immediate data).
+///
+/// # Safety
+/// As `emp_poll_cq_ex`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_wait_cq_ex(dev: *mut EmpDevice, wc: *mut EmpWcEx, n: usize, timeout_ms: c_int) -> c_int {
+    if dev.is_null() || (wc.is_null() && n > 0) {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees the pointers.
+    let (d, out) = unsafe { (&mut (*dev).0, core::slice::from_raw_parts_mut(wc, n)) };
+    let mut tmp = [Completion::default(); WC_BATCH];
+    let want = n.min(WC_BATCH);
+    let t = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
+    match d.wait_cq(&mut tmp[..want], t) {
+        Ok(got) => {
+            for (o, c) in out.iter_mut().zip(&tmp[..got]) {
+                *o = to_wc_ex(c);
+            }
+            got as c_int
+        }
+        Err(e) => errno(&e),
+    }
+}
+
+/// As `emp_probe` / `emp_probe_claim` (`claim` nonzero), with the
+/// message's immediate data.
+///
+/// # Safety
+/// `dev` is open; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_probe_ex(
+    dev: *mut EmpDevice,
+    node: u16,
+    port: u16,
+    tag: u64,
+    ignore: u64,
+    claim: c_int,
+    out: *mut EmpProbedEx,
+) -> c_int {
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe { probe_into_ex(dev, Endpoint { node, port }, tag, ignore, claim != 0, out) }
 }
 
 /// Completions taken per `emp_poll_cq` / `emp_wait_cq` call at most.

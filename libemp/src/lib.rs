@@ -245,6 +245,9 @@ pub struct Completion {
     /// Remote atomics: the word's value before the operation (also
     /// written to the descriptor's result word). 0 otherwise.
     pub old: u64,
+    /// Receive or probe: the immediate data the sender attached
+    /// ([`Device::post_send_imm`]), if any.
+    pub imm: Option<u32>,
 }
 
 impl Default for Completion {
@@ -259,6 +262,7 @@ impl Default for Completion {
             msg_len: 0,
             opcode: Opcode::Send,
             old: 0,
+            imm: None,
         }
     }
 }

@@ -23,6 +23,8 @@ pub struct Probed {
     pub tag: u64,
     /// Its length in bytes.
     pub len: u32,
+    /// Its immediate data, if the sender attached any.
+    pub imm: Option<u32>,
 }
 
 /// A message a claiming probe reserved for one receive
@@ -129,7 +131,7 @@ impl Device {
         // The NIC answers from its own tables: no message needs to arrive.
         let c: Completion = self.wait_wr(wr, Some(Duration::from_secs(60)))?;
         match c.status {
-            Status::Success => Ok(Some((Probed { src: c.src, tag: c.tag, len: c.msg_len }, c.byte_len))),
+            Status::Success => Ok(Some((Probed { src: c.src, tag: c.tag, len: c.msg_len, imm: c.imm }, c.byte_len))),
             Status::NoMessage => Ok(None),
             st => Err(Error::Failed(st)),
         }

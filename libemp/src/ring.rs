@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
-use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET};
+use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, CQE_IMM};
 use emp_uapi::ring;
 use emp_uapi::sram::{ctl, PortWindow};
 use emp_uapi::Le;
@@ -162,5 +162,6 @@ fn completion(c: &Cqe) -> Completion {
         msg_len: c.msg_len,
         opcode,
         old: if opcode.is_atomic() { c.tag } else { 0 },
+        imm: (c.flags & CQE_IMM != 0).then_some(c.imm),
     }
 }

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use emp::ffi::{EmpEndpoint, EmpPortInfo, EmpProbed, EmpRemoteWord, EmpWc};
+use emp::ffi::{EmpEndpoint, EmpPortInfo, EmpProbed, EmpProbedEx, EmpRemoteWord, EmpWc, EmpWcEx};
 use emp::{BarrierAlgo, Dtype, Opcode, ReduceOp, Sge, Status};
 
 // ---------------------------------------------------------------------------
@@ -47,6 +47,8 @@ macro_rules! c_int_type {
     )*};
 }
 c_int_type!(u8 => "uint8_t", u16 => "uint16_t", u32 => "uint32_t", u64 => "uint64_t");
+// Structures embedded in the `_ex` ones (EMP_1.4).
+c_int_type!(EmpWc => "struct emp_wc", EmpProbed => "struct emp_probed");
 
 impl<T: CType, const N: usize> CType for [T; N] {
     const C: &'static str = T::C;
@@ -93,6 +95,8 @@ fn structs() -> Vec<Struct> {
         st!("emp_wc", EmpWc { wr_id, status, is_recv, byte_len, msg_len, tag, src_node, src_port, opcode, reserved }),
         st!("emp_remote_word", EmpRemoteWord { key, width, offset, secret, reserved }),
         st!("emp_probed", EmpProbed { tag, len, handle, src_node, src_port, reserved }),
+        st!("emp_wc_ex", EmpWcEx { wc, imm, wc_flags }),
+        st!("emp_probed_ex", EmpProbedEx { msg, imm, flags }),
         st!("emp_port_info", EmpPortInfo { node, port, mtu, nodes, send_entries, recv_entries, reserved, msg_max }),
     ]
 }
@@ -155,6 +159,7 @@ fn constants() -> BTreeMap<String, u64> {
         };
         m.insert(c.into(), algo as u64);
     }
+    m.insert("EMP_WC_WITH_IMM".into(), emp::ffi::EMP_WC_WITH_IMM as u64);
     m
 }
 
@@ -294,7 +299,8 @@ fn c_program() -> String {
     // The exact <stdint.h> type (no integer promotion in _Generic).
     p.push_str(
         "#define EMP_INT_TYPE(x) _Generic((x), uint8_t: \"uint8_t\", uint16_t: \"uint16_t\", \\\n\
-         \tuint32_t: \"uint32_t\", uint64_t: \"uint64_t\", default: \"(not-a-fixed-width-unsigned-integer)\")\n",
+         \tuint32_t: \"uint32_t\", uint64_t: \"uint64_t\", \\\n\
+         \tstruct emp_wc: \"struct emp_wc\", struct emp_probed: \"struct emp_probed\", default: \"(not-a-fixed-width-unsigned-integer)\")\n",
     );
     p.push_str("int main(void)\n{\n");
     for s in structs() {

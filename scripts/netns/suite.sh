@@ -6,7 +6,9 @@
 # suite says so); `emp info` over the bed; tap-p2p, tap-coll and a C job
 # started by Open MPI's mpirun across the same namespaces and NICs
 # (scripts/netns/mpirun-suite.sh; skipped with --no-mpirun, or said "not
-# ok" when mpirun is missing). Then the faults across hosts
+# ok" when mpirun is missing); libfabric's fi_pingpong over the provider
+# emp between two of the namespaces, msg and tagged, every size, data
+# checked (scripts/netns/fi-pingpong.sh). Then the faults across hosts
 # (scripts/netns/faults.sh). Then the wire authenticated (`[cluster] auth`):
 # the first wire with auth = "mac" (tap-p2p, tap-coll, tap-atomics, and
 # tap-p2p again while the key is rotated under it: every daemon ends on the
@@ -182,6 +184,8 @@ for wire in $wires; do
         counted "mpirun across 4 namespaces over $wire" \
             scripts/netns/mpirun-suite.sh --bed "$bed/bed" --config "$config"
     fi
+    counted "fi_pingpong across namespaces over $wire" \
+        scripts/netns/fi-pingpong.sh --bed "$bed/bed" --config "$config"
     if [ "$faults" -eq 1 ]; then
         counted "faults over $wire" scripts/netns/faults.sh --config "$config" --name "$name"
     fi

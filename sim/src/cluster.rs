@@ -14,7 +14,7 @@ use emp_uapi::desc::{
     Cqe, MrEntry, Opcode, RemoteSge, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, WD_IMM, WD_SIGNALED,
 };
 use emp_uapi::sram::{admin_result as ar, AdminOp, GroupEntry, LayoutParams};
-use emp_uapi::PAGE_SIZE;
+use emp_uapi::{Le, PAGE_SIZE};
 
 use std::collections::VecDeque;
 
@@ -87,7 +87,9 @@ impl Cluster {
             recv_entries: 64,
         };
         let mut rng = Rng::new(7);
-        let pages = HostMem::pages_for_region(REGION) + HostMem::pages_for_region(CQ_ENTRIES as u64 * 32) + SPARE_PAGES;
+        let pages = HostMem::pages_for_region(REGION)
+            + HostMem::pages_for_region(CQ_ENTRIES as u64 * Cqe::SIZE as u64)
+            + SPARE_PAGES;
         let mem = vec![pages * PAGE_SIZE; nodes as usize];
         let world = World::new(nodes, params, mtu, features, cfg, wire, rng.fork(), &mem);
         let k = nodes as usize;
@@ -115,8 +117,12 @@ impl Cluster {
         let layout = self.world.layout;
         let node = &mut self.world.nodes[n as usize];
         let data = alloc_region(&mut node.mem, REGION, (0x11 << 16) | (2 * port as u32), &mut self.rng);
-        let cq =
-            alloc_region(&mut node.mem, CQ_ENTRIES as u64 * 32, (0x22 << 16) | (2 * port as u32 + 1), &mut self.rng);
+        let cq = alloc_region(
+            &mut node.mem,
+            CQ_ENTRIES as u64 * Cqe::SIZE as u64,
+            (0x22 << 16) | (2 * port as u32 + 1),
+            &mut self.rng,
+        );
         for (reg, acc) in [(&data, MR_LOCAL_READ | MR_LOCAL_WRITE), (&cq, MR_LOCAL_WRITE)] {
             let e = mr_entry(reg, port, acc, &mut node.mem, &mut self.rng);
             Sram(&mut node.sram).put(layout.mr_entry(MrEntry::slot_of(reg.key)), &e);
@@ -282,6 +288,20 @@ impl Cluster {
         self.ports[n as usize].data.write(&mut node.mem, off, data);
         let key = self.ports[n as usize].data.key;
         let d = work_desc(Opcode::Send as u8, self.bufs.len() as u64, dst, 0, tag, 0, key, off, data.len() as u64, 2);
+        self.post(n, d, true, data.len() as u64)
+    }
+
+    /// As [`Cluster::send`], with immediate data `imm` (`WD_IMM`): the
+    /// receive's completion reports it.
+    pub fn send_imm(&mut self, n: u16, dst: u16, tag: u64, data: &[u8], imm: u32) -> u64 {
+        let off = self.alloc(n, data.len() as u64);
+        let node = &mut self.world.nodes[n as usize];
+        self.ports[n as usize].data.write(&mut node.mem, off, data);
+        let key = self.ports[n as usize].data.key;
+        let mut d =
+            work_desc(Opcode::Send as u8, self.bufs.len() as u64, dst, 0, tag, 0, key, off, data.len() as u64, 2);
+        d.ignore = imm as u64;
+        d.flags |= WD_IMM;
         self.post(n, d, true, data.len() as u64)
     }
 
@@ -704,7 +724,7 @@ impl Cluster {
         let layout = self.world.layout;
         let hp = &mut self.ports[n as usize];
         let node = &mut self.world.nodes[n as usize];
-        hp.cq.write(&mut node.mem, 0, &vec![0u8; CQ_ENTRIES as usize * 32]);
+        hp.cq.write(&mut node.mem, 0, &vec![0u8; CQ_ENTRIES as usize * Cqe::SIZE]);
         (hp.cq_head, hp.send_prod, hp.recv_prod) = (0, 0, 0);
         reset_port_ctl(&mut node.sram, &layout, 0);
         admin_post(&mut node.sram, &layout, AdminOp::PortOpen, [0, hp.cq.key as u64, 0, CQ_ENTRIES as u64, mode, 0]);

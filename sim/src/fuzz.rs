@@ -176,7 +176,7 @@ fn valid_frame(rng: &mut Rng, out: &mut [u8]) -> usize {
         FrameKind::Data | FrameKind::CollData => {
             let len = rng.below(1200) as usize;
             let hdr = FrameHeader { payload_len: len as u16, ..hdr };
-            let msg = MsgHeader { tag: small(rng, 16), total_len: small(rng, 4096) };
+            let msg = MsgHeader::new(small(rng, 16), small(rng, 4096), None);
             let first = hdr.frame_index == 0;
             let head = wire::emit_data_headers(&hdr, first.then_some(&msg), out).unwrap_or(0);
             let end = (head + len).min(out.len());

@@ -135,6 +135,18 @@ pub(crate) const RMA_BIT: u64 = 1 << 60;
 /// wr_id of the receive RMA write `i` with immediate data completes.
 pub(crate) const RMA_RECV_BIT: u64 = RECV_BIT | RMA_BIT;
 
+/// The immediate data message `id` carries (`WD_IMM`), if any: two in
+/// three carry a value derived from the id (0 among them), the rest none,
+/// so the checker knows what each receive must report without drawing
+/// from the seed (every seed's other draws stay as they were).
+pub(crate) fn msg_imm(id: usize) -> Option<u32> {
+    match id % 3 {
+        0 => None,
+        1 => Some((id as u32).wrapping_mul(0x9E37_79B9) ^ 0x5A5A_0000),
+        _ => Some(if id % 2 == 0 { 0 } else { id as u32 }),
+    }
+}
+
 impl Plan {
     /// Descriptors `ep` posts (its CQ must hold all their completions).
     pub(crate) fn posts_of(&self, ep: (u16, u16)) -> usize {

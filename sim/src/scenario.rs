@@ -16,7 +16,7 @@ use emp_uapi::desc::{
     MR_REMOTE_WRITE, WD_IMM, WD_SIGNALED,
 };
 use emp_uapi::sram::{admin_result as ar, AdminOp, LayoutParams, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
-use emp_uapi::{sram::counter, ANY_NODE, ANY_PORT, PAGE_SIZE};
+use emp_uapi::{sram::counter, Le, ANY_NODE, ANY_PORT, PAGE_SIZE};
 
 use crate::checker::{leak, Atomics, Collectives, Delivery, Rma};
 use crate::collplan::CollPlan;
@@ -658,7 +658,7 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
                 .map(|p| {
                     let posts = plan.posts_of((n, p));
                     let data = plan.region_len.get(&(n, p)).copied().unwrap_or(0).max(1);
-                    let cq = ((posts + 1) as u64).next_power_of_two().max(64) * 32;
+                    let cq = ((posts + 1) as u64).next_power_of_two().max(64) * Cqe::SIZE as u64;
                     HostMem::pages_for_region(data)
                         + HostMem::pages_for_region(cq)
                         + HostMem::pages_for_region(ATOMIC_REGION)
@@ -760,7 +760,8 @@ impl Driver {
                 // outstanding: otherwise the NIC stops taking descriptors.
                 let posts = self.plan.posts_of((n, p));
                 let cq_entries = ((posts + 1) as u32).next_power_of_two().max(64);
-                let cq = alloc_region(&mut node.mem, cq_entries as u64 * 32, key_gen | (2 * p as u32 + 1), r);
+                let cq =
+                    alloc_region(&mut node.mem, cq_entries as u64 * Cqe::SIZE as u64, key_gen | (2 * p as u32 + 1), r);
                 for (reg, acc) in [(&data, MR_LOCAL_READ | MR_LOCAL_WRITE), (&cq, MR_LOCAL_WRITE)] {
                     let e = mr_entry(reg, p, acc, &mut node.mem, r);
                     Sram(&mut node.sram).put(layout.mr_entry(emp_uapi::desc::MrEntry::slot_of(reg.key)), &e);
@@ -905,6 +906,10 @@ impl Driver {
                             m.len,
                             m.sge_pieces,
                         );
+                        if let Some(imm) = crate::plan::msg_imm(i as usize) {
+                            d.flags |= WD_IMM;
+                            d.ignore = imm as u64;
+                        }
                         match m.corrupt {
                             1 => d.sge[0].key ^= 0x0100_0000,
                             2 => d.num_sge = 7,

@@ -39,7 +39,7 @@ fn data_frame(src: (u16, u16), dst_node: u16, tag: u64, payload: &[u8]) -> Vec<u
 /// A one-frame message of `kind` (DATA or collective DATA).
 fn message_frame(kind: FrameKind, src: (u16, u16), dst_node: u16, tag: u64, payload: &[u8]) -> Vec<u8> {
     let hdr = FrameHeader { payload_len: payload.len() as u16, frame_count: 1, ..header(kind, src, dst_node) };
-    let msg = MsgHeader { tag, total_len: payload.len() as u64 };
+    let msg = MsgHeader::new(tag, payload.len() as u64, None);
     let mut b = vec![0u8; 256];
     let head = wire::emit_data_headers(&hdr, Some(&msg), &mut b).unwrap();
     b[head..head + payload.len()].copy_from_slice(payload);

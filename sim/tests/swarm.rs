@@ -141,6 +141,19 @@ fn swarm_every_seed_passes_every_invariant() {
     }
 }
 
+/// Seed 5189 (14 nodes, 20 % loss, modified ACK/NACK, collectives):
+/// a forwarded broadcast was rewound behind a refused message to its
+/// oldest unacknowledged group, then that group's ACK (for frames sent
+/// before the rewind) arrived; the sender went on from the rewound frame,
+/// of a group no longer in its window, and panicked. Found when message
+/// headers grew by 8 bytes (immediate data) and the frames moved.
+#[test]
+fn rewound_message_resumes_after_its_acknowledged_groups() {
+    let spec = Spec::swarm(5189);
+    assert_eq!(spec.flow, FlowControl::ModifiedAckNack, "the seed's scenario changed: pick another");
+    run(&spec).unwrap_or_else(|e| panic!("seed 5189: {e:?}"));
+}
+
 #[test]
 fn same_seed_same_run() {
     for seed in [3, 17, 4242] {

@@ -76,7 +76,7 @@ extern "C" {
 /* EMP_ATOMIC_WINDOW and a result cache at the target.                 */
 /* ------------------------------------------------------------------ */
 
-#define EMP_WIRE_VERSION 3U
+#define EMP_WIRE_VERSION 4U
 /* Largest frame (headers + payload) a NIC accepts. */
 #define EMP_MTU_MAX 9000U
 /* Destination node ids from EMP_MCAST_BASE are multicast addresses. */
@@ -123,11 +123,15 @@ struct emp_frame_header {
 	uint32_t frame_count;
 };
 
-/* Message header, carried by frame 0 of every message (16 bytes). */
+/* Message header, carried by frame 0 of every message (24 bytes). */
 struct emp_msg_header {
 	uint64_t tag;
 	uint64_t total_len;
+	uint32_t imm;   /* the sender's immediate data with EMP_MSG_IMM, else 0 */
+	uint32_t flags; /* EMP_MSG_* */
 };
+/* Message header flag: imm carries the sender's immediate data. */
+#define EMP_MSG_IMM (1U << 0)
 
 /* Body of ACK and NACK frames (16 bytes). */
 struct emp_ack_body {
@@ -236,7 +240,7 @@ struct emp_atomic_result {
 
 /* Work descriptor flags. */
 #define EMP_WD_SIGNALED (1U << 0)
-#define EMP_WD_IMM (1U << 1) /* RDMA_WRITE: tag is immediate data */
+#define EMP_WD_IMM (1U << 1) /* RDMA_WRITE: tag is immediate data; SEND: ignore (32 bits) is */
 #define EMP_WD_CLAIM (1U << 2) /* PROBE: claim it; RECV: take the claimed message tag names */
 #define EMP_WD_FLAGS_ALL (EMP_WD_SIGNALED | EMP_WD_IMM | EMP_WD_CLAIM)
 
@@ -264,6 +268,8 @@ struct emp_atomic_result {
 
 /* Completion flag: owner (phase) bit, flips each time the CQ wraps. */
 #define EMP_CQE_PHASE (1U << 0)
+/* Completion flag: a receive or probe of a message with immediate data (emp_cqe.imm). */
+#define EMP_CQE_IMM (1U << 1)
 
 /* MR translation formats (emp_mr_entry.format). */
 #define EMP_MR_FORMAT_INVALID 0U
@@ -310,12 +316,13 @@ struct emp_work_desc {
 	uint16_t node;     /* send: destination; recv: source or EMP_ANY_NODE */
 	uint16_t port;     /* send: destination; recv: source or EMP_ANY_PORT */
 	uint64_t tag;
-	uint64_t ignore;   /* recv: tag bits ignored when matching; send: zero */
+	uint64_t ignore;   /* recv: tag bits ignored when matching; send: immediate
+	                    * data with EMP_WD_IMM (32 bits), else zero */
 	struct emp_sge sge[EMP_SGE_MAX];
 };
 
 /*
- * A completion queue entry (32 bytes). The NIC writes bytes 0..30, then
+ * A completion queue entry (40 bytes). The NIC writes bytes 0..38, then
  * (after a DMA fence) `flags`, the last byte: read `flags` first, check its
  * phase, then (after an acquire fence) the rest.
  */
@@ -324,16 +331,18 @@ struct emp_cqe {
 	uint64_t tag;
 	uint32_t byte_len;
 	uint32_t msg_len;
+	uint32_t imm;       /* with EMP_CQE_IMM: the sender's immediate data */
+	uint32_t reserved1;
 	uint16_t src_node;
 	uint16_t src_port;
 	uint8_t status;   /* EMP_STATUS_* */
 	uint8_t opcode;   /* EMP_OP_* */
 	uint8_t reserved;
-	uint8_t flags;    /* EMP_CQE_PHASE; the last byte, written last */
+	uint8_t flags;    /* EMP_CQE_PHASE, EMP_CQE_IMM; the last byte, written last */
 };
 
 /* Byte offset of emp_cqe.flags (the last byte, written last). */
-#define EMP_CQE_FLAGS_OFFSET 31U
+#define EMP_CQE_FLAGS_OFFSET 39U
 
 /* A physically addressed segment (16 bytes). */
 struct emp_phys_seg {
@@ -1044,14 +1053,14 @@ struct emp_fw_config {
 /* ------------------------------------------------------------------ */
 
 EMP_STATIC_ASSERT(sizeof(struct emp_frame_header) == 32, "emp_frame_header");
-EMP_STATIC_ASSERT(sizeof(struct emp_msg_header) == 16, "emp_msg_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_msg_header) == 24, "emp_msg_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_ack_body) == 16, "emp_ack_body");
 EMP_STATIC_ASSERT(sizeof(struct emp_atomic_body) == 40, "emp_atomic_body");
 EMP_STATIC_ASSERT(sizeof(struct emp_atomic_result) == 16, "emp_atomic_result");
 EMP_STATIC_ASSERT(sizeof(struct emp_rma_header) == 32, "emp_rma_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_sge) == 16, "emp_sge");
 EMP_STATIC_ASSERT(sizeof(struct emp_work_desc) == 128, "emp_work_desc");
-EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 32, "emp_cqe");
+EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 40, "emp_cqe");
 EMP_STATIC_ASSERT(sizeof(struct emp_phys_seg) == 16, "emp_phys_seg");
 EMP_STATIC_ASSERT(sizeof(struct emp_mr_entry) == 144, "emp_mr_entry");
 EMP_STATIC_ASSERT(sizeof(struct emp_coll_header) == 24, "emp_coll_header");

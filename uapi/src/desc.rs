@@ -12,7 +12,9 @@ pub const SGE_MAX: usize = 6;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Opcode {
-    /// Tagged send to (node, port).
+    /// Tagged send to (node, port). With [`WD_IMM`], `ignore` (at most
+    /// 32 bits) is immediate data: the receive completion reports it
+    /// ([`CQE_IMM`], `Cqe::imm`). Else `ignore` = 0.
     Send = 1,
     /// Tagged receive, matched on (source, tag & !ignore).
     Recv = 2,
@@ -110,7 +112,8 @@ impl Opcode {
 
 /// Descriptor flag: produce a completion (always on for receives).
 pub const WD_SIGNALED: u8 = 1 << 0;
-/// Descriptor flag: a remote write carries `tag` as immediate data.
+/// Descriptor flag: a remote write carries `tag` as immediate data; a
+/// send carries `ignore` (32 bits) as immediate data.
 pub const WD_IMM: u8 = 1 << 1;
 /// Descriptor flag: on a probe, claim the message found; on a receive,
 /// take the claimed message whose handle is `tag` (`node`, `port` and
@@ -183,7 +186,8 @@ le_struct! {
         pub port: u16,
         /// Tag sent / tag wanted.
         pub tag: u64,
-        /// Receive: bits set here are ignored when matching the tag. Send: zero.
+        /// Receive: bits set here are ignored when matching the tag. Send:
+        /// the immediate data with [`WD_IMM`] (at most 32 bits), else zero.
         pub ignore: u64,
         /// Scatter/gather list.
         pub sge: [Sge; SGE_MAX],
@@ -205,7 +209,7 @@ impl WorkDesc {
         if self.num_sge as usize > SGE_MAX {
             return Err(DecodeError::BadIndex);
         }
-        if self.flags & WD_IMM != 0 && op != Opcode::RdmaWrite {
+        if self.flags & WD_IMM != 0 && !matches!(op, Opcode::RdmaWrite | Opcode::Send) {
             return Err(DecodeError::ReservedNotZero);
         }
         if self.flags & WD_CLAIM != 0 && !matches!(op, Opcode::Probe | Opcode::Recv) {
@@ -217,7 +221,10 @@ impl WorkDesc {
         {
             return Err(DecodeError::BadIndex);
         }
-        if op == Opcode::Send && (self.ignore != 0 || self.node == ANY_NODE || self.port == ANY_PORT) {
+        if op == Opcode::Send && (self.node == ANY_NODE || self.port == ANY_PORT) {
+            return Err(DecodeError::BadIndex);
+        }
+        if op == Opcode::Send && self.ignore > if self.flags & WD_IMM != 0 { u32::MAX as u64 } else { 0 } {
             return Err(DecodeError::BadIndex);
         }
         self.validate_operands(op)?;
@@ -299,6 +306,11 @@ impl WorkDesc {
         } else {
             Err(DecodeError::BadIndex)
         }
+    }
+
+    /// A send's immediate data ([`WD_IMM`]), if it carries any.
+    pub fn send_imm(&self) -> Option<u32> {
+        (self.opcode == Opcode::Send as u8 && self.flags & WD_IMM != 0).then_some(self.ignore as u32)
     }
 
     /// Total bytes described by the local scatter/gather list.
@@ -429,9 +441,12 @@ impl Status {
 /// Completion flag: the owner bit; flips each time the CQ wraps (the host
 /// knows an entry is new when it equals the expected phase).
 pub const CQE_PHASE: u8 = 1 << 0;
+/// Completion flag: a receive (or probe) of a message sent with immediate
+/// data; `Cqe::imm` holds it.
+pub const CQE_IMM: u8 = 1 << 1;
 
 le_struct! {
-    /// A completion queue entry (32 bytes), DMA-written by the NIC.
+    /// A completion queue entry (40 bytes), DMA-written by the NIC.
     ///
     /// Publication: the NIC writes bytes `0..31`, then a DMA fence, then
     /// `flags` — the entry's last byte, carrying the [`CQE_PHASE`] bit — on
@@ -448,6 +463,10 @@ le_struct! {
         pub byte_len: u32,
         /// Receive: the message's full length (> byte_len when truncated).
         pub msg_len: u32,
+        /// Receive or probe with [`CQE_IMM`]: the sender's immediate data.
+        pub imm: u32,
+        /// Reserved, zero.
+        pub reserved1: u32,
         /// Receive: source node.
         pub src_node: u16,
         /// Receive: source port.
@@ -458,10 +477,10 @@ le_struct! {
         pub opcode: u8,
         /// Reserved, zero.
         pub reserved: u8,
-        /// [`CQE_PHASE`] bit. The last byte, made visible last.
+        /// [`CQE_PHASE`] bit, [`CQE_IMM`]. The last byte, made visible last.
         pub flags: u8,
     }
-    size = 32;
+    size = 40;
 }
 
 /// Byte offset of `Cqe::flags`: the entry's last byte, written last.
@@ -634,6 +653,25 @@ mod tests {
         d.num_sge = 1;
         d.node = ANY_NODE;
         assert_eq!(d.validate(), Err(DecodeError::BadIndex));
+    }
+
+    #[test]
+    fn send_immediate_data_is_32_bits_and_only_with_the_flag() {
+        let mut d = WorkDesc { opcode: Opcode::Send as u8, num_sge: 1, node: 1, port: 2, ..Default::default() };
+        d.sge[0] = Sge { key: 1, len: 10, offset: 0 };
+        d.ignore = 7;
+        assert_eq!(d.validate(), Err(DecodeError::BadIndex), "immediate data without WD_IMM");
+        d.flags = WD_IMM;
+        assert_eq!(d.validate(), Ok(Opcode::Send));
+        assert_eq!(d.send_imm(), Some(7));
+        d.ignore = u32::MAX as u64 + 1;
+        assert_eq!(d.validate(), Err(DecodeError::BadIndex), "wider than 32 bits");
+        d.ignore = 0;
+        assert_eq!(d.send_imm(), Some(0));
+        d.flags = 0;
+        assert_eq!(d.send_imm(), None);
+        let r = WorkDesc { opcode: Opcode::Recv as u8, flags: WD_IMM, ..Default::default() };
+        assert_eq!(r.validate(), Err(DecodeError::ReservedNotZero), "WD_IMM on a receive");
     }
 
     #[test]

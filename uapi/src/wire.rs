@@ -31,8 +31,8 @@
 use crate::{le_struct, DecodeError, Le};
 
 /// Wire protocol version carried in every frame. 3: remote accesses carry
-/// the region's 32-bit secret.
-pub const WIRE_VERSION: u8 = 3;
+/// the region's 32-bit secret. 4: message headers carry immediate data.
+pub const WIRE_VERSION: u8 = 4;
 /// Largest frame (header + payload) a NIC accepts: jumbo MTU.
 pub const MTU_MAX: u32 = 9000;
 /// Smallest MTU that still carries headers plus a useful payload.
@@ -192,14 +192,42 @@ le_struct! {
 }
 
 le_struct! {
-    /// Message header, carried by frame 0 of every message (16 bytes).
+    /// Message header, carried by frame 0 of every message (24 bytes).
     pub struct MsgHeader {
         /// Tag the receiver matches on.
         pub tag: u64,
         /// Total message length in bytes.
         pub total_len: u64,
+        /// The sender's immediate data with [`MSG_IMM`], else zero.
+        pub imm: u32,
+        /// `MSG_*` flags.
+        pub flags: u32,
     }
-    size = 16;
+    size = 24;
+}
+
+/// Message header flag: `imm` is the sender's immediate data (a send
+/// posted with `WD_IMM`), reported in the receive's completion.
+pub const MSG_IMM: u32 = 1 << 0;
+
+impl MsgHeader {
+    /// The header of a message with `tag`, `total_len` bytes and, if
+    /// `Some`, immediate data.
+    pub const fn new(tag: u64, total_len: u64, imm: Option<u32>) -> MsgHeader {
+        match imm {
+            Some(imm) => MsgHeader { tag, total_len, imm, flags: MSG_IMM },
+            None => MsgHeader { tag, total_len, imm: 0, flags: 0 },
+        }
+    }
+
+    /// The immediate data, if the message carries any.
+    pub const fn imm(&self) -> Option<u32> {
+        if self.flags & MSG_IMM != 0 {
+            Some(self.imm)
+        } else {
+            None
+        }
+    }
 }
 
 le_struct! {
@@ -417,6 +445,9 @@ impl<'a> Frame<'a> {
                 }
                 let (msg, payload) = if hdr.frame_index == 0 {
                     let msg = MsgHeader::decode(rest)?;
+                    if msg.flags & !MSG_IMM != 0 || (msg.flags & MSG_IMM == 0 && msg.imm != 0) {
+                        return Err(DecodeError::ReservedNotZero);
+                    }
                     (Some(msg), &rest[MsgHeader::SIZE..])
                 } else {
                     (None, rest)
@@ -600,7 +631,7 @@ mod tests {
 
     /// Byte-exact fixture: an ACK for group 2 of message 7, 0 -> 1.
     static ACK_BYTES: [u8; 48] = [
-        3, 2, 0, 0, // version, kind, dst_gen
+        4, 2, 0, 0, // version, kind, dst_gen
         0, 0, 1, 0, // src_node 0, dst_node 1
         3, 0, 4, 0, // src_port 3, dst_port 4
         9, 0, 0, 0, // src_gen 9, payload_len 0
@@ -671,7 +702,7 @@ mod tests {
     #[test]
     fn data_frame_rejects_bad_lengths() {
         let hdr = FrameHeader { version: WIRE_VERSION, kind: 1, frame_count: 1, payload_len: 4, ..Default::default() };
-        let msg = MsgHeader { tag: 1, total_len: 4 };
+        let msg = MsgHeader::new(1, 4, None);
         let mut buf = [0u8; 64];
         let at = emit_data_headers(&hdr, Some(&msg), &mut buf).unwrap();
         assert!(Frame::parse(&buf[..at + 4]).is_ok());
@@ -679,6 +710,24 @@ mod tests {
         assert_eq!(Frame::parse(&buf[..10]), Err(DecodeError::Truncated));
         buf[0] = 1;
         assert_eq!(Frame::parse(&buf[..at + 4]), Err(DecodeError::BadVersion));
+    }
+
+    #[test]
+    fn immediate_data_rides_in_the_message_header() {
+        let hdr = FrameHeader { version: WIRE_VERSION, kind: 1, frame_count: 1, payload_len: 4, ..Default::default() };
+        let msg = MsgHeader::new(9, 4, Some(0xdead_beef));
+        let mut buf = [0u8; 64];
+        let at = emit_data_headers(&hdr, Some(&msg), &mut buf).unwrap();
+        match Frame::parse(&buf[..at + 4]) {
+            Ok(Frame::Data { msg: Some(m), .. }) => assert_eq!(m.imm(), Some(0xdead_beef)),
+            other => panic!("{other:?}"),
+        }
+        let bare = MsgHeader { imm: 5, ..MsgHeader::new(9, 4, None) };
+        emit_data_headers(&hdr, Some(&bare), &mut buf).unwrap();
+        assert_eq!(Frame::parse(&buf[..at + 4]), Err(DecodeError::ReservedNotZero), "imm without MSG_IMM");
+        let odd = MsgHeader { flags: 2, ..msg };
+        emit_data_headers(&hdr, Some(&odd), &mut buf).unwrap();
+        assert_eq!(Frame::parse(&buf[..at + 4]), Err(DecodeError::ReservedNotZero), "unknown flag");
     }
 
     #[test]
@@ -692,7 +741,7 @@ mod tests {
             payload_len: 24,
             ..Default::default()
         };
-        let msg = MsgHeader { tag: 0, total_len: 24 };
+        let msg = MsgHeader::new(0, 24, None);
         let mut buf = [0u8; 128];
         let at = emit_data_headers(&hdr, Some(&msg), &mut buf).unwrap();
         ch.put(&mut buf[at..at + 24]);

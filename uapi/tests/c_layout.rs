@@ -187,7 +187,7 @@ fn structs() -> Vec<StructDesc> {
                 frame_count,
             }
         ),
-        st!("emp_msg_header", MsgHeader { tag, total_len }),
+        st!("emp_msg_header", MsgHeader { tag, total_len, imm, flags }),
         st!("emp_ack_body", AckBody { group, missing_mask, rx_credits, reason, fc_level, rx_expected }),
         st!("emp_atomic_body", AtomicBody { op, width, reserved, rkey, offset, operand, compare, secret, reserved2 }),
         st!("emp_atomic_result", AtomicResult { status, reserved, old }),
@@ -195,7 +195,10 @@ fn structs() -> Vec<StructDesc> {
         st!("emp_sge", Sge { key, len, offset }),
         st!("emp_remote_sge", RemoteSge { key, secret, offset }),
         st!("emp_work_desc", WorkDesc { wr_id, opcode, flags, num_sge, reserved0, node, port, tag, ignore, sge }),
-        st!("emp_cqe", Cqe { wr_id, tag, byte_len, msg_len, src_node, src_port, status, opcode, reserved, flags }),
+        st!(
+            "emp_cqe",
+            Cqe { wr_id, tag, byte_len, msg_len, imm, reserved1, src_node, src_port, status, opcode, reserved, flags }
+        ),
         st!("emp_phys_seg", PhysSeg { addr, len, flags }),
         st!("emp_mr_entry", MrEntry { key, port, access, format, length, indirect_addr, indirect_count, secret, segs }),
         st!(
@@ -385,6 +388,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_PAGE_SIZE = PAGE_SIZE,
         // wire.rs
         EMP_WIRE_VERSION = wire::WIRE_VERSION,
+        EMP_MSG_IMM = wire::MSG_IMM,
         EMP_MTU_MAX = wire::MTU_MAX,
         EMP_MCAST_BASE = wire::MCAST_BASE,
         EMP_MCAST_GROUPS = wire::MCAST_GROUPS,
@@ -455,6 +459,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_STATUS_REMOTE_ACCESS_ERROR = Status::RemoteAccessError as u8,
         EMP_STATUS_NO_MESSAGE = Status::NoMessage as u8,
         EMP_CQE_PHASE = desc::CQE_PHASE,
+        EMP_CQE_IMM = desc::CQE_IMM,
         EMP_CQE_FLAGS_OFFSET = desc::CQE_FLAGS_OFFSET,
         EMP_MR_FORMAT_INVALID = MrFormat::Invalid as u8,
         EMP_MR_FORMAT_SHORT = MrFormat::Short as u8,

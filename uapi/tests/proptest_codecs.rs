@@ -82,7 +82,11 @@ arb_struct!(arb_frame_header -> FrameHeader {
     frame_index: any::<u32>(),
     frame_count: any::<u32>(),
 });
-arb_struct!(arb_msg_header -> MsgHeader { tag: any::<u64>(), total_len: any::<u64>() });
+/// A message header as a sender builds it: immediate data only with `MSG_IMM`.
+fn arb_msg_header() -> impl Strategy<Value = MsgHeader> {
+    (any::<u64>(), any::<u64>(), proptest::option::of(any::<u32>()))
+        .prop_map(|(tag, total_len, imm)| MsgHeader::new(tag, total_len, imm))
+}
 arb_struct!(arb_ack_body -> AckBody {
     group: any::<u32>(),
     missing_mask: any::<u32>(),
@@ -115,6 +119,8 @@ arb_struct!(arb_cqe -> Cqe {
     src_node: any::<u16>(),
     src_port: any::<u16>(),
     msg_len: any::<u32>(),
+    imm: any::<u32>(),
+    reserved1: any::<u32>(),
 });
 arb_struct!(arb_phys_seg -> PhysSeg { addr: any::<u64>(), len: any::<u32>(), flags: any::<u32>() });
 arb_struct!(arb_mr_entry -> MrEntry {
@@ -1976,23 +1982,24 @@ fn coll_frame_fixtures() {
         payload_len: payload.len() as u16,
         ..Default::default()
     };
-    let msg = MsgHeader { tag: 0, total_len: payload.len() as u64 };
+    let msg = MsgHeader::new(0, payload.len() as u64, None);
     let bytes = build_data(&hdr, Some(&msg), &payload);
     assert_eq!(Frame::parse(&bytes), Ok(Frame::Data { hdr, msg: Some(msg), payload: &payload[..] }));
     // The header sits right after FrameHeader | MsgHeader.
-    assert_eq!(CollHeader::decode(&bytes[48..]).unwrap(), ch);
+    const HEADERS: usize = FrameHeader::SIZE + MsgHeader::SIZE;
+    assert_eq!(CollHeader::decode(&bytes[HEADERS..]).unwrap(), ch);
 
     // Bitwise operator on f64: refused as BadKind.
     let mut bad = bytes.clone();
-    bad[48 + 17] = ReduceOp::Bxor as u8;
+    bad[HEADERS + 17] = ReduceOp::Bxor as u8;
     assert_eq!(Frame::parse(&bad), Err(DecodeError::BadKind));
     // Sender rank GROUP_MEMBERS_MAX: BadIndex.
     let mut bad = bytes.clone();
-    bad[48 + 18] = GROUP_MEMBERS_MAX as u8;
+    bad[HEADERS + 18] = GROUP_MEMBERS_MAX as u8;
     assert_eq!(Frame::parse(&bad), Err(DecodeError::BadIndex));
     // Reserved byte set.
     let mut bad = bytes.clone();
-    bad[48 + 19] = 1;
+    bad[HEADERS + 19] = 1;
     assert_eq!(Frame::parse(&bad), Err(DecodeError::ReservedNotZero));
     // The same bytes as DATA are fine: the NIC does not look into DATA.
     let mut as_data = bad.clone();
@@ -2000,11 +2007,11 @@ fn coll_frame_fixtures() {
     assert!(matches!(Frame::parse(&as_data), Ok(Frame::Data { .. })));
 
     // A message shorter than a CollHeader: BadLength.
-    let short = MsgHeader { tag: 0, total_len: 23 };
+    let short = MsgHeader::new(0, 23, None);
     let h23 = FrameHeader { payload_len: 23, ..hdr };
     assert_eq!(Frame::parse(&build_data(&h23, Some(&short), &payload[..23])), Err(DecodeError::BadLength));
     // Frame 0 carrying less than a header of a longer message: Truncated.
-    let long = MsgHeader { tag: 0, total_len: 4000 };
+    let long = MsgHeader::new(0, 4000, None);
     let h2 = FrameHeader { payload_len: 20, frame_count: 2, ..hdr };
     assert_eq!(Frame::parse(&build_data(&h2, Some(&long), &payload[..20])), Err(DecodeError::Truncated));
     // Frame 1 carries no header: anything goes.

@@ -402,7 +402,7 @@ mod tests {
             payload_len: payload.len() as u16,
             ..Default::default()
         };
-        let msg = MsgHeader { total_len: payload.len() as u64, ..Default::default() };
+        let msg = MsgHeader::new(0, payload.len() as u64, None);
         let mut out = vec![0u8; 256];
         let n = emit_data_headers(&hdr, Some(&msg), &mut out).unwrap();
         out.truncate(n);

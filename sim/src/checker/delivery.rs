@@ -4,10 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use emp_uapi::desc::{Cqe, Opcode, Status};
+use emp_uapi::desc::{Cqe, Opcode, Status, CQE_IMM};
 use emp_uapi::{ANY_NODE, ANY_PORT};
 
-use crate::plan::{Expect, Plan, RECV_BIT};
+use crate::plan::{msg_imm, Expect, Plan, RECV_BIT};
 use crate::rng::fill_pattern;
 
 /// What every send and receive completed with, as the driver reaps them.
@@ -84,6 +84,10 @@ impl Delivery {
                 (c.src_node, c.src_port),
                 m.dst
             ));
+        }
+        let imm = (c.flags & CQE_IMM != 0).then_some(c.imm);
+        if imm != msg_imm(id) {
+            return Err(format!("recv {ri} of message {id}: immediate data {imm:?}, sent {:?}", msg_imm(id)));
         }
         if let Some(prev) = self.delivered_to[id].replace(ri as u32) {
             return Err(format!("message {id} delivered twice (recvs {prev} and {ri})"));

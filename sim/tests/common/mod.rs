@@ -13,7 +13,7 @@ use emp_sim::rng::Rng;
 use emp_sim::world::{WireConfig, World};
 use emp_uapi::desc::{Cqe, MrEntry, Opcode, MR_LOCAL_READ, MR_LOCAL_WRITE};
 use emp_uapi::sram::{admin_result as ar, AdminOp, LayoutParams};
-use emp_uapi::PAGE_SIZE;
+use emp_uapi::{Le, PAGE_SIZE};
 
 const CQ_ENTRIES: u32 = 1024;
 
@@ -37,7 +37,8 @@ impl Pair {
         };
         let mut rng = Rng::new(11);
         let mem = region.map(|r| {
-            (HostMem::pages_for_region(r) + HostMem::pages_for_region(CQ_ENTRIES as u64 * 32) + 4) * PAGE_SIZE
+            (HostMem::pages_for_region(r) + HostMem::pages_for_region(CQ_ENTRIES as u64 * Cqe::SIZE as u64) + 4)
+                * PAGE_SIZE
         });
         let mut world = World::new(2, params, mtu, 0, cfg, WireConfig::default(), rng.fork(), &mem);
         let layout = world.layout;
@@ -45,7 +46,7 @@ impl Pair {
         for n in 0..2u16 {
             let node = &mut world.nodes[n as usize];
             let data = alloc_region(&mut node.mem, region[n as usize], 0x11 << 16, &mut rng);
-            let cq = alloc_region(&mut node.mem, CQ_ENTRIES as u64 * 32, (0x22 << 16) | 1, &mut rng);
+            let cq = alloc_region(&mut node.mem, CQ_ENTRIES as u64 * Cqe::SIZE as u64, (0x22 << 16) | 1, &mut rng);
             for (reg, acc) in [(&data, MR_LOCAL_READ | MR_LOCAL_WRITE), (&cq, MR_LOCAL_WRITE)] {
                 let e = mr_entry(reg, 0, acc, &mut node.mem, &mut rng);
                 Sram(&mut node.sram).put(layout.mr_entry(MrEntry::slot_of(reg.key)), &e);

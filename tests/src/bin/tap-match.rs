@@ -226,19 +226,100 @@ fn probe_and_claim(c: &mut Ctx) -> Result<(), String> {
     }
 }
 
+/// Immediate data (`post_send_imm`, libfabric's remote CQ data) reaches
+/// the receive's completion on every path: a receive posted first, the
+/// eager pool, a retained header pulled by rendezvous; a probe reports it;
+/// a plain send carries none.
+fn immediate_data(c: &mut Ctx) -> Result<(), String> {
+    let e = |e: emp::Error| e.to_string();
+    // (tag, bytes, immediate data), sent after rank 1 posted the first receive.
+    let msgs = [
+        (tag(7, 1), 64usize, Some(0xA1u32)),
+        (tag(7, 2), 64, Some(0)),
+        (tag(7, 3), 100_000, Some(0xA3)),
+        (tag(7, 4), 64, None),
+    ];
+    match c.rank() {
+        0 => {
+            c.sync("imm-posted")?;
+            let mut wrs = Vec::new();
+            for (i, &(t, len, imm)) in msgs.iter().enumerate() {
+                let off = i * (128 << 10);
+                pattern(700 + i as u64, &mut c.sbuf.as_mut_slice()[off..off + len]);
+                let (wr, sge) = (c.wr(), c.sbuf.sge(off, len));
+                match imm {
+                    Some(v) => c.dev.post_send_imm(wr, c.eps[1], t, &[sge], v).map_err(e)?,
+                    None => c.dev.post_send(wr, c.eps[1], t, &[sge]).map_err(e)?,
+                }
+                wrs.push(wr);
+            }
+            c.sync("imm-sent")?;
+            for wr in wrs {
+                let sc = c.wait(wr)?;
+                expect_ok(&sc)?;
+                if sc.imm.is_some() {
+                    return Err(format!("a send's own completion reports immediate data: {sc:?}"));
+                }
+            }
+            Ok(())
+        }
+        1 => {
+            let first = c.wr();
+            c.dev.post_recv(first, c.eps[0], msgs[0].0, 0, &[c.rbuf.sge(0, msgs[0].1)]).map_err(e)?;
+            c.sync("imm-posted")?;
+            c.sync("imm-sent")?;
+            let t0 = std::time::Instant::now();
+            let (t, len, imm) = msgs[2];
+            let seen = loop {
+                if let Some(m) = c.dev.probe(ANY, t, 0).map_err(e)? {
+                    break m;
+                }
+                if t0.elapsed() > T {
+                    return Err("the rendezvous message never waited".into());
+                }
+            };
+            if (seen.len as usize, seen.imm) != (len, imm) {
+                return Err(format!("probe found {seen:?}, want {len} B with {imm:?}"));
+            }
+            for (i, &(t, len, imm)) in msgs.iter().enumerate() {
+                let off = i * (128 << 10);
+                let wr = if i == 0 {
+                    first
+                } else {
+                    let wr = c.wr();
+                    c.dev.post_recv(wr, ANY, t, 0, &[c.rbuf.sge(off, len)]).map_err(e)?;
+                    wr
+                };
+                let rc = c.wait(wr)?;
+                expect_ok(&rc)?;
+                if (rc.tag, rc.byte_len as usize, rc.imm) != (t, len, imm) {
+                    return Err(format!("message {i}: got {rc:?}, want tag {t:#x}, {len} B, {imm:?}"));
+                }
+                check_pattern(700 + i as u64, &c.rbuf.as_slice()[off..off + len])?;
+            }
+            Ok(())
+        }
+        _ => {
+            c.sync("imm-posted")?;
+            c.sync("imm-sent")
+        }
+    }
+}
+
 fn main() {
     let (job, mut dev, eps) = emp_tests::tap_start("tap-match", 2, emp_tests::WithoutRendezvous::Run);
     let quiet = job.rank != 0;
     let sbuf = dev.alloc(2 * BIG + 4096).expect("arena");
     let rbuf = dev.alloc(2 * BIG + 4096).expect("arena");
     let mut c = Ctx::new(dev, job, eps, sbuf, rbuf, T);
-    let tests: [emp_tests::TapCase<Ctx>; 6] = [
+    let tests: [emp_tests::TapCase<Ctx>; 7] = [
         ("out-of-order tags, 64 B (eager): tag 2 received first", small),
         ("out-of-order tags, 64 KiB (rendezvous pull)", large_64k),
         ("out-of-order tags, 4 MiB (rendezvous pull)", large_4m),
         ("same-match order across eager and rendezvous, exact and any-source", same_match_order),
         ("rendezvous into a short receive: truncated, send completes", truncated),
         ("probe peeks, probe_claim reserves one message for its claimed receive", probe_and_claim),
+        ("immediate data reaches the receive on every path, and probes", immediate_data),
     ];
     emp_tests::run_tap(quiet, &mut c, &tests, |c, name| {
         let _ = c.sync(name);
