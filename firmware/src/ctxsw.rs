@@ -57,7 +57,7 @@ pub(crate) const PARKED_MAX: usize = 64;
 /// "ECTX".
 pub const IMAGE_MAGIC: u32 = 0x5854_4345;
 /// Image format version; a restore refuses any other.
-pub const IMAGE_VERSION: u16 = 1;
+pub const IMAGE_VERSION: u16 = 2;
 /// Bytes of the image header.
 pub const HEADER: usize = 72;
 /// Byte offset of the checksum in the header.
@@ -66,8 +66,11 @@ const CHECKSUM_AT: usize = 12;
 pub const PEER_IMAGE: usize = 52 + ATOMIC_RX_IMAGE;
 /// Bytes of one queued send besides its descriptor: peer index, reserved, sequence.
 const TX_IMAGE: usize = 8 + WorkDesc::SIZE;
-/// Bytes of one eager unexpected entry besides its payload.
-const UNEXP_IMAGE: usize = 16;
+/// Bytes of one eager unexpected entry besides its payload: source, length,
+/// flags, tag, immediate data, reserved.
+const UNEXP_IMAGE: usize = 24;
+/// An eager entry's flag: the sender's immediate data is carried.
+const UNEXP_HAS_IMM: u16 = 1;
 
 /// FNV-1a over `b`, the checksum field counted as zero.
 pub fn image_checksum(b: &[u8]) -> u32 {
@@ -243,8 +246,8 @@ struct Image {
     peers: Vec<PeerImage>,
     /// (peer index, sequence, descriptor).
     tx: Vec<(usize, u32, LocalDesc)>,
-    /// (source node, source port, tag, payload).
-    unexp: Vec<(u16, u16, u64, Vec<u8>)>,
+    /// (source node, source port, tag, immediate data, payload).
+    unexp: Vec<(u16, u16, u64, Option<u32>, Vec<u8>)>,
 }
 
 /// Why a restore was refused.
@@ -570,10 +573,13 @@ impl Nic {
         for &e in &st.unexpected {
             let u = self.unexp.get(e).expect("queued");
             let data = self.eager_payload(e).expect("stable: eager only");
-            for v in [u.src_node, u.src_port, data.len() as u16, 0] {
+            let flags = if u.imm.is_some() { UNEXP_HAS_IMM } else { 0 };
+            for v in [u.src_node, u.src_port, data.len() as u16, flags] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
             out.extend_from_slice(&u.tag.to_le_bytes());
+            out.extend_from_slice(&u.imm.unwrap_or(0).to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes());
             out.extend_from_slice(data);
         }
         let len = out.len() as u32;
@@ -759,12 +765,18 @@ impl Nic {
         }
         let mut unexp = Vec::with_capacity(n_unexp);
         for _ in 0..n_unexp {
-            let (src_node, src_port, len, pad) = (r.u16()?, r.u16()?, r.u16()?, r.u16()?);
+            let (src_node, src_port, len, flags) = (r.u16()?, r.u16()?, r.u16()?, r.u16()?);
             let tag = r.u64()?;
-            if pad != 0 || len as u32 > self.eager_slot_size() {
+            let (imm, reserved) = (r.u32()?, r.u32()?);
+            if flags & !UNEXP_HAS_IMM != 0
+                || (flags & UNEXP_HAS_IMM == 0 && imm != 0)
+                || reserved != 0
+                || len as u32 > self.eager_slot_size()
+            {
                 return Err("unexpected message".into());
             }
-            unexp.push((src_node, src_port, tag, r.take(len as usize)?.to_vec()));
+            let imm = (flags & UNEXP_HAS_IMM != 0).then_some(imm);
+            unexp.push((src_node, src_port, tag, imm, r.take(len as usize)?.to_vec()));
         }
         if r.at != b.len() {
             return Err("trailing bytes".into());
@@ -874,9 +886,9 @@ impl Nic {
         for (i, seq, d) in img.tx {
             self.restore_tx(now, slot, ids[i], d, seq);
         }
-        for (node, port, tag, data) in img.unexp {
+        for (node, port, tag, imm, data) in img.unexp {
             let peer = self.find_peer(slot, node, port).unwrap_or(u32::MAX);
-            self.restore_eager(slot, peer, (node, port), tag, &data);
+            self.restore_eager(slot, peer, (node, port), tag, imm, &data);
         }
     }
 

@@ -820,7 +820,15 @@ impl Nic {
 
     /// A restored context's eager unexpected entry, appended to `port`'s
     /// queue (the caller checked `eager_room`).
-    pub(crate) fn restore_eager(&mut self, port: u16, peer: u32, src: (u16, u16), tag: u64, payload: &[u8]) {
+    pub(crate) fn restore_eager(
+        &mut self,
+        port: u16,
+        peer: u32,
+        src: (u16, u16),
+        tag: u64,
+        imm: Option<u32>,
+        payload: &[u8],
+    ) {
         let s = self.overflow.free.pop().expect("room checked");
         self.overflow.slots[s as usize].data.clear();
         self.overflow.slots[s as usize].data.extend_from_slice(payload);
@@ -830,6 +838,7 @@ impl Nic {
             src_port: src.1,
             tag,
             total_len: payload.len() as u64,
+            imm,
             data: Some(s),
             peer,
             seq: 0,

@@ -10,7 +10,7 @@ use emp_sim::cluster::{Cluster, SavedContext};
 use emp_sim::host::work_desc;
 use emp_sim::rng::Rng;
 use emp_sim::world::WireConfig;
-use emp_uapi::desc::{Cqe, Opcode, Status};
+use emp_uapi::desc::{Cqe, Opcode, Status, CQE_IMM};
 use emp_uapi::sram::{admin_result as ar, AdminOp, PORT_ADDR_EXPLICIT};
 use emp_uapi::{ANY_NODE, ANY_PORT};
 
@@ -188,12 +188,28 @@ fn test_switches_with_loss_lose_nothing() {
     assert!(mid > 10, "only {mid} switches caught messages queued");
 }
 
+/// The immediate data message `i` of the eager test carries: none, zero
+/// (present, distinct from none) or a value.
+fn eager_imm(i: u64) -> Option<u32> {
+    match i % 3 {
+        0 => None,
+        1 => Some(0),
+        _ => Some(0xC0DE_0000 | i as u32),
+    }
+}
+
 /// Small messages that arrived before their receives travel in the image
-/// (the eager pool's contents) and are received after the restore.
+/// (the eager pool's contents, with their immediate data) and are received
+/// after the restore.
 #[test]
 fn test_unexpected_messages_travel_in_the_image() {
     let mut c = Cluster::new(2, Config::default(), 0, 1500, WireConfig::default());
-    let sends: Vec<u64> = (0..5).map(|i| c.send(0, 1, i, &data(100 + i as usize, i))).collect();
+    let sends: Vec<u64> = (0..5)
+        .map(|i| match eager_imm(i) {
+            Some(v) => c.send_imm(0, 1, i, &data(100 + i as usize, i), v),
+            None => c.send(0, 1, i, &data(100 + i as usize, i)),
+        })
+        .collect();
     c.run_for(5 * MS);
     assert_eq!(c.world.nodes[1].nic.occupancy().unexp_entries, 5);
     let ctx = suspend_and_save(&mut c, 1);
@@ -205,6 +221,7 @@ fn test_unexpected_messages_travel_in_the_image() {
         let r = c.recv(1, (0, 0), i, 0, 200);
         let cqe = c.wait(1, r, 50 * MS).expect("received after the restore");
         assert_eq!((status(&cqe), cqe.tag, cqe.byte_len), (Status::Success, i, 100 + i as u32));
+        assert_eq!((cqe.flags & CQE_IMM != 0).then_some(cqe.imm), eager_imm(i), "message {i}'s immediate data");
         assert_eq!(c.received(r, 100 + i as usize), data(100 + i as usize, i));
     }
     for s in sends {
