@@ -177,9 +177,7 @@ impl Groups {
     /// Live groups whose slots overlap `slot .. slot + span`.
     fn overlapping(&self, slot: u32, span: u32) -> Vec<u32> {
         let end = slot + span;
-        (0..self.slots.len() as u32)
-            .filter(|&s| self.get(s).is_some_and(|g| s < end && slot < s + g.span))
-            .collect()
+        (0..self.slots.len() as u32).filter(|&s| self.get(s).is_some_and(|g| s < end && slot < s + g.span)).collect()
     }
 }
 
@@ -280,7 +278,15 @@ mod tests {
     #[test]
     fn wide_group_loads_with_child_lists_and_endpoint_index() {
         let n = GROUP_MEMBERS_MAX;
-        let e = GroupEntry { group_id: 9, epoch: 1, member_count: n as u16, my_rank: 5, port: 2, tree_count: 1, ..Default::default() };
+        let e = GroupEntry {
+            group_id: 9,
+            epoch: 1,
+            member_count: n as u16,
+            my_rank: 5,
+            port: 2,
+            tree_count: 1,
+            ..Default::default()
+        };
         let mut body = vec![0u8; (e.span() - 1) * GroupEntry::SIZE];
         let parent = |r: usize| if r == 0 { TREE_ROOT_WIDE } else { (r - (1 << r.ilog2())) as u16 };
         for r in 0..n {

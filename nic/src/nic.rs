@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, MR_ACCESS_ALL, MR_INLINE_SEGS};
 use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{
-    admin_result, AdminMailbox, AdminOp, FailReason, GroupEntry, GroupView, Layout, LayoutParams, NicStatus, PortCtl, RouteEntry,
-    SramHeader,
+    admin_result, AdminMailbox, AdminOp, FailReason, GroupEntry, GroupView, Layout, LayoutParams, NicStatus, PortCtl,
+    RouteEntry, SramHeader,
 };
 use emp_uapi::Le;
 
@@ -358,7 +358,11 @@ impl NicShared {
         let table = self.layout.params.group_entries as usize;
         if span > table {
             tracing::info!(node = self.node, port, span, table, "group larger than the group table");
-            return Err(if e.member_count as usize > emp_uapi::coll::GROUP_MEMBERS_MAX { libc::EINVAL } else { libc::ENOSPC });
+            return Err(if e.member_count as usize > emp_uapi::coll::GROUP_MEMBERS_MAX {
+                libc::EINVAL
+            } else {
+                libc::ENOSPC
+            });
         }
         // The entry and its body, padded with zeros to whole slots.
         let mut encoded = vec![0u8; span * GroupEntry::SIZE];
@@ -392,7 +396,8 @@ impl NicShared {
             // Success: the group's old slots outside the new run are free.
             // Failure: the NIC kept what the slots held (nothing, or the
             // older epoch of the same group, which stays usable).
-            let release = if ok { before.contains(&s) && !run.contains(&s) } else { run.contains(&s) && !before.contains(&s) };
+            let release =
+                if ok { before.contains(&s) && !run.contains(&s) } else { run.contains(&s) && !before.contains(&s) };
             if release {
                 groups[s] = None;
             }

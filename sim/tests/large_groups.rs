@@ -94,7 +94,8 @@ fn run_collectives(n: u16, wire: WireConfig) {
     }
     let count = 4usize;
     for tree in [0u8, 2] {
-        let input = |r: u16| -> Vec<u8> { (0..count as u64).flat_map(|i| ((r as u64 + 1) * (i + 1)).to_le_bytes()).collect() };
+        let input =
+            |r: u16| -> Vec<u8> { (0..count as u64).flat_map(|i| ((r as u64 + 1) * (i + 1)).to_le_bytes()).collect() };
         let wrs: Vec<(u16, u64)> =
             (0..n).map(|r| (r, c.reduce(r, 0, true, 0, Dtype::U64, ReduceOp::Sum, tree, &input(r)))).collect();
         all_succeed(&mut c, &wrs, &format!("allreduce tree {tree} n={n}"));

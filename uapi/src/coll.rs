@@ -437,10 +437,7 @@ mod tests {
         };
         let mut b = [0u8; 32];
         h.put(&mut b);
-        assert_eq!(
-            b,
-            [7, 0, 0, 0, 2, 0, 0, 0, 9, 0, 0, 0, 6, 0, 0, 2, 1, 0, 0, 0, 3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0]
-        );
+        assert_eq!(b, [7, 0, 0, 0, 2, 0, 0, 0, 9, 0, 0, 0, 6, 0, 0, 2, 1, 0, 0, 0, 3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(CollHeader::parse(&b), Ok(h));
         let mut bad = b;
         bad[16] = 5; // band on i64 is fine …
@@ -473,7 +470,7 @@ mod tests {
         assert!(!tree_valid(&p, 8)); // out of range
         assert!(!tree_valid(&p, 0));
         assert!(!tree_valid(&[0, 0], 2)); // no root
-        // Wide trees: a chain over 1024 ranks, then a cycle in it.
+                                          // Wide trees: a chain over 1024 ranks, then a cycle in it.
         let mut wide: [u16; 1024] = core::array::from_fn(|r| if r == 0 { TREE_ROOT_WIDE } else { r as u16 - 1 });
         assert!(tree_valid_by(1024, |r| wide[r]));
         wide[1] = 1000;

@@ -762,7 +762,11 @@ fn c_expressions() -> Vec<(String, String, u64)> {
     ));
     for (n, trees) in [(1u16, 1u8), (64, 8), (65, 1), (1024, 1), (1024, 8)] {
         let e = sram::GroupEntry { member_count: n, tree_count: trees, ..Default::default() };
-        v.push((format!("EMP_GROUP_BODY_LEN/{n}/{trees}"), format!("EMP_GROUP_BODY_LEN({n}U, {trees}U)"), e.body_len() as u64));
+        v.push((
+            format!("EMP_GROUP_BODY_LEN/{n}/{trees}"),
+            format!("EMP_GROUP_BODY_LEN({n}U, {trees}U)"),
+            e.body_len() as u64,
+        ));
         v.push((format!("EMP_GROUP_SPAN/{n}/{trees}"), format!("EMP_GROUP_SPAN({n}U, {trees}U)"), e.span() as u64));
     }
     v

@@ -2255,7 +2255,11 @@ fn group_entry_check_rejects_each_case() {
         ("group id 0", Box::new(|e| e.group_id = 0), GroupError::BadShape),
         ("no members", Box::new(|e| e.member_count = 0), GroupError::BadShape),
         ("too many members", Box::new(|e| e.member_count = GROUP_MEMBERS_MAX as u16 + 1), GroupError::BadShape),
-        ("wide group without its body", Box::new(|e| e.member_count = GROUP_INLINE_MAX as u16 + 1), GroupError::BadBody),
+        (
+            "wide group without its body",
+            Box::new(|e| e.member_count = GROUP_INLINE_MAX as u16 + 1),
+            GroupError::BadBody,
+        ),
         ("rank = member count", Box::new(|e| e.my_rank = 4), GroupError::BadShape),
         ("endpoint twice", Box::new(|e| e.members[3] = e.members[0]), GroupError::DuplicateMember),
         ("caller twice", Box::new(|e| e.members[0] = e.members[2]), GroupError::DuplicateMember),
