@@ -195,7 +195,7 @@ fn encode_group(entry: &GroupEntry, members: &[Endpoint], trees: &[(u32, Tree)])
         for (t, (_, tree)) in trees.iter().enumerate() {
             for (r, p) in tree.parent.iter().enumerate() {
                 let at = 4 * n + 2 * (t * n + r);
-                body[at..at + 2].copy_from_slice(&p.map_or(TREE_ROOT_WIDE, |p| p as u16).to_le_bytes());
+                body[at..at + 2].copy_from_slice(&p.unwrap_or(TREE_ROOT_WIDE).to_le_bytes());
             }
         }
     }
@@ -728,7 +728,7 @@ mod tests {
             for (r, m) in members.iter().enumerate() {
                 assert_eq!(v.member(r), (m.node as u32) << 16 | 1, "n={n} member {r}");
                 for (t, (_, tree)) in trees.iter().enumerate() {
-                    assert_eq!(v.parent(t, r), tree.parent[r].map_or(TREE_ROOT_WIDE, |p| p as u16), "n={n} tree {t}");
+                    assert_eq!(v.parent(t, r), tree.parent[r].unwrap_or(TREE_ROOT_WIDE), "n={n} tree {t}");
                 }
             }
         }

@@ -561,6 +561,22 @@ impl Cluster {
         id: u32,
         epoch: u32,
         members: &[u16],
+        trees: &[Vec<u8>],
+        bounce_slots: u16,
+        bounce_size: u32,
+    ) -> Vec<u32> {
+        self.create_group_bounce_wide(slot, id, epoch, members, &widen(trees), bounce_slots, bounce_size)
+    }
+
+    /// As [`Cluster::create_group_bounce`] with wide parent arrays (groups
+    /// of any size).
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_group_bounce_wide(
+        &mut self,
+        slot: u32,
+        id: u32,
+        epoch: u32,
+        members: &[u16],
         trees: &[Vec<u16>],
         bounce_slots: u16,
         bounce_size: u32,

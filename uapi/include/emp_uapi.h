@@ -773,7 +773,10 @@ struct emp_start {
 
 /*
  * EMP_IOC_GROUP_SET argument (32 bytes): load the struct emp_group_entry
- * at `entry` (caller's memory) for this port; the port must be started.
+ * at `entry` (caller's memory) for this port; the port must be started. A
+ * group of more than EMP_GROUP_INLINE_MAX members has its body right after
+ * the entry (EMP_GROUP_BODY_LEN bytes) and takes EMP_GROUP_SPAN slots;
+ * `slot` is the first.
  */
 struct emp_group_set {
 	uint32_t size;
