@@ -174,6 +174,29 @@ impl Groups {
         self.slots.iter().filter(|g| g.is_some()).count() as u32
     }
 
+    /// Every live group fits the table, no two share a slot, and the index
+    /// by (port, id) names exactly the live groups.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let mut end_of_last = 0u32;
+        for s in 0..self.slots.len() as u32 {
+            let Some(g) = self.get(s) else { continue };
+            if s < end_of_last || s + g.span > self.slots.len() as u32 || g.span == 0 {
+                return Err(format!("group slot {s} (span {}) overlaps another or leaves the table", g.span));
+            }
+            end_of_last = s + g.span;
+            if self.by_id.get(&(g.port, g.id)) != Some(&s) {
+                return Err(format!("group slot {s} (port {}, id {}) not indexed", g.port, g.id));
+            }
+            if g.members.len() != g.n as usize || g.trees.iter().any(|t| t.len() != g.n as usize) {
+                return Err(format!("group slot {s}: member or tree arrays not of {} ranks", g.n));
+            }
+        }
+        if self.by_id.len() as u32 != self.used() {
+            return Err(format!("{} groups indexed, {} live", self.by_id.len(), self.used()));
+        }
+        Ok(())
+    }
+
     /// Live groups whose slots overlap `slot .. slot + span`.
     fn overlapping(&self, slot: u32, span: u32) -> Vec<u32> {
         let end = slot + span;
