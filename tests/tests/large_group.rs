@@ -110,4 +110,26 @@ fn group_of_72_on_nine_nics_runs_every_collective() {
     for (d, g) in devs.iter_mut().zip(groups) {
         d.destroy_group(g).expect("destroy group");
     }
+
+    // The daemon's slot runs: NIC 0's table has 64 slots; a group of 1024
+    // with the default 6 trees takes 17 (members elsewhere need not exist
+    // for the table: only the caller is checked). Three fit, a fourth does
+    // not (ENOSPC) and nothing is lost: destroying one makes room again.
+    let mut big: Vec<Endpoint> = (1..1024).map(|i| Endpoint { node: 100 + i, port: 0 }).collect();
+    big.insert(0, eps[0]);
+    let mut held = Vec::new();
+    for id in 0..3 {
+        held.push(devs[0].create_group(50 + id, &big, &GroupOpts::default()).expect("a group of 1024"));
+    }
+    match devs[0].create_group(60, &big, &GroupOpts::default()) {
+        Err(emp::Error::Nic { errno, .. }) => assert_eq!(errno, libc::ENOSPC, "a fourth group of 1024"),
+        other => panic!("a fourth group of 1024: {other:?}, want ENOSPC"),
+    }
+    // Re-creating one id fits in its own run (the table is full otherwise).
+    let again = devs[0].create_group(50, &big, &GroupOpts::default()).expect("re-create in its own slots");
+    devs[0].destroy_group(held.remove(1)).expect("destroy");
+    let back = devs[0].create_group(60, &big, &GroupOpts::default()).expect("room again after a destroy");
+    for g in [again, back].into_iter().chain(held.into_iter().skip(1)) {
+        devs[0].destroy_group(g).expect("destroy");
+    }
 }
