@@ -2,14 +2,17 @@
 
 //! Groups for NIC-offloaded collectives: GROUP_SET and GROUP_CLEAR.
 //!
-//! GROUP_SET copies a 1 KiB group table entry from the caller, stamps it
-//! with the caller's port, checks it (`GroupEntry::check`: the caller is
-//! the member at its rank, no duplicate members, the trees are trees,
-//! reserved fields are zero), gives it a slot — one slot per (port, group
-//! id), as emp-nicd does: re-creating a group reuses its slot — writes it
-//! into the SRAM group table and has the NIC load it (admin `GroupSet`;
-//! the control program checks it again). GROUP_CLEAR retires a slot of the
-//! caller's port (admin `GroupClear`).
+//! GROUP_SET copies a 1 KiB group table entry from the caller — and, for a
+//! group of more than 64 members (up to 1024), the body that follows it
+//! in the caller's memory (`GroupEntry::body_len` bytes) — stamps it with
+//! the caller's port, checks it (`GroupView::check`: the caller is the
+//! member at its rank, no duplicate members, the trees are trees, reserved
+//! fields and padding are zero), gives it `GroupEntry::span` consecutive
+//! slots — one run per (port, group id), as emp-nicd does: re-creating a
+//! group reuses its run where the new span fits — writes it into the SRAM
+//! group table and has the NIC load it (admin `GroupSet` on the first
+//! slot; the control program checks it again). GROUP_CLEAR retires a
+//! group of the caller's port by its first slot (admin `GroupClear`).
 //!
 //! Slot bookkeeping lives in the NIC state (`State::groups`), under its
 //! lock. A slot changes hands only with the admin mailbox held too
@@ -23,6 +26,8 @@
 //! A child module of `port` (it reads the port's and the NIC state's
 //! private fields).
 
+use core::ops::Range;
+
 use kernel::{
     prelude::*,
     uaccess::{UserPtr, UserSlice},
@@ -30,7 +35,7 @@ use kernel::{
 
 use super::{NicInfo, Port, State, UserArg};
 use crate::ioctl::{EmpGroupClear, EmpGroupSet};
-use crate::sram::{admin_result, AdminOp, GroupEntry};
+use crate::sram::{admin_result, AdminOp, GroupEntry, GroupView};
 use crate::{Le, ZEROS};
 
 /// Who holds each group table slot: `(port, group id)`, or nobody.
@@ -64,18 +69,52 @@ impl GroupSlots {
         self.0.iter().filter(|s| s.is_some()).count() as u32
     }
 
-    /// The slot of (`port`, `id`): its own if it has one (`false`),
-    /// otherwise a free one, now held (`true`).
+    /// The slots (`port`, `id`) holds (a group's slots are consecutive).
+    fn run_of(&self, port: u16, id: u32) -> Option<Range<usize>> {
+        let me = Some((port, id));
+        let first = self.0.iter().position(|g| *g == me)?;
+        let len = self.0[first..].iter().take_while(|g| **g == me).count();
+        Some(first..first + len)
+    }
+
+    /// `span` consecutive slots for (`port`, `id`), now held: its own run
+    /// if the new span fits there, else the first free run. Returns the
+    /// first slot and the run the group held before (`None`: a new group).
     ///
     /// # Errors
-    /// `ENOSPC` when every slot is held.
-    fn claim(&mut self, port: u16, id: u32) -> Result<(usize, bool)> {
-        if let Some(s) = self.0.iter().position(|g| *g == Some((port, id))) {
-            return Ok((s, false));
+    /// `ENOSPC` when no run of `span` slots is free.
+    fn claim(&mut self, port: u16, id: u32, span: usize) -> Result<(usize, Option<Range<usize>>)> {
+        let me = Some((port, id));
+        let before = self.run_of(port, id);
+        let table = &self.0;
+        let fits = |s: usize| s + span <= table.len() && table[s..s + span].iter().all(|g| g.is_none() || *g == me);
+        let slot = before.clone().map(|r| r.start).filter(|&s| fits(s)).or_else(|| (0..table.len()).find(|&s| fits(s)));
+        let slot = slot.ok_or(ENOSPC)?;
+        for g in &mut self.0[slot..slot + span] {
+            *g = me;
         }
-        let s = self.0.iter().position(|g| g.is_none()).ok_or(ENOSPC)?;
-        self.0[s] = Some((port, id));
-        Ok((s, true))
+        Ok((slot, before))
+    }
+
+    /// After the NIC answered a GROUP_SET for `run`: on success the
+    /// group's old slots outside the new run are free; on failure the NIC
+    /// kept what the slots held (nothing, or the older epoch of the same
+    /// group, which stays usable), so the slots newly taken are free again.
+    fn settle(&mut self, run: Range<usize>, before: Option<Range<usize>>, loaded: bool) {
+        for s in 0..self.0.len() {
+            let (new, old) = (run.contains(&s), before.as_ref().is_some_and(|r| r.contains(&s)));
+            if (loaded && old && !new) || (!loaded && new && !old) {
+                self.0[s] = None;
+            }
+        }
+    }
+
+    /// Whether `slot` is the first slot of a group `port` holds.
+    fn first_of_port(&self, slot: u32, port: u16) -> bool {
+        match self.0.get(slot as usize).copied().flatten() {
+            Some((p, id)) if p == port => self.run_of(p, id).is_some_and(|r| r.start == slot as usize),
+            _ => false,
+        }
     }
 
     /// Whether `port` holds `slot`.
@@ -127,26 +166,41 @@ impl Port {
         if !*self.started.lock() {
             return Err(ENOTCONN);
         }
-        let mut b = KBox::new([0u8; GroupEntry::SIZE], GFP_KERNEL)?;
         let entry = usize::try_from(q.entry).map_err(|_| EFAULT)?;
-        UserSlice::new(UserPtr::from_addr(entry), GroupEntry::SIZE).reader().read_slice(&mut b[..])?;
-        let mut e = KBox::new(GroupEntry::get(&b[..]), GFP_KERNEL)?;
+        let mut head = KBox::new([0u8; GroupEntry::SIZE], GFP_KERNEL)?;
+        UserSlice::new(UserPtr::from_addr(entry), GroupEntry::SIZE).reader().read_slice(&mut head[..])?;
+        let mut e = KBox::new(GroupEntry::get(&head[..]), GFP_KERNEL)?;
         e.port = self.port;
+        // A wide group's body follows its entry; the span is bounded by the
+        // table before anything is allocated for it.
+        let span = e.span();
+        if span > self.info.layout.params.group_entries as usize {
+            return Err(if e.member_count as usize > crate::coll::GROUP_MEMBERS_MAX { EINVAL } else { ENOSPC });
+        }
+        let mut encoded = KVec::new();
+        encoded.resize(span * GroupEntry::SIZE, 0u8, GFP_KERNEL)?;
+        let body_len = e.body_len();
+        if body_len > 0 {
+            let at = entry.checked_add(GroupEntry::SIZE).ok_or(EFAULT)?;
+            UserSlice::new(UserPtr::from_addr(at), body_len)
+                .reader()
+                .read_slice(&mut encoded[GroupEntry::SIZE..GroupEntry::SIZE + body_len])?;
+        }
         let caller = (self.info.node as u32) << 16 | self.port as u32;
-        if let Err(why) = e.check(caller) {
+        if let Err(why) = (GroupView { entry: &e, body: &encoded[GroupEntry::SIZE..] }).check(caller) {
             pr_debug!("emp: port {}: group entry refused: {}\n", self.port, why.as_str());
             return Err(EINVAL);
         }
-        e.put(&mut b[..]);
+        e.put(&mut encoded[..GroupEntry::SIZE]);
         let layout = &self.info.layout;
         let admin = self.info.admin();
-        let (slot, fresh, written) = {
+        let (slot, before, written) = {
             let mut st = self.info.state.lock();
             if st.gone {
                 return Err(ENODEV);
             }
-            let (slot, fresh) = st.groups.claim(self.port, e.group_id)?;
-            (slot, fresh, st.write_bytes(layout.group_entry(slot), &b[..]))
+            let (slot, before) = st.groups.claim(self.port, e.group_id, span)?;
+            (slot, before, st.write_bytes(layout.group_entry(slot), &encoded[..]))
         };
         let r = written.and_then(|()| admin.run(AdminOp::GroupSet, [slot as u64, 0, 0, 0]));
         let err = match r {
@@ -159,12 +213,9 @@ impl Port {
             Ok(_) => Some(EINVAL),
             Err(e) => Some(e),
         };
+        let fresh = before.is_none();
+        self.info.state.lock().groups.settle(slot..slot + span, before, err.is_none());
         if let Some(err) = err {
-            // The NIC kept what the slot held: nothing, or the older epoch
-            // of the same group, which stays usable under its slot.
-            if fresh {
-                self.info.state.lock().groups.free(slot);
-            }
             return Err(err);
         }
         // Writing to user memory may fault (mmap_lock): not under our locks.
@@ -178,38 +229,46 @@ impl Port {
             if fresh && ours {
                 let _ = admin.run(AdminOp::GroupClear, [slot as u64, 0, 0, 0]);
                 let mut st = self.info.state.lock();
-                st.groups.free(slot);
-                let _ = st.write_bytes(layout.group_entry(slot), &ZEROS[..GroupEntry::SIZE]);
+                for s in slot..slot + span {
+                    st.groups.free(s);
+                    let _ = st.write_bytes(layout.group_entry(s), &ZEROS[..GroupEntry::SIZE]);
+                }
             }
             return Err(err);
         }
         Ok(0)
     }
 
-    /// GROUP_CLEAR: retire a slot of this port; its unfinished operations
+    /// GROUP_CLEAR: retire the group whose first slot is `slot` (of this
+    /// port) and free every slot it spans; its unfinished operations
     /// complete `Flushed`.
     ///
     /// # Errors
-    /// `ENOENT` a slot this port does not hold (another port's, out of
-    /// range, or already cleared), `EINVAL`/`E2BIG` bad size, `EFAULT` bad pointer,
-    /// `ETIMEDOUT` the NIC did not answer (the slot is freed anyway),
+    /// `ENOENT` a slot that is not the first of a group this port holds
+    /// (another port's, out of range, inside a wide group, or already
+    /// cleared), `EINVAL`/`E2BIG` bad size, `EFAULT` bad pointer,
+    /// `ETIMEDOUT` the NIC did not answer (the slots are freed anyway),
     /// `ENODEV` device gone.
     pub(super) fn group_clear(&self, arg: UserArg) -> Result<isize> {
         let q: EmpGroupClear = arg.read()?;
         let admin = self.info.admin();
-        {
+        let run = {
             let st = self.info.state.lock();
             if st.gone {
                 return Err(ENODEV);
             }
-            if !st.groups.held_by(q.slot, self.port) {
+            if !st.groups.first_of_port(q.slot, self.port) {
                 return Err(ENOENT);
             }
-        }
+            let (port, id) = st.groups.0[q.slot as usize].ok_or(ENOENT)?;
+            st.groups.run_of(port, id).ok_or(ENOENT)?
+        };
         let r = admin.run(AdminOp::GroupClear, [q.slot as u64, 0, 0, 0]);
         let mut st = self.info.state.lock();
-        st.groups.free(q.slot as usize);
-        let _ = st.write_bytes(self.info.layout.group_entry(q.slot as usize), &ZEROS[..GroupEntry::SIZE]);
+        for s in run {
+            st.groups.free(s);
+            let _ = st.write_bytes(self.info.layout.group_entry(s), &ZEROS[..GroupEntry::SIZE]);
+        }
         match r? {
             admin_result::OK => Ok(0),
             _ => Err(ENOENT),

@@ -1034,6 +1034,7 @@ impl Nic {
 
     /// Checks internal invariants; returns the first one broken.
     pub fn invariants(&self) -> Result<(), String> {
+        self.groups.check()?;
         let mut tx_seen = 0;
         if self.peer_index.len() + self.peer_free.len() != self.peers.len() {
             return Err(format!(

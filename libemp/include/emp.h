@@ -197,6 +197,11 @@ int emp_post_bcast(struct emp_device *dev, uint64_t wr_id, const struct emp_grou
 		   const struct emp_sge *sge, size_t n);
 int emp_post_multisend(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, uint64_t ranks,
 		       uint64_t tag, const struct emp_sge *sge, size_t n);
+/* Since EMP_1.4: groups hold up to 1024 members (emp_group_create). A
+ * multisend mask names 64 ranks: bit i of ranks is rank 64 * window + i
+ * (emp_post_multisend is window 0). -EINVAL for a window past the group. */
+int emp_post_multisend_window(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, uint16_t window,
+			      uint64_t ranks, uint64_t tag, const struct emp_sge *sge, size_t n);
 int emp_post_reduce(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, int root,
 		    enum emp_dtype t, enum emp_reduce_op op, const struct emp_sge *send, const struct emp_sge *recv);
 int emp_post_allreduce(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, enum emp_dtype t,

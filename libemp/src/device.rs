@@ -735,13 +735,21 @@ impl Device {
         Ok(self.scratch()?.sge(0, len))
     }
 
-    /// Loads `entry` into a NIC group slot; returns the slot.
-    pub(crate) fn set_group_entry(&mut self, entry: &GroupEntry) -> Result<u32> {
+    /// Loads an encoded group (entry, then its body for more than 64
+    /// members) into the NIC's group table; returns its first slot. The
+    /// scratch buffer grows once to the largest group's size (21 KiB).
+    pub(crate) fn set_group_encoded(&mut self, encoded: &[u8]) -> Result<u32> {
+        if encoded.len() < GroupEntry::SIZE {
+            return Err(Error::invalid("group encoding shorter than its entry"));
+        }
+        if self.scratch.as_ref().is_some_and(|b| b.len() < encoded.len()) {
+            self.scratch = Some(self.alloc(encoded.len().max(SCRATCH))?);
+        }
         let buf = self.scratch()?;
-        entry.put(&mut buf.as_mut_slice()[..GroupEntry::SIZE]);
-        let at = buf.sge(0, GroupEntry::SIZE);
+        buf.as_mut_slice()[..encoded.len()].copy_from_slice(encoded);
+        let at = buf.sge(0, encoded.len());
         let buf = self.scratch.as_ref().expect("allocated above");
-        self.backend.group_set(&buf.as_slice()[..GroupEntry::SIZE], at)
+        self.backend.group_set(&buf.as_slice()[..encoded.len()], at)
     }
 
     /// Retires a NIC group slot.

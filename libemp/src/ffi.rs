@@ -940,6 +940,28 @@ pub unsafe extern "C" fn emp_post_multisend(
     rc(d.post_multisend(wr_id, g, ranks, tag, s))
 }
 
+/// Posts a multisend to the members in the rank mask `ranks` of 64-rank
+/// window `window` (bit i = rank 64 · `window` + i).
+///
+/// # Safety
+/// `dev` is open; `g` is live; `sge` points to `n` entries.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn emp_post_multisend_window(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    g: *const EmpGroup,
+    window: u16,
+    ranks: u64,
+    tag: u64,
+    sge: *const Sge,
+    n: usize,
+) -> c_int {
+    // SAFETY: caller guarantees the pointers.
+    let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
+    rc(d.post_multisend_window(wr_id, g, window, ranks, tag, s))
+}
+
 /// Posts a NIC reduce to `root` (`recv` may be NULL except at the root).
 ///
 /// # Safety

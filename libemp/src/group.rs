@@ -14,7 +14,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use emp_uapi::coll::{reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_MEMBERS_MAX, TREES_MAX, TREE_ROOT};
+use emp_uapi::coll::{
+    reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_INLINE_MAX, GROUP_MEMBERS_MAX, MULTISEND_WINDOW, TREES_MAX,
+    TREE_ROOT, TREE_ROOT_WIDE,
+};
 use emp_uapi::desc::{Opcode, Sge, WorkDesc, WD_SIGNALED};
 use emp_uapi::sram::GroupEntry;
 use emp_uapi::Le;
@@ -167,6 +170,39 @@ impl GroupBook {
     }
 }
 
+/// The bytes the trusted side takes for a group: `entry` with the members
+/// and trees filled in, alone for up to 64 members, else followed by its
+/// body (members, then the wide parent arrays; `GroupEntry::body_len`).
+fn encode_group(entry: &GroupEntry, members: &[Endpoint], trees: &[(u32, Tree)]) -> Vec<u8> {
+    let mut e = *entry;
+    let n = members.len();
+    let endpoint = |m: &Endpoint| (m.node as u32) << 16 | m.port as u32;
+    let mut out = vec![0u8; GroupEntry::SIZE + e.body_len()];
+    if n <= GROUP_INLINE_MAX {
+        for (i, m) in members.iter().enumerate() {
+            e.members[i] = endpoint(m);
+        }
+        for (t, (_, tree)) in trees.iter().enumerate() {
+            for (r, p) in tree.parent.iter().enumerate() {
+                e.parents[64 * t + r] = p.map_or(TREE_ROOT, |p| p as u8);
+            }
+        }
+    } else {
+        let body = &mut out[GroupEntry::SIZE..];
+        for (i, m) in members.iter().enumerate() {
+            body[4 * i..4 * i + 4].copy_from_slice(&endpoint(m).to_le_bytes());
+        }
+        for (t, (_, tree)) in trees.iter().enumerate() {
+            for (r, p) in tree.parent.iter().enumerate() {
+                let at = 4 * n + 2 * (t * n + r);
+                body[at..at + 2].copy_from_slice(&p.unwrap_or(TREE_ROOT_WIDE).to_le_bytes());
+            }
+        }
+    }
+    e.put(&mut out[..GroupEntry::SIZE]);
+    out
+}
+
 impl Device {
     /// Creates group `id` over `members` (this port must be one of them) on
     /// the NIC. Every member calls it with the same id and list, and then
@@ -189,7 +225,7 @@ impl Device {
     pub fn create_group(&mut self, id: u32, members: &[Endpoint], opts: &GroupOpts) -> Result<Group> {
         let n = members.len();
         if id == 0 || n == 0 || n > GROUP_MEMBERS_MAX {
-            return Err(Error::invalid("group id must be > 0 and have 1..=64 members"));
+            return Err(Error::invalid("group id must be > 0 and have 1..=1024 members"));
         }
         if opts.lambdas.len() >= TREES_MAX || opts.lambdas.contains(&0) {
             return Err(Error::invalid("at most 7 extra trees, each with λ >= 1"));
@@ -212,14 +248,8 @@ impl Device {
             tree_count: trees.len() as u8,
             ..Default::default()
         };
-        for (i, m) in members.iter().enumerate() {
-            entry.members[i] = (m.node as u32) << 16 | m.port as u32;
-        }
-        for (t, (lambda, tree)) in trees.iter().enumerate() {
+        for (t, (lambda, _)) in trees.iter().enumerate() {
             entry.tree_lambda[t] = (*lambda).min(255) as u8;
-            for (r, p) in tree.parent.iter().enumerate() {
-                entry.parents[64 * t + r] = p.map_or(TREE_ROOT, |p| p as u8);
-            }
         }
         let mut bounce = None;
         if opts.bounce_slots > 0 {
@@ -238,7 +268,8 @@ impl Device {
             entry.bounce_slot_size = opts.bounce_slot_size;
             bounce = Some(b);
         }
-        let slot = match self.set_group_entry(&entry) {
+        let encoded = encode_group(&entry, members, &trees);
+        let slot = match self.set_group_encoded(&encoded) {
             Ok(slot) => slot,
             Err(e) => {
                 self.groups.bounce_free.extend(bounce);
@@ -429,13 +460,45 @@ impl Device {
     /// # Ok::<(), emp::Error>(())
     /// ```
     pub fn post_multisend(&mut self, wr_id: u64, g: &Group, ranks: u64, tag: u64, sges: &[Sge]) -> Result<()> {
+        self.post_multisend_window(wr_id, g, 0, ranks, tag, sges)
+    }
+
+    /// As [`Device::post_multisend`] to ranks past the first 64: bit i of
+    /// `ranks` is rank 64 · `window` + i (a group of up to 1024 members has
+    /// windows 0..16; one descriptor reaches one window).
+    ///
+    /// # Errors
+    /// [`Error::RingFull`], [`Error::TooManySges`], [`Error::InvalidArgument`]
+    /// for a window past the group's end.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members: Vec<emp::Endpoint> = (0..100).map(|node| emp::Endpoint { node, port: 0 }).collect();
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// let buf = dev.alloc(64)?;
+    /// dev.post_multisend_window(9, &g, 1, 0b1, 42, &[buf.sge(0, 64)])?; // to rank 64
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn post_multisend_window(
+        &mut self,
+        wr_id: u64,
+        g: &Group,
+        window: u16,
+        ranks: u64,
+        tag: u64,
+        sges: &[Sge],
+    ) -> Result<()> {
         if sges.len() > emp_uapi::desc::SGE_MAX {
             return Err(Error::TooManySges);
         }
         if ranks == 0 {
             return Err(Error::invalid("multisend without destinations"));
         }
-        let d = Self::coll_desc(wr_id, Opcode::MultiSend, g, 0, tag, ranks, sges);
+        if window as usize * MULTISEND_WINDOW >= g.size() {
+            return Err(Error::invalid(format!("multisend window {window} is past the group's {} members", g.size())));
+        }
+        let d = Self::coll_desc(wr_id, Opcode::MultiSend, g, window, tag, ranks, sges);
         self.post(true, &d)
     }
 
@@ -631,4 +694,43 @@ fn elements(t: Dtype, s: Sge) -> Result<u64> {
         return Err(Error::invalid("buffer length is not a positive multiple of the element size"));
     }
     Ok((s.len as usize / t.size()) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use emp_uapi::sram::GroupView;
+
+    /// What `create_group` hands the trusted side passes its checks, inline
+    /// up to 64 members and with a body beyond, and names the same members
+    /// and trees either way.
+    #[test]
+    fn encoded_groups_pass_the_trusted_sides_checks_at_every_size() {
+        for n in [1usize, 2, 64, 65, 300, GROUP_MEMBERS_MAX] {
+            let members: Vec<Endpoint> = (0..n).map(|i| Endpoint { node: (i * 3) as u16, port: 1 }).collect();
+            let trees = vec![(1, Tree::postal(n, 1)), (4, Tree::postal(n, 4))];
+            let rank = n / 2;
+            let entry = GroupEntry {
+                group_id: 3,
+                epoch: 1,
+                member_count: n as u16,
+                my_rank: rank as u16,
+                port: 1,
+                tree_count: 2,
+                ..Default::default()
+            };
+            let bytes = encode_group(&entry, &members, &trees);
+            assert_eq!(bytes.len(), GroupEntry::SIZE + entry.body_len(), "n={n}");
+            let e = GroupEntry::get(&bytes);
+            let v = GroupView { entry: &e, body: &bytes[GroupEntry::SIZE..] };
+            let caller = ((rank * 3) as u32) << 16 | 1;
+            assert_eq!(v.check(caller), Ok(()), "n={n}");
+            for (r, m) in members.iter().enumerate() {
+                assert_eq!(v.member(r), (m.node as u32) << 16 | 1, "n={n} member {r}");
+                for (t, (_, tree)) in trees.iter().enumerate() {
+                    assert_eq!(v.parent(t, r), tree.parent[r].unwrap_or(TREE_ROOT_WIDE), "n={n} tree {t}");
+                }
+            }
+        }
+    }
 }

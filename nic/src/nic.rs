@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, MR_ACCESS_ALL, MR_INLINE_SEGS};
 use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{
-    admin_result, ctl, AdminMailbox, AdminOp, FailReason, GroupEntry, Layout, LayoutParams, NicStatus, PortCtl,
+    admin_result, ctl, AdminMailbox, AdminOp, FailReason, GroupEntry, GroupView, Layout, LayoutParams, NicStatus,
+    PortCtl,
     RouteEntry, SramHeader,
 };
 use emp_uapi::Le;
@@ -498,58 +499,91 @@ impl NicShared {
         }
     }
 
-    /// Loads the group table entry encoded at (`key`, `offset`) of `port`'s
-    /// memory: the entry is checked (the caller is the member at its rank,
-    /// the trees are trees) and written to a slot; the same (port, id)
-    /// reuses its slot (a re-creation must bring a newer epoch).
+    /// Loads the group encoded at (`key`, `offset`) of `port`'s memory:
+    /// its entry and, for a group of more than 64 members, the body right
+    /// after it (`GroupEntry::body_len` bytes). It is checked (the caller
+    /// is the member at its rank, the trees are trees) and written to
+    /// `GroupEntry::span` consecutive free slots; the same (port, id) reuses
+    /// its slots where the new span fits (a re-creation must bring a newer
+    /// epoch). Returns the first slot.
     pub fn set_group(&self, port: u16, key: u32, offset: u64) -> Result<u32, Errno> {
         self.running()?;
-        let mut b = [0u8; GroupEntry::SIZE];
-        self.read_region(port, key, offset, &mut b)?;
-        let mut e = GroupEntry::decode(&b).map_err(|_| libc::EINVAL)?;
+        let mut head = [0u8; GroupEntry::SIZE];
+        self.read_region(port, key, offset, &mut head)?;
+        let mut e = GroupEntry::decode(&head).map_err(|_| libc::EINVAL)?;
         e.port = port;
+        let span = e.span();
+        let table = self.layout.params.group_entries as usize;
+        if span > table {
+            tracing::info!(node = self.node, port, span, table, "group larger than the group table");
+            return Err(if e.member_count as usize > emp_uapi::coll::GROUP_MEMBERS_MAX {
+                libc::EINVAL
+            } else {
+                libc::ENOSPC
+            });
+        }
+        // The entry and its body, padded with zeros to whole slots.
+        let mut encoded = vec![0u8; span * GroupEntry::SIZE];
+        let body_len = e.body_len();
+        if body_len > 0 {
+            let body_at = offset.checked_add(GroupEntry::SIZE as u64).ok_or(libc::EFAULT)?;
+            self.read_region(port, key, body_at, &mut encoded[GroupEntry::SIZE..GroupEntry::SIZE + body_len])?;
+        }
         let caller = (self.node as u32) << 16 | port as u32;
-        if let Err(why) = e.check(caller) {
+        if let Err(why) = (GroupView { entry: &e, body: &encoded[GroupEntry::SIZE..] }).check(caller) {
             tracing::info!(node = self.node, port, reason = why.as_str(), "group entry refused");
             return Err(libc::EINVAL);
         }
-        let (slot, fresh) = {
+        let me = Some((port, e.group_id));
+        let (slot, before) = {
             let mut groups = self.groups.lock().expect("groups");
-            match groups.iter().position(|g| *g == Some((port, e.group_id))) {
-                Some(s) => (s, false),
-                None => {
-                    let s = groups.iter().position(|g| g.is_none()).ok_or(libc::ENOSPC)?;
-                    groups[s] = Some((port, e.group_id));
-                    (s, true)
-                }
-            }
+            let before: Vec<usize> = (0..table).filter(|&s| groups[s] == me).collect();
+            let fits = |s: usize| s + span <= table && groups[s..s + span].iter().all(|g| g.is_none() || *g == me);
+            let slot = before.first().copied().filter(|&s| fits(s)).or_else(|| (0..table).find(|&s| fits(s)));
+            let slot = slot.ok_or(libc::ENOSPC)?;
+            groups[slot..slot + span].fill(me);
+            (slot, before)
         };
-        e.put(&mut b);
-        self.sram.write(self.layout.group_entry(slot), &b);
-        match self.admin(AdminOp::GroupSet, [slot as u64, 0, 0, 0, 0, 0]) {
-            Ok(admin_result::OK) => Ok(slot as u32),
-            r => {
-                // The NIC kept what the slot held: nothing, or the older
-                // epoch of the same group, which stays usable.
-                if fresh {
-                    self.groups.lock().expect("groups")[slot] = None;
-                }
-                Err(if r.is_err() { libc::ETIMEDOUT } else { libc::EINVAL })
+        e.put(&mut encoded[..GroupEntry::SIZE]);
+        self.sram.write(self.layout.group_entry(slot), &encoded);
+        let result = self.admin(AdminOp::GroupSet, [slot as u64, 0, 0, 0, 0, 0]);
+        let ok = matches!(result, Ok(admin_result::OK));
+        let mut groups = self.groups.lock().expect("groups");
+        let run = slot..slot + span;
+        for s in 0..table {
+            // Success: the group's old slots outside the new run are free.
+            // Failure: the NIC kept what the slots held (nothing, or the
+            // older epoch of the same group, which stays usable).
+            let release =
+                if ok { before.contains(&s) && !run.contains(&s) } else { run.contains(&s) && !before.contains(&s) };
+            if release {
+                groups[s] = None;
             }
+        }
+        match result {
+            Ok(admin_result::OK) => Ok(slot as u32),
+            Err(_) => Err(libc::ETIMEDOUT),
+            Ok(_) => Err(libc::EINVAL),
         }
     }
 
-    /// Retires group slot `slot` of `port`.
+    /// Retires the group whose first slot is `slot` of `port` (and frees
+    /// every slot it spans).
     pub fn clear_group(&self, port: u16, slot: u64) -> Result<(), Errno> {
         let s = usize::try_from(slot).map_err(|_| libc::EINVAL)?;
-        {
+        let owner = {
             let groups = self.groups.lock().expect("groups");
-            if groups.get(s).copied().flatten().is_none_or(|(p, _)| p != port) {
+            let owner = groups.get(s).copied().flatten().filter(|&(p, _)| p == port).ok_or(libc::ENOENT)?;
+            // Only a group's first slot names it.
+            if groups.iter().position(|g| *g == Some(owner)) != Some(s) {
                 return Err(libc::ENOENT);
             }
-        }
+            owner
+        };
         let r = self.admin(AdminOp::GroupClear, [slot, 0, 0, 0, 0, 0]);
-        self.groups.lock().expect("groups")[s] = None;
+        for g in self.groups.lock().expect("groups").iter_mut().filter(|g| **g == Some(owner)) {
+            *g = None;
+        }
         match r? {
             admin_result::OK => Ok(()),
             _ => Err(libc::ENOENT),

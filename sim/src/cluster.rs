@@ -9,7 +9,7 @@
 //! reaping it.
 
 use emp_firmware::Config;
-use emp_uapi::coll::{reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_MEMBERS_MAX, TREE_ROOT};
+use emp_uapi::coll::{reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_INLINE_MAX, TREE_ROOT, TREE_ROOT_WIDE};
 use emp_uapi::desc::{
     Cqe, MrEntry, Opcode, RemoteSge, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, WD_IMM, WD_SIGNALED,
 };
@@ -81,7 +81,8 @@ impl Cluster {
             ports: 4,
             mr_entries: 64,
             route_entries: nodes as u32,
-            group_entries: 16,
+            // Room for a 1024-member group with its trees (`GroupEntry::span`).
+            group_entries: 64,
             staging_size: PAGE_SIZE as u32,
             send_entries: 64,
             recv_entries: 64,
@@ -741,10 +742,28 @@ impl Cluster {
     /// (parent arrays over relative ranks) into group slot `slot` of every
     /// member's NIC; returns each member's admin result.
     pub fn create_group(&mut self, slot: u32, id: u32, epoch: u32, members: &[u16], trees: &[Vec<u8>]) -> Vec<u32> {
+        self.create_group_wide(slot, id, epoch, members, &widen(trees))
+    }
+
+    /// As [`Cluster::create_group`] with wide (16-bit) parent arrays, for
+    /// groups of any size up to `GROUP_MEMBERS_MAX`: a group of more than
+    /// 64 takes `GroupEntry::span` slots from `slot` on.
+    pub fn create_group_wide(
+        &mut self,
+        slot: u32,
+        id: u32,
+        epoch: u32,
+        members: &[u16],
+        trees: &[Vec<u16>],
+    ) -> Vec<u32> {
+        let mut encoded = group_encoding(id, epoch, members, 0, trees);
         members
             .iter()
             .enumerate()
-            .map(|(rank, &n)| self.set_group(n, slot, &group_entry(id, epoch, members, rank as u16, trees)))
+            .map(|(rank, &n)| {
+                set_rank(&mut encoded, rank as u16);
+                self.set_group_bytes(n, slot, &encoded)
+            })
             .collect()
     }
 
@@ -761,14 +780,33 @@ impl Cluster {
         bounce_slots: u16,
         bounce_size: u32,
     ) -> Vec<u32> {
+        self.create_group_bounce_wide(slot, id, epoch, members, &widen(trees), bounce_slots, bounce_size)
+    }
+
+    /// As [`Cluster::create_group_bounce`] with wide parent arrays (groups
+    /// of any size).
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_group_bounce_wide(
+        &mut self,
+        slot: u32,
+        id: u32,
+        epoch: u32,
+        members: &[u16],
+        trees: &[Vec<u16>],
+        bounce_slots: u16,
+        bounce_size: u32,
+    ) -> Vec<u32> {
         let mut out = Vec::new();
+        let mut encoded = group_encoding(id, epoch, members, 0, trees);
         for (rank, &n) in members.iter().enumerate() {
-            let mut e = group_entry(id, epoch, members, rank as u16, trees);
+            let mut e = GroupEntry::get(&encoded);
+            e.my_rank = rank as u16;
             e.bounce_slots = bounce_slots;
             e.bounce_slot_size = bounce_size;
             e.bounce_key = self.ports[n as usize].data.key;
             e.bounce_offset = self.alloc(n, bounce_slots as u64 * bounce_size as u64);
-            out.push(self.set_group(n, slot, &e));
+            e.put(&mut encoded[..GroupEntry::SIZE]);
+            out.push(self.set_group_bytes(n, slot, &encoded));
         }
         out
     }
@@ -799,12 +837,18 @@ impl Cluster {
     /// Posts a multisend of `data` with `tag` from `node` to the group
     /// ranks in `mask`; returns its wr_id.
     pub fn multisend(&mut self, n: u16, slot: u32, mask: u64, tag: u64, data: &[u8]) -> u64 {
+        self.multisend_window(n, slot, 0, mask, tag, data)
+    }
+
+    /// As [`Cluster::multisend`] to the ranks of 64-rank window `window`:
+    /// bit i of `mask` is rank 64 · `window` + i.
+    pub fn multisend_window(&mut self, n: u16, slot: u32, window: u16, mask: u64, tag: u64, data: &[u8]) -> u64 {
         let len = data.len() as u64;
         let off = self.alloc(n, len);
         let node = &mut self.world.nodes[n as usize];
         self.ports[n as usize].data.write(&mut node.mem, off, data);
         let key = self.ports[n as usize].data.key;
-        let mut d = work_desc(Opcode::MultiSend as u8, 0, slot as u16, 0, tag, mask, key, off, len, 3);
+        let mut d = work_desc(Opcode::MultiSend as u8, 0, slot as u16, window, tag, mask, key, off, len, 3);
         d.wr_id = self.bufs.len() as u64;
         self.post(n, d, true, len)
     }
@@ -816,9 +860,21 @@ impl Cluster {
 
     /// Writes `entry` into group slot `slot` of `node` and loads it.
     pub fn set_group(&mut self, n: u16, slot: u32, entry: &GroupEntry) -> u32 {
+        let mut b = [0u8; GroupEntry::SIZE];
+        entry.put(&mut b);
+        self.set_group_bytes(n, slot, &b)
+    }
+
+    /// Writes an encoded group (entry, then any body: [`group_encoding`])
+    /// into group slots `slot ..` of `node` and loads it. Bytes past the
+    /// table's end are not written (the NIC refuses such a group).
+    pub fn set_group_bytes(&mut self, n: u16, slot: u32, encoded: &[u8]) -> u32 {
         let layout = self.world.layout;
         let sram = &mut self.world.nodes[n as usize].sram;
-        Sram(sram).put(layout.group_entry(slot as usize), entry);
+        let room = (layout.params.group_entries as usize).saturating_sub(slot as usize) * GroupEntry::SIZE;
+        let at = layout.group_entry(slot as usize);
+        let len = encoded.len().min(room);
+        sram[at..at + len].copy_from_slice(&encoded[..len]);
         admin_post(sram, &layout, AdminOp::GroupSet, [slot as u64, 0, 0, 0, 0, 0]);
         self.world.doorbell_now(n);
         self.drain(n);
@@ -895,7 +951,8 @@ impl Cluster {
     }
 }
 
-/// A group table entry for `members` (nodes, port 0) as rank `rank` sees it.
+/// A group table entry for `members` (nodes, port 0, at most 64) as rank
+/// `rank` sees it.
 pub fn group_entry(id: u32, epoch: u32, members: &[u16], rank: u16, trees: &[Vec<u8>]) -> GroupEntry {
     let mut e = GroupEntry {
         group_id: id,
@@ -906,7 +963,7 @@ pub fn group_entry(id: u32, epoch: u32, members: &[u16], rank: u16, trees: &[Vec
         tree_count: trees.len() as u8,
         ..Default::default()
     };
-    for (i, &m) in members.iter().enumerate().take(GROUP_MEMBERS_MAX) {
+    for (i, &m) in members.iter().enumerate().take(GROUP_INLINE_MAX) {
         e.members[i] = (m as u32) << 16;
     }
     for (t, parents) in trees.iter().enumerate() {
@@ -919,6 +976,64 @@ pub fn group_entry(id: u32, epoch: u32, members: &[u16], rank: u16, trees: &[Vec
 /// the parent of r is r without its highest set bit.
 pub fn binomial_parents(n: usize) -> Vec<u8> {
     (0..n).map(|r| if r == 0 { TREE_ROOT } else { (r - (1 << (usize::BITS - 1 - r.leading_zeros()))) as u8 }).collect()
+}
+
+/// [`binomial_parents`] in the wide form, for groups of any size.
+pub fn binomial_parents_wide(n: usize) -> Vec<u16> {
+    (0..n).map(|r| if r == 0 { TREE_ROOT_WIDE } else { (r - (1 << r.ilog2())) as u16 }).collect()
+}
+
+/// Parent arrays in the wide form ([`TREE_ROOT`] becomes [`TREE_ROOT_WIDE`]).
+pub fn widen(trees: &[Vec<u8>]) -> Vec<Vec<u16>> {
+    trees.iter().map(|t| t.iter().map(|&p| if p == TREE_ROOT { TREE_ROOT_WIDE } else { p as u16 }).collect()).collect()
+}
+
+/// The bytes the trusted side writes for a group of `members` (nodes,
+/// port 0) as rank `rank` sees it: the entry alone for up to 64 members
+/// (parents narrowed to bytes), else the entry and its body padded to
+/// whole entries (`GroupEntry::span` of them).
+pub fn group_encoding(id: u32, epoch: u32, members: &[u16], rank: u16, trees: &[Vec<u16>]) -> Vec<u8> {
+    let n = members.len();
+    let mut e = GroupEntry {
+        group_id: id,
+        epoch,
+        member_count: n as u16,
+        my_rank: rank,
+        port: 0,
+        tree_count: trees.len() as u8,
+        ..Default::default()
+    };
+    let mut out = vec![0u8; e.span() * GroupEntry::SIZE];
+    if !e.is_wide() {
+        for (i, &m) in members.iter().enumerate() {
+            e.members[i] = (m as u32) << 16;
+        }
+        for (t, parents) in trees.iter().enumerate() {
+            for (r, &p) in parents.iter().enumerate().take(GROUP_INLINE_MAX) {
+                e.parents[64 * t + r] = if p == TREE_ROOT_WIDE { TREE_ROOT } else { p as u8 };
+            }
+        }
+    } else {
+        let body = &mut out[GroupEntry::SIZE..];
+        for (i, &m) in members.iter().enumerate() {
+            body[4 * i..4 * i + 4].copy_from_slice(&((m as u32) << 16).to_le_bytes());
+        }
+        for (t, parents) in trees.iter().enumerate() {
+            for (r, &p) in parents.iter().enumerate().take(n) {
+                let at = 4 * n + 2 * (t * n + r);
+                body[at..at + 2].copy_from_slice(&p.to_le_bytes());
+            }
+        }
+    }
+    e.put(&mut out[..GroupEntry::SIZE]);
+    out
+}
+
+/// Sets the rank an encoded group's entry names.
+fn set_rank(encoded: &mut [u8], rank: u16) {
+    let mut e = GroupEntry::get(encoded);
+    e.my_rank = rank;
+    e.put(&mut encoded[..GroupEntry::SIZE]);
 }
 
 /// A remote write or read descriptor: `local`, then the remote end.

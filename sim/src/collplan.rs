@@ -96,7 +96,7 @@ impl CollPlan {
         bump: &mut impl FnMut((u16, u16), u64, &mut Rng) -> u64,
     ) -> CollPlan {
         let mut pool = eps.to_vec();
-        let n = r.range(1, pool.len().min(emp_uapi::coll::GROUP_MEMBERS_MAX) as u64) as usize;
+        let n = r.range(1, pool.len().min(emp_uapi::coll::GROUP_INLINE_MAX) as u64) as usize;
         let mut members = Vec::with_capacity(n);
         for _ in 0..n {
             members.push(pool.swap_remove(r.below(pool.len() as u64) as usize));

@@ -123,7 +123,7 @@ enum Cmd {
         /// Which collective.
         #[arg(value_enum)]
         what: What,
-        /// Ranks (above 64, a projection from 2..64).
+        /// Ranks (every size up to 1024 is simulated; `--sweep` adds a fit).
         #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(2..=NODES_MAX as i64))]
         nodes: u16,
         /// Message bytes (bcast; default 16384) or vector bytes (allreduce, i64 elements; default 8).
@@ -382,8 +382,8 @@ fn model_cmd(what: What, nodes: u16, size: Option<u64>, set: CostSet, overrides:
             fit(pr.host_fit)
         );
         if nodes > NODES_SIMULATED_MAX {
-            // Groups hold at most 64 members: the NIC variant is projected;
-            // the host variant needs no group and is simulated.
+            // Beyond the largest group the NIC variant is projected; the
+            // host variant needs no group and is simulated.
             let host = e.run_host(&p, nodes, size)?;
             println!(
                 "  {nodes} nodes (groups hold at most {NODES_SIMULATED_MAX} members, so the NIC variant is projected):"

@@ -19,12 +19,12 @@
 //!
 //! Every rank starts at the same instant. Each measured operation follows
 //! a warm-up one (peers and translations are set up) and a quiet period.
-//! Groups hold at most [`GROUP_MEMBERS_MAX`] members, so larger sizes are
-//! projections ([`project`]).
+//! Groups hold up to [`GROUP_MEMBERS_MAX`] (1024) members, so every size
+//! the command takes is simulated; [`project`] fits a sweep.
 
 use emp::tree::Tree;
 use emp_firmware::Config;
-use emp_uapi::coll::{barrier_step, BarrierAlgo, Dtype, ReduceOp, Step as BStep, GROUP_MEMBERS_MAX, TREE_ROOT};
+use emp_uapi::coll::{barrier_step, BarrierAlgo, Dtype, ReduceOp, Step as BStep, GROUP_MEMBERS_MAX, TREE_ROOT_WIDE};
 use emp_uapi::desc::{Cqe, Status};
 use emp_uapi::sram::{admin_result, counter, FEATURE_OVERFLOW};
 
@@ -149,8 +149,8 @@ pub fn group_trees(n: usize) -> Vec<(u32, Tree)> {
     t
 }
 
-fn parents(t: &Tree) -> Vec<u8> {
-    t.parent.iter().map(|p| p.map_or(TREE_ROOT, |p| p as u8)).collect()
+fn parents(t: &Tree) -> Vec<u16> {
+    t.parent.iter().map(|p| p.unwrap_or(TREE_ROOT_WIDE)).collect()
 }
 
 /// `n` nodes, port 0 open; with `group`, group slot 0 over all of them
@@ -172,8 +172,8 @@ fn cluster(p: &Params, n: u16, group: bool) -> Result<Cluster, String> {
         return Ok(c);
     }
     let members: Vec<u16> = (0..n).collect();
-    let trees: Vec<Vec<u8>> = group_trees(n as usize).iter().map(|(_, t)| parents(t)).collect();
-    let r = c.create_group_bounce(0, 1, 1, &members, &trees, 2, 64 * 1024);
+    let trees: Vec<Vec<u16>> = group_trees(n as usize).iter().map(|(_, t)| parents(t)).collect();
+    let r = c.create_group_bounce_wide(0, 1, 1, &members, &trees, 2, 64 * 1024);
     if !r.iter().all(|&r| r == admin_result::OK) {
         return Err(format!("group creation failed: {r:?}"));
     }

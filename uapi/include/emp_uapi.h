@@ -372,6 +372,12 @@ struct emp_mr_entry {
 #define EMP_TREES_MAX 8U
 /* Parent value of a tree's root in a parent array. */
 #define EMP_TREE_ROOT 0xFFU
+/* Parent value of a tree's root in a wide (16-bit) parent array (the body
+ * of a group of more than EMP_GROUP_INLINE_MAX members). */
+#define EMP_TREE_ROOT_WIDE 0xFFFFU
+/* Ranks one MULTI_SEND mask covers: descriptor port = window w, ignore =
+ * mask of ranks EMP_MULTISEND_WINDOW * w + i. */
+#define EMP_MULTISEND_WINDOW 64U
 
 /* Reduction element types. */
 #define EMP_DTYPE_I32 1U
@@ -415,7 +421,7 @@ struct emp_mr_entry {
 #define EMP_COLL_KIND_REDUCE_UP 6U       /* partial result, child -> parent */
 #define EMP_COLL_KIND_ALLREDUCE_DOWN 7U  /* allreduce result down the tree */
 
-/* Header at the start of every collective message's payload (24 bytes;
+/* Header at the start of every collective message's payload (32 bytes;
  * frame kind EMP_FRAME_COLL_DATA). */
 struct emp_coll_header {
 	uint32_t group_id;
@@ -423,13 +429,15 @@ struct emp_coll_header {
 	uint32_t instance; /* the n-th collective posted on the group */
 	uint8_t kind;      /* EMP_COLL_KIND_* */
 	uint8_t round;     /* barrier round */
-	uint8_t root;      /* root rank (broadcast, reduce) */
 	uint8_t tree;      /* tree index (< EMP_TREES_MAX) */
 	uint8_t dtype;     /* EMP_DTYPE_* (reductions; else 0) */
 	uint8_t op;        /* EMP_REDUCE_* (reductions; else 0) */
-	uint8_t sender;    /* sender's rank in the group */
 	uint8_t reserved;  /* zero */
+	uint16_t root;     /* root rank (broadcast, reduce) */
+	uint16_t sender;   /* sender's rank in the group */
+	uint16_t reserved2; /* zero */
 	uint32_t count;    /* elements (reductions) or 0 */
+	uint32_t reserved3; /* zero */
 };
 
 /* ------------------------------------------------------------------ */
@@ -575,8 +583,10 @@ struct emp_route_entry {
 	uint8_t ip6[16];    /* UDP backend: IPv6, or IPv4 as ::ffff:a.b.c.d */
 };
 
-/* Most members a group table entry holds. */
-#define EMP_GROUP_MEMBERS_MAX 64U
+/* Most members a group holds. */
+#define EMP_GROUP_MEMBERS_MAX 1024U
+/* Most members a group table entry holds inline. */
+#define EMP_GROUP_INLINE_MAX 64U
 
 /*
  * Group table entry (1024 bytes): an ordered list of endpoints used by
@@ -586,7 +596,16 @@ struct emp_route_entry {
  * endpoint twice, members[my_rank] is the caller (and its port is `port`),
  * 1 <= tree_count <= EMP_TREES_MAX, every parent array a tree, reserved
  * fields and unused members zero. The NIC loads it on GROUP_SET.
+ *
+ * A group of more than EMP_GROUP_INLINE_MAX members leaves members and
+ * parents zero and is followed by a body: uint32_t members[member_count],
+ * then tree_count arrays uint16_t parents[member_count] (EMP_TREE_ROOT_WIDE
+ * for the root), zero-padded to a multiple of 1024 bytes. It takes
+ * EMP_GROUP_SPAN(member_count, tree_count) consecutive table slots.
  */
+#define EMP_GROUP_BODY_LEN(n, trees) \
+	((n) > EMP_GROUP_INLINE_MAX ? 4U * (n) + 2U * (n) * (trees) : 0U)
+#define EMP_GROUP_SPAN(n, trees) (1U + (EMP_GROUP_BODY_LEN(n, trees) + 1023U) / 1024U)
 struct emp_group_entry {
 	uint32_t group_id; /* 0 = unused */
 	uint32_t epoch;    /* bumped on every re-creation */
@@ -603,7 +622,7 @@ struct emp_group_entry {
 	uint16_t reserved0;        /* zero */
 	uint32_t reserved1;        /* zero */
 	uint8_t tree_lambda[EMP_TREES_MAX]; /* lambda each tree was built for */
-	uint32_t members[EMP_GROUP_MEMBERS_MAX];
+	uint32_t members[EMP_GROUP_INLINE_MAX];
 	/* Tree t is parents[64 t .. 64 t + member_count): the parent of each
 	 * rank relative to the root, EMP_TREE_ROOT for rank 0. Tree 0 is
 	 * binomial. */
@@ -775,7 +794,10 @@ struct emp_start {
 
 /*
  * EMP_IOC_GROUP_SET argument (32 bytes): load the struct emp_group_entry
- * at `entry` (caller's memory) for this port; the port must be started.
+ * at `entry` (caller's memory) for this port; the port must be started. A
+ * group of more than EMP_GROUP_INLINE_MAX members has its body right after
+ * the entry (EMP_GROUP_BODY_LEN bytes) and takes EMP_GROUP_SPAN slots;
+ * `slot` is the first.
  */
 struct emp_group_set {
 	uint32_t size;
@@ -1063,7 +1085,7 @@ EMP_STATIC_ASSERT(sizeof(struct emp_work_desc) == 128, "emp_work_desc");
 EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 40, "emp_cqe");
 EMP_STATIC_ASSERT(sizeof(struct emp_phys_seg) == 16, "emp_phys_seg");
 EMP_STATIC_ASSERT(sizeof(struct emp_mr_entry) == 144, "emp_mr_entry");
-EMP_STATIC_ASSERT(sizeof(struct emp_coll_header) == 24, "emp_coll_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_coll_header) == 32, "emp_coll_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_sram_header) == 320, "emp_sram_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_admin_mailbox) == 64, "emp_admin_mailbox");
 EMP_STATIC_ASSERT(sizeof(struct emp_route_entry) == 32, "emp_route_entry");
@@ -1093,7 +1115,7 @@ EMP_STATIC_ASSERT(offsetof(struct emp_group_entry, members) == 48, "emp_group_en
 EMP_STATIC_ASSERT(offsetof(struct emp_group_entry, parents) == 304, "emp_group_entry.parents");
 EMP_STATIC_ASSERT(sizeof(((struct emp_group_entry *)0)->parents) == EMP_TREES_MAX * 64,
 		  "emp_group_entry.parents: 64 bytes per tree");
-EMP_STATIC_ASSERT(EMP_GROUP_MEMBERS_MAX <= 64, "a parent array holds every member");
+EMP_STATIC_ASSERT(EMP_GROUP_INLINE_MAX <= 64, "a parent array holds every inline member");
 EMP_STATIC_ASSERT(sizeof(((struct emp_sram_header *)0)->counters) == EMP_COUNTER_COUNT * 8,
 		  "emp_sram_header.counters");
 EMP_STATIC_ASSERT(EMP_REDUCE_TAG(EMP_DTYPE_F64, EMP_REDUCE_MAX, 7) == 0x070406U, "EMP_REDUCE_TAG");

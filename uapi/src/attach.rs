@@ -27,7 +27,8 @@
 //!    counter 16 + i.
 //! 6. `GROUP_SET` / `GROUP_CLEAR`: load or retire a group table entry for
 //!    collectives (checked by the daemon: the caller is the member at its
-//!    rank, the trees are trees).
+//!    rank, the trees are trees); a group of up to 1024 members brings its
+//!    body after the entry and takes several consecutive slots.
 //! 8. Context switch (docs/context-switch.md): `PORT_SUSPEND`,
 //!    `PORT_STABLE` (reply `arg[0]` = 1 when stable), `PORT_SAVE` (`arg[0]`
 //!    = key, `arg[1]` = offset, `arg[2]` = room of a region of the port →
@@ -66,8 +67,10 @@ pub mod op {
     /// Read the NIC's counters.
     pub const STATS: u32 = 6;
     /// Write group table entry: `arg[0]` = key and `arg[1]` = offset of an
-    /// encoded `GroupEntry` in the caller's registered memory → reply
-    /// `arg[0]` = slot.
+    /// encoded `GroupEntry` in the caller's registered memory, followed
+    /// there by its body when the group has more than 64 members
+    /// (`GroupEntry::body_len` bytes) → reply `arg[0]` = the first of the
+    /// `GroupEntry::span` slots it takes.
     pub const GROUP_SET: u32 = 7;
     /// Retire group slot `arg[0]`.
     pub const GROUP_CLEAR: u32 = 8;

@@ -7,13 +7,24 @@
 
 use crate::{le_struct, DecodeError, Le};
 
-/// Most members a group (and its table entry) holds.
-pub const GROUP_MEMBERS_MAX: usize = 64;
+/// Most members a group holds. A group of at most [`GROUP_INLINE_MAX`]
+/// members fits in one group table entry; a larger one carries its member
+/// list and parent arrays in a body after its entry
+/// (`crate::sram::GroupEntry::span`).
+pub const GROUP_MEMBERS_MAX: usize = 1024;
+/// Most members a group table entry holds inline (the first layout's limit).
+pub const GROUP_INLINE_MAX: usize = 64;
+/// Ranks one multisend descriptor's mask covers: window w is ranks
+/// `MULTISEND_WINDOW · w ..` (descriptor `port` = w, `ignore` = the mask).
+pub const MULTISEND_WINDOW: usize = 64;
 
 /// Trees a group table entry holds (parent arrays).
 pub const TREES_MAX: usize = 8;
 /// Parent value of a tree's root in a parent array.
 pub const TREE_ROOT: u8 = 0xFF;
+/// Parent value of a tree's root in a wide (16-bit) parent array, the
+/// form a group of more than [`GROUP_INLINE_MAX`] members uses.
+pub const TREE_ROOT_WIDE: u16 = 0xFFFF;
 
 /// Reduction element types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -268,13 +279,20 @@ pub const fn abs_rank(rel: u16, root: u16, n: u16) -> u16 {
 /// [`TREE_ROOT`], every other entry names a rank < n, and following parents
 /// from any rank reaches 0 (no cycle).
 pub fn tree_valid(parent: &[u8], n: usize) -> bool {
-    if n == 0 || n > parent.len() || parent[0] != TREE_ROOT {
+    n <= parent.len() && tree_valid_by(n, |r| if parent[r] == TREE_ROOT { TREE_ROOT_WIDE } else { parent[r] as u16 })
+}
+
+/// [`tree_valid`] over any parent representation: `parent(r)` is relative
+/// rank r's parent, [`TREE_ROOT_WIDE`] for the root. Allocation-free (the
+/// kernel runs it), so it walks every rank to the root: O(n · depth).
+pub fn tree_valid_by(n: usize, parent: impl Fn(usize) -> u16) -> bool {
+    if n == 0 || n > TREE_ROOT_WIDE as usize || parent(0) != TREE_ROOT_WIDE {
         return false;
     }
     for r in 1..n {
         let (mut x, mut hops) = (r, 0);
         while x != 0 {
-            let p = parent[x] as usize;
+            let p = parent(x) as usize;
             if p >= n || hops > n {
                 return false;
             }
@@ -322,7 +340,7 @@ impl CollKind {
 }
 
 le_struct! {
-    /// Header at the start of every collective message's payload (24 bytes;
+    /// Header at the start of every collective message's payload (32 bytes;
     /// frame kind `CollData`). Names the group instance so instances never mix
     /// and frames of an older epoch are recognised.
     pub struct CollHeader {
@@ -336,29 +354,33 @@ le_struct! {
         pub kind: u8,
         /// Barrier round.
         pub round: u8,
-        /// Root rank (broadcast, reduce).
-        pub root: u8,
         /// Tree index.
         pub tree: u8,
         /// [`Dtype`] (reductions; else 0).
         pub dtype: u8,
         /// [`ReduceOp`] (reductions; else 0).
         pub op: u8,
-        /// Sender's rank in the group.
-        pub sender: u8,
         /// Reserved, zero.
         pub reserved: u8,
+        /// Root rank (broadcast, reduce).
+        pub root: u16,
+        /// Sender's rank in the group.
+        pub sender: u16,
+        /// Reserved, zero.
+        pub reserved2: u16,
         /// Elements (reductions) or 0.
         pub count: u32,
+        /// Reserved, zero (keeps reduction data 8-byte aligned).
+        pub reserved3: u32,
     }
-    size = 24;
+    size = 32;
 }
 
 impl CollHeader {
     /// Decodes and validates a header from untrusted bytes.
     pub fn parse(bytes: &[u8]) -> Result<Self, DecodeError> {
         let h = CollHeader::decode(bytes)?;
-        if h.reserved != 0 {
+        if h.reserved != 0 || h.reserved2 != 0 || h.reserved3 != 0 {
             return Err(DecodeError::ReservedNotZero);
         }
         let kind = CollKind::from_u8(h.kind).ok_or(DecodeError::BadKind)?;
@@ -413,19 +435,27 @@ mod tests {
             count: 5,
             ..Default::default()
         };
-        let mut b = [0u8; 24];
+        let mut b = [0u8; 32];
         h.put(&mut b);
-        assert_eq!(b, [7, 0, 0, 0, 2, 0, 0, 0, 9, 0, 0, 0, 6, 0, 0, 0, 2, 1, 3, 0, 5, 0, 0, 0]);
+        assert_eq!(b, [7, 0, 0, 0, 2, 0, 0, 0, 9, 0, 0, 0, 6, 0, 0, 2, 1, 0, 0, 0, 3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(CollHeader::parse(&b), Ok(h));
         let mut bad = b;
-        bad[17] = 5; // band on i64 is fine …
+        bad[16] = 5; // band on i64 is fine …
         assert!(CollHeader::parse(&bad).is_ok());
-        bad[16] = 6; // … on f64 it is not
+        bad[15] = 6; // … on f64 it is not
         assert_eq!(CollHeader::parse(&bad), Err(DecodeError::BadKind));
+        for reserved in [17, 22, 28] {
+            bad = b;
+            bad[reserved] = 1;
+            assert_eq!(CollHeader::parse(&bad), Err(DecodeError::ReservedNotZero));
+        }
+        // Ranks are 16-bit: sender 1023 is fine, 1024 is not.
         bad = b;
-        bad[19] = 1;
-        assert_eq!(CollHeader::parse(&bad), Err(DecodeError::ReservedNotZero));
-        assert_eq!(CollHeader::parse(&b[..23]), Err(DecodeError::Truncated));
+        bad[20..22].copy_from_slice(&1023u16.to_le_bytes());
+        assert!(CollHeader::parse(&bad).is_ok());
+        bad[20..22].copy_from_slice(&1024u16.to_le_bytes());
+        assert_eq!(CollHeader::parse(&bad), Err(DecodeError::BadIndex));
+        assert_eq!(CollHeader::parse(&b[..31]), Err(DecodeError::Truncated));
     }
 
     #[test]
@@ -440,6 +470,11 @@ mod tests {
         assert!(!tree_valid(&p, 8)); // out of range
         assert!(!tree_valid(&p, 0));
         assert!(!tree_valid(&[0, 0], 2)); // no root
+                                          // Wide trees: a chain over 1024 ranks, then a cycle in it.
+        let mut wide: [u16; 1024] = core::array::from_fn(|r| if r == 0 { TREE_ROOT_WIDE } else { r as u16 - 1 });
+        assert!(tree_valid_by(1024, |r| wide[r]));
+        wide[1] = 1000;
+        assert!(!tree_valid_by(1024, |r| wide[r]));
     }
 
     #[test]

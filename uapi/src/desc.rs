@@ -19,7 +19,8 @@ pub enum Opcode {
     /// Tagged receive, matched on (source, tag & !ignore).
     Recv = 2,
     /// One message to several members of a group, payload read once.
-    /// `node` = group slot, `ignore` = mask of destination ranks, `tag`.
+    /// `node` = group slot, `port` = rank window w, `ignore` = mask of
+    /// destination ranks 64 w .. 64 w + 63 (bit i = rank 64 w + i), `tag`.
     MultiSend = 3,
     /// Broadcast down a group tree, forwarded NIC to NIC. `node` = group
     /// slot, `port` = root rank, `tag` = tree index; `sge` = the buffer
@@ -262,7 +263,9 @@ impl WorkDesc {
         let ok = match op {
             Opcode::Send | Opcode::Recv => true,
             Opcode::Probe => n == 0,
-            Opcode::MultiSend => self.port == 0 && self.ignore != 0,
+            Opcode::MultiSend => {
+                (self.port as usize) < GROUP_MEMBERS_MAX.div_ceil(crate::coll::MULTISEND_WINDOW) && self.ignore != 0
+            }
             Opcode::Bcast => {
                 (self.port as usize) < GROUP_MEMBERS_MAX && self.tag < TREES_MAX as u64 && self.ignore == 0
             }

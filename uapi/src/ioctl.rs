@@ -182,11 +182,14 @@ le_struct! {
 le_struct! {
     /// `EMP_IOC_GROUP_SET` argument: load the group table entry (a
     /// [`crate::sram::GroupEntry`], 1024 bytes) at `entry` in the caller's
-    /// memory for this port. The driver copies and checks it
-    /// ([`crate::sram::GroupEntry::check`], with `port` set to the
-    /// caller's port), keeps one slot per (port, group id) and has the NIC
-    /// load it. The port must be started. Out: the slot, which collective
-    /// work descriptors name.
+    /// memory for this port — followed there, for a group of more than 64
+    /// members, by its body ([`crate::sram::GroupEntry::body_len`] bytes;
+    /// the argument's layout is unchanged, the entry says how much follows).
+    /// The driver copies and checks it ([`crate::sram::GroupView::check`],
+    /// with `port` set to the caller's port), keeps one run of
+    /// [`crate::sram::GroupEntry::span`] slots per (port, group id) and has
+    /// the NIC load it. The port must be started. Out: the first slot,
+    /// which collective work descriptors name.
     pub struct EmpGroupSet {
         /// Caller sets the size its command carries (`_IOC_SIZE`).
         pub size: u32,

@@ -315,7 +315,7 @@ impl Default for LayoutParams {
             ports: 8,
             mr_entries: 256,
             route_entries: 64,
-            group_entries: 16,
+            group_entries: 64,
             staging_size: 8 << 20,
             send_entries: 64,
             recv_entries: 64,
@@ -624,13 +624,24 @@ impl RouteEntry {
     }
 }
 
-pub use crate::coll::GROUP_MEMBERS_MAX;
+pub use crate::coll::{GROUP_INLINE_MAX, GROUP_MEMBERS_MAX};
 
 le_struct! {
     /// Group table entry (1024 bytes): an ordered list of endpoints used by
     /// collectives, and the trees the host built over them. A member is
     /// `(node << 16) | port`. Written by the trusted side after checks
-    /// ([`GroupEntry::check`]); the NIC loads it on `GroupSet`.
+    /// ([`GroupView::check`]); the NIC loads it on `GroupSet`.
+    ///
+    /// A group of at most [`GROUP_INLINE_MAX`] members is this entry alone.
+    /// A larger one (up to [`GROUP_MEMBERS_MAX`]) leaves `members` and
+    /// `parents` zero and carries a *body* of [`GroupEntry::body_len`]
+    /// bytes right after the entry: `members` as `u32` × `member_count`,
+    /// then `tree_count` parent arrays of `u16` × `member_count`
+    /// ([`crate::coll::TREE_ROOT_WIDE`] for the root), zero-padded to a
+    /// whole entry. In the group table it occupies [`GroupEntry::span`]
+    /// consecutive slots (its own, then the body's), so the table is the
+    /// NIC's member pool: a small group costs one slot, a group of 1024
+    /// with one tree seven.
     pub struct GroupEntry {
         /// Group id (0 = unused).
         pub group_id: u32,
@@ -661,10 +672,11 @@ le_struct! {
         /// λ each tree was built for (informational).
         pub tree_lambda: [u8; 8],
         /// Members.
-        pub members: [u32; GROUP_MEMBERS_MAX],
+        pub members: [u32; GROUP_INLINE_MAX],
         /// Tree t is `parents[64 t .. 64 t + member_count]`: the parent of
         /// each relative rank (relative to the broadcast or reduce root),
         /// [`crate::coll::TREE_ROOT`] for rank 0. Tree 0 is binomial.
+        /// (Zero in a wide group: its trees are in the body.)
         pub parents: [u8; 512],
         /// Reserved, zero.
         pub reserved2: [u64; 26],
@@ -677,6 +689,9 @@ le_struct! {
 pub enum GroupError {
     /// Id 0, no members, more than [`GROUP_MEMBERS_MAX`], or rank out of range.
     BadShape,
+    /// A group of more than [`GROUP_INLINE_MAX`] members without its whole
+    /// body, or with nonzero padding after it.
+    BadBody,
     /// Two members name the same endpoint.
     DuplicateMember,
     /// `members[my_rank]` is not the caller's endpoint.
@@ -691,7 +706,8 @@ impl GroupError {
     /// Human-readable text.
     pub const fn as_str(self) -> &'static str {
         match self {
-            GroupError::BadShape => "group id 0, member count outside 1..=64, or rank out of range",
+            GroupError::BadShape => "group id 0, member count outside 1..=1024, or rank out of range",
+            GroupError::BadBody => "a group of more than 64 members needs its whole body after the entry",
             GroupError::DuplicateMember => "an endpoint is listed twice",
             GroupError::NotMember => "the caller is not the member at its rank",
             GroupError::BadTree => "tree count outside 1..=8 or a parent array is not a tree",
@@ -701,37 +717,128 @@ impl GroupError {
 }
 
 impl GroupEntry {
-    /// Parent array of tree `t` (empty for `t` ≥ 8; at most 64 entries
-    /// whatever `member_count` claims).
+    /// Parent array of tree `t` of a group held inline (empty for `t` ≥ 8;
+    /// at most 64 entries whatever `member_count` claims; a wide group's
+    /// trees are in its body: [`GroupView::parent`]).
     pub fn tree(&self, t: usize) -> &[u8] {
-        let n = (self.member_count as usize).min(GROUP_MEMBERS_MAX);
+        let n = (self.member_count as usize).min(GROUP_INLINE_MAX);
         self.parents.get(64 * t..64 * t + n).unwrap_or(&[])
     }
 
-    /// The checks the trusted side makes before writing an entry on behalf
-    /// of `caller` = `(node << 16) | port`.
-    pub fn check(&self, caller: u32) -> Result<(), GroupError> {
+    /// Are members and trees in a body after the entry (more than
+    /// [`GROUP_INLINE_MAX`] members)?
+    pub const fn is_wide(&self) -> bool {
+        self.member_count as usize > GROUP_INLINE_MAX
+    }
+
+    /// Bytes of the body that follows the entry (0 for an inline group).
+    pub const fn body_len(&self) -> usize {
+        if !self.is_wide() {
+            return 0;
+        }
         let n = self.member_count as usize;
-        if self.group_id == 0 || n == 0 || n > GROUP_MEMBERS_MAX || self.my_rank as usize >= n {
+        4 * n + 2 * n * self.tree_count as usize
+    }
+
+    /// Group table slots (and encoded size in entries) the group takes:
+    /// its entry and the body, padded to whole entries.
+    pub const fn span(&self) -> usize {
+        1 + self.body_len().div_ceil(Self::SIZE)
+    }
+
+    /// The checks for an inline group (a wide one is refused `BadBody`:
+    /// check it with its body through [`GroupView::check`]).
+    pub fn check(&self, caller: u32) -> Result<(), GroupError> {
+        GroupView { entry: self, body: &[] }.check(caller)
+    }
+}
+
+/// A group table entry and its body (empty for an inline group), read
+/// through one interface whatever the group's size.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupView<'a> {
+    /// The entry.
+    pub entry: &'a GroupEntry,
+    /// The bytes after it: at least [`GroupEntry::body_len`] for a wide group.
+    pub body: &'a [u8],
+}
+
+impl GroupView<'_> {
+    /// Member `rank`: `(node << 16) | port` (0 past the end or the body).
+    pub fn member(&self, rank: usize) -> u32 {
+        if !self.entry.is_wide() {
+            return self.entry.members.get(rank).copied().unwrap_or(0);
+        }
+        match self.body.get(4 * rank..4 * rank + 4) {
+            Some(b) if rank < self.entry.member_count as usize => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            _ => 0,
+        }
+    }
+
+    /// Parent of relative rank `rel` in tree `t`, [`crate::coll::TREE_ROOT_WIDE`]
+    /// at the root (and past the end, which no valid tree reaches).
+    pub fn parent(&self, t: usize, rel: usize) -> u16 {
+        use crate::coll::{TREE_ROOT, TREE_ROOT_WIDE};
+        let n = self.entry.member_count as usize;
+        if rel >= n || t >= crate::coll::TREES_MAX {
+            return TREE_ROOT_WIDE;
+        }
+        if !self.entry.is_wide() {
+            return match self.entry.tree(t).get(rel) {
+                Some(&p) if p != TREE_ROOT => p as u16,
+                _ => TREE_ROOT_WIDE,
+            };
+        }
+        let at = 4 * n + 2 * (t * n + rel);
+        match self.body.get(at..at + 2) {
+            Some(b) => u16::from_le_bytes([b[0], b[1]]),
+            None => TREE_ROOT_WIDE,
+        }
+    }
+
+    /// The checks the trusted side makes before writing an entry (and its
+    /// body) on behalf of `caller` = `(node << 16) | port`; the NIC makes
+    /// them again when it loads the group. Allocation-free: O(n²) for the
+    /// duplicate check and O(n · depth) per tree.
+    pub fn check(&self, caller: u32) -> Result<(), GroupError> {
+        let e = self.entry;
+        let n = e.member_count as usize;
+        if e.group_id == 0 || n == 0 || n > GROUP_MEMBERS_MAX || e.my_rank as usize >= n {
             return Err(GroupError::BadShape);
         }
-        let m = &self.members[..n];
-        if m.iter().enumerate().any(|(i, a)| m[..i].contains(a)) {
+        let trees = e.tree_count as usize;
+        if e.is_wide() {
+            let len = e.body_len();
+            if self.body.len() < len {
+                return Err(GroupError::BadBody);
+            }
+            if self.body[len..].iter().any(|&b| b != 0) {
+                return Err(GroupError::BadBody);
+            }
+        }
+        if (1..n).any(|i| {
+            let a = self.member(i);
+            (0..i).any(|j| self.member(j) == a)
+        }) {
             return Err(GroupError::DuplicateMember);
         }
-        if m[self.my_rank as usize] != caller || caller & 0xFFFF != self.port as u32 {
+        if self.member(e.my_rank as usize) != caller || caller & 0xFFFF != e.port as u32 {
             return Err(GroupError::NotMember);
         }
-        let trees = self.tree_count as usize;
-        if trees == 0 || trees > crate::coll::TREES_MAX || (0..trees).any(|t| !crate::coll::tree_valid(self.tree(t), n))
+        if trees == 0
+            || trees > crate::coll::TREES_MAX
+            || (0..trees).any(|t| !crate::coll::tree_valid_by(n, |r| self.parent(t, r)))
         {
             return Err(GroupError::BadTree);
         }
-        if self.flags != 0
-            || self.reserved0 != 0
-            || self.reserved1 != 0
-            || self.reserved2 != [0; 26]
-            || self.members[n..].iter().any(|&x| x != 0)
+        let inline = n.min(GROUP_INLINE_MAX);
+        let inline_used = if e.is_wide() { 0 } else { inline };
+        if e.flags != 0
+            || e.reserved0 != 0
+            || e.reserved1 != 0
+            || e.reserved2 != [0; 26]
+            || e.members[inline_used..].iter().any(|&x| x != 0)
+            || (e.is_wide() && e.parents.iter().any(|&p| p != 0))
         {
             return Err(GroupError::Reserved);
         }
@@ -896,6 +1003,60 @@ mod tests {
         assert_eq!(Layout::from_header(&SramHeader::decode(&b).unwrap()), Ok(l));
         let end = l.port(l.params.ports - 1).recv_slot(l.params.recv_entries - 1) + WorkDesc::SIZE;
         assert!(end <= l.sram_size as usize);
+    }
+
+    /// A wide group of `n` on nodes 1..=n, port 3, this NIC rank `me`, one
+    /// binomial tree: its entry and its body padded to whole entries.
+    fn wide_group(n: usize, me: usize) -> (GroupEntry, [u8; 8 * GroupEntry::SIZE]) {
+        let e = GroupEntry {
+            group_id: 5,
+            epoch: 1,
+            member_count: n as u16,
+            my_rank: me as u16,
+            port: 3,
+            tree_count: 1,
+            ..Default::default()
+        };
+        let mut body = [0u8; 8 * GroupEntry::SIZE];
+        for r in 0..n {
+            body[4 * r..4 * r + 4].copy_from_slice(&(((r as u32 + 1) << 16) | 3).to_le_bytes());
+            let p = if r == 0 { crate::coll::TREE_ROOT_WIDE } else { (r - (1 << r.ilog2())) as u16 };
+            body[4 * n + 2 * r..4 * n + 2 * r + 2].copy_from_slice(&p.to_le_bytes());
+        }
+        (e, body)
+    }
+
+    #[test]
+    fn wide_group_body_is_checked() {
+        let (e, body) = wide_group(1024, 700);
+        assert_eq!((e.body_len(), e.span()), (6144, 7));
+        let len = (e.span() - 1) * GroupEntry::SIZE;
+        let caller = (701 << 16) | 3;
+        let v = GroupView { entry: &e, body: &body[..len] };
+        assert_eq!(v.check(caller), Ok(()));
+        assert_eq!((v.member(1023), v.parent(0, 1023), v.parent(0, 0)), ((1024 << 16) | 3, 511, 0xFFFF));
+        // Without its body, or with a short one, or junk in the padding.
+        assert_eq!(e.check(caller), Err(GroupError::BadBody));
+        assert_eq!(GroupView { entry: &e, body: &body[..e.body_len() - 1] }.check(caller), Err(GroupError::BadBody));
+        let mut junk = body;
+        junk[len + 3] = 1;
+        assert_eq!(GroupView { entry: &e, body: &junk[..len + 8] }.check(caller), Err(GroupError::BadBody));
+        // A duplicate far apart, a cycle, a member inline.
+        let mut dup = body;
+        dup.copy_within(0..4, 4 * 1000);
+        assert_eq!(GroupView { entry: &e, body: &dup[..len] }.check(caller), Err(GroupError::DuplicateMember));
+        let mut cyc = body;
+        cyc[4096 + 2 * 512..4096 + 2 * 512 + 2].copy_from_slice(&513u16.to_le_bytes());
+        cyc[4096 + 2 * 513..4096 + 2 * 513 + 2].copy_from_slice(&512u16.to_le_bytes());
+        assert_eq!(GroupView { entry: &e, body: &cyc[..len] }.check(caller), Err(GroupError::BadTree));
+        let mut inline = e;
+        inline.members[0] = 1;
+        assert_eq!(GroupView { entry: &inline, body: &body[..len] }.check(caller), Err(GroupError::Reserved));
+        // 65 members is the smallest wide group; 64 stay inline.
+        let (e65, b65) = wide_group(65, 0);
+        assert_eq!((e65.body_len(), e65.span()), (65 * 6, 2));
+        assert_eq!(GroupView { entry: &e65, body: &b65[..GroupEntry::SIZE] }.check((1 << 16) | 3), Ok(()));
+        assert_eq!(GroupEntry { member_count: 64, tree_count: 8, ..Default::default() }.span(), 1);
     }
 
     #[test]

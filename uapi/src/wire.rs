@@ -738,16 +738,17 @@ mod tests {
             version: WIRE_VERSION,
             kind: FrameKind::CollData as u8,
             frame_count: 1,
-            payload_len: 24,
+            payload_len: CollHeader::SIZE as u16,
             ..Default::default()
         };
-        let msg = MsgHeader::new(0, 24, None);
+        let msg = MsgHeader::new(0, CollHeader::SIZE as u64, None);
         let mut buf = [0u8; 128];
         let at = emit_data_headers(&hdr, Some(&msg), &mut buf).unwrap();
-        ch.put(&mut buf[at..at + 24]);
-        assert!(matches!(Frame::parse(&buf[..at + 24]), Ok(Frame::Data { .. })));
+        let end = at + CollHeader::SIZE;
+        ch.put(&mut buf[at..end]);
+        assert!(matches!(Frame::parse(&buf[..end]), Ok(Frame::Data { .. })));
         buf[at + 12] = 99; // unknown collective kind
-        assert_eq!(Frame::parse(&buf[..at + 24]), Err(DecodeError::BadKind));
+        assert_eq!(Frame::parse(&buf[..end]), Err(DecodeError::BadKind));
     }
 
     #[test]

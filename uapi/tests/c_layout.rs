@@ -203,7 +203,22 @@ fn structs() -> Vec<StructDesc> {
         st!("emp_mr_entry", MrEntry { key, port, access, format, length, indirect_addr, indirect_count, secret, segs }),
         st!(
             "emp_coll_header",
-            CollHeader { group_id, epoch, instance, kind, round, root, tree, dtype, op, sender, reserved, count }
+            CollHeader {
+                group_id,
+                epoch,
+                instance,
+                kind,
+                round,
+                tree,
+                dtype,
+                op,
+                reserved,
+                root,
+                sender,
+                reserved2,
+                count,
+                reserved3
+            }
         ),
         st!(
             "emp_sram_header",
@@ -477,6 +492,7 @@ fn constants() -> Vec<ConstDesc> {
         // coll.rs
         EMP_TREES_MAX = coll::TREES_MAX,
         EMP_TREE_ROOT = coll::TREE_ROOT,
+        EMP_TREE_ROOT_WIDE = coll::TREE_ROOT_WIDE,
         EMP_DTYPE_I32 = Dtype::I32 as u8,
         EMP_DTYPE_I64 = Dtype::I64 as u8,
         EMP_DTYPE_U32 = Dtype::U32 as u8,
@@ -578,6 +594,8 @@ fn constants() -> Vec<ConstDesc> {
         EMP_ADMIN_RESULT_BAD_IMAGE = admin_result::BAD_IMAGE,
         EMP_ADMIN_RESULT_NO_ROOM = admin_result::NO_ROOM,
         EMP_GROUP_MEMBERS_MAX = sram::GROUP_MEMBERS_MAX,
+        EMP_GROUP_INLINE_MAX = sram::GROUP_INLINE_MAX,
+        EMP_MULTISEND_WINDOW = coll::MULTISEND_WINDOW,
         EMP_PORT_STATE_CLOSED = port_state::CLOSED,
         EMP_PORT_STATE_OPEN = port_state::OPEN,
         EMP_PORT_STATE_SUSPENDED = port_state::SUSPENDED,
@@ -758,6 +776,15 @@ fn c_expressions() -> Vec<(String, String, u64)> {
         "sizeof(EMP_REDUCE_TAG(EMP_DTYPE_I32, EMP_REDUCE_SUM, 0))".into(),
         size_of::<u64>() as u64,
     ));
+    for (n, trees) in [(1u16, 1u8), (64, 8), (65, 1), (1024, 1), (1024, 8)] {
+        let e = sram::GroupEntry { member_count: n, tree_count: trees, ..Default::default() };
+        v.push((
+            format!("EMP_GROUP_BODY_LEN/{n}/{trees}"),
+            format!("EMP_GROUP_BODY_LEN({n}U, {trees}U)"),
+            e.body_len() as u64,
+        ));
+        v.push((format!("EMP_GROUP_SPAN/{n}/{trees}"), format!("EMP_GROUP_SPAN({n}U, {trees}U)"), e.span() as u64));
+    }
     v
 }
 

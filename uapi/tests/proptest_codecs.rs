@@ -190,9 +190,9 @@ arb_struct!(arb_group_entry -> GroupEntry {
     reserved0: any::<u16>(),
     reserved1: any::<u32>(),
     tree_lambda: any::<[u8; 8]>(),
-    members: any::<[u32; GROUP_MEMBERS_MAX]>(),
+    members: any::<[u32; GROUP_INLINE_MAX]>(),
     parents: any::<[u8; 512]>(),
-    // (Length inferred from the field: it follows GROUP_MEMBERS_MAX.)
+    // (Length inferred from the field.)
     reserved2: proptest::array::uniform(any::<u64>()),
 });
 arb_struct!(arb_coll_header -> CollHeader {
@@ -201,13 +201,15 @@ arb_struct!(arb_coll_header -> CollHeader {
     instance: any::<u32>(),
     kind: any::<u8>(),
     round: any::<u8>(),
-    root: any::<u8>(),
     tree: any::<u8>(),
     dtype: any::<u8>(),
     op: any::<u8>(),
-    sender: any::<u8>(),
     reserved: any::<u8>(),
+    root: any::<u16>(),
+    sender: any::<u16>(),
+    reserved2: any::<u16>(),
     count: any::<u32>(),
+    reserved3: any::<u32>(),
 });
 arb_struct!(arb_atomic_body -> AtomicBody {
     op: any::<u8>(),
@@ -1043,8 +1045,8 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
             }
         }
         Opcode::MultiSend => {
-            d.port = 0;
-            d.ignore = (next(&mut x) & (u64::MAX >> (64 - GROUP_MEMBERS_MAX))).max(1);
+            d.port = (next(&mut x) % (members / 64)) as u16;
+            d.ignore = next(&mut x).max(1);
         }
         Opcode::Bcast => {
             d.port = (next(&mut x) % members) as u16;
@@ -1192,8 +1194,8 @@ fn operands_spec(d: &WorkDesc, op: Opcode) -> bool {
         Opcode::Send | Opcode::Recv => true,
         // No buffer.
         Opcode::Probe => n == 0,
-        // port 0, a nonzero rank mask.
-        Opcode::MultiSend => d.port == 0 && d.ignore != 0,
+        // A rank window below 1024 / 64, a nonzero rank mask.
+        Opcode::MultiSend => (d.port as u64) < members / 64 && d.ignore != 0,
         // root rank, tree index, no ignore.
         Opcode::Bcast => (d.port as u64) < members && d.tag < trees && d.ignore == 0,
         // algorithm 0..=2, tree index, no ignore, no buffer.
@@ -1820,13 +1822,13 @@ fn coll_header_spec(bytes: &[u8]) -> Result<CollHeader, DecodeError> {
         return Err(DecodeError::Truncated);
     }
     let h = CollHeader::decode(bytes).unwrap();
-    if h.reserved != 0 {
+    if h.reserved != 0 || h.reserved2 != 0 || h.reserved3 != 0 {
         return Err(DecodeError::ReservedNotZero);
     }
     if !(1..=7).contains(&h.kind) {
         return Err(DecodeError::BadKind);
     }
-    let members = GROUP_MEMBERS_MAX as u8;
+    let members = GROUP_MEMBERS_MAX as u16;
     if h.sender >= members || h.root >= members || h.tree as usize >= TREES_MAX {
         return Err(DecodeError::BadIndex);
     }
@@ -1868,8 +1870,8 @@ fn valid_coll_header() -> impl Strategy<Value = CollHeader> {
     (
         arb_coll_header(),
         1u8..=7,
-        0..GROUP_MEMBERS_MAX as u8,
-        0..GROUP_MEMBERS_MAX as u8,
+        0..GROUP_MEMBERS_MAX as u16,
+        0..GROUP_MEMBERS_MAX as u16,
         0..TREES_MAX as u8,
         0..Dtype::ALL.len(),
         0..ReduceOp::ALL.len(),
@@ -1880,7 +1882,7 @@ fn valid_coll_header() -> impl Strategy<Value = CollHeader> {
             h.root = root;
             h.sender = sender;
             h.tree = tree;
-            h.reserved = 0;
+            (h.reserved, h.reserved2, h.reserved3) = (0, 0, 0);
             if is_reduction_kind(kind) {
                 let t = Dtype::ALL[t];
                 let op = ReduceOp::ALL[op];
@@ -1896,13 +1898,15 @@ fn valid_coll_header() -> impl Strategy<Value = CollHeader> {
 
 /// Valid headers with (usually) one field moved across its boundary.
 fn plausible_coll_header() -> impl Strategy<Value = CollHeader> {
-    (valid_coll_header(), 0u8..14, any::<u8>(), any::<u32>()).prop_map(|(mut h, which, b, w)| {
-        let m = GROUP_MEMBERS_MAX as u8;
+    (valid_coll_header(), 0u8..16, any::<u8>(), any::<u32>()).prop_map(|(mut h, which, b, w)| {
+        let m = GROUP_MEMBERS_MAX as u16;
         match which {
             0 => h.reserved = b | 1,
             1 => h.kind = b % 10, // 0, 8 and 9 unknown
-            2 => h.sender = m - 2 + b % 4,
-            3 => h.root = m - 2 + b % 4,
+            2 => h.sender = m - 2 + b as u16 % 4,
+            3 => h.root = m - 2 + b as u16 % 4,
+            10 => h.reserved2 = b as u16 | 1,
+            11 => h.reserved3 = w | 1,
             4 => h.tree = TREES_MAX as u8 - 2 + b % 4,
             5 => h.dtype = b % 8, // 0 and 7 unknown
             6 => h.op = b % 9,    // 0 and 8 unknown
@@ -1972,9 +1976,9 @@ fn coll_frame_fixtures() {
         count: 2,
         ..Default::default()
     };
-    let mut payload = vec![0u8; 24 + 16];
+    let mut payload = vec![0u8; 32 + 16];
     ch.encode(&mut payload).unwrap();
-    payload[24..].copy_from_slice(&2.5f64.to_le_bytes().repeat(2));
+    payload[32..].copy_from_slice(&2.5f64.to_le_bytes().repeat(2));
     let hdr = FrameHeader {
         version: WIRE_VERSION,
         kind: FrameKind::CollData as u8,
@@ -1991,15 +1995,15 @@ fn coll_frame_fixtures() {
 
     // Bitwise operator on f64: refused as BadKind.
     let mut bad = bytes.clone();
-    bad[HEADERS + 17] = ReduceOp::Bxor as u8;
+    bad[HEADERS + 16] = ReduceOp::Bxor as u8;
     assert_eq!(Frame::parse(&bad), Err(DecodeError::BadKind));
     // Sender rank GROUP_MEMBERS_MAX: BadIndex.
     let mut bad = bytes.clone();
-    bad[HEADERS + 18] = GROUP_MEMBERS_MAX as u8;
+    bad[HEADERS + 20..HEADERS + 22].copy_from_slice(&(GROUP_MEMBERS_MAX as u16).to_le_bytes());
     assert_eq!(Frame::parse(&bad), Err(DecodeError::BadIndex));
     // Reserved byte set.
     let mut bad = bytes.clone();
-    bad[HEADERS + 19] = 1;
+    bad[HEADERS + 17] = 1;
     assert_eq!(Frame::parse(&bad), Err(DecodeError::ReservedNotZero));
     // The same bytes as DATA are fine: the NIC does not look into DATA.
     let mut as_data = bad.clone();
@@ -2051,6 +2055,10 @@ fn group_check_spec(e: &GroupEntry, caller: u32) -> Result<(), GroupError> {
     if e.group_id == 0 || n == 0 || n > GROUP_MEMBERS_MAX || e.my_rank as usize >= n {
         return Err(GroupError::BadShape);
     }
+    // More than fit inline: the body is missing.
+    if n > GROUP_INLINE_MAX {
+        return Err(GroupError::BadBody);
+    }
     let mut seen = std::collections::HashSet::new();
     if !e.members[..n].iter().all(|m| seen.insert(*m)) {
         return Err(GroupError::DuplicateMember);
@@ -2093,13 +2101,13 @@ fn random_tree(parent: &mut [u8], x: &mut u64) {
 /// does not read (bounce fields, λs, parents beyond the member count or of
 /// unused trees) stay arbitrary.
 fn valid_group_entry() -> impl Strategy<Value = (GroupEntry, u32)> {
-    (arb_group_entry(), 1usize..=GROUP_MEMBERS_MAX, any::<u64>(), 1..=TREES_MAX as u8, any::<u32>()).prop_map(
+    (arb_group_entry(), 1usize..=GROUP_INLINE_MAX, any::<u64>(), 1..=TREES_MAX as u8, any::<u32>()).prop_map(
         |(mut e, n, seed, trees, salt)| {
             let mut x = seed | 1;
             e.group_id = e.group_id.max(1);
             e.member_count = n as u16;
             e.my_rank = (next(&mut x) % n as u64) as u16;
-            e.members = [0; GROUP_MEMBERS_MAX];
+            e.members = [0; GROUP_INLINE_MAX];
             for (i, m) in e.members[..n].iter_mut().enumerate() {
                 // Distinct: multiplication by an odd constant is a bijection.
                 *m = (i as u32 + 1).wrapping_mul(0x9E37_79B1) ^ salt;
@@ -2128,7 +2136,7 @@ fn plausible_group_entry() -> impl Strategy<Value = (GroupEntry, u32)> {
         match which {
             0 => e.group_id = 0,
             1 => e.member_count = 0,
-            2 => e.member_count = (GROUP_MEMBERS_MAX as u64 + 1 + v % 100) as u16,
+            2 => e.member_count = (GROUP_INLINE_MAX as u64 + 1 + v % 2000) as u16,
             3 => e.my_rank = (n as u64 + v % 3) as u16,
             4 if n > 1 => {
                 let i = (v % n as u64) as usize;
@@ -2157,9 +2165,9 @@ fn plausible_group_entry() -> impl Strategy<Value = (GroupEntry, u32)> {
                 let i = (v % e.reserved2.len() as u64) as usize;
                 e.reserved2[i] = v | 1;
             }
-            18 if n < GROUP_MEMBERS_MAX => e.members[n + (v >> 8) as usize % (GROUP_MEMBERS_MAX - n)] = v as u32 | 1,
+            18 if n < GROUP_INLINE_MAX => e.members[n + (v >> 8) as usize % (GROUP_INLINE_MAX - n)] = v as u32 | 1,
             19 if n > 1 => e.member_count -= 1,
-            20 if n < GROUP_MEMBERS_MAX => e.member_count += 1,
+            20 if n < GROUP_INLINE_MAX => e.member_count += 1,
             21 => e.tree_count = e.tree_count % TREES_MAX as u8 + 1,
             _ => {}
         }
@@ -2242,18 +2250,23 @@ fn group_entry_check_rejects_each_case() {
     assert_eq!(&b[40..42], &[1, 3], "tree_lambda at 40");
     assert_eq!(&b[48 + 8..48 + 12], &((3u32 << 16) | 7).to_le_bytes(), "members at 48");
     // parents and reserved2 follow the members array.
-    let parents = 48 + 4 * GROUP_MEMBERS_MAX;
+    let parents = 48 + 4 * GROUP_INLINE_MAX;
     assert_eq!(core::mem::offset_of!(GroupEntry, parents), parents);
     assert_eq!(&b[parents..parents + 4], &[TREE_ROOT, 0, 0, 1], "tree 0");
     assert_eq!(&b[parents + 64..parents + 68], &[TREE_ROOT, 0, 1, 2], "tree 1 at +64");
     assert_eq!(core::mem::offset_of!(GroupEntry, reserved2), parents + 512);
     assert!(b[parents + 512..].iter().all(|&x| x == 0), "reserved2 last, zero");
-    const { assert!(GROUP_MEMBERS_MAX <= 64, "a parent array (64 bytes) holds every member") };
+    const { assert!(GROUP_INLINE_MAX <= 64, "a parent array (64 bytes) holds every member") };
 
     let cases: Vec<(&str, Edit, GroupError)> = vec![
         ("group id 0", Box::new(|e| e.group_id = 0), GroupError::BadShape),
         ("no members", Box::new(|e| e.member_count = 0), GroupError::BadShape),
         ("too many members", Box::new(|e| e.member_count = GROUP_MEMBERS_MAX as u16 + 1), GroupError::BadShape),
+        (
+            "wide group without its body",
+            Box::new(|e| e.member_count = GROUP_INLINE_MAX as u16 + 1),
+            GroupError::BadBody,
+        ),
         ("rank = member count", Box::new(|e| e.my_rank = 4), GroupError::BadShape),
         ("endpoint twice", Box::new(|e| e.members[3] = e.members[0]), GroupError::DuplicateMember),
         ("caller twice", Box::new(|e| e.members[0] = e.members[2]), GroupError::DuplicateMember),
@@ -2283,6 +2296,7 @@ fn group_entry_check_rejects_each_case() {
     // Every GroupError variant is exercised and has a text.
     for v in [
         GroupError::BadShape,
+        GroupError::BadBody,
         GroupError::DuplicateMember,
         GroupError::NotMember,
         GroupError::BadTree,
@@ -2305,7 +2319,7 @@ fn group_entry_check_rejects_each_case() {
             Box::new(|e| {
                 e.member_count = 1;
                 e.my_rank = 0;
-                e.members = [0; GROUP_MEMBERS_MAX];
+                e.members = [0; GROUP_INLINE_MAX];
                 e.members[0] = (3 << 16) | 7;
                 e.tree_count = 1;
             }),
@@ -2313,14 +2327,14 @@ fn group_entry_check_rejects_each_case() {
         (
             "all trees, all members",
             Box::new(|e| {
-                e.member_count = GROUP_MEMBERS_MAX as u16;
-                for r in 0..GROUP_MEMBERS_MAX {
+                e.member_count = GROUP_INLINE_MAX as u16;
+                for r in 0..GROUP_INLINE_MAX {
                     e.members[r] = ((r as u32 + 1) << 16) | 7;
                 }
                 e.tree_count = TREES_MAX as u8;
                 for t in 0..TREES_MAX {
                     e.parents[64 * t] = TREE_ROOT;
-                    for r in 1..GROUP_MEMBERS_MAX {
+                    for r in 1..GROUP_INLINE_MAX {
                         e.parents[64 * t + r] = ((r - 1) / (t + 1)) as u8; // (t+1)-ary heap
                     }
                 }

@@ -40,8 +40,11 @@ pub(crate) struct Barrier {
     /// Gather-release: the tree (rooted at rank 0) it runs on.
     pub tree: u8,
     /// Arrivals: bit = round (PE/dissemination; 62 = PE "pre", 63 = PE
-    /// release) or child relative rank (gather).
+    /// release).
     arrived: u64,
+    /// Gather-release: bit r = relative rank r's subtree has arrived (a
+    /// group has up to 1024 members; sized on the first arrival).
+    gathered: Vec<u64>,
     /// Gather-release: the parent's release arrived.
     released: bool,
     /// Position in the schedule (gather-release: 0 gather, 1 wait for the
@@ -64,7 +67,7 @@ pub(crate) enum BarrierNext {
 
 impl Barrier {
     pub(crate) fn new(algo: BarrierAlgo, tree: u8) -> Barrier {
-        Barrier { algo, tree, arrived: 0, released: false, step: 0, sub: 0 }
+        Barrier { algo, tree, arrived: 0, gathered: Vec::new(), released: false, step: 0, sub: 0 }
     }
 
     pub(crate) fn params(&self) -> Params {
@@ -84,15 +87,27 @@ impl Barrier {
             self.released = true;
             return Ok(());
         }
-        let bit = match kind {
-            CollKind::BarrierGather => rel_rank(ch.sender as u16, 0, n) as u32,
-            _ => round_bit(ch.round),
-        };
+        if kind == CollKind::BarrierGather {
+            let r = rel_rank(ch.sender, 0, n) as usize;
+            if r >= n as usize || self.has_gathered(r as u16) {
+                return Err(NackReason::CollMismatch);
+            }
+            self.gathered.resize((n as usize).div_ceil(64), 0);
+            self.gathered[r / 64] |= 1 << (r % 64);
+            return Ok(());
+        }
+        let bit = round_bit(ch.round);
         if bit >= 64 || self.arrived & (1 << bit) != 0 {
             return Err(NackReason::CollMismatch);
         }
         self.arrived |= 1 << bit;
         Ok(())
+    }
+
+    /// Has relative rank `rel`'s gather arrived?
+    fn has_gathered(&self, rel: u16) -> bool {
+        let r = rel as usize;
+        self.gathered.get(r / 64).is_some_and(|w| w & (1 << (r % 64)) != 0)
     }
 
     /// Moves over the steps the arrivals allow, up to the next send.
@@ -116,10 +131,10 @@ impl Barrier {
     /// Gather up the tree (rooted at rank 0), then release down it.
     fn next_gather_release(&mut self, g: &GroupState) -> BarrierNext {
         let rel = rel_rank(g.rank, 0, g.n);
-        let children = g.children(self.tree, rel);
+        let children = g.child_ranks(self.tree, rel);
         let parent = g.parent(self.tree, rel);
         if self.step == 0 {
-            if !children.iter().all(|&c| self.arrived & (1 << c) != 0) {
+            if !children.iter().all(|&c| self.has_gathered(c)) {
                 return BarrierNext::Wait;
             }
             if let Some(p) = parent {

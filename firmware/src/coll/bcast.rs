@@ -87,7 +87,7 @@ impl Nic {
         ch: &CollHeader,
         len: u64,
     ) -> Result<(), NackReason> {
-        let (root, tree) = (ch.root as u16, ch.tree);
+        let (root, tree) = (ch.root, ch.tree);
         let g = self.groups.get(target.group()).expect("live group");
         let existing = match target {
             Target::Existing { op, .. } => Some(self.coll_ops.get(op).expect("live")),
@@ -100,7 +100,7 @@ impl Nic {
         let rel = rel_rank(g.rank, root, g.n);
         // An early op of this kind is already receiving it.
         let again = existing.is_some_and(|o| o.desc.is_none());
-        if rel == 0 || g.parent(tree, rel) != Some(rel_rank(ch.sender as u16, root, g.n)) || again {
+        if rel == 0 || g.parent(tree, rel) != Some(rel_rank(ch.sender, root, g.n)) || again {
             return Err(NackReason::CollMismatch);
         }
         if self.rx.is_full() || wire::frames_for(msg.total_len, self.mtu) != hdr.frame_count as u64 {
@@ -120,7 +120,7 @@ impl Nic {
         let (rkey, base, size) = (g.bounce_key, g.bounce_offset, g.bounce_slot_size as u64);
         let mut wd = WorkDesc { opcode: Opcode::Recv as u8, num_sge: 1, ..Default::default() };
         wd.sge[0] = emp_uapi::desc::Sge { key: rkey, len: len as u32, offset: base + b as u64 * size };
-        let state = Bcast::new(ch.root as u16, ch.tree, len, LocalDesc::new(&wd), Some(b));
+        let state = Bcast::new(ch.root, ch.tree, len, LocalDesc::new(&wd), Some(b));
         Ok(self.coll_ops.insert_checked(key.op(CollState::Bcast(state))))
     }
 
@@ -182,9 +182,8 @@ impl Nic {
         let o = self.coll_ops.get(op).expect("live");
         let CollState::Bcast(b) = &o.state else { unreachable!("broadcast op") };
         let g = self.groups.get(o.group).expect("live group");
-        let (root, tree, n) = (b.root, b.tree, g.n);
+        let (root, tree, n, group) = (b.root, b.tree, g.n, o.group);
         let rel = rel_rank(g.rank, root, n);
-        let children = g.children(tree, rel);
         let contig = if rel == 0 {
             u32::MAX
         } else {
@@ -193,8 +192,9 @@ impl Nic {
         };
         loop {
             let dest = self.coll_ops.get(op).expect("live").state.fwd().len() as u32;
-            let Some(&c) = children.get(dest as usize) else { break };
-            let h = self.coll_header(op, CollKind::Bcast, 0, root as u8, tree);
+            let g = self.groups.get(group).expect("live group");
+            let Some(&c) = g.child_ranks(tree, rel).get(dest as usize) else { break };
+            let h = self.coll_header(op, CollKind::Bcast, 0, root, tree);
             let data = CollData::Host { dest };
             let Some(t) = self.coll_send_limited(now, op, abs_rank(c, root, n), Some(h), data, contig)? else {
                 return Ok(());

@@ -11,7 +11,10 @@ use crate::{Hal, Nic};
 /// (an inner rank forwards what it just received) or on the first host read
 /// (root, multisend: the payload is DMA'd once, design §1.1). An entry lives
 /// until every destination has sent the frame once; beyond the bound the
-/// oldest frame goes and whoever still needs it reads the host.
+/// oldest frame goes and whoever still needs it reads the host. Only the
+/// first 64 destinations hold an entry (a bit of `pending`); later ones (a
+/// broadcast tree node with more children) use an entry while it is there
+/// and otherwise read the host.
 #[derive(Debug)]
 pub(crate) struct CachedFrame {
     pub frame: u32,
@@ -23,6 +26,11 @@ pub(crate) struct CachedFrame {
 
 /// One op's cached frames. Every method keeps the NIC-wide count of
 /// cached frames (`used`) in step.
+/// The `pending` bit of destination `dest` (none past the 64th).
+pub(crate) fn dest_bit(dest: u32) -> u64 {
+    1u64.checked_shl(dest).unwrap_or(0)
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct FrameCache {
     frames: Vec<CachedFrame>,
@@ -40,7 +48,7 @@ impl FrameCache {
         let e = &mut self.frames[i];
         assert_eq!(e.data.len(), out.len(), "frame {f} cached with another length");
         out.copy_from_slice(&e.data);
-        e.pending &= !(1u64 << dest);
+        e.pending &= !dest_bit(dest);
         if e.pending == 0 {
             self.frames.swap_remove(i);
             *used -= 1;
@@ -72,7 +80,7 @@ impl FrameCache {
     pub(crate) fn release(&mut self, dest: u32, used: &mut u32) {
         let before = self.frames.len();
         for e in self.frames.iter_mut() {
-            e.pending &= !(1u64 << dest);
+            e.pending &= !dest_bit(dest);
         }
         self.frames.retain(|e| e.pending != 0);
         *used -= (before - self.frames.len()) as u32;
@@ -124,7 +132,7 @@ impl Nic {
         }
         self.sge_io(hal, port, desc.sges(), data_off, Buf::FromHost(out), MR_LOCAL_READ)?;
         if live {
-            let pending = self.coll_cache_pending(op, f) & !(1u64 << dest);
+            let pending = self.coll_cache_pending(op, f) & !dest_bit(dest);
             self.coll_cache_insert(op, f, pending, out);
         }
         Ok(())
@@ -137,9 +145,9 @@ impl Nic {
         let o = self.coll_ops.get(op).expect("live");
         let dests = self.coll_dests(o);
         let fwd = o.state.fwd();
-        assert!(dests <= 64 && fwd.len() as u32 <= dests);
+        assert!(fwd.len() as u32 <= dests);
         let mut pending = 0u64;
-        for d in 0..dests {
+        for d in 0..dests.min(64) {
             let needs = match fwd.get(d as usize) {
                 None => true,
                 // The slot may hold another message by now.

@@ -65,6 +65,7 @@ pub(crate) enum Params {
     /// collective sequence (its frames are ordinary tagged data).
     Multi {
         mask: u64,
+        base: u16,
         len: u64,
     },
     Reduce(ReduceParams),
@@ -136,7 +137,7 @@ impl CollState {
             Params::Barrier { algo, tree } => CollState::Barrier(Barrier::new(algo, tree)),
             Params::Reduce(p) => CollState::Reduce(Reduce::new(p)),
             Params::Bcast { root, tree, len } => CollState::Bcast(Bcast::new(root, tree, len, ld, None)),
-            Params::Multi { mask, len } => CollState::Multi(Multi::new(mask, len, ld)),
+            Params::Multi { mask, base, len } => CollState::Multi(Multi::new(mask, base, len, ld)),
         }
     }
 
@@ -291,7 +292,7 @@ impl Nic {
         };
         match checked {
             Err(st) => self.complete(hal, port, Completion::of(&ld, opcode, st)),
-            Ok(Params::Multi { mask, .. }) => self.post_multisend(hal, now, port, ld, mask),
+            Ok(Params::Multi { mask, base, .. }) => self.post_multisend(hal, now, port, ld, mask, base),
             Ok(params) => self.post_instance(hal, now, port, ld, opcode, params),
         }
     }
@@ -476,7 +477,7 @@ impl Nic {
         if ch.epoch > g.epoch {
             return Err(self.coll_refuse());
         }
-        if g.rank_of(hdr.src_node, hdr.src_port) != Some(ch.sender as u16) {
+        if g.rank_of(hdr.src_node, hdr.src_port) != Some(ch.sender) {
             return Err(CollAccept::Refuse(NackReason::CollMismatch));
         }
         if kind != CollKind::Bcast && (hdr.frame_count != 1 || msg.total_len != len as u64) {
@@ -592,7 +593,7 @@ impl Nic {
         self.coll_try_complete(hal, op);
     }
 
-    fn coll_header(&self, op: u32, kind: CollKind, round: u8, root: u8, tree: u8) -> CollHeader {
+    fn coll_header(&self, op: u32, kind: CollKind, round: u8, root: u16, tree: u8) -> CollHeader {
         let o = self.coll_ops.get(op).expect("live");
         let g = self.groups.get(o.group).expect("live group");
         let (dtype, rop, count) = match &o.state {
@@ -609,9 +610,9 @@ impl Nic {
             tree,
             dtype,
             op: rop,
-            sender: g.rank as u8,
-            reserved: 0,
+            sender: g.rank,
             count,
+            ..Default::default()
         }
     }
 
@@ -901,29 +902,28 @@ impl Nic {
 }
 
 /// A loaded group for the state machines' unit tests: member `rank` of
-/// `parents.len()`, with one tree (`parents`, over relative ranks).
+/// `parents.len()` (at most 64), with one tree (`parents`, over relative ranks).
 #[cfg(test)]
-fn test_group(rank: u16, parents: &[u8]) -> GroupState {
-    let n = parents.len() as u16;
-    GroupState {
-        port: 0,
-        id: 1,
+pub(crate) fn test_group(rank: u16, parents: &[u8]) -> GroupState {
+    let n = parents.len();
+    let mut e = emp_uapi::sram::GroupEntry {
+        group_id: 1,
         epoch: 1,
-        rank,
-        n,
-        members: (0..n as u32).map(|r| (r + 1) << 16).collect(),
-        trees: vec![parents.to_vec()],
-        next_instance: 0,
-        bounce_key: 0,
-        bounce_offset: 0,
-        bounce_slot_size: 0,
-        bounce_free: Vec::new(),
+        member_count: n as u16,
+        my_rank: rank,
+        tree_count: 1,
+        ..Default::default()
+    };
+    for r in 0..n {
+        e.members[r] = (r as u32 + 1) << 16;
     }
+    e.parents[..n].copy_from_slice(parents);
+    GroupState::load(&emp_uapi::sram::GroupView { entry: &e, body: &[] }, 1)
 }
 
 /// A collective header from `sender` for the state machines' unit tests.
 #[cfg(test)]
-fn test_header(kind: CollKind, sender: u8, round: u8) -> CollHeader {
+fn test_header(kind: CollKind, sender: u16, round: u8) -> CollHeader {
     CollHeader {
         group_id: 1,
         epoch: 1,
@@ -935,7 +935,6 @@ fn test_header(kind: CollKind, sender: u8, round: u8) -> CollHeader {
         dtype: 0,
         op: 0,
         sender,
-        reserved: 0,
-        count: 0,
+        ..Default::default()
     }
 }

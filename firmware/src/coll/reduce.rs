@@ -31,7 +31,7 @@ impl ReduceParams {
     /// The parameters a reduction message names (`None`: unknown type or operation).
     pub(crate) fn of_header(ch: &CollHeader) -> Option<ReduceParams> {
         let (dtype, op) = (Dtype::from_u8(ch.dtype)?, ReduceOp::from_u8(ch.op)?);
-        Some(ReduceParams { all: ch.round == 1, root: ch.root as u16, tree: ch.tree, dtype, op, count: ch.count })
+        Some(ReduceParams { all: ch.round == 1, root: ch.root, tree: ch.tree, dtype, op, count: ch.count })
     }
 }
 
@@ -123,10 +123,10 @@ impl Reduce {
             return Err(NackReason::CollMismatch);
         }
         let rel = rel_rank(g.rank, p.root, g.n);
-        let sender_rel = rel_rank(ch.sender as u16, p.root, g.n);
+        let sender_rel = rel_rank(ch.sender, p.root, g.n);
         match CollKind::from_u8(ch.kind) {
             Some(CollKind::ReduceUp) => {
-                let children = g.children(p.tree, rel);
+                let children = g.child_ranks(p.tree, rel);
                 let Some(i) = children.iter().position(|&c| c == sender_rel) else {
                     return Err(NackReason::CollMismatch);
                 };
@@ -157,7 +157,7 @@ impl Reduce {
     pub(crate) fn next(&mut self, g: &GroupState) -> ReduceNext {
         let ReduceParams { all, root, tree, dtype, op, .. } = self.params;
         let rel = rel_rank(g.rank, root, g.n);
-        let children = g.children(tree, rel);
+        let children = g.child_ranks(tree, rel);
         loop {
             match self.phase {
                 Phase::Combine => {
@@ -230,7 +230,7 @@ impl Nic {
                     return Ok(());
                 }
                 ReduceNext::Send { to, kind, round, data } => {
-                    let h = self.coll_header(op, kind, round, root as u8, tree);
+                    let h = self.coll_header(op, kind, round, root, tree);
                     if !self.coll_send(now, op, to, h, CollData::Nic(data))? {
                         return Ok(());
                     }
@@ -286,7 +286,7 @@ mod tests {
     const SUM: ReduceParams =
         ReduceParams { all: true, root: 0, tree: 0, dtype: Dtype::U32, op: ReduceOp::Sum, count: 1 };
 
-    fn msg(kind: CollKind, sender: u8) -> CollHeader {
+    fn msg(kind: CollKind, sender: u16) -> CollHeader {
         let mut h = test_header(kind, sender, 1);
         (h.dtype, h.op, h.count) = (Dtype::U32 as u8, ReduceOp::Sum as u8, 1);
         h

@@ -7,7 +7,7 @@
 use std::ffi::CString;
 
 use emp_tests::Tap;
-use emp_uapi::coll::TREE_ROOT;
+use emp_uapi::coll::{TREE_ROOT, TREE_ROOT_WIDE};
 use emp_uapi::ioctl::{
     ioc, EmpArm, EmpDeregMr, EmpGroupClear, EmpGroupSet, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, IoctlArg,
     IoctlCmd, EMP_IOC_ARM, EMP_IOC_DEREG_MR, EMP_IOC_GROUP_CLEAR, EMP_IOC_GROUP_SET, EMP_IOC_MAGIC, EMP_IOC_QUERY,
@@ -52,7 +52,7 @@ fn expect_errno(what: &str, r: i64, want: i32) -> Result<(), String> {
 }
 
 fn main() {
-    let mut t = Tap::new(25, false);
+    let mut t = Tap::new(26, false);
     let fd = open_dev();
     t.check("open /dev/emp-nic", fd.as_ref().map(|_| ()).map_err(|e| e.clone()));
     let Ok(fd) = fd else { std::process::exit(t.finish()) };
@@ -766,6 +766,71 @@ fn group_tests(t: &mut Tap) {
     t.check("GROUP_SET / GROUP_CLEAR refuse bad input with clean errnos, leaving no slot held", group_bad_input());
     t.check("a full group table: ENOSPC; every slot comes back", group_table_full());
     t.check("a process killed holding groups leaves no slot behind; another reuses them", group_killed());
+    t.check("a group of 1024 takes its span of slots with its body; bad bodies are refused", group_wide());
+}
+
+/// A group of `n` (> 64) with the caller at rank 0 and the rest on other
+/// nodes, one binomial tree: its entry followed by its body.
+fn wide_group_bytes(q: &EmpQuery, id: u32, epoch: u32, n: usize) -> Vec<u8> {
+    let e =
+        GroupEntry { group_id: id, epoch, member_count: n as u16, port: q.port, tree_count: 1, ..Default::default() };
+    let mut b = vec![0u8; GroupEntry::SIZE + e.body_len()];
+    e.put(&mut b);
+    let body = &mut b[GroupEntry::SIZE..];
+    for r in 0..n {
+        let node = if r == 0 { q.node_id as u32 } else { (q.node_id as u32 + r as u32) & 0xFFFF };
+        body[4 * r..4 * r + 4].copy_from_slice(&(node << 16 | q.port as u32).to_le_bytes());
+        let p = if r == 0 { TREE_ROOT_WIDE } else { (r - (1 << r.ilog2())) as u16 };
+        body[4 * n + 2 * r..4 * n + 2 * r + 2].copy_from_slice(&p.to_le_bytes());
+    }
+    b
+}
+
+/// GROUP_SET of raw encoded bytes (entry and body).
+fn group_set_bytes(fd: i32, bytes: &[u8]) -> Result<u32, i32> {
+    let mut b = [0u8; EmpGroupSet::SIZE];
+    EmpGroupSet { size: EmpGroupSet::SIZE as u32, entry: bytes.as_ptr() as u64, ..Default::default() }.put(&mut b);
+    // SAFETY: the buffer is as large as the command says; `entry` points at
+    // the live encoded group, entry and body.
+    let r = unsafe { libc::ioctl(fd, EMP_IOC_GROUP_SET as _, b.as_mut_ptr()) };
+    if r != 0 {
+        Err(errno())
+    } else {
+        Ok(EmpGroupSet::get(&b).slot)
+    }
+}
+
+fn group_wide() -> Result<(), String> {
+    let (fd, q) = started_port()?;
+    let r = (|| {
+        let (entries, base) = group_slots(fd);
+        let wide = wide_group_bytes(&q, 21, 1, 1024);
+        let span = GroupEntry::get(&wide).span() as u32;
+        if span > entries {
+            return Err(format!("a table of {entries} slots cannot hold a group of 1024 ({span} slots)"));
+        }
+        let slot = group_set_bytes(fd, &wide).map_err(|e| format!("set 1024: errno {e}"))?;
+        let held = group_slots(fd).1;
+        // A slot inside the span is not a group's first: ENOENT.
+        let inner = group_clear(fd, slot + 1);
+        // A duplicate member far into the body.
+        let mut dup = wide_group_bytes(&q, 22, 1, 1024);
+        dup.copy_within(GroupEntry::SIZE + 4..GroupEntry::SIZE + 8, GroupEntry::SIZE + 4 * 900);
+        let dup = group_set_bytes(fd, &dup);
+        group_clear(fd, slot).map_err(|e| format!("clear: errno {e}"))?;
+        let after = group_slots(fd).1;
+        if held != base + span || after != base {
+            return Err(format!("slots in use {base} -> {held} (span {span}) -> {after}"));
+        }
+        if inner != Err(libc::ENOENT) || dup != Err(libc::EINVAL) {
+            return Err(format!(
+                "clear inside the span: {inner:?} (want ENOENT); duplicate member: {dup:?} (want EINVAL)"
+            ));
+        }
+        Ok(())
+    })();
+    close(fd);
+    r
 }
 
 fn group_lifecycle() -> Result<(), String> {
