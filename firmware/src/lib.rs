@@ -1048,9 +1048,9 @@ impl Nic {
                 )
             });
             s += &format!(
-                "  port {} -> ({},{}): tx_next {} queued {} inflight {} credits {} nts {:?} {:?} | rx_expected {} rnr {:?} active {}\n",
-                p.port, p.node, p.rport, p.tx_seq_next, p.tx_queue.len(), p.inflight_frames, p.credits,
-                p.not_to_send, head, p.rx_expected, p.rnr_seq, p.rx_active.len()
+                "  port {} -> ({},{}): tx_next {} queued {} inflight {} credits {} fc {} nts {:?} {:?} | rx_expected {} rnr {:?} active {} ack owed {:?}×{}\n",
+                p.port, p.node, p.rport, p.tx_seq_next, p.tx_queue.len(), p.inflight_frames, p.credits, p.fc_level,
+                p.not_to_send, head, p.rx_expected, p.rnr_seq, p.rx_active.len(), p.ack_owed, p.acks_owed
             );
         }
         s
@@ -1086,12 +1086,21 @@ impl Nic {
             if inflight != p.inflight_frames {
                 return Err(format!("peer {i} inflight {} != sum {inflight}", p.inflight_frames));
             }
+            if p.ack_owed.is_some() && !p.ack_queued {
+                return Err(format!("peer {i} owes an ACK no timer will send"));
+            }
+            if p.ack_queued && !self.ack_due.iter().any(|&(_, x)| x == i) {
+                return Err(format!("peer {i} is marked queued but not in ack_due"));
+            }
             for &r in &p.rx_active {
                 let m = self.rx.get(r).ok_or_else(|| format!("peer {i} lists free rx slot {r}"))?;
                 if m.peer != i {
                     return Err(format!("rx slot {r} belongs to peer {} not {i}", m.peer));
                 }
             }
+        }
+        if !self.ack_due.is_empty() && !self.ack_timer_armed {
+            return Err(format!("{} coalesced ACKs due and no AckFlush timer", self.ack_due.len()));
         }
         if tx_seen != self.tx.used() {
             return Err(format!("{} tx records, {tx_seen} queued", self.tx.used()));
