@@ -34,12 +34,13 @@ use std::collections::VecDeque;
 use emp_uapi::desc::{Opcode, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE};
 use emp_uapi::ring;
 use emp_uapi::sram::{admin_result, ctl, port_state, PORT_ADDR_EXPLICIT};
-use emp_uapi::wire::{Frame, FrameHeader, NackReason};
+use emp_uapi::wire::{self, Frame, FrameHeader, NackReason};
 use emp_uapi::{seq_lt, Le};
 
 use crate::atomic::{AtomicRx, ATOMIC_RX_IMAGE};
 use crate::mr::Buf;
-use crate::{sram_put_u32, sram_u32, Hal, LocalDesc, MatchMode, Nic, Peer};
+use crate::timer::Timer;
+use crate::{sram_put_u32, sram_u32, FlowControl, Hal, LocalDesc, MatchMode, Nic, Peer};
 
 /// A saved context as the NIC remembers it: its identity, and per sender
 /// the next message it expected, so that a sender whose last ACK was lost
@@ -90,7 +91,9 @@ mod pf {
     pub const RX_TAKEN: u16 = 8;
     pub const NOT_TO_SEND: u16 = 16;
     pub const ATOMIC_RX: u16 = 32;
-    pub const ALL: u16 = 63;
+    /// The receiver told this sender to stop and owes it an update.
+    pub const FC_STOP_SENT: u16 = 64;
+    pub const ALL: u16 = 127;
 }
 
 /// Bounds-checked reads from an untrusted image.
@@ -149,6 +152,9 @@ struct PeerImage {
     rx_taken: bool,
     atomic_seq_next: u32,
     atomic_rx: Option<Box<AtomicRx>>,
+    /// Flow-control level the receiver last gave (`wire::FC_*`).
+    fc_level: u8,
+    fc_stop_sent: bool,
 }
 
 fn put_peer(out: &mut Vec<u8>, p: &Peer) {
@@ -161,12 +167,13 @@ fn put_peer(out: &mut Vec<u8>, p: &Peer) {
         (p.rx_taken, pf::RX_TAKEN),
         (p.not_to_send.is_some(), pf::NOT_TO_SEND),
         (p.atomic.rx.is_some(), pf::ATOMIC_RX),
+        (p.fc_stop_sent, pf::FC_STOP_SENT),
     ] {
         if on {
             flags |= f;
         }
     }
-    for v in [p.node, p.rport, p.remote_gen, flags, p.rx_gen.unwrap_or(0), 0] {
+    for v in [p.node, p.rport, p.remote_gen, flags, p.rx_gen.unwrap_or(0), p.fc_level as u16] {
         out.extend_from_slice(&v.to_le_bytes());
     }
     for v in [
@@ -190,9 +197,13 @@ fn put_peer(out: &mut Vec<u8>, p: &Peer) {
 }
 
 fn get_peer(r: &mut Reader, now: u64) -> Result<PeerImage, &'static str> {
-    let (node, rport, remote_gen, flags, rx_gen, pad) = (r.u16()?, r.u16()?, r.u16()?, r.u16()?, r.u16()?, r.u16()?);
-    if flags & !pf::ALL != 0 || pad != 0 {
-        return Err("peer record: unknown flags or reserved bytes");
+    let (node, rport, remote_gen, flags, rx_gen, fc_level) =
+        (r.u16()?, r.u16()?, r.u16()?, r.u16()?, r.u16()?, r.u16()?);
+    if flags & !pf::ALL != 0 {
+        return Err("peer record: unknown flags");
+    }
+    if fc_level > wire::FC_STOP as u16 {
+        return Err("peer record: flow-control level");
     }
     let (tx_seq_next, credits, nts, rx_expected, max_seen, rnr_seq, atomic_seq_next, pad) =
         (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
@@ -225,6 +236,8 @@ fn get_peer(r: &mut Reader, now: u64) -> Result<PeerImage, &'static str> {
         rx_taken: on(pf::RX_TAKEN),
         atomic_seq_next,
         atomic_rx,
+        fc_level: fc_level as u8,
+        fc_stop_sent: on(pf::FC_STOP_SENT),
     })
 }
 
@@ -442,6 +455,9 @@ impl Nic {
             let p = self.peer(i);
             if !p.rx_active.is_empty() {
                 return Some("a message is being received");
+            }
+            if p.ack_owed.is_some() || p.ack_queued {
+                return Some("an ACK is owed (coalescing)");
             }
             if p.rdv_entries > 0 || !p.atomic.queue.is_empty() {
                 return Some("a retained message or an atomic is outstanding");
@@ -879,8 +895,21 @@ impl Nic {
                 last_ns: now,
                 rx_taken: p.rx_taken,
                 rdv_entries: 0,
+                fc_level: p.fc_level,
+                fc_stop_ns: now,
+                // Stable when saved: no ACK was owed.
+                ack_owed: None,
+                acks_owed: 0,
+                ack_queued: false,
+                fc_stop_sent: p.fc_stop_sent,
             });
             self.peer_index.insert((slot, p.node, p.rport), i);
+            // A sender told to stop probes if the update never comes; a
+            // receiver that told one to stop sends the update when it has room.
+            if p.fc_level == wire::FC_STOP && self.cfg.flow_control == FlowControl::Piggyback {
+                self.arm_timer(now.saturating_add(self.cfg.rnr_delay_ns_max), Timer::FcProbe { peer: i });
+            }
+            self.fc_updates_owed |= p.fc_stop_sent;
             ids.push(i);
         }
         for (i, seq, d) in img.tx {

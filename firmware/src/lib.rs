@@ -102,7 +102,7 @@ use emp_uapi::sram::{
     counter, FailReason, Layout, NicStatus, SramHeader, FEATURE_MODIFIED_ACK_NACK, FEATURE_ORDERED_REFUSAL,
     FEATURE_OVERFLOW,
 };
-use emp_uapi::wire::{Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
+use emp_uapi::wire::{self, Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
 use emp_uapi::Le;
 
 pub use cpu::CpuStep;
@@ -286,6 +286,21 @@ pub struct Config {
     pub remote_throttle_ns: u64,
     /// Outstanding remote reads (all peers).
     pub rma_reads_max: u32,
+    /// How long a receiver may hold back the ACK of a wholly received
+    /// message to coalesce it with the next ones' (PM's Ack(r, k) for a run
+    /// i..k, seed 003 §3.3). 0: until the frames that arrived together are
+    /// handled (the daemon's engine runs timers after draining its receive
+    /// queue), which costs a lone message no latency.
+    pub ack_delay_ns: u64,
+    /// Messages whose ACK one peer may owe before it is sent at once (1 =
+    /// every message is ACKed on its own). Capped at half the window, so a
+    /// sender never waits for an ACK it is owed.
+    pub ack_coalesce_max: u32,
+    /// Fault injection, for tests that prove an order check can fail: the
+    /// sender swaps the sequence numbers of a send and the one queued
+    /// before it when that one has not started, so they arrive swapped.
+    /// Never set outside such tests.
+    pub fault_swap_sends: bool,
 }
 
 impl Default for Config {
@@ -323,6 +338,9 @@ impl Default for Config {
             remote_refusal_window_ns: 1_000_000_000,
             remote_throttle_ns: 2_000_000_000,
             rma_reads_max: 256,
+            ack_delay_ns: 0,
+            ack_coalesce_max: 16,
+            fault_swap_sends: false,
         }
     }
 }
@@ -401,6 +419,12 @@ impl Config {
         }
         if self.rma_reads_max == 0 {
             return Some("rma_reads_max must be > 0");
+        }
+        if self.ack_coalesce_max == 0 {
+            return Some("ack_coalesce_max must be >= 1");
+        }
+        if self.ack_delay_ns > self.rto_ns / 2 {
+            return Some("ack_delay_ns must be at most rto_ns / 2");
         }
         if self.remote_refusals_max == 0 || self.remote_refusal_window_ns == 0 {
             return Some("remote_refusals_max and remote_refusal_window_ns must be > 0");
@@ -510,6 +534,12 @@ pub(crate) struct Peer {
     pub tx_queue: VecDeque<u32>,
     pub inflight_frames: u32,
     pub credits: u32,
+    /// The receiver's last flow-control level (`wire::FC_*`): how much to
+    /// slow down below `credits`.
+    pub fc_level: u8,
+    /// When the receiver said stop (`FC_STOP`): one probe message may go
+    /// `rnr_delay_ns_max` later if no update came.
+    pub fc_stop_ns: u64,
     /// Modified ACK/NACK: the sender is in Not-to-send until this message is accepted.
     pub not_to_send: Option<u32>,
     pub ready: bool,
@@ -542,6 +572,16 @@ pub(crate) struct Peer {
     pub rx_taken: bool,
     /// Retained unexpected headers from this sender (they name this entry).
     pub rdv_entries: u32,
+    /// Coalesced ACK owed to this sender (`control.rs`): the last wholly
+    /// received message's (sequence, group) whose ACK waits, and how many
+    /// messages' ACKs wait with it.
+    pub ack_owed: Option<(u32, u32)>,
+    pub acks_owed: u32,
+    /// This entry is in `Nic::ack_due`.
+    pub ack_queued: bool,
+    /// This sender was told `FC_STOP`: it is sent an update once the port
+    /// has room again (lost if the entry is reclaimed: the sender probes).
+    pub fc_stop_sent: bool,
 }
 
 impl Peer {
@@ -561,7 +601,8 @@ impl Peer {
             && self.atomic.seq_next == 0
             && self.atomic.queue.is_empty()
             && self.atomic.rx.is_none()
-            && self.rdv_entries == 0;
+            && self.rdv_entries == 0
+            && self.ack_owed.is_none();
         quiet && (!self.rx_taken || now.saturating_sub(self.last_ns) >= rx_idle_ns)
     }
 }
@@ -627,6 +668,13 @@ pub struct Nic {
     pub(crate) parked: Vec<ctxsw::Parked>,
     /// Why the last restore refused its image (diagnosis).
     pub(crate) restore_refusal: Option<&'static str>,
+    /// Peers owing a coalesced ACK, with when it is due, oldest first
+    /// (each peer at most once: `Peer::ack_queued`; bounded by the table).
+    pub(crate) ack_due: VecDeque<(u64, u32)>,
+    /// The `AckFlush` timer is armed.
+    pub(crate) ack_timer_armed: bool,
+    /// Some sender was told `FC_STOP` and waits for an update.
+    pub(crate) fc_updates_owed: bool,
 }
 
 impl Nic {
@@ -696,11 +744,15 @@ impl Nic {
             rdv_held: 0,
             // Live timers: one per live group of every send record, one
             // per atomic request, one per read, the receive sweep.
+            // Live timers: one per live group of every send record, one
+            // per atomic request, one per read, one flow-control probe per
+            // peer, the receive sweep and the ACK flush.
             timers: TimerHeap::with_capacity(
                 cfg.tx_max as usize * cfg.window_groups() as usize
                     + cfg.atomic_max as usize
                     + cfg.rma_reads_max as usize
-                    + 1,
+                    + cfg.peers_max as usize
+                    + 2,
             ),
             ready: VecDeque::new(),
             mr_cursors: mr::CursorCache::new(layout.params.mr_entries),
@@ -722,6 +774,9 @@ impl Nic {
             mcast: mcast::Mcast::default(),
             parked: Vec::with_capacity(ctxsw::PARKED_MAX),
             restore_refusal: None,
+            ack_due: VecDeque::with_capacity(cfg.peers_max as usize),
+            ack_timer_armed: false,
+            fc_updates_owed: false,
             cfg,
         };
         set_status(hal, NicStatus::Running, FailReason::None);
@@ -744,6 +799,7 @@ impl Nic {
         self.service_admin(hal, now);
         self.poll_rings(hal, now);
         self.send_ready_peers(hal, now);
+        self.send_fc_updates(hal);
         self.publish(hal);
     }
 
@@ -756,6 +812,7 @@ impl Nic {
         // indices, it does not rely on a doorbell for them.
         self.poll_rings(hal, now);
         self.send_ready_peers(hal, now);
+        self.send_fc_updates(hal);
         self.publish(hal);
     }
 
@@ -921,10 +978,13 @@ impl Nic {
                 timer::Timer::RxSweep => self.on_rx_sweep(hal, now),
                 timer::Timer::Atomic { slot, stamp } => self.on_atomic_timeout(hal, now, slot, stamp),
                 timer::Timer::RmaRead { slot, stamp } => self.on_read_timeout(hal, now, slot, stamp),
+                timer::Timer::AckFlush => self.on_ack_flush(hal, now),
+                timer::Timer::FcProbe { peer } => self.on_fc_probe(peer),
             }
         }
         self.poll_rings(hal, now);
         self.send_ready_peers(hal, now);
+        self.send_fc_updates(hal);
         self.publish(hal);
     }
 
@@ -949,6 +1009,10 @@ impl Nic {
             timer::Timer::RxSweep => true,
             timer::Timer::Atomic { slot, stamp } => self.atomics.get(slot).is_some_and(|a| a.stamp == stamp),
             timer::Timer::RmaRead { slot, stamp } => self.rma_reads.get(slot).is_some_and(|r| r.timer == stamp),
+            timer::Timer::AckFlush => true,
+            timer::Timer::FcProbe { peer } => {
+                self.peers.get(peer as usize).and_then(Option::as_ref).is_some_and(|p| p.fc_level == wire::FC_STOP)
+            }
         }
     }
 
@@ -1024,9 +1088,9 @@ impl Nic {
                 )
             });
             s += &format!(
-                "  port {} -> ({},{}): tx_next {} queued {} inflight {} credits {} nts {:?} {:?} | rx_expected {} rnr {:?} active {}\n",
-                p.port, p.node, p.rport, p.tx_seq_next, p.tx_queue.len(), p.inflight_frames, p.credits,
-                p.not_to_send, head, p.rx_expected, p.rnr_seq, p.rx_active.len()
+                "  port {} -> ({},{}): tx_next {} queued {} inflight {} credits {} fc {} nts {:?} {:?} | rx_expected {} rnr {:?} active {} ack owed {:?}×{}\n",
+                p.port, p.node, p.rport, p.tx_seq_next, p.tx_queue.len(), p.inflight_frames, p.credits, p.fc_level,
+                p.not_to_send, head, p.rx_expected, p.rnr_seq, p.rx_active.len(), p.ack_owed, p.acks_owed
             );
         }
         s
@@ -1063,12 +1127,21 @@ impl Nic {
             if inflight != p.inflight_frames {
                 return Err(format!("peer {i} inflight {} != sum {inflight}", p.inflight_frames));
             }
+            if p.ack_owed.is_some() && !p.ack_queued {
+                return Err(format!("peer {i} owes an ACK no timer will send"));
+            }
+            if p.ack_queued && !self.ack_due.iter().any(|&(_, x)| x == i) {
+                return Err(format!("peer {i} is marked queued but not in ack_due"));
+            }
             for &r in &p.rx_active {
                 let m = self.rx.get(r).ok_or_else(|| format!("peer {i} lists free rx slot {r}"))?;
                 if m.peer != i {
                     return Err(format!("rx slot {r} belongs to peer {} not {i}", m.peer));
                 }
             }
+        }
+        if !self.ack_due.is_empty() && !self.ack_timer_armed {
+            return Err(format!("{} coalesced ACKs due and no AckFlush timer", self.ack_due.len()));
         }
         if tx_seen != self.tx.used() {
             return Err(format!("{} tx records, {tx_seen} queued", self.tx.used()));
@@ -1142,7 +1215,10 @@ impl Nic {
             tx_seq_next: 0,
             tx_queue: VecDeque::new(),
             inflight_frames: 0,
-            credits: u32::MAX,
+            // Until the receiver has said how much room it has: one message.
+            credits: 1,
+            fc_level: wire::FC_GO,
+            fc_stop_ns: 0,
             not_to_send: None,
             ready: false,
             remote_gen: 0,
@@ -1159,6 +1235,10 @@ impl Nic {
             last_ns: now,
             rx_taken: false,
             rdv_entries: 0,
+            ack_owed: None,
+            acks_owed: 0,
+            ack_queued: false,
+            fc_stop_sent: false,
         });
         self.peer_index.insert((port, node, rport), i);
         Some(i)
@@ -1177,6 +1257,7 @@ impl Nic {
         let p = self.peers[i as usize].take().expect("indexed peer is live");
         self.peer_index.remove(&(p.port, p.node, p.rport));
         self.peer_free.push(i);
+        self.ack_due.retain(|&(_, x)| x != i);
         self.count(counter::PEERS_RECLAIMED, 1);
     }
 
@@ -1200,6 +1281,7 @@ impl Nic {
             }
         }
         self.ready.retain(|&i| self.peers[i as usize].is_some());
+        self.ack_due.retain(|&(_, i)| self.peers[i as usize].is_some());
     }
 }
 

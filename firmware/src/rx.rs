@@ -434,7 +434,7 @@ impl Nic {
                 self.nack_gap(hal, peer);
             }
             MatchOutcome::Overflowed => {
-                self.send_ack(hal, peer, seq, 0);
+                self.ack_message(hal, now, peer, seq, 0);
                 self.nack_gap(hal, peer);
             }
             MatchOutcome::Retained => {
@@ -946,7 +946,10 @@ impl Nic {
         let m = self.rx.get_mut(r);
         m.last_activity = now;
         let contig = m.contig;
-        if group_done {
+        if group_done && all_done && owner == RxOwner::Recv {
+            // A wholly received message: its ACK may be coalesced.
+            self.ack_message(hal, now, peer, seq, g);
+        } else if group_done {
             self.send_ack(hal, peer, seq, g);
         } else if missing != 0 {
             self.send_nack(hal, peer, seq, g, missing, NackReason::Loss);

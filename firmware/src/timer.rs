@@ -19,6 +19,10 @@ pub enum Timer {
     Atomic { slot: u32, stamp: u32 },
     /// Response timer of remote read `slot`.
     RmaRead { slot: u32, stamp: u32 },
+    /// Coalesced ACKs fall due (`Nic::ack_due`).
+    AckFlush,
+    /// Peer `peer` was told to stop sending: it may probe now.
+    FcProbe { peer: u32 },
 }
 
 /// Deadline-ordered timers.

@@ -252,6 +252,9 @@ impl Nic {
             pulling: false,
         });
         self.peer_mut(peer).tx_queue.push_back(slot);
+        if self.cfg.fault_swap_sends && seq % 2 == 1 {
+            self.fault_swap_with_previous(peer);
+        }
         self.mark_ready(peer);
         slot
     }
@@ -292,6 +295,29 @@ impl Nic {
         p.tx_queue.retain(|&s| s != slot);
     }
 
+    /// `Config::fault_swap_sends`: the last two queued messages to `peer`
+    /// trade sequence numbers and places when the earlier one has not
+    /// started, so the receiver gets them swapped (a deliberate ordering
+    /// bug, for proving order checks).
+    fn fault_swap_with_previous(&mut self, peer: u32) {
+        let q = &self.peer(peer).tx_queue;
+        let n = q.len();
+        if n < 2 {
+            return;
+        }
+        let (a, b) = (q[n - 2], q[n - 1]);
+        let idle = |m: &TxMsg| m.next_frame == 0 && !m.held && m.coll.is_none() && m.rma.is_none();
+        if !(idle(self.tx.get(a).expect("queued")) && idle(self.tx.get(b).expect("queued"))) {
+            return;
+        }
+        let (sa, sb) = (self.tx.get(a).expect("queued").seq, self.tx.get(b).expect("queued").seq);
+        self.tx.get_mut(a).seq = sb;
+        self.tx.get_mut(b).seq = sa;
+        let q = &mut self.peer_mut(peer).tx_queue;
+        let n = q.len();
+        q.swap(n - 2, n - 1);
+    }
+
     pub(crate) fn mark_ready(&mut self, peer: u32) {
         let p = self.peer_mut(peer);
         if !p.ready {
@@ -324,7 +350,7 @@ impl Nic {
         // holds every frame of a group.
         let refused = self.peer(peer).not_to_send;
         let msgs_max = match self.cfg.flow_control {
-            FlowControl::Piggyback => self.peer(peer).credits.max(1),
+            FlowControl::Piggyback => self.piggyback_limit(now, peer),
             _ => u32::MAX,
         };
         let mut started = 0u32;
@@ -595,14 +621,42 @@ impl Nic {
         self.arm_group(now, slot, 0, Some(keepalive));
     }
 
+    /// EMP's piggybacked flow control (thesis §2.3.1), both levels: the
+    /// messages the receiver has room for (`credits`), and how much to slow
+    /// down below that (`fc_level`): all of them, half (a shift: the Tigon
+    /// had no divide), or none until an update — or, if the update was
+    /// lost, one probe `rnr_delay_ns_max` after the stop.
+    fn piggyback_limit(&self, now: u64, peer: u32) -> u32 {
+        let p = self.peer(peer);
+        match p.fc_level {
+            wire::FC_GO => p.credits.max(1),
+            wire::FC_SLOW => (p.credits >> 1).max(1),
+            _ if now >= p.fc_stop_ns.saturating_add(self.cfg.rnr_delay_ns_max) => 1,
+            _ => 0,
+        }
+    }
+
+    /// The `FcProbe` timer: a sender told to stop may send its probe.
+    pub(crate) fn on_fc_probe(&mut self, peer: u32) {
+        if self.peers.get(peer as usize).is_some_and(Option::is_some) {
+            self.mark_ready(peer);
+        }
+    }
+
     pub(crate) fn find_tx(&self, peer: u32, seq: u32) -> Option<u32> {
         self.peer(peer).tx_queue.iter().copied().find(|&s| self.tx.get(s).is_some_and(|m| m.seq == seq))
     }
 
-    /// An ACK for group `body.group` of message `hdr.msg_seq`.
+    /// An ACK for group `body.group` of message `hdr.msg_seq`, and for
+    /// every message before `body.rx_expected` (cumulative).
     pub(crate) fn on_ack<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &AckBody) {
         let Some(peer) = self.find_peer(hdr.dst_port, hdr.src_node, hdr.src_port) else { return };
-        self.learn_remote(peer, hdr, body);
+        self.learn_remote(now, peer, hdr, body);
+        self.ack_below(hal, now, peer, hdr, body.rx_expected);
+        if body.group == wire::ACK_NO_GROUP {
+            // A flow-control update: the new room may let messages go.
+            return self.mark_ready(peer);
+        }
         let Some(slot) = self.find_tx(peer, hdr.msg_seq) else { return };
         if self.tx.get(slot).is_some_and(|m| m.held) {
             // Its groups are not acknowledged: its pull's response completes it.
@@ -661,11 +715,54 @@ impl Nic {
         }
     }
 
-    /// Receiver state piggybacked on ACKs and NACKs.
-    fn learn_remote(&mut self, peer: u32, hdr: &FrameHeader, body: &AckBody) {
+    /// PM's cumulative ACK (seed 003 §3.3: Ack(r, i) frees every Buf(r, j),
+    /// j ≤ i): the receiver has every message before `floor` wholly, so
+    /// each still queued is done — but a held one, whose data the receiver
+    /// pulls (its read response's ACK completes it). Only from a receiver
+    /// that addressed this incarnation of the port: a stale ACK meant for an
+    /// earlier process here names sequence numbers that are not ours.
+    fn ack_below<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader, floor: u32) {
+        if hdr.dst_gen == 0 || hdr.dst_gen != self.ports[hdr.dst_port as usize].gen {
+            return;
+        }
+        let mut refused_done = None;
+        let mut i = 0;
+        // The queue is in sequence order; finishing a record takes it out.
+        while let Some(&slot) = self.peer(peer).tx_queue.get(i) {
+            let m = self.tx.get(slot).expect("queued");
+            if !seq_lt(m.seq, floor) {
+                break;
+            }
+            if m.held {
+                i += 1;
+                continue;
+            }
+            if m.rnr_waiting {
+                refused_done = Some(m.seq);
+            }
+            self.finish_tx(hal, now, slot, Status::Success);
+        }
+        if let Some(seq) = refused_done {
+            self.resume_refused(hal, now, peer, seq);
+        }
+    }
+
+    /// Receiver state piggybacked on ACKs and NACKs: its room, and how
+    /// much to slow down; a stop arms the probe that outlives a lost update.
+    fn learn_remote(&mut self, now: u64, peer: u32, hdr: &FrameHeader, body: &AckBody) {
+        let probe = self.cfg.flow_control == FlowControl::Piggyback;
         let p = self.peer_mut(peer);
         p.credits = body.rx_credits as u32;
         p.remote_gen = hdr.src_gen;
+        let stopped = p.fc_level == wire::FC_STOP;
+        p.fc_level = body.fc_level.min(wire::FC_STOP);
+        if p.fc_level == wire::FC_STOP && !stopped {
+            p.fc_stop_ns = now;
+            if probe {
+                let at = now.saturating_add(self.cfg.rnr_delay_ns_max);
+                self.arm_timer(at, Timer::FcProbe { peer });
+            }
+        }
     }
 
     pub(crate) fn on_nack<H: Hal>(
@@ -685,7 +782,12 @@ impl Nic {
             self.peer_mut(peer).remote_gen = 0;
             return;
         }
-        self.learn_remote(peer, hdr, body);
+        self.learn_remote(now, peer, hdr, body);
+        if reason != NackReason::PeerTableFull {
+            // A NACK from the peer's state is cumulative too (a raw one,
+            // from a receiver keeping no state for us, carries no floor).
+            self.ack_below(hal, now, peer, hdr, body.rx_expected);
+        }
         let Some(slot) = self.find_tx(peer, hdr.msg_seq) else { return };
         let g = body.group;
         if g >= self.tx.get(slot).expect("live").groups.count() {

@@ -82,6 +82,10 @@ pub struct Spec {
     /// order, ordered only by DMA fences (`emp_sim::weak_dma`); hosts check
     /// every completion they accept against what the NIC wrote.
     pub weak_dma: bool,
+    /// How long a receiver may hold a coalesced ACK (`Config::ack_delay_ns`).
+    pub ack_delay_ns: u64,
+    /// Messages one coalesced ACK may cover (`Config::ack_coalesce_max`).
+    pub ack_coalesce_max: u32,
 }
 
 impl Spec {
@@ -111,6 +115,8 @@ impl Spec {
             collectives: 0,
             weak_dma: false,
             rma: 0,
+            ack_delay_ns: Config::default().ack_delay_ns,
+            ack_coalesce_max: Config::default().ack_coalesce_max,
         }
     }
 
@@ -167,6 +173,10 @@ impl Spec {
             matching: if r.chance(0.25) { MatchMode::OrderedRefusal } else { MatchMode::Unexpected },
             unexp_slots: [0, 1, 4, 64][r.below(4) as usize],
             unexp_headers: [1, 2, 8, 256][r.below(4) as usize],
+            // Drawn after everything else, for the same reason: coalesced
+            // ACKs under every fault (a lost one made good by the next).
+            ack_delay_ns: [0, 0, 2_000, 20_000, 200_000][r.below(5) as usize],
+            ack_coalesce_max: [1, 4, 16, 64][r.below(4) as usize],
         }
     }
 
@@ -245,6 +255,8 @@ impl Spec {
             cpu_plan: self.cpu_plan,
             tx_max: self.messages.max(1024),
             recv_posted_max: self.messages.max(4096),
+            ack_delay_ns: self.ack_delay_ns,
+            ack_coalesce_max: self.ack_coalesce_max,
             ..Config::default()
         }
     }

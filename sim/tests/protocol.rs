@@ -272,21 +272,30 @@ fn test_jumbo_mtu_fewer_frames() {
 
 /// A burst of messages behind one the receiver is not ready for: PM's
 /// Modified ACK/NACK stops the sender, EMP's rule keeps retransmitting.
-fn burst_behind_unready_head(flow: FlowControl, features: u32) -> (u64, Vec<u64>) {
-    let cfg = Config { flow_control: flow, matching: MatchMode::OrderedRefusal, ..Config::default() };
+/// The receives take any tag, so they see the order the NIC delivered in:
+/// `Err` names the first receive that got another message than its own.
+fn burst_behind_unready_head_with(cfg: Config, features: u32) -> Result<(u64, Vec<u64>), String> {
+    let cfg = Config { matching: MatchMode::OrderedRefusal, ..cfg };
     let mut c = Cluster::new(2, cfg, features, 1500, WireConfig::default());
     let sends: Vec<u64> = (0..8).map(|i| c.send(0, 1, i, &data(4000, i as u8))).collect();
     c.run_for(3 * MS);
-    let recvs: Vec<u64> = (0..8).map(|i| c.recv(1, (0, 0), i, 0, 4000)).collect();
+    let recvs: Vec<u64> = (0..8).map(|_| c.recv(1, (0, 0), 0, u64::MAX, 4000)).collect();
     for (i, &r) in recvs.iter().enumerate() {
         let rc = c.wait(1, r, 100 * MS).unwrap();
-        assert_eq!((status(&rc), rc.tag), (Status::Success, i as u64));
-        assert_eq!(c.received(r, 4000), data(4000, i as u8));
+        assert_eq!(status(&rc), Status::Success);
+        if rc.tag != i as u64 || c.received(r, 4000) != data(4000, i as u8) {
+            return Err(format!("receive {i} got message {}: reordered", rc.tag));
+        }
     }
     for s in sends {
         assert_eq!(status(&c.wait(0, s, 100 * MS).unwrap()), Status::Success);
     }
-    (c.counter(0, counter::RETRANSMITS), recvs)
+    Ok((c.counter(0, counter::RETRANSMITS), recvs))
+}
+
+fn burst_behind_unready_head(flow: FlowControl, features: u32) -> (u64, Vec<u64>) {
+    let cfg = Config { flow_control: flow, ..Config::default() };
+    burst_behind_unready_head_with(cfg, features).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
@@ -299,6 +308,17 @@ fn test_modified_ack_nack_sends_less_than_emp_drop_rule() {
 #[test]
 fn test_piggyback_flow_control_delivers_in_order() {
     burst_behind_unready_head(FlowControl::Piggyback, 0);
+}
+
+#[test]
+fn test_the_in_order_check_sees_a_sender_that_reorders() {
+    // The fault knob swaps pairs of sends' sequence numbers: the same run
+    // must fail the order check, under every flow control.
+    for flow in [FlowControl::Off, FlowControl::Piggyback, FlowControl::ModifiedAckNack] {
+        let cfg = Config { flow_control: flow, fault_swap_sends: true, ..Config::default() };
+        let got = burst_behind_unready_head_with(cfg, 0);
+        assert!(got.as_ref().is_err_and(|e| e.contains("reordered")), "{flow:?}: {got:?}");
+    }
 }
 
 #[test]

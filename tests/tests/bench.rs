@@ -23,7 +23,7 @@ fn bench_latency_json_is_the_only_thing_on_stdout() {
 
 /// `emp bench rate`: two pairs, every row carries the rate and the NIC's
 /// CPU per message read from the chassis' daemons (a real, positive figure:
-/// the engine did the work).
+/// the engine did the work), and the ACK frames per message.
 #[test]
 fn bench_rate_json_has_the_nic_cpu_per_message() {
     let out = emp()
@@ -45,6 +45,13 @@ fn bench_rate_json_has_the_nic_cpu_per_message() {
         let v: f64 = num.parse().unwrap_or_else(|_| panic!("{field} is not a number in {doc}"));
         assert!(v > 0.0, "{field} {v} in {doc}");
     }
+    // Coalesced cumulative ACKs: one ACK frame per message would be >= 1.0
+    // (handshakes included); streaming windows of 64 cost far fewer.
+    let field = "\"acks_per_msg\":";
+    let at = doc.find(field).unwrap_or_else(|| panic!("no {field} in {doc}")) + field.len();
+    let num: String = doc[at..].chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    let acks: f64 = num.parse().unwrap_or_else(|_| panic!("{field} is not a number in {doc}"));
+    assert!(acks > 0.0 && acks < 0.75, "{acks} ACK frames per message in {doc}");
     let bad = emp().args(["bench", "rate", "--window", "0"]).output().expect("run emp bench");
     assert!(!bad.status.success(), "--window 0 accepted");
     let misplaced = emp().args(["bench", "bw", "--pairs", "2"]).output().expect("run emp bench");

@@ -139,9 +139,15 @@ struct emp_ack_body {
 	uint32_t missing_mask; /* NACK(LOSS): bit i = frame group_first + i missing */
 	uint16_t rx_credits;
 	uint8_t reason;        /* EMP_NACK_* for NACK, zero for ACK */
-	uint8_t fc_level;      /* 0 = go, 1 = slow down, 2 = stop */
-	uint32_t rx_expected;
+	uint8_t fc_level;      /* EMP_FC_GO, EMP_FC_SLOW (half the credits), EMP_FC_STOP */
+	uint32_t rx_expected;  /* every message before it wholly received (cumulative ACK) */
 };
+
+/* group of an ACK that acknowledges no group: a flow-control update. */
+#define EMP_ACK_NO_GROUP 0xFFFFFFFFU
+#define EMP_FC_GO 0U
+#define EMP_FC_SLOW 1U
+#define EMP_FC_STOP 2U
 
 /* Atomic requests a requester keeps unanswered per peer; the target caches
  * this many results per peer, so every retransmission hits the cache. */

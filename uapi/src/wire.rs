@@ -233,7 +233,8 @@ impl MsgHeader {
 le_struct! {
     /// Body of ACK and NACK frames (16 bytes).
     pub struct AckBody {
-        /// Group index acknowledged (ACK) or reported (NACK).
+        /// Group index acknowledged (ACK) or reported (NACK);
+        /// [`ACK_NO_GROUP`] in an ACK that only carries receiver state.
         pub group: u32,
         /// NACK(Loss): bit i set = frame `group_first + i` is missing.
         pub missing_mask: u32,
@@ -242,13 +243,31 @@ le_struct! {
         pub rx_credits: u16,
         /// [`NackReason`] for NACK, zero for ACK.
         pub reason: u8,
-        /// Flow-control feedback: 0 = go, 1 = slow down, 2 = stop.
+        /// Flow-control feedback, how much to slow down (EMP thesis
+        /// §2.3.1's second level): [`FC_GO`], [`FC_SLOW`] (keep at most
+        /// half of `rx_credits` messages started) or [`FC_STOP`] (start
+        /// none until an ACK says otherwise).
         pub fc_level: u8,
-        /// Receiver's next expected message sequence number from this sender.
+        /// Receiver's next expected message sequence number from this
+        /// sender, held back to the oldest message it has not wholly
+        /// received (a partly received one, a retained header): every
+        /// message before it is in, so this acknowledges them all at once
+        /// (PM's cumulative Ack(r, i), seed 003 §3.3).
         pub rx_expected: u32,
     }
     size = 16;
 }
+
+/// [`AckBody::group`] of an ACK that acknowledges no group: a flow-control
+/// update (its `rx_credits`, `fc_level` and cumulative `rx_expected` only).
+pub const ACK_NO_GROUP: u32 = u32::MAX;
+
+/// [`AckBody::fc_level`]: the receiver has room, send up to `rx_credits`.
+pub const FC_GO: u8 = 0;
+/// [`AckBody::fc_level`]: the receiver is short: start at most half of `rx_credits`.
+pub const FC_SLOW: u8 = 1;
+/// [`AckBody::fc_level`]: the receiver has no room: start nothing new.
+pub const FC_STOP: u8 = 2;
 
 /// Atomic requests a requester keeps unanswered per peer; the target
 /// caches this many results per peer, so every retransmission hits the cache.

@@ -9,6 +9,10 @@
 //! the run divided by the messages — sender, receiver and acknowledgement
 //! work together, what one message costs the NIC processors.
 //!
+//! Also the **ACK frames per message**: every NIC's `acks_tx` counter over
+//! the run (each rank reads its own NIC's; one reading per NIC counts)
+//! divided by the messages — one per message before ACKs were coalesced.
+//!
 //! Beside it, in the same run, TCP over loopback by the same method (one
 //! connection per pair, a write per message, a 4-byte answer per window),
 //! with its CPU per message: both ends' user + system time
@@ -269,6 +273,31 @@ struct Row {
     nic_ns: Option<(f64, f64)>,
     /// TCP rate and both ends' CPU ns per message.
     tcp: Option<(f64, f64)>,
+    /// ACK frames the NICs sent per message (handshakes' included).
+    acks_per_msg: Option<f64>,
+}
+
+/// This rank's NIC's ACK frames sent so far (`None`: counters unreadable).
+fn acks_sent(dev: &Device) -> Option<u64> {
+    dev.nic_counters().ok().map(|c| c[emp_uapi::sram::counter::ACKS_TX])
+}
+
+/// ACK frames all the ranks' NICs sent between two readings, each NIC
+/// counted once: every rank publishes `node:before:after` (or `node:-`).
+fn acks_over_run(job: &Job, key: &str, node: u16, reading: Option<(u64, u64)>) -> Result<Option<u64>, String> {
+    let mine = match reading {
+        Some((b, a)) => format!("{node}:{b}:{a}"),
+        None => format!("{node}:-"),
+    };
+    let all = job.exchange(key, &mine, STALL).map_err(err)?;
+    let mut per_nic = std::collections::BTreeMap::new();
+    for v in &all {
+        let f: Vec<&str> = v.trim().split(':').collect();
+        let (Some(n), Some(b), Some(a)) = (f.first(), f.get(1), f.get(2)) else { return Ok(None) };
+        let (Ok(n), Ok(b), Ok(a)) = (n.parse::<u16>(), b.parse::<u64>(), a.parse::<u64>()) else { return Ok(None) };
+        per_nic.insert(n, a.wrapping_sub(b));
+    }
+    Ok(Some(per_nic.values().sum()))
 }
 
 /// One rank of `emp bench rate`.
@@ -307,8 +336,13 @@ pub(super) fn rank(a: &BenchArgs, job: &Job) -> Result<(), String> {
         }
         emp.dev_barrier(job, &format!("rate{i}"))?;
         let before = if job.rank == 0 { nic_cpu(pids) } else { None };
+        let acks_before = acks_sent(&emp.dev);
         let secs = emp.run(tag, size, window, windows, warm)?;
+        // Every rank's last completion is in: its NIC sent every ACK it owed
+        // for this rank's messages except, at most, the last run's.
+        emp.dev_barrier(job, &format!("rate{i}-end"))?;
         let after = if job.rank == 0 { nic_cpu(pids) } else { None };
+        let acks = acks_before.zip(acks_sent(&emp.dev));
         let slowest = gather(job, &format!("rate{i}-secs"), secs)?.into_iter().fold(0.0, f64::max);
         // Warm-up windows cost NIC CPU too: charge it to every message sent.
         let sent = (pairs * window * (windows + warm)) as f64;
@@ -316,6 +350,8 @@ pub(super) fn rank(a: &BenchArgs, job: &Job) -> Result<(), String> {
             (Some(b), Some(a)) => Some(((a.0 - b.0) as f64 / sent, (a.1 - b.1) as f64 / sent)),
             _ => None,
         };
+        let node = emp.dev.endpoint().node;
+        let acks_per_msg = acks_over_run(job, &format!("rate{i}-acks"), node, acks)?.map(|n| n as f64 / sent);
         let tcp_row = match tcp.as_mut() {
             None => None,
             Some(t) => {
@@ -328,7 +364,7 @@ pub(super) fn rank(a: &BenchArgs, job: &Job) -> Result<(), String> {
                 Some((msgs as f64 / slowest, cpu_all / sent))
             }
         };
-        let row = Row { size, msgs, emp_rate: msgs as f64 / slowest, nic_ns, tcp: tcp_row };
+        let row = Row { size, msgs, emp_rate: msgs as f64 / slowest, nic_ns, tcp: tcp_row, acks_per_msg };
         if job.rank == 0 && !a.json {
             if rows.is_empty() {
                 print_header(a, pairs, window);
@@ -357,9 +393,10 @@ fn print_header(a: &BenchArgs, pairs: usize, window: usize) {
     println!("# EMP message rate, {pairs} pair(s), windows of {window}; {emp_path} vs TCP over loopback, same run");
     println!("# NIC µs/msg: the emulated NICs' engine threads' CPU time per message (sender, receiver and ACK work)");
     println!("# TCP µs/msg: both ends' user + system CPU time per message");
+    println!("# ACKs/msg: ACK frames the NICs sent per message (coalesced; the handshakes' included)");
     println!(
-        "# {:<8} {:>10} {:>12} {:>12} {:>12} {:>12} {:>9}",
-        "Size", "Messages", "EMP msg/s", "NIC µs/msg", "TCP msg/s", "TCP µs/msg", "EMP/TCP"
+        "# {:<8} {:>10} {:>12} {:>12} {:>9} {:>12} {:>12} {:>9}",
+        "Size", "Messages", "EMP msg/s", "NIC µs/msg", "ACKs/msg", "TCP msg/s", "TCP µs/msg", "EMP/TCP"
     );
 }
 
@@ -369,7 +406,11 @@ fn print_row(r: &Row) {
         Some((rate, ns)) => (format!("{rate:.0}"), format!("{:.3}", ns / 1e3), format!("{:.3}", r.emp_rate / rate)),
         None => ("-".into(), "-".into(), "-".into()),
     };
-    println!("{:<10} {:>10} {:>12.0} {:>12} {:>12} {:>12} {:>9}", r.size, r.msgs, r.emp_rate, nic, tr, tc, ratio);
+    let acks = r.acks_per_msg.map_or("-".to_string(), |a| format!("{a:.3}"));
+    println!(
+        "{:<10} {:>10} {:>12.0} {:>12} {:>9} {:>12} {:>12} {:>9}",
+        r.size, r.msgs, r.emp_rate, nic, acks, tr, tc, ratio
+    );
 }
 
 /// `{"benchmark":"Rate","unit":"msg/s","pairs":1,"window":64,…,"rows":[{"size":8,"messages":…,"emp":…,
@@ -393,6 +434,7 @@ fn json(a: &BenchArgs, pairs: usize, window: usize, rows: &[Row]) -> Json {
                     row.push(("nicd_us_per_msg", Json::Null));
                 }
             }
+            row.push(("acks_per_msg", r.acks_per_msg.map_or(Json::Null, |a| Json::Num(a, 4))));
             if let Some((rate, ns)) = r.tcp {
                 row.push(("tcp", Json::Num(rate, 0)));
                 row.push(("tcp_us_per_msg", Json::Num(ns / 1e3, 4)));
