@@ -85,6 +85,7 @@ mod guard;
 mod host;
 pub mod mcast;
 mod mr;
+pub mod rbcast;
 mod rma;
 mod rx;
 mod slots;
@@ -275,6 +276,26 @@ pub struct Config {
     pub remote_throttle_ns: u64,
     /// Outstanding remote reads (all peers).
     pub rma_reads_max: u32,
+    /// Reliable broadcast (seed 002): window entries per group (NIC
+    /// buffers of one MTU each, made when the group is loaded; 0 = no
+    /// reliable broadcast).
+    pub rbcast_window: u32,
+    /// Reliable broadcast: receive slots per group (the pre-posted
+    /// buffers of §5.4: every member's credit per member, and the
+    /// out-of-order queue).
+    pub rbcast_rx_slots: u32,
+    /// Reliable broadcast: receives the host may have posted per group.
+    pub rbcast_posted_max: u32,
+    /// Reliable broadcast: a collector repairs a member still missing a
+    /// message this long after it was sent or arrived (§5.3).
+    pub rbcast_rto_ns: u64,
+    /// Reliable broadcast: an owed ACK or credit update goes on its own
+    /// after this long (§4.4).
+    pub rbcast_ack_delay_ns: u64,
+    /// Reliable broadcast: co-roots repair their sub-groups. Fault
+    /// injection only: false makes a member a co-root collects for miss
+    /// what it lost (the tests check that they then fail).
+    pub rbcast_coroot_repair: bool,
 }
 
 impl Default for Config {
@@ -312,6 +333,12 @@ impl Default for Config {
             remote_refusal_window_ns: 1_000_000_000,
             remote_throttle_ns: 2_000_000_000,
             rma_reads_max: 256,
+            rbcast_window: 16,
+            rbcast_rx_slots: 16,
+            rbcast_posted_max: 64,
+            rbcast_rto_ns: 1_000_000,
+            rbcast_ack_delay_ns: 200_000,
+            rbcast_coroot_repair: true,
         }
     }
 }
@@ -387,6 +414,12 @@ impl Config {
         }
         if self.atomic_max == 0 {
             return Some("atomic_max must be > 0");
+        }
+        if self.rbcast_window > 64 || self.rbcast_rx_slots > 1024 || self.rbcast_posted_max == 0 {
+            return Some("rbcast_window must be <= 64, rbcast_rx_slots <= 1024, rbcast_posted_max > 0");
+        }
+        if self.rbcast_rto_ns == 0 || self.rbcast_ack_delay_ns == 0 {
+            return Some("rbcast_rto_ns and rbcast_ack_delay_ns must be > 0");
         }
         if self.rma_reads_max == 0 {
             return Some("rma_reads_max must be > 0");
@@ -605,6 +638,10 @@ pub struct Nic {
     pub(crate) guard: guard::Guard,
     /// Multicast memberships and counts.
     pub(crate) mcast: mcast::Mcast,
+    /// Reliable-broadcast state per group slot.
+    pub(crate) rbcast: Vec<Option<rbcast::RbGroupState>>,
+    /// Groups whose port could not join their multicast address.
+    pub(crate) rbcast_join_failed: u64,
 }
 
 impl Nic {
@@ -676,6 +713,7 @@ impl Nic {
                 cfg.tx_max as usize * cfg.window_groups() as usize
                     + cfg.atomic_max as usize
                     + cfg.rma_reads_max as usize
+                    + layout.params.group_entries as usize
                     + 1,
             ),
             ready: VecDeque::new(),
@@ -696,6 +734,8 @@ impl Nic {
             coll_cache_used: 0,
             guard: guard::Guard::new(),
             mcast: mcast::Mcast::default(),
+            rbcast: (0..layout.params.group_entries).map(|_| None).collect(),
+            rbcast_join_failed: 0,
             cfg,
         };
         set_status(hal, NicStatus::Running, FailReason::None);
@@ -741,7 +781,14 @@ impl Nic {
                     && (f.header().dst_port as usize) < self.ports.len()
                     && self.route_valid(hal, f.header().src_node) =>
             {
-                return self.receive_mcast(f.header());
+                let hdr = *f.header();
+                if !self.receive_mcast(&hdr) {
+                    return;
+                }
+                if let Frame::Rbcast { body, data, .. } = f {
+                    self.rbcast_on_frame(hal, now, &hdr, &body, data);
+                }
+                return;
             }
             // A source outside the route table is no node of this cluster:
             // refused before it can take a peer entry or reach a receive.
@@ -770,6 +817,11 @@ impl Nic {
             }
             Frame::AtomicReq { hdr, body } => self.on_atomic_req(hal, now, &hdr, &body),
             Frame::AtomicResp { hdr, result } => self.on_atomic_resp(hal, now, &hdr, &result),
+            Frame::Rbcast { hdr, body, data } => {
+                if self.ports[hdr.dst_port as usize].open {
+                    self.rbcast_on_frame(hal, now, &hdr, &body, data);
+                }
+            }
         }
     }
 
@@ -881,6 +933,7 @@ impl Nic {
                 timer::Timer::RxSweep => self.on_rx_sweep(hal, now),
                 timer::Timer::Atomic { slot, stamp } => self.on_atomic_timeout(hal, now, slot, stamp),
                 timer::Timer::RmaRead { slot, stamp } => self.on_read_timeout(hal, now, slot, stamp),
+                timer::Timer::Rbcast { group, stamp } => self.rbcast_tick(hal, now, group, stamp),
             }
         }
         self.poll_rings(hal, now);
@@ -909,6 +962,7 @@ impl Nic {
             timer::Timer::RxSweep => true,
             timer::Timer::Atomic { slot, stamp } => self.atomics.get(slot).is_some_and(|a| a.stamp == stamp),
             timer::Timer::RmaRead { slot, stamp } => self.rma_reads.get(slot).is_some_and(|r| r.timer == stamp),
+            timer::Timer::Rbcast { group, stamp } => self.rbcast_timer_live(group, stamp),
         }
     }
 
@@ -1046,6 +1100,7 @@ impl Nic {
         }
         self.unexp_invariants()?;
         self.coll_invariants()?;
+        self.rbcast_invariants()?;
         self.rma_invariants()?;
         self.atomic_invariants()
     }

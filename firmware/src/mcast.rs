@@ -3,9 +3,8 @@
 //! `emp_uapi::wire::MCAST_BASE` up); the NIC tells its MAC to filter for an
 //! address while any port holds it ([`Hal::mcast_membership`]), transmits a
 //! frame to an address once, and drops received multicast frames for
-//! addresses the destination port has not joined. What a joined frame
-//! carries is the reliable-broadcast protocol's business (to come): for now
-//! it is counted.
+//! addresses the destination port has not joined. A joined frame goes to
+//! the reliable broadcast (`rbcast/`) when it is one of its frames.
 
 use emp_uapi::wire::{is_mcast, FrameHeader};
 use emp_uapi::Le;
@@ -116,13 +115,16 @@ impl Nic {
         Ok(())
     }
 
-    /// A received frame to a multicast address: kept only for a port that joined it.
-    pub(crate) fn receive_mcast(&mut self, hdr: &FrameHeader) {
+    /// A received frame to a multicast address: kept (true) only for a
+    /// port that joined it.
+    pub(crate) fn receive_mcast(&mut self, hdr: &FrameHeader) -> bool {
         if self.mcast.joined(hdr.dst_node, hdr.dst_port) {
             self.mcast.received += 1;
+            true
         } else {
             self.mcast.not_joined += 1;
             self.count(emp_uapi::sram::counter::DROPPED_UNEXPECTED, 1);
+            false
         }
     }
 

@@ -19,6 +19,8 @@ pub enum Timer {
     Atomic { slot: u32, stamp: u32 },
     /// Response timer of remote read `slot`.
     RmaRead { slot: u32, stamp: u32 },
+    /// Reliable-broadcast timer of group slot `group` (`rbcast/`).
+    Rbcast { group: u32, stamp: u32 },
 }
 
 /// Deadline-ordered timers.
