@@ -1258,7 +1258,7 @@ fn operands_spec(d: &WorkDesc, op: Opcode) -> bool {
 fn check_accepted_work_desc(d: &WorkDesc, op: Opcode) -> Result<(), TestCaseError> {
     prop_assert_eq!(op as u8, d.opcode);
     prop_assert!(!(op.is_atomic() && op.is_collective()));
-    prop_assert_eq!(op.is_collective(), (3..=7).contains(&d.opcode));
+    prop_assert_eq!(op.is_collective(), (3..=7).contains(&d.opcode) || d.opcode == 15);
     prop_assert_eq!(op.is_atomic(), (8..=10).contains(&d.opcode));
     if op.is_atomic() {
         let (width, remote) = (d.sge[0].len, d.remote());
