@@ -16,7 +16,7 @@
 //!   `scripts/libemp-link.sh` (what `make build` runs) with `libemp.map`,
 //!   has SONAME `libemp.so.1` and exports every function `emp.h` declares
 //!   at the version `libemp.map` lists it in (`EMP_1.0`, then `EMP_1.1`,
-//!   `EMP_1.2`, `EMP_1.3`, each node naming its predecessor), and nothing else; `libemp.map`
+//!   `EMP_1.2`, `EMP_1.3`, `EMP_1.4`, each node naming its predecessor), and nothing else; `libemp.map`
 //!   lists exactly those functions, each once.
 
 use core::mem::{offset_of, size_of};
@@ -375,7 +375,7 @@ fn run(cmd: &mut Command) -> String {
 // ---------------------------------------------------------------------------
 
 /// The versions of the C ABI, oldest first: the nodes of `libemp.map`.
-const ABI_VERSIONS: &[&str] = &["EMP_1.0", "EMP_1.1", "EMP_1.2", "EMP_1.3"];
+const ABI_VERSIONS: &[&str] = &["EMP_1.0", "EMP_1.1", "EMP_1.2", "EMP_1.3", "EMP_1.4"];
 
 /// The staticlib built with this test: in `deps/` next to it, as
 /// `libemp-<metadata hash>.a` (the copy one level up is refreshed only by
