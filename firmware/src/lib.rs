@@ -642,6 +642,9 @@ pub struct Nic {
     pub(crate) rbcast: Vec<Option<rbcast::RbGroupState>>,
     /// Groups whose port could not join their multicast address.
     pub(crate) rbcast_join_failed: u64,
+    /// One frame of scratch for the reliable broadcast's multicasts (also
+    /// read by the local ports' copies while `frame_buf` may be in use).
+    pub(crate) rbcast_frame: Vec<u8>,
 }
 
 impl Nic {
@@ -736,6 +739,7 @@ impl Nic {
             mcast: mcast::Mcast::default(),
             rbcast: (0..layout.params.group_entries).map(|_| None).collect(),
             rbcast_join_failed: 0,
+            rbcast_frame: vec![0; MTU_MAX as usize],
             cfg,
         };
         set_status(hal, NicStatus::Running, FailReason::None);
@@ -782,12 +786,11 @@ impl Nic {
                     && self.route_valid(hal, f.header().src_node) =>
             {
                 let hdr = *f.header();
-                if !self.receive_mcast(&hdr) {
-                    return;
-                }
                 if let Frame::Rbcast { body, data, .. } = f {
-                    self.rbcast_on_frame(hal, now, &hdr, &body, data);
+                    // For every local port whose group it is, whatever port it names.
+                    return self.rbcast_on_mcast(hal, now, &hdr, &body, data);
                 }
+                self.receive_mcast(&hdr);
                 return;
             }
             // A source outside the route table is no node of this cluster:
@@ -817,9 +820,9 @@ impl Nic {
             }
             Frame::AtomicReq { hdr, body } => self.on_atomic_req(hal, now, &hdr, &body),
             Frame::AtomicResp { hdr, result } => self.on_atomic_resp(hal, now, &hdr, &result),
-            Frame::Rbcast { hdr, body, data } => {
+            Frame::Rbcast { hdr, body, .. } => {
                 if self.ports[hdr.dst_port as usize].open {
-                    self.rbcast_on_frame(hal, now, &hdr, &body, data);
+                    self.rbcast_on_frame(&hdr, &body);
                 }
             }
         }

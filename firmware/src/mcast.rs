@@ -99,6 +99,16 @@ impl Nic {
         }
     }
 
+    /// A multicast frame was kept for a port (counted as received).
+    pub(crate) fn mcast_kept(&mut self, kept: bool) {
+        if kept {
+            self.mcast.received += 1;
+        } else {
+            self.mcast.not_joined += 1;
+            self.count(emp_uapi::sram::counter::DROPPED_UNEXPECTED, 1);
+        }
+    }
+
     /// Does `port` receive `addr`?
     pub fn mcast_joined(&self, port: u16, addr: u16) -> bool {
         self.mcast.joined(addr, port)
@@ -118,14 +128,9 @@ impl Nic {
     /// A received frame to a multicast address: kept (true) only for a
     /// port that joined it.
     pub(crate) fn receive_mcast(&mut self, hdr: &FrameHeader) -> bool {
-        if self.mcast.joined(hdr.dst_node, hdr.dst_port) {
-            self.mcast.received += 1;
-            true
-        } else {
-            self.mcast.not_joined += 1;
-            self.count(emp_uapi::sram::counter::DROPPED_UNEXPECTED, 1);
-            false
-        }
+        let kept = self.mcast.joined(hdr.dst_node, hdr.dst_port);
+        self.mcast_kept(kept);
+        kept
     }
 
     /// Multicast transmissions, received frames kept, and dropped (not joined).

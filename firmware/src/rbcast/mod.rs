@@ -233,7 +233,7 @@ impl Nic {
         w.pending = pending;
         w.p2p_todo = tree_children(0, collectors);
         w.p2p_unacked = 0;
-        self.rbcast_multicast(hal, port, slot, e);
+        self.rbcast_multicast(hal, now, port, slot, e);
         self.rbcast_copies(now, slot, e);
         self.rbcast_arm(now + self.cfg.rbcast_rto_ns, slot);
         let mut c = Completion::of(&ld, Opcode::Rbcast, Status::Success);
@@ -242,7 +242,7 @@ impl Nic {
     }
 
     /// Multicasts window entry `e`, with an owed ACK piggybacked.
-    fn rbcast_multicast<H: Hal>(&mut self, hal: &mut H, port: u16, slot: u32, e: usize) {
+    fn rbcast_multicast<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, slot: u32, e: usize) {
         let g = self.groups.get(slot).expect("live group");
         let (id, epoch) = (g.id, g.epoch);
         let (node, gen) = (self.node, self.ports[port as usize].gen);
@@ -278,19 +278,24 @@ impl Nic {
             src_node: node,
             dst_node: rb.addr,
             src_port: port,
-            dst_port: port,
+            // Every member's port: receivers look the group up by id.
+            dst_port: 0,
             src_gen: gen,
             payload_len: w.len,
             frame_count: 1,
             ..Default::default()
         };
-        let mut buf = core::mem::take(&mut self.frame_buf);
+        let mut buf = core::mem::take(&mut self.rbcast_frame);
         let rb = self.rbcast[slot as usize].as_ref().expect("live");
         let w = &rb.window[e];
         let n = emit_rbcast(&hdr, &body, &w.data[..w.len as usize], &mut buf).expect("fits the MTU");
         let r = self.mcast_transmit(hal, &buf[..n]);
-        self.frame_buf = buf;
         debug_assert!(r.is_ok(), "our own frame to a multicast address: {r:?}");
+        // The wire does not bring it back to this NIC: its other ports
+        // in the group get their copies here.
+        let data = &buf[FrameHeader::SIZE + RbcastHeader::SIZE..n];
+        self.rbcast_on_mcast(hal, now, &hdr, &body, data);
+        self.rbcast_frame = buf;
     }
 
     /// Sends entry `e` reliably to the co-roots still owed it (as far as
@@ -540,8 +545,22 @@ impl Nic {
         rb.stats.acks_sent += 1;
     }
 
-    /// An RBCAST frame from the wire (multicast data, or an ACK to us).
-    pub(crate) fn rbcast_on_frame<H: Hal>(
+    /// An RBCAST frame to this node (an ACK: data comes multicast or
+    /// over the reliable path).
+    pub(crate) fn rbcast_on_frame(&mut self, hdr: &FrameHeader, body: &RbcastHeader) {
+        if body.kind != rbcast_kind::ACK {
+            return;
+        }
+        let Some(slot) = self.rbcast_group_of(hdr.dst_port, hdr, body) else { return };
+        let rb = self.rb(slot);
+        rb.ack_word(body.root as u16, body.sender as u16, body.seq);
+        rb.reposted_word(body.sender as u16, body.reposted);
+    }
+
+    /// An RBCAST frame to a multicast address, from the wire or from one of
+    /// this NIC's own ports: a copy for each local port that joined the
+    /// address and has the group (the frame names no port).
+    pub(crate) fn rbcast_on_mcast<H: Hal>(
         &mut self,
         hal: &mut H,
         now: u64,
@@ -549,20 +568,22 @@ impl Nic {
         body: &RbcastHeader,
         data: &[u8],
     ) {
-        if body.kind == rbcast_kind::ACK {
-            if wire::is_mcast(hdr.dst_node) {
-                return;
+        if body.kind != rbcast_kind::DATA {
+            return self.mcast_kept(false);
+        }
+        let mut kept = false;
+        for p in 0..self.ports.len() as u16 {
+            let ours = self.ports[p as usize].open
+                && self.mcast_joined(p, hdr.dst_node)
+                && self.groups.by_id.contains_key(&(p, body.group_id));
+            if ours {
+                kept = true;
+                let _ = self.rbcast_take(hal, now, p, hdr, body, data);
             }
-            let Some(slot) = self.rbcast_group_of(hdr, body) else { return };
-            let rb = self.rb(slot);
-            rb.ack_word(body.root as u16, body.sender as u16, body.seq);
-            rb.reposted_word(body.sender as u16, body.reposted);
-            return;
         }
-        if !wire::is_mcast(hdr.dst_node) {
-            return; // Data goes multicast or over the reliable path.
+        if hdr.src_node != self.node {
+            self.mcast_kept(kept);
         }
-        let _ = self.rbcast_take(hal, now, hdr, body, data);
     }
 
     /// A reliable copy (`COLL_DATA` of kind `Rbcast`) whose first and only
@@ -583,7 +604,7 @@ impl Nic {
         if hdr.frame_count != 1 || msg.total_len != payload.len() as u64 {
             return CollAccept::Refuse(NackReason::TooLarge);
         }
-        match self.rbcast_take(hal, now, hdr, &body, &rest[RbcastHeader::SIZE..]) {
+        match self.rbcast_take(hal, now, hdr.dst_port, hdr, &body, &rest[RbcastHeader::SIZE..]) {
             Taken::Yes => CollAccept::Consumed,
             // Retried after the sender's backoff, or at once (`coll_kick`)
             // when a slot frees.
@@ -595,9 +616,9 @@ impl Nic {
         }
     }
 
-    /// The group slot a frame's header names, if it agrees with it.
-    fn rbcast_group_of(&self, hdr: &FrameHeader, body: &RbcastHeader) -> Option<u32> {
-        let &slot = self.groups.by_id.get(&(hdr.dst_port, body.group_id))?;
+    /// The group slot of `port` a frame names, if it agrees with it.
+    fn rbcast_group_of(&self, port: u16, hdr: &FrameHeader, body: &RbcastHeader) -> Option<u32> {
+        let &slot = self.groups.by_id.get(&(port, body.group_id))?;
         let g = self.groups.get(slot)?;
         let rb = self.rbcast.get(slot as usize)?.as_ref()?;
         let agree = g.epoch == body.epoch
@@ -612,12 +633,12 @@ impl Nic {
         &mut self,
         hal: &mut H,
         now: u64,
+        port: u16,
         hdr: &FrameHeader,
         body: &RbcastHeader,
         data: &[u8],
     ) -> Taken {
-        let Some(slot) = self.rbcast_group_of(hdr, body) else { return Taken::Invalid };
-        let port = hdr.dst_port;
+        let Some(slot) = self.rbcast_group_of(port, hdr, body) else { return Taken::Invalid };
         let (root, seq) = (body.root as u16, body.seq);
         let rb = self.rb(slot);
         if body.flags & rbcast_flag::PIGGY_ACK != 0 {
