@@ -65,6 +65,9 @@
 //!   machines and the steps that perform them; `coll/bcast.rs`: broadcast
 //!   forwarding and bounce slots; `coll/multisend.rs`: multisend;
 //!   `coll/cache.rs`: the per-operation frame cache.
+//! - `rbcast/`: reliable broadcast over wire multicast (seed 002): the
+//!   window, per-root order, skewed lazy ACKs into ACK words, co-roots and
+//!   credits (`state.rs` the per-group tables, `mod.rs` frames and steps).
 //! - `combine.rs`: the reduction arithmetic.
 //! - `atomic.rs`: remote atomics, requester and responder.
 //! - `rma.rs`: remote write and read, initiator and target.
