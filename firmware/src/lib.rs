@@ -825,7 +825,7 @@ impl Nic {
             Frame::AtomicResp { hdr, result } => self.on_atomic_resp(hal, now, &hdr, &result),
             Frame::Rbcast { hdr, body, .. } => {
                 if self.ports[hdr.dst_port as usize].open {
-                    self.rbcast_on_frame(&hdr, &body);
+                    self.rbcast_on_frame(hal, &hdr, &body);
                 }
             }
         }

@@ -85,9 +85,17 @@ impl Scenario {
             let mut seen = 0;
             while seen < want {
                 if c.world.now > end || c.step().is_none() {
+                    let state: Vec<String> = (0..self.n)
+                        .map(|m| {
+                            let nic = &c.world.nodes[m as usize].nic;
+                            let d = nic.rbcast_delivered(0);
+                            format!("{m}: {:?} {d:?} {:?}", nic.rbcast_occupancy(), nic.rbcast_stats())
+                        })
+                        .collect();
                     return Err(format!(
-                        "stuck at broadcast {done}: {seen} of {want} completions by {} ns",
-                        c.world.now
+                        "stuck at broadcast {done}: {seen} of {want} completions by {} ns\n{}",
+                        c.world.now,
+                        state.join("\n")
                     ));
                 }
                 for m in 0..self.n {
@@ -354,4 +362,55 @@ fn bad_requests_are_refused_with_a_clear_status() {
         }
     }
     let _ = Opcode::Rbcast;
+}
+
+/// A swarm: every knob drawn from the seed (members, loss, duplication,
+/// reordering, a partition, co-roots, M, windows, credits, roots, sizes).
+/// A failure names its seed; `EMP_SIM_RBCAST_SEEDS` sets how many run.
+#[test]
+fn swarm_of_seeded_scenarios() {
+    let first: u64 = std::env::var("EMP_SIM_RBCAST_FIRST").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let seeds: u64 = std::env::var("EMP_SIM_RBCAST_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(70);
+    for seed in first..first + seeds {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut draw = |k: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % k
+        };
+        let n = 2 + draw(63) as u16;
+        let mut s = Scenario::new(n, 8 + draw(24) as u32);
+        s.seed = seed;
+        let loss = draw(21) as f64 / 100.0;
+        s.wire = WireConfig {
+            loss,
+            dup: draw(11) as f64 / 100.0,
+            reorder: draw(31) as f64 / 100.0,
+            ..WireConfig::default()
+        };
+        if draw(4) == 0 {
+            let side: Vec<bool> = (0..n).map(|_| draw(2) == 1).collect();
+            let start = draw(5) * MS;
+            s.wire.partition = Some(Partition { start_ns: start, end_ns: start + (1 + draw(20)) * MS, side });
+        }
+        s.algo = RbcastAlgo {
+            coroots: draw(n.min(9) as u64) as u8,
+            ack_every: 1 + draw(10) as u8,
+            window: draw(3) as u8 * draw(9) as u8,
+        };
+        s.cfg.rbcast_window = 1 + draw(16) as u32;
+        s.cfg.rbcast_rx_slots = 1 + draw(24) as u32;
+        s.batch = 1 + draw(16) as u32;
+        s.len = draw(1390) as usize;
+        if draw(2) == 0 {
+            s.roots = |i, n| (i as u16 * 7 + 3) % n;
+        }
+        s.run().unwrap_or_else(|e| {
+            panic!(
+                "seed {seed}: n {n} loss {loss} algo {:?} window {} slots {} batch {}: {e}",
+                s.algo, s.cfg.rbcast_window, s.cfg.rbcast_rx_slots, s.batch
+            )
+        });
+    }
 }

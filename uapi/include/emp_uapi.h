@@ -187,6 +187,7 @@ struct emp_rma_header {
 /* Reliable-broadcast frame kinds (emp_rbcast_header.kind) and flags. */
 #define EMP_RBCAST_DATA 1U      /* seq = the message's number in its root's sequence */
 #define EMP_RBCAST_ACK 2U       /* cumulative: every message of root below seq is held */
+#define EMP_RBCAST_POLL 3U      /* a root at zero credit asks for the re-post count */
 #define EMP_RBCAST_PIGGY_ACK 1U /* ack_root / ack_next carry an ACK (DATA only) */
 #define EMP_RBCAST_P2P 2U       /* a repair or co-root copy (reliable point-to-point) */
 

@@ -355,6 +355,9 @@ pub mod rbcast_kind {
     pub const DATA: u8 = 1;
     /// A cumulative ACK: the sender holds every message of `root` below `seq`.
     pub const ACK: u8 = 2;
+    /// A root at zero credit for the receiver asks for its re-post count
+    /// (answered with an ACK to the sender).
+    pub const POLL: u8 = 3;
 }
 
 /// [`RbcastHeader::flags`] bits.
@@ -420,8 +423,9 @@ impl RbcastHeader {
         }
         match h.kind {
             rbcast_kind::DATA if h.ack_every >= 1 && (h.coroots as usize) < ranks => {}
-            rbcast_kind::ACK if h.len == 0 && h.flags == 0 && h.coroots == 0 && h.ack_every == 0 => {}
-            rbcast_kind::DATA | rbcast_kind::ACK => return Err(DecodeError::ReservedNotZero),
+            rbcast_kind::ACK | rbcast_kind::POLL
+                if h.len == 0 && h.flags == 0 && h.coroots == 0 && h.ack_every == 0 => {}
+            rbcast_kind::DATA | rbcast_kind::ACK | rbcast_kind::POLL => return Err(DecodeError::ReservedNotZero),
             _ => return Err(DecodeError::BadKind),
         }
         if h.flags & rbcast_flag::PIGGY_ACK == 0 && (h.ack_root != 0 || h.ack_next != 0) {

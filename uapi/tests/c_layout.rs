@@ -418,6 +418,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_FRAME_RBCAST = FrameKind::Rbcast as u8,
         EMP_RBCAST_DATA = wire::rbcast_kind::DATA,
         EMP_RBCAST_ACK = wire::rbcast_kind::ACK,
+        EMP_RBCAST_POLL = wire::rbcast_kind::POLL,
         EMP_RBCAST_PIGGY_ACK = wire::rbcast_flag::PIGGY_ACK,
         EMP_RBCAST_P2P = wire::rbcast_flag::P2P,
         EMP_NACK_LOSS = NackReason::Loss as u8,

@@ -534,7 +534,7 @@ fn check_parsed(bytes: &[u8], f: &Frame<'_>) -> Result<(), TestCaseError> {
         Frame::Rbcast { hdr, body, data } => {
             prop_assert_eq!(hdr.kind, FrameKind::Rbcast as u8);
             prop_assert_eq!((hdr.payload_len, body.len as usize), (data.len() as u16, data.len()));
-            prop_assert!(body.kind == rbcast_kind::DATA || body.kind == rbcast_kind::ACK);
+            prop_assert!(matches!(body.kind, rbcast_kind::DATA | rbcast_kind::ACK | rbcast_kind::POLL));
             prop_assert_eq!(body.flags & rbcast_flag::P2P, 0);
             prop_assert_eq!(body.reserved, [0u8; 3]);
         }

@@ -151,6 +151,13 @@ impl Nic {
         if wd.port != rb.rank {
             return rb.posted.len() < rb.posted_max;
         }
+        if !rb.posted.is_empty() {
+            // As a blocking MPI_Bcast would: a root sends only once the
+            // group's earlier broadcasts reached it. Otherwise later
+            // broadcasts could fill every member's slots (their credits)
+            // while an earlier one, which all of them wait for, cannot go.
+            return false;
+        }
         self.rbcast_scan(now, slot, false);
         let limit = match algo.window {
             0 => self.cfg.rbcast_window as usize,
@@ -170,8 +177,14 @@ impl Nic {
         }
         let rb = self.rb(slot);
         let me = rb.rank;
-        if rb.sub_group(me, algo.coroots).any(|m| rb.credit(m) <= 0) {
+        let starved = rb.sub_group(me, algo.coroots).filter(|&m| rb.credit(m) <= 0).fold(0u64, |a, m| a | 1 << m);
+        rb.starved = starved;
+        if starved != 0 {
             rb.stats.credit_stalls += 1;
+            // Their updates may be lost, or never sent (a member tells
+            // only the roots it heard from): ask them after a while.
+            let at = rb.polled_ns.max(now) + self.cfg.rbcast_rto_ns;
+            self.rbcast_arm(at, slot);
             return false;
         }
         true
@@ -219,6 +232,9 @@ impl Nic {
         let seq = rb.next_seq;
         rb.next_seq = seq.wrapping_add(1);
         rb.consumed = rb.consumed.wrapping_add(1);
+        // Its own broadcast takes no slot here: counted as re-posted at
+        // once, so the others' credit for this node stays exact.
+        rb.reposted = rb.reposted.wrapping_add(1);
         rb.stats.sent += 1;
         let pending = sub_bits(rb, root, algo.coroots);
         let collectors = n.div_ceil(sub_size(n, algo.coroots));
@@ -230,6 +246,7 @@ impl Nic {
         w.coroots = algo.coroots;
         w.ack_every = algo.ack_every.max(1);
         w.sent_ns = now;
+        w.repair_ns = 0;
         w.pending = pending;
         w.p2p_todo = tree_children(0, collectors);
         w.p2p_unacked = 0;
@@ -412,7 +429,9 @@ impl Nic {
             }
             let rb = self.rb(slot);
             let w = &rb.window[e];
-            let due = force || now >= w.sent_ns.saturating_add(rto);
+            // A full window repairs at once, but each entry at most once
+            // per timeout: repairs already queued are not queued again.
+            let due = (force && w.repair_ns == 0) || now >= w.sent_ns.max(w.repair_ns).saturating_add(rto);
             // Fault injection: a co-root that never repairs its sub-group.
             let allowed = w.root == rb.rank || repair_as_coroot;
             if !due || !allowed || w.pending == 0 {
@@ -421,18 +440,21 @@ impl Nic {
             let root = w.root;
             let c = rb.rel(root);
             let mut bits = w.pending;
+            let mut sent_all = true;
             while bits != 0 {
                 let b = bits.trailing_zeros() as u16;
                 let member = emp_uapi::coll::abs_rank(c + 1 + b, root, self.rb(slot).n);
                 if !self.rbcast_send_p2p(now, slot, e, member, None) {
+                    sent_all = false;
                     break;
                 }
                 bits &= bits - 1;
-                let rb = self.rb(slot);
-                rb.window[e].pending &= !(1 << b);
-                rb.stats.repairs += 1;
+                self.rb(slot).stats.repairs += 1;
             }
-            self.rb(slot).settle(e);
+            if sent_all {
+                // Held until the members' ACKs say it arrived.
+                self.rb(slot).window[e].repair_ns = now;
+            }
         }
     }
 
@@ -493,9 +515,25 @@ impl Nic {
                 next = next.min(since + delay);
             }
         }
+        let rto = self.cfg.rbcast_rto_ns;
+        let rb = self.rb(group);
+        if rb.starved != 0 {
+            if now >= rb.polled_ns.saturating_add(rto) {
+                rb.polled_ns = now;
+                let mut bits = core::mem::take(&mut rb.starved);
+                while bits != 0 {
+                    let m = bits.trailing_zeros() as u16;
+                    bits &= bits - 1;
+                    self.rbcast_send_control(hal, group, m, rbcast_kind::POLL, 0);
+                    self.rb(group).stats.polls += 1;
+                }
+            } else {
+                next = next.min(rb.polled_ns + rto);
+            }
+        }
         let rb = self.rb(group);
         if rb.window.iter().any(|w| w.live) {
-            next = next.min(now + self.cfg.rbcast_rto_ns);
+            next = next.min(now + rto);
         }
         if next != u64::MAX {
             self.rbcast_arm(next, group);
@@ -504,23 +542,34 @@ impl Nic {
 
     /// An explicit cumulative ACK for `root`'s messages to this node's collector.
     fn rbcast_send_ack<H: Hal>(&mut self, hal: &mut H, slot: u32, root: u16) {
-        let g = self.groups.get(slot).expect("live group");
-        let (id, epoch, port) = (g.id, g.epoch, g.port);
-        let rb = self.rbcast[slot as usize].as_ref().expect("live");
+        let rb = self.rb(slot);
         let collector = rb.collector(root);
         if collector == rb.rank {
             // Co-roots are reached reliably: they owe nobody an ACK.
-            let rb = self.rb(slot);
             rb.ack_owed_since[root as usize] = 0;
             return;
         }
-        let (node, rport) = g.endpoint(collector);
+        let seq = rb.expected[root as usize];
+        self.rbcast_send_control(hal, slot, collector, rbcast_kind::ACK, root);
+        let rb = self.rb(slot);
+        rb.ack_sent[root as usize] = seq;
+        rb.ack_owed_since[root as usize] = 0;
+        rb.stats.acks_sent += 1;
+    }
+
+    /// An ACK (for `root`'s messages, with this node's re-post count) or a
+    /// POLL to group rank `to`.
+    fn rbcast_send_control<H: Hal>(&mut self, hal: &mut H, slot: u32, to: u16, kind: u8, root: u16) {
+        let g = self.groups.get(slot).expect("live group");
+        let (id, epoch, port) = (g.id, g.epoch, g.port);
+        let (node, rport) = g.endpoint(to);
+        let rb = self.rbcast[slot as usize].as_ref().expect("live");
         let body = RbcastHeader {
             group_id: id,
             epoch,
-            seq: rb.expected[root as usize],
+            seq: if kind == rbcast_kind::ACK { rb.expected[root as usize] } else { 0 },
             reposted: rb.reposted,
-            kind: rbcast_kind::ACK,
+            kind,
             root: root as u8,
             sender: rb.rank as u8,
             ..Default::default()
@@ -539,22 +588,25 @@ impl Nic {
         let mut b = [0u8; FrameHeader::SIZE + RbcastHeader::SIZE];
         emit_rbcast(&hdr, &body, &[], &mut b).expect("fits");
         hal.mac_transmit(node, &b);
-        let rb = self.rb(slot);
-        rb.ack_sent[root as usize] = body.seq;
-        rb.ack_owed_since[root as usize] = 0;
-        rb.stats.acks_sent += 1;
     }
 
     /// An RBCAST frame to this node (an ACK: data comes multicast or
     /// over the reliable path).
-    pub(crate) fn rbcast_on_frame(&mut self, hdr: &FrameHeader, body: &RbcastHeader) {
-        if body.kind != rbcast_kind::ACK {
-            return;
-        }
+    pub(crate) fn rbcast_on_frame<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &RbcastHeader) {
         let Some(slot) = self.rbcast_group_of(hdr.dst_port, hdr, body) else { return };
-        let rb = self.rb(slot);
-        rb.ack_word(body.root as u16, body.sender as u16, body.seq);
-        rb.reposted_word(body.sender as u16, body.reposted);
+        match body.kind {
+            rbcast_kind::ACK => {
+                let rb = self.rb(slot);
+                rb.ack_word(body.root as u16, body.sender as u16, body.seq);
+                rb.reposted_word(body.sender as u16, body.reposted);
+            }
+            // A root at zero credit: our count, to it directly.
+            rbcast_kind::POLL => {
+                let poller = body.sender as u16;
+                self.rbcast_send_control(hal, slot, poller, rbcast_kind::ACK, poller);
+            }
+            _ => {}
+        }
     }
 
     /// An RBCAST frame to a multicast address, from the wire or from one of
@@ -687,9 +739,19 @@ impl Nic {
         }
         let rb = self.rb(slot);
         let direct = rb.wanted() == Some((root, seq));
-        let free_slot = rb.slots.iter().position(|s| !s.live);
+        let free_slot = match rb.slots.iter().position(|s| !s.live) {
+            None if !direct => rb.evict_for(root, seq),
+            free => free,
+        };
         if !direct && free_slot.is_none() {
             rb.stats.no_room += 1;
+            if body.flags & rbcast_flag::P2P != 0 && !coroot {
+                // A repair: dropped but taken, so the reliable stream from
+                // the collector is not held behind it (a repair of an
+                // earlier message may follow). Not acknowledged, so the
+                // collector repairs it again.
+                return Taken::Yes;
+            }
             return Taken::NoRoom;
         }
         // Taken: it consumed a buffer at every member (§5.4).
@@ -707,6 +769,7 @@ impl Nic {
             w.coroots = body.coroots;
             w.ack_every = body.ack_every.max(1);
             w.sent_ns = now;
+            w.repair_ns = 0;
             w.pending = pending;
             w.p2p_todo = tree_children(me, collectors);
             w.p2p_unacked = 0;
@@ -807,6 +870,8 @@ impl Nic {
             t.coroot_copies += s.coroot_copies;
             t.window_full += s.window_full;
             t.credit_stalls += s.credit_stalls;
+            t.polls += s.polls;
+            t.evicted += s.evicted;
         }
         t
     }

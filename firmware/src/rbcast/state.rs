@@ -47,8 +47,11 @@ pub(crate) struct Entry {
     /// retransmission timeout runs from here (§5.3).
     pub sent_ns: u64,
     /// Members of this node's sub-group, bit `rel - collector - 1`, that
-    /// have neither acknowledged it nor been sent a reliable repair.
+    /// have not acknowledged it yet (a repair does not clear it: a member
+    /// with no room drops a repair, and is repaired again).
     pub pending: u64,
+    /// When the missing members were last sent a repair (0: never).
+    pub repair_ns: u64,
     /// Collectors (by index) this node still has to send it to reliably
     /// (its children in the co-root tree).
     pub p2p_todo: u64,
@@ -107,6 +110,10 @@ pub struct RbcastStats {
     pub window_full: u64,
     /// Times the root stalled at zero credit.
     pub credit_stalls: u64,
+    /// Re-post counts asked of members at zero credit.
+    pub polls: u64,
+    /// Out-of-order messages dropped to make room for an earlier one.
+    pub evicted: u64,
 }
 
 /// One group's reliable-broadcast state on this NIC.
@@ -149,6 +156,10 @@ pub(crate) struct RbGroup {
     /// Receives posted by the host, in posting order: (descriptor, root).
     pub posted: std::collections::VecDeque<(crate::LocalDesc, u16)>,
     pub posted_max: usize,
+    /// Members this node, as root, found at zero credit (bit = rank), and
+    /// when it last asked them for their re-post count.
+    pub starved: u64,
+    pub polled_ns: u64,
     /// The group timer's deadline (0: not armed) and stamp.
     pub timer_at: u64,
     pub timer_stamp: u32,
@@ -177,6 +188,7 @@ impl RbGroup {
             ack_every: 1,
             sent_ns: 0,
             pending: 0,
+            repair_ns: 0,
             p2p_todo: 0,
             p2p_unacked: 0,
             data: vec![0; buf].into_boxed_slice(),
@@ -202,6 +214,8 @@ impl RbGroup {
             credit_owed_since: 0,
             posted: std::collections::VecDeque::with_capacity(posted_max as usize),
             posted_max: posted_max as usize,
+            starved: 0,
+            polled_ns: 0,
             timer_at: 0,
             timer_stamp: 0,
             stats: RbcastStats::default(),
@@ -308,6 +322,28 @@ impl RbGroup {
             return Arrival::Implausible;
         }
         Arrival::New
+    }
+
+    /// No slot is free for `root`'s message `seq`: frees the slot of a
+    /// later message of the same root held out of order (never
+    /// acknowledged, so its collector repairs it again) — a message
+    /// earlier in root order is worth more, and repairs arriving out of
+    /// order cannot then block the one every receive waits for. Returns
+    /// the freed slot.
+    pub(crate) fn evict_for(&mut self, root: u16, seq: u32) -> Option<usize> {
+        let expected = self.expected[root as usize];
+        let victim = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.live && s.root == root && seq_lt(seq, s.seq) && !seq_lt(s.seq, expected))
+            .max_by_key(|(_, s)| s.seq.wrapping_sub(expected))
+            .map(|(i, _)| i)?;
+        self.slots[victim].live = false;
+        // As if it never came: it consumes a buffer again when it does.
+        self.consumed = self.consumed.wrapping_sub(1);
+        self.stats.evicted += 1;
+        Some(victim)
     }
 
     /// The message the oldest posted receive wants: (root, seq).
