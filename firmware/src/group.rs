@@ -256,6 +256,7 @@ impl Nic {
         self.groups.by_id.insert((g.port, g.id), slot);
         let port = g.port;
         self.groups.slots[slot as usize] = Some(g);
+        self.rbcast_group_loaded(hal, slot);
         // Messages refused because the group did not exist may go now.
         self.coll_kick(hal, port);
         admin_result::OK
@@ -276,6 +277,7 @@ impl Nic {
     /// Removes a group; its operations (posted or only recorded) end with `status`.
     pub(crate) fn group_remove<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, status: Status) {
         self.coll_flush_group(hal, now, slot, status);
+        self.rbcast_group_removed(hal, now, slot, status);
         if let Some(g) = self.groups.slots[slot as usize].take() {
             self.groups.by_id.remove(&(g.port, g.id));
         }

@@ -216,6 +216,12 @@ impl Nic {
             if opcode.is_some_and(|op| !fits(op)) {
                 break; // Stays in the ring until an operation or atomic record frees.
             }
+            if opcode == Some(Opcode::Rbcast) {
+                let wd = read_desc(hal, next);
+                if !self.rbcast_admit(now, port, &wd) {
+                    break; // The reliable broadcast's root stalls (window or credits).
+                }
+            }
             budget -= 1;
             let d = self.take_desc(hal, port, true);
             self.take_send_desc(hal, now, port, &d);

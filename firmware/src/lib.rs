@@ -65,6 +65,9 @@
 //!   machines and the steps that perform them; `coll/bcast.rs`: broadcast
 //!   forwarding and bounce slots; `coll/multisend.rs`: multisend;
 //!   `coll/cache.rs`: the per-operation frame cache.
+//! - `rbcast/`: reliable broadcast over wire multicast (seed 002): the
+//!   window, per-root order, skewed lazy ACKs into ACK words, co-roots and
+//!   credits (`state.rs` the per-group tables, `mod.rs` frames and steps).
 //! - `combine.rs`: the reduction arithmetic.
 //! - `atomic.rs`: remote atomics, requester and responder.
 //! - `rma.rs`: remote write and read, initiator and target.
@@ -89,6 +92,7 @@ mod guard;
 mod host;
 pub mod mcast;
 mod mr;
+pub mod rbcast;
 mod rma;
 mod rx;
 mod slots;
@@ -301,6 +305,26 @@ pub struct Config {
     /// before it when that one has not started, so they arrive swapped.
     /// Never set outside such tests.
     pub fault_swap_sends: bool,
+    /// Reliable broadcast (seed 002): window entries per group (NIC
+    /// buffers of one MTU each, made when the group is loaded; 0 = no
+    /// reliable broadcast).
+    pub rbcast_window: u32,
+    /// Reliable broadcast: receive slots per group (the pre-posted
+    /// buffers of §5.4: every member's credit per member, and the
+    /// out-of-order queue).
+    pub rbcast_rx_slots: u32,
+    /// Reliable broadcast: receives the host may have posted per group.
+    pub rbcast_posted_max: u32,
+    /// Reliable broadcast: a collector repairs a member still missing a
+    /// message this long after it was sent or arrived (§5.3).
+    pub rbcast_rto_ns: u64,
+    /// Reliable broadcast: an owed ACK or credit update goes on its own
+    /// after this long (§4.4).
+    pub rbcast_ack_delay_ns: u64,
+    /// Reliable broadcast: co-roots repair their sub-groups. Fault
+    /// injection only: false makes a member a co-root collects for miss
+    /// what it lost (the tests check that they then fail).
+    pub rbcast_coroot_repair: bool,
 }
 
 impl Default for Config {
@@ -341,6 +365,12 @@ impl Default for Config {
             ack_delay_ns: 0,
             ack_coalesce_max: 16,
             fault_swap_sends: false,
+            rbcast_window: 16,
+            rbcast_rx_slots: 16,
+            rbcast_posted_max: 64,
+            rbcast_rto_ns: 1_000_000,
+            rbcast_ack_delay_ns: 200_000,
+            rbcast_coroot_repair: true,
         }
     }
 }
@@ -416,6 +446,12 @@ impl Config {
         }
         if self.atomic_max == 0 {
             return Some("atomic_max must be > 0");
+        }
+        if self.rbcast_window > 64 || self.rbcast_rx_slots > 1024 || self.rbcast_posted_max == 0 {
+            return Some("rbcast_window must be <= 64, rbcast_rx_slots <= 1024, rbcast_posted_max > 0");
+        }
+        if self.rbcast_rto_ns == 0 || self.rbcast_ack_delay_ns == 0 {
+            return Some("rbcast_rto_ns and rbcast_ack_delay_ns must be > 0");
         }
         if self.rma_reads_max == 0 {
             return Some("rma_reads_max must be > 0");
@@ -675,6 +711,13 @@ pub struct Nic {
     pub(crate) ack_timer_armed: bool,
     /// Some sender was told `FC_STOP` and waits for an update.
     pub(crate) fc_updates_owed: bool,
+    /// Reliable-broadcast state per group slot.
+    pub(crate) rbcast: Vec<Option<rbcast::RbGroupState>>,
+    /// Groups whose port could not join their multicast address.
+    pub(crate) rbcast_join_failed: u64,
+    /// One frame of scratch for the reliable broadcast's multicasts (also
+    /// read by the local ports' copies while `frame_buf` may be in use).
+    pub(crate) rbcast_frame: Vec<u8>,
 }
 
 impl Nic {
@@ -752,6 +795,7 @@ impl Nic {
                     + cfg.atomic_max as usize
                     + cfg.rma_reads_max as usize
                     + cfg.peers_max as usize
+                    + layout.params.group_entries as usize
                     + 2,
             ),
             ready: VecDeque::new(),
@@ -777,6 +821,9 @@ impl Nic {
             ack_due: VecDeque::with_capacity(cfg.peers_max as usize),
             ack_timer_armed: false,
             fc_updates_owed: false,
+            rbcast: (0..layout.params.group_entries).map(|_| None).collect(),
+            rbcast_join_failed: 0,
+            rbcast_frame: vec![0; MTU_MAX as usize],
             cfg,
         };
         set_status(hal, NicStatus::Running, FailReason::None);
@@ -824,7 +871,13 @@ impl Nic {
                     && (f.header().dst_port as usize) < self.ports.len()
                     && self.route_valid(hal, f.header().src_node) =>
             {
-                return self.receive_mcast(f.header());
+                let hdr = *f.header();
+                if let Frame::Rbcast { body, data, .. } = f {
+                    // For every local port whose group it is, whatever port it names.
+                    return self.rbcast_on_mcast(hal, now, &hdr, &body, data);
+                }
+                self.receive_mcast(&hdr);
+                return;
             }
             // A source outside the route table is no node of this cluster:
             // refused before it can take a peer entry or reach a receive.
@@ -857,6 +910,11 @@ impl Nic {
             }
             Frame::AtomicReq { hdr, body } => self.on_atomic_req(hal, now, &hdr, &body),
             Frame::AtomicResp { hdr, result } => self.on_atomic_resp(hal, now, &hdr, &result),
+            Frame::Rbcast { hdr, body, .. } => {
+                if self.ports[hdr.dst_port as usize].open {
+                    self.rbcast_on_frame(hal, &hdr, &body);
+                }
+            }
         }
     }
 
@@ -980,6 +1038,7 @@ impl Nic {
                 timer::Timer::RmaRead { slot, stamp } => self.on_read_timeout(hal, now, slot, stamp),
                 timer::Timer::AckFlush => self.on_ack_flush(hal, now),
                 timer::Timer::FcProbe { peer } => self.on_fc_probe(peer),
+                timer::Timer::Rbcast { group, stamp } => self.rbcast_tick(hal, now, group, stamp),
             }
         }
         self.poll_rings(hal, now);
@@ -1013,6 +1072,7 @@ impl Nic {
             timer::Timer::FcProbe { peer } => {
                 self.peers.get(peer as usize).and_then(Option::as_ref).is_some_and(|p| p.fc_level == wire::FC_STOP)
             }
+            timer::Timer::Rbcast { group, stamp } => self.rbcast_timer_live(group, stamp),
         }
     }
 
@@ -1160,6 +1220,7 @@ impl Nic {
         }
         self.unexp_invariants()?;
         self.coll_invariants()?;
+        self.rbcast_invariants()?;
         self.rma_invariants()?;
         self.atomic_invariants()
     }

@@ -3,9 +3,8 @@
 //! `emp_uapi::wire::MCAST_BASE` up); the NIC tells its MAC to filter for an
 //! address while any port holds it ([`Hal::mcast_membership`]), transmits a
 //! frame to an address once, and drops received multicast frames for
-//! addresses the destination port has not joined. What a joined frame
-//! carries is the reliable-broadcast protocol's business (to come): for now
-//! it is counted.
+//! addresses the destination port has not joined. A joined frame goes to
+//! the reliable broadcast (`rbcast/`) when it is one of its frames.
 
 use emp_uapi::wire::{is_mcast, FrameHeader};
 use emp_uapi::Le;
@@ -105,6 +104,16 @@ impl Nic {
         self.mcast.joined.iter().any(|&(_, p)| p == port)
     }
 
+    /// A multicast frame was kept for a port (counted as received).
+    pub(crate) fn mcast_kept(&mut self, kept: bool) {
+        if kept {
+            self.mcast.received += 1;
+        } else {
+            self.mcast.not_joined += 1;
+            self.count(emp_uapi::sram::counter::DROPPED_UNEXPECTED, 1);
+        }
+    }
+
     /// Does `port` receive `addr`?
     pub fn mcast_joined(&self, port: u16, addr: u16) -> bool {
         self.mcast.joined(addr, port)
@@ -121,14 +130,12 @@ impl Nic {
         Ok(())
     }
 
-    /// A received frame to a multicast address: kept only for a port that joined it.
-    pub(crate) fn receive_mcast(&mut self, hdr: &FrameHeader) {
-        if self.mcast.joined(hdr.dst_node, hdr.dst_port) {
-            self.mcast.received += 1;
-        } else {
-            self.mcast.not_joined += 1;
-            self.count(emp_uapi::sram::counter::DROPPED_UNEXPECTED, 1);
-        }
+    /// A received frame to a multicast address: kept (true) only for a
+    /// port that joined it.
+    pub(crate) fn receive_mcast(&mut self, hdr: &FrameHeader) -> bool {
+        let kept = self.mcast.joined(hdr.dst_node, hdr.dst_port);
+        self.mcast_kept(kept);
+        kept
     }
 
     /// Multicast transmissions, received frames kept, and dropped (not joined).

@@ -23,6 +23,8 @@ pub enum Timer {
     AckFlush,
     /// Peer `peer` was told to stop sending: it may probe now.
     FcProbe { peer: u32 },
+    /// Reliable-broadcast timer of group slot `group` (`rbcast/`).
+    Rbcast { group: u32, stamp: u32 },
 }
 
 /// Deadline-ordered timers.

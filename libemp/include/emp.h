@@ -211,6 +211,15 @@ int emp_bcast(struct emp_device *dev, const struct emp_group *g, int root, const
 	      uint32_t *status);
 int emp_allreduce(struct emp_device *dev, const struct emp_group *g, enum emp_dtype t, enum emp_reduce_op op,
 		  const struct emp_sge *send, const struct emp_sge *recv, uint32_t *status);
+/* Reliable broadcast over wire multicast (seed 002; EMP_1.4): coroots = 0
+ * for the root alone, ack_every = ACK every M broadcasts (skewed; 0 or 1 =
+ * every one), window = window entries the root may use (0 = all). At most
+ * one frame of data (EMP_STATUS_TOO_LARGE beyond; use emp_post_bcast). The
+ * root's completes once its NIC holds the data. */
+int emp_post_rbcast(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, int root, uint8_t coroots,
+		    uint8_t ack_every, uint8_t window, const struct emp_sge *sge, size_t n);
+int emp_rbcast(struct emp_device *dev, const struct emp_group *g, int root, uint8_t coroots, uint8_t ack_every,
+	       uint8_t window, const struct emp_sge *sge, size_t n, uint32_t *status);
 /* Registered memory with its own access rights (e.g. EMP_ACCESS_REMOTE_ATOMIC). */
 void *emp_alloc_mr(struct emp_device *dev, size_t len, uint32_t access, uint32_t *key, uint64_t *offset);
 

@@ -921,6 +921,59 @@ pub unsafe extern "C" fn emp_post_bcast(
     }
 }
 
+/// Posts a reliable broadcast over wire multicast from `root` with
+/// algorithm (`coroots`, `ack_every`, `window`).
+///
+/// # Safety
+/// `dev` is open; `g` is live; `sge` points to `n` entries.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn emp_post_rbcast(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    g: *const EmpGroup,
+    root: c_int,
+    coroots: u8,
+    ack_every: u8,
+    window: u8,
+    sge: *const Sge,
+    n: usize,
+) -> c_int {
+    // SAFETY: caller guarantees the pointers.
+    let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
+    let algo = crate::RbcastAlgo { coroots, ack_every, window };
+    match usize::try_from(root) {
+        Ok(root) => rc(d.post_rbcast(wr_id, g, root, algo, s)),
+        Err(_) => -libc::EINVAL,
+    }
+}
+
+/// Blocking reliable broadcast over wire multicast.
+///
+/// # Safety
+/// `dev` is open; `g` is live; `sge` points to `n` entries; `status` is NULL or writable.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn emp_rbcast(
+    dev: *mut EmpDevice,
+    g: *const EmpGroup,
+    root: c_int,
+    coroots: u8,
+    ack_every: u8,
+    window: u8,
+    sge: *const Sge,
+    n: usize,
+    status: *mut u32,
+) -> c_int {
+    // SAFETY: caller guarantees the pointers.
+    let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
+    let algo = crate::RbcastAlgo { coroots, ack_every, window };
+    let r =
+        usize::try_from(root).map_err(|_| Error::invalid("negative root")).and_then(|root| d.rbcast(g, root, algo, s));
+    // SAFETY: `status` per the caller.
+    unsafe { blocking_status(r, status) }
+}
+
 /// Posts a multisend to the members in the rank mask `ranks`.
 ///
 /// # Safety

@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use emp_uapi::coll::{
-    reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_INLINE_MAX, GROUP_MEMBERS_MAX, MULTISEND_WINDOW, TREES_MAX,
-    TREE_ROOT, TREE_ROOT_WIDE,
+    rbcast_tag, reduce_tag, BarrierAlgo, Dtype, RbcastAlgo, ReduceOp, GROUP_INLINE_MAX, GROUP_MEMBERS_MAX,
+    MULTISEND_WINDOW, TREES_MAX, TREE_ROOT, TREE_ROOT_WIDE,
 };
 use emp_uapi::desc::{Opcode, Sge, WorkDesc, WD_SIGNALED};
 use emp_uapi::sram::GroupEntry;
@@ -440,6 +440,63 @@ impl Device {
         let len: u64 = sges.iter().map(|s| s.len as u64).sum();
         let tree = g.tree_for(len, self.info().mtu, &CostModel::default());
         self.post_bcast_tree(wr_id, g, root, tree, sges)
+    }
+
+    /// Posts a reliable broadcast of `sges` from `root` over wire
+    /// multicast (seed 002), with algorithm `algo` (co-roots, ACK every M,
+    /// window): the root's NIC copies the data into its window, multicasts
+    /// it once and completes the root's post at once; the others' posts
+    /// complete with the data, in the root's order, exactly once. At most
+    /// [`emp_uapi::wire::rbcast_payload_max`] bytes (larger:
+    /// `Status::TooLarge`; use [`Device::post_bcast`]), in groups of at
+    /// most 64 members (wider: `Status::TooLarge` too). Every member's
+    /// `sges` have the same total length.
+    ///
+    /// # Errors
+    /// [`Error::RingFull`], [`Error::TooManySges`], [`Error::InvalidArgument`]
+    /// when `root` is not a rank or `algo` has more co-roots than members.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// let buf = dev.alloc(256)?;
+    /// let algo = emp::RbcastAlgo { coroots: 0, ack_every: 4, window: 0 };
+    /// dev.post_rbcast(8, &g, 0, algo, &[buf.sge(0, 256)])?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn post_rbcast(&mut self, wr_id: u64, g: &Group, root: usize, algo: RbcastAlgo, sges: &[Sge]) -> Result<()> {
+        if sges.len() > emp_uapi::desc::SGE_MAX {
+            return Err(Error::TooManySges);
+        }
+        if root >= g.size() || algo.coroots as usize >= g.size() {
+            return Err(Error::invalid("reliable broadcast: root or co-roots beyond the group"));
+        }
+        let d = Self::coll_desc(wr_id, Opcode::Rbcast, g, root as u16, rbcast_tag(algo), 0, sges);
+        self.post(true, &d)
+    }
+
+    /// Blocking reliable broadcast (see [`Device::post_rbcast`]): the root
+    /// returns once its NIC holds the data, the others once it arrived.
+    ///
+    /// # Errors
+    /// As [`Device::post_rbcast`], and [`Error::Failed`] with the
+    /// completion's status.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
+    /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
+    /// let buf = dev.alloc(64)?;
+    /// dev.rbcast(&g, 0, emp::RbcastAlgo::default(), &[buf.sge(0, 64)])?;
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn rbcast(&mut self, g: &Group, root: usize, algo: RbcastAlgo, sges: &[Sge]) -> Result<()> {
+        let wr = self.internal_wr();
+        self.post_rbcast(wr, g, root, algo, sges)?;
+        self.wait_ok(wr, None).map(|_| ())
     }
 
     /// Posts one message with `tag` to the members whose ranks are set in

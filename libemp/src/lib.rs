@@ -44,7 +44,7 @@ pub use backend::direct::{
 };
 pub use backend::COUNTERS;
 pub use device::{Device, INTERNAL_WR};
-pub use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};
+pub use emp_uapi::coll::{BarrierAlgo, Dtype, RbcastAlgo, ReduceOp};
 pub use emp_uapi::desc::RemoteSge;
 pub use emp_uapi::desc::{
     Opcode, Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE,

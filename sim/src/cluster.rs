@@ -834,6 +834,30 @@ impl Cluster {
         wr
     }
 
+    /// Posts a reliable broadcast (seed 002) on group slot `slot` from
+    /// `root` with algorithm `algo` (`emp_uapi::coll::rbcast_tag`): the
+    /// root sends `data`, the others receive `data.len()` bytes into a
+    /// fresh buffer (read with [`Cluster::received`]). Returns the wr_id.
+    pub fn rbcast(&mut self, n: u16, slot: u32, root: u16, algo: u64, data: &[u8], is_root: bool) -> u64 {
+        let len = data.len() as u64;
+        let off = self.alloc(n, len);
+        if is_root {
+            let node = &mut self.world.nodes[n as usize];
+            self.ports[n as usize].data.write(&mut node.mem, off, data);
+        }
+        let key = self.ports[n as usize].data.key;
+        let mut d = work_desc(Opcode::Rbcast as u8, 0, slot as u16, root, algo, 0, key, off, len, 2);
+        if len == 0 {
+            d.num_sge = 0;
+            d.sge[0] = Default::default();
+        }
+        let wr = self.bufs.len() as u64;
+        d.wr_id = wr;
+        self.bufs.push((n, off, len));
+        self.post(n, d, true, if is_root { len } else { 0 });
+        wr
+    }
+
     /// Posts a multisend of `data` with `tag` from `node` to the group
     /// ranks in `mask`; returns its wr_id.
     pub fn multisend(&mut self, n: u16, slot: u32, mask: u64, tag: u64, data: &[u8]) -> u64 {

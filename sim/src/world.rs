@@ -754,6 +754,12 @@ impl World {
         }
     }
 
+    /// Draws the wire's faults from `seed` from now on (scenarios that
+    /// vary only the seed of one cluster shape).
+    pub fn reseed(&mut self, seed: u64) {
+        self.rng = Rng::new(seed);
+    }
+
     /// Reveals part of `node`'s pending host-memory writes and queues the
     /// next reveal while some remain.
     fn queue_reveal(&mut self, node: u16) {

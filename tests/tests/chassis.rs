@@ -88,6 +88,19 @@ fn tap_coll_two_ranks() {
     assert_tap(&c.run(2, &[env!("CARGO_BIN_EXE_tap-coll")]), 12);
 }
 
+/// Reliable broadcast over the mem wire's multicast (seed 002): three
+/// ranks on three NICs, then six on three (two ports per NIC: a member on
+/// the root's own NIC takes its copy locally), with loss.
+#[test]
+fn tap_rbcast_over_mem_wire_multicast() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::up("rbcast3", &["-n", "3"]);
+    assert_tap(&c.run(3, &[env!("CARGO_BIN_EXE_tap-rbcast")]), 3);
+    drop(c);
+    let c = Cluster::up("rbcast6", &["-n", "3", "--loss", "0.05", "--dup", "0.02", "--reorder", "0.05"]);
+    assert_tap(&c.run(6, &[env!("CARGO_BIN_EXE_tap-rbcast")]), 3);
+}
+
 #[test]
 fn tap_coll_eight_ranks_on_four_nics_with_loss() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -69,6 +69,10 @@ extern "C" {
 /*   ATOMIC_RESP:    emp_frame_header | emp_atomic_result              */
 /*                   (doubles as the ACK)                              */
 /*   RMA:            as DATA; the payload starts with emp_rma_header   */
+/*   RBCAST:         emp_frame_header | emp_rbcast_header | data       */
+/*                   (reliable broadcast: data to a multicast address, */
+/*                   ACKs to a collector; repairs are COLL_DATA of     */
+/*                   kind EMP_COLL_KIND_RBCAST with the same body)     */
 /*                                                                     */
 /* Collective messages share the per-peer message sequence,            */
 /* reliability and flow control of DATA; the NIC consumes them itself. */
@@ -93,6 +97,7 @@ extern "C" {
 #define EMP_FRAME_ATOMIC_REQ 5U  /* body: emp_atomic_body */
 #define EMP_FRAME_ATOMIC_RESP 6U /* body: emp_atomic_result */
 #define EMP_FRAME_RMA 7U         /* payload starts with an emp_rma_header */
+#define EMP_FRAME_RBCAST 8U      /* body: emp_rbcast_header, then data */
 
 /* NACK reasons (emp_ack_body.reason). */
 #define EMP_NACK_LOSS 1U
@@ -189,6 +194,31 @@ struct emp_rma_header {
 	uint64_t cookie;     /* WRITE_IMM: immediate; READ_*: the read's name; else 0 */
 };
 
+/* Reliable-broadcast frame kinds (emp_rbcast_header.kind) and flags. */
+#define EMP_RBCAST_DATA 1U      /* seq = the message's number in its root's sequence */
+#define EMP_RBCAST_ACK 2U       /* cumulative: every message of root below seq is held */
+#define EMP_RBCAST_POLL 3U      /* a root at zero credit asks for the re-post count */
+#define EMP_RBCAST_PIGGY_ACK 1U /* ack_root / ack_next carry an ACK (DATA only) */
+#define EMP_RBCAST_P2P 2U       /* a repair or co-root copy (reliable point-to-point) */
+
+/* Header of a reliable-broadcast frame (32 bytes; seed 002). */
+struct emp_rbcast_header {
+	uint32_t group_id;
+	uint32_t epoch;
+	uint32_t seq;        /* DATA: number in the root's sequence; ACK: next expected */
+	uint32_t reposted;   /* receive buffers the sender re-posted (credits, cumulative) */
+	uint32_t ack_next;   /* with EMP_RBCAST_PIGGY_ACK: ACK for ack_root */
+	uint16_t len;        /* data bytes after the header */
+	uint8_t kind;        /* EMP_RBCAST_DATA / EMP_RBCAST_ACK */
+	uint8_t root;        /* root rank */
+	uint8_t sender;      /* sender rank */
+	uint8_t ack_root;
+	uint8_t coroots;     /* DATA: the root's co-root count */
+	uint8_t ack_every;   /* DATA: ACK every M messages, >= 1 */
+	uint8_t flags;       /* EMP_RBCAST_PIGGY_ACK | EMP_RBCAST_P2P */
+	uint8_t reserved[3]; /* zero */
+};
+
 /* Body of an ATOMIC_RESP frame (16 bytes). */
 struct emp_atomic_result {
 	uint8_t status;      /* EMP_STATUS_* for the requester */
@@ -243,6 +273,10 @@ struct emp_atomic_result {
 #define EMP_OP_RDMA_READ 12U
 #define EMP_OP_RECV_RDMA_IMM 13U
 #define EMP_OP_PROBE 14U /* receive ring: peek (or claim) an unexpected message; no SGEs */
+#define EMP_OP_RBCAST 15U /* reliable broadcast over multicast; tag = EMP_RBCAST_TAG() */
+/* Reliable broadcast algorithm (EMP_OP_RBCAST tag): co-roots, ACK every M, window. */
+#define EMP_RBCAST_TAG(coroots, ack_every, window) \
+	((uint64_t)(uint8_t)(coroots) | (uint64_t)(uint8_t)(ack_every) << 8 | (uint64_t)(uint8_t)(window) << 16)
 
 /* Work descriptor flags. */
 #define EMP_WD_SIGNALED (1U << 0)
@@ -426,6 +460,7 @@ struct emp_mr_entry {
 #define EMP_COLL_KIND_BARRIER_RELEASE 5U /* gather-release: release */
 #define EMP_COLL_KIND_REDUCE_UP 6U       /* partial result, child -> parent */
 #define EMP_COLL_KIND_ALLREDUCE_DOWN 7U  /* allreduce result down the tree */
+#define EMP_COLL_KIND_RBCAST 8U          /* reliable broadcast repair / co-root copy */
 
 /* Header at the start of every collective message's payload (32 bytes;
  * frame kind EMP_FRAME_COLL_DATA). */
@@ -1086,6 +1121,7 @@ EMP_STATIC_ASSERT(sizeof(struct emp_ack_body) == 16, "emp_ack_body");
 EMP_STATIC_ASSERT(sizeof(struct emp_atomic_body) == 40, "emp_atomic_body");
 EMP_STATIC_ASSERT(sizeof(struct emp_atomic_result) == 16, "emp_atomic_result");
 EMP_STATIC_ASSERT(sizeof(struct emp_rma_header) == 32, "emp_rma_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_rbcast_header) == 32, "emp_rbcast_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_sge) == 16, "emp_sge");
 EMP_STATIC_ASSERT(sizeof(struct emp_work_desc) == 128, "emp_work_desc");
 EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 40, "emp_cqe");

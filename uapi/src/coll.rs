@@ -147,6 +147,33 @@ impl ReduceOp {
     }
 }
 
+/// The reliable broadcast's algorithm, chosen per call (seed 002): the
+/// descriptor's `tag` of an `Opcode::Rbcast` ([`rbcast_tag`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RbcastAlgo {
+    /// Co-roots (§4.3): 0 = the root collects every ACK itself.
+    pub coroots: u8,
+    /// ACK every M messages, skewed (§4.4); 0 or 1 = every message.
+    pub ack_every: u8,
+    /// Window slots the root may use (§4.2), 0 = all the NIC has.
+    pub window: u8,
+}
+
+/// The descriptor `tag` of a reliable broadcast with algorithm `a`.
+pub const fn rbcast_tag(a: RbcastAlgo) -> u64 {
+    a.coroots as u64 | (a.ack_every as u64) << 8 | (a.window as u64) << 16
+}
+
+/// The algorithm a reliable broadcast's `tag` names (`None`: bits beyond
+/// the three fields, or more co-roots than a group has members).
+pub const fn rbcast_algo(tag: u64) -> Option<RbcastAlgo> {
+    let a = RbcastAlgo { coroots: tag as u8, ack_every: (tag >> 8) as u8, window: (tag >> 16) as u8 };
+    if tag >> 24 != 0 || a.coroots as usize >= GROUP_MEMBERS_MAX {
+        return None;
+    }
+    Some(a)
+}
+
 /// The `tag` of a reduce/allreduce descriptor: `dtype | op << 8 | tree << 16`.
 pub const fn reduce_tag(t: Dtype, op: ReduceOp, tree: u8) -> u64 {
     t as u64 | (op as u64) << 8 | (tree as u64) << 16
@@ -321,6 +348,10 @@ pub enum CollKind {
     ReduceUp = 6,
     /// Allreduce result travelling down the tree.
     AllreduceDown = 7,
+    /// Reliable broadcast (seed 002): a repair or co-root copy over the
+    /// reliable point-to-point path; the payload after this header is an
+    /// `RbcastHeader` and the data.
+    Rbcast = 8,
 }
 
 impl CollKind {
@@ -334,6 +365,7 @@ impl CollKind {
             5 => CollKind::BarrierRelease,
             6 => CollKind::ReduceUp,
             7 => CollKind::AllreduceDown,
+            8 => CollKind::Rbcast,
             _ => return None,
         })
     }

@@ -66,6 +66,13 @@ pub enum Opcode {
     /// probes pass it by, and only a claimed receive whose `tag` is the
     /// completion's `byte_len` (the claim handle) takes it.
     Probe = 14,
+    /// Reliable broadcast over wire multicast (seed 002). `node` = group
+    /// slot, `port` = root rank, `tag` = [`crate::coll::rbcast_tag`]
+    /// (co-roots, ACK every M, window), `ignore` = 0; `sge` = the buffer
+    /// (the root's source, everyone else's destination), at most
+    /// [`crate::wire::rbcast_payload_max`] bytes. The root's completes as
+    /// soon as its NIC copied the data into its window.
+    Rbcast = 15,
 }
 
 impl Opcode {
@@ -86,13 +93,17 @@ impl Opcode {
             12 => Some(Opcode::RdmaRead),
             13 => Some(Opcode::RecvRdmaImm),
             14 => Some(Opcode::Probe),
+            15 => Some(Opcode::Rbcast),
             _ => None,
         }
     }
 
     /// A collective over a group (the descriptor's `node` is a group slot).
     pub const fn is_collective(self) -> bool {
-        matches!(self, Opcode::MultiSend | Opcode::Bcast | Opcode::Barrier | Opcode::Reduce | Opcode::Allreduce)
+        matches!(
+            self,
+            Opcode::MultiSend | Opcode::Bcast | Opcode::Barrier | Opcode::Reduce | Opcode::Allreduce | Opcode::Rbcast
+        )
     }
 
     /// A remote atomic.
@@ -268,6 +279,11 @@ impl WorkDesc {
             }
             Opcode::Bcast => {
                 (self.port as usize) < GROUP_MEMBERS_MAX && self.tag < TREES_MAX as u64 && self.ignore == 0
+            }
+            Opcode::Rbcast => {
+                (self.port as usize) < GROUP_MEMBERS_MAX
+                    && crate::coll::rbcast_algo(self.tag).is_some()
+                    && self.ignore == 0
             }
             Opcode::Barrier => {
                 BarrierAlgo::from_u16(self.port).is_some() && self.tag < TREES_MAX as u64 && self.ignore == 0 && n == 0

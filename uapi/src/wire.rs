@@ -14,7 +14,13 @@
 //! ATOMIC_REQ:     FrameHeader | AtomicBody     (msg_seq = atomic sequence)
 //! ATOMIC_RESP:    FrameHeader | AtomicResult   (doubles as the ACK)
 //! RMA:            as DATA; the message payload starts with an RmaHeader
+//! RBCAST:         FrameHeader | RbcastHeader | payload   (reliable broadcast)
 //! ```
+//! RBCAST frames are the reliable broadcast's (seed 002): its data goes to a
+//! multicast address (unreliable, one transmission), its ACKs to one
+//! collector; its repairs and co-root copies ride the reliable
+//! point-to-point path as `COLL_DATA` messages of kind
+//! `CollKind::Rbcast` whose payload is the same `RbcastHeader | payload`.
 //! Remote writes, read requests and read responses are RMA messages: they
 //! share the per-peer message sequence, reliability and flow control of
 //! DATA (so each is executed once, however often it is retransmitted);
@@ -87,6 +93,9 @@ pub enum FrameKind {
     AtomicResp = 6,
     /// Remote write, read request or read response (payload starts with an [`RmaHeader`]).
     Rma = 7,
+    /// Reliable broadcast data (to a multicast address) or ACK (to a
+    /// collector): an [`RbcastHeader`], then the data.
+    Rbcast = 8,
 }
 
 impl FrameKind {
@@ -100,6 +109,7 @@ impl FrameKind {
             5 => Some(FrameKind::AtomicReq),
             6 => Some(FrameKind::AtomicResp),
             7 => Some(FrameKind::Rma),
+            8 => Some(FrameKind::Rbcast),
             _ => None,
         }
     }
@@ -386,6 +396,119 @@ impl RmaHeader {
     }
 }
 
+/// [`RbcastHeader::kind`] values.
+pub mod rbcast_kind {
+    /// A broadcast message (`seq` = its number in its root's sequence).
+    pub const DATA: u8 = 1;
+    /// A cumulative ACK: the sender holds every message of `root` below `seq`.
+    pub const ACK: u8 = 2;
+    /// A root at zero credit for the receiver asks for its re-post count
+    /// (answered with an ACK to the sender).
+    pub const POLL: u8 = 3;
+}
+
+/// [`RbcastHeader::flags`] bits.
+pub mod rbcast_flag {
+    /// `ack_root` / `ack_next` carry a piggybacked cumulative ACK (DATA only).
+    pub const PIGGY_ACK: u8 = 1 << 0;
+    /// A repair or co-root copy sent over the reliable point-to-point path.
+    pub const P2P: u8 = 1 << 1;
+    /// All defined flags.
+    pub const ALL: u8 = PIGGY_ACK | P2P;
+}
+
+le_struct! {
+    /// Header of a reliable-broadcast frame (seed 002), after the
+    /// [`FrameHeader`] of an `RBCAST` frame or after the `CollHeader` of a
+    /// point-to-point copy (32 bytes). Ranks are group ranks.
+    pub struct RbcastHeader {
+        /// Group id.
+        pub group_id: u32,
+        /// Group epoch.
+        pub epoch: u32,
+        /// DATA: the message's number in its root's sequence (from 0).
+        /// ACK: every message of `root` below it is held (cumulative).
+        pub seq: u32,
+        /// Receive buffers the sender re-posted so far in this group
+        /// (cumulative; the multicast credits of §5.4, piggybacked).
+        pub reposted: u32,
+        /// With [`rbcast_flag::PIGGY_ACK`]: a cumulative ACK for `ack_root`.
+        pub ack_next: u32,
+        /// Data bytes after the header.
+        pub len: u16,
+        /// [`rbcast_kind`].
+        pub kind: u8,
+        /// Root rank of the message (DATA) or of the acknowledged sequence (ACK).
+        pub root: u8,
+        /// Sender's rank.
+        pub sender: u8,
+        /// With [`rbcast_flag::PIGGY_ACK`]: the root `ack_next` is for.
+        pub ack_root: u8,
+        /// DATA: the root's co-root count (§4.3), 0 = the root alone.
+        pub coroots: u8,
+        /// DATA: ACK every this many messages (§4.4), at least 1.
+        pub ack_every: u8,
+        /// [`rbcast_flag`] bits.
+        pub flags: u8,
+        /// Reserved, zero.
+        pub reserved: [u8; 3],
+    }
+    size = 32;
+}
+
+impl RbcastHeader {
+    /// Decodes and validates a header from untrusted bytes followed by
+    /// exactly `len` data bytes.
+    pub fn parse(b: &[u8]) -> Result<RbcastHeader, DecodeError> {
+        let h = RbcastHeader::decode(b)?;
+        if h.reserved != [0; 3] || h.flags & !rbcast_flag::ALL != 0 {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        let ranks = crate::coll::GROUP_MEMBERS_MAX;
+        if h.root as usize >= ranks || h.sender as usize >= ranks || h.ack_root as usize >= ranks {
+            return Err(DecodeError::BadIndex);
+        }
+        match h.kind {
+            rbcast_kind::DATA if h.ack_every >= 1 && (h.coroots as usize) < ranks => {}
+            rbcast_kind::ACK | rbcast_kind::POLL
+                if h.len == 0 && h.flags == 0 && h.coroots == 0 && h.ack_every == 0 => {}
+            rbcast_kind::DATA | rbcast_kind::ACK | rbcast_kind::POLL => return Err(DecodeError::ReservedNotZero),
+            _ => return Err(DecodeError::BadKind),
+        }
+        if h.flags & rbcast_flag::PIGGY_ACK == 0 && (h.ack_root != 0 || h.ack_next != 0) {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        if b.len() != RbcastHeader::SIZE + h.len as usize {
+            return Err(DecodeError::BadLength);
+        }
+        Ok(h)
+    }
+}
+
+/// Writes an RBCAST frame (`hdr.payload_len` must equal `body.len` and
+/// `data.len()`) into `out`; returns its length.
+pub fn emit_rbcast(hdr: &FrameHeader, body: &RbcastHeader, data: &[u8], out: &mut [u8]) -> Result<usize, DecodeError> {
+    debug_assert_eq!(hdr.kind, FrameKind::Rbcast as u8);
+    let len = FrameHeader::SIZE + RbcastHeader::SIZE + data.len();
+    if hdr.payload_len as usize != data.len() || body.len as usize != data.len() {
+        return Err(DecodeError::BadLength);
+    }
+    if out.len() < len {
+        return Err(DecodeError::Truncated);
+    }
+    hdr.encode(out)?;
+    body.encode(&mut out[FrameHeader::SIZE..])?;
+    out[FrameHeader::SIZE + RbcastHeader::SIZE..len].copy_from_slice(data);
+    Ok(len)
+}
+
+/// Bytes of data one reliable broadcast message carries at `mtu`: it must
+/// fit one multicast frame and one point-to-point copy (frame 0 of a
+/// `COLL_DATA` message, behind its `CollHeader`).
+pub const fn rbcast_payload_max(mtu: u32) -> usize {
+    payload_capacity(mtu, 0) - crate::coll::CollHeader::SIZE - RbcastHeader::SIZE
+}
+
 /// Bytes of headers before the payload in a DATA frame.
 pub const fn data_header_len(frame_index: u32) -> usize {
     if frame_index == 0 {
@@ -444,6 +567,8 @@ pub enum Frame<'a> {
     AtomicReq { hdr: FrameHeader, body: AtomicBody },
     /// A remote atomic response.
     AtomicResp { hdr: FrameHeader, result: AtomicResult },
+    /// A reliable-broadcast data frame or ACK.
+    Rbcast { hdr: FrameHeader, body: RbcastHeader, data: &'a [u8] },
 }
 
 impl<'a> Frame<'a> {
@@ -543,6 +668,16 @@ impl<'a> Frame<'a> {
                 }
                 Ok(Frame::AtomicResp { hdr, result })
             }
+            FrameKind::Rbcast => {
+                let body = RbcastHeader::parse(rest)?;
+                if hdr.payload_len != body.len || hdr.frame_index != 0 || hdr.frame_count != 1 {
+                    return Err(DecodeError::BadLength);
+                }
+                if body.flags & rbcast_flag::P2P != 0 {
+                    return Err(DecodeError::ReservedNotZero);
+                }
+                Ok(Frame::Rbcast { hdr, body, data: &rest[RbcastHeader::SIZE..] })
+            }
         }
     }
 
@@ -553,7 +688,8 @@ impl<'a> Frame<'a> {
             | Frame::Ack { hdr, .. }
             | Frame::Nack { hdr, .. }
             | Frame::AtomicReq { hdr, .. }
-            | Frame::AtomicResp { hdr, .. } => hdr,
+            | Frame::AtomicResp { hdr, .. }
+            | Frame::Rbcast { hdr, .. } => hdr,
         }
     }
 
@@ -565,7 +701,8 @@ impl<'a> Frame<'a> {
             | Frame::Ack { hdr, .. }
             | Frame::Nack { hdr, .. }
             | Frame::AtomicReq { hdr, .. }
-            | Frame::AtomicResp { hdr, .. } => hdr,
+            | Frame::AtomicResp { hdr, .. }
+            | Frame::Rbcast { hdr, .. } => hdr,
         }
     }
 }

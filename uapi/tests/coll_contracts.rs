@@ -343,6 +343,21 @@ fn reduce_tags_round_trip() {
 }
 
 #[test]
+fn rbcast_tags_round_trip() {
+    use emp_uapi::coll::{rbcast_algo, rbcast_tag, RbcastAlgo};
+    for coroots in 0..64u8 {
+        for ack_every in [0u8, 1, 10, 255] {
+            for window in [0u8, 3, 255] {
+                let a = RbcastAlgo { coroots, ack_every, window };
+                assert_eq!(rbcast_algo(rbcast_tag(a)), Some(a));
+            }
+        }
+    }
+    assert_eq!(rbcast_algo(64), None, "more co-roots than a group has members");
+    assert_eq!(rbcast_algo(1 << 24), None, "bits beyond the fields");
+}
+
+#[test]
 fn wire_and_desc_enums_round_trip() {
     let mut n_ops = 0;
     for v in 0..=255u8 {
@@ -350,7 +365,7 @@ fn wire_and_desc_enums_round_trip() {
             n_ops += 1;
             assert_eq!(op as u8, v);
             assert!(!(op.is_collective() && op.is_atomic()));
-            assert_eq!(op.is_collective(), (3..=7).contains(&v), "{op:?}");
+            assert_eq!(op.is_collective(), (3..=7).contains(&v) || v == 15, "{op:?}");
             assert_eq!(op.is_atomic(), (8..=10).contains(&v), "{op:?}");
             assert_eq!(op.is_rma(), (11..=12).contains(&v), "{op:?}");
             assert_eq!(op.is_remote_access(), (8..=12).contains(&v), "{op:?}");
@@ -362,8 +377,8 @@ fn wire_and_desc_enums_round_trip() {
             assert_eq!(r as u8, v);
         }
     }
-    assert_eq!(n_ops, 14);
-    assert_eq!((0..=255u8).filter_map(FrameKind::from_u8).count(), 7);
+    assert_eq!(n_ops, 15);
+    assert_eq!((0..=255u8).filter_map(FrameKind::from_u8).count(), 8);
     assert_eq!((0..=255u8).filter_map(NackReason::from_u8).count(), 9);
     for v in 0..64u32 {
         if let Some(a) = AdminOp::from_u32(v) {

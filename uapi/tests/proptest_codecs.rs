@@ -476,6 +476,12 @@ fn re_emit(f: &Frame<'_>) -> Vec<u8> {
         }
         Frame::AtomicReq { hdr, body } => build_atomic_req(&hdr, &body),
         Frame::AtomicResp { hdr, result } => build_atomic_resp(&hdr, &result),
+        Frame::Rbcast { hdr, body, data } => {
+            let mut out = vec![0u8; FrameHeader::SIZE + RbcastHeader::SIZE + data.len()];
+            let n = emit_rbcast(&hdr, &body, data, &mut out).unwrap();
+            out.truncate(n);
+            out
+        }
     }
 }
 
@@ -532,6 +538,13 @@ fn check_parsed(bytes: &[u8], f: &Frame<'_>) -> Result<(), TestCaseError> {
             prop_assert_eq!(hdr.kind, FrameKind::Nack as u8);
             prop_assert_eq!(hdr.payload_len, 0);
             prop_assert_eq!(body.reason, reason as u8);
+        }
+        Frame::Rbcast { hdr, body, data } => {
+            prop_assert_eq!(hdr.kind, FrameKind::Rbcast as u8);
+            prop_assert_eq!((hdr.payload_len, body.len as usize), (data.len() as u16, data.len()));
+            prop_assert!(matches!(body.kind, rbcast_kind::DATA | rbcast_kind::ACK | rbcast_kind::POLL));
+            prop_assert_eq!(body.flags & rbcast_flag::P2P, 0);
+            prop_assert_eq!(body.reserved, [0u8; 3]);
         }
     }
     // Everything parse accepts is exactly what the emitters produce.
@@ -1053,6 +1066,11 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
             d.tag = next(&mut x) % trees;
             d.ignore = 0;
         }
+        Opcode::Rbcast => {
+            d.port = (next(&mut x) % members) as u16;
+            d.tag = (next(&mut x) & 0xFF_FF00) | (next(&mut x) % members);
+            d.ignore = 0;
+        }
         Opcode::Barrier => {
             d.port = (next(&mut x) % 3) as u16;
             d.tag = next(&mut x) % trees;
@@ -1105,8 +1123,12 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
 
 /// Descriptors of every opcode a host may post (RECV_RDMA_IMM is a completion only), shaped to be valid.
 fn shaped_work_desc() -> impl Strategy<Value = WorkDesc> {
-    (arb_work_desc(), 1u8..=13, any::<u64>()).prop_map(|(mut d, opcode, seed)| {
-        d.opcode = if opcode == 13 { Opcode::Probe as u8 } else { opcode };
+    (arb_work_desc(), 1u8..=14, any::<u64>()).prop_map(|(mut d, opcode, seed)| {
+        d.opcode = match opcode {
+            13 => Opcode::Probe as u8,
+            14 => Opcode::Rbcast as u8,
+            o => o,
+        };
         shape_operands(&mut d, seed);
         d
     })
@@ -1198,6 +1220,8 @@ fn operands_spec(d: &WorkDesc, op: Opcode) -> bool {
         Opcode::MultiSend => (d.port as u64) < members / 64 && d.ignore != 0,
         // root rank, tree index, no ignore.
         Opcode::Bcast => (d.port as u64) < members && d.tag < trees && d.ignore == 0,
+        // root rank; tag = co-roots (< members) | ACK every M << 8 | window << 16.
+        Opcode::Rbcast => (d.port as u64) < members && d.tag < 1 << 24 && (d.tag & 0xFF) < members && d.ignore == 0,
         // algorithm 0..=2, tree index, no ignore, no buffer.
         Opcode::Barrier => d.port <= 2 && d.tag < trees && d.ignore == 0 && n == 0,
         // tag = dtype | op << 8 | tree << 16; ignore = count; input (+ result).
@@ -1242,7 +1266,7 @@ fn operands_spec(d: &WorkDesc, op: Opcode) -> bool {
 fn check_accepted_work_desc(d: &WorkDesc, op: Opcode) -> Result<(), TestCaseError> {
     prop_assert_eq!(op as u8, d.opcode);
     prop_assert!(!(op.is_atomic() && op.is_collective()));
-    prop_assert_eq!(op.is_collective(), (3..=7).contains(&d.opcode));
+    prop_assert_eq!(op.is_collective(), (3..=7).contains(&d.opcode) || d.opcode == 15);
     prop_assert_eq!(op.is_atomic(), (8..=10).contains(&d.opcode));
     if op.is_atomic() {
         let (width, remote) = (d.sge[0].len, d.remote());
@@ -1825,7 +1849,7 @@ fn coll_header_spec(bytes: &[u8]) -> Result<CollHeader, DecodeError> {
     if h.reserved != 0 || h.reserved2 != 0 || h.reserved3 != 0 {
         return Err(DecodeError::ReservedNotZero);
     }
-    if !(1..=7).contains(&h.kind) {
+    if !(1..=8).contains(&h.kind) {
         return Err(DecodeError::BadKind);
     }
     let members = GROUP_MEMBERS_MAX as u16;

@@ -279,6 +279,11 @@ impl Nic {
 
     /// A collective descriptor from the send ring (validated by the caller).
     pub(crate) fn post_coll<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, ld: LocalDesc, opcode: Opcode) {
+        if opcode == Opcode::Rbcast {
+            // Not an instance of the group's collective sequence: its own
+            // per-root sequence orders it (`rbcast/`).
+            return self.rbcast_post(hal, now, port, ld);
+        }
         let slot = ld.wd.node as u32;
         let checked = match self.groups.get(slot).filter(|g| g.port == port) {
             None => Err(Status::GroupInvalid),
@@ -423,6 +428,9 @@ impl Nic {
     ) -> CollAccept {
         let Ok(ch) = CollHeader::parse(payload) else { return CollAccept::Refuse(NackReason::CollMismatch) };
         let kind = CollKind::from_u8(ch.kind).expect("parsed");
+        if kind == CollKind::Rbcast {
+            return self.rbcast_accept_p2p(hal, now, hdr, msg, payload);
+        }
         let target = match self.coll_target(hdr, msg, &ch, kind, payload.len()) {
             Ok(t) => t,
             Err(refused) => return refused,
@@ -438,6 +446,7 @@ impl Nic {
                 })
             }
             CollKind::ReduceUp | CollKind::AllreduceDown => self.accept_reduce(target, &ch, kind, data),
+            CollKind::Rbcast => unreachable!("handled above"),
             CollKind::Bcast => match self.accept_bcast(hal, now, target, hdr, msg, &ch) {
                 Ok(r) => return CollAccept::Receive(r),
                 Err(e) => Err(e),
@@ -704,6 +713,9 @@ impl Nic {
     /// An internal message finished (ACKed, or failed).
     pub(crate) fn coll_tx_done<H: Hal>(&mut self, hal: &mut H, now: u64, c: &CollTx, status: Status) {
         let (op, stamp) = (c.op, c.op_stamp);
+        if op == crate::rbcast::RBCAST_OP {
+            return self.rbcast_p2p_done(c);
+        }
         if self.coll_ops.get(op).is_none_or(|o| o.stamp != stamp) {
             return; // The op completed without waiting for this message (barriers).
         }

@@ -1,0 +1,937 @@
+//! Reliable broadcast over wire multicast (seed 002, "Fast and Scalable
+//! MPI-Level Broadcast using InfiniBand's Hardware Multicast Support"),
+//! run by the control program instead of the MPI library, so the root's
+//! host returns at once and no ACK waits for a host to make progress.
+//!
+//! - Root (§4.2, §5.1): the message is copied from the host into a free
+//!   entry of the group's window (NIC buffers sized at group load),
+//!   multicast once, and the host's operation completes at once. An entry
+//!   is freed when every member of the root's own sub-group has
+//!   acknowledged it (or was sent a reliable repair) and the co-roots have
+//!   been sent it reliably. A post that finds the window full is treated as
+//!   a timeout (every missing member is repaired now) and, still full,
+//!   stays in the ring: the root stalls, it never drops.
+//! - Receivers (§5.2): per-root sequence numbers; messages are held in the
+//!   group's receive slots (the pre-posted buffers) in or out of order,
+//!   duplicates are discarded, and the host's receives take them in root
+//!   order, each exactly once.
+//! - ACKs (§4.4, §5.5): cumulative. Member i ACKs at once when a message B
+//!   with `B mod M = i mod M` arrives (skewed ACK every M); otherwise the
+//!   ACK is owed: piggybacked on the node's next multicast, or sent after
+//!   `rbcast_ack_delay_ns`. An arriving ACK only writes a word of the
+//!   collector's ACK array; the collector's timer path (and a post that
+//!   needs room) scans it.
+//! - Co-roots (§4.3): with C co-roots the relative ranks split into
+//!   sub-groups of `s = ceil(n / (C + 1))`, collected by relative ranks
+//!   0, s, 2s, … The root sends each message reliably (EMP's point-to-point
+//!   path, `CollKind::Rbcast`) to the co-roots along a binomial tree; each
+//!   collector collects its own sub-group's ACKs and, after
+//!   `rbcast_rto_ns`, sends the message reliably to each missing member
+//!   only. A co-root takes the first copy to arrive.
+//! - Credits (§5.4): every broadcast consumes a receive slot at every
+//!   member, so each one known to a node decrements its credit for every
+//!   member; members piggyback their cumulative re-post count on ACKs and
+//!   multicasts. A root stalls at zero credit for a member of its
+//!   sub-group; a co-root refuses new messages at zero credit for its
+//!   sub-group, which holds the root's window and so stalls the root too.
+
+mod state;
+
+use emp_uapi::coll::{rbcast_algo, CollHeader, CollKind};
+use emp_uapi::desc::{Opcode, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::wire::{
+    self, emit_rbcast, rbcast_flag, rbcast_kind, FrameHeader, FrameKind, MsgHeader, NackReason, RbcastHeader,
+    MCAST_BASE, MCAST_GROUPS, WIRE_VERSION,
+};
+use emp_uapi::Le;
+
+use crate::coll::{CollAccept, CollData, CollTx};
+use crate::host::Completion;
+use crate::mr::Buf;
+use crate::{timer, Hal, LocalDesc, Nic};
+
+pub(crate) use state::RbGroup as RbGroupState;
+pub use state::RbcastStats;
+use state::{sub_size, tree_children, Arrival, RbGroup};
+
+/// The `op` of the reliable copies' `CollTx`: no collective operation
+/// record owns them (their `op_stamp` is the group state's stamp).
+pub(crate) const RBCAST_OP: u32 = u32::MAX;
+
+/// Members per sub-group (the collector included) of a broadcast over
+/// `n` members with `coroots` co-roots (§4.3, §7.2's `s`).
+pub fn sub_group_size(n: u16, coroots: u8) -> u16 {
+    sub_size(n, coroots)
+}
+
+/// The multicast address a group's reliable broadcasts use (every member
+/// derives the same one from the group id).
+pub fn rbcast_addr(group_id: u32) -> u16 {
+    MCAST_BASE + (group_id % MCAST_GROUPS as u32) as u16
+}
+
+/// What a received copy came to.
+enum Taken {
+    /// New, kept; or a duplicate, discarded (an ACK is owed again).
+    Yes,
+    /// No slot or window entry for it now: dropped (a multicast copy) or
+    /// refused (a reliable copy; its sender retries).
+    NoRoom,
+    /// Not for any group here, or inconsistent with it.
+    Invalid,
+}
+
+/// Members a reliable-broadcast group may have (its per-member sets are
+/// 64-bit masks); wider groups use the tree broadcast.
+pub(crate) const RBCAST_MEMBERS_MAX: usize = 64;
+
+impl Nic {
+    /// The reliable-broadcast state of group slot `slot`.
+    fn rb(&mut self, slot: u32) -> &mut RbGroup {
+        self.rbcast[slot as usize].as_mut().expect("live rbcast group")
+    }
+
+    /// A group was loaded into `slot`: its receive slots and window are
+    /// made now, and its port joins the group's multicast address.
+    pub(crate) fn rbcast_group_loaded<H: Hal>(&mut self, hal: &mut H, slot: u32) {
+        if self.cfg.rbcast_window == 0 || self.cfg.rbcast_rx_slots == 0 {
+            return;
+        }
+        let g = self.groups.get(slot).expect("just loaded");
+        let (port, id, n, rank) = (g.port, g.id, g.n, g.rank);
+        if n as usize > RBCAST_MEMBERS_MAX {
+            // Its ACK words and repair sets are 64-bit masks; a wider group
+            // broadcasts with the tree (`rbcast_post` says TooLarge).
+            return;
+        }
+        let addr = rbcast_addr(id);
+        let stamp = self.next_stamp();
+        let buf = wire::rbcast_payload_max(self.mtu);
+        let c = &self.cfg;
+        self.rbcast[slot as usize] =
+            Some(RbGroup::new(addr, stamp, n, rank, c.rbcast_window, c.rbcast_rx_slots, c.rbcast_posted_max, buf));
+        // Without the membership (table full) repairs still reach every
+        // member, only slower: not an error.
+        if self.mcast_join(hal, port, addr).is_err() {
+            self.rbcast_join_failed += 1;
+        }
+    }
+
+    /// Group `slot` goes: its posted receives end with `status`, reliable
+    /// copies still queued are abandoned, the port leaves the address
+    /// unless another of its groups uses it.
+    pub(crate) fn rbcast_group_removed<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, status: Status) {
+        let Some(mut rb) = self.rbcast[slot as usize].take() else { return };
+        let port = self.groups.get(slot).expect("removed after this").port;
+        while let Some((ld, _)) = rb.posted.pop_front() {
+            self.complete(hal, port, Completion::of(&ld, Opcode::Rbcast, status));
+        }
+        let ours: Vec<u32> = self
+            .tx
+            .iter()
+            .filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == RBCAST_OP && c.op_stamp == rb.stamp))
+            .map(|(s, _)| s)
+            .collect();
+        for t in ours {
+            self.finish_tx(hal, now, t, Status::Flushed);
+        }
+        let shared = (0..self.rbcast.len()).any(|s| {
+            self.rbcast[s].as_ref().is_some_and(|o| o.addr == rb.addr)
+                && self.groups.get(s as u32).is_some_and(|g| g.port == port)
+        });
+        if !shared {
+            let _ = self.mcast_leave(hal, port, rb.addr);
+        }
+    }
+
+    /// Can the next send-ring descriptor, an `Rbcast` at `off`, be taken
+    /// now? A root's post needs a window entry and credit for its
+    /// sub-group (a full window is treated as a timeout first); a
+    /// receive, room in the posted queue. Invalid ones are taken (and
+    /// refused). False: it stays in the ring — the root stalls.
+    pub(crate) fn rbcast_admit(&mut self, now: u64, port: u16, wd: &WorkDesc) -> bool {
+        let slot = wd.node as u32;
+        let valid = self.groups.get(slot).is_some_and(|g| g.port == port && wd.port < g.n);
+        let Some(algo) = rbcast_algo(wd.tag) else { return true };
+        if !valid || self.rbcast.get(slot as usize).is_none_or(|r| r.is_none()) {
+            return true;
+        }
+        let rb = self.rb(slot);
+        if wd.port != rb.rank {
+            return rb.posted.len() < rb.posted_max;
+        }
+        if !rb.posted.is_empty() {
+            // As a blocking MPI_Bcast would: a root sends only once the
+            // group's earlier broadcasts reached it. Otherwise later
+            // broadcasts could fill every member's slots (their credits)
+            // while an earlier one, which all of them wait for, cannot go.
+            return false;
+        }
+        self.rbcast_scan(now, slot, false);
+        let limit = match algo.window {
+            0 => self.cfg.rbcast_window as usize,
+            w => (w as u32).min(self.cfg.rbcast_window) as usize,
+        };
+        let rb = self.rb(slot);
+        let (used, own) = rb.window_used();
+        if own >= limit || used >= rb.window.len() {
+            // Out of buffers: as a timeout (§5.1), then look again.
+            rb.stats.window_full += 1;
+            self.rbcast_scan(now, slot, true);
+            let rb = self.rb(slot);
+            let (used, own) = rb.window_used();
+            if own >= limit || used >= rb.window.len() {
+                return false;
+            }
+        }
+        let rb = self.rb(slot);
+        let me = rb.rank;
+        let starved = rb.sub_group(me, algo.coroots).filter(|&m| rb.credit(m) <= 0).fold(0u64, |a, m| a | 1 << m);
+        rb.starved = starved;
+        if starved != 0 {
+            rb.stats.credit_stalls += 1;
+            // Their updates may be lost, or never sent (a member tells
+            // only the roots it heard from): ask them after a while.
+            let at = rb.polled_ns.max(now) + self.cfg.rbcast_rto_ns;
+            self.rbcast_arm(at, slot);
+            return false;
+        }
+        true
+    }
+
+    /// An `Rbcast` descriptor (validated by `WorkDesc::validate`).
+    pub(crate) fn rbcast_post<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, ld: LocalDesc) {
+        let slot = ld.wd.node as u32;
+        let fail = |nic: &mut Self, hal: &mut H, st| nic.complete(hal, port, Completion::of(&ld, Opcode::Rbcast, st));
+        let Some(g) = self.groups.get(slot).filter(|g| g.port == port) else {
+            return fail(self, hal, Status::GroupInvalid);
+        };
+        let (root, n) = (ld.wd.port, g.n);
+        let algo = rbcast_algo(ld.wd.tag).expect("validated");
+        if root >= n || algo.coroots as u16 >= n.max(1) {
+            return fail(self, hal, Status::BadDescriptor);
+        }
+        if n as usize > RBCAST_MEMBERS_MAX {
+            return fail(self, hal, Status::TooLarge);
+        }
+        if self.rbcast.get(slot as usize).is_none_or(|r| r.is_none()) {
+            // This NIC was configured without reliable-broadcast buffers.
+            return fail(self, hal, Status::TableFull);
+        }
+        if ld.len > wire::rbcast_payload_max(self.mtu) as u64 {
+            return fail(self, hal, Status::TooLarge);
+        }
+        let is_root = self.rb(slot).rank == root;
+        let access = if is_root { MR_LOCAL_READ } else { MR_LOCAL_WRITE };
+        if let Err(st) = self.check_sges(hal, port, ld.sges(), access) {
+            return fail(self, hal, st);
+        }
+        if !is_root {
+            let rb = self.rb(slot);
+            debug_assert!(rb.posted.len() < rb.posted_max, "admitted");
+            rb.posted.push_back((ld, root));
+            return self.rbcast_deliver(hal, now, port, slot);
+        }
+        let Some(e) = self.rb(slot).free_entry() else { return fail(self, hal, Status::TableFull) };
+        let mut data = core::mem::take(&mut self.rb(slot).window[e].data);
+        let len = ld.len as usize;
+        let r = self.sge_io(hal, port, ld.sges(), 0, Buf::FromHost(&mut data[..len]), MR_LOCAL_READ);
+        self.rb(slot).window[e].data = data;
+        if let Err(st) = r {
+            return fail(self, hal, st);
+        }
+        let rb = self.rb(slot);
+        let seq = rb.next_seq;
+        rb.next_seq = seq.wrapping_add(1);
+        rb.consumed = rb.consumed.wrapping_add(1);
+        // Its own broadcast takes no slot here: counted as re-posted at
+        // once, so the others' credit for this node stays exact.
+        rb.reposted = rb.reposted.wrapping_add(1);
+        rb.stats.sent += 1;
+        let pending = sub_bits(rb, root, algo.coroots);
+        let collectors = n.div_ceil(sub_size(n, algo.coroots));
+        let w = &mut rb.window[e];
+        w.live = true;
+        w.root = root;
+        w.seq = seq;
+        w.len = len as u16;
+        w.coroots = algo.coroots;
+        w.ack_every = algo.ack_every.max(1);
+        w.sent_ns = now;
+        w.repair_ns = 0;
+        w.pending = pending;
+        w.p2p_todo = tree_children(0, collectors);
+        w.p2p_unacked = 0;
+        self.rbcast_multicast(hal, now, port, slot, e);
+        self.rbcast_copies(now, slot, e);
+        self.rbcast_arm(now + self.cfg.rbcast_rto_ns, slot);
+        let mut c = Completion::of(&ld, Opcode::Rbcast, Status::Success);
+        c.byte_len = len as u32;
+        self.complete(hal, port, c);
+    }
+
+    /// Multicasts window entry `e`, with an owed ACK piggybacked.
+    fn rbcast_multicast<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, slot: u32, e: usize) {
+        let g = self.groups.get(slot).expect("live group");
+        let (id, epoch) = (g.id, g.epoch);
+        let (node, gen) = (self.node, self.ports[port as usize].gen);
+        let rb = self.rb(slot);
+        let w = &rb.window[e];
+        let mut body = RbcastHeader {
+            group_id: id,
+            epoch,
+            seq: w.seq,
+            reposted: rb.reposted,
+            len: w.len,
+            kind: rbcast_kind::DATA,
+            root: w.root as u8,
+            sender: rb.rank as u8,
+            coroots: w.coroots,
+            ack_every: w.ack_every,
+            ..Default::default()
+        };
+        // Piggybacking (§4.4): the oldest owed ACK rides along.
+        let owed = (0..rb.n as usize).filter(|&r| rb.ack_owed_since[r] != 0).min_by_key(|&r| rb.ack_owed_since[r]);
+        if let Some(r) = owed {
+            body.flags |= rbcast_flag::PIGGY_ACK;
+            body.ack_root = r as u8;
+            body.ack_next = rb.expected[r];
+            rb.ack_sent[r] = rb.expected[r];
+            rb.ack_owed_since[r] = 0;
+            rb.stats.acks_piggybacked += 1;
+        }
+        rb.credit_owed_since = 0;
+        let hdr = FrameHeader {
+            version: WIRE_VERSION,
+            kind: FrameKind::Rbcast as u8,
+            src_node: node,
+            dst_node: rb.addr,
+            src_port: port,
+            // Every member's port: receivers look the group up by id.
+            dst_port: 0,
+            src_gen: gen,
+            payload_len: w.len,
+            frame_count: 1,
+            ..Default::default()
+        };
+        let mut buf = core::mem::take(&mut self.rbcast_frame);
+        let rb = self.rbcast[slot as usize].as_ref().expect("live");
+        let w = &rb.window[e];
+        let n = emit_rbcast(&hdr, &body, &w.data[..w.len as usize], &mut buf).expect("fits the MTU");
+        let r = self.mcast_transmit(hal, &buf[..n]);
+        debug_assert!(r.is_ok(), "our own frame to a multicast address: {r:?}");
+        // The wire does not bring it back to this NIC: its other ports
+        // in the group get their copies here.
+        let data = &buf[FrameHeader::SIZE + RbcastHeader::SIZE..n];
+        self.rbcast_on_mcast(hal, now, &hdr, &body, data);
+        self.rbcast_frame = buf;
+    }
+
+    /// Sends entry `e` reliably to the co-roots still owed it (as far as
+    /// the transmission table allows; the rest at the next tick).
+    fn rbcast_copies(&mut self, now: u64, slot: u32, e: usize) {
+        let rb = self.rb(slot);
+        let w = &rb.window[e];
+        let s = sub_size(rb.n, w.coroots);
+        let (root, n) = (w.root, rb.n);
+        let mut todo = w.p2p_todo;
+        while todo != 0 {
+            let j = todo.trailing_zeros() as u16;
+            let to = emp_uapi::coll::abs_rank(j * s, root, n);
+            if !self.rbcast_send_p2p(now, slot, e, to, Some(j)) {
+                break;
+            }
+            todo &= todo - 1;
+            let rb = self.rb(slot);
+            rb.window[e].p2p_todo = todo;
+            rb.window[e].p2p_unacked |= 1 << j;
+            rb.stats.coroot_copies += 1;
+        }
+    }
+
+    /// Queues entry `e` as a reliable point-to-point message to rank `to`:
+    /// a repair, or the copy for collector index `coroot`, which the entry
+    /// waits for ([`Nic::rbcast_p2p_done`]). False: no transmission record
+    /// or peer.
+    fn rbcast_send_p2p(&mut self, now: u64, slot: u32, e: usize, to: u16, coroot: Option<u16>) -> bool {
+        if self.tx.is_full() {
+            return false;
+        }
+        let g = self.groups.get(slot).expect("live group");
+        let (port, id, epoch) = (g.port, g.id, g.epoch);
+        let (node, rport) = g.endpoint(to);
+        let Some(peer) = self.peer_for(now, port, node, rport, 0) else { return false };
+        let rb = self.rb(slot);
+        let w = &rb.window[e];
+        let body = RbcastHeader {
+            group_id: id,
+            epoch,
+            seq: w.seq,
+            reposted: rb.reposted,
+            len: w.len,
+            kind: rbcast_kind::DATA,
+            root: w.root as u8,
+            sender: rb.rank as u8,
+            coroots: w.coroots,
+            ack_every: w.ack_every,
+            flags: rbcast_flag::P2P,
+            ..Default::default()
+        };
+        // The reliable path keeps its own copy: the window entry may be
+        // reused before the member's NIC acknowledges it (§5.3).
+        let mut payload = vec![0u8; RbcastHeader::SIZE + w.len as usize];
+        body.put(&mut payload);
+        payload[RbcastHeader::SIZE..].copy_from_slice(&w.data[..w.len as usize]);
+        // The receiver ignores `instance`; here it names the entry and the
+        // co-root the copy's completion is for.
+        let instance = coroot.map_or(u32::MAX, |j| (j as u32) << 16 | e as u32);
+        let ch = CollHeader {
+            group_id: id,
+            epoch,
+            instance,
+            kind: CollKind::Rbcast as u8,
+            root: w.root as u16,
+            sender: rb.rank as u16,
+            ..Default::default()
+        };
+        let stamp = rb.stamp;
+        let wd = WorkDesc { opcode: Opcode::Send as u8, node, port: rport, ..Default::default() };
+        let mut desc = LocalDesc::new(&wd);
+        desc.len = (CollHeader::SIZE + payload.len()) as u64;
+        let ctx =
+            CollTx { hdr: Some(ch), data: CollData::Nic(payload), op: RBCAST_OP, op_stamp: stamp, limit: u32::MAX };
+        self.enqueue_tx_coll(now, port, peer, desc, ctx);
+        true
+    }
+
+    /// A reliable copy finished (acknowledged by its NIC, or failed): a
+    /// co-root copy releases its hold on the window entry.
+    pub(crate) fn rbcast_p2p_done(&mut self, c: &CollTx) {
+        let Some(h) = c.hdr else { return };
+        if h.instance == u32::MAX {
+            return; // A repair: nothing waits for it.
+        }
+        let (j, e) = ((h.instance >> 16) as u16, (h.instance & 0xFFFF) as usize);
+        let Some(slot) = self.rbcast.iter().position(|r| r.as_ref().is_some_and(|r| r.stamp == c.op_stamp)) else {
+            return; // The group went.
+        };
+        let rb = self.rb(slot as u32);
+        if let Some(w) = rb.window.get_mut(e).filter(|w| w.live) {
+            w.p2p_unacked &= !(1 << j);
+        }
+    }
+
+    /// The collector's scan (§5.5, §5.3): ACK words clear sub-group bits,
+    /// entries nothing keeps are freed, and members still missing an
+    /// entry older than the timeout (all of them with `force`: the window
+    /// ran out) are sent it reliably, one by one.
+    fn rbcast_scan(&mut self, now: u64, slot: u32, force: bool) {
+        let rto = self.cfg.rbcast_rto_ns;
+        let repair_as_coroot = self.cfg.rbcast_coroot_repair;
+        let entries = self.rb(slot).window.len();
+        for e in 0..entries {
+            if !self.rb(slot).window[e].live {
+                continue;
+            }
+            if self.rb(slot).window[e].p2p_todo != 0 {
+                self.rbcast_copies(now, slot, e);
+            }
+            if self.rb(slot).settle(e) {
+                continue;
+            }
+            let rb = self.rb(slot);
+            let w = &rb.window[e];
+            // A full window repairs at once, but each entry at most once
+            // per timeout: repairs already queued are not queued again.
+            let due = (force && w.repair_ns == 0) || now >= w.sent_ns.max(w.repair_ns).saturating_add(rto);
+            // Fault injection: a co-root that never repairs its sub-group.
+            let allowed = w.root == rb.rank || repair_as_coroot;
+            if !due || !allowed || w.pending == 0 {
+                continue;
+            }
+            let root = w.root;
+            let c = rb.rel(root);
+            let mut bits = w.pending;
+            let mut sent_all = true;
+            while bits != 0 {
+                let b = bits.trailing_zeros() as u16;
+                let member = emp_uapi::coll::abs_rank(c + 1 + b, root, self.rb(slot).n);
+                if !self.rbcast_send_p2p(now, slot, e, member, None) {
+                    sent_all = false;
+                    break;
+                }
+                bits &= bits - 1;
+                self.rb(slot).stats.repairs += 1;
+            }
+            if sent_all {
+                // Held until the members' ACKs say it arrived.
+                self.rb(slot).window[e].repair_ns = now;
+            }
+        }
+    }
+
+    /// Arms group `slot`'s timer for `at` unless it fires earlier already.
+    fn rbcast_arm(&mut self, at: u64, slot: u32) {
+        let rb = self.rb(slot);
+        if rb.timer_at != 0 && rb.timer_at <= at {
+            return;
+        }
+        rb.timer_stamp = rb.timer_stamp.wrapping_add(1);
+        rb.timer_at = at;
+        let stamp = rb.timer_stamp;
+        self.arm_timer(at, timer::Timer::Rbcast { group: slot, stamp });
+    }
+
+    /// Is the timer entry still wanted?
+    pub(crate) fn rbcast_timer_live(&self, group: u32, stamp: u32) -> bool {
+        self.rbcast
+            .get(group as usize)
+            .and_then(|r| r.as_ref())
+            .is_some_and(|r| r.timer_stamp == stamp && r.timer_at != 0)
+    }
+
+    /// The group timer: the collector's scan, owed ACKs and credits, re-armed
+    /// while anything is outstanding.
+    pub(crate) fn rbcast_tick<H: Hal>(&mut self, hal: &mut H, now: u64, group: u32, stamp: u32) {
+        if !self.rbcast_timer_live(group, stamp) {
+            return;
+        }
+        self.rb(group).timer_at = 0;
+        self.rbcast_scan(now, group, false);
+        let delay = self.cfg.rbcast_ack_delay_ns;
+        let n = self.rb(group).n;
+        let mut next = u64::MAX;
+        for r in 0..n {
+            let since = self.rb(group).ack_owed_since[r as usize];
+            if since == 0 {
+                continue;
+            }
+            if now >= since.saturating_add(delay) {
+                self.rbcast_send_ack(hal, group, r);
+            } else {
+                next = next.min(since + delay);
+            }
+        }
+        let since = self.rb(group).credit_owed_since;
+        if since != 0 {
+            if now >= since.saturating_add(delay) {
+                // Re-posted buffers the collectors have not heard of: an
+                // ACK carries the count to each root's collector.
+                let rb = self.rb(group);
+                let roots: Vec<u16> = (0..n).filter(|&r| r != rb.rank && rb.expected[r as usize] != 0).collect();
+                for r in roots {
+                    self.rbcast_send_ack(hal, group, r);
+                }
+                self.rb(group).credit_owed_since = 0;
+            } else {
+                next = next.min(since + delay);
+            }
+        }
+        let rto = self.cfg.rbcast_rto_ns;
+        let rb = self.rb(group);
+        if rb.starved != 0 {
+            if now >= rb.polled_ns.saturating_add(rto) {
+                rb.polled_ns = now;
+                let mut bits = core::mem::take(&mut rb.starved);
+                while bits != 0 {
+                    let m = bits.trailing_zeros() as u16;
+                    bits &= bits - 1;
+                    self.rbcast_send_control(hal, group, m, rbcast_kind::POLL, 0);
+                    self.rb(group).stats.polls += 1;
+                }
+            } else {
+                next = next.min(rb.polled_ns + rto);
+            }
+        }
+        let rb = self.rb(group);
+        if rb.window.iter().any(|w| w.live) {
+            next = next.min(now + rto);
+        }
+        if next != u64::MAX {
+            self.rbcast_arm(next, group);
+        }
+    }
+
+    /// An explicit cumulative ACK for `root`'s messages to this node's collector.
+    fn rbcast_send_ack<H: Hal>(&mut self, hal: &mut H, slot: u32, root: u16) {
+        let rb = self.rb(slot);
+        let collector = rb.collector(root);
+        if collector == rb.rank {
+            // Co-roots are reached reliably: they owe nobody an ACK.
+            rb.ack_owed_since[root as usize] = 0;
+            return;
+        }
+        let seq = rb.expected[root as usize];
+        self.rbcast_send_control(hal, slot, collector, rbcast_kind::ACK, root);
+        let rb = self.rb(slot);
+        rb.ack_sent[root as usize] = seq;
+        rb.ack_owed_since[root as usize] = 0;
+        rb.stats.acks_sent += 1;
+    }
+
+    /// An ACK (for `root`'s messages, with this node's re-post count) or a
+    /// POLL to group rank `to`.
+    fn rbcast_send_control<H: Hal>(&mut self, hal: &mut H, slot: u32, to: u16, kind: u8, root: u16) {
+        let g = self.groups.get(slot).expect("live group");
+        let (id, epoch, port) = (g.id, g.epoch, g.port);
+        let (node, rport) = g.endpoint(to);
+        let rb = self.rbcast[slot as usize].as_ref().expect("live");
+        let body = RbcastHeader {
+            group_id: id,
+            epoch,
+            seq: if kind == rbcast_kind::ACK { rb.expected[root as usize] } else { 0 },
+            reposted: rb.reposted,
+            kind,
+            root: root as u8,
+            sender: rb.rank as u8,
+            ..Default::default()
+        };
+        let hdr = FrameHeader {
+            version: WIRE_VERSION,
+            kind: FrameKind::Rbcast as u8,
+            src_node: self.node,
+            dst_node: node,
+            src_port: port,
+            dst_port: rport,
+            src_gen: self.ports[port as usize].gen,
+            frame_count: 1,
+            ..Default::default()
+        };
+        let mut b = [0u8; FrameHeader::SIZE + RbcastHeader::SIZE];
+        emit_rbcast(&hdr, &body, &[], &mut b).expect("fits");
+        hal.mac_transmit(node, &b);
+    }
+
+    /// An RBCAST frame to this node (an ACK: data comes multicast or
+    /// over the reliable path).
+    pub(crate) fn rbcast_on_frame<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &RbcastHeader) {
+        let Some(slot) = self.rbcast_group_of(hdr.dst_port, hdr, body) else { return };
+        match body.kind {
+            rbcast_kind::ACK => {
+                let rb = self.rb(slot);
+                rb.ack_word(body.root as u16, body.sender as u16, body.seq);
+                rb.reposted_word(body.sender as u16, body.reposted);
+            }
+            // A root at zero credit: our count, to it directly.
+            rbcast_kind::POLL => {
+                let poller = body.sender as u16;
+                self.rbcast_send_control(hal, slot, poller, rbcast_kind::ACK, poller);
+            }
+            _ => {}
+        }
+    }
+
+    /// An RBCAST frame to a multicast address, from the wire or from one of
+    /// this NIC's own ports: a copy for each local port that joined the
+    /// address and has the group (the frame names no port).
+    pub(crate) fn rbcast_on_mcast<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        hdr: &FrameHeader,
+        body: &RbcastHeader,
+        data: &[u8],
+    ) {
+        if body.kind != rbcast_kind::DATA {
+            return self.mcast_kept(false);
+        }
+        let mut kept = false;
+        for p in 0..self.ports.len() as u16 {
+            let ours = self.ports[p as usize].open
+                && self.mcast_joined(p, hdr.dst_node)
+                && self.groups.by_id.contains_key(&(p, body.group_id));
+            if ours {
+                kept = true;
+                let _ = self.rbcast_take(hal, now, p, hdr, body, data);
+            }
+        }
+        if hdr.src_node != self.node {
+            self.mcast_kept(kept);
+        }
+    }
+
+    /// A reliable copy (`COLL_DATA` of kind `Rbcast`) whose first and only
+    /// frame is `payload` (after the `CollHeader`).
+    pub(crate) fn rbcast_accept_p2p<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        payload: &[u8],
+    ) -> CollAccept {
+        let rest = &payload[CollHeader::SIZE..];
+        let body = match RbcastHeader::parse(rest) {
+            Ok(b) if b.kind == rbcast_kind::DATA && b.flags & rbcast_flag::P2P != 0 => b,
+            _ => return CollAccept::Refuse(NackReason::CollMismatch),
+        };
+        if hdr.frame_count != 1 || msg.total_len != payload.len() as u64 {
+            return CollAccept::Refuse(NackReason::TooLarge);
+        }
+        match self.rbcast_take(hal, now, hdr.dst_port, hdr, &body, &rest[RbcastHeader::SIZE..]) {
+            Taken::Yes => CollAccept::Consumed,
+            // Retried after the sender's backoff, or at once (`coll_kick`)
+            // when a slot frees.
+            Taken::NoRoom => {
+                self.count(emp_uapi::sram::counter::COLL_REFUSED, 1);
+                CollAccept::Refuse(NackReason::NoMatch)
+            }
+            Taken::Invalid => CollAccept::Refuse(NackReason::CollMismatch),
+        }
+    }
+
+    /// The group slot of `port` a frame names, if it agrees with it.
+    fn rbcast_group_of(&self, port: u16, hdr: &FrameHeader, body: &RbcastHeader) -> Option<u32> {
+        let &slot = self.groups.by_id.get(&(port, body.group_id))?;
+        let g = self.groups.get(slot)?;
+        let rb = self.rbcast.get(slot as usize)?.as_ref()?;
+        let agree = g.epoch == body.epoch
+            && (body.root as u16) < g.n
+            && (body.ack_root as u16) < g.n
+            && g.rank_of(hdr.src_node, hdr.src_port) == Some(body.sender as u16);
+        (agree && body.sender as u16 != rb.rank).then_some(slot)
+    }
+
+    /// A copy of a broadcast message (multicast or reliable).
+    fn rbcast_take<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        port: u16,
+        hdr: &FrameHeader,
+        body: &RbcastHeader,
+        data: &[u8],
+    ) -> Taken {
+        let Some(slot) = self.rbcast_group_of(port, hdr, body) else { return Taken::Invalid };
+        let (root, seq) = (body.root as u16, body.seq);
+        let rb = self.rb(slot);
+        if body.flags & rbcast_flag::PIGGY_ACK != 0 {
+            rb.ack_word(body.ack_root as u16, body.sender as u16, body.ack_next);
+        }
+        rb.reposted_word(body.sender as u16, body.reposted);
+        if root == rb.rank || (body.coroots as u16) >= rb.n || data.len() > rb.slots[0].data.len() {
+            return Taken::Invalid;
+        }
+        match rb.classify(root, seq) {
+            Arrival::Implausible => return Taken::Invalid,
+            Arrival::Duplicate => {
+                rb.stats.duplicates += 1;
+                // Our ACK may have been lost: owe it again.
+                if rb.ack_owed_since[root as usize] == 0 {
+                    rb.ack_owed_since[root as usize] = now.max(1);
+                }
+                let at = rb.ack_owed_since[root as usize] + self.cfg.rbcast_ack_delay_ns;
+                self.rbcast_arm(at, slot);
+                return Taken::Yes;
+            }
+            Arrival::New => {}
+        }
+        rb.algo[root as usize] = (body.coroots, body.ack_every.max(1));
+        // A co-root takes the message into its window for its sub-group
+        // (§4.3), if it has an entry and credit for its sub-group.
+        let coroot = rb.is_collector(root, body.coroots);
+        let mut entry = None;
+        if coroot {
+            if rb.free_entry().is_none() {
+                rb.stats.window_full += 1;
+                self.rbcast_scan(now, slot, true);
+            }
+            let rb = self.rb(slot);
+            // Credits throttle only what runs ahead: the next message in
+            // order is what a stuck member needs from its co-root.
+            let in_order = seq == rb.expected[root as usize];
+            let starved = !in_order && rb.sub_group(root, body.coroots).any(|m| rb.credit(m) <= 0);
+            match rb.free_entry() {
+                Some(e) if !starved => entry = Some(e),
+                _ => {
+                    rb.stats.no_room += 1;
+                    return Taken::NoRoom;
+                }
+            }
+        }
+        let rb = self.rb(slot);
+        let direct = rb.wanted() == Some((root, seq));
+        let free_slot = match rb.slots.iter().position(|s| !s.live) {
+            None if !direct => rb.evict_for(root, seq),
+            free => free,
+        };
+        if !direct && free_slot.is_none() {
+            rb.stats.no_room += 1;
+            if body.flags & rbcast_flag::P2P != 0 && !coroot {
+                // A repair: dropped but taken, so the reliable stream from
+                // the collector is not held behind it (a repair of an
+                // earlier message may follow). Not acknowledged, so the
+                // collector repairs it again.
+                return Taken::Yes;
+            }
+            return Taken::NoRoom;
+        }
+        // Taken: it consumed a buffer at every member (§5.4).
+        rb.consumed = rb.consumed.wrapping_add(1);
+        if let Some(e) = entry {
+            let n = rb.n;
+            let pending = sub_bits(rb, root, body.coroots);
+            let me = rb.rel(root) / sub_size(n, body.coroots);
+            let collectors = n.div_ceil(sub_size(n, body.coroots));
+            let w = &mut rb.window[e];
+            w.live = true;
+            w.root = root;
+            w.seq = seq;
+            w.len = data.len() as u16;
+            w.coroots = body.coroots;
+            w.ack_every = body.ack_every.max(1);
+            w.sent_ns = now;
+            w.repair_ns = 0;
+            w.pending = pending;
+            w.p2p_todo = tree_children(me, collectors);
+            w.p2p_unacked = 0;
+            w.data[..data.len()].copy_from_slice(data);
+            self.rbcast_copies(now, slot, e);
+            self.rbcast_arm(now + self.cfg.rbcast_rto_ns, slot);
+        }
+        let rb = self.rb(slot);
+        if direct {
+            let (ld, _) = rb.posted.pop_front().expect("wanted");
+            rb.delivered[root as usize] = seq.wrapping_add(1);
+            self.rbcast_complete(hal, now, port, slot, &ld, data);
+        } else {
+            let rb = self.rb(slot);
+            if seq != rb.expected[root as usize] {
+                rb.stats.queued_out_of_order += 1;
+            }
+            let s = &mut rb.slots[free_slot.expect("checked")];
+            s.live = true;
+            s.root = root;
+            s.seq = seq;
+            s.len = data.len() as u16;
+            s.data[..data.len()].copy_from_slice(data);
+        }
+        let rb = self.rb(slot);
+        let old = rb.advance_expected(root);
+        let new = rb.expected[root as usize];
+        if rb.ack_turn(root, old, new, now) {
+            self.rbcast_send_ack(hal, slot, root);
+        } else if self.rb(slot).ack_owed_since[root as usize] != 0 {
+            let at = self.rb(slot).ack_owed_since[root as usize] + self.cfg.rbcast_ack_delay_ns;
+            self.rbcast_arm(at, slot);
+        }
+        self.rbcast_deliver(hal, now, port, slot);
+        Taken::Yes
+    }
+
+    /// Hands held messages to the host's receives, in root order.
+    fn rbcast_deliver<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, slot: u32) {
+        let mut freed = false;
+        loop {
+            let rb = self.rb(slot);
+            let Some((root, seq)) = rb.wanted() else { break };
+            let Some(s) = rb.slots.iter().position(|x| x.live && x.root == root && x.seq == seq) else { break };
+            let (ld, _) = rb.posted.pop_front().expect("wanted");
+            rb.delivered[root as usize] = seq.wrapping_add(1);
+            rb.slots[s].live = false;
+            let data = core::mem::take(&mut rb.slots[s].data);
+            let len = rb.slots[s].len as usize;
+            self.rbcast_complete(hal, now, port, slot, &ld, &data[..len]);
+            self.rb(slot).slots[s].data = data;
+            freed = true;
+        }
+        if freed {
+            // Reliable copies refused for want of a slot may come now.
+            self.coll_kick(hal, port);
+        }
+    }
+
+    /// Completes a posted receive with message `data`; the buffer it held
+    /// is re-posted (credits owed to the collectors).
+    fn rbcast_complete<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, slot: u32, ld: &LocalDesc, data: &[u8]) {
+        let len = data.len().min(ld.len as usize);
+        let r = self.sge_io(hal, port, ld.sges(), 0, Buf::ToHost(&data[..len]), MR_LOCAL_WRITE);
+        let status = match r {
+            Err(st) => st,
+            Ok(()) if len < data.len() => Status::Truncated,
+            Ok(()) => Status::Success,
+        };
+        let mut c = Completion::of(ld, Opcode::Rbcast, status);
+        c.byte_len = len as u32;
+        c.msg_len = data.len() as u32;
+        self.complete(hal, port, c);
+        let delay = self.cfg.rbcast_ack_delay_ns;
+        let rb = self.rb(slot);
+        rb.reposted = rb.reposted.wrapping_add(1);
+        rb.stats.delivered += 1;
+        if rb.credit_owed_since == 0 {
+            rb.credit_owed_since = now.max(1);
+        }
+        let at = rb.credit_owed_since + delay;
+        self.rbcast_arm(at, slot);
+    }
+
+    /// Reliable-broadcast counts, summed over the groups.
+    pub fn rbcast_stats(&self) -> RbcastStats {
+        let mut t = RbcastStats::default();
+        for rb in self.rbcast.iter().flatten() {
+            let s = rb.stats;
+            t.sent += s.sent;
+            t.delivered += s.delivered;
+            t.duplicates += s.duplicates;
+            t.queued_out_of_order += s.queued_out_of_order;
+            t.no_room += s.no_room;
+            t.acks_sent += s.acks_sent;
+            t.acks_piggybacked += s.acks_piggybacked;
+            t.repairs += s.repairs;
+            t.coroot_copies += s.coroot_copies;
+            t.window_full += s.window_full;
+            t.credit_stalls += s.credit_stalls;
+            t.polls += s.polls;
+            t.evicted += s.evicted;
+        }
+        t
+    }
+
+    /// (window entries, receive slots, posted receives) in use, all groups:
+    /// all zero once every broadcast is delivered and acknowledged.
+    pub fn rbcast_occupancy(&self) -> (usize, usize, usize) {
+        let mut o = (0, 0, 0);
+        for rb in self.rbcast.iter().flatten() {
+            o.0 += rb.window_used().0;
+            o.1 += rb.slots_used();
+            o.2 += rb.posted.len();
+        }
+        o
+    }
+
+    /// For the tests' bound check (§5.4): this node's credit for group
+    /// rank `member` in group slot `slot`, and the buffers each member has.
+    pub fn rbcast_credit(&self, slot: u32, member: u16) -> Option<(i64, usize)> {
+        let rb = self.rbcast.get(slot as usize)?.as_ref()?;
+        (member < rb.n).then(|| (rb.credit(member), rb.slots.len()))
+    }
+
+    /// Messages delivered to the host per root (group slot `slot`).
+    pub fn rbcast_delivered(&self, slot: u32) -> Option<Vec<u32>> {
+        Some(self.rbcast.get(slot as usize)?.as_ref()?.delivered.clone())
+    }
+
+    /// Bounds hold (`Nic::invariants`).
+    pub(crate) fn rbcast_invariants(&self) -> Result<(), String> {
+        for (s, rb) in self.rbcast.iter().enumerate() {
+            let Some(rb) = rb else { continue };
+            if self.groups.get(s as u32).is_none() {
+                return Err(format!("rbcast state for free group slot {s}"));
+            }
+            rb.check().map_err(|e| format!("rbcast group {s}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The pending bits of a new window entry: every member of this node's
+/// sub-group of `root`'s messages.
+fn sub_bits(rb: &RbGroup, root: u16, coroots: u8) -> u64 {
+    let k = rb.sub_group(root, coroots).count() as u32;
+    if k >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << k) - 1
+    }
+}

@@ -1,0 +1,500 @@
+//! The reliable broadcast's per-group state (seed 002), with no I/O: the
+//! collector window (§4.2, §5.1), the ACK words (§5.5), the receiver's
+//! sequence numbers and queue (§5.2), lazy ACKs (§4.4) and credits (§5.4).
+//! Every table is sized when the group is loaded; nothing here allocates
+//! afterwards. `mod.rs` drives it and does the I/O.
+
+use emp_uapi::seq_lt;
+
+/// Size of the sub-groups of a broadcast over `n` members with `coroots`
+/// co-roots: relative ranks `c, c + 1, .. c + s - 1` for each collector
+/// `c` (a multiple of `s`; 0 is the root), so there are `ceil(n / s)`
+/// collectors, at most `coroots + 1`.
+pub(crate) fn sub_size(n: u16, coroots: u8) -> u16 {
+    n.div_ceil(coroots as u16 + 1).max(1)
+}
+
+/// The collector (relative rank) of relative rank `rel`.
+pub(crate) fn collector_of(rel: u16, s: u16) -> u16 {
+    rel / s * s
+}
+
+/// Children of collector index `j` (collector `j * s`) in the binomial
+/// tree over the `count` collectors along which the root reliably sends
+/// to the co-roots (§4.3 step 2): `j + 2^i` for every `2^i > j`.
+pub(crate) fn tree_children(j: u16, count: u16) -> u64 {
+    let mut mask = 0u64;
+    let mut b = 1u32;
+    while (j as u32 + b) < count as u32 && b < 64 {
+        if b > j as u32 {
+            mask |= 1 << (j as u32 + b);
+        }
+        b <<= 1;
+    }
+    mask
+}
+
+/// The message of one window entry (a pre-registered NIC buffer).
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub live: bool,
+    pub root: u16,
+    pub seq: u32,
+    pub len: u16,
+    pub coroots: u8,
+    pub ack_every: u8,
+    /// When it was multicast (root) or first arrived (co-root): the
+    /// retransmission timeout runs from here (§5.3).
+    pub sent_ns: u64,
+    /// Members of this node's sub-group, bit `rel - collector - 1`, that
+    /// have not acknowledged it yet (a repair does not clear it: a member
+    /// with no room drops a repair, and is repaired again).
+    pub pending: u64,
+    /// When the missing members were last sent a repair (0: never).
+    pub repair_ns: u64,
+    /// Collectors (by index) this node still has to send it to reliably
+    /// (its children in the co-root tree).
+    pub p2p_todo: u64,
+    /// Of those, the ones sent whose NIC has not acknowledged it yet: the
+    /// entry stays until they have, so co-roots that cannot take more hold
+    /// the root's window and the root stalls.
+    pub p2p_unacked: u64,
+    pub data: Box<[u8]>,
+}
+
+/// A received message held on the NIC until the host's receive takes it:
+/// one of the pre-posted buffers a multicast consumes (§5.4), also the
+/// out-of-order queue (§5.2).
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub live: bool,
+    pub root: u16,
+    pub seq: u32,
+    pub len: u16,
+    pub data: Box<[u8]>,
+}
+
+/// What became of an arriving message at the receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    /// Already held or delivered: discarded (§5.2).
+    Duplicate,
+    /// Too far ahead of what was delivered to be a message of this group.
+    Implausible,
+    /// New.
+    New,
+}
+
+/// Counts, for `emp stats` and the tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RbcastStats {
+    /// Broadcasts this node multicast as root.
+    pub sent: u64,
+    /// Messages delivered to the host.
+    pub delivered: u64,
+    /// Copies discarded as duplicates.
+    pub duplicates: u64,
+    /// Messages that arrived out of order and were queued.
+    pub queued_out_of_order: u64,
+    /// Copies dropped for want of a receive slot or window entry.
+    pub no_room: u64,
+    /// Explicit ACK frames sent.
+    pub acks_sent: u64,
+    /// ACKs piggybacked on a multicast.
+    pub acks_piggybacked: u64,
+    /// Reliable repairs sent to one missing member (§5.3).
+    pub repairs: u64,
+    /// Reliable copies to co-roots (§4.3).
+    pub coroot_copies: u64,
+    /// Posts that found the window full and were treated as a timeout.
+    pub window_full: u64,
+    /// Times the root stalled at zero credit.
+    pub credit_stalls: u64,
+    /// Re-post counts asked of members at zero credit.
+    pub polls: u64,
+    /// Out-of-order messages dropped to make room for an earlier one.
+    pub evicted: u64,
+}
+
+/// One group's reliable-broadcast state on this NIC.
+#[derive(Debug)]
+pub(crate) struct RbGroup {
+    /// Multicast address the group's port joined.
+    pub addr: u16,
+    /// Distinguishes this state from a later one of the same group slot
+    /// (its reliable copies carry it).
+    pub stamp: u32,
+    pub n: u16,
+    pub rank: u16,
+    /// Window entries (the root's own messages and those it is co-root for).
+    pub window: Vec<Entry>,
+    /// `acks[root * n + member]`: the member holds every message of `root`
+    /// below this (its cumulative ACK, written as it arrives, §5.5).
+    pub acks: Vec<u32>,
+    /// Re-posted buffers each member reported (cumulative, §5.4).
+    pub reposted_seen: Vec<u32>,
+    /// Broadcasts of the group this node knows of (its own, and the first
+    /// copy of everyone else's): each consumed a buffer at every member.
+    pub consumed: u32,
+    /// This node's next sequence number as root.
+    pub next_seq: u32,
+    /// Per root: every message below it arrived (delivered or in a slot).
+    pub expected: Vec<u32>,
+    /// Per root: every message below it was delivered to the host.
+    pub delivered: Vec<u32>,
+    /// Per root: the co-root count and M of its latest message.
+    pub algo: Vec<(u8, u8)>,
+    /// Per root: the cumulative ACK last sent, and since when a newer one
+    /// is owed (0: none).
+    pub ack_sent: Vec<u32>,
+    pub ack_owed_since: Vec<u64>,
+    pub slots: Vec<Slot>,
+    /// Buffers re-posted so far (cumulative), and whether the collectors
+    /// have not heard the latest count yet (since when).
+    pub reposted: u32,
+    pub credit_owed_since: u64,
+    /// Receives posted by the host, in posting order: (descriptor, root).
+    pub posted: std::collections::VecDeque<(crate::LocalDesc, u16)>,
+    pub posted_max: usize,
+    /// Members this node, as root, found at zero credit (bit = rank), and
+    /// when it last asked them for their re-post count.
+    pub starved: u64,
+    pub polled_ns: u64,
+    /// The group timer's deadline (0: not armed) and stamp.
+    pub timer_at: u64,
+    pub timer_stamp: u32,
+    pub stats: RbcastStats,
+}
+
+impl RbGroup {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        addr: u16,
+        stamp: u32,
+        n: u16,
+        rank: u16,
+        window: u32,
+        slots: u32,
+        posted_max: u32,
+        buf: usize,
+    ) -> RbGroup {
+        let n_us = n as usize;
+        let entry = || Entry {
+            live: false,
+            root: 0,
+            seq: 0,
+            len: 0,
+            coroots: 0,
+            ack_every: 1,
+            sent_ns: 0,
+            pending: 0,
+            repair_ns: 0,
+            p2p_todo: 0,
+            p2p_unacked: 0,
+            data: vec![0; buf].into_boxed_slice(),
+        };
+        let slot = || Slot { live: false, root: 0, seq: 0, len: 0, data: vec![0; buf].into_boxed_slice() };
+        RbGroup {
+            addr,
+            stamp,
+            n,
+            rank,
+            window: (0..window).map(|_| entry()).collect(),
+            acks: vec![0; n_us * n_us],
+            reposted_seen: vec![0; n_us],
+            consumed: 0,
+            next_seq: 0,
+            expected: vec![0; n_us],
+            delivered: vec![0; n_us],
+            algo: vec![(0, 1); n_us],
+            ack_sent: vec![0; n_us],
+            ack_owed_since: vec![0; n_us],
+            slots: (0..slots).map(|_| slot()).collect(),
+            reposted: 0,
+            credit_owed_since: 0,
+            posted: std::collections::VecDeque::with_capacity(posted_max as usize),
+            posted_max: posted_max as usize,
+            starved: 0,
+            polled_ns: 0,
+            timer_at: 0,
+            timer_stamp: 0,
+            stats: RbcastStats::default(),
+        }
+    }
+
+    pub(crate) fn rel(&self, root: u16) -> u16 {
+        emp_uapi::coll::rel_rank(self.rank, root, self.n)
+    }
+
+    /// Window entries in use, and those holding this node's own messages.
+    pub(crate) fn window_used(&self) -> (usize, usize) {
+        let live = self.window.iter().filter(|e| e.live);
+        let own = live.clone().filter(|e| e.root == self.rank).count();
+        (live.count(), own)
+    }
+
+    pub(crate) fn free_entry(&self) -> Option<usize> {
+        self.window.iter().position(|e| !e.live)
+    }
+
+    pub(crate) fn slots_used(&self) -> usize {
+        self.slots.iter().filter(|s| s.live).count()
+    }
+
+    /// Credits this node has for `member` (§5.4): buffers it pre-posted
+    /// minus the broadcasts known to consume one there and not re-posted.
+    pub(crate) fn credit(&self, member: u16) -> i64 {
+        let held = self.consumed.wrapping_sub(self.reposted_seen[member as usize]) as i32 as i64;
+        self.slots.len() as i64 - held
+    }
+
+    /// Members of this node's sub-group for a message of `root` with
+    /// `coroots` co-roots, when this node is a collector (absolute ranks).
+    pub(crate) fn sub_group(&self, root: u16, coroots: u8) -> impl Iterator<Item = u16> + '_ {
+        let s = sub_size(self.n, coroots);
+        let rel = self.rel(root);
+        let (n, c) = (self.n, rel);
+        (c + 1..(c + s).min(n)).map(move |r| emp_uapi::coll::abs_rank(r, root, n))
+    }
+
+    /// Is this node a collector (root or co-root) of `root`'s messages?
+    pub(crate) fn is_collector(&self, root: u16, coroots: u8) -> bool {
+        self.rel(root).is_multiple_of(sub_size(self.n, coroots))
+    }
+
+    /// The collector (absolute rank) this node acknowledges `root`'s messages to.
+    pub(crate) fn collector(&self, root: u16) -> u16 {
+        let s = sub_size(self.n, self.algo[root as usize].0);
+        emp_uapi::coll::abs_rank(collector_of(self.rel(root), s), root, self.n)
+    }
+
+    /// Records a cumulative ACK (§5.5: a word written, nothing else done).
+    pub(crate) fn ack_word(&mut self, root: u16, member: u16, next: u32) {
+        let w = &mut self.acks[root as usize * self.n as usize + member as usize];
+        if seq_lt(*w, next) {
+            *w = next;
+        }
+    }
+
+    /// Records a member's re-post count (piggybacked credits).
+    pub(crate) fn reposted_word(&mut self, member: u16, reposted: u32) {
+        let w = &mut self.reposted_seen[member as usize];
+        if seq_lt(*w, reposted) {
+            *w = reposted;
+        }
+    }
+
+    /// Clears the sub-group bits of entry `e` whose members acknowledged
+    /// it; true when nothing keeps it any more (it is then freed).
+    pub(crate) fn settle(&mut self, e: usize) -> bool {
+        let (root, seq, coroots) = (self.window[e].root, self.window[e].seq, self.window[e].coroots);
+        let s = sub_size(self.n, coroots);
+        let c = self.rel(root);
+        let mut pending = self.window[e].pending;
+        let mut bits = pending;
+        while bits != 0 {
+            let b = bits.trailing_zeros() as u16;
+            bits &= bits - 1;
+            let member = emp_uapi::coll::abs_rank(c + 1 + b, root, self.n);
+            debug_assert!(c + 1 + b < (c + s).min(self.n));
+            if seq_lt(seq, self.acks[root as usize * self.n as usize + member as usize]) {
+                pending &= !(1 << b);
+            }
+        }
+        let w = &mut self.window[e];
+        w.pending = pending;
+        if w.pending == 0 && w.p2p_todo == 0 && w.p2p_unacked == 0 {
+            w.live = false;
+            return true;
+        }
+        false
+    }
+
+    /// Where `root`'s message `seq` stands at this receiver.
+    pub(crate) fn classify(&self, root: u16, seq: u32) -> Arrival {
+        let r = root as usize;
+        if seq_lt(seq, self.expected[r]) || self.slots.iter().any(|s| s.live && s.root == root && s.seq == seq) {
+            return Arrival::Duplicate;
+        }
+        // No root gets further ahead of a member than its window and the
+        // member's credits allow; far beyond is not a message of ours.
+        if seq.wrapping_sub(self.delivered[r]) >= 1 << 20 {
+            return Arrival::Implausible;
+        }
+        Arrival::New
+    }
+
+    /// No slot is free for `root`'s message `seq`: frees the slot of a
+    /// later message of the same root held out of order (never
+    /// acknowledged, so its collector repairs it again) — a message
+    /// earlier in root order is worth more, and repairs arriving out of
+    /// order cannot then block the one every receive waits for. Returns
+    /// the freed slot.
+    pub(crate) fn evict_for(&mut self, root: u16, seq: u32) -> Option<usize> {
+        let expected = self.expected[root as usize];
+        let victim = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.live && s.root == root && seq_lt(seq, s.seq) && !seq_lt(s.seq, expected))
+            .max_by_key(|(_, s)| s.seq.wrapping_sub(expected))
+            .map(|(i, _)| i)?;
+        self.slots[victim].live = false;
+        // As if it never came: it consumes a buffer again when it does.
+        self.consumed = self.consumed.wrapping_sub(1);
+        self.stats.evicted += 1;
+        Some(victim)
+    }
+
+    /// The message the oldest posted receive wants: (root, seq).
+    pub(crate) fn wanted(&self) -> Option<(u16, u32)> {
+        self.posted.front().map(|&(_, root)| (root, self.delivered[root as usize]))
+    }
+
+    /// Moves `expected[root]` past the messages now held; returns the old value.
+    pub(crate) fn advance_expected(&mut self, root: u16) -> u32 {
+        let r = root as usize;
+        let old = self.expected[r];
+        loop {
+            let e = self.expected[r];
+            let held =
+                seq_lt(e, self.delivered[r]) || self.slots.iter().any(|s| s.live && s.root == root && s.seq == e);
+            if !held {
+                break;
+            }
+            self.expected[r] = e.wrapping_add(1);
+        }
+        old
+    }
+
+    /// Lazy ACKs (§4.4): messages `[from, to)` of `root` arrived in order.
+    /// True when one of them is this node's turn to ACK at once — message
+    /// B with `B mod M = i mod M` (skewed), M = the root's ACK interval —
+    /// else the ACK is owed and goes piggybacked or after a delay.
+    pub(crate) fn ack_turn(&mut self, root: u16, from: u32, to: u32, now: u64) -> bool {
+        let m = self.algo[root as usize].1.max(1) as u32;
+        let mine = self.rank as u32 % m;
+        let mut b = from;
+        let mut turn = false;
+        while b != to {
+            turn |= b % m == mine;
+            b = b.wrapping_add(1);
+        }
+        if !turn && from != to && self.ack_owed_since[root as usize] == 0 {
+            self.ack_owed_since[root as usize] = now.max(1);
+        }
+        turn
+    }
+
+    /// A consistency check of the bounds (`Nic::invariants`).
+    pub(crate) fn check(&self) -> Result<(), String> {
+        for (i, e) in self.window.iter().enumerate().filter(|(_, e)| e.live) {
+            let s = sub_size(self.n, e.coroots);
+            if e.pending >> s.min(63) != 0 && s < 64 {
+                return Err(format!("window entry {i}: pending bits {:#x} beyond a sub-group of {s}", e.pending));
+            }
+            if e.len as usize > e.data.len() || e.root >= self.n {
+                return Err(format!("window entry {i}: len {} root {}", e.len, e.root));
+            }
+        }
+        for (i, s) in self.slots.iter().enumerate().filter(|(_, s)| s.live) {
+            if seq_lt(s.seq, self.delivered[s.root as usize]) {
+                return Err(format!("slot {i} holds delivered message {} of root {}", s.seq, s.root));
+            }
+        }
+        if self.posted.len() > self.posted_max {
+            return Err(format!("{} receives posted, bound {}", self.posted.len(), self.posted_max));
+        }
+        for r in 0..self.n as usize {
+            if seq_lt(self.expected[r], self.delivered[r]) {
+                return Err(format!("root {r}: expected {} below delivered {}", self.expected[r], self.delivered[r]));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_groups_cover_every_member_once() {
+        for n in 1..=64u16 {
+            for coroots in 0..8u8 {
+                let s = sub_size(n, coroots);
+                let collectors = n.div_ceil(s);
+                assert!(collectors <= coroots as u16 + 1, "n {n} coroots {coroots}");
+                for rel in 0..n {
+                    let c = collector_of(rel, s);
+                    assert!(c <= rel && rel < c + s && c.is_multiple_of(s));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn co_root_tree_reaches_every_collector_once() {
+        for count in 1..=64u16 {
+            let mut seen = 1u64;
+            let mut frontier = vec![0u16];
+            while let Some(j) = frontier.pop() {
+                let kids = tree_children(j, count);
+                assert_eq!(seen & kids, 0, "count {count}: reached twice");
+                seen |= kids;
+                frontier.extend((0..64).filter(|b| kids >> b & 1 == 1));
+            }
+            let all = if count == 64 { u64::MAX } else { (1u64 << count) - 1 };
+            assert_eq!(seen, all, "count {count}");
+        }
+    }
+
+    #[test]
+    fn skewed_ack_turn_is_b_mod_m_equals_i_mod_m() {
+        let mut g = RbGroup::new(0xF001, 1, 8, 3, 4, 4, 4, 64);
+        g.algo[0] = (0, 4);
+        let turns: Vec<u32> = (0..12).filter(|&b| g.ack_turn(0, b, b + 1, 10)).collect();
+        assert_eq!(turns, [3, 7, 11]);
+        assert!(g.ack_turn(0, 0, 4, 10), "a run containing its turn");
+        g.algo[0] = (0, 1);
+        assert!((0..5).all(|b| g.ack_turn(0, b, b + 1, 10)), "M = 1: every message");
+    }
+
+    #[test]
+    fn settle_frees_an_entry_once_its_sub_group_acknowledged() {
+        // Root 0 of 6 with one co-root: sub-groups {0,1,2} and {3,4,5}.
+        let mut g = RbGroup::new(0xF001, 1, 6, 0, 2, 2, 2, 64);
+        let e = &mut g.window[0];
+        e.live = true;
+        e.seq = 5;
+        e.coroots = 1;
+        e.pending = 0b11;
+        assert_eq!(g.sub_group(0, 1).collect::<Vec<_>>(), [1, 2]);
+        g.ack_word(0, 1, 6);
+        assert!(!g.settle(0));
+        assert_eq!(g.window[0].pending, 0b10);
+        g.ack_word(0, 2, 5);
+        assert!(!g.settle(0), "ACK 5 does not cover message 5");
+        g.ack_word(0, 2, 9);
+        g.ack_word(0, 2, 7);
+        assert_eq!(g.acks[2], 9, "cumulative: never goes back");
+        assert!(g.settle(0));
+        assert!(!g.window[0].live);
+    }
+
+    #[test]
+    fn duplicates_and_implausible_sequences_are_recognised() {
+        let mut g = RbGroup::new(0xF001, 1, 4, 1, 2, 2, 2, 64);
+        assert_eq!(g.classify(0, 0), Arrival::New);
+        g.slots[0] = Slot { live: true, root: 0, seq: 2, len: 0, data: Box::new([]) };
+        assert_eq!(g.classify(0, 2), Arrival::Duplicate);
+        assert_eq!(g.advance_expected(0), 0);
+        assert_eq!(g.expected[0], 0, "message 0 is missing");
+        g.delivered[0] = 2;
+        g.expected[0] = 2;
+        g.advance_expected(0);
+        assert_eq!(g.expected[0], 3);
+        assert_eq!(g.classify(0, 1), Arrival::Duplicate);
+        assert_eq!(g.classify(0, 2 + (1 << 20)), Arrival::Implausible);
+    }
+}
