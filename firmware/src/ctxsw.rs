@@ -259,9 +259,12 @@ struct Image {
     peers: Vec<PeerImage>,
     /// (peer index, sequence, descriptor).
     tx: Vec<(usize, u32, LocalDesc)>,
-    /// (source node, source port, tag, immediate data, payload).
-    unexp: Vec<(u16, u16, u64, Option<u32>, Vec<u8>)>,
+    unexp: Vec<EagerImage>,
 }
+
+/// An eager unexpected message of an image: (source node, source port,
+/// tag, immediate data, payload).
+type EagerImage = (u16, u16, u64, Option<u32>, Vec<u8>);
 
 /// Why a restore was refused.
 enum Refusal {

@@ -12,8 +12,7 @@ use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, MR_ACCESS_ALL, MR_INLINE_SEGS};
 use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{
     admin_result, ctl, AdminMailbox, AdminOp, FailReason, GroupEntry, GroupView, Layout, LayoutParams, NicStatus,
-    PortCtl,
-    RouteEntry, SramHeader,
+    PortCtl, RouteEntry, SramHeader,
 };
 use emp_uapi::Le;
 

@@ -250,8 +250,12 @@ impl Cluster {
         let layout = self.world.layout;
         let node = &mut self.world.nodes[n as usize];
         let data = alloc_region(&mut node.mem, 64 << 10, (0x33 << 16) | (32 + 2 * slot as u32), &mut self.rng);
-        let cq =
-            alloc_region(&mut node.mem, CQ_ENTRIES as u64 * Cqe::SIZE as u64, (0x44 << 16) | (33 + 2 * slot as u32), &mut self.rng);
+        let cq = alloc_region(
+            &mut node.mem,
+            CQ_ENTRIES as u64 * Cqe::SIZE as u64,
+            (0x44 << 16) | (33 + 2 * slot as u32),
+            &mut self.rng,
+        );
         for (reg, acc) in [(&data, MR_LOCAL_READ | MR_LOCAL_WRITE), (&cq, MR_LOCAL_WRITE)] {
             let e = mr_entry(reg, slot, acc, &mut node.mem, &mut self.rng);
             Sram(&mut node.sram).put(layout.mr_entry(MrEntry::slot_of(reg.key)), &e);

@@ -215,6 +215,11 @@ pub(crate) enum CollData {
     },
 }
 
+/// The `op` of the reliable broadcast's copies' `CollTx` (`rbcast/`): no
+/// collective operation record owns them (their `op_stamp` is the group
+/// state's stamp).
+pub(crate) const RBCAST_OP: u32 = u32::MAX;
+
 /// An internal message's collective side: its header and data, and the
 /// operation told when it finishes.
 #[derive(Debug)]
@@ -713,7 +718,7 @@ impl Nic {
     /// An internal message finished (ACKed, or failed).
     pub(crate) fn coll_tx_done<H: Hal>(&mut self, hal: &mut H, now: u64, c: &CollTx, status: Status) {
         let (op, stamp) = (c.op, c.op_stamp);
-        if op == crate::rbcast::RBCAST_OP {
+        if op == RBCAST_OP {
             return self.rbcast_p2p_done(c);
         }
         if self.coll_ops.get(op).is_none_or(|o| o.stamp != stamp) {

@@ -45,7 +45,7 @@ use emp_uapi::wire::{
 };
 use emp_uapi::Le;
 
-use crate::coll::{CollAccept, CollData, CollTx};
+use crate::coll::{CollAccept, CollData, CollTx, RBCAST_OP};
 use crate::host::Completion;
 use crate::mr::Buf;
 use crate::{timer, Hal, LocalDesc, Nic};
@@ -53,10 +53,6 @@ use crate::{timer, Hal, LocalDesc, Nic};
 pub(crate) use state::RbGroup as RbGroupState;
 pub use state::RbcastStats;
 use state::{sub_size, tree_children, Arrival, RbGroup};
-
-/// The `op` of the reliable copies' `CollTx`: no collective operation
-/// record owns them (their `op_stamp` is the group state's stamp).
-pub(crate) const RBCAST_OP: u32 = u32::MAX;
 
 /// Members per sub-group (the collector included) of a broadcast over
 /// `n` members with `coroots` co-roots (§4.3, §7.2's `s`).
@@ -390,8 +386,8 @@ impl Nic {
             epoch,
             instance,
             kind: CollKind::Rbcast as u8,
-            root: w.root as u16,
-            sender: rb.rank as u16,
+            root: w.root,
+            sender: rb.rank,
             ..Default::default()
         };
         let stamp = rb.stamp;
