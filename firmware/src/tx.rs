@@ -461,6 +461,13 @@ impl Nic {
         f: u32,
         retransmit: bool,
     ) -> Result<(), Status> {
+        // An ACK held back for coalescing leaves before this frame: a
+        // receiver's answer must never overtake the ACK of what it answers
+        // (the sender would see the answer before its send completed).
+        let peer = self.tx.get(slot).expect("live").peer;
+        if self.peer(peer).ack_owed.is_some() {
+            self.flush_ack(hal, peer);
+        }
         let m = self.tx.get(slot).expect("live");
         let p = self.peer(m.peer);
         let off = wire::frame_offset(f, self.mtu);

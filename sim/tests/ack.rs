@@ -238,3 +238,30 @@ fn test_a_stopped_sender_whose_update_is_lost_probes() {
         assert_eq!(status(&c.wait(0, w, 100 * MS).unwrap()), Status::Success);
     }
 }
+
+/// A held-back ACK leaves before any frame the receiver then sends that
+/// peer: an answer never reaches a sender before the ACK of what it
+/// answers, so the sender's send completes before the answer's receive
+/// (a program waiting for its send, then for the answer, sees them in
+/// that order).
+#[test]
+fn test_an_answer_never_overtakes_the_ack_it_follows() {
+    let cfg = Config { ack_delay_ns: 200 * US, ..Config::default() };
+    let mut c = Cluster::new(2, cfg, 0, 1500, WireConfig::default());
+    for round in 0..20u32 {
+        let answer = c.recv(0, (1, 0), 1000 + round as u64, 0, 8);
+        let question = c.recv(1, (0, 0), round as u64, 0, 8);
+        let sent = c.send(0, 1, round as u64, &payload(round));
+        c.wait(1, question, 50 * MS).expect("the question arrives");
+        // The receiver's host answers at once, well inside the ACK delay.
+        let reply = c.send(1, 0, 1000 + round as u64, &payload(round + 1));
+        let (_, got_answer) = c.wait_seen(0, answer, 50 * MS).expect("the answer arrives");
+        let (sc, send_done) = c.wait_seen(0, sent, 50 * MS).expect("the send completes");
+        assert_eq!(status(&sc), Status::Success);
+        assert!(
+            send_done <= got_answer,
+            "round {round}: the answer ({got_answer} ns) overtook the ACK ({send_done} ns)"
+        );
+        assert_eq!(status(&c.wait(1, reply, 50 * MS).unwrap()), Status::Success);
+    }
+}
