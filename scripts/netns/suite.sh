@@ -3,7 +3,8 @@
 # TAP suite across 4 network namespaces, one NIC and one rank in each, over
 # each wire, with 1 % loss and 100 µs delay on every link (scripts/netns/
 # bed.sh; on a kernel without sch_netem only the loss is applied, and the
-# suite says so); `emp info` over the bed; tap-p2p, tap-coll and a C job
+# suite says so); tap-rbcast (the reliable broadcast over the wire's
+# multicast); `emp info` over the bed; tap-p2p, tap-coll and a C job
 # started by Open MPI's mpirun across the same namespaces and NICs
 # (scripts/netns/mpirun-suite.sh; skipped with --no-mpirun, or said "not
 # ok" when mpirun is missing); libfabric's fi_pingpong over the provider
@@ -145,7 +146,7 @@ if [ "$(id -u)" -ne 0 ]; then
     failed=1
     finish
 fi
-for b in emp emp-nicd tap-p2p tap-robust tap-coll tap-coll-host tap-atomics tap-fault; do
+for b in emp emp-nicd tap-p2p tap-robust tap-coll tap-coll-host tap-atomics tap-fault tap-rbcast; do
     if [ ! -x "$bin/$b" ]; then
         echo "not ok - $bin/$b is missing: run make build"
         failed=1
@@ -163,7 +164,9 @@ sed 's/^/# /' "$log"
 # Each suite with 4 ranks, one per namespace; TAP from rank 0 (rank 1 for
 # tap-robust garbage). The timeout bounds a hang; the programs' own per-call
 # timeouts end a lost-frame stall long before it.
-suites=("tap-p2p" "tap-robust garbage" "tap-coll" "tap-coll-host" "tap-atomics")
+# tap-rbcast: the reliable broadcast over the wire's own multicast (IP
+# multicast on udp, Ethernet multicast on packet), with the bed's loss.
+suites=("tap-p2p" "tap-robust garbage" "tap-coll" "tap-coll-host" "tap-atomics" "tap-rbcast")
 for wire in $wires; do
     config="$bed/bed/cluster-$wire.toml"
     if ! "$bin/emp" cluster up --config "$config" >"$log" 2>&1; then
