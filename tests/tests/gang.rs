@@ -13,7 +13,7 @@ fn two_jobs_share_single_slot_nics_in_time_slices() {
         .args(["gang", "--slice-ms", "20", "--stable-ms", "300", "--timeout", "240", "--dir"])
         .arg(c.path())
         .args(["--job", &job, "--job", &job])
-        .env("EMP_TAP_BIG_MB", "4")
+        .env("EMP_TAP_BIG_MB", "16")
         .output()
         .expect("emp gang");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -36,6 +36,8 @@ pub struct GangArgs {
 
 /// How long a started job's ranks may take to open their ports.
 const START_BOUND: Duration = Duration::from_secs(30);
+/// How long a restore waits for a slot its last holder is releasing.
+const RESTORE_BOUND: Duration = Duration::from_secs(2);
 /// How long a stopped rank may take to reach the stopped state.
 const STOP_BOUND: Duration = Duration::from_secs(2);
 
@@ -124,9 +126,8 @@ pub fn gang(a: &GangArgs) -> Result<i32, String> {
     let mut g = Gang { dir: &a.dir, nics: s.nics, stable: a.stable, switches: 0, unstable: 0 };
     let result = g.schedule(&mut jobs, a.slice, a.timeout);
     for j in &mut jobs {
-        if j.out {
-            j.signal(libc::SIGCONT);
-        }
+        // SIGKILL ends a stopped rank too; it is never continued without
+        // its ports (it would find its window serving another job).
         j.kill();
         let _ = std::fs::remove_dir_all(&j.rdv);
     }
@@ -270,7 +271,25 @@ impl Gang<'_> {
         if !job.started {
             return self.start_job(job);
         }
-        let restored = self.each(job, gang::RESTORE)?.0;
+        // A rank of the job switched out last may have exited a moment ago:
+        // its daemon connection thread then still holds its slot for a
+        // little while (`EBUSY`), so a taken slot is retried, bounded.
+        let end = Instant::now() + RESTORE_BOUND;
+        let mut restored = 0;
+        for (r, pid) in job.live() {
+            loop {
+                match emp::nic_gang(&self.sock(r), gang::RESTORE, pid as i32) {
+                    Ok(m) => {
+                        restored += m.arg[0];
+                        break;
+                    }
+                    Err(emp::Error::Nic { errno: libc::EBUSY, .. }) if Instant::now() < end => {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(e) => return Err(format!("job {_name} rank {r}: restoring its ports: {e}")),
+                }
+            }
+        }
         self.each(job, gang::RESUME)?;
         if std::env::var_os("EMP_GANG_TRACE").is_some() {
             eprintln!("emp gang: job {_name} in ({restored} ports restored)");
