@@ -1,14 +1,25 @@
 //! Gang scheduling on the chassis (docs/context-switch.md, `emp gang`): two
 //! NICs with one port slot each, two jobs of two ranks each that both need
-//! that slot on both NICs. The unmodified `tap-p2p` runs as both jobs
+//! that slot on both NICs (and the same with four ranks on four NICs). The unmodified `tap-p2p` runs as both jobs
 //! under `emp gang` with a 20 ms slice; both pass, with switches counted.
 
 use emp_tests::harness::{emp, Cluster};
 
 #[test]
 fn two_jobs_share_single_slot_nics_in_time_slices() {
-    let c = Cluster::up("gang", &["-n", "2", "--ports", "1"]);
-    let job = format!("2 {}", env!("CARGO_BIN_EXE_tap-p2p"));
+    two_jobs("gang2", 2);
+}
+
+/// Issue 15's case: two jobs × 4 ranks on 4 NICs of one slot each.
+#[test]
+fn two_four_rank_jobs_on_four_single_slot_nics() {
+    two_jobs("gang4", 4);
+}
+
+/// Two `tap-p2p` jobs of `ranks` ranks on `ranks` NICs of one slot each.
+fn two_jobs(name: &str, ranks: usize) {
+    let c = Cluster::up(name, &["-n", &ranks.to_string(), "--ports", "1"]);
+    let job = format!("{ranks} {}", env!("CARGO_BIN_EXE_tap-p2p"));
     let out = emp()
         .args(["gang", "--slice-ms", "20", "--stable-ms", "300", "--timeout", "240", "--dir"])
         .arg(c.path())
