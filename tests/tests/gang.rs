@@ -43,3 +43,25 @@ fn two_jobs(name: &str, ranks: usize) {
         .expect("the switch count line");
     assert!(switches >= 4, "only {switches} switches: the jobs did not take turns");
 }
+
+/// A job that fails while the other is switched out ends alone: the other
+/// is switched back in and passes; `emp gang` reports the failure.
+#[test]
+fn a_failing_job_ends_alone_and_the_other_completes() {
+    let c = Cluster::up("gangfail", &["-n", "2", "--ports", "1"]);
+    let good = format!("2 {}", env!("CARGO_BIN_EXE_tap-p2p"));
+    let out = emp()
+        .args(["gang", "--slice-ms", "20", "--stable-ms", "300", "--timeout", "240", "--dir"])
+        .arg(c.path())
+        .args(["--job", &good, "--job", "2 false"])
+        .env("EMP_TAP_BIG_MB", "16")
+        .output()
+        .expect("emp gang");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "the failing job's status");
+    assert!(stdout.contains("# 10 passed, 0 failed"), "the good job's TAP summary");
+    assert!(stdout.contains("emp gang: job 0 exited with status 0"));
+    assert!(stdout.contains("emp gang: job 1 exited with status 1"));
+}

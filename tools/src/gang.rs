@@ -156,7 +156,7 @@ impl Gang<'_> {
     fn schedule(&mut self, jobs: &mut [Job], slice: Duration, timeout: Option<Duration>) -> Result<i32, String> {
         let start = Instant::now();
         let mut current = 0;
-        self.start_job(&mut jobs[0])?;
+        self.start_job(&mut jobs[0], 0)?;
         let mut slice_end = Instant::now() + slice;
         loop {
             for (i, j) in jobs.iter_mut().enumerate() {
@@ -195,13 +195,18 @@ impl Gang<'_> {
     fn each(&self, job: &Job, action: u64) -> Result<(u64, u64), String> {
         let mut sum = (0, 0);
         for (r, pid) in job.live() {
-            let m = emp::nic_gang(&self.sock(r), action, pid as i32).map_err(|e| format!("rank {r}: {e}"))?;
-            sum = (sum.0 + m.arg[0], sum.1 + m.arg[1]);
+            match emp::nic_gang(&self.sock(r), action, pid as i32) {
+                Ok(m) => sum = (sum.0 + m.arg[0], sum.1 + m.arg[1]),
+                // A rank that exited and is not reaped yet: the daemon is
+                // releasing its ports on its own, there is nothing to switch.
+                Err(_) if exited(pid) => {}
+                Err(e) => return Err(format!("rank {r} (pid {pid}): {} its ports: {e}", action_name(action))),
+            }
         }
         Ok(sum)
     }
 
-    fn start_job(&mut self, job: &mut Job) -> Result<(), String> {
+    fn start_job(&mut self, job: &mut Job, name: usize) -> Result<(), String> {
         std::fs::create_dir_all(&job.rdv).map_err(|e| format!("{}: {e}", job.rdv.display()))?;
         for r in 0..job.ranks {
             let mut cmd = Command::new(&job.argv[0]);
@@ -218,6 +223,11 @@ impl Gang<'_> {
         // holding a slot it cannot use: wait until every live rank has one.
         let end = Instant::now() + START_BOUND;
         loop {
+            // A rank that already exited needs no port; a failing one ends the job.
+            job.reap(name);
+            if job.status.is_some() {
+                return Ok(());
+            }
             let opened = job.live().try_fold(true, |all, (r, pid)| {
                 emp::nic_gang(&self.sock(r), gang::PORTS, pid as i32).map(|m| all && m.arg[0] > 0)
             });
@@ -267,9 +277,9 @@ impl Gang<'_> {
         Ok(true)
     }
 
-    fn switch_in(&mut self, job: &mut Job, _name: usize) -> Result<(), String> {
+    fn switch_in(&mut self, job: &mut Job, name: usize) -> Result<(), String> {
         if !job.started {
-            return self.start_job(job);
+            return self.start_job(job, name);
         }
         // A rank of the job switched out last may have exited a moment ago:
         // its daemon connection thread then still holds its slot for a
@@ -286,18 +296,41 @@ impl Gang<'_> {
                     Err(emp::Error::Nic { errno: libc::EBUSY, .. }) if Instant::now() < end => {
                         std::thread::sleep(Duration::from_millis(1));
                     }
-                    Err(e) => return Err(format!("job {_name} rank {r}: restoring its ports: {e}")),
+                    Err(_) if exited(pid) => break,
+                    Err(e) => return Err(format!("job {name} rank {r}: restoring its ports: {e}")),
                 }
             }
         }
         self.each(job, gang::RESUME)?;
         if std::env::var_os("EMP_GANG_TRACE").is_some() {
-            eprintln!("emp gang: job {_name} in ({restored} ports restored)");
+            eprintln!("emp gang: job {name} in ({restored} ports restored)");
         }
         job.out = false;
         job.signal(libc::SIGCONT);
         Ok(())
     }
+}
+
+fn action_name(action: u64) -> &'static str {
+    match action {
+        gang::SUSPEND => "suspending",
+        gang::STABLE => "asking whether stable",
+        gang::SAVE => "saving",
+        gang::RESTORE => "restoring",
+        gang::RESUME => "resuming",
+        _ => "counting",
+    }
+}
+
+/// `/proc`'s state letter of `pid` (`None` once it is gone).
+fn proc_state(pid: u32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Has `pid` exited (a zombie not reaped yet, or gone)?
+fn exited(pid: u32) -> bool {
+    matches!(proc_state(pid), None | Some('Z' | 'X'))
 }
 
 /// Waits until every live rank of `job` is stopped (its state `T` in
@@ -306,9 +339,7 @@ fn wait_stopped(job: &Job) -> Result<(), String> {
     let end = Instant::now() + STOP_BOUND;
     for (r, pid) in job.live() {
         loop {
-            let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| s.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()));
+            let state = proc_state(pid);
             // Gone (`None`, or a zombie) counts: it touches nothing any more.
             if matches!(state, None | Some('T' | 't' | 'Z' | 'X')) {
                 break;
