@@ -191,7 +191,7 @@ impl Gang<'_> {
         socket(self.dir, (rank % self.nics as usize) as u16).to_string_lossy().into_owned()
     }
 
-    /// `action` on every live rank's ports; returns the replies' (arg[0], arg[1]) summed.
+    /// `action` on every live rank's ports; returns the replies' (`arg[0]`, `arg[1]`) summed.
     fn each(&self, job: &Job, action: u64) -> Result<(u64, u64), String> {
         let mut sum = (0, 0);
         for (r, pid) in job.live() {
