@@ -82,6 +82,8 @@ fn client(nic: Arc<NicShared>, wire: WireSeat, conn: OwnedFd) {
     let owner = creds.is_some_and(|c| c.uid() == 0 || c.uid() == unsafe { libc::geteuid() });
     let mut port: Option<u16> = None;
     let mut parked: Option<ParkedPort> = None;
+    // The id of the port this connection attached (`PortState::id`).
+    let mut port_id: Option<u64> = None;
     let mut buf = [0u8; AttachMsg::SIZE + 1];
     // Room for every descriptor one message can carry (the kernel's
     // SCM_MAX_FD): with less, a request carrying more is truncated and the
@@ -147,13 +149,26 @@ fn client(nic: Arc<NicShared>, wire: WireSeat, conn: OwnedFd) {
             }
             continue;
         }
+        if port_id.is_some_and(|id| nic.gang_holds(id)) {
+            // Switched out by the gang scheduler (the process should be stopped).
+            if !reply(conn.as_raw_fd(), AttachMsg { op: req.op, ..Default::default() }, libc::EAGAIN, &[]) {
+                break;
+            }
+            continue;
+        }
         if !handle(&nic, &wire, conn.as_raw_fd(), pid, &mut port, &mut parked, req, fds) {
             break;
+        }
+        if port_id.is_none() {
+            port_id = port.and_then(|p| nic.port_id(p));
         }
     }
     if let Some(p) = port {
         tracing::info!(node = nic.node, port = p, pid, "process detached: releasing its port");
-        nic.release_port_of(pid, p);
+        match port_id {
+            Some(id) => nic.release_port_of(id, p),
+            None => nic.release_port(p),
+        }
     }
     if let Some(pp) = parked {
         tracing::info!(node = nic.node, addr = pp.addr, pid, "process detached while saved: discarding its context");
@@ -172,10 +187,6 @@ fn handle(
     mut fds: Vec<OwnedFd>,
 ) -> bool {
     let mut out = AttachMsg { op: req.op, ..Default::default() };
-    if port.is_some_and(|p| nic.gang_holds(pid, p)) {
-        // Switched out by the gang scheduler (the process should be stopped).
-        return reply(conn, out, libc::EAGAIN, &[]);
-    }
     let st = match (req.op, *port) {
         (op::PORT_RESTORE, None) if parked.is_some() => {
             let (Ok(key), Some(pp)) = (u32::try_from(req.arg[0]), parked.take()) else {

@@ -53,6 +53,9 @@ pub struct PortState {
     pub started: bool,
     /// The port's wire address (its slot until restored into another).
     pub addr: u16,
+    /// Unique among the ports this NIC ever gave out (a process may hold
+    /// several, one after another in the same slot).
+    pub id: u64,
 }
 
 /// A port context saved by its process (docs/context-switch.md): its slot
@@ -145,6 +148,8 @@ pub struct NicShared {
     /// Ports switched out by the gang scheduler (bounded by the slots: at
     /// most one entry per port a process held).
     gang: Mutex<Vec<GangSaved>>,
+    /// The next `PortState::id`.
+    next_port_id: std::sync::atomic::AtomicU64,
 
     key_salt: Mutex<u32>,
     /// Group table slots in use: (port, group id).
@@ -224,7 +229,8 @@ impl NicShared {
         let mut z = [0u8; PortCtl::SIZE];
         PortCtl::default().put(&mut z);
         self.sram.write(w.base, &z);
-        ports[p as usize] = Some(PortState { doorbell, event, pid, keys: Vec::new(), started: false, addr });
+        let id = self.next_port_id.fetch_add(1, Ordering::Relaxed);
+        ports[p as usize] = Some(PortState { doorbell, event, pid, keys: Vec::new(), started: false, addr, id });
         self.ports_changed.store(true, Ordering::Release);
         Ok(p)
     }
@@ -533,29 +539,28 @@ impl NicShared {
         Ok(n)
     }
 
-    /// Is `pid`'s port of `slot` switched out by the gang scheduler?
-    pub fn gang_holds(&self, pid: i32, slot: u16) -> bool {
-        self.gang.lock().expect("gang").iter().any(|g| (g.pid, g.slot) == (pid, slot))
+    /// The id of the port in `slot` (`PortState::id`).
+    pub fn port_id(&self, slot: u16) -> Option<u64> {
+        self.ports.lock().expect("ports").get(slot as usize)?.as_ref().map(|s| s.id)
     }
 
-    /// The connection of `pid` that held `slot` closed: releases the port,
-    /// or discards its context if it is switched out (the slot may then
-    /// belong to another job, which keeps it).
-    pub fn release_port_of(&self, pid: i32, slot: u16) {
+    /// Is port `id` switched out by the gang scheduler?
+    pub fn gang_holds(&self, id: u64) -> bool {
+        self.gang.lock().expect("gang").iter().any(|g| g.parked.state.id == id)
+    }
+
+    /// The connection that held port `id` (last in `slot`) closed:
+    /// releases the port, or discards its context if it is switched out
+    /// (the slot may then belong to another port, which keeps it).
+    pub fn release_port_of(&self, id: u64, slot: u16) {
         let saved = {
             let mut gang = self.gang.lock().expect("gang");
-            gang.iter().position(|g| (g.pid, g.slot) == (pid, slot)).map(|i| gang.swap_remove(i))
+            gang.iter().position(|g| g.parked.state.id == id).map(|i| gang.swap_remove(i))
         };
         match saved {
             Some(g) => self.discard(g.parked),
             None => {
-                let mine = self
-                    .ports
-                    .lock()
-                    .expect("ports")
-                    .get(slot as usize)
-                    .is_some_and(|p| p.as_ref().is_some_and(|s| s.pid == pid));
-                if mine {
+                if self.port_id(slot) == Some(id) {
                     self.release_port(slot);
                 }
             }
@@ -752,6 +757,7 @@ pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Ar
         ports_changed: AtomicBool::new(true),
         parked_addrs: Mutex::new(Vec::new()),
         gang: Mutex::new(Vec::new()),
+        next_port_id: std::sync::atomic::AtomicU64::new(1),
         key_salt: Mutex::new(cfg.node as u32 ^ std::process::id() ^ 0x5EED),
         groups: Mutex::new(vec![None; layout.params.group_entries as usize]),
 
