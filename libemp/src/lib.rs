@@ -39,8 +39,8 @@ use std::os::fd::RawFd;
 
 pub use atomic::{RemoteWord, Width};
 pub use backend::direct::{
-    nic_counters_at, nic_routes, nic_stats, nic_wire_auth, nic_wire_info, nic_wire_mcast, nic_wire_rekey, Link,
-    RouteInfo, WireAuth, WireInfo, WireKind, WireMcast,
+    nic_counters_at, nic_gang, nic_routes, nic_stats, nic_wire_auth, nic_wire_info, nic_wire_mcast, nic_wire_rekey,
+    Link, RouteInfo, WireAuth, WireInfo, WireKind, WireMcast,
 };
 pub use backend::COUNTERS;
 pub use device::{Device, INTERNAL_WR};

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use emp_uapi::attach::{
-    attach_reply as ar, auth_reply, link_flags, op, rekey, route_page, status, wire_counter, wire_kind,
+    attach_reply as ar, auth_reply, gang, link_flags, op, rekey, route_page, status, wire_counter, wire_kind,
     wire_reply as wr, AttachMsg, ATTACH_VERSION, ROUTES_PER_PAGE,
 };
 use emp_uapi::Le;
@@ -82,6 +82,8 @@ fn client(nic: Arc<NicShared>, wire: WireSeat, conn: OwnedFd) {
     let owner = creds.is_some_and(|c| c.uid() == 0 || c.uid() == unsafe { libc::geteuid() });
     let mut port: Option<u16> = None;
     let mut parked: Option<ParkedPort> = None;
+    // The id of the port this connection attached (`PortState::id`).
+    let mut port_id: Option<u64> = None;
     let mut buf = [0u8; AttachMsg::SIZE + 1];
     // Room for every descriptor one message can carry (the kernel's
     // SCM_MAX_FD): with less, a request carrying more is truncated and the
@@ -133,13 +135,40 @@ fn client(nic: Arc<NicShared>, wire: WireSeat, conn: OwnedFd) {
             }
             continue;
         }
+        if req.op == op::GANG {
+            let mut out = AttachMsg { op: req.op, ..Default::default() };
+            let st = if !owner {
+                status::EPERM
+            } else if port.is_some() || parked.is_some() {
+                status::EPROTO // The scheduler's connection holds no port.
+            } else {
+                gang_request(&nic, req, &mut out)
+            };
+            if !reply(conn.as_raw_fd(), out, st, &[]) {
+                break;
+            }
+            continue;
+        }
+        if port_id.is_some_and(|id| nic.gang_holds(id)) {
+            // Switched out by the gang scheduler (the process should be stopped).
+            if !reply(conn.as_raw_fd(), AttachMsg { op: req.op, ..Default::default() }, libc::EAGAIN, &[]) {
+                break;
+            }
+            continue;
+        }
         if !handle(&nic, &wire, conn.as_raw_fd(), pid, &mut port, &mut parked, req, fds) {
             break;
+        }
+        if port_id.is_none() {
+            port_id = port.and_then(|p| nic.port_id(p));
         }
     }
     if let Some(p) = port {
         tracing::info!(node = nic.node, port = p, pid, "process detached: releasing its port");
-        nic.release_port(p);
+        match port_id {
+            Some(id) => nic.release_port_of(id, p),
+            None => nic.release_port(p),
+        }
     }
     if let Some(pp) = parked {
         tracing::info!(node = nic.node, addr = pp.addr, pid, "process detached while saved: discarding its context");
@@ -311,6 +340,33 @@ fn handle(
         _ => status::EOPNOTSUPP,
     };
     reply(conn, out, st, &[])
+}
+
+/// A `GANG` request: `arg[0]` = action on every port of process `arg[1]`.
+fn gang_request(nic: &NicShared, req: AttachMsg, out: &mut AttachMsg) -> i32 {
+    let Ok(pid) = i32::try_from(req.arg[1]) else { return status::EINVAL };
+    if pid <= 0 {
+        return status::EINVAL;
+    }
+    let r = match req.arg[0] {
+        gang::SUSPEND => nic.gang_suspend(pid),
+        gang::RESUME => nic.gang_resume(pid),
+        gang::PORTS => Ok(nic.gang_ports(pid)),
+        gang::SAVE => nic.gang_save(pid),
+        gang::RESTORE => nic.gang_restore(pid),
+        gang::STABLE => nic.gang_stable(pid).map(|(n, stable)| {
+            out.arg[1] = stable as u64;
+            n
+        }),
+        _ => Err(status::EINVAL),
+    };
+    match r {
+        Ok(n) => {
+            out.arg[0] = n as u64;
+            status::OK
+        }
+        Err(e) => e,
+    }
 }
 
 /// The `WIRE_INFO` reply.

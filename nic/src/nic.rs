@@ -53,6 +53,9 @@ pub struct PortState {
     pub started: bool,
     /// The port's wire address (its slot until restored into another).
     pub addr: u16,
+    /// Unique among the ports this NIC ever gave out (a process may hold
+    /// several, one after another in the same slot).
+    pub id: u64,
 }
 
 /// A port context saved by its process (docs/context-switch.md): its slot
@@ -69,6 +72,21 @@ pub struct ParkedPort {
 
 /// The owner the daemon gives a parked port's MR entries: no slot.
 const PARKED_OWNER: u16 = u16::MAX;
+
+/// Room of the daemon memory a gang-switched port is saved into; the
+/// control program refuses (`NO_ROOM`) an image that does not fit.
+const GANG_IMAGE_ROOM: usize = 8 << 20;
+
+/// A port the gang scheduler switched out: saved into daemon memory (a
+/// region registered to the port, so it travels with the context), to be
+/// restored into the slot it had, which its process still maps.
+struct GangSaved {
+    pid: i32,
+    slot: u16,
+    image_key: u32,
+    len: u64,
+    parked: ParkedPort,
+}
 
 /// A context-switch admin result as an errno.
 fn ctx_result(r: u32) -> Result<(), Errno> {
@@ -127,6 +145,11 @@ pub struct NicShared {
     pub ports_changed: AtomicBool,
     /// Wire addresses of saved (parked) ports: no new port takes them.
     parked_addrs: Mutex<Vec<u16>>,
+    /// Ports switched out by the gang scheduler (bounded by the slots: at
+    /// most one entry per port a process held).
+    gang: Mutex<Vec<GangSaved>>,
+    /// The next `PortState::id`.
+    next_port_id: std::sync::atomic::AtomicU64,
 
     key_salt: Mutex<u32>,
     /// Group table slots in use: (port, group id).
@@ -206,7 +229,8 @@ impl NicShared {
         let mut z = [0u8; PortCtl::SIZE];
         PortCtl::default().put(&mut z);
         self.sram.write(w.base, &z);
-        ports[p as usize] = Some(PortState { doorbell, event, pid, keys: Vec::new(), started: false, addr });
+        let id = self.next_port_id.fetch_add(1, Ordering::Relaxed);
+        ports[p as usize] = Some(PortState { doorbell, event, pid, keys: Vec::new(), started: false, addr, id });
         self.ports_changed.store(true, Ordering::Release);
         Ok(p)
     }
@@ -369,6 +393,19 @@ impl NicShared {
     /// bytes) into a free slot, suspended; returns the slot. When refused,
     /// `p` stays parked and comes back with the error.
     pub fn restore(&self, p: ParkedPort, key: u32, offset: u64, len: u64) -> Result<u16, (ParkedPort, Errno)> {
+        self.restore_into(p, key, offset, len, None)
+    }
+
+    /// [`NicShared::restore`] into slot `want` if given (`EBUSY` if it is
+    /// taken), else into any free slot.
+    fn restore_into(
+        &self,
+        p: ParkedPort,
+        key: u32,
+        offset: u64,
+        len: u64,
+        want: Option<u16>,
+    ) -> Result<u16, (ParkedPort, Errno)> {
         if let Err(e) = self.running() {
             return Err((p, e));
         }
@@ -378,7 +415,11 @@ impl NicShared {
         // asked, so no other process can be given it meanwhile.
         let slot = {
             let mut ports = self.ports.lock().expect("ports");
-            let Some(slot) = ports.iter().position(|s| s.is_none()) else {
+            let free = match want {
+                Some(w) => ports.get(w as usize).is_some_and(|s| s.is_none()).then_some(w as usize),
+                None => ports.iter().position(|s| s.is_none()),
+            };
+            let Some(slot) = free else {
                 return Err((ParkedPort { addr, gen, state }, libc::EBUSY));
             };
             state.started = true;
@@ -410,6 +451,119 @@ impl NicShared {
         self.unpark_addr(p.addr);
         for &k in &p.state.keys {
             let _ = self.dereg(PARKED_OWNER, k);
+        }
+    }
+
+    /// The slots process `pid` holds a started port in (one merely
+    /// attached has no NIC state to switch).
+    fn slots_of(&self, pid: i32) -> Vec<u16> {
+        let ports = self.ports.lock().expect("ports");
+        (0..ports.len() as u16)
+            .filter(|&p| ports[p as usize].as_ref().is_some_and(|s| s.pid == pid && s.started))
+            .collect()
+    }
+
+    /// How many started ports process `pid` holds.
+    pub fn gang_ports(&self, pid: i32) -> usize {
+        self.slots_of(pid).len()
+    }
+
+    /// Gang C1 on every port of `pid`; returns how many.
+    pub fn gang_suspend(&self, pid: i32) -> Result<usize, Errno> {
+        let slots = self.slots_of(pid);
+        for &p in &slots {
+            self.suspend(p)?;
+        }
+        Ok(slots.len())
+    }
+
+    /// Gang C8 on every port of `pid`; returns how many.
+    pub fn gang_resume(&self, pid: i32) -> Result<usize, Errno> {
+        let slots = self.slots_of(pid);
+        for &p in &slots {
+            self.resume(p)?;
+        }
+        Ok(slots.len())
+    }
+
+    /// Gang C2–C4: (ports of `pid`, how many of them are stable).
+    pub fn gang_stable(&self, pid: i32) -> Result<(usize, usize), Errno> {
+        let slots = self.slots_of(pid);
+        let mut stable = 0;
+        for &p in &slots {
+            stable += self.is_stable(p)? as usize;
+        }
+        Ok((slots.len(), stable))
+    }
+
+    /// Gang C6: saves every (stable, suspended) port of `pid` into daemon
+    /// memory and frees its slot; returns how many. A port that cannot be
+    /// saved stops the walk with its error; those saved stay saved.
+    pub fn gang_save(&self, pid: i32) -> Result<usize, Errno> {
+        let slots = self.slots_of(pid);
+        let mut gang = self.gang.lock().expect("gang");
+        for &slot in &slots {
+            let fd = crate::sram::new_memfd("emp-gang-image", GANG_IMAGE_ROOM).map_err(|_| libc::ENOMEM)?;
+            let (image_key, _) = self.reg_arena(slot, fd, 0, GANG_IMAGE_ROOM as u64, emp_uapi::desc::MR_ACCESS_ALL)?;
+            match self.save(slot, image_key, 0, GANG_IMAGE_ROOM as u64) {
+                Ok((parked, len)) => gang.push(GangSaved { pid, slot, image_key, len, parked }),
+                Err(e) => {
+                    let _ = self.dereg(slot, image_key);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(slots.len())
+    }
+
+    /// Gang C7: restores every saved port of `pid` into the slot it had,
+    /// suspended; returns how many. One that cannot be restored stays
+    /// saved and stops the walk with its error.
+    pub fn gang_restore(&self, pid: i32) -> Result<usize, Errno> {
+        let mut gang = self.gang.lock().expect("gang");
+        let mut n = 0;
+        while let Some(i) = gang.iter().position(|g| g.pid == pid) {
+            let g = gang.swap_remove(i);
+            match self.restore_into(g.parked, g.image_key, 0, g.len, Some(g.slot)) {
+                Ok(slot) => {
+                    // The image has done its work; its memory goes.
+                    let _ = self.dereg(slot, g.image_key);
+                    n += 1;
+                }
+                Err((parked, e)) => {
+                    gang.push(GangSaved { parked, ..g });
+                    return Err(e);
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// The id of the port in `slot` (`PortState::id`).
+    pub fn port_id(&self, slot: u16) -> Option<u64> {
+        self.ports.lock().expect("ports").get(slot as usize)?.as_ref().map(|s| s.id)
+    }
+
+    /// Is port `id` switched out by the gang scheduler?
+    pub fn gang_holds(&self, id: u64) -> bool {
+        self.gang.lock().expect("gang").iter().any(|g| g.parked.state.id == id)
+    }
+
+    /// The connection that held port `id` (last in `slot`) closed:
+    /// releases the port, or discards its context if it is switched out
+    /// (the slot may then belong to another port, which keeps it).
+    pub fn release_port_of(&self, id: u64, slot: u16) {
+        let saved = {
+            let mut gang = self.gang.lock().expect("gang");
+            gang.iter().position(|g| g.parked.state.id == id).map(|i| gang.swap_remove(i))
+        };
+        match saved {
+            Some(g) => self.discard(g.parked),
+            None => {
+                if self.port_id(slot) == Some(id) {
+                    self.release_port(slot);
+                }
+            }
         }
     }
 
@@ -635,6 +789,8 @@ pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Ar
         wake: eventfd(libc::EFD_NONBLOCK)?,
         ports_changed: AtomicBool::new(true),
         parked_addrs: Mutex::new(Vec::new()),
+        gang: Mutex::new(Vec::new()),
+        next_port_id: std::sync::atomic::AtomicU64::new(1),
         key_salt: Mutex::new(cfg.node as u32 ^ std::process::id() ^ 0x5EED),
         groups: Mutex::new(vec![None; layout.params.group_entries as usize]),
 

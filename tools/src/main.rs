@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod cluster;
 mod fw;
+mod gang;
 mod hosts;
 mod info;
 mod run;
@@ -39,6 +40,26 @@ enum Cmd {
     Cluster {
         #[command(subcommand)]
         cmd: ClusterCmd,
+    },
+    /// Gang-schedule two or more jobs on the cluster's NICs, switching every
+    /// node's ports to the next job each time slice (docs/context-switch.md).
+    Gang {
+        /// A job: "RANKS program [args…]" (repeat for each job).
+        #[arg(long = "job", required = true)]
+        jobs: Vec<String>,
+        /// Time slice in milliseconds.
+        #[arg(long, default_value_t = 100)]
+        slice_ms: u64,
+        /// How long a switch waits for a job's ports to become stable before
+        /// resuming them and retrying next slice, in milliseconds.
+        #[arg(long, default_value_t = 2000)]
+        stable_ms: u64,
+        /// Cluster directory.
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Kill every job after this many seconds.
+        #[arg(long)]
+        timeout: Option<u64>,
     },
     /// Run a program as N ranks on the cluster (EMP_DEVICE, EMP_RANK, EMP_SIZE).
     Run {
@@ -210,6 +231,20 @@ fn main() -> ExitCode {
                 None => run::run(&cluster::dir_or_default(dir), n, &argv, timeout),
             };
             match job {
+                Ok(0) => Ok(()),
+                Ok(code) => return ExitCode::from(code.clamp(1, 255) as u8),
+                Err(e) => Err(e),
+            }
+        }
+        Cmd::Gang { jobs, slice_ms, stable_ms, dir, timeout } => {
+            let args = gang::GangArgs {
+                dir: cluster::dir_or_default(dir),
+                jobs,
+                slice: std::time::Duration::from_millis(slice_ms),
+                stable: std::time::Duration::from_millis(stable_ms),
+                timeout: timeout.map(std::time::Duration::from_secs),
+            };
+            match gang::gang(&args) {
                 Ok(0) => Ok(()),
                 Ok(code) => return ExitCode::from(code.clamp(1, 255) as u8),
                 Err(e) => Err(e),

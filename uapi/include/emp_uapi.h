@@ -949,6 +949,20 @@ struct emp_group_clear {
 #define EMP_ATTACH_OP_WIRE_AUTH 20U
 #define EMP_ATTACH_OP_WIRE_REKEY 21U
 #define EMP_ATTACH_OP_WIRE_MCAST 22U
+#define EMP_ATTACH_OP_PORT_SUSPEND 23U
+#define EMP_ATTACH_OP_PORT_STABLE 24U
+#define EMP_ATTACH_OP_PORT_SAVE 25U
+#define EMP_ATTACH_OP_PORT_RESTORE 26U
+#define EMP_ATTACH_OP_PORT_RESUME 27U
+#define EMP_ATTACH_OP_GANG 28U
+
+/* GANG actions (arg[0]) on every port of process arg[1] (emp gang). */
+#define EMP_GANG_SUSPEND 1
+#define EMP_GANG_STABLE 2
+#define EMP_GANG_SAVE 3
+#define EMP_GANG_RESTORE 4
+#define EMP_GANG_RESUME 5
+#define EMP_GANG_PORTS 6
 
 /* WIRE_MCAST reply fields (indices into emp_attach_msg.arg). */
 #define EMP_MCAST_REPLY_SENT 0

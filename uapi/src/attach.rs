@@ -38,6 +38,13 @@
 //!    its wire address, and the new slot's window fd; the doorbell and
 //!    event eventfds stay), `PORT_RESUME`. Closing the socket while saved
 //!    discards the context.
+//! 9. Gang scheduling (docs/context-switch.md, `emp gang`): `GANG`
+//!    (`arg[0]` = a [`gang`] action, `arg[1]` = a process id), from the
+//!    daemon's owner (or root) on a connection that holds no port, acts on
+//!    every port that process holds on this NIC: a switched-out port is
+//!    saved into daemon memory and restored into the same slot, so the
+//!    process's mapped window stays its own. Reply `arg[0]` = ports acted
+//!    on; for `STABLE`, `arg[1]` = how many of them are stable.
 //! 7. `WIRE_INFO` (also before `ATTACH`): the wire the NIC is on, its link
 //!    and the wire's counters, in `arg` at the indices of [`wire_reply`].
 //!    `WIRE_ROUTES`: `arg[0]` = first node → one page of the route table
@@ -103,6 +110,24 @@ pub mod op {
     pub const PORT_RESTORE: u32 = 26;
     /// C8: resume the port.
     pub const PORT_RESUME: u32 = 27;
+    /// Gang scheduling: act on another process's ports (see the module docs).
+    pub const GANG: u32 = 28;
+}
+
+/// `GANG` actions (`arg[0]`), on every port of process `arg[1]`.
+pub mod gang {
+    /// C1 on each of its open ports.
+    pub const SUSPEND: u64 = 1;
+    /// C2–C4: reply `arg[1]` = how many of its suspended ports are stable.
+    pub const STABLE: u64 = 2;
+    /// C6 into daemon memory; its slots become free for another job.
+    pub const SAVE: u64 = 3;
+    /// C7 of its saved ports, each into the slot it had (`EBUSY` if taken).
+    pub const RESTORE: u64 = 4;
+    /// C8 on each of its ports.
+    pub const RESUME: u64 = 5;
+    /// Reply `arg[0]` = how many started ports it holds (nothing changes).
+    pub const PORTS: u64 = 6;
 }
 
 /// Reply fields of `WIRE_MCAST`, in `arg` (one set per daemon).

@@ -110,6 +110,7 @@ fn op_name(o: u32) -> &'static str {
         op::WIRE_ROUTES => "route table",
         op::WIRE_AUTH => "wire auth",
         op::WIRE_REKEY => "wire rekey",
+        op::GANG => "gang switch",
         op::WIRE_MCAST => "wire multicast",
         op::PORT_SUSPEND => "suspend port",
         op::PORT_STABLE => "port stable",
@@ -159,6 +160,19 @@ fn all_counters(sock: RawFd) -> Result<[u64; COUNTERS]> {
 pub fn nic_stats(path: &str) -> Result<AttachMsg> {
     let sock = connect_to(path)?;
     Ok(call(sock.as_raw_fd(), op::STATS, &[], &[])?.0)
+}
+
+/// A gang-scheduling request (`emp_uapi::attach::gang`) for every port
+/// process `pid` holds on the NIC at `path`, made by the daemon's owner on
+/// a connection of its own (docs/context-switch.md, `emp gang`). Returns
+/// the reply: `arg[0]` = ports acted on, `arg[1]` = stable ones for `STABLE`.
+///
+/// # Errors
+/// [`Error::Nic`] with the daemon's errno (`EPERM` for another user,
+/// `EBUSY` when a slot to restore into is taken), or a socket error.
+pub fn nic_gang(path: &str, action: u64, pid: i32) -> Result<AttachMsg> {
+    let sock = connect_to(path)?;
+    Ok(call(sock.as_raw_fd(), op::GANG, &[action, pid as u64], &[])?.0)
 }
 
 /// Every NIC counter (`emp_uapi::sram::counter`), read through a NIC's

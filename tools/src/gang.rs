@@ -1,0 +1,354 @@
+//! `emp gang --slice-ms T --job "N prog args…" --job …`: gang scheduling
+//! (SCore-D's role, docs/context-switch.md). Runs two or more parallel jobs
+//! on the cluster's NICs when the NICs have too few port slots for all of
+//! them at once: one job runs at a time, and every time slice every node's
+//! ports are switched in step to the next job.
+//!
+//! A switch out: SIGSTOP every rank of the job (so none touches its window
+//! meanwhile), suspend each rank's ports on its NIC, wait (bounded) until
+//! all are stable, save them into daemon memory (their slots become free).
+//! A switch in: restore each port into the slot it had (so the window the
+//! process maps is its own again), resume, SIGCONT. The ranks never
+//! cooperate; they see the switch only as time. A job not started yet is
+//! started when it is first switched in.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use emp_uapi::attach::gang;
+
+use crate::cluster::{read_state, socket};
+
+/// Settings of one `emp gang` run.
+pub struct GangArgs {
+    /// Cluster directory.
+    pub dir: PathBuf,
+    /// Jobs, each "N program args…".
+    pub jobs: Vec<String>,
+    /// Time slice.
+    pub slice: Duration,
+    /// How long a switch waits for the ports to become stable.
+    pub stable: Duration,
+    /// Kill everything after this long.
+    pub timeout: Option<Duration>,
+}
+
+/// How long a started job's ranks may take to open their ports.
+const START_BOUND: Duration = Duration::from_secs(30);
+/// How long a restore waits for a slot its last holder is releasing.
+const RESTORE_BOUND: Duration = Duration::from_secs(2);
+/// How long a stopped rank may take to reach the stopped state.
+const STOP_BOUND: Duration = Duration::from_secs(2);
+
+struct Job {
+    ranks: usize,
+    argv: Vec<String>,
+    rdv: PathBuf,
+    kids: Vec<Option<Child>>,
+    started: bool,
+    /// Exit status once every rank is gone.
+    status: Option<i32>,
+    /// Switched out (its ranks stopped, their ports saved).
+    out: bool,
+}
+
+impl Job {
+    fn parse(spec: &str, dir: &Path, index: usize) -> Result<Job, String> {
+        let mut words = spec.split_whitespace();
+        let ranks = words
+            .next()
+            .and_then(|w| w.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("--job {spec:?}: expected \"RANKS program [args…]\""))?;
+        let argv: Vec<String> = words.map(str::to_owned).collect();
+        if argv.is_empty() {
+            return Err(format!("--job {spec:?}: no program"));
+        }
+        let rdv = dir.join(format!("gang-{}-{index}", std::process::id()));
+        Ok(Job { ranks, argv, rdv, kids: Vec::new(), started: false, status: None, out: false })
+    }
+
+    fn live(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        self.kids.iter().enumerate().filter_map(|(r, k)| k.as_ref().map(|c| (r, c.id())))
+    }
+
+    fn signal(&self, sig: i32) {
+        for (_, pid) in self.live() {
+            // SAFETY: kill has no memory preconditions; `pid` is our child, not yet reaped.
+            unsafe { libc::kill(pid as i32, sig) };
+        }
+    }
+
+    fn kill(&mut self) {
+        for c in self.kids.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.kids.iter_mut().for_each(|k| *k = None);
+    }
+
+    /// Reaps exited ranks; a failing rank ends the job.
+    fn reap(&mut self, name: usize) {
+        let mut failed = None;
+        for (r, k) in self.kids.iter_mut().enumerate() {
+            let Some(c) = k else { continue };
+            if let Ok(Some(st)) = c.try_wait() {
+                *k = None;
+                let code = st.code().unwrap_or(128 + std::os::unix::process::ExitStatusExt::signal(&st).unwrap_or(0));
+                if code != 0 && failed.is_none() {
+                    eprintln!("emp gang: job {name} rank {r} exited with status {code}; stopping the job");
+                    failed = Some(code);
+                }
+            }
+        }
+        if let Some(code) = failed {
+            // Its ports go with its processes: the daemon releases them, or
+            // discards their saved contexts if the job is switched out.
+            self.kill();
+            self.status = Some(code);
+        } else if self.started && self.kids.iter().all(Option::is_none) {
+            self.status.get_or_insert(0);
+        }
+    }
+}
+
+/// Runs the jobs; returns the first failing job's status (0 if all pass).
+pub fn gang(a: &GangArgs) -> Result<i32, String> {
+    if a.jobs.len() < 2 {
+        return Err("emp gang: give at least two --job \"RANKS program [args…]\"".into());
+    }
+    if a.slice.is_zero() {
+        return Err("emp gang: --slice-ms must be at least 1".into());
+    }
+    let s = read_state(&a.dir)?;
+    let mut jobs = a.jobs.iter().enumerate().map(|(i, j)| Job::parse(j, &a.dir, i)).collect::<Result<Vec<_>, _>>()?;
+    let mut g = Gang { dir: &a.dir, nics: s.nics, stable: a.stable, switches: 0, unstable: 0 };
+    let result = g.schedule(&mut jobs, a.slice, a.timeout);
+    for j in &mut jobs {
+        // SIGKILL ends a stopped rank too; it is never continued without
+        // its ports (it would find its window serving another job).
+        j.kill();
+        let _ = std::fs::remove_dir_all(&j.rdv);
+    }
+    let status = result?;
+    println!(
+        "emp gang: {} jobs, {} switches, {} switches put off (ports not stable)",
+        jobs.len(),
+        g.switches,
+        g.unstable
+    );
+    for (i, j) in jobs.iter().enumerate() {
+        println!("emp gang: job {i} exited with status {}", j.status.unwrap_or(124));
+    }
+    Ok(status)
+}
+
+struct Gang<'a> {
+    dir: &'a Path,
+    nics: u16,
+    stable: Duration,
+    switches: u64,
+    unstable: u64,
+}
+
+impl Gang<'_> {
+    fn schedule(&mut self, jobs: &mut [Job], slice: Duration, timeout: Option<Duration>) -> Result<i32, String> {
+        let start = Instant::now();
+        let mut current = 0;
+        self.start_job(&mut jobs[0], 0)?;
+        let mut slice_end = Instant::now() + slice;
+        loop {
+            for (i, j) in jobs.iter_mut().enumerate() {
+                if j.started && j.status.is_none() {
+                    j.reap(i);
+                }
+            }
+            if jobs.iter().all(|j| j.status.is_some()) {
+                return Ok(jobs.iter().map(|j| j.status.unwrap_or(0)).find(|&c| c != 0).unwrap_or(0));
+            }
+            if timeout.is_some_and(|t| start.elapsed() > t) {
+                eprintln!("emp gang: timed out after {:?}", timeout.expect("some"));
+                return Ok(124);
+            }
+            let finished = jobs[current].status.is_some();
+            if finished || Instant::now() >= slice_end {
+                let next = (1..=jobs.len()).map(|k| (current + k) % jobs.len()).find(|&k| jobs[k].status.is_none());
+                if let Some(next) = next.filter(|&n| n != current) {
+                    if finished || self.switch_out(&mut jobs[current], current)? {
+                        self.switch_in(&mut jobs[next], next)?;
+                        current = next;
+                        self.switches += 1;
+                    }
+                }
+                slice_end = Instant::now() + slice;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn sock(&self, rank: usize) -> String {
+        socket(self.dir, (rank % self.nics as usize) as u16).to_string_lossy().into_owned()
+    }
+
+    /// `action` on every live rank's ports; returns the replies' (`arg[0]`, `arg[1]`) summed.
+    fn each(&self, job: &Job, action: u64) -> Result<(u64, u64), String> {
+        let mut sum = (0, 0);
+        for (r, pid) in job.live() {
+            match emp::nic_gang(&self.sock(r), action, pid as i32) {
+                Ok(m) => sum = (sum.0 + m.arg[0], sum.1 + m.arg[1]),
+                // A rank that exited and is not reaped yet: the daemon is
+                // releasing its ports on its own, there is nothing to switch.
+                Err(_) if exited(pid) => {}
+                Err(e) => return Err(format!("rank {r} (pid {pid}): {} its ports: {e}", action_name(action))),
+            }
+        }
+        Ok(sum)
+    }
+
+    fn start_job(&mut self, job: &mut Job, name: usize) -> Result<(), String> {
+        std::fs::create_dir_all(&job.rdv).map_err(|e| format!("{}: {e}", job.rdv.display()))?;
+        for r in 0..job.ranks {
+            let mut cmd = Command::new(&job.argv[0]);
+            cmd.args(&job.argv[1..])
+                .env("EMP_DEVICE", self.sock(r))
+                .env("EMP_RANK", r.to_string())
+                .env("EMP_SIZE", job.ranks.to_string())
+                .env("EMP_RDV_DIR", &job.rdv);
+            let child = cmd.spawn().map_err(|e| format!("{}: {e}", job.argv[0]))?;
+            job.kids.push(Some(child));
+        }
+        job.started = true;
+        // Switching a rank out before it opened its port would leave it
+        // holding a slot it cannot use: wait until every live rank has one.
+        let end = Instant::now() + START_BOUND;
+        loop {
+            // A rank that already exited needs no port; a failing one ends the job.
+            job.reap(name);
+            if job.status.is_some() {
+                return Ok(());
+            }
+            let opened = job.live().try_fold(true, |all, (r, pid)| {
+                emp::nic_gang(&self.sock(r), gang::PORTS, pid as i32).map(|m| all && m.arg[0] > 0)
+            });
+            match opened {
+                Ok(true) => return Ok(()),
+                Ok(false) if Instant::now() < end => std::thread::sleep(Duration::from_millis(2)),
+                Ok(false) => return Err(format!("a rank of {} opened no port within {START_BOUND:?}", job.argv[0])),
+                Err(e) => return Err(format!("asking the NIC for a rank's ports: {e}")),
+            }
+        }
+    }
+
+    /// Switches `job` out; false if its ports did not become stable in
+    /// time (they are resumed and the job runs on; a later slice retries:
+    /// two peers suspended together may wait on each other).
+    fn switch_out(&mut self, job: &mut Job, name: usize) -> Result<bool, String> {
+        job.signal(libc::SIGSTOP);
+        wait_stopped(job)?;
+        let (ports, _) = self.each(job, gang::SUSPEND)?;
+        let end = Instant::now() + self.stable;
+        loop {
+            let (n, stable) = self.each(job, gang::STABLE)?;
+            if stable == n {
+                break;
+            }
+            if Instant::now() >= end {
+                eprintln!(
+                    "emp gang: job {name}: {} of {n} ports not stable after {:?}; resuming it, retrying next slice",
+                    n - stable,
+                    self.stable
+                );
+                self.each(job, gang::RESUME)?;
+                job.signal(libc::SIGCONT);
+                self.unstable += 1;
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let saved = self.each(job, gang::SAVE)?.0;
+        if std::env::var_os("EMP_GANG_TRACE").is_some() {
+            eprintln!("emp gang: job {name} out ({saved} ports saved)");
+        }
+        if saved != ports {
+            return Err(format!("job {name}: saved {saved} of {ports} ports"));
+        }
+        job.out = true;
+        Ok(true)
+    }
+
+    fn switch_in(&mut self, job: &mut Job, name: usize) -> Result<(), String> {
+        if !job.started {
+            return self.start_job(job, name);
+        }
+        // A rank of the job switched out last may have exited a moment ago:
+        // its daemon connection thread then still holds its slot for a
+        // little while (`EBUSY`), so a taken slot is retried, bounded.
+        let end = Instant::now() + RESTORE_BOUND;
+        let mut restored = 0;
+        for (r, pid) in job.live() {
+            loop {
+                match emp::nic_gang(&self.sock(r), gang::RESTORE, pid as i32) {
+                    Ok(m) => {
+                        restored += m.arg[0];
+                        break;
+                    }
+                    Err(emp::Error::Nic { errno: libc::EBUSY, .. }) if Instant::now() < end => {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(_) if exited(pid) => break,
+                    Err(e) => return Err(format!("job {name} rank {r}: restoring its ports: {e}")),
+                }
+            }
+        }
+        self.each(job, gang::RESUME)?;
+        if std::env::var_os("EMP_GANG_TRACE").is_some() {
+            eprintln!("emp gang: job {name} in ({restored} ports restored)");
+        }
+        job.out = false;
+        job.signal(libc::SIGCONT);
+        Ok(())
+    }
+}
+
+fn action_name(action: u64) -> &'static str {
+    match action {
+        gang::SUSPEND => "suspending",
+        gang::STABLE => "asking whether stable",
+        gang::SAVE => "saving",
+        gang::RESTORE => "restoring",
+        gang::RESUME => "resuming",
+        _ => "counting",
+    }
+}
+
+/// `/proc`'s state letter of `pid` (`None` once it is gone).
+fn proc_state(pid: u32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Has `pid` exited (a zombie not reaped yet, or gone)?
+fn exited(pid: u32) -> bool {
+    matches!(proc_state(pid), None | Some('Z' | 'X'))
+}
+
+/// Waits until every live rank of `job` is stopped (its state `T` in
+/// /proc), so none is half way through touching its window.
+fn wait_stopped(job: &Job) -> Result<(), String> {
+    let end = Instant::now() + STOP_BOUND;
+    for (r, pid) in job.live() {
+        loop {
+            let state = proc_state(pid);
+            // Gone (`None`, or a zombie) counts: it touches nothing any more.
+            if matches!(state, None | Some('T' | 't' | 'Z' | 'X')) {
+                break;
+            }
+            if Instant::now() >= end {
+                return Err(format!("rank {r} (pid {pid}) did not stop within {STOP_BOUND:?}"));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    Ok(())
+}
