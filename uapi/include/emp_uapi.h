@@ -628,6 +628,9 @@ struct emp_route_entry {
 #define EMP_GROUP_MEMBERS_MAX 1024U
 /* Most members a group table entry holds inline. */
 #define EMP_GROUP_INLINE_MAX 64U
+/* Most members of a group using the reliable broadcast (64-bit member sets
+ * on the NIC); wider groups broadcast by tree. */
+#define EMP_RBCAST_MEMBERS_MAX 64U
 
 /*
  * Group table entry (1024 bytes): an ordered list of endpoints used by

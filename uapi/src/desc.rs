@@ -281,7 +281,7 @@ impl WorkDesc {
                 (self.port as usize) < GROUP_MEMBERS_MAX && self.tag < TREES_MAX as u64 && self.ignore == 0
             }
             Opcode::Rbcast => {
-                (self.port as usize) < GROUP_MEMBERS_MAX
+                (self.port as usize) < crate::coll::RBCAST_MEMBERS_MAX
                     && crate::coll::rbcast_algo(self.tag).is_some()
                     && self.ignore == 0
             }

@@ -627,6 +627,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_GROUP_MEMBERS_MAX = sram::GROUP_MEMBERS_MAX,
         EMP_GROUP_INLINE_MAX = sram::GROUP_INLINE_MAX,
         EMP_MULTISEND_WINDOW = coll::MULTISEND_WINDOW,
+        EMP_RBCAST_MEMBERS_MAX = coll::RBCAST_MEMBERS_MAX,
         EMP_PORT_STATE_CLOSED = port_state::CLOSED,
         EMP_PORT_STATE_OPEN = port_state::OPEN,
         EMP_PORT_STATE_SUSPENDED = port_state::SUSPENDED,

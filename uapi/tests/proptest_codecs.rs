@@ -26,7 +26,9 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 use emp_uapi::attach::AttachMsg;
-use emp_uapi::coll::{reduce_tag, reduce_tag_parts, CollHeader, CollKind, Dtype, ReduceOp, TREES_MAX, TREE_ROOT};
+use emp_uapi::coll::{
+    reduce_tag, reduce_tag_parts, CollHeader, CollKind, Dtype, ReduceOp, RBCAST_MEMBERS_MAX, TREES_MAX, TREE_ROOT,
+};
 use emp_uapi::desc::*;
 use emp_uapi::image::*;
 use emp_uapi::ioctl::*;
@@ -1067,8 +1069,9 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
             d.ignore = 0;
         }
         Opcode::Rbcast => {
-            d.port = (next(&mut x) % members) as u16;
-            d.tag = (next(&mut x) & 0xFF_FF00) | (next(&mut x) % members);
+            let rb = RBCAST_MEMBERS_MAX as u64;
+            d.port = (next(&mut x) % rb) as u16;
+            d.tag = (next(&mut x) & 0xFF_FF00) | (next(&mut x) % rb);
             d.ignore = 0;
         }
         Opcode::Barrier => {
@@ -1220,8 +1223,12 @@ fn operands_spec(d: &WorkDesc, op: Opcode) -> bool {
         Opcode::MultiSend => (d.port as u64) < members / 64 && d.ignore != 0,
         // root rank, tree index, no ignore.
         Opcode::Bcast => (d.port as u64) < members && d.tag < trees && d.ignore == 0,
-        // root rank; tag = co-roots (< members) | ACK every M << 8 | window << 16.
-        Opcode::Rbcast => (d.port as u64) < members && d.tag < 1 << 24 && (d.tag & 0xFF) < members && d.ignore == 0,
+        // root rank and co-roots below the reliable broadcast's 64 members;
+        // tag = co-roots | ACK every M << 8 | window << 16.
+        Opcode::Rbcast => {
+            let rb = RBCAST_MEMBERS_MAX as u64;
+            (d.port as u64) < rb && d.tag < 1 << 24 && (d.tag & 0xFF) < rb && d.ignore == 0
+        }
         // algorithm 0..=2, tree index, no ignore, no buffer.
         Opcode::Barrier => d.port <= 2 && d.tag < trees && d.ignore == 0 && n == 0,
         // tag = dtype | op << 8 | tree << 16; ignore = count; input (+ result).

@@ -37,7 +37,7 @@
 
 mod state;
 
-use emp_uapi::coll::{rbcast_algo, CollHeader, CollKind};
+use emp_uapi::coll::{rbcast_algo, CollHeader, CollKind, RBCAST_MEMBERS_MAX};
 use emp_uapi::desc::{Opcode, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE};
 use emp_uapi::wire::{
     self, emit_rbcast, rbcast_flag, rbcast_kind, FrameHeader, FrameKind, MsgHeader, NackReason, RbcastHeader,
@@ -76,10 +76,6 @@ enum Taken {
     /// Not for any group here, or inconsistent with it.
     Invalid,
 }
-
-/// Members a reliable-broadcast group may have (its per-member sets are
-/// 64-bit masks); wider groups use the tree broadcast.
-pub(crate) const RBCAST_MEMBERS_MAX: usize = 64;
 
 impl Nic {
     /// The reliable-broadcast state of group slot `slot`.
