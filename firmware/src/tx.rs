@@ -224,15 +224,42 @@ impl Nic {
         coll: Option<Box<crate::coll::CollTx>>,
         rma: Option<crate::rma::RmaTx>,
     ) -> u32 {
-        let len = rma.as_ref().map_or(desc.len, |r| crate::rma::HDR + r.data_len);
-        let frame_count = wire::frames_for(len, self.mtu) as u32;
-        let groups = frame_count.div_ceil(self.cfg.group_size);
         let seq = {
             let p = self.peer_mut(peer);
             let s = p.tx_seq_next;
             p.tx_seq_next = s.wrapping_add(1);
             s
         };
+        let slot = self.queue_tx(now, port, peer, desc, seq, coll, rma);
+        if self.cfg.fault_swap_sends && seq % 2 == 1 {
+            self.fault_swap_with_previous(peer);
+        }
+        self.mark_ready(peer);
+        slot
+    }
+
+    /// A restored context's message, queued with the sequence number it
+    /// had when saved (`ctxsw.rs`; the caller checked table room and order).
+    pub(crate) fn restore_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc, seq: u32) {
+        self.queue_tx(now, port, peer, desc, seq, None, None);
+    }
+
+    /// Puts message `seq` to `peer` into the tx table and at the end of
+    /// the peer's queue, nothing of it sent yet; returns its slot.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_tx(
+        &mut self,
+        now: u64,
+        port: u16,
+        peer: u32,
+        desc: LocalDesc,
+        seq: u32,
+        coll: Option<Box<crate::coll::CollTx>>,
+        rma: Option<crate::rma::RmaTx>,
+    ) -> u32 {
+        let len = rma.as_ref().map_or(desc.len, |r| crate::rma::HDR + r.data_len);
+        let frame_count = wire::frames_for(len, self.mtu) as u32;
+        let groups = frame_count.div_ceil(self.cfg.group_size);
         let slot = self.tx.insert_checked(TxMsg {
             port,
             peer,
@@ -252,37 +279,7 @@ impl Nic {
             pulling: false,
         });
         self.peer_mut(peer).tx_queue.push_back(slot);
-        if self.cfg.fault_swap_sends && seq % 2 == 1 {
-            self.fault_swap_with_previous(peer);
-        }
-        self.mark_ready(peer);
         slot
-    }
-
-    /// A restored context's message, queued with the sequence number it
-    /// had when saved (`ctxsw.rs`; the caller checked table room and order).
-    pub(crate) fn restore_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc, seq: u32) {
-        let frame_count = wire::frames_for(desc.len, self.mtu) as u32;
-        let groups = frame_count.div_ceil(self.cfg.group_size);
-        let slot = self.tx.insert_checked(TxMsg {
-            port,
-            peer,
-            desc,
-            seq,
-            frame_count,
-            next_frame: 0,
-            groups: SendWindow::new(groups, self.tx_rings.take()),
-            inflight_frames: 0,
-            rnr_retries: 0,
-            rnr_waiting: false,
-            queued_ns: now,
-            limit: u32::MAX,
-            coll: None,
-            rma: None,
-            held: false,
-            pulling: false,
-        });
-        self.peer_mut(peer).tx_queue.push_back(slot);
     }
 
     /// Takes a message out of its peer's queue without completing it: a

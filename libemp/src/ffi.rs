@@ -555,18 +555,44 @@ fn to_wc(c: &Completion) -> EmpWc {
 /// `dev` is open; `wc` is writable for `n` entries.
 #[no_mangle]
 pub unsafe extern "C" fn emp_poll_cq(dev: *mut EmpDevice, wc: *mut EmpWc, n: usize) -> c_int {
-    // SAFETY: caller guarantees the pointers.
-    let (d, out) = unsafe { (&mut (*dev).0, core::slice::from_raw_parts_mut(wc, n)) };
-    // A stack batch, not a Vec: polling is the hot path and must not reach
-    // the allocator (which may make a system call).
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe { take_completions(dev, wc, n, None, to_wc) }
+}
+
+/// Takes up to `n` completions into `wc`, converted by `conv`: polls
+/// (`wait` None) or waits up to `wait` ms (-1 = forever). The batch is on
+/// the stack, not a Vec: polling is the hot path and must not reach the
+/// allocator (which may make a system call).
+///
+/// # Safety
+/// `dev` is open (or NULL: -EINVAL); `wc` has room for `n` entries (or is
+/// NULL with `n` = 0).
+unsafe fn take_completions<T>(
+    dev: *mut EmpDevice,
+    wc: *mut T,
+    n: usize,
+    wait: Option<c_int>,
+    conv: fn(&Completion) -> T,
+) -> c_int {
+    if dev.is_null() || (wc.is_null() && n > 0) {
+        return -libc::EINVAL;
+    }
+    // SAFETY: `dev` is open and `wc` has room for `n` (the caller's
+    // guarantees); a NULL `wc` is only taken with `n` = 0, as no slice.
+    let (d, out) =
+        unsafe { (&mut (*dev).0, if wc.is_null() { &mut [][..] } else { core::slice::from_raw_parts_mut(wc, n) }) };
     let mut tmp = [Completion::default(); WC_BATCH];
     let want = n.min(WC_BATCH);
-    let got = match d.try_poll_cq(&mut tmp[..want]) {
+    let got = match wait {
+        None => d.try_poll_cq(&mut tmp[..want]),
+        Some(ms) => d.wait_cq(&mut tmp[..want], (ms >= 0).then(|| Duration::from_millis(ms as u64))),
+    };
+    let got = match got {
         Ok(got) => got,
         Err(e) => return errno(&e),
     };
     for (o, c) in out.iter_mut().zip(&tmp[..got]) {
-        *o = to_wc(c);
+        *o = conv(c);
     }
     got as c_int
 }
@@ -581,21 +607,8 @@ fn to_wc_ex(c: &Completion) -> EmpWcEx {
 /// `dev` is open; `wc` is writable for `n` entries.
 #[no_mangle]
 pub unsafe extern "C" fn emp_poll_cq_ex(dev: *mut EmpDevice, wc: *mut EmpWcEx, n: usize) -> c_int {
-    if dev.is_null() || (wc.is_null() && n > 0) {
-        return -libc::EINVAL;
-    }
-    // SAFETY: caller guarantees the pointers.
-    let (d, out) = unsafe { (&mut (*dev).0, core::slice::from_raw_parts_mut(wc, n)) };
-    let mut tmp = [Completion::default(); WC_BATCH];
-    let want = n.min(WC_BATCH);
-    let got = match d.try_poll_cq(&mut tmp[..want]) {
-        Ok(got) => got,
-        Err(e) => return errno(&e),
-    };
-    for (o, c) in out.iter_mut().zip(&tmp[..got]) {
-        *o = to_wc_ex(c);
-    }
-    got as c_int
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe { take_completions(dev, wc, n, None, to_wc_ex) }
 }
 
 /// As `emp_wait_cq`, into `struct emp_wc_ex` (with immediate data).
@@ -604,23 +617,8 @@ pub unsafe extern "C" fn emp_poll_cq_ex(dev: *mut EmpDevice, wc: *mut EmpWcEx, n
 /// As `emp_poll_cq_ex`.
 #[no_mangle]
 pub unsafe extern "C" fn emp_wait_cq_ex(dev: *mut EmpDevice, wc: *mut EmpWcEx, n: usize, timeout_ms: c_int) -> c_int {
-    if dev.is_null() || (wc.is_null() && n > 0) {
-        return -libc::EINVAL;
-    }
-    // SAFETY: caller guarantees the pointers.
-    let (d, out) = unsafe { (&mut (*dev).0, core::slice::from_raw_parts_mut(wc, n)) };
-    let mut tmp = [Completion::default(); WC_BATCH];
-    let want = n.min(WC_BATCH);
-    let t = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
-    match d.wait_cq(&mut tmp[..want], t) {
-        Ok(got) => {
-            for (o, c) in out.iter_mut().zip(&tmp[..got]) {
-                *o = to_wc_ex(c);
-            }
-            got as c_int
-        }
-        Err(e) => errno(&e),
-    }
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe { take_completions(dev, wc, n, Some(timeout_ms), to_wc_ex) }
 }
 
 /// As `emp_probe` / `emp_probe_claim` (`claim` nonzero), with the
@@ -651,20 +649,8 @@ const WC_BATCH: usize = 64;
 /// As `emp_poll_cq`.
 #[no_mangle]
 pub unsafe extern "C" fn emp_wait_cq(dev: *mut EmpDevice, wc: *mut EmpWc, n: usize, timeout_ms: c_int) -> c_int {
-    // SAFETY: caller guarantees the pointers.
-    let (d, out) = unsafe { (&mut (*dev).0, core::slice::from_raw_parts_mut(wc, n)) };
-    let mut tmp = [Completion::default(); WC_BATCH];
-    let want = n.min(WC_BATCH);
-    let t = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
-    match d.wait_cq(&mut tmp[..want], t) {
-        Ok(got) => {
-            for (o, c) in out.iter_mut().zip(&tmp[..got]) {
-                *o = to_wc(c);
-            }
-            got as c_int
-        }
-        Err(e) => errno(&e),
-    }
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe { take_completions(dev, wc, n, Some(timeout_ms), to_wc) }
 }
 
 /// Arms the event descriptor for the next completion.
