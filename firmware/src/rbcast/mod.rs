@@ -269,19 +269,7 @@ impl Nic {
         let (node, gen) = (self.node, self.ports[port as usize].gen);
         let rb = self.rb(slot);
         let w = &rb.window[e];
-        let mut body = RbcastHeader {
-            group_id: id,
-            epoch,
-            seq: w.seq,
-            reposted: rb.reposted,
-            len: w.len,
-            kind: rbcast_kind::DATA,
-            root: w.root as u8,
-            sender: rb.rank as u8,
-            coroots: w.coroots,
-            ack_every: w.ack_every,
-            ..Default::default()
-        };
+        let mut body = rb.data_header(e, id, epoch, 0);
         // Piggybacking (§4.4): the oldest owed ACK rides along.
         let owed = (0..rb.n as usize).filter(|&r| rb.ack_owed_since[r] != 0).min_by_key(|&r| rb.ack_owed_since[r]);
         if let Some(r) = owed {
@@ -355,20 +343,7 @@ impl Nic {
         let Some(peer) = self.peer_for(now, port, node, rport, 0) else { return false };
         let rb = self.rb(slot);
         let w = &rb.window[e];
-        let body = RbcastHeader {
-            group_id: id,
-            epoch,
-            seq: w.seq,
-            reposted: rb.reposted,
-            len: w.len,
-            kind: rbcast_kind::DATA,
-            root: w.root as u8,
-            sender: rb.rank as u8,
-            coroots: w.coroots,
-            ack_every: w.ack_every,
-            flags: rbcast_flag::P2P,
-            ..Default::default()
-        };
+        let body = rb.data_header(e, id, epoch, rbcast_flag::P2P);
         // The reliable path keeps its own copy: the window entry may be
         // reused before the member's NIC acknowledges it (§5.3).
         let mut payload = vec![0u8; RbcastHeader::SIZE + w.len as usize];

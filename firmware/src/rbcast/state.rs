@@ -5,6 +5,7 @@
 //! afterwards. `mod.rs` drives it and does the I/O.
 
 use emp_uapi::seq_lt;
+use emp_uapi::wire::{rbcast_kind, RbcastHeader};
 
 /// Size of the sub-groups of a broadcast over `n` members with `coroots`
 /// co-roots: relative ranks `c, c + 1, .. c + s - 1` for each collector
@@ -167,6 +168,26 @@ pub(crate) struct RbGroup {
 }
 
 impl RbGroup {
+    /// The header of a DATA frame carrying window entry `e` of group
+    /// (`id`, `epoch`), multicast (`flags` 0) or point to point.
+    pub(crate) fn data_header(&self, e: usize, id: u32, epoch: u32, flags: u8) -> RbcastHeader {
+        let w = &self.window[e];
+        RbcastHeader {
+            group_id: id,
+            epoch,
+            seq: w.seq,
+            reposted: self.reposted,
+            len: w.len,
+            kind: rbcast_kind::DATA,
+            root: w.root as u8,
+            sender: self.rank as u8,
+            coroots: w.coroots,
+            ack_every: w.ack_every,
+            flags,
+            ..Default::default()
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         addr: u16,
