@@ -83,6 +83,46 @@ fn link_delay_bounds_ping_pong_latency_from_below() {
     assert!(one_way >= delay_us, "one-way latency {one_way} µs is below the {delay_us} µs link delay: {stdout}");
 }
 
+/// `emp bench bcast|bcast-tput|bcast-skew --algo nic-rb`: the reliable
+/// broadcast's schemes (seed 002) run beside the host binomial and the NIC
+/// tree on 4 ranks, 1 B (one multicast) and 2 KiB (above one frame: the
+/// NIC tree fallback); every record is a positive time. No timing asserts.
+#[test]
+fn bench_bcast_runs_the_reliable_broadcast_schemes() {
+    let schemes = ["rb-window", "rb-coroot(1)", "rb-ack10"];
+    for kind in [&["bcast", "--turns"][..], &["bcast-tput"], &["bcast-skew", "--skew-us", "50"]] {
+        let out = emp()
+            .args(["bench"])
+            .args(kind)
+            .args(["--nodes", "4", "--algo", "nic,nic-rb", "--sizes", "1,2048", "--iters", "20", "--json"])
+            .output()
+            .expect("run emp bench");
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "emp bench {kind:?} failed:\n{stdout}{stderr}");
+        let doc = stdout.trim();
+        if let Err(at) = json::validate(doc) {
+            panic!("stdout is not one JSON document (error at byte {at}):\n{stdout}");
+        }
+        let records = doc.matches("\"variant\":").count();
+        // host-binomial, nic and the three schemes, at 2 sizes.
+        assert_eq!(records, 2 * (2 + schemes.len()), "{kind:?}: {doc}");
+        for v in schemes.iter().chain(&["host-binomial", "nic"]) {
+            for size in [1, 2048] {
+                let key = format!("{{\"variant\":\"{v}\",\"size\":{size},");
+                let at = doc.find(&key).unwrap_or_else(|| panic!("{kind:?}: no {key} in {doc}"));
+                let field = "\"value\":";
+                let at = at + doc[at..].find(field).expect("value") + field.len();
+                let num: String = doc[at..].chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+                let value: f64 = num.parse().unwrap_or_else(|_| panic!("{kind:?} {v}: bad value in {doc}"));
+                assert!(value > 0.0, "{kind:?} {v} size {size}: {value} in {doc}");
+            }
+        }
+    }
+    let refused = emp().args(["bench", "allreduce", "--algo", "nic-rb"]).output().expect("run emp bench");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("does not run allreduce"));
+}
+
 #[test]
 fn the_json_check_refuses_what_is_not_json() {
     assert_eq!(json::validate(r#"{"a":[1,-2.5e3,true,null,"x\"y"],"b":{}}"#), Ok(()));

@@ -9,11 +9,17 @@
 //!   answers with a 0-byte message; `--iters` (1,000) iterations timed at
 //!   the root, repeated for every leaf that is the last child of its parent
 //!   in the variant's tree; the max over those leaves (seed 000 §6).
+//!   With `--turns` the receivers instead take turns answering, one per
+//!   iteration, and the mean iteration time is reported (seed 002 §6.2).
 //! - **bcast-skew**: `--iters` (1,000) trials of barrier, then every
 //!   non-root rank spins for a uniform random delay in [0, 3 × `--skew-us`]
 //!   (so the mean pairwise skew is `--skew-us`) and calls bcast; the root
 //!   calls at once. Mean time inside the call over trials and ranks (seed
-//!   001 §6.3).
+//!   001 §6.3; seed 002 §6.4).
+//! - **bcast-tput**: `--iters` (1,000) back-to-back broadcasts from rank 0
+//!   between two timing barriers; the root's time per broadcast (seed 002
+//!   §6.3: broadcasts finished over the total time, inverted so that FoI
+//!   > 1 still means faster).
 //! - **allreduce**, **reduce** (to rank 0): per iteration a barrier, then
 //!   the call; wall time and thread CPU time (`CLOCK_THREAD_CPUTIME_ID`)
 //!   inside the call, mean over `--iters` (10,000) iterations and ranks
@@ -22,7 +28,9 @@
 //!
 //! Variants are the entries of [`VARIANTS`]: the host baselines over
 //! tagged send/recv, and the NIC-offloaded collectives (`nic-*`), which
-//! create a group on the NIC and post one descriptor per call. A NIC
+//! create a group on the NIC and post one descriptor per call; `nic-rb` is
+//! the reliable broadcast over wire multicast (seed 002), one column per
+//! scheme (window, co-roots, ACK every 10). A NIC
 //! variant waits the way the host baseline does (`--poll` or blocking).
 //! Each table has a column per variant and, per non-baseline variant, an
 //! FoI column = baseline time / variant time (> 1: faster than the host
@@ -106,8 +114,8 @@ pub struct Variant {
 /// Builds a variant's instances on one rank.
 pub type MakeFn = fn(&mut Device, &Comm) -> emp::Result<Vec<Box<dyn Coll>>>;
 
-const TREE_KINDS: &[Kind] = &[Kind::Bcast, Kind::BcastSkew];
-const ALL_TREE_KINDS: &[Kind] = &[Kind::Bcast, Kind::BcastSkew, Kind::Allreduce, Kind::Reduce];
+const TREE_KINDS: &[Kind] = &[Kind::Bcast, Kind::BcastSkew, Kind::BcastTput];
+const ALL_TREE_KINDS: &[Kind] = &[Kind::Bcast, Kind::BcastSkew, Kind::BcastTput, Kind::Allreduce, Kind::Reduce];
 
 /// Every variant; the host baselines first.
 pub const VARIANTS: &[Variant] = &[
@@ -135,6 +143,12 @@ pub const VARIANTS: &[Variant] = &[
         about: "NIC bcast down each stored postal tree λ = 1, 2, 3, 4, 6, 8 (one column each: the paper's min over λ)",
         kinds: TREE_KINDS,
         make: make_nic_postal,
+    },
+    Variant {
+        name: "nic-rb",
+        about: "NIC reliable bcast over one wire multicast (seed 002): columns window, co-roots 1 and 3, ACK every 10; above one frame the NIC tree (§4.5)",
+        kinds: TREE_KINDS,
+        make: make_nic_rb,
     },
 ];
 
@@ -282,6 +296,10 @@ enum NicWhat {
     Barrier(emp::BarrierAlgo, u8),
     /// Broadcast over a fixed stored tree, or (None) the cost model's pick; reductions.
     Tree(Option<u8>),
+    /// Reliable broadcast over wire multicast with this scheme; a message
+    /// larger than one multicast frame goes down the NIC tree instead (the
+    /// paper's point-to-point fallback for large messages, §4.5).
+    Rbcast(emp::RbcastAlgo),
 }
 
 fn nic_group(dev: &mut Device, c: &Comm) -> emp::Result<emp::Group> {
@@ -336,16 +354,27 @@ impl Coll for Nic {
         })
     }
     fn bcast(&mut self, dev: &mut Device, comm: &mut Comm, root: usize, buf: MemSpan) -> emp::Result<()> {
-        let NicWhat::Tree(tree) = self.what else { return Err(unsupported(&self.label, "bcast")) };
         let sges: Vec<emp::Sge> = if buf.is_empty() { vec![] } else { vec![buf.sge(0, buf.len())] };
-        self.run(dev, comm, |d, wr, g| match tree {
-            Some(t) => d.post_bcast_tree(wr, g, root, t, &sges),
-            None => d.post_bcast(wr, g, root, &sges),
-        })
+        match self.what {
+            NicWhat::Tree(tree) => self.run(dev, comm, |d, wr, g| match tree {
+                Some(t) => d.post_bcast_tree(wr, g, root, t, &sges),
+                None => d.post_bcast(wr, g, root, &sges),
+            }),
+            NicWhat::Rbcast(algo) => self.run(dev, comm, |d, wr, g| {
+                if buf.len() <= emp_uapi::wire::rbcast_payload_max(d.info().mtu) {
+                    d.post_rbcast(wr, g, root, algo, &sges)
+                } else {
+                    d.post_bcast(wr, g, root, &sges)
+                }
+            }),
+            NicWhat::Barrier(..) => Err(unsupported(&self.label, "bcast")),
+        }
     }
     fn bcast_tree(&self, n: usize) -> Tree {
         match self.what {
             NicWhat::Tree(Some(t)) => self.group.trees()[t as usize].1.clone(),
+            // One multicast reaches every receiver straight from the root.
+            NicWhat::Rbcast(_) => flat_tree(n),
             _ => Tree::binomial(n),
         }
     }
@@ -424,6 +453,32 @@ fn make_nic_postal(d: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> 
     nic_tree_sweep(d, c, "nic-postal", |t| NicWhat::Tree(Some(t)))
 }
 
+/// The root's children are every other rank (a large λ gives the flat tree).
+fn flat_tree(n: usize) -> Tree {
+    Tree::postal(n, n.max(2) as u32)
+}
+
+/// Co-root counts measured (seed 002's Co-root2 is one co-root on 8 nodes;
+/// 3 gives sub-groups of n / 4), where the group has room for them.
+const RB_COROOTS: [u8; 2] = [1, 3];
+/// ACK every M (seed 002's Aggregate10).
+const RB_ACK_EVERY: u8 = 10;
+
+/// The reliable-broadcast schemes measured over `n` ranks, with their labels.
+fn rb_schemes(n: usize) -> Vec<(String, emp::RbcastAlgo)> {
+    let window = emp::RbcastAlgo { coroots: 0, ack_every: 1, window: 0 };
+    let mut out = vec![("rb-window".to_string(), window)];
+    for c in RB_COROOTS.into_iter().filter(|&c| (c as usize) + 1 < n) {
+        out.push((format!("rb-coroot({c})"), emp::RbcastAlgo { coroots: c, ..window }));
+    }
+    out.push((format!("rb-ack{RB_ACK_EVERY}"), emp::RbcastAlgo { ack_every: RB_ACK_EVERY, ..window }));
+    out
+}
+
+fn make_nic_rb(d: &mut Device, c: &Comm) -> emp::Result<Vec<Box<dyn Coll>>> {
+    rb_schemes(c.size()).into_iter().map(|(label, algo)| nic_variant(d, c, label, NicWhat::Rbcast(algo))).collect()
+}
+
 /// The variants `--algo` names for `kind` (all that run it when empty), the
 /// baseline first.
 pub fn select(kind: Kind, algo: &[String]) -> Result<Vec<&'static Variant>, String> {
@@ -460,6 +515,7 @@ pub fn default_sizes(k: Kind) -> Vec<usize> {
     match k {
         Kind::Bcast => vec![1, 1024, 16384, 65536],
         Kind::BcastSkew => vec![1, 2048],
+        Kind::BcastTput => vec![1, 1024],
         Kind::Allreduce | Kind::Reduce => vec![1, 8, 64],
         _ => vec![0],
     }
@@ -467,7 +523,7 @@ pub fn default_sizes(k: Kind) -> Vec<usize> {
 
 fn default_iters(k: Kind) -> usize {
     match k {
-        Kind::Bcast | Kind::BcastSkew => 1000,
+        Kind::Bcast | Kind::BcastSkew | Kind::BcastTput => 1000,
         _ => 10_000,
     }
 }
@@ -638,12 +694,13 @@ impl Bench {
     }
 
     /// The root's mean iteration time (us) of bcast + the 0-byte answer of
-    /// `leaf`; 0 on other ranks.
+    /// one of `answerers`, iteration i answered by `answerers[i % len]`; 0
+    /// on other ranks.
     fn bcast_leaf(
         &mut self,
         v: &mut dyn Coll,
         buf: MemSpan,
-        leaf: usize,
+        answerers: &[usize],
         iters: usize,
         warm: usize,
     ) -> Result<f64, String> {
@@ -658,6 +715,7 @@ impl Bench {
                 t0 = Instant::now();
             }
             let (tag, wr) = (ACK_TAG | i as u64, ACK_WR | i as u64);
+            let leaf = answerers[i % answerers.len()];
             if rank == 0 {
                 self.dev.post_recv(wr, members[leaf], tag, 0, &[]).map_err(err)?;
             }
@@ -704,23 +762,35 @@ impl Bench {
         let n = self.n();
         let leaves_used: Vec<String> =
             vs.iter().map(|v| format!("{} {:?}", v.label(), Self::closing_leaves(&v.bcast_tree(n)))).collect();
+        let receivers: Vec<usize> = (1..n).collect();
         for &size in &sizes {
             let mut row = Vec::new();
             for v in vs.iter_mut() {
-                let leaves = Self::closing_leaves(&v.bcast_tree(n));
+                let b = buf.range(0, size);
+                if self.a.turns {
+                    row.push(self.bcast_leaf(v.as_mut(), b, &receivers, iters, warm)?);
+                    continue;
+                }
                 let mut worst: f64 = 0.0;
-                for &leaf in &leaves {
-                    worst = worst.max(self.bcast_leaf(v.as_mut(), buf.range(0, size), leaf, iters, warm)?);
+                for leaf in Self::closing_leaves(&v.bcast_tree(n)) {
+                    worst = worst.max(self.bcast_leaf(v.as_mut(), b, &[leaf], iters, warm)?);
                 }
                 row.push(worst);
             }
             rows.push((size.to_string(), row));
         }
         let cols: Vec<String> = vs.iter().map(|v| v.label()).collect();
-        let title = format!(
-            "bcast from rank 0 + 0-byte answer from a leaf, {iters} iterations, max over last-child leaves (us at the root); leaves {}",
-            leaves_used.join("; ")
-        );
+        let title = if self.a.turns {
+            format!(
+                "bcast from rank 0 + 0-byte answer, the {} receivers taking turns, {iters} iterations, mean iteration (us at the root)",
+                n - 1
+            )
+        } else {
+            format!(
+                "bcast from rank 0 + 0-byte answer from a leaf, {iters} iterations, max over last-child leaves (us at the root); leaves {}",
+                leaves_used.join("; ")
+            )
+        };
         self.table(title, "Size", &cols, rows, "time_us", None);
         Ok(())
     }
@@ -764,6 +834,41 @@ impl Bench {
             self.a.skew_us
         );
         self.table(title, "Size", &cols, rows, "time_in_call_us", None);
+        Ok(())
+    }
+
+    /// Back-to-back broadcasts from rank 0 between two timing barriers: the
+    /// root's time per broadcast (us). Every rank calls each broadcast in
+    /// turn, as an MPI program's loop of `MPI_Bcast` does.
+    fn bcast_tput(&mut self, vs: &mut [Box<dyn Coll>]) -> Result<(), String> {
+        let (iters, warm) = self.iters();
+        let sizes = self.sizes();
+        let buf = self.dev.alloc(sizes.iter().copied().max().unwrap_or(0)).map_err(err)?;
+        let mut rows = Vec::new();
+        for &size in &sizes {
+            let b = buf.range(0, size);
+            let mut row = Vec::new();
+            for v in vs.iter_mut() {
+                let label = v.label();
+                for _ in 0..warm {
+                    v.bcast(&mut self.dev, &mut self.comm, 0, b).map_err(|e| format!("{label}: {e}"))?;
+                }
+                self.sync()?;
+                let t0 = Instant::now();
+                for _ in 0..iters {
+                    v.bcast(&mut self.dev, &mut self.comm, 0, b).map_err(|e| format!("{label}: {e}"))?;
+                }
+                // Finished: every receiver has every broadcast.
+                self.sync()?;
+                row.push(t0.elapsed().as_secs_f64() * 1e6 / iters as f64);
+            }
+            rows.push((size.to_string(), row));
+        }
+        let cols: Vec<String> = vs.iter().map(|v| v.label()).collect();
+        let title = format!(
+            "bcast-tput: {iters} back-to-back bcasts from rank 0 between two barriers, time per bcast (us at the root; bcasts/s = 1e6 / it)"
+        );
+        self.table(title, "Size", &cols, rows, "us_per_bcast", None);
         Ok(())
     }
 
@@ -895,6 +1000,7 @@ pub(super) fn rank(a: &BenchArgs, job: Job) -> Result<(), String> {
         Kind::Barrier => b.barrier(&mut vs)?,
         Kind::Bcast => b.bcast(&mut vs)?,
         Kind::BcastSkew => b.bcast_skew(&mut vs)?,
+        Kind::BcastTput => b.bcast_tput(&mut vs)?,
         Kind::Allreduce | Kind::Reduce => b.reductions(&mut vs)?,
         k => return Err(format!("{} is not a collective benchmark", k.name())),
     }
@@ -967,5 +1073,24 @@ mod tests {
         assert_eq!(Bench::closing_leaves(&Tree::binomial(8)), [4, 5, 6, 7]);
         // Flat tree: only the last child closes an iteration.
         assert_eq!(Bench::closing_leaves(&Tree::postal(4, 2)), [3]);
+    }
+
+    #[test]
+    fn rb_schemes_fit_the_group_and_answer_from_one_multicast() {
+        let labels = |n| rb_schemes(n).into_iter().map(|(l, _)| l).collect::<Vec<_>>();
+        assert_eq!(labels(8), ["rb-window", "rb-coroot(1)", "rb-coroot(3)", "rb-ack10"]);
+        // 3 ranks: one co-root leaves a sub-group of 1 (itself); 3 do not fit.
+        assert_eq!(labels(3), ["rb-window", "rb-coroot(1)", "rb-ack10"]);
+        assert_eq!(labels(2), ["rb-window", "rb-ack10"]);
+        let algos: Vec<_> = rb_schemes(16).into_iter().map(|(_, a)| (a.coroots, a.ack_every)).collect();
+        assert_eq!(algos, [(0, 1), (1, 1), (3, 1), (0, 10)]);
+        // Every receiver hangs off the root: the flat tree.
+        let t = flat_tree(16);
+        assert_eq!(t.children[0].len(), 15);
+        assert_eq!(Bench::closing_leaves(&t), [15]);
+        let names = select(Kind::BcastTput, &["nic-rb".to_string()]).unwrap();
+        assert_eq!(names.iter().map(|v| v.name).collect::<Vec<_>>(), ["host-binomial", "nic-rb"]);
+        let e = select(Kind::Allreduce, &["nic-rb".to_string()]).err().expect("refused");
+        assert!(e.contains("does not run allreduce"), "{e}");
     }
 }

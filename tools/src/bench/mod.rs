@@ -6,7 +6,7 @@
 //! - [`rate`]: `rate`, message rate of 1…N sender/receiver pairs with the
 //!   NICs' CPU time per message, EMP beside TCP;
 //! - [`atomic`]: remote atomic latency, NIC-executed vs host-served;
-//! - [`coll`]: `barrier`, `bcast`, `bcast-skew`, `allreduce`, `reduce` over
+//! - [`coll`]: `barrier`, `bcast`, `bcast-skew`, `bcast-tput`, `allreduce`, `reduce` over
 //!   `--nodes N` ranks, NIC-offloaded variants beside host baselines;
 //! - [`mpi`]: `mpi`, one MPI program under Open MPI's `mpirun` over EMP's
 //!   libfabric provider, libfabric tcp and udp, and shared memory.
@@ -58,6 +58,8 @@ pub enum Kind {
     Bcast,
     /// Collective: broadcast with random arrival skew (`--skew-us`).
     BcastSkew,
+    /// Collective: back-to-back broadcasts from rank 0, time per broadcast.
+    BcastTput,
     /// Collective: allreduce (sum), wall and CPU time in the call.
     Allreduce,
     /// Collective: reduce (sum) to rank 0, wall and CPU time in the call.
@@ -76,7 +78,7 @@ impl Kind {
 
     /// Run by [`coll`] over `--nodes` ranks.
     pub fn is_collective(self) -> bool {
-        matches!(self, Kind::Barrier | Kind::Bcast | Kind::BcastSkew | Kind::Allreduce | Kind::Reduce)
+        matches!(self, Kind::Barrier | Kind::Bcast | Kind::BcastSkew | Kind::BcastTput | Kind::Allreduce | Kind::Reduce)
     }
 }
 
@@ -140,6 +142,11 @@ pub struct BenchArgs {
     /// bcast-skew: mean pairwise arrival skew in µs (delays U[0, 3×skew]).
     #[arg(long, default_value_t = 333.0)]
     pub skew_us: f64,
+    /// bcast: the receivers take turns answering, one per iteration, and
+    /// the mean iteration time is reported (seed 002 §6.2), instead of the
+    /// max over the tree's last-child leaves (seed 000 §6).
+    #[arg(long)]
+    pub turns: bool,
     /// allreduce/reduce: element types (comma separated; default i64,f64).
     /// `--sizes` counts elements for these.
     #[arg(long, value_delimiter = ',')]
@@ -345,6 +352,9 @@ fn rank_argv(a: &BenchArgs, ranks: usize) -> Result<Vec<String>, String> {
         }
         if a.poll {
             argv.push("--poll".into());
+        }
+        if a.turns {
+            argv.push("--turns".into());
         }
     }
     Ok(argv)
