@@ -23,6 +23,7 @@
 //!   byte order unless fenced), the completion contract's adversary.
 //! - [`rng`]: the seeded PRNG.
 
+pub mod bcast_repro;
 mod checker;
 pub mod cluster;
 mod collplan;

@@ -158,6 +158,21 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = Priority::Mailbox)]
         event_priority: Priority,
     },
+    /// Seed 002's evaluation and §7 model on the real control program:
+    /// the paper's figures beside ours, and with --plot each of its curves
+    /// beside ours as SVG (docs/rbcast-reproduction.md).
+    BcastRepro {
+        /// Largest group the reliable broadcast is run on (2^k ≥ 8; the
+        /// group limit of the control program bounds it).
+        #[arg(long, default_value_t = emp_uapi::coll::RBCAST_MEMBERS_MAX as u16)]
+        nodes: u16,
+        /// Broadcasts per point of the skew figure.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        skew_trials: u32,
+        /// Draw fig6 … fig12 SVGs into this directory.
+        #[arg(long, value_name = "DIR")]
+        plot: Option<std::path::PathBuf>,
+    },
     /// The swarm on every core for a given time, each seed run twice and
     /// its two results compared (determinism); reports seeds per second.
     SwarmTime {
@@ -224,6 +239,7 @@ fn main() -> ExitCode {
         Some(Cmd::SwarmTime { seconds, seed, threads }) => swarm_time(seconds, seed, threads),
         Some(Cmd::Fuzz { target, seconds, seed, replay }) => fuzz_cmd(target, seconds, seed, replay),
         Some(Cmd::Model { what, nodes, size, cost, set, sweep }) => model_cmd(what, nodes, size, cost, &set, sweep),
+        Some(Cmd::BcastRepro { nodes, skew_trials, plot }) => bcast_repro_cmd(nodes, skew_trials, plot.as_deref()),
         Some(Cmd::Thesis { iters, msgs, plot, event_priority }) => {
             thesis_cmd(iters, msgs, plot.as_deref(), event_priority)
         }
@@ -570,6 +586,64 @@ fn thesis_cmd(iters: u32, msgs: u64, plot: Option<&std::path::Path>, priority: P
         }
         Err(e) => {
             eprintln!("emp-sim thesis: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn bcast_repro_cmd(nodes: u16, skew_trials: u32, plot: Option<&std::path::Path>) -> ExitCode {
+    use emp_sim::bcast_repro::{self, Machine};
+    let max = emp_uapi::coll::RBCAST_MEMBERS_MAX as u16;
+    if !(8..=max).contains(&nodes) {
+        eprintln!("emp-sim bcast-repro: --nodes {nodes}: the reliable broadcast runs on 8..={max} members");
+        return ExitCode::FAILURE;
+    }
+    let m = Machine::ib_sdr();
+    let c = &m.cost;
+    println!(
+        "seed 002 reproduced: IB 4x SDR-like wire {} Gb/s, {} ns switch, MTU {}; HCA {}/{} ns per frame rx/tx, DMA {} ps/B; host post {} ns, reap {} ns, copy {} ps/B",
+        m.wire.bandwidth_bps / 1_000_000_000,
+        m.wire.latency_ns,
+        m.mtu,
+        c.nic_rx_frame_ns,
+        c.nic_tx_frame_ns,
+        c.nic_dma_ps_per_byte,
+        c.host_post_ns,
+        c.host_cqe_ns,
+        c.host_copy_ps_per_byte
+    );
+    let started = std::time::Instant::now();
+    let run = || -> Result<(), String> {
+        let r = bcast_repro::reproduce(&m, nodes, skew_trials)?;
+        let p = r.params;
+        println!(
+            "§7 parameters measured here (µs): T_pp {:.2}, T_sr {:.2}, reliable hop {:.2}, T_cc+T_ud {:.2}, T_pack {:.2}, T_um {:.2}",
+            p.t_pp / 1e3,
+            p.t_sr / 1e3,
+            p.t_hop_rc / 1e3,
+            p.t_base / 1e3,
+            p.t_pack / 1e3,
+            p.t_um / 1e3
+        );
+        println!("  {:<58} {:<36} ours", "figure", "paper");
+        for row in &r.rows {
+            println!("  {:<58} {:<36} {}", row.what, row.paper, row.ours);
+            println!("  {:<58} {:<36} ({})", "", "", row.how);
+        }
+        if let Some(dir) = plot {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            for f in &r.figures {
+                bcast_repro::plot::draw(dir, f)?;
+            }
+            println!("plots: {} ({} SVGs)", dir.display(), r.figures.len());
+        }
+        println!("wall time {:.1} s", started.elapsed().as_secs_f64());
+        Ok(())
+    };
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("emp-sim bcast-repro: {e}");
             ExitCode::FAILURE
         }
     }

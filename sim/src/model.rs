@@ -228,7 +228,7 @@ fn measure<P: Program>(c: &mut Cluster, start: impl FnOnce(&mut Cluster) -> P) -
     Ok((p, t0, busy))
 }
 
-fn pattern(len: u64, seed: u8) -> Vec<u8> {
+pub(crate) fn pattern(len: u64, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed) ^ (i >> 9) as u8).collect()
 }
 
