@@ -448,8 +448,8 @@ impl Device {
     /// it once and completes the root's post at once; the others' posts
     /// complete with the data, in the root's order, exactly once. At most
     /// [`emp_uapi::wire::rbcast_payload_max`] bytes (larger:
-    /// `Status::TooLarge`; use [`Device::post_bcast`]), in groups of at
-    /// most 64 members (wider: `Status::TooLarge` too). Every member's
+    /// `Status::TooLarge`; use [`Device::post_bcast`]), in groups of up to
+    /// [`emp_uapi::coll::RBCAST_MEMBERS_MAX`] (1024) members. Every member's
     /// `sges` have the same total length.
     ///
     /// # Errors

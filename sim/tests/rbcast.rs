@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use emp_firmware::Config;
-use emp_sim::cluster::{binomial_parents, Cluster};
+use emp_sim::cluster::{binomial_parents, binomial_parents_wide, Cluster};
 use emp_sim::world::{Partition, WireConfig};
 use emp_uapi::coll::{rbcast_tag, RbcastAlgo};
 use emp_uapi::desc::{Opcode, Status};
@@ -27,7 +27,13 @@ fn group(n: u16, cfg: Config, wire: WireConfig, seed: u64) -> Cluster {
     let mut c = Cluster::new(n, cfg, 0, 1500, wire);
     c.world.reseed(seed);
     let members: Vec<u16> = (0..n).collect();
-    assert!(c.create_group(0, 7, 1, &members, &[binomial_parents(n as usize)]).iter().all(|&r| r == admin_result::OK));
+    // Past 64 members the group takes several table entries (wide form).
+    let r = if n > 64 {
+        c.create_group_wide(0, 7, 1, &members, &[binomial_parents_wide(n as usize)])
+    } else {
+        c.create_group(0, 7, 1, &members, &[binomial_parents(n as usize)])
+    };
+    assert!(r.iter().all(|&r| r == admin_result::OK), "group of {n}: {r:?}");
     c
 }
 
@@ -412,5 +418,44 @@ fn swarm_of_seeded_scenarios() {
                 s.algo, s.cfg.rbcast_window, s.cfg.rbcast_rx_slots, s.batch
             )
         });
+    }
+}
+
+/// Groups wider than a 64-bit member set (§7's scale): the root alone
+/// collects 255 ACKs (its pending set spans four words), then co-roots
+/// split the ACKs, with roots that rotate, under loss.
+#[test]
+fn wide_groups_of_128_and_256_members_under_loss() {
+    for (n, coroots, ack_every, seed) in
+        [(128u16, 0u8, 1u8, 21u64), (128, 15, 4, 22), (256, 0, 8, 23), (256, 31, 2, 24)]
+    {
+        let mut s = Scenario::new(n, 10);
+        s.wire = lossy(0.05);
+        s.seed = seed;
+        s.batch = 5;
+        s.algo = RbcastAlgo { coroots, ack_every, window: 0 };
+        if coroots != 0 {
+            s.roots = |i, n| (i as u16 * 37 + n - 1) % n;
+        }
+        let c = s.run().unwrap_or_else(|e| panic!("n {n} coroots {coroots} seed {seed}: {e}"));
+        let repairs: u64 = (0..n).map(|m| c.world.nodes[m as usize].nic.rbcast_stats().repairs).sum();
+        assert!(repairs > 0, "n {n}: 5 % loss over {n} receivers must need repairs");
+    }
+}
+
+/// 1024 members (the paper's §7 scale), 128 co-roots (its optimum), ranks
+/// beyond a byte on the wire. Slow in a debug build: run with
+/// `cargo test -p emp-sim --release --test rbcast -- --ignored`.
+#[test]
+#[ignore]
+fn a_1024_member_group_with_128_co_roots() {
+    for (coroots, roots) in [(128u8, (|_, _| 0) as fn(u32, u16) -> u16), (0, |i, n| (i as u16 * 301 + n - 1) % n)] {
+        let mut s = Scenario::new(1024, 6);
+        s.wire = lossy(0.02);
+        s.seed = 31;
+        s.batch = 3;
+        s.algo = RbcastAlgo { coroots, ack_every: 8, window: 0 };
+        s.roots = roots;
+        s.run().unwrap_or_else(|e| panic!("coroots {coroots}: {e}"));
     }
 }

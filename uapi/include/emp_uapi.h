@@ -209,14 +209,13 @@ struct emp_rbcast_header {
 	uint32_t reposted;   /* receive buffers the sender re-posted (credits, cumulative) */
 	uint32_t ack_next;   /* with EMP_RBCAST_PIGGY_ACK: ACK for ack_root */
 	uint16_t len;        /* data bytes after the header */
+	uint16_t root;       /* root rank */
+	uint16_t sender;     /* sender rank */
+	uint16_t ack_root;
 	uint8_t kind;        /* EMP_RBCAST_DATA / EMP_RBCAST_ACK */
-	uint8_t root;        /* root rank */
-	uint8_t sender;      /* sender rank */
-	uint8_t ack_root;
 	uint8_t coroots;     /* DATA: the root's co-root count */
 	uint8_t ack_every;   /* DATA: ACK every M messages, >= 1 */
 	uint8_t flags;       /* EMP_RBCAST_PIGGY_ACK | EMP_RBCAST_P2P */
-	uint8_t reserved[3]; /* zero */
 };
 
 /* Body of an ATOMIC_RESP frame (16 bytes). */
@@ -628,9 +627,9 @@ struct emp_route_entry {
 #define EMP_GROUP_MEMBERS_MAX 1024U
 /* Most members a group table entry holds inline. */
 #define EMP_GROUP_INLINE_MAX 64U
-/* Most members of a group using the reliable broadcast (64-bit member sets
- * on the NIC); wider groups broadcast by tree. */
-#define EMP_RBCAST_MEMBERS_MAX 64U
+/* Most members of a group using the reliable broadcast (= EMP_GROUP_MEMBERS_MAX;
+ * the NIC sizes its per-member state by the group). */
+#define EMP_RBCAST_MEMBERS_MAX 1024U
 
 /*
  * Group table entry (1024 bytes): an ordered list of endpoints used by

@@ -12,9 +12,10 @@ use crate::{le_struct, DecodeError, Le};
 /// list and parent arrays in a body after its entry
 /// (`crate::sram::GroupEntry::span`).
 pub const GROUP_MEMBERS_MAX: usize = 1024;
-/// Members a group using the reliable broadcast may have (its NIC keeps
-/// per-member sets as 64-bit masks); wider groups broadcast by tree.
-pub const RBCAST_MEMBERS_MAX: usize = 64;
+/// Members a group using the reliable broadcast may have: every group (the
+/// NIC sizes its per-member ACK words, pending sets and credits by the
+/// group, from a bounded pool).
+pub const RBCAST_MEMBERS_MAX: usize = GROUP_MEMBERS_MAX;
 /// Most members a group table entry holds inline (the first layout's limit).
 pub const GROUP_INLINE_MAX: usize = 64;
 /// Ranks one multisend descriptor's mask covers: window w is ranks
@@ -168,10 +169,11 @@ pub const fn rbcast_tag(a: RbcastAlgo) -> u64 {
 }
 
 /// The algorithm a reliable broadcast's `tag` names (`None`: bits beyond
-/// the three fields, or more co-roots than a group has members).
+/// the three fields). The co-root count is checked against the group's
+/// size by the NIC.
 pub const fn rbcast_algo(tag: u64) -> Option<RbcastAlgo> {
     let a = RbcastAlgo { coroots: tag as u8, ack_every: (tag >> 8) as u8, window: (tag >> 16) as u8 };
-    if tag >> 24 != 0 || a.coroots as usize >= RBCAST_MEMBERS_MAX {
+    if tag >> 24 != 0 {
         return None;
     }
     Some(a)

@@ -436,22 +436,20 @@ le_struct! {
         pub ack_next: u32,
         /// Data bytes after the header.
         pub len: u16,
+        /// Root rank of the message (DATA) or of the acknowledged sequence (ACK).
+        pub root: u16,
+        /// Sender's rank.
+        pub sender: u16,
+        /// With [`rbcast_flag::PIGGY_ACK`]: the root `ack_next` is for.
+        pub ack_root: u16,
         /// [`rbcast_kind`].
         pub kind: u8,
-        /// Root rank of the message (DATA) or of the acknowledged sequence (ACK).
-        pub root: u8,
-        /// Sender's rank.
-        pub sender: u8,
-        /// With [`rbcast_flag::PIGGY_ACK`]: the root `ack_next` is for.
-        pub ack_root: u8,
         /// DATA: the root's co-root count (§4.3), 0 = the root alone.
         pub coroots: u8,
         /// DATA: ACK every this many messages (§4.4), at least 1.
         pub ack_every: u8,
         /// [`rbcast_flag`] bits.
         pub flags: u8,
-        /// Reserved, zero.
-        pub reserved: [u8; 3],
     }
     size = 32;
 }
@@ -461,7 +459,7 @@ impl RbcastHeader {
     /// exactly `len` data bytes.
     pub fn parse(b: &[u8]) -> Result<RbcastHeader, DecodeError> {
         let h = RbcastHeader::decode(b)?;
-        if h.reserved != [0; 3] || h.flags & !rbcast_flag::ALL != 0 {
+        if h.flags & !rbcast_flag::ALL != 0 {
             return Err(DecodeError::ReservedNotZero);
         }
         let ranks = crate::coll::GROUP_MEMBERS_MAX;

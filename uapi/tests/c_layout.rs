@@ -201,14 +201,13 @@ fn structs() -> Vec<StructDesc> {
                 reposted,
                 ack_next,
                 len,
-                kind,
                 root,
                 sender,
                 ack_root,
+                kind,
                 coroots,
                 ack_every,
-                flags,
-                reserved
+                flags
             }
         ),
         st!("emp_sge", Sge { key, len, offset }),

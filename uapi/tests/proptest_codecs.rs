@@ -546,7 +546,8 @@ fn check_parsed(bytes: &[u8], f: &Frame<'_>) -> Result<(), TestCaseError> {
             prop_assert_eq!((hdr.payload_len, body.len as usize), (data.len() as u16, data.len()));
             prop_assert!(matches!(body.kind, rbcast_kind::DATA | rbcast_kind::ACK | rbcast_kind::POLL));
             prop_assert_eq!(body.flags & rbcast_flag::P2P, 0);
-            prop_assert_eq!(body.reserved, [0u8; 3]);
+            let ranks = emp_uapi::coll::GROUP_MEMBERS_MAX as u16;
+            prop_assert!(body.root < ranks && body.sender < ranks && body.ack_root < ranks);
         }
     }
     // Everything parse accepts is exactly what the emitters produce.

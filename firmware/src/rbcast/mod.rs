@@ -52,7 +52,7 @@ use crate::{timer, Hal, LocalDesc, Nic};
 
 pub(crate) use state::RbGroup as RbGroupState;
 pub use state::RbcastStats;
-use state::{sub_size, tree_children, Arrival, RbGroup};
+use state::{sub_size, tree_child, tree_children, Arrival, RbGroup};
 
 /// Members per sub-group (the collector included) of a broadcast over
 /// `n` members with `coroots` co-roots (§4.3, §7.2's `s`).
@@ -92,8 +92,7 @@ impl Nic {
         let g = self.groups.get(slot).expect("just loaded");
         let (port, id, n, rank) = (g.port, g.id, g.n, g.rank);
         if n as usize > RBCAST_MEMBERS_MAX {
-            // Its ACK words and repair sets are 64-bit masks; a wider group
-            // broadcasts with the tree (`rbcast_post` says TooLarge).
+            // Wider than any wire rank (`rbcast_post` says TooLarge).
             return;
         }
         let addr = rbcast_addr(id);
@@ -178,9 +177,7 @@ impl Nic {
         }
         let rb = self.rb(slot);
         let me = rb.rank;
-        let starved = rb.sub_group(me, algo.coroots).filter(|&m| rb.credit(m) <= 0).fold(0u64, |a, m| a | 1 << m);
-        rb.starved = starved;
-        if starved != 0 {
+        if rb.mark_starved(me, algo.coroots) {
             rb.stats.credit_stalls += 1;
             // Their updates may be lost, or never sent (a member tells
             // only the roots it heard from): ask them after a while.
@@ -240,18 +237,14 @@ impl Nic {
         // once, so the others' credit for this node stays exact.
         rb.reposted = rb.reposted.wrapping_add(1);
         rb.stats.sent += 1;
-        let pending = sub_bits(rb, root, algo.coroots);
         let collectors = n.div_ceil(sub_size(n, algo.coroots));
+        let occupied = rb.occupy(e, root, seq, algo.coroots);
+        debug_assert!(occupied, "an ACK row per window entry");
         let w = &mut rb.window[e];
-        w.live = true;
-        w.root = root;
-        w.seq = seq;
         w.len = len as u16;
-        w.coroots = algo.coroots;
         w.ack_every = algo.ack_every.max(1);
         w.sent_ns = now;
         w.repair_ns = 0;
-        w.pending = pending;
         w.p2p_todo = tree_children(0, collectors);
         w.p2p_unacked = 0;
         self.rbcast_multicast(hal, now, port, slot, e);
@@ -274,7 +267,7 @@ impl Nic {
         let owed = (0..rb.n as usize).filter(|&r| rb.ack_owed_since[r] != 0).min_by_key(|&r| rb.ack_owed_since[r]);
         if let Some(r) = owed {
             body.flags |= rbcast_flag::PIGGY_ACK;
-            body.ack_root = r as u8;
+            body.ack_root = r as u16;
             body.ack_next = rb.expected[r];
             rb.ack_sent[r] = rb.expected[r];
             rb.ack_owed_since[r] = 0;
@@ -314,25 +307,26 @@ impl Nic {
         let w = &rb.window[e];
         let s = sub_size(rb.n, w.coroots);
         let (root, n) = (w.root, rb.n);
+        let me = rb.rel(root) / s;
         let mut todo = w.p2p_todo;
         while todo != 0 {
-            let j = todo.trailing_zeros() as u16;
-            let to = emp_uapi::coll::abs_rank(j * s, root, n);
-            if !self.rbcast_send_p2p(now, slot, e, to, Some(j)) {
+            let i = todo.trailing_zeros();
+            let to = emp_uapi::coll::abs_rank(tree_child(me, i) * s, root, n);
+            if !self.rbcast_send_p2p(now, slot, e, to, Some(i as u16)) {
                 break;
             }
             todo &= todo - 1;
             let rb = self.rb(slot);
             rb.window[e].p2p_todo = todo;
-            rb.window[e].p2p_unacked |= 1 << j;
+            rb.window[e].p2p_unacked |= 1 << i;
             rb.stats.coroot_copies += 1;
         }
     }
 
     /// Queues entry `e` as a reliable point-to-point message to rank `to`:
-    /// a repair, or the copy for collector index `coroot`, which the entry
-    /// waits for ([`Nic::rbcast_p2p_done`]). False: no transmission record
-    /// or peer.
+    /// a repair, or the copy for the co-root tree child with exponent
+    /// `coroot`, which the entry waits for ([`Nic::rbcast_p2p_done`]).
+    /// False: no transmission record or peer.
     fn rbcast_send_p2p(&mut self, now: u64, slot: u32, e: usize, to: u16, coroot: Option<u16>) -> bool {
         if self.tx.is_full() {
             return false;
@@ -378,13 +372,13 @@ impl Nic {
         if h.instance == u32::MAX {
             return; // A repair: nothing waits for it.
         }
-        let (j, e) = ((h.instance >> 16) as u16, (h.instance & 0xFFFF) as usize);
+        let (i, e) = (h.instance >> 16, (h.instance & 0xFFFF) as usize);
         let Some(slot) = self.rbcast.iter().position(|r| r.as_ref().is_some_and(|r| r.stamp == c.op_stamp)) else {
             return; // The group went.
         };
         let rb = self.rb(slot as u32);
         if let Some(w) = rb.window.get_mut(e).filter(|w| w.live) {
-            w.p2p_unacked &= !(1 << j);
+            w.p2p_unacked &= !(1u64 << (i & 63));
         }
     }
 
@@ -413,22 +407,22 @@ impl Nic {
             let due = (force && w.repair_ns == 0) || now >= w.sent_ns.max(w.repair_ns).saturating_add(rto);
             // Fault injection: a co-root that never repairs its sub-group.
             let allowed = w.root == rb.rank || repair_as_coroot;
-            if !due || !allowed || w.pending == 0 {
+            if !due || !allowed || w.pending.is_empty() {
                 continue;
             }
             let root = w.root;
             let c = rb.rel(root);
-            let mut bits = w.pending;
+            let mut next = w.pending.next_from(0);
             let mut sent_all = true;
-            while bits != 0 {
-                let b = bits.trailing_zeros() as u16;
-                let member = emp_uapi::coll::abs_rank(c + 1 + b, root, self.rb(slot).n);
+            while let Some(b) = next {
+                let member = emp_uapi::coll::abs_rank(c + 1 + b as u16, root, self.rb(slot).n);
                 if !self.rbcast_send_p2p(now, slot, e, member, None) {
                     sent_all = false;
                     break;
                 }
-                bits &= bits - 1;
-                self.rb(slot).stats.repairs += 1;
+                let rb = self.rb(slot);
+                rb.stats.repairs += 1;
+                next = rb.window[e].pending.next_from(b + 1);
             }
             if sent_all {
                 // Held until the members' ACKs say it arrived.
@@ -496,14 +490,12 @@ impl Nic {
         }
         let rto = self.cfg.rbcast_rto_ns;
         let rb = self.rb(group);
-        if rb.starved != 0 {
+        if !rb.starved.is_empty() {
             if now >= rb.polled_ns.saturating_add(rto) {
                 rb.polled_ns = now;
-                let mut bits = core::mem::take(&mut rb.starved);
-                while bits != 0 {
-                    let m = bits.trailing_zeros() as u16;
-                    bits &= bits - 1;
-                    self.rbcast_send_control(hal, group, m, rbcast_kind::POLL, 0);
+                while let Some(m) = self.rb(group).starved.next_from(0) {
+                    self.rb(group).starved.clear(m);
+                    self.rbcast_send_control(hal, group, m as u16, rbcast_kind::POLL, 0);
                     self.rb(group).stats.polls += 1;
                 }
             } else {
@@ -549,8 +541,8 @@ impl Nic {
             seq: if kind == rbcast_kind::ACK { rb.expected[root as usize] } else { 0 },
             reposted: rb.reposted,
             kind,
-            root: root as u8,
-            sender: rb.rank as u8,
+            root,
+            sender: rb.rank,
             ..Default::default()
         };
         let hdr = FrameHeader {
@@ -576,12 +568,12 @@ impl Nic {
         match body.kind {
             rbcast_kind::ACK => {
                 let rb = self.rb(slot);
-                rb.ack_word(body.root as u16, body.sender as u16, body.seq);
-                rb.reposted_word(body.sender as u16, body.reposted);
+                rb.ack_word(body.root, body.sender, body.seq);
+                rb.reposted_word(body.sender, body.reposted);
             }
             // A root at zero credit: our count, to it directly.
             rbcast_kind::POLL => {
-                let poller = body.sender as u16;
+                let poller = body.sender;
                 self.rbcast_send_control(hal, slot, poller, rbcast_kind::ACK, poller);
             }
             _ => {}
@@ -653,10 +645,10 @@ impl Nic {
         let g = self.groups.get(slot)?;
         let rb = self.rbcast.get(slot as usize)?.as_ref()?;
         let agree = g.epoch == body.epoch
-            && (body.root as u16) < g.n
-            && (body.ack_root as u16) < g.n
-            && g.rank_of(hdr.src_node, hdr.src_port) == Some(body.sender as u16);
-        (agree && body.sender as u16 != rb.rank).then_some(slot)
+            && body.root < g.n
+            && body.ack_root < g.n
+            && g.rank_of(hdr.src_node, hdr.src_port) == Some(body.sender);
+        (agree && body.sender != rb.rank).then_some(slot)
     }
 
     /// A copy of a broadcast message (multicast or reliable).
@@ -670,12 +662,12 @@ impl Nic {
         data: &[u8],
     ) -> Taken {
         let Some(slot) = self.rbcast_group_of(port, hdr, body) else { return Taken::Invalid };
-        let (root, seq) = (body.root as u16, body.seq);
+        let (root, seq) = (body.root, body.seq);
         let rb = self.rb(slot);
         if body.flags & rbcast_flag::PIGGY_ACK != 0 {
-            rb.ack_word(body.ack_root as u16, body.sender as u16, body.ack_next);
+            rb.ack_word(body.ack_root, body.sender, body.ack_next);
         }
-        rb.reposted_word(body.sender as u16, body.reposted);
+        rb.reposted_word(body.sender, body.reposted);
         if root == rb.rank || (body.coroots as u16) >= rb.n || data.len() > rb.slots[0].data.len() {
             return Taken::Invalid;
         }
@@ -737,19 +729,15 @@ impl Nic {
         rb.consumed = rb.consumed.wrapping_add(1);
         if let Some(e) = entry {
             let n = rb.n;
-            let pending = sub_bits(rb, root, body.coroots);
             let me = rb.rel(root) / sub_size(n, body.coroots);
             let collectors = n.div_ceil(sub_size(n, body.coroots));
+            let occupied = rb.occupy(e, root, seq, body.coroots);
+            debug_assert!(occupied, "an ACK row per window entry");
             let w = &mut rb.window[e];
-            w.live = true;
-            w.root = root;
-            w.seq = seq;
             w.len = data.len() as u16;
-            w.coroots = body.coroots;
             w.ack_every = body.ack_every.max(1);
             w.sent_ns = now;
             w.repair_ns = 0;
-            w.pending = pending;
             w.p2p_todo = tree_children(me, collectors);
             w.p2p_unacked = 0;
             w.data[..data.len()].copy_from_slice(data);
@@ -889,16 +877,5 @@ impl Nic {
             rb.check().map_err(|e| format!("rbcast group {s}: {e}"))?;
         }
         Ok(())
-    }
-}
-
-/// The pending bits of a new window entry: every member of this node's
-/// sub-group of `root`'s messages.
-fn sub_bits(rb: &RbGroup, root: u16, coroots: u8) -> u64 {
-    let k = rb.sub_group(root, coroots).count() as u32;
-    if k >= 64 {
-        u64::MAX
-    } else {
-        (1u64 << k) - 1
     }
 }

@@ -22,17 +22,151 @@ pub(crate) fn collector_of(rel: u16, s: u16) -> u16 {
 
 /// Children of collector index `j` (collector `j * s`) in the binomial
 /// tree over the `count` collectors along which the root reliably sends
-/// to the co-roots (§4.3 step 2): `j + 2^i` for every `2^i > j`.
+/// to the co-roots (§4.3 step 2): `j + 2^i` for every `2^i > j`, as a
+/// mask of the exponents `i` (so 16 bits cover any group).
 pub(crate) fn tree_children(j: u16, count: u16) -> u64 {
     let mut mask = 0u64;
-    let mut b = 1u32;
-    while (j as u32 + b) < count as u32 && b < 64 {
-        if b > j as u32 {
-            mask |= 1 << (j as u32 + b);
+    let mut i = 0u32;
+    while i < 16 && (j as u32 + (1 << i)) < count as u32 {
+        if 1 << i > j as u32 {
+            mask |= 1 << i;
         }
-        b <<= 1;
+        i += 1;
     }
     mask
+}
+
+/// The child of collector index `j` that exponent `i` of
+/// [`tree_children`] names.
+pub(crate) fn tree_child(j: u16, i: u32) -> u16 {
+    j + (1 << i)
+}
+
+/// A set of small numbers (members of a sub-group, ranks), sized once for
+/// the group so that no per-message work allocates.
+#[derive(Debug, Clone)]
+pub(crate) struct Bits(Box<[u64]>);
+
+impl Bits {
+    /// Room for `0..len`.
+    pub(crate) fn new(len: usize) -> Bits {
+        Bits(vec![0; len.div_ceil(64).max(1)].into_boxed_slice())
+    }
+
+    pub(crate) fn set(&mut self, i: usize) {
+        self.0[i / 64] |= 1 << (i % 64);
+    }
+
+    pub(crate) fn clear(&mut self, i: usize) {
+        self.0[i / 64] &= !(1 << (i % 64));
+    }
+
+    pub(crate) fn clear_all(&mut self) {
+        self.0.fill(0);
+    }
+
+    /// Exactly `0..k` (`k` within the size).
+    pub(crate) fn set_first(&mut self, k: usize) {
+        for (w, word) in self.0.iter_mut().enumerate() {
+            let below = k.saturating_sub(w * 64);
+            *word = if below >= 64 { u64::MAX } else { (1u64 << below) - 1 };
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.iter().all(|&w| w == 0)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// The first member at or after `from`.
+    pub(crate) fn next_from(&self, from: usize) -> Option<usize> {
+        let mut w = from / 64;
+        let mut word = *self.0.get(w)? & (u64::MAX << (from % 64));
+        loop {
+            if word != 0 {
+                return Some(w * 64 + word.trailing_zeros() as usize);
+            }
+            w += 1;
+            word = *self.0.get(w)?;
+        }
+    }
+}
+
+/// What a member's ACK word holds before its first ACK: far enough below
+/// any message a new row is made for that no window entry counts as
+/// acknowledged (the receivers' plausibility bound is the same distance).
+const NEVER_ACKED: u32 = 1 << 20;
+
+/// The collector's ACK words (§5.5), one row of `n` words per root that
+/// has a message in this node's window: at most one row per window
+/// entry, so a group's words are bounded by window × members, not
+/// members². A row goes when the root's last entry is freed; an ACK for
+/// a root without a row covers nothing held here and is dropped.
+#[derive(Debug)]
+pub(crate) struct AckRows {
+    width: usize,
+    /// The root each row is for (`u16::MAX`: free).
+    roots: Box<[u16]>,
+    words: Box<[u32]>,
+}
+
+impl AckRows {
+    const FREE: u16 = u16::MAX;
+
+    pub(crate) fn new(rows: usize, width: usize) -> AckRows {
+        AckRows {
+            width,
+            roots: vec![Self::FREE; rows].into_boxed_slice(),
+            words: vec![0; rows * width].into_boxed_slice(),
+        }
+    }
+
+    fn row(&self, root: u16) -> Option<usize> {
+        self.roots.iter().position(|&r| r == root)
+    }
+
+    /// `member`'s cumulative ACK for `root`'s messages, if a row is kept.
+    pub(crate) fn word(&self, root: u16, member: u16) -> Option<u32> {
+        self.row(root).map(|r| self.words[r * self.width + member as usize])
+    }
+
+    /// Makes sure `root` has a row; a new one starts below `seq` (nothing
+    /// acknowledged). False: every row is taken (never, while rows ≥
+    /// window entries).
+    pub(crate) fn ensure(&mut self, root: u16, seq: u32) -> bool {
+        if self.row(root).is_some() {
+            return true;
+        }
+        let Some(r) = self.row(Self::FREE) else { return false };
+        self.roots[r] = root;
+        self.words[r * self.width..(r + 1) * self.width].fill(seq.wrapping_sub(NEVER_ACKED));
+        true
+    }
+
+    /// Raises `member`'s word for `root` to `next` (cumulative: never back).
+    pub(crate) fn raise(&mut self, root: u16, member: u16, next: u32) {
+        if let Some(r) = self.row(root) {
+            let w = &mut self.words[r * self.width + member as usize];
+            if seq_lt(*w, next) {
+                *w = next;
+            }
+        }
+    }
+
+    pub(crate) fn release(&mut self, root: u16) {
+        if let Some(r) = self.row(root) {
+            self.roots[r] = Self::FREE;
+        }
+    }
+
+    /// The roots that have a row.
+    pub(crate) fn roots(&self) -> impl Iterator<Item = u16> + '_ {
+        self.roots.iter().copied().filter(|&r| r != Self::FREE)
+    }
 }
 
 /// The message of one window entry (a pre-registered NIC buffer).
@@ -50,11 +184,11 @@ pub(crate) struct Entry {
     /// Members of this node's sub-group, bit `rel - collector - 1`, that
     /// have not acknowledged it yet (a repair does not clear it: a member
     /// with no room drops a repair, and is repaired again).
-    pub pending: u64,
+    pub pending: Bits,
     /// When the missing members were last sent a repair (0: never).
     pub repair_ns: u64,
-    /// Collectors (by index) this node still has to send it to reliably
-    /// (its children in the co-root tree).
+    /// Collectors this node still has to send it to reliably (its
+    /// children in the co-root tree, by exponent: [`tree_child`]).
     pub p2p_todo: u64,
     /// Of those, the ones sent whose NIC has not acknowledged it yet: the
     /// entry stays until they have, so co-roots that cannot take more hold
@@ -129,9 +263,10 @@ pub(crate) struct RbGroup {
     pub rank: u16,
     /// Window entries (the root's own messages and those it is co-root for).
     pub window: Vec<Entry>,
-    /// `acks[root * n + member]`: the member holds every message of `root`
-    /// below this (its cumulative ACK, written as it arrives, §5.5).
-    pub acks: Vec<u32>,
+    /// Per root with a window entry here, per member: the member holds
+    /// every message of `root` below this (its cumulative ACK, written as
+    /// it arrives, §5.5).
+    pub acks: AckRows,
     /// Re-posted buffers each member reported (cumulative, §5.4).
     pub reposted_seen: Vec<u32>,
     /// Broadcasts of the group this node knows of (its own, and the first
@@ -157,9 +292,9 @@ pub(crate) struct RbGroup {
     /// Receives posted by the host, in posting order: (descriptor, root).
     pub posted: std::collections::VecDeque<(crate::LocalDesc, u16)>,
     pub posted_max: usize,
-    /// Members this node, as root, found at zero credit (bit = rank), and
+    /// Members this node, as root, found at zero credit (by rank), and
     /// when it last asked them for their re-post count.
-    pub starved: u64,
+    pub starved: Bits,
     pub polled_ns: u64,
     /// The group timer's deadline (0: not armed) and stamp.
     pub timer_at: u64,
@@ -179,8 +314,8 @@ impl RbGroup {
             reposted: self.reposted,
             len: w.len,
             kind: rbcast_kind::DATA,
-            root: w.root as u8,
-            sender: self.rank as u8,
+            root: w.root,
+            sender: self.rank,
             coroots: w.coroots,
             ack_every: w.ack_every,
             flags,
@@ -208,7 +343,7 @@ impl RbGroup {
             coroots: 0,
             ack_every: 1,
             sent_ns: 0,
-            pending: 0,
+            pending: Bits::new(n_us),
             repair_ns: 0,
             p2p_todo: 0,
             p2p_unacked: 0,
@@ -221,7 +356,8 @@ impl RbGroup {
             n,
             rank,
             window: (0..window).map(|_| entry()).collect(),
-            acks: vec![0; n_us * n_us],
+            // Each live entry needs its root's row: no more than entries.
+            acks: AckRows::new(window as usize, n_us),
             reposted_seen: vec![0; n_us],
             consumed: 0,
             next_seq: 0,
@@ -235,7 +371,7 @@ impl RbGroup {
             credit_owed_since: 0,
             posted: std::collections::VecDeque::with_capacity(posted_max as usize),
             posted_max: posted_max as usize,
-            starved: 0,
+            starved: Bits::new(n_us),
             polled_ns: 0,
             timer_at: 0,
             timer_stamp: 0,
@@ -291,10 +427,41 @@ impl RbGroup {
 
     /// Records a cumulative ACK (§5.5: a word written, nothing else done).
     pub(crate) fn ack_word(&mut self, root: u16, member: u16, next: u32) {
-        let w = &mut self.acks[root as usize * self.n as usize + member as usize];
-        if seq_lt(*w, next) {
-            *w = next;
+        if member < self.n {
+            self.acks.raise(root, member, next);
         }
+    }
+
+    /// Marks the members of this node's sub-group of `root`'s messages
+    /// (with `coroots` co-roots) at zero credit; true if any is.
+    pub(crate) fn mark_starved(&mut self, root: u16, coroots: u8) -> bool {
+        self.starved.clear_all();
+        let s = sub_size(self.n, coroots);
+        let c = self.rel(root);
+        for r in c + 1..(c + s).min(self.n) {
+            let m = emp_uapi::coll::abs_rank(r, root, self.n);
+            if self.credit(m) <= 0 {
+                self.starved.set(m as usize);
+            }
+        }
+        !self.starved.is_empty()
+    }
+
+    /// Window entry `e` goes live for `root`'s message `seq`: its root's
+    /// ACK row is kept, its pending set is this node's sub-group. False:
+    /// no row (cannot happen: rows ≥ entries).
+    pub(crate) fn occupy(&mut self, e: usize, root: u16, seq: u32, coroots: u8) -> bool {
+        if !self.acks.ensure(root, seq) {
+            return false;
+        }
+        let k = self.sub_group(root, coroots).count();
+        let w = &mut self.window[e];
+        w.live = true;
+        w.root = root;
+        w.seq = seq;
+        w.coroots = coroots;
+        w.pending.set_first(k);
+        true
     }
 
     /// Records a member's re-post count (piggybacked credits).
@@ -311,21 +478,21 @@ impl RbGroup {
         let (root, seq, coroots) = (self.window[e].root, self.window[e].seq, self.window[e].coroots);
         let s = sub_size(self.n, coroots);
         let c = self.rel(root);
-        let mut pending = self.window[e].pending;
-        let mut bits = pending;
-        while bits != 0 {
-            let b = bits.trailing_zeros() as u16;
-            bits &= bits - 1;
-            let member = emp_uapi::coll::abs_rank(c + 1 + b, root, self.n);
-            debug_assert!(c + 1 + b < (c + s).min(self.n));
-            if seq_lt(seq, self.acks[root as usize * self.n as usize + member as usize]) {
-                pending &= !(1 << b);
+        let mut next = self.window[e].pending.next_from(0);
+        while let Some(b) = next {
+            let member = emp_uapi::coll::abs_rank(c + 1 + b as u16, root, self.n);
+            debug_assert!(c + 1 + (b as u16) < (c + s).min(self.n));
+            if self.acks.word(root, member).is_some_and(|w| seq_lt(seq, w)) {
+                self.window[e].pending.clear(b);
             }
+            next = self.window[e].pending.next_from(b + 1);
         }
         let w = &mut self.window[e];
-        w.pending = pending;
-        if w.pending == 0 && w.p2p_todo == 0 && w.p2p_unacked == 0 {
+        if w.pending.is_empty() && w.p2p_todo == 0 && w.p2p_unacked == 0 {
             w.live = false;
+            if !self.window.iter().any(|o| o.live && o.root == root) {
+                self.acks.release(root);
+            }
             return true;
         }
         false
@@ -411,8 +578,11 @@ impl RbGroup {
     pub(crate) fn check(&self) -> Result<(), String> {
         for (i, e) in self.window.iter().enumerate().filter(|(_, e)| e.live) {
             let s = sub_size(self.n, e.coroots);
-            if e.pending >> s.min(63) != 0 && s < 64 {
-                return Err(format!("window entry {i}: pending bits {:#x} beyond a sub-group of {s}", e.pending));
+            if let Some(b) = e.pending.next_from(s as usize - 1) {
+                return Err(format!("window entry {i}: pending member {b} beyond a sub-group of {s}"));
+            }
+            if self.acks.word(e.root, 0).is_none() {
+                return Err(format!("window entry {i}: no ACK row for root {}", e.root));
             }
             if e.len as usize > e.data.len() || e.root >= self.n {
                 return Err(format!("window entry {i}: len {} root {}", e.len, e.root));
@@ -422,6 +592,9 @@ impl RbGroup {
             if seq_lt(s.seq, self.delivered[s.root as usize]) {
                 return Err(format!("slot {i} holds delivered message {} of root {}", s.seq, s.root));
             }
+        }
+        if let Some(r) = self.acks.roots().find(|&r| !self.window.iter().any(|e| e.live && e.root == r)) {
+            return Err(format!("ACK row kept for root {r}, which has no window entry"));
         }
         if self.posted.len() > self.posted_max {
             return Err(format!("{} receives posted, bound {}", self.posted.len(), self.posted_max));
@@ -456,18 +629,56 @@ mod tests {
 
     #[test]
     fn co_root_tree_reaches_every_collector_once() {
-        for count in 1..=64u16 {
-            let mut seen = 1u64;
+        for count in 1..=1024u16 {
+            let mut seen = vec![false; count as usize];
+            seen[0] = true;
             let mut frontier = vec![0u16];
             while let Some(j) = frontier.pop() {
                 let kids = tree_children(j, count);
-                assert_eq!(seen & kids, 0, "count {count}: reached twice");
-                seen |= kids;
-                frontier.extend((0..64).filter(|b| kids >> b & 1 == 1));
+                for i in (0..16).filter(|i| kids >> i & 1 == 1) {
+                    let k = tree_child(j, i);
+                    assert!(!seen[k as usize], "count {count}: {k} reached twice");
+                    seen[k as usize] = true;
+                    frontier.push(k);
+                }
             }
-            let all = if count == 64 { u64::MAX } else { (1u64 << count) - 1 };
-            assert_eq!(seen, all, "count {count}");
+            assert!(seen.iter().all(|&s| s), "count {count}");
         }
+    }
+
+    #[test]
+    fn bit_sets_find_every_member() {
+        let mut b = Bits::new(1024);
+        b.set_first(130);
+        assert_eq!(b.count(), 130);
+        assert_eq!(b.next_from(0), Some(0));
+        assert_eq!(b.next_from(129), Some(129));
+        assert_eq!(b.next_from(130), None);
+        b.clear(64);
+        assert_eq!(b.next_from(64), Some(65));
+        b.set_first(0);
+        assert!(b.is_empty());
+        b.set(1023);
+        assert_eq!(b.next_from(5), Some(1023));
+        assert_eq!(b.next_from(1024), None);
+    }
+
+    #[test]
+    fn ack_rows_are_bounded_and_released_with_the_last_entry() {
+        // 1024 members, 2 entries: 2 rows of 1024 words, not 1024².
+        let mut g = RbGroup::new(0xF001, 1, 1024, 0, 2, 2, 2, 64);
+        assert!(g.occupy(0, 0, 7, 0));
+        assert_eq!(g.window[0].pending.count(), 1023);
+        assert!(g.occupy(1, 5, 3, 0), "a second root");
+        assert!(!g.acks.ensure(9, 0), "no third row: every row is taken");
+        for m in 1..1024 {
+            g.ack_word(0, m, 8);
+        }
+        assert!(g.settle(0));
+        assert_eq!(g.acks.roots().collect::<Vec<_>>(), [5], "root 0's row went with its entry");
+        g.ack_word(0, 3, 9);
+        assert_eq!(g.acks.word(0, 3), None, "an ACK for a root without a row is dropped");
+        assert!(g.check().is_ok());
     }
 
     #[test]
@@ -485,20 +696,18 @@ mod tests {
     fn settle_frees_an_entry_once_its_sub_group_acknowledged() {
         // Root 0 of 6 with one co-root: sub-groups {0,1,2} and {3,4,5}.
         let mut g = RbGroup::new(0xF001, 1, 6, 0, 2, 2, 2, 64);
-        let e = &mut g.window[0];
-        e.live = true;
-        e.seq = 5;
-        e.coroots = 1;
-        e.pending = 0b11;
+        assert!(g.occupy(0, 0, 5, 1));
+        assert_eq!(g.window[0].pending.count(), 2);
         assert_eq!(g.sub_group(0, 1).collect::<Vec<_>>(), [1, 2]);
+        assert!(!g.settle(0), "nobody acknowledged yet");
         g.ack_word(0, 1, 6);
         assert!(!g.settle(0));
-        assert_eq!(g.window[0].pending, 0b10);
+        assert_eq!(g.window[0].pending.next_from(0), Some(1));
         g.ack_word(0, 2, 5);
         assert!(!g.settle(0), "ACK 5 does not cover message 5");
         g.ack_word(0, 2, 9);
         g.ack_word(0, 2, 7);
-        assert_eq!(g.acks[2], 9, "cumulative: never goes back");
+        assert_eq!(g.acks.word(0, 2), Some(9), "cumulative: never goes back");
         assert!(g.settle(0));
         assert!(!g.window[0].live);
     }
