@@ -95,7 +95,10 @@ impl Machine {
         if n < 2 {
             return Err(format!("{n} nodes: a broadcast needs 2 or more"));
         }
-        let mut c = Cluster::new(n, self.cfg, FEATURE_OVERFLOW, self.mtu, self.wire.clone());
+        // Each run moves a few KiB per node (at most 40 broadcasts of
+        // ≤ 32 KiB at 8 nodes): small regions keep 1024 nodes in ~1 GiB.
+        let region = if n <= 64 { 4 << 20 } else { 1 << 20 };
+        let mut c = Cluster::with_region(n, self.cfg, FEATURE_OVERFLOW, self.mtu, self.wire.clone(), region);
         c.world.cost = self.cost;
         c.world.doorbell_ns = self.doorbell_ns;
         let members: Vec<u16> = (0..n).collect();
@@ -724,12 +727,12 @@ pub fn reproduce(m: &Machine, n_max: u16, skew_trials: u32) -> Result<Repro, Str
         what: "small-message latency at 1024 nodes, Original / multicast".into(),
         paper: "3.86× (abstract, §9); 4.86× (§7.1)".into(),
         ours: format!(
-            "{g_model:.2}× model; {:.2}× = measured binomial at 1024 / measured Window at {}",
+            "{g_model:.2}× model; {:.2}× measured (binomial at 1024 / Window at {})",
             meas_orig_1024 / win_last,
             ns_meas.last().expect("measured")
         ),
         how: format!(
-            "model T_orig/T_sr with T_pp {:.2} µs, T_sr {:.2} µs measured here; Window measured up to {n_max} (group limit)",
+            "model T_orig/T_sr with T_pp {:.2} µs, T_sr {:.2} µs measured here; both measured up to {n_max}",
             us(p.t_pp),
             us(p.t_sr)
         ),
@@ -750,13 +753,19 @@ pub fn reproduce(m: &Machine, n_max: u16, skew_trials: u32) -> Result<Repro, Str
 
     // Fig. 12: throughput against co-roots; the optimum.
     let (s_opt, c_opt) = p.optimal_sub_group(1024);
+    // Throughput at 64 ranks; the root's work (one broadcast each) at the
+    // largest group.
     let nm = n_max.min(64);
-    let sweep = coroot_sweep(m, nm)?;
-    let best = |f: fn(&CorootPoint) -> f64| {
-        sweep.iter().min_by(|a, b| f(a).total_cmp(&f(b))).map(|b| b.coroots).expect("swept")
+    let sweep = coroot_sweep(m, nm, true)?;
+    let big = if n_max > nm { coroot_sweep(m, n_max, false)? } else { sweep.clone() };
+    let best = |sw: &[CorootPoint], f: fn(&CorootPoint) -> f64| {
+        sw.iter().min_by(|a, b| f(a).total_cmp(&f(b))).map(|b| b.coroots).expect("swept")
     };
-    let (best_busy, best_tput) = (best(|p| p.root_busy), best(|p| p.per_bcast));
+    let best_busy = best(&sweep, |p| p.root_busy);
+    let best_tput = best(&sweep, |p| p.per_bcast.unwrap_or(f64::MAX));
+    let best_big = best(&big, |p| p.root_busy);
     let (_, c_model_nm) = p.optimal_sub_group(nm as u32);
+    let (_, c_model_big) = p.optimal_sub_group(n_max as u32);
     // The paper's ratio (s* = 8 ⇒ T_um / T_pack ≈ 5.5) in our model.
     let papers = Params7 { t_um: p.t_pack * 8.0 * std::f64::consts::LN_2, ..p };
     let (s_paper, _) = papers.optimal_sub_group(1024);
@@ -764,7 +773,7 @@ pub fn reproduce(m: &Machine, n_max: u16, skew_trials: u32) -> Result<Repro, Str
         what: "optimal co-roots at 1024 nodes (§7.2)".into(),
         paper: "128".into(),
         ours: format!(
-            "{} collectors ({c_opt} co-roots + root, s = {s_opt}); at {nm}: model {c_model_nm}, measured {best_busy} (root work), {best_tput} (throughput)",
+            "model {} collectors ({c_opt} co-roots, s = {s_opt}); measured best co-roots: {best_big} at {n_max} (model {c_model_big}; a call names ≤ {COROOTS_MAX}); at {nm}: {best_busy} by root work, {best_tput} by throughput (model {c_model_nm})",
             1024 / s_opt
         ),
         how: format!(
@@ -776,14 +785,16 @@ pub fn reproduce(m: &Machine, n_max: u16, skew_trials: u32) -> Result<Repro, Str
         ),
     });
     let meas: Vec<(f64, f64)> = sweep.iter().map(|q| (q.coroots as f64 + 1.0, 1e9 / q.root_busy)).collect();
-    let tput: Vec<(f64, f64)> = sweep.iter().map(|q| (q.coroots as f64 + 1.0, 1e9 / q.per_bcast)).collect();
+    let tput: Vec<(f64, f64)> =
+        sweep.iter().filter_map(|q| q.per_bcast.map(|t| (q.coroots as f64 + 1.0, 1e9 / t))).collect();
+    let meas_big: Vec<(f64, f64)> = big.iter().map(|q| (q.coroots as f64 + 1.0, 1e9 / q.root_busy)).collect();
     let model_at = |n: u32| -> Vec<(f64, f64)> {
         (0..=n.trailing_zeros()).map(|e| 1u32 << e).map(|s| ((n / s) as f64, 1e9 / p.t_root(n, s))).collect()
     };
     figures.push(Figure {
         stem: "fig12-coroots",
         title: format!(
-            "Fig. 12: broadcasts/s against collectors (root + co-roots): {nm} measured, model {nm} and 1024"
+            "Fig. 12: broadcasts/s against collectors (root + co-roots): {nm} and {n_max} measured, model {nm} and 1024"
         ),
         xlabel: "collectors (co-roots + 1)",
         xlog: true,
@@ -791,6 +802,7 @@ pub fn reproduce(m: &Machine, n_max: u16, skew_trials: u32) -> Result<Repro, Str
         curves: vec![
             (format!("{nm} nodes, 1 / root work, measured"), meas),
             (format!("{nm} nodes, back-to-back throughput, measured"), tput),
+            (format!("{n_max} nodes, 1 / root work, measured"), meas_big),
             (format!("{nm} nodes, T_root model"), model_at(nm as u32)),
             ("1024 nodes, T_root model".into(), model_at(1024)),
         ],
@@ -805,23 +817,25 @@ pub struct CorootPoint {
     pub coroots: u32,
     /// The root NIC's work per broadcast (ns): §7.2's T_root, measured.
     pub root_busy: f64,
-    /// Time per broadcast of [`TPUT_K`] back-to-back blocking broadcasts (ns).
-    pub per_bcast: f64,
+    /// Time per broadcast of [`TPUT_K`] back-to-back blocking broadcasts
+    /// (ns), when measured.
+    pub per_bcast: Option<f64>,
 }
 
-/// The co-root sweep at `n` ranks: co-root counts 0, 1, 3, 7, … (collectors
-/// a power of two, sub-groups of 2 or more).
-pub fn coroot_sweep(m: &Machine, n: u16) -> Result<Vec<CorootPoint>, String> {
+/// Most co-roots a call can name (`RbcastAlgo::coroots` is a byte).
+pub const COROOTS_MAX: u32 = u8::MAX as u32;
+
+/// The co-root sweep at `n` ranks: co-root counts 0, 1, 3, 7, … up to
+/// [`COROOTS_MAX`] (collectors a power of two, sub-groups of 2 or more);
+/// with `tput` also back-to-back throughput.
+pub fn coroot_sweep(m: &Machine, n: u16, tput: bool) -> Result<Vec<CorootPoint>, String> {
     let mut out = Vec::new();
     let mut collectors = 1u32;
-    while collectors <= n as u32 / 2 {
+    while collectors <= n as u32 / 2 && collectors - 1 <= COROOTS_MAX {
         let c = collectors - 1;
         let a = Algo::coroots(c as u8);
-        out.push(CorootPoint {
-            coroots: c,
-            root_busy: root_busy(m, a, n, 1)?,
-            per_bcast: throughput(m, a, n, 1, TPUT_K)?,
-        });
+        let per_bcast = if tput { Some(throughput(m, a, n, 1, TPUT_K)?) } else { None };
+        out.push(CorootPoint { coroots: c, root_busy: root_busy(m, a, n, 1)?, per_bcast });
         collectors *= 2;
     }
     Ok(out)

@@ -26,6 +26,9 @@ use crate::world::{Step, WireConfig, World};
 
 /// Bytes of each node's data region.
 const REGION: u64 = 8 << 20;
+/// Smallest data region [`Cluster::with_region`] takes: the context image
+/// room and as much again for buffers.
+pub const MIN_REGION: u64 = 2 * IMAGE_ROOM;
 /// CQ entries per port.
 const CQ_ENTRIES: u32 = 1024;
 /// Spare host pages per node (page lists of extra registrations).
@@ -72,11 +75,24 @@ pub struct Cluster {
     rng: Rng,
     /// Extra registrations: (node, region over part of the data region).
     extra: Vec<(u16, Region)>,
+    /// Bytes of each node's data region.
+    region: u64,
 }
 
 impl Cluster {
     /// Boots `nodes` NICs (`ports` windows each, port 0 opened) and opens port 0.
     pub fn new(nodes: u16, cfg: Config, features: u32, mtu: u32, wire: WireConfig) -> Cluster {
+        Cluster::with_region(nodes, cfg, features, mtu, wire, REGION)
+    }
+
+    /// As [`Cluster::new`] with a data region of `region` bytes per node
+    /// (default 8 MiB; a large cluster that moves little needs less host
+    /// memory: 1024 nodes × 8 MiB is 8 GiB).
+    ///
+    /// # Panics
+    /// If `region` is below [`MIN_REGION`].
+    pub fn with_region(nodes: u16, cfg: Config, features: u32, mtu: u32, wire: WireConfig, region: u64) -> Cluster {
+        assert!(region >= MIN_REGION, "data region of {region} B: at least {MIN_REGION}");
         let params = LayoutParams {
             ports: 4,
             mr_entries: 64,
@@ -88,7 +104,7 @@ impl Cluster {
             recv_entries: 64,
         };
         let mut rng = Rng::new(7);
-        let pages = HostMem::pages_for_region(REGION)
+        let pages = HostMem::pages_for_region(region)
             + HostMem::pages_for_region(CQ_ENTRIES as u64 * Cqe::SIZE as u64)
             + SPARE_PAGES;
         let mem = vec![pages * PAGE_SIZE; nodes as usize];
@@ -105,6 +121,7 @@ impl Cluster {
             host_busy_ns: vec![0; k],
             rng,
             extra: Vec::new(),
+            region,
         };
         for n in 0..nodes {
             let p = c.open_port(n, 0).expect("open port 0");
@@ -117,7 +134,7 @@ impl Cluster {
     fn open_port(&mut self, n: u16, port: u16) -> Result<HostPort, u32> {
         let layout = self.world.layout;
         let node = &mut self.world.nodes[n as usize];
-        let data = alloc_region(&mut node.mem, REGION, (0x11 << 16) | (2 * port as u32), &mut self.rng);
+        let data = alloc_region(&mut node.mem, self.region, (0x11 << 16) | (2 * port as u32), &mut self.rng);
         let cq = alloc_region(
             &mut node.mem,
             CQ_ENTRIES as u64 * Cqe::SIZE as u64,
@@ -181,7 +198,7 @@ impl Cluster {
     pub fn save(&mut self, n: u16) -> Result<SavedContext, u32> {
         let hp = &self.ports[n as usize];
         let (port, key) = (hp.port, hp.data.key);
-        let off = REGION - IMAGE_ROOM;
+        let off = self.region - IMAGE_ROOM;
         let nic = &self.world.nodes[n as usize].nic;
         let (addr, gen) = (nic.port_addr(port), nic.port_gen(port));
         let r = self.admin(n, AdminOp::PortSave, [port as u64, key as u64, off, IMAGE_ROOM, 0, 0]);
@@ -282,7 +299,7 @@ impl Cluster {
     fn alloc(&mut self, n: u16, len: u64) -> u64 {
         let off = self.bump[n as usize];
         self.bump[n as usize] += len + 64;
-        assert!(self.bump[n as usize] <= REGION - IMAGE_ROOM, "test region exhausted");
+        assert!(self.bump[n as usize] <= self.region - IMAGE_ROOM, "test region exhausted");
         off
     }
 
@@ -314,7 +331,7 @@ impl Cluster {
     /// already there, e.g. a receive's buffer: [`Cluster::buffer`]) to (dst
     /// node, port 0); returns its wr_id.
     pub fn send_from(&mut self, n: u16, dst: u16, tag: u64, off: u64, len: u64) -> u64 {
-        assert!(off + len <= REGION, "beyond the data region");
+        assert!(off + len <= self.region, "beyond the data region");
         let key = self.ports[n as usize].data.key;
         let d = work_desc(Opcode::Send as u8, self.bufs.len() as u64, dst, 0, tag, 0, key, off, len, 2);
         self.post(n, d, true, len)
@@ -322,7 +339,7 @@ impl Cluster {
 
     /// As [`Cluster::send_from`], the buffer described by one piece.
     pub fn send_contiguous(&mut self, n: u16, dst: u16, tag: u64, off: u64, len: u64) -> u64 {
-        assert!(off + len <= REGION, "beyond the data region");
+        assert!(off + len <= self.region, "beyond the data region");
         let key = self.ports[n as usize].data.key;
         let d = work_desc(Opcode::Send as u8, self.bufs.len() as u64, dst, 0, tag, 0, key, off, len, 1);
         self.post(n, d, true, len)
@@ -361,7 +378,7 @@ impl Cluster {
     /// described by one piece (buffers reused across receives, e.g. a
     /// benchmark's); returns its wr_id.
     pub fn recv_into(&mut self, n: u16, src: (u16, u16), tag: u64, off: u64, len: u64) -> u64 {
-        assert!(off + len <= REGION, "beyond the data region");
+        assert!(off + len <= self.region, "beyond the data region");
         let key = self.ports[n as usize].data.key;
         let wr = self.bufs.len() as u64;
         let d = work_desc(Opcode::Recv as u8, wr, src.0, src.1, tag, 0, key, off, len, 1);

@@ -162,8 +162,8 @@ enum Cmd {
     /// the paper's figures beside ours, and with --plot each of its curves
     /// beside ours as SVG (docs/rbcast-reproduction.md).
     BcastRepro {
-        /// Largest group the reliable broadcast is run on (2^k ≥ 8; the
-        /// group limit of the control program bounds it).
+        /// Largest group measured (a power of two from 8 up to the control
+        /// program's group limit); the model always goes to 1024.
         #[arg(long, default_value_t = emp_uapi::coll::RBCAST_MEMBERS_MAX as u16)]
         nodes: u16,
         /// Broadcasts per point of the skew figure.
@@ -594,8 +594,8 @@ fn thesis_cmd(iters: u32, msgs: u64, plot: Option<&std::path::Path>, priority: P
 fn bcast_repro_cmd(nodes: u16, skew_trials: u32, plot: Option<&std::path::Path>) -> ExitCode {
     use emp_sim::bcast_repro::{self, Machine};
     let max = emp_uapi::coll::RBCAST_MEMBERS_MAX as u16;
-    if !(8..=max).contains(&nodes) {
-        eprintln!("emp-sim bcast-repro: --nodes {nodes}: the reliable broadcast runs on 8..={max} members");
+    if !(8..=max).contains(&nodes) || !nodes.is_power_of_two() {
+        eprintln!("emp-sim bcast-repro: --nodes {nodes}: a power of two in 8..={max} (the group's member limit)");
         return ExitCode::FAILURE;
     }
     let m = Machine::ib_sdr();
