@@ -748,6 +748,12 @@ pub fn reproduce(m: &Machine, n_max: u16, skew_trials: u32) -> Result<Repro, Str
             ("Window, measured".into(), win),
             ("T_orig model".into(), m_orig),
             ("T_sr model".into(), m_sr),
+            // The paper's curve in our units: its 58 % at 8 nodes means
+            // 3·T_pp / T_sr = 1.58.
+            (
+                "paper's T_sr = 3·T_pp / 1.58".into(),
+                model_n.iter().map(|&n| (n as f64, us(p.t_pp * 3.0 / 1.58))).collect(),
+            ),
         ],
     });
 
@@ -788,8 +794,8 @@ pub fn reproduce(m: &Machine, n_max: u16, skew_trials: u32) -> Result<Repro, Str
     let tput: Vec<(f64, f64)> =
         sweep.iter().filter_map(|q| q.per_bcast.map(|t| (q.coroots as f64 + 1.0, 1e9 / t))).collect();
     let meas_big: Vec<(f64, f64)> = big.iter().map(|q| (q.coroots as f64 + 1.0, 1e9 / q.root_busy)).collect();
-    let model_at = |n: u32| -> Vec<(f64, f64)> {
-        (0..=n.trailing_zeros()).map(|e| 1u32 << e).map(|s| ((n / s) as f64, 1e9 / p.t_root(n, s))).collect()
+    let model_at = |q: &Params7, n: u32| -> Vec<(f64, f64)> {
+        (0..=n.trailing_zeros()).map(|e| 1u32 << e).map(|s| ((n / s) as f64, 1e9 / q.t_root(n, s))).collect()
     };
     figures.push(Figure {
         stem: "fig12-coroots",
@@ -803,8 +809,10 @@ pub fn reproduce(m: &Machine, n_max: u16, skew_trials: u32) -> Result<Repro, Str
             (format!("{nm} nodes, 1 / root work, measured"), meas),
             (format!("{nm} nodes, back-to-back throughput, measured"), tput),
             (format!("{n_max} nodes, 1 / root work, measured"), meas_big),
-            (format!("{nm} nodes, T_root model"), model_at(nm as u32)),
-            ("1024 nodes, T_root model".into(), model_at(1024)),
+            (format!("{nm} nodes, T_root model"), model_at(&p, nm as u32)),
+            ("1024 nodes, T_root model".into(), model_at(&p, 1024)),
+            // The paper's curve: its optimum (s = 8) fixes T_um / T_pack.
+            ("1024 nodes, T_root with the paper's T_um/T_pack (5.5)".into(), model_at(&papers, 1024)),
         ],
     });
     Ok(Repro { params: p, rows, figures })
@@ -856,7 +864,9 @@ pub mod plot {
             RGBColor(200, 30, 30),
             RGBColor(30, 150, 60),
             RGBColor(230, 140, 0),
-        ][i % 5]
+            RGBColor(140, 40, 160),
+            RGBColor(0, 150, 160),
+        ][i % 7]
     }
 
     /// Draws `f` into `dir/<stem>.svg`.
