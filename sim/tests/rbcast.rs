@@ -379,7 +379,7 @@ fn bad_requests_are_refused_with_a_clear_status() {
     let _ = Opcode::Rbcast;
 }
 
-/// A swarm: every knob drawn from the seed (members, loss, duplication,
+/// A swarm: every knob drawn from the seed (members 2–256, loss, duplication,
 /// reordering, a partition, co-roots, M, windows, credits, roots, sizes).
 /// A failure names its seed; `EMP_SIM_RBCAST_SEEDS` sets how many run.
 #[test]
@@ -394,7 +394,8 @@ fn swarm_of_seeded_scenarios() {
             x ^= x << 17;
             x % k
         };
-        let n = 2 + draw(63) as u16;
+        // One scenario in eight is a wide group (65–256 members).
+        let n = if draw(8) == 0 { 65 + draw(192) as u16 } else { 2 + draw(63) as u16 };
         let mut s = Scenario::new(n, 8 + draw(24) as u32);
         s.seed = seed;
         let loss = draw(21) as f64 / 100.0;
