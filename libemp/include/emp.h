@@ -192,6 +192,10 @@ struct emp_group *emp_group_create(struct emp_device *dev, uint32_t id, const st
 int emp_group_destroy(struct emp_device *dev, struct emp_group *g);
 int emp_group_rank(const struct emp_group *g);
 int emp_group_size(const struct emp_group *g);
+/* Reliable broadcasts on g larger than bytes go by the NIC tree broadcast
+ * instead of multicast fragments through the window (default 16 KiB; 0 =
+ * always the tree). 0, or -EINVAL for a NULL group. */
+int emp_group_set_rbcast_threshold(struct emp_group *g, size_t bytes);
 int emp_post_barrier(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, enum emp_barrier_algo algo);
 int emp_post_bcast(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, int root,
 		   const struct emp_sge *sge, size_t n);
@@ -213,8 +217,10 @@ int emp_allreduce(struct emp_device *dev, const struct emp_group *g, enum emp_dt
 		  const struct emp_sge *send, const struct emp_sge *recv, uint32_t *status);
 /* Reliable broadcast over wire multicast (seed 002; EMP_1.4): coroots = 0
  * for the root alone, ack_every = ACK every M broadcasts (skewed; 0 or 1 =
- * every one), window = window entries the root may use (0 = all). At most
- * one frame of data (EMP_STATUS_TOO_LARGE beyond; use emp_post_bcast). The
+ * every one), window = window entries the root may use (0 = all). Larger
+ * than one frame: MTU fragments through the window, up to the group's
+ * threshold (emp_group_set_rbcast_threshold), the NIC tree broadcast above
+ * it; more fragments than the NIC's window: EMP_STATUS_TOO_LARGE. The
  * root's completes once its NIC holds the data. */
 int emp_post_rbcast(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, int root, uint8_t coroots,
 		    uint8_t ack_every, uint8_t window, const struct emp_sge *sge, size_t n);

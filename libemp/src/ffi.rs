@@ -865,6 +865,22 @@ pub unsafe extern "C" fn emp_group_rank(g: *const EmpGroup) -> c_int {
     unsafe { (*g).0.rank() as c_int }
 }
 
+/// Sets the size above which `emp_post_rbcast` on `g` uses the NIC tree
+/// broadcast instead of multicast fragments through the window (0: always
+/// the tree). Returns 0, or -EINVAL for a NULL group.
+///
+/// # Safety
+/// `g` is NULL or a live group not used by another thread meanwhile.
+#[no_mangle]
+pub unsafe extern "C" fn emp_group_set_rbcast_threshold(g: *mut EmpGroup, bytes: usize) -> c_int {
+    if g.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: non-NULL, and the caller guarantees it is live and ours alone.
+    unsafe { (*g).0.set_rbcast_threshold(bytes) };
+    0
+}
+
 /// Members in the group.
 ///
 /// # Safety

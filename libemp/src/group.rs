@@ -96,9 +96,29 @@ pub struct Group {
     members: Vec<Endpoint>,
     /// (λ, tree) per stored tree; tree 0 is binomial.
     trees: Vec<(u32, Tree)>,
+    /// Reliable broadcasts larger than this go by the NIC tree broadcast.
+    rbcast_threshold: usize,
 }
 
+/// Default [`Group::set_rbcast_threshold`]: the paper's window path beat
+/// the binomial tree up to 32 KiB (§6.2.1); the NIC's default window
+/// carries up to 16 fragments (22,208 bytes at MTU 1,500), so 16 KiB
+/// stays inside it on every MTU EMP runs.
+pub const RBCAST_THRESHOLD_DEFAULT: usize = 16 * 1024;
+
 impl Group {
+    /// Sets the size above which [`Device::post_rbcast`] on this group
+    /// broadcasts by the NIC tree (point to point, zero copy) instead of
+    /// multicast fragments through the window (§4.5). 0: always the tree.
+    pub fn set_rbcast_threshold(&mut self, bytes: usize) {
+        self.rbcast_threshold = bytes;
+    }
+
+    /// The size above which a reliable broadcast goes by the tree.
+    pub fn rbcast_threshold(&self) -> usize {
+        self.rbcast_threshold
+    }
+
     /// This member's rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -283,7 +303,15 @@ impl Device {
             None => self.groups.bounce_live.remove(&slot),
         };
         self.groups.bounce_free.extend(old);
-        Ok(Group { slot, id, epoch, rank, members: members.to_vec(), trees })
+        Ok(Group {
+            slot,
+            id,
+            epoch,
+            rank,
+            members: members.to_vec(),
+            trees,
+            rbcast_threshold: RBCAST_THRESHOLD_DEFAULT,
+        })
     }
 
     /// Removes a group from the NIC; its unfinished operations complete `Flushed`.
@@ -446,11 +474,14 @@ impl Device {
     /// multicast (seed 002), with algorithm `algo` (co-roots, ACK every M,
     /// window): the root's NIC copies the data into its window, multicasts
     /// it once and completes the root's post at once; the others' posts
-    /// complete with the data, in the root's order, exactly once. At most
-    /// [`emp_uapi::wire::rbcast_payload_max`] bytes (larger:
-    /// `Status::TooLarge`; use [`Device::post_bcast`]), in groups of up to
+    /// complete with the data, in the root's order, exactly once. A message
+    /// larger than one frame ([`emp_uapi::wire::rbcast_payload_max`]) goes
+    /// in MTU fragments through the window, up to the group's
+    /// [`Group::rbcast_threshold`]; above it, by the NIC tree broadcast
+    /// ([`Device::post_bcast`], `algo` unused). Fragments beyond the NIC's
+    /// window or receive slots: `Status::TooLarge`. Groups of up to
     /// [`emp_uapi::coll::RBCAST_MEMBERS_MAX`] (1024) members. Every member's
-    /// `sges` have the same total length.
+    /// `sges` have the same total length (so all take the same path).
     ///
     /// # Errors
     /// [`Error::RingFull`], [`Error::TooManySges`], [`Error::InvalidArgument`]
@@ -472,6 +503,10 @@ impl Device {
         }
         if root >= g.size() || algo.coroots as usize >= g.size() {
             return Err(Error::invalid("reliable broadcast: root or co-roots beyond the group"));
+        }
+        let len: u64 = sges.iter().map(|s| s.len as u64).sum();
+        if len > g.rbcast_threshold as u64 {
+            return self.post_bcast(wr_id, g, root, sges);
         }
         let d = Self::coll_desc(wr_id, Opcode::Rbcast, g, root as u16, rbcast_tag(algo), 0, sges);
         self.post(true, &d)

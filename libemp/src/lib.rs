@@ -50,7 +50,7 @@ pub use emp_uapi::desc::{
     Opcode, Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE,
 };
 pub use emp_uapi::{ANY_NODE, ANY_PORT};
-pub use group::{CostModel, Group, GroupOpts};
+pub use group::{CostModel, Group, GroupOpts, RBCAST_THRESHOLD_DEFAULT};
 pub use probe::{Claim, Probed};
 
 /// An endpoint: (node, port).

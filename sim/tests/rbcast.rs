@@ -15,7 +15,7 @@ use emp_sim::world::{Partition, WireConfig};
 use emp_uapi::coll::{rbcast_tag, RbcastAlgo};
 use emp_uapi::desc::{Opcode, Status};
 use emp_uapi::sram::admin_result;
-use emp_uapi::wire::{rbcast_kind, Frame};
+use emp_uapi::wire::{rbcast_kind, rbcast_payload_max, Frame};
 
 const MS: u64 = 1_000_000;
 
@@ -150,10 +150,15 @@ impl Scenario {
                     nic.occupancy().tx_msgs
                 ));
             }
+            // Per root, the sequence numbers delivered: one per fragment.
             let delivered: u32 = nic.rbcast_delivered(0).unwrap().iter().sum();
-            let roots_of_m = (0..self.count).filter(|&i| (self.roots)(i, self.n) == m).count() as u32;
-            if delivered != self.count - roots_of_m {
-                return Err(format!("member {m} delivered {delivered}"));
+            let frame = rbcast_payload_max(1500);
+            let want: u32 = (0..self.count)
+                .filter(|&i| (self.roots)(i, self.n) != m)
+                .map(|i| (self.len + i as usize % 7).div_ceil(frame).max(1) as u32)
+                .sum();
+            if delivered != want {
+                return Err(format!("member {m} delivered {delivered} fragments, {want} sent to it"));
             }
         }
         Ok(c)
@@ -349,8 +354,12 @@ fn bad_requests_are_refused_with_a_clear_status() {
     let mut c =
         group(3, Config::default(), WireConfig { loss: 0.0, dup: 0.0, reorder: 0.0, ..WireConfig::default() }, 1);
     let tag = rbcast_tag(RbcastAlgo::default());
-    // Too large for one frame.
-    let wr = c.rbcast(0, 0, 0, tag, &vec![1u8; 1500], true);
+    // More fragments than the window (16 entries) holds: the tree's job.
+    let too_large = 16 * rbcast_payload_max(1500) + 1;
+    let wr = c.rbcast(0, 0, 0, tag, &vec![1u8; too_large], true);
+    assert_eq!(c.wait(0, wr, 10 * MS).map(|q| q.status), Some(Status::TooLarge as u8));
+    // ... and than the call's own window limit.
+    let wr = c.rbcast(0, 0, 0, rbcast_tag(RbcastAlgo { window: 2, ..Default::default() }), &[1u8; 3000], true);
     assert_eq!(c.wait(0, wr, 10 * MS).map(|q| q.status), Some(Status::TooLarge as u8));
     // No such group slot.
     let wr = c.rbcast(0, 5, 0, tag, &[1, 2, 3], true);
@@ -370,7 +379,7 @@ fn bad_requests_are_refused_with_a_clear_status() {
     let _ = Opcode::Rbcast;
 }
 
-/// A swarm: every knob drawn from the seed (members, loss, duplication,
+/// A swarm: every knob drawn from the seed (members 2–256, loss, duplication,
 /// reordering, a partition, co-roots, M, windows, credits, roots, sizes).
 /// A failure names its seed; `EMP_SIM_RBCAST_SEEDS` sets how many run.
 #[test]
@@ -385,7 +394,8 @@ fn swarm_of_seeded_scenarios() {
             x ^= x << 17;
             x % k
         };
-        let n = 2 + draw(63) as u16;
+        // One scenario in eight is a wide group (65–256 members).
+        let n = if draw(8) == 0 { 65 + draw(192) as u16 } else { 2 + draw(63) as u16 };
         let mut s = Scenario::new(n, 8 + draw(24) as u32);
         s.seed = seed;
         let loss = draw(21) as f64 / 100.0;
@@ -408,7 +418,14 @@ fn swarm_of_seeded_scenarios() {
         s.cfg.rbcast_window = 1 + draw(16) as u32;
         s.cfg.rbcast_rx_slots = 1 + draw(24) as u32;
         s.batch = 1 + draw(16) as u32;
-        s.len = draw(1390) as usize;
+        // Up to as many fragments as the window and the slots take (§4.5).
+        let limit = match s.algo.window {
+            0 => s.cfg.rbcast_window,
+            w => (w as u32).min(s.cfg.rbcast_window),
+        }
+        .min(s.cfg.rbcast_rx_slots) as usize;
+        let frame = rbcast_payload_max(1500);
+        s.len = if draw(3) == 0 { draw((limit * frame - 6) as u64) as usize } else { draw(frame as u64 - 6) as usize };
         if draw(2) == 0 {
             s.roots = |i, n| (i as u16 * 7 + 3) % n;
         }
@@ -458,4 +475,52 @@ fn a_1024_member_group_with_128_co_roots() {
         s.roots = roots;
         s.run().unwrap_or_else(|e| panic!("coroots {coroots}: {e}"));
     }
+}
+
+/// Large messages (§4.2 / §5.1): split into MTU fragments, each its own
+/// window entry with its own sequence number, reassembled in order,
+/// exactly once, under loss, duplication and reordering, with and without
+/// co-roots, fragments of several roots interleaved.
+#[test]
+fn large_messages_travel_as_fragments_under_loss() {
+    let frame = rbcast_payload_max(1500);
+    let mut seed = 40;
+    for n in [2u16, 5, 16, 40] {
+        for (len, loss) in [(frame + 1, 0.0), (5_000, 0.1), (16 * frame - 6, 0.2)] {
+            seed += 1;
+            let mut s = Scenario::new(n, 10);
+            s.len = len;
+            s.seed = seed;
+            s.wire = lossy(loss);
+            s.batch = 4;
+            s.algo = RbcastAlgo { coroots: (n / 5) as u8, ack_every: 2, window: 0 };
+            if n > 2 {
+                s.roots = |i, n| (i as u16 * 3) % n;
+            }
+            let c = s.run().unwrap_or_else(|e| panic!("n {n} len {len} loss {loss} seed {seed}: {e}"));
+            let frags = (len + 6).div_ceil(frame) as u64;
+            let sent: u64 = (0..n).map(|m| c.world.nodes[m as usize].nic.rbcast_stats().sent).sum();
+            let fragmented: u64 = (0..n).map(|m| c.world.nodes[m as usize].nic.rbcast_stats().fragmented).sum();
+            assert_eq!(fragmented, 10, "every broadcast was fragmented");
+            assert!(sent >= 10 * (frags - 1) && sent <= 10 * frags, "{sent} fragments for 10 x {len} bytes");
+        }
+    }
+}
+
+/// A 12-fragment broadcast through a 4-entry per-call window limit on a
+/// 16-entry window does not fit (refused, nothing sent); through the whole
+/// window it does, and a small window with few credits only stalls it.
+#[test]
+fn fragments_stall_the_root_on_window_and_credits_but_lose_nothing() {
+    let frame = rbcast_payload_max(1500);
+    let mut s = Scenario::new(6, 12);
+    s.cfg.rbcast_window = 6;
+    s.cfg.rbcast_rx_slots = 6;
+    s.len = 5 * frame;
+    s.batch = 12;
+    s.wire = lossy(0.1);
+    s.algo = RbcastAlgo { coroots: 1, ack_every: 3, window: 0 };
+    let c = s.run().unwrap_or_else(|e| panic!("{e}"));
+    let st = c.world.nodes[0].nic.rbcast_stats();
+    assert!(st.window_full + st.credit_stalls > 0, "6 fragments through 6 entries must wait: {st:?}");
 }

@@ -201,7 +201,7 @@ struct emp_rma_header {
 #define EMP_RBCAST_PIGGY_ACK 1U /* ack_root / ack_next carry an ACK (DATA only) */
 #define EMP_RBCAST_P2P 2U       /* a repair or co-root copy (reliable point-to-point) */
 
-/* Header of a reliable-broadcast frame (32 bytes; seed 002). */
+/* Header of a reliable-broadcast frame (40 bytes; seed 002). */
 struct emp_rbcast_header {
 	uint32_t group_id;
 	uint32_t epoch;
@@ -216,6 +216,9 @@ struct emp_rbcast_header {
 	uint8_t coroots;     /* DATA: the root's co-root count */
 	uint8_t ack_every;   /* DATA: ACK every M messages, >= 1 */
 	uint8_t flags;       /* EMP_RBCAST_PIGGY_ACK | EMP_RBCAST_P2P */
+	uint16_t frag;       /* DATA: fragment index in the message */
+	uint16_t frags;      /* DATA: fragments of the message, >= 1 */
+	uint32_t msg_len;    /* DATA: bytes of the whole message */
 };
 
 /* Body of an ATOMIC_RESP frame (16 bytes). */
@@ -1137,7 +1140,7 @@ EMP_STATIC_ASSERT(sizeof(struct emp_ack_body) == 16, "emp_ack_body");
 EMP_STATIC_ASSERT(sizeof(struct emp_atomic_body) == 40, "emp_atomic_body");
 EMP_STATIC_ASSERT(sizeof(struct emp_atomic_result) == 16, "emp_atomic_result");
 EMP_STATIC_ASSERT(sizeof(struct emp_rma_header) == 32, "emp_rma_header");
-EMP_STATIC_ASSERT(sizeof(struct emp_rbcast_header) == 32, "emp_rbcast_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_rbcast_header) == 40, "emp_rbcast_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_sge) == 16, "emp_sge");
 EMP_STATIC_ASSERT(sizeof(struct emp_work_desc) == 128, "emp_work_desc");
 EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 40, "emp_cqe");

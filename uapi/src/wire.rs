@@ -420,7 +420,9 @@ pub mod rbcast_flag {
 le_struct! {
     /// Header of a reliable-broadcast frame (seed 002), after the
     /// [`FrameHeader`] of an `RBCAST` frame or after the `CollHeader` of a
-    /// point-to-point copy (32 bytes). Ranks are group ranks.
+    /// point-to-point copy (40 bytes). Ranks are group ranks. A message
+    /// larger than one frame travels as `frags` fragments with consecutive
+    /// `seq`, each its own window entry (§4.5).
     pub struct RbcastHeader {
         /// Group id.
         pub group_id: u32,
@@ -450,8 +452,14 @@ le_struct! {
         pub ack_every: u8,
         /// [`rbcast_flag`] bits.
         pub flags: u8,
+        /// DATA: this fragment's index in its message (from 0).
+        pub frag: u16,
+        /// DATA: fragments of the message, at least 1.
+        pub frags: u16,
+        /// DATA: bytes of the whole message (every fragment).
+        pub msg_len: u32,
     }
-    size = 32;
+    size = 40;
 }
 
 impl RbcastHeader {
@@ -467,9 +475,19 @@ impl RbcastHeader {
             return Err(DecodeError::BadIndex);
         }
         match h.kind {
-            rbcast_kind::DATA if h.ack_every >= 1 && (h.coroots as usize) < ranks => {}
+            rbcast_kind::DATA
+                if h.ack_every >= 1
+                    && (h.coroots as usize) < ranks
+                    && h.frag < h.frags
+                    && h.len as u32 <= h.msg_len => {}
             rbcast_kind::ACK | rbcast_kind::POLL
-                if h.len == 0 && h.flags == 0 && h.coroots == 0 && h.ack_every == 0 => {}
+                if h.len == 0
+                    && h.flags == 0
+                    && h.coroots == 0
+                    && h.ack_every == 0
+                    && h.frag == 0
+                    && h.frags == 0
+                    && h.msg_len == 0 => {}
             rbcast_kind::DATA | rbcast_kind::ACK | rbcast_kind::POLL => return Err(DecodeError::ReservedNotZero),
             _ => return Err(DecodeError::BadKind),
         }

@@ -207,7 +207,10 @@ fn structs() -> Vec<StructDesc> {
                 kind,
                 coroots,
                 ack_every,
-                flags
+                flags,
+                frag,
+                frags,
+                msg_len
             }
         ),
         st!("emp_sge", Sge { key, len, offset }),

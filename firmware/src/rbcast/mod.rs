@@ -43,7 +43,7 @@ use emp_uapi::wire::{
     self, emit_rbcast, rbcast_flag, rbcast_kind, FrameHeader, FrameKind, MsgHeader, NackReason, RbcastHeader,
     MCAST_BASE, MCAST_GROUPS, WIRE_VERSION,
 };
-use emp_uapi::Le;
+use emp_uapi::{seq_lt, Le};
 
 use crate::coll::{CollAccept, CollData, CollTx, RBCAST_OP};
 use crate::host::Completion;
@@ -52,7 +52,7 @@ use crate::{timer, Hal, LocalDesc, Nic};
 
 pub(crate) use state::RbGroup as RbGroupState;
 pub use state::RbcastStats;
-use state::{sub_size, tree_child, tree_children, Arrival, RbGroup};
+use state::{sub_size, tree_child, tree_children, Arrival, Frag, RbGroup};
 
 /// Members per sub-group (the collector included) of a broadcast over
 /// `n` members with `coroots` co-roots (§4.3, §7.2's `s`).
@@ -159,25 +159,26 @@ impl Nic {
             return false;
         }
         self.rbcast_scan(now, slot, false);
-        let limit = match algo.window {
-            0 => self.cfg.rbcast_window as usize,
-            w => (w as u32).min(self.cfg.rbcast_window) as usize,
+        let limit = self.rbcast_limit(algo.window);
+        let Some(frags) = self.rbcast_frags(slot, wd.total_len(), limit) else {
+            return true; // Too large for the window: refused by the post.
         };
         let rb = self.rb(slot);
         let (used, own) = rb.window_used();
-        if own >= limit || used >= rb.window.len() {
+        if own + frags > limit || used + frags > rb.window.len() {
             // Out of buffers: as a timeout (§5.1), then look again.
             rb.stats.window_full += 1;
             self.rbcast_scan(now, slot, true);
             let rb = self.rb(slot);
             let (used, own) = rb.window_used();
-            if own >= limit || used >= rb.window.len() {
+            if own + frags > limit || used + frags > rb.window.len() {
                 return false;
             }
         }
         let rb = self.rb(slot);
         let me = rb.rank;
-        if rb.mark_starved(me, algo.coroots) {
+        // Each fragment takes a buffer at every member: credit for all.
+        if rb.mark_starved(me, algo.coroots, frags as i64) {
             rb.stats.credit_stalls += 1;
             // Their updates may be lost, or never sent (a member tells
             // only the roots it heard from): ask them after a while.
@@ -186,6 +187,26 @@ impl Nic {
             return false;
         }
         true
+    }
+
+    /// Window entries a root may use for a call asking for `window` (0: all).
+    fn rbcast_limit(&self, window: u8) -> usize {
+        match window {
+            0 => self.cfg.rbcast_window as usize,
+            w => (w as u32).min(self.cfg.rbcast_window) as usize,
+        }
+    }
+
+    /// Fragments of a `len`-byte broadcast in group `slot` (§4.5), if it
+    /// fits: every fragment needs a window entry at once (at most `limit`)
+    /// and a receive buffer at each member (the root's own count of them:
+    /// every NIC of a cluster has the same).
+    fn rbcast_frags(&mut self, slot: u32, len: u64, limit: usize) -> Option<usize> {
+        let payload = wire::rbcast_payload_max(self.mtu) as u64;
+        let frags = len.div_ceil(payload).max(1);
+        let rb = self.rb(slot);
+        let fits = frags <= limit.min(rb.window.len()).min(rb.slots.len()) as u64 && frags <= u16::MAX as u64;
+        fits.then_some(frags as usize)
     }
 
     /// An `Rbcast` descriptor (validated by `WorkDesc::validate`).
@@ -207,9 +228,11 @@ impl Nic {
             // This NIC was configured without reliable-broadcast buffers.
             return fail(self, hal, Status::TableFull);
         }
-        if ld.len > wire::rbcast_payload_max(self.mtu) as u64 {
+        let limit = self.rbcast_limit(algo.window);
+        let Some(frags) = self.rbcast_frags(slot, ld.len, limit) else {
+            // Larger than the window carries: the NIC tree broadcast does.
             return fail(self, hal, Status::TooLarge);
-        }
+        };
         let is_root = self.rb(slot).rank == root;
         let access = if is_root { MR_LOCAL_READ } else { MR_LOCAL_WRITE };
         if let Err(st) = self.check_sges(hal, port, ld.sges(), access) {
@@ -221,34 +244,66 @@ impl Nic {
             rb.posted.push_back((ld, root));
             return self.rbcast_deliver(hal, now, port, slot);
         }
-        let Some(e) = self.rb(slot).free_entry() else { return fail(self, hal, Status::TableFull) };
-        let mut data = core::mem::take(&mut self.rb(slot).window[e].data);
+        // Every fragment is copied into its entry before any goes out, so
+        // a failed copy sends nothing (admitted: the entries are free).
+        let payload = wire::rbcast_payload_max(self.mtu);
         let len = ld.len as usize;
-        let r = self.sge_io(hal, port, ld.sges(), 0, Buf::FromHost(&mut data[..len]), MR_LOCAL_READ);
-        self.rb(slot).window[e].data = data;
-        if let Err(st) = r {
+        let mut picked = [0u8; 64];
+        let first_seq = self.rb(slot).next_seq;
+        let mut copied = 0;
+        let mut err = None;
+        while copied < frags {
+            let Some(e) = self.rb(slot).free_entry() else {
+                err = Some(Status::TableFull);
+                break;
+            };
+            let (off, flen) = (copied * payload, payload.min(len - copied * payload));
+            let seq = first_seq.wrapping_add(copied as u32);
+            let rb = self.rb(slot);
+            let occupied = rb.occupy(e, root, seq, algo.coroots);
+            debug_assert!(occupied, "an ACK row per window entry");
+            let mut data = core::mem::take(&mut rb.window[e].data);
+            let r = self.sge_io(hal, port, ld.sges(), off as u64, Buf::FromHost(&mut data[..flen]), MR_LOCAL_READ);
+            self.rb(slot).window[e].data = data;
+            picked[copied] = e as u8;
+            copied += 1;
+            let w = &mut self.rb(slot).window[e];
+            w.len = flen as u16;
+            w.frag = Frag { frag: (copied - 1) as u16, frags: frags as u16, msg_len: len as u32 };
+            if let Err(st) = r {
+                err = Some(st);
+                break;
+            }
+        }
+        if let Some(st) = err {
+            let rb = self.rb(slot);
+            for &e in &picked[..copied] {
+                rb.window[e as usize].live = false;
+            }
+            if !rb.window.iter().any(|w| w.live && w.root == root) {
+                rb.acks.release(root);
+            }
             return fail(self, hal, st);
         }
         let rb = self.rb(slot);
-        let seq = rb.next_seq;
-        rb.next_seq = seq.wrapping_add(1);
-        rb.consumed = rb.consumed.wrapping_add(1);
+        rb.next_seq = first_seq.wrapping_add(frags as u32);
+        rb.consumed = rb.consumed.wrapping_add(frags as u32);
         // Its own broadcast takes no slot here: counted as re-posted at
         // once, so the others' credit for this node stays exact.
-        rb.reposted = rb.reposted.wrapping_add(1);
-        rb.stats.sent += 1;
+        rb.reposted = rb.reposted.wrapping_add(frags as u32);
+        rb.stats.sent += frags as u64;
+        rb.stats.fragmented += (frags > 1) as u64;
         let collectors = n.div_ceil(sub_size(n, algo.coroots));
-        let occupied = rb.occupy(e, root, seq, algo.coroots);
-        debug_assert!(occupied, "an ACK row per window entry");
-        let w = &mut rb.window[e];
-        w.len = len as u16;
-        w.ack_every = algo.ack_every.max(1);
-        w.sent_ns = now;
-        w.repair_ns = 0;
-        w.p2p_todo = tree_children(0, collectors);
-        w.p2p_unacked = 0;
-        self.rbcast_multicast(hal, now, port, slot, e);
-        self.rbcast_copies(now, slot, e);
+        for &e in &picked[..frags] {
+            let w = &mut self.rb(slot).window[e as usize];
+            w.ack_every = algo.ack_every.max(1);
+            w.sent_ns = now;
+            w.repair_ns = 0;
+            w.p2p_todo = tree_children(0, collectors);
+            w.p2p_unacked = 0;
+            self.rbcast_multicast(hal, now, port, slot, e as usize);
+            self.rbcast_copies(now, slot, e as usize);
+        }
         self.rbcast_arm(now + self.cfg.rbcast_rto_ns, slot);
         let mut c = Completion::of(&ld, Opcode::Rbcast, Status::Success);
         c.byte_len = len as u32;
@@ -298,6 +353,31 @@ impl Nic {
         let data = &buf[FrameHeader::SIZE + RbcastHeader::SIZE..n];
         self.rbcast_on_mcast(hal, now, &hdr, &body, data);
         self.rbcast_frame = buf;
+    }
+
+    /// Sends window entries reliably to the co-roots still owed them, each
+    /// root's in sequence order, and a co-root only what it holds in order
+    /// (everything before it arrived): a child co-root then never has to
+    /// refuse a copy for running ahead, which would hold the reliable
+    /// stream — and the earlier copy queued behind it — from its parent.
+    fn rbcast_forward(&mut self, now: u64, slot: u32) {
+        loop {
+            let rb = self.rb(slot);
+            let mut pick: Option<usize> = None;
+            for (e, w) in rb.window.iter().enumerate() {
+                let ready =
+                    w.live && w.p2p_todo != 0 && (w.root == rb.rank || seq_lt(w.seq, rb.expected[w.root as usize]));
+                if ready && pick.is_none_or(|p| pick_better(&rb.window[p], w)) {
+                    pick = Some(e);
+                }
+            }
+            let Some(e) = pick else { return };
+            let before = self.rb(slot).window[e].p2p_todo;
+            self.rbcast_copies(now, slot, e);
+            if self.rb(slot).window[e].p2p_todo == before {
+                return; // The transmission table is full: at the next tick.
+            }
+        }
     }
 
     /// Sends entry `e` reliably to the co-roots still owed it (as far as
@@ -390,12 +470,10 @@ impl Nic {
         let rto = self.cfg.rbcast_rto_ns;
         let repair_as_coroot = self.cfg.rbcast_coroot_repair;
         let entries = self.rb(slot).window.len();
+        self.rbcast_forward(now, slot);
         for e in 0..entries {
             if !self.rb(slot).window[e].live {
                 continue;
-            }
-            if self.rb(slot).window[e].p2p_todo != 0 {
-                self.rbcast_copies(now, slot, e);
             }
             if self.rb(slot).settle(e) {
                 continue;
@@ -700,8 +778,14 @@ impl Nic {
             // order is what a stuck member needs from its co-root.
             let in_order = seq == rb.expected[root as usize];
             let starved = !in_order && rb.sub_group(root, body.coroots).any(|m| rb.credit(m) <= 0);
+            // The last free entry is kept for the next message in order: a
+            // window full of later messages would wait for sub-group ACKs
+            // that wait for the missing earlier one, which the root holds
+            // until this co-root takes it (a 3-way deadlock).
+            let free = rb.window.iter().filter(|w| !w.live).count();
+            let room = free > usize::from(!in_order);
             match rb.free_entry() {
-                Some(e) if !starved => entry = Some(e),
+                Some(e) if !starved && room => entry = Some(e),
                 _ => {
                     rb.stats.no_room += 1;
                     return Taken::NoRoom;
@@ -735,20 +819,19 @@ impl Nic {
             debug_assert!(occupied, "an ACK row per window entry");
             let w = &mut rb.window[e];
             w.len = data.len() as u16;
+            w.frag = Frag::of(body);
             w.ack_every = body.ack_every.max(1);
             w.sent_ns = now;
             w.repair_ns = 0;
             w.p2p_todo = tree_children(me, collectors);
             w.p2p_unacked = 0;
             w.data[..data.len()].copy_from_slice(data);
-            self.rbcast_copies(now, slot, e);
             self.rbcast_arm(now + self.cfg.rbcast_rto_ns, slot);
         }
         let rb = self.rb(slot);
         if direct {
-            let (ld, _) = rb.posted.pop_front().expect("wanted");
             rb.delivered[root as usize] = seq.wrapping_add(1);
-            self.rbcast_complete(hal, now, port, slot, &ld, data);
+            self.rbcast_hand_over(hal, now, port, slot, Frag::of(body), data);
         } else {
             let rb = self.rb(slot);
             if seq != rb.expected[root as usize] {
@@ -759,11 +842,17 @@ impl Nic {
             s.root = root;
             s.seq = seq;
             s.len = data.len() as u16;
+            s.frag = Frag::of(body);
             s.data[..data.len()].copy_from_slice(data);
         }
         let rb = self.rb(slot);
         let old = rb.advance_expected(root);
         let new = rb.expected[root as usize];
+        if coroot {
+            // Taken in order, it (and what waited for it) goes on down the tree.
+            self.rbcast_forward(now, slot);
+        }
+        let rb = self.rb(slot);
         if rb.ack_turn(root, old, new, now) {
             self.rbcast_send_ack(hal, slot, root);
         } else if self.rb(slot).ack_owed_since[root as usize] != 0 {
@@ -781,12 +870,11 @@ impl Nic {
             let rb = self.rb(slot);
             let Some((root, seq)) = rb.wanted() else { break };
             let Some(s) = rb.slots.iter().position(|x| x.live && x.root == root && x.seq == seq) else { break };
-            let (ld, _) = rb.posted.pop_front().expect("wanted");
             rb.delivered[root as usize] = seq.wrapping_add(1);
             rb.slots[s].live = false;
             let data = core::mem::take(&mut rb.slots[s].data);
-            let len = rb.slots[s].len as usize;
-            self.rbcast_complete(hal, now, port, slot, &ld, &data[..len]);
+            let (len, frag) = (rb.slots[s].len as usize, rb.slots[s].frag);
+            self.rbcast_hand_over(hal, now, port, slot, frag, &data[..len]);
             self.rb(slot).slots[s].data = data;
             freed = true;
         }
@@ -796,29 +884,52 @@ impl Nic {
         }
     }
 
-    /// Completes a posted receive with message `data`; the buffer it held
-    /// is re-posted (credits owed to the collectors).
-    fn rbcast_complete<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, slot: u32, ld: &LocalDesc, data: &[u8]) {
-        let len = data.len().min(ld.len as usize);
-        let r = self.sge_io(hal, port, ld.sges(), 0, Buf::ToHost(&data[..len]), MR_LOCAL_WRITE);
-        let status = match r {
-            Err(st) => st,
-            Ok(()) if len < data.len() => Status::Truncated,
-            Ok(()) => Status::Success,
-        };
-        let mut c = Completion::of(ld, Opcode::Rbcast, status);
-        c.byte_len = len as u32;
-        c.msg_len = data.len() as u32;
-        self.complete(hal, port, c);
+    /// Writes the message (or fragment `frag` of it) the oldest posted
+    /// receive wants into its buffer, after the fragments before it; the
+    /// last fragment completes the receive. The buffer it held is
+    /// re-posted (credits owed to the collectors).
+    fn rbcast_hand_over<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, slot: u32, frag: Frag, data: &[u8]) {
+        let rb = self.rb(slot);
+        let Some(&(ld, _)) = rb.posted.front() else { return };
+        if frag.frag == 0 {
+            rb.front_off = 0;
+            rb.front_err = None;
+        }
+        let off = rb.front_off;
+        let room = (ld.len as usize).saturating_sub(off);
+        let part = data.len().min(room);
+        if part > 0 && rb.front_err.is_none() {
+            let r = self.sge_io(hal, port, ld.sges(), off as u64, Buf::ToHost(&data[..part]), MR_LOCAL_WRITE);
+            if let Err(st) = r {
+                self.rb(slot).front_err = Some(st);
+            }
+        }
         let delay = self.cfg.rbcast_ack_delay_ns;
         let rb = self.rb(slot);
+        rb.front_off = off + data.len();
         rb.reposted = rb.reposted.wrapping_add(1);
-        rb.stats.delivered += 1;
         if rb.credit_owed_since == 0 {
             rb.credit_owed_since = now.max(1);
         }
         let at = rb.credit_owed_since + delay;
         self.rbcast_arm(at, slot);
+        if !frag.last() {
+            return;
+        }
+        let rb = self.rb(slot);
+        rb.posted.pop_front();
+        rb.stats.delivered += 1;
+        let total = rb.front_off;
+        let status = match rb.front_err.take() {
+            Some(st) => st,
+            None if total > ld.len as usize => Status::Truncated,
+            None => Status::Success,
+        };
+        rb.front_off = 0;
+        let mut c = Completion::of(&ld, Opcode::Rbcast, status);
+        c.byte_len = total.min(ld.len as usize) as u32;
+        c.msg_len = total as u32;
+        self.complete(hal, port, c);
     }
 
     /// Reliable-broadcast counts, summed over the groups.
@@ -827,6 +938,7 @@ impl Nic {
         for rb in self.rbcast.iter().flatten() {
             let s = rb.stats;
             t.sent += s.sent;
+            t.fragmented += s.fragmented;
             t.delivered += s.delivered;
             t.duplicates += s.duplicates;
             t.queued_out_of_order += s.queued_out_of_order;
@@ -878,4 +990,10 @@ impl Nic {
         }
         Ok(())
     }
+}
+
+/// Of two window entries ready to go to co-roots, is `w` to go before
+/// `p`? The earlier of one root's messages first; any order across roots.
+fn pick_better(p: &state::Entry, w: &state::Entry) -> bool {
+    p.root == w.root && seq_lt(w.seq, p.seq)
 }

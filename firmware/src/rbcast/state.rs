@@ -169,6 +169,31 @@ impl AckRows {
     }
 }
 
+/// Where a window message (one frame) sits in the broadcast it is part of:
+/// fragment `frag` of `frags`, `msg_len` bytes in all (§4.5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Frag {
+    pub frag: u16,
+    pub frags: u16,
+    pub msg_len: u32,
+}
+
+impl Frag {
+    /// A whole broadcast in one frame.
+    #[cfg(test)]
+    pub(crate) fn whole(len: usize) -> Frag {
+        Frag { frag: 0, frags: 1, msg_len: len as u32 }
+    }
+
+    pub(crate) fn of(h: &RbcastHeader) -> Frag {
+        Frag { frag: h.frag, frags: h.frags, msg_len: h.msg_len }
+    }
+
+    pub(crate) fn last(&self) -> bool {
+        self.frag + 1 >= self.frags
+    }
+}
+
 /// The message of one window entry (a pre-registered NIC buffer).
 #[derive(Debug)]
 pub(crate) struct Entry {
@@ -176,6 +201,7 @@ pub(crate) struct Entry {
     pub root: u16,
     pub seq: u32,
     pub len: u16,
+    pub frag: Frag,
     pub coroots: u8,
     pub ack_every: u8,
     /// When it was multicast (root) or first arrived (co-root): the
@@ -206,6 +232,7 @@ pub(crate) struct Slot {
     pub root: u16,
     pub seq: u32,
     pub len: u16,
+    pub frag: Frag,
     pub data: Box<[u8]>,
 }
 
@@ -223,8 +250,11 @@ pub(crate) enum Arrival {
 /// Counts, for `emp stats` and the tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RbcastStats {
-    /// Broadcasts this node multicast as root.
+    /// Window messages (frames: a broadcast's fragments count one each)
+    /// this node multicast as root.
     pub sent: u64,
+    /// Of its broadcasts, those larger than one frame (sent in fragments).
+    pub fragmented: u64,
     /// Messages delivered to the host.
     pub delivered: u64,
     /// Copies discarded as duplicates.
@@ -291,8 +321,12 @@ pub(crate) struct RbGroup {
     pub credit_owed_since: u64,
     /// Receives posted by the host, in posting order: (descriptor, root).
     pub posted: std::collections::VecDeque<(crate::LocalDesc, u16)>,
+    /// Bytes of the oldest posted receive's message written so far (its
+    /// earlier fragments), and the first error writing them.
+    pub front_off: usize,
+    pub front_err: Option<emp_uapi::desc::Status>,
     pub posted_max: usize,
-    /// Members this node, as root, found at zero credit (by rank), and
+    /// Members this node, as root, found short of credit (by rank), and
     /// when it last asked them for their re-post count.
     pub starved: Bits,
     pub polled_ns: u64,
@@ -313,6 +347,9 @@ impl RbGroup {
             seq: w.seq,
             reposted: self.reposted,
             len: w.len,
+            frag: w.frag.frag,
+            frags: w.frag.frags,
+            msg_len: w.frag.msg_len,
             kind: rbcast_kind::DATA,
             root: w.root,
             sender: self.rank,
@@ -340,6 +377,7 @@ impl RbGroup {
             root: 0,
             seq: 0,
             len: 0,
+            frag: Frag::default(),
             coroots: 0,
             ack_every: 1,
             sent_ns: 0,
@@ -349,7 +387,14 @@ impl RbGroup {
             p2p_unacked: 0,
             data: vec![0; buf].into_boxed_slice(),
         };
-        let slot = || Slot { live: false, root: 0, seq: 0, len: 0, data: vec![0; buf].into_boxed_slice() };
+        let slot = || Slot {
+            live: false,
+            root: 0,
+            seq: 0,
+            len: 0,
+            frag: Frag::default(),
+            data: vec![0; buf].into_boxed_slice(),
+        };
         RbGroup {
             addr,
             stamp,
@@ -371,6 +416,8 @@ impl RbGroup {
             credit_owed_since: 0,
             posted: std::collections::VecDeque::with_capacity(posted_max as usize),
             posted_max: posted_max as usize,
+            front_off: 0,
+            front_err: None,
             starved: Bits::new(n_us),
             polled_ns: 0,
             timer_at: 0,
@@ -434,13 +481,13 @@ impl RbGroup {
 
     /// Marks the members of this node's sub-group of `root`'s messages
     /// (with `coroots` co-roots) at zero credit; true if any is.
-    pub(crate) fn mark_starved(&mut self, root: u16, coroots: u8) -> bool {
+    pub(crate) fn mark_starved(&mut self, root: u16, coroots: u8, need: i64) -> bool {
         self.starved.clear_all();
         let s = sub_size(self.n, coroots);
         let c = self.rel(root);
         for r in c + 1..(c + s).min(self.n) {
             let m = emp_uapi::coll::abs_rank(r, root, self.n);
-            if self.credit(m) <= 0 {
+            if self.credit(m) < need {
                 self.starved.set(m as usize);
             }
         }
@@ -716,7 +763,7 @@ mod tests {
     fn duplicates_and_implausible_sequences_are_recognised() {
         let mut g = RbGroup::new(0xF001, 1, 4, 1, 2, 2, 2, 64);
         assert_eq!(g.classify(0, 0), Arrival::New);
-        g.slots[0] = Slot { live: true, root: 0, seq: 2, len: 0, data: Box::new([]) };
+        g.slots[0] = Slot { live: true, root: 0, seq: 2, len: 0, frag: Frag::whole(0), data: Box::new([]) };
         assert_eq!(g.classify(0, 2), Arrival::Duplicate);
         assert_eq!(g.advance_expected(0), 0);
         assert_eq!(g.expected[0], 0, "message 0 is missing");
