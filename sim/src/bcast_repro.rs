@@ -85,8 +85,15 @@ impl Machine {
     }
 
     /// Largest message the reliable broadcast sends as one multicast frame.
-    pub fn rb_max(&self) -> u64 {
+    pub fn rb_frame(&self) -> u64 {
         rbcast_payload_max(self.mtu) as u64
+    }
+
+    /// Largest message the reliable broadcast sends through the window (in
+    /// fragments); larger goes by the NIC tree, as libemp's default
+    /// per-group threshold does (§4.5).
+    pub fn rb_threshold(&self) -> u64 {
+        emp::RBCAST_THRESHOLD_DEFAULT as u64
     }
 
     /// `n` nodes, port 0 open, group slot 0 over all of them (binomial tree
@@ -119,9 +126,9 @@ pub enum Algo {
     HostBinomial,
     /// EMP's NIC tree broadcast (binomial, forwarded NIC to NIC).
     NicTree,
-    /// The reliable broadcast over one multicast with this scheme; a
-    /// message larger than one frame goes down the NIC tree (§4.5's
-    /// point-to-point fallback).
+    /// The reliable broadcast over multicast with this scheme: in window
+    /// fragments up to [`Machine::rb_threshold`], down the NIC tree above
+    /// it (§4.5's point-to-point fallback).
     Rb(RbcastAlgo),
 }
 
@@ -186,7 +193,7 @@ impl Op {
     }
 
     /// Rank `r` calls the broadcast now.
-    fn post(&mut self, c: &mut Cluster, r: u16, data: &[u8], rb_max: u64) {
+    fn post(&mut self, c: &mut Cluster, r: u16, data: &[u8], rb_threshold: u64) {
         let i = r as usize;
         self.posted[i] = c.world.now;
         let root = r == 0;
@@ -201,7 +208,7 @@ impl Op {
                 self.fwd[i] = Some(wr);
                 self.left[i] = vec![wr];
             }
-            Algo::Rb(_) if self.len > rb_max => self.left[i] = vec![nic_tree(c)],
+            Algo::Rb(_) if self.len > rb_threshold => self.left[i] = vec![nic_tree(c)],
             Algo::NicTree => self.left[i] = vec![nic_tree(c)],
             Algo::Rb(a) => self.left[i] = vec![c.rbcast(r, 0, 0, rbcast_tag(a), data, root)],
         }
@@ -249,7 +256,7 @@ impl Op {
 
 /// Runs the world, posting rank `r`'s call at `at[r]` (ns after now),
 /// until every rank's call ended; returns the start time.
-fn run_op(c: &mut Cluster, op: &mut Op, at: &[u64], data: &[u8], rb_max: u64) -> Result<u64, String> {
+fn run_op(c: &mut Cluster, op: &mut Op, at: &[u64], data: &[u8], rb_threshold: u64) -> Result<u64, String> {
     c.run_for(QUIET_NS);
     let t0 = c.world.now;
     let end = t0 + LIMIT_NS;
@@ -258,7 +265,7 @@ fn run_op(c: &mut Cluster, op: &mut Op, at: &[u64], data: &[u8], rb_max: u64) ->
     let mut next = 0;
     while !op.done() || next < order.len() {
         while next < order.len() && order[next].0 <= c.world.now {
-            op.post(c, order[next].1, data, rb_max);
+            op.post(c, order[next].1, data, rb_threshold);
             next += 1;
         }
         let due = order.get(next).map(|&(t, _)| t);
@@ -301,7 +308,7 @@ pub fn latency(m: &Machine, algo: Algo, n: u16, size: u64) -> Result<f64, String
     let mut ns = 0;
     for rep in 0..2u64 {
         let mut op = Op::new(algo, n, size, HOST_TAG + rep);
-        let t0 = run_op(&mut c, &mut op, &at, &data, m.rb_max())?;
+        let t0 = run_op(&mut c, &mut op, &at, &data, m.rb_threshold())?;
         check_data(&c, &op, &data)?;
         ns = op.latency(t0);
     }
@@ -320,7 +327,7 @@ pub fn root_busy(m: &Machine, algo: Algo, n: u16, size: u64) -> Result<f64, Stri
         let mut op = Op::new(algo, n, size, HOST_TAG + rep);
         c.run_for(QUIET_NS);
         let before = c.world.nodes[0].nic_busy_ns;
-        run_op(&mut c, &mut op, &at, &data, m.rb_max())?;
+        run_op(&mut c, &mut op, &at, &data, m.rb_threshold())?;
         c.run_for(QUIET_NS);
         busy = c.world.nodes[0].nic_busy_ns - before;
     }
@@ -344,7 +351,7 @@ pub fn skew(m: &Machine, algo: Algo, n: u16, size: u64, skew_ns: u64, trials: u3
         let at: Vec<u64> =
             (0..n).map(|r| if r == 0 { 0 } else { (rng.unit() * 3.0 * skew_ns as f64) as u64 }).collect();
         let mut op = Op::new(algo, n, size, HOST_TAG + t);
-        run_op(&mut c, &mut op, &at, &data, m.rb_max())?;
+        run_op(&mut c, &mut op, &at, &data, m.rb_threshold())?;
         check_data(&c, &op, &data)?;
         if t > 0 {
             sum += op.mean_in_call();
@@ -364,9 +371,9 @@ struct Loop {
 }
 
 impl Loop {
-    fn start(&mut self, c: &mut Cluster, r: u16, data: &[u8], rb_max: u64) {
+    fn start(&mut self, c: &mut Cluster, r: u16, data: &[u8], rb_threshold: u64) {
         let i = self.done[r as usize] as usize;
-        self.ops[i].post(c, r, data, rb_max);
+        self.ops[i].post(c, r, data, rb_threshold);
     }
 }
 
@@ -375,15 +382,15 @@ impl Loop {
 pub fn throughput(m: &Machine, algo: Algo, n: u16, size: u64, k: u32) -> Result<f64, String> {
     let mut c = m.cluster(n)?;
     let data = pattern(size, 5);
-    let (rb_max, nn) = (m.rb_max(), n as usize);
+    let (rb_threshold, nn) = (m.rb_threshold(), n as usize);
     let mut warm = Op::new(algo, n, size, HOST_TAG);
-    run_op(&mut c, &mut warm, &vec![0; nn], &data, rb_max)?;
+    run_op(&mut c, &mut warm, &vec![0; nn], &data, rb_threshold)?;
     c.run_for(QUIET_NS);
     let ops = (0..k).map(|i| Op::new(algo, n, size, HOST_TAG + 1 + i as u64)).collect();
     let mut l = Loop { algo, k, done: vec![0; nn], ops, finished: vec![0; nn] };
     let t0 = c.world.now;
     for r in 0..n {
-        l.start(&mut c, r, &data, rb_max);
+        l.start(&mut c, r, &data, rb_threshold);
     }
     let end = t0 + LIMIT_NS;
     while l.done.iter().any(|&d| d < k) {
@@ -415,7 +422,7 @@ pub fn throughput(m: &Machine, algo: Algo, n: u16, size: u64, k: u32) -> Result<
                 l.finished[r] = l.ops[l.done[r] as usize - 1].ended[r].expect("ended");
                 if l.done[r] < l.k {
                     // The next call starts when this one returned (now).
-                    l.start(&mut c, node, &data, rb_max);
+                    l.start(&mut c, node, &data, rb_threshold);
                 }
             }
         }
@@ -638,7 +645,11 @@ pub fn reproduce(m: &Machine, n_max: u16, skew_trials: u32) -> Result<Repro, Str
             what: format!("large-message latency gain, {} KiB, 8 nodes", s / 1024),
             paper: paper.into(),
             ours: pct(gain(curves[0].1[i].1, curves[1].1[i].1)),
-            how: format!("above {} B one frame: the NIC tree (§4.5 fallback) until fragments land", m.rb_max()),
+            how: format!(
+                "Window in {}-byte fragments up to {} B (libemp's threshold), the NIC tree above",
+                m.rb_frame(),
+                m.rb_threshold()
+            ),
         });
     }
     figures.push(Figure {

@@ -85,8 +85,8 @@ fn link_delay_bounds_ping_pong_latency_from_below() {
 
 /// `emp bench bcast|bcast-tput|bcast-skew --algo nic-rb`: the reliable
 /// broadcast's schemes (seed 002) run beside the host binomial and the NIC
-/// tree on 4 ranks, 1 B (one multicast) and 2 KiB (above one frame: the
-/// NIC tree fallback); every record is a positive time. No timing asserts.
+/// tree on 4 ranks, 1 B (one multicast) and 2 KiB (two fragments through
+/// the window); every record is a positive time. No timing asserts.
 #[test]
 fn bench_bcast_runs_the_reliable_broadcast_schemes() {
     let schemes = ["rb-window", "rb-coroot(1)", "rb-ack10"];

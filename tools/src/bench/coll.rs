@@ -146,7 +146,7 @@ pub const VARIANTS: &[Variant] = &[
     },
     Variant {
         name: "nic-rb",
-        about: "NIC reliable bcast over one wire multicast (seed 002): columns window, co-roots 1 and 3, ACK every 10; above one frame the NIC tree (§4.5)",
+        about: "NIC reliable bcast over wire multicast (seed 002): columns window, co-roots 1 and 3, ACK every 10; window fragments up to 16 KiB, the NIC tree above (§4.5)",
         kinds: TREE_KINDS,
         make: make_nic_rb,
     },
@@ -296,9 +296,8 @@ enum NicWhat {
     Barrier(emp::BarrierAlgo, u8),
     /// Broadcast over a fixed stored tree, or (None) the cost model's pick; reductions.
     Tree(Option<u8>),
-    /// Reliable broadcast over wire multicast with this scheme; a message
-    /// larger than one multicast frame goes down the NIC tree instead (the
-    /// paper's point-to-point fallback for large messages, §4.5).
+    /// Reliable broadcast over wire multicast with this scheme: window
+    /// fragments up to the group's threshold, the NIC tree above it (§4.5).
     Rbcast(emp::RbcastAlgo),
 }
 
@@ -360,13 +359,7 @@ impl Coll for Nic {
                 Some(t) => d.post_bcast_tree(wr, g, root, t, &sges),
                 None => d.post_bcast(wr, g, root, &sges),
             }),
-            NicWhat::Rbcast(algo) => self.run(dev, comm, |d, wr, g| {
-                if buf.len() <= emp_uapi::wire::rbcast_payload_max(d.info().mtu) {
-                    d.post_rbcast(wr, g, root, algo, &sges)
-                } else {
-                    d.post_bcast(wr, g, root, &sges)
-                }
-            }),
+            NicWhat::Rbcast(algo) => self.run(dev, comm, |d, wr, g| d.post_rbcast(wr, g, root, algo, &sges)),
             NicWhat::Barrier(..) => Err(unsupported(&self.label, "bcast")),
         }
     }
