@@ -11,20 +11,28 @@ use std::sync::Arc;
 use emp_uapi::fwabi::{FwConfig, FwHal};
 use emp_uapi::sram::{FailReason, NicStatus};
 
+use crate::cpus::{Core, Cpus};
 use crate::fwlib::FwLib;
 use crate::image::{verify, TrustedKeys};
 use crate::nic::NicShared;
 use crate::sys::signal;
 
-/// What the control program's hardware calls reach.
-struct HwCtx {
+/// What the control program's hardware calls reach: one per NIC CPU (the
+/// part of the hardware a CPU owns alone, `cpus.rs`).
+pub(crate) struct HwCtx {
     shared: Arc<NicShared>,
-    outbox: Vec<(u16, Vec<u8>)>,
+    pub(crate) outbox: Vec<(u16, Vec<u8>)>,
     /// Frame buffers for reuse (bounded): no allocation per frame.
-    pool: Vec<Vec<u8>>,
+    pub(crate) pool: Vec<Vec<u8>>,
     /// Multicast filter changes the control program asked for, for the
     /// engine to apply to the wire (bounded: [`MEMBERSHIP_QUEUE_MAX`]).
-    memberships: Vec<(u16, bool)>,
+    pub(crate) memberships: Vec<(u16, bool)>,
+}
+
+impl HwCtx {
+    pub(crate) fn new(shared: Arc<NicShared>) -> HwCtx {
+        HwCtx { shared, outbox: Vec::new(), pool: Vec::new(), memberships: Vec::new() }
+    }
 }
 
 /// Most filter changes queued between two engine passes; beyond, the
@@ -103,27 +111,20 @@ extern "C" fn hw_raise_interrupt(ctx: *mut c_void, vector: u16) {
     }
 }
 
-/// A running control program and its hardware context.
+/// A running control program: its state and CPUs (`cpus.rs`), and CPU A's
+/// hardware context, which the engine's thread drives.
 pub struct Firmware {
-    lib: Arc<FwLib>,
-    state: *mut c_void,
+    core: Arc<Core>,
     hw: Box<HwCtx>,
-    /// Next timer deadline.
-    deadline: u64,
-    /// NIC CPUs in the control program's plan.
-    cpus: u32,
-    /// Time of the current call.
-    now: u64,
+    /// Threads of the CPUs past A (none when multiplexed): dropping it
+    /// joins them; the state is freed with the last `Arc<Core>`.
+    _cpus: Cpus,
 }
-
-// SAFETY: the control program's state is only touched by the thread that
-// owns this Firmware (the engine).
-unsafe impl Send for Firmware {}
 
 impl Firmware {
     /// Boots the control program on a NIC; `None` if it refused to boot.
     pub fn boot(lib: Arc<FwLib>, shared: Arc<NicShared>, cfg: FwConfig) -> Option<Firmware> {
-        let mut hw = Box::new(HwCtx { shared, outbox: Vec::new(), pool: Vec::new(), memberships: Vec::new() });
+        let mut hw = Box::new(HwCtx::new(shared.clone()));
         let hal = hal_for(&mut hw);
         // SAFETY: `hal` and `cfg` are valid for the call; `boot` follows the
         // firmware ABI.
@@ -131,46 +132,41 @@ impl Firmware {
         if state.is_null() {
             return None;
         }
-        // SAFETY: `state` was just returned by boot.
-        let cpus = unsafe { (lib.cpus)(state) };
-        Some(Firmware { lib, state, hw, deadline: u64::MAX, cpus, now: 0 })
-    }
-
-    fn hal(&mut self) -> FwHal {
-        hal_for(&mut self.hw)
-    }
-
-    fn after_call(&mut self) {
-        // The NIC's other CPUs run what the step queued for them.
-        let hal = self.hal();
-        loop {
-            let mut ran = 0;
-            for c in 0..self.cpus {
-                // SAFETY: live state, valid hal, single-threaded use.
-                ran += unsafe { (self.lib.cpu)(self.state, &hal, self.now, c) };
+        let core = Arc::new(Core::new(lib, shared.clone(), state));
+        let cpus = match Cpus::start(&core) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(node = shared.node, "NIC CPU thread: {e}");
+                shared.set_status(NicStatus::Failed, FailReason::FirmwareCrashed);
+                return None;
             }
-            if ran == 0 {
-                break;
-            }
+        };
+        if core.threaded() {
+            tracing::info!(node = shared.node, "NIC CPUs on threads of their own");
         }
-        // SAFETY: `state` is live (freed only in Drop).
-        self.deadline = unsafe { (self.lib.poll_timeout)(self.state) };
+        Some(Firmware { core, hw, _cpus: cpus })
     }
 
     pub(crate) fn doorbell(&mut self, now: u64) {
-        self.now = now;
-        let hal = self.hal();
-        // SAFETY: live state, valid hal, single-threaded use.
-        unsafe { (self.lib.doorbell)(self.state, &hal, now) };
-        self.after_call();
+        // SAFETY: live state under the lock, valid hal.
+        self.core.call(0, &mut self.hw, now, |lib, st, hal| unsafe { (lib.doorbell)(st, hal, now) });
+        self.core.collect(&mut self.hw);
     }
 
     pub(crate) fn frame(&mut self, now: u64, f: Vec<u8>) {
-        self.now = now;
-        let hal = self.hal();
-        // SAFETY: as above; `f` is valid for its length.
-        unsafe { (self.lib.frame)(self.state, &hal, now, f.as_ptr(), f.len()) };
-        self.after_call();
+        let f = if self.core.frames_elsewhere() {
+            // The plan classifies frames on another CPU: hand it over.
+            match self.core.hand_frame(now, f) {
+                None => return,
+                Some(dropped) => dropped,
+            }
+        } else {
+            // SAFETY: live state under the lock, valid hal; `f` is valid for its length.
+            self.core
+                .call(0, &mut self.hw, now, |lib, st, hal| unsafe { (lib.frame)(st, hal, now, f.as_ptr(), f.len()) });
+            self.core.collect(&mut self.hw);
+            f
+        };
         // Keep the buffer for a later transmit, up to a bound: 1024 frames
         // (about 1.5 MB at MTU 1500) cover the engine's 256-frame receive
         // batch on a few NICs, and a burst cannot pin memory for good.
@@ -180,25 +176,24 @@ impl Firmware {
     }
 
     pub(crate) fn timeout(&mut self, now: u64) {
-        self.now = now;
-        let hal = self.hal();
-        // SAFETY: as above.
-        unsafe { (self.lib.timeout)(self.state, &hal, now) };
-        self.after_call();
+        // SAFETY: live state under the lock, valid hal.
+        self.core.call(0, &mut self.hw, now, |lib, st, hal| unsafe { (lib.timeout)(st, hal, now) });
+        self.core.collect(&mut self.hw);
     }
 
-    /// When the control program next wants [`Firmware::timeout`] called.
+    /// When the control program next wants [`Firmware::timeout`] called
+    /// (0: another CPU handed the engine work).
     pub(crate) fn deadline(&self) -> u64 {
-        self.deadline
+        self.core.deadline()
     }
 
-    /// The frames the control program transmitted since the last call, as
-    /// (destination node, frame).
     /// Multicast filter changes asked for since the last call.
     pub(crate) fn take_memberships(&mut self) -> std::vec::Drain<'_, (u16, bool)> {
         self.hw.memberships.drain(..)
     }
 
+    /// The frames the control program transmitted since the last call, as
+    /// (destination node, frame).
     pub(crate) fn take_outbox(&mut self) -> std::vec::Drain<'_, (u16, Vec<u8>)> {
         self.hw.outbox.drain(..)
     }
@@ -211,10 +206,7 @@ impl Firmware {
 
     /// The control program's description of its tables.
     pub fn describe(&self) -> String {
-        let mut buf = vec![0u8; 64 << 10];
-        // SAFETY: live state; `buf` is writable for its length.
-        let n = unsafe { (self.lib.describe)(self.state, buf.as_mut_ptr(), buf.len()) };
-        String::from_utf8_lossy(&buf[..n.min(buf.len())]).into_owned()
+        self.core.describe()
     }
 }
 
@@ -224,7 +216,7 @@ extern "C" fn hw_dma_fence(_ctx: *mut c_void) {
     core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
 }
 
-fn hal_for(hw: &mut HwCtx) -> FwHal {
+pub(crate) fn hal_for(hw: &mut HwCtx) -> FwHal {
     FwHal {
         ctx: (hw as *mut HwCtx).cast(),
         sram_read: hw_sram_read,
@@ -235,13 +227,6 @@ fn hal_for(hw: &mut HwCtx) -> FwHal {
         raise_interrupt: hw_raise_interrupt,
         dma_fence: hw_dma_fence,
         mcast_membership: hw_mcast_membership,
-    }
-}
-
-impl Drop for Firmware {
-    fn drop(&mut self) {
-        // SAFETY: `state` came from boot and is not used afterwards.
-        unsafe { (self.lib.free)(self.state) };
     }
 }
 

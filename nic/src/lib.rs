@@ -4,6 +4,7 @@
 //! control-program image. `emp-nicd` hosts one or more NICs (a chassis).
 
 pub mod attach;
+pub mod cpus;
 pub mod dma;
 pub mod engine;
 pub mod firmware;

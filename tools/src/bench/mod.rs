@@ -294,6 +294,7 @@ fn private_chassis(a: &BenchArgs, nics: usize) -> Result<PathBuf, String> {
         ports: 4,
         mtu: None,
         cpu_plan: "base".into(),
+        nic_cpus: 1,
         firmware: None,
         trusted_keys: None,
         // Private: clear of a cluster someone else runs.
