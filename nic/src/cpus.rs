@@ -6,7 +6,7 @@
 //! host thread: CPU A is the engine's thread (doorbells, timers, the wire),
 //! CPU B a thread of its own that runs B's queue and, when the plan
 //! classifies frames on B (DSR), the received frames. Like the Tigon2's two
-//! CPUs they share the control program's state, and one lock ([`Core`]'s
+//! CPUs they share the control program's state, and one lock (`Core`'s
 //! `program`, the thesis' semaphore) admits one CPU to it at a time; what a
 //! CPU owns alone is its hardware context (its transmit outbox and frame
 //! buffers). Hand-offs between CPUs go through bounded areas: the frames
@@ -29,8 +29,8 @@ use core::ffi::c_void;
 use emp_uapi::fwabi::FwHal;
 use emp_uapi::sram::ctl;
 
-use crate::firmware::{hal_for, HwCtx};
 use crate::fwlib::FwLib;
+use crate::hw::{hal_for, HwCtx};
 use crate::nic::NicShared;
 use crate::sys::signal;
 

@@ -9,6 +9,7 @@ pub mod dma;
 pub mod engine;
 pub mod firmware;
 pub mod fwlib;
+mod hw;
 pub mod image;
 pub mod ivshmem;
 pub mod nic;
