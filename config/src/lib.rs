@@ -9,6 +9,7 @@
 //! wire = "udp"                 # "udp", "packet" or "mem"
 //! mtu = 1500                   # optional
 //! ports = 8                    # optional: ports (processes) per NIC
+//! nic_cpus = 2                 # optional: CPUs per NIC (1 or 2; docs/nic-cpus.md)
 //! auth = "mac"                 # optional: "off", "mac" or "aead" (udp, packet)
 //! auth_key = "/etc/emp/wire.key"   # with auth: the cluster key file (`emp wire keygen`)
 //!
@@ -37,6 +38,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 pub mod wirekey;
+
+/// Most CPUs a NIC has (`cluster.nic_cpus`, `emp-nicd --nic-cpus`).
+pub const NIC_CPUS_MAX: u32 = 2;
 pub use wirekey::{WireKey, KEY_LEN};
 
 /// Most nodes in one cluster (the NIC's route table is indexed by a `u16`
@@ -195,6 +199,8 @@ pub struct ClusterConfig {
     pub mtu: Option<u32>,
     /// Ports (processes) per NIC, if the file sets it.
     pub ports: Option<u16>,
+    /// CPUs per NIC (1 or 2), if the file sets it.
+    pub nic_cpus: Option<u32>,
     /// Signed firmware image, if the file names one.
     pub firmware: Option<PathBuf>,
     /// Directory of trusted firmware-signing keys, if the file names one.
@@ -239,6 +245,7 @@ struct RawCluster {
     wire: WireKind,
     mtu: Option<u32>,
     ports: Option<u16>,
+    nic_cpus: Option<u32>,
     firmware: Option<PathBuf>,
     trusted_keys: Option<PathBuf>,
     #[serde(default)]
@@ -289,6 +296,13 @@ impl ClusterConfig {
         }
         if c.ports == Some(0) {
             return err("cluster.ports must be at least 1");
+        }
+        if let Some(k) = c.nic_cpus {
+            if !(1..=NIC_CPUS_MAX).contains(&k) {
+                return err(format!(
+                    "cluster.nic_cpus {k} is outside 1..={NIC_CPUS_MAX} (the CPU plans split the control program over two CPUs)"
+                ));
+            }
         }
         match (c.auth, &c.auth_key) {
             (AuthMode::Off, Some(_)) => return err("cluster.auth_key is set but cluster.auth is \"off\""),
@@ -352,6 +366,7 @@ impl ClusterConfig {
             wire: c.wire,
             mtu: c.mtu,
             ports: c.ports,
+            nic_cpus: c.nic_cpus,
             firmware: c.firmware,
             trusted_keys: c.trusted_keys,
             nicd_args: c.nicd_args,
@@ -489,6 +504,16 @@ udp = "198.18.0.1:47000"
         refused(&TWO.replace("name = \"b\"", "name = \"a\""), "named twice");
         refused("[cluster]\nwire = \"udp\"\n[[host]]\nname = \"a\"\ndir = \"/x\"\n", "no [[node]]");
         refused(&TWO.replace("wire = \"udp\"", "wire = \"udp\"\nmtu = 100"), "outside");
+    }
+
+    #[test]
+    fn nic_cpus_is_one_or_two() {
+        assert_eq!(ClusterConfig::parse(TWO).unwrap().nic_cpus, None);
+        let two = TWO.replace("wire = \"udp\"", "wire = \"udp\"\nnic_cpus = 2");
+        assert_eq!(ClusterConfig::parse(&two).unwrap().nic_cpus, Some(2));
+        refused(&two.replace("nic_cpus = 2", "nic_cpus = 0"), "cluster.nic_cpus 0 is outside 1..=2");
+        refused(&two.replace("nic_cpus = 2", "nic_cpus = 3"), "over two CPUs");
+        refused(&two.replace("nic_cpus = 2", "nic_cpus = \"two\""), "invalid type");
     }
 
     #[test]

@@ -186,6 +186,27 @@ pub unsafe extern "C" fn emp_fw_cpu(nic: *mut c_void, hal: *const FwHal, now: u6
     ran
 }
 
+/// Steps waiting in NIC CPU `cpu`'s queue (a NIC running its CPUs on
+/// threads asks after each call which of them to wake).
+///
+/// # Safety
+/// `nic` came from `emp_fw_boot`; calls are not concurrent.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_cpu_pending(nic: *mut c_void, cpu: u32) -> u32 {
+    // SAFETY: the caller guarantees `nic` is live.
+    unsafe { &*nic.cast::<Nic>() }.cpu_pending(cpu as usize) as u32
+}
+
+/// The NIC CPU whose thread takes received frames (`emp_fw_frame`).
+///
+/// # Safety
+/// `nic` came from `emp_fw_boot`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_frame_cpu(nic: *mut c_void) -> u32 {
+    // SAFETY: the caller guarantees `nic` is live.
+    unsafe { &*nic.cast::<Nic>() }.frame_cpu() as u32
+}
+
 /// Frees the control program.
 ///
 /// # Safety

@@ -259,7 +259,9 @@ impl Engine {
         // Pairs with the host's fence between publishing a producer index
         // and reading `nic_sleeping`: one of the two sides sees the other.
         fence(Ordering::SeqCst);
-        if self.cards.iter_mut().any(Self::host_changed) {
+        // A NIC CPU thread may have handed this one work meanwhile (`cpus.rs`).
+        let handed = self.cards.iter().any(|c| c.fw.as_ref().is_some_and(|f| f.deadline() <= now));
+        if handed || self.cards.iter_mut().any(Self::host_changed) {
             // Rewind the snapshot so the next pass sees the change too.
             for c in &mut self.cards {
                 c.seen.iter_mut().for_each(|v| *v = v.wrapping_sub(1));

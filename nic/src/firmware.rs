@@ -1,129 +1,34 @@
 //! The firmware loader and the loaded control program: [`boot_staged`]
 //! verifies the image a driver staged in SRAM, `dlopen`s it and boots it;
 //! [`Firmware`] wraps the running program's C ABI and gives it its
-//! hardware (the HAL trampolines below reach SRAM, DMA, the MAC and the
+//! hardware (`hw.rs`'s HAL trampolines reach SRAM, DMA, the MAC and the
 //! interrupt eventfds). The engine drives a `Firmware` and moves frames.
 
-use core::ffi::c_void;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use emp_uapi::fwabi::{FwConfig, FwHal};
+use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{FailReason, NicStatus};
 
+use crate::cpus::{Core, Cpus};
 use crate::fwlib::FwLib;
+use crate::hw::{hal_for, HwCtx};
 use crate::image::{verify, TrustedKeys};
 use crate::nic::NicShared;
-use crate::sys::signal;
 
-/// What the control program's hardware calls reach.
-struct HwCtx {
-    shared: Arc<NicShared>,
-    outbox: Vec<(u16, Vec<u8>)>,
-    /// Frame buffers for reuse (bounded): no allocation per frame.
-    pool: Vec<Vec<u8>>,
-    /// Multicast filter changes the control program asked for, for the
-    /// engine to apply to the wire (bounded: [`MEMBERSHIP_QUEUE_MAX`]).
-    memberships: Vec<(u16, bool)>,
-}
-
-/// Most filter changes queued between two engine passes; beyond, the
-/// change is refused (logged) and the control program filters alone.
-const MEMBERSHIP_QUEUE_MAX: usize = 1024;
-
-extern "C" fn hw_mcast_membership(ctx: *mut c_void, addr: u16, join: u8) {
-    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call.
-    let hw = unsafe { &mut *ctx.cast::<HwCtx>() };
-    if hw.memberships.len() >= MEMBERSHIP_QUEUE_MAX {
-        tracing::warn!(node = hw.shared.node, addr, "multicast filter queue full: change dropped");
-        return;
-    }
-    hw.memberships.push((addr, join != 0));
-}
-
-extern "C" fn hw_sram_read(ctx: *mut c_void, off: usize, buf: *mut u8, len: usize) {
-    // SAFETY: `ctx` is the HwCtx the engine passed for this call and `buf`
-    // is the control program's live buffer of `len` bytes.
-    let (hw, buf) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts_mut(buf, len)) };
-    hw.shared.sram.read(off, buf);
-}
-
-extern "C" fn hw_sram_write(ctx: *mut c_void, off: usize, data: *const u8, len: usize) {
-    // SAFETY: as in `hw_sram_read`.
-    let (hw, data) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
-    hw.shared.sram.write(off, data);
-}
-
-extern "C" fn hw_dma_read(ctx: *mut c_void, addr: u64, buf: *mut u8, len: usize) -> i32 {
-    // SAFETY: as in `hw_sram_read`.
-    let (hw, buf) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts_mut(buf, len)) };
-    match hw.shared.dma.lock().expect("dma").read(addr, buf) {
-        Ok(()) => 0,
-        Err(_) => -1,
-    }
-}
-
-extern "C" fn hw_dma_write(ctx: *mut c_void, addr: u64, data: *const u8, len: usize) -> i32 {
-    // SAFETY: as in `hw_sram_read`.
-    let (hw, data) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
-    match hw.shared.dma.lock().expect("dma").write(addr, data) {
-        Ok(()) => 0,
-        Err(_) => -1,
-    }
-}
-
-extern "C" fn hw_mac_transmit(ctx: *mut c_void, dst: u16, frame: *const u8, len: usize) {
-    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call;
-    // `frame` is valid for `len` bytes.
-    let (hw, frame) = unsafe { (&mut *ctx.cast::<HwCtx>(), core::slice::from_raw_parts(frame, len)) };
-    let mut b = hw.pool.pop().unwrap_or_default();
-    b.clear();
-    b.extend_from_slice(frame);
-    hw.outbox.push((dst, b));
-}
-
-extern "C" fn hw_raise_interrupt(ctx: *mut c_void, vector: u16) {
-    // SAFETY: as in `hw_sram_read`.
-    let hw = unsafe { &*ctx.cast::<HwCtx>() };
-    if vector == 0 {
-        return; // Admin: control threads poll the mailbox.
-    }
-    {
-        let ports = hw.shared.ports.lock().expect("ports");
-        if let Some(Some(p)) = ports.get(vector as usize - 1) {
-            // Under the lock: `release_port` cannot close the eventfd meanwhile.
-            signal(p.event.as_raw_fd());
-            return;
-        }
-    } // `ports` released: it is never held while taking `guest_irq` (see `NicShared`).
-    if let Some(irq) = &*hw.shared.guest_irq.lock().expect("guest_irq") {
-        // A guest's port: one MSI-X vector; the guest's driver finds the
-        // port(s) whose armed event the control program consumed.
-        signal(irq.as_raw_fd());
-    }
-}
-
-/// A running control program and its hardware context.
+/// A running control program: its state and CPUs (`cpus.rs`), and CPU A's
+/// hardware context, which the engine's thread drives.
 pub struct Firmware {
-    lib: Arc<FwLib>,
-    state: *mut c_void,
+    core: Arc<Core>,
     hw: Box<HwCtx>,
-    /// Next timer deadline.
-    deadline: u64,
-    /// NIC CPUs in the control program's plan.
-    cpus: u32,
-    /// Time of the current call.
-    now: u64,
+    /// Threads of the CPUs past A (none when multiplexed): dropping it
+    /// joins them; the state is freed with the last `Arc<Core>`.
+    _cpus: Cpus,
 }
-
-// SAFETY: the control program's state is only touched by the thread that
-// owns this Firmware (the engine).
-unsafe impl Send for Firmware {}
 
 impl Firmware {
     /// Boots the control program on a NIC; `None` if it refused to boot.
     pub fn boot(lib: Arc<FwLib>, shared: Arc<NicShared>, cfg: FwConfig) -> Option<Firmware> {
-        let mut hw = Box::new(HwCtx { shared, outbox: Vec::new(), pool: Vec::new(), memberships: Vec::new() });
+        let mut hw = Box::new(HwCtx::new(shared.clone()));
         let hal = hal_for(&mut hw);
         // SAFETY: `hal` and `cfg` are valid for the call; `boot` follows the
         // firmware ABI.
@@ -131,46 +36,41 @@ impl Firmware {
         if state.is_null() {
             return None;
         }
-        // SAFETY: `state` was just returned by boot.
-        let cpus = unsafe { (lib.cpus)(state) };
-        Some(Firmware { lib, state, hw, deadline: u64::MAX, cpus, now: 0 })
-    }
-
-    fn hal(&mut self) -> FwHal {
-        hal_for(&mut self.hw)
-    }
-
-    fn after_call(&mut self) {
-        // The NIC's other CPUs run what the step queued for them.
-        let hal = self.hal();
-        loop {
-            let mut ran = 0;
-            for c in 0..self.cpus {
-                // SAFETY: live state, valid hal, single-threaded use.
-                ran += unsafe { (self.lib.cpu)(self.state, &hal, self.now, c) };
+        let core = Arc::new(Core::new(lib, shared.clone(), state));
+        let cpus = match Cpus::start(&core) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(node = shared.node, "NIC CPU thread: {e}");
+                shared.set_status(NicStatus::Failed, FailReason::FirmwareCrashed);
+                return None;
             }
-            if ran == 0 {
-                break;
-            }
+        };
+        if core.threaded() {
+            tracing::info!(node = shared.node, "NIC CPUs on threads of their own");
         }
-        // SAFETY: `state` is live (freed only in Drop).
-        self.deadline = unsafe { (self.lib.poll_timeout)(self.state) };
+        Some(Firmware { core, hw, _cpus: cpus })
     }
 
     pub(crate) fn doorbell(&mut self, now: u64) {
-        self.now = now;
-        let hal = self.hal();
-        // SAFETY: live state, valid hal, single-threaded use.
-        unsafe { (self.lib.doorbell)(self.state, &hal, now) };
-        self.after_call();
+        // SAFETY: live state under the lock, valid hal.
+        self.core.call(0, &mut self.hw, now, |lib, st, hal| unsafe { (lib.doorbell)(st, hal, now) });
+        self.core.collect(&mut self.hw);
     }
 
     pub(crate) fn frame(&mut self, now: u64, f: Vec<u8>) {
-        self.now = now;
-        let hal = self.hal();
-        // SAFETY: as above; `f` is valid for its length.
-        unsafe { (self.lib.frame)(self.state, &hal, now, f.as_ptr(), f.len()) };
-        self.after_call();
+        let f = if self.core.frames_elsewhere() {
+            // The plan classifies frames on another CPU: hand it over.
+            match self.core.hand_frame(now, f) {
+                None => return,
+                Some(dropped) => dropped,
+            }
+        } else {
+            // SAFETY: live state under the lock, valid hal; `f` is valid for its length.
+            self.core
+                .call(0, &mut self.hw, now, |lib, st, hal| unsafe { (lib.frame)(st, hal, now, f.as_ptr(), f.len()) });
+            self.core.collect(&mut self.hw);
+            f
+        };
         // Keep the buffer for a later transmit, up to a bound: 1024 frames
         // (about 1.5 MB at MTU 1500) cover the engine's 256-frame receive
         // batch on a few NICs, and a burst cannot pin memory for good.
@@ -180,25 +80,24 @@ impl Firmware {
     }
 
     pub(crate) fn timeout(&mut self, now: u64) {
-        self.now = now;
-        let hal = self.hal();
-        // SAFETY: as above.
-        unsafe { (self.lib.timeout)(self.state, &hal, now) };
-        self.after_call();
+        // SAFETY: live state under the lock, valid hal.
+        self.core.call(0, &mut self.hw, now, |lib, st, hal| unsafe { (lib.timeout)(st, hal, now) });
+        self.core.collect(&mut self.hw);
     }
 
-    /// When the control program next wants [`Firmware::timeout`] called.
+    /// When the control program next wants [`Firmware::timeout`] called
+    /// (0: another CPU handed the engine work).
     pub(crate) fn deadline(&self) -> u64 {
-        self.deadline
+        self.core.deadline()
     }
 
-    /// The frames the control program transmitted since the last call, as
-    /// (destination node, frame).
     /// Multicast filter changes asked for since the last call.
     pub(crate) fn take_memberships(&mut self) -> std::vec::Drain<'_, (u16, bool)> {
         self.hw.memberships.drain(..)
     }
 
+    /// The frames the control program transmitted since the last call, as
+    /// (destination node, frame).
     pub(crate) fn take_outbox(&mut self) -> std::vec::Drain<'_, (u16, Vec<u8>)> {
         self.hw.outbox.drain(..)
     }
@@ -211,37 +110,7 @@ impl Firmware {
 
     /// The control program's description of its tables.
     pub fn describe(&self) -> String {
-        let mut buf = vec![0u8; 64 << 10];
-        // SAFETY: live state; `buf` is writable for its length.
-        let n = unsafe { (self.lib.describe)(self.state, buf.as_mut_ptr(), buf.len()) };
-        String::from_utf8_lossy(&buf[..n.min(buf.len())]).into_owned()
-    }
-}
-
-extern "C" fn hw_dma_fence(_ctx: *mut c_void) {
-    // DMA writes are stores into memory the host maps: a release fence
-    // keeps every earlier one ahead of every later one (the CQE phase byte).
-    core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
-}
-
-fn hal_for(hw: &mut HwCtx) -> FwHal {
-    FwHal {
-        ctx: (hw as *mut HwCtx).cast(),
-        sram_read: hw_sram_read,
-        sram_write: hw_sram_write,
-        dma_read: hw_dma_read,
-        dma_write: hw_dma_write,
-        mac_transmit: hw_mac_transmit,
-        raise_interrupt: hw_raise_interrupt,
-        dma_fence: hw_dma_fence,
-        mcast_membership: hw_mcast_membership,
-    }
-}
-
-impl Drop for Firmware {
-    fn drop(&mut self) {
-        // SAFETY: `state` came from boot and is not used afterwards.
-        unsafe { (self.lib.free)(self.state) };
+        self.core.describe()
     }
 }
 

@@ -18,6 +18,8 @@ type DescribeFn = unsafe extern "C" fn(*mut c_void, *mut u8, usize) -> usize;
 type FreeFn = unsafe extern "C" fn(*mut c_void);
 type CpusFn = unsafe extern "C" fn(*mut c_void) -> u32;
 type CpuFn = unsafe extern "C" fn(*mut c_void, *const FwHal, u64, u32) -> u32;
+type CpuPendingFn = unsafe extern "C" fn(*mut c_void, u32) -> u32;
+type FrameCpuFn = unsafe extern "C" fn(*mut c_void) -> u32;
 
 /// A loaded control program.
 pub struct FwLib {
@@ -31,10 +33,15 @@ pub struct FwLib {
     pub(crate) free: FreeFn,
     pub(crate) cpus: CpusFn,
     pub(crate) cpu: CpuFn,
+    /// Absent in older images: their CPUs all run on the engine thread.
+    pub(crate) cpu_pending: Option<CpuPendingFn>,
+    /// Absent in older images, as `cpu_pending`.
+    pub(crate) frame_cpu: Option<FrameCpuFn>,
 }
 
 // SAFETY: the library handle and function pointers are plain addresses;
-// the control program's state is driven from one thread at a time.
+// the control program's state is driven by one thread at a time (the NIC's
+// CPUs take its lock, `cpus.rs`).
 unsafe impl Send for FwLib {}
 // SAFETY: as above.
 unsafe impl Sync for FwLib {}
@@ -104,6 +111,14 @@ impl FwLib {
             free: get!(fwabi::SYM_FREE, FreeFn),
             cpus: get!(fwabi::SYM_CPUS, CpusFn),
             cpu: get!(fwabi::SYM_CPU, CpuFn),
+            cpu_pending: sym(fwabi::SYM_CPU_PENDING).ok().map(|p| {
+                // SAFETY: the symbol has this signature per `emp_uapi::fwabi`.
+                unsafe { core::mem::transmute::<*mut c_void, CpuPendingFn>(p) }
+            }),
+            frame_cpu: sym(fwabi::SYM_FRAME_CPU).ok().map(|p| {
+                // SAFETY: the symbol has this signature per `emp_uapi::fwabi`.
+                unsafe { core::mem::transmute::<*mut c_void, FrameCpuFn>(p) }
+            }),
         })
     }
 }

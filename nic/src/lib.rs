@@ -4,10 +4,12 @@
 //! control-program image. `emp-nicd` hosts one or more NICs (a chassis).
 
 pub mod attach;
+pub mod cpus;
 pub mod dma;
 pub mod engine;
 pub mod firmware;
 pub mod fwlib;
+mod hw;
 pub mod image;
 pub mod ivshmem;
 pub mod nic;

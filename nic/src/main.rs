@@ -100,6 +100,11 @@ struct Args {
     /// split over two NIC CPUs.
     #[arg(long, value_enum, default_value_t = Plan::Base)]
     cpu_plan: Plan,
+    /// NIC CPUs (1 or 2) [default: the file's `nic_cpus`, else 1]: with 2,
+    /// a two-CPU plan's CPU B runs on a thread of its own beside the
+    /// engine's (CPU A) where the machine has the cores (docs/nic-cpus.md).
+    #[arg(long)]
+    nic_cpus: Option<u32>,
     /// Which of a NIC's pending events it takes first in each pass (EMP
     /// thesis §2.2.1): the host's doorbell (`mailbox`, the Tigon2's order)
     /// or received frames (`mac-rx`: ACKs and NACKs before more sends).
@@ -197,6 +202,8 @@ struct Setup {
     /// Per-frame authentication and the key file.
     auth: AuthMode,
     auth_key: Option<PathBuf>,
+    /// NIC CPUs.
+    nic_cpus: u32,
 }
 
 fn setup(a: &Args) -> Result<Setup, String> {
@@ -221,6 +228,7 @@ fn setup(a: &Args) -> Result<Setup, String> {
             trusted: emp_config::trusted_keys_dir(a.trusted.as_deref()),
             auth: AuthMode::Off,
             auth_key: None,
+            nic_cpus: a.nic_cpus.unwrap_or(1),
         });
     };
     let c = emp_config::ClusterConfig::load(path).map_err(|e| e.to_string())?;
@@ -252,6 +260,7 @@ fn setup(a: &Args) -> Result<Setup, String> {
         trusted: emp_config::trusted_keys_dir(a.trusted.as_deref().or(c.trusted_keys.as_deref())),
         auth: if wire == WireKind::Mem { AuthMode::Off } else { c.auth },
         auth_key: c.auth_key.clone(),
+        nic_cpus: a.nic_cpus.or(c.nic_cpus).unwrap_or(1),
     })
 }
 
@@ -283,6 +292,13 @@ fn main() -> ExitCode {
 
 fn run(a: Args) -> Result<ExitCode, String> {
     let p = setup(&a)?;
+    if !(1..=emp_config::NIC_CPUS_MAX).contains(&p.nic_cpus) {
+        return Err(format!(
+            "--nic-cpus {} is outside 1..={} (the CPU plans split the control program over two CPUs)",
+            p.nic_cpus,
+            emp_config::NIC_CPUS_MAX
+        ));
+    }
     if p.ports == 0 {
         return Err("--ports must be at least 1".into());
     }
@@ -419,6 +435,7 @@ fn run(a: Args) -> Result<ExitCode, String> {
                 ..Default::default()
             },
             routes: p.routes.clone(),
+            cpus: p.nic_cpus,
         };
         let sram_path = a.vm_sram_dir.as_ref().map(|d| d.join(format!("sram{node}")));
         let backing = match &sram_path {

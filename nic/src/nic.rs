@@ -37,6 +37,9 @@ pub struct NicConfig {
     pub fw: FwConfig,
     /// How every node is reached (written to the SRAM route table).
     pub routes: crate::route::RouteTable,
+    /// NIC CPUs (`cpus.rs`): 1 runs the control program on the engine
+    /// thread; 2 gives a two-CPU plan's second CPU a thread of its own.
+    pub cpus: u32,
 }
 
 /// An allocated port.
@@ -156,6 +159,8 @@ pub struct NicShared {
     groups: Mutex<Vec<Option<(u16, u32)>>>,
     /// Largest message.
     pub msg_max: u64,
+    /// NIC CPUs ([`NicConfig::cpus`]).
+    pub cpus: u32,
     /// A guest NIC's interrupt: the eventfd behind the guest's MSI-X
     /// vector 0 (ivshmem-doorbell), while a guest is attached.
     pub guest_irq: Mutex<Option<OwnedFd>>,
@@ -795,6 +800,7 @@ pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Ar
         groups: Mutex::new(vec![None; layout.params.group_entries as usize]),
 
         msg_max: 1 << 30,
+        cpus: cfg.cpus.max(1),
         guest_irq: Mutex::new(None),
     }))
 }

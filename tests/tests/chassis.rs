@@ -49,6 +49,61 @@ fn tap_p2p_on_two_nic_cpus_every_plan() {
     }
 }
 
+/// Names of the threads of the `emp-nicd` serving the chassis in `dir`.
+fn nicd_threads(dir: &Path) -> Vec<String> {
+    let mut names = Vec::new();
+    let want = dir.to_string_lossy().into_owned();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let p = e.path();
+        let Ok(cmd) = std::fs::read(p.join("cmdline")) else { continue };
+        let cmd = String::from_utf8_lossy(&cmd);
+        if !cmd.contains("emp-nicd") || !cmd.contains(&want) {
+            continue;
+        }
+        for t in std::fs::read_dir(p.join("task")).into_iter().flatten().flatten() {
+            if let Ok(n) = std::fs::read_to_string(t.path().join("comm")) {
+                names.push(n.trim().to_string());
+            }
+        }
+    }
+    names
+}
+
+/// The NIC CPUs on threads of their own (`--nic-cpus 2`), every plan, under
+/// 8 % loss plus duplication and reordering: streamed and ping-pong
+/// messages arrive once, whole and in order, and nothing deadlocks.
+/// `EMP_STRESS_LONG=1` runs 50 times the messages (minutes per plan).
+#[test]
+fn two_nic_cpu_threads_under_loss_every_plan() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let long = std::env::var_os("EMP_STRESS_LONG").is_some();
+    let (msgs, rounds) = if long { ("30000", "15000") } else { ("600", "300") };
+    for plan in ["base", "so", "ro", "sr", "dsr"] {
+        let args =
+            ["-n", "2", "--cpu-plan", plan, "--nic-cpus", "2", "--loss", "0.08", "--dup", "0.01", "--reorder", "0.02"];
+        let c = Cluster::up(&format!("stress-{plan}"), &args);
+        let threads = nicd_threads(&c.dir);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if plan != "base" && cores >= 2 {
+            assert!(threads.iter().any(|t| t == "nic-cpu1-n0"), "{plan}: no CPU B thread in {threads:?}");
+        } else {
+            assert!(!threads.iter().any(|t| t.starts_with("nic-cpu")), "{plan}: {threads:?}");
+        }
+        let out = emp()
+            .args(["run", "--timeout", if long { "3600" } else { "300" }, "-n", "2", "--dir"])
+            .arg(&c.dir)
+            .env("EMP_STRESS_MSGS", msgs)
+            .env("EMP_STRESS_ROUNDS", rounds)
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_tap-stress"))
+            .output()
+            .expect("emp run");
+        eprintln!("plan {plan}:");
+        assert_tap(&out, 2);
+        assert!(stats_row(&c.dir, "retransmits") > 0, "{plan}: 8 % loss, yet no retransmission");
+    }
+}
+
 /// The `emp stats` row `name`, summed over the NICs.
 fn stats_row(dir: &Path, name: &str) -> u64 {
     let stats = emp().args(["stats", "--dir"]).arg(dir).output().expect("stats");

@@ -46,6 +46,10 @@ pub struct UpArgs {
     /// NIC CPU plan (base, so, ro, sr, dsr: EMP thesis ch. 3).
     #[arg(long, default_value = "base")]
     pub cpu_plan: String,
+    /// CPUs per NIC (1 or 2): with 2, a two-CPU plan's CPU B gets a thread
+    /// of its own in emp-nicd (docs/nic-cpus.md).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=emp_config::NIC_CPUS_MAX as i64))]
+    pub nic_cpus: u32,
     /// Signed firmware image.
     #[arg(long)]
     pub firmware: Option<PathBuf>,
@@ -176,7 +180,7 @@ pub fn start(dir: &Path, a: &UpArgs) -> Result<String, String> {
             .args(["--wire", if a.wire == WireKind::Mem { "mem" } else { "udp" }])
             .args(["--loss", &a.loss.to_string(), "--dup", &a.dup.to_string(), "--reorder", &a.reorder.to_string()])
             .args(["--ports", &a.ports.to_string(), "--udp-base", &a.udp_base.to_string()])
-            .args(["--cpu-plan", &a.cpu_plan])
+            .args(["--cpu-plan", &a.cpu_plan, "--nic-cpus", &a.nic_cpus.to_string()])
             .args(["--mtu", &a.mtu.unwrap_or(if a.wire == WireKind::Mem { 9000 } else { 1500 }).to_string()])
             .arg("--socket-dir")
             .arg(dir)

@@ -8,8 +8,9 @@
 //! Calling order: `emp_fw_abi` (must equal [`crate::image::FIRMWARE_ABI`]),
 //! `emp_fw_boot` once, then `emp_fw_doorbell` / `emp_fw_frame` /
 //! `emp_fw_timeout` as events happen, `emp_fw_poll_timeout` after each,
-//! `emp_fw_free` at shutdown. All calls for one NIC come from one thread
-//! at a time.
+//! `emp_fw_free` at shutdown. Calls for one NIC never overlap: a NIC whose
+//! CPUs run on several threads serializes them with one lock (the thesis'
+//! semaphore), and the thread that makes a call is the CPU it runs as.
 
 use core::ffi::c_void;
 
@@ -36,6 +37,13 @@ pub const SYM_CPUS: &str = "emp_fw_cpus";
 /// `extern "C" fn(*mut c_void, *const FwHal, u64, u32) -> u32`: runs the
 /// steps queued for one NIC CPU; returns how many ran.
 pub const SYM_CPU: &str = "emp_fw_cpu";
+/// `extern "C" fn(*mut c_void, u32) -> u32`: steps waiting in one NIC
+/// CPU's queue (optional: a NIC that finds it missing runs every CPU on one
+/// thread).
+pub const SYM_CPU_PENDING: &str = "emp_fw_cpu_pending";
+/// `extern "C" fn(*mut c_void) -> u32`: the NIC CPU received frames are
+/// handed to (optional, as [`SYM_CPU_PENDING`]).
+pub const SYM_FRAME_CPU: &str = "emp_fw_frame_cpu";
 
 /// Hardware services, as C function pointers over an opaque context.
 /// Return codes: 0 = done, nonzero = the DMA failed.

@@ -160,6 +160,14 @@ pub struct BenchArgs {
     /// as the papers' NIC processors did (one per host).
     #[arg(long, value_enum, default_value_t = cluster::WireKind::Mem)]
     pub wire: cluster::WireKind,
+    /// rate: NIC CPUs per NIC to compare (e.g. 1,2): one private chassis
+    /// per count, run one after the other in this run (docs/nic-cpus.md).
+    #[arg(long, value_delimiter = ',')]
+    pub cpus: Vec<u32>,
+    /// rate: NIC CPU plans to compare (base, so, ro, sr, dsr; default so
+    /// when `--cpus` is given, else base).
+    #[arg(long, value_delimiter = ',')]
+    pub cpu_plans: Vec<String>,
     /// mpi: transports to compare (comma separated; default emp,tcp,udp,shm).
     #[arg(long, value_delimiter = ',')]
     pub transports: Vec<String>,
@@ -207,6 +215,9 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
     if let Some(config) = &a.config {
         return bench_on_hosts(a, config, ranks);
     }
+    if !a.cpus.is_empty() || !a.cpu_plans.is_empty() {
+        return rate_per_plan_and_cpus(a, ranks);
+    }
     // rate: every sender on NIC 0, every receiver on NIC 1 (ranks go to
     // NICs round robin), as mbw_mr runs its pairs between two nodes.
     let nics = if a.kind == Kind::Rate { 2 } else { ranks };
@@ -214,15 +225,7 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
         Some(d) => (d.clone(), false),
         None => (private_chassis(a, nics)?, true),
     };
-    let mut argv = rank_argv(a, ranks)?;
-    if a.kind == Kind::Rate {
-        // The daemons' CPU accounting is read by rank 0 on this machine.
-        if let Ok(s) = cluster::read_state(&dir) {
-            let pids: Vec<String> = s.pids.iter().map(|p| p.to_string()).collect();
-            argv.push(format!("--nicd-pids={}", pids.join(",")));
-        }
-    }
-    let r = crate::run::run(&dir, ranks, &argv, Some(Duration::from_secs(3600)));
+    let r = rank_argv(a, ranks).and_then(|argv| run_rate_or_other(&dir, ranks, argv, a.kind));
     if private {
         let _ = cluster::down(&dir);
         let _ = std::fs::remove_dir_all(&dir);
@@ -231,6 +234,58 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
         0 => Ok(()),
         c => Err(format!("benchmark ranks failed (status {c})")),
     }
+}
+
+/// Runs the ranks of a benchmark on the chassis in `dir` (rate: rank 0
+/// reads the daemons' CPU accounting, their pids from the state file).
+fn run_rate_or_other(dir: &Path, ranks: usize, mut argv: Vec<String>, kind: Kind) -> Result<i32, String> {
+    if kind == Kind::Rate {
+        // The daemons' CPU accounting is read by rank 0 on this machine.
+        if let Ok(s) = cluster::read_state(dir) {
+            let pids: Vec<String> = s.pids.iter().map(|p| p.to_string()).collect();
+            argv.push(format!("--nicd-pids={}", pids.join(",")));
+        }
+    }
+    crate::run::run(dir, ranks, &argv, Some(Duration::from_secs(3600)))
+}
+
+/// `emp bench rate --cpus 1,2 [--cpu-plans so,ro]`: one private chassis
+/// per plan and NIC CPU count, run one after the other in this run, so
+/// their figures compare under the same load.
+fn rate_per_plan_and_cpus(a: &BenchArgs, ranks: usize) -> Result<(), String> {
+    if a.kind != Kind::Rate {
+        return Err("--cpus and --cpu-plans are options of `emp bench rate`".into());
+    }
+    if a.dir.is_some() || a.config.is_some() {
+        return Err("--cpus and --cpu-plans start private chassis: not with --dir or --config".into());
+    }
+    let cpus = if a.cpus.is_empty() { vec![1] } else { a.cpus.clone() };
+    if let Some(k) = cpus.iter().find(|&&k| !(1..=emp_config::NIC_CPUS_MAX).contains(&k)) {
+        return Err(format!("--cpus {k}: 1 to {}", emp_config::NIC_CPUS_MAX));
+    }
+    let default_plan = if a.cpus.is_empty() { "base" } else { "so" };
+    let plans: Vec<String> = if a.cpu_plans.is_empty() { vec![default_plan.into()] } else { a.cpu_plans.clone() };
+    const PLANS: [&str; 5] = ["base", "so", "ro", "sr", "dsr"];
+    if let Some(p) = plans.iter().find(|p| !PLANS.contains(&p.as_str())) {
+        return Err(format!("--cpu-plans {p}: one of {}", PLANS.join(", ")));
+    }
+    for plan in &plans {
+        for &k in &cpus {
+            let mut argv = rank_argv(a, ranks)?;
+            let wire = if a.wire == cluster::WireKind::Mem { "mem" } else { "udp" };
+            argv.retain(|x| !x.starts_with("--emp-path="));
+            argv.push(format!("--emp-path=EMP, plan {plan}, {k} NIC CPU(s) per NIC, private {wire}-wire chassis"));
+            let dir = private_chassis_as(a, 2, plan, k)?;
+            let r = run_rate_or_other(&dir, ranks, argv, a.kind);
+            let _ = cluster::down(&dir);
+            let _ = std::fs::remove_dir_all(&dir);
+            match r? {
+                0 => {}
+                c => return Err(format!("benchmark ranks failed (status {c}) for plan {plan}, {k} NIC CPU(s)")),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `emp bench … --config F`: rank r on node r of the running cluster `F`
@@ -291,6 +346,11 @@ fn bench_on_hosts(a: &BenchArgs, config: &Path, ranks: usize) -> Result<(), Stri
 
 /// Starts a chassis of `nics` NICs for this run alone; returns its directory.
 fn private_chassis(a: &BenchArgs, nics: usize) -> Result<PathBuf, String> {
+    private_chassis_as(a, nics, "base", 1)
+}
+
+/// [`private_chassis`] with NIC CPU plan `plan` and `cpus` CPUs per NIC.
+fn private_chassis_as(a: &BenchArgs, nics: usize, plan: &str, cpus: u32) -> Result<PathBuf, String> {
     let d = std::env::temp_dir().join(format!("emp-bench-{}", std::process::id()));
     let up = UpArgs {
         nics: nics as u16,
@@ -300,7 +360,8 @@ fn private_chassis(a: &BenchArgs, nics: usize) -> Result<PathBuf, String> {
         reorder: 0.0,
         ports: 4,
         mtu: None,
-        cpu_plan: "base".into(),
+        cpu_plan: plan.into(),
+        nic_cpus: cpus,
         firmware: None,
         trusted_keys: None,
         // Private: clear of a cluster someone else runs.

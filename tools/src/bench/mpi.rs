@@ -201,6 +201,7 @@ impl Chassis {
             ports: 4,
             mtu: None,
             cpu_plan: "base".into(),
+            nic_cpus: 1,
             firmware: None,
             trusted_keys: None,
             udp_base,

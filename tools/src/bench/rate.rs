@@ -67,8 +67,9 @@ fn ticks_to_ns(ticks: u64) -> Option<u64> {
     (hz > 0).then(|| ticks * 1_000_000_000 / hz as u64)
 }
 
-/// The emulated NICs' CPU time now: (engine threads, whole daemons), ns.
-/// The engine runs on each daemon's main thread. `None` when a daemon is
+/// The emulated NICs' CPU time now: (NIC CPU threads, whole daemons), ns.
+/// The engine (CPU A) runs on each daemon's main thread, other NIC CPUs on
+/// threads named `nic-cpu*`. `None` when a daemon is
 /// gone or not ours to read.
 fn nic_cpu(pids: &[i32]) -> Option<(u64, u64)> {
     if pids.is_empty() {
@@ -77,10 +78,22 @@ fn nic_cpu(pids: &[i32]) -> Option<(u64, u64)> {
     let mut engine = 0;
     let mut all = 0;
     for &p in pids {
-        engine += thread_cpu_ns(p, p)?;
+        engine += thread_cpu_ns(p, p)? + cpu_threads_ns(p);
         all += process_cpu_ns(p)?;
     }
     Some((engine, all))
+}
+
+/// Run time (ns) of daemon `pid`'s NIC CPU threads past the engine's
+/// (`nic-cpu*`, `emp-nicd --nic-cpus 2`): NIC processor time too.
+fn cpu_threads_ns(pid: i32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("nic-cpu")))
+        .filter_map(|t| t.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|tid| thread_cpu_ns(pid, tid))
+        .sum()
 }
 
 /// This process's user + system time (ns), all threads.
@@ -391,12 +404,14 @@ fn print_header(a: &BenchArgs, pairs: usize, window: usize) {
         .clone()
         .unwrap_or_else(|| format!("EMP through {}", std::env::var("EMP_DEVICE").unwrap_or_default()));
     println!("# EMP message rate, {pairs} pair(s), windows of {window}; {emp_path} vs TCP over loopback, same run");
-    println!("# NIC µs/msg: the emulated NICs' engine threads' CPU time per message (sender, receiver and ACK work)");
+    println!(
+        "# NIC µs/msg: the emulated NICs' CPU threads' time per message (engine + nic-cpu*; sender, receiver, ACKs)"
+    );
     println!("# TCP µs/msg: both ends' user + system CPU time per message");
     println!("# ACKs/msg: ACK frames the NICs sent per message (coalesced; the handshakes' included)");
     println!(
-        "# {:<8} {:>10} {:>12} {:>12} {:>9} {:>12} {:>12} {:>9}",
-        "Size", "Messages", "EMP msg/s", "NIC µs/msg", "ACKs/msg", "TCP msg/s", "TCP µs/msg", "EMP/TCP"
+        "# {:<8} {:>10} {:>12} {:>10} {:>12} {:>9} {:>12} {:>12} {:>9}",
+        "Size", "Messages", "EMP msg/s", "EMP MB/s", "NIC µs/msg", "ACKs/msg", "TCP msg/s", "TCP µs/msg", "EMP/TCP"
     );
 }
 
@@ -408,8 +423,16 @@ fn print_row(r: &Row) {
     };
     let acks = r.acks_per_msg.map_or("-".to_string(), |a| format!("{a:.3}"));
     println!(
-        "{:<10} {:>10} {:>12.0} {:>12} {:>9} {:>12} {:>12} {:>9}",
-        r.size, r.msgs, r.emp_rate, nic, acks, tr, tc, ratio
+        "{:<10} {:>10} {:>12.0} {:>10.1} {:>12} {:>9} {:>12} {:>12} {:>9}",
+        r.size,
+        r.msgs,
+        r.emp_rate,
+        r.emp_rate * r.size as f64 / 1e6,
+        nic,
+        acks,
+        tr,
+        tc,
+        ratio
     );
 }
 
@@ -423,6 +446,7 @@ fn json(a: &BenchArgs, pairs: usize, window: usize, rows: &[Row]) -> Json {
                 ("size", Json::Int(r.size as u64)),
                 ("messages", Json::Int(r.msgs)),
                 ("emp", Json::Num(r.emp_rate, 0)),
+                ("emp_mb_per_s", Json::Num(r.emp_rate * r.size as f64 / 1e6, 1)),
             ];
             match r.nic_ns {
                 Some((engine, all)) => {

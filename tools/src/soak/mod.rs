@@ -287,6 +287,7 @@ pub fn soak(a: &SoakArgs) -> Result<(), String> {
         ports: 8,
         mtu: None,
         cpu_plan: "base".into(),
+        nic_cpus: 1,
         firmware: a.firmware.clone(),
         trusted_keys: None,
         udp_base: 20000 + (std::process::id() % 2000) as u16 * MAX_RANKS as u16,

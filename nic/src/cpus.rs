@@ -1,0 +1,425 @@
+//! The NIC's CPUs on host threads (EMP thesis ch. 3; docs/nic-cpus.md).
+//!
+//! The control program splits its steps over CPU A (0) and CPU B (1) by the
+//! plan it booted with, and queues a step that belongs to the other CPU in
+//! that CPU's queue (`firmware/src/cpu.rs`). Here each CPU of a NIC is a
+//! host thread: CPU A is the engine's thread (doorbells, timers, the wire),
+//! CPU B a thread of its own that runs B's queue and, when the plan
+//! classifies frames on B (DSR), the received frames. Like the Tigon2's two
+//! CPUs they share the control program's state, and one lock (`Core`'s
+//! `program`, the thesis' semaphore) admits one CPU to it at a time; what a
+//! CPU owns alone is its hardware context (its transmit outbox and frame
+//! buffers). Hand-offs between CPUs go through bounded areas: the frames
+//! waiting for CPU B, the frames CPU B transmitted for the engine to put on
+//! the wire, spare frame buffers, and a per-CPU "work waiting" flag.
+//!
+//! Where the machine has fewer cores than CPUs, an image lacks the
+//! entry points this needs, or the plan uses one CPU, the CPUs are
+//! multiplexed on the engine's thread: after every call it runs each CPU's
+//! queue in turn, as the simulator does.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use core::ffi::c_void;
+
+use emp_uapi::fwabi::FwHal;
+use emp_uapi::sram::ctl;
+
+use crate::fwlib::FwLib;
+use crate::hw::{hal_for, HwCtx};
+use crate::nic::NicShared;
+use crate::sys::signal;
+
+/// The most CPUs a NIC has: the plans split the program over two.
+pub const CPUS_MAX: u32 = 2;
+
+/// Frames waiting for a frame CPU other than A; beyond, the MAC drops them
+/// (the protocol retransmits), as a full receive ring does.
+const RX_MAX: usize = 1024;
+/// Frames a CPU other than A transmitted, waiting for the engine's wire.
+const TX_MAX: usize = 4096;
+/// Received frames a CPU takes per turn.
+const RX_BATCH: usize = 256;
+/// Spare frame buffers kept between the CPUs.
+const SPARE_MAX: usize = 1024;
+/// A CPU's own spare buffers: it gives the rest back, and takes some when
+/// it runs low.
+const POOL_HIGH: usize = 64;
+const POOL_LOW: usize = 8;
+/// Multicast filter changes queued by CPUs other than A.
+const MEMBERSHIP_MAX: usize = 1024;
+/// A CPU thread polls this long after its last work before parking.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// The control program's state: only touched with [`Core::program`] held.
+struct Program(*mut c_void);
+
+// SAFETY: the pointer is the control program's state, used by whichever
+// thread holds the `Mutex<Program>`, never by two at once.
+unsafe impl Send for Program {}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic of another CPU's thread is already reported; keep serving.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One NIC's running control program and what its CPUs share.
+pub(crate) struct Core {
+    pub(crate) lib: Arc<FwLib>,
+    nic: Arc<NicShared>,
+    /// The semaphore: the CPU holding it runs the control program.
+    program: Mutex<Program>,
+    /// CPUs in the plan.
+    cpus: u32,
+    /// The CPU received frames are handed to.
+    frame_cpu: u32,
+    /// CPUs past A have threads of their own.
+    threaded: bool,
+    /// Per CPU: steps or frames wait for it.
+    wanted: [AtomicBool; CPUS_MAX as usize],
+    /// Frames for `frame_cpu` when it is not A.
+    rx: Mutex<VecDeque<Vec<u8>>>,
+    /// Frames other CPUs transmitted, for the engine's wire.
+    tx: Mutex<Vec<(u16, Vec<u8>)>>,
+    memberships: Mutex<Vec<(u16, bool)>>,
+    spare: Mutex<Vec<Vec<u8>>>,
+    /// The program's next timer deadline (ns on the engine's clock).
+    deadline: AtomicU64,
+    /// The engine's clock at `created` (set on its first call): the other
+    /// CPUs' `now` is the same clock.
+    clock_base: OnceLock<u64>,
+    created: Instant,
+    stop: AtomicBool,
+    threads: OnceLock<Vec<Thread>>,
+    /// Frames dropped because an area was full.
+    pub(crate) dropped_rx: AtomicU64,
+    pub(crate) dropped_tx: AtomicU64,
+}
+
+impl Core {
+    /// Wraps a booted program; `want_cpus` is the NIC's configured CPUs.
+    pub(crate) fn new(lib: Arc<FwLib>, nic: Arc<NicShared>, state: *mut c_void) -> Core {
+        // SAFETY: `state` was just returned by boot and is live.
+        let cpus = unsafe { (lib.cpus)(state) }.clamp(1, CPUS_MAX);
+        // SAFETY: as above.
+        let frame_cpu = lib.frame_cpu.map_or(0, |f| unsafe { f(state) }).min(cpus - 1);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threaded = nic.cpus >= 2 && cpus >= 2 && lib.cpu_pending.is_some() && lib.frame_cpu.is_some() && cores >= 2;
+        if nic.cpus >= 2 && cpus >= 2 && !threaded {
+            tracing::info!(node = nic.node, cores, "NIC CPUs multiplexed on the engine thread");
+        }
+        Core {
+            lib,
+            nic,
+            program: Mutex::new(Program(state)),
+            cpus,
+            frame_cpu,
+            threaded,
+            wanted: Default::default(),
+            rx: Mutex::new(VecDeque::with_capacity(RX_MAX)),
+            tx: Mutex::new(Vec::new()),
+            memberships: Mutex::new(Vec::new()),
+            spare: Mutex::new(Vec::new()),
+            deadline: AtomicU64::new(u64::MAX),
+            clock_base: OnceLock::new(),
+            created: Instant::now(),
+            stop: AtomicBool::new(false),
+            threads: OnceLock::new(),
+            dropped_rx: AtomicU64::new(0),
+            dropped_tx: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn threaded(&self) -> bool {
+        self.threaded
+    }
+
+    /// Received frames go to another CPU's thread.
+    pub(crate) fn frames_elsewhere(&self) -> bool {
+        self.threaded && self.frame_cpu != 0
+    }
+
+    /// The next deadline, or 0 when CPU A (the engine) has work waiting.
+    pub(crate) fn deadline(&self) -> u64 {
+        if self.wanted[0].load(Ordering::Acquire) {
+            0
+        } else {
+            self.deadline.load(Ordering::Acquire)
+        }
+    }
+
+    /// The engine's clock now, for a CPU that is not the engine.
+    fn now(&self) -> u64 {
+        self.clock_base.get().copied().unwrap_or(0) + self.created.elapsed().as_nanos() as u64
+    }
+
+    /// Runs `f` on the program as CPU `cpu` with `hw`, then that CPU's
+    /// queue; wakes the CPUs whose queues it filled.
+    pub(crate) fn call(&self, cpu: u32, hw: &mut HwCtx, now: u64, f: impl FnOnce(&FwLib, *mut c_void, &FwHal)) {
+        if cpu == 0 {
+            self.clock_base.get_or_init(|| now.saturating_sub(self.created.elapsed().as_nanos() as u64));
+            self.wanted[0].store(false, Ordering::Release);
+        }
+        let hal = hal_for(hw);
+        let prog = lock(&self.program);
+        let before = self.deadline.load(Ordering::Relaxed);
+        f(&self.lib, prog.0, &hal);
+        let mut others = [false; CPUS_MAX as usize];
+        if self.threaded {
+            // SAFETY: live state, valid hal, the lock is held.
+            while unsafe { (self.lib.cpu)(prog.0, &hal, now, cpu) } > 0 {}
+            let pending = self.lib.cpu_pending.expect("threaded needs it");
+            for (c, other) in others.iter_mut().enumerate().take(self.cpus as usize) {
+                // SAFETY: as above.
+                *other = c as u32 != cpu && unsafe { pending(prog.0, c as u32) } > 0;
+            }
+        } else {
+            loop {
+                let mut ran = 0;
+                for c in 0..self.cpus {
+                    // SAFETY: as above.
+                    ran += unsafe { (self.lib.cpu)(prog.0, &hal, now, c) };
+                }
+                if ran == 0 {
+                    break;
+                }
+            }
+        }
+        // SAFETY: live state, the lock is held.
+        let deadline = unsafe { (self.lib.poll_timeout)(prog.0) };
+        self.deadline.store(deadline, Ordering::Release);
+        drop(prog);
+        if cpu != 0 && deadline < before {
+            // The engine may be asleep until the old deadline.
+            others[0] = true;
+        }
+        for (c, _) in others.iter().enumerate().filter(|(_, &o)| o) {
+            self.want(c as u32);
+        }
+    }
+
+    /// Tells CPU `cpu` work waits for it.
+    fn want(&self, cpu: u32) {
+        self.wanted[cpu as usize].store(true, Ordering::SeqCst);
+        if cpu == 0 {
+            // Pairs with the engine's fence between saying it sleeps and
+            // its last look at `deadline()`: one side sees the other.
+            fence(Ordering::SeqCst);
+            let l = &self.nic.layout;
+            if l.params.ports == 0 || self.nic.sram.u32(l.port(0).ctl(ctl::NIC_SLEEPING)) != 0 {
+                signal(std::os::fd::AsRawFd::as_raw_fd(&self.nic.wake));
+            }
+        } else if let Some(t) = self.threads.get().and_then(|t| t.get(cpu as usize - 1)) {
+            t.unpark();
+        }
+    }
+
+    /// Hands received `frame` to the frame CPU's thread (MAC to CPU B).
+    /// Returns the frame when the area is full (dropped: the caller keeps
+    /// the buffer).
+    pub(crate) fn hand_frame(&self, now: u64, frame: Vec<u8>) -> Option<Vec<u8>> {
+        self.clock_base.get_or_init(|| now.saturating_sub(self.created.elapsed().as_nanos() as u64));
+        {
+            let mut rx = lock(&self.rx);
+            if rx.len() >= RX_MAX {
+                self.dropped_rx.fetch_add(1, Ordering::Relaxed);
+                return Some(frame);
+            }
+            rx.push_back(frame);
+        }
+        self.want(self.frame_cpu);
+        None
+    }
+
+    /// Moves what other CPUs transmitted into CPU A's context, and keeps
+    /// A's spare buffers within bounds.
+    pub(crate) fn collect(&self, hw: &mut HwCtx) {
+        if !self.threaded {
+            return;
+        }
+        {
+            let mut tx = lock(&self.tx);
+            if !tx.is_empty() {
+                hw.outbox.append(&mut tx);
+            }
+        }
+        {
+            let mut m = lock(&self.memberships);
+            if !m.is_empty() {
+                hw.memberships.append(&mut m);
+            }
+        }
+        self.balance(&mut hw.pool);
+    }
+
+    /// Gives a CPU's surplus frame buffers to the others, or takes some.
+    fn balance(&self, pool: &mut Vec<Vec<u8>>) {
+        if pool.len() > POOL_HIGH {
+            let mut spare = lock(&self.spare);
+            let room = SPARE_MAX.saturating_sub(spare.len());
+            let give = (pool.len() - POOL_HIGH / 2).min(room);
+            spare.extend(pool.drain(pool.len() - give..));
+        } else if pool.len() < POOL_LOW {
+            let mut spare = lock(&self.spare);
+            let take = spare.len().min(POOL_HIGH / 2);
+            let at = spare.len() - take;
+            pool.extend(spare.drain(at..));
+        }
+    }
+
+    /// Describes the program's tables.
+    pub(crate) fn describe(&self) -> String {
+        let mut buf = vec![0u8; 64 << 10];
+        let prog = lock(&self.program);
+        // SAFETY: live state (lock held); `buf` is writable for its length.
+        let n = unsafe { (self.lib.describe)(prog.0, buf.as_mut_ptr(), buf.len()) };
+        drop(prog);
+        let mut s = String::from_utf8_lossy(&buf[..n.min(buf.len())]).into_owned();
+        if self.threaded {
+            s += &format!(
+                "cpus: {} threads, frames on cpu {}, dropped rx {} tx {}\n",
+                self.cpus,
+                self.frame_cpu,
+                self.dropped_rx.load(Ordering::Relaxed),
+                self.dropped_tx.load(Ordering::Relaxed)
+            );
+        }
+        s
+    }
+
+    /// Runs CPU `cpu` (≥ 1) until [`Cpus`] is dropped.
+    fn cpu_thread(self: Arc<Core>, cpu: u32) {
+        let mut hw = HwCtx::new(self.nic.clone());
+        let mut frames: VecDeque<Vec<u8>> = VecDeque::with_capacity(RX_BATCH);
+        let mut idle_since = Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            let wanted = self.wanted[cpu as usize].swap(false, Ordering::AcqRel);
+            if cpu == self.frame_cpu {
+                let mut rx = lock(&self.rx);
+                let n = rx.len().min(RX_BATCH);
+                frames.extend(rx.drain(..n));
+                if !rx.is_empty() {
+                    // More than one batch: come back without parking.
+                    self.wanted[cpu as usize].store(true, Ordering::Release);
+                }
+            }
+            if !wanted && frames.is_empty() {
+                if idle_since.elapsed() < SPIN {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::park_timeout(Duration::from_millis(100));
+                }
+                continue;
+            }
+            let now = self.now();
+            self.call(cpu, &mut hw, now, |lib, state, hal| {
+                for f in &frames {
+                    // SAFETY: live state under the lock, valid hal; `f` is
+                    // valid for its length.
+                    unsafe { (lib.frame)(state, hal, now, f.as_ptr(), f.len()) };
+                }
+            });
+            // Buffers of frames it took become its transmit buffers; the
+            // surplus goes back to the other CPUs (`balance`).
+            hw.pool.extend(frames.drain(..));
+            self.hand_over(&mut hw);
+            idle_since = Instant::now();
+        }
+    }
+
+    /// Passes a CPU's transmitted frames and filter changes to the
+    /// engine and wakes it.
+    fn hand_over(&self, hw: &mut HwCtx) {
+        let mut wake = false;
+        if !hw.outbox.is_empty() {
+            let mut tx = lock(&self.tx);
+            let room = TX_MAX.saturating_sub(tx.len());
+            if hw.outbox.len() > room {
+                let lost = hw.outbox.len() - room;
+                self.dropped_tx.fetch_add(lost as u64, Ordering::Relaxed);
+                for (_, b) in hw.outbox.drain(room..) {
+                    hw.pool.push(b);
+                }
+            }
+            tx.append(&mut hw.outbox);
+            wake = true;
+        }
+        if !hw.memberships.is_empty() {
+            let mut m = lock(&self.memberships);
+            let room = MEMBERSHIP_MAX.saturating_sub(m.len());
+            if hw.memberships.len() > room {
+                tracing::warn!(node = self.nic.node, "multicast filter changes dropped: queue full");
+                hw.memberships.truncate(room);
+            }
+            m.append(&mut hw.memberships);
+            wake = true;
+        }
+        self.balance(&mut hw.pool);
+        if wake {
+            self.want(0);
+        }
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        let prog = self.program.get_mut().unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: `state` came from boot; every CPU thread has been joined
+        // (they hold an Arc to this Core), so nothing uses it afterwards.
+        unsafe { (self.lib.free)(prog.0) };
+    }
+}
+
+/// The threads of a NIC's CPUs past A; stops and joins them when dropped.
+pub(crate) struct Cpus {
+    core: Arc<Core>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Cpus {
+    /// Starts a thread for each CPU past A, if `core` is threaded.
+    pub(crate) fn start(core: &Arc<Core>) -> std::io::Result<Cpus> {
+        let mut handles = Vec::new();
+        if core.threaded {
+            for cpu in 1..core.cpus {
+                let c = core.clone();
+                let h = std::thread::Builder::new()
+                    .name(format!("nic-cpu{cpu}-n{}", core.nic.node))
+                    .spawn(move || c.cpu_thread(cpu));
+                match h {
+                    Ok(h) => handles.push(h),
+                    Err(e) => {
+                        let mut started = Cpus { core: core.clone(), handles };
+                        started.stop();
+                        return Err(e);
+                    }
+                }
+            }
+            let threads = handles.iter().map(|h| h.thread().clone()).collect();
+            let _ = core.threads.set(threads);
+        }
+        Ok(Cpus { core: core.clone(), handles })
+    }
+
+    fn stop(&mut self) {
+        self.core.stop.store(true, Ordering::Release);
+        for h in &self.handles {
+            h.thread().unpark();
+        }
+        for h in self.handles.drain(..) {
+            if h.join().is_err() {
+                tracing::error!(node = self.core.nic.node, "a NIC CPU thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Cpus {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
