@@ -149,11 +149,51 @@ impl Engine {
         }
     }
 
-    /// One pass over every NIC; true when anything was done.
+    /// One pass over every NIC; true when anything was done. First up to
+    /// [`SETTLE_ROUNDS`] rounds of doorbells and received frames, each
+    /// round taking what the previous one put on the wire, then the timers.
+    /// A frame one NIC of this engine sends in a round reaches its peer in
+    /// the next and the answer comes back in the one after, so the timers
+    /// run at a time by which every answer due was handled: now, when the
+    /// wire went quiet; else the start of the round before the last (what
+    /// was sent since is still being answered). A retransmission timer then
+    /// measures a lost frame or a silent peer, never how long this thread
+    /// took to come round again (busy copying, or not scheduled at all).
     fn pass(&mut self) -> bool {
-        let now = self.now();
+        let mut work = false;
+        let mut starts = [0u64; SETTLE_ROUNDS];
+        let mut quiet = false;
+        let mut rounds = 0;
+        for (round, start) in starts.iter_mut().enumerate() {
+            *start = self.now();
+            let delivered = self.wire.poll(*start, &mut self.rx);
+            if round > 0 && delivered == 0 && self.rx.iter().all(VecDeque::is_empty) {
+                quiet = true;
+                break;
+            }
+            work |= self.round(*start) | (delivered > 0);
+            self.wire.flush(*start);
+            rounds = round + 1;
+        }
+        let now = if quiet { self.now() } else { starts[rounds.saturating_sub(2)] };
+        for i in 0..self.cards.len() {
+            let Some(fw) = self.cards[i].fw.as_mut() else { continue };
+            if fw.deadline() <= now {
+                fw.swap_frame_pool(&mut self.pool);
+                fw.timeout(now);
+                fw.swap_frame_pool(&mut self.pool);
+                self.flush(i, now);
+                work = true;
+            }
+        }
+        self.wire.flush(now);
+        work
+    }
+
+    /// Every NIC's doorbell and received frames once; true when any did.
+    fn round(&mut self, now: u64) -> bool {
         let mac_rx_first = self.mac_rx_first;
-        let mut work = self.wire.poll(now, &mut self.rx) > 0;
+        let mut work = false;
         for i in 0..self.cards.len() {
             let c = &mut self.cards[i];
             if c.fw.is_none() {
@@ -186,15 +226,9 @@ impl Engine {
                 c.fw.as_mut().expect("checked").doorbell(now);
                 work = true;
             }
-            let fw = c.fw.as_mut().expect("checked");
-            if fw.deadline() <= now {
-                fw.timeout(now);
-                work = true;
-            }
-            fw.swap_frame_pool(&mut self.pool);
+            c.fw.as_mut().expect("checked").swap_frame_pool(&mut self.pool);
             self.flush(i, now);
         }
-        self.wire.flush(now);
         work
     }
 
@@ -340,6 +374,10 @@ impl Engine {
         }
     }
 }
+
+/// Rounds of doorbells and frames per pass before the timers (see
+/// `Engine::pass`): at least 3 (a frame, its answer, the answer handled).
+const SETTLE_ROUNDS: usize = 4;
 
 /// Set (e.g. from a SIGUSR1 handler) to log every NIC's tables once.
 pub static DUMP: AtomicBool = AtomicBool::new(false);
