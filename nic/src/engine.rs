@@ -233,6 +233,15 @@ impl Engine {
                 c.fw.as_mut().expect("checked").doorbell(now);
                 work = true;
             }
+            // A timer armed with no delay while handling this round (a
+            // coalesced ACK) fires now, as the hardware's would: a host
+            // that saw its receive complete may close its port at once.
+            // Only when nothing is overdue (those wait for `pass`).
+            let fw = c.fw.as_mut().expect("checked");
+            if fw.deadline() == now {
+                fw.timeout(now);
+                work = true;
+            }
             c.fw.as_mut().expect("checked").swap_frame_pool(&mut self.pool);
             self.flush(i, now);
         }
