@@ -132,6 +132,7 @@ struct emp_req {
 	size_t len;
 	int slot;	    /* bounce slot, or -1 */
 	int64_t tmp_key;    /* registration for this operation, or -1 */
+	int mrc_ent;	    /* the registration cache's entry it uses, or -1 */
 	bool cancelled;	    /* reported as canceled; the NIC still holds it */
 	bool copy_out;	    /* an RMA read: the bounce slot's bytes go to buf */
 	bool imm_pool;	    /* one of the endpoint's receives for remote CQ data */
@@ -161,6 +162,24 @@ struct emp_fi_claim {
 	struct emp_probed nic;	  /* else the NIC's claim */
 };
 
+/* The registration cache (emp_fi_mrcache.c): registrations of unregistered
+ * large buffers kept for reuse, page-aligned [lo, hi). */
+#define MRC_DEFAULT 0u /* off unless asked: docs/libfabric.md, "Registration cache" */
+#define MRC_MAX 128u
+struct mrc_ent {
+	uintptr_t lo, hi;
+	uint32_t key;
+	bool valid;
+	unsigned users;	   /* operations in flight on it: never evicted then */
+	uint64_t last_use; /* the cache's clock at the last hit */
+};
+struct mr_cache {
+	struct mrc_ent *ents; /* cap entries; NULL when off */
+	size_t cap;
+	uint64_t clock;
+	size_t hits, misses, evictions;
+};
+
 struct emp_fi_domain {
 	struct fid_domain domain;
 	struct emp_fi_fabric *fab;
@@ -182,6 +201,7 @@ struct emp_fi_domain {
 	struct emp_fi_claim claims[CLAIMS_MAX];
 	size_t nclaims;
 	size_t zombies;		 /* canceled receives the NIC still holds */
+	struct mr_cache mrc;
 };
 
 struct cq_ent {
@@ -305,6 +325,7 @@ int status_errno(uint32_t status);
 ssize_t post_errno(int r);
 void drain_fd(int fd);
 int64_t now_ms(void);
+
 /* emp_fi_av.c */
 fi_addr_t av_reverse(const struct emp_fi_av *av, uint32_t key);
 int av_resolve(const struct emp_fi_av *av, fi_addr_t a, uint16_t *node, uint16_t *port);
@@ -338,6 +359,17 @@ int cntr_open(struct fid_domain *fid, struct fi_cntr_attr *attr, struct fid_cntr
 /* emp_fi_mr.c */
 extern struct fi_ops_mr mr_ops;
 /* emp_fi_msg.c */
+/* The registration cache (emp_fi_mrcache.c), under the domain lock. init
+ * reads FI_EMP_MR_CACHE (-FI_EINVAL when malformed); get returns the entry
+ * covering [buf, buf+len) with its key, now in use, or -1 (off, or nothing
+ * free: register for the operation instead); put ends a use; flush
+ * deregisters everything (endpoint close); fini frees the table. */
+int mrc_init(struct emp_fi_domain *dom);
+int mrc_get(struct emp_fi_domain *dom, const void *buf, size_t len, uint32_t *key);
+uint64_t mrc_offset(const struct emp_fi_domain *dom, int ent, const void *buf);
+void mrc_put(struct emp_fi_domain *dom, int ent);
+void mrc_flush(struct emp_fi_domain *dom);
+void mrc_fini(struct emp_fi_domain *dom);
 int place(struct emp_fi_domain *dom, struct emp_req *r, const void *buf, size_t len, void *desc, bool copy_in,
 	  bool force_bounce, struct emp_sge *sge);
 extern struct fi_ops_msg msg_ops;

@@ -19,6 +19,7 @@ static int dom_close(struct fid *fid)
 	dom->fab->refs--;
 	pthread_mutex_unlock(&dom->fab->lock);
 	pthread_mutex_destroy(&dom->lock);
+	mrc_fini(dom);
 	free(dom->reqs);
 	free(dom->free_slots);
 	free(dom);
@@ -127,6 +128,9 @@ int dom_open(struct fid_fabric *fid, struct fi_info *info, struct fid_domain **o
 	r = -FI_ENOMEM;
 	if (!dom->reqs || !dom->free_slots || !dom->bounce)
 		goto fail;
+	r = mrc_init(dom);
+	if (r)
+		goto fail;
 	for (size_t i = dom->nreqs; i-- > 0;) {
 		dom->reqs[i].next = dom->free_reqs;
 		dom->free_reqs = &dom->reqs[i];
@@ -149,6 +153,7 @@ int dom_open(struct fid_fabric *fid, struct fi_info *info, struct fid_domain **o
 	return 0;
 fail:
 	emp_close_device(dom->dev);
+	mrc_fini(dom);
 	free(dom->reqs);
 	free(dom->free_slots);
 	free(dom);

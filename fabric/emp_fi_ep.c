@@ -356,6 +356,9 @@ static int ep_close(struct fid *fid)
 		}
 		*c = dom->claims[--dom->nclaims];
 	}
+	/* The NIC must not reach the application's memory for this endpoint's
+	 * operations after the close: no cached registration stays either. */
+	mrc_flush(dom);
 	for (size_t i = 0; i < dom->nreqs; i++) {
 		struct emp_req *q = &dom->reqs[i];
 		if (!q->in_use || q->ep != ep)

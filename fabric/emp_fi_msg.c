@@ -6,7 +6,8 @@
 /* ---- data transfer ------------------------------------------------------------ */
 
 /* Where the NIC reads or writes [buf, buf+len): the caller's registration
- * (desc), a bounce slot, or a registration for this operation alone. */
+ * (desc), a bounce slot, the registration cache's entry, or a registration
+ * for this operation alone. */
 int place(struct emp_fi_domain *dom, struct emp_req *r, const void *buf, size_t len, void *desc, bool copy_in,
 	  bool force_bounce, struct emp_sge *sge)
 {
@@ -27,6 +28,13 @@ int place(struct emp_fi_domain *dom, struct emp_req *r, const void *buf, size_t 
 		if (copy_in)
 			memcpy(slot_ptr(dom, r->slot), buf, len);
 		*sge = (struct emp_sge){dom->bounce_key, (uint32_t)len, dom->bounce_off + (uint64_t)r->slot * BOUNCE_SIZE};
+		return 1;
+	}
+	uint32_t cached_key;
+	int ent = mrc_get(dom, buf, len, &cached_key);
+	if (ent >= 0) {
+		r->mrc_ent = ent;
+		*sge = (struct emp_sge){cached_key, (uint32_t)len, mrc_offset(dom, ent, buf)};
 		return 1;
 	}
 	uint32_t access = copy_in ? EMP_ACCESS_LOCAL_READ : EMP_ACCESS_LOCAL_WRITE;

@@ -16,6 +16,7 @@ struct emp_req *req_get(struct emp_fi_domain *dom)
 	r->in_use = true;
 	r->slot = -1;
 	r->tmp_key = -1;
+	r->mrc_ent = -1;
 	r->out_slot = -1;
 	return r;
 }
@@ -74,6 +75,8 @@ void req_release(struct emp_fi_domain *dom, struct emp_req *r)
 {
 	if (r->tmp_key >= 0)
 		emp_dereg_mr(dom->dev, (uint32_t)r->tmp_key);
+	mrc_put(dom, r->mrc_ent);
+	r->mrc_ent = -1;
 	if (r->slot >= 0)
 		dom->free_slots[dom->nfree_slots++] = r->slot;
 	if (r->out_slot >= 0)

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -174,6 +175,114 @@ static ssize_t wait_cq(struct fid_cq *cq, struct fi_cq_tagged_entry *e, fi_addr_
 		(void)r;
 	}
 	return -FI_ETIMEDOUT;
+}
+
+/* Fills n bytes at p with a pattern of seed. */
+static void fill(unsigned char *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (unsigned char)(i * 31 + seed * 7 + 1);
+}
+
+/* One tagged message of len bytes from s (a) into r (b), both without
+ * descriptors; true when it arrived intact. */
+static int transfer(struct side *a, struct side *b, void *s, void *r, size_t len, uint64_t tag)
+{
+	struct fi_cq_tagged_entry e;
+	memset(r, 0, len);
+	EXPECT(fi_trecv(b->ep, r, len, NULL, FI_ADDR_UNSPEC, tag, 0, (void *)0xd1), 0);
+	EXPECT(fi_tsend(a->ep, s, len, NULL, a->peer, tag, (void *)0xd2), 0);
+	int ok = wait_cq(b->cq, &e, NULL) == 1 && e.len == len;
+	ok &= wait_cq(a->cq, &e, NULL) == 1;
+	return ok && !memcmp(s, r, len);
+}
+
+/* The registration cache (FI_EMP_MR_CACHE): registrations of unregistered
+ * large buffers kept and reused must never deliver stale data, whether the
+ * buffer's bytes changed, its memory was unmapped and mapped anew at the
+ * same address, or more buffers are in flight than the cache has entries;
+ * a malformed setting refuses the domain. */
+static void test_mr_cache(void)
+{
+	struct fid_domain *d = NULL;
+	setenv("FI_EMP_MR_CACHE", "abc", 1);
+	EXPECT(fi_domain(fabric, info, &d, NULL), -FI_EINVAL);
+	setenv("FI_EMP_MR_CACHE", "129", 1);
+	EXPECT(fi_domain(fabric, info, &d, NULL), -FI_EINVAL);
+	setenv("FI_EMP_MR_CACHE", "4", 1);
+	struct side a, b;
+	open_side(&a, FI_AV_MAP, 0);
+	open_side(&b, FI_AV_MAP, 0);
+	connect_sides(&a, &b);
+	const size_t len = 1u << 20;
+	unsigned char *s = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	unsigned char *r = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	check(s != MAP_FAILED && r != MAP_FAILED, "mr cache: buffers mapped");
+	int same = 1;
+	for (unsigned i = 0; i < 3; i++) {
+		fill(s, len, i);
+		same &= transfer(&a, &b, s, r, len, 0x700 + i);
+	}
+	check(same, "mr cache: one buffer sent three times with new bytes each time, each intact");
+	/* Unmapped and mapped again at the same addresses, with new bytes. */
+	munmap(s, len);
+	munmap(r, len);
+	unsigned char *s2 =
+		mmap(s, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	unsigned char *r2 =
+		mmap(r, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	check(s2 == s && r2 == r, "mr cache: memory mapped again at the same addresses");
+	if (s2 == s && r2 == r) {
+		fill(s, len, 9);
+		check(transfer(&a, &b, s, r, len, 0x710), "mr cache: after unmap and map the new bytes arrive");
+		/* Only part of the old range mapped now: a message inside it. */
+		munmap(s + len / 2, len / 2);
+		fill(s, len / 2, 10);
+		check(transfer(&a, &b, s + 4096, r + 8192, len / 2 - 4096, 0x711),
+		      "mr cache: a message in what remains mapped of a cached range");
+		munmap(s, len / 2);
+		munmap(r, len);
+	} else {
+		if (s2 != MAP_FAILED)
+			munmap(s2, len);
+		if (r2 != MAP_FAILED)
+			munmap(r2, len);
+	}
+	/* Eight buffers in flight each way, twice the cache's entries: the
+	 * rest registered for the operation. */
+	enum { N = 8 };
+	const size_t blen = 200u << 10;
+	unsigned char *sb[N], *rb[N];
+	struct fi_cq_tagged_entry e;
+	int ok = 1;
+	for (int round = 0; round < 2; round++) {
+		for (int i = 0; i < N; i++) {
+			if (!round) {
+				sb[i] = malloc(blen);
+				rb[i] = malloc(blen);
+			}
+			fill(sb[i], blen, (unsigned)(i + 20 * round));
+			memset(rb[i], 0, blen);
+			EXPECT(fi_trecv(b.ep, rb[i], blen, NULL, FI_ADDR_UNSPEC, 0x800 + (uint64_t)i, 0, NULL), 0);
+		}
+		for (int i = 0; i < N; i++)
+			EXPECT(fi_tsend(a.ep, sb[i], blen, NULL, a.peer, 0x800 + (uint64_t)i, NULL), 0);
+		for (int i = 0; i < N; i++) {
+			ok &= wait_cq(b.cq, &e, NULL) == 1 && e.len == blen;
+			ok &= wait_cq(a.cq, &e, NULL) == 1;
+		}
+		for (int i = 0; i < N; i++)
+			ok &= !memcmp(sb[i], rb[i], blen);
+	}
+	check(ok, "mr cache: %d buffers in flight each way on a 4-entry cache, twice, all intact", N);
+	/* Closing with entries cached (and the port closing) leaves nothing. */
+	close_side(&a);
+	close_side(&b);
+	for (int i = 0; i < N; i++) {
+		free(sb[i]);
+		free(rb[i]);
+	}
+	unsetenv("FI_EMP_MR_CACHE");
 }
 
 static void test_calls(void)
@@ -500,6 +609,7 @@ int main(void)
 	test_traffic(FI_AV_MAP);
 	test_traffic(FI_AV_TABLE);
 	test_selective();
+	test_mr_cache();
 	test_probe(fabric, info);
 	test_rma_getinfo();
 	test_rma(fabric, FI_MSG | FI_RMA);

@@ -343,6 +343,13 @@ int emp_wait_cq_ex(struct emp_device *dev, struct emp_wc_ex *wc, size_t n, int t
 int emp_probe_ex(struct emp_device *dev, uint16_t node, uint16_t port, uint64_t tag, uint64_t ignore, int claim,
 		 struct emp_probed_ex *out);
 
+/* Since EMP_1.5: 1 when the NIC reaches memory registered with
+ * emp_reg_mr by virtual address at each access (direct attach), so a
+ * registration stays right when its memory is unmapped and mapped again and
+ * may be kept and reused (a registration cache); 0 when registering pinned
+ * the pages (the kernel driver: a cached registration could go stale). */
+int emp_mr_by_address(struct emp_device *dev);
+
 #ifdef __cplusplus
 }
 #endif

@@ -330,6 +330,17 @@ impl Device {
         Ok(MemoryRegion { key, secret, addr: addr as usize, len })
     }
 
+    /// True when the NIC reaches memory registered with
+    /// [`Device::reg_mr`] by virtual address at every access (direct
+    /// attach), false when the registration pinned its pages (the kernel
+    /// driver). With `true` a registration keeps meaning "these addresses
+    /// of this process" even after the memory is unmapped and mapped again,
+    /// so a caller may keep registrations of memory it does not own and
+    /// reuse them (a registration cache); with `false` it must not.
+    pub fn mr_by_address(&self) -> bool {
+        self.backend.mr_by_address()
+    }
+
     /// Deregisters a region; the NIC no longer reaches it.
     ///
     /// # Errors

@@ -237,6 +237,20 @@ pub unsafe extern "C" fn emp_reg_mr(dev: *mut EmpDevice, addr: *const c_void, le
     }
 }
 
+/// 1 when registered memory is reached by virtual address at each access
+/// (direct attach: a registration survives the memory being unmapped and
+/// mapped again, so it may be cached), 0 when registration pins pages (the
+/// kernel driver).
+///
+/// # Safety
+/// `dev` is open.
+#[no_mangle]
+pub unsafe extern "C" fn emp_mr_by_address(dev: *mut EmpDevice) -> c_int {
+    // SAFETY: caller guarantees `dev`.
+    let d = unsafe { &(*dev).0 };
+    c_int::from(d.mr_by_address())
+}
+
 /// Deregisters a key.
 ///
 /// # Safety

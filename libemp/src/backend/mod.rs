@@ -71,6 +71,16 @@ impl Backend {
         }
     }
 
+    /// Does the NIC reach memory registered with [`Backend::reg_mr`] by
+    /// virtual address at each access (direct attach: the daemon's
+    /// `process_vm_readv`/`writev`), rather than through pages pinned at
+    /// registration (the kernel driver)? Only then does a registration stay
+    /// right when its memory is unmapped and mapped again, which is what a
+    /// registration cache needs.
+    pub(crate) fn mr_by_address(&self) -> bool {
+        matches!(self, Backend::Direct(_))
+    }
+
     /// Registers `[addr, addr + len)` of this process.
     pub(crate) fn reg_mr(&self, addr: u64, len: u64, access: u8) -> Result<(u32, u32)> {
         match self {
