@@ -516,7 +516,7 @@ fn emp_bench_mpi_runs() {
     assert!(program.exists(), "{} missing: fabric/build.sh builds it with mpicc", program.display());
     let plots = Scratch::new("bench-plots");
     let child = Command::new(bin_dir().join("emp"))
-        .args(["bench", "mpi", "--quick", "--nodes", "2", "--json", "--plot-dir"])
+        .args(["bench", "mpi", "--quick", "--nodes", "2", "--transport-timeout", "200", "--json", "--plot-dir"])
         .arg(&plots.0)
         .env_remove("EMP_DEVICE")
         .env_remove("EMP_CLUSTER")

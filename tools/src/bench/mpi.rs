@@ -267,7 +267,7 @@ fn output_within(mut cmd: Command, limit: Duration) -> Result<(bool, String), St
     let text = format!("{}{}", out.join().unwrap_or_default(), err.join().unwrap_or_default());
     match status {
         Some(st) => Ok((st.success(), text)),
-        None => Ok((false, format!("{text}\n(killed after {} s)", limit.as_secs()))),
+        None => Ok((false, format!("{text}\n{KILLED}{} s)", limit.as_secs()))),
     }
 }
 
@@ -280,12 +280,15 @@ struct Plan {
     allreduce_sizes: String,
     reps: usize,
     quick: bool,
+    /// One transport's job at one rank count (mpirun's `--timeout`).
+    limit: Duration,
 }
 
 impl Plan {
     fn command(&self, t: Transport, ranks: usize, measures: &str, ch: &Chassis) -> Command {
         let mut cmd = Command::new(&self.mpirun);
-        cmd.args(["-n", &ranks.to_string(), "--bind-to", "none", "--oversubscribe", "--timeout", "1800"]);
+        cmd.args(["-n", &ranks.to_string(), "--bind-to", "none", "--oversubscribe"]);
+        cmd.args(["--timeout", &self.limit.as_secs().to_string()]);
         // Ranks give the CPU away while they wait, whatever the transport:
         // the NIC daemons and other ranks share the cores (with more ranks
         // than cores, a spinning rank holds a core its peer needs for a
@@ -313,6 +316,12 @@ impl Plan {
     }
 }
 
+/// What output_within adds to the output of a job it killed.
+const KILLED: &str = "(killed after ";
+
+/// What Open MPI's `mpirun --timeout` prints when it ends a job.
+const MPIRUN_TIME_LIMIT: &str = "time limit for job execution has been reached";
+
 /// `emp bench mpi`.
 pub fn run(a: &BenchArgs) -> Result<(), String> {
     if a.dir.is_some() || a.config.is_some() {
@@ -327,7 +336,7 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     if !(2..=64).contains(&max_ranks) {
         return Err(format!("--nodes {max_ranks}: from 2 to 64 ranks"));
     }
-    let reps = a.reps.unwrap_or(if a.quick { 1 } else { 5 });
+    let reps = a.reps.unwrap_or(if a.quick { 1 } else { 3 });
     if !(1..=101).contains(&reps) {
         return Err(format!("--reps {reps}: from 1 to 101"));
     }
@@ -336,6 +345,10 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     let sizes: &[usize] = if a.sizes.is_empty() { default_sizes } else { &a.sizes };
     if let Some(s) = sizes.iter().find(|&&s| s > 64 << 20) {
         return Err(format!("--sizes: {s} B is over 64 MiB"));
+    }
+    let limit_s = a.transport_timeout.unwrap_or(if a.quick { 120 } else { 240 });
+    if !(10..=86_400).contains(&limit_s) {
+        return Err(format!("--transport-timeout {limit_s}: from 10 to 86400 seconds"));
     }
     let join = |v: &[usize]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
     let allreduce_sizes: Vec<usize> = if a.quick { vec![8] } else { vec![8, 64, 512, 4096, 32768] };
@@ -350,11 +363,13 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         allreduce_sizes: join(&allreduce_sizes),
         reps,
         quick: a.quick,
+        limit: Duration::from_secs(limit_s),
     };
     let counts = rank_counts(max_ranks);
     let ch = Chassis::up(a, max_ranks)?;
     let mut res = Results::default();
-    let limit = Duration::from_secs(1800);
+    // mpirun ends a job at the plan's limit; this kills it if even that hangs.
+    let limit = plan.limit + Duration::from_secs(30);
     for &ranks in &counts {
         let measures = if ranks == 2 { "latency,bw,mr,barrier,allreduce" } else { "barrier,allreduce" };
         // Transports one after another at each rank count: a noisy spell
@@ -372,9 +387,16 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
                         res.figures.entry(k).or_default().insert(t, f);
                     }
                 }
-                (_, Err(e)) => return Err(format!("{} at {ranks} ranks: {e}\n{out}", t.name())),
+                // A job that ran to its end printed what it printed on
+                // purpose: a line it got wrong is the program's bug.
+                (true, Err(e)) => return Err(format!("{} at {ranks} ranks: {e}\n{out}", t.name())),
                 _ => {
-                    let tail: Vec<&str> = out.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect();
+                    let mut tail: Vec<&str> =
+                        out.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect();
+                    let timed_out = format!("timed out after {} s (--transport-timeout)", plan.limit.as_secs());
+                    if out.contains(MPIRUN_TIME_LIMIT) || out.contains(KILLED) {
+                        tail.push(&timed_out);
+                    }
                     say(
                         a,
                         format!("# {} at {ranks} ranks failed; left out of the rest:\n{}", t.name(), tail.join("\n")),
@@ -726,6 +748,17 @@ mod tests {
         assert!(parse_results("result latency 2 eight 1 1 us\n").is_err());
         assert!(parse_results("result warp 2 8 1 1 us\n").is_err());
         assert!(parse_results("error latency 8: data differs\n").unwrap_err().contains("wrong data"));
+    }
+
+    #[test]
+    fn a_job_past_its_limit_is_killed_and_said_so() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo started; exec sleep 600"]);
+        let (ok, out) = output_within(cmd, Duration::from_secs(1)).expect("sh runs");
+        assert!(!ok, "a killed job is a failure");
+        assert!(out.starts_with("started\n") && out.contains(KILLED), "{out}");
+        let (ok, out) = output_within(Command::new("true"), Duration::from_secs(60)).expect("true runs");
+        assert!(ok && !out.contains(KILLED), "{out}");
     }
 
     #[test]
