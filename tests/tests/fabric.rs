@@ -542,6 +542,8 @@ fn emp_bench_mpi_runs() {
         assert!(!row.contains(&format!(r#"{{"transport":"{t}","median":null"#)), "no {t} 8 B latency:\n{all}");
     }
     assert!(json.contains(r#""emp_nic_barrier":[{"ranks":2,"#), "no EMP NIC barrier:\n{all}");
+    let beside = std::fs::read_to_string(plots.0.join("mpi.json")).expect("mpi.json beside the plots");
+    assert_eq!(beside.trim_end(), json.trim_end(), "the JSON beside the plots is the one printed");
 }
 
 /// Runs `fi_emp_fuzz` (random calls, arguments and object lifecycles on

@@ -277,6 +277,8 @@ struct Plan {
     program: PathBuf,
     provider_dir: PathBuf,
     sizes: String,
+    /// `sizes` for `udp`: the default sizes stop at [`UDP_SIZE_MAX`].
+    udp_sizes: String,
     allreduce_sizes: String,
     reps: usize,
     quick: bool,
@@ -301,7 +303,8 @@ impl Plan {
             cmd.args(["-x", "EMP_HOST=chassis"]);
         }
         cmd.arg(&self.program).args(["-m", measures, "-r", &self.reps.to_string()]);
-        cmd.args(["-s", &self.sizes, "-a", &self.allreduce_sizes]);
+        let sizes = if t == Transport::Udp { &self.udp_sizes } else { &self.sizes };
+        cmd.args(["-s", sizes, "-a", &self.allreduce_sizes]);
         if self.quick {
             cmd.arg("-q");
         }
@@ -315,6 +318,12 @@ impl Plan {
         cmd
     }
 }
+
+/// The largest default message size over `udp;ofi_rxd`: its large
+/// messages crawl (a 256 KiB ping-pong takes tens of ms on the 2-core
+/// machine), and at 4 MiB one transport would take the run's whole time.
+/// `--sizes` is taken as given.
+const UDP_SIZE_MAX: usize = 256 << 10;
 
 /// What output_within adds to the output of a job it killed.
 const KILLED: &str = "(killed after ";
@@ -360,6 +369,11 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         program,
         provider_dir,
         sizes: join(sizes),
+        udp_sizes: if a.sizes.is_empty() {
+            join(&sizes.iter().copied().filter(|&s| s <= UDP_SIZE_MAX).collect::<Vec<_>>())
+        } else {
+            join(sizes)
+        },
         allreduce_sizes: join(&allreduce_sizes),
         reps,
         quick: a.quick,
@@ -381,18 +395,22 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
             say(a, format!("# {ranks} ranks over {}: {measures}", t.name()));
             let (ok, out) = output_within(plan.command(t, ranks, measures, &ch), limit)?;
             let parsed = parse_results(&out);
-            match (ok, parsed) {
-                (true, Ok(figs)) if !figs.is_empty() => {
-                    for (k, f) in figs {
-                        res.figures.entry(k).or_default().insert(t, f);
-                    }
+            // Every figure the job printed is a finished measurement,
+            // kept even when the job failed or ran out of time later.
+            if let Ok(figs) = &parsed {
+                for (k, f) in figs {
+                    res.figures.entry(*k).or_default().insert(t, *f);
                 }
+            }
+            match (ok, parsed) {
+                (true, Ok(figs)) if !figs.is_empty() => {}
                 // A job that ran to its end printed what it printed on
                 // purpose: a line it got wrong is the program's bug.
                 (true, Err(e)) => return Err(format!("{} at {ranks} ranks: {e}\n{out}", t.name())),
                 _ => {
-                    let mut tail: Vec<&str> =
-                        out.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect();
+                    // Its figures are in the results already: the why is the rest.
+                    let mut tail: Vec<&str> = out.lines().filter(|l| !l.starts_with("result ")).collect();
+                    tail.drain(..tail.len().saturating_sub(15));
                     let timed_out = format!("timed out after {} s (--transport-timeout)", plan.limit.as_secs());
                     if out.contains(MPIRUN_TIME_LIMIT) || out.contains(KILLED) {
                         tail.push(&timed_out);
@@ -418,12 +436,16 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     if res.figures.is_empty() {
         return Err("no transport ran the benchmark".into());
     }
+    let doc = json(&res, &transports, a, reps);
     if let Some(d) = &a.plot_dir {
         plot::all(d, &res, &transports)?;
-        say(a, format!("# plots in {}", d.display()));
+        // The JSON beside the plots too: one run gives table, JSON and plots.
+        let file = d.join("mpi.json");
+        std::fs::write(&file, format!("{doc}\n")).map_err(|e| format!("{}: {e}", file.display()))?;
+        say(a, format!("# plots and {} in {}", file.file_name().and_then(|f| f.to_str()).unwrap_or(""), d.display()));
     }
     if a.json {
-        print_json(&json(&res, &transports, a, reps));
+        print_json(&doc);
     } else {
         tables(&res, &transports, a, reps);
     }
