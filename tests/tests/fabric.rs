@@ -279,6 +279,37 @@ fn open_mpi_over_emp_8_ranks() {
     open_mpi_ranks(8);
 }
 
+/// fabric/test/mpi_emp.c on 4 ranks with libemp-mpicoll.so preloaded:
+/// MPI_Barrier and MPI_Allreduce on MPI_COMM_WORLD run on the NICs (every
+/// NIC counts collectives), the rest of MPI as before, all 29 checks pass,
+/// and the library never fell back to MPI's own collectives.
+#[test]
+fn open_mpi_nic_collectives_4_ranks() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((mpirun, prog)) = mpi_program("open_mpi_nic_collectives_4_ranks", "mpi_emp.c") else { return };
+    let coll = provider_dir().join("libemp-mpicoll.so");
+    assert!(coll.exists(), "{} missing: fabric/build.sh builds it with mpicc", coll.display());
+    let c = Cluster::up("fabric-nic-coll", &["-n", "4"]);
+    let preload = format!("LD_PRELOAD={}", coll.display());
+    let out = run_mpi_program(&mpirun, &prog, &c, 4, &["-x", &preload, "-x", "EMP_MPICOLL_VERBOSE=1"]);
+    let all = text(&out);
+    print!("{all}");
+    assert!(out.status.success(), "mpirun with the NIC collectives failed:\n{all}");
+    assert!(all.contains("# 29 passed, 0 failed"), "MPI checks with the NIC collectives:\n{all}");
+    assert!(!all.contains("emp-mpicoll:"), "the library fell back or failed:\n{all}");
+    let stats = Command::new(bin_dir().join("emp")).args(["stats", "--dir"]).arg(&c.dir).output().expect("emp stats");
+    let stats = text(&stats);
+    let ops: Vec<u64> = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("coll_ops"))
+        .unwrap_or_else(|| panic!("no coll_ops counter:\n{stats}"))
+        .split_whitespace()
+        .map(|v| v.parse().expect("a count"))
+        .collect();
+    assert_eq!(ops.len(), 4, "{stats}");
+    assert!(ops.iter().all(|&n| n > 0), "a NIC ran no collective:\n{stats}");
+}
+
 /// MPI_Ssend on 4 ranks (fabric/test/mpi_ssend.c): every rank to every
 /// other with MPI_ANY_SOURCE receives, an MPI_Issend ring with
 /// MPI_Probe(ANY_SOURCE), Open MPI's default barrier. The acknowledgement
