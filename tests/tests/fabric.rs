@@ -573,6 +573,13 @@ fn emp_bench_mpi_runs() {
         assert!(!row.contains(&format!(r#"{{"transport":"{t}","median":null"#)), "no {t} 8 B latency:\n{all}");
     }
     assert!(json.contains(r#""emp_nic_barrier":[{"ranks":2,"#), "no EMP NIC barrier:\n{all}");
+    // MPI_Barrier and MPI_Allreduce on the NICs (libemp-mpicoll.so).
+    for m in ["barrier", "allreduce"] {
+        let row = json.split(&format!(r#"{{"measure":"{m}","ranks":2,"#)).nth(1).expect("row");
+        let row = &row[..row.find("emp_over_tcp").expect("ratio")];
+        assert!(row.contains(r#"{"transport":"emp-coll","median":"#), "no emp-coll {m}:\n{all}");
+        assert!(!row.contains(r#"{"transport":"emp-coll","median":null"#), "no emp-coll {m}:\n{all}");
+    }
     let beside = std::fs::read_to_string(plots.0.join("mpi.json")).expect("mpi.json beside the plots");
     assert_eq!(beside.trim_end(), json.trim_end(), "the JSON beside the plots is the one printed");
 }

@@ -33,17 +33,21 @@ use crate::cluster::{self, UpArgs};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Transport {
     Emp,
+    /// As `Emp`, with libemp-mpicoll.so preloaded: MPI_Barrier and
+    /// MPI_Allreduce on the NICs (collectives only).
+    EmpColl,
     Tcp,
     Udp,
     Shm,
 }
 
-const TRANSPORTS: [Transport; 4] = [Transport::Emp, Transport::Tcp, Transport::Udp, Transport::Shm];
+const TRANSPORTS: [Transport; 5] = [Transport::Emp, Transport::EmpColl, Transport::Tcp, Transport::Udp, Transport::Shm];
 
 impl Transport {
     fn name(self) -> &'static str {
         match self {
             Transport::Emp => "emp",
+            Transport::EmpColl => "emp-coll",
             Transport::Tcp => "tcp",
             Transport::Udp => "udp",
             Transport::Shm => "shm",
@@ -54,13 +58,14 @@ impl Transport {
         TRANSPORTS
             .into_iter()
             .find(|t| t.name() == s)
-            .ok_or_else(|| format!("--transports: unknown transport {s:?} (emp, tcp, udp, shm)"))
+            .ok_or_else(|| format!("--transports: unknown transport {s:?} (emp, emp-coll, tcp, udp, shm)"))
     }
 
     /// What it is, for the report.
     fn about(self) -> &'static str {
         match self {
             Transport::Emp => "pml cm, mtl ofi, libfabric provider emp (libemp-fi.so)",
+            Transport::EmpColl => "emp, with libemp-mpicoll.so: MPI_Barrier, MPI_Allreduce on the NICs",
             Transport::Tcp => "pml cm, mtl ofi, libfabric provider tcp",
             Transport::Udp => "pml cm, mtl ofi, libfabric provider udp;ofi_rxd",
             Transport::Shm => "pml ob1, btl self,vader (Open MPI shared memory)",
@@ -71,7 +76,7 @@ impl Transport {
     fn mca(self) -> Vec<&'static str> {
         let ofi = |prov| vec!["--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "mtl_ofi_provider_include", prov];
         match self {
-            Transport::Emp => ofi("emp"),
+            Transport::Emp | Transport::EmpColl => ofi("emp"),
             Transport::Tcp => ofi("tcp"),
             Transport::Udp => ofi("udp;ofi_rxd"),
             Transport::Shm => vec!["--mca", "pml", "ob1", "--mca", "btl", "self,vader"],
@@ -297,10 +302,16 @@ impl Plan {
         // whole time slice), and on an idle core a yield returns at once.
         cmd.args(["--mca", "mpi_yield_when_idle", "1"]);
         cmd.args(t.mca());
-        if t == Transport::Emp {
+        if matches!(t, Transport::Emp | Transport::EmpColl) {
             cmd.arg("-x").arg(format!("FI_PROVIDER_PATH={}", self.provider_dir.display()));
             cmd.arg("-x").arg(format!("EMP_CLUSTER={}", ch.cluster.display()));
             cmd.args(["-x", "EMP_HOST=chassis"]);
+        }
+        if t == Transport::EmpColl {
+            cmd.arg("-x").arg(format!("LD_PRELOAD={}", self.provider_dir.join("libemp-mpicoll.so").display()));
+            // A fallback to Open MPI's collectives would be measured as the
+            // NIC's: the library says so, and the run fails on it below.
+            cmd.args(["-x", "EMP_MPICOLL_VERBOSE=1"]);
         }
         cmd.arg(&self.program).args(["-m", measures, "-r", &self.reps.to_string()]);
         let sizes = if t == Transport::Udp { &self.udp_sizes } else { &self.sizes };
@@ -385,19 +396,24 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     // mpirun ends a job at the plan's limit; this kills it if even that hangs.
     let limit = plan.limit + Duration::from_secs(30);
     for &ranks in &counts {
-        let measures = if ranks == 2 { "latency,bw,mr,barrier,allreduce" } else { "barrier,allreduce" };
+        let all = if ranks == 2 { "latency,bw,mr,barrier,allreduce" } else { "barrier,allreduce" };
         // Transports one after another at each rank count: a noisy spell
         // of the machine hits neighbouring columns alike.
         for &t in &transports {
             if res.failed.iter().any(|(f, _, _)| *f == t) {
                 continue;
             }
+            // emp-coll's point-to-point is emp's.
+            let measures = if t == Transport::EmpColl { "barrier,allreduce" } else { all };
             say(a, format!("# {ranks} ranks over {}: {measures}", t.name()));
-            let (ok, out) = output_within(plan.command(t, ranks, measures, &ch), limit)?;
+            let (mut ok, out) = output_within(plan.command(t, ranks, measures, &ch), limit)?;
+            // Fell back to Open MPI's collectives: not the NICs' figures.
+            let fell_back = t == Transport::EmpColl && out.contains("emp-mpicoll:");
+            ok &= !fell_back;
             let parsed = parse_results(&out);
             // Every figure the job printed is a finished measurement,
             // kept even when the job failed or ran out of time later.
-            if let Ok(figs) = &parsed {
+            if let (Ok(figs), false) = (&parsed, fell_back) {
                 for (k, f) in figs {
                     res.figures.entry(*k).or_default().insert(t, *f);
                 }
@@ -508,7 +524,7 @@ fn size_label(m: Measure, ranks: usize, size: usize) -> String {
 fn tables(res: &Results, transports: &[Transport], a: &BenchArgs, reps: usize) {
     println!("# emp bench mpi: Open MPI, the same program over each transport, one run; median of {reps}");
     for t in transports {
-        println!("#   {:<4} {}", t.name(), t.about());
+        println!("#   {:<8} {}", t.name(), t.about());
     }
     let ratio = transports.contains(&Transport::Emp) && transports.contains(&Transport::Tcp);
     for m in MEASURES {
@@ -524,11 +540,17 @@ fn tables(res: &Results, transports: &[Transport], a: &BenchArgs, reps: usize) {
         if m == Measure::Barrier && !res.nic_barrier.is_empty() {
             head.push_str(&format!(" {:>12}", "emp-nic"));
         }
+        let coll = transports.contains(&Transport::EmpColl)
+            && transports.contains(&Transport::Tcp)
+            && matches!(m, Measure::Barrier | Measure::Allreduce);
         if ratio {
             head.push_str(&format!(" {:>10}", "emp÷tcp"));
             if m == Measure::Barrier && !res.nic_barrier.is_empty() {
                 head.push_str(&format!(" {:>10}", "nic÷tcp"));
             }
+        }
+        if coll {
+            head.push_str(&format!(" {:>10}", "coll÷tcp"));
         }
         println!("{head}");
         for ((_, ranks, size), per) in rows {
@@ -557,6 +579,12 @@ fn tables(res: &Results, transports: &[Transport], a: &BenchArgs, reps: usize) {
                         (Some((_, us)), Some(t)) => line.push_str(&format!(" {:>9.2}×", t / us)),
                         _ => line.push_str(&format!(" {:>10}", "-")),
                     }
+                }
+            }
+            if coll {
+                match (per.get(&Transport::EmpColl), per.get(&Transport::Tcp)) {
+                    (Some(e), Some(t)) => line.push_str(&format!(" {:>9.2}×", gain(m, e.median, t.median))),
+                    _ => line.push_str(&format!(" {:>10}", "-")),
                 }
             }
             println!("{line}");
@@ -610,6 +638,9 @@ fn json(res: &Results, transports: &[Transport], a: &BenchArgs, reps: usize) -> 
                 _ => Json::Null,
             };
             fields.push(("emp_over_tcp", ratio));
+            if let (Some(e), Some(t)) = (per.get(&Transport::EmpColl), per.get(&Transport::Tcp)) {
+                fields.push(("emp_coll_over_tcp", Json::Num(gain(*m, e.median, t.median), 3)));
+            }
             Json::Obj(fields)
         })
         .collect();
@@ -650,6 +681,7 @@ fn json(res: &Results, transports: &[Transport], a: &BenchArgs, reps: usize) -> 
         ),
         ("measures", Json::Arr(units)),
         ("emp_over_tcp", Json::str("times better than tcp: tcp/emp for times, emp/tcp for rates")),
+        ("emp_coll_over_tcp", Json::str("the same for emp-coll (barrier, allreduce)")),
         ("results", Json::Arr(rows)),
         ("emp_nic_barrier", Json::Arr(nic)),
         ("failed", Json::Arr(failed)),
@@ -670,6 +702,7 @@ mod plot {
     fn color(t: Transport) -> RGBColor {
         match t {
             Transport::Emp => RGBColor(200, 30, 30),
+            Transport::EmpColl => RGBColor(230, 140, 20),
             Transport::Tcp => RGBColor(30, 60, 200),
             Transport::Udp => RGBColor(30, 150, 60),
             Transport::Shm => RGBColor(120, 120, 120),
