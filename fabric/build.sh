@@ -48,6 +48,9 @@ mv "$out/libemp-fi.so.tmp" "$out/libemp-fi.so"
 # here (libopenmpi-dev; scripts/setup.sh installs it).
 if command -v mpicc >/dev/null 2>&1; then
     mpicc -std=gnu11 -O2 -g -Wall -Wextra -Werror -o "$out/mpi_bench" "$root/fabric/test/mpi_bench.c"
+    # MPI_Barrier/MPI_Allreduce on the NICs for unmodified programs (LD_PRELOAD).
+    mpicc "${cflags[@]}" -fPIC -shared -I"$root/libemp/include" -o "$out/libemp-mpicoll.so" \
+        "$root/fabric/emp_mpi_coll.c" -L"$lib" -Wl,-rpath,"$rpath" -lemp
 else
     echo "fabric: mpicc not found: $out/mpi_bench (emp bench mpi) not built" >&2
 fi

@@ -150,6 +150,15 @@ struct emp_req {
 	/* A receive's remote CQ data (the sender's immediate data), if any. */
 	bool got_data;
 	uint32_t data;
+	/* A receive posted to the NIC by its match (not a claimed one): what it
+	 * matches, in EMP terms, and when it was posted, so a message that
+	 * lands in a canceled receive can go to the oldest live one it matches
+	 * (orphans_rehome). */
+	bool matchable;
+	uint16_t want_node, want_port;
+	uint64_t want_tag, want_ignore;
+	uint64_t post_seq;
+	void *heap; /* an orphan's bytes when they are not in a bounce slot */
 };
 
 /* A message FI_PEEK | FI_CLAIM claimed, until the paired FI_CLAIM receive:
@@ -202,6 +211,7 @@ struct emp_fi_domain {
 	size_t nclaims;
 	size_t zombies;		 /* canceled receives the NIC still holds */
 	struct mr_cache mrc;
+	uint64_t recv_seq;	 /* receives posted so far (emp_req.post_seq) */
 };
 
 struct cq_ent {
@@ -372,6 +382,9 @@ void mrc_flush(struct emp_fi_domain *dom);
 void mrc_fini(struct emp_fi_domain *dom);
 int place(struct emp_fi_domain *dom, struct emp_req *r, const void *buf, size_t len, void *desc, bool copy_in,
 	  bool force_bounce, struct emp_sge *sge);
+void orphans_rehome(struct emp_fi_domain *dom);
+bool orphan_swap(struct emp_fi_domain *dom, struct emp_req *l, const struct emp_wc_ex *wcx);
+const char *orphan_bytes(struct emp_fi_domain *dom, const struct emp_req *o);
 extern struct fi_ops_msg msg_ops;
 extern struct fi_ops_tagged tagged_ops;
 /* emp_fi_rma.c */

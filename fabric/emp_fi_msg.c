@@ -116,6 +116,126 @@ static bool orphan_matches(const struct emp_req *o, uint16_t node, uint16_t port
 	return node == EMP_ANY_NODE || (o->src_node == node && o->src_port == port);
 }
 
+/* Where an orphan's bytes are: its bounce slot, or a copy of a message
+ * that had landed in the caller's memory (orphan_swap). */
+const char *orphan_bytes(struct emp_fi_domain *dom, const struct emp_req *o)
+{
+	return o->heap ? o->heap : slot_ptr(dom, o->slot);
+}
+
+/* The oldest orphan of l's endpoint that l matches, or NULL. */
+static struct emp_req **orphan_for(struct emp_fi_domain *dom, const struct emp_req *l)
+{
+	for (struct emp_req **p = &dom->orphans; *p; p = &(*p)->next)
+		if ((*p)->ep == l->ep && orphan_matches(*p, l->want_node, l->want_port, l->want_tag, l->want_ignore))
+			return p;
+	return NULL;
+}
+
+/* Live receive l, placed in the caller's memory, completed with a message
+ * while an older message it matches waits as an orphan (orphans_rehome
+ * could not give it to l): l gets the orphan, as the NIC would have
+ * matched them, and l's own message becomes an orphan, copied out of the
+ * caller's memory, for the next matching receive. False (l completes as
+ * it is) when there is no such orphan or no request to hold the copy. */
+bool orphan_swap(struct emp_fi_domain *dom, struct emp_req *l, const struct emp_wc_ex *wcx)
+{
+	const struct emp_wc *wc = &wcx->wc;
+	if (!l->matchable || l->cancelled || !l->ep ||
+	    (wc->status != EMP_WC_SUCCESS && wc->status != EMP_WC_TRUNCATED))
+		return false;
+	struct emp_req **p = orphan_for(dom, l);
+	if (!p)
+		return false;
+	struct emp_req *n = req_get(dom);
+	if (!n)
+		return false;
+	size_t got = wc->byte_len < l->len ? wc->byte_len : l->len;
+	const char *src = l->slot >= 0 ? slot_ptr(dom, l->slot) : l->buf;
+	n->heap = malloc(got ? got : 1);
+	if (!n->heap) {
+		req_release(dom, n);
+		return false;
+	}
+	memcpy(n->heap, src, got);
+	n->kind = REQ_RECV;
+	n->ep = l->ep;
+	n->ep->rx_inflight++; /* an orphan holds a receive, as a canceled one did */
+	n->cancelled = true;
+	n->got_len = got;
+	n->msg_len = wc->msg_len > wc->byte_len ? wc->msg_len : wc->byte_len;
+	n->got_tag = wc->tag;
+	n->src_node = wc->src_node;
+	n->src_port = wc->src_port;
+	n->got_data = l->got_data;
+	n->data = l->data;
+	struct emp_req *o = *p;
+	*p = o->next;
+	struct emp_req **tail = &dom->orphans;
+	while (*tail)
+		tail = &(*tail)->next;
+	n->next = NULL;
+	*tail = n;
+	size_t m = o->got_len < l->len ? o->got_len : l->len;
+	if (m)
+		memcpy(l->buf, orphan_bytes(dom, o), m);
+	l->got_data = o->got_data;
+	l->data = o->data;
+	bool trunc = o->msg_len > l->len;
+	req_report(l, trunc ? FI_ETRUNC : 0, m, trunc ? o->msg_len - m : 0, o->got_tag, o->src_node, o->src_port,
+		   trunc ? EMP_WC_TRUNCATED : EMP_WC_SUCCESS);
+	req_release(dom, o);
+	req_release(dom, l);
+	orphans_rehome(dom);
+	return true;
+}
+
+/* Live receive l takes orphan o's message: l completes with it now and
+ * stays on the NIC as a canceled receive, whose next message becomes an
+ * orphan in turn. */
+static void orphan_to_live(struct emp_fi_domain *dom, struct emp_req *o, struct emp_req *l)
+{
+	size_t n = o->got_len < l->len ? o->got_len : l->len;
+	if (n)
+		memcpy(l->buf, orphan_bytes(dom, o), n);
+	l->got_data = o->got_data;
+	l->data = o->data;
+	bool trunc = o->msg_len > l->len;
+	req_report(l, trunc ? FI_ETRUNC : 0, n, trunc ? o->msg_len - n : 0, o->got_tag, o->src_node, o->src_port,
+		   trunc ? EMP_WC_TRUNCATED : EMP_WC_SUCCESS);
+	l->cancelled = true;
+	dom->zombies++;
+	req_release(dom, o);
+}
+
+/* A canceled receive the NIC still held took a message that a receive
+ * posted after it also matches (MPI_Cancel of an MPI_ANY_SOURCE receive,
+ * then the next message): that live receive, already on the NIC, would
+ * never see the orphan. Each orphan, oldest first, goes to the oldest live
+ * receive it matches, when that one's bytes land in a bounce slot (or
+ * nowhere); one placed in the caller's memory cannot be retired: the orphan waits, and
+ * goes to it when it completes (orphan_swap). Domain lock held. */
+void orphans_rehome(struct emp_fi_domain *dom)
+{
+	for (struct emp_req **p = &dom->orphans; *p;) {
+		struct emp_req *o = *p, *oldest = NULL;
+		for (size_t i = 0; i < dom->nreqs; i++) {
+			struct emp_req *q = &dom->reqs[i];
+			if (!q->in_use || !q->matchable || q->cancelled || q->ep != o->ep ||
+			    !orphan_matches(o, q->want_node, q->want_port, q->want_tag, q->want_ignore))
+				continue;
+			if (!oldest || q->post_seq < oldest->post_seq)
+				oldest = q;
+		}
+		if (!oldest || (oldest->slot < 0 && oldest->len)) {
+			p = &o->next;
+			continue;
+		}
+		*p = o->next;
+		orphan_to_live(dom, o, oldest);
+	}
+}
+
 /* The claim made with context, or NULL. */
 static struct emp_fi_claim *claim_find(struct emp_fi_domain *dom, const struct emp_fi_ep *ep, const void *context)
 {
@@ -181,7 +301,7 @@ static ssize_t do_recv(struct emp_fi_ep *ep, void *buf, size_t len, void *desc, 
 		*p = o->next;
 		size_t n = o->got_len < len ? o->got_len : len;
 		if (n)
-			memcpy(buf, slot_ptr(dom, o->slot), n);
+			memcpy(buf, orphan_bytes(dom, o), n);
 		o->context = context;
 		o->cq_flags = FI_RECV | (tagged ? FI_TAGGED : FI_MSG);
 		o->want_entry = !ep->rx_selective || (flags & FI_COMPLETION);
@@ -231,6 +351,14 @@ static ssize_t do_recv(struct emp_fi_ep *ep, void *buf, size_t len, void *desc, 
 	if (cq) {
 		cq->reserved++;
 		r->cq_reserved = true;
+	}
+	if (!claimed) {
+		r->matchable = true;
+		r->want_node = node;
+		r->want_port = port;
+		r->want_tag = emp_tag;
+		r->want_ignore = emp_ignore;
+		r->post_seq = dom->recv_seq++;
 	}
 out:
 	pthread_mutex_unlock(&dom->lock);
@@ -518,7 +646,7 @@ static ssize_t tag_claimed(struct emp_fi_ep *ep, void *buf, size_t len, void *de
 	claim_drop(dom, c);
 	size_t n = o->got_len < len ? o->got_len : len;
 	if (n)
-		memcpy(buf, slot_ptr(dom, o->slot), n);
+		memcpy(buf, orphan_bytes(dom, o), n);
 	o->context = context;
 	o->cq_flags = FI_RECV | FI_TAGGED;
 	o->want_entry = !ep->rx_selective || (flags & FI_COMPLETION);

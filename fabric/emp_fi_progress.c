@@ -81,6 +81,8 @@ void req_release(struct emp_fi_domain *dom, struct emp_req *r)
 		dom->free_slots[dom->nfree_slots++] = r->slot;
 	if (r->out_slot >= 0)
 		dom->free_slots[dom->nfree_slots++] = r->out_slot;
+	free(r->heap);
+	r->heap = NULL;
 	coll_done(r);
 	struct emp_fi_ep *ep = r->ep;
 	if (ep) {
@@ -170,6 +172,7 @@ static void complete(struct emp_fi_domain *dom, const struct emp_wc_ex *wcx)
 		while (*p)
 			p = &(*p)->next;
 		*p = r;
+		orphans_rehome(dom);
 		return;
 	}
 	if (!r->ep) {
@@ -181,6 +184,8 @@ static void complete(struct emp_fi_domain *dom, const struct emp_wc_ex *wcx)
 		imm_complete(dom, r, wc);
 		return;
 	}
+	if (dom->orphans && r->kind == REQ_RECV && orphan_swap(dom, r, wcx))
+		return;
 	if ((r->kind == REQ_RECV || r->copy_out) && r->slot >= 0 && len)
 		memcpy(r->buf, slot_ptr(dom, r->slot), len < r->len ? len : r->len);
 	int err = status_errno(wc->status);

@@ -525,6 +525,70 @@ static void test_traffic(enum fi_av_type av_type)
 	check(e.op_context == (void *)0xb5 && e.len == 33 && !memcmp(rbuf, sbuf, 33),
 	      "%s: the message after cancel reached the next receive", t);
 
+	/* hpcc's pattern (MPIRandomAccess cancels its MPI_ANY_SOURCE,
+	 * MPI_ANY_TAG receive, then the next phase posts its receives): the
+	 * canceled wildcard receive, still on the NIC, takes the next message,
+	 * which must reach the receive posted after the cancel and before the
+	 * message came; and again with that receive's own leftover. */
+	EXPECT(fi_trecv(b.ep, rbuf, sizeof rbuf, NULL, FI_ADDR_UNSPEC, 0, ~0ULL, (void *)0xb7), 0);
+	EXPECT(fi_cancel(&b.ep->fid, (void *)0xb7), 0);
+	EXPECT(fi_cq_read(b.cq, &e, 1), -FI_EAVAIL);
+	memset(&ee, 0, sizeof ee);
+	EXPECT(fi_cq_readerr(b.cq, &ee, 0), 1);
+	check(ee.err == FI_ECANCELED && ee.op_context == (void *)0xb7, "%s: canceled wildcard receive", t);
+	char small[24];
+	for (int round = 0; round < 2; round++) {
+		void *ctx = (void *)(uintptr_t)(0xb8 + round);
+		size_t n = round ? 12 : 20;
+		memset(small, 0, sizeof small);
+		EXPECT(fi_trecv(b.ep, small, sizeof small, NULL, FI_ADDR_UNSPEC, 78, 0, ctx), 0);
+		EXPECT(fi_tsend(a.ep, sbuf + round, n, NULL, a.peer, 78, (void *)0xa7), 0);
+		EXPECT(wait_cq(a.cq, &e, NULL), 1);
+		EXPECT(wait_cq(b.cq, &e, NULL), 1);
+		check(e.op_context == ctx && e.len == n && e.tag == 78 && !memcmp(small, sbuf + round, n),
+		      "%s: round %d: the receive posted after a wildcard cancel got the message: ctx %p len %zu", t,
+		      round, e.op_context, e.len);
+	}
+	/* Other tags pass the leftover canceled receive (tag 78 only) by. */
+	EXPECT(fi_trecv(b.ep, small, sizeof small, NULL, FI_ADDR_UNSPEC, 79, 0, (void *)0xba), 0);
+	EXPECT(fi_tsend(a.ep, sbuf, 8, NULL, a.peer, 79, (void *)0xa8), 0);
+	EXPECT(wait_cq(a.cq, &e, NULL), 1);
+	EXPECT(wait_cq(b.cq, &e, NULL), 1);
+	check(e.op_context == (void *)0xba && e.len == 8, "%s: tag 79 past the leftover canceled receive", t);
+	/* The same when the receive posted after the cancel lies in the
+	 * caller's memory (over 64 KiB, hpcc's LatencyBandwidth): it gets the
+	 * first message, in order, and the second, which the NIC put in it,
+	 * goes to the next receive. Tag 78's leftover canceled receive is
+	 * used up first. */
+	EXPECT(fi_tsend(a.ep, sbuf, 4, NULL, a.peer, 78, (void *)0xa9), 0);
+	EXPECT(wait_cq(a.cq, &e, NULL), 1);
+	EXPECT(fi_trecv(b.ep, small, sizeof small, NULL, FI_ADDR_UNSPEC, 78, 0, (void *)0xbb), 0);
+	EXPECT(wait_cq(b.cq, &e, NULL), 1);
+	check(e.op_context == (void *)0xbb && e.len == 4, "%s: tag 78's leftover message", t);
+	EXPECT(fi_trecv(b.ep, rbuf, sizeof rbuf, NULL, FI_ADDR_UNSPEC, 0, ~0ULL, (void *)0xbc), 0);
+	EXPECT(fi_cancel(&b.ep->fid, (void *)0xbc), 0);
+	EXPECT(fi_cq_read(b.cq, &e, 1), -FI_EAVAIL);
+	EXPECT(fi_cq_readerr(b.cq, &ee, 0), 1);
+	size_t large = 100u << 10;
+	char *l1 = calloc(1, large), *l2 = calloc(1, large), *ls = malloc(large);
+	for (size_t i = 0; i < large; i++)
+		ls[i] = (char)(i * 5 + 9);
+	EXPECT(fi_trecv(b.ep, l1, large, NULL, FI_ADDR_UNSPEC, 80, 0, (void *)0xbd), 0);
+	EXPECT(fi_tsend(a.ep, sbuf, 20, NULL, a.peer, 80, (void *)0xaa), 0);
+	EXPECT(wait_cq(a.cq, &e, NULL), 1);
+	EXPECT(fi_tsend(a.ep, ls, large, NULL, a.peer, 80, (void *)0xab), 0);
+	EXPECT(wait_cq(b.cq, &e, NULL), 1);
+	check(e.op_context == (void *)0xbd && e.len == 20 && !memcmp(l1, sbuf, 20),
+	      "%s: a receive in the caller's memory gets the first message: ctx %p len %zu", t, e.op_context, e.len);
+	EXPECT(wait_cq(a.cq, &e, NULL), 1);
+	EXPECT(fi_trecv(b.ep, l2, large, NULL, FI_ADDR_UNSPEC, 80, 0, (void *)0xbe), 0);
+	EXPECT(wait_cq(b.cq, &e, NULL), 1);
+	check(e.op_context == (void *)0xbe && e.len == large && !memcmp(l2, ls, large),
+	      "%s: and the next receive the second: ctx %p len %zu", t, e.op_context, e.len);
+	free(l1);
+	free(l2);
+	free(ls);
+
 	/* Large, unregistered (registered for the operation) */
 	size_t big = 3u << 20;
 	char *s = malloc(big), *r = calloc(1, big);

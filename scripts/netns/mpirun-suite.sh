@@ -208,6 +208,7 @@ report "$good" "job_ring (C job API), $where: token $want around the ring ($((SE
 # emp (pml cm, mtl ofi): fabric/test/mpi_emp.c (ping-pong 0 B-4 MiB with
 # data checks, wildcard receives, every collective) and the benchmark
 # program of `emp bench mpi` (a quick pass: latency, barrier, allreduce),
+# mpi_emp.c again with MPI_Barrier/MPI_Allreduce on the NICs (libemp-mpicoll.so),
 # each rank on its namespace's NIC. Skipped (and said so) without mpicc
 # or the provider.
 if [ -e "$bin/lib/libemp-fi.so" ] && command -v mpicc >/dev/null; then
@@ -226,6 +227,23 @@ if [ -e "$bin/lib/libemp-fi.so" ] && command -v mpicc >/dev/null; then
     fi
     report "$good" "mpi_emp.c over the provider emp (mtl ofi), $where: exit $rc ($((SECONDS - t0)) s)"
     grep -E '^(latency|not ok)' "$out" | sed 's/^/#   /' || true
+    # The same with libemp-mpicoll.so preloaded: MPI_Barrier and
+    # MPI_Allreduce on the NICs, across the namespaces; a fallback to Open
+    # MPI's collectives (the library says "emp-mpicoll:") fails the step.
+    t0=$SECONDS
+    good=0
+    rc=-1
+    if [ -x "$dir/mpi_emp" ] && [ -e "$bin/lib/libemp-mpicoll.so" ]; then
+        set +e
+        "${mpi[@]}" "${ofi_emp[@]}" -x LD_PRELOAD="$bin/lib/libemp-mpicoll.so" -x EMP_MPICOLL_VERBOSE=1 \
+            "$dir/mpi_emp" >"$out" 2>&1
+        rc=$?
+        set -e
+        if [ "$rc" -eq 0 ] && grep -Eq '^# [1-9][0-9]* passed, 0 failed$' "$out" && ! grep -q 'emp-mpicoll:' "$out"; then
+            good=1
+        fi
+    fi
+    report "$good" "mpi_emp.c with the NIC collectives (libemp-mpicoll.so), $where: exit $rc ($((SECONDS - t0)) s)"
     t0=$SECONDS
     good=0
     mpicc -O2 -Wall -Wextra -Werror -o "$dir/mpi_bench" "$root/fabric/test/mpi_bench.c" >"$out" 2>&1 && {

@@ -171,9 +171,13 @@ pub struct BenchArgs {
     /// mpi: transports to compare (comma separated; default emp,tcp,udp,shm).
     #[arg(long, value_delimiter = ',')]
     pub transports: Vec<String>,
-    /// mpi: repetitions of each measurement, the median reported (default 5).
+    /// mpi: repetitions of each measurement, the median reported (default 3).
     #[arg(long)]
     pub reps: Option<usize>,
+    /// mpi: seconds one transport may take at one rank count before it is
+    /// reported as failed and left out of the rest (default 240; --quick 120).
+    #[arg(long)]
+    pub transport_timeout: Option<u64>,
     /// mpi: a quick check that every transport runs (2 sizes, few iterations).
     #[arg(long)]
     pub quick: bool,

@@ -33,17 +33,21 @@ use crate::cluster::{self, UpArgs};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Transport {
     Emp,
+    /// As `Emp`, with libemp-mpicoll.so preloaded: MPI_Barrier and
+    /// MPI_Allreduce on the NICs (collectives only).
+    EmpColl,
     Tcp,
     Udp,
     Shm,
 }
 
-const TRANSPORTS: [Transport; 4] = [Transport::Emp, Transport::Tcp, Transport::Udp, Transport::Shm];
+const TRANSPORTS: [Transport; 5] = [Transport::Emp, Transport::EmpColl, Transport::Tcp, Transport::Udp, Transport::Shm];
 
 impl Transport {
     fn name(self) -> &'static str {
         match self {
             Transport::Emp => "emp",
+            Transport::EmpColl => "emp-coll",
             Transport::Tcp => "tcp",
             Transport::Udp => "udp",
             Transport::Shm => "shm",
@@ -54,13 +58,14 @@ impl Transport {
         TRANSPORTS
             .into_iter()
             .find(|t| t.name() == s)
-            .ok_or_else(|| format!("--transports: unknown transport {s:?} (emp, tcp, udp, shm)"))
+            .ok_or_else(|| format!("--transports: unknown transport {s:?} (emp, emp-coll, tcp, udp, shm)"))
     }
 
     /// What it is, for the report.
     fn about(self) -> &'static str {
         match self {
             Transport::Emp => "pml cm, mtl ofi, libfabric provider emp (libemp-fi.so)",
+            Transport::EmpColl => "emp, with libemp-mpicoll.so: MPI_Barrier, MPI_Allreduce on the NICs",
             Transport::Tcp => "pml cm, mtl ofi, libfabric provider tcp",
             Transport::Udp => "pml cm, mtl ofi, libfabric provider udp;ofi_rxd",
             Transport::Shm => "pml ob1, btl self,vader (Open MPI shared memory)",
@@ -71,7 +76,7 @@ impl Transport {
     fn mca(self) -> Vec<&'static str> {
         let ofi = |prov| vec!["--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "mtl_ofi_provider_include", prov];
         match self {
-            Transport::Emp => ofi("emp"),
+            Transport::Emp | Transport::EmpColl => ofi("emp"),
             Transport::Tcp => ofi("tcp"),
             Transport::Udp => ofi("udp;ofi_rxd"),
             Transport::Shm => vec!["--mca", "pml", "ob1", "--mca", "btl", "self,vader"],
@@ -268,7 +273,7 @@ fn output_within(mut cmd: Command, limit: Duration) -> Result<(bool, String), St
     let text = format!("{}{}", out.join().unwrap_or_default(), err.join().unwrap_or_default());
     match status {
         Some(st) => Ok((st.success(), text)),
-        None => Ok((false, format!("{text}\n(killed after {} s)", limit.as_secs()))),
+        None => Ok((false, format!("{text}\n{KILLED}{} s)", limit.as_secs()))),
     }
 }
 
@@ -278,28 +283,40 @@ struct Plan {
     program: PathBuf,
     provider_dir: PathBuf,
     sizes: String,
+    /// `sizes` for `udp`: the default sizes stop at [`UDP_SIZE_MAX`].
+    udp_sizes: String,
     allreduce_sizes: String,
     reps: usize,
     quick: bool,
+    /// One transport's job at one rank count (mpirun's `--timeout`).
+    limit: Duration,
 }
 
 impl Plan {
     fn command(&self, t: Transport, ranks: usize, measures: &str, ch: &Chassis) -> Command {
         let mut cmd = Command::new(&self.mpirun);
-        cmd.args(["-n", &ranks.to_string(), "--bind-to", "none", "--oversubscribe", "--timeout", "1800"]);
+        cmd.args(["-n", &ranks.to_string(), "--bind-to", "none", "--oversubscribe"]);
+        cmd.args(["--timeout", &self.limit.as_secs().to_string()]);
         // Ranks give the CPU away while they wait, whatever the transport:
         // the NIC daemons and other ranks share the cores (with more ranks
         // than cores, a spinning rank holds a core its peer needs for a
         // whole time slice), and on an idle core a yield returns at once.
         cmd.args(["--mca", "mpi_yield_when_idle", "1"]);
         cmd.args(t.mca());
-        if t == Transport::Emp {
+        if matches!(t, Transport::Emp | Transport::EmpColl) {
             cmd.arg("-x").arg(format!("FI_PROVIDER_PATH={}", self.provider_dir.display()));
             cmd.arg("-x").arg(format!("EMP_CLUSTER={}", ch.cluster.display()));
             cmd.args(["-x", "EMP_HOST=chassis"]);
         }
+        if t == Transport::EmpColl {
+            cmd.arg("-x").arg(format!("LD_PRELOAD={}", self.provider_dir.join("libemp-mpicoll.so").display()));
+            // A fallback to Open MPI's collectives would be measured as the
+            // NIC's: the library says so, and the run fails on it below.
+            cmd.args(["-x", "EMP_MPICOLL_VERBOSE=1"]);
+        }
         cmd.arg(&self.program).args(["-m", measures, "-r", &self.reps.to_string()]);
-        cmd.args(["-s", &self.sizes, "-a", &self.allreduce_sizes]);
+        let sizes = if t == Transport::Udp { &self.udp_sizes } else { &self.sizes };
+        cmd.args(["-s", sizes, "-a", &self.allreduce_sizes]);
         if self.quick {
             cmd.arg("-q");
         }
@@ -313,6 +330,18 @@ impl Plan {
         cmd
     }
 }
+
+/// The largest default message size over `udp;ofi_rxd`: its large
+/// messages crawl (a 256 KiB ping-pong takes tens of ms on the 2-core
+/// machine), and at 4 MiB one transport would take the run's whole time.
+/// `--sizes` is taken as given.
+const UDP_SIZE_MAX: usize = 256 << 10;
+
+/// What output_within adds to the output of a job it killed.
+const KILLED: &str = "(killed after ";
+
+/// What Open MPI's `mpirun --timeout` prints when it ends a job.
+const MPIRUN_TIME_LIMIT: &str = "time limit for job execution has been reached";
 
 /// `emp bench mpi`.
 pub fn run(a: &BenchArgs) -> Result<(), String> {
@@ -328,7 +357,7 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     if !(2..=64).contains(&max_ranks) {
         return Err(format!("--nodes {max_ranks}: from 2 to 64 ranks"));
     }
-    let reps = a.reps.unwrap_or(if a.quick { 1 } else { 5 });
+    let reps = a.reps.unwrap_or(if a.quick { 1 } else { 3 });
     if !(1..=101).contains(&reps) {
         return Err(format!("--reps {reps}: from 1 to 101"));
     }
@@ -337,6 +366,10 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     let sizes: &[usize] = if a.sizes.is_empty() { default_sizes } else { &a.sizes };
     if let Some(s) = sizes.iter().find(|&&s| s > 64 << 20) {
         return Err(format!("--sizes: {s} B is over 64 MiB"));
+    }
+    let limit_s = a.transport_timeout.unwrap_or(if a.quick { 120 } else { 240 });
+    if !(10..=86_400).contains(&limit_s) {
+        return Err(format!("--transport-timeout {limit_s}: from 10 to 86400 seconds"));
     }
     let join = |v: &[usize]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
     let allreduce_sizes: Vec<usize> = if a.quick { vec![8] } else { vec![8, 64, 512, 4096, 32768] };
@@ -348,34 +381,57 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         program,
         provider_dir,
         sizes: join(sizes),
+        udp_sizes: if a.sizes.is_empty() {
+            join(&sizes.iter().copied().filter(|&s| s <= UDP_SIZE_MAX).collect::<Vec<_>>())
+        } else {
+            join(sizes)
+        },
         allreduce_sizes: join(&allreduce_sizes),
         reps,
         quick: a.quick,
+        limit: Duration::from_secs(limit_s),
     };
     let counts = rank_counts(max_ranks);
     let ch = Chassis::up(a, max_ranks)?;
     let mut res = Results::default();
-    let limit = Duration::from_secs(1800);
+    // mpirun ends a job at the plan's limit; this kills it if even that hangs.
+    let limit = plan.limit + Duration::from_secs(30);
     for &ranks in &counts {
-        let measures = if ranks == 2 { "latency,bw,mr,barrier,allreduce" } else { "barrier,allreduce" };
+        let all = if ranks == 2 { "latency,bw,mr,barrier,allreduce" } else { "barrier,allreduce" };
         // Transports one after another at each rank count: a noisy spell
         // of the machine hits neighbouring columns alike.
         for &t in &transports {
             if res.failed.iter().any(|(f, _, _)| *f == t) {
                 continue;
             }
+            // emp-coll's point-to-point is emp's.
+            let measures = if t == Transport::EmpColl { "barrier,allreduce" } else { all };
             say(a, format!("# {ranks} ranks over {}: {measures}", t.name()));
-            let (ok, out) = output_within(plan.command(t, ranks, measures, &ch), limit)?;
+            let (mut ok, out) = output_within(plan.command(t, ranks, measures, &ch), limit)?;
+            // Fell back to Open MPI's collectives: not the NICs' figures.
+            let fell_back = t == Transport::EmpColl && out.contains("emp-mpicoll:");
+            ok &= !fell_back;
             let parsed = parse_results(&out);
-            match (ok, parsed) {
-                (true, Ok(figs)) if !figs.is_empty() => {
-                    for (k, f) in figs {
-                        res.figures.entry(k).or_default().insert(t, f);
-                    }
+            // Every figure the job printed is a finished measurement,
+            // kept even when the job failed or ran out of time later.
+            if let (Ok(figs), false) = (&parsed, fell_back) {
+                for (k, f) in figs {
+                    res.figures.entry(*k).or_default().insert(t, *f);
                 }
-                (_, Err(e)) => return Err(format!("{} at {ranks} ranks: {e}\n{out}", t.name())),
+            }
+            match (ok, parsed) {
+                (true, Ok(figs)) if !figs.is_empty() => {}
+                // A job that ran to its end printed what it printed on
+                // purpose: a line it got wrong is the program's bug.
+                (true, Err(e)) => return Err(format!("{} at {ranks} ranks: {e}\n{out}", t.name())),
                 _ => {
-                    let tail: Vec<&str> = out.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect();
+                    // Its figures are in the results already: the why is the rest.
+                    let mut tail: Vec<&str> = out.lines().filter(|l| !l.starts_with("result ")).collect();
+                    tail.drain(..tail.len().saturating_sub(15));
+                    let timed_out = format!("timed out after {} s (--transport-timeout)", plan.limit.as_secs());
+                    if out.contains(MPIRUN_TIME_LIMIT) || out.contains(KILLED) {
+                        tail.push(&timed_out);
+                    }
                     say(
                         a,
                         format!("# {} at {ranks} ranks failed; left out of the rest:\n{}", t.name(), tail.join("\n")),
@@ -397,12 +453,16 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     if res.figures.is_empty() {
         return Err("no transport ran the benchmark".into());
     }
+    let doc = json(&res, &transports, a, reps);
     if let Some(d) = &a.plot_dir {
         plot::all(d, &res, &transports)?;
-        say(a, format!("# plots in {}", d.display()));
+        // The JSON beside the plots too: one run gives table, JSON and plots.
+        let file = d.join("mpi.json");
+        std::fs::write(&file, format!("{doc}\n")).map_err(|e| format!("{}: {e}", file.display()))?;
+        say(a, format!("# plots and {} in {}", file.file_name().and_then(|f| f.to_str()).unwrap_or(""), d.display()));
     }
     if a.json {
-        print_json(&json(&res, &transports, a, reps));
+        print_json(&doc);
     } else {
         tables(&res, &transports, a, reps);
     }
@@ -465,7 +525,7 @@ fn size_label(m: Measure, ranks: usize, size: usize) -> String {
 fn tables(res: &Results, transports: &[Transport], a: &BenchArgs, reps: usize) {
     println!("# emp bench mpi: Open MPI, the same program over each transport, one run; median of {reps}");
     for t in transports {
-        println!("#   {:<4} {}", t.name(), t.about());
+        println!("#   {:<8} {}", t.name(), t.about());
     }
     let ratio = transports.contains(&Transport::Emp) && transports.contains(&Transport::Tcp);
     for m in MEASURES {
@@ -481,11 +541,17 @@ fn tables(res: &Results, transports: &[Transport], a: &BenchArgs, reps: usize) {
         if m == Measure::Barrier && !res.nic_barrier.is_empty() {
             head.push_str(&format!(" {:>12}", "emp-nic"));
         }
+        let coll = transports.contains(&Transport::EmpColl)
+            && transports.contains(&Transport::Tcp)
+            && matches!(m, Measure::Barrier | Measure::Allreduce);
         if ratio {
             head.push_str(&format!(" {:>10}", "emp÷tcp"));
             if m == Measure::Barrier && !res.nic_barrier.is_empty() {
                 head.push_str(&format!(" {:>10}", "nic÷tcp"));
             }
+        }
+        if coll {
+            head.push_str(&format!(" {:>10}", "coll÷tcp"));
         }
         println!("{head}");
         for ((_, ranks, size), per) in rows {
@@ -514,6 +580,12 @@ fn tables(res: &Results, transports: &[Transport], a: &BenchArgs, reps: usize) {
                         (Some((_, us)), Some(t)) => line.push_str(&format!(" {:>9.2}×", t / us)),
                         _ => line.push_str(&format!(" {:>10}", "-")),
                     }
+                }
+            }
+            if coll {
+                match (per.get(&Transport::EmpColl), per.get(&Transport::Tcp)) {
+                    (Some(e), Some(t)) => line.push_str(&format!(" {:>9.2}×", gain(m, e.median, t.median))),
+                    _ => line.push_str(&format!(" {:>10}", "-")),
                 }
             }
             println!("{line}");
@@ -567,6 +639,9 @@ fn json(res: &Results, transports: &[Transport], a: &BenchArgs, reps: usize) -> 
                 _ => Json::Null,
             };
             fields.push(("emp_over_tcp", ratio));
+            if let (Some(e), Some(t)) = (per.get(&Transport::EmpColl), per.get(&Transport::Tcp)) {
+                fields.push(("emp_coll_over_tcp", Json::Num(gain(*m, e.median, t.median), 3)));
+            }
             Json::Obj(fields)
         })
         .collect();
@@ -607,6 +682,7 @@ fn json(res: &Results, transports: &[Transport], a: &BenchArgs, reps: usize) -> 
         ),
         ("measures", Json::Arr(units)),
         ("emp_over_tcp", Json::str("times better than tcp: tcp/emp for times, emp/tcp for rates")),
+        ("emp_coll_over_tcp", Json::str("the same for emp-coll (barrier, allreduce)")),
         ("results", Json::Arr(rows)),
         ("emp_nic_barrier", Json::Arr(nic)),
         ("failed", Json::Arr(failed)),
@@ -627,6 +703,7 @@ mod plot {
     fn color(t: Transport) -> RGBColor {
         match t {
             Transport::Emp => RGBColor(200, 30, 30),
+            Transport::EmpColl => RGBColor(230, 140, 20),
             Transport::Tcp => RGBColor(30, 60, 200),
             Transport::Udp => RGBColor(30, 150, 60),
             Transport::Shm => RGBColor(120, 120, 120),
@@ -727,6 +804,17 @@ mod tests {
         assert!(parse_results("result latency 2 eight 1 1 us\n").is_err());
         assert!(parse_results("result warp 2 8 1 1 us\n").is_err());
         assert!(parse_results("error latency 8: data differs\n").unwrap_err().contains("wrong data"));
+    }
+
+    #[test]
+    fn a_job_past_its_limit_is_killed_and_said_so() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo started; exec sleep 600"]);
+        let (ok, out) = output_within(cmd, Duration::from_secs(1)).expect("sh runs");
+        assert!(!ok, "a killed job is a failure");
+        assert!(out.starts_with("started\n") && out.contains(KILLED), "{out}");
+        let (ok, out) = output_within(Command::new("true"), Duration::from_secs(60)).expect("true runs");
+        assert!(ok && !out.contains(KILLED), "{out}");
     }
 
     #[test]
