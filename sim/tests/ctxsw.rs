@@ -6,10 +6,11 @@
 //! and changes nothing.
 
 use emp_firmware::{image_checksum, Config, Occupancy};
-use emp_sim::cluster::{Cluster, SavedContext};
+use emp_sim::cluster::{binomial_parents_wide, Cluster, SavedContext};
 use emp_sim::host::work_desc;
 use emp_sim::rng::Rng;
 use emp_sim::world::WireConfig;
+use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};
 use emp_uapi::desc::{Cqe, Opcode, Status, CQE_IMM};
 use emp_uapi::sram::{admin_result as ar, AdminOp, PORT_ADDR_EXPLICIT};
 use emp_uapi::{ANY_NODE, ANY_PORT};
@@ -292,7 +293,7 @@ fn test_corrupted_image_is_refused_and_changes_nothing() {
         cases.push((format!("bit flipped at {at}"), b, ctx.len));
     }
     cases.push(("truncated".into(), good.clone(), ctx.len - 1));
-    cases.push(("header only".into(), good.clone(), 72));
+    cases.push(("header only".into(), good.clone(), 80));
     cases.push(("shorter than a header".into(), good.clone(), 10));
     // Well formed, checksum fixed, but lying: counts beyond the bytes, a
     // foreign identity, a ring index beyond the ring.
@@ -346,4 +347,187 @@ fn test_corrupted_image_is_refused_and_changes_nothing() {
         assert_eq!(status(&c.wait(0, s, 50 * MS).unwrap()), Status::Success);
     }
     let _ = PORT_ADDR_EXPLICIT;
+}
+
+/// Byte offset of the image header's count of collective ops.
+const OPS_COUNT_AT: usize = 74;
+
+fn ops_in_image(image: &[u8]) -> u16 {
+    u16::from_le_bytes([image[OPS_COUNT_AT], image[OPS_COUNT_AT + 1]])
+}
+
+/// Rank `r`'s allreduce input of round `k`: `COUNT` i64 values.
+const COUNT: usize = 16;
+fn coll_input(r: u16, k: usize) -> Vec<u8> {
+    (0..COUNT).flat_map(|j| ((r as i64 + 1) * 1000 + k as i64 * 7 + j as i64).to_le_bytes()).collect()
+}
+
+fn coll_sum(n: u16, k: usize) -> Vec<u8> {
+    (0..COUNT)
+        .flat_map(|j| (0..n).map(|r| (r as i64 + 1) * 1000 + k as i64 * 7 + j as i64).sum::<i64>().to_le_bytes())
+        .collect()
+}
+
+/// Suspends every rank (C1), waits up to `limit_ns` until all are stable
+/// (C2–C5), and saves them all (C6); `None` when not all became stable
+/// (every rank resumed: the switch is put off, as `emp gang` does).
+fn gang_save(c: &mut Cluster, n: u16, limit_ns: u64) -> Option<Vec<SavedContext>> {
+    for r in 0..n {
+        assert_eq!(c.suspend(r), ar::OK);
+    }
+    let mut waited = 0;
+    while !(0..n).all(|r| c.is_stable(r)) {
+        if waited >= limit_ns {
+            if std::env::var_os("EMP_CTXSW_TRACE").is_some() {
+                for r in 0..n {
+                    let nic = &c.world.nodes[r as usize].nic;
+                    eprintln!("rank {r}: {:?}", nic.port_unstable(c.port_slot(r)));
+                }
+            }
+            for r in 0..n {
+                assert_eq!(c.resume(r), ar::OK);
+            }
+            return None;
+        }
+        c.run_for(50_000);
+        waited += 50_000;
+    }
+    Some((0..n).map(|r| c.save(r).unwrap_or_else(|e| panic!("rank {r}: stable but save refused: {e}"))).collect())
+}
+
+/// What a run of collectives under switches saw.
+#[derive(Default, Debug)]
+struct CollRun {
+    switches: usize,
+    put_off: usize,
+    /// Images that carried collective ops (switched mid-collective).
+    mid_collective: usize,
+}
+
+/// `n` ranks (one per NIC, one group, binomial tree) run `rounds` rounds
+/// of a barrier (algorithm `algo`), an allreduce and a reduce to a rotating
+/// root, each rank posting a round as soon as its previous one completed,
+/// while at random moments all ranks are switched out together (gang
+/// style), parked for a while and restored each into a random free slot.
+/// Every operation completes once, successfully, in posting order, with
+/// the right result.
+fn collectives_with_switches(seed: u64, n: u16, loss: f64, rounds: usize, algo: BarrierAlgo) -> CollRun {
+    let wire = WireConfig { loss, dup: loss / 2.0, reorder: loss, ..WireConfig::default() };
+    let mut c = Cluster::new(n, Config::default(), 0, 1500, wire);
+    let members: Vec<u16> = (0..n).collect();
+    let trees = vec![binomial_parents_wide(n as usize)];
+    assert!(c.create_group_wide(0, 7, 1, &members, &trees).iter().all(|&r| r == ar::OK));
+    let mut rng = Rng::new(seed);
+    let mut run = CollRun::default();
+    // Per rank: the round it is in and that round's (wr, kind) in posting order.
+    let mut round = vec![0usize; n as usize];
+    let mut posted: Vec<Vec<(u64, u8)>> = vec![Vec::new(); n as usize];
+    let mut seen: Vec<Vec<Cqe>> = vec![Vec::new(); n as usize];
+    let post_round = |c: &mut Cluster, r: u16, k: usize| -> Vec<(u64, u8)> {
+        let b = c.barrier(r, 0, algo, 0);
+        let a = c.reduce(r, 0, true, 0, Dtype::I64, ReduceOp::Sum, 0, &coll_input(r, k));
+        let root = (k % n as usize) as u16;
+        let d = c.reduce(r, 0, false, root, Dtype::I64, ReduceOp::Sum, 0, &coll_input(r, k + 1));
+        vec![(b, 0), (a, 1), (d, 2)]
+    };
+    for r in 0..n {
+        posted[r as usize] = post_round(&mut c, r, 0);
+    }
+    while round.iter().any(|&k| k < rounds) {
+        assert!(c.world.now < 60_000 * MS, "seed {seed}: stuck in rounds {round:?}");
+        c.run_for(rng.range(2_000, 200_000));
+        for r in 0..n {
+            seen[r as usize].extend(c.completions(r));
+            let k = round[r as usize];
+            if k >= rounds || seen[r as usize].len() < 3 {
+                continue;
+            }
+            // Operations of a round may complete in any order, each once.
+            let mut got: Vec<Cqe> = seen[r as usize].drain(..).collect();
+            got.sort_by_key(|c| c.wr_id);
+            assert_eq!(got.len(), 3, "seed {seed}: rank {r} round {k}: more completions than operations");
+            for (cqe, &(wr, kind)) in got.iter().zip(&posted[r as usize]) {
+                assert_eq!((cqe.wr_id, status(cqe)), (wr, Status::Success), "seed {seed}: rank {r} round {k}");
+                let root = (k % n as usize) as u16;
+                match kind {
+                    1 => assert_eq!(c.received(wr, COUNT * 8), coll_sum(n, k), "seed {seed}: allreduce {k} at {r}"),
+                    2 if r == root => {
+                        assert_eq!(c.received(wr, COUNT * 8), coll_sum(n, k + 1), "seed {seed}: reduce {k} at {r}")
+                    }
+                    _ => {}
+                }
+            }
+            round[r as usize] = k + 1;
+            if k + 1 < rounds {
+                posted[r as usize] = post_round(&mut c, r, k + 1);
+            }
+        }
+        if run.switches + run.put_off >= 12 || !rng.chance(0.5) {
+            continue;
+        }
+        let Some(saved) = gang_save(&mut c, n, 20 * MS) else {
+            run.put_off += 1;
+            continue;
+        };
+        run.switches += 1;
+        for (r, ctx) in saved.iter().enumerate() {
+            run.mid_collective += (ops_in_image(&c.image(r as u16, ctx)) > 0) as usize;
+        }
+        // Parked: peers' frames (retransmissions) are refused for retry.
+        c.run_for(rng.range(0, 3 * MS));
+        for (r, ctx) in saved.iter().enumerate() {
+            let slot = free_slot(&c, r as u16, &mut rng);
+            assert_eq!(
+                c.restore(r as u16, ctx, slot),
+                ar::OK,
+                "seed {seed}: rank {r}: {:?}",
+                c.world.nodes[r].nic.restore_refusal()
+            );
+        }
+        for r in 0..n {
+            assert_eq!(c.resume(r), ar::OK);
+        }
+    }
+    c.run_for(20 * MS);
+    for r in 0..n {
+        assert!(c.completions(r).is_empty(), "seed {seed}: rank {r}: a completion twice");
+        let nic = &c.world.nodes[r as usize].nic;
+        assert!(nic.parked().is_empty(), "seed {seed}: rank {r}: still parked");
+        nic.invariants().unwrap_or_else(|e| panic!("seed {seed}: rank {r}: {e}"));
+    }
+    run
+}
+
+#[test]
+fn test_gang_switches_mid_collective_lose_nothing() {
+    let mut total = CollRun::default();
+    for seed in 0..seeds().div_ceil(40).max(3) {
+        let n = [8, 16, 12][seed as usize % 3];
+        let algo =
+            [BarrierAlgo::Dissemination, BarrierAlgo::PairwiseExchange, BarrierAlgo::GatherRelease][seed as usize % 3];
+        let r = collectives_with_switches(seed, n, 0.0, 6, algo);
+        total.switches += r.switches;
+        total.put_off += r.put_off;
+        total.mid_collective += r.mid_collective;
+    }
+    eprintln!("{total:?}");
+    assert!(total.switches > 0, "no switch made: {total:?}");
+    assert!(total.mid_collective > 0, "no switch caught a collective in progress: {total:?}");
+}
+
+#[test]
+fn test_gang_switches_mid_collective_with_loss_lose_nothing() {
+    let mut total = CollRun::default();
+    for seed in 0..seeds().div_ceil(40).max(3) {
+        let n = [8, 12, 16][seed as usize % 3];
+        let algo =
+            [BarrierAlgo::GatherRelease, BarrierAlgo::Dissemination, BarrierAlgo::PairwiseExchange][seed as usize % 3];
+        let r = collectives_with_switches(1000 + seed, n, 0.03, 5, algo);
+        total.switches += r.switches;
+        total.put_off += r.put_off;
+        total.mid_collective += r.mid_collective;
+    }
+    eprintln!("{total:?}");
+    assert!(total.switches > 0, "no switch made: {total:?}");
+    assert!(total.mid_collective > 0, "no switch caught a collective in progress: {total:?}");
 }
