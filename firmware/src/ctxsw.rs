@@ -81,8 +81,8 @@ const TX_COLL: u16 = 1;
 /// A queued collective message whose op already completed (a barrier's last).
 const NO_OP: u16 = u16::MAX;
 /// Bytes of one group record: table slot, id, epoch, rank, members, span,
-/// next instance.
-const GROUP_IMAGE: usize = 24;
+/// next instance, checksum of the member list.
+const GROUP_IMAGE: usize = 28;
 /// Bytes of an op record besides its descriptor and state.
 const OP_IMAGE: usize = 12;
 /// Op record kinds and flags.
@@ -105,6 +105,12 @@ pub fn image_checksum(b: &[u8]) -> u32 {
         h = (h ^ x as u32).wrapping_mul(0x0100_0193);
     }
     h
+}
+
+/// FNV-1a over a group's member list: a restore finds the very group the
+/// context was saved with in the trusted side's table.
+fn members_checksum(g: &GroupState) -> u32 {
+    g.members.iter().flat_map(|m| m.to_le_bytes()).fold(0x811c_9dc5u32, |h, x| (h ^ x as u32).wrapping_mul(0x0100_0193))
 }
 
 /// Peer record flags.
@@ -1133,6 +1139,7 @@ impl Nic {
         out.extend_from_slice(&g.n.to_le_bytes());
         out.extend_from_slice(&g.span.to_le_bytes());
         out.extend_from_slice(&g.next_instance.to_le_bytes());
+        out.extend_from_slice(&members_checksum(g).to_le_bytes());
     }
 
     /// `groups`: the table slots written before, in image order.
@@ -1194,8 +1201,8 @@ impl Nic {
     ) -> Result<Vec<(u32, GroupState)>, Refusal> {
         let mut out: Vec<(u32, GroupState)> = Vec::with_capacity(n.min(self.groups.slots.len()));
         for _ in 0..n {
-            let (s, id, epoch, rank, members, span, next) =
-                (r.u32()?, r.u32()?, r.u32()?, r.u16()?, r.u16()?, r.u32()?, r.u32()?);
+            let (s, id, epoch, rank, members, span, next, sum) =
+                (r.u32()?, r.u32()?, r.u32()?, r.u16()?, r.u16()?, r.u32()?, r.u32()?, r.u32()?);
             let end = s.checked_add(span).ok_or("group slot")?;
             if span == 0 || end as usize > self.groups.slots.len() {
                 return Err("group slot".into());
@@ -1209,7 +1216,8 @@ impl Nic {
                 admin_result::BAD_KEY => "group table entry's bounce memory",
                 _ => "group table entry",
             })?;
-            if (g.id, g.epoch, g.rank, g.n, g.span) != (id, epoch, rank, members, span) {
+            // The same group, not another job's of the same id and epoch.
+            if (g.id, g.epoch, g.rank, g.n, g.span, members_checksum(&g)) != (id, epoch, rank, members, span, sum) {
                 return Err("group of another table entry".into());
             }
             if out.iter().any(|(_, h)| h.id == id) {

@@ -531,3 +531,91 @@ fn test_gang_switches_mid_collective_with_loss_lose_nothing() {
     assert!(total.switches > 0, "no switch made: {total:?}");
     assert!(total.mid_collective > 0, "no switch caught a collective in progress: {total:?}");
 }
+
+/// A context saved mid-collective (its group, a barrier and an allreduce
+/// recorded, their messages queued): every single-byte corruption and every
+/// truncation is refused and changes nothing; with the checksum forged to
+/// match, a corruption is refused unchanged or, where it still makes a valid
+/// image (a value, not a structure), accepted with the NIC's invariants
+/// intact; the intact image then restores into another slot and both
+/// collectives complete with the right result.
+#[test]
+fn test_corrupted_collective_image_is_refused_and_changes_nothing() {
+    let n = 4u16;
+    let mut c = Cluster::new(n, Config::default(), 0, 1500, WireConfig::default());
+    let members: Vec<u16> = (0..n).collect();
+    assert!(c.create_group_wide(0, 7, 1, &members, &[binomial_parents_wide(n as usize)]).iter().all(|&r| r == ar::OK));
+    // Rank 3 posts nothing yet: the others' barrier and allreduce wait for it.
+    let mut wrs: Vec<Vec<u64>> = vec![Vec::new(); n as usize];
+    for r in 0..n - 1 {
+        wrs[r as usize].push(c.barrier(r, 0, BarrierAlgo::Dissemination, 0));
+        wrs[r as usize].push(c.reduce(r, 0, true, 0, Dtype::I64, ReduceOp::Sum, 0, &coll_input(r, 0)));
+    }
+    c.run_for(5 * MS);
+    // Rank 1 holds early messages and its own posted ops: switched out.
+    let ctx = suspend_and_save(&mut c, 1);
+    let good = c.image(1, &ctx);
+    assert!(ops_in_image(&good) >= 2, "the image carries the collectives in progress");
+    let before: (Occupancy, Vec<(u16, u16)>) = (c.world.nodes[1].nic.occupancy(), c.world.nodes[1].nic.parked());
+    let refused_unchanged = |c: &mut Cluster, what: &str, bytes: &[u8], len: u64| {
+        c.write_image(1, &ctx, bytes);
+        let r = c.restore_len(1, &ctx, 1, len);
+        if r == ar::OK {
+            return false;
+        }
+        assert!(matches!(r, ar::BAD_IMAGE | ar::NO_ROOM), "{what}: result {r}");
+        let nic = &c.world.nodes[1].nic;
+        assert!(!nic.port_is_open(1), "{what}: the slot opened");
+        assert_eq!((nic.occupancy(), nic.parked()), before, "{what}: state changed");
+        true
+    };
+    let fixed = |mut b: Vec<u8>| {
+        let sum = image_checksum(&b);
+        b[12..16].copy_from_slice(&sum.to_le_bytes());
+        b
+    };
+    let mut rng = Rng::new(11);
+    let mut accepted = 0;
+    for at in 0..good.len() {
+        let mut b = good.clone();
+        b[at] ^= 1 << rng.below(8);
+        assert!(refused_unchanged(&mut c, &format!("bit flipped at {at}"), &b, ctx.len), "bit flip at {at} restored");
+        if at < 16 {
+            continue; // Header identity and checksum fields: covered above.
+        }
+        if !refused_unchanged(&mut c, &format!("forged flip at {at}"), &fixed(b), ctx.len) {
+            // Still a valid image: the NIC holds it consistently; park it again.
+            accepted += 1;
+            c.world.nodes[1].nic.invariants().unwrap_or_else(|e| panic!("forged flip at {at}: {e}"));
+            let again = suspend_and_save_again(&mut c);
+            assert_eq!(again.len, ctx.len, "forged flip at {at}: re-saved image of another length");
+        }
+    }
+    for len in [ctx.len - 1, ctx.len / 2, 80, 79] {
+        assert!(refused_unchanged(&mut c, &format!("truncated to {len}"), &good, len), "truncated to {len}");
+    }
+    eprintln!("{} forged single-byte corruptions still valid images of {} bytes", accepted, good.len());
+    c.write_image(1, &ctx, &good);
+    assert_eq!(c.restore(1, &ctx, 2), ar::OK, "{:?}", c.world.nodes[1].nic.restore_refusal());
+    assert_eq!(c.resume(1), ar::OK);
+    wrs[3].push(c.barrier(3, 0, BarrierAlgo::Dissemination, 0));
+    wrs[3].push(c.reduce(3, 0, true, 0, Dtype::I64, ReduceOp::Sum, 0, &coll_input(3, 0)));
+    for r in 0..n {
+        for (i, &wr) in wrs[r as usize].iter().enumerate() {
+            let cqe = c.wait(r, wr, 200 * MS).unwrap_or_else(|| panic!("rank {r} op {i} never completed"));
+            assert_eq!(status(&cqe), Status::Success, "rank {r} op {i}");
+        }
+        assert_eq!(c.received(wrs[r as usize][1], COUNT * 8), coll_sum(n, 0), "allreduce at {r}");
+    }
+}
+
+/// Rank 1, restored and suspended, saved again (in the same place).
+fn suspend_and_save_again(c: &mut Cluster) -> SavedContext {
+    let mut waited = 0;
+    while !c.is_stable(1) {
+        assert!(waited < 100 * MS, "a restored forged image never stable");
+        c.run_for(50_000);
+        waited += 50_000;
+    }
+    c.save(1).unwrap_or_else(|r| panic!("save refused: {r}"))
+}
