@@ -501,8 +501,9 @@ fn collectives_with_switches(seed: u64, n: u16, loss: f64, rounds: usize, algo: 
 #[test]
 fn test_gang_switches_mid_collective_lose_nothing() {
     let mut total = CollRun::default();
-    for seed in 0..seeds().div_ceil(40).max(3) {
-        let n = [8, 16, 12][seed as usize % 3];
+    // 80 ranks: a wide group (two table slots).
+    for seed in 0..seeds().div_ceil(40).max(5) {
+        let n = [8, 16, 12, 64, 80][seed as usize % 5];
         let algo =
             [BarrierAlgo::Dissemination, BarrierAlgo::PairwiseExchange, BarrierAlgo::GatherRelease][seed as usize % 3];
         let r = collectives_with_switches(seed, n, 0.0, 6, algo);
