@@ -26,18 +26,23 @@
 //! parked identity it expects. Layout (little endian): a [`HEADER`]-byte
 //! header, then the send and receive rings' unconsumed descriptors, the
 //! posted receives, the peers ([`PEER_IMAGE`] bytes each, written and read
-//! by `put_peer`/`get_peer` alone), the queued sends, the eager unexpected
-//! messages with their payload.
+//! by `put_peer`/`get_peer` alone), the groups and collective operations
+//! (barriers, reductions) in progress, the queued messages (sends, and the
+//! collectives' own messages), the eager unexpected messages with their
+//! payload.
 
 use std::collections::VecDeque;
 
+use emp_uapi::coll::{CollHeader, CollKind};
 use emp_uapi::desc::{Opcode, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE};
 use emp_uapi::ring;
-use emp_uapi::sram::{admin_result, ctl, port_state, PORT_ADDR_EXPLICIT};
+use emp_uapi::sram::{admin_result, ctl, port_state, CTX_IMAGE_MAX, PORT_ADDR_EXPLICIT};
 use emp_uapi::wire::{self, Frame, FrameHeader, NackReason};
 use emp_uapi::{seq_lt, Le};
 
 use crate::atomic::{AtomicRx, ATOMIC_RX_IMAGE};
+use crate::coll::{CollData, CollOp, CollState, CollTx, Params};
+use crate::group::GroupState;
 use crate::mr::Buf;
 use crate::timer::Timer;
 use crate::{sram_put_u32, sram_u32, FlowControl, Hal, LocalDesc, MatchMode, Nic, Peer};
@@ -58,15 +63,34 @@ pub(crate) const PARKED_MAX: usize = 64;
 /// "ECTX".
 pub const IMAGE_MAGIC: u32 = 0x5854_4345;
 /// Image format version; a restore refuses any other.
-pub const IMAGE_VERSION: u16 = 2;
+pub const IMAGE_VERSION: u16 = 3;
 /// Bytes of the image header.
-pub const HEADER: usize = 72;
+pub const HEADER: usize = 80;
 /// Byte offset of the checksum in the header.
 const CHECKSUM_AT: usize = 12;
 /// Bytes of one peer record.
 pub const PEER_IMAGE: usize = 52 + ATOMIC_RX_IMAGE;
-/// Bytes of one queued send besides its descriptor: peer index, reserved, sequence.
+/// Bytes of one queued send besides its descriptor: peer index, kind, sequence.
 const TX_IMAGE: usize = 8 + WorkDesc::SIZE;
+/// Bytes of a queued collective message besides its data: peer index, kind,
+/// sequence, op index, data length, its collective header.
+const COLL_TX_IMAGE: usize = 12 + CollHeader::SIZE;
+/// Queued message kinds.
+const TX_SEND: u16 = 0;
+const TX_COLL: u16 = 1;
+/// A queued collective message whose op already completed (a barrier's last).
+const NO_OP: u16 = u16::MAX;
+/// Bytes of one group record: table slot, id, epoch, rank, members, span,
+/// next instance, checksum of the member list.
+const GROUP_IMAGE: usize = 28;
+/// Bytes of an op record besides its descriptor and state.
+const OP_IMAGE: usize = 12;
+/// Op record kinds and flags.
+const OP_BARRIER: u8 = 1;
+const OP_REDUCE: u8 = 2;
+const OPF_POSTED: u8 = 1;
+const OPF_LOCAL_DONE: u8 = 2;
+const OPF_ERROR: u8 = 4;
 /// Bytes of one eager unexpected entry besides its payload: source, length,
 /// flags, tag, immediate data, reserved.
 const UNEXP_IMAGE: usize = 24;
@@ -83,6 +107,12 @@ pub fn image_checksum(b: &[u8]) -> u32 {
     h
 }
 
+/// FNV-1a over a group's member list: a restore finds the very group the
+/// context was saved with in the trusted side's table.
+fn members_checksum(g: &GroupState) -> u32 {
+    g.members.iter().flat_map(|m| m.to_le_bytes()).fold(0x811c_9dc5u32, |h, x| (h ^ x as u32).wrapping_mul(0x0100_0193))
+}
+
 /// Peer record flags.
 mod pf {
     pub const RX_GEN: u16 = 1;
@@ -97,31 +127,31 @@ mod pf {
 }
 
 /// Bounds-checked reads from an untrusted image.
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     b: &'a [u8],
     at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.b.len()).ok_or("image truncated")?;
         let s = &self.b[self.at..end];
         self.at = end;
         Ok(s)
     }
-    fn u8(&mut self) -> Result<u8, &'static str> {
+    pub(crate) fn u8(&mut self) -> Result<u8, &'static str> {
         Ok(self.take(1)?[0])
     }
-    fn u16(&mut self) -> Result<u16, &'static str> {
+    pub(crate) fn u16(&mut self) -> Result<u16, &'static str> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
     }
-    fn u32(&mut self) -> Result<u32, &'static str> {
+    pub(crate) fn u32(&mut self) -> Result<u32, &'static str> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
     }
-    fn u64(&mut self) -> Result<u64, &'static str> {
+    pub(crate) fn u64(&mut self) -> Result<u64, &'static str> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
     }
-    fn desc(&mut self) -> Result<WorkDesc, &'static str> {
+    pub(crate) fn desc(&mut self) -> Result<WorkDesc, &'static str> {
         Ok(WorkDesc::get(self.take(WorkDesc::SIZE)?))
     }
 }
@@ -257,10 +287,18 @@ struct Image {
     recv_ring: Vec<WorkDesc>,
     posted: Vec<LocalDesc>,
     peers: Vec<PeerImage>,
-    /// (peer index, sequence, descriptor).
-    tx: Vec<(usize, u32, LocalDesc)>,
+    /// (peer index, sequence, descriptor, collective side).
+    tx: Vec<(usize, u32, LocalDesc, Option<CollImage>)>,
     unexp: Vec<EagerImage>,
+    /// (table slot, group as loaded from the trusted side's table).
+    groups: Vec<(u32, GroupState)>,
+    /// (group index, op record: its state, instance, descriptor, outcome).
+    ops: Vec<(usize, CollOp)>,
 }
+
+/// A queued collective message of an image: its op (an index into the
+/// image's ops, or [`NO_OP`]), header and NIC-held data.
+type CollImage = (u16, CollHeader, Vec<u8>);
 
 /// An eager unexpected message of an image: (source node, source port,
 /// tag, immediate data, payload).
@@ -418,6 +456,8 @@ impl Nic {
                 self.send_nack(hal, i, expected, 0, 1, NackReason::Loss);
             }
         }
+        // Collective messages it refused, likewise.
+        self.coll_kick(hal, p);
         admin_result::OK
     }
 
@@ -466,29 +506,71 @@ impl Nic {
                 return Some("a retained message or an atomic is outstanding");
             }
             for &s in &p.tx_queue {
-                if !self.tx.get(s).expect("queued").restartable() {
+                let m = self.tx.get(s).expect("queued");
+                if !m.restartable() {
                     return Some("a message is being sent");
                 }
-                tx += 1;
+                tx += m.coll.is_none() as u32;
             }
         }
         let unexp_ok = |&e: &u32| self.unexp.get(e).is_some_and(|u| u.data.is_some() && u.claimed.is_none());
         if !st.unexpected.iter().all(unexp_ok) {
             return Some("a retained or claimed unexpected message");
         }
-        if self.coll_ops.iter().any(|(_, c)| c.port == port)
-            || self.port_in_group(port)
-            || self.mcast_port_joined_any(port)
-        {
-            return Some("group or multicast membership");
+        if let Some(why) = self.coll_unstable(port) {
+            return Some(why);
         }
+        let posted_ops = self.coll_ops.iter().filter(|(_, c)| c.port == port && c.desc.is_some()).count() as u32;
         if self.rma_reads.iter().any(|(_, r)| r.port == port) || self.atomics.iter().any(|(_, a)| a.port == port) {
             return Some("a remote read or atomic is outstanding");
         }
-        if st.outstanding != st.posted.len() as u32 + tx {
+        if st.outstanding != st.posted.len() as u32 + tx + posted_ops {
             return Some("a descriptor is outstanding");
         }
         None
+    }
+
+    /// What of `port`'s collective state an image cannot carry, if any.
+    /// It carries its groups and its barriers and reductions (posted, or
+    /// recorded from early messages) with their messages not yet started;
+    /// not broadcasts or multisends (their data is in host memory and in
+    /// flight to several members at once), nor a group's reliable-broadcast
+    /// state once used (`rbcast/` keeps per-root sequences: a port whose
+    /// group has broadcast reliably is switched only while that state is
+    /// pristine, i.e. never in such a job).
+    fn coll_unstable(&self, port: u16) -> Option<&'static str> {
+        for (_, o) in self.coll_ops.iter().filter(|(_, o)| o.port == port) {
+            if !matches!(o.state, CollState::Barrier(_) | CollState::Reduce(_)) {
+                return Some("a broadcast or multisend is in progress");
+            }
+            if o.stalled {
+                return Some("a collective waits for a transmission record");
+            }
+        }
+        let mut rb_addrs = Vec::new();
+        for s in self.groups_of(port) {
+            match self.rbcast_state_of(s) {
+                Some((_, false)) => return Some("a group's reliable-broadcast state is in use"),
+                Some((addr, true)) => rb_addrs.push(addr),
+                None => {}
+            }
+        }
+        if self.mcast_addrs_of(port).any(|a| !rb_addrs.contains(&a)) {
+            return Some("multicast membership");
+        }
+        None
+    }
+
+    /// Table slots of `port`'s groups, ascending.
+    fn groups_of(&self, port: u16) -> Vec<u32> {
+        let mut v: Vec<u32> = self.groups.by_id.iter().filter(|((p, _), _)| *p == port).map(|(_, &s)| s).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// `port`'s collective ops, in slot order.
+    fn ops_of(&self, port: u16) -> Vec<u32> {
+        self.coll_ops.iter().filter(|(_, o)| o.port == port).map(|(s, _)| s).collect()
     }
 
     /// Largest image this NIC writes or reads.
@@ -496,11 +578,19 @@ impl Nic {
         let w = self.layout.port(0);
         let descs = (w.send_entries + w.recv_entries + self.cfg.recv_posted_max) as usize * WorkDesc::SIZE;
         let unexp = self.unexp.capacity() as usize * (UNEXP_IMAGE + self.eager_slot_size() as usize);
-        HEADER + descs + self.cfg.peers_max as usize * PEER_IMAGE + self.cfg.tx_max as usize * TX_IMAGE + unexp
+        let groups = self.groups.slots.len() * GROUP_IMAGE;
+        // An op: its record, descriptor and state, a reduction's buffers
+        // (own, result, one per child: at most every member).
+        let buf = 1 + self.cfg.coll_buf_size as usize;
+        let op = OP_IMAGE + WorkDesc::SIZE + 64 + (2 + emp_uapi::coll::GROUP_MEMBERS_MAX) * buf;
+        let ops = self.cfg.coll_ops_max as usize * op;
+        let tx = self.cfg.tx_max as usize * TX_IMAGE.max(COLL_TX_IMAGE + self.cfg.coll_buf_size as usize);
+        let all = HEADER + descs + self.cfg.peers_max as usize * PEER_IMAGE + tx + unexp + groups + ops;
+        all.min(CTX_IMAGE_MAX)
     }
 
     /// C6: `args` = [port, region key, offset, room].
-    pub(crate) fn admin_port_save<H: Hal>(&mut self, hal: &mut H, args: &[u64; 6]) -> u32 {
+    pub(crate) fn admin_port_save<H: Hal>(&mut self, hal: &mut H, now: u64, args: &[u64; 6]) -> u32 {
         let Some(p) = self.open_port_arg(args[0]) else { return admin_result::BAD_ARG };
         if args[1] > u32::MAX as u64 {
             return admin_result::BAD_ARG;
@@ -512,7 +602,7 @@ impl Nic {
             return admin_result::NO_ROOM;
         }
         let image = self.encode_image(hal, p);
-        if image.len() as u64 > args[3] {
+        if image.len() as u64 > args[3] || image.len() > CTX_IMAGE_MAX {
             return admin_result::NO_ROOM;
         }
         if self.mr_lookup(hal, p, args[1] as u32, args[2], image.len() as u64, MR_LOCAL_WRITE).is_err() {
@@ -521,7 +611,7 @@ impl Nic {
         if self.region_io(hal, p, args[1] as u32, args[2], Buf::ToHost(&image), MR_LOCAL_WRITE).is_err() {
             return admin_result::BAD_KEY;
         }
-        self.release_saved(hal, p);
+        self.release_saved(hal, now, p);
         admin_result::OK
     }
 
@@ -538,6 +628,8 @@ impl Nic {
         let peers = self.peers_of(port);
         let txs: Vec<(usize, u32)> =
             peers.iter().enumerate().flat_map(|(i, &p)| self.peer(p).tx_queue.iter().map(move |&s| (i, s))).collect();
+        let groups = self.groups_of(port);
+        let ops = self.ops_of(port);
         let mut out = Vec::with_capacity(HEADER);
         out.extend_from_slice(&IMAGE_MAGIC.to_le_bytes());
         out.extend_from_slice(&IMAGE_VERSION.to_le_bytes());
@@ -558,7 +650,7 @@ impl Nic {
         for v in [st.cq_prod, cq_cons, st.send_cons, send_prod, st.recv_cons, recv_prod] {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        for n in [st.posted.len(), peers.len(), txs.len(), st.unexpected.len()] {
+        for n in [st.posted.len(), peers.len(), txs.len(), st.unexpected.len(), groups.len(), ops.len(), 0, 0] {
             out.extend_from_slice(&(n as u16).to_le_bytes());
         }
         debug_assert_eq!(out.len(), HEADER);
@@ -582,12 +674,22 @@ impl Nic {
         for &p in &peers {
             put_peer(&mut out, self.peer(p));
         }
+        for &s in &groups {
+            self.put_group(&mut out, s);
+        }
+        for &o in &ops {
+            self.put_op(&mut out, o, &groups);
+        }
         for &(i, s) in &txs {
             let m = self.tx.get(s).expect("queued");
             out.extend_from_slice(&(i as u16).to_le_bytes());
-            out.extend_from_slice(&0u16.to_le_bytes());
+            let kind = if m.coll.is_some() { TX_COLL } else { TX_SEND };
+            out.extend_from_slice(&kind.to_le_bytes());
             out.extend_from_slice(&m.seq.to_le_bytes());
-            put_desc(&mut out, &m.desc.wd);
+            match &m.coll {
+                None => put_desc(&mut out, &m.desc.wd),
+                Some(c) => self.put_coll_tx(&mut out, c, &ops),
+            }
         }
         for &e in &st.unexpected {
             let u = self.unexp.get(e).expect("queued");
@@ -610,7 +712,7 @@ impl Nic {
 
     /// After a save: the port's records leave the NIC (carried by the
     /// image, not completed), the slot is freed, its address parked.
-    fn release_saved<H: Hal>(&mut self, hal: &mut H, port: u16) {
+    fn release_saved<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
         let expected =
             self.peers_of(port).iter().map(|&i| self.peer(i)).map(|p| (p.node, p.rport, p.rx_expected)).collect();
         for i in self.peers_of(port) {
@@ -620,6 +722,21 @@ impl Nic {
         }
         while let Some(&e) = self.ports[port as usize].unexpected.front() {
             self.unexp_remove(e);
+        }
+        // Its collectives leave with it, not completed (their messages
+        // were taken out with the queues above).
+        for o in self.ops_of(port) {
+            let o = self.coll_ops.remove(o);
+            if o.desc.is_none() {
+                self.coll_pool_used -= o.state.partials_held().min(self.coll_pool_used);
+            }
+        }
+        for s in self.groups_of(port) {
+            // Pristine (`coll_unstable`): nothing to flush; it is built
+            // again on restore.
+            self.rbcast_group_removed(hal, now, s, emp_uapi::desc::Status::Flushed);
+            let g = self.groups.slots[s as usize].take().expect("indexed");
+            self.groups.by_id.remove(&(g.port, g.id));
         }
         self.free_peers_of(port);
         let st = &mut self.ports[port as usize];
@@ -713,6 +830,10 @@ impl Nic {
         let recv = (r.u32()?, r.u32()?);
         let (n_posted, n_peers, n_tx, n_unexp) =
             (r.u16()? as usize, r.u16()? as usize, r.u16()? as usize, r.u16()? as usize);
+        let (n_groups, n_ops) = (r.u16()? as usize, r.u16()? as usize);
+        if r.u32()? != 0 {
+            return Err("reserved bytes".into());
+        }
         if cq_entries > 1 << 20 || !ring::valid_entries(cq_entries) || !ring::plausible(cq_prod, cq_cons, cq_entries) {
             return Err("completion queue".into());
         }
@@ -753,31 +874,38 @@ impl Nic {
             }
             peers.push(p);
         }
+        let groups = self.check_groups(hal, (slot, addr), &mut r, n_groups)?;
+        let ops = self.check_ops(hal, slot, &mut r, n_ops, &groups)?;
         if n_tx as u32 > self.tx.capacity() - self.tx.used() || n_tx as u32 > self.tx_rings.available() {
             return Err(Refusal::NoRoom);
         }
         let mut tx = Vec::with_capacity(n_tx);
         let mut last: Vec<Option<u32>> = vec![None; peers.len()];
         for _ in 0..n_tx {
-            let (i, pad, seq) = (r.u16()? as usize, r.u16()?, r.u32()?);
-            let d = r.desc()?;
-            let ld = LocalDesc::new(&d);
+            let (i, kind, seq) = (r.u16()? as usize, r.u16()?, r.u32()?);
             let p = peers.get(i).ok_or("send of an unknown peer")?;
-            if pad != 0 || d.validate() != Ok(Opcode::Send) || (d.node, d.port) != (p.node, p.rport) {
-                return Err("queued send".into());
-            }
             // Sequence order, and below the peer's next number.
             if !seq_lt(seq, p.tx_seq_next) || last[i].is_some_and(|l| !seq_lt(l, seq)) {
                 return Err("queued send's sequence".into());
             }
             last[i] = Some(seq);
+            if !self.route_valid(hal, p.node) {
+                return Err("queued send's route".into());
+            }
+            if kind == TX_COLL {
+                let (ld, coll) = self.check_coll_tx(&mut r, p, &groups, &ops)?;
+                tx.push((i, seq, ld, Some(coll)));
+                continue;
+            }
+            let d = r.desc()?;
+            let ld = LocalDesc::new(&d);
+            if kind != TX_SEND || d.validate() != Ok(Opcode::Send) || (d.node, d.port) != (p.node, p.rport) {
+                return Err("queued send".into());
+            }
             if ld.len > self.cfg.msg_max || self.check_sges(hal, slot, ld.sges(), MR_LOCAL_READ).is_err() {
                 return Err("queued send's memory".into());
             }
-            if !self.route_valid(hal, d.node) {
-                return Err("queued send's route".into());
-            }
-            tx.push((i, seq, ld));
+            tx.push((i, seq, ld, None));
         }
         if n_unexp as u32 > self.eager_room() {
             return Err(Refusal::NoRoom);
@@ -817,6 +945,8 @@ impl Nic {
             peers,
             tx,
             unexp,
+            groups,
+            ops,
         })
     }
 
@@ -835,7 +965,9 @@ impl Nic {
             d.put(&mut b);
             hal.sram_write(w.recv_slot(img.recv.0.wrapping_add(i as u32)), &b);
         }
-        let outstanding = (img.posted.len() + img.tx.len()) as u32;
+        let plain_tx = img.tx.iter().filter(|t| t.3.is_none()).count();
+        let posted_ops = img.ops.iter().filter(|(_, o)| o.desc.is_some()).count();
+        let outstanding = (img.posted.len() + plain_tx + posted_ops) as u32;
         {
             let st = &mut self.ports[slot as usize];
             st.open = true;
@@ -915,8 +1047,36 @@ impl Nic {
             self.fc_updates_owed |= p.fc_stop_sent;
             ids.push(i);
         }
-        for (i, seq, d) in img.tx {
-            self.restore_tx(now, slot, ids[i], d, seq);
+        let group_slots: Vec<u32> = img.groups.iter().map(|&(s, _)| s).collect();
+        for (s, g) in img.groups {
+            self.groups.by_id.insert((g.port, g.id), s);
+            self.groups.slots[s as usize] = Some(g);
+            self.rbcast_group_loaded(hal, s);
+        }
+        let mut op_slots = Vec::with_capacity(img.ops.len());
+        for (gi, mut o) in img.ops {
+            o.group = group_slots[gi];
+            o.stamp = self.next_stamp();
+            if o.desc.is_none() {
+                self.coll_pool_used += o.state.partials_held();
+            }
+            op_slots.push(self.coll_ops.insert_checked(o));
+        }
+        for (i, seq, d, coll) in img.tx {
+            let coll = coll.map(|(op, hdr, data)| {
+                // A message of a completed op names no live record.
+                let (op, op_stamp) = match op_slots.get(op as usize) {
+                    Some(&s) => {
+                        let o = self.coll_ops.get_mut(s);
+                        o.pending_tx += 1;
+                        (s, o.stamp)
+                    }
+                    None => (0, self.next_stamp()),
+                };
+                let data = if data.is_empty() { CollData::None } else { CollData::Nic(data) };
+                CollTx { hdr: Some(hdr), data, op, op_stamp, limit: u32::MAX }
+            });
+            self.restore_tx(now, slot, ids[i], d, seq, coll);
         }
         for (node, port, tag, imm, data) in img.unexp {
             let peer = self.find_peer(slot, node, port).unwrap_or(u32::MAX);
@@ -962,5 +1122,242 @@ impl Nic {
     /// Generation of port `slot`.
     pub fn port_gen(&self, slot: u16) -> u16 {
         self.ports[slot as usize].gen
+    }
+}
+
+/// Groups and collective operations in an image: written by `put_*`, read
+/// and checked by `check_*` (the image is untrusted; group membership is
+/// not in it but in the trusted side's group table, which keeps a parked
+/// context's entries as it keeps its MR entries).
+impl Nic {
+    fn put_group(&self, out: &mut Vec<u8>, slot: u32) {
+        let g = self.groups.get(slot).expect("indexed");
+        for v in [slot, g.id, g.epoch] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&g.rank.to_le_bytes());
+        out.extend_from_slice(&g.n.to_le_bytes());
+        out.extend_from_slice(&g.span.to_le_bytes());
+        out.extend_from_slice(&g.next_instance.to_le_bytes());
+        out.extend_from_slice(&members_checksum(g).to_le_bytes());
+    }
+
+    /// `groups`: the table slots written before, in image order.
+    fn put_op(&self, out: &mut Vec<u8>, op: u32, groups: &[u32]) {
+        let o = self.coll_ops.get(op).expect("live");
+        let gi = groups.iter().position(|&s| s == o.group).expect("a group of the port");
+        let kind = match o.state {
+            CollState::Barrier(_) => OP_BARRIER,
+            CollState::Reduce(_) => OP_REDUCE,
+            _ => unreachable!("stable: barriers and reductions only"),
+        };
+        let mut flags = 0;
+        for (on, f) in [(o.desc.is_some(), OPF_POSTED), (o.local_done, OPF_LOCAL_DONE), (o.error.is_some(), OPF_ERROR)]
+        {
+            if on {
+                flags |= f;
+            }
+        }
+        out.extend_from_slice(&(gi as u16).to_le_bytes());
+        out.extend_from_slice(&[kind, flags]);
+        out.extend_from_slice(&o.instance.to_le_bytes());
+        let opcode = o.desc.map_or(0, |(_, oc)| oc as u8);
+        out.extend_from_slice(&[opcode, o.error.map_or(0, |e| e as u8), 0, 0]);
+        if let Some((ld, _)) = &o.desc {
+            put_desc(out, &ld.wd);
+        }
+        match &o.state {
+            CollState::Barrier(b) => b.save(out),
+            CollState::Reduce(r) => r.save(out),
+            _ => unreachable!("checked above"),
+        }
+    }
+
+    /// A queued collective message: its op (an index into `ops`, or
+    /// [`NO_OP`] when the op completed), its header and NIC-held data.
+    fn put_coll_tx(&self, out: &mut Vec<u8>, c: &CollTx, ops: &[u32]) {
+        let live = self.coll_ops.get(c.op).is_some_and(|o| o.stamp == c.op_stamp);
+        let op = ops.iter().position(|&o| live && o == c.op).map_or(NO_OP, |i| i as u16);
+        let data: &[u8] = match &c.data {
+            CollData::Nic(v) => v,
+            _ => &[],
+        };
+        out.extend_from_slice(&op.to_le_bytes());
+        out.extend_from_slice(&(data.len() as u16).to_le_bytes());
+        let mut h = [0u8; CollHeader::SIZE];
+        c.hdr.expect("restartable: a header").put(&mut h);
+        out.extend_from_slice(&h);
+        out.extend_from_slice(data);
+    }
+
+    /// The image's groups, each loaded again from the trusted side's table
+    /// slot it names, which must still hold that group for `slot`.
+    fn check_groups<H: Hal>(
+        &self,
+        hal: &mut H,
+        (slot, addr): (u16, u16),
+        r: &mut Reader,
+        n: usize,
+    ) -> Result<Vec<(u32, GroupState)>, Refusal> {
+        let mut out: Vec<(u32, GroupState)> = Vec::with_capacity(n.min(self.groups.slots.len()));
+        for _ in 0..n {
+            let (s, id, epoch, rank, members, span, next, sum) =
+                (r.u32()?, r.u32()?, r.u32()?, r.u16()?, r.u16()?, r.u32()?, r.u32()?, r.u32()?);
+            let end = s.checked_add(span).ok_or("group slot")?;
+            if span == 0 || end as usize > self.groups.slots.len() {
+                return Err("group slot".into());
+            }
+            // Free on this NIC, and not twice in the image.
+            if !self.groups.overlapping(s, span).is_empty() || out.iter().any(|(t, g)| s < t + g.span && *t < end) {
+                return Err(Refusal::NoRoom);
+            }
+            let g = self.group_from_table(hal, s, Some((slot, addr))).map_err(|r| match r {
+                admin_result::BAD_STATE => "group table entry of another slot",
+                admin_result::BAD_KEY => "group table entry's bounce memory",
+                _ => "group table entry",
+            })?;
+            // The same group, not another job's of the same id and epoch.
+            if (g.id, g.epoch, g.rank, g.n, g.span, members_checksum(&g)) != (id, epoch, rank, members, span, sum) {
+                return Err("group of another table entry".into());
+            }
+            if out.iter().any(|(_, h)| h.id == id) {
+                return Err("group listed twice".into());
+            }
+            let mut g = g;
+            g.next_instance = next;
+            out.push((s, g));
+        }
+        Ok(out)
+    }
+
+    /// The image's collective ops: each of one of its groups, its
+    /// descriptor valid on that group and agreeing with its state.
+    fn check_ops<H: Hal>(
+        &self,
+        hal: &mut H,
+        slot: u16,
+        r: &mut Reader,
+        n: usize,
+        groups: &[(u32, GroupState)],
+    ) -> Result<Vec<(usize, CollOp)>, Refusal> {
+        if self.coll_ops.used() as usize + n > self.coll_ops.capacity() as usize {
+            return Err(Refusal::NoRoom);
+        }
+        let mut out: Vec<(usize, CollOp)> = Vec::with_capacity(n);
+        let mut early_partials = 0u32;
+        for _ in 0..n {
+            let (gi, kind, flags, instance) = (r.u16()? as usize, r.u8()?, r.u8()?, r.u32()?);
+            let (opcode, error, pad) = (r.u8()?, r.u8()?, r.u16()?);
+            let (table_slot, g) = groups.get(gi).map(|(s, g)| (*s, g)).ok_or("op of an unknown group")?;
+            let posted = flags & OPF_POSTED != 0;
+            if pad != 0 || flags & !(OPF_POSTED | OPF_LOCAL_DONE | OPF_ERROR) != 0 {
+                return Err("op record".into());
+            }
+            let error = match (flags & OPF_ERROR != 0, emp_uapi::desc::Status::from_u8(error)) {
+                (true, Some(e)) if e != emp_uapi::desc::Status::Success => Some(e),
+                (false, _) if error == 0 => None,
+                _ => return Err("op outcome".into()),
+            };
+            if out.iter().any(|(h, o)| *h == gi && o.instance == instance) {
+                return Err("op listed twice".into());
+            }
+            // A posted op is behind the group's next instance; an early one
+            // within the window ahead of it, with nothing of its own yet.
+            let ahead = instance.wrapping_sub(g.next_instance);
+            let in_order = if posted { seq_lt(instance, g.next_instance) } else { ahead < self.cfg.coll_window };
+            if !in_order || (!posted && (flags != 0 || opcode != 0)) {
+                return Err("op instance".into());
+            }
+            let desc = if posted {
+                let d = r.desc()?;
+                let ld = LocalDesc::new(&d);
+                let oc = Opcode::from_u8(opcode).filter(|&oc| d.validate() == Ok(oc)).ok_or("op descriptor")?;
+                let params = match (kind, oc) {
+                    (OP_BARRIER, Opcode::Barrier) => self.validate_barrier(g, &ld),
+                    (OP_REDUCE, Opcode::Reduce | Opcode::Allreduce) => self.validate_reduce(hal, slot, g, &ld, oc),
+                    _ => return Err("op descriptor".into()),
+                };
+                let params = params.map_err(|_| "op descriptor")?;
+                if d.node as u32 != table_slot {
+                    return Err("op descriptor's group".into());
+                }
+                Some((ld, oc, params))
+            } else {
+                None
+            };
+            let state = match kind {
+                OP_BARRIER => CollState::Barrier(crate::coll::Barrier::load(r, g)?),
+                OP_REDUCE => {
+                    let buf = self.cfg.coll_buf_size as usize;
+                    CollState::Reduce(crate::coll::Reduce::load(r, g, buf, posted)?)
+                }
+                _ => return Err("op kind".into()),
+            };
+            if let Some((_, oc, params)) = &desc {
+                let all = matches!(state.params(), Params::Reduce(p) if p.all);
+                if state.params() != *params || (*oc == Opcode::Allreduce) != all {
+                    return Err("op state of another operation".into());
+                }
+            } else {
+                early_partials += state.partials_held();
+            }
+            let mut o = CollOp::new(slot, table_slot, instance, 0, state);
+            o.desc = desc.map(|(ld, oc, _)| (ld, oc));
+            o.error = error;
+            o.local_done = flags & OPF_LOCAL_DONE != 0;
+            out.push((gi, o));
+        }
+        if self.coll_pool_used + early_partials > self.cfg.coll_bufs {
+            return Err(Refusal::NoRoom);
+        }
+        Ok(out)
+    }
+
+    /// A queued collective message to peer `p`: a barrier's or reduction's
+    /// message of one of the image's groups, from this member to a member.
+    fn check_coll_tx(
+        &self,
+        r: &mut Reader,
+        p: &PeerImage,
+        groups: &[(u32, GroupState)],
+        ops: &[(usize, CollOp)],
+    ) -> Result<(LocalDesc, CollImage), Refusal> {
+        let (op, len) = (r.u16()?, r.u16()? as usize);
+        let ch = CollHeader::parse(r.take(CollHeader::SIZE)?).map_err(|_| "collective header")?;
+        let data = r.take(len)?.to_vec();
+        let kind = CollKind::from_u8(ch.kind).ok_or("collective kind")?;
+        let barrier = matches!(
+            kind,
+            CollKind::BarrierPe | CollKind::BarrierDiss | CollKind::BarrierGather | CollKind::BarrierRelease
+        );
+        let reduce = matches!(kind, CollKind::ReduceUp | CollKind::AllreduceDown);
+        let g = match ops.get(op as usize) {
+            Some((gi, o)) if o.instance == ch.instance => &groups[*gi].1,
+            Some(_) => return Err("collective message of another op".into()),
+            // Only a barrier completes before its messages are acknowledged.
+            None if op == NO_OP && barrier => {
+                let g = groups.iter().map(|(_, g)| g).find(|g| g.id == ch.group_id).ok_or("message's group")?;
+                if !seq_lt(ch.instance, g.next_instance) {
+                    return Err("collective message of no op".into());
+                }
+                g
+            }
+            None => return Err("collective message of no op".into()),
+        };
+        let want = if reduce { crate::coll::ReduceParams::of_header(&ch).map_or(usize::MAX, |x| x.bytes()) } else { 0 };
+        if !(barrier || reduce) || (ch.group_id, ch.epoch, ch.sender) != (g.id, g.epoch, g.rank) {
+            return Err("collective message".into());
+        }
+        if g.rank_of(p.node, p.rport).is_none() {
+            return Err("collective message to a non-member".into());
+        }
+        let cap = wire::payload_capacity(self.mtu, 0);
+        if len != want || len > self.cfg.coll_buf_size as usize || CollHeader::SIZE + len > cap {
+            return Err("collective message's data".into());
+        }
+        let wd = WorkDesc { opcode: Opcode::Send as u8, node: p.node, port: p.rport, ..Default::default() };
+        let mut ld = LocalDesc::new(&wd);
+        ld.len = (CollHeader::SIZE + len) as u64;
+        Ok((ld, (op, ch, data)))
     }
 }

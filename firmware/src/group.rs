@@ -198,7 +198,7 @@ impl Groups {
     }
 
     /// Live groups whose slots overlap `slot .. slot + span`.
-    fn overlapping(&self, slot: u32, span: u32) -> Vec<u32> {
+    pub(crate) fn overlapping(&self, slot: u32, span: u32) -> Vec<u32> {
         let end = slot + span;
         (0..self.slots.len() as u32).filter(|&s| self.get(s).is_some_and(|g| s < end && slot < s + g.span)).collect()
     }
@@ -213,46 +213,22 @@ impl Nic {
             return admin_result::BAD_ARG;
         }
         let slot = slot as u32;
-        let mut b = [0u8; GroupEntry::SIZE];
-        hal.sram_read(self.layout.group_entry(slot as usize), &mut b);
-        let e = GroupEntry::get(&b);
-        // A wide group's body is in the slots after its entry.
-        let span = e.span() as u64;
-        if slot as u64 + span > self.groups.slots.len() as u64 {
-            return admin_result::BAD_ARG;
-        }
-        let mut body = vec![0u8; (span as usize - 1) * GroupEntry::SIZE];
-        if !body.is_empty() {
-            hal.sram_read(self.layout.group_entry(slot as usize + 1), &mut body);
-        }
-        let view = GroupView { entry: &e, body: &body };
-        let caller = view.member(e.my_rank as usize);
-        if view.check(caller).is_err() || caller >> 16 != self.node as u32 {
-            return admin_result::BAD_ARG;
-        }
-        if e.port as usize >= self.ports.len() || !self.ports[e.port as usize].open {
-            return admin_result::BAD_STATE;
-        }
-        if e.bounce_slots > 0 {
-            let bytes = e.bounce_slots as u64 * e.bounce_slot_size as u64;
-            let rw = emp_uapi::desc::MR_LOCAL_READ | emp_uapi::desc::MR_LOCAL_WRITE;
-            if e.bounce_slot_size == 0 || self.mr_lookup(hal, e.port, e.bounce_key, e.bounce_offset, bytes, rw).is_err()
-            {
-                return admin_result::BAD_KEY;
-            }
-        }
-        if let Some(&old) = self.groups.by_id.get(&(e.port, e.group_id)) {
+        let g = match self.group_from_table(hal, slot, None) {
+            Ok(g) => g,
+            Err(r) => return r,
+        };
+        let span = g.span;
+        if let Some(&old) = self.groups.by_id.get(&(g.port, g.id)) {
             let prev = self.groups.get(old).expect("indexed");
-            if prev.epoch >= e.epoch {
+            if prev.epoch >= g.epoch {
                 return admin_result::BAD_ARG;
             }
             self.group_remove(hal, now, old, Status::StaleGroup);
         }
         // Whatever held these slots is replaced.
-        for s in self.groups.overlapping(slot, span as u32) {
+        for s in self.groups.overlapping(slot, span) {
             self.group_remove(hal, now, s, Status::StaleGroup);
         }
-        let g = GroupState::load(&view, span as u32);
         self.groups.by_id.insert((g.port, g.id), slot);
         let port = g.port;
         self.groups.slots[slot as usize] = Some(g);
@@ -260,6 +236,59 @@ impl Nic {
         // Messages refused because the group did not exist may go now.
         self.coll_kick(hal, port);
         admin_result::OK
+    }
+
+    /// Reads group table slot `slot` (written by the trusted side) and
+    /// checks it as the trusted side did: the entry and any body, this
+    /// node's membership, its port (open, or `restore`'s slot), the bounce
+    /// memory of that port. The member at the entry's rank is this node's
+    /// port under its *wire address* (the slot number unless opened or
+    /// restored under another; `ctxsw.rs`), which peers' frames carry.
+    /// `GroupSet` loads groups through it, and so does a context restore
+    /// (`restore` = (slot, wire address); membership never comes from the
+    /// untrusted image). The loaded group, or the admin result refusing it.
+    pub(crate) fn group_from_table<H: Hal>(
+        &self,
+        hal: &mut H,
+        slot: u32,
+        restore: Option<(u16, u16)>,
+    ) -> Result<GroupState, u32> {
+        let mut b = [0u8; GroupEntry::SIZE];
+        hal.sram_read(self.layout.group_entry(slot as usize), &mut b);
+        let e = GroupEntry::get(&b);
+        // A wide group's body is in the slots after its entry.
+        let span = e.span() as u64;
+        if slot as u64 + span > self.groups.slots.len() as u64 {
+            return Err(admin_result::BAD_ARG);
+        }
+        let mut body = vec![0u8; (span as usize - 1) * GroupEntry::SIZE];
+        if !body.is_empty() {
+            hal.sram_read(self.layout.group_entry(slot as usize + 1), &mut body);
+        }
+        let addr = match restore {
+            None if (e.port as usize) < self.ports.len() && self.ports[e.port as usize].open => {
+                self.ports[e.port as usize].addr
+            }
+            Some((s, addr)) if e.port == s => addr,
+            _ => return Err(admin_result::BAD_STATE),
+        };
+        // The entry names the slot; its member list, the wire address.
+        let mut by_addr = e;
+        by_addr.port = addr;
+        let caller = (self.node as u32) << 16 | addr as u32;
+        if (GroupView { entry: &by_addr, body: &body }).check(caller).is_err() {
+            return Err(admin_result::BAD_ARG);
+        }
+        let view = GroupView { entry: &e, body: &body };
+        if e.bounce_slots > 0 {
+            let bytes = e.bounce_slots as u64 * e.bounce_slot_size as u64;
+            let rw = emp_uapi::desc::MR_LOCAL_READ | emp_uapi::desc::MR_LOCAL_WRITE;
+            if e.bounce_slot_size == 0 || self.mr_lookup(hal, e.port, e.bounce_key, e.bounce_offset, bytes, rw).is_err()
+            {
+                return Err(admin_result::BAD_KEY);
+            }
+        }
+        Ok(GroupState::load(&view, span as u32))
     }
 
     /// `GroupClear`: retires slot `slot`; its operations finish `Flushed`.
@@ -284,11 +313,6 @@ impl Nic {
     }
 
     /// Port close: every group of the port goes.
-    /// Is `port` a member of a loaded group?
-    pub(crate) fn port_in_group(&self, port: u16) -> bool {
-        self.groups.slots.iter().flatten().any(|g| g.port == port)
-    }
-
     pub(crate) fn groups_of_port_remove<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
         for s in 0..self.groups.slots.len() as u32 {
             if self.groups.get(s).is_some_and(|g| g.port == port) {

@@ -72,7 +72,7 @@ impl Nic {
             Some(AdminOp::GroupClear) => self.admin_group_clear(hal, now, mb.args[0]),
             Some(AdminOp::PortSuspend) => self.admin_port_suspend(hal, mb.args[0]),
             Some(AdminOp::PortStable) => self.admin_port_stable(mb.args[0]),
-            Some(AdminOp::PortSave) => self.admin_port_save(hal, &mb.args),
+            Some(AdminOp::PortSave) => self.admin_port_save(hal, now, &mb.args),
             Some(AdminOp::PortRestore) => self.admin_port_restore(hal, now, &mb.args),
             Some(AdminOp::PortResume) => self.admin_port_resume(hal, mb.args[0]),
             Some(AdminOp::PortDiscard) => self.admin_port_discard(mb.args[0]),

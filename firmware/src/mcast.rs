@@ -99,9 +99,9 @@ impl Nic {
         }
     }
 
-    /// Has `port` joined any multicast address?
-    pub(crate) fn mcast_port_joined_any(&self, port: u16) -> bool {
-        self.mcast.joined.iter().any(|&(_, p)| p == port)
+    /// The multicast addresses `port` has joined.
+    pub(crate) fn mcast_addrs_of(&self, port: u16) -> impl Iterator<Item = u16> + '_ {
+        self.mcast.joined.iter().filter(move |&&(_, p)| p == port).map(|&(a, _)| a)
     }
 
     /// A multicast frame was kept for a port (counted as received).

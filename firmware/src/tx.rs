@@ -164,20 +164,33 @@ impl TxMsg {
         }
     }
 
-    /// May a context switch save it as a descriptor to send again from its
-    /// first frame? Only a plain send the receiver holds nothing of: never
-    /// sent, or rewound on a suspended port (`Nic::rewind_refused`,
-    /// `Nic::rewind_blocked`), nothing of it acknowledged. A message the
-    /// receiver started taking runs to its end first (C2–C4).
+    /// May a context switch save it to send again from its first frame?
+    /// Only a message the receiver holds nothing of: never sent, or rewound
+    /// on a suspended port (`Nic::rewind_refused`, `Nic::rewind_blocked`),
+    /// nothing of it acknowledged, and of a kind an image carries
+    /// ([`TxMsg::rewindable_unacked`]). A message the receiver started
+    /// taking runs to its end first (C2–C4).
     pub fn restartable(&self) -> bool {
-        self.next_frame == 0 && self.plain_unacked()
+        self.next_frame == 0 && self.rewindable_unacked()
     }
 
-    /// A plain send nothing of which is acknowledged (nor retained, pulled).
-    pub fn plain_unacked(&self) -> bool {
+    /// Nothing of it is acknowledged (nor retained, pulled), and a context
+    /// image can carry it to send again: a plain send (its descriptor), or
+    /// a barrier's or reduction's message (its collective header and the
+    /// data the NIC holds). Not RMA, reliable-broadcast or host-data
+    /// collective messages.
+    pub fn rewindable_unacked(&self) -> bool {
         let none_acked =
             self.groups.una() == 0 && self.groups.live().all(|g| self.groups.get(g).is_some_and(|x| !x.acked));
-        self.coll.is_none() && self.rma.is_none() && !self.held && !self.pulling && none_acked
+        let kind_ok = match &self.coll {
+            None => true,
+            Some(c) => {
+                c.hdr.is_some()
+                    && c.op != crate::coll::RBCAST_OP
+                    && !matches!(c.data, crate::coll::CollData::Host { .. })
+            }
+        };
+        kind_ok && self.rma.is_none() && !self.held && !self.pulling && none_acked
     }
 
     /// Bytes of the message: the descriptor's, or an RMA header and its data.
@@ -240,8 +253,16 @@ impl Nic {
 
     /// A restored context's message, queued with the sequence number it
     /// had when saved (`ctxsw.rs`; the caller checked table room and order).
-    pub(crate) fn restore_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc, seq: u32) {
-        self.queue_tx(now, port, peer, desc, seq, None, None);
+    pub(crate) fn restore_tx(
+        &mut self,
+        now: u64,
+        port: u16,
+        peer: u32,
+        desc: LocalDesc,
+        seq: u32,
+        coll: Option<crate::coll::CollTx>,
+    ) {
+        self.queue_tx(now, port, peer, desc, seq, coll.map(Box::new), None);
     }
 
     /// Puts message `seq` to `peer` into the tx table and at the end of
@@ -382,7 +403,7 @@ impl Nic {
                 // receiver started taking (an earlier one was refused and
                 // rewound, `rewind_refused`) go on to their end.
                 let m = self.tx.get(slot).expect("queued");
-                if self.ports[m.port as usize].suspended && m.plain_unacked() {
+                if self.ports[m.port as usize].suspended && m.rewindable_unacked() {
                     continue;
                 }
                 started += 1;
@@ -891,7 +912,7 @@ impl Nic {
     /// nothing of it (a late duplicate it took is deduplicated by sequence
     /// number when the message comes again).
     pub(crate) fn rewind_refused(&mut self, slot: u32) {
-        if self.tx.get(slot).is_some_and(|m| m.rnr_waiting && m.plain_unacked()) {
+        if self.tx.get(slot).is_some_and(|m| m.rnr_waiting && m.rewindable_unacked()) {
             self.rewind_to_start(slot);
         }
     }
@@ -907,7 +928,7 @@ impl Nic {
             let m = self.tx.get(s).expect("queued");
             if m.next_frame == 0 {
                 blocked = true;
-            } else if blocked && m.plain_unacked() {
+            } else if blocked && m.rewindable_unacked() {
                 self.rewind_to_start(s);
             }
         }

@@ -155,8 +155,11 @@ pub struct NicShared {
     next_port_id: std::sync::atomic::AtomicU64,
 
     key_salt: Mutex<u32>,
-    /// Group table slots in use: (port, group id).
-    groups: Mutex<Vec<Option<(u16, u32)>>>,
+    /// Group table slots in use: (`PortState::id` of the owning port, group
+    /// id). Keyed by the port's identity, not its slot: a switched-out
+    /// port's groups stay in the table (docs/context-switch.md) while
+    /// another port in its slot creates its own, of any id.
+    groups: Mutex<Vec<Option<(u64, u32)>>>,
     /// Largest message.
     pub msg_max: u64,
     /// NIC CPUs ([`NicConfig::cpus`]).
@@ -415,7 +418,7 @@ impl NicShared {
             return Err((p, e));
         }
         let ParkedPort { addr, gen, mut state } = p;
-        let keys = state.keys.clone();
+        let (keys, id) = (state.keys.clone(), state.id);
         // The slot is taken (with the port's eventfds) before the NIC is
         // asked, so no other process can be given it meanwhile.
         let slot = {
@@ -432,6 +435,7 @@ impl NicShared {
             slot as u16
         };
         self.move_mrs(&keys, PARKED_OWNER, slot);
+        self.move_groups(id, slot);
         let r = self
             .admin(AdminOp::PortRestore, [slot as u64, key as u64, offset, len, addr as u64 | (gen as u64) << 16, 0]);
         match r.and_then(ctx_result) {
@@ -454,6 +458,7 @@ impl NicShared {
     pub fn discard(&self, p: ParkedPort) {
         let _ = self.admin(AdminOp::PortDiscard, [p.addr as u64 | (p.gen as u64) << 16, 0, 0, 0, 0, 0]);
         self.unpark_addr(p.addr);
+        self.free_groups_of(p.state.id);
         for &k in &p.state.keys {
             let _ = self.dereg(PARKED_OWNER, k);
         }
@@ -572,6 +577,36 @@ impl NicShared {
         }
     }
 
+    /// Frees the group table slots of port `id` (it closed, or its saved
+    /// context was discarded).
+    fn free_groups_of(&self, id: u64) {
+        for g in self.groups.lock().expect("groups").iter_mut() {
+            if g.is_some_and(|(p, _)| p == id) {
+                *g = None;
+            }
+        }
+    }
+
+    /// Points the group entries of port `id` at slot `to` (a context
+    /// restored into another slot: the NIC loads them again from here).
+    fn move_groups(&self, id: u64, to: u16) {
+        let heads: Vec<usize> = {
+            let groups = self.groups.lock().expect("groups");
+            // A group's slots are one run; its entry is in the first.
+            (0..groups.len())
+                .filter(|&s| groups[s].is_some_and(|(p, _)| p == id) && (s == 0 || groups[s - 1] != groups[s]))
+                .collect()
+        };
+        for s in heads {
+            let mut b = [0u8; GroupEntry::SIZE];
+            self.sram.read(self.layout.group_entry(s), &mut b);
+            let mut e = GroupEntry::get(&b);
+            e.port = to;
+            e.put(&mut b);
+            self.sram.write(self.layout.group_entry(s), &b);
+        }
+    }
+
     fn unpark_addr(&self, addr: u16) {
         let mut parked = self.parked_addrs.lock().expect("parked");
         if let Some(i) = parked.iter().position(|&a| a == addr) {
@@ -594,18 +629,14 @@ impl NicShared {
     /// Releases a port: closes it on the NIC (flushing its work), then
     /// deregisters everything it registered.
     pub fn release_port(&self, port: u16) {
-        let (started, keys) = match self.ports.lock().expect("ports").get(port as usize).and_then(|p| p.as_ref()) {
-            Some(ps) => (ps.started, ps.keys.clone()),
+        let (started, keys, id) = match self.ports.lock().expect("ports").get(port as usize).and_then(|p| p.as_ref()) {
+            Some(ps) => (ps.started, ps.keys.clone(), ps.id),
             None => return,
         };
         if started {
             let _ = self.admin(AdminOp::PortClose, [port as u64, 0, 0, 0, 0, 0]);
         }
-        for g in self.groups.lock().expect("groups").iter_mut() {
-            if g.is_some_and(|(p, _)| p == port) {
-                *g = None;
-            }
-        }
+        self.free_groups_of(id);
         for k in keys {
             let _ = self.dereg(port, k);
         }
@@ -669,7 +700,11 @@ impl NicShared {
         let mut head = [0u8; GroupEntry::SIZE];
         self.read_region(port, key, offset, &mut head)?;
         let mut e = GroupEntry::decode(&head).map_err(|_| libc::EINVAL)?;
-        e.port = port;
+        let (owner, addr) = {
+            let ports = self.ports.lock().expect("ports");
+            let ps = ports.get(port as usize).and_then(|p| p.as_ref()).ok_or(libc::EINVAL)?;
+            (ps.id, ps.addr)
+        };
         let span = e.span();
         let table = self.layout.params.group_entries as usize;
         if span > table {
@@ -687,12 +722,16 @@ impl NicShared {
             let body_at = offset.checked_add(GroupEntry::SIZE as u64).ok_or(libc::EFAULT)?;
             self.read_region(port, key, body_at, &mut encoded[GroupEntry::SIZE..GroupEntry::SIZE + body_len])?;
         }
-        let caller = (self.node as u32) << 16 | port as u32;
+        // The caller is the member at its rank under its wire address (peers
+        // address it so); the entry the NIC loads names its slot.
+        e.port = addr;
+        let caller = (self.node as u32) << 16 | addr as u32;
         if let Err(why) = (GroupView { entry: &e, body: &encoded[GroupEntry::SIZE..] }).check(caller) {
             tracing::info!(node = self.node, port, reason = why.as_str(), "group entry refused");
             return Err(libc::EINVAL);
         }
-        let me = Some((port, e.group_id));
+        e.port = port;
+        let me = Some((owner, e.group_id));
         let (slot, before) = {
             let mut groups = self.groups.lock().expect("groups");
             let before: Vec<usize> = (0..table).filter(|&s| groups[s] == me).collect();
@@ -729,9 +768,10 @@ impl NicShared {
     /// every slot it spans).
     pub fn clear_group(&self, port: u16, slot: u64) -> Result<(), Errno> {
         let s = usize::try_from(slot).map_err(|_| libc::EINVAL)?;
+        let id = self.port_id(port).ok_or(libc::ENOENT)?;
         let owner = {
             let groups = self.groups.lock().expect("groups");
-            let owner = groups.get(s).copied().flatten().filter(|&(p, _)| p == port).ok_or(libc::ENOENT)?;
+            let owner = groups.get(s).copied().flatten().filter(|&(p, _)| p == id).ok_or(libc::ENOENT)?;
             // Only a group's first slot names it.
             if groups.iter().position(|g| *g == Some(owner)) != Some(s) {
                 return Err(libc::ENOENT);

@@ -77,6 +77,9 @@ pub struct Cluster {
     extra: Vec<(u16, Region)>,
     /// Bytes of each node's data region.
     region: u64,
+    /// Group table slots loaded per node (their entries move with a
+    /// switched-out port, as its MR entries do).
+    group_slots: Vec<Vec<u32>>,
 }
 
 impl Cluster {
@@ -122,6 +125,7 @@ impl Cluster {
             rng,
             extra: Vec::new(),
             region,
+            group_slots: vec![Vec::new(); nodes as usize],
         };
         for n in 0..nodes {
             let p = c.open_port(n, 0).expect("open port 0");
@@ -208,6 +212,7 @@ impl Cluster {
         // The trusted side keeps the parked job's registrations, owned by
         // no slot, so a job opened in the freed slot cannot use them.
         self.move_mrs(n, PARKED_OWNER);
+        self.move_groups(n, port, PARKED_OWNER);
         let mut len = [0u8; 4];
         self.ports[n as usize].data.read(&self.world.nodes[n as usize].mem, off + 8, &mut len);
         Ok(SavedContext { off, len: u32::from_le_bytes(len) as u64, addr, gen })
@@ -231,14 +236,32 @@ impl Cluster {
     pub fn restore_len(&mut self, n: u16, ctx: &SavedContext, slot: u16, len: u64) -> u32 {
         let data_key = self.ports[n as usize].data.key;
         self.move_mrs(n, slot);
+        self.move_groups(n, PARKED_OWNER, slot);
         let id = ctx.addr as u64 | (ctx.gen as u64) << 16;
         let r = self.admin(n, AdminOp::PortRestore, [slot as u64, data_key as u64, ctx.off, len, id, 0]);
         if r == ar::OK {
             self.ports[n as usize].port = slot;
         } else {
             self.move_mrs(n, PARKED_OWNER);
+            self.move_groups(n, slot, PARKED_OWNER);
         }
         r
+    }
+
+    /// Gives the group table entries of `node` owned by `from` to `to`
+    /// (the trusted side's part: a parked context's groups stay in the
+    /// table, owned by no slot, and follow it into the slot it restores to).
+    fn move_groups(&mut self, n: u16, from: u16, to: u16) {
+        let layout = self.world.layout;
+        let sram = &mut self.world.nodes[n as usize].sram;
+        for &s in &self.group_slots[n as usize] {
+            let at = layout.group_entry(s as usize);
+            let mut e = GroupEntry::get(&sram[at..at + GroupEntry::SIZE]);
+            if e.port == from {
+                e.port = to;
+                e.put(&mut sram[at..at + GroupEntry::SIZE]);
+            }
+        }
     }
 
     /// Gives the job's MR entries (data and CQ) to `owner` and fences them
@@ -923,7 +946,11 @@ impl Cluster {
         admin_post(sram, &layout, AdminOp::GroupSet, [slot as u64, 0, 0, 0, 0, 0]);
         self.world.doorbell_now(n);
         self.drain(n);
-        admin_result(&mut self.world.nodes[n as usize].sram, &layout).unwrap_or(u32::MAX)
+        let r = admin_result(&mut self.world.nodes[n as usize].sram, &layout).unwrap_or(u32::MAX);
+        if r == ar::OK && !self.group_slots[n as usize].contains(&slot) {
+            self.group_slots[n as usize].push(slot);
+        }
+        r
     }
 
     /// Retires group slot `slot` on `node`.

@@ -6,10 +6,11 @@
 //! and changes nothing.
 
 use emp_firmware::{image_checksum, Config, Occupancy};
-use emp_sim::cluster::{Cluster, SavedContext};
+use emp_sim::cluster::{binomial_parents_wide, Cluster, SavedContext};
 use emp_sim::host::work_desc;
 use emp_sim::rng::Rng;
 use emp_sim::world::WireConfig;
+use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};
 use emp_uapi::desc::{Cqe, Opcode, Status, CQE_IMM};
 use emp_uapi::sram::{admin_result as ar, AdminOp, PORT_ADDR_EXPLICIT};
 use emp_uapi::{ANY_NODE, ANY_PORT};
@@ -292,7 +293,7 @@ fn test_corrupted_image_is_refused_and_changes_nothing() {
         cases.push((format!("bit flipped at {at}"), b, ctx.len));
     }
     cases.push(("truncated".into(), good.clone(), ctx.len - 1));
-    cases.push(("header only".into(), good.clone(), 72));
+    cases.push(("header only".into(), good.clone(), 80));
     cases.push(("shorter than a header".into(), good.clone(), 10));
     // Well formed, checksum fixed, but lying: counts beyond the bytes, a
     // foreign identity, a ring index beyond the ring.
@@ -346,4 +347,276 @@ fn test_corrupted_image_is_refused_and_changes_nothing() {
         assert_eq!(status(&c.wait(0, s, 50 * MS).unwrap()), Status::Success);
     }
     let _ = PORT_ADDR_EXPLICIT;
+}
+
+/// Byte offset of the image header's count of collective ops.
+const OPS_COUNT_AT: usize = 74;
+
+fn ops_in_image(image: &[u8]) -> u16 {
+    u16::from_le_bytes([image[OPS_COUNT_AT], image[OPS_COUNT_AT + 1]])
+}
+
+/// Rank `r`'s allreduce input of round `k`: `COUNT` i64 values.
+const COUNT: usize = 16;
+fn coll_input(r: u16, k: usize) -> Vec<u8> {
+    (0..COUNT).flat_map(|j| ((r as i64 + 1) * 1000 + k as i64 * 7 + j as i64).to_le_bytes()).collect()
+}
+
+fn coll_sum(n: u16, k: usize) -> Vec<u8> {
+    (0..COUNT)
+        .flat_map(|j| (0..n).map(|r| (r as i64 + 1) * 1000 + k as i64 * 7 + j as i64).sum::<i64>().to_le_bytes())
+        .collect()
+}
+
+/// Suspends every rank (C1), waits up to `limit_ns` until all are stable
+/// (C2–C5), and saves them all (C6); `None` when not all became stable
+/// (every rank resumed: the switch is put off, as `emp gang` does).
+fn gang_save(c: &mut Cluster, n: u16, limit_ns: u64) -> Option<Vec<SavedContext>> {
+    for r in 0..n {
+        assert_eq!(c.suspend(r), ar::OK);
+    }
+    let mut waited = 0;
+    while !(0..n).all(|r| c.is_stable(r)) {
+        if waited >= limit_ns {
+            if std::env::var_os("EMP_CTXSW_TRACE").is_some() {
+                for r in 0..n {
+                    let nic = &c.world.nodes[r as usize].nic;
+                    eprintln!("rank {r}: {:?}", nic.port_unstable(c.port_slot(r)));
+                }
+            }
+            for r in 0..n {
+                assert_eq!(c.resume(r), ar::OK);
+            }
+            return None;
+        }
+        c.run_for(50_000);
+        waited += 50_000;
+    }
+    Some((0..n).map(|r| c.save(r).unwrap_or_else(|e| panic!("rank {r}: stable but save refused: {e}"))).collect())
+}
+
+/// What a run of collectives under switches saw.
+#[derive(Default, Debug)]
+struct CollRun {
+    switches: usize,
+    put_off: usize,
+    /// Images that carried collective ops (switched mid-collective).
+    mid_collective: usize,
+}
+
+/// `n` ranks (one per NIC, one group, binomial tree) run `rounds` rounds
+/// of a barrier (algorithm `algo`), an allreduce and a reduce to a rotating
+/// root, each rank posting a round as soon as its previous one completed,
+/// while at random moments all ranks are switched out together (gang
+/// style), parked for a while and restored each into a random free slot.
+/// Every operation completes once, successfully, in posting order, with
+/// the right result.
+fn collectives_with_switches(seed: u64, n: u16, loss: f64, rounds: usize, algo: BarrierAlgo) -> CollRun {
+    let wire = WireConfig { loss, dup: loss / 2.0, reorder: loss, ..WireConfig::default() };
+    let mut c = Cluster::new(n, Config::default(), 0, 1500, wire);
+    let members: Vec<u16> = (0..n).collect();
+    let trees = vec![binomial_parents_wide(n as usize)];
+    assert!(c.create_group_wide(0, 7, 1, &members, &trees).iter().all(|&r| r == ar::OK));
+    let mut rng = Rng::new(seed);
+    let mut run = CollRun::default();
+    // Per rank: the round it is in and that round's (wr, kind) in posting order.
+    let mut round = vec![0usize; n as usize];
+    let mut posted: Vec<Vec<(u64, u8)>> = vec![Vec::new(); n as usize];
+    let mut seen: Vec<Vec<Cqe>> = vec![Vec::new(); n as usize];
+    let post_round = |c: &mut Cluster, r: u16, k: usize| -> Vec<(u64, u8)> {
+        let b = c.barrier(r, 0, algo, 0);
+        let a = c.reduce(r, 0, true, 0, Dtype::I64, ReduceOp::Sum, 0, &coll_input(r, k));
+        let root = (k % n as usize) as u16;
+        let d = c.reduce(r, 0, false, root, Dtype::I64, ReduceOp::Sum, 0, &coll_input(r, k + 1));
+        vec![(b, 0), (a, 1), (d, 2)]
+    };
+    for r in 0..n {
+        posted[r as usize] = post_round(&mut c, r, 0);
+    }
+    while round.iter().any(|&k| k < rounds) {
+        assert!(c.world.now < 60_000 * MS, "seed {seed}: stuck in rounds {round:?}");
+        c.run_for(rng.range(2_000, 200_000));
+        for r in 0..n {
+            seen[r as usize].extend(c.completions(r));
+            let k = round[r as usize];
+            if k >= rounds || seen[r as usize].len() < 3 {
+                continue;
+            }
+            // Operations of a round may complete in any order, each once.
+            let mut got: Vec<Cqe> = seen[r as usize].drain(..).collect();
+            got.sort_by_key(|c| c.wr_id);
+            assert_eq!(got.len(), 3, "seed {seed}: rank {r} round {k}: more completions than operations");
+            for (cqe, &(wr, kind)) in got.iter().zip(&posted[r as usize]) {
+                assert_eq!((cqe.wr_id, status(cqe)), (wr, Status::Success), "seed {seed}: rank {r} round {k}");
+                let root = (k % n as usize) as u16;
+                match kind {
+                    1 => assert_eq!(c.received(wr, COUNT * 8), coll_sum(n, k), "seed {seed}: allreduce {k} at {r}"),
+                    2 if r == root => {
+                        assert_eq!(c.received(wr, COUNT * 8), coll_sum(n, k + 1), "seed {seed}: reduce {k} at {r}")
+                    }
+                    _ => {}
+                }
+            }
+            round[r as usize] = k + 1;
+            if k + 1 < rounds {
+                posted[r as usize] = post_round(&mut c, r, k + 1);
+            }
+        }
+        if run.switches + run.put_off >= 12 || !rng.chance(0.5) {
+            continue;
+        }
+        let Some(saved) = gang_save(&mut c, n, 20 * MS) else {
+            run.put_off += 1;
+            continue;
+        };
+        run.switches += 1;
+        for (r, ctx) in saved.iter().enumerate() {
+            run.mid_collective += (ops_in_image(&c.image(r as u16, ctx)) > 0) as usize;
+        }
+        // Parked: peers' frames (retransmissions) are refused for retry.
+        c.run_for(rng.range(0, 3 * MS));
+        for (r, ctx) in saved.iter().enumerate() {
+            let slot = free_slot(&c, r as u16, &mut rng);
+            assert_eq!(
+                c.restore(r as u16, ctx, slot),
+                ar::OK,
+                "seed {seed}: rank {r}: {:?}",
+                c.world.nodes[r].nic.restore_refusal()
+            );
+        }
+        for r in 0..n {
+            assert_eq!(c.resume(r), ar::OK);
+        }
+    }
+    c.run_for(20 * MS);
+    for r in 0..n {
+        assert!(c.completions(r).is_empty(), "seed {seed}: rank {r}: a completion twice");
+        let nic = &c.world.nodes[r as usize].nic;
+        assert!(nic.parked().is_empty(), "seed {seed}: rank {r}: still parked");
+        nic.invariants().unwrap_or_else(|e| panic!("seed {seed}: rank {r}: {e}"));
+    }
+    run
+}
+
+#[test]
+fn test_gang_switches_mid_collective_lose_nothing() {
+    let mut total = CollRun::default();
+    // 80 ranks: a wide group (two table slots).
+    for seed in 0..seeds().div_ceil(40).max(5) {
+        let n = [8, 16, 12, 64, 80][seed as usize % 5];
+        let algo =
+            [BarrierAlgo::Dissemination, BarrierAlgo::PairwiseExchange, BarrierAlgo::GatherRelease][seed as usize % 3];
+        let r = collectives_with_switches(seed, n, 0.0, 6, algo);
+        total.switches += r.switches;
+        total.put_off += r.put_off;
+        total.mid_collective += r.mid_collective;
+    }
+    eprintln!("{total:?}");
+    assert!(total.switches > 0, "no switch made: {total:?}");
+    assert!(total.mid_collective > 0, "no switch caught a collective in progress: {total:?}");
+}
+
+#[test]
+fn test_gang_switches_mid_collective_with_loss_lose_nothing() {
+    let mut total = CollRun::default();
+    for seed in 0..seeds().div_ceil(40).max(3) {
+        let n = [8, 12, 16][seed as usize % 3];
+        let algo =
+            [BarrierAlgo::GatherRelease, BarrierAlgo::Dissemination, BarrierAlgo::PairwiseExchange][seed as usize % 3];
+        let r = collectives_with_switches(1000 + seed, n, 0.03, 5, algo);
+        total.switches += r.switches;
+        total.put_off += r.put_off;
+        total.mid_collective += r.mid_collective;
+    }
+    eprintln!("{total:?}");
+    assert!(total.switches > 0, "no switch made: {total:?}");
+    assert!(total.mid_collective > 0, "no switch caught a collective in progress: {total:?}");
+}
+
+/// A context saved mid-collective (its group, a barrier and an allreduce
+/// recorded, their messages queued): every single-byte corruption and every
+/// truncation is refused and changes nothing; with the checksum forged to
+/// match, a corruption is refused unchanged or, where it still makes a valid
+/// image (a value, not a structure), accepted with the NIC's invariants
+/// intact; the intact image then restores into another slot and both
+/// collectives complete with the right result.
+#[test]
+fn test_corrupted_collective_image_is_refused_and_changes_nothing() {
+    let n = 4u16;
+    let mut c = Cluster::new(n, Config::default(), 0, 1500, WireConfig::default());
+    let members: Vec<u16> = (0..n).collect();
+    assert!(c.create_group_wide(0, 7, 1, &members, &[binomial_parents_wide(n as usize)]).iter().all(|&r| r == ar::OK));
+    // Rank 3 posts nothing yet: the others' barrier and allreduce wait for it.
+    let mut wrs: Vec<Vec<u64>> = vec![Vec::new(); n as usize];
+    for r in 0..n - 1 {
+        wrs[r as usize].push(c.barrier(r, 0, BarrierAlgo::Dissemination, 0));
+        wrs[r as usize].push(c.reduce(r, 0, true, 0, Dtype::I64, ReduceOp::Sum, 0, &coll_input(r, 0)));
+    }
+    c.run_for(5 * MS);
+    // Rank 1 holds early messages and its own posted ops: switched out.
+    let ctx = suspend_and_save(&mut c, 1);
+    let good = c.image(1, &ctx);
+    assert!(ops_in_image(&good) >= 2, "the image carries the collectives in progress");
+    let before: (Occupancy, Vec<(u16, u16)>) = (c.world.nodes[1].nic.occupancy(), c.world.nodes[1].nic.parked());
+    let refused_unchanged = |c: &mut Cluster, what: &str, bytes: &[u8], len: u64| {
+        c.write_image(1, &ctx, bytes);
+        let r = c.restore_len(1, &ctx, 1, len);
+        if r == ar::OK {
+            return false;
+        }
+        assert!(matches!(r, ar::BAD_IMAGE | ar::NO_ROOM), "{what}: result {r}");
+        let nic = &c.world.nodes[1].nic;
+        assert!(!nic.port_is_open(1), "{what}: the slot opened");
+        assert_eq!((nic.occupancy(), nic.parked()), before, "{what}: state changed");
+        true
+    };
+    let fixed = |mut b: Vec<u8>| {
+        let sum = image_checksum(&b);
+        b[12..16].copy_from_slice(&sum.to_le_bytes());
+        b
+    };
+    let mut rng = Rng::new(11);
+    let mut accepted = 0;
+    for at in 0..good.len() {
+        let mut b = good.clone();
+        b[at] ^= 1 << rng.below(8);
+        assert!(refused_unchanged(&mut c, &format!("bit flipped at {at}"), &b, ctx.len), "bit flip at {at} restored");
+        if at < 16 {
+            continue; // Header identity and checksum fields: covered above.
+        }
+        if !refused_unchanged(&mut c, &format!("forged flip at {at}"), &fixed(b), ctx.len) {
+            // Still a valid image: the NIC holds it consistently; park it again.
+            accepted += 1;
+            c.world.nodes[1].nic.invariants().unwrap_or_else(|e| panic!("forged flip at {at}: {e}"));
+            let again = suspend_and_save_again(&mut c);
+            assert_eq!(again.len, ctx.len, "forged flip at {at}: re-saved image of another length");
+        }
+    }
+    for len in [ctx.len - 1, ctx.len / 2, 80, 79] {
+        assert!(refused_unchanged(&mut c, &format!("truncated to {len}"), &good, len), "truncated to {len}");
+    }
+    eprintln!("{} forged single-byte corruptions still valid images of {} bytes", accepted, good.len());
+    c.write_image(1, &ctx, &good);
+    assert_eq!(c.restore(1, &ctx, 2), ar::OK, "{:?}", c.world.nodes[1].nic.restore_refusal());
+    assert_eq!(c.resume(1), ar::OK);
+    wrs[3].push(c.barrier(3, 0, BarrierAlgo::Dissemination, 0));
+    wrs[3].push(c.reduce(3, 0, true, 0, Dtype::I64, ReduceOp::Sum, 0, &coll_input(3, 0)));
+    for r in 0..n {
+        for (i, &wr) in wrs[r as usize].iter().enumerate() {
+            let cqe = c.wait(r, wr, 200 * MS).unwrap_or_else(|| panic!("rank {r} op {i} never completed"));
+            assert_eq!(status(&cqe), Status::Success, "rank {r} op {i}");
+        }
+        assert_eq!(c.received(wrs[r as usize][1], COUNT * 8), coll_sum(n, 0), "allreduce at {r}");
+    }
+}
+
+/// Rank 1, restored and suspended, saved again (in the same place).
+fn suspend_and_save_again(c: &mut Cluster) -> SavedContext {
+    let mut waited = 0;
+    while !c.is_stable(1) {
+        assert!(waited < 100 * MS, "a restored forged image never stable");
+        c.run_for(50_000);
+        waited += 50_000;
+    }
+    c.save(1).unwrap_or_else(|r| panic!("save refused: {r}"))
 }

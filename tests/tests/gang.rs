@@ -2,24 +2,35 @@
 //! NICs with one port slot each, two jobs of two ranks each that both need
 //! that slot on both NICs (and the same with four ranks on four NICs). The unmodified `tap-p2p` runs as both jobs
 //! under `emp gang` with a 20 ms slice; both pass, with switches counted.
+//! The same with `tap-coll` (groups, barriers, reductions, broadcasts,
+//! multisends): contexts are switched out between and in the middle of
+//! barriers and reductions (docs/context-switch.md).
 
 use emp_tests::harness::{emp, Cluster};
 
 #[test]
 fn two_jobs_share_single_slot_nics_in_time_slices() {
-    two_jobs("gang2", 2);
+    two_jobs("gang2", 2, env!("CARGO_BIN_EXE_tap-p2p"), 10);
 }
 
 /// Issue 15's case: two jobs × 4 ranks on 4 NICs of one slot each.
 #[test]
 fn two_four_rank_jobs_on_four_single_slot_nics() {
-    two_jobs("gang4", 4);
+    two_jobs("gang4", 4, env!("CARGO_BIN_EXE_tap-p2p"), 10);
 }
 
-/// Two `tap-p2p` jobs of `ranks` ranks on `ranks` NICs of one slot each.
-fn two_jobs(name: &str, ranks: usize) {
+/// Two jobs of collectives, each with its own group of the same id on the
+/// same slots, switched in turn (20 ms slices).
+#[test]
+fn two_collective_jobs_share_single_slot_nics_in_time_slices() {
+    two_jobs("gangcoll", 2, env!("CARGO_BIN_EXE_tap-coll"), 12);
+}
+
+/// Two jobs running `program` (a TAP suite of `cases` cases) with `ranks`
+/// ranks on `ranks` NICs of one slot each.
+fn two_jobs(name: &str, ranks: usize, program: &str, cases: usize) {
     let c = Cluster::up(name, &["-n", &ranks.to_string(), "--ports", "1"]);
-    let job = format!("{ranks} {}", env!("CARGO_BIN_EXE_tap-p2p"));
+    let job = format!("{ranks} {program}");
     let out = emp()
         .args(["gang", "--slice-ms", "20", "--stable-ms", "300", "--timeout", "240", "--dir"])
         .arg(c.path())
@@ -32,7 +43,7 @@ fn two_jobs(name: &str, ranks: usize) {
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "emp gang exited {:?}", out.status);
     // Each job's rank 0 prints its TAP summary: both must be there.
-    assert_eq!(stdout.matches("# 10 passed, 0 failed").count(), 2, "both jobs' TAP summaries");
+    assert_eq!(stdout.matches(&format!("# {cases} passed, 0 failed")).count(), 2, "both jobs' TAP summaries");
     assert!(!stdout.contains("not ok"), "a TAP case failed");
     for i in 0..2 {
         assert!(stdout.contains(&format!("emp gang: job {i} exited with status 0")), "job {i}");

@@ -597,6 +597,7 @@ struct emp_sram_header {
 #define EMP_ADMIN_OP_PORT_RESUME 10U
 #define EMP_ADMIN_OP_PORT_DISCARD 11U
 #define EMP_PORT_ADDR_EXPLICIT 0x10000ULL /* PORT_OPEN args[5]: | wire address */
+#define EMP_CTX_IMAGE_MAX 0x800000ULL /* largest port context image (PortSave/PortRestore) */
 
 /* Admin result codes (emp_admin_mailbox.result). */
 #define EMP_ADMIN_RESULT_OK 0U

@@ -576,6 +576,11 @@ pub mod admin_result {
 /// `PortOpen`'s `args[5]` flag: the low 16 bits are the wire address.
 pub const PORT_ADDR_EXPLICIT: u64 = 1 << 16;
 
+/// Largest port context image (`PortSave`/`PortRestore`, docs/context-switch.md)
+/// a NIC writes or reads: room the trusted side gives a save never needs to
+/// exceed this, and a restore of a longer image is refused.
+pub const CTX_IMAGE_MAX: usize = 8 << 20;
+
 le_struct! {
     /// Admin mailbox (64 bytes at `admin_off`). The trusted host writes
     /// `op` and `args`, then increments `request_seq`; the NIC executes and

@@ -618,6 +618,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_ADMIN_OP_PORT_RESUME = AdminOp::PortResume as u32,
         EMP_ADMIN_OP_PORT_DISCARD = AdminOp::PortDiscard as u32,
         EMP_PORT_ADDR_EXPLICIT = sram::PORT_ADDR_EXPLICIT,
+        EMP_CTX_IMAGE_MAX = sram::CTX_IMAGE_MAX,
         EMP_ADMIN_RESULT_OK = admin_result::OK,
         EMP_ADMIN_RESULT_BAD_OP = admin_result::BAD_OP,
         EMP_ADMIN_RESULT_BAD_ARG = admin_result::BAD_ARG,

@@ -162,6 +162,47 @@ impl Barrier {
             _ => self.step += 1,
         }
     }
+
+    /// Appends the barrier's state to a context image (`ctxsw.rs`).
+    pub(crate) fn save(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&[self.algo as u8, self.tree, self.released as u8, 0]);
+        out.extend_from_slice(&self.step.to_le_bytes());
+        out.extend_from_slice(&self.sub.to_le_bytes());
+        out.extend_from_slice(&self.arrived.to_le_bytes());
+        out.extend_from_slice(&(self.gathered.len() as u32).to_le_bytes());
+        for w in &self.gathered {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+    }
+
+    /// A barrier's state from an untrusted image, checked against its
+    /// group `g`: whatever it holds, [`Barrier::next`] cannot fail on it.
+    pub(crate) fn load(r: &mut crate::ctxsw::Reader, g: &GroupState) -> Result<Barrier, &'static str> {
+        let (algo, tree, released, pad) = (r.u8()?, r.u8()?, r.u8()?, r.u8()?);
+        let algo = BarrierAlgo::from_u16(algo as u16).ok_or("barrier algorithm")?;
+        let (step, sub, arrived, words) = (r.u32()?, r.u32()?, r.u64()?, r.u32()? as usize);
+        if pad != 0 || released > 1 || (tree as usize >= g.trees.len() && algo == BarrierAlgo::GatherRelease) {
+            return Err("barrier state");
+        }
+        // Gather-release has steps 0..=2 and a release per child; the
+        // others' schedules are at most 2 log2(n) + 2 steps.
+        let (step_max, sub_max) = match algo {
+            BarrierAlgo::GatherRelease => (2, g.child_count(tree, rel_rank(g.rank, 0, g.n))),
+            _ => (2 * 16 + 2, 0),
+        };
+        if step > step_max || sub > sub_max || words > (g.n as usize).div_ceil(64) {
+            return Err("barrier state");
+        }
+        let gathered = (0..words).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+        let bits_past_n = gathered.iter().enumerate().any(|(i, &w)| {
+            let first = i * 64;
+            (0..64).any(|b| w & (1 << b) != 0 && first + b >= g.n as usize)
+        });
+        if bits_past_n {
+            return Err("barrier state: arrivals beyond the group");
+        }
+        Ok(Barrier { algo, tree, arrived, gathered, released: released == 1, step, sub })
+    }
 }
 
 impl Nic {

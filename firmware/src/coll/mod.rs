@@ -43,11 +43,13 @@ use crate::group::GroupState;
 use crate::host::Completion;
 use crate::{Hal, LocalDesc, Nic};
 
-use barrier::{barrier_algo_of, Barrier};
+use barrier::barrier_algo_of;
+pub(crate) use barrier::Barrier;
 use bcast::Bcast;
 use cache::FrameCache;
 use multisend::Multi;
-use reduce::{Arrival, Reduce, ReduceParams};
+use reduce::Arrival;
+pub(crate) use reduce::{Reduce, ReduceParams};
 
 /// What an operation does, fixed by its post or by its first message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,7 +74,7 @@ pub(crate) enum Params {
 }
 
 impl Params {
-    fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         match *self {
             Params::Barrier { .. } => 0,
             Params::Bcast { len, .. } | Params::Multi { len, .. } => len as usize,
@@ -114,7 +116,7 @@ pub(crate) enum CollState {
 }
 
 impl CollOp {
-    fn new(port: u16, group: u32, instance: u32, stamp: u32, state: CollState) -> CollOp {
+    pub(crate) fn new(port: u16, group: u32, instance: u32, stamp: u32, state: CollState) -> CollOp {
         CollOp {
             port,
             group,
@@ -193,7 +195,7 @@ impl CollState {
     }
 
     /// Reduction partials held (before the post, from the shared pool).
-    fn partials_held(&self) -> u32 {
+    pub(crate) fn partials_held(&self) -> u32 {
         match self {
             CollState::Reduce(r) => r.partials_held(),
             _ => 0,
@@ -294,8 +296,10 @@ impl Nic {
             None => Err(Status::GroupInvalid),
             Some(_) => match opcode {
                 Opcode::MultiSend => self.validate_multisend(hal, port, slot, &ld),
-                Opcode::Barrier => self.validate_barrier(slot, &ld),
-                Opcode::Reduce | Opcode::Allreduce => self.validate_reduce(hal, port, slot, &ld, opcode),
+                Opcode::Barrier => self.validate_barrier(self.groups.get(slot).expect("checked"), &ld),
+                Opcode::Reduce | Opcode::Allreduce => {
+                    self.validate_reduce(hal, port, self.groups.get(slot).expect("checked"), &ld, opcode)
+                }
                 Opcode::Bcast => self.validate_bcast(hal, port, slot, &ld),
                 _ => Err(Status::BadDescriptor),
             },
@@ -307,8 +311,8 @@ impl Nic {
         }
     }
 
-    fn validate_barrier(&self, slot: u32, ld: &LocalDesc) -> Result<Params, Status> {
-        let g = self.groups.get(slot).expect("checked by the caller");
+    /// A barrier's descriptor on group `g` (also a restored one's, `ctxsw.rs`).
+    pub(crate) fn validate_barrier(&self, g: &GroupState, ld: &LocalDesc) -> Result<Params, Status> {
         let algo = BarrierAlgo::from_u16(ld.wd.port).expect("validated");
         let tree = ld.wd.tag as u8;
         if algo == BarrierAlgo::GatherRelease && tree as usize >= g.trees.len() {
@@ -317,15 +321,16 @@ impl Nic {
         Ok(Params::Barrier { algo, tree })
     }
 
-    fn validate_reduce<H: Hal>(
+    /// A reduction's descriptor on group `g` of `port` (also a restored
+    /// one's, `ctxsw.rs`).
+    pub(crate) fn validate_reduce<H: Hal>(
         &self,
         hal: &mut H,
         port: u16,
-        slot: u32,
+        g: &GroupState,
         ld: &LocalDesc,
         opcode: Opcode,
     ) -> Result<Params, Status> {
-        let g = self.groups.get(slot).expect("checked by the caller");
         let (dt, rop, tree) = emp_uapi::coll::reduce_tag_parts(ld.wd.tag);
         let (dtype, op) = (Dtype::from_u8(dt).expect("validated"), ReduceOp::from_u8(rop).expect("validated"));
         let all = opcode == Opcode::Allreduce;

@@ -213,6 +213,92 @@ impl Reduce {
         debug_assert_eq!(self.phase, Phase::Deliver);
         self.phase = if self.params.all { Phase::Down } else { Phase::Done };
     }
+
+    /// Appends the reduction's state to a context image (`ctxsw.rs`); its
+    /// parameters travel in the op record's header.
+    pub(crate) fn save(&self, out: &mut Vec<u8>) {
+        let phase = match self.phase {
+            Phase::Combine => 0u8,
+            Phase::Up => 1,
+            Phase::Deliver => 2,
+            Phase::Down => 3,
+            Phase::Done => 4,
+        };
+        let p = &self.params;
+        out.extend_from_slice(&[p.all as u8, p.tree, p.dtype as u8, p.op as u8, phase, 0]);
+        out.extend_from_slice(&p.root.to_le_bytes());
+        for v in [p.count, self.combined, self.sub, self.partials.len() as u32] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        let mut put = |b: &Option<Vec<u8>>| match b {
+            Some(v) => {
+                out.push(1);
+                out.extend_from_slice(v);
+            }
+            None => out.push(0),
+        };
+        put(&self.acc);
+        put(&self.down);
+        for x in &self.partials {
+            put(x);
+        }
+    }
+
+    /// A reduction's state from an untrusted image, checked against its
+    /// group `g` and the NIC's buffer size `buf_max`: whatever it holds,
+    /// [`Reduce::next`] cannot fail on it. `posted`: the host posted it.
+    pub(crate) fn load(
+        r: &mut crate::ctxsw::Reader,
+        g: &GroupState,
+        buf_max: usize,
+        posted: bool,
+    ) -> Result<Reduce, &'static str> {
+        let (all, tree, dtype, op, phase, pad) = (r.u8()?, r.u8()?, r.u8()?, r.u8()?, r.u8()?, r.u8()?);
+        let root = r.u16()?;
+        let (count, combined, sub, n_partials) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+        let (dtype, op) = (Dtype::from_u8(dtype).ok_or("reduce type")?, ReduceOp::from_u8(op).ok_or("reduce op")?);
+        let params = ReduceParams { all: all == 1, root, tree, dtype, op, count };
+        if all > 1 || pad != 0 || root >= g.n || tree as usize >= g.trees.len() || !op.defined_for(dtype) {
+            return Err("reduce parameters");
+        }
+        if count == 0 || params.bytes() > buf_max {
+            return Err("reduce size");
+        }
+        let phase = match phase {
+            0 => Phase::Combine,
+            1 => Phase::Up,
+            2 => Phase::Deliver,
+            3 => Phase::Down,
+            4 => Phase::Done,
+            _ => return Err("reduce phase"),
+        };
+        let children = g.child_count(tree, rel_rank(g.rank, root, g.n));
+        if combined > children || sub > children || n_partials > children {
+            return Err("reduce state");
+        }
+        let bytes = params.bytes();
+        let mut get = || -> Result<Option<Vec<u8>>, &'static str> {
+            match r.u8()? {
+                0 => Ok(None),
+                1 => Ok(Some(r.take(bytes)?.to_vec())),
+                _ => Err("reduce buffer flag"),
+            }
+        };
+        let (acc, down) = (get()?, get()?);
+        let partials = (0..n_partials).map(|_| get()).collect::<Result<Vec<_>, _>>()?;
+        // What `next` takes for granted in each phase.
+        let consistent = match phase {
+            Phase::Combine => (acc.is_some() || !posted) && (posted || down.is_none()),
+            Phase::Up => acc.is_some(),
+            Phase::Down => down.is_some() && params.all,
+            Phase::Deliver | Phase::Done => true,
+        };
+        let combined_gone = partials.iter().take(combined as usize).all(Option::is_none);
+        if !consistent || !combined_gone || (!posted && phase != Phase::Combine) {
+            return Err("reduce state");
+        }
+        Ok(Reduce { params, acc, partials, combined, down, phase, sub })
+    }
 }
 
 impl Nic {

@@ -108,6 +108,13 @@ impl Nic {
         }
     }
 
+    /// Group `slot`'s reliable-broadcast state, if it has one: its
+    /// multicast address and whether it is still pristine
+    /// ([`RbGroup::pristine`]; `ctxsw.rs` keeps it out of a context image).
+    pub(crate) fn rbcast_state_of(&self, slot: u32) -> Option<(u16, bool)> {
+        self.rbcast.get(slot as usize)?.as_ref().map(|rb| (rb.addr, rb.pristine()))
+    }
+
     /// Group `slot` goes: its posted receives end with `status`, reliable
     /// copies still queued are abandoned, the port leaves the address
     /// unless another of its groups uses it.

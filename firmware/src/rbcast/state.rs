@@ -337,6 +337,19 @@ pub(crate) struct RbGroup {
 }
 
 impl RbGroup {
+    /// Nothing has happened on it yet: no broadcast sent, received or
+    /// posted for. A context switch may drop such a state and build it
+    /// again on restore (`ctxsw.rs`), since a new one is equal to it.
+    pub(crate) fn pristine(&self) -> bool {
+        self.next_seq == 0
+            && self.consumed == 0
+            && self.reposted == 0
+            && self.window.iter().all(|e| !e.live)
+            && self.slots.iter().all(|s| !s.live)
+            && self.posted.is_empty()
+            && self.expected.iter().chain(&self.delivered).chain(&self.ack_sent).all(|&x| x == 0)
+    }
+
     /// The header of a DATA frame carrying window entry `e` of group
     /// (`id`, `epoch`), multicast (`flags` 0) or point to point.
     pub(crate) fn data_header(&self, e: usize, id: u32, epoch: u32, flags: u8) -> RbcastHeader {
