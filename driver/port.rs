@@ -56,6 +56,7 @@ extern "C" {
     fn emp_readl(base: *mut core::ffi::c_void, off: usize) -> u32;
     fn emp_writel(base: *mut core::ffi::c_void, off: usize, v: u32);
     fn emp_eventfd_signal(ctx: *mut bindings::eventfd_ctx);
+    fn emp_current_tgid() -> i32;
 }
 
 /// How long the NIC may take to run an admin command.
@@ -133,7 +134,8 @@ struct State {
 struct Holder {
     /// `Port::id`.
     file: u64,
-    /// The thread group that opened it (what GANG names).
+    /// The process that opened it, its pid in the initial pid namespace
+    /// (what GANG names).
     tgid: i32,
     /// Its wire address.
     addr: u16,
@@ -593,7 +595,8 @@ impl MiscDevice for Port {
         let dev = unsafe { &*kernel::container_of!(core::ptr::from_ref(misc), NicDev, misc) };
         let info = dev.info.clone();
         let control = file.flags() & kernel::fs::file::flags::O_ACCMODE == kernel::fs::file::flags::O_RDONLY;
-        let tgid = kernel::current!().tgid();
+        // SAFETY: reads the calling task's pid; no preconditions.
+        let tgid = unsafe { emp_current_tgid() };
         let (port, id, addr) = {
             let mut st = info.state.lock();
             if st.gone {

@@ -244,13 +244,21 @@ impl Gang {
             // A rank that already exited needs no port; a failing one ends the job.
             job.reap(name);
             if job.status.is_some() {
+                if trace() {
+                    eprintln!("emp gang: job {name} ended before all its ranks had ports");
+                }
                 return Ok(());
             }
             let opened = job.live().try_fold(true, |all, (r, pid)| {
                 emp::nic_gang(self.sock(r), gang::PORTS, pid as i32).map(|m| all && m.arg[0] > 0)
             });
             match opened {
-                Ok(true) => return Ok(()),
+                Ok(true) => {
+                    if trace() {
+                        eprintln!("emp gang: job {name} in (started; every rank has its port)");
+                    }
+                    return Ok(());
+                }
                 Ok(false) if Instant::now() < end => std::thread::sleep(Duration::from_millis(2)),
                 Ok(false) => return Err(format!("a rank of {} opened no port within {START_BOUND:?}", job.argv[0])),
                 Err(e) => return Err(format!("asking the NIC for a rank's ports: {e}")),
@@ -285,7 +293,7 @@ impl Gang {
             std::thread::sleep(Duration::from_micros(200));
         }
         let saved = self.each(job, gang::SAVE)?.0;
-        if std::env::var_os("EMP_GANG_TRACE").is_some() {
+        if trace() {
             eprintln!("emp gang: job {name} out ({saved} ports saved)");
         }
         if saved != ports {
@@ -320,13 +328,18 @@ impl Gang {
             }
         }
         self.each(job, gang::RESUME)?;
-        if std::env::var_os("EMP_GANG_TRACE").is_some() {
+        if trace() {
             eprintln!("emp gang: job {name} in ({restored} ports restored)");
         }
         job.out = false;
         job.signal(libc::SIGCONT);
         Ok(())
     }
+}
+
+/// `EMP_GANG_TRACE` is set: print each switch.
+fn trace() -> bool {
+    std::env::var_os("EMP_GANG_TRACE").is_some()
 }
 
 fn action_name(action: u64) -> &'static str {

@@ -276,7 +276,7 @@ le_struct! {
         pub size: u32,
         /// `crate::attach::gang` action.
         pub action: u32,
-        /// The process (thread group id).
+        /// The process: its pid in the initial pid namespace.
         pub pid: i32,
         /// Reserved, zero.
         pub reserved: u32,
