@@ -64,6 +64,12 @@ impl GroupSlots {
         self.0.len() as u32
     }
 
+    /// Whether `port` holds any slot (its context cannot be saved: the
+    /// image does not carry groups).
+    pub(super) fn any_of_port(&self, port: u16) -> bool {
+        self.0.iter().any(|g| matches!(g, Some((p, _)) if *p == port))
+    }
+
     /// Slots held by some port.
     pub(super) fn in_use(&self) -> u32 {
         self.0.iter().filter(|s| s.is_some()).count() as u32
@@ -163,14 +169,14 @@ impl Port {
             return Err(EINVAL);
         }
         // The NIC loads groups of open ports only.
-        if !*self.started.lock() {
+        if !matches!(*self.ctx.lock(), super::Ctx::Open) {
             return Err(ENOTCONN);
         }
         let entry = usize::try_from(q.entry).map_err(|_| EFAULT)?;
         let mut head = KBox::new([0u8; GroupEntry::SIZE], GFP_KERNEL)?;
         UserSlice::new(UserPtr::from_addr(entry), GroupEntry::SIZE).reader().read_slice(&mut head[..])?;
         let mut e = KBox::new(GroupEntry::get(&head[..]), GFP_KERNEL)?;
-        e.port = self.port;
+        e.port = self.slot();
         // A wide group's body follows its entry; the span is bounded by the
         // table before anything is allocated for it.
         let span = e.span();
@@ -186,9 +192,9 @@ impl Port {
                 .reader()
                 .read_slice(&mut encoded[GroupEntry::SIZE..GroupEntry::SIZE + body_len])?;
         }
-        let caller = (self.info.node as u32) << 16 | self.port as u32;
+        let caller = (self.info.node as u32) << 16 | self.slot() as u32;
         if let Err(why) = (GroupView { entry: &e, body: &encoded[GroupEntry::SIZE..] }).check(caller) {
-            pr_debug!("emp: port {}: group entry refused: {}\n", self.port, why.as_str());
+            pr_debug!("emp: port {}: group entry refused: {}\n", self.slot(), why.as_str());
             return Err(EINVAL);
         }
         e.put(&mut encoded[..GroupEntry::SIZE]);
@@ -199,7 +205,8 @@ impl Port {
             if st.gone {
                 return Err(ENODEV);
             }
-            let (slot, before) = st.groups.claim(self.port, e.group_id, span)?;
+            self.holds(&st)?;
+            let (slot, before) = st.groups.claim(self.slot(), e.group_id, span)?;
             (slot, before, st.write_bytes(layout.group_entry(slot), &encoded[..]))
         };
         let r = written.and_then(|()| admin.run(AdminOp::GroupSet, [slot as u64, 0, 0, 0]));
@@ -225,7 +232,7 @@ impl Port {
             // The caller cannot learn the slot: undo a new group (a
             // replaced one stays loaded under its id, as on success).
             let admin = self.info.admin();
-            let ours = self.info.state.lock().groups.held_by_group(slot, self.port, e.group_id);
+            let ours = self.info.state.lock().groups.held_by_group(slot, self.slot(), e.group_id);
             if fresh && ours {
                 let _ = admin.run(AdminOp::GroupClear, [slot as u64, 0, 0, 0]);
                 let mut st = self.info.state.lock();
@@ -257,7 +264,8 @@ impl Port {
             if st.gone {
                 return Err(ENODEV);
             }
-            if !st.groups.first_of_port(q.slot, self.port) {
+            self.holds(&st)?;
+            if !st.groups.first_of_port(q.slot, self.slot()) {
                 return Err(ENOENT);
             }
             let (port, id) = st.groups.0[q.slot as usize].ok_or(ENOENT)?;

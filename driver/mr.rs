@@ -167,40 +167,100 @@ impl Pinned {
     /// The MR table entry describing this region to the NIC.
     pub(crate) fn entry(&mut self, addr: u64, len: u64, key: u32, port: u16, access: u8) -> Result<MrEntry> {
         let runs = self.runs(addr, len)?;
-        let mut e = MrEntry { key, port, access, length: len, ..Default::default() };
-        if runs.len() <= MR_INLINE_SEGS {
-            e.format = MrFormat::Chained as u8;
-            for (i, s) in runs.iter().enumerate() {
-                e.segs[i] = *s;
-            }
-            return Ok(e);
+        describe(&runs, &mut self.lists, MrEntry { key, port, access, length: len, ..Default::default() })
+    }
+}
+
+/// Fills `e`'s translation from physically contiguous `runs`: inline when
+/// they fit, else pages of (address, length) entries allocated into
+/// `lists` (freed with their owner), the last slot of a full page linking on.
+fn describe(runs: &[PhysSeg], lists: &mut KVec<Page>, mut e: MrEntry) -> Result<MrEntry> {
+    if runs.len() <= MR_INLINE_SEGS {
+        e.format = MrFormat::Chained as u8;
+        for (i, s) in runs.iter().enumerate() {
+            e.segs[i] = *s;
         }
-        // Indirect: pages of entries, the last slot of a full page links on.
-        let per_page = SEGS_PER_PAGE - 1;
-        let npages = runs.len().div_ceil(per_page);
-        for _ in 0..npages {
-            self.lists.push(Page::alloc_page(GFP_KERNEL | __GFP_ZERO)?, GFP_KERNEL)?;
+        return Ok(e);
+    }
+    let per_page = SEGS_PER_PAGE - 1;
+    let npages = runs.len().div_ceil(per_page);
+    let first = lists.len();
+    for _ in 0..npages {
+        lists.push(Page::alloc_page(GFP_KERNEL | __GFP_ZERO)?, GFP_KERNEL)?;
+    }
+    let lists = &lists[first..];
+    for (pi, chunk) in runs.chunks(per_page).enumerate() {
+        let mut b = [0u8; PhysSeg::SIZE];
+        for (i, s) in chunk.iter().enumerate() {
+            s.put(&mut b);
+            // SAFETY: writing 16 bytes inside a 4 KiB page we own.
+            unsafe { lists[pi].write_raw(b.as_ptr(), i * PhysSeg::SIZE, PhysSeg::SIZE)? };
         }
-        for (pi, chunk) in runs.chunks(per_page).enumerate() {
-            let mut b = [0u8; PhysSeg::SIZE];
-            for (i, s) in chunk.iter().enumerate() {
-                s.put(&mut b);
-                // SAFETY: writing 16 bytes inside a 4 KiB page we own.
-                unsafe { self.lists[pi].write_raw(b.as_ptr(), i * PhysSeg::SIZE, PhysSeg::SIZE)? };
-            }
-            if pi + 1 < npages {
-                // SAFETY: the next list page is ours.
-                let next = unsafe { emp_page_to_phys(self.lists[pi + 1].as_ptr()) };
-                PhysSeg { addr: next, len: 0, flags: SEG_LINK }.put(&mut b);
-                // SAFETY: as above, the last slot of the page.
-                unsafe { self.lists[pi].write_raw(b.as_ptr(), per_page * PhysSeg::SIZE, PhysSeg::SIZE)? };
+        if pi + 1 < npages {
+            // SAFETY: the next list page is ours.
+            let next = unsafe { emp_page_to_phys(lists[pi + 1].as_ptr()) };
+            PhysSeg { addr: next, len: 0, flags: SEG_LINK }.put(&mut b);
+            // SAFETY: as above, the last slot of the page.
+            unsafe { lists[pi].write_raw(b.as_ptr(), per_page * PhysSeg::SIZE, PhysSeg::SIZE)? };
+        }
+    }
+    e.format = MrFormat::Indirect as u8;
+    // SAFETY: the first list page is ours.
+    e.indirect_addr = unsafe { emp_page_to_phys(lists[0].as_ptr()) };
+    e.indirect_count = runs.len() as u32;
+    Ok(e)
+}
+
+/// Driver memory a context image is saved into for the gang scheduler
+/// (the process is stopped and cannot give any): zeroed pages of its own,
+/// never mapped to user space, freed on drop.
+pub(crate) struct ImagePages {
+    pages: KVec<Page>,
+    lists: KVec<Page>,
+}
+
+impl ImagePages {
+    /// `len` bytes (rounded up to pages).
+    ///
+    /// # Errors
+    /// `ENOMEM`.
+    pub(crate) fn alloc(len: usize) -> Result<Self> {
+        let n = len.div_ceil(PAGE_SIZE);
+        let mut pages = KVec::with_capacity(n, GFP_KERNEL)?;
+        for _ in 0..n {
+            pages.push(Page::alloc_page(GFP_KERNEL | __GFP_ZERO)?, GFP_KERNEL)?;
+        }
+        Ok(ImagePages { pages, lists: KVec::new() })
+    }
+
+    /// Bytes held.
+    pub(crate) fn len(&self) -> usize {
+        self.pages.len() * PAGE_SIZE
+    }
+
+    /// The MR table entry describing these pages to the NIC.
+    pub(crate) fn entry(&mut self, key: u32, port: u16, access: u8) -> Result<MrEntry> {
+        let mut runs: KVec<PhysSeg> = KVec::new();
+        for p in self.pages.iter() {
+            // SAFETY: a page we own.
+            let phys = unsafe { emp_page_to_phys(p.as_ptr()) };
+            match runs.last_mut() {
+                Some(s) if s.addr + s.len as u64 == phys => s.len += PAGE_SIZE as u32,
+                _ => runs.push(PhysSeg { addr: phys, len: PAGE_SIZE as u32, flags: 0 }, GFP_KERNEL)?,
             }
         }
-        e.format = MrFormat::Indirect as u8;
-        // SAFETY: the first list page is ours.
-        e.indirect_addr = unsafe { emp_page_to_phys(self.lists[0].as_ptr()) };
-        e.indirect_count = runs.len() as u32;
-        Ok(e)
+        let e = MrEntry { key, port, access, length: self.len() as u64, ..Default::default() };
+        describe(&runs, &mut self.lists, e)
+    }
+
+    /// The little-endian word at byte `off` (4-byte aligned, inside).
+    pub(crate) fn read_u32(&self, off: usize) -> Result<u32> {
+        let page = self.pages.get(off / PAGE_SIZE).ok_or(EINVAL)?;
+        let mut b = [0u8; 4];
+        // SAFETY: 4 bytes inside a page we own into a local buffer; an
+        // aligned word never crosses the page.
+        unsafe { page.read_raw(b.as_mut_ptr(), off % PAGE_SIZE, 4)? };
+        Ok(u32::from_le_bytes(b))
     }
 }
 

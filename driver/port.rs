@@ -1,15 +1,24 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! `/dev/emp-nic`: every open file is a port of the NIC. `mmap` maps that
-//! port's window of SRAM (BAR2) and nothing else; `ioctl` serves QUERY,
-//! memory registration, START, events, and groups (`group.rs`).
+//! `/dev/emp-nic`: every file opened for writing is a port of the NIC.
+//! `mmap` maps that port's window of SRAM (BAR2) and nothing else; `ioctl`
+//! serves QUERY, memory registration, START, events, groups (`group.rs`)
+//! and the context switch (`ctxsw.rs`: PORT_CTX on the caller's port, GANG
+//! for the gang scheduler). A file opened read-only holds no port: it
+//! serves GANG only.
 //!
 //! Lock order: mmap_lock (held by the kernel around `mmap`), then a port's
-//! `started`, then its `regions`, then `NicInfo::mailbox` (the admin
+//! `ctx`, then its `regions`, then `NicInfo::mailbox` (the admin
 //! mailbox), then `NicInfo::state`. Pinning and unpinning take mmap_lock,
 //! so they run with none of our locks held. An admin command holds the
 //! mailbox while the NIC works and takes `state` only around each SRAM
 //! access, so events, QUERY and the other ports do not wait for the NIC.
+//! A context switch holds the mailbox for all of its steps (the NIC's
+//! command, moving the context's MR entries and their fences), so no other
+//! admin command — another port's, or GANG's — sees it half done; GANG
+//! never takes a port's `ctx` or `regions` (it cannot reach them): it
+//! finds a process's ports through `State::holders`, and a port's own
+//! ioctls check there, under `state`, that they still hold their slot.
 //!
 //! Unbind with files open is safe: the device is marked gone (later
 //! opens, ioctls and mmaps fail with `ENODEV`) and every user mapping of a
@@ -37,12 +46,17 @@ use crate::{Le, PAGE_SIZE};
 #[path = "group.rs"]
 mod group;
 
+// PORT_CTX / GANG: a child module, it uses the private state here.
+#[path = "ctxsw.rs"]
+mod ctxsw;
+
 extern "C" {
     fn emp_ioremap(start: u64, len: usize) -> *mut core::ffi::c_void;
     fn emp_iounmap(base: *mut core::ffi::c_void);
     fn emp_readl(base: *mut core::ffi::c_void, off: usize) -> u32;
     fn emp_writel(base: *mut core::ffi::c_void, off: usize, v: u32);
     fn emp_eventfd_signal(ctx: *mut bindings::eventfd_ctx);
+    fn emp_current_tgid() -> i32;
 }
 
 /// How long the NIC may take to run an admin command.
@@ -100,6 +114,37 @@ struct State {
     events: [EventCtx; 64],
     /// Group table slots and the (port, group id) holding each.
     groups: group::GroupSlots,
+    /// Which open file holds each port slot (`ctxsw.rs` switches them).
+    holders: [Holder; 64],
+    /// Wire addresses held by open files (a file keeps its address for
+    /// its whole life, through saves and restores), each once.
+    addrs: KVec<u16>,
+    /// The file (`Port::id`) each MR table slot belongs to, 0 = free: a
+    /// context switch moves a file's entries together.
+    mr_file: KVec<u64>,
+    /// Contexts the gang scheduler saved into driver memory (bounded by
+    /// `ctxsw::GANG_SAVED_MAX`).
+    gang: KVec<ctxsw::GangSaved>,
+    /// The next `Port::id` (never 0, never reused).
+    next_file: u64,
+}
+
+/// The open file holding a port slot, or none (`file` 0).
+#[derive(Clone, Copy)]
+struct Holder {
+    /// `Port::id`.
+    file: u64,
+    /// The process that opened it, its pid in the initial pid namespace
+    /// (what GANG names).
+    tgid: i32,
+    /// Its wire address.
+    addr: u16,
+    /// The NIC opened the port (START).
+    started: bool,
+}
+
+impl Holder {
+    const NONE: Holder = Holder { file: 0, tgid: 0, addr: 0, started: false };
 }
 
 /// A snapshot of what the driver holds for one NIC ([`NicInfo::counters`]).
@@ -202,6 +247,11 @@ impl NicInfo {
                 armed: 0,
                 events: [EventCtx::NONE; 64],
                 groups: group::GroupSlots::new(),
+                holders: [Holder::NONE; 64],
+                addrs: KVec::new(),
+                mr_file: KVec::new(),
+                gang: KVec::new(),
+                next_file: 1,
             }),
         })
     }
@@ -221,6 +271,7 @@ impl NicInfo {
         st.mmio = SramMmio(base);
         for slot in (0..self.layout.params.mr_entries.min(0x1_0000) as u16).rev() {
             st.mr_free.push(slot, GFP_KERNEL)?;
+            st.mr_file.push(0, GFP_KERNEL)?;
         }
         st.groups.init(self.layout.params.group_entries)?;
         Ok(())
@@ -278,19 +329,8 @@ impl NicInfo {
     /// Clears MR slot `slot` and fences the NIC so no DMA uses it again;
     /// the slot is free for reuse only after the fence.
     fn clear_mr(&self, slot: u16, pages: usize) {
-        let off = self.layout.mr_entry(slot as usize);
-        let mut zero = [0u8; MrEntry::SIZE];
-        MrEntry::default().put(&mut zero);
         let admin = self.admin();
-        let wiped = self.state.lock().write_bytes(off, &zero).is_ok();
-        // A device that is gone does no DMA: nothing to fence.
-        if wiped {
-            let _ = admin.run(AdminOp::MrFence, [slot as u64, 0, 0, 0]);
-        }
-        drop(admin);
-        let mut st = self.state.lock();
-        let _ = st.mr_free.push(slot, GFP_KERNEL);
-        st.pinned -= pages as u64;
+        admin.clear_mr(slot, pages);
     }
 }
 
@@ -301,11 +341,37 @@ struct Admin<'a> {
 }
 
 impl Admin<'_> {
+    /// [`Admin::clear_mr`]'s work, with the mailbox held.
+    fn clear_mr(&self, slot: u16, pages: usize) {
+        let off = self.info.layout.mr_entry(slot as usize);
+        let mut zero = [0u8; MrEntry::SIZE];
+        MrEntry::default().put(&mut zero);
+        let wiped = self.info.state.lock().write_bytes(off, &zero).is_ok();
+        // A device that is gone does no DMA: nothing to fence.
+        if wiped {
+            let _ = self.run(AdminOp::MrFence, [slot as u64, 0, 0, 0]);
+        }
+        let mut st = self.info.state.lock();
+        let _ = st.mr_free.push(slot, GFP_KERNEL);
+        if let Some(f) = st.mr_file.get_mut(slot as usize) {
+            *f = 0;
+        }
+        st.pinned -= pages as u64;
+    }
+
+    /// Runs an admin command with its first four arguments (the rest 0).
+    ///
+    /// # Errors
+    /// As [`Admin::run6`].
+    fn run(&self, op: AdminOp, args: [u64; 4]) -> Result<u32> {
+        self.run6(op, [args[0], args[1], args[2], args[3], 0, 0])
+    }
+
     /// Runs an admin command on the NIC and returns its result code.
     ///
     /// # Errors
     /// `ENODEV` device gone, `ETIMEDOUT` no answer within `ADMIN_TIMEOUT`.
-    fn run(&self, op: AdminOp, args: [u64; 4]) -> Result<u32> {
+    fn run6(&self, op: AdminOp, args: [u64; 6]) -> Result<u32> {
         let base = self.info.layout.admin_off as usize;
         let seq_off = base + core::mem::offset_of!(AdminMailbox, request_seq);
         let seq = {
@@ -421,51 +487,99 @@ impl PinnedDrop for NicDev {
 struct Region {
     key: u32,
     slot: u16,
+    /// The caller's address and length (what PORT_CTX bounds-checks an
+    /// image's place against).
+    addr: u64,
+    len: u64,
     pinned: Pinned,
 }
 
-/// One open file = one port.
+/// Where a port is in its life (`Port::ctx`).
+enum Ctx {
+    /// Not started (no port on the NIC yet), or a read-only control file.
+    Idle,
+    /// Open on the NIC in slot `Port::port` — or saved by the gang
+    /// scheduler meanwhile (`State::gang` then has it, `State::holders`
+    /// not).
+    Open,
+    /// Saved by its owner (PORT_CTX SAVE): no slot until RESTORE.
+    Saved(ctxsw::Parked),
+}
+
+/// `Port::port` of a read-only file, which holds no slot.
+const NO_SLOT: u16 = u16::MAX;
+
+/// One open file = one port (a read-only file: none).
 #[pin_data(PinnedDrop)]
 pub(crate) struct Port {
     info: Arc<NicInfo>,
-    port: u16,
-    /// Regions, and whether the NIC opened the port (START).
+    /// The slot it lives in (changes only on RESTORE, under `ctx`).
+    port: core::sync::atomic::AtomicU16,
+    /// This file, for `State::holders`, `State::mr_file` and `State::gang`.
+    id: u64,
+    /// Its wire address: what peers and QUERY know it by.
+    addr: u16,
+    /// Regions.
     #[pin]
     regions: Mutex<KVec<Region>>,
     #[pin]
-    started: Mutex<bool>,
+    ctx: Mutex<Ctx>,
 }
 
 #[pinned_drop]
 impl PinnedDrop for Port {
     fn drop(self: Pin<&mut Self>) {
+        if self.slot() == NO_SLOT {
+            self.info.state.lock().open -= 1;
+            return;
+        }
         // Lock order (module documentation). Unpinning takes mmap_lock, so
         // regions are dropped only after all of our locks are released.
         let gone = {
-            let started = core::mem::replace(&mut *self.started.lock(), false);
+            let ctx = core::mem::replace(&mut *self.ctx.lock(), Ctx::Idle);
             let mut regions = self.regions.lock();
-            {
+            let slot = self.slot();
+            // A saved context (its owner's or the gang scheduler's) is
+            // forgotten on the NIC, its image memory freed.
+            let (held, parked) = {
                 let admin = self.info.admin();
-                if started {
-                    // The NIC flushes the port's work before any memory goes.
-                    let _ = admin.run(AdminOp::PortClose, [self.port as u64, 0, 0, 0]);
+                let parked = ctxsw::discard(&admin, &self, ctx);
+                let held = self.info.state.lock().holders[slot as usize].file == self.id;
+                if held {
+                    if parked.is_none() && self.info.state.lock().holders[slot as usize].started {
+                        // The NIC flushes the port's work before any memory goes.
+                        let _ = admin.run(AdminOp::PortClose, [slot as u64, 0, 0, 0]);
+                    }
+                    let mut st = self.info.state.lock();
+                    st.holders[slot as usize] = Holder::NONE;
+                    // PortClose dropped the port's groups on the NIC (only an
+                    // open port can have any): free their slots.
+                    group::release_port(&self.info, &mut st, slot);
                 }
-                // PortClose dropped the port's groups on the NIC (only an
-                // open port can have any): free their slots.
-                group::release_port(&self.info, &mut self.info.state.lock(), self.port);
-            }
+                (held, parked)
+            };
             for r in regions.iter() {
                 self.info.clear_mr(r.slot, r.pinned.page_count());
             }
-            // The port number is free for another open only now.
             let mut st = self.info.state.lock();
-            st.used &= !(1u64 << self.port);
+            // The port number is free for another open only now.
+            let event = if held {
+                st.used &= !(1u64 << slot);
+                st.armed &= !(1u64 << slot);
+                core::mem::replace(&mut st.events[slot as usize], EventCtx::NONE)
+            } else {
+                EventCtx::NONE
+            };
             st.open -= 1;
-            st.armed &= !(1u64 << self.port);
-            let event = core::mem::replace(&mut st.events[self.port as usize], EventCtx::NONE);
-            (core::mem::take(&mut *regions), event)
+            if let Some(i) = st.addrs.iter().position(|&a| a == self.addr) {
+                let _ = st.addrs.remove(i);
+            }
+            (core::mem::take(&mut *regions), event, parked)
         };
         gone.1.put();
+        if let Some(p) = &gone.2 {
+            p.event.put();
+        }
         drop(gone);
     }
 }
@@ -480,31 +594,67 @@ impl MiscDevice for Port {
         // while it is registered, i.e. while that `NicDev` is alive.
         let dev = unsafe { &*kernel::container_of!(core::ptr::from_ref(misc), NicDev, misc) };
         let info = dev.info.clone();
-        let port = {
+        let control = file.flags() & kernel::fs::file::flags::O_ACCMODE == kernel::fs::file::flags::O_RDONLY;
+        // SAFETY: reads the calling task's pid; no preconditions.
+        let tgid = unsafe { emp_current_tgid() };
+        let (port, id, addr) = {
             let mut st = info.state.lock();
             if st.gone {
                 return Err(ENODEV);
             }
-            let free = (0..info.ports()).find(|&p| st.used & (1u64 << p) == 0).ok_or(EBUSY)?;
-            st.used |= 1u64 << free;
-            st.open += 1;
-            // SAFETY: `file` is a valid file being opened; f_mapping is set by then.
-            st.mapping = Mapping(unsafe { (*file.as_ptr()).f_mapping });
-            free
+            let id = st.next_file;
+            if control {
+                st.next_file += 1;
+                st.open += 1;
+                (NO_SLOT, id, NO_SLOT)
+            } else {
+                let free = (0..info.ports()).find(|&p| st.used & (1u64 << p) == 0).ok_or(EBUSY)?;
+                // The slot's own number, unless a saved context holds it:
+                // then slot + k × ports, as emp-nicd picks (never another
+                // slot's own number).
+                let ports = info.ports() as u32;
+                let addr = (0..)
+                    .map(|k| free as u32 + k * ports)
+                    .take_while(|&a| a < NO_SLOT as u32)
+                    .find(|&a| !st.addrs.contains(&(a as u16)))
+                    .ok_or(ENOSPC)? as u16;
+                st.addrs.push(addr, GFP_KERNEL)?;
+                st.next_file += 1;
+                st.used |= 1u64 << free;
+                st.holders[free as usize] = Holder { file: id, tgid, addr, started: false };
+                st.open += 1;
+                // SAFETY: `file` is a valid file being opened; f_mapping is set by then.
+                st.mapping = Mapping(unsafe { (*file.as_ptr()).f_mapping });
+                (free, id, addr)
+            }
         };
         KBox::pin_init(
-            try_pin_init!(Port { info, port, regions <- new_mutex!(KVec::new()), started <- new_mutex!(false) }),
+            try_pin_init!(Port {
+                info,
+                port: core::sync::atomic::AtomicU16::new(port),
+                id,
+                addr,
+                regions <- new_mutex!(KVec::new()),
+                ctx <- new_mutex!(Ctx::Idle),
+            }),
             GFP_KERNEL,
         )
     }
 
     fn mmap(me: Pin<&Port>, _file: &File, vma: &VmaNew) -> Result {
+        if me.slot() == NO_SLOT {
+            return Err(EBADF);
+        }
+        // A saved port has no window until it is restored (RESTORE may
+        // move it: the mapping is of the slot it lives in then).
+        let _ctx = me.ctx.lock();
         // Holding the lock keeps an unbind from zapping before this mapping exists.
         let st = me.info.state.lock();
         if st.gone {
             return Err(ENODEV);
         }
-        let w = me.info.layout.port(me.port);
+        me.holds(&st)?;
+        let w = me.info.layout.port(me.slot());
         let len = vma.end() - vma.start();
         // The whole window at offset 0, nothing else.
         // SAFETY: reading the pgoff of a vma undergoing setup.
@@ -538,6 +688,10 @@ impl MiscDevice for Port {
         }
         let (cmd, size) = IoctlCmd::decode(cmd).ok_or(ENOTTY)?;
         let arg = UserArg { addr: arg, size };
+        // A read-only file holds no port: the gang scheduler's handle.
+        if me.slot() == NO_SLOT && cmd != IoctlCmd::Gang {
+            return Err(EBADF);
+        }
         match cmd {
             IoctlCmd::Query => me.query(arg),
             IoctlCmd::RegMr => me.reg_mr(arg),
@@ -547,6 +701,8 @@ impl MiscDevice for Port {
             IoctlCmd::Arm => me.arm(arg),
             IoctlCmd::GroupSet => me.group_set(arg),
             IoctlCmd::GroupClear => me.group_clear(arg),
+            IoctlCmd::PortCtx => me.port_ctx(arg),
+            IoctlCmd::Gang => ctxsw::gang(&me.info, arg),
         }
     }
 }
@@ -593,6 +749,20 @@ impl UserArg {
 }
 
 impl Port {
+    /// The slot this port lives in ([`NO_SLOT`] for a read-only file).
+    fn slot(&self) -> u16 {
+        self.port.load(core::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `EAGAIN` unless this file holds its slot now (it does not while its
+    /// context is saved, by itself or by the gang scheduler).
+    fn holds(&self, st: &State) -> Result {
+        match st.holders.get(self.slot() as usize) {
+            Some(h) if h.file == self.id => Ok(()),
+            _ => Err(EAGAIN),
+        }
+    }
+
     /// QUERY: the caller sets `size`; the driver fills the rest (as much
     /// of it as the caller's struct holds).
     ///
@@ -607,7 +777,9 @@ impl Port {
         };
         let out = EmpQuery {
             size: q.size,
-            port: self.port,
+            // The wire address: what peers reach this port by (its slot
+            // number unless that is parked by a saved context).
+            port: self.addr,
             node_id: i.node,
             mtu: i.mtu,
             features: i.features,
@@ -648,11 +820,12 @@ impl Port {
         if st.gone {
             return Err(ENODEV);
         }
+        self.holds(&st)?;
         let slot = st.mr_free.pop().ok_or(ENOSPC)?;
         // SAFETY: get_random_u32 has no preconditions (the kernel's CRNG).
         let random = unsafe { bindings::get_random_u32() };
         let (key, secret) = MrEntry::make_key(&mut st.key_salt, slot, random);
-        let entry = match pinned.entry(q.addr, q.length, key, self.port, q.access as u8) {
+        let entry = match pinned.entry(q.addr, q.length, key, self.slot(), q.access as u8) {
             Ok(e) => MrEntry { secret, ..e },
             Err(e) => {
                 let _ = st.mr_free.push(slot, GFP_KERNEL);
@@ -666,9 +839,10 @@ impl Port {
             return Err(e);
         }
         st.pinned += pinned.page_count() as u64;
+        st.mr_file[slot as usize] = self.id;
         drop(st);
         // Cannot fail: the room was reserved above.
-        regions.push_within_capacity(Region { key, slot, pinned }).map_err(|_| ENOMEM)?;
+        regions.push_within_capacity(Region { key, slot, addr: q.addr, len: q.length, pinned }).map_err(|_| ENOMEM)?;
         // Writing to user memory may fault (mmap_lock): not under our locks.
         drop(regions);
         q.key = key;
@@ -702,19 +876,27 @@ impl Port {
         if q.reserved != 0 {
             return Err(EINVAL);
         }
-        let mut started = self.started.lock();
-        if *started {
+        let mut ctx = self.ctx.lock();
+        if !matches!(*ctx, Ctx::Idle) {
             return Err(EALREADY);
         }
-        let w = self.info.layout.port(self.port);
+        let slot = self.slot();
+        let w = self.info.layout.port(slot);
         let mut z = [0u8; PortCtl::SIZE];
         PortCtl::default().put(&mut z);
         let admin = self.info.admin();
-        self.info.state.lock().write_bytes(w.base, &z)?;
-        let args = [self.port as u64, q.cq_key as u64, q.cq_offset, q.cq_entries as u64];
-        match admin.run(AdminOp::PortOpen, args)? {
+        {
+            let st = self.info.state.lock();
+            self.holds(&st)?;
+            st.write_bytes(w.base, &z)?;
+        }
+        // Under its own slot number, or the address it was given at open.
+        let addr = if self.addr == slot { 0 } else { crate::sram::PORT_ADDR_EXPLICIT | self.addr as u64 };
+        let args = [slot as u64, q.cq_key as u64, q.cq_offset, q.cq_entries as u64, 0, addr];
+        match admin.run6(AdminOp::PortOpen, args)? {
             admin_result::OK => {
-                *started = true;
+                *ctx = Ctx::Open;
+                self.info.state.lock().holders[slot as usize].started = true;
                 Ok(0)
             }
             admin_result::BAD_KEY => Err(ENOENT),
@@ -747,8 +929,13 @@ impl Port {
         };
         let old = {
             let mut st = self.info.state.lock();
-            st.armed &= !(1u64 << self.port);
-            core::mem::replace(&mut st.events[self.port as usize], new)
+            if let Err(e) = self.holds(&st) {
+                drop(st);
+                new.put();
+                return Err(e);
+            }
+            st.armed &= !(1u64 << self.slot());
+            core::mem::replace(&mut st.events[self.slot() as usize], new)
         };
         old.put();
         Ok(0)
@@ -770,13 +957,15 @@ impl Port {
         if !st.events_available {
             return Err(EOPNOTSUPP);
         }
-        if st.events[self.port as usize].0.is_null() {
+        self.holds(&st)?;
+        let slot = self.slot();
+        if st.events[slot as usize].0.is_null() {
             return Err(EINVAL);
         }
         // Armed in the driver first, then for the NIC: an interrupt in
         // between at worst signals early (spurious wake-ups are allowed).
-        st.armed |= 1u64 << self.port;
-        st.write32(self.info.layout.port(self.port).ctl(ctl::ARM), 1)?;
+        st.armed |= 1u64 << slot;
+        st.write32(self.info.layout.port(slot).ctl(ctl::ARM), 1)?;
         Ok(0)
     }
 

@@ -23,6 +23,7 @@ void emp_writel(void __iomem *base, size_t off, u32 v);
 int emp_irq_setup(struct device *dev, void *cookie, irqreturn_t (*thread)(int, void *));
 void emp_irq_teardown(struct device *dev, int irq, void *cookie);
 void emp_eventfd_signal(struct eventfd_ctx *ctx);
+pid_t emp_current_tgid(void);
 
 phys_addr_t emp_page_to_phys(struct page *page)
 {
@@ -101,4 +102,10 @@ void emp_irq_teardown(struct device *dev, int irq, void *cookie)
 void emp_eventfd_signal(struct eventfd_ctx *ctx)
 {
 	eventfd_signal(ctx);
+}
+
+/* The calling process's pid in the initial pid namespace (what GANG names). */
+pid_t emp_current_tgid(void)
+{
+	return task_tgid_nr(current);
 }

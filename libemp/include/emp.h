@@ -304,7 +304,8 @@ int emp_post_recv_claimed(struct emp_device *dev, uint64_t wr_id, const struct e
 			  const struct emp_sge *sge, size_t n);
 
 /* Since EMP_1.4: port context switch (docs/context-switch.md; direct
- * attach only, -EOPNOTSUPP through the kernel driver). Each returns 0 or a
+ * attach and, with an emp.ko that has EMP_IOC_PORT_CTX, the kernel
+ * driver; an older driver answers -ENOTTY). Each returns 0 or a
  * negative errno. Suspend (C1); emp_port_is_stable returns 1 once nothing
  * is half sent or received (C2-C4), 0 before; save writes the port's NIC
  * state into registered memory (key, offset, at most room bytes; *len =

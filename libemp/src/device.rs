@@ -152,11 +152,13 @@ impl Device {
 
     /// Context switch C1 (docs/context-switch.md): the NIC stops taking
     /// this port's descriptors and starting its messages; posting may go
-    /// on until the rings are full. Direct attach only.
+    /// on until the rings are full. Direct attach, or the kernel driver
+    /// (`EMP_IOC_PORT_CTX`).
     ///
     /// # Errors
-    /// [`Error::Nic`] (`EALREADY` when suspended already),
-    /// [`Error::Unsupported`] through the kernel driver.
+    /// [`Error::Nic`] (`EALREADY` when suspended already, `ENOTTY` from a
+    /// driver without the ioctl, `EAGAIN` while the gang scheduler has the
+    /// port switched out).
     pub fn suspend(&mut self) -> Result<()> {
         self.backend.suspend()
     }

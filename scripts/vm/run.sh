@@ -10,7 +10,11 @@
 # completion events); --plain maps its SRAM as ivshmem-plain instead (no
 # interrupts: libemp polls). --two-nics gives one guest two NICs
 # (/dev/emp-nic and /dev/emp-nic1, both DMAing into its RAM) and runs
-# tap-p2p between them, one rank per NIC. --bench SIZES runs `emp bench latency`
+# tap-p2p between them, one rank per NIC. --gang gives one guest four NICs
+# of one port slot each (/dev/emp-nic … /dev/emp-nic3) and runs `emp gang
+# --devices …` there: two jobs of tap-p2p × 4 ranks, a rank per NIC, more
+# ports than the NICs have slots, switched through emp.ko (EMP_GANG_JOBS,
+# EMP_GANG_SLICE_MS override). --bench SIZES runs `emp bench latency`
 # between two guests instead: EMP through emp.ko against TCP over a
 # virtio-net link joining the two guests, in one run (ranks block on
 # their port events: --blocking; EMP_BENCH_FLAGS overrides).
@@ -31,6 +35,7 @@ expect_fail=""
 vms=1
 plain=0
 two_nics=0
+gang=0
 bench=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -38,6 +43,7 @@ while [ $# -gt 0 ]; do
         --firmware) firmware="$2"; shift 2 ;;
         --plain) plain=1; shift ;;
         --two-nics) two_nics=1; shift ;;
+        --gang) gang=1; shift ;;
         --bench) bench="$2"; shift 2 ;;
         --expect-probe-failure) expect_fail="$2"; shift 2 ;;
         *) break ;;
@@ -45,7 +51,24 @@ while [ $# -gt 0 ]; do
 done
 guest_cmd="${*:-}"
 firmware=$(realpath "$firmware")
-if [ "$two_nics" = 1 ]; then
+# The guest's RAM (the gang test runs eight ranks, each pinning its arena).
+mem_mb=256
+smp=1
+# NICs one guest has (its NIC i is /dev/emp-nic, then /dev/emp-nicI).
+guest_nics=$((1 + two_nics))
+nicd_ports=()
+if [ "$gang" = 1 ]; then
+    vms=1
+    guest_nics=4
+    mem_mb=1024
+    smp=2
+    nicd_ports=(--ports 1)
+    # Ranks run as root here: the scheduler needs CAP_SYS_ADMIN for
+    # EMP_IOC_GANG and signals its own children.
+    jobs=""
+    for _ in $(seq "${EMP_GANG_JOBS:-2}"); do jobs="$jobs --job '4 /bin/tap-p2p'"; done
+    guest_cmd="export EMP_TAP_BIG_MB=4 EMP_ARENA_MB=16; EMP_GANG_TRACE=1 /bin/emp gang --devices /dev/emp-nic,/dev/emp-nic1,/dev/emp-nic2,/dev/emp-nic3 --dir /tmp/gang --slice-ms ${EMP_GANG_SLICE_MS:-20} --timeout 600 $jobs && echo 'EMP-VM: gang ok'"
+elif [ "$two_nics" = 1 ]; then
     vms=1
     guest_cmd='ls /dev/emp-nic /dev/emp-nic1 && { as_user "EMP_DEVICE=/dev/emp-nic1 EMP_RANK=1 EMP_SIZE=2 EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p" & as_user "EMP_DEVICE=/dev/emp-nic EMP_RANK=0 EMP_SIZE=2 EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p"; wait; }'
 elif [ -n "$bench" ]; then
@@ -156,9 +179,10 @@ LIST
 "$kbuild/usr/gen_init_cpio" "$work/cpio.list" | gzip -1 > "$work/initramfs.gz"
 
 # --- the NICs: one emp-nicd, one NIC per guest, on its in-memory switch ---
-nics=$((vms + two_nics))
-[ "$two_nics" = 1 ] && ln -s ram0 "$shm/ram1"   # NIC 1 DMAs into the same guest
-target/release/emp-nicd --nics "$nics" --vm-sram-dir "$shm" --socket-dir "$work" --trusted firmware-blobs \
+nics=$((vms + guest_nics - 1))
+# A guest's further NICs DMA into the same guest's RAM.
+for n in $(seq 1 $((guest_nics - 1))); do ln -s ram0 "$shm/ram$n"; done
+target/release/emp-nicd --nics "$nics" "${nicd_ports[@]}" --vm-sram-dir "$shm" --socket-dir "$work" --trusted firmware-blobs \
     > "$work/nicd.log" 2>&1 &
 nicd_pid=$!
 for _ in $(seq 100); do [ -S "$work/ivshmem$((nics - 1)).sock" ] && break; sleep 0.05; done
@@ -180,9 +204,9 @@ for i in $(seq 0 $((vms - 1))); do
     else
         # emp-nicd's ivshmem server hands QEMU the SRAM and the MSI-X eventfd.
         nic_dev=(-chardev socket,id=nic,path="$work/ivshmem$i.sock" -device ivshmem-doorbell,chardev=nic,vectors=1)
-        if [ "$two_nics" = 1 ]; then
-            nic_dev+=(-chardev socket,id=nic1,path="$work/ivshmem1.sock" -device ivshmem-doorbell,chardev=nic1,vectors=1)
-        fi
+        for n in $(seq 1 $((guest_nics - 1))); do
+            nic_dev+=(-chardev socket,id=nic$n,path="$work/ivshmem$n.sock" -device ivshmem-doorbell,chardev=nic$n,vectors=1)
+        done
     fi
     net=()
     if [ -n "$bench" ]; then
@@ -190,8 +214,8 @@ for i in $(seq 0 $((vms - 1))); do
         net=(-netdev "dgram,id=net0,local.type=inet,local.host=127.0.0.1,local.port=$((net_base + i)),remote.type=inet,remote.host=127.0.0.1,remote.port=$((net_base + 1 - i))"
              -device "virtio-net-pci,netdev=net0,mac=52:54:00:e0:00:0$i")
     fi
-    timeout "${EMP_VM_TIMEOUT:-300}" qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -smp 1 -m 256M \
-        -object memory-backend-file,id=ram,size=256M,mem-path="$shm/ram$i",share=on \
+    timeout "${EMP_VM_TIMEOUT:-300}" qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -smp "$smp" -m "${mem_mb}M" \
+        -object memory-backend-file,id=ram,size="${mem_mb}M",mem-path="$shm/ram$i",share=on \
         -machine q35,memory-backend=ram \
         -kernel "$kbuild/arch/x86/boot/bzImage" -initrd "$work/initramfs.gz" \
         -append "console=ttyS0 panic=-1 oops=panic rdinit=/init emp.rank=$i emp.size=$vms" \
@@ -217,6 +241,13 @@ for i in $(seq 0 $((vms - 1))); do
         grep -q "EMP NIC node $i running" "$c" || { echo "vm$i: the driver did not bring the NIC up"; fail=1; }
         if [ -n "$bench" ]; then
             grep -q "EMP-VM: bench ok" "$c" || { echo "vm$i: the benchmark failed"; fail=1; }
+        elif [ "$gang" = 1 ]; then
+            grep -q "EMP-VM: gang ok" "$c" || { echo "vm$i: emp gang failed"; fail=1; }
+            # Rank 0 of each job prints its suite's summary.
+            [ "$(grep -c "# 10 passed, 0 failed" "$c")" -eq "${EMP_GANG_JOBS:-2}" ] ||
+                { echo "vm$i: not every job's TAP suite passed"; fail=1; }
+            switches=$(sed -n 's/^emp gang: [0-9]* jobs, \([0-9]*\) switches.*/\1/p' "$c" | tr -d '\r')
+            [ "${switches:-0}" -ge 4 ] || { echo "vm$i: only ${switches:-0} switches: the jobs did not take turns"; fail=1; }
         else
             grep -q "passed, 0 failed" "$c" || [ "$i" -ne 0 ] || { echo "vm$i: no TAP summary"; fail=1; }
         fi

@@ -11,6 +11,10 @@
 //! process maps is its own again), resume, SIGCONT. The ranks never
 //! cooperate; they see the switch only as time. A job not started yet is
 //! started when it is first switched in.
+//!
+//! With `--devices` the NICs are reached through emp.ko (`/dev/emp-nic…`,
+//! e.g. in a guest): the same steps go to the driver (`EMP_IOC_GANG`), which
+//! keeps the saved images in kernel memory.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -24,6 +28,8 @@ use crate::cluster::{read_state, socket};
 pub struct GangArgs {
     /// Cluster directory.
     pub dir: PathBuf,
+    /// The NICs' kernel devices; empty: the cluster's daemons in `dir`.
+    pub devices: Vec<String>,
     /// Jobs, each "N program args…".
     pub jobs: Vec<String>,
     /// Time slice.
@@ -121,9 +127,21 @@ pub fn gang(a: &GangArgs) -> Result<i32, String> {
     if a.slice.is_zero() {
         return Err("emp gang: --slice-ms must be at least 1".into());
     }
-    let s = read_state(&a.dir)?;
+    let nics: Vec<String> = if a.devices.is_empty() {
+        let s = read_state(&a.dir)?;
+        (0..s.nics).map(|n| socket(&a.dir, n).to_string_lossy().into_owned()).collect()
+    } else {
+        if let Some(bad) = a.devices.iter().find(|d| !d.starts_with("/dev/")) {
+            return Err(format!("emp gang: --devices {bad:?}: expected a /dev/ path of emp.ko"));
+        }
+        a.devices.clone()
+    };
+    if nics.is_empty() {
+        return Err("emp gang: no NICs".into());
+    }
+    std::fs::create_dir_all(&a.dir).map_err(|e| format!("{}: {e}", a.dir.display()))?;
     let mut jobs = a.jobs.iter().enumerate().map(|(i, j)| Job::parse(j, &a.dir, i)).collect::<Result<Vec<_>, _>>()?;
-    let mut g = Gang { dir: &a.dir, nics: s.nics, stable: a.stable, switches: 0, unstable: 0 };
+    let mut g = Gang { nics, stable: a.stable, switches: 0, unstable: 0 };
     let result = g.schedule(&mut jobs, a.slice, a.timeout);
     for j in &mut jobs {
         // SIGKILL ends a stopped rank too; it is never continued without
@@ -144,15 +162,15 @@ pub fn gang(a: &GangArgs) -> Result<i32, String> {
     Ok(status)
 }
 
-struct Gang<'a> {
-    dir: &'a Path,
-    nics: u16,
+struct Gang {
+    /// Each NIC's daemon socket or kernel device (rank r uses r mod len).
+    nics: Vec<String>,
     stable: Duration,
     switches: u64,
     unstable: u64,
 }
 
-impl Gang<'_> {
+impl Gang {
     fn schedule(&mut self, jobs: &mut [Job], slice: Duration, timeout: Option<Duration>) -> Result<i32, String> {
         let start = Instant::now();
         let mut current = 0;
@@ -187,15 +205,15 @@ impl Gang<'_> {
         }
     }
 
-    fn sock(&self, rank: usize) -> String {
-        socket(self.dir, (rank % self.nics as usize) as u16).to_string_lossy().into_owned()
+    fn sock(&self, rank: usize) -> &str {
+        &self.nics[rank % self.nics.len()]
     }
 
     /// `action` on every live rank's ports; returns the replies' (`arg[0]`, `arg[1]`) summed.
     fn each(&self, job: &Job, action: u64) -> Result<(u64, u64), String> {
         let mut sum = (0, 0);
         for (r, pid) in job.live() {
-            match emp::nic_gang(&self.sock(r), action, pid as i32) {
+            match emp::nic_gang(self.sock(r), action, pid as i32) {
                 Ok(m) => sum = (sum.0 + m.arg[0], sum.1 + m.arg[1]),
                 // A rank that exited and is not reaped yet: the daemon is
                 // releasing its ports on its own, there is nothing to switch.
@@ -226,13 +244,21 @@ impl Gang<'_> {
             // A rank that already exited needs no port; a failing one ends the job.
             job.reap(name);
             if job.status.is_some() {
+                if trace() {
+                    eprintln!("emp gang: job {name} ended before all its ranks had ports");
+                }
                 return Ok(());
             }
             let opened = job.live().try_fold(true, |all, (r, pid)| {
-                emp::nic_gang(&self.sock(r), gang::PORTS, pid as i32).map(|m| all && m.arg[0] > 0)
+                emp::nic_gang(self.sock(r), gang::PORTS, pid as i32).map(|m| all && m.arg[0] > 0)
             });
             match opened {
-                Ok(true) => return Ok(()),
+                Ok(true) => {
+                    if trace() {
+                        eprintln!("emp gang: job {name} in (started; every rank has its port)");
+                    }
+                    return Ok(());
+                }
                 Ok(false) if Instant::now() < end => std::thread::sleep(Duration::from_millis(2)),
                 Ok(false) => return Err(format!("a rank of {} opened no port within {START_BOUND:?}", job.argv[0])),
                 Err(e) => return Err(format!("asking the NIC for a rank's ports: {e}")),
@@ -267,7 +293,7 @@ impl Gang<'_> {
             std::thread::sleep(Duration::from_micros(200));
         }
         let saved = self.each(job, gang::SAVE)?.0;
-        if std::env::var_os("EMP_GANG_TRACE").is_some() {
+        if trace() {
             eprintln!("emp gang: job {name} out ({saved} ports saved)");
         }
         if saved != ports {
@@ -288,7 +314,7 @@ impl Gang<'_> {
         let mut restored = 0;
         for (r, pid) in job.live() {
             loop {
-                match emp::nic_gang(&self.sock(r), gang::RESTORE, pid as i32) {
+                match emp::nic_gang(self.sock(r), gang::RESTORE, pid as i32) {
                     Ok(m) => {
                         restored += m.arg[0];
                         break;
@@ -302,13 +328,18 @@ impl Gang<'_> {
             }
         }
         self.each(job, gang::RESUME)?;
-        if std::env::var_os("EMP_GANG_TRACE").is_some() {
+        if trace() {
             eprintln!("emp gang: job {name} in ({restored} ports restored)");
         }
         job.out = false;
         job.signal(libc::SIGCONT);
         Ok(())
     }
+}
+
+/// `EMP_GANG_TRACE` is set: print each switch.
+fn trace() -> bool {
+    std::env::var_os("EMP_GANG_TRACE").is_some()
 }
 
 fn action_name(action: u64) -> &'static str {

@@ -54,9 +54,14 @@ enum Cmd {
         /// resuming them and retrying next slice, in milliseconds.
         #[arg(long, default_value_t = 2000)]
         stable_ms: u64,
-        /// Cluster directory.
+        /// Cluster directory (also where the jobs' rendezvous directories go).
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
+        /// The NICs' devices through emp.ko instead of the cluster's
+        /// daemons, comma-separated (e.g. /dev/emp-nic,/dev/emp-nic1): rank r
+        /// uses device r mod their number. Needs CAP_SYS_ADMIN.
+        #[arg(long, value_delimiter = ',')]
+        devices: Vec<String>,
         /// Kill every job after this many seconds.
         #[arg(long)]
         timeout: Option<u64>,
@@ -236,9 +241,10 @@ fn main() -> ExitCode {
                 Err(e) => Err(e),
             }
         }
-        Cmd::Gang { jobs, slice_ms, stable_ms, dir, timeout } => {
+        Cmd::Gang { jobs, slice_ms, stable_ms, dir, devices, timeout } => {
             let args = gang::GangArgs {
                 dir: cluster::dir_or_default(dir),
+                devices,
                 jobs,
                 slice: std::time::Duration::from_millis(slice_ms),
                 stable: std::time::Duration::from_millis(stable_ms),

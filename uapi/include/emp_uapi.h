@@ -860,6 +860,44 @@ struct emp_group_clear {
 };
 
 /*
+ * EMP_IOC_PORT_CTX argument (40 bytes): a context-switch step on this
+ * file's port (docs/context-switch.md); `op` is EMP_PORT_CTX_*. SAVE and
+ * RESTORE name the image in a region of this port (key, offset, len).
+ */
+struct emp_port_ctx {
+	uint32_t size;
+	uint32_t op;       /* EMP_PORT_CTX_* */
+	uint32_t key;      /* SAVE / RESTORE: region holding the image */
+	uint32_t reserved;
+	uint64_t offset;   /* SAVE / RESTORE: offset of the image in it */
+	uint64_t len;      /* SAVE: room; RESTORE: image length (<= EMP_CTX_IMAGE_MAX) */
+	uint64_t result;   /* out: STABLE 1/0, SAVE image length, RESTORE slot */
+};
+
+#define EMP_PORT_CTX_SUSPEND 1U
+#define EMP_PORT_CTX_STABLE 2U
+#define EMP_PORT_CTX_SAVE 3U
+#define EMP_PORT_CTX_RESTORE 4U
+#define EMP_PORT_CTX_RESUME 5U
+/* RESTORE takes images up to EMP_CTX_IMAGE_MAX (above); a gang save in
+ * driver memory gets this much room. */
+#define EMP_GANG_IMAGE_ROOM 1048576ULL
+
+/*
+ * EMP_IOC_GANG argument (32 bytes): the gang scheduler's step (an
+ * EMP_GANG_* action) on every started port of process `pid` on this
+ * NIC. Needs CAP_SYS_ADMIN; works on a file opened read-only (no port).
+ */
+struct emp_gang {
+	uint32_t size;
+	uint32_t action;
+	int32_t pid;
+	uint32_t reserved;
+	uint64_t ports;    /* out: ports acted on / held */
+	uint64_t stable;   /* out: STABLE: how many are stable */
+};
+
+/*
  * Command numbers use the asm-generic _IOC encoding on every architecture
  * (as the Rust constants do): dir:2 | size:14 | type:8 | nr:8. On x86,
  * arm, arm64 and riscv they equal _IOWR('E', nr, struct ...) /
@@ -881,6 +919,8 @@ struct emp_group_clear {
 #define EMP_START_SIZE_VER0 24U
 #define EMP_GROUP_SET_SIZE_VER0 16U   /* through entry */
 #define EMP_GROUP_CLEAR_SIZE_VER0 8U
+#define EMP_PORT_CTX_SIZE_VER0 40U
+#define EMP_GANG_SIZE_VER0 32U
 
 /* The commands at the current sizes. */
 #define EMP_IOC_QUERY \
@@ -899,6 +939,10 @@ struct emp_group_clear {
 	EMP_IOC_ENCODE(EMP_IOC_DIR_READ | EMP_IOC_DIR_WRITE, 7U, sizeof(struct emp_group_set))
 #define EMP_IOC_GROUP_CLEAR \
 	EMP_IOC_ENCODE(EMP_IOC_DIR_WRITE, 8U, sizeof(struct emp_group_clear))
+#define EMP_IOC_PORT_CTX \
+	EMP_IOC_ENCODE(EMP_IOC_DIR_READ | EMP_IOC_DIR_WRITE, 9U, sizeof(struct emp_port_ctx))
+#define EMP_IOC_GANG \
+	EMP_IOC_ENCODE(EMP_IOC_DIR_READ | EMP_IOC_DIR_WRITE, 10U, sizeof(struct emp_gang))
 
 /* ------------------------------------------------------------------ */
 /* Direct attach to emp-nicd (attach.rs)                               */

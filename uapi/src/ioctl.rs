@@ -215,6 +215,84 @@ le_struct! {
     size = 8;
 }
 
+le_struct! {
+    /// `EMP_IOC_PORT_CTX` argument: a context-switch step on this file's
+    /// port (docs/context-switch.md): `op` is one of [`port_ctx`]. SAVE and
+    /// RESTORE name the image's place in a region this port registered
+    /// (`key`, `offset`, `len`; the driver checks it lies inside the
+    /// region, the control program checks the image as untrusted input).
+    pub struct EmpPortCtx {
+        /// Caller sets the size its command carries (`_IOC_SIZE`).
+        pub size: u32,
+        /// [`port_ctx`] step.
+        pub op: u32,
+        /// SAVE / RESTORE: key of the region holding the image.
+        pub key: u32,
+        /// Reserved, zero.
+        pub reserved: u32,
+        /// SAVE / RESTORE: offset of the image in that region.
+        pub offset: u64,
+        /// SAVE: room for the image; RESTORE: the image's length (at most
+        /// [`EMP_CTX_IMAGE_MAX`]).
+        pub len: u64,
+        /// Out. STABLE: 1 when stable, 0 when not yet; SAVE: the image's
+        /// length; RESTORE: the slot the port now lives in.
+        pub result: u64,
+    }
+    size = 40;
+}
+
+/// [`EmpPortCtx::op`] steps (PM's C1–C8 for the caller's own port).
+pub mod port_ctx {
+    /// C1: stop consuming the rings and starting messages.
+    pub const SUSPEND: u32 = 1;
+    /// C2–C4: is the suspended port stable? (`result` 1 or 0).
+    pub const STABLE: u32 = 2;
+    /// C6: save the stable suspended port into its own memory; the slot is
+    /// freed and the window may no longer be used (mmap again after
+    /// RESTORE).
+    pub const SAVE: u32 = 3;
+    /// C7: restore the saved port into any free slot, suspended.
+    pub const RESTORE: u32 = 4;
+    /// C8: the suspended port goes on.
+    pub const RESUME: u32 = 5;
+}
+
+/// Largest context image the driver takes for RESTORE: the control
+/// program's own bound ([`crate::sram::CTX_IMAGE_MAX`]).
+pub const EMP_CTX_IMAGE_MAX: u64 = crate::sram::CTX_IMAGE_MAX as u64;
+
+/// Room the driver gives an image the gang scheduler saves into driver
+/// memory ([`EmpGang`]); kernel memory, so smaller than
+/// [`EMP_CTX_IMAGE_MAX`]. The control program refuses (`NO_ROOM`,
+/// `ENOSPC`) an image that does not fit, and the scheduler puts that
+/// switch off.
+pub const EMP_GANG_IMAGE_ROOM: u64 = 1 << 20;
+
+le_struct! {
+    /// `EMP_IOC_GANG` argument: the gang scheduler's step on every started
+    /// port process `pid` holds on this NIC (`crate::attach::gang` actions,
+    /// as emp-nicd's `GANG` request). Needs `CAP_SYS_ADMIN`; may be issued
+    /// on a file opened read-only, which holds no port. SAVE keeps each
+    /// image in driver memory; RESTORE puts each back into the slot it had
+    /// (`EBUSY` if taken), so the process's window is its own again.
+    pub struct EmpGang {
+        /// Caller sets the size its command carries (`_IOC_SIZE`).
+        pub size: u32,
+        /// `crate::attach::gang` action.
+        pub action: u32,
+        /// The process: its pid in the initial pid namespace.
+        pub pid: i32,
+        /// Reserved, zero.
+        pub reserved: u32,
+        /// Out: ports acted on (PORTS: ports held).
+        pub ports: u64,
+        /// Out: STABLE: how many of them are stable.
+        pub stable: u64,
+    }
+    size = 32;
+}
+
 /// The commands of `/dev/emp-nic`, by `_IOC_NR`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoctlCmd {
@@ -234,11 +312,15 @@ pub enum IoctlCmd {
     GroupSet = 7,
     /// [`EmpGroupClear`]: retire a group slot.
     GroupClear = 8,
+    /// [`EmpPortCtx`]: a context-switch step on this port.
+    PortCtx = 9,
+    /// [`EmpGang`]: the gang scheduler's step on another process's ports.
+    Gang = 10,
 }
 
 impl IoctlCmd {
     /// Every command.
-    pub const ALL: [IoctlCmd; 8] = [
+    pub const ALL: [IoctlCmd; 10] = [
         IoctlCmd::Query,
         IoctlCmd::RegMr,
         IoctlCmd::DeregMr,
@@ -247,12 +329,16 @@ impl IoctlCmd {
         IoctlCmd::Start,
         IoctlCmd::GroupSet,
         IoctlCmd::GroupClear,
+        IoctlCmd::PortCtx,
+        IoctlCmd::Gang,
     ];
 
     /// `_IOC_DIR`: read-write for the commands that return results.
     pub const fn dir(self) -> u32 {
         match self {
-            IoctlCmd::Query | IoctlCmd::RegMr | IoctlCmd::GroupSet => IOC_READ | IOC_WRITE,
+            IoctlCmd::Query | IoctlCmd::RegMr | IoctlCmd::GroupSet | IoctlCmd::PortCtx | IoctlCmd::Gang => {
+                IOC_READ | IOC_WRITE
+            }
             IoctlCmd::DeregMr | IoctlCmd::Arm | IoctlCmd::SetEventfd | IoctlCmd::Start | IoctlCmd::GroupClear => {
                 IOC_WRITE
             }
@@ -286,6 +372,8 @@ impl IoctlCmd {
             6 => IoctlCmd::Start,
             7 => IoctlCmd::GroupSet,
             8 => IoctlCmd::GroupClear,
+            9 => IoctlCmd::PortCtx,
+            10 => IoctlCmd::Gang,
             _ => return None,
         };
         if ioc_dir(cmd) != c.dir() {
@@ -312,6 +400,11 @@ pub const EMP_START_SIZE_VER0: usize = 24;
 pub const EMP_GROUP_SET_SIZE_VER0: usize = 16;
 /// [`EmpGroupClear`]'s first version.
 pub const EMP_GROUP_CLEAR_SIZE_VER0: usize = 8;
+
+/// [`EmpPortCtx`]'s first version.
+pub const EMP_PORT_CTX_SIZE_VER0: usize = 40;
+/// [`EmpGang`]'s first version.
+pub const EMP_GANG_SIZE_VER0: usize = 32;
 
 /// Largest argument struct the driver knows ([`read_arg`]'s buffer).
 const ARG_MAX: usize = 128;
@@ -345,6 +438,8 @@ ioctl_arg! {
     EmpStart => Start, EMP_START_SIZE_VER0;
     EmpGroupSet => GroupSet, EMP_GROUP_SET_SIZE_VER0;
     EmpGroupClear => GroupClear, EMP_GROUP_CLEAR_SIZE_VER0;
+    EmpPortCtx => PortCtx, EMP_PORT_CTX_SIZE_VER0;
+    EmpGang => Gang, EMP_GANG_SIZE_VER0;
 }
 
 /// Why an argument struct was refused. Each variant names the rule broken.
@@ -434,6 +529,10 @@ pub const EMP_IOC_SET_EVENTFD: u32 = IoctlCmd::SetEventfd.with_size(EmpSetEventf
 pub const EMP_IOC_GROUP_SET: u32 = IoctlCmd::GroupSet.with_size(EmpGroupSet::SIZE);
 /// Retire a group slot.
 pub const EMP_IOC_GROUP_CLEAR: u32 = IoctlCmd::GroupClear.with_size(EmpGroupClear::SIZE);
+/// A context-switch step on this port.
+pub const EMP_IOC_PORT_CTX: u32 = IoctlCmd::PortCtx.with_size(EmpPortCtx::SIZE);
+/// The gang scheduler's step on another process's ports.
+pub const EMP_IOC_GANG: u32 = IoctlCmd::Gang.with_size(EmpGang::SIZE);
 
 #[cfg(test)]
 mod tests {
@@ -450,6 +549,8 @@ mod tests {
         assert_eq!(ioc_size(EMP_IOC_GROUP_SET), 32);
         assert_eq!(EMP_IOC_GROUP_SET, 0xC020_4507);
         assert_eq!(EMP_IOC_GROUP_CLEAR, 0x4008_4508);
+        assert_eq!(EMP_IOC_PORT_CTX, 0xC028_4509);
+        assert_eq!(EMP_IOC_GANG, 0xC020_450A);
     }
 
     /// The numbers of the first ABI (`_IOWR`/`_IOW` with today's sizes).
@@ -492,6 +593,8 @@ mod tests {
         check::<EmpStart>(EMP_IOC_START);
         check::<EmpGroupSet>(EMP_IOC_GROUP_SET);
         check::<EmpGroupClear>(EMP_IOC_GROUP_CLEAR);
+        check::<EmpPortCtx>(EMP_IOC_PORT_CTX);
+        check::<EmpGang>(EMP_IOC_GANG);
     }
 
     /// What the driver's reader would fail with.
@@ -614,6 +717,8 @@ mod tests {
         check::<EmpStart>();
         check::<EmpGroupSet>();
         check::<EmpGroupClear>();
+        check::<EmpPortCtx>();
+        check::<EmpGang>();
     }
 
     #[test]

@@ -364,6 +364,8 @@ fn structs() -> Vec<StructDesc> {
         st!("emp_start", EmpStart { size, cq_entries, cq_key, reserved, cq_offset }),
         st!("emp_group_set", EmpGroupSet { size, slot, entry, reserved }),
         st!("emp_group_clear", EmpGroupClear { size, slot }),
+        st!("emp_port_ctx", EmpPortCtx { size, op, key, reserved, offset, len, result }),
+        st!("emp_gang", EmpGang { size, action, pid, reserved, ports, stable }),
         st!("emp_attach_msg", AttachMsg { version, op, status, reserved, arg }),
         st_repr_c!(
             "emp_fw_hal",
@@ -667,6 +669,15 @@ fn constants() -> Vec<ConstDesc> {
         EMP_IOC_START = EMP_IOC_START,
         EMP_IOC_GROUP_SET = EMP_IOC_GROUP_SET,
         EMP_IOC_GROUP_CLEAR = EMP_IOC_GROUP_CLEAR,
+        EMP_IOC_PORT_CTX = EMP_IOC_PORT_CTX,
+        EMP_IOC_GANG = EMP_IOC_GANG,
+        EMP_PORT_CTX_SUSPEND = port_ctx::SUSPEND,
+        EMP_PORT_CTX_STABLE = port_ctx::STABLE,
+        EMP_PORT_CTX_SAVE = port_ctx::SAVE,
+        EMP_PORT_CTX_RESTORE = port_ctx::RESTORE,
+        EMP_PORT_CTX_RESUME = port_ctx::RESUME,
+        EMP_CTX_IMAGE_MAX = EMP_CTX_IMAGE_MAX,
+        EMP_GANG_IMAGE_ROOM = EMP_GANG_IMAGE_ROOM,
         EMP_QUERY_SIZE_VER0 = EMP_QUERY_SIZE_VER0,
         EMP_REG_MR_SIZE_VER0 = EMP_REG_MR_SIZE_VER0,
         EMP_DEREG_MR_SIZE_VER0 = EMP_DEREG_MR_SIZE_VER0,
@@ -675,6 +686,8 @@ fn constants() -> Vec<ConstDesc> {
         EMP_START_SIZE_VER0 = EMP_START_SIZE_VER0,
         EMP_GROUP_SET_SIZE_VER0 = EMP_GROUP_SET_SIZE_VER0,
         EMP_GROUP_CLEAR_SIZE_VER0 = EMP_GROUP_CLEAR_SIZE_VER0,
+        EMP_PORT_CTX_SIZE_VER0 = EMP_PORT_CTX_SIZE_VER0,
+        EMP_GANG_SIZE_VER0 = EMP_GANG_SIZE_VER0,
         // attach.rs
         EMP_ATTACH_VERSION = attach::ATTACH_VERSION,
         EMP_ATTACH_OP_ATTACH = attach::op::ATTACH,
@@ -855,6 +868,8 @@ const LINUX_IOCTLS: &[(&str, &str, u32, &str)] = &[
     ("EMP_IOC_START", "_IOW", 6, "emp_start"),
     ("EMP_IOC_GROUP_SET", "_IOWR", 7, "emp_group_set"),
     ("EMP_IOC_GROUP_CLEAR", "_IOW", 8, "emp_group_clear"),
+    ("EMP_IOC_PORT_CTX", "_IOWR", 9, "emp_port_ctx"),
+    ("EMP_IOC_GANG", "_IOWR", 10, "emp_gang"),
 ];
 
 /// Architectures whose `<linux/ioctl.h>` uses the asm-generic encoding that

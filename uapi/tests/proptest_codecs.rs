@@ -302,6 +302,14 @@ arb_struct!(arb_emp_arm -> EmpArm { size: any::<u32>(), events: any::<u32>() });
 arb_struct!(arb_emp_start -> EmpStart { size: any::<u32>(), cq_entries: any::<u32>(), cq_key: any::<u32>(), reserved: any::<u32>(), cq_offset: any::<u64>() });
 arb_struct!(arb_emp_group_set -> EmpGroupSet { size: any::<u32>(), slot: any::<u32>(), entry: any::<u64>(), reserved: any::<[u64; 2]>() });
 arb_struct!(arb_emp_group_clear -> EmpGroupClear { size: any::<u32>(), slot: any::<u32>() });
+arb_struct!(arb_emp_port_ctx -> EmpPortCtx {
+    size: any::<u32>(), op: any::<u32>(), key: any::<u32>(), reserved: any::<u32>(),
+    offset: any::<u64>(), len: any::<u64>(), result: any::<u64>()
+});
+arb_struct!(arb_emp_gang -> EmpGang {
+    size: any::<u32>(), action: any::<u32>(), pid: any::<i32>(), reserved: any::<u32>(),
+    ports: any::<u64>(), stable: any::<u64>()
+});
 arb_struct!(arb_attach_msg -> AttachMsg {
     version: any::<u32>(),
     op: any::<u32>(),
@@ -417,6 +425,8 @@ codec_props! {
     emp_start: EmpStart = arb_emp_start();
     emp_group_set: EmpGroupSet = arb_emp_group_set();
     emp_group_clear: EmpGroupClear = arb_emp_group_clear();
+    emp_port_ctx: EmpPortCtx = arb_emp_port_ctx();
+    emp_gang: EmpGang = arb_emp_gang();
     attach_msg: AttachMsg = arb_attach_msg();
 }
 
@@ -454,6 +464,8 @@ fn default_is_all_zero() {
     zero::<EmpStart>();
     zero::<EmpGroupSet>();
     zero::<EmpGroupClear>();
+    zero::<EmpPortCtx>();
+    zero::<EmpGang>();
     zero::<AttachMsg>();
 }
 

@@ -164,13 +164,23 @@ pub fn nic_stats(path: &str) -> Result<AttachMsg> {
 
 /// A gang-scheduling request (`emp_uapi::attach::gang`) for every port
 /// process `pid` holds on the NIC at `path`, made by the daemon's owner on
-/// a connection of its own (docs/context-switch.md, `emp gang`). Returns
-/// the reply: `arg[0]` = ports acted on, `arg[1]` = stable ones for `STABLE`.
+/// a connection of its own (docs/context-switch.md, `emp gang`); a path
+/// under `/dev/` goes to emp.ko instead (`EMP_IOC_GANG` on a read-only
+/// file, which holds no port; needs `CAP_SYS_ADMIN`). Returns the reply:
+/// `arg[0]` = ports acted on, `arg[1]` = stable ones for `STABLE`.
 ///
 /// # Errors
-/// [`Error::Nic`] with the daemon's errno (`EPERM` for another user,
-/// `EBUSY` when a slot to restore into is taken), or a socket error.
+/// [`Error::Nic`] with the daemon's or driver's errno (`EPERM` for another
+/// user, `EBUSY` when a slot to restore into is taken), or a socket or
+/// device error.
 pub fn nic_gang(path: &str, action: u64, pid: i32) -> Result<AttachMsg> {
+    if path.starts_with("/dev/") {
+        let (ports, stable) = super::kernel::gang(path, action, pid)?;
+        let mut reply = AttachMsg { op: op::GANG, ..Default::default() };
+        reply.arg[0] = ports;
+        reply.arg[1] = stable;
+        return Ok(reply);
+    }
     let sock = connect_to(path)?;
     Ok(call(sock.as_raw_fd(), op::GANG, &[action, pid as u64], &[])?.0)
 }

@@ -1,16 +1,16 @@
 //! The kernel backend: `/dev/emp-nic` from `emp.ko`. The control path is
 //! the ioctls of `emp_uapi::ioctl` (QUERY, REG_MR, DEREG_MR, START,
-//! SET_EVENTFD, ARM, GROUP_SET, GROUP_CLEAR); the NIC polls the rings, so
-//! there is no doorbell.
+//! SET_EVENTFD, ARM, GROUP_SET, GROUP_CLEAR, PORT_CTX, GANG); the NIC polls
+//! the rings, so there is no doorbell.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use emp_uapi::desc::{MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::desc::{Sge, MR_LOCAL_READ, MR_LOCAL_WRITE};
 use emp_uapi::ioctl::{
-    EmpArm, EmpDeregMr, EmpGroupClear, EmpGroupSet, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, EMP_IOC_ARM,
-    EMP_IOC_DEREG_MR, EMP_IOC_GROUP_CLEAR, EMP_IOC_GROUP_SET, EMP_IOC_QUERY, EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD,
-    EMP_IOC_START,
+    port_ctx, EmpArm, EmpDeregMr, EmpGang, EmpGroupClear, EmpGroupSet, EmpPortCtx, EmpQuery, EmpRegMr, EmpSetEventfd,
+    EmpStart, EMP_IOC_ARM, EMP_IOC_DEREG_MR, EMP_IOC_GANG, EMP_IOC_GROUP_CLEAR, EMP_IOC_GROUP_SET, EMP_IOC_PORT_CTX,
+    EMP_IOC_QUERY, EMP_IOC_REG_MR, EMP_IOC_SET_EVENTFD, EMP_IOC_START,
 };
 use emp_uapi::sram::GroupEntry;
 use emp_uapi::Le;
@@ -25,6 +25,8 @@ const ARENA_DEFAULT_MB: usize = 16;
 /// An open `/dev/emp-nic` port.
 pub(crate) struct Chardev {
     dev: OwnedFd,
+    /// The window's length (mapped again after a restore).
+    window_len: usize,
     /// The eventfd handed to the driver (SET_EVENTFD) when the NIC has an
     /// interrupt; without one, waiting polls.
     event: Option<OwnedFd>,
@@ -107,7 +109,8 @@ impl Chardev {
         EmpStart { size: EmpStart::SIZE as u32, cq_entries, cq_key: key, ..Default::default() }.put(&mut s);
         ioctl_buf(dev.as_raw_fd(), EMP_IOC_START, &mut s, "start port")?;
         let event = set_event_fd(dev.as_raw_fd())?;
-        Ok(Attached { backend: Chardev { dev, event }, window, info, arena, arena_key: key })
+        let window_len = q.window_size as usize;
+        Ok(Attached { backend: Chardev { dev, window_len, event }, window, info, arena, arena_key: key })
     }
 
     /// REG_MR: pins and registers `[addr, addr + len)` of this process.
@@ -150,10 +153,64 @@ impl Chardev {
         Ok(EmpGroupSet::get(&b).slot)
     }
 
+    /// PORT_CTX step `op` with no image (SUSPEND, STABLE, RESUME); returns
+    /// the driver's result (STABLE: 1 when stable).
+    pub(crate) fn port_ctx(&self, op: u32) -> Result<u64> {
+        self.port_ctx_at(op, Sge { key: 0, offset: 0, len: 0 }, "context switch")
+    }
+
+    fn port_ctx_at(&self, op: u32, at: Sge, what: &'static str) -> Result<u64> {
+        let mut b = [0u8; EmpPortCtx::SIZE];
+        let q = EmpPortCtx {
+            size: EmpPortCtx::SIZE as u32,
+            op,
+            key: at.key,
+            offset: at.offset,
+            len: at.len as u64,
+            ..Default::default()
+        };
+        q.put(&mut b);
+        ioctl_buf(self.dev.as_raw_fd(), EMP_IOC_PORT_CTX, &mut b, what)?;
+        Ok(EmpPortCtx::get(&b).result)
+    }
+
+    /// C6 into registered memory `at` (its `len` is the room); returns the
+    /// image's length.
+    pub(crate) fn save(&self, at: Sge) -> Result<u64> {
+        self.port_ctx_at(port_ctx::SAVE, at, "save port")
+    }
+
+    /// C7 from registered memory `at` into any free slot; returns the new
+    /// slot's window (this file mapped again) and the slot.
+    pub(crate) fn restore(&self, at: Sge) -> Result<(Mapping, u16)> {
+        let slot = self.port_ctx_at(port_ctx::RESTORE, at, "restore port")?;
+        Ok((Mapping::shared(self.dev.as_raw_fd(), self.window_len)?, slot as u16))
+    }
+
     /// GROUP_CLEAR: retires a group slot of this port.
     pub(crate) fn group_clear(&self, slot: u32) -> Result<()> {
         let mut b = [0u8; EmpGroupClear::SIZE];
         EmpGroupClear { size: EmpGroupClear::SIZE as u32, slot }.put(&mut b);
         ioctl_buf(self.dev.as_raw_fd(), EMP_IOC_GROUP_CLEAR, &mut b, "clear group")
     }
+}
+
+/// GANG `action` on every port process `pid` holds on the NIC at `path`,
+/// through a read-only file (which holds no port); returns (ports acted
+/// on, stable ones for STABLE).
+pub(crate) fn gang(path: &str, action: u64, pid: i32) -> Result<(u64, u64)> {
+    let c = CString::new(path).map_err(|_| Error::NoDevice)?;
+    // SAFETY: opening a valid C path.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let dev = unsafe { OwnedFd::from_raw_fd(fd) };
+    let action = u32::try_from(action).map_err(|_| Error::invalid(format!("gang action {action}")))?;
+    let mut b = [0u8; EmpGang::SIZE];
+    EmpGang { size: EmpGang::SIZE as u32, action, pid, ..Default::default() }.put(&mut b);
+    ioctl_buf(dev.as_raw_fd(), EMP_IOC_GANG, &mut b, "gang")?;
+    let r = EmpGang::get(&b);
+    Ok((r.ports, r.stable))
 }

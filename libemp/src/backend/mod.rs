@@ -13,6 +13,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::AtomicU32;
 
 use emp_uapi::desc::Sge;
+use emp_uapi::ioctl::port_ctx;
 
 use crate::map::Mapping;
 use crate::{Error, PortInfo, Result};
@@ -139,7 +140,7 @@ impl Backend {
     pub(crate) fn suspend(&self) -> Result<()> {
         match self {
             Backend::Direct(d) => d.port_ctx(emp_uapi::attach::op::PORT_SUSPEND),
-            Backend::Kernel(_) => Err(Error::Unsupported("context switch through the kernel driver")),
+            Backend::Kernel(k) => k.port_ctx(port_ctx::SUSPEND).map(|_| ()),
         }
     }
 
@@ -147,7 +148,7 @@ impl Backend {
     pub(crate) fn resume(&self) -> Result<()> {
         match self {
             Backend::Direct(d) => d.port_ctx(emp_uapi::attach::op::PORT_RESUME),
-            Backend::Kernel(_) => Err(Error::Unsupported("context switch through the kernel driver")),
+            Backend::Kernel(k) => k.port_ctx(port_ctx::RESUME).map(|_| ()),
         }
     }
 
@@ -155,7 +156,7 @@ impl Backend {
     pub(crate) fn is_stable(&self) -> Result<bool> {
         match self {
             Backend::Direct(d) => d.is_stable(),
-            Backend::Kernel(_) => Err(Error::Unsupported("context switch through the kernel driver")),
+            Backend::Kernel(k) => k.port_ctx(port_ctx::STABLE).map(|r| r == 1),
         }
     }
 
@@ -163,7 +164,7 @@ impl Backend {
     pub(crate) fn save(&self, at: Sge) -> Result<u64> {
         match self {
             Backend::Direct(d) => d.save(at),
-            Backend::Kernel(_) => Err(Error::Unsupported("context switch through the kernel driver")),
+            Backend::Kernel(k) => k.save(at),
         }
     }
 
@@ -171,7 +172,7 @@ impl Backend {
     pub(crate) fn restore(&self, at: Sge) -> Result<(Mapping, u16)> {
         match self {
             Backend::Direct(d) => d.restore(at),
-            Backend::Kernel(_) => Err(Error::Unsupported("context switch through the kernel driver")),
+            Backend::Kernel(k) => k.restore(at),
         }
     }
 

@@ -179,7 +179,7 @@ fn guard_intact(b: &[u8], size: usize, what: &str) -> Result<(), String> {
 fn unknown_commands(fd: i32) -> Result<(), String> {
     let cases = [
         ("number 0x7f", ioc(0, EMP_IOC_MAGIC, 0x7f, 0)),
-        ("number 9", ioc(3, EMP_IOC_MAGIC, 9, EmpQuery::SIZE)),
+        ("number 11 (after GANG)", ioc(3, EMP_IOC_MAGIC, 11, EmpQuery::SIZE)),
         ("QUERY's number, another type", ioc(3, b'F' as u32, 1, EmpQuery::SIZE)),
         ("QUERY's number, write-only", ioc(1, EMP_IOC_MAGIC, 1, EmpQuery::SIZE)),
         ("ARM's number, read-write", ioc(3, EMP_IOC_MAGIC, 4, EmpArm::SIZE)),

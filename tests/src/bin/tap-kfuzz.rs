@@ -32,8 +32,8 @@ use std::time::Instant;
 use emp_tests::Tap;
 use emp_uapi::coll::TREE_ROOT;
 use emp_uapi::ioctl::{
-    ioc, EmpArm, EmpDeregMr, EmpGroupClear, EmpGroupSet, EmpQuery, EmpRegMr, EmpSetEventfd, EmpStart, IoctlArg,
-    IoctlCmd, EMP_IOC_MAGIC,
+    ioc, port_ctx, EmpArm, EmpDeregMr, EmpGang, EmpGroupClear, EmpGroupSet, EmpPortCtx, EmpQuery, EmpRegMr,
+    EmpSetEventfd, EmpStart, IoctlArg, IoctlCmd, EMP_CTX_IMAGE_MAX, EMP_IOC_MAGIC,
 };
 use emp_uapi::sram::GroupEntry;
 use emp_uapi::Le;
@@ -437,7 +437,7 @@ fn query(fd: i32, sc: &Scratch) -> EmpQuery {
 /// One ioctl of a valid command with a generated struct, size and pointer.
 fn op_ioctl(rng: &mut Rng, sh: &Shared, sc: &Scratch) -> i64 {
     let fd = sh.fd(rng);
-    let cmd = IoctlCmd::ALL[rng.below(8) as usize];
+    let cmd = IoctlCmd::ALL[rng.below(IoctlCmd::ALL.len() as u64) as usize];
     let mut buf = [0u8; 1 << 14];
     let (size, len) = match cmd {
         IoctlCmd::Query => {
@@ -524,6 +524,40 @@ fn op_ioctl(rng: &mut Rng, sh: &Shared, sc: &Scratch) -> i64 {
             let s = arg_size::<EmpGroupClear>(rng);
             (s, encode(rng, &v, s, &mut buf))
         }
+        IoctlCmd::PortCtx => {
+            // Mostly real steps on places near the start of a region (a
+            // bring-up's port may really be saved and restored), else edges.
+            let v = EmpPortCtx {
+                op: if rng.one_in(5) { rng.edge32() } else { 1 + rng.below(5) as u32 },
+                key: sh.key(rng),
+                offset: if rng.one_in(4) { rng.next() } else { rng.below(16) * 4096 },
+                len: match rng.below(5) {
+                    0 => rng.next(),
+                    1 => EMP_CTX_IMAGE_MAX + rng.below(2),
+                    _ => rng.below(16) * 4096 + rng.below(2),
+                },
+                reserved: if rng.one_in(10) { rng.edge32() } else { 0 },
+                result: if rng.one_in(10) { rng.next() } else { 0 },
+                ..Default::default()
+            };
+            let s = arg_size::<EmpPortCtx>(rng);
+            (s, encode(rng, &v, s, &mut buf))
+        }
+        IoctlCmd::Gang => {
+            // As an ordinary user every GANG is EPERM; the argument checks
+            // still run first.
+            // SAFETY: getpid has no preconditions.
+            let me = unsafe { libc::getpid() };
+            let any = rng.next() as i32;
+            let v = EmpGang {
+                action: if rng.one_in(4) { rng.edge32() } else { rng.below(8) as u32 },
+                pid: rng.pick(&[me, 1, 0, -1, i32::MAX, any]),
+                reserved: if rng.one_in(10) { rng.edge32() } else { 0 },
+                ..Default::default()
+            };
+            let s = arg_size::<EmpGang>(rng);
+            (s, encode(rng, &v, s, &mut buf))
+        }
     };
     let (ptr, ours) = arg_pointer(rng, sh, sc, len);
     if ours {
@@ -551,9 +585,9 @@ fn op_ioctl(rng: &mut Rng, sh: &Shared, sc: &Scratch) -> i64 {
 fn op_bad_cmd(rng: &mut Rng, sh: &Shared, sc: &Scratch) -> i64 {
     let cmd = match rng.below(4) {
         0 => rng.next() as u32,
-        1 => ioc(rng.below(4) as u32, EMP_IOC_MAGIC, rng.pick(&[0, 9, 10, 0x7F, 0xFF]), rng.below(1 << 14) as usize),
+        1 => ioc(rng.below(4) as u32, EMP_IOC_MAGIC, rng.pick(&[0, 11, 12, 0x7F, 0xFF]), rng.below(1 << 14) as usize),
         2 => {
-            let c = IoctlCmd::ALL[rng.below(8) as usize];
+            let c = IoctlCmd::ALL[rng.below(IoctlCmd::ALL.len() as u64) as usize];
             let dir = (c.dir() + 1 + rng.below(3) as u32) % 4;
             ioc(dir, EMP_IOC_MAGIC, c as u32, rng.below(128) as usize)
         }
@@ -1154,7 +1188,199 @@ fn expect(what: &str, r: i64, ok: &[i32]) -> Result<(), String> {
     }
 }
 
+/// PORT_CTX through a struct in our memory; the result field, or -errno.
+fn port_ctx_raw(fd: i32, op: u32, key: u32, offset: u64, len: u64) -> Result<u64, i64> {
+    let mut b = [0u8; EmpPortCtx::SIZE];
+    EmpPortCtx { size: EmpPortCtx::SIZE as u32, op, key, offset, len, ..Default::default() }.put(&mut b);
+    let r = sys_ioctl(fd, IoctlCmd::PortCtx.with_size(EmpPortCtx::SIZE), b.as_mut_ptr() as usize);
+    if r == 0 {
+        Ok(EmpPortCtx::get(&b).result)
+    } else {
+        Err(r)
+    }
+}
+
+/// A started port: `len` bytes of fresh memory registered (key returned),
+/// the CQ (64 entries) at its start.
+fn started_port(fd: i32, len: usize) -> Result<(usize, u32), String> {
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    let buf =
+        sys_mmap(0, len, rw, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0).map_err(|e| format!("mmap: errno {e}"))?;
+    let mut b = [0u8; EmpRegMr::SIZE];
+    EmpRegMr { size: EmpRegMr::SIZE as u32, access: 3, addr: buf as u64, length: len as u64, ..Default::default() }
+        .put(&mut b);
+    let r = sys_ioctl(fd, IoctlCmd::RegMr.with_size(EmpRegMr::SIZE), b.as_mut_ptr() as usize);
+    if r != 0 {
+        sys_munmap(buf, len);
+        return Err(format!("REG_MR: {r}"));
+    }
+    let key = EmpRegMr::get(&b).key;
+    let mut s = [0u8; EmpStart::SIZE];
+    EmpStart { size: EmpStart::SIZE as u32, cq_entries: 64, cq_key: key, ..Default::default() }.put(&mut s);
+    let r = sys_ioctl(fd, IoctlCmd::Start.with_size(EmpStart::SIZE), s.as_mut_ptr() as usize);
+    if r != 0 {
+        sys_munmap(buf, len);
+        return Err(format!("START: {r}"));
+    }
+    Ok((buf, key))
+}
+
+fn want_err(what: &str, r: Result<u64, i64>, ok: &[i32]) -> Result<(), String> {
+    match r {
+        Ok(v) => Err(format!("{what}: succeeded ({v}), wanted one of {ok:?}")),
+        Err(e) => expect(what, e, ok),
+    }
+}
+
 const REGRESSIONS: &[(&str, Case)] = &[
+    ("PORT_CTX before START: ENOTCONN; unknown step, reserved bits, RESTORE of a port not saved: EINVAL", |fd| {
+        want_err("SUSPEND unstarted", port_ctx_raw(fd, port_ctx::SUSPEND, 0, 0, 0), &[libc::ENOTCONN])?;
+        want_err("SAVE unstarted", port_ctx_raw(fd, port_ctx::SAVE, 0, 0, 4096), &[libc::ENOTCONN, libc::ENOENT])?;
+        want_err("step 0", port_ctx_raw(fd, 0, 0, 0, 0), &[libc::EINVAL])?;
+        want_err("step 6", port_ctx_raw(fd, 6, 0, 0, 0), &[libc::EINVAL])?;
+        want_err("RESTORE unsaved", port_ctx_raw(fd, port_ctx::RESTORE, 0, 0, 4096), &[libc::EINVAL])?;
+        let mut b = [0u8; EmpPortCtx::SIZE];
+        EmpPortCtx { size: EmpPortCtx::SIZE as u32, op: port_ctx::SUSPEND, reserved: 1, ..Default::default() }
+            .put(&mut b);
+        let r = sys_ioctl(fd, IoctlCmd::PortCtx.with_size(EmpPortCtx::SIZE), b.as_mut_ptr() as usize);
+        expect("SUSPEND with reserved bits", r, &[libc::EINVAL])
+    }),
+    ("PORT_CTX SAVE naming another key or a place outside the region: ENOENT / EINVAL, the port unchanged", |fd| {
+        let len = 64 * 1024;
+        let (buf, key) = started_port(fd, len)?;
+        let r = (|| {
+            port_ctx_raw(fd, port_ctx::SUSPEND, 0, 0, 0).map_err(|e| format!("SUSPEND: {e}"))?;
+            want_err("SAVE, another key", port_ctx_raw(fd, port_ctx::SAVE, key ^ 0x10000, 0, 4096), &[libc::ENOENT])?;
+            let l = len as u64;
+            for (off, room) in [(l, 1), (l - 4096, 8192), (0, 0), (u64::MAX, 2), (4096, u64::MAX)] {
+                want_err(
+                    &format!("SAVE at {off} room {room}"),
+                    port_ctx_raw(fd, port_ctx::SAVE, key, off, room),
+                    &[libc::EINVAL],
+                )?;
+            }
+            // Still open and suspended: it resumes.
+            port_ctx_raw(fd, port_ctx::RESUME, 0, 0, 0).map_err(|e| format!("RESUME: {e}")).map(|_| ())
+        })();
+        sys_munmap(buf, len);
+        r
+    }),
+    (
+        "PORT_CTX round trip: a corrupted image is refused (EBADMSG), the intact one restores, nothing pinned after",
+        |fd| {
+            let sc = Scratch::new();
+            let len = 256 * 1024;
+            let (buf, key) = started_port(fd, len)?;
+            let r = (|| {
+                port_ctx_raw(fd, port_ctx::SUSPEND, 0, 0, 0).map_err(|e| format!("SUSPEND: {e}"))?;
+                want_err("SUSPEND twice", port_ctx_raw(fd, port_ctx::SUSPEND, 0, 0, 0), &[libc::EALREADY])?;
+                let t0 = Instant::now();
+                while port_ctx_raw(fd, port_ctx::STABLE, 0, 0, 0).map_err(|e| format!("STABLE: {e}"))? != 1 {
+                    if t0.elapsed().as_secs() > 5 {
+                        return Err("an idle suspended port never became stable".into());
+                    }
+                }
+                let at = 64 * 1024u64;
+                let image = port_ctx_raw(fd, port_ctx::SAVE, key, at, 128 * 1024).map_err(|e| format!("SAVE: {e}"))?;
+                if !(72..=128 * 1024).contains(&image) {
+                    return Err(format!("SAVE returned an image of {image} bytes"));
+                }
+                want_err("SAVE twice", port_ctx_raw(fd, port_ctx::SAVE, key, at, 128 * 1024), &[libc::EALREADY])?;
+                want_err("SUSPEND saved", port_ctx_raw(fd, port_ctx::SUSPEND, 0, 0, 0), &[libc::EAGAIN])?;
+                let win = query(fd, &sc).window_size as usize;
+                let m = sys_mmap(0, win, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+                if let Ok(p) = m {
+                    sys_munmap(p, win);
+                    return Err("a saved port's window could be mapped".into());
+                }
+                want_err(
+                    "RESTORE too long",
+                    port_ctx_raw(fd, port_ctx::RESTORE, key, 0, EMP_CTX_IMAGE_MAX + 1),
+                    &[libc::EINVAL],
+                )?;
+                // One flipped byte in the checksummed body.
+                let byte = (buf + at as usize + 20) as *mut u8;
+                // SAFETY: inside our own registered buffer.
+                unsafe { *byte ^= 0x40 };
+                want_err("RESTORE corrupted", port_ctx_raw(fd, port_ctx::RESTORE, key, at, image), &[libc::EBADMSG])?;
+                // SAFETY: as above, flipped back.
+                unsafe { *byte ^= 0x40 };
+                port_ctx_raw(fd, port_ctx::RESTORE, key, at, image).map_err(|e| format!("RESTORE: {e}"))?;
+                port_ctx_raw(fd, port_ctx::RESUME, 0, 0, 0).map_err(|e| format!("RESUME: {e}"))?;
+                let p = sys_mmap(0, win, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+                    .map_err(|e| format!("mmap after RESTORE: errno {e}"))?;
+                sys_munmap(p, win);
+                Ok(())
+            })();
+            sys_munmap(buf, len);
+            r
+        },
+    ),
+    ("a port saved and then closed: its context is discarded, nothing stays pinned (QUERY on another port)", |fd| {
+        let len = 128 * 1024;
+        let (buf, key) = started_port(fd, len)?;
+        let r = (|| {
+            port_ctx_raw(fd, port_ctx::SUSPEND, 0, 0, 0).map_err(|e| format!("SUSPEND: {e}"))?;
+            let t0 = Instant::now();
+            while port_ctx_raw(fd, port_ctx::STABLE, 0, 0, 0).map_err(|e| format!("STABLE: {e}"))? != 1 {
+                if t0.elapsed().as_secs() > 5 {
+                    return Err("an idle suspended port never became stable".into());
+                }
+            }
+            port_ctx_raw(fd, port_ctx::SAVE, key, 0, len as u64).map_err(|e| format!("SAVE: {e}"))?;
+            // Its slot is free: another port opens (and holds what it pins).
+            let other = open_dev(c"/dev/emp-nic");
+            if other < 0 {
+                return Err(format!("open while saved: {}", std::io::Error::last_os_error()));
+            }
+            let sc = Scratch::new();
+            let pinned = query(other, &sc).pinned_pages;
+            // SAFETY: closing our saved port's descriptor: the driver
+            // discards the context and unpins its region.
+            unsafe { libc::dup2(other, fd) };
+            let after = query(other, &sc).pinned_pages;
+            close(other);
+            if after + (len / PAGE) as u64 != pinned {
+                return Err(format!("{pinned} pages pinned while saved, {after} after its close"));
+            }
+            Ok(())
+        })();
+        sys_munmap(buf, len);
+        r
+    }),
+    (
+        "GANG: reserved bits or pid <= 0 EINVAL, otherwise EPERM without CAP_SYS_ADMIN; a read-only file holds no port",
+        |fd| {
+            let gang = |fd: i32, action: u32, pid: i32, reserved: u32| {
+                let mut b = [0u8; EmpGang::SIZE];
+                EmpGang { size: EmpGang::SIZE as u32, action, pid, reserved, ..Default::default() }.put(&mut b);
+                sys_ioctl(fd, IoctlCmd::Gang.with_size(EmpGang::SIZE), b.as_mut_ptr() as usize)
+            };
+            expect("GANG pid 0", gang(fd, 6, 0, 0), &[libc::EINVAL])?;
+            expect("GANG reserved", gang(fd, 6, 1, 1), &[libc::EINVAL])?;
+            // SAFETY: geteuid and getpid have no preconditions.
+            let (root, me) = unsafe { (libc::geteuid() == 0, libc::getpid()) };
+            if !root {
+                expect("GANG as a user", gang(fd, 6, me, 0), &[libc::EPERM])?;
+            }
+            // SAFETY: a valid C path.
+            let ro = unsafe { libc::open(c"/dev/emp-nic".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+            if ro < 0 {
+                return Err(format!("open read-only: {}", std::io::Error::last_os_error()));
+            }
+            let sc = Scratch::new();
+            let r = sys_ioctl(ro, IoctlCmd::Query.with_size(EmpQuery::SIZE), sc.base);
+            let m = sys_mmap(0, PAGE, libc::PROT_READ, libc::MAP_SHARED, ro, 0);
+            let unknown = if root { gang(ro, 99, me, 0) } else { -(libc::EINVAL as i64) };
+            close(ro);
+            if let Ok(p) = m {
+                sys_munmap(p, PAGE);
+                return Err("a read-only file's window could be mapped".into());
+            }
+            expect("QUERY on a read-only file", r, &[libc::EBADF])?;
+            expect("GANG unknown action (root)", unknown, &[libc::EINVAL])
+        },
+    ),
     ("REG_MR ending in the last page of the address space (page round-up would overflow): EFAULT", |fd| {
         expect("REG_MR", reg_mr_raw(fd, 0xFFFF_FFFF_FFFF_F000, 0xFFF), &[libc::EFAULT])?;
         expect("REG_MR", reg_mr_raw(fd, u64::MAX - 1, 1), &[libc::EFAULT])?;
