@@ -39,9 +39,9 @@ use kernel::{
 use super::{Admin, Ctx, EventCtx, Holder, NicInfo, Port, UserArg};
 use crate::attach::gang as action;
 use crate::desc::{MrEntry, MR_LOCAL_READ, MR_LOCAL_WRITE};
-use crate::ioctl::{port_ctx, EmpGang, EmpPortCtx, EMP_CTX_IMAGE_MAX, EMP_GANG_IMAGE_ROOM};
+use crate::ioctl::{port_ctx, EmpGang, EmpPortCtx, EMP_GANG_IMAGE_ROOM};
 use crate::mr::ImagePages;
-use crate::sram::{admin_result, ctl, AdminOp};
+use crate::sram::{admin_result, ctl, AdminOp, CTX_IMAGE_MAX};
 use crate::Le;
 
 /// MR entry owner of a saved context's registrations: no slot, so no port
@@ -240,7 +240,7 @@ impl Port {
     ///
     /// # Errors
     /// `EINVAL` unknown step, reserved bits, an image place outside the
-    /// region or empty, a RESTORE longer than `EMP_CTX_IMAGE_MAX` or of a
+    /// region or empty, a RESTORE longer than `CTX_IMAGE_MAX` or of a
     /// port not saved; `ENOTCONN` not started; `EAGAIN` not stable (SAVE)
     /// or switched out by the gang scheduler; `EALREADY` already in that
     /// state; `ENOENT` `key` is not a region of this port; `ENOSPC` no room
@@ -337,7 +337,7 @@ impl Port {
         let Ctx::Saved(parked) = &mut *ctx else {
             return Err(EINVAL);
         };
-        if q.len > EMP_CTX_IMAGE_MAX {
+        if q.len > CTX_IMAGE_MAX as u64 {
             return Err(EINVAL);
         }
         self.image_place(q)?;

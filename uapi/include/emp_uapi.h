@@ -1136,6 +1136,11 @@ struct emp_attach_msg {
 #define EMP_FW_SYM_CPUS "emp_fw_cpus"
 /* uint32_t emp_fw_cpu(void *nic, const struct emp_fw_hal *hal, uint64_t now, uint32_t cpu); */
 #define EMP_FW_SYM_CPU "emp_fw_cpu"
+/* Optional (older images lack them: every CPU then runs on one thread). */
+/* uint32_t emp_fw_cpu_pending(void *nic, uint32_t cpu); work waiting for that CPU */
+#define EMP_FW_SYM_CPU_PENDING "emp_fw_cpu_pending"
+/* uint32_t emp_fw_frame_cpu(void *nic); the CPU received frames go to */
+#define EMP_FW_SYM_FRAME_CPU "emp_fw_frame_cpu"
 
 /* Hardware services over an opaque context. DMA calls return 0 when done,
  * nonzero when the DMA failed. */

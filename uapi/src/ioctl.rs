@@ -233,7 +233,7 @@ le_struct! {
         /// SAVE / RESTORE: offset of the image in that region.
         pub offset: u64,
         /// SAVE: room for the image; RESTORE: the image's length (at most
-        /// [`EMP_CTX_IMAGE_MAX`]).
+        /// [`crate::sram::CTX_IMAGE_MAX`], the control program's own bound).
         pub len: u64,
         /// Out. STABLE: 1 when stable, 0 when not yet; SAVE: the image's
         /// length; RESTORE: the slot the port now lives in.
@@ -258,13 +258,9 @@ pub mod port_ctx {
     pub const RESUME: u32 = 5;
 }
 
-/// Largest context image the driver takes for RESTORE: the control
-/// program's own bound ([`crate::sram::CTX_IMAGE_MAX`]).
-pub const EMP_CTX_IMAGE_MAX: u64 = crate::sram::CTX_IMAGE_MAX as u64;
-
 /// Room the driver gives an image the gang scheduler saves into driver
 /// memory ([`EmpGang`]); kernel memory, so smaller than
-/// [`EMP_CTX_IMAGE_MAX`]. The control program refuses (`NO_ROOM`,
+/// [`crate::sram::CTX_IMAGE_MAX`]. The control program refuses (`NO_ROOM`,
 /// `ENOSPC`) an image that does not fit, and the scheduler puts that
 /// switch off.
 pub const EMP_GANG_IMAGE_ROOM: u64 = 1 << 20;

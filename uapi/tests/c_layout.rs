@@ -676,7 +676,6 @@ fn constants() -> Vec<ConstDesc> {
         EMP_PORT_CTX_SAVE = port_ctx::SAVE,
         EMP_PORT_CTX_RESTORE = port_ctx::RESTORE,
         EMP_PORT_CTX_RESUME = port_ctx::RESUME,
-        EMP_CTX_IMAGE_MAX = EMP_CTX_IMAGE_MAX,
         EMP_GANG_IMAGE_ROOM = EMP_GANG_IMAGE_ROOM,
         EMP_QUERY_SIZE_VER0 = EMP_QUERY_SIZE_VER0,
         EMP_REG_MR_SIZE_VER0 = EMP_REG_MR_SIZE_VER0,
@@ -808,6 +807,8 @@ fn string_constants() -> Vec<StrConstDesc> {
         EMP_FW_SYM_FREE = fwabi::SYM_FREE,
         EMP_FW_SYM_CPUS = fwabi::SYM_CPUS,
         EMP_FW_SYM_CPU = fwabi::SYM_CPU,
+        EMP_FW_SYM_CPU_PENDING = fwabi::SYM_CPU_PENDING,
+        EMP_FW_SYM_FRAME_CPU = fwabi::SYM_FRAME_CPU,
     ]
 }
 

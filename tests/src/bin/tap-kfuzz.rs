@@ -33,9 +33,9 @@ use emp_tests::Tap;
 use emp_uapi::coll::TREE_ROOT;
 use emp_uapi::ioctl::{
     ioc, port_ctx, EmpArm, EmpDeregMr, EmpGang, EmpGroupClear, EmpGroupSet, EmpPortCtx, EmpQuery, EmpRegMr,
-    EmpSetEventfd, EmpStart, IoctlArg, IoctlCmd, EMP_CTX_IMAGE_MAX, EMP_IOC_MAGIC,
+    EmpSetEventfd, EmpStart, IoctlArg, IoctlCmd, EMP_IOC_MAGIC,
 };
-use emp_uapi::sram::GroupEntry;
+use emp_uapi::sram::{GroupEntry, CTX_IMAGE_MAX};
 use emp_uapi::Le;
 
 const PAGE: usize = 4096;
@@ -533,7 +533,7 @@ fn op_ioctl(rng: &mut Rng, sh: &Shared, sc: &Scratch) -> i64 {
                 offset: if rng.one_in(4) { rng.next() } else { rng.below(16) * 4096 },
                 len: match rng.below(5) {
                     0 => rng.next(),
-                    1 => EMP_CTX_IMAGE_MAX + rng.below(2),
+                    1 => CTX_IMAGE_MAX as u64 + rng.below(2),
                     _ => rng.below(16) * 4096 + rng.below(2),
                 },
                 reserved: if rng.one_in(10) { rng.edge32() } else { 0 },
@@ -1295,7 +1295,7 @@ const REGRESSIONS: &[(&str, Case)] = &[
                 }
                 want_err(
                     "RESTORE too long",
-                    port_ctx_raw(fd, port_ctx::RESTORE, key, 0, EMP_CTX_IMAGE_MAX + 1),
+                    port_ctx_raw(fd, port_ctx::RESTORE, key, 0, CTX_IMAGE_MAX as u64 + 1),
                     &[libc::EINVAL],
                 )?;
                 // One flipped byte in the checksummed body.
