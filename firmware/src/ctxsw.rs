@@ -43,6 +43,7 @@ use emp_uapi::{seq_lt, Le};
 use crate::atomic::{AtomicRx, ATOMIC_RX_IMAGE};
 use crate::coll::{CollData, CollOp, CollState, CollTx, Params};
 use crate::group::GroupState;
+use crate::image::Reader;
 use crate::mr::Buf;
 use crate::timer::Timer;
 use crate::{sram_put_u32, sram_u32, FlowControl, Hal, LocalDesc, MatchMode, Nic, Peer};
@@ -124,36 +125,6 @@ mod pf {
     /// The receiver told this sender to stop and owes it an update.
     pub const FC_STOP_SENT: u16 = 64;
     pub const ALL: u16 = 127;
-}
-
-/// Bounds-checked reads from an untrusted image.
-pub(crate) struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.b.len()).ok_or("image truncated")?;
-        let s = &self.b[self.at..end];
-        self.at = end;
-        Ok(s)
-    }
-    pub(crate) fn u8(&mut self) -> Result<u8, &'static str> {
-        Ok(self.take(1)?[0])
-    }
-    pub(crate) fn u16(&mut self) -> Result<u16, &'static str> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
-    }
-    pub(crate) fn u32(&mut self) -> Result<u32, &'static str> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
-    }
-    pub(crate) fn u64(&mut self) -> Result<u64, &'static str> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
-    }
-    pub(crate) fn desc(&mut self) -> Result<WorkDesc, &'static str> {
-        Ok(WorkDesc::get(self.take(WorkDesc::SIZE)?))
-    }
 }
 
 fn put_desc(out: &mut Vec<u8>, d: &WorkDesc) {
@@ -801,7 +772,7 @@ impl Nic {
         b: &[u8],
         now: u64,
     ) -> Result<Image, Refusal> {
-        let mut r = Reader { b, at: 0 };
+        let mut r = Reader::new(b);
         if r.u32()? != IMAGE_MAGIC {
             return Err("not a context image".into());
         }
@@ -925,7 +896,7 @@ impl Nic {
             let imm = (flags & UNEXP_HAS_IMM != 0).then_some(imm);
             unexp.push((src_node, src_port, tag, imm, r.take(len as usize)?.to_vec()));
         }
-        if r.at != b.len() {
+        if !r.at_end() {
             return Err("trailing bytes".into());
         }
         Ok(Image {

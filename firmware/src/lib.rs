@@ -90,6 +90,7 @@ mod ffi;
 mod group;
 mod guard;
 mod host;
+mod image;
 pub mod mcast;
 mod mr;
 pub mod rbcast;

@@ -177,7 +177,7 @@ impl Barrier {
 
     /// A barrier's state from an untrusted image, checked against its
     /// group `g`: whatever it holds, [`Barrier::next`] cannot fail on it.
-    pub(crate) fn load(r: &mut crate::ctxsw::Reader, g: &GroupState) -> Result<Barrier, &'static str> {
+    pub(crate) fn load(r: &mut crate::image::Reader, g: &GroupState) -> Result<Barrier, &'static str> {
         let (algo, tree, released, pad) = (r.u8()?, r.u8()?, r.u8()?, r.u8()?);
         let algo = BarrierAlgo::from_u16(algo as u16).ok_or("barrier algorithm")?;
         let (step, sub, arrived, words) = (r.u32()?, r.u32()?, r.u64()?, r.u32()? as usize);

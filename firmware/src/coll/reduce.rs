@@ -248,7 +248,7 @@ impl Reduce {
     /// group `g` and the NIC's buffer size `buf_max`: whatever it holds,
     /// [`Reduce::next`] cannot fail on it. `posted`: the host posted it.
     pub(crate) fn load(
-        r: &mut crate::ctxsw::Reader,
+        r: &mut crate::image::Reader,
         g: &GroupState,
         buf_max: usize,
         posted: bool,
