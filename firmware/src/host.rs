@@ -154,6 +154,10 @@ impl Nic {
             .filter(|&i| self.peers[i as usize].as_ref().is_some_and(|p| p.port == port))
             .collect();
         for i in peers {
+            // Messages already delivered keep their ACK: owed but unsent
+            // (coalescing), the sender would retransmit into a closed port
+            // and fail a send that in fact arrived.
+            self.flush_ack(hal, i);
             while let Some(&slot) = self.peer(i).tx_queue.front() {
                 self.finish_tx(hal, now, slot, Status::Flushed);
             }

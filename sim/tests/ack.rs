@@ -265,3 +265,19 @@ fn test_an_answer_never_overtakes_the_ack_it_follows() {
         assert_eq!(status(&c.wait(1, reply, 50 * MS).unwrap()), Status::Success);
     }
 }
+
+#[test]
+fn test_a_receiver_that_closes_right_after_its_receive_still_acks_it() {
+    // The ACK is owed (coalescing, 200 µs delay) when the receiver's process
+    // exits: closing the port must send it, or the sender retransmits into
+    // a closed port and fails a send that in fact arrived.
+    let mut c = Cluster::new(2, coalescing(200 * US, 16), 0, 1500, WireConfig::default());
+    let r = c.recv(1, (0, 0), 3, 0, 8);
+    let s = c.send(0, 1, 3, &payload(3));
+    let rc = c.wait(1, r, 10 * MS).expect("receive completes");
+    assert_eq!(status(&rc), Status::Success);
+    assert_eq!(c.counter(1, counter::ACKS_TX), 0, "the ACK is still owed");
+    c.close_port(1);
+    let sc = c.wait(0, s, 500 * MS).expect("send completes");
+    assert_eq!(status(&sc), Status::Success, "the delivered message's send succeeds");
+}
