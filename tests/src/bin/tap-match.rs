@@ -41,6 +41,15 @@ fn out_of_order(c: &mut Ctx, test: u64, len: usize) -> Result<(), String> {
         }
         1 => {
             c.sync(&name)?;
+            // Under loss the barrier may finish while tag 1 is still being
+            // retransmitted: wait until the NIC holds it, so it is
+            // unexpected whatever the wire did.
+            let t0 = std::time::Instant::now();
+            while c.dev.probe(c.eps[0], t1, 0).map_err(|e| format!("probe: {e}"))?.is_none() {
+                if t0.elapsed() > T {
+                    return Err(format!("{len} B tag 1 never arrived"));
+                }
+            }
             let r2 = c.recv(c.eps[0], t2, 0, BIG, len)?;
             let rc = c.wait(r2)?;
             expect_ok(&rc).map_err(|e| format!("{len} B tag 2: {e}"))?;
@@ -74,8 +83,8 @@ fn small(c: &mut Ctx) -> Result<(), String> {
 fn large_64k(c: &mut Ctx) -> Result<(), String> {
     let before = c.counter(counter::RDV_PULLS)?;
     out_of_order(c, 2, 64 << 10)?;
-    // Tag 1 is always unexpected (its receive is posted only after tag 2
-    // completed, which it preceded); tag 2 is too only when it arrives
+    // Tag 1 is always unexpected (its receive is posted only after the
+    // NIC held it and tag 2 completed); tag 2 is too only when it arrives
     // before rank 1 posts its receive, which timing decides.
     if c.rank() == 1 && c.counter(counter::RDV_PULLS)? < before + 1 {
         return Err("the 64 KiB messages were not pulled by rendezvous".into());
