@@ -132,6 +132,20 @@ static struct emp_req **orphan_for(struct emp_fi_domain *dom, const struct emp_r
 	return NULL;
 }
 
+/* Receive l completes with orphan o's message (its bytes copied into l's
+ * buffer, truncation reported as an error entry). */
+static void orphan_deliver(struct emp_fi_domain *dom, const struct emp_req *o, struct emp_req *l)
+{
+	size_t n = o->got_len < l->len ? o->got_len : l->len;
+	if (n)
+		memcpy(l->buf, orphan_bytes(dom, o), n);
+	l->got_data = o->got_data;
+	l->data = o->data;
+	bool trunc = o->msg_len > l->len;
+	req_report(l, trunc ? FI_ETRUNC : 0, n, trunc ? o->msg_len - n : 0, o->got_tag, o->src_node, o->src_port,
+		   trunc ? EMP_WC_TRUNCATED : EMP_WC_SUCCESS);
+}
+
 /* Live receive l, placed in the caller's memory, completed with a message
  * while an older message it matches waits as an orphan (orphans_rehome
  * could not give it to l): l gets the orphan, as the NIC would have
@@ -176,14 +190,7 @@ bool orphan_swap(struct emp_fi_domain *dom, struct emp_req *l, const struct emp_
 		tail = &(*tail)->next;
 	n->next = NULL;
 	*tail = n;
-	size_t m = o->got_len < l->len ? o->got_len : l->len;
-	if (m)
-		memcpy(l->buf, orphan_bytes(dom, o), m);
-	l->got_data = o->got_data;
-	l->data = o->data;
-	bool trunc = o->msg_len > l->len;
-	req_report(l, trunc ? FI_ETRUNC : 0, m, trunc ? o->msg_len - m : 0, o->got_tag, o->src_node, o->src_port,
-		   trunc ? EMP_WC_TRUNCATED : EMP_WC_SUCCESS);
+	orphan_deliver(dom, o, l);
 	req_release(dom, o);
 	req_release(dom, l);
 	orphans_rehome(dom);
@@ -195,14 +202,7 @@ bool orphan_swap(struct emp_fi_domain *dom, struct emp_req *l, const struct emp_
  * orphan in turn. */
 static void orphan_to_live(struct emp_fi_domain *dom, struct emp_req *o, struct emp_req *l)
 {
-	size_t n = o->got_len < l->len ? o->got_len : l->len;
-	if (n)
-		memcpy(l->buf, orphan_bytes(dom, o), n);
-	l->got_data = o->got_data;
-	l->data = o->data;
-	bool trunc = o->msg_len > l->len;
-	req_report(l, trunc ? FI_ETRUNC : 0, n, trunc ? o->msg_len - n : 0, o->got_tag, o->src_node, o->src_port,
-		   trunc ? EMP_WC_TRUNCATED : EMP_WC_SUCCESS);
+	orphan_deliver(dom, o, l);
 	l->cancelled = true;
 	dom->zombies++;
 	req_release(dom, o);
