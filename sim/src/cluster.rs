@@ -77,6 +77,19 @@ pub struct Cluster {
 impl Cluster {
     /// Boots `nodes` NICs (`ports` windows each, port 0 opened) and opens port 0.
     pub fn new(nodes: u16, cfg: Config, features: u32, mtu: u32, wire: WireConfig) -> Cluster {
+        Cluster::with_rings(nodes, cfg, features, mtu, wire, 64)
+    }
+
+    /// As [`Cluster::new`], with `ring_entries` slots (a power of two) in
+    /// every port's send and receive ring.
+    pub fn with_rings(
+        nodes: u16,
+        cfg: Config,
+        features: u32,
+        mtu: u32,
+        wire: WireConfig,
+        ring_entries: u32,
+    ) -> Cluster {
         let params = LayoutParams {
             ports: 4,
             mr_entries: 64,
@@ -84,8 +97,8 @@ impl Cluster {
             // Room for a 1024-member group with its trees (`GroupEntry::span`).
             group_entries: 64,
             staging_size: PAGE_SIZE as u32,
-            send_entries: 64,
-            recv_entries: 64,
+            send_entries: ring_entries,
+            recv_entries: ring_entries,
         };
         let mut rng = Rng::new(7);
         let pages = HostMem::pages_for_region(REGION)
