@@ -38,8 +38,9 @@ fn stream(overlap: Overlap, seed: u64, loss: f64, msgs: usize) {
         }
     }
     for i in 0..msgs {
-        for n in 0..2u16 {
-            c.send(n, 1 - n, i as u64, &data(lens[n as usize][i], seed + i as u64 * 2 + n as u64));
+        for (n, lens) in lens.iter().enumerate() {
+            let n16 = n as u16;
+            c.send(n16, 1 - n16, i as u64, &data(lens[i], seed + i as u64 * 2 + n as u64));
         }
     }
     let mut got: Vec<Vec<Cqe>> = vec![Vec::new(), Vec::new()];
@@ -125,7 +126,8 @@ fn pm_stated_figures_within_a_quarter() {
 fn table2_context_switch_cost_grows_with_occupancy() {
     let rows = pm::table2(&Machine::pm(true, true)).expect("every switch runs and restores what it saved");
     let [empty, send, recv, both] = [0, 1, 2, 3].map(|i| rows[i].1);
-    let times: [(&str, fn(pm::Switch) -> f64); 2] = [("save", |s| s.save_ms), ("restore", |s| s.restore_ms)];
+    type Time = fn(pm::Switch) -> f64;
+    let times: [(&str, Time); 2] = [("save", |s| s.save_ms), ("restore", |s| s.restore_ms)];
     for (what, s) in times {
         assert!(s(empty) < s(send) && s(empty) < s(recv), "{what}: {rows:?}");
         assert!(s(send) < s(both) && s(recv) < s(both), "{what}: {rows:?}");
