@@ -9,8 +9,9 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use emp_uapi::fwabi::{FwConfig, FwHal};
-use emp_uapi::sram::{FailReason, NicStatus};
+use emp_uapi::sram::{FailReason, NicStatus, FEATURE_RX_DOUBLE_BUFFERING};
 
+use crate::dmaq::WriteBehind;
 use crate::fwlib::FwLib;
 use crate::image::{verify, TrustedKeys};
 use crate::nic::NicShared;
@@ -25,6 +26,8 @@ struct HwCtx {
     /// Multicast filter changes the control program asked for, for the
     /// engine to apply to the wire (bounded: [`MEMBERSHIP_QUEUE_MAX`]).
     memberships: Vec<(u16, bool)>,
+    /// Receive double buffering: DMA writes run on their own thread.
+    write_behind: Option<WriteBehind>,
 }
 
 /// Most filter changes queued between two engine passes; beyond, the
@@ -55,8 +58,13 @@ extern "C" fn hw_sram_write(ctx: *mut c_void, off: usize, data: *const u8, len: 
 }
 
 extern "C" fn hw_dma_read(ctx: *mut c_void, addr: u64, buf: *mut u8, len: usize) -> i32 {
-    // SAFETY: as in `hw_sram_read`.
-    let (hw, buf) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts_mut(buf, len)) };
+    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call;
+    // `buf` is the control program's live buffer of `len` bytes.
+    let (hw, buf) = unsafe { (&mut *ctx.cast::<HwCtx>(), core::slice::from_raw_parts_mut(buf, len)) };
+    if let Some(w) = &mut hw.write_behind {
+        // A read sees every earlier write.
+        w.drain();
+    }
     match hw.shared.dma.lock().expect("dma").read(addr, buf) {
         Ok(()) => 0,
         Err(_) => -1,
@@ -64,9 +72,13 @@ extern "C" fn hw_dma_read(ctx: *mut c_void, addr: u64, buf: *mut u8, len: usize)
 }
 
 extern "C" fn hw_dma_write(ctx: *mut c_void, addr: u64, data: *const u8, len: usize) -> i32 {
-    // SAFETY: as in `hw_sram_read`.
-    let (hw, data) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
-    match hw.shared.dma.lock().expect("dma").write(addr, data) {
+    // SAFETY: as in `hw_dma_read`.
+    let (hw, data) = unsafe { (&mut *ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
+    let done = match &mut hw.write_behind {
+        Some(w) => w.write(addr, data),
+        None => hw.shared.dma.lock().expect("dma").write(addr, data),
+    };
+    match done {
         Ok(()) => 0,
         Err(_) => -1,
     }
@@ -83,10 +95,14 @@ extern "C" fn hw_mac_transmit(ctx: *mut c_void, dst: u16, frame: *const u8, len:
 }
 
 extern "C" fn hw_raise_interrupt(ctx: *mut c_void, vector: u16) {
-    // SAFETY: as in `hw_sram_read`.
-    let hw = unsafe { &*ctx.cast::<HwCtx>() };
+    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call.
+    let hw = unsafe { &mut *ctx.cast::<HwCtx>() };
     if vector == 0 {
         return; // Admin: control threads poll the mailbox.
+    }
+    if let Some(w) = &mut hw.write_behind {
+        // The woken host must find the completion (its phase byte) written.
+        w.drain();
     }
     {
         let ports = hw.shared.ports.lock().expect("ports");
@@ -123,7 +139,20 @@ unsafe impl Send for Firmware {}
 impl Firmware {
     /// Boots the control program on a NIC; `None` if it refused to boot.
     pub fn boot(lib: Arc<FwLib>, shared: Arc<NicShared>, cfg: FwConfig) -> Option<Firmware> {
-        let mut hw = Box::new(HwCtx { shared, outbox: Vec::new(), pool: Vec::new(), memberships: Vec::new() });
+        let write_behind = if shared.header().features & FEATURE_RX_DOUBLE_BUFFERING != 0 {
+            match WriteBehind::start(shared.clone()) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    // The NIC still works, writing in place.
+                    tracing::error!(node = shared.node, "receive double buffering off: no DMA thread: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut hw =
+            Box::new(HwCtx { shared, outbox: Vec::new(), pool: Vec::new(), memberships: Vec::new(), write_behind });
         let hal = hal_for(&mut hw);
         // SAFETY: `hal` and `cfg` are valid for the call; `boot` follows the
         // firmware ABI.
@@ -218,7 +247,13 @@ impl Firmware {
     }
 }
 
-extern "C" fn hw_dma_fence(_ctx: *mut c_void) {
+extern "C" fn hw_dma_fence(ctx: *mut c_void) {
+    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call.
+    let hw = unsafe { &mut *ctx.cast::<HwCtx>() };
+    if let Some(w) = &mut hw.write_behind {
+        // The DMA thread's writes happen before this (its progress lock).
+        w.drain();
+    }
     // DMA writes are stores into memory the host maps: a release fence
     // keeps every earlier one ahead of every later one (the CQE phase byte).
     core::sync::atomic::fence(core::sync::atomic::Ordering::Release);

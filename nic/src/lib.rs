@@ -5,6 +5,7 @@
 
 pub mod attach;
 pub mod dma;
+pub mod dmaq;
 pub mod engine;
 pub mod firmware;
 pub mod fwlib;

@@ -509,6 +509,7 @@ struct emp_coll_header {
 #define EMP_FEATURE_OVERFLOW (1U << 0)
 #define EMP_FEATURE_MODIFIED_ACK_NACK (1U << 1)
 #define EMP_FEATURE_ORDERED_REFUSAL (1U << 2) /* ports default to ordered refusal */
+#define EMP_FEATURE_RX_DOUBLE_BUFFERING (1U << 3) /* NIC-to-host DMA two buffers deep */
 
 /* Matching modes (PORT_OPEN args[4]). */
 #define EMP_MATCH_MODE_DEFAULT 0U

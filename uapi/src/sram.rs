@@ -121,6 +121,10 @@ pub const FEATURE_MODIFIED_ACK_NACK: u32 = 1 << 1;
 /// Feature bit: ports open in the `ordered-refusal` matching mode unless
 /// their open asks otherwise (else `unexpected`; see [`match_mode`]).
 pub const FEATURE_ORDERED_REFUSAL: u32 = 1 << 2;
+/// Feature bit: receive double buffering (PM, seed 003 §3.2): the NIC's
+/// DMA writes into host memory run beside it, two buffers deep, and a DMA
+/// fence waits for them. The control program sees no difference.
+pub const FEATURE_RX_DOUBLE_BUFFERING: u32 = 1 << 3;
 
 /// Matching modes a port opens in (`PortOpen` `args[4]`).
 pub mod match_mode {
