@@ -165,6 +165,12 @@ pub struct BenchArgs {
     /// mpi: write one SVG plot per measure (against message size) here.
     #[arg(long)]
     pub plot_dir: Option<PathBuf>,
+    /// latency, bw, bibw: run on one private chassis per setting (`on`:
+    /// `emp-nicd --rx-double-buffering`, `off`), both up at once, the
+    /// settings taking turns size by size, so their figures are measured
+    /// side by side in one run (docs/immediate-sending.md).
+    #[arg(long, value_delimiter = ',', value_name = "on,off")]
+    pub rx_double_buffering: Vec<String>,
 }
 
 /// `emp bench …`: starts a private chassis unless `--dir` names a running
@@ -196,6 +202,9 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
     }
     if a.window == Some(0) {
         return Err("--window 0: at least 1 message per window".into());
+    }
+    if !a.rx_double_buffering.is_empty() {
+        return compare_rx_double_buffering(a, ranks);
     }
     if let Some(config) = &a.config {
         return bench_on_hosts(a, config, ranks);
@@ -282,9 +291,73 @@ fn bench_on_hosts(a: &BenchArgs, config: &Path, ranks: usize) -> Result<(), Stri
     }
 }
 
+/// `--rx-double-buffering on,off`: one private chassis per setting, up at
+/// once; for each size, the ranks run on each chassis in turn. Every
+/// chassis is taken down on every path.
+fn compare_rx_double_buffering(a: &BenchArgs, ranks: usize) -> Result<(), String> {
+    if !matches!(a.kind, Kind::Latency | Kind::Bw | Kind::Bibw) {
+        return Err("--rx-double-buffering compares latency, bw and bibw".into());
+    }
+    if a.dir.is_some() || a.config.is_some() {
+        return Err("--rx-double-buffering starts its own chassis: no --dir or --config".into());
+    }
+    let mut settings = Vec::new();
+    for s in &a.rx_double_buffering {
+        let on = match s.as_str() {
+            "on" => true,
+            "off" => false,
+            other => return Err(format!("--rx-double-buffering {other:?}: on or off")),
+        };
+        if settings.contains(&on) {
+            return Err(format!("--rx-double-buffering: {s} given twice"));
+        }
+        settings.push(on);
+    }
+    let sizes: Vec<usize> = if a.sizes.is_empty() { (0..=16).map(|p| 1usize << p).collect() } else { a.sizes.clone() };
+    let mut chassis: Vec<(bool, PathBuf)> = Vec::new();
+    let result = (|| -> Result<(), String> {
+        for (i, &on) in settings.iter().enumerate() {
+            let extra = on.then(|| "--rx-double-buffering".to_string());
+            chassis.push((on, private_chassis_named(a, ranks, 1 + i as u16, extra)?));
+        }
+        for &size in &sizes {
+            for (on, dir) in &chassis {
+                let one = BenchArgs { sizes: vec![size], rx_double_buffering: Vec::new(), ..a.clone() };
+                let mut argv = rank_argv(&one, ranks)?;
+                let setting = if *on { "on" } else { "off" };
+                for arg in argv.iter_mut().filter(|s| s.starts_with("--emp-path=")) {
+                    *arg += &format!(", receive double buffering {setting}");
+                }
+                say(a, format!("# {} B, receive double buffering {setting}", size));
+                match crate::run::run(dir, ranks, &argv, Some(Duration::from_secs(3600)))? {
+                    0 => {}
+                    c => return Err(format!("benchmark ranks failed (status {c})")),
+                }
+            }
+        }
+        Ok(())
+    })();
+    for (_, dir) in &chassis {
+        let _ = cluster::down(dir);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    result
+}
+
 /// Starts a chassis of `nics` NICs for this run alone; returns its directory.
 fn private_chassis(a: &BenchArgs, nics: usize) -> Result<PathBuf, String> {
-    let d = std::env::temp_dir().join(format!("emp-bench-{}", std::process::id()));
+    private_chassis_named(a, nics, 0, None)
+}
+
+/// As [`private_chassis`], the `slot`-th (0–3) of this run (one run may
+/// start several: their UDP ports do not overlap up to 16 NICs each), its
+/// daemons given `nicd_args`.
+fn private_chassis_named(a: &BenchArgs, nics: usize, slot: u16, nicd_args: Option<String>) -> Result<PathBuf, String> {
+    if slot > 3 || (a.wire == cluster::WireKind::Udp && nics > 16 && slot > 0) {
+        return Err("at most 4 private chassis per run, of at most 16 NICs on the udp wire".into());
+    }
+    let name = if slot == 0 { String::new() } else { format!("-{slot}") };
+    let d = std::env::temp_dir().join(format!("emp-bench-{}{name}", std::process::id()));
     let up = UpArgs {
         nics: nics as u16,
         wire: a.wire,
@@ -296,9 +369,9 @@ fn private_chassis(a: &BenchArgs, nics: usize) -> Result<PathBuf, String> {
         cpu_plan: "base".into(),
         firmware: None,
         trusted_keys: None,
-        // Private: clear of a cluster someone else runs.
-        udp_base: 20000 + (std::process::id() % 400) as u16 * 64,
-        nicd_args: None,
+        // Private: clear of a cluster someone else runs (and of this run's others).
+        udp_base: 20000 + (std::process::id() % 400) as u16 * 64 + slot * 16,
+        nicd_args,
     };
     let started = cluster::start(&d, &up).map_err(|e| format!("starting a chassis for the benchmark: {e}"))?;
     say(a, started);
