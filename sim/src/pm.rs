@@ -260,7 +260,7 @@ pub struct Stated {
     pub source: &'static str,
 }
 
-/// The paper's latency and throughput figures, in [`stated`]'s order.
+/// The paper's latency and throughput figures, in [`Figures::stated`]'s order.
 pub const STATED: [Stated; 3] = [
     Stated { what: "latency, 8 B (IS)", paper: 24.0, unit: "µs", source: "§4.1, Fig. 6" },
     Stated { what: "throughput, 4096 B (IS+DB)", paper: 32.0, unit: "MB/s", source: "§4.2, Fig. 7" },
