@@ -51,6 +51,11 @@ impl HostMem {
 
     /// The NIC reads `buf.len()` bytes at bus address `addr`: it sees its
     /// own writes, visible to the host or not.
+    /// Whether a DMA of `len` bytes at `addr` would land in memory.
+    pub fn nic_check(&self, addr: u64, len: usize) -> Option<()> {
+        self.range(addr, len).map(|_| ())
+    }
+
     pub fn nic_read(&mut self, addr: u64, buf: &mut [u8]) -> Option<()> {
         let r = self.range(addr, buf.len())?;
         buf.copy_from_slice(&self.bytes[r.clone()]);

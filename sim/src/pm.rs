@@ -18,6 +18,7 @@
 
 use emp_firmware::{Config, MatchMode};
 use emp_uapi::sram::admin_result as ar;
+use emp_uapi::sram::FEATURE_IMMEDIATE_SENDING;
 use emp_uapi::wire::data_header_len;
 
 use crate::cluster::Cluster;
@@ -96,7 +97,10 @@ impl Machine {
 
     /// Two NICs of this machine (`ring_entries` slots per ring).
     fn cluster(&self, ring_entries: u32) -> Cluster {
-        let mut c = Cluster::with_rings(2, Machine::config(), 0, MTU, self.wire.clone(), ring_entries);
+        // Immediate Sending is the NICs' feature (the control program then
+        // sends from host memory) and the overlap the cost model charges.
+        let features = if self.overlap.immediate_sending { FEATURE_IMMEDIATE_SENDING } else { 0 };
+        let mut c = Cluster::with_rings(2, Machine::config(), features, MTU, self.wire.clone(), ring_entries);
         c.world.cost = self.cost;
         c.world.overlap = self.overlap;
         c

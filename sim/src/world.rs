@@ -7,8 +7,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use emp_firmware::mcast::McastError;
-use emp_firmware::{Config, CpuStep, DmaError, Hal, Nic};
+use emp_firmware::{Config, CpuStep, DmaError, Hal, HostSeg, Nic};
 use emp_uapi::sram::{Layout, LayoutParams, NicStatus, SramHeader};
+use emp_uapi::wire::MTU_MAX;
 use emp_uapi::Le;
 
 use crate::cost::{CostModel, Overlap, StepCosts};
@@ -262,9 +263,6 @@ struct SimHal<'a> {
     tx_ps: u64,
     /// Immediate Sending and receive double buffering.
     overlap: Overlap,
-    /// Bytes read from host memory since the last frame was transmitted
-    /// (the next frame's payload).
-    frame_dma_bytes: u64,
     /// Receive double buffering: when (ps into the run) the NIC-to-host
     /// DMA engine is free.
     wdma_free_ps: u64,
@@ -278,6 +276,22 @@ struct SimHal<'a> {
 impl SimHal<'_> {
     fn dma(&mut self, bytes: usize) {
         self.work_ps += bytes as u64 * self.dma_ps_per_byte;
+    }
+}
+
+impl SimHal<'_> {
+    /// Queues frame `b` for the wire: it leaves when the work before it is
+    /// done, `early_ps` sooner under Immediate Sending.
+    fn queue_frame(&mut self, dst_node: u16, b: Vec<u8>, early_ps: u64) {
+        let (done_ps, early_ps) = match &self.cpus {
+            // The frame leaves when its step and its payload's DMA are done.
+            Some(c) => (c.t.free_ps[c.cur].max(c.read_done_ps) - self.now_ps, 0),
+            None => {
+                self.work_ps += self.tx_ps;
+                (self.work_ps, early_ps)
+            }
+        };
+        self.out.push((dst_node, b, done_ps, early_ps));
     }
 }
 
@@ -295,10 +309,7 @@ impl Hal for SimHal<'_> {
         self.mem.nic_read(addr, buf).ok_or(DmaError)?;
         match &mut self.cpus {
             Some(c) => c.read_done_ps = c.dma(0, buf.len()),
-            None => {
-                self.dma(buf.len());
-                self.frame_dma_bytes += buf.len() as u64;
-            }
+            None => self.dma(buf.len()),
         }
         Ok(())
     }
@@ -332,17 +343,44 @@ impl Hal for SimHal<'_> {
         let mut b = self.pool.pop().unwrap_or_default();
         b.clear();
         b.extend_from_slice(frame);
-        let (done_ps, early_ps) = match &self.cpus {
-            // The frame leaves when its step and its payload's DMA are done.
-            Some(c) => (c.t.free_ps[c.cur].max(c.read_done_ps) - self.now_ps, 0),
+        // Store and forward: the payload was all in before the frame starts.
+        self.queue_frame(dst_node, b, 0);
+    }
+    fn mac_transmit_host(&mut self, dst_node: u16, header: &[u8], payload: &[HostSeg]) -> Result<(), DmaError> {
+        let _hw = Running::firmware(false);
+        let mut total = header.len();
+        for s in payload {
+            let len = usize::try_from(s.len).map_err(|_| DmaError)?;
+            self.mem.nic_check(s.addr, len).ok_or(DmaError)?;
+            total += len;
+        }
+        if total > MTU_MAX as usize {
+            return Err(DmaError);
+        }
+        let mut b = self.pool.pop().unwrap_or_default();
+        b.clear();
+        b.extend_from_slice(header);
+        b.resize(total, 0);
+        let mut at = header.len();
+        for s in payload {
+            let end = at + s.len as usize;
+            self.mem.nic_read(s.addr, &mut b[at..end]).expect("checked above");
+            at = end;
+        }
+        let dma_bytes = (total - header.len()) as u64;
+        let early_ps = match &mut self.cpus {
+            Some(c) => {
+                c.read_done_ps = c.dma(0, dma_bytes as usize);
+                0
+            }
             None => {
-                self.work_ps += self.tx_ps;
-                let early = self.overlap.early_start_ps(self.frame_dma_bytes, self.dma_ps_per_byte);
-                self.frame_dma_bytes = 0;
-                (self.work_ps, early)
+                // Immediate Sending: the frame starts once its first chunk is in.
+                self.dma(dma_bytes as usize);
+                self.overlap.early_start_ps(dma_bytes, self.dma_ps_per_byte)
             }
         };
-        self.out.push((dst_node, b, done_ps, early_ps));
+        self.queue_frame(dst_node, b, early_ps);
+        Ok(())
     }
     fn raise_interrupt(&mut self, _vector: u16) {
         let _hw = Running::firmware(false);
@@ -505,7 +543,6 @@ impl World {
                     dma_ps_per_byte: 0,
                     tx_ps: 0,
                     overlap: Overlap::OFF,
-                    frame_dma_bytes: 0,
                     wdma_free_ps: 0,
                     cpus: None,
                     now_ps: 0,
@@ -722,7 +759,6 @@ impl World {
                 dma_ps_per_byte: cost.nic_dma_ps_per_byte,
                 tx_ps: cost.nic_tx_frame_ns * 1000,
                 overlap,
-                frame_dma_bytes: 0,
                 wdma_free_ps: rx_dma_free_before.saturating_sub(now_ps),
                 cpus,
                 now_ps,

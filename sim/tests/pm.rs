@@ -12,6 +12,7 @@ use emp_sim::pm::{self, Machine};
 use emp_sim::rng::Rng;
 use emp_sim::world::WireConfig;
 use emp_uapi::desc::{Cqe, Status};
+use emp_uapi::sram::FEATURE_IMMEDIATE_SENDING;
 
 const MS: u64 = 1_000_000;
 
@@ -25,7 +26,8 @@ fn data(len: usize, seed: u64) -> Vec<u8> {
 /// with its bytes.
 fn stream(overlap: Overlap, seed: u64, loss: f64, msgs: usize) {
     let wire = WireConfig { loss, dup: loss / 2.0, reorder: loss, ..Machine::pm(false, false).wire };
-    let mut c = Cluster::new(2, Config::default(), 0, pm::MTU, wire);
+    let features = if overlap.immediate_sending { FEATURE_IMMEDIATE_SENDING } else { 0 };
+    let mut c = Cluster::new(2, Config::default(), features, pm::MTU, wire);
     c.world.cost = Machine::pm(false, false).cost;
     c.world.overlap = overlap;
     let mut rng = Rng::new(seed);
