@@ -894,6 +894,12 @@ impl Cluster {
         self.post(n, d, true, len)
     }
 
+    /// Frames `node`'s NIC sent with their payload straight from host
+    /// memory (Immediate Sending).
+    pub fn frames_sent_from_host(&self, n: u16) -> u64 {
+        self.world.nodes[n as usize].mem.frames_sent_from_host
+    }
+
     /// Bytes `node`'s NIC has read from host memory by DMA.
     pub fn dma_read_bytes(&self, n: u16) -> u64 {
         self.world.nodes[n as usize].mem.dma_read_bytes

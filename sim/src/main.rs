@@ -88,6 +88,10 @@ struct OneArgs {
     /// ordered only by DMA fences.
     #[arg(long)]
     weak_dma: bool,
+    /// The NICs have Immediate Sending: one-frame sends go out with their
+    /// payload read straight from host memory.
+    #[arg(long)]
+    immediate_sending: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -267,6 +271,7 @@ fn one(a: &OneArgs) -> ExitCode {
     spec.unexp_headers = a.unexp_headers;
     spec.cpu_plan = a.cpu_plan;
     spec.weak_dma = a.weak_dma;
+    spec.immediate_sending = a.immediate_sending;
     spec.atomics = a.atomics;
     spec.collectives = a.collectives;
     spec.rma = a.rma;

@@ -379,6 +379,7 @@ impl Hal for SimHal<'_> {
                 self.overlap.early_start_ps(dma_bytes, self.dma_ps_per_byte)
             }
         };
+        self.mem.frames_sent_from_host += 1;
         self.queue_frame(dst_node, b, early_ps);
         Ok(())
     }

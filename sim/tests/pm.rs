@@ -54,6 +54,11 @@ fn stream(overlap: Overlap, seed: u64, loss: f64, msgs: usize) {
         }
     }
     c.run_for(100 * MS);
+    for n in 0..2 {
+        // The feature decides the path; the overlap only what it costs.
+        let from_host = c.frames_sent_from_host(n);
+        assert_eq!(from_host > 0, overlap.immediate_sending, "{overlap:?} seed {seed}: node {n}: {from_host}");
+    }
     for (n, g) in got.iter_mut().enumerate() {
         g.extend(c.completions(n as u16));
         assert_eq!(g.len(), 2 * msgs, "{overlap:?} seed {seed}: node {n} has a completion too many");
