@@ -171,6 +171,10 @@ pub struct BenchArgs {
     /// side by side in one run (docs/immediate-sending.md).
     #[arg(long, value_delimiter = ',', value_name = "on,off")]
     pub rx_double_buffering: Vec<String>,
+    /// latency, bw, bibw: as `--rx-double-buffering`, for Immediate Sending
+    /// (`on`: `emp-nicd --immediate-sending`, `off`).
+    #[arg(long, value_delimiter = ',', value_name = "on,off")]
+    pub immediate_sending: Vec<String>,
 }
 
 /// `emp bench …`: starts a private chassis unless `--dir` names a running
@@ -203,8 +207,11 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
     if a.window == Some(0) {
         return Err("--window 0: at least 1 message per window".into());
     }
-    if !a.rx_double_buffering.is_empty() {
-        return compare_rx_double_buffering(a, ranks);
+    match (a.rx_double_buffering.is_empty(), a.immediate_sending.is_empty()) {
+        (true, true) => {}
+        (false, true) => return compare_nic_feature(a, ranks, NicFeature::RX_DOUBLE_BUFFERING),
+        (true, false) => return compare_nic_feature(a, ranks, NicFeature::IMMEDIATE_SENDING),
+        (false, false) => return Err("--rx-double-buffering and --immediate-sending: one comparison per run".into()),
     }
     if let Some(config) = &a.config {
         return bench_on_hosts(a, config, ranks);
@@ -291,25 +298,46 @@ fn bench_on_hosts(a: &BenchArgs, config: &Path, ranks: usize) -> Result<(), Stri
     }
 }
 
-/// `--rx-double-buffering on,off`: one private chassis per setting, up at
-/// once; for each size, the ranks run on each chassis in turn. Every
-/// chassis is taken down on every path.
-fn compare_rx_double_buffering(a: &BenchArgs, ranks: usize) -> Result<(), String> {
+/// A NIC feature `emp bench` compares on and off.
+struct NicFeature {
+    /// The `emp bench` option and the `emp-nicd` flag (the same spelling).
+    flag: &'static str,
+    /// As the report names it.
+    label: &'static str,
+    /// The settings asked for.
+    settings: fn(&BenchArgs) -> &[String],
+}
+
+impl NicFeature {
+    const RX_DOUBLE_BUFFERING: NicFeature = NicFeature {
+        flag: "--rx-double-buffering",
+        label: "receive double buffering",
+        settings: |a| &a.rx_double_buffering,
+    };
+    const IMMEDIATE_SENDING: NicFeature =
+        NicFeature { flag: "--immediate-sending", label: "Immediate Sending", settings: |a| &a.immediate_sending };
+}
+
+/// `--rx-double-buffering on,off` or `--immediate-sending on,off`: one
+/// private chassis per setting, up at once; for each size, the ranks run on
+/// each chassis in turn. Every chassis is taken down on every path.
+fn compare_nic_feature(a: &BenchArgs, ranks: usize, f: NicFeature) -> Result<(), String> {
+    let flag = f.flag;
     if !matches!(a.kind, Kind::Latency | Kind::Bw | Kind::Bibw) {
-        return Err("--rx-double-buffering compares latency, bw and bibw".into());
+        return Err(format!("{flag} compares latency, bw and bibw"));
     }
     if a.dir.is_some() || a.config.is_some() {
-        return Err("--rx-double-buffering starts its own chassis: no --dir or --config".into());
+        return Err(format!("{flag} starts its own chassis: no --dir or --config"));
     }
     let mut settings = Vec::new();
-    for s in &a.rx_double_buffering {
+    for s in (f.settings)(a) {
         let on = match s.as_str() {
             "on" => true,
             "off" => false,
-            other => return Err(format!("--rx-double-buffering {other:?}: on or off")),
+            other => return Err(format!("{flag} {other:?}: on or off")),
         };
         if settings.contains(&on) {
-            return Err(format!("--rx-double-buffering: {s} given twice"));
+            return Err(format!("{flag}: {s} given twice"));
         }
         settings.push(on);
     }
@@ -317,18 +345,23 @@ fn compare_rx_double_buffering(a: &BenchArgs, ranks: usize) -> Result<(), String
     let mut chassis: Vec<(bool, PathBuf)> = Vec::new();
     let result = (|| -> Result<(), String> {
         for (i, &on) in settings.iter().enumerate() {
-            let extra = on.then(|| "--rx-double-buffering".to_string());
+            let extra = on.then(|| flag.to_string());
             chassis.push((on, private_chassis_named(a, ranks, 1 + i as u16, extra)?));
         }
         for &size in &sizes {
             for (on, dir) in &chassis {
-                let one = BenchArgs { sizes: vec![size], rx_double_buffering: Vec::new(), ..a.clone() };
+                let one = BenchArgs {
+                    sizes: vec![size],
+                    rx_double_buffering: Vec::new(),
+                    immediate_sending: Vec::new(),
+                    ..a.clone()
+                };
                 let mut argv = rank_argv(&one, ranks)?;
                 let setting = if *on { "on" } else { "off" };
                 for arg in argv.iter_mut().filter(|s| s.starts_with("--emp-path=")) {
-                    *arg += &format!(", receive double buffering {setting}");
+                    *arg += &format!(", {} {setting}", f.label);
                 }
-                say(a, format!("# {} B, receive double buffering {setting}", size));
+                say(a, format!("# {} B, {} {setting}", size, f.label));
                 match crate::run::run(dir, ranks, &argv, Some(Duration::from_secs(3600)))? {
                     0 => {}
                     c => return Err(format!("benchmark ranks failed (status {c})")),
