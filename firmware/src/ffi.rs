@@ -9,7 +9,7 @@ use emp_uapi::fwabi::{FwConfig, FwHal};
 use emp_uapi::image::FIRMWARE_ABI;
 use emp_uapi::sram::FailReason;
 
-use crate::{fail, Config, DmaError, Hal, Nic};
+use crate::{fail, Config, DmaError, Hal, HostSeg, Nic};
 
 /// Adapts the C function table to [`Hal`].
 struct CHal(FwHal);
@@ -35,6 +35,19 @@ impl Hal for CHal {
     }
     fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]) {
         (self.0.mac_transmit)(self.0.ctx, dst_node, frame.as_ptr(), frame.len());
+    }
+    fn mac_transmit_host(&mut self, dst_node: u16, header: &[u8], payload: &[HostSeg]) -> Result<(), DmaError> {
+        match (self.0.mac_transmit_host)(
+            self.0.ctx,
+            dst_node,
+            header.as_ptr(),
+            header.len(),
+            payload.as_ptr(),
+            payload.len(),
+        ) {
+            0 => Ok(()),
+            _ => Err(DmaError),
+        }
     }
     fn mcast_membership(&mut self, addr: u16, join: bool) {
         (self.0.mcast_membership)(self.0.ctx, addr, join as u8);

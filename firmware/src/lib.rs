@@ -104,14 +104,15 @@ use std::collections::{HashMap, VecDeque};
 
 use emp_uapi::desc::{Opcode, Sge, Status, WorkDesc, SGE_MAX, WD_SIGNALED};
 use emp_uapi::sram::{
-    counter, FailReason, Layout, NicStatus, SramHeader, FEATURE_MODIFIED_ACK_NACK, FEATURE_ORDERED_REFUSAL,
-    FEATURE_OVERFLOW,
+    counter, FailReason, Layout, NicStatus, SramHeader, FEATURE_IMMEDIATE_SENDING, FEATURE_MODIFIED_ACK_NACK,
+    FEATURE_ORDERED_REFUSAL, FEATURE_OVERFLOW,
 };
 use emp_uapi::wire::{self, Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
 use emp_uapi::Le;
 
 pub use cpu::CpuStep;
 pub use ctxsw::{image_checksum, IMAGE_MAGIC, IMAGE_VERSION};
+pub use emp_uapi::fwabi::HostSeg;
 pub use timer::TimerHeap;
 
 use rx::{DataVerdict, RxOwner};
@@ -140,6 +141,11 @@ pub trait Hal {
     /// Puts a frame on the wire towards `dst_node` (the MAC adds its own
     /// framing from the route table).
     fn mac_transmit(&mut self, dst_node: u16, frame: &[u8]);
+    /// Immediate Sending: puts a frame on the wire towards `dst_node` made
+    /// of `header` followed by the host memory `payload` names, read by the
+    /// NIC as it sends (never staged in NIC memory). Each segment is checked
+    /// like a [`Hal::dma_read`]: if one does not resolve, nothing is sent.
+    fn mac_transmit_host(&mut self, dst_node: u16, header: &[u8], payload: &[HostSeg]) -> Result<(), DmaError>;
     /// Raises MSI-X `vector` (0 = admin, 1 + port = port events).
     fn raise_interrupt(&mut self, vector: u16);
     /// The MAC starts (`join`) or stops receiving frames sent to multicast
@@ -687,6 +693,12 @@ pub struct Nic {
     /// One frame of scratch: payloads pass through here between DMA and MAC;
     /// whole messages are never staged on the NIC.
     pub(crate) frame_buf: Vec<u8>,
+    /// Immediate Sending (`FEATURE_IMMEDIATE_SENDING`): one-frame data
+    /// messages go to the MAC with their payload still in host memory.
+    pub(crate) immediate_sending: bool,
+    /// Scratch for the host segments of one such frame (at most
+    /// `HOST_SEGS_MAX`; allocated once).
+    pub(crate) host_segs: mr::HostSegs,
     /// The group table.
     pub(crate) groups: group::Groups,
     /// Collective operations.
@@ -810,6 +822,8 @@ impl Nic {
             trace: VecDeque::with_capacity(32),
             sweep_armed: false,
             frame_buf: vec![0; MTU_MAX as usize],
+            immediate_sending: header.features & FEATURE_IMMEDIATE_SENDING != 0,
+            host_segs: mr::HostSegs::new(),
             groups: group::Groups::new(layout.params.group_entries),
             coll_ops: slots::Slots::new(cfg.coll_ops_max),
             coll_pool_used: 0,
@@ -1466,6 +1480,9 @@ mod tests {
         }
         fn dma_fence(&mut self) {}
         fn mac_transmit(&mut self, _: u16, _: &[u8]) {}
+        fn mac_transmit_host(&mut self, _: u16, _: &[u8], _: &[HostSeg]) -> Result<(), DmaError> {
+            Ok(())
+        }
         fn raise_interrupt(&mut self, _: u16) {}
     }
 

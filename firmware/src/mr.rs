@@ -4,6 +4,7 @@
 //! re-checked on every use, so an invalidated key stops working at once.
 
 use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, Sge, Status, SEGS_PER_PAGE, SEG_LINK};
+use emp_uapi::fwabi::{HostSeg, HOST_SEGS_MAX};
 use emp_uapi::Le;
 
 use crate::{Hal, Nic};
@@ -60,6 +61,46 @@ pub(crate) enum Buf<'a> {
     FromHost(&'a mut [u8]),
     /// This data → host memory.
     ToHost(&'a [u8]),
+    /// `len` bytes of host memory, named rather than moved: each DMA this
+    /// buffer would take becomes a segment (Immediate Sending).
+    Gather(usize, &'a mut HostSegs),
+}
+
+/// The host segments of one frame's payload, in order (bounded).
+#[derive(Debug, Default)]
+pub(crate) struct HostSegs {
+    pub(crate) segs: Vec<HostSeg>,
+    /// More than `HOST_SEGS_MAX` were needed: the list is incomplete.
+    pub(crate) overflowed: bool,
+}
+
+impl HostSegs {
+    pub(crate) fn new() -> HostSegs {
+        HostSegs { segs: Vec::with_capacity(HOST_SEGS_MAX), overflowed: false }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.segs.clear();
+        self.overflowed = false;
+    }
+
+    /// Appends a run, merged with the previous one when contiguous.
+    fn push(&mut self, addr: u64, len: usize) {
+        if len == 0 {
+            return;
+        }
+        if let Some(last) = self.segs.last_mut() {
+            if last.addr.checked_add(last.len) == Some(addr) {
+                last.len += len as u64;
+                return;
+            }
+        }
+        if self.segs.len() == HOST_SEGS_MAX {
+            self.overflowed = true;
+            return;
+        }
+        self.segs.push(HostSeg { addr, len: len as u64 });
+    }
 }
 
 impl Buf<'_> {
@@ -67,6 +108,7 @@ impl Buf<'_> {
         match self {
             Buf::FromHost(b) => b.len(),
             Buf::ToHost(b) => b.len(),
+            Buf::Gather(n, _) => *n,
         }
     }
 
@@ -75,6 +117,7 @@ impl Buf<'_> {
         match self {
             Buf::FromHost(b) => Buf::FromHost(&mut b[from..to]),
             Buf::ToHost(b) => Buf::ToHost(&b[from..to]),
+            Buf::Gather(_, segs) => Buf::Gather(to - from, segs),
         }
     }
 }
@@ -299,6 +342,10 @@ fn dma<H: Hal>(hal: &mut H, addr: u64, buf: Buf<'_>) -> Result<(), Status> {
     match buf {
         Buf::FromHost(b) => hal.dma_read(addr, b),
         Buf::ToHost(b) => hal.dma_write(addr, b),
+        Buf::Gather(n, segs) => {
+            segs.push(addr, n);
+            Ok(())
+        }
     }
     .map_err(|_| Status::DmaError)
 }

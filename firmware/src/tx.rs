@@ -520,6 +520,8 @@ impl Nic {
         let mut buf = core::mem::take(&mut self.frame_buf);
         let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");
         let m = self.tx.get(slot).expect("live");
+        // Collective and RMA frames are built here, then sent whole.
+        let built_here = m.coll.is_some() || m.rma.is_some();
         let r = match (&m.coll, m.rma) {
             (Some(c), _) => match Nic::coll_payload(c, off, &mut buf[head..head + len]) {
                 // The rest is host data (broadcast, multisend): from the
@@ -533,16 +535,50 @@ impl Nic {
                 }
                 None => Ok(()),
             },
-            (None, None) => {
-                self.sge_io(hal, port, desc.sges(), off, Buf::FromHost(&mut buf[head..head + len]), MR_LOCAL_READ)
+            (None, None) if self.immediate_sending && m.frame_count == 1 => {
+                // Immediate Sending: the NIC reads the payload from host
+                // memory as it sends. A retransmission names it again: the
+                // send completes only once ACKed, so the host keeps it.
+                let mut segs = core::mem::take(&mut self.host_segs);
+                segs.clear();
+                let r = self.sge_io(hal, port, desc.sges(), off, Buf::Gather(len, &mut segs), MR_LOCAL_READ);
+                let r = match r {
+                    Ok(()) if !segs.overflowed => {
+                        let sent = hal.mac_transmit_host(dst, &buf[..head], &segs.segs);
+                        sent.map_err(|_| Status::DmaError)
+                    }
+                    // Too scattered to name: store and forward.
+                    Ok(()) => self.store_and_forward(hal, port, &desc, off, dst, &mut buf[..head + len], head),
+                    Err(st) => Err(st),
+                };
+                self.host_segs = segs;
+                r
             }
+            (None, None) => self.store_and_forward(hal, port, &desc, off, dst, &mut buf[..head + len], head),
         };
-        if r.is_ok() {
+        if r.is_ok() && built_here {
             hal.mac_transmit(dst, &buf[..head + len]);
         }
         self.frame_buf = buf;
         r?;
         self.count(if retransmit { counter::RETRANSMITS } else { counter::TX_FRAMES }, 1);
+        Ok(())
+    }
+
+    /// Reads a plain send's payload into `frame` after its `head` bytes of
+    /// headers, then hands the whole frame to the MAC.
+    fn store_and_forward<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        port: u16,
+        desc: &LocalDesc,
+        off: u64,
+        dst: u16,
+        frame: &mut [u8],
+        head: usize,
+    ) -> Result<(), Status> {
+        self.sge_io(hal, port, desc.sges(), off, Buf::FromHost(&mut frame[head..]), MR_LOCAL_READ)?;
+        hal.mac_transmit(dst, frame);
         Ok(())
     }
 

@@ -219,6 +219,16 @@ impl DmaMap {
         ok.then_some((r, off))
     }
 
+    /// Whether a DMA of `len` bytes at `addr` would land in a region
+    /// (without moving a byte).
+    pub fn check(&self, addr: u64, len: usize) -> Result<(), DmaFault> {
+        let (r, off) = self.resolve(addr).ok_or(DmaFault)?;
+        match off.checked_add(len as u64) {
+            Some(end) if end <= r.len() => Ok(()),
+            _ => Err(DmaFault),
+        }
+    }
+
     /// DMA read.
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
         let (r, off) = self.resolve(addr).ok_or(DmaFault)?;

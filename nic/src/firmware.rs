@@ -7,9 +7,10 @@
 use std::sync::Arc;
 
 use emp_uapi::fwabi::FwConfig;
-use emp_uapi::sram::{FailReason, NicStatus};
+use emp_uapi::sram::{FailReason, NicStatus, FEATURE_RX_DOUBLE_BUFFERING};
 
 use crate::cpus::{Core, Cpus};
+use crate::dmaq::WriteBehind;
 use crate::fwlib::FwLib;
 use crate::hw::{hal_for, HwCtx};
 use crate::image::{verify, TrustedKeys};
@@ -47,6 +48,19 @@ impl Firmware {
         };
         if core.threaded() {
             tracing::info!(node = shared.node, "NIC CPUs on threads of their own");
+        }
+        if shared.header().features & FEATURE_RX_DOUBLE_BUFFERING != 0 {
+            if core.threaded() {
+                // Another CPU's completion could overtake data still queued
+                // on this one's DMA thread: one CPU's writes stay in order.
+                tracing::warn!(node = shared.node, "receive double buffering off: NIC CPUs on threads");
+            } else {
+                match WriteBehind::start(shared.clone()) {
+                    Ok(w) => hw.set_write_behind(w),
+                    // The NIC still works, writing in place.
+                    Err(e) => tracing::error!(node = shared.node, "receive double buffering off: no DMA thread: {e}"),
+                }
+            }
         }
         Some(Firmware { core, hw, _cpus: cpus })
     }

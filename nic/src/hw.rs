@@ -6,8 +6,9 @@ use core::ffi::c_void;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use emp_uapi::fwabi::FwHal;
+use emp_uapi::fwabi::{FwHal, HostSeg};
 
+use crate::dmaq::WriteBehind;
 use crate::nic::NicShared;
 use crate::sys::signal;
 
@@ -21,11 +22,26 @@ pub(crate) struct HwCtx {
     /// Multicast filter changes the control program asked for, for the
     /// engine to apply to the wire (bounded: [`MEMBERSHIP_QUEUE_MAX`]).
     pub(crate) memberships: Vec<(u16, bool)>,
+    /// Receive double buffering: DMA writes run on their own thread.
+    write_behind: Option<WriteBehind>,
 }
 
 impl HwCtx {
     pub(crate) fn new(shared: Arc<NicShared>) -> HwCtx {
-        HwCtx { shared, outbox: Vec::new(), pool: Vec::new(), memberships: Vec::new() }
+        HwCtx { shared, outbox: Vec::new(), pool: Vec::new(), memberships: Vec::new(), write_behind: None }
+    }
+
+    /// Receive double buffering on: this CPU's DMA writes go through `w`.
+    pub(crate) fn set_write_behind(&mut self, w: WriteBehind) {
+        self.write_behind = Some(w);
+    }
+
+    /// Every DMA write queued so far is done (reads, fences and interrupts
+    /// see them).
+    fn drain_writes(&mut self) {
+        if let Some(w) = &mut self.write_behind {
+            w.drain();
+        }
     }
 }
 
@@ -57,8 +73,11 @@ extern "C" fn hw_sram_write(ctx: *mut c_void, off: usize, data: *const u8, len: 
 }
 
 extern "C" fn hw_dma_read(ctx: *mut c_void, addr: u64, buf: *mut u8, len: usize) -> i32 {
-    // SAFETY: as in `hw_sram_read`.
-    let (hw, buf) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts_mut(buf, len)) };
+    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call;
+    // `buf` is the control program's live buffer of `len` bytes.
+    let (hw, buf) = unsafe { (&mut *ctx.cast::<HwCtx>(), core::slice::from_raw_parts_mut(buf, len)) };
+    // A read sees every earlier write.
+    hw.drain_writes();
     match hw.shared.dma.lock().expect("dma").read(addr, buf) {
         Ok(()) => 0,
         Err(_) => -1,
@@ -66,9 +85,13 @@ extern "C" fn hw_dma_read(ctx: *mut c_void, addr: u64, buf: *mut u8, len: usize)
 }
 
 extern "C" fn hw_dma_write(ctx: *mut c_void, addr: u64, data: *const u8, len: usize) -> i32 {
-    // SAFETY: as in `hw_sram_read`.
-    let (hw, data) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
-    match hw.shared.dma.lock().expect("dma").write(addr, data) {
+    // SAFETY: as in `hw_dma_read`.
+    let (hw, data) = unsafe { (&mut *ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
+    let done = match &mut hw.write_behind {
+        Some(w) => w.write(addr, data),
+        None => hw.shared.dma.lock().expect("dma").write(addr, data),
+    };
+    match done {
         Ok(()) => 0,
         Err(_) => -1,
     }
@@ -84,12 +107,82 @@ extern "C" fn hw_mac_transmit(ctx: *mut c_void, dst: u16, frame: *const u8, len:
     hw.outbox.push((dst, b));
 }
 
+/// Immediate Sending: the frame is built in the MAC's buffer straight from
+/// host memory (no copy through the control program's frame buffer), after
+/// every segment was checked like a DMA read, so a bad one sends nothing.
+extern "C" fn hw_mac_transmit_host(
+    ctx: *mut c_void,
+    dst: u16,
+    header: *const u8,
+    header_len: usize,
+    segs: *const HostSeg,
+    nsegs: usize,
+) -> i32 {
+    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call;
+    // `header` is valid for `header_len` bytes and `segs` for `nsegs` entries.
+    let (hw, header, segs) = unsafe {
+        (
+            &mut *ctx.cast::<HwCtx>(),
+            core::slice::from_raw_parts(header, header_len),
+            core::slice::from_raw_parts(segs, nsegs),
+        )
+    };
+    // A read sees every earlier write.
+    hw.drain_writes();
+    let mut b = hw.pool.pop().unwrap_or_default();
+    let built = {
+        let dma = hw.shared.dma.lock().expect("dma");
+        build_from_host(&dma, header, segs, &mut b)
+    };
+    match built {
+        Ok(()) => {
+            hw.outbox.push((dst, b));
+            0
+        }
+        Err(_) => {
+            hw.pool.push(b);
+            -1
+        }
+    }
+}
+
+/// Fills `frame` with `header` then the host memory `segs` names; checks
+/// every segment (and the frame's size) before moving a byte.
+pub(crate) fn build_from_host(
+    dma: &crate::dma::DmaMap,
+    header: &[u8],
+    segs: &[HostSeg],
+    frame: &mut Vec<u8>,
+) -> Result<(), crate::dma::DmaFault> {
+    let mut total = header.len() as u64;
+    for s in segs {
+        let len = usize::try_from(s.len).map_err(|_| crate::dma::DmaFault)?;
+        dma.check(s.addr, len)?;
+        total += s.len;
+    }
+    if total > emp_uapi::wire::MTU_MAX as u64 {
+        return Err(crate::dma::DmaFault);
+    }
+    frame.clear();
+    frame.extend_from_slice(header);
+    frame.resize(total as usize, 0);
+    let mut at = header.len();
+    for s in segs {
+        let end = at + s.len as usize;
+        dma.read(s.addr, &mut frame[at..end])?;
+        at = end;
+    }
+    Ok(())
+}
+
 extern "C" fn hw_raise_interrupt(ctx: *mut c_void, vector: u16) {
-    // SAFETY: as in `hw_sram_read`.
-    let hw = unsafe { &*ctx.cast::<HwCtx>() };
+    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call.
+    let hw = unsafe { &mut *ctx.cast::<HwCtx>() };
     if vector == 0 {
         return; // Admin: control threads poll the mailbox.
     }
+    // The woken host must find the completion (its phase byte) written.
+    hw.drain_writes();
     {
         let ports = hw.shared.ports.lock().expect("ports");
         if let Some(Some(p)) = ports.get(vector as usize - 1) {
@@ -105,7 +198,11 @@ extern "C" fn hw_raise_interrupt(ctx: *mut c_void, vector: u16) {
     }
 }
 
-extern "C" fn hw_dma_fence(_ctx: *mut c_void) {
+extern "C" fn hw_dma_fence(ctx: *mut c_void) {
+    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call.
+    let hw = unsafe { &mut *ctx.cast::<HwCtx>() };
+    // The DMA thread's writes happen before this (its progress lock).
+    hw.drain_writes();
     // DMA writes are stores into memory the host maps: a release fence
     // keeps every earlier one ahead of every later one (the CQE phase byte).
     core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
@@ -119,8 +216,66 @@ pub(crate) fn hal_for(hw: &mut HwCtx) -> FwHal {
         dma_read: hw_dma_read,
         dma_write: hw_dma_write,
         mac_transmit: hw_mac_transmit,
+        mac_transmit_host: hw_mac_transmit_host,
         raise_interrupt: hw_raise_interrupt,
         dma_fence: hw_dma_fence,
         mcast_membership: hw_mcast_membership,
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dma::{bus_addr, DmaMap, Region, SPACE_VM};
+
+    /// A DMA map whose region 3 is `host` in this process (read the way a
+    /// registered process' memory is).
+    fn map_of(host: &[u8]) -> DmaMap {
+        let mut map = DmaMap::new(8);
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        map.insert(3, Region::Vm { pid, addr: host.as_ptr() as u64, len: host.len() as u64 });
+        map
+    }
+
+    #[test]
+    fn immediate_sending_builds_the_frame_from_host_memory() {
+        let host: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
+        let map = map_of(&host);
+        let header = [0xAAu8; 40];
+        let segs = [
+            HostSeg { addr: bus_addr(SPACE_VM, 3, 100), len: 300 },
+            HostSeg { addr: bus_addr(SPACE_VM, 3, 2000), len: 5 },
+        ];
+        let mut frame = Vec::new();
+        build_from_host(&map, &header, &segs, &mut frame).expect("segments resolve");
+        let mut want = header.to_vec();
+        want.extend_from_slice(&host[100..400]);
+        want.extend_from_slice(&host[2000..2005]);
+        assert_eq!(frame, want);
+    }
+
+    #[test]
+    fn immediate_sending_refuses_bad_host_addresses_like_a_dma_read() {
+        let host = vec![5u8; 4096];
+        let map = map_of(&host);
+        let good = HostSeg { addr: bus_addr(SPACE_VM, 3, 0), len: 64 };
+        let bad = [
+            HostSeg { addr: bus_addr(SPACE_VM, 3, 4000), len: 200 }, // runs past the region
+            HostSeg { addr: bus_addr(SPACE_VM, 4, 0), len: 1 },      // no such region
+            HostSeg { addr: 0x1234, len: 8 },                        // no such space
+            HostSeg { addr: bus_addr(SPACE_VM, 3, 0), len: u64::MAX }, // absurd length
+        ];
+        for b in bad {
+            assert!(map.check(b.addr, b.len as usize).is_err(), "a DMA read of {b:?} is refused too");
+            let mut frame = vec![9u8; 3];
+            // The bad segment after a good one: nothing is built at all.
+            assert!(build_from_host(&map, b"hdr", &[good, b], &mut frame).is_err(), "{b:?}");
+            assert_eq!(frame, [9, 9, 9], "{b:?}: a refused frame leaves the buffer alone");
+        }
+        // A frame over the largest MTU is refused too.
+        let big = vec![0u8; emp_uapi::wire::MTU_MAX as usize + 1];
+        let map = map_of(&big);
+        let all = HostSeg { addr: bus_addr(SPACE_VM, 3, 0), len: big.len() as u64 };
+        assert!(build_from_host(&map, b"", &[all], &mut Vec::new()).is_err());
     }
 }

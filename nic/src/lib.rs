@@ -6,6 +6,7 @@
 pub mod attach;
 pub mod cpus;
 pub mod dma;
+pub mod dmaq;
 pub mod engine;
 pub mod firmware;
 pub mod fwlib;

@@ -17,7 +17,10 @@ use emp_nic::route::RouteTable;
 use emp_nic::wire::auth::{Auth, AuthMode, AuthShared, TRAILER};
 use emp_nic::wire::{Faults, MemWire, PacketOptions, PacketWire, UdpWire, Wire, WireKindInfo, WireView};
 use emp_uapi::fwabi::FwConfig;
-use emp_uapi::sram::{LayoutParams, NicStatus, FEATURE_MODIFIED_ACK_NACK, FEATURE_ORDERED_REFUSAL, FEATURE_OVERFLOW};
+use emp_uapi::sram::{
+    LayoutParams, NicStatus, FEATURE_IMMEDIATE_SENDING, FEATURE_MODIFIED_ACK_NACK, FEATURE_ORDERED_REFUSAL,
+    FEATURE_OVERFLOW, FEATURE_RX_DOUBLE_BUFFERING,
+};
 
 #[derive(Parser, Debug)]
 #[command(name = "emp-nicd", about = "Emulated EMP NICs: a chassis of NICs running signed firmware")]
@@ -89,6 +92,16 @@ struct Args {
     /// messages in order, whatever `--matching` says).
     #[arg(long)]
     modified_ack_nack: bool,
+    /// Receive double buffering (PM §3.2): the NIC's DMA writes into host
+    /// memory run on a DMA thread from two frame buffers, beside the
+    /// engine taking in the next frame (docs/immediate-sending.md).
+    #[arg(long)]
+    rx_double_buffering: bool,
+    /// Immediate Sending (PM §3.2): a one-frame send goes to the wire
+    /// built straight from host memory, not first copied into the NIC
+    /// (docs/immediate-sending.md).
+    #[arg(long)]
+    immediate_sending: bool,
     /// What a port does with a message no posted receive matches:
     /// `unexpected` holds it (small ones with their payload, others as a
     /// header whose data is pulled when a receive matches) and later
@@ -407,6 +420,12 @@ fn run(a: Args) -> Result<ExitCode, String> {
     }
     if a.modified_ack_nack {
         features |= FEATURE_MODIFIED_ACK_NACK;
+    }
+    if a.rx_double_buffering {
+        features |= FEATURE_RX_DOUBLE_BUFFERING;
+    }
+    if a.immediate_sending {
+        features |= FEATURE_IMMEDIATE_SENDING;
     }
     if matches!(a.matching, Matching::OrderedRefusal) {
         features |= FEATURE_ORDERED_REFUSAL;

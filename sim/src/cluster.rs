@@ -85,7 +85,7 @@ pub struct Cluster {
 impl Cluster {
     /// Boots `nodes` NICs (`ports` windows each, port 0 opened) and opens port 0.
     pub fn new(nodes: u16, cfg: Config, features: u32, mtu: u32, wire: WireConfig) -> Cluster {
-        Cluster::with_region(nodes, cfg, features, mtu, wire, REGION)
+        Cluster::build(nodes, cfg, features, mtu, wire, REGION, 64)
     }
 
     /// As [`Cluster::new`] with a data region of `region` bytes per node
@@ -96,6 +96,31 @@ impl Cluster {
     /// If `region` is below [`MIN_REGION`].
     pub fn with_region(nodes: u16, cfg: Config, features: u32, mtu: u32, wire: WireConfig, region: u64) -> Cluster {
         assert!(region >= MIN_REGION, "data region of {region} B: at least {MIN_REGION}");
+        Cluster::build(nodes, cfg, features, mtu, wire, region, 64)
+    }
+
+    /// As [`Cluster::new`], with `ring_entries` slots (a power of two) in
+    /// every port's send and receive ring.
+    pub fn with_rings(
+        nodes: u16,
+        cfg: Config,
+        features: u32,
+        mtu: u32,
+        wire: WireConfig,
+        ring_entries: u32,
+    ) -> Cluster {
+        Cluster::build(nodes, cfg, features, mtu, wire, REGION, ring_entries)
+    }
+
+    fn build(
+        nodes: u16,
+        cfg: Config,
+        features: u32,
+        mtu: u32,
+        wire: WireConfig,
+        region: u64,
+        ring_entries: u32,
+    ) -> Cluster {
         let params = LayoutParams {
             ports: 4,
             mr_entries: 64,
@@ -103,8 +128,8 @@ impl Cluster {
             // Room for a 1024-member group with its trees (`GroupEntry::span`).
             group_entries: 64,
             staging_size: PAGE_SIZE as u32,
-            send_entries: 64,
-            recv_entries: 64,
+            send_entries: ring_entries,
+            recv_entries: ring_entries,
         };
         let mut rng = Rng::new(7);
         let pages = HostMem::pages_for_region(region)
@@ -919,6 +944,12 @@ impl Cluster {
         let mut d = work_desc(Opcode::MultiSend as u8, 0, slot as u16, window, tag, mask, key, off, len, 3);
         d.wr_id = self.bufs.len() as u64;
         self.post(n, d, true, len)
+    }
+
+    /// Frames `node`'s NIC sent with their payload straight from host
+    /// memory (Immediate Sending).
+    pub fn frames_sent_from_host(&self, n: u16) -> u64 {
+        self.world.nodes[n as usize].mem.frames_sent_from_host
     }
 
     /// Bytes `node`'s NIC has read from host memory by DMA.

@@ -148,6 +148,68 @@ impl CostModel {
     }
 }
 
+/// PM's two overlaps of NIC work (seed 003 §3.2), for the [`CostModel`]
+/// (not the per-CPU [`StepCosts`] model, whose DMA engines already run
+/// beside the CPUs). Both off ([`Overlap::OFF`], the default): a frame's
+/// payload DMA, its transmit cost and its time on the wire follow one
+/// another, and a receiving NIC is busy while it DMAs a frame into host
+/// memory, as before.
+///
+/// - **Immediate Sending**: the MAC starts a frame once the DMA has brought
+///   in its first [`Overlap::chunk_bytes`], and the rest of the DMA runs
+///   while the frame goes out (cut-through inside the NIC). The frame may
+///   start up to the DMA time of its later chunks earlier, but its last
+///   byte leaves no sooner than the wire time of one chunk after the DMA
+///   is done: the link waits for a DMA slower than itself. A frame of one
+///   chunk or less gains nothing.
+/// - **Receive double buffering**: a received frame's DMA into host memory
+///   runs on the NIC-to-host DMA engine while the NIC takes in the next
+///   frame into its other buffer; a third frame waits until the first one's
+///   DMA is done (two buffers). The host sees the data when the DMA is done.
+///
+/// [`Overlap::nic_waits_for_mac`] is not an overlap but the lack of one in
+/// PM's LANai, which drives the MAC itself: with it, the NIC is busy until
+/// every frame it sent has left, so without Immediate Sending a message's
+/// DMA and its transmission follow one another and the next message waits
+/// for both. EMP's NIC (off, the default) has a MAC of its own that sends
+/// one frame while the NIC prepares the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Overlap {
+    /// Immediate Sending (cut-through: DMA feeding the MAC in chunks).
+    pub immediate_sending: bool,
+    /// Receive double buffering.
+    pub rx_double_buffering: bool,
+    /// Bytes of one DMA chunk feeding the MAC.
+    pub chunk_bytes: u64,
+    /// The NIC is busy until every frame it sent has left (PM's LANai).
+    pub nic_waits_for_mac: bool,
+}
+
+impl Default for Overlap {
+    fn default() -> Self {
+        Overlap::OFF
+    }
+}
+
+impl Overlap {
+    /// Neither overlap: everything serialized (the simulator's default).
+    pub const OFF: Overlap =
+        Overlap { immediate_sending: false, rx_double_buffering: false, chunk_bytes: 256, nic_waits_for_mac: false };
+    /// Both overlaps, 256-byte chunks.
+    pub const ON: Overlap =
+        Overlap { immediate_sending: true, rx_double_buffering: true, chunk_bytes: 256, nic_waits_for_mac: false };
+
+    /// How much earlier (ps) a frame whose payload DMA moved `dma_bytes`
+    /// at `ps_per_byte` may start on the wire: the DMA of every chunk after
+    /// the first (0 without Immediate Sending).
+    pub fn early_start_ps(&self, dma_bytes: u64, ps_per_byte: u64) -> u64 {
+        if !self.immediate_sending {
+            return 0;
+        }
+        dma_bytes.saturating_sub(self.chunk_bytes.max(1)) * ps_per_byte
+    }
+}
+
 /// Per-step NIC CPU costs charged on per-CPU timelines (the EMP thesis,
 /// seed 004 ch. 3), with the NIC's DMA engines. When a world has one
 /// ([`crate::world::World::cpu_costs`]), every NIC CPU has its own
@@ -260,6 +322,15 @@ mod tests {
         // t_Recv's slope: wire + DMA (ps per byte).
         let wire_ps = 8_000_000_000_000 / PAPER_WIRE_BPS;
         assert_eq!(wire_ps + p.nic_dma_ps_per_byte, 23_000);
+    }
+
+    #[test]
+    fn immediate_sending_overlaps_all_but_the_first_chunk() {
+        let on = Overlap { chunk_bytes: 256, ..Overlap::ON };
+        assert_eq!(on.early_start_ps(100, 10), 0, "one chunk: nothing to overlap");
+        assert_eq!(on.early_start_ps(256, 10), 0);
+        assert_eq!(on.early_start_ps(4096, 10), (4096 - 256) * 10);
+        assert_eq!(Overlap::OFF.early_start_ps(4096, 10), 0);
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub struct HostMem {
     used: usize,
     /// Bytes the NIC has read by DMA (multisend reads its payload once).
     pub dma_read_bytes: u64,
+    /// Frames the NIC sent with their payload read straight from here as
+    /// they went out (Immediate Sending).
+    pub frames_sent_from_host: u64,
     /// The NIC's writes not yet visible to the host (weakly ordered DMA);
     /// `None`: every write is visible at once.
     pending: Option<PendingWrites>,
@@ -30,7 +33,13 @@ pub struct HostMem {
 impl HostMem {
     /// Memory of `bytes` (rounded up to pages).
     pub fn new(bytes: usize) -> HostMem {
-        HostMem { bytes: vec![0; bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE], used: 0, dma_read_bytes: 0, pending: None }
+        HostMem {
+            bytes: vec![0; bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE],
+            used: 0,
+            dma_read_bytes: 0,
+            frames_sent_from_host: 0,
+            pending: None,
+        }
     }
 
     /// From now on the NIC's writes appear late, in random byte order,
@@ -51,6 +60,11 @@ impl HostMem {
 
     /// The NIC reads `buf.len()` bytes at bus address `addr`: it sees its
     /// own writes, visible to the host or not.
+    /// Whether a DMA of `len` bytes at `addr` would land in memory.
+    pub fn nic_check(&self, addr: u64, len: usize) -> Option<()> {
+        self.range(addr, len).map(|_| ())
+    }
+
     pub fn nic_read(&mut self, addr: u64, buf: &mut [u8]) -> Option<()> {
         let r = self.range(addr, buf.len())?;
         buf.copy_from_slice(&self.bytes[r.clone()]);

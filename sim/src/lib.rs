@@ -18,6 +18,8 @@
 //! - [`cost`], [`model`]: the cost model and `emp-sim model`.
 //! - [`thesis`]: the EMP thesis' NIC CPU plans reproduced on per-CPU
 //!   timelines (`emp-sim thesis`).
+//! - [`pm`]: PM's Table 2 and Immediate Sending (Figs. 6–7) reproduced
+//!   on the cost model (`emp-sim pm`).
 //! - [`fuzz`]: seeded random fuzzing of wire frames and work descriptors.
 //! - [`weak_dma`]: a weakly ordered DMA engine (writes late and in random
 //!   byte order unless fenced), the completion contract's adversary.
@@ -32,6 +34,7 @@ pub mod fuzz;
 pub mod host;
 pub mod model;
 mod plan;
+pub mod pm;
 pub mod rng;
 pub mod scenario;
 pub mod thesis;

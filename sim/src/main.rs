@@ -88,6 +88,10 @@ struct OneArgs {
     /// ordered only by DMA fences.
     #[arg(long)]
     weak_dma: bool,
+    /// The NICs have Immediate Sending: one-frame sends go out with their
+    /// payload read straight from host memory.
+    #[arg(long)]
+    immediate_sending: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -173,6 +177,22 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         plot: Option<std::path::PathBuf>,
     },
+    /// PM (seed 003) on the cost model with PM's parameters: Table 2
+    /// (context save/restore time against buffer occupancy, through the
+    /// real context switch) and Immediate Sending's effect on latency and
+    /// throughput (Figs. 6–7), paper against ours (docs/immediate-sending.md).
+    Pm {
+        /// Ping-pong round trips per latency.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        iters: u32,
+        /// Messages per throughput run (fewer than 200 overstate it: the
+        /// first ones arrive in a burst).
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(8..=1_000_000))]
+        msgs: u64,
+        /// Also draw table2.svg, latency.svg and throughput.svg into this directory.
+        #[arg(long, value_name = "DIR")]
+        plot: Option<std::path::PathBuf>,
+    },
     /// The swarm on every core for a given time, each seed run twice and
     /// its two results compared (determinism); reports seeds per second.
     SwarmTime {
@@ -243,6 +263,7 @@ fn main() -> ExitCode {
         Some(Cmd::Thesis { iters, msgs, plot, event_priority }) => {
             thesis_cmd(iters, msgs, plot.as_deref(), event_priority)
         }
+        Some(Cmd::Pm { iters, msgs, plot }) => pm_cmd(iters, msgs, plot.as_deref()),
         None => one(&cli.one),
     }
 }
@@ -266,6 +287,7 @@ fn one(a: &OneArgs) -> ExitCode {
     spec.unexp_headers = a.unexp_headers;
     spec.cpu_plan = a.cpu_plan;
     spec.weak_dma = a.weak_dma;
+    spec.immediate_sending = a.immediate_sending;
     spec.atomics = a.atomics;
     spec.collectives = a.collectives;
     spec.rma = a.rma;
@@ -644,6 +666,95 @@ fn bcast_repro_cmd(nodes: u16, skew_trials: u32, plot: Option<&std::path::Path>)
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("emp-sim bcast-repro: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn pm_cmd(iters: u32, msgs: u64, plot: Option<&std::path::Path>) -> ExitCode {
+    use emp_sim::pm::{self, Machine};
+    let m = Machine::pm(true, true);
+    println!(
+        "PM (seed 003) on the cost model: link {} MB/s, DMA {:.1} MB/s, LANai {} µs per frame, host {} µs, MTU {}",
+        pm::LINK_BPS / 8_000_000,
+        1e6 / pm::DMA_PS_PER_BYTE as f64,
+        pm::NIC_FRAME_NS as f64 / 1000.0,
+        pm::HOST_NS as f64 / 1000.0,
+        pm::MTU
+    );
+    let result = (|| -> Result<(), String> {
+        println!("Table 2: context switch time (ms), the real PortSave/PortRestore, image DMA at the model's rate");
+        println!(
+            "  {:<24} {:>6} {:>6} {:>9} {:>7} {:>7} {:>9} {:>9}",
+            "condition", "sends", "held", "image B", "PM save", "PM rst", "ours save", "ours rst"
+        );
+        let t2 = pm::table2(&m)?;
+        for (t, s) in &t2 {
+            println!(
+                "  {:<24} {:>6} {:>6} {:>9} {:>7.2} {:>7.2} {:>9.3} {:>9.3}",
+                t.what, t.sends, t.recvs, s.image_bytes, t.paper_save_ms, t.paper_restore_ms, s.save_ms, s.restore_ms
+            );
+        }
+        let f = pm::figures(iters, msgs)?;
+        println!("Stated figures (the paper's plots carry no other numbers)");
+        println!("  {:<28} {:>8} {:>10} {:>8}  source", "figure", "PM", "ours", "diff");
+        for (p, ours) in pm::STATED.iter().zip(f.stated) {
+            println!(
+                "  {:<28} {:>5.1} {:<4} {:>8.2} {:>+7.1}%  {}",
+                p.what,
+                p.paper,
+                p.unit,
+                ours,
+                (ours - p.paper) / p.paper * 100.0,
+                p.source
+            );
+        }
+        println!("Fig. 6: one-way latency (µs)        Fig. 7: throughput (MB/s)");
+        println!(
+            "  {:>6} {:>9} {:>9} {:>7}   {:>9} {:>9} {:>9}",
+            "bytes", "IS", "no IS", "IS/no", "IS+DB", "IS only", "neither"
+        );
+        for (i, &(size, lat_on)) in f.latency[0].1.iter().enumerate() {
+            let lat_off = f.latency[1].1[i].1;
+            let bw = |k: usize| f.throughput[k].1[i].1;
+            println!(
+                "  {:>6} {:>9.2} {:>9.2} {:>7.3}   {:>9.2} {:>9.2} {:>9.2}",
+                size,
+                lat_on,
+                lat_off,
+                lat_on / lat_off,
+                bw(0),
+                bw(1),
+                bw(2)
+            );
+        }
+        if let Some(dir) = plot {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let marks = [(8, pm::STATED[0].paper)];
+            emp_sim::thesis::plot::draw(
+                &dir.join("latency.svg"),
+                "PM Fig. 6: one-way latency",
+                "µs",
+                &f.latency,
+                &marks,
+            )?;
+            let marks = [(4096, pm::STATED[1].paper)];
+            emp_sim::thesis::plot::draw(
+                &dir.join("throughput.svg"),
+                "PM Fig. 7: throughput",
+                "MB/s",
+                &f.throughput,
+                &marks,
+            )?;
+            pm::plot_table2(&dir.join("table2.svg"), &t2)?;
+            println!("  plots: {}/{{table2,latency,throughput}}.svg", dir.display());
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("emp-sim pm: {e}");
             ExitCode::FAILURE
         }
     }

@@ -15,7 +15,9 @@ use emp_uapi::desc::{
     Cqe, Opcode, RemoteSge, Sge, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ,
     MR_REMOTE_WRITE, WD_IMM, WD_SIGNALED,
 };
-use emp_uapi::sram::{admin_result as ar, AdminOp, LayoutParams, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW};
+use emp_uapi::sram::{
+    admin_result as ar, AdminOp, LayoutParams, FEATURE_IMMEDIATE_SENDING, FEATURE_MODIFIED_ACK_NACK, FEATURE_OVERFLOW,
+};
 use emp_uapi::{sram::counter, Le, ANY_NODE, ANY_PORT, PAGE_SIZE};
 
 use crate::checker::{leak, Atomics, Collectives, Delivery, Rma};
@@ -86,6 +88,9 @@ pub struct Spec {
     pub ack_delay_ns: u64,
     /// Messages one coalesced ACK may cover (`Config::ack_coalesce_max`).
     pub ack_coalesce_max: u32,
+    /// The NICs have Immediate Sending (`FEATURE_IMMEDIATE_SENDING`):
+    /// one-frame sends go out with their payload read from host memory.
+    pub immediate_sending: bool,
 }
 
 impl Spec {
@@ -117,6 +122,7 @@ impl Spec {
             rma: 0,
             ack_delay_ns: Config::default().ack_delay_ns,
             ack_coalesce_max: Config::default().ack_coalesce_max,
+            immediate_sending: false,
         }
     }
 
@@ -173,6 +179,8 @@ impl Spec {
             matching: if r.chance(0.25) { MatchMode::OrderedRefusal } else { MatchMode::Unexpected },
             unexp_slots: [0, 1, 4, 64][r.below(4) as usize],
             unexp_headers: [1, 2, 8, 256][r.below(4) as usize],
+            // Drawn after everything else, for the same reason.
+            immediate_sending: r.chance(0.5),
             // Drawn after everything else, for the same reason: coalesced
             // ACKs under every fault (a lost one made good by the next).
             ack_delay_ns: [0, 0, 2_000, 20_000, 200_000][r.below(5) as usize],
@@ -221,6 +229,9 @@ impl Spec {
         }
         if self.weak_dma {
             cmd += " --weak-dma";
+        }
+        if self.immediate_sending {
+            cmd += " --immediate-sending";
         }
         if let Some(p) = &self.wire.partition {
             cmd += &format!(" --partition-ms {}", p.end_ns / 1_000_000);
@@ -285,6 +296,9 @@ pub struct Report {
     pub sim_ns: u64,
     /// Events processed.
     pub events: u64,
+    /// Frames sent with their payload straight from host memory
+    /// (Immediate Sending), all NICs.
+    pub frames_sent_from_host: u64,
 }
 
 impl Report {
@@ -654,6 +668,9 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
     }
     if spec.flow == FlowControl::ModifiedAckNack {
         features |= FEATURE_MODIFIED_ACK_NACK;
+    }
+    if spec.immediate_sending {
+        features |= FEATURE_IMMEDIATE_SENDING;
     }
     let params = LayoutParams {
         ports: spec.ports + 1,
@@ -1072,6 +1089,7 @@ impl Driver {
         let mut report = Report {
             sim_ns: self.world.now,
             events: self.world.events,
+            frames_sent_from_host: self.world.nodes.iter().map(|n| n.mem.frames_sent_from_host).sum(),
             wire: self.world.stats,
             delivered: tally.delivered,
             expected_errors: tally.expected_errors

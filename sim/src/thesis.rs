@@ -46,7 +46,7 @@ const SEND_OFF: u64 = 0;
 /// Where the receive buffers start (page-aligned).
 const RECV_OFF: u64 = 1 << 20;
 /// Receives kept posted by a bandwidth receiver.
-const RECVS_POSTED: u64 = 32;
+pub const RECVS_POSTED: u64 = 32;
 /// Sends kept outstanding by a bandwidth sender (§3.5.2: two).
 const SENDS_OUTSTANDING: u64 = 2;
 /// Virtual time any one experiment may take.
@@ -127,7 +127,12 @@ fn check(cqe: &Cqe) -> Result<(), String> {
 /// Ping-pong latency of `size`-byte messages under `plan` (µs): half the
 /// mean round trip over `iters` after a warm-up one.
 pub fn latency(m: &Machine, plan: u32, size: u64, iters: u32) -> Result<f64, String> {
-    let mut c = m.cluster(plan);
+    latency_on(m.cluster(plan), size, iters)
+}
+
+/// The ping-pong of [`latency`] between nodes 0 and 1 of `c`, which may
+/// model any machine (`emp-sim pm` runs it under PM's).
+pub fn latency_on(mut c: Cluster, size: u64, iters: u32) -> Result<f64, String> {
     let end = c.world.now + LIMIT_NS;
     let rbuf = page_round(size);
     // Pong keeps two receives posted (the thesis' pong posts the next
@@ -181,11 +186,20 @@ struct Stream {
 /// Bandwidth (Mb/s) of `count` `size`-byte messages under `plan`, node 0
 /// to node 1, or both ways at once (`both`, the two directions summed).
 pub fn bandwidth(m: &Machine, plan: u32, size: u64, count: u64, both: bool) -> Result<f64, String> {
+    bandwidth_on(m.cluster(plan), size, count, both, SENDS_OUTSTANDING)
+}
+
+/// The stream of [`bandwidth`] between nodes 0 and 1 of `c`, which may
+/// model any machine (`emp-sim pm` runs it under PM's), each sender
+/// keeping `outstanding` sends posted (at most [`RECVS_POSTED`]).
+pub fn bandwidth_on(mut c: Cluster, size: u64, count: u64, both: bool, outstanding: u64) -> Result<f64, String> {
+    if outstanding == 0 || outstanding > RECVS_POSTED {
+        return Err(format!("{outstanding} sends outstanding: 1 to {RECVS_POSTED}"));
+    }
     const WARM: u64 = 4;
     if count <= WARM {
         return Err(format!("{count} messages: at least {} needed", WARM + 1));
     }
-    let mut c = m.cluster(plan);
     let end = c.world.now + LIMIT_NS;
     let rbuf = page_round(size);
     let dirs: &[(u16, u16)] = if both { &[(0, 1), (1, 0)] } else { &[(0, 1)] };
@@ -199,7 +213,7 @@ pub fn bandwidth(m: &Machine, plan: u32, size: u64, count: u64, both: bool) -> R
         }
     }
     for &(src, dst) in dirs {
-        for _ in 0..SENDS_OUTSTANDING {
+        for _ in 0..outstanding {
             c.send_contiguous(src, dst, 1, SEND_OFF, size);
             st[src as usize].sends += 1;
             st[src as usize].posted += 1;

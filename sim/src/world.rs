@@ -7,11 +7,12 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use emp_firmware::mcast::McastError;
-use emp_firmware::{Config, CpuStep, DmaError, Hal, Nic};
+use emp_firmware::{Config, CpuStep, DmaError, Hal, HostSeg, Nic};
 use emp_uapi::sram::{Layout, LayoutParams, NicStatus, SramHeader};
+use emp_uapi::wire::MTU_MAX;
 use emp_uapi::Le;
 
-use crate::cost::{CostModel, StepCosts};
+use crate::cost::{CostModel, Overlap, StepCosts};
 use crate::host::{write_routes, HostMem};
 use crate::rng::Rng;
 
@@ -112,6 +113,9 @@ pub struct Node {
     pub host_visible_at: u64,
     /// A `Reveal` event is queued (weakly ordered DMA).
     reveal_queued: bool,
+    /// Receive double buffering: when the NIC-to-host DMA engine is next
+    /// free (ps).
+    rx_dma_free_ps: u64,
     /// Per-CPU cost model: each CPU's and DMA engine's timelines.
     pub cpus: CpuTimelines,
 }
@@ -239,8 +243,9 @@ impl Drop for Running {
 }
 
 /// Frames a handler run emitted: (destination, bytes, ps into the run at
-/// which the work that produced it was done).
-type Out = Vec<(u16, Vec<u8>, u64)>;
+/// which the work that produced it was done, ps earlier it may start on
+/// the wire under Immediate Sending).
+type Out = Vec<(u16, Vec<u8>, u64, u64)>;
 
 struct SimHal<'a> {
     sram: &'a mut [u8],
@@ -256,6 +261,11 @@ struct SimHal<'a> {
     written_ps: u64,
     dma_ps_per_byte: u64,
     tx_ps: u64,
+    /// Immediate Sending and receive double buffering.
+    overlap: Overlap,
+    /// Receive double buffering: when (ps into the run) the NIC-to-host
+    /// DMA engine is free.
+    wdma_free_ps: u64,
     /// The per-CPU cost model, when the world has one (then the fields
     /// above are unused).
     cpus: Option<CpuRun<'a>>,
@@ -266,6 +276,22 @@ struct SimHal<'a> {
 impl SimHal<'_> {
     fn dma(&mut self, bytes: usize) {
         self.work_ps += bytes as u64 * self.dma_ps_per_byte;
+    }
+}
+
+impl SimHal<'_> {
+    /// Queues frame `b` for the wire: it leaves when the work before it is
+    /// done, `early_ps` sooner under Immediate Sending.
+    fn queue_frame(&mut self, dst_node: u16, b: Vec<u8>, early_ps: u64) {
+        let (done_ps, early_ps) = match &self.cpus {
+            // The frame leaves when its step and its payload's DMA are done.
+            Some(c) => (c.t.free_ps[c.cur].max(c.read_done_ps) - self.now_ps, 0),
+            None => {
+                self.work_ps += self.tx_ps;
+                (self.work_ps, early_ps)
+            }
+        };
+        self.out.push((dst_node, b, done_ps, early_ps));
     }
 }
 
@@ -295,6 +321,12 @@ impl Hal for SimHal<'_> {
                 let done = c.dma(1, data.len());
                 c.written_ps = c.written_ps.max(done);
             }
+            None if self.overlap.rx_double_buffering => {
+                // On the DMA engine, beside the NIC: it takes the next frame meanwhile.
+                let start = self.wdma_free_ps.max(self.work_ps);
+                self.wdma_free_ps = start + data.len() as u64 * self.dma_ps_per_byte;
+                self.written_ps = self.written_ps.max(self.wdma_free_ps);
+            }
             None => {
                 self.dma(data.len());
                 self.written_ps = self.work_ps;
@@ -311,15 +343,45 @@ impl Hal for SimHal<'_> {
         let mut b = self.pool.pop().unwrap_or_default();
         b.clear();
         b.extend_from_slice(frame);
-        let done_ps = match &self.cpus {
-            // The frame leaves when its step and its payload's DMA are done.
-            Some(c) => c.t.free_ps[c.cur].max(c.read_done_ps) - self.now_ps,
+        // Store and forward: the payload was all in before the frame starts.
+        self.queue_frame(dst_node, b, 0);
+    }
+    fn mac_transmit_host(&mut self, dst_node: u16, header: &[u8], payload: &[HostSeg]) -> Result<(), DmaError> {
+        let _hw = Running::firmware(false);
+        let mut total = header.len();
+        for s in payload {
+            let len = usize::try_from(s.len).map_err(|_| DmaError)?;
+            self.mem.nic_check(s.addr, len).ok_or(DmaError)?;
+            total += len;
+        }
+        if total > MTU_MAX as usize {
+            return Err(DmaError);
+        }
+        let mut b = self.pool.pop().unwrap_or_default();
+        b.clear();
+        b.extend_from_slice(header);
+        b.resize(total, 0);
+        let mut at = header.len();
+        for s in payload {
+            let end = at + s.len as usize;
+            self.mem.nic_read(s.addr, &mut b[at..end]).expect("checked above");
+            at = end;
+        }
+        let dma_bytes = (total - header.len()) as u64;
+        let early_ps = match &mut self.cpus {
+            Some(c) => {
+                c.read_done_ps = c.dma(0, dma_bytes as usize);
+                0
+            }
             None => {
-                self.work_ps += self.tx_ps;
-                self.work_ps
+                // Immediate Sending: the frame starts once its first chunk is in.
+                self.dma(dma_bytes as usize);
+                self.overlap.early_start_ps(dma_bytes, self.dma_ps_per_byte)
             }
         };
-        self.out.push((dst_node, b, done_ps));
+        self.mem.frames_sent_from_host += 1;
+        self.queue_frame(dst_node, b, early_ps);
+        Ok(())
     }
     fn raise_interrupt(&mut self, _vector: u16) {
         let _hw = Running::firmware(false);
@@ -424,6 +486,9 @@ pub struct World {
     pub cost: CostModel,
     /// Per-step costs on per-CPU timelines (replaces `cost`'s NIC part); none by default.
     pub cpu_costs: Option<StepCosts>,
+    /// Immediate Sending and receive double buffering under `cost` (PM,
+    /// seed 003 §3.2); off by default.
+    pub overlap: Overlap,
     /// Which of a NIC's events due at the same time runs first.
     pub event_order: EventOrder,
     /// (due, rank by `event_order`, sequence, slab index).
@@ -478,6 +543,8 @@ impl World {
                     written_ps: 0,
                     dma_ps_per_byte: 0,
                     tx_ps: 0,
+                    overlap: Overlap::OFF,
+                    wdma_free_ps: 0,
                     cpus: None,
                     now_ps: 0,
                 };
@@ -497,6 +564,7 @@ impl World {
                     nic_busy_ns: 0,
                     host_visible_at: 0,
                     reveal_queued: false,
+                    rx_dma_free_ps: 0,
                     cpus: CpuTimelines::default(),
                 }
             })
@@ -511,6 +579,7 @@ impl World {
             doorbell_ns: 1_000,
             cost: CostModel::ZERO,
             cpu_costs: None,
+            overlap: Overlap::OFF,
             event_order: EventOrder::Arrival,
             queue: BinaryHeap::new(),
             slab: Vec::new(),
@@ -660,6 +729,8 @@ impl World {
         let mut mcast = core::mem::take(&mut self.mcast_changes);
         let cost = self.cost;
         let cpu_costs = self.cpu_costs;
+        let overlap = self.overlap;
+        let rx_dma_free_before = self.nodes[node as usize].rx_dma_free_ps;
         let work_ps = {
             let n = &mut self.nodes[node as usize];
             let cpus = cpu_costs.map(|costs| {
@@ -688,6 +759,8 @@ impl World {
                 written_ps: 0,
                 dma_ps_per_byte: cost.nic_dma_ps_per_byte,
                 tx_ps: cost.nic_tx_frame_ns * 1000,
+                overlap,
+                wdma_free_ps: rx_dma_free_before.saturating_sub(now_ps),
                 cpus,
                 now_ps,
             };
@@ -707,6 +780,9 @@ impl World {
             if let Err(e) = n.nic.invariants() {
                 panic!("node {node} at {now} ns: invariant broken after a handler: {e}");
             }
+            if overlap.rx_double_buffering {
+                n.rx_dma_free_ps = n.rx_dma_free_ps.max(now_ps + hal.wdma_free_ps);
+            }
             match hal.cpus {
                 // Per-CPU: the CPUs' busy time was kept on their timelines.
                 Some(c) => (None, c.written_ps.saturating_sub(now_ps)),
@@ -720,6 +796,11 @@ impl World {
             let work_ns = work_ps.div_ceil(1000);
             n.nic_free_at = n.nic_free_at.max(now + work_ns);
             n.nic_busy_ns += work_ns;
+            if overlap.rx_double_buffering && rx_frames > 0 {
+                // Two receive buffers: the frame after this one goes into
+                // the buffer whose DMA was running when this one came in.
+                n.nic_free_at = n.nic_free_at.max(rx_dma_free_before.div_ceil(1000));
+            }
         }
         for (addr, join) in mcast.drain(..) {
             let members = self.mcast_members.entry(addr).or_default();
@@ -732,8 +813,12 @@ impl World {
             }
         }
         self.mcast_changes = mcast;
-        for (dst, frame, done_ps) in out.drain(..) {
-            self.transmit(node, dst, frame, now + done_ps.div_ceil(1000));
+        for (dst, frame, done_ps, early_ps) in out.drain(..) {
+            self.transmit(node, dst, frame, now + done_ps.div_ceil(1000), early_ps / 1000);
+        }
+        if overlap.nic_waits_for_mac && work_ps.is_some() {
+            let n = &mut self.nodes[node as usize];
+            n.nic_free_at = n.nic_free_at.max(n.egress_free_at);
         }
         self.out = out;
         let n = &mut self.nodes[node as usize];
@@ -771,8 +856,10 @@ impl World {
         }
     }
 
-    /// Puts a frame the NIC of `src` finished at `ready` on its link.
-    fn transmit(&mut self, src: u16, dst: u16, frame: Vec<u8>, ready: u64) {
+    /// Puts a frame the NIC of `src` finished at `ready` on its link; under
+    /// Immediate Sending it may start up to `early_ns` sooner, its DMA
+    /// running while it goes out ([`Overlap`]).
+    fn transmit(&mut self, src: u16, dst: u16, frame: Vec<u8>, ready: u64, early_ns: u64) {
         self.stats.frames += 1;
         self.stats.bytes += frame.len() as u64;
         // Serialization on the sender's link (Ethernet overhead: 38 bytes,
@@ -780,9 +867,15 @@ impl World {
         let bits = ((frame.len() as u64 + 18).max(self.wire.min_frame_bytes) + 20) * 8;
         let tx_ns = bits * 1_000_000_000 / self.wire.bandwidth_bps;
         let n = &mut self.nodes[src as usize];
-        let start = n.egress_free_at.max(ready);
-        n.egress_free_at = start + tx_ns;
-        let at = start + tx_ns + self.wire.latency_ns;
+        let start = n.egress_free_at.max(ready - early_ns.min(ready));
+        let mut end = start + tx_ns;
+        if early_ns > 0 {
+            // The last chunk goes out after its DMA: the link cannot outrun it.
+            let chunk = self.overlap.chunk_bytes.min(frame.len() as u64);
+            end = end.max(ready + chunk * 8 * 1_000_000_000 / self.wire.bandwidth_bps);
+        }
+        n.egress_free_at = end;
+        let at = end + self.wire.latency_ns;
         if emp_uapi::wire::is_mcast(dst) {
             // One transmission; the switch copies it to every member but
             // the sender, each link losing, delaying, reordering on its own.

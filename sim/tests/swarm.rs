@@ -39,6 +39,7 @@ struct Coverage {
     coll_early: u64,
     coll_refused: u64,
     weak_dma: u64,
+    immediate_sending: u64,
     rma_runs: u64,
     rma_ops: u64,
 }
@@ -83,6 +84,13 @@ fn swarm_every_seed_passes_every_invariant() {
                         c.coll_early += r.counters[emp_uapi::sram::counter::COLL_EARLY];
                         c.coll_refused += r.counters[emp_uapi::sram::counter::COLL_REFUSED];
                         c.weak_dma += spec.weak_dma as u64;
+                        // Without the feature the path is never taken.
+                        assert!(
+                            spec.immediate_sending || r.frames_sent_from_host == 0,
+                            "seed {seed}: {} frames sent from host memory without Immediate Sending",
+                            r.frames_sent_from_host
+                        );
+                        c.immediate_sending += (r.frames_sent_from_host > 0) as u64;
                         c.rma_runs += (spec.rma > 0) as u64;
                         c.rma_ops += r.rma;
                         if spec.size_max >= 4 << 20 {
@@ -123,6 +131,7 @@ fn swarm_every_seed_passes_every_invariant() {
         assert!(c.jumbo > 100 && c.overflow > 50 && c.errors > 100 && c.truncated > 50);
         assert!(c.retransmits > 1000);
         assert!(c.weak_dma > 100, "weakly ordered DMA: {} runs", c.weak_dma);
+        assert!(c.immediate_sending > 100, "Immediate Sending: {} runs", c.immediate_sending);
         assert!(c.rma_runs > 100 && c.rma_ops > 1000, "RMA: {} runs, {} operations", c.rma_runs, c.rma_ops);
         assert!(
             c.atomic_runs > 100 && c.atomic_replays > 100,

@@ -511,6 +511,8 @@ struct emp_coll_header {
 #define EMP_FEATURE_OVERFLOW (1U << 0)
 #define EMP_FEATURE_MODIFIED_ACK_NACK (1U << 1)
 #define EMP_FEATURE_ORDERED_REFUSAL (1U << 2) /* ports default to ordered refusal */
+#define EMP_FEATURE_RX_DOUBLE_BUFFERING (1U << 3) /* NIC-to-host DMA two buffers deep */
+#define EMP_FEATURE_IMMEDIATE_SENDING (1U << 4) /* one-frame sends go to the wire from host memory */
 
 /* Matching modes (PORT_OPEN args[4]). */
 #define EMP_MATCH_MODE_DEFAULT 0U
@@ -734,7 +736,7 @@ struct emp_port_ctl {
 /* Image magic: "EMPFWIMG" little-endian. */
 #define EMP_IMAGE_MAGIC 0x474D495746504D45ULL
 #define EMP_IMAGE_HEADER_VERSION 1U
-#define EMP_FIRMWARE_ABI 3U
+#define EMP_FIRMWARE_ABI 4U
 /* Bytes covered by the signature (everything before `signature`). */
 #define EMP_IMAGE_SIGNED_LEN 152U
 /* Largest payload accepted. */
@@ -1142,6 +1144,14 @@ struct emp_attach_msg {
 /* uint32_t emp_fw_frame_cpu(void *nic); the CPU received frames go to */
 #define EMP_FW_SYM_FRAME_CPU "emp_fw_frame_cpu"
 
+/* A run of host memory by bus address. */
+struct emp_fw_host_seg {
+	uint64_t addr;
+	uint64_t len;
+};
+
+#define EMP_FW_HOST_SEGS_MAX 16U /* segments per mac_transmit_host */
+
 /* Hardware services over an opaque context. DMA calls return 0 when done,
  * nonzero when the DMA failed. */
 struct emp_fw_hal {
@@ -1164,6 +1174,11 @@ struct emp_fw_hal {
 	/* the MAC starts (join 1) or stops (0) receiving frames sent to
 	 * multicast address addr (EMP_MCAST_BASE and up) */
 	void (*mcast_membership)(void *ctx, uint16_t addr, uint8_t join);
+	/* Immediate Sending: transmit header then the host memory segs names,
+	 * read as the frame is sent; each seg checked like a DMA read first
+	 * (nonzero, nothing sent, when one does not resolve) */
+	int32_t (*mac_transmit_host)(void *ctx, uint16_t dst_node, const uint8_t *header, size_t header_len,
+				     const struct emp_fw_host_seg *segs, size_t nsegs);
 };
 
 /* Control-program tunables passed at boot; zero means "use the default". */
@@ -1210,7 +1225,8 @@ EMP_STATIC_ASSERT(sizeof(struct emp_set_eventfd) == 16, "emp_set_eventfd");
 EMP_STATIC_ASSERT(sizeof(struct emp_arm) == 8, "emp_arm");
 EMP_STATIC_ASSERT(sizeof(struct emp_start) == 24, "emp_start");
 EMP_STATIC_ASSERT(sizeof(struct emp_attach_msg) == 192, "emp_attach_msg");
-EMP_STATIC_ASSERT(sizeof(struct emp_fw_hal) == 9 * sizeof(void *), "emp_fw_hal");
+EMP_STATIC_ASSERT(sizeof(struct emp_fw_hal) == 10 * sizeof(void *), "emp_fw_hal");
+EMP_STATIC_ASSERT(sizeof(struct emp_fw_host_seg) == 16, "emp_fw_host_seg");
 EMP_STATIC_ASSERT(sizeof(struct emp_fw_config) == 48, "emp_fw_config");
 
 EMP_STATIC_ASSERT(offsetof(struct emp_cqe, flags) == EMP_CQE_FLAGS_OFFSET, "emp_cqe.flags");

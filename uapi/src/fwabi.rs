@@ -70,7 +70,33 @@ pub struct FwHal {
     /// The MAC starts (`join` 1) or stops (0) receiving frames sent to
     /// multicast address `addr` (`crate::wire::MCAST_BASE` and up).
     pub mcast_membership: extern "C" fn(ctx: *mut c_void, addr: u16, join: u8),
+    /// Transmit a frame to `dst_node` made of `header` (`header_len` bytes
+    /// from the control program) followed by the host memory `segs[..nsegs]`
+    /// names (Immediate Sending): every segment is checked like a DMA read
+    /// first; nonzero (nothing sent) when one does not resolve.
+    pub mac_transmit_host: extern "C" fn(
+        ctx: *mut c_void,
+        dst_node: u16,
+        header: *const u8,
+        header_len: usize,
+        segs: *const HostSeg,
+        nsegs: usize,
+    ) -> i32,
 }
+
+/// A run of host memory by bus address, as a DMA read would name it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostSeg {
+    /// Bus address of the first byte.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// Most segments one `mac_transmit_host` names: a frame whose payload is
+/// more scattered than this is sent store-and-forward.
+pub const HOST_SEGS_MAX: usize = 16;
 
 /// Control-program tunables passed at boot (mirrors the firmware's config;
 /// zero means "use the default").

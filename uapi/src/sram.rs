@@ -121,6 +121,15 @@ pub const FEATURE_MODIFIED_ACK_NACK: u32 = 1 << 1;
 /// Feature bit: ports open in the `ordered-refusal` matching mode unless
 /// their open asks otherwise (else `unexpected`; see [`match_mode`]).
 pub const FEATURE_ORDERED_REFUSAL: u32 = 1 << 2;
+/// Feature bit: receive double buffering (PM, seed 003 §3.2): the NIC's
+/// DMA writes into host memory run beside it, two buffers deep, and a DMA
+/// fence waits for them. The control program sees no difference.
+pub const FEATURE_RX_DOUBLE_BUFFERING: u32 = 1 << 3;
+/// Feature bit: Immediate Sending (PM, seed 003 §3.2): the control program
+/// hands the MAC a one-frame data message's header with its payload still
+/// in host memory (`FwHal::mac_transmit_host`), and the NIC builds the frame
+/// on the wire straight from host memory, without a copy into NIC memory.
+pub const FEATURE_IMMEDIATE_SENDING: u32 = 1 << 4;
 
 /// Matching modes a port opens in (`PortOpen` `args[4]`).
 pub mod match_mode {

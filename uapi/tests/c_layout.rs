@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use emp_uapi::attach::{self, AttachMsg};
 use emp_uapi::coll::{self, BarrierAlgo, CollHeader, CollKind, Dtype, ReduceOp};
 use emp_uapi::desc::{self, *};
-use emp_uapi::fwabi::{self, FwConfig, FwHal};
+use emp_uapi::fwabi::{self, FwConfig, FwHal, HostSeg};
 use emp_uapi::image::{self, *};
 use emp_uapi::ioctl::*;
 use emp_uapi::sram::{self, *};
@@ -101,6 +101,8 @@ ptr_kind! {
     "void (*)(void *, uint16_t)" => extern "C" fn(*mut c_void, u16),
     "void (*)(void *, uint16_t, uint8_t)" => extern "C" fn(*mut c_void, u16, u8),
     "void (*)(void *)" => extern "C" fn(*mut c_void),
+    "int32_t (*)(void *, uint16_t, const uint8_t *, size_t, const struct emp_fw_host_seg *, size_t)" =>
+        extern "C" fn(*mut c_void, u16, *const u8, usize, *const HostSeg, usize) -> i32,
 }
 
 impl<T: Kind, const N: usize> Kind for [T; N] {
@@ -378,9 +380,11 @@ fn structs() -> Vec<StructDesc> {
                 mac_transmit,
                 raise_interrupt,
                 dma_fence,
-                mcast_membership
+                mcast_membership,
+                mac_transmit_host
             }
         ),
+        st_repr_c!("emp_fw_host_seg", HostSeg { addr, len }),
         st_repr_c!(
             "emp_fw_config",
             FwConfig {
@@ -573,6 +577,8 @@ fn constants() -> Vec<ConstDesc> {
         EMP_FEATURE_OVERFLOW = sram::FEATURE_OVERFLOW,
         EMP_FEATURE_MODIFIED_ACK_NACK = sram::FEATURE_MODIFIED_ACK_NACK,
         EMP_FEATURE_ORDERED_REFUSAL = sram::FEATURE_ORDERED_REFUSAL,
+        EMP_FEATURE_RX_DOUBLE_BUFFERING = sram::FEATURE_RX_DOUBLE_BUFFERING,
+        EMP_FEATURE_IMMEDIATE_SENDING = sram::FEATURE_IMMEDIATE_SENDING,
         EMP_MATCH_MODE_DEFAULT = sram::match_mode::DEFAULT,
         EMP_MATCH_MODE_UNEXPECTED = sram::match_mode::UNEXPECTED,
         EMP_MATCH_MODE_ORDERED_REFUSAL = sram::match_mode::ORDERED_REFUSAL,
@@ -652,6 +658,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_IMAGE_MAGIC = image::IMAGE_MAGIC,
         EMP_IMAGE_HEADER_VERSION = image::IMAGE_HEADER_VERSION,
         EMP_FIRMWARE_ABI = image::FIRMWARE_ABI,
+        EMP_FW_HOST_SEGS_MAX = fwabi::HOST_SEGS_MAX,
         EMP_IMAGE_SIGNED_LEN = image::SIGNED_LEN,
         EMP_IMAGE_PAYLOAD_MAX = image::PAYLOAD_MAX,
         EMP_CPU_PLAN_BASE = cpu_plan::BASE,

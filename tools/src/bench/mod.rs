@@ -184,6 +184,16 @@ pub struct BenchArgs {
     /// mpi: write one SVG plot per measure (against message size) here.
     #[arg(long)]
     pub plot_dir: Option<PathBuf>,
+    /// latency, bw, bibw: run on one private chassis per setting (`on`:
+    /// `emp-nicd --rx-double-buffering`, `off`), both up at once, the
+    /// settings taking turns size by size, so their figures are measured
+    /// side by side in one run (docs/immediate-sending.md).
+    #[arg(long, value_delimiter = ',', value_name = "on,off")]
+    pub rx_double_buffering: Vec<String>,
+    /// latency, bw, bibw: as `--rx-double-buffering`, for Immediate Sending
+    /// (`on`: `emp-nicd --immediate-sending`, `off`).
+    #[arg(long, value_delimiter = ',', value_name = "on,off")]
+    pub immediate_sending: Vec<String>,
 }
 
 /// `emp bench …`: starts a private chassis unless `--dir` names a running
@@ -215,6 +225,12 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
     }
     if a.window == Some(0) {
         return Err("--window 0: at least 1 message per window".into());
+    }
+    match (a.rx_double_buffering.is_empty(), a.immediate_sending.is_empty()) {
+        (true, true) => {}
+        (false, true) => return compare_nic_feature(a, ranks, NicFeature::RX_DOUBLE_BUFFERING),
+        (true, false) => return compare_nic_feature(a, ranks, NicFeature::IMMEDIATE_SENDING),
+        (false, false) => return Err("--rx-double-buffering and --immediate-sending: one comparison per run".into()),
     }
     if let Some(config) = &a.config {
         return bench_on_hosts(a, config, ranks);
@@ -348,14 +364,115 @@ fn bench_on_hosts(a: &BenchArgs, config: &Path, ranks: usize) -> Result<(), Stri
     }
 }
 
+/// A NIC feature `emp bench` compares on and off.
+struct NicFeature {
+    /// The `emp bench` option and the `emp-nicd` flag (the same spelling).
+    flag: &'static str,
+    /// As the report names it.
+    label: &'static str,
+    /// The settings asked for.
+    settings: fn(&BenchArgs) -> &[String],
+}
+
+impl NicFeature {
+    const RX_DOUBLE_BUFFERING: NicFeature = NicFeature {
+        flag: "--rx-double-buffering",
+        label: "receive double buffering",
+        settings: |a| &a.rx_double_buffering,
+    };
+    const IMMEDIATE_SENDING: NicFeature =
+        NicFeature { flag: "--immediate-sending", label: "Immediate Sending", settings: |a| &a.immediate_sending };
+}
+
+/// `--rx-double-buffering on,off` or `--immediate-sending on,off`: one
+/// private chassis per setting, up at once; for each size, the ranks run on
+/// each chassis in turn. Every chassis is taken down on every path.
+fn compare_nic_feature(a: &BenchArgs, ranks: usize, f: NicFeature) -> Result<(), String> {
+    let flag = f.flag;
+    if !matches!(a.kind, Kind::Latency | Kind::Bw | Kind::Bibw) {
+        return Err(format!("{flag} compares latency, bw and bibw"));
+    }
+    if a.dir.is_some() || a.config.is_some() {
+        return Err(format!("{flag} starts its own chassis: no --dir or --config"));
+    }
+    let mut settings = Vec::new();
+    for s in (f.settings)(a) {
+        let on = match s.as_str() {
+            "on" => true,
+            "off" => false,
+            other => return Err(format!("{flag} {other:?}: on or off")),
+        };
+        if settings.contains(&on) {
+            return Err(format!("{flag}: {s} given twice"));
+        }
+        settings.push(on);
+    }
+    let sizes: Vec<usize> = if a.sizes.is_empty() { (0..=16).map(|p| 1usize << p).collect() } else { a.sizes.clone() };
+    let mut chassis: Vec<(bool, PathBuf)> = Vec::new();
+    let result = (|| -> Result<(), String> {
+        for (i, &on) in settings.iter().enumerate() {
+            let extra = on.then(|| flag.to_string());
+            chassis.push((on, private_chassis_named(a, ranks, 1 + i as u16, extra)?));
+        }
+        for &size in &sizes {
+            for (on, dir) in &chassis {
+                let one = BenchArgs {
+                    sizes: vec![size],
+                    rx_double_buffering: Vec::new(),
+                    immediate_sending: Vec::new(),
+                    ..a.clone()
+                };
+                let mut argv = rank_argv(&one, ranks)?;
+                let setting = if *on { "on" } else { "off" };
+                for arg in argv.iter_mut().filter(|s| s.starts_with("--emp-path=")) {
+                    *arg += &format!(", {} {setting}", f.label);
+                }
+                say(a, format!("# {} B, {} {setting}", size, f.label));
+                match crate::run::run(dir, ranks, &argv, Some(Duration::from_secs(3600)))? {
+                    0 => {}
+                    c => return Err(format!("benchmark ranks failed (status {c})")),
+                }
+            }
+        }
+        Ok(())
+    })();
+    for (_, dir) in &chassis {
+        let _ = cluster::down(dir);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    result
+}
+
 /// Starts a chassis of `nics` NICs for this run alone; returns its directory.
 fn private_chassis(a: &BenchArgs, nics: usize) -> Result<PathBuf, String> {
-    private_chassis_as(a, nics, "base", 1)
+    private_chassis_with(a, nics, 0, "base", 1, None)
 }
 
 /// [`private_chassis`] with NIC CPU plan `plan` and `cpus` CPUs per NIC.
 fn private_chassis_as(a: &BenchArgs, nics: usize, plan: &str, cpus: u32) -> Result<PathBuf, String> {
-    let d = std::env::temp_dir().join(format!("emp-bench-{}", std::process::id()));
+    private_chassis_with(a, nics, 0, plan, cpus, None)
+}
+
+/// As [`private_chassis`], the `slot`-th (0–3) of this run (one run may
+/// start several: their UDP ports do not overlap up to 16 NICs each), its
+/// daemons given `nicd_args`.
+fn private_chassis_named(a: &BenchArgs, nics: usize, slot: u16, nicd_args: Option<String>) -> Result<PathBuf, String> {
+    private_chassis_with(a, nics, slot, "base", 1, nicd_args)
+}
+
+fn private_chassis_with(
+    a: &BenchArgs,
+    nics: usize,
+    slot: u16,
+    plan: &str,
+    cpus: u32,
+    nicd_args: Option<String>,
+) -> Result<PathBuf, String> {
+    if slot > 3 || (a.wire == cluster::WireKind::Udp && nics > 16 && slot > 0) {
+        return Err("at most 4 private chassis per run, of at most 16 NICs on the udp wire".into());
+    }
+    let name = if slot == 0 { String::new() } else { format!("-{slot}") };
+    let d = std::env::temp_dir().join(format!("emp-bench-{}{name}", std::process::id()));
     let up = UpArgs {
         nics: nics as u16,
         wire: a.wire,
@@ -368,9 +485,9 @@ fn private_chassis_as(a: &BenchArgs, nics: usize, plan: &str, cpus: u32) -> Resu
         nic_cpus: cpus,
         firmware: None,
         trusted_keys: None,
-        // Private: clear of a cluster someone else runs.
-        udp_base: 20000 + (std::process::id() % 400) as u16 * 64,
-        nicd_args: None,
+        // Private: clear of a cluster someone else runs (and of this run's others).
+        udp_base: 20000 + (std::process::id() % 400) as u16 * 64 + slot * 16,
+        nicd_args,
     };
     let started = cluster::start(&d, &up).map_err(|e| format!("starting a chassis for the benchmark: {e}"))?;
     say(a, started);
