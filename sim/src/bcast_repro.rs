@@ -868,17 +868,7 @@ pub mod plot {
 
     use super::Figure;
 
-    fn color(i: usize) -> RGBColor {
-        [
-            RGBColor(40, 40, 40),
-            RGBColor(30, 60, 200),
-            RGBColor(200, 30, 30),
-            RGBColor(30, 150, 60),
-            RGBColor(230, 140, 0),
-            RGBColor(140, 40, 160),
-            RGBColor(0, 150, 160),
-        ][i % 7]
-    }
+    use crate::thesis::plot::color;
 
     /// Draws `f` into `dir/<stem>.svg`.
     pub fn draw(dir: &Path, f: &Figure) -> Result<(), String> {

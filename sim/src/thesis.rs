@@ -422,14 +422,17 @@ pub mod plot {
     /// One curve per plan.
     pub type Curves = [super::Curve];
 
-    fn color(i: usize) -> RGBColor {
+    /// The `i`-th curve's colour (shared by every figure the simulator draws).
+    pub(crate) fn color(i: usize) -> RGBColor {
         [
             RGBColor(40, 40, 40),
             RGBColor(30, 60, 200),
             RGBColor(200, 30, 30),
             RGBColor(30, 150, 60),
             RGBColor(230, 140, 0),
-        ][i % 5]
+            RGBColor(140, 40, 160),
+            RGBColor(0, 150, 160),
+        ][i % 7]
     }
 
     /// Draws `curves` into `path`: x message size (bytes, log), y linear;

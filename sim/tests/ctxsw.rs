@@ -404,6 +404,21 @@ struct CollRun {
     mid_collective: usize,
 }
 
+impl CollRun {
+    fn add(&mut self, r: CollRun) {
+        self.switches += r.switches;
+        self.put_off += r.put_off;
+        self.mid_collective += r.mid_collective;
+    }
+
+    /// Switches were made, and some caught a collective in progress.
+    fn check(&self) {
+        eprintln!("{self:?}");
+        assert!(self.switches > 0, "no switch made: {self:?}");
+        assert!(self.mid_collective > 0, "no switch caught a collective in progress: {self:?}");
+    }
+}
+
 /// `n` ranks (one per NIC, one group, binomial tree) run `rounds` rounds
 /// of a barrier (algorithm `algo`), an allreduce and a reduce to a rotating
 /// root, each rank posting a round as soon as its previous one completed,
@@ -506,14 +521,9 @@ fn test_gang_switches_mid_collective_lose_nothing() {
         let n = [8, 16, 12, 64, 80][seed as usize % 5];
         let algo =
             [BarrierAlgo::Dissemination, BarrierAlgo::PairwiseExchange, BarrierAlgo::GatherRelease][seed as usize % 3];
-        let r = collectives_with_switches(seed, n, 0.0, 6, algo);
-        total.switches += r.switches;
-        total.put_off += r.put_off;
-        total.mid_collective += r.mid_collective;
+        total.add(collectives_with_switches(seed, n, 0.0, 6, algo));
     }
-    eprintln!("{total:?}");
-    assert!(total.switches > 0, "no switch made: {total:?}");
-    assert!(total.mid_collective > 0, "no switch caught a collective in progress: {total:?}");
+    total.check();
 }
 
 #[test]
@@ -523,14 +533,9 @@ fn test_gang_switches_mid_collective_with_loss_lose_nothing() {
         let n = [8, 12, 16][seed as usize % 3];
         let algo =
             [BarrierAlgo::GatherRelease, BarrierAlgo::Dissemination, BarrierAlgo::PairwiseExchange][seed as usize % 3];
-        let r = collectives_with_switches(1000 + seed, n, 0.03, 5, algo);
-        total.switches += r.switches;
-        total.put_off += r.put_off;
-        total.mid_collective += r.mid_collective;
+        total.add(collectives_with_switches(1000 + seed, n, 0.03, 5, algo));
     }
-    eprintln!("{total:?}");
-    assert!(total.switches > 0, "no switch made: {total:?}");
-    assert!(total.mid_collective > 0, "no switch caught a collective in progress: {total:?}");
+    total.check();
 }
 
 /// A context saved mid-collective (its group, a barrier and an allreduce
