@@ -328,6 +328,11 @@ pub struct Config {
     /// Reliable broadcast: an owed ACK or credit update goes on its own
     /// after this long (§4.4).
     pub rbcast_ack_delay_ns: u64,
+    /// Reliable broadcast with NAKs (`RbcastAlgo::nak`): a member NAKs a
+    /// gap still open this long after its last NAK of it, and a root whose
+    /// own messages wait for ACKs announces its sequence after this long
+    /// without a multicast (so a member that lost the last ones NAKs).
+    pub rbcast_nak_retry_ns: u64,
     /// Reliable broadcast: co-roots repair their sub-groups. Fault
     /// injection only: false makes a member a co-root collects for miss
     /// what it lost (the tests check that they then fail).
@@ -377,6 +382,7 @@ impl Default for Config {
             rbcast_posted_max: 64,
             rbcast_rto_ns: 1_000_000,
             rbcast_ack_delay_ns: 200_000,
+            rbcast_nak_retry_ns: 250_000,
             rbcast_coroot_repair: true,
         }
     }
@@ -457,8 +463,8 @@ impl Config {
         if self.rbcast_window > 64 || self.rbcast_rx_slots > 1024 || self.rbcast_posted_max == 0 {
             return Some("rbcast_window must be <= 64, rbcast_rx_slots <= 1024, rbcast_posted_max > 0");
         }
-        if self.rbcast_rto_ns == 0 || self.rbcast_ack_delay_ns == 0 {
-            return Some("rbcast_rto_ns and rbcast_ack_delay_ns must be > 0");
+        if self.rbcast_rto_ns == 0 || self.rbcast_ack_delay_ns == 0 || self.rbcast_nak_retry_ns == 0 {
+            return Some("rbcast_rto_ns, rbcast_ack_delay_ns and rbcast_nak_retry_ns must be > 0");
         }
         if self.rma_reads_max == 0 {
             return Some("rma_reads_max must be > 0");
@@ -927,7 +933,7 @@ impl Nic {
             Frame::AtomicResp { hdr, result } => self.on_atomic_resp(hal, now, &hdr, &result),
             Frame::Rbcast { hdr, body, .. } => {
                 if self.ports[hdr.dst_port as usize].open {
-                    self.rbcast_on_frame(hal, &hdr, &body);
+                    self.rbcast_on_frame(hal, now, &hdr, &body);
                 }
             }
         }

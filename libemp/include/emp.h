@@ -226,6 +226,23 @@ int emp_post_rbcast(struct emp_device *dev, uint64_t wr_id, const struct emp_gro
 		    uint8_t ack_every, uint8_t window, const struct emp_sge *sge, size_t n);
 int emp_rbcast(struct emp_device *dev, const struct emp_group *g, int root, uint8_t coroots, uint8_t ack_every,
 	       uint8_t window, const struct emp_sge *sge, size_t n, uint32_t *status);
+/* Since EMP_1.6: the algorithm as a structure, with co-root counts up to the
+ * group's size (1024 members) and NAKs: naks = 1 makes members report a gap
+ * in the root's sequence at once and collectors repair it at once; with
+ * ack_every = 0 members then ACK only every half window (NAK-based), with
+ * ack_every = M >= 1 every M broadcasts as well (hybrid). naks > 1 or a
+ * reserved byte not zero: -EINVAL. */
+struct emp_rbcast_algo {
+	uint16_t coroots;    /* co-roots, below the group's size (0: the root alone) */
+	uint8_t ack_every;   /* ACK every M (0 or 1: every one; with naks, 0: every half window) */
+	uint8_t window;      /* window entries the root may use (0: all) */
+	uint8_t naks;        /* 0: ACK-based (the paper's); 1: NAKs as well */
+	uint8_t reserved[3]; /* zero */
+};
+int emp_post_rbcast_with(struct emp_device *dev, uint64_t wr_id, const struct emp_group *g, int root,
+			 const struct emp_rbcast_algo *algo, const struct emp_sge *sge, size_t n);
+int emp_rbcast_with(struct emp_device *dev, const struct emp_group *g, int root, const struct emp_rbcast_algo *algo,
+		    const struct emp_sge *sge, size_t n, uint32_t *status);
 /* Registered memory with its own access rights (e.g. EMP_ACCESS_REMOTE_ATOMIC). */
 void *emp_alloc_mr(struct emp_device *dev, size_t len, uint32_t access, uint32_t *key, uint64_t *offset);
 

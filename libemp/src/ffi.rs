@@ -97,6 +97,36 @@ pub struct EmpProbed {
     pub reserved: u32,
 }
 
+/// C view of a reliable broadcast's algorithm (`struct emp_rbcast_algo`,
+/// EMP_1.6): [`crate::RbcastAlgo`].
+#[repr(C)]
+pub struct EmpRbcastAlgo {
+    /// Co-roots (0: the root alone).
+    pub coroots: u16,
+    /// ACK every M, skewed (0 or 1: every one; with `naks`, 0: every half window).
+    pub ack_every: u8,
+    /// Window entries the root may use (0: all).
+    pub window: u8,
+    /// 1: members NAK gaps and collectors repair them at once.
+    pub naks: u8,
+    /// Reserved, zero.
+    pub reserved: [u8; 3],
+}
+
+impl EmpRbcastAlgo {
+    fn algo(&self) -> crate::Result<crate::RbcastAlgo> {
+        if self.naks > 1 || self.reserved != [0; 3] {
+            return Err(Error::invalid("emp_rbcast_algo: naks is 0 or 1, reserved bytes are zero"));
+        }
+        Ok(crate::RbcastAlgo {
+            coroots: self.coroots,
+            ack_every: self.ack_every,
+            window: self.window,
+            nak: self.naks == 1,
+        })
+    }
+}
+
 /// C view of port information (`struct emp_port_info`).
 #[repr(C)]
 pub struct EmpPortInfo {
@@ -957,11 +987,38 @@ pub unsafe extern "C" fn emp_post_rbcast(
 ) -> c_int {
     // SAFETY: caller guarantees the pointers.
     let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
-    let algo = crate::RbcastAlgo { coroots, ack_every, window };
+    let algo = crate::RbcastAlgo { coroots: coroots as u16, ack_every, window, nak: false };
     match usize::try_from(root) {
         Ok(root) => rc(d.post_rbcast(wr_id, g, root, algo, s)),
         Err(_) => -libc::EINVAL,
     }
+}
+
+/// Posts a reliable broadcast from `root` with the algorithm `*algo`
+/// (16-bit co-root counts, NAKs: EMP_1.6).
+///
+/// # Safety
+/// `dev` is open; `g` is live; `algo` is NULL or readable; `sge` points to `n` entries.
+#[no_mangle]
+pub unsafe extern "C" fn emp_post_rbcast_with(
+    dev: *mut EmpDevice,
+    wr_id: u64,
+    g: *const EmpGroup,
+    root: c_int,
+    algo: *const EmpRbcastAlgo,
+    sge: *const Sge,
+    n: usize,
+) -> c_int {
+    if algo.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees the pointers; `algo` is not NULL.
+    let (d, g, s, a) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n), &*algo) };
+    let r = a
+        .algo()
+        .and_then(|algo| Ok((algo, usize::try_from(root).map_err(|_| Error::invalid("negative root"))?)))
+        .and_then(|(algo, root)| d.post_rbcast(wr_id, g, root, algo, s));
+    rc(r)
 }
 
 /// Blocking reliable broadcast over wire multicast.
@@ -983,9 +1040,38 @@ pub unsafe extern "C" fn emp_rbcast(
 ) -> c_int {
     // SAFETY: caller guarantees the pointers.
     let (d, g, s) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n)) };
-    let algo = crate::RbcastAlgo { coroots, ack_every, window };
+    let algo = crate::RbcastAlgo { coroots: coroots as u16, ack_every, window, nak: false };
     let r =
         usize::try_from(root).map_err(|_| Error::invalid("negative root")).and_then(|root| d.rbcast(g, root, algo, s));
+    // SAFETY: `status` per the caller.
+    unsafe { blocking_status(r, status) }
+}
+
+/// Blocking reliable broadcast with the algorithm `*algo` (EMP_1.6).
+///
+/// # Safety
+/// `dev` is open; `g` is live; `algo` is NULL or readable; `sge` points to
+/// `n` entries; `status` is NULL or writable.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn emp_rbcast_with(
+    dev: *mut EmpDevice,
+    g: *const EmpGroup,
+    root: c_int,
+    algo: *const EmpRbcastAlgo,
+    sge: *const Sge,
+    n: usize,
+    status: *mut u32,
+) -> c_int {
+    if algo.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: caller guarantees the pointers; `algo` is not NULL.
+    let (d, g, s, a) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n), &*algo) };
+    let r = a
+        .algo()
+        .and_then(|algo| Ok((algo, usize::try_from(root).map_err(|_| Error::invalid("negative root"))?)))
+        .and_then(|(algo, root)| d.rbcast(g, root, algo, s));
     // SAFETY: `status` per the caller.
     unsafe { blocking_status(r, status) }
 }

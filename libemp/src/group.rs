@@ -472,7 +472,7 @@ impl Device {
 
     /// Posts a reliable broadcast of `sges` from `root` over wire
     /// multicast (seed 002), with algorithm `algo` (co-roots, ACK every M,
-    /// window): the root's NIC copies the data into its window, multicasts
+    /// window, NAKs: [`RbcastAlgo`]): the root's NIC copies the data into its window, multicasts
     /// it once and completes the root's post at once; the others' posts
     /// complete with the data, in the root's order, exactly once. A message
     /// larger than one frame ([`emp_uapi::wire::rbcast_payload_max`]) goes
@@ -493,7 +493,7 @@ impl Device {
     /// # let members = [emp::Endpoint { node: 0, port: 0 }, emp::Endpoint { node: 1, port: 0 }];
     /// # let g = dev.create_group(1, &members, &emp::GroupOpts::default())?;
     /// let buf = dev.alloc(256)?;
-    /// let algo = emp::RbcastAlgo { coroots: 0, ack_every: 4, window: 0 };
+    /// let algo = emp::RbcastAlgo { coroots: 0, ack_every: 4, window: 0, nak: false };
     /// dev.post_rbcast(8, &g, 0, algo, &[buf.sge(0, 256)])?;
     /// # Ok::<(), emp::Error>(())
     /// ```

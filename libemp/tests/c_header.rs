@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use emp::ffi::{EmpEndpoint, EmpPortInfo, EmpProbed, EmpProbedEx, EmpRemoteWord, EmpWc, EmpWcEx};
+use emp::ffi::{EmpEndpoint, EmpPortInfo, EmpProbed, EmpProbedEx, EmpRbcastAlgo, EmpRemoteWord, EmpWc, EmpWcEx};
 use emp::{BarrierAlgo, Dtype, Opcode, ReduceOp, Sge, Status};
 
 // ---------------------------------------------------------------------------
@@ -97,6 +97,7 @@ fn structs() -> Vec<Struct> {
         st!("emp_probed", EmpProbed { tag, len, handle, src_node, src_port, reserved }),
         st!("emp_wc_ex", EmpWcEx { wc, imm, wc_flags }),
         st!("emp_probed_ex", EmpProbedEx { msg, imm, flags }),
+        st!("emp_rbcast_algo", EmpRbcastAlgo { coroots, ack_every, window, naks, reserved }),
         st!("emp_port_info", EmpPortInfo { node, port, mtu, nodes, send_entries, recv_entries, reserved, msg_max }),
     ]
 }
@@ -381,7 +382,7 @@ fn run(cmd: &mut Command) -> String {
 // ---------------------------------------------------------------------------
 
 /// The versions of the C ABI, oldest first: the nodes of `libemp.map`.
-const ABI_VERSIONS: &[&str] = &["EMP_1.0", "EMP_1.1", "EMP_1.2", "EMP_1.3", "EMP_1.4", "EMP_1.5"];
+const ABI_VERSIONS: &[&str] = &["EMP_1.0", "EMP_1.1", "EMP_1.2", "EMP_1.3", "EMP_1.4", "EMP_1.5", "EMP_1.6"];
 
 /// The staticlib built with this test: in `deps/` next to it, as
 /// `libemp-<metadata hash>.a` (the copy one level up is refreshed only by

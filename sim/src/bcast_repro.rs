@@ -57,6 +57,9 @@ pub struct Machine {
     pub doorbell_ns: u64,
     /// The control program's configuration.
     pub cfg: Config,
+    /// Largest broadcast sent through the window (in fragments); larger
+    /// goes by the NIC tree, as libemp's per-group threshold does (§4.5).
+    pub rb_threshold: u64,
 }
 
 impl Machine {
@@ -81,7 +84,7 @@ impl Machine {
         // Small unexpected messages are buffered (MPICH's unexpected queue),
         // so a skewed host rank that posts late still finds its message.
         let cfg = Config { overflow_slots: 256, overflow_slot_size: 256, ..Config::default() };
-        Machine { cost, wire, mtu: MTU, doorbell_ns: 500, cfg }
+        Machine { cost, wire, mtu: MTU, doorbell_ns: 500, cfg, rb_threshold: emp::RBCAST_THRESHOLD_DEFAULT as u64 }
     }
 
     /// Largest message the reliable broadcast sends as one multicast frame.
@@ -90,10 +93,15 @@ impl Machine {
     }
 
     /// Largest message the reliable broadcast sends through the window (in
-    /// fragments); larger goes by the NIC tree, as libemp's default
-    /// per-group threshold does (§4.5).
+    /// fragments); larger goes by the NIC tree (§4.5).
     pub fn rb_threshold(&self) -> u64 {
-        emp::RBCAST_THRESHOLD_DEFAULT as u64
+        self.rb_threshold
+    }
+
+    /// Largest message the window can carry at all: as many fragments as
+    /// it has entries (and every member receive slots).
+    pub fn rb_window_max(&self) -> u64 {
+        self.rb_frame() * self.cfg.rbcast_window.min(self.cfg.rbcast_rx_slots) as u64
     }
 
     /// `n` nodes, port 0 open, group slot 0 over all of them (binomial tree
@@ -133,11 +141,11 @@ pub enum Algo {
 }
 
 /// The paper's "Window": the sliding window alone.
-pub const WINDOW: RbcastAlgo = RbcastAlgo { coroots: 0, ack_every: 1, window: 0 };
+pub const WINDOW: RbcastAlgo = RbcastAlgo { coroots: 0, ack_every: 1, window: 0, nak: false };
 
 impl Algo {
     /// Sliding window with `coroots` co-roots.
-    pub fn coroots(c: u8) -> Algo {
+    pub fn coroots(c: u16) -> Algo {
         Algo::Rb(RbcastAlgo { coroots: c, ..WINDOW })
     }
 
@@ -146,12 +154,20 @@ impl Algo {
         Algo::Rb(RbcastAlgo { ack_every: m, ..WINDOW })
     }
 
+    /// NAK-based (§9's future work): gaps NAKed and repaired at once, ACKs
+    /// every half window; with `m` ≥ 1 also ACK every `m` (hybrid).
+    pub fn nak(m: u8) -> Algo {
+        Algo::Rb(RbcastAlgo { ack_every: m, nak: true, ..WINDOW })
+    }
+
     /// Its name in tables and plots.
     pub fn label(&self) -> String {
         match *self {
             Algo::HostBinomial => "host binomial (Original)".into(),
             Algo::NicTree => "NIC tree".into(),
             Algo::Rb(a) if a == WINDOW => "Window".into(),
+            Algo::Rb(a) if a.nak && a.ack_every == 0 => "NAK".into(),
+            Algo::Rb(a) if a.nak => format!("Hybrid{} (NAK + ACK every {})", a.ack_every, a.ack_every),
             Algo::Rb(a) if a.coroots > 0 && a.ack_every <= 1 => format!("Co-root({})", a.coroots),
             Algo::Rb(a) if a.coroots == 0 => format!("Aggregate{}", a.ack_every),
             Algo::Rb(a) => format!("Co-root({}) ACK every {}", a.coroots, a.ack_every),
@@ -380,6 +396,25 @@ impl Loop {
 /// Time per broadcast (ns) of `k` back-to-back blocking broadcasts of
 /// `size` bytes over `n` ranks, after a warm-up broadcast.
 pub fn throughput(m: &Machine, algo: Algo, n: u16, size: u64, k: u32) -> Result<f64, String> {
+    throughput_counted(m, algo, n, size, k).map(|(ns, _)| ns)
+}
+
+/// Reliable-broadcast work behind a run, per broadcast, summed over nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RbCounts {
+    /// ACK frames (explicit; piggybacked ones cost no frame).
+    pub acks: f64,
+    /// NAK frames.
+    pub naks: f64,
+    /// Reliable repairs (on a NAK, a timeout or a full window).
+    pub repairs: f64,
+    /// Sequence announcements.
+    pub announces: f64,
+}
+
+/// [`throughput`], with what the reliable broadcast spent on it (warm-up
+/// included, divided by the `k` broadcasts).
+pub fn throughput_counted(m: &Machine, algo: Algo, n: u16, size: u64, k: u32) -> Result<(f64, RbCounts), String> {
     let mut c = m.cluster(n)?;
     let data = pattern(size, 5);
     let (rb_threshold, nn) = (m.rb_threshold(), n as usize);
@@ -428,7 +463,69 @@ pub fn throughput(m: &Machine, algo: Algo, n: u16, size: u64, k: u32) -> Result<
         }
     }
     let last = l.finished.iter().copied().max().unwrap_or(t0);
-    Ok((last - t0) as f64 / k as f64)
+    let mut counts = RbCounts::default();
+    for node in &c.world.nodes {
+        let s = node.nic.rbcast_stats();
+        counts.acks += s.acks_sent as f64 / k as f64;
+        counts.naks += s.naks_sent as f64 / k as f64;
+        counts.repairs += s.repairs as f64 / k as f64;
+        counts.announces += s.announces as f64 / k as f64;
+    }
+    Ok(((last - t0) as f64 / k as f64, counts))
+}
+
+/// Losses (per receiver and frame) of the reliability comparison.
+pub const LOSSES: [f64; 4] = [0.0, 0.01, 0.05, 0.1];
+
+/// The schemes of the reliability comparison: the paper's ACK-based
+/// Window and Aggregate10, and its §9 NAK-based and hybrid.
+pub fn reliability_schemes() -> [Algo; 4] {
+    [Algo::Rb(WINDOW), Algo::ack_every(10), Algo::nak(0), Algo::nak(10)]
+}
+
+/// One point of the reliability comparison.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossPoint {
+    /// Loss per receiver and frame.
+    pub loss: f64,
+    /// Time per broadcast (ns), back to back.
+    pub per_bcast: f64,
+    /// What the reliable broadcast spent per broadcast.
+    pub counts: RbCounts,
+}
+
+/// `algo`'s back-to-back throughput over `n` ranks under each of [`LOSSES`]
+/// (multicast and point-to-point frames alike; one seed per loss).
+pub fn loss_sweep(m: &Machine, algo: Algo, n: u16, size: u64) -> Result<Vec<LossPoint>, String> {
+    LOSSES
+        .iter()
+        .map(|&loss| {
+            let mut lm = m.clone();
+            lm.wire.loss = loss;
+            throughput_counted(&lm, algo, n, size, TPUT_K).map(|(per_bcast, counts)| LossPoint {
+                loss,
+                per_bcast,
+                counts,
+            })
+        })
+        .collect()
+}
+
+/// The fragments-against-tree crossover at `n` ranks: the latency of
+/// Window fragments and of the NIC tree at each size from one frame to
+/// what the window holds, and the smallest size at which the tree is no
+/// slower (`None`: the window wins wherever it can carry the message).
+pub fn crossover(m: &Machine, n: u16) -> Result<(Vec<(u64, f64, f64)>, Option<u64>), String> {
+    let frags = m.rb_window_max() / m.rb_frame();
+    let mut wide = m.clone();
+    wide.rb_threshold = u64::MAX;
+    let mut pts = Vec::new();
+    for k in [1, 2, 3, 4, 6, 8, 10, 12, 14, 16].into_iter().filter(|&k| k <= frags) {
+        let size = k * m.rb_frame();
+        pts.push((size, latency(&wide, Algo::Rb(WINDOW), n, size)?, latency(m, Algo::NicTree, n, size)?));
+    }
+    let at = pts.iter().find(|&&(_, win, tree)| tree <= win).map(|p| p.0);
+    Ok((pts, at))
 }
 
 // ---- the §7 model ----
@@ -457,7 +554,7 @@ pub struct Params7 {
 /// Ranks of the window runs [`Params7::measure`] fits T_pack on.
 pub const FIT_NODES: [u16; 3] = [8, 16, 32];
 /// Co-root counts over 32 ranks [`Params7::measure`] fits T_um on.
-pub const FIT_COROOTS: [u8; 3] = [1, 3, 7];
+pub const FIT_COROOTS: [u16; 3] = [1, 3, 7];
 /// Back-to-back broadcasts per throughput figure.
 pub const TPUT_K: u32 = 40;
 
@@ -567,6 +664,8 @@ pub struct Repro {
     pub rows: Vec<Row>,
     /// Figures: (file stem, title, x label, log x, y label, curves).
     pub figures: Vec<Figure>,
+    /// The reliability comparison, per scheme.
+    pub loss_sweeps: Vec<(Algo, Vec<LossPoint>)>,
 }
 
 /// One plot.
@@ -712,6 +811,67 @@ pub fn reproduce(m: &Machine, n_max: u16, skew_trials: u32) -> Result<Repro, Str
         curves,
     });
 
+    // Beyond the paper: the fragments-vs-tree crossover (§4.5's threshold).
+    let (cross, at) = crossover(m, n8)?;
+    rows.push(Row {
+        what: "window fragments vs NIC tree crossover, 8 nodes (§4.5)".into(),
+        paper: "a threshold (not given)".into(),
+        ours: match at {
+            Some(s) => format!("tree faster from {s} B"),
+            None => format!("fragments faster up to the window's {} B", m.rb_window_max()),
+        },
+        how: format!(
+            "latency of {}-byte fragments (threshold off) against the NIC tree, 1–{} fragments; libemp's default threshold {} B",
+            m.rb_frame(),
+            m.rb_window_max() / m.rb_frame(),
+            emp::RBCAST_THRESHOLD_DEFAULT
+        ),
+    });
+    figures.push(Figure {
+        stem: "crossover-fragments-tree",
+        title: "Window fragments against the NIC tree, 8 nodes (ours)".into(),
+        xlabel: "message size, bytes",
+        xlog: false,
+        ylabel: "latency, µs",
+        curves: vec![
+            ("Window fragments".into(), cross.iter().map(|&(s, w, _)| (s as f64, us(w))).collect()),
+            ("NIC tree".into(), cross.iter().map(|&(s, _, t)| (s as f64, us(t))).collect()),
+        ],
+    });
+
+    // Beyond the paper (§9): NAK-based and hybrid reliability against its
+    // ACK-based schemes, under loss.
+    let mut curves: Vec<Curve> = Vec::new();
+    let mut sweeps = Vec::new();
+    for a in reliability_schemes() {
+        let pts = loss_sweep(m, a, n8, 64)?;
+        curves.push((a.label(), pts.iter().map(|q| (q.loss * 100.0, 1e9 / q.per_bcast)).collect()));
+        sweeps.push((a, pts));
+    }
+    let at5 = |i: usize| sweeps[i].1.iter().find(|q| q.loss == 0.05).expect("5 %");
+    let (win5, nak5, hyb5) = (at5(0), at5(2), at5(3));
+    rows.push(Row {
+        what: "NAK-based vs ACK-based (Window) throughput at 5 % loss, 8 nodes (§9)".into(),
+        paper: "future work".into(),
+        ours: format!(
+            "NAK {:.2}×, hybrid10 {:.2}× Window's; ACK frames/bcast {:.1} / {:.1} vs {:.1}",
+            win5.per_bcast / nak5.per_bcast,
+            win5.per_bcast / hyb5.per_bcast,
+            nak5.counts.acks,
+            hyb5.counts.acks,
+            win5.counts.acks
+        ),
+        how: format!("{TPUT_K} back-to-back 64 B bcasts, loss on every frame; `emp-sim bcast-repro` prints the sweep"),
+    });
+    figures.push(Figure {
+        stem: "nak-vs-ack-loss",
+        title: "Reliability schemes under loss: ACK (paper) against NAK and hybrid (its §9), 8 nodes".into(),
+        xlabel: "loss per receiver, %",
+        xlog: false,
+        ylabel: "broadcasts per second",
+        curves,
+    });
+
     // Fig. 10 / 11: latency against n, measured and modelled.
     let mut ns_meas: Vec<u16> = Vec::new();
     let mut k = 8u16;
@@ -790,7 +950,7 @@ pub fn reproduce(m: &Machine, n_max: u16, skew_trials: u32) -> Result<Repro, Str
         what: "optimal co-roots at 1024 nodes (§7.2)".into(),
         paper: "128".into(),
         ours: format!(
-            "model {} collectors ({c_opt} co-roots, s = {s_opt}); measured best co-roots: {best_big} at {n_max} (model {c_model_big}; a call names ≤ {COROOTS_MAX}); at {nm}: {best_busy} by root work, {best_tput} by throughput (model {c_model_nm})",
+            "model {} collectors ({c_opt} co-roots, s = {s_opt}); measured best co-roots: {best_big} at {n_max} (model {c_model_big}); at {nm}: {best_busy} by root work, {best_tput} by throughput (model {c_model_nm})",
             1024 / s_opt
         ),
         how: format!(
@@ -826,7 +986,7 @@ pub fn reproduce(m: &Machine, n_max: u16, skew_trials: u32) -> Result<Repro, Str
             ("1024 nodes, T_root with the paper's T_um/T_pack (5.5)".into(), model_at(&papers, 1024)),
         ],
     });
-    Ok(Repro { params: p, rows, figures })
+    Ok(Repro { params: p, rows, figures, loss_sweeps: sweeps })
 }
 
 /// One point of the co-root sweep.
@@ -841,18 +1001,15 @@ pub struct CorootPoint {
     pub per_bcast: Option<f64>,
 }
 
-/// Most co-roots a call can name (`RbcastAlgo::coroots` is a byte).
-pub const COROOTS_MAX: u32 = u8::MAX as u32;
-
 /// The co-root sweep at `n` ranks: co-root counts 0, 1, 3, 7, … up to
-/// [`COROOTS_MAX`] (collectors a power of two, sub-groups of 2 or more);
-/// with `tput` also back-to-back throughput.
+/// n/2 − 1 (collectors a power of two, sub-groups of 2 or more); with
+/// `tput` also back-to-back throughput.
 pub fn coroot_sweep(m: &Machine, n: u16, tput: bool) -> Result<Vec<CorootPoint>, String> {
     let mut out = Vec::new();
     let mut collectors = 1u32;
-    while collectors <= n as u32 / 2 && collectors - 1 <= COROOTS_MAX {
+    while collectors <= n as u32 / 2 {
         let c = collectors - 1;
-        let a = Algo::coroots(c as u8);
+        let a = Algo::coroots(c as u16);
         let per_bcast = if tput { Some(throughput(m, a, n, 1, TPUT_K)?) } else { None };
         out.push(CorootPoint { coroots: c, root_busy: root_busy(m, a, n, 1)?, per_bcast });
         collectors *= 2;

@@ -652,6 +652,27 @@ fn bcast_repro_cmd(nodes: u16, skew_trials: u32, plot: Option<&std::path::Path>)
             println!("  {:<58} {:<36} {}", row.what, row.paper, row.ours);
             println!("  {:<58} {:<36} ({})", "", "", row.how);
         }
+        println!(
+            "Reliability under loss, 8 nodes, 64 B back to back: µs/bcast, and per bcast ACK, NAK frames, repairs"
+        );
+        println!(
+            "  {:<34} {}",
+            "scheme",
+            bcast_repro::LOSSES.map(|l| format!("{:>26}", format!("{:.0} % loss", l * 100.0))).join("")
+        );
+        for (a, pts) in &r.loss_sweeps {
+            let cells: Vec<String> = pts
+                .iter()
+                .map(|q| {
+                    let c = q.counts;
+                    format!(
+                        "{:>26}",
+                        format!("{:.1} | {:.1} {:.1} {:.1}", q.per_bcast / 1e3, c.acks, c.naks, c.repairs)
+                    )
+                })
+                .collect();
+            println!("  {:<34} {}", a.label(), cells.join(""));
+        }
         if let Some(dir) = plot {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             for f in &r.figures {

@@ -58,7 +58,7 @@ impl Scenario {
         Scenario {
             n,
             count,
-            algo: RbcastAlgo { coroots: 0, ack_every: 1, window: 0 },
+            algo: RbcastAlgo { coroots: 0, ack_every: 1, window: 0, nak: false },
             wire: WireConfig { loss: 0.0, dup: 0.0, reorder: 0.0, ..WireConfig::default() },
             cfg: Config::default(),
             seed: 1,
@@ -71,6 +71,11 @@ impl Scenario {
 
     /// Runs it; `Err` says what went wrong (a test may expect that).
     fn run(&self) -> Result<Cluster, String> {
+        self.run_timed().map(|(c, _)| c)
+    }
+
+    /// As [`Scenario::run`], with the time the last broadcast completed.
+    fn run_timed(&self) -> Result<(Cluster, u64), String> {
         let mut c = group(self.n, self.cfg, self.wire.clone(), self.seed);
         let tag = rbcast_tag(self.algo);
         let (slots, window) = (self.cfg.rbcast_rx_slots as i64, self.cfg.rbcast_window as usize);
@@ -137,6 +142,7 @@ impl Scenario {
             }
             done += batch.len() as u32;
         }
+        let finished = c.world.now;
         // Quiesce: the timers run out once every entry is acknowledged.
         while c.world.now < end && c.step().is_some() {
             self.check_bounds(&c, slots, window, single_root)?;
@@ -161,7 +167,7 @@ impl Scenario {
                 return Err(format!("member {m} delivered {delivered} fragments, {want} sent to it"));
             }
         }
-        Ok(c)
+        Ok((c, finished))
     }
 
     /// Windows and credits within their bounds.
@@ -217,12 +223,12 @@ fn loss_duplication_reordering_2_to_64_nodes() {
     let mut seed = 10;
     for n in [2u16, 5, 16, 33, 64] {
         for loss in [0.0, 0.05, 0.2] {
-            for coroots in [0u8, 3] {
+            for coroots in [0u16, 3] {
                 seed += 1;
                 let mut s = Scenario::new(n, 24);
                 s.wire = lossy(loss);
                 s.seed = seed;
-                s.algo = RbcastAlgo { coroots: coroots.min(n as u8 - 1), ack_every: 3, window: 0 };
+                s.algo = RbcastAlgo { coroots: coroots.min(n - 1), ack_every: 3, window: 0, nak: false };
                 s.run().unwrap_or_else(|e| panic!("n {n} loss {loss} coroots {coroots} seed {seed}: {e}"));
             }
         }
@@ -235,7 +241,7 @@ fn rotating_roots_with_co_roots_under_loss() {
         let mut s = Scenario::new(n, 30);
         s.wire = lossy(0.1);
         s.seed = seed;
-        s.algo = RbcastAlgo { coroots: 2, ack_every: 2, window: 0 };
+        s.algo = RbcastAlgo { coroots: 2, ack_every: 2, window: 0, nak: false };
         s.roots = |i, n| (i as u16 * 5) % n;
         s.run().unwrap_or_else(|e| panic!("n {n}: {e}"));
     }
@@ -247,7 +253,7 @@ fn a_partition_heals_and_every_member_catches_up() {
     let mut s = Scenario::new(n, 40);
     let side: Vec<bool> = (0..n).map(|m| m >= 7).collect();
     s.wire = WireConfig { partition: Some(Partition { start_ns: 0, end_ns: 30 * MS, side }), ..lossy(0.05) };
-    s.algo = RbcastAlgo { coroots: 2, ack_every: 4, window: 0 };
+    s.algo = RbcastAlgo { coroots: 2, ack_every: 4, window: 0, nak: false };
     let c = s.run().unwrap_or_else(|e| panic!("{e}"));
     assert!(c.world.stats.partitioned > 0, "the partition cut something");
     let repairs: u64 = (0..n).map(|m| c.world.nodes[m as usize].nic.rbcast_stats().repairs).sum();
@@ -261,7 +267,7 @@ fn a_small_window_and_few_credits_stall_the_root_but_lose_nothing() {
     s.cfg.rbcast_rx_slots = 3;
     s.batch = 20;
     s.wire = lossy(0.1);
-    s.algo = RbcastAlgo { coroots: 1, ack_every: 2, window: 0 };
+    s.algo = RbcastAlgo { coroots: 1, ack_every: 2, window: 0, nak: false };
     let c = s.run().unwrap_or_else(|e| panic!("{e}"));
     let st = c.world.nodes[0].nic.rbcast_stats();
     assert!(st.window_full + st.credit_stalls > 0, "the root had to wait: {st:?}");
@@ -271,7 +277,7 @@ fn a_small_window_and_few_credits_stall_the_root_but_lose_nothing() {
 fn the_per_call_window_limit_is_honoured() {
     let mut s = Scenario::new(4, 30);
     s.batch = 30;
-    s.algo = RbcastAlgo { coroots: 0, ack_every: 1, window: 1 };
+    s.algo = RbcastAlgo { coroots: 0, ack_every: 1, window: 1, nak: false };
     s.cfg.rbcast_ack_delay_ns = 5 * MS;
     let c = s.run().unwrap_or_else(|e| panic!("{e}"));
     assert!(c.world.nodes[0].nic.rbcast_stats().window_full > 0);
@@ -286,7 +292,7 @@ fn co_roots_that_do_not_repair_break_delivery() {
         let mut s = Scenario::new(12, 30);
         s.wire = lossy(0.15);
         s.seed = 77;
-        s.algo = RbcastAlgo { coroots: 3, ack_every: 1, window: 0 };
+        s.algo = RbcastAlgo { coroots: 3, ack_every: 1, window: 0, nak: false };
         s.cfg.rbcast_coroot_repair = repair;
         s.limit_ns = 3_000 * MS;
         s.run()
@@ -305,7 +311,7 @@ fn skewed_ack_every_m_spreads_the_acks() {
     let (n, m, count) = (16u16, 4u8, 64u32);
     let log: Rc<RefCell<Vec<(u16, u32)>>> = Rc::default();
     let mut s = Scenario::new(n, count);
-    s.algo = RbcastAlgo { coroots: 0, ack_every: m, window: 0 };
+    s.algo = RbcastAlgo { coroots: 0, ack_every: m, window: 0, nak: false };
     // Owed ACKs wait long: only the skewed ones go during the run.
     s.cfg.rbcast_ack_delay_ns = 1_000 * MS;
     s.cfg.rbcast_rto_ns = 2_000 * MS;
@@ -386,6 +392,7 @@ fn bad_requests_are_refused_with_a_clear_status() {
 fn swarm_of_seeded_scenarios() {
     let first: u64 = std::env::var("EMP_SIM_RBCAST_FIRST").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let seeds: u64 = std::env::var("EMP_SIM_RBCAST_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(70);
+    let huge = std::env::var_os("EMP_SIM_RBCAST_HUGE").is_some();
     for seed in first..first + seeds {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let mut draw = |k: u64| {
@@ -394,8 +401,13 @@ fn swarm_of_seeded_scenarios() {
             x ^= x << 17;
             x % k
         };
-        // One scenario in eight is a wide group (65–256 members).
-        let n = if draw(8) == 0 { 65 + draw(192) as u16 } else { 2 + draw(63) as u16 };
+        // One scenario in eight is a wide group (65–256 members); with
+        // `EMP_SIM_RBCAST_HUGE` set, one in sixteen 257–1024 members (slow).
+        let n = match draw(16) {
+            0 if huge => 257 + draw(768) as u16,
+            0 | 1 => 65 + draw(192) as u16,
+            _ => 2 + draw(63) as u16,
+        };
         let mut s = Scenario::new(n, 8 + draw(24) as u32);
         s.seed = seed;
         let loss = draw(21) as f64 / 100.0;
@@ -411,10 +423,15 @@ fn swarm_of_seeded_scenarios() {
             s.wire.partition = Some(Partition { start_ns: start, end_ns: start + (1 + draw(20)) * MS, side });
         }
         s.algo = RbcastAlgo {
-            coroots: draw(n.min(9) as u64) as u8,
+            coroots: draw(n.min(9) as u64) as u16,
             ack_every: 1 + draw(10) as u8,
             window: draw(3) as u8 * draw(9) as u8,
+            // One in three: NAK-based or hybrid (§9).
+            nak: draw(3) == 0,
         };
+        if s.algo.nak && draw(2) == 0 {
+            s.algo.ack_every = 0;
+        }
         s.cfg.rbcast_window = 1 + draw(16) as u32;
         s.cfg.rbcast_rx_slots = 1 + draw(24) as u32;
         s.batch = 1 + draw(16) as u32;
@@ -444,13 +461,13 @@ fn swarm_of_seeded_scenarios() {
 #[test]
 fn wide_groups_of_128_and_256_members_under_loss() {
     for (n, coroots, ack_every, seed) in
-        [(128u16, 0u8, 1u8, 21u64), (128, 15, 4, 22), (256, 0, 8, 23), (256, 31, 2, 24)]
+        [(128u16, 0u16, 1u8, 21u64), (128, 15, 4, 22), (256, 0, 8, 23), (256, 31, 2, 24)]
     {
         let mut s = Scenario::new(n, 10);
         s.wire = lossy(0.05);
         s.seed = seed;
         s.batch = 5;
-        s.algo = RbcastAlgo { coroots, ack_every, window: 0 };
+        s.algo = RbcastAlgo { coroots, ack_every, window: 0, nak: false };
         if coroots != 0 {
             s.roots = |i, n| (i as u16 * 37 + n - 1) % n;
         }
@@ -466,12 +483,12 @@ fn wide_groups_of_128_and_256_members_under_loss() {
 #[test]
 #[ignore]
 fn a_1024_member_group_with_128_co_roots() {
-    for (coroots, roots) in [(128u8, (|_, _| 0) as fn(u32, u16) -> u16), (0, |i, n| (i as u16 * 301 + n - 1) % n)] {
+    for (coroots, roots) in [(128u16, (|_, _| 0) as fn(u32, u16) -> u16), (0, |i, n| (i as u16 * 301 + n - 1) % n)] {
         let mut s = Scenario::new(1024, 6);
         s.wire = lossy(0.02);
         s.seed = 31;
         s.batch = 3;
-        s.algo = RbcastAlgo { coroots, ack_every: 8, window: 0 };
+        s.algo = RbcastAlgo { coroots, ack_every: 8, window: 0, nak: false };
         s.roots = roots;
         s.run().unwrap_or_else(|e| panic!("coroots {coroots}: {e}"));
     }
@@ -493,7 +510,7 @@ fn large_messages_travel_as_fragments_under_loss() {
             s.seed = seed;
             s.wire = lossy(loss);
             s.batch = 4;
-            s.algo = RbcastAlgo { coroots: (n / 5) as u8, ack_every: 2, window: 0 };
+            s.algo = RbcastAlgo { coroots: n / 5, ack_every: 2, window: 0, nak: false };
             if n > 2 {
                 s.roots = |i, n| (i as u16 * 3) % n;
             }
@@ -519,8 +536,78 @@ fn fragments_stall_the_root_on_window_and_credits_but_lose_nothing() {
     s.len = 5 * frame;
     s.batch = 12;
     s.wire = lossy(0.1);
-    s.algo = RbcastAlgo { coroots: 1, ack_every: 3, window: 0 };
+    s.algo = RbcastAlgo { coroots: 1, ack_every: 3, window: 0, nak: false };
     let c = s.run().unwrap_or_else(|e| panic!("{e}"));
     let st = c.world.nodes[0].nic.rbcast_stats();
     assert!(st.window_full + st.credit_stalls > 0, "6 fragments through 6 entries must wait: {st:?}");
+}
+
+/// The swarm's knobs on groups of 257–1024 members (beyond any 256-bit
+/// member set, up to the paper's §7 scale): loss, duplication,
+/// reordering, co-roots, M, NAKs, rotating roots. A few seeds here; the
+/// swarm draws such groups too with `EMP_SIM_RBCAST_HUGE=1`.
+#[test]
+fn huge_groups_of_257_to_1024_members_under_loss() {
+    let cases: [(u16, u16, u8, bool, u64); 3] =
+        [(300, 7, 0, true, 61), (517, 63, 2, true, 62), (1024, 255, 8, false, 64)];
+    for (n, coroots, ack_every, nak, seed) in cases {
+        let mut s = Scenario::new(n, 4);
+        s.wire = WireConfig { loss: 0.03, dup: 0.02, reorder: 0.1, ..WireConfig::default() };
+        s.seed = seed;
+        s.batch = 2;
+        s.len = 64;
+        s.algo = RbcastAlgo { coroots, ack_every, window: 0, nak };
+        s.roots = |i, n| (i as u16 * 211 + n - 1) % n;
+        let c = s.run().unwrap_or_else(|e| panic!("n {n} coroots {coroots} nak {nak} seed {seed}: {e}"));
+        let repairs: u64 = (0..n).map(|m| c.world.nodes[m as usize].nic.rbcast_stats().repairs).sum();
+        assert!(repairs > 0, "n {n}: 3 % loss over {n} receivers must need repairs");
+    }
+}
+
+/// NAK-based and hybrid reliability (the paper's §9): with a timeout far
+/// beyond the run, every loss is repaired through a NAK — a gap shown by a
+/// later message, or by the root's announcement when the last ones are
+/// lost — and the run ends long before one timeout; the ACK-based scheme
+/// under the same losses waits for the timeout. Fails if members stop
+/// NAKing, collectors stop repairing on a NAK, or roots stop announcing.
+#[test]
+fn naks_repair_losses_without_waiting_for_the_timeout() {
+    let rto = 400 * MS;
+    for (n, coroots, ack_every) in [(8u16, 0u16, 0u8), (16, 3, 4), (33, 0, 10)] {
+        let run = |nak: bool| {
+            let mut s = Scenario::new(n, 24);
+            s.wire = WireConfig { loss: 0.08, dup: 0.0, reorder: 0.0, ..WireConfig::default() };
+            s.seed = 70 + n as u64;
+            s.cfg.rbcast_rto_ns = rto;
+            s.batch = 6;
+            s.algo = RbcastAlgo { coroots, ack_every: if nak { ack_every } else { ack_every.max(1) }, window: 0, nak };
+            let (c, finished) = s.run_timed().unwrap_or_else(|e| panic!("n {n} nak {nak}: {e}"));
+            let st: Vec<_> = (0..n).map(|m| c.world.nodes[m as usize].nic.rbcast_stats()).collect();
+            let sum = |f: fn(&emp_firmware::rbcast::RbcastStats) -> u64| st.iter().map(f).sum::<u64>();
+            (finished, sum(|s| s.repairs), sum(|s| s.nak_repairs), sum(|s| s.naks_sent), sum(|s| s.announces))
+        };
+        let (t_nak, repairs, nak_repairs, naks, announces) = run(true);
+        assert!(naks > 0 && nak_repairs > 0, "n {n}: 8 % loss must be NAKed and repaired: {naks} NAKs, {nak_repairs}");
+        assert!(announces > 0, "n {n}: the last broadcasts of a batch are found lost through announcements");
+        assert!(repairs >= nak_repairs);
+        assert!(t_nak < rto, "n {n}: NAK run took {t_nak} ns, the timeout is {rto}");
+        let (t_ack, ..) = run(false);
+        assert!(t_ack > rto, "n {n}: the ACK scheme under the same loss waits for the timeout ({t_ack} ns)");
+    }
+}
+
+/// NAK-based reliability takes far fewer ACK frames than ACK-every-one:
+/// members acknowledge only every half window.
+#[test]
+fn the_nak_scheme_sends_fewer_acks() {
+    let acks = |algo: RbcastAlgo| {
+        let mut s = Scenario::new(16, 64);
+        s.algo = algo;
+        s.batch = 16;
+        let c = s.run().unwrap_or_else(|e| panic!("{algo:?}: {e}"));
+        (0..16).map(|m| c.world.nodes[m as usize].nic.rbcast_stats().acks_sent).sum::<u64>()
+    };
+    let every = acks(RbcastAlgo { ack_every: 1, ..Default::default() });
+    let nak = acks(RbcastAlgo { ack_every: 0, nak: true, ..Default::default() });
+    assert!(nak * 4 <= every, "NAK scheme {nak} ACK frames, ACK every one {every}");
 }

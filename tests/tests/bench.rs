@@ -89,7 +89,7 @@ fn link_delay_bounds_ping_pong_latency_from_below() {
 /// the window); every record is a positive time. No timing asserts.
 #[test]
 fn bench_bcast_runs_the_reliable_broadcast_schemes() {
-    let schemes = ["rb-window", "rb-coroot(1)", "rb-ack10"];
+    let schemes = ["rb-window", "rb-coroot(1)", "rb-ack10", "rb-nak", "rb-hybrid10"];
     for kind in [&["bcast", "--turns"][..], &["bcast-tput"], &["bcast-skew", "--skew-us", "50"]] {
         let out = emp()
             .args(["bench"])
@@ -104,7 +104,7 @@ fn bench_bcast_runs_the_reliable_broadcast_schemes() {
             panic!("stdout is not one JSON document (error at byte {at}):\n{stdout}");
         }
         let records = doc.matches("\"variant\":").count();
-        // host-binomial, nic and the three schemes, at 2 sizes.
+        // host-binomial, nic and the five schemes, at 2 sizes.
         assert_eq!(records, 2 * (2 + schemes.len()), "{kind:?}: {doc}");
         for v in schemes.iter().chain(&["host-binomial", "nic"]) {
             for size in [1, 2048] {

@@ -80,7 +80,7 @@ extern "C" {
 /* EMP_ATOMIC_WINDOW and a result cache at the target.                 */
 /* ------------------------------------------------------------------ */
 
-#define EMP_WIRE_VERSION 4U
+#define EMP_WIRE_VERSION 5U
 /* Largest frame (headers + payload) a NIC accepts. */
 #define EMP_MTU_MAX 9000U
 /* Destination node ids from EMP_MCAST_BASE are multicast addresses. */
@@ -198,10 +198,13 @@ struct emp_rma_header {
 #define EMP_RBCAST_DATA 1U      /* seq = the message's number in its root's sequence */
 #define EMP_RBCAST_ACK 2U       /* cumulative: every message of root below seq is held */
 #define EMP_RBCAST_POLL 3U      /* a root at zero credit asks for the re-post count */
+#define EMP_RBCAST_NAK 4U       /* messages seq .. seq + span of root are missing */
+#define EMP_RBCAST_ANNOUNCE 5U  /* a root's messages below seq were sent (multicast) */
 #define EMP_RBCAST_PIGGY_ACK 1U /* ack_root / ack_next carry an ACK (DATA only) */
 #define EMP_RBCAST_P2P 2U       /* a repair or co-root copy (reliable point-to-point) */
+#define EMP_RBCAST_FLAG_NAK 4U  /* DATA: members NAK gaps in the root's sequence */
 
-/* Header of a reliable-broadcast frame (40 bytes; seed 002). */
+/* Header of a reliable-broadcast frame (44 bytes; seed 002). */
 struct emp_rbcast_header {
 	uint32_t group_id;
 	uint32_t epoch;
@@ -212,12 +215,14 @@ struct emp_rbcast_header {
 	uint16_t root;       /* root rank */
 	uint16_t sender;     /* sender rank */
 	uint16_t ack_root;
-	uint8_t kind;        /* EMP_RBCAST_DATA / EMP_RBCAST_ACK */
-	uint8_t coroots;     /* DATA: the root's co-root count */
+	uint8_t kind;        /* EMP_RBCAST_DATA / ACK / POLL / NAK / ANNOUNCE */
+	uint8_t flags;       /* EMP_RBCAST_PIGGY_ACK | EMP_RBCAST_P2P | EMP_RBCAST_FLAG_NAK */
 	uint8_t ack_every;   /* DATA: ACK every M messages, >= 1 */
-	uint8_t flags;       /* EMP_RBCAST_PIGGY_ACK | EMP_RBCAST_P2P */
+	uint8_t reserved;    /* zero */
+	uint16_t coroots;    /* DATA: the root's co-root count */
 	uint16_t frag;       /* DATA: fragment index in the message */
 	uint16_t frags;      /* DATA: fragments of the message, >= 1 */
+	uint16_t span;       /* NAK: messages missing from seq on, >= 1 */
 	uint32_t msg_len;    /* DATA: bytes of the whole message */
 };
 
@@ -276,9 +281,13 @@ struct emp_atomic_result {
 #define EMP_OP_RECV_RDMA_IMM 13U
 #define EMP_OP_PROBE 14U /* receive ring: peek (or claim) an unexpected message; no SGEs */
 #define EMP_OP_RBCAST 15U /* reliable broadcast over multicast; tag = EMP_RBCAST_TAG() */
-/* Reliable broadcast algorithm (EMP_OP_RBCAST tag): co-roots, ACK every M, window. */
-#define EMP_RBCAST_TAG(coroots, ack_every, window) \
-	((uint64_t)(uint8_t)(coroots) | (uint64_t)(uint8_t)(ack_every) << 8 | (uint64_t)(uint8_t)(window) << 16)
+/* Reliable broadcast algorithm (EMP_OP_RBCAST tag): co-roots (16 bits: the low
+ * byte, then the high byte at bit 24), ACK every M, window, and the NAK bit. */
+#define EMP_RBCAST_TAG_NAK (1ULL << 32)
+#define EMP_RBCAST_TAG(coroots, ack_every, window)                                               \
+	((uint64_t)((uint16_t)(coroots) & 0xFFU) | (uint64_t)(uint8_t)(ack_every) << 8 |          \
+	 (uint64_t)(uint8_t)(window) << 16 | (uint64_t)((uint16_t)(coroots) >> 8) << 24)
+#define EMP_RBCAST_TAG_NAKS(coroots, ack_every, window) (EMP_RBCAST_TAG(coroots, ack_every, window) | EMP_RBCAST_TAG_NAK)
 
 /* Work descriptor flags. */
 #define EMP_WD_SIGNALED (1U << 0)
@@ -1205,7 +1214,7 @@ EMP_STATIC_ASSERT(sizeof(struct emp_ack_body) == 16, "emp_ack_body");
 EMP_STATIC_ASSERT(sizeof(struct emp_atomic_body) == 40, "emp_atomic_body");
 EMP_STATIC_ASSERT(sizeof(struct emp_atomic_result) == 16, "emp_atomic_result");
 EMP_STATIC_ASSERT(sizeof(struct emp_rma_header) == 32, "emp_rma_header");
-EMP_STATIC_ASSERT(sizeof(struct emp_rbcast_header) == 40, "emp_rbcast_header");
+EMP_STATIC_ASSERT(sizeof(struct emp_rbcast_header) == 44, "emp_rbcast_header");
 EMP_STATIC_ASSERT(sizeof(struct emp_sge) == 16, "emp_sge");
 EMP_STATIC_ASSERT(sizeof(struct emp_work_desc) == 128, "emp_work_desc");
 EMP_STATIC_ASSERT(sizeof(struct emp_cqe) == 40, "emp_cqe");

@@ -153,30 +153,55 @@ impl ReduceOp {
 
 /// The reliable broadcast's algorithm, chosen per call (seed 002): the
 /// descriptor's `tag` of an `Opcode::Rbcast` ([`rbcast_tag`]).
+///
+/// Reliability is ACK-based by default (the paper's): members acknowledge,
+/// collectors repair what stays unacknowledged past the timeout. With
+/// `nak` (the paper's §9 future work) members also report a gap in a
+/// root's sequence at once (a NAK) and collectors repair it at once;
+/// `ack_every` 0 then means ACKs only as the window needs them (every half
+/// window: the NAK-based scheme), and M ≥ 1 keeps ACK every M beside the
+/// NAKs (the hybrid scheme).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct RbcastAlgo {
     /// Co-roots (§4.3): 0 = the root collects every ACK itself.
-    pub coroots: u8,
-    /// ACK every M messages, skewed (§4.4); 0 or 1 = every message.
+    pub coroots: u16,
+    /// ACK every M messages, skewed (§4.4); 0 or 1 = every message (with
+    /// `nak`, 0 = every half window).
     pub ack_every: u8,
     /// Window slots the root may use (§4.2), 0 = all the NIC has.
     pub window: u8,
+    /// Members NAK gaps and collectors repair them at once (§9).
+    pub nak: bool,
 }
 
-/// The descriptor `tag` of a reliable broadcast with algorithm `a`.
+/// [`rbcast_tag`] bit: [`RbcastAlgo::nak`].
+pub const RBCAST_TAG_NAK: u64 = 1 << 32;
+
+/// The descriptor `tag` of a reliable broadcast with algorithm `a`: the
+/// co-root count's low byte, M, the window, the co-root count's high byte,
+/// then the NAK bit (a tag of the three byte fields alone means what it
+/// always did).
 pub const fn rbcast_tag(a: RbcastAlgo) -> u64 {
-    a.coroots as u64 | (a.ack_every as u64) << 8 | (a.window as u64) << 16
+    (a.coroots & 0xFF) as u64
+        | (a.ack_every as u64) << 8
+        | (a.window as u64) << 16
+        | ((a.coroots >> 8) as u64) << 24
+        | if a.nak { RBCAST_TAG_NAK } else { 0 }
 }
 
 /// The algorithm a reliable broadcast's `tag` names (`None`: bits beyond
-/// the three fields). The co-root count is checked against the group's
-/// size by the NIC.
+/// the fields). The co-root count is checked against the group's size by
+/// the NIC.
 pub const fn rbcast_algo(tag: u64) -> Option<RbcastAlgo> {
-    let a = RbcastAlgo { coroots: tag as u8, ack_every: (tag >> 8) as u8, window: (tag >> 16) as u8 };
-    if tag >> 24 != 0 {
+    if tag >> 33 != 0 {
         return None;
     }
-    Some(a)
+    Some(RbcastAlgo {
+        coroots: (tag & 0xFF) as u16 | ((tag >> 24) as u16 & 0xFF) << 8,
+        ack_every: (tag >> 8) as u8,
+        window: (tag >> 16) as u8,
+        nak: tag & RBCAST_TAG_NAK != 0,
+    })
 }
 
 /// The `tag` of a reduce/allreduce descriptor: `dtype | op << 8 | tree << 16`.

@@ -282,7 +282,8 @@ impl WorkDesc {
             }
             Opcode::Rbcast => {
                 (self.port as usize) < crate::coll::RBCAST_MEMBERS_MAX
-                    && crate::coll::rbcast_algo(self.tag).is_some()
+                    && crate::coll::rbcast_algo(self.tag)
+                        .is_some_and(|a| (a.coroots as usize) < crate::coll::RBCAST_MEMBERS_MAX)
                     && self.ignore == 0
             }
             Opcode::Barrier => {

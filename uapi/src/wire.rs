@@ -38,7 +38,8 @@ use crate::{le_struct, DecodeError, Le};
 
 /// Wire protocol version carried in every frame. 3: remote accesses carry
 /// the region's 32-bit secret. 4: message headers carry immediate data.
-pub const WIRE_VERSION: u8 = 4;
+/// 5: reliable-broadcast headers carry 16-bit co-root counts and NAKs.
+pub const WIRE_VERSION: u8 = 5;
 /// Largest frame (header + payload) a NIC accepts: jumbo MTU.
 pub const MTU_MAX: u32 = 9000;
 /// Smallest MTU that still carries headers plus a useful payload.
@@ -405,6 +406,14 @@ pub mod rbcast_kind {
     /// A root at zero credit for the receiver asks for its re-post count
     /// (answered with an ACK to the sender).
     pub const POLL: u8 = 3;
+    /// NAK-based reliability (§9): the sender lacks `root`'s messages
+    /// `seq .. seq + span` (and holds every one below `seq`: also a
+    /// cumulative ACK), to its collector.
+    pub const NAK: u8 = 4;
+    /// NAK-based reliability: a root's multicast announcement that its
+    /// messages below `seq` were sent, so a member that lost the last ones
+    /// (no later message shows the gap) NAKs them.
+    pub const ANNOUNCE: u8 = 5;
 }
 
 /// [`RbcastHeader::flags`] bits.
@@ -413,14 +422,17 @@ pub mod rbcast_flag {
     pub const PIGGY_ACK: u8 = 1 << 0;
     /// A repair or co-root copy sent over the reliable point-to-point path.
     pub const P2P: u8 = 1 << 1;
+    /// DATA: the root's scheme has NAKs (`RbcastAlgo::nak`): members NAK
+    /// gaps in its sequence.
+    pub const NAK: u8 = 1 << 2;
     /// All defined flags.
-    pub const ALL: u8 = PIGGY_ACK | P2P;
+    pub const ALL: u8 = PIGGY_ACK | P2P | NAK;
 }
 
 le_struct! {
     /// Header of a reliable-broadcast frame (seed 002), after the
     /// [`FrameHeader`] of an `RBCAST` frame or after the `CollHeader` of a
-    /// point-to-point copy (40 bytes). Ranks are group ranks. A message
+    /// point-to-point copy (44 bytes). Ranks are group ranks. A message
     /// larger than one frame travels as `frags` fragments with consecutive
     /// `seq`, each its own window entry (§4.5).
     pub struct RbcastHeader {
@@ -446,20 +458,24 @@ le_struct! {
         pub ack_root: u16,
         /// [`rbcast_kind`].
         pub kind: u8,
-        /// DATA: the root's co-root count (§4.3), 0 = the root alone.
-        pub coroots: u8,
-        /// DATA: ACK every this many messages (§4.4), at least 1.
-        pub ack_every: u8,
         /// [`rbcast_flag`] bits.
         pub flags: u8,
+        /// DATA: ACK every this many messages (§4.4), at least 1.
+        pub ack_every: u8,
+        /// Zero.
+        pub reserved: u8,
+        /// DATA: the root's co-root count (§4.3), 0 = the root alone.
+        pub coroots: u16,
         /// DATA: this fragment's index in its message (from 0).
         pub frag: u16,
         /// DATA: fragments of the message, at least 1.
         pub frags: u16,
+        /// NAK: messages missing from `seq` on (at least 1).
+        pub span: u16,
         /// DATA: bytes of the whole message (every fragment).
         pub msg_len: u32,
     }
-    size = 40;
+    size = 44;
 }
 
 impl RbcastHeader {
@@ -474,21 +490,38 @@ impl RbcastHeader {
         if h.root as usize >= ranks || h.sender as usize >= ranks || h.ack_root as usize >= ranks {
             return Err(DecodeError::BadIndex);
         }
+        if h.reserved != 0 {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        let control_zero = h.len == 0
+            && h.flags == 0
+            && h.coroots == 0
+            && h.ack_every == 0
+            && h.frag == 0
+            && h.frags == 0
+            && h.msg_len == 0;
         match h.kind {
             rbcast_kind::DATA
                 if h.ack_every >= 1
                     && (h.coroots as usize) < ranks
                     && h.frag < h.frags
+                    && h.span == 0
                     && h.len as u32 <= h.msg_len => {}
-            rbcast_kind::ACK | rbcast_kind::POLL
+            rbcast_kind::ACK | rbcast_kind::POLL if control_zero && h.span == 0 => {}
+            // The root's scheme rides along, as on its DATA.
+            rbcast_kind::ANNOUNCE
                 if h.len == 0
-                    && h.flags == 0
-                    && h.coroots == 0
-                    && h.ack_every == 0
+                    && h.flags == rbcast_flag::NAK
+                    && h.ack_every >= 1
+                    && (h.coroots as usize) < ranks
                     && h.frag == 0
                     && h.frags == 0
+                    && h.span == 0
                     && h.msg_len == 0 => {}
-            rbcast_kind::DATA | rbcast_kind::ACK | rbcast_kind::POLL => return Err(DecodeError::ReservedNotZero),
+            rbcast_kind::NAK if control_zero && h.span >= 1 => {}
+            rbcast_kind::DATA | rbcast_kind::ACK | rbcast_kind::POLL | rbcast_kind::NAK | rbcast_kind::ANNOUNCE => {
+                return Err(DecodeError::ReservedNotZero)
+            }
             _ => return Err(DecodeError::BadKind),
         }
         if h.flags & rbcast_flag::PIGGY_ACK == 0 && (h.ack_root != 0 || h.ack_next != 0) {
@@ -803,7 +836,7 @@ mod tests {
 
     /// Byte-exact fixture: an ACK for group 2 of message 7, 0 -> 1.
     static ACK_BYTES: [u8; 48] = [
-        4, 2, 0, 0, // version, kind, dst_gen
+        5, 2, 0, 0, // version, kind, dst_gen
         0, 0, 1, 0, // src_node 0, dst_node 1
         3, 0, 4, 0, // src_port 3, dst_port 4
         9, 0, 0, 0, // src_gen 9, payload_len 0

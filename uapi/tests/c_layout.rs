@@ -207,11 +207,13 @@ fn structs() -> Vec<StructDesc> {
                 sender,
                 ack_root,
                 kind,
-                coroots,
-                ack_every,
                 flags,
+                ack_every,
+                reserved,
+                coroots,
                 frag,
                 frags,
+                span,
                 msg_len
             }
         ),
@@ -446,6 +448,9 @@ fn constants() -> Vec<ConstDesc> {
         EMP_RBCAST_DATA = wire::rbcast_kind::DATA,
         EMP_RBCAST_ACK = wire::rbcast_kind::ACK,
         EMP_RBCAST_POLL = wire::rbcast_kind::POLL,
+        EMP_RBCAST_NAK = wire::rbcast_kind::NAK,
+        EMP_RBCAST_ANNOUNCE = wire::rbcast_kind::ANNOUNCE,
+        EMP_RBCAST_FLAG_NAK = wire::rbcast_flag::NAK,
         EMP_RBCAST_PIGGY_ACK = wire::rbcast_flag::PIGGY_ACK,
         EMP_RBCAST_P2P = wire::rbcast_flag::P2P,
         EMP_NACK_LOSS = NackReason::Loss as u8,
@@ -557,6 +562,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_COLL_KIND_REDUCE_UP = CollKind::ReduceUp as u8,
         EMP_COLL_KIND_ALLREDUCE_DOWN = CollKind::AllreduceDown as u8,
         EMP_COLL_KIND_RBCAST = CollKind::Rbcast as u8,
+        EMP_RBCAST_TAG_NAK = coll::RBCAST_TAG_NAK,
         // sram.rs
         EMP_BOARD_SIGNATURE = sram::BOARD_SIGNATURE,
         EMP_LAYOUT_VERSION = sram::LAYOUT_VERSION,
@@ -836,6 +842,13 @@ fn c_expressions() -> Vec<(String, String, u64)> {
                     coll::reduce_tag(t, op, tree),
                 ));
             }
+        }
+    }
+    for (coroots, m, w) in [(0u16, 0u8, 0u8), (7, 10, 4), (255, 1, 16), (256, 2, 0), (511, 255, 255), (1023, 8, 64)] {
+        for nak in [false, true] {
+            let a = coll::RbcastAlgo { coroots, ack_every: m, window: w, nak };
+            let mac = if nak { "EMP_RBCAST_TAG_NAKS" } else { "EMP_RBCAST_TAG" };
+            v.push((format!("{mac}/{coroots}/{m}/{w}"), format!("{mac}({coroots}, {m}, {w})"), coll::rbcast_tag(a)));
         }
     }
     // The macro yields a value as wide as the descriptor's tag.

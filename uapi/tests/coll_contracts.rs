@@ -344,19 +344,26 @@ fn reduce_tags_round_trip() {
 
 #[test]
 fn rbcast_tags_round_trip() {
-    use emp_uapi::coll::{rbcast_algo, rbcast_tag, RbcastAlgo};
-    for coroots in 0..=255u8 {
+    use emp_uapi::coll::{rbcast_algo, rbcast_tag, RbcastAlgo, RBCAST_TAG_NAK};
+    for coroots in (0..=1100u16).chain([u16::MAX]) {
         for ack_every in [0u8, 1, 10, 255] {
             for window in [0u8, 3, 255] {
-                let a = RbcastAlgo { coroots, ack_every, window };
-                assert_eq!(rbcast_algo(rbcast_tag(a)), Some(a));
+                for nak in [false, true] {
+                    let a = RbcastAlgo { coroots, ack_every, window, nak };
+                    assert_eq!(rbcast_algo(rbcast_tag(a)), Some(a));
+                }
             }
         }
     }
-    // Every co-root count a tag holds fits the widest group (the NIC
-    // checks it against the group's own size).
-    const { assert!(255 < emp_uapi::coll::RBCAST_MEMBERS_MAX) };
-    assert_eq!(rbcast_algo(1 << 24), None, "bits beyond the fields");
+    // A tag of the three byte fields alone (before 16-bit co-root counts
+    // and NAKs) means what it always did.
+    assert_eq!(
+        rbcast_algo(7 | 10 << 8 | 4 << 16),
+        Some(RbcastAlgo { coroots: 7, ack_every: 10, window: 4, nak: false })
+    );
+    assert_eq!(rbcast_algo(2 << 24), Some(RbcastAlgo { coroots: 512, ..Default::default() }));
+    assert_eq!(rbcast_algo(RBCAST_TAG_NAK), Some(RbcastAlgo { nak: true, ..Default::default() }));
+    assert_eq!(rbcast_algo(1 << 33), None, "bits beyond the fields");
 }
 
 #[test]

@@ -556,7 +556,10 @@ fn check_parsed(bytes: &[u8], f: &Frame<'_>) -> Result<(), TestCaseError> {
         Frame::Rbcast { hdr, body, data } => {
             prop_assert_eq!(hdr.kind, FrameKind::Rbcast as u8);
             prop_assert_eq!((hdr.payload_len, body.len as usize), (data.len() as u16, data.len()));
-            prop_assert!(matches!(body.kind, rbcast_kind::DATA | rbcast_kind::ACK | rbcast_kind::POLL));
+            prop_assert!(matches!(
+                body.kind,
+                rbcast_kind::DATA | rbcast_kind::ACK | rbcast_kind::POLL | rbcast_kind::NAK | rbcast_kind::ANNOUNCE
+            ));
             prop_assert_eq!(body.flags & rbcast_flag::P2P, 0);
             let ranks = emp_uapi::coll::GROUP_MEMBERS_MAX as u16;
             prop_assert!(body.root < ranks && body.sender < ranks && body.ack_root < ranks);
@@ -1084,7 +1087,8 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
         Opcode::Rbcast => {
             let rb = RBCAST_MEMBERS_MAX as u64;
             d.port = (next(&mut x) % rb) as u16;
-            d.tag = (next(&mut x) & 0xFF_FF00) | (next(&mut x) % rb);
+            let coroots = next(&mut x) % rb;
+            d.tag = (next(&mut x) & (1 << 32 | 0xFF_FF00)) | (coroots & 0xFF) | (coroots >> 8) << 24;
             d.ignore = 0;
         }
         Opcode::Barrier => {
@@ -1236,11 +1240,13 @@ fn operands_spec(d: &WorkDesc, op: Opcode) -> bool {
         Opcode::MultiSend => (d.port as u64) < members / 64 && d.ignore != 0,
         // root rank, tree index, no ignore.
         Opcode::Bcast => (d.port as u64) < members && d.tag < trees && d.ignore == 0,
-        // root rank and co-roots below the reliable broadcast's 64 members;
-        // tag = co-roots | ACK every M << 8 | window << 16.
+        // root rank and co-roots below the reliable broadcast's 1024 members;
+        // tag = co-roots' low byte | ACK every M << 8 | window << 16 |
+        // co-roots' high byte << 24 | NAK << 32.
         Opcode::Rbcast => {
             let rb = RBCAST_MEMBERS_MAX as u64;
-            (d.port as u64) < rb && d.tag < 1 << 24 && (d.tag & 0xFF) < rb && d.ignore == 0
+            let coroots = (d.tag & 0xFF) | (d.tag >> 24 & 0xFF) << 8;
+            (d.port as u64) < rb && d.tag < 1 << 33 && coroots < rb && d.ignore == 0
         }
         // algorithm 0..=2, tree index, no ignore, no buffer.
         Opcode::Barrier => d.port <= 2 && d.tag < trees && d.ignore == 0 && n == 0,

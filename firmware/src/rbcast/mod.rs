@@ -52,11 +52,11 @@ use crate::{timer, Hal, LocalDesc, Nic};
 
 pub(crate) use state::RbGroup as RbGroupState;
 pub use state::RbcastStats;
-use state::{sub_size, tree_child, tree_children, Arrival, Frag, RbGroup};
+use state::{sub_size, tree_child, tree_children, Arrival, Frag, RbGroup, RootAlgo};
 
 /// Members per sub-group (the collector included) of a broadcast over
 /// `n` members with `coroots` co-roots (§4.3, §7.2's `s`).
-pub fn sub_group_size(n: u16, coroots: u8) -> u16 {
+pub fn sub_group_size(n: u16, coroots: u16) -> u16 {
     sub_size(n, coroots)
 }
 
@@ -225,7 +225,7 @@ impl Nic {
         };
         let (root, n) = (ld.wd.port, g.n);
         let algo = rbcast_algo(ld.wd.tag).expect("validated");
-        if root >= n || algo.coroots as u16 >= n.max(1) {
+        if root >= n || algo.coroots >= n.max(1) {
             return fail(self, hal, Status::BadDescriptor);
         }
         if n as usize > RBCAST_MEMBERS_MAX {
@@ -301,9 +301,15 @@ impl Nic {
         rb.stats.sent += frags as u64;
         rb.stats.fragmented += (frags > 1) as u64;
         let collectors = n.div_ceil(sub_size(n, algo.coroots));
+        // NAK-based (§9): ACKs only as the window needs them, every half of it.
+        let ack_every = match (algo.nak, algo.ack_every) {
+            (true, 0) => (limit / 2).max(1) as u8,
+            (_, m) => m.max(1),
+        };
         for &e in &picked[..frags] {
             let w = &mut self.rb(slot).window[e as usize];
-            w.ack_every = algo.ack_every.max(1);
+            w.ack_every = ack_every;
+            w.nak = algo.nak;
             w.sent_ns = now;
             w.repair_ns = 0;
             w.p2p_todo = tree_children(0, collectors);
@@ -311,7 +317,9 @@ impl Nic {
             self.rbcast_multicast(hal, now, port, slot, e as usize);
             self.rbcast_copies(now, slot, e as usize);
         }
-        self.rbcast_arm(now + self.cfg.rbcast_rto_ns, slot);
+        // NAK schemes announce the sequence after a quiet while.
+        let wait = if algo.nak { self.cfg.rbcast_nak_retry_ns } else { self.cfg.rbcast_rto_ns };
+        self.rbcast_arm(now + wait, slot);
         let mut c = Completion::of(&ld, Opcode::Rbcast, Status::Success);
         c.byte_len = len as u32;
         self.complete(hal, port, c);
@@ -336,6 +344,7 @@ impl Nic {
             rb.stats.acks_piggybacked += 1;
         }
         rb.credit_owed_since = 0;
+        rb.multicast_ns = now;
         let hdr = FrameHeader {
             version: WIRE_VERSION,
             kind: FrameKind::Rbcast as u8,
@@ -477,6 +486,7 @@ impl Nic {
         let rto = self.cfg.rbcast_rto_ns;
         let repair_as_coroot = self.cfg.rbcast_coroot_repair;
         let entries = self.rb(slot).window.len();
+        let overdue = self.rb(slot).ack_clock.deadline(rto);
         self.rbcast_forward(now, slot);
         for e in 0..entries {
             if !self.rb(slot).window[e].live {
@@ -487,9 +497,12 @@ impl Nic {
             }
             let rb = self.rb(slot);
             let w = &rb.window[e];
-            // A full window repairs at once, but each entry at most once
-            // per timeout: repairs already queued are not queued again.
-            let due = (force && w.repair_ns == 0) || now >= w.sent_ns.max(w.repair_ns).saturating_add(rto);
+            // A full window repairs before the timeout (§5.1), but only
+            // entries whose ACKs are overdue by what they took so far
+            // ([`state::AckClock`]), and each at most once per timeout:
+            // repairs already queued are not queued again.
+            let early = force && w.repair_ns == 0 && now.saturating_sub(w.sent_ns) >= overdue;
+            let due = early || now >= w.sent_ns.max(w.repair_ns).saturating_add(rto);
             // Fault injection: a co-root that never repairs its sub-group.
             let allowed = w.root == rb.rank || repair_as_coroot;
             if !due || !allowed || w.pending.is_empty() {
@@ -580,11 +593,19 @@ impl Nic {
                 rb.polled_ns = now;
                 while let Some(m) = self.rb(group).starved.next_from(0) {
                     self.rb(group).starved.clear(m);
-                    self.rbcast_send_control(hal, group, m as u16, rbcast_kind::POLL, 0);
+                    self.rbcast_send_control(hal, group, m as u16, rbcast_kind::POLL, 0, 0);
                     self.rb(group).stats.polls += 1;
                 }
             } else {
                 next = next.min(rb.polled_ns + rto);
+            }
+        }
+        next = next.min(self.rbcast_announce(hal, now, group));
+        // Gaps still open are NAKed again (rate-limited per root).
+        for r in 0..n {
+            let rb = self.rb(group);
+            if rb.algo[r as usize].nak && seq_lt(rb.expected[r as usize], rb.heard[r as usize]) {
+                self.rbcast_nak_gap(hal, now, group, r);
             }
         }
         let rb = self.rb(group);
@@ -606,16 +627,17 @@ impl Nic {
             return;
         }
         let seq = rb.expected[root as usize];
-        self.rbcast_send_control(hal, slot, collector, rbcast_kind::ACK, root);
+        self.rbcast_send_control(hal, slot, collector, rbcast_kind::ACK, root, 0);
         let rb = self.rb(slot);
         rb.ack_sent[root as usize] = seq;
         rb.ack_owed_since[root as usize] = 0;
         rb.stats.acks_sent += 1;
     }
 
-    /// An ACK (for `root`'s messages, with this node's re-post count) or a
-    /// POLL to group rank `to`.
-    fn rbcast_send_control<H: Hal>(&mut self, hal: &mut H, slot: u32, to: u16, kind: u8, root: u16) {
+    /// An ACK (for `root`'s messages, with this node's re-post count), a
+    /// NAK of the `span` messages of `root` from the first missing one, or
+    /// a POLL, to group rank `to`.
+    fn rbcast_send_control<H: Hal>(&mut self, hal: &mut H, slot: u32, to: u16, kind: u8, root: u16, span: u16) {
         let g = self.groups.get(slot).expect("live group");
         let (id, epoch, port) = (g.id, g.epoch, g.port);
         let (node, rport) = g.endpoint(to);
@@ -623,8 +645,9 @@ impl Nic {
         let body = RbcastHeader {
             group_id: id,
             epoch,
-            seq: if kind == rbcast_kind::ACK { rb.expected[root as usize] } else { 0 },
+            seq: if kind == rbcast_kind::POLL { 0 } else { rb.expected[root as usize] },
             reposted: rb.reposted,
+            span,
             kind,
             root,
             sender: rb.rank,
@@ -646,20 +669,27 @@ impl Nic {
         hal.mac_transmit(node, &b);
     }
 
-    /// An RBCAST frame to this node (an ACK: data comes multicast or
-    /// over the reliable path).
-    pub(crate) fn rbcast_on_frame<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &RbcastHeader) {
+    /// An RBCAST frame to this node (an ACK, NAK or POLL: data comes
+    /// multicast or over the reliable path).
+    pub(crate) fn rbcast_on_frame<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &RbcastHeader) {
         let Some(slot) = self.rbcast_group_of(hdr.dst_port, hdr, body) else { return };
         match body.kind {
             rbcast_kind::ACK => {
                 let rb = self.rb(slot);
-                rb.ack_word(body.root, body.sender, body.seq);
+                rb.ack_word(body.root, body.sender, body.seq, now);
                 rb.reposted_word(body.sender, body.reposted);
+            }
+            rbcast_kind::NAK => {
+                let rb = self.rb(slot);
+                // Every message below the gap is held: also an ACK.
+                rb.ack_word(body.root, body.sender, body.seq, now);
+                rb.reposted_word(body.sender, body.reposted);
+                self.rbcast_nak_repair(now, slot, body.root, body.sender, body.seq, body.span);
             }
             // A root at zero credit: our count, to it directly.
             rbcast_kind::POLL => {
                 let poller = body.sender;
-                self.rbcast_send_control(hal, slot, poller, rbcast_kind::ACK, poller);
+                self.rbcast_send_control(hal, slot, poller, rbcast_kind::ACK, poller, 0);
             }
             _ => {}
         }
@@ -676,7 +706,7 @@ impl Nic {
         body: &RbcastHeader,
         data: &[u8],
     ) {
-        if body.kind != rbcast_kind::DATA {
+        if body.kind != rbcast_kind::DATA && body.kind != rbcast_kind::ANNOUNCE {
             return self.mcast_kept(false);
         }
         let mut kept = false;
@@ -684,9 +714,14 @@ impl Nic {
             let ours = self.ports[p as usize].open
                 && self.mcast_joined(p, hdr.dst_node)
                 && self.groups.by_id.contains_key(&(p, body.group_id));
-            if ours {
-                kept = true;
+            if !ours {
+                continue;
+            }
+            kept = true;
+            if body.kind == rbcast_kind::DATA {
                 let _ = self.rbcast_take(hal, now, p, hdr, body, data);
+            } else {
+                self.rbcast_on_announce(hal, now, p, hdr, body);
             }
         }
         if hdr.src_node != self.node {
@@ -750,10 +785,10 @@ impl Nic {
         let (root, seq) = (body.root, body.seq);
         let rb = self.rb(slot);
         if body.flags & rbcast_flag::PIGGY_ACK != 0 {
-            rb.ack_word(body.ack_root, body.sender, body.ack_next);
+            rb.ack_word(body.ack_root, body.sender, body.ack_next, now);
         }
         rb.reposted_word(body.sender, body.reposted);
-        if root == rb.rank || (body.coroots as u16) >= rb.n || data.len() > rb.slots[0].data.len() {
+        if root == rb.rank || body.coroots >= rb.n || data.len() > rb.slots[0].data.len() {
             return Taken::Invalid;
         }
         match rb.classify(root, seq) {
@@ -770,7 +805,7 @@ impl Nic {
             }
             Arrival::New => {}
         }
-        rb.algo[root as usize] = (body.coroots, body.ack_every.max(1));
+        rb.algo[root as usize] = RootAlgo::of(body);
         // A co-root takes the message into its window for its sub-group
         // (§4.3), if it has an entry and credit for its sub-group.
         let coroot = rb.is_collector(root, body.coroots);
@@ -828,6 +863,7 @@ impl Nic {
             w.len = data.len() as u16;
             w.frag = Frag::of(body);
             w.ack_every = body.ack_every.max(1);
+            w.nak = body.flags & rbcast_flag::NAK != 0;
             w.sent_ns = now;
             w.repair_ns = 0;
             w.p2p_todo = tree_children(me, collectors);
@@ -855,6 +891,7 @@ impl Nic {
         let rb = self.rb(slot);
         let old = rb.advance_expected(root);
         let new = rb.expected[root as usize];
+        rb.hear(root, seq.wrapping_add(1));
         if coroot {
             // Taken in order, it (and what waited for it) goes on down the tree.
             self.rbcast_forward(now, slot);
@@ -866,8 +903,142 @@ impl Nic {
             let at = self.rb(slot).ack_owed_since[root as usize] + self.cfg.rbcast_ack_delay_ns;
             self.rbcast_arm(at, slot);
         }
+        self.rbcast_nak_gap(hal, now, slot, root);
         self.rbcast_deliver(hal, now, port, slot);
         Taken::Yes
+    }
+
+    /// A root's announcement (NAK schemes): its messages below `seq` were
+    /// sent; any of them this node lacks is a gap to NAK.
+    fn rbcast_on_announce<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, hdr: &FrameHeader, body: &RbcastHeader) {
+        let Some(slot) = self.rbcast_group_of(port, hdr, body) else { return };
+        let rb = self.rb(slot);
+        if body.root != body.sender || body.root == rb.rank {
+            return; // Only a root announces its own sequence.
+        }
+        if rb.classify(body.root, body.seq.wrapping_sub(1)) == Arrival::Implausible {
+            return;
+        }
+        rb.algo[body.root as usize] = RootAlgo::of(body);
+        rb.hear(body.root, body.seq);
+        rb.reposted_word(body.sender, body.reposted);
+        self.rbcast_nak_gap(hal, now, slot, body.root);
+    }
+
+    /// NAK schemes: NAKs the first gap in `root`'s sequence to its
+    /// collector — at once when the gap is new, again after
+    /// `rbcast_nak_retry_ns` while it stays open (the timer comes back).
+    fn rbcast_nak_gap<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, root: u16) {
+        let retry = self.cfg.rbcast_nak_retry_ns;
+        let rb = self.rb(slot);
+        let r = root as usize;
+        if !rb.algo[r].nak || rb.collector(root) == rb.rank {
+            // Co-roots are sent every message reliably: no NAKs.
+            return;
+        }
+        let Some((from, to)) = rb.first_gap(root) else { return };
+        let fresh = seq_lt(rb.nak_to[r], to);
+        if !fresh && now < rb.nak_ns[r].saturating_add(retry) {
+            let at = rb.nak_ns[r] + retry;
+            return self.rbcast_arm(at, slot);
+        }
+        let span = to.wrapping_sub(from).min(u16::MAX as u32) as u16;
+        rb.nak_to[r] = to;
+        rb.nak_ns[r] = now.max(1);
+        rb.stats.naks_sent += 1;
+        let collector = rb.collector(root);
+        self.rbcast_send_control(hal, slot, collector, rbcast_kind::NAK, root, span);
+        self.rbcast_arm(now + retry, slot);
+    }
+
+    /// A NAK from `member` for `root`'s messages `[from, from + span)`:
+    /// each one this node collects for and the member has not
+    /// acknowledged is sent to it reliably now, without waiting for the
+    /// timeout. The member NAKs again if a repair is lost or refused.
+    fn rbcast_nak_repair(&mut self, now: u64, slot: u32, root: u16, member: u16, from: u32, span: u16) {
+        let repair_as_coroot = self.cfg.rbcast_coroot_repair;
+        let to = from.wrapping_add(span as u32);
+        for e in 0..self.rb(slot).window.len() {
+            let rb = self.rb(slot);
+            let w = &rb.window[e];
+            if !w.live || w.root != root || seq_lt(w.seq, from) || !seq_lt(w.seq, to) {
+                continue;
+            }
+            if !(w.root == rb.rank || repair_as_coroot) {
+                continue;
+            }
+            // The member's bit in this node's sub-group, if it is in it.
+            let c = rb.rel(root);
+            let m = emp_uapi::coll::rel_rank(member, root, rb.n);
+            let s = sub_size(rb.n, w.coroots);
+            if m <= c || m >= c + s {
+                continue;
+            }
+            let b = (m - c - 1) as usize;
+            if rb.settle(e) || !rb.window[e].pending.contains(b) {
+                continue;
+            }
+            if !self.rbcast_send_p2p(now, slot, e, member, None) {
+                return; // The transmission table is full: the member NAKs again.
+            }
+            let rb = self.rb(slot);
+            rb.stats.repairs += 1;
+            rb.stats.nak_repairs += 1;
+        }
+    }
+
+    /// NAK schemes: a root whose own messages still wait for ACKs, and
+    /// that multicast nothing for `rbcast_nak_retry_ns`, announces its
+    /// sequence, so that a member that lost the last of them NAKs. Returns
+    /// when to look again (`u64::MAX`: nothing waits).
+    fn rbcast_announce<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32) -> u64 {
+        let retry = self.cfg.rbcast_nak_retry_ns;
+        let rb = self.rb(slot);
+        let me = rb.rank;
+        let Some(e) = rb.window.iter().position(|w| w.live && w.root == me && w.nak && !w.pending.is_empty()) else {
+            return u64::MAX;
+        };
+        if now < rb.multicast_ns.saturating_add(retry) {
+            return rb.multicast_ns + retry;
+        }
+        let g = self.groups.get(slot).expect("live group");
+        let (id, epoch, port) = (g.id, g.epoch, g.port);
+        let rb = self.rb(slot);
+        let w = &rb.window[e];
+        let body = RbcastHeader {
+            group_id: id,
+            epoch,
+            seq: rb.next_seq,
+            reposted: rb.reposted,
+            kind: rbcast_kind::ANNOUNCE,
+            root: me,
+            sender: me,
+            coroots: w.coroots,
+            ack_every: w.ack_every,
+            flags: rbcast_flag::NAK,
+            ..Default::default()
+        };
+        rb.multicast_ns = now;
+        rb.stats.announces += 1;
+        let addr = rb.addr;
+        let hdr = FrameHeader {
+            version: WIRE_VERSION,
+            kind: FrameKind::Rbcast as u8,
+            src_node: self.node,
+            dst_node: addr,
+            src_port: port,
+            dst_port: 0,
+            src_gen: self.ports[port as usize].gen,
+            frame_count: 1,
+            ..Default::default()
+        };
+        let mut b = [0u8; FrameHeader::SIZE + RbcastHeader::SIZE];
+        emit_rbcast(&hdr, &body, &[], &mut b).expect("fits");
+        let r = self.mcast_transmit(hal, &b);
+        debug_assert!(r.is_ok(), "our own frame to a multicast address: {r:?}");
+        // This NIC's other ports in the group hear it here.
+        self.rbcast_on_mcast(hal, now, &hdr, &body, &[]);
+        now + retry
     }
 
     /// Hands held messages to the host's receives, in root order.
@@ -958,6 +1129,9 @@ impl Nic {
             t.credit_stalls += s.credit_stalls;
             t.polls += s.polls;
             t.evicted += s.evicted;
+            t.naks_sent += s.naks_sent;
+            t.nak_repairs += s.nak_repairs;
+            t.announces += s.announces;
         }
         t
     }

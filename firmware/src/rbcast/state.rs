@@ -5,14 +5,14 @@
 //! afterwards. `mod.rs` drives it and does the I/O.
 
 use emp_uapi::seq_lt;
-use emp_uapi::wire::{rbcast_kind, RbcastHeader};
+use emp_uapi::wire::{rbcast_flag, rbcast_kind, RbcastHeader};
 
 /// Size of the sub-groups of a broadcast over `n` members with `coroots`
 /// co-roots: relative ranks `c, c + 1, .. c + s - 1` for each collector
 /// `c` (a multiple of `s`; 0 is the root), so there are `ceil(n / s)`
 /// collectors, at most `coroots + 1`.
-pub(crate) fn sub_size(n: u16, coroots: u8) -> u16 {
-    n.div_ceil(coroots as u16 + 1).max(1)
+pub(crate) fn sub_size(n: u16, coroots: u16) -> u16 {
+    n.div_ceil(coroots.saturating_add(1)).max(1)
 }
 
 /// The collector (relative rank) of relative rank `rel`.
@@ -73,6 +73,10 @@ impl Bits {
         }
     }
 
+    pub(crate) fn contains(&self, i: usize) -> bool {
+        self.0.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.0.iter().all(|&w| w == 0)
     }
@@ -112,6 +116,8 @@ pub(crate) struct AckRows {
     /// The root each row is for (`u16::MAX`: free).
     roots: Box<[u16]>,
     words: Box<[u32]>,
+    /// When each row's newest ACK arrived ([`AckClock`]'s samples).
+    raised_ns: Box<[u64]>,
 }
 
 impl AckRows {
@@ -122,6 +128,7 @@ impl AckRows {
             width,
             roots: vec![Self::FREE; rows].into_boxed_slice(),
             words: vec![0; rows * width].into_boxed_slice(),
+            raised_ns: vec![0; rows].into_boxed_slice(),
         }
     }
 
@@ -144,17 +151,25 @@ impl AckRows {
         let Some(r) = self.row(Self::FREE) else { return false };
         self.roots[r] = root;
         self.words[r * self.width..(r + 1) * self.width].fill(seq.wrapping_sub(NEVER_ACKED));
+        self.raised_ns[r] = 0;
         true
     }
 
-    /// Raises `member`'s word for `root` to `next` (cumulative: never back).
-    pub(crate) fn raise(&mut self, root: u16, member: u16, next: u32) {
+    /// Raises `member`'s word for `root` to `next` (cumulative: never
+    /// back), an ACK that arrived at `now`.
+    pub(crate) fn raise(&mut self, root: u16, member: u16, next: u32, now: u64) {
         if let Some(r) = self.row(root) {
             let w = &mut self.words[r * self.width + member as usize];
             if seq_lt(*w, next) {
                 *w = next;
+                self.raised_ns[r] = now;
             }
         }
+    }
+
+    /// When `root`'s newest ACK arrived (0: none yet, or no row).
+    pub(crate) fn raised_ns(&self, root: u16) -> u64 {
+        self.row(root).map_or(0, |r| self.raised_ns[r])
     }
 
     pub(crate) fn release(&mut self, root: u16) {
@@ -166,6 +181,66 @@ impl AckRows {
     /// The roots that have a row.
     pub(crate) fn roots(&self) -> impl Iterator<Item = u16> + '_ {
         self.roots.iter().copied().filter(|&r| r != Self::FREE)
+    }
+}
+
+/// What a root's latest message asked of its members: co-roots, M, NAKs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RootAlgo {
+    pub coroots: u16,
+    pub ack_every: u8,
+    pub nak: bool,
+}
+
+impl RootAlgo {
+    /// What a DATA or ANNOUNCE header says of its root's scheme.
+    pub(crate) fn of(h: &RbcastHeader) -> RootAlgo {
+        RootAlgo { coroots: h.coroots, ack_every: h.ack_every.max(1), nak: h.flags & rbcast_flag::NAK != 0 }
+    }
+}
+
+impl Default for RootAlgo {
+    fn default() -> RootAlgo {
+        RootAlgo { coroots: 0, ack_every: 1, nak: false }
+    }
+}
+
+/// How long a collector's window entries wait for their sub-group's ACKs,
+/// learned from the entries it freed (Jacobson's smoothed mean and mean
+/// deviation, from first transmission to the last ACK; an entry that was
+/// repaired gives no sample, as in Karn's rule). A full window repairs
+/// only entries older than [`AckClock::deadline`]: younger ones' ACKs may
+/// still be on their way or queued behind each other at this NIC, and
+/// repairing those is what made the every-ACK window snowball.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct AckClock {
+    srtt_ns: u64,
+    rttvar_ns: u64,
+    samples: u64,
+}
+
+impl AckClock {
+    /// An entry sent at `sent` was acknowledged by its whole sub-group at `now`.
+    pub(crate) fn sample(&mut self, sent: u64, now: u64) {
+        let r = now.saturating_sub(sent);
+        if self.samples == 0 {
+            self.srtt_ns = r;
+            self.rttvar_ns = r / 2;
+        } else {
+            let err = self.srtt_ns.abs_diff(r);
+            self.rttvar_ns = (3 * self.rttvar_ns + err) / 4;
+            self.srtt_ns = (7 * self.srtt_ns + r) / 8;
+        }
+        self.samples += 1;
+    }
+
+    /// Age past which an entry's missing ACKs count as lost, at most `rto`;
+    /// `rto` itself before the first sample.
+    pub(crate) fn deadline(&self, rto: u64) -> u64 {
+        if self.samples == 0 {
+            return rto;
+        }
+        (self.srtt_ns + 4 * self.rttvar_ns).min(rto)
     }
 }
 
@@ -202,8 +277,10 @@ pub(crate) struct Entry {
     pub seq: u32,
     pub len: u16,
     pub frag: Frag,
-    pub coroots: u8,
+    pub coroots: u16,
     pub ack_every: u8,
+    /// Members NAK gaps (the root's scheme, `RbcastAlgo::nak`).
+    pub nak: bool,
     /// When it was multicast (root) or first arrived (co-root): the
     /// retransmission timeout runs from here (§5.3).
     pub sent_ns: u64,
@@ -277,6 +354,12 @@ pub struct RbcastStats {
     pub credit_stalls: u64,
     /// Re-post counts asked of members at zero credit.
     pub polls: u64,
+    /// NAKs sent for gaps in a root's sequence.
+    pub naks_sent: u64,
+    /// Repairs sent at once for a NAK (also counted in `repairs`).
+    pub nak_repairs: u64,
+    /// Sequence announcements multicast by a root (NAK schemes).
+    pub announces: u64,
     /// Out-of-order messages dropped to make room for an earlier one.
     pub evicted: u64,
 }
@@ -308,8 +391,19 @@ pub(crate) struct RbGroup {
     pub expected: Vec<u32>,
     /// Per root: every message below it was delivered to the host.
     pub delivered: Vec<u32>,
-    /// Per root: the co-root count and M of its latest message.
-    pub algo: Vec<(u8, u8)>,
+    /// Per root: what its latest message asked (co-roots, M, NAKs).
+    pub algo: Vec<RootAlgo>,
+    /// Per root: one past the newest message heard of (a copy or an
+    /// announcement): `expected` below it is a gap (NAK schemes).
+    pub heard: Vec<u32>,
+    /// Per root: the gap last NAKed ends here, and when it was NAKed.
+    pub nak_to: Vec<u32>,
+    pub nak_ns: Vec<u64>,
+    /// When this node last multicast as root (NAK schemes announce after
+    /// a quiet `rbcast_nak_retry_ns`).
+    pub multicast_ns: u64,
+    /// The collector's ACK wait, learned ([`AckClock`]).
+    pub ack_clock: AckClock,
     /// Per root: the cumulative ACK last sent, and since when a newer one
     /// is owed (0: none).
     pub ack_sent: Vec<u32>,
@@ -351,7 +445,7 @@ impl RbGroup {
     }
 
     /// The header of a DATA frame carrying window entry `e` of group
-    /// (`id`, `epoch`), multicast (`flags` 0) or point to point.
+    /// (`id`, `epoch`), multicast (`flags` 0) or point to point (`P2P`).
     pub(crate) fn data_header(&self, e: usize, id: u32, epoch: u32, flags: u8) -> RbcastHeader {
         let w = &self.window[e];
         RbcastHeader {
@@ -368,7 +462,7 @@ impl RbGroup {
             sender: self.rank,
             coroots: w.coroots,
             ack_every: w.ack_every,
-            flags,
+            flags: flags | if w.nak { rbcast_flag::NAK } else { 0 },
             ..Default::default()
         }
     }
@@ -393,6 +487,7 @@ impl RbGroup {
             frag: Frag::default(),
             coroots: 0,
             ack_every: 1,
+            nak: false,
             sent_ns: 0,
             pending: Bits::new(n_us),
             repair_ns: 0,
@@ -421,7 +516,12 @@ impl RbGroup {
             next_seq: 0,
             expected: vec![0; n_us],
             delivered: vec![0; n_us],
-            algo: vec![(0, 1); n_us],
+            algo: vec![RootAlgo::default(); n_us],
+            heard: vec![0; n_us],
+            nak_to: vec![0; n_us],
+            nak_ns: vec![0; n_us],
+            multicast_ns: 0,
+            ack_clock: AckClock::default(),
             ack_sent: vec![0; n_us],
             ack_owed_since: vec![0; n_us],
             slots: (0..slots).map(|_| slot()).collect(),
@@ -467,7 +567,7 @@ impl RbGroup {
 
     /// Members of this node's sub-group for a message of `root` with
     /// `coroots` co-roots, when this node is a collector (absolute ranks).
-    pub(crate) fn sub_group(&self, root: u16, coroots: u8) -> impl Iterator<Item = u16> + '_ {
+    pub(crate) fn sub_group(&self, root: u16, coroots: u16) -> impl Iterator<Item = u16> + '_ {
         let s = sub_size(self.n, coroots);
         let rel = self.rel(root);
         let (n, c) = (self.n, rel);
@@ -475,26 +575,27 @@ impl RbGroup {
     }
 
     /// Is this node a collector (root or co-root) of `root`'s messages?
-    pub(crate) fn is_collector(&self, root: u16, coroots: u8) -> bool {
+    pub(crate) fn is_collector(&self, root: u16, coroots: u16) -> bool {
         self.rel(root).is_multiple_of(sub_size(self.n, coroots))
     }
 
     /// The collector (absolute rank) this node acknowledges `root`'s messages to.
     pub(crate) fn collector(&self, root: u16) -> u16 {
-        let s = sub_size(self.n, self.algo[root as usize].0);
+        let s = sub_size(self.n, self.algo[root as usize].coroots);
         emp_uapi::coll::abs_rank(collector_of(self.rel(root), s), root, self.n)
     }
 
-    /// Records a cumulative ACK (§5.5: a word written, nothing else done).
-    pub(crate) fn ack_word(&mut self, root: u16, member: u16, next: u32) {
+    /// Records a cumulative ACK that arrived at `now` (§5.5: a word
+    /// written, nothing else done).
+    pub(crate) fn ack_word(&mut self, root: u16, member: u16, next: u32, now: u64) {
         if member < self.n {
-            self.acks.raise(root, member, next);
+            self.acks.raise(root, member, next, now);
         }
     }
 
     /// Marks the members of this node's sub-group of `root`'s messages
     /// (with `coroots` co-roots) at zero credit; true if any is.
-    pub(crate) fn mark_starved(&mut self, root: u16, coroots: u8, need: i64) -> bool {
+    pub(crate) fn mark_starved(&mut self, root: u16, coroots: u16, need: i64) -> bool {
         self.starved.clear_all();
         let s = sub_size(self.n, coroots);
         let c = self.rel(root);
@@ -510,7 +611,7 @@ impl RbGroup {
     /// Window entry `e` goes live for `root`'s message `seq`: its root's
     /// ACK row is kept, its pending set is this node's sub-group. False:
     /// no row (cannot happen: rows ≥ entries).
-    pub(crate) fn occupy(&mut self, e: usize, root: u16, seq: u32, coroots: u8) -> bool {
+    pub(crate) fn occupy(&mut self, e: usize, root: u16, seq: u32, coroots: u16) -> bool {
         if !self.acks.ensure(root, seq) {
             return false;
         }
@@ -533,9 +634,11 @@ impl RbGroup {
     }
 
     /// Clears the sub-group bits of entry `e` whose members acknowledged
-    /// it; true when nothing keeps it any more (it is then freed).
+    /// it; true when nothing keeps it any more (it is then freed, and an
+    /// entry never repaired teaches the [`AckClock`] how long it waited).
     pub(crate) fn settle(&mut self, e: usize) -> bool {
         let (root, seq, coroots) = (self.window[e].root, self.window[e].seq, self.window[e].coroots);
+        let acked_ns = self.acks.raised_ns(root);
         let s = sub_size(self.n, coroots);
         let c = self.rel(root);
         let mut next = self.window[e].pending.next_from(0);
@@ -550,6 +653,9 @@ impl RbGroup {
         let w = &mut self.window[e];
         if w.pending.is_empty() && w.p2p_todo == 0 && w.p2p_unacked == 0 {
             w.live = false;
+            if w.repair_ns == 0 && acked_ns >= w.sent_ns && acked_ns != 0 {
+                self.ack_clock.sample(w.sent_ns, acked_ns);
+            }
             if !self.window.iter().any(|o| o.live && o.root == root) {
                 self.acks.release(root);
             }
@@ -615,12 +721,37 @@ impl RbGroup {
         old
     }
 
+    /// `root`'s messages below `next` exist (a copy of `next - 1`, or the
+    /// root's announcement).
+    pub(crate) fn hear(&mut self, root: u16, next: u32) {
+        let h = &mut self.heard[root as usize];
+        if seq_lt(*h, next) {
+            *h = next;
+        }
+    }
+
+    /// The first run of `root`'s messages this node lacks while it has
+    /// heard of later ones: `[expected, first held or heard)`, if any.
+    pub(crate) fn first_gap(&self, root: u16) -> Option<(u32, u32)> {
+        let from = self.expected[root as usize];
+        let mut to = self.heard[root as usize];
+        if !seq_lt(from, to) {
+            return None;
+        }
+        for s in self.slots.iter().filter(|s| s.live && s.root == root) {
+            if seq_lt(from, s.seq) && seq_lt(s.seq, to) {
+                to = s.seq;
+            }
+        }
+        Some((from, to))
+    }
+
     /// Lazy ACKs (§4.4): messages `[from, to)` of `root` arrived in order.
     /// True when one of them is this node's turn to ACK at once — message
     /// B with `B mod M = i mod M` (skewed), M = the root's ACK interval —
     /// else the ACK is owed and goes piggybacked or after a delay.
     pub(crate) fn ack_turn(&mut self, root: u16, from: u32, to: u32, now: u64) -> bool {
-        let m = self.algo[root as usize].1.max(1) as u32;
+        let m = self.algo[root as usize].ack_every.max(1) as u32;
         let mine = self.rank as u32 % m;
         let mut b = from;
         let mut turn = false;
@@ -674,11 +805,11 @@ mod tests {
 
     #[test]
     fn sub_groups_cover_every_member_once() {
-        for n in 1..=64u16 {
-            for coroots in 0..8u8 {
+        for n in (1..=64u16).chain([255, 256, 1000, 1024]) {
+            for coroots in (0..8u16).chain([255, 256, 511, 1023]) {
                 let s = sub_size(n, coroots);
                 let collectors = n.div_ceil(s);
-                assert!(collectors <= coroots as u16 + 1, "n {n} coroots {coroots}");
+                assert!(collectors <= coroots + 1, "n {n} coroots {coroots}");
                 for rel in 0..n {
                     let c = collector_of(rel, s);
                     assert!(c <= rel && rel < c + s && c.is_multiple_of(s));
@@ -707,6 +838,20 @@ mod tests {
     }
 
     #[test]
+    fn ack_clock_learns_the_ack_wait_and_never_exceeds_the_timeout() {
+        let mut c = AckClock::default();
+        assert_eq!(c.deadline(1_000), 1_000, "no sample yet: the timeout");
+        for _ in 0..50 {
+            c.sample(100, 300);
+        }
+        let d = c.deadline(1_000_000);
+        assert!((200..260).contains(&d), "steady 200 ns waits: {d}");
+        c.sample(0, 10_000);
+        assert!(c.deadline(1_000_000) > d, "a slow one widens it");
+        assert_eq!(c.deadline(500), 500, "capped at the timeout");
+    }
+
+    #[test]
     fn bit_sets_find_every_member() {
         let mut b = Bits::new(1024);
         b.set_first(130);
@@ -732,11 +877,11 @@ mod tests {
         assert!(g.occupy(1, 5, 3, 0), "a second root");
         assert!(!g.acks.ensure(9, 0), "no third row: every row is taken");
         for m in 1..1024 {
-            g.ack_word(0, m, 8);
+            g.ack_word(0, m, 8, 1);
         }
         assert!(g.settle(0));
         assert_eq!(g.acks.roots().collect::<Vec<_>>(), [5], "root 0's row went with its entry");
-        g.ack_word(0, 3, 9);
+        g.ack_word(0, 3, 9, 1);
         assert_eq!(g.acks.word(0, 3), None, "an ACK for a root without a row is dropped");
         assert!(g.check().is_ok());
     }
@@ -744,11 +889,11 @@ mod tests {
     #[test]
     fn skewed_ack_turn_is_b_mod_m_equals_i_mod_m() {
         let mut g = RbGroup::new(0xF001, 1, 8, 3, 4, 4, 4, 64);
-        g.algo[0] = (0, 4);
+        g.algo[0] = RootAlgo { ack_every: 4, ..RootAlgo::default() };
         let turns: Vec<u32> = (0..12).filter(|&b| g.ack_turn(0, b, b + 1, 10)).collect();
         assert_eq!(turns, [3, 7, 11]);
         assert!(g.ack_turn(0, 0, 4, 10), "a run containing its turn");
-        g.algo[0] = (0, 1);
+        g.algo[0] = RootAlgo::default();
         assert!((0..5).all(|b| g.ack_turn(0, b, b + 1, 10)), "M = 1: every message");
     }
 
@@ -760,16 +905,30 @@ mod tests {
         assert_eq!(g.window[0].pending.count(), 2);
         assert_eq!(g.sub_group(0, 1).collect::<Vec<_>>(), [1, 2]);
         assert!(!g.settle(0), "nobody acknowledged yet");
-        g.ack_word(0, 1, 6);
+        g.ack_word(0, 1, 6, 1);
         assert!(!g.settle(0));
         assert_eq!(g.window[0].pending.next_from(0), Some(1));
-        g.ack_word(0, 2, 5);
+        g.ack_word(0, 2, 5, 1);
         assert!(!g.settle(0), "ACK 5 does not cover message 5");
-        g.ack_word(0, 2, 9);
-        g.ack_word(0, 2, 7);
+        g.ack_word(0, 2, 9, 1);
+        g.ack_word(0, 2, 7, 1);
         assert_eq!(g.acks.word(0, 2), Some(9), "cumulative: never goes back");
         assert!(g.settle(0));
         assert!(!g.window[0].live);
+    }
+
+    #[test]
+    fn the_first_gap_ends_at_the_first_message_held_after_it() {
+        let mut g = RbGroup::new(0xF001, 1, 4, 1, 2, 4, 2, 64);
+        assert_eq!(g.first_gap(0), None, "nothing heard of");
+        g.hear(0, 3);
+        assert_eq!(g.first_gap(0), Some((0, 3)), "an announcement of 3 messages, none held");
+        g.slots[0] = Slot { live: true, root: 0, seq: 1, len: 0, frag: Frag::whole(0), data: Box::new([]) };
+        g.hear(0, 2);
+        assert_eq!(g.heard[0], 3, "heard only grows");
+        assert_eq!(g.first_gap(0), Some((0, 1)), "message 1 is held");
+        g.expected[0] = 3;
+        assert_eq!(g.first_gap(0), None);
     }
 
     #[test]

@@ -42,11 +42,14 @@ fn fill(buf: &mut [u8], seed: usize) {
     }
 }
 
-fn algos(n: usize) -> [RbcastAlgo; 3] {
+/// ACK-based (the paper's), then NAK-based and hybrid (its §9).
+fn algos(n: usize) -> [RbcastAlgo; 5] {
     [
-        RbcastAlgo { coroots: 0, ack_every: 1, window: 0 },
-        RbcastAlgo { coroots: 1, ack_every: 2, window: 4 },
-        RbcastAlgo { coroots: (n - 1) as u8, ack_every: 10, window: 0 },
+        RbcastAlgo { coroots: 0, ack_every: 1, window: 0, nak: false },
+        RbcastAlgo { coroots: 1, ack_every: 2, window: 4, nak: false },
+        RbcastAlgo { coroots: (n - 1) as u16, ack_every: 10, window: 0, nak: false },
+        RbcastAlgo { coroots: 0, ack_every: 0, window: 0, nak: true },
+        RbcastAlgo { coroots: 1, ack_every: 4, window: 0, nak: true },
     ]
 }
 
@@ -82,7 +85,7 @@ fn every_root_size_and_algorithm(c: &mut Ctx) -> Result<(), String> {
 /// NIC holds the data), everyone's in order, each buffer its own message.
 fn back_to_back_in_order(c: &mut Ctx) -> Result<(), String> {
     let (count, len) = (96usize, 512usize);
-    let algo = RbcastAlgo { coroots: 1, ack_every: 4, window: 0 };
+    let algo = RbcastAlgo { coroots: 1, ack_every: 4, window: 0, nak: false };
     let mut done = 0;
     while done < count {
         let batch: Vec<usize> = (done..(done + 16).min(count)).collect();

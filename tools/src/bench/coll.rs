@@ -453,18 +453,22 @@ fn flat_tree(n: usize) -> Tree {
 
 /// Co-root counts measured (seed 002's Co-root2 is one co-root on 8 nodes;
 /// 3 gives sub-groups of n / 4), where the group has room for them.
-const RB_COROOTS: [u8; 2] = [1, 3];
+const RB_COROOTS: [u16; 2] = [1, 3];
 /// ACK every M (seed 002's Aggregate10).
 const RB_ACK_EVERY: u8 = 10;
 
 /// The reliable-broadcast schemes measured over `n` ranks, with their labels.
 fn rb_schemes(n: usize) -> Vec<(String, emp::RbcastAlgo)> {
-    let window = emp::RbcastAlgo { coroots: 0, ack_every: 1, window: 0 };
+    let window = emp::RbcastAlgo { coroots: 0, ack_every: 1, window: 0, nak: false };
     let mut out = vec![("rb-window".to_string(), window)];
     for c in RB_COROOTS.into_iter().filter(|&c| (c as usize) + 1 < n) {
         out.push((format!("rb-coroot({c})"), emp::RbcastAlgo { coroots: c, ..window }));
     }
     out.push((format!("rb-ack{RB_ACK_EVERY}"), emp::RbcastAlgo { ack_every: RB_ACK_EVERY, ..window }));
+    // The paper's §9: NAK-based (ACKs every half window), and hybrid (NAKs
+    // beside ACK every M).
+    out.push(("rb-nak".to_string(), emp::RbcastAlgo { ack_every: 0, nak: true, ..window }));
+    out.push((format!("rb-hybrid{RB_ACK_EVERY}"), emp::RbcastAlgo { ack_every: RB_ACK_EVERY, nak: true, ..window }));
     out
 }
 
@@ -1071,12 +1075,12 @@ mod tests {
     #[test]
     fn rb_schemes_fit_the_group_and_answer_from_one_multicast() {
         let labels = |n| rb_schemes(n).into_iter().map(|(l, _)| l).collect::<Vec<_>>();
-        assert_eq!(labels(8), ["rb-window", "rb-coroot(1)", "rb-coroot(3)", "rb-ack10"]);
+        assert_eq!(labels(8), ["rb-window", "rb-coroot(1)", "rb-coroot(3)", "rb-ack10", "rb-nak", "rb-hybrid10"]);
         // 3 ranks: one co-root leaves a sub-group of 1 (itself); 3 do not fit.
-        assert_eq!(labels(3), ["rb-window", "rb-coroot(1)", "rb-ack10"]);
-        assert_eq!(labels(2), ["rb-window", "rb-ack10"]);
-        let algos: Vec<_> = rb_schemes(16).into_iter().map(|(_, a)| (a.coroots, a.ack_every)).collect();
-        assert_eq!(algos, [(0, 1), (1, 1), (3, 1), (0, 10)]);
+        assert_eq!(labels(3), ["rb-window", "rb-coroot(1)", "rb-ack10", "rb-nak", "rb-hybrid10"]);
+        assert_eq!(labels(2), ["rb-window", "rb-ack10", "rb-nak", "rb-hybrid10"]);
+        let algos: Vec<_> = rb_schemes(16).into_iter().map(|(_, a)| (a.coroots, a.ack_every, a.nak)).collect();
+        assert_eq!(algos, [(0, 1, false), (1, 1, false), (3, 1, false), (0, 10, false), (0, 0, true), (0, 10, true)]);
         // Every receiver hangs off the root: the flat tree.
         let t = flat_tree(16);
         assert_eq!(t.children[0].len(), 15);
