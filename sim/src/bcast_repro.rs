@@ -511,11 +511,14 @@ pub fn loss_sweep(m: &Machine, algo: Algo, n: u16, size: u64) -> Result<Vec<Loss
         .collect()
 }
 
+/// (size in bytes, Window fragments' latency, NIC tree's latency), ns.
+pub type CrossPoint = (u64, f64, f64);
+
 /// The fragments-against-tree crossover at `n` ranks: the latency of
 /// Window fragments and of the NIC tree at each size from one frame to
 /// what the window holds, and the smallest size at which the tree is no
 /// slower (`None`: the window wins wherever it can carry the message).
-pub fn crossover(m: &Machine, n: u16) -> Result<(Vec<(u64, f64, f64)>, Option<u64>), String> {
+pub fn crossover(m: &Machine, n: u16) -> Result<(Vec<CrossPoint>, Option<u64>), String> {
     let frags = m.rb_window_max() / m.rb_frame();
     let mut wide = m.clone();
     wide.rb_threshold = u64::MAX;

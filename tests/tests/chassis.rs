@@ -400,7 +400,10 @@ fn c_collectives_example_builds_and_runs() {
     let _ = std::fs::remove_file(&out_bin);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     for r in 0..4 {
-        assert!(text.contains(&format!("rank {r}: sum 10, \"hello from rank 0 of 4\"")), "{text}");
+        assert!(
+            text.contains(&format!("rank {r}: sum 10, \"hello from rank 0 of 4\", \"reply from rank 3\"")),
+            "{text}"
+        );
     }
 }
 

@@ -1,5 +1,7 @@
 /* Every rank contributes rank + 1; the NIC sums them (allreduce) and
- * broadcasts a greeting from rank 0, after a NIC barrier.
+ * broadcasts a greeting from rank 0, after a NIC barrier; then the last
+ * rank sends a reply to everyone by reliable broadcast over the wire's
+ * multicast, with NAKs (EMP_1.6).
  * Run with: emp run -n 4 -- ./allreduce   (rank r on NIC r, port 0). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,7 +49,16 @@ int main(void)
 		fprintf(stderr, "bcast failed: %s\n", emp_wc_status_str(st));
 		return 1;
 	}
-	printf("rank %d: sum %lld, \"%s\"\n", rank, (long long)buf[1], msg);
+	char *reply = (char *)&buf[32];
+	if (rank == size - 1)
+		snprintf(reply, 64, "reply from rank %d", size - 1);
+	struct emp_sge rm = { key, 64, off + 256 };
+	struct emp_rbcast_algo naks = { .coroots = 0, .ack_every = 0, .window = 0, .naks = 1 };
+	if (emp_rbcast_with(dev, g, size - 1, &naks, &rm, 1, &st)) {
+		fprintf(stderr, "reliable bcast failed: %s\n", emp_wc_status_str(st));
+		return 1;
+	}
+	printf("rank %d: sum %lld, \"%s\", \"%s\"\n", rank, (long long)buf[1], msg, reply);
 	int ok = buf[1] == (int64_t)size * (size + 1) / 2;
 	emp_group_destroy(dev, g);
 	emp_close_device(dev); /* unmaps buf */
