@@ -114,16 +114,19 @@ pub struct EmpRbcastAlgo {
 }
 
 impl EmpRbcastAlgo {
-    fn algo(&self) -> crate::Result<crate::RbcastAlgo> {
+    /// The algorithm, and `root` as a rank.
+    fn with_root(&self, root: c_int) -> crate::Result<(crate::RbcastAlgo, usize)> {
         if self.naks > 1 || self.reserved != [0; 3] {
             return Err(Error::invalid("emp_rbcast_algo: naks is 0 or 1, reserved bytes are zero"));
         }
-        Ok(crate::RbcastAlgo {
+        let root = usize::try_from(root).map_err(|_| Error::invalid("negative root"))?;
+        let algo = crate::RbcastAlgo {
             coroots: self.coroots,
             ack_every: self.ack_every,
             window: self.window,
             nak: self.naks == 1,
-        })
+        };
+        Ok((algo, root))
     }
 }
 
@@ -1014,11 +1017,7 @@ pub unsafe extern "C" fn emp_post_rbcast_with(
     }
     // SAFETY: caller guarantees the pointers; `algo` is not NULL.
     let (d, g, s, a) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n), &*algo) };
-    let r = a
-        .algo()
-        .and_then(|algo| Ok((algo, usize::try_from(root).map_err(|_| Error::invalid("negative root"))?)))
-        .and_then(|(algo, root)| d.post_rbcast(wr_id, g, root, algo, s));
-    rc(r)
+    rc(a.with_root(root).and_then(|(algo, root)| d.post_rbcast(wr_id, g, root, algo, s)))
 }
 
 /// Blocking reliable broadcast over wire multicast.
@@ -1068,10 +1067,7 @@ pub unsafe extern "C" fn emp_rbcast_with(
     }
     // SAFETY: caller guarantees the pointers; `algo` is not NULL.
     let (d, g, s, a) = unsafe { (&mut (*dev).0, &(*g).0, sges(sge, n), &*algo) };
-    let r = a
-        .algo()
-        .and_then(|algo| Ok((algo, usize::try_from(root).map_err(|_| Error::invalid("negative root"))?)))
-        .and_then(|(algo, root)| d.rbcast(g, root, algo, s));
+    let r = a.with_root(root).and_then(|(algo, root)| d.rbcast(g, root, algo, s));
     // SAFETY: `status` per the caller.
     unsafe { blocking_status(r, status) }
 }

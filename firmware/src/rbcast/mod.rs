@@ -345,19 +345,8 @@ impl Nic {
         }
         rb.credit_owed_since = 0;
         rb.multicast_ns = now;
-        let hdr = FrameHeader {
-            version: WIRE_VERSION,
-            kind: FrameKind::Rbcast as u8,
-            src_node: node,
-            dst_node: rb.addr,
-            src_port: port,
-            // Every member's port: receivers look the group up by id.
-            dst_port: 0,
-            src_gen: gen,
-            payload_len: w.len,
-            frame_count: 1,
-            ..Default::default()
-        };
+        // To every member's port: receivers look the group up by id.
+        let hdr = rbcast_frame_header(node, port, gen, rb.addr, 0, w.len);
         let mut buf = core::mem::take(&mut self.rbcast_frame);
         let rb = self.rbcast[slot as usize].as_ref().expect("live");
         let w = &rb.window[e];
@@ -653,17 +642,7 @@ impl Nic {
             sender: rb.rank,
             ..Default::default()
         };
-        let hdr = FrameHeader {
-            version: WIRE_VERSION,
-            kind: FrameKind::Rbcast as u8,
-            src_node: self.node,
-            dst_node: node,
-            src_port: port,
-            dst_port: rport,
-            src_gen: self.ports[port as usize].gen,
-            frame_count: 1,
-            ..Default::default()
-        };
+        let hdr = rbcast_frame_header(self.node, port, self.ports[port as usize].gen, node, rport, 0);
         let mut b = [0u8; FrameHeader::SIZE + RbcastHeader::SIZE];
         emit_rbcast(&hdr, &body, &[], &mut b).expect("fits");
         hal.mac_transmit(node, &b);
@@ -1021,17 +1000,7 @@ impl Nic {
         rb.multicast_ns = now;
         rb.stats.announces += 1;
         let addr = rb.addr;
-        let hdr = FrameHeader {
-            version: WIRE_VERSION,
-            kind: FrameKind::Rbcast as u8,
-            src_node: self.node,
-            dst_node: addr,
-            src_port: port,
-            dst_port: 0,
-            src_gen: self.ports[port as usize].gen,
-            frame_count: 1,
-            ..Default::default()
-        };
+        let hdr = rbcast_frame_header(self.node, port, self.ports[port as usize].gen, addr, 0, 0);
         let mut b = [0u8; FrameHeader::SIZE + RbcastHeader::SIZE];
         emit_rbcast(&hdr, &body, &[], &mut b).expect("fits");
         let r = self.mcast_transmit(hal, &b);
@@ -1170,6 +1139,24 @@ impl Nic {
             rb.check().map_err(|e| format!("rbcast group {s}: {e}"))?;
         }
         Ok(())
+    }
+}
+
+/// The header of a one-frame RBCAST frame from (`node`, `port` of
+/// generation `gen`) to `dst_node` (a node, or the group's multicast
+/// address) and `dst_port`, with `payload_len` data bytes.
+fn rbcast_frame_header(node: u16, port: u16, gen: u16, dst_node: u16, dst_port: u16, payload_len: u16) -> FrameHeader {
+    FrameHeader {
+        version: WIRE_VERSION,
+        kind: FrameKind::Rbcast as u8,
+        src_node: node,
+        dst_node,
+        src_port: port,
+        dst_port,
+        src_gen: gen,
+        payload_len,
+        frame_count: 1,
+        ..Default::default()
     }
 }
 
