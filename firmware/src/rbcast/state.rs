@@ -794,6 +794,11 @@ impl RbGroup {
             if seq_lt(self.expected[r], self.delivered[r]) {
                 return Err(format!("root {r}: expected {} below delivered {}", self.expected[r], self.delivered[r]));
             }
+            // Everything held was heard of (the NAK schemes' gap is
+            // `expected .. heard`).
+            if r != self.rank as usize && seq_lt(self.heard[r], self.expected[r]) {
+                return Err(format!("root {r}: expected {} beyond heard {}", self.expected[r], self.heard[r]));
+            }
         }
         Ok(())
     }
