@@ -508,8 +508,9 @@ fn mpi4py_over_emp() {
         println!("SKIP mpi4py_over_emp: /usr/bin/python3 has no mpi4py (scripts/setup.sh installs python3-mpi4py)");
         return;
     }
-    // 2 ranks: at 3, Open MPI's first MPI_Barrier over the provider fails
-    // (fi_trecv returns -FI_EINVAL; docs/libfabric.md, known limitations).
+    // 2 ranks keep it short; the collectives at more ranks are
+    // open_mpi_* tests' (3 ranks once failed here with -FI_EINVAL from
+    // fi_trecv in the first MPI_Barrier; fixed since).
     let c = Cluster::up("fabric-mpi4py", &["-n", "2"]);
     let run = |args: &[&str]| {
         let child = mpirun_over_emp(&mpirun, &c, 2)
