@@ -222,7 +222,7 @@ impl Nic {
             }
             if opcode == Some(Opcode::Rbcast) {
                 let wd = read_desc(hal, next);
-                if !self.rbcast_admit(now, port, &wd) {
+                if !self.rbcast_admit(hal, now, port, &wd) {
                     break; // The reliable broadcast's root stalls (window or credits).
                 }
             }

@@ -737,6 +737,8 @@ pub struct Nic {
     /// One frame of scratch for the reliable broadcast's multicasts (also
     /// read by the local ports' copies while `frame_buf` may be in use).
     pub(crate) rbcast_frame: Vec<u8>,
+    /// A co-root copy waits for a transmission record or peer entry.
+    pub(crate) rbcast_stalled: bool,
 }
 
 impl Nic {
@@ -845,6 +847,7 @@ impl Nic {
             rbcast: (0..layout.params.group_entries).map(|_| None).collect(),
             rbcast_join_failed: 0,
             rbcast_frame: vec![0; MTU_MAX as usize],
+            rbcast_stalled: false,
             cfg,
         };
         set_status(hal, NicStatus::Running, FailReason::None);
@@ -931,9 +934,9 @@ impl Nic {
             }
             Frame::AtomicReq { hdr, body } => self.on_atomic_req(hal, now, &hdr, &body),
             Frame::AtomicResp { hdr, result } => self.on_atomic_resp(hal, now, &hdr, &result),
-            Frame::Rbcast { hdr, body, .. } => {
+            Frame::Rbcast { hdr, body, data } => {
                 if self.ports[hdr.dst_port as usize].open {
-                    self.rbcast_on_frame(hal, now, &hdr, &body);
+                    self.rbcast_on_frame(hal, now, &hdr, &body, data);
                 }
             }
         }

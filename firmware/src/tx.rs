@@ -1037,6 +1037,7 @@ impl Nic {
                 self.complete(hal, m.port, c);
             }
         }
+        self.rbcast_unstall(now);
         self.coll_unstall(hal, now);
     }
 }

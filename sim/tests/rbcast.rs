@@ -611,3 +611,109 @@ fn the_nak_scheme_sends_fewer_acks() {
     let nak = acks(RbcastAlgo { ack_every: 0, nak: true, ..Default::default() });
     assert!(nak * 4 <= every, "NAK scheme {nak} ACK frames, ACK every one {every}");
 }
+
+/// One step of a member's program in [`program_order_scenario`].
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Rbcast { root: u16, len: usize },
+    TreeBcast { root: u16, len: usize },
+    Barrier,
+}
+
+/// Every member runs the same program of collectives in order, posting
+/// each only once its previous one completed, as a blocking MPI program
+/// does: a root's reliable broadcast completes at once, so its next
+/// collective's messages reach members still waiting for a lost
+/// multicast, which refuse them as not ready. A repair must not wait
+/// behind those (it once rode the ordered point-to-point stream, and the
+/// group deadlocked). Returns an error that names the stuck member.
+fn program_order_scenario(n: u16, ops: &[Op], algo: RbcastAlgo, wire: WireConfig, seed: u64) -> Result<(), String> {
+    let mut c = group(n, Config::default(), wire, seed);
+    let tag = rbcast_tag(algo);
+    let mut next = vec![0usize; n as usize];
+    // Per member: the op in flight (index, wr id).
+    let mut inflight: Vec<Option<(usize, u64)>> = vec![None; n as usize];
+    let end = c.world.now + 20_000 * MS;
+    let data = |i: usize, len: usize| pattern(len, i as u32);
+    loop {
+        for m in 0..n {
+            if inflight[m as usize].is_none() && next[m as usize] < ops.len() {
+                let i = next[m as usize];
+                let wr = match ops[i] {
+                    Op::Rbcast { root, len } => c.rbcast(m, 0, root, tag, &data(i, len), m == root),
+                    Op::TreeBcast { root, len } => c.bcast(m, 0, root, 0, &data(i, len), m == root),
+                    Op::Barrier => c.barrier(m, 0, emp_uapi::coll::BarrierAlgo::Dissemination, 0),
+                };
+                inflight[m as usize] = Some((i, wr));
+            }
+        }
+        if next.iter().all(|&k| k == ops.len()) {
+            return Ok(());
+        }
+        if c.world.now > end || c.step().is_none() {
+            let at: Vec<String> = (0..n)
+                .map(|m| {
+                    let nic = &c.world.nodes[m as usize].nic;
+                    format!("{m}: at {:?} {:?}", inflight[m as usize].map(|(i, _)| ops[i]), nic.rbcast_stats())
+                })
+                .collect();
+            return Err(format!("stuck at {} ns:\n{}", c.world.now, at.join("\n")));
+        }
+        for m in 0..n {
+            for (cqe, _) in c.take_ready(m) {
+                let Some((i, wr)) = inflight[m as usize] else { return Err(format!("member {m}: stray {cqe:?}")) };
+                if cqe.wr_id != wr || cqe.status != Status::Success as u8 {
+                    return Err(format!("member {m} op {i} {:?}: {cqe:?}", ops[i]));
+                }
+                let (root, len) = match ops[i] {
+                    Op::Rbcast { root, len } | Op::TreeBcast { root, len } => (root, len),
+                    Op::Barrier => (m, 0),
+                };
+                if m != root && c.received(wr, len) != data(i, len) {
+                    return Err(format!("member {m} op {i} {:?}: different bytes", ops[i]));
+                }
+                inflight[m as usize] = None;
+                next[m as usize] += 1;
+            }
+        }
+    }
+}
+
+/// Reliable broadcasts (every scheme, with and without co-roots) mixed
+/// with NIC tree broadcasts and barriers in program order, under loss:
+/// no member is ever left waiting for a repair (the deadlock of a repair
+/// queued behind a refused collective message).
+#[test]
+fn reliable_broadcasts_mixed_with_tree_broadcasts_in_program_order_under_loss() {
+    let seeds: u64 = std::env::var("EMP_SIM_RBCAST_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(70) / 3;
+    for seed in 0..seeds.max(8) {
+        let mut x = seed.wrapping_mul(0xA076_1D64_78BD_642F) | 1;
+        let mut draw = |k: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % k
+        };
+        let n = 3 + draw(8) as u16;
+        let ops: Vec<Op> = (0..24)
+            .map(|_| {
+                let root = draw(n as u64) as u16;
+                match draw(5) {
+                    0 | 1 => Op::Rbcast { root, len: 1 + draw(600) as usize },
+                    2 | 3 => Op::TreeBcast { root, len: 1 + draw(4000) as usize },
+                    _ => Op::Barrier,
+                }
+            })
+            .collect();
+        let algo = RbcastAlgo {
+            coroots: draw(n.min(4) as u64) as u16,
+            ack_every: 1 + draw(4) as u8,
+            window: 0,
+            nak: draw(2) == 0,
+        };
+        let loss = (2 + draw(9)) as f64 / 100.0;
+        let wire = WireConfig { loss, dup: 0.02, reorder: 0.05, ..WireConfig::default() };
+        program_order_scenario(n, &ops, algo, wire, seed)
+            .unwrap_or_else(|e| panic!("seed {seed}: n {n} loss {loss} algo {algo:?}: {e}"));
+    }
+}

@@ -80,7 +80,7 @@ extern "C" {
 /* EMP_ATOMIC_WINDOW and a result cache at the target.                 */
 /* ------------------------------------------------------------------ */
 
-#define EMP_WIRE_VERSION 5U
+#define EMP_WIRE_VERSION 6U
 /* Largest frame (headers + payload) a NIC accepts. */
 #define EMP_MTU_MAX 9000U
 /* Destination node ids from EMP_MCAST_BASE are multicast addresses. */
@@ -201,8 +201,9 @@ struct emp_rma_header {
 #define EMP_RBCAST_NAK 4U       /* messages seq .. seq + span of root are missing */
 #define EMP_RBCAST_ANNOUNCE 5U  /* a root's messages below seq were sent (multicast) */
 #define EMP_RBCAST_PIGGY_ACK 1U /* ack_root / ack_next carry an ACK (DATA only) */
-#define EMP_RBCAST_P2P 2U       /* a repair or co-root copy (reliable point-to-point) */
+#define EMP_RBCAST_P2P 2U       /* a co-root copy (reliable point-to-point) */
 #define EMP_RBCAST_FLAG_NAK 4U  /* DATA: members NAK gaps in the root's sequence */
+#define EMP_RBCAST_REPAIR 8U    /* DATA: a repair, unicast RBCAST frame (unreliable) */
 
 /* Header of a reliable-broadcast frame (44 bytes; seed 002). */
 struct emp_rbcast_header {
@@ -216,7 +217,7 @@ struct emp_rbcast_header {
 	uint16_t sender;     /* sender rank */
 	uint16_t ack_root;
 	uint8_t kind;        /* EMP_RBCAST_DATA / ACK / POLL / NAK / ANNOUNCE */
-	uint8_t flags;       /* EMP_RBCAST_PIGGY_ACK | EMP_RBCAST_P2P | EMP_RBCAST_FLAG_NAK */
+	uint8_t flags;       /* EMP_RBCAST_PIGGY_ACK | P2P | FLAG_NAK | REPAIR */
 	uint8_t ack_every;   /* DATA: ACK every M messages, >= 1 */
 	uint8_t reserved;    /* zero */
 	uint16_t coroots;    /* DATA: the root's co-root count */

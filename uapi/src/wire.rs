@@ -39,7 +39,8 @@ use crate::{le_struct, DecodeError, Le};
 /// Wire protocol version carried in every frame. 3: remote accesses carry
 /// the region's 32-bit secret. 4: message headers carry immediate data.
 /// 5: reliable-broadcast headers carry 16-bit co-root counts and NAKs.
-pub const WIRE_VERSION: u8 = 5;
+/// 6: reliable-broadcast repairs are unicast `RBCAST` frames (`REPAIR`).
+pub const WIRE_VERSION: u8 = 6;
 /// Largest frame (header + payload) a NIC accepts: jumbo MTU.
 pub const MTU_MAX: u32 = 9000;
 /// Smallest MTU that still carries headers plus a useful payload.
@@ -420,13 +421,19 @@ pub mod rbcast_kind {
 pub mod rbcast_flag {
     /// `ack_root` / `ack_next` carry a piggybacked cumulative ACK (DATA only).
     pub const PIGGY_ACK: u8 = 1 << 0;
-    /// A repair or co-root copy sent over the reliable point-to-point path.
+    /// A co-root copy sent over the reliable point-to-point path (inside a
+    /// `COLL_DATA` message, never in an `RBCAST` frame).
     pub const P2P: u8 = 1 << 1;
     /// DATA: the root's scheme has NAKs (`RbcastAlgo::nak`): members NAK
     /// gaps in its sequence.
     pub const NAK: u8 = 1 << 2;
+    /// DATA: a repair, unicast to one member in an `RBCAST` frame, off the
+    /// ordered point-to-point stream (so it never waits behind a message
+    /// the member refuses); unreliable, repeated by the collector until
+    /// the member's ACK.
+    pub const REPAIR: u8 = 1 << 3;
     /// All defined flags.
-    pub const ALL: u8 = PIGGY_ACK | P2P | NAK;
+    pub const ALL: u8 = PIGGY_ACK | P2P | NAK | REPAIR;
 }
 
 le_struct! {
@@ -491,6 +498,10 @@ impl RbcastHeader {
             return Err(DecodeError::BadIndex);
         }
         if h.reserved != 0 {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        let (p2p, repair) = (h.flags & rbcast_flag::P2P != 0, h.flags & rbcast_flag::REPAIR != 0);
+        if repair && (p2p || h.kind != rbcast_kind::DATA) {
             return Err(DecodeError::ReservedNotZero);
         }
         let control_zero = h.len == 0
@@ -836,7 +847,7 @@ mod tests {
 
     /// Byte-exact fixture: an ACK for group 2 of message 7, 0 -> 1.
     static ACK_BYTES: [u8; 48] = [
-        5, 2, 0, 0, // version, kind, dst_gen
+        6, 2, 0, 0, // version, kind, dst_gen
         0, 0, 1, 0, // src_node 0, dst_node 1
         3, 0, 4, 0, // src_port 3, dst_port 4
         9, 0, 0, 0, // src_gen 9, payload_len 0

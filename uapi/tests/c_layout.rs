@@ -453,6 +453,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_RBCAST_FLAG_NAK = wire::rbcast_flag::NAK,
         EMP_RBCAST_PIGGY_ACK = wire::rbcast_flag::PIGGY_ACK,
         EMP_RBCAST_P2P = wire::rbcast_flag::P2P,
+        EMP_RBCAST_REPAIR = wire::rbcast_flag::REPAIR,
         EMP_NACK_LOSS = NackReason::Loss as u8,
         EMP_NACK_NO_MATCH = NackReason::NoMatch as u8,
         EMP_NACK_PORT_CLOSED = NackReason::PortClosed as u8,

@@ -561,6 +561,9 @@ fn check_parsed(bytes: &[u8], f: &Frame<'_>) -> Result<(), TestCaseError> {
                 rbcast_kind::DATA | rbcast_kind::ACK | rbcast_kind::POLL | rbcast_kind::NAK | rbcast_kind::ANNOUNCE
             ));
             prop_assert_eq!(body.flags & rbcast_flag::P2P, 0);
+            if body.flags & rbcast_flag::REPAIR != 0 {
+                prop_assert_eq!(body.kind, rbcast_kind::DATA);
+            }
             let ranks = emp_uapi::coll::GROUP_MEMBERS_MAX as u16;
             prop_assert!(body.root < ranks && body.sender < ranks && body.ack_root < ranks);
         }

@@ -54,6 +54,14 @@ pub(crate) use state::RbGroup as RbGroupState;
 pub use state::RbcastStats;
 use state::{sub_size, tree_child, tree_children, Arrival, Frag, RbGroup, RootAlgo};
 
+/// Repairs one scan sends at most: a collector whose whole sub-group
+/// lost a window of messages paces them ([`RBCAST_REPAIR_PACE_NS`] apart)
+/// rather than overrun the wire's queues (the reliable path's
+/// transmission table used to bound them).
+const RBCAST_REPAIR_BURST: usize = 64;
+/// How soon a scan cut short by [`RBCAST_REPAIR_BURST`] goes on.
+const RBCAST_REPAIR_PACE_NS: u64 = 20_000;
+
 /// Members per sub-group (the collector included) of a broadcast over
 /// `n` members with `coroots` co-roots (§4.3, §7.2's `s`).
 pub fn sub_group_size(n: u16, coroots: u16) -> u16 {
@@ -147,7 +155,7 @@ impl Nic {
     /// sub-group (a full window is treated as a timeout first); a
     /// receive, room in the posted queue. Invalid ones are taken (and
     /// refused). False: it stays in the ring — the root stalls.
-    pub(crate) fn rbcast_admit(&mut self, now: u64, port: u16, wd: &WorkDesc) -> bool {
+    pub(crate) fn rbcast_admit<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, wd: &WorkDesc) -> bool {
         let slot = wd.node as u32;
         let valid = self.groups.get(slot).is_some_and(|g| g.port == port && wd.port < g.n);
         let Some(algo) = rbcast_algo(wd.tag) else { return true };
@@ -165,7 +173,7 @@ impl Nic {
             // while an earlier one, which all of them wait for, cannot go.
             return false;
         }
-        self.rbcast_scan(now, slot, false);
+        self.rbcast_scan(hal, now, slot, false);
         let limit = self.rbcast_limit(algo.window);
         let Some(frags) = self.rbcast_frags(slot, wd.total_len(), limit) else {
             return true; // Too large for the window: refused by the post.
@@ -175,7 +183,7 @@ impl Nic {
         if own + frags > limit || used + frags > rb.window.len() {
             // Out of buffers: as a timeout (§5.1), then look again.
             rb.stats.window_full += 1;
-            self.rbcast_scan(now, slot, true);
+            self.rbcast_scan(hal, now, slot, true);
             let rb = self.rb(slot);
             let (used, own) = rb.window_used();
             if own + frags > limit || used + frags > rb.window.len() {
@@ -397,7 +405,7 @@ impl Nic {
         while todo != 0 {
             let i = todo.trailing_zeros();
             let to = emp_uapi::coll::abs_rank(tree_child(me, i) * s, root, n);
-            if !self.rbcast_send_p2p(now, slot, e, to, Some(i as u16)) {
+            if !self.rbcast_send_p2p(now, slot, e, to, i as u16) {
                 break;
             }
             todo &= todo - 1;
@@ -408,18 +416,23 @@ impl Nic {
         }
     }
 
-    /// Queues entry `e` as a reliable point-to-point message to rank `to`:
-    /// a repair, or the copy for the co-root tree child with exponent
-    /// `coroot`, which the entry waits for ([`Nic::rbcast_p2p_done`]).
-    /// False: no transmission record or peer.
-    fn rbcast_send_p2p(&mut self, now: u64, slot: u32, e: usize, to: u16, coroot: Option<u16>) -> bool {
+    /// Queues entry `e` as a reliable point-to-point message to rank `to`,
+    /// the copy for the co-root tree child with exponent `coroot`, which
+    /// the entry waits for ([`Nic::rbcast_p2p_done`]). False: no
+    /// transmission record or peer (retried when a record frees:
+    /// [`Nic::rbcast_unstall`]).
+    fn rbcast_send_p2p(&mut self, now: u64, slot: u32, e: usize, to: u16, coroot: u16) -> bool {
         if self.tx.is_full() {
+            self.rbcast_stalled = true;
             return false;
         }
         let g = self.groups.get(slot).expect("live group");
         let (port, id, epoch) = (g.port, g.id, g.epoch);
         let (node, rport) = g.endpoint(to);
-        let Some(peer) = self.peer_for(now, port, node, rport, 0) else { return false };
+        let Some(peer) = self.peer_for(now, port, node, rport, 0) else {
+            self.rbcast_stalled = true;
+            return false;
+        };
         let rb = self.rb(slot);
         let w = &rb.window[e];
         let body = rb.data_header(e, id, epoch, rbcast_flag::P2P);
@@ -430,7 +443,7 @@ impl Nic {
         payload[RbcastHeader::SIZE..].copy_from_slice(&w.data[..w.len as usize]);
         // The receiver ignores `instance`; here it names the entry and the
         // co-root the copy's completion is for.
-        let instance = coroot.map_or(u32::MAX, |j| (j as u32) << 16 | e as u32);
+        let instance = (coroot as u32) << 16 | e as u32;
         let ch = CollHeader {
             group_id: id,
             epoch,
@@ -454,9 +467,6 @@ impl Nic {
     /// co-root copy releases its hold on the window entry.
     pub(crate) fn rbcast_p2p_done(&mut self, c: &CollTx) {
         let Some(h) = c.hdr else { return };
-        if h.instance == u32::MAX {
-            return; // A repair: nothing waits for it.
-        }
         let (i, e) = (h.instance >> 16, (h.instance & 0xFFFF) as usize);
         let Some(slot) = self.rbcast.iter().position(|r| r.as_ref().is_some_and(|r| r.stamp == c.op_stamp)) else {
             return; // The group went.
@@ -467,16 +477,58 @@ impl Nic {
         }
     }
 
+    /// Sends window entry `e` to group rank `to` as a repair: a unicast
+    /// `RBCAST` frame (`REPAIR`), off the reliable point-to-point stream,
+    /// which is ordered per pair of endpoints: a repair queued there could
+    /// wait behind the root's next collective message, which the member
+    /// refuses while it still waits for this one (a deadlock). Unreliable:
+    /// the collector repeats it until the member's ACK (the scan), or at
+    /// once on the member's NAK.
+    fn rbcast_send_repair<H: Hal>(&mut self, hal: &mut H, slot: u32, e: usize, to: u16) {
+        let g = self.groups.get(slot).expect("live group");
+        let (id, epoch, port) = (g.id, g.epoch, g.port);
+        let (node, rport) = g.endpoint(to);
+        let hdr = {
+            let w = &self.rbcast[slot as usize].as_ref().expect("live").window[e];
+            rbcast_frame_header(self.node, port, self.ports[port as usize].gen, node, rport, w.len)
+        };
+        let mut buf = core::mem::take(&mut self.rbcast_frame);
+        let rb = self.rbcast[slot as usize].as_ref().expect("live");
+        let w = &rb.window[e];
+        let body = rb.data_header(e, id, epoch, rbcast_flag::REPAIR);
+        let n = emit_rbcast(&hdr, &body, &w.data[..w.len as usize], &mut buf).expect("fits the MTU");
+        hal.mac_transmit(node, &buf[..n]);
+        self.rbcast_frame = buf;
+    }
+
+    /// A transmission record freed: co-root copies that waited for one go
+    /// first, before anything the host posts next, so a co-root's copy is
+    /// never queued behind the root's next collective message to it
+    /// (which the co-root would refuse while it waits for the copy).
+    pub(crate) fn rbcast_unstall(&mut self, now: u64) {
+        if !core::mem::take(&mut self.rbcast_stalled) {
+            return;
+        }
+        for slot in 0..self.rbcast.len() as u32 {
+            if self.rbcast[slot as usize].as_ref().is_some_and(|rb| rb.window.iter().any(|w| w.live && w.p2p_todo != 0))
+            {
+                self.rbcast_forward(now, slot);
+            }
+        }
+    }
+
     /// The collector's scan (§5.5, §5.3): ACK words clear sub-group bits,
     /// entries nothing keeps are freed, and members still missing an
     /// entry older than the timeout (all of them with `force`: the window
-    /// ran out) are sent it reliably, one by one.
-    fn rbcast_scan(&mut self, now: u64, slot: u32, force: bool) {
+    /// ran out) are sent a repair, one by one, at most
+    /// [`RBCAST_REPAIR_BURST`] per scan (the rest at a tick soon after).
+    fn rbcast_scan<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, force: bool) {
         let rto = self.cfg.rbcast_rto_ns;
         let repair_as_coroot = self.cfg.rbcast_coroot_repair;
         let entries = self.rb(slot).window.len();
         let overdue = self.rb(slot).ack_clock.deadline(rto);
         self.rbcast_forward(now, slot);
+        let mut budget = RBCAST_REPAIR_BURST;
         for e in 0..entries {
             if !self.rb(slot).window[e].live {
                 continue;
@@ -491,29 +543,43 @@ impl Nic {
             // ([`state::AckClock`]), and each at most once per timeout:
             // repairs already queued are not queued again.
             let early = force && w.repair_ns == 0 && now.saturating_sub(w.sent_ns) >= overdue;
-            let due = early || now >= w.sent_ns.max(w.repair_ns).saturating_add(rto);
+            let resumed = w.repair_next != 0;
+            let due = resumed || early || now >= w.sent_ns.max(w.repair_ns).saturating_add(rto);
             // Fault injection: a co-root that never repairs its sub-group.
             let allowed = w.root == rb.rank || repair_as_coroot;
             if !due || !allowed || w.pending.is_empty() {
                 continue;
             }
+            if budget == 0 {
+                // Cut short: the rest of the window at the next tick.
+                self.rbcast_arm(now + RBCAST_REPAIR_PACE_NS, slot);
+                return;
+            }
             let root = w.root;
             let c = rb.rel(root);
-            let mut next = w.pending.next_from(0);
-            let mut sent_all = true;
+            let mut next = w.pending.next_from(w.repair_next);
             while let Some(b) = next {
-                let member = emp_uapi::coll::abs_rank(c + 1 + b as u16, root, self.rb(slot).n);
-                if !self.rbcast_send_p2p(now, slot, e, member, None) {
-                    sent_all = false;
+                if budget == 0 {
                     break;
                 }
+                let member = emp_uapi::coll::abs_rank(c + 1 + b as u16, root, self.rb(slot).n);
+                self.rbcast_send_repair(hal, slot, e, member);
+                budget -= 1;
                 let rb = self.rb(slot);
                 rb.stats.repairs += 1;
                 next = rb.window[e].pending.next_from(b + 1);
             }
-            if sent_all {
-                // Held until the members' ACKs say it arrived.
-                self.rb(slot).window[e].repair_ns = now;
+            let w = &mut self.rb(slot).window[e];
+            match next {
+                Some(b) => {
+                    w.repair_next = b;
+                    self.rbcast_arm(now + RBCAST_REPAIR_PACE_NS, slot);
+                }
+                None => {
+                    // Held until the members' ACKs say it arrived.
+                    w.repair_next = 0;
+                    w.repair_ns = now;
+                }
             }
         }
     }
@@ -545,7 +611,7 @@ impl Nic {
             return;
         }
         self.rb(group).timer_at = 0;
-        self.rbcast_scan(now, group, false);
+        self.rbcast_scan(hal, now, group, false);
         let delay = self.cfg.rbcast_ack_delay_ns;
         let n = self.rb(group).n;
         let mut next = u64::MAX;
@@ -590,6 +656,7 @@ impl Nic {
             }
         }
         next = next.min(self.rbcast_announce(hal, now, group));
+        next = next.min(self.rbcast_coroot_announce(hal, now, group));
         // Gaps still open are NAKed again (rate-limited per root).
         for r in 0..n {
             let rb = self.rb(group);
@@ -648,11 +715,24 @@ impl Nic {
         hal.mac_transmit(node, &b);
     }
 
-    /// An RBCAST frame to this node (an ACK, NAK or POLL: data comes
-    /// multicast or over the reliable path).
-    pub(crate) fn rbcast_on_frame<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &RbcastHeader) {
+    /// An RBCAST frame to this node: an ACK, NAK or POLL, or a repair
+    /// (DATA comes multicast, or as a co-root copy over the reliable path).
+    pub(crate) fn rbcast_on_frame<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        hdr: &FrameHeader,
+        body: &RbcastHeader,
+        data: &[u8],
+    ) {
         let Some(slot) = self.rbcast_group_of(hdr.dst_port, hdr, body) else { return };
         match body.kind {
+            // C1: a suspended port takes nothing new; repaired again later.
+            rbcast_kind::DATA
+                if body.flags & rbcast_flag::REPAIR != 0 && !self.ports[hdr.dst_port as usize].suspended =>
+            {
+                let _ = self.rbcast_take(hal, now, hdr.dst_port, hdr, body, data);
+            }
             rbcast_kind::ACK => {
                 let rb = self.rb(slot);
                 rb.ack_word(body.root, body.sender, body.seq, now);
@@ -663,8 +743,9 @@ impl Nic {
                 // Every message below the gap is held: also an ACK.
                 rb.ack_word(body.root, body.sender, body.seq, now);
                 rb.reposted_word(body.sender, body.reposted);
-                self.rbcast_nak_repair(now, slot, body.root, body.sender, body.seq, body.span);
+                self.rbcast_nak_repair(hal, slot, body.root, body.sender, body.seq, body.span);
             }
+            rbcast_kind::ANNOUNCE => self.rbcast_on_announce(hal, now, hdr.dst_port, hdr, body),
             // A root at zero credit: our count, to it directly.
             rbcast_kind::POLL => {
                 let poller = body.sender;
@@ -685,7 +766,9 @@ impl Nic {
         body: &RbcastHeader,
         data: &[u8],
     ) {
-        if body.kind != rbcast_kind::DATA && body.kind != rbcast_kind::ANNOUNCE {
+        if (body.kind != rbcast_kind::DATA && body.kind != rbcast_kind::ANNOUNCE)
+            || body.flags & rbcast_flag::REPAIR != 0
+        {
             return self.mcast_kept(false);
         }
         let mut kept = false;
@@ -792,7 +875,7 @@ impl Nic {
         if coroot {
             if rb.free_entry().is_none() {
                 rb.stats.window_full += 1;
-                self.rbcast_scan(now, slot, true);
+                self.rbcast_scan(hal, now, slot, true);
             }
             let rb = self.rb(slot);
             // Credits throttle only what runs ahead: the next message in
@@ -821,13 +904,8 @@ impl Nic {
         };
         if !direct && free_slot.is_none() {
             rb.stats.no_room += 1;
-            if body.flags & rbcast_flag::P2P != 0 && !coroot {
-                // A repair: dropped but taken, so the reliable stream from
-                // the collector is not held behind it (a repair of an
-                // earlier message may follow). Not acknowledged, so the
-                // collector repairs it again.
-                return Taken::Yes;
-            }
+            // A multicast copy or a repair is dropped (not acknowledged,
+            // so the collector repairs it again); a co-root copy refused.
             return Taken::NoRoom;
         }
         // Taken: it consumed a buffer at every member (§5.4).
@@ -892,8 +970,12 @@ impl Nic {
     fn rbcast_on_announce<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, hdr: &FrameHeader, body: &RbcastHeader) {
         let Some(slot) = self.rbcast_group_of(port, hdr, body) else { return };
         let rb = self.rb(slot);
-        if body.root != body.sender || body.root == rb.rank {
-            return; // Only a root announces its own sequence.
+        // A root announces its own sequence (multicast); a co-root, how
+        // far it holds its root's, to the members it collects for.
+        let s = sub_size(rb.n, body.coroots);
+        let collector = emp_uapi::coll::abs_rank(state::collector_of(rb.rel(body.root), s), body.root, rb.n);
+        if (body.root != body.sender && collector != body.sender) || body.root == rb.rank || collector == rb.rank {
+            return;
         }
         if rb.classify(body.root, body.seq.wrapping_sub(1)) == Arrival::Implausible {
             return;
@@ -932,9 +1014,9 @@ impl Nic {
 
     /// A NAK from `member` for `root`'s messages `[from, from + span)`:
     /// each one this node collects for and the member has not
-    /// acknowledged is sent to it reliably now, without waiting for the
-    /// timeout. The member NAKs again if a repair is lost or refused.
-    fn rbcast_nak_repair(&mut self, now: u64, slot: u32, root: u16, member: u16, from: u32, span: u16) {
+    /// acknowledged is repaired now, without waiting for the timeout. The
+    /// member NAKs again if a repair is lost or dropped.
+    fn rbcast_nak_repair<H: Hal>(&mut self, hal: &mut H, slot: u32, root: u16, member: u16, from: u32, span: u16) {
         let repair_as_coroot = self.cfg.rbcast_coroot_repair;
         let to = from.wrapping_add(span as u32);
         for e in 0..self.rb(slot).window.len() {
@@ -957,9 +1039,7 @@ impl Nic {
             if rb.settle(e) || !rb.window[e].pending.contains(b) {
                 continue;
             }
-            if !self.rbcast_send_p2p(now, slot, e, member, None) {
-                return; // The transmission table is full: the member NAKs again.
-            }
+            self.rbcast_send_repair(hal, slot, e, member);
             let rb = self.rb(slot);
             rb.stats.repairs += 1;
             rb.stats.nak_repairs += 1;
@@ -1008,6 +1088,76 @@ impl Nic {
         // This NIC's other ports in the group hear it here.
         self.rbcast_on_mcast(hal, now, &hdr, &body, &[]);
         now + retry
+    }
+
+    /// NAK schemes, at a co-root: the root stops announcing once its own
+    /// sub-group and the co-roots have its messages, so a member of a
+    /// co-root's sub-group that lost the last of them would see no gap
+    /// and wait for the timeout. A co-root collecting entries of a root
+    /// some member still lacks, that took none of that root's messages
+    /// for `rbcast_nak_retry_ns`, tells each such member (unicast, at most
+    /// [`RBCAST_REPAIR_BURST`] a round, a round per retry interval) how
+    /// far it holds the root's sequence. Returns when to look again.
+    fn rbcast_coroot_announce<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32) -> u64 {
+        let retry = self.cfg.rbcast_nak_retry_ns;
+        let rb = self.rb(slot);
+        let me = rb.rank;
+        let waiting = |w: &state::Entry| w.live && w.root != me && w.nak && !w.pending.is_empty();
+        if !rb.window.iter().any(waiting) {
+            return u64::MAX;
+        }
+        if now < rb.coroot_announced_ns.saturating_add(retry) {
+            return rb.coroot_announced_ns + retry;
+        }
+        let g = self.groups.get(slot).expect("live group");
+        let (id, epoch, port) = (g.id, g.epoch, g.port);
+        let gen = self.ports[port as usize].gen;
+        let mut next = u64::MAX;
+        let mut budget = RBCAST_REPAIR_BURST;
+        for e in 0..self.rb(slot).window.len() {
+            let rb = self.rb(slot);
+            let w = &rb.window[e];
+            // Each root once, at its first waiting entry.
+            if !waiting(w) || rb.window[..e].iter().any(|o| waiting(o) && o.root == w.root) {
+                continue;
+            }
+            let root = w.root;
+            let newest = rb.window.iter().filter(|o| o.live && o.root == root).map(|o| o.sent_ns).max().unwrap_or(0);
+            if now < newest.saturating_add(retry) {
+                next = next.min(newest + retry);
+                continue;
+            }
+            let body = RbcastHeader {
+                group_id: id,
+                epoch,
+                seq: rb.expected[root as usize],
+                reposted: rb.reposted,
+                kind: rbcast_kind::ANNOUNCE,
+                root,
+                sender: me,
+                coroots: w.coroots,
+                ack_every: w.ack_every,
+                flags: rbcast_flag::NAK,
+                ..Default::default()
+            };
+            let (c, n) = (rb.rel(root), rb.n);
+            let mut b = [0u8; FrameHeader::SIZE + RbcastHeader::SIZE];
+            let mut member = rb.lacking(root, 0);
+            while let Some(m) = member.filter(|_| budget > 0) {
+                let to = emp_uapi::coll::abs_rank(c + 1 + m as u16, root, n);
+                let (node, rport) = self.groups.get(slot).expect("live group").endpoint(to);
+                let hdr = rbcast_frame_header(self.node, port, gen, node, rport, 0);
+                emit_rbcast(&hdr, &body, &[], &mut b).expect("fits");
+                hal.mac_transmit(node, &b);
+                budget -= 1;
+                let rb = self.rb(slot);
+                rb.stats.announces += 1;
+                member = rb.lacking(root, m + 1);
+            }
+            self.rb(slot).coroot_announced_ns = now;
+            next = next.min(now + retry);
+        }
+        next
     }
 
     /// Hands held messages to the host's receives, in root order.

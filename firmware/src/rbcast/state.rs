@@ -290,6 +290,9 @@ pub(crate) struct Entry {
     pub pending: Bits,
     /// When the missing members were last sent a repair (0: never).
     pub repair_ns: u64,
+    /// A pass of repairs cut short by the per-scan budget goes on from
+    /// this member bit (0: no pass under way).
+    pub repair_next: usize,
     /// Collectors this node still has to send it to reliably (its
     /// children in the co-root tree, by exponent: [`tree_child`]).
     pub p2p_todo: u64,
@@ -402,6 +405,8 @@ pub(crate) struct RbGroup {
     /// When this node last multicast as root (NAK schemes announce after
     /// a quiet `rbcast_nak_retry_ns`).
     pub multicast_ns: u64,
+    /// NAK schemes: when this co-root last announced to its sub-group.
+    pub coroot_announced_ns: u64,
     /// The collector's ACK wait, learned ([`AckClock`]).
     pub ack_clock: AckClock,
     /// Per root: the cumulative ACK last sent, and since when a newer one
@@ -491,6 +496,7 @@ impl RbGroup {
             sent_ns: 0,
             pending: Bits::new(n_us),
             repair_ns: 0,
+            repair_next: 0,
             p2p_todo: 0,
             p2p_unacked: 0,
             data: vec![0; buf].into_boxed_slice(),
@@ -521,6 +527,7 @@ impl RbGroup {
             nak_to: vec![0; n_us],
             nak_ns: vec![0; n_us],
             multicast_ns: 0,
+            coroot_announced_ns: 0,
             ack_clock: AckClock::default(),
             ack_sent: vec![0; n_us],
             ack_owed_since: vec![0; n_us],
@@ -574,6 +581,12 @@ impl RbGroup {
         (c + 1..(c + s).min(n)).map(move |r| emp_uapi::coll::abs_rank(r, root, n))
     }
 
+    /// The first sub-group member bit from `from` on that still lacks one
+    /// of `root`'s messages this node collects for.
+    pub(crate) fn lacking(&self, root: u16, from: usize) -> Option<usize> {
+        self.window.iter().filter(|w| w.live && w.root == root).filter_map(|w| w.pending.next_from(from)).min()
+    }
+
     /// Is this node a collector (root or co-root) of `root`'s messages?
     pub(crate) fn is_collector(&self, root: u16, coroots: u16) -> bool {
         self.rel(root).is_multiple_of(sub_size(self.n, coroots))
@@ -622,6 +635,7 @@ impl RbGroup {
         w.seq = seq;
         w.coroots = coroots;
         w.pending.set_first(k);
+        w.repair_next = 0;
         true
     }
 
@@ -777,6 +791,9 @@ impl RbGroup {
             }
             if e.len as usize > e.data.len() || e.root >= self.n {
                 return Err(format!("window entry {i}: len {} root {}", e.len, e.root));
+            }
+            if e.repair_next >= s as usize {
+                return Err(format!("window entry {i}: repair pass at member {} of a sub-group of {s}", e.repair_next));
             }
         }
         for (i, s) in self.slots.iter().enumerate().filter(|(_, s)| s.live) {

@@ -154,18 +154,13 @@ fn too_large_is_refused_and_nothing_is_lost(c: &mut Ctx) -> Result<(), String> {
         Err(emp::Error::InvalidArgument(_)) => {}
         other => return Err(format!("root beyond the group: {other:?}")),
     }
-    // The next ones go through: one frame, three fragments, and above the
-    // threshold (by the NIC tree). Each waits for the one before it at
-    // every rank. KNOWN BUG (issue 14): without that, a member that lost
-    // the multicast can deadlock under loss — its repair travels on the
-    // root's ordered point-to-point stream behind the root's next NIC
-    // tree broadcast message, which the member refuses (not ready) until
-    // the repaired broadcast completes (docs/design/collectives.md §5).
-    let sync = |c: &mut Ctx, name: &str| c.job.barrier(&mut c.dev, name).map_err(|e| format!("{name}: {e}"));
+    // The next ones go through back to back: one frame, three fragments,
+    // and above the threshold (by the NIC tree). A member that lost a
+    // multicast is repaired off the ordered point-to-point stream, so the
+    // root's next collective message, which the member refuses while it
+    // waits, cannot hold the repair back (the deadlock this case once had).
     bcast_checked(c, 64, 5)?;
-    sync(c, "rbcast-64")?;
     bcast_checked(c, 2 * c.max_len() + 100, 6)?;
-    sync(c, "rbcast-frags")?;
     bcast_checked(c, emp::RBCAST_THRESHOLD_DEFAULT + 4096, 7)
 }
 
