@@ -60,6 +60,8 @@ pub struct Machine {
     /// Largest broadcast sent through the window (in fragments); larger
     /// goes by the NIC tree, as libemp's per-group threshold does (§4.5).
     pub rb_threshold: u64,
+    /// Seed of the wire's faults (0: the world's own).
+    pub wire_seed: u64,
 }
 
 impl Machine {
@@ -84,7 +86,15 @@ impl Machine {
         // Small unexpected messages are buffered (MPICH's unexpected queue),
         // so a skewed host rank that posts late still finds its message.
         let cfg = Config { overflow_slots: 256, overflow_slot_size: 256, ..Config::default() };
-        Machine { cost, wire, mtu: MTU, doorbell_ns: 500, cfg, rb_threshold: emp::RBCAST_THRESHOLD_DEFAULT as u64 }
+        Machine {
+            cost,
+            wire,
+            mtu: MTU,
+            doorbell_ns: 500,
+            cfg,
+            rb_threshold: emp::RBCAST_THRESHOLD_DEFAULT as u64,
+            wire_seed: 0,
+        }
     }
 
     /// Largest message the reliable broadcast sends as one multicast frame.
@@ -116,6 +126,9 @@ impl Machine {
         let mut c = Cluster::with_region(n, self.cfg, FEATURE_OVERFLOW, self.mtu, self.wire.clone(), region);
         c.world.cost = self.cost;
         c.world.doorbell_ns = self.doorbell_ns;
+        if self.wire_seed != 0 {
+            c.world.reseed(self.wire_seed);
+        }
         let members: Vec<u16> = (0..n).collect();
         let tree = emp::tree::Tree::binomial(n as usize);
         let parents: Vec<u16> = tree.parent.iter().map(|p| p.unwrap_or(TREE_ROOT_WIDE)).collect();
@@ -494,19 +507,32 @@ pub struct LossPoint {
     pub counts: RbCounts,
 }
 
+/// Wire seeds each point of [`loss_sweep`] averages over: which frames a
+/// lossy wire drops decides how many timeouts a run waits out, so one
+/// seed per point is mostly noise.
+pub const LOSS_SEEDS: u64 = 8;
+
 /// `algo`'s back-to-back throughput over `n` ranks under each of [`LOSSES`]
-/// (multicast and point-to-point frames alike; one seed per loss).
+/// (multicast and point-to-point frames alike), the mean over
+/// [`LOSS_SEEDS`] wire seeds.
 pub fn loss_sweep(m: &Machine, algo: Algo, n: u16, size: u64) -> Result<Vec<LossPoint>, String> {
     LOSSES
         .iter()
         .map(|&loss| {
-            let mut lm = m.clone();
-            lm.wire.loss = loss;
-            throughput_counted(&lm, algo, n, size, TPUT_K).map(|(per_bcast, counts)| LossPoint {
-                loss,
-                per_bcast,
-                counts,
-            })
+            let mut p = LossPoint { loss, per_bcast: 0.0, counts: RbCounts::default() };
+            for seed in 1..=LOSS_SEEDS {
+                let mut lm = m.clone();
+                lm.wire.loss = loss;
+                lm.wire_seed = seed;
+                let (per_bcast, c) = throughput_counted(&lm, algo, n, size, TPUT_K)?;
+                let k = LOSS_SEEDS as f64;
+                p.per_bcast += per_bcast / k;
+                p.counts.acks += c.acks / k;
+                p.counts.naks += c.naks / k;
+                p.counts.repairs += c.repairs / k;
+                p.counts.announces += c.announces / k;
+            }
+            Ok(p)
         })
         .collect()
 }

@@ -54,12 +54,10 @@ pub(crate) use state::RbGroup as RbGroupState;
 pub use state::RbcastStats;
 use state::{sub_size, tree_child, tree_children, Arrival, Frag, RbGroup, RootAlgo};
 
-/// Repairs one scan sends at most: a collector whose whole sub-group
-/// lost a window of messages paces them ([`RBCAST_REPAIR_PACE_NS`] apart)
-/// rather than overrun the wire's queues (the reliable path's
-/// transmission table used to bound them).
-const RBCAST_REPAIR_BURST: usize = 64;
-/// How soon a scan cut short by [`RBCAST_REPAIR_BURST`] goes on.
+/// Co-roots' announcements one round sends at most.
+const RBCAST_ANNOUNCE_BURST: usize = 64;
+/// How soon a scan cut short for want of repair tokens looks again
+/// (ACKs return tokens meanwhile).
 const RBCAST_REPAIR_PACE_NS: u64 = 20_000;
 
 /// Members per sub-group (the collector included) of a broadcast over
@@ -520,15 +518,15 @@ impl Nic {
     /// The collector's scan (§5.5, §5.3): ACK words clear sub-group bits,
     /// entries nothing keeps are freed, and members still missing an
     /// entry older than the timeout (all of them with `force`: the window
-    /// ran out) are sent a repair, one by one, at most
-    /// [`RBCAST_REPAIR_BURST`] per scan (the rest at a tick soon after).
+    /// ran out) are sent a repair, one by one, as far as the repair tokens
+    /// allow ([`state::RbGroup::repair_token`]; the rest at a tick soon
+    /// after).
     fn rbcast_scan<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, force: bool) {
         let rto = self.cfg.rbcast_rto_ns;
         let repair_as_coroot = self.cfg.rbcast_coroot_repair;
         let entries = self.rb(slot).window.len();
         let overdue = self.rb(slot).ack_clock.deadline(rto);
         self.rbcast_forward(now, slot);
-        let mut budget = RBCAST_REPAIR_BURST;
         for e in 0..entries {
             if !self.rb(slot).window[e].live {
                 continue;
@@ -550,21 +548,15 @@ impl Nic {
             if !due || !allowed || w.pending.is_empty() {
                 continue;
             }
-            if budget == 0 {
-                // Cut short: the rest of the window at the next tick.
-                self.rbcast_arm(now + RBCAST_REPAIR_PACE_NS, slot);
-                return;
-            }
             let root = w.root;
             let c = rb.rel(root);
             let mut next = w.pending.next_from(w.repair_next);
             while let Some(b) = next {
-                if budget == 0 {
+                if !self.rb(slot).repair_token(now, rto) {
                     break;
                 }
                 let member = emp_uapi::coll::abs_rank(c + 1 + b as u16, root, self.rb(slot).n);
                 self.rbcast_send_repair(hal, slot, e, member);
-                budget -= 1;
                 let rb = self.rb(slot);
                 rb.stats.repairs += 1;
                 next = rb.window[e].pending.next_from(b + 1);
@@ -572,8 +564,10 @@ impl Nic {
             let w = &mut self.rb(slot).window[e];
             match next {
                 Some(b) => {
+                    // Out of tokens: the rest when ACKs return some.
                     w.repair_next = b;
                     self.rbcast_arm(now + RBCAST_REPAIR_PACE_NS, slot);
+                    return;
                 }
                 None => {
                     // Held until the members' ACKs say it arrived.
@@ -735,15 +729,17 @@ impl Nic {
             }
             rbcast_kind::ACK => {
                 let rb = self.rb(slot);
+                rb.repair_returned();
                 rb.ack_word(body.root, body.sender, body.seq, now);
                 rb.reposted_word(body.sender, body.reposted);
             }
             rbcast_kind::NAK => {
                 let rb = self.rb(slot);
+                rb.repair_returned();
                 // Every message below the gap is held: also an ACK.
                 rb.ack_word(body.root, body.sender, body.seq, now);
                 rb.reposted_word(body.sender, body.reposted);
-                self.rbcast_nak_repair(hal, slot, body.root, body.sender, body.seq, body.span);
+                self.rbcast_nak_repair(hal, now, slot, body.root, body.sender, body.seq, body.span);
             }
             rbcast_kind::ANNOUNCE => self.rbcast_on_announce(hal, now, hdr.dst_port, hdr, body),
             // A root at zero credit: our count, to it directly.
@@ -1016,8 +1012,19 @@ impl Nic {
     /// each one this node collects for and the member has not
     /// acknowledged is repaired now, without waiting for the timeout. The
     /// member NAKs again if a repair is lost or dropped.
-    fn rbcast_nak_repair<H: Hal>(&mut self, hal: &mut H, slot: u32, root: u16, member: u16, from: u32, span: u16) {
+    #[allow(clippy::too_many_arguments)]
+    fn rbcast_nak_repair<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        slot: u32,
+        root: u16,
+        member: u16,
+        from: u32,
+        span: u16,
+    ) {
         let repair_as_coroot = self.cfg.rbcast_coroot_repair;
+        let rto = self.cfg.rbcast_rto_ns;
         let to = from.wrapping_add(span as u32);
         for e in 0..self.rb(slot).window.len() {
             let rb = self.rb(slot);
@@ -1038,6 +1045,9 @@ impl Nic {
             let b = (m - c - 1) as usize;
             if rb.settle(e) || !rb.window[e].pending.contains(b) {
                 continue;
+            }
+            if !rb.repair_token(now, rto) {
+                return; // The member NAKs again.
             }
             self.rbcast_send_repair(hal, slot, e, member);
             let rb = self.rb(slot);
@@ -1096,7 +1106,7 @@ impl Nic {
     /// and wait for the timeout. A co-root collecting entries of a root
     /// some member still lacks, that took none of that root's messages
     /// for `rbcast_nak_retry_ns`, tells each such member (unicast, at most
-    /// [`RBCAST_REPAIR_BURST`] a round, a round per retry interval) how
+    /// [`RBCAST_ANNOUNCE_BURST`] a round, a round per retry interval) how
     /// far it holds the root's sequence. Returns when to look again.
     fn rbcast_coroot_announce<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32) -> u64 {
         let retry = self.cfg.rbcast_nak_retry_ns;
@@ -1113,7 +1123,7 @@ impl Nic {
         let (id, epoch, port) = (g.id, g.epoch, g.port);
         let gen = self.ports[port as usize].gen;
         let mut next = u64::MAX;
-        let mut budget = RBCAST_REPAIR_BURST;
+        let mut budget = RBCAST_ANNOUNCE_BURST;
         for e in 0..self.rb(slot).window.len() {
             let rb = self.rb(slot);
             let w = &rb.window[e];

@@ -15,6 +15,10 @@ pub(crate) fn sub_size(n: u16, coroots: u16) -> u16 {
     n.div_ceil(coroots.saturating_add(1)).max(1)
 }
 
+/// Repairs a collector may have out before ACKs or NAKs come back
+/// ([`RbGroup::repair_token`]).
+pub(crate) const REPAIR_TOKENS: u16 = 64;
+
 /// The collector (relative rank) of relative rank `rel`.
 pub(crate) fn collector_of(rel: u16, s: u16) -> u16 {
     rel / s * s
@@ -407,6 +411,10 @@ pub(crate) struct RbGroup {
     pub multicast_ns: u64,
     /// NAK schemes: when this co-root last announced to its sub-group.
     pub coroot_announced_ns: u64,
+    /// Repairs this collector may still send ([`RbGroup::repair_token`]).
+    pub repair_tokens: u16,
+    /// When the tokens were last filled by time.
+    pub repair_filled_ns: u64,
     /// The collector's ACK wait, learned ([`AckClock`]).
     pub ack_clock: AckClock,
     /// Per root: the cumulative ACK last sent, and since when a newer one
@@ -528,6 +536,8 @@ impl RbGroup {
             nak_ns: vec![0; n_us],
             multicast_ns: 0,
             coroot_announced_ns: 0,
+            repair_tokens: REPAIR_TOKENS,
+            repair_filled_ns: 0,
             ack_clock: AckClock::default(),
             ack_sent: vec![0; n_us],
             ack_owed_since: vec![0; n_us],
@@ -585,6 +595,30 @@ impl RbGroup {
     /// of `root`'s messages this node collects for.
     pub(crate) fn lacking(&self, root: u16, from: usize) -> Option<usize> {
         self.window.iter().filter(|w| w.live && w.root == root).filter_map(|w| w.pending.next_from(from)).min()
+    }
+
+    /// Takes a token for one repair, if any is left. Repairs are unicast
+    /// frames with no transmission record to bound them, and every one
+    /// draws an ACK: a collector whose ACKs queue up past the timeout
+    /// (the root of a wide group, its NIC busy with ACKs) would repair
+    /// everyone, take more ACKs, fall further behind, and repair again. So
+    /// repairs are clocked by what comes back: each ACK or NAK frame from
+    /// a member returns a token ([`RbGroup::repair_returned`]), and the
+    /// tokens fill up again once per timeout, so losing every ACK cannot
+    /// stop repairs.
+    pub(crate) fn repair_token(&mut self, now: u64, rto: u64) -> bool {
+        if now >= self.repair_filled_ns.saturating_add(rto) {
+            self.repair_tokens = REPAIR_TOKENS;
+            self.repair_filled_ns = now;
+        }
+        let got = self.repair_tokens > 0;
+        self.repair_tokens -= u16::from(got);
+        got
+    }
+
+    /// An ACK or NAK frame arrived: one more repair may go.
+    pub(crate) fn repair_returned(&mut self) {
+        self.repair_tokens = (self.repair_tokens + 1).min(REPAIR_TOKENS);
     }
 
     /// Is this node a collector (root or co-root) of `root`'s messages?
@@ -791,6 +825,9 @@ impl RbGroup {
             }
             if e.len as usize > e.data.len() || e.root >= self.n {
                 return Err(format!("window entry {i}: len {} root {}", e.len, e.root));
+            }
+            if self.repair_tokens > REPAIR_TOKENS {
+                return Err(format!("{} repair tokens, bound {REPAIR_TOKENS}", self.repair_tokens));
             }
             if e.repair_next >= s as usize {
                 return Err(format!("window entry {i}: repair pass at member {} of a sub-group of {s}", e.repair_next));
