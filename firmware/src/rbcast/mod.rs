@@ -727,19 +727,15 @@ impl Nic {
             {
                 let _ = self.rbcast_take(hal, now, hdr.dst_port, hdr, body, data);
             }
-            rbcast_kind::ACK => {
+            // A NAK's `seq` is its first missing message: also an ACK.
+            rbcast_kind::ACK | rbcast_kind::NAK => {
                 let rb = self.rb(slot);
                 rb.repair_returned();
                 rb.ack_word(body.root, body.sender, body.seq, now);
                 rb.reposted_word(body.sender, body.reposted);
-            }
-            rbcast_kind::NAK => {
-                let rb = self.rb(slot);
-                rb.repair_returned();
-                // Every message below the gap is held: also an ACK.
-                rb.ack_word(body.root, body.sender, body.seq, now);
-                rb.reposted_word(body.sender, body.reposted);
-                self.rbcast_nak_repair(hal, now, slot, body.root, body.sender, body.seq, body.span);
+                if body.kind == rbcast_kind::NAK {
+                    self.rbcast_nak_repair(hal, now, slot, body.root, body.sender, body.seq, body.span);
+                }
             }
             rbcast_kind::ANNOUNCE => self.rbcast_on_announce(hal, now, hdr.dst_port, hdr, body),
             // A root at zero credit: our count, to it directly.
@@ -1073,20 +1069,7 @@ impl Nic {
         let g = self.groups.get(slot).expect("live group");
         let (id, epoch, port) = (g.id, g.epoch, g.port);
         let rb = self.rb(slot);
-        let w = &rb.window[e];
-        let body = RbcastHeader {
-            group_id: id,
-            epoch,
-            seq: rb.next_seq,
-            reposted: rb.reposted,
-            kind: rbcast_kind::ANNOUNCE,
-            root: me,
-            sender: me,
-            coroots: w.coroots,
-            ack_every: w.ack_every,
-            flags: rbcast_flag::NAK,
-            ..Default::default()
-        };
+        let body = rb.announce_header(e, id, epoch, rb.next_seq);
         rb.multicast_ns = now;
         rb.stats.announces += 1;
         let addr = rb.addr;
@@ -1137,19 +1120,7 @@ impl Nic {
                 next = next.min(newest + retry);
                 continue;
             }
-            let body = RbcastHeader {
-                group_id: id,
-                epoch,
-                seq: rb.expected[root as usize],
-                reposted: rb.reposted,
-                kind: rbcast_kind::ANNOUNCE,
-                root,
-                sender: me,
-                coroots: w.coroots,
-                ack_every: w.ack_every,
-                flags: rbcast_flag::NAK,
-                ..Default::default()
-            };
+            let body = rb.announce_header(e, id, epoch, rb.expected[root as usize]);
             let (c, n) = (rb.rel(root), rb.n);
             let mut b = [0u8; FrameHeader::SIZE + RbcastHeader::SIZE];
             let mut member = rb.lacking(root, 0);

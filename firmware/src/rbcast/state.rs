@@ -294,7 +294,7 @@ pub(crate) struct Entry {
     pub pending: Bits,
     /// When the missing members were last sent a repair (0: never).
     pub repair_ns: u64,
-    /// A pass of repairs cut short by the per-scan budget goes on from
+    /// A pass of repairs cut short for want of repair tokens goes on from
     /// this member bit (0: no pass under way).
     pub repair_next: usize,
     /// Collectors this node still has to send it to reliably (its
@@ -476,6 +476,25 @@ impl RbGroup {
             coroots: w.coroots,
             ack_every: w.ack_every,
             flags: flags | if w.nak { rbcast_flag::NAK } else { 0 },
+            ..Default::default()
+        }
+    }
+
+    /// An `ANNOUNCE` (NAK schemes) that this node holds, or sent, window
+    /// entry `e`'s root's messages below `seq`, with that root's scheme.
+    pub(crate) fn announce_header(&self, e: usize, id: u32, epoch: u32, seq: u32) -> RbcastHeader {
+        let w = &self.window[e];
+        RbcastHeader {
+            group_id: id,
+            epoch,
+            seq,
+            reposted: self.reposted,
+            kind: rbcast_kind::ANNOUNCE,
+            root: w.root,
+            sender: self.rank,
+            coroots: w.coroots,
+            ack_every: w.ack_every,
+            flags: rbcast_flag::NAK,
             ..Default::default()
         }
     }
@@ -815,6 +834,9 @@ impl RbGroup {
 
     /// A consistency check of the bounds (`Nic::invariants`).
     pub(crate) fn check(&self) -> Result<(), String> {
+        if self.repair_tokens > REPAIR_TOKENS {
+            return Err(format!("{} repair tokens, bound {REPAIR_TOKENS}", self.repair_tokens));
+        }
         for (i, e) in self.window.iter().enumerate().filter(|(_, e)| e.live) {
             let s = sub_size(self.n, e.coroots);
             if let Some(b) = e.pending.next_from(s as usize - 1) {
@@ -825,9 +847,6 @@ impl RbGroup {
             }
             if e.len as usize > e.data.len() || e.root >= self.n {
                 return Err(format!("window entry {i}: len {} root {}", e.len, e.root));
-            }
-            if self.repair_tokens > REPAIR_TOKENS {
-                return Err(format!("{} repair tokens, bound {REPAIR_TOKENS}", self.repair_tokens));
             }
             if e.repair_next >= s as usize {
                 return Err(format!("window entry {i}: repair pass at member {} of a sub-group of {s}", e.repair_next));
