@@ -490,4 +490,18 @@ impl P2pCtx {
     pub fn counter(&self, c: usize) -> Result<u64, String> {
         Ok(self.dev.nic_counters().map_err(|e| e.to_string())?[c])
     }
+    /// NIC counter `c` once it reaches `min`, or its value after a second.
+    /// The NIC publishes its counters at the end of the event that
+    /// changed them, which may come just after the completion it wrote
+    /// during that event: a read right after a completion can be stale.
+    pub fn counter_reaching(&self, c: usize, min: u64) -> Result<u64, String> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let v = self.counter(c)?;
+            if v >= min || t0.elapsed() > Duration::from_secs(1) {
+                return Ok(v);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
