@@ -791,6 +791,17 @@ impl Device {
     pub fn nic_counters(&self) -> Result<[u64; COUNTERS]> {
         self.backend.counters()
     }
+
+    /// The NIC processors' working time so far: (nanoseconds, batches) the
+    /// emulated NIC's engine and CPU threads spent on this NIC's doorbells,
+    /// frames and timers, their polling that found nothing excluded.
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] through the kernel driver (only `emp-nicd`
+    /// keeps the figure) or when the daemon cannot be reached.
+    pub fn nic_busy(&self) -> Result<(u64, u64)> {
+        self.backend.busy()
+    }
 }
 
 fn nic_dead() -> Error {

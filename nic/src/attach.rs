@@ -248,6 +248,10 @@ fn handle(
             out.arg[..ext.len()].copy_from_slice(ext);
             status::OK
         }
+        (op::BUSY, _) => {
+            (out.arg[0], out.arg[1]) = nic.busy.read();
+            status::OK
+        }
         (op::WIRE_INFO, _) => {
             wire_info(nic, wire, &mut out);
             status::OK

@@ -315,6 +315,7 @@ impl Core {
                 }
                 continue;
             }
+            let began = Instant::now();
             let now = self.now();
             self.call(cpu, &mut hw, now, |lib, state, hal| {
                 for f in &frames {
@@ -328,6 +329,7 @@ impl Core {
             hw.pool.extend(frames.drain(..));
             self.hand_over(&mut hw);
             idle_since = Instant::now();
+            self.nic.busy.add(idle_since.duration_since(began).as_nanos() as u64);
         }
     }
 

@@ -167,11 +167,13 @@ impl Engine {
         for _ in 0..self.cards.len().min(TIMER_FIRINGS) {
             let due = self.cards.iter().enumerate().filter_map(|(i, c)| Some((c.fw.as_ref()?.deadline(), i)));
             let Some((_, i)) = due.filter(|&(d, _)| d <= now).min() else { break };
+            let began = self.now();
             let fw = self.cards[i].fw.as_mut().expect("has a deadline");
             fw.swap_frame_pool(&mut self.pool);
             fw.timeout(now);
             fw.swap_frame_pool(&mut self.pool);
             self.flush(i, now);
+            self.cards[i].shared.busy.add(self.now().saturating_sub(began));
             self.wire.flush(now);
             work = true;
             self.settle();
@@ -201,8 +203,12 @@ impl Engine {
     fn round(&mut self, now: u64) -> bool {
         let mac_rx_first = self.mac_rx_first;
         let mut work = false;
+        // When the current card's work began: a card that found nothing
+        // reads no clock, so its poll is charged to the next that works.
+        let mut began = now;
         for i in 0..self.cards.len() {
             let c = &mut self.cards[i];
+            let mut did = false;
             if c.fw.is_none() {
                 // A driver staged an image and set LOADING: verify and start it.
                 if c.shared.loading() {
@@ -222,16 +228,16 @@ impl Engine {
             c.fw.as_mut().expect("checked").swap_frame_pool(&mut self.pool);
             if !mac_rx_first && Self::host_changed(c) {
                 c.fw.as_mut().expect("checked").doorbell(now);
-                work = true;
+                did = true;
             }
             for _ in 0..256 {
                 let Some(f) = self.rx[i].pop_front() else { break };
                 c.fw.as_mut().expect("checked").frame(now, f);
-                work = true;
+                did = true;
             }
             if mac_rx_first && Self::host_changed(c) {
                 c.fw.as_mut().expect("checked").doorbell(now);
-                work = true;
+                did = true;
             }
             // A timer armed with no delay while handling this round (a
             // coalesced ACK) fires now, as the hardware's would: a host
@@ -240,10 +246,16 @@ impl Engine {
             let fw = c.fw.as_mut().expect("checked");
             if fw.deadline() == now {
                 fw.timeout(now);
-                work = true;
+                did = true;
             }
             c.fw.as_mut().expect("checked").swap_frame_pool(&mut self.pool);
             self.flush(i, now);
+            if did {
+                let ended = self.now();
+                self.cards[i].shared.busy.add(ended.saturating_sub(began));
+                began = ended;
+                work = true;
+            }
         }
         work
     }

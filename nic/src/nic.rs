@@ -4,7 +4,7 @@
 //! engine thread (`engine.rs`), loaded by `firmware.rs`.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -167,6 +167,32 @@ pub struct NicShared {
     /// A guest NIC's interrupt: the eventfd behind the guest's MSI-X
     /// vector 0 (ivshmem-doorbell), while a guest is attached.
     pub guest_irq: Mutex<Option<OwnedFd>>,
+    /// The NIC's processors' working time: nanoseconds spent on this NIC's
+    /// doorbells, frames and timers, and the batches (`op::BUSY`).
+    pub busy: BusyClock,
+}
+
+/// Working time of a NIC's processors, apart from their polling: what a
+/// message costs the NIC (`emp bench rate`), where the threads' run time
+/// also holds the spinning between messages.
+#[derive(Default)]
+pub struct BusyClock {
+    ns: AtomicU64,
+    batches: AtomicU64,
+}
+
+impl BusyClock {
+    /// One batch of work that took `ns`.
+    pub fn add(&self, ns: u64) {
+        // Relaxed: a statistic, read on its own.
+        self.ns.fetch_add(ns, Ordering::Relaxed);
+        self.batches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (nanoseconds, batches) so far.
+    pub fn read(&self) -> (u64, u64) {
+        (self.ns.load(Ordering::Relaxed), self.batches.load(Ordering::Relaxed))
+    }
 }
 
 impl NicShared {
@@ -842,6 +868,7 @@ pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Ar
         msg_max: 1 << 30,
         cpus: cfg.cpus.max(1),
         guest_irq: Mutex::new(None),
+        busy: BusyClock::default(),
     }))
 }
 

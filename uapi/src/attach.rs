@@ -112,6 +112,11 @@ pub mod op {
     pub const PORT_RESUME: u32 = 27;
     /// Gang scheduling: act on another process's ports (see the module docs).
     pub const GANG: u32 = 28;
+    /// The NIC's processors' working time: reply `arg[0]` = nanoseconds
+    /// the engine and NIC CPU threads spent handling this NIC's doorbells,
+    /// frames and timers (polling that found nothing excluded), `arg[1]` =
+    /// the batches they handled.
+    pub const BUSY: u32 = 29;
 }
 
 /// `GANG` actions (`arg[0]`), on every port of process `arg[1]`.

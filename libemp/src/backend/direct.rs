@@ -618,6 +618,11 @@ impl Daemon {
         all_counters(self.sock.as_raw_fd())
     }
 
+    pub(crate) fn busy(&self) -> Result<(u64, u64)> {
+        let (r, _) = call(self.sock.as_raw_fd(), op::BUSY, &[], &[])?;
+        Ok((r.arg[0], r.arg[1]))
+    }
+
     /// Errors out if the daemon is gone (the socket hung up).
     pub(crate) fn check_alive(&self) -> Result<()> {
         let mut pfd = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };

@@ -194,6 +194,14 @@ impl Backend {
         }
     }
 
+    /// The NIC processors' working time: (ns, batches).
+    pub(crate) fn busy(&self) -> Result<(u64, u64)> {
+        match self {
+            Backend::Direct(d) => d.busy(),
+            Backend::Kernel(_) => Err(Error::Protocol("NIC busy time is read through emp-nicd, not /dev/emp-nic".into())),
+        }
+    }
+
     /// Errors out if the NIC's owner is gone. The driver outlives the
     /// process, so only the daemon can vanish.
     pub(crate) fn check_alive(&self) -> Result<()> {

@@ -288,6 +288,9 @@ struct Row {
     tcp: Option<(f64, f64)>,
     /// ACK frames the NICs sent per message (handshakes' included).
     acks_per_msg: Option<f64>,
+    /// The NICs' working time per message (ns): their processors' time
+    /// with the polling that found nothing left out.
+    busy_ns: Option<f64>,
 }
 
 /// This rank's NIC's ACK frames sent so far (`None`: counters unreadable).
@@ -295,9 +298,14 @@ fn acks_sent(dev: &Device) -> Option<u64> {
     dev.nic_counters().ok().map(|c| c[emp_uapi::sram::counter::ACKS_TX])
 }
 
-/// ACK frames all the ranks' NICs sent between two readings, each NIC
+/// This rank's NIC's working time so far, ns (`None`: not readable).
+fn busy_ns(dev: &Device) -> Option<u64> {
+    dev.nic_busy().ok().map(|(ns, _)| ns)
+}
+
+/// What all the ranks' NICs counted between two readings, each NIC
 /// counted once: every rank publishes `node:before:after` (or `node:-`).
-fn acks_over_run(job: &Job, key: &str, node: u16, reading: Option<(u64, u64)>) -> Result<Option<u64>, String> {
+fn sum_per_nic(job: &Job, key: &str, node: u16, reading: Option<(u64, u64)>) -> Result<Option<u64>, String> {
     let mine = match reading {
         Some((b, a)) => format!("{node}:{b}:{a}"),
         None => format!("{node}:-"),
@@ -350,12 +358,14 @@ pub(super) fn rank(a: &BenchArgs, job: &Job) -> Result<(), String> {
         emp.dev_barrier(job, &format!("rate{i}"))?;
         let before = if job.rank == 0 { nic_cpu(pids) } else { None };
         let acks_before = acks_sent(&emp.dev);
+        let busy_before = busy_ns(&emp.dev);
         let secs = emp.run(tag, size, window, windows, warm)?;
         // Every rank's last completion is in: its NIC sent every ACK it owed
         // for this rank's messages except, at most, the last run's.
         emp.dev_barrier(job, &format!("rate{i}-end"))?;
         let after = if job.rank == 0 { nic_cpu(pids) } else { None };
         let acks = acks_before.zip(acks_sent(&emp.dev));
+        let busy = busy_before.zip(busy_ns(&emp.dev));
         let slowest = gather(job, &format!("rate{i}-secs"), secs)?.into_iter().fold(0.0, f64::max);
         // Warm-up windows cost NIC CPU too: charge it to every message sent.
         let sent = (pairs * window * (windows + warm)) as f64;
@@ -364,7 +374,8 @@ pub(super) fn rank(a: &BenchArgs, job: &Job) -> Result<(), String> {
             _ => None,
         };
         let node = emp.dev.endpoint().node;
-        let acks_per_msg = acks_over_run(job, &format!("rate{i}-acks"), node, acks)?.map(|n| n as f64 / sent);
+        let acks_per_msg = sum_per_nic(job, &format!("rate{i}-acks"), node, acks)?.map(|n| n as f64 / sent);
+        let busy_ns = sum_per_nic(job, &format!("rate{i}-busy"), node, busy)?.map(|n| n as f64 / sent);
         let tcp_row = match tcp.as_mut() {
             None => None,
             Some(t) => {
@@ -377,7 +388,7 @@ pub(super) fn rank(a: &BenchArgs, job: &Job) -> Result<(), String> {
                 Some((msgs as f64 / slowest, cpu_all / sent))
             }
         };
-        let row = Row { size, msgs, emp_rate: msgs as f64 / slowest, nic_ns, tcp: tcp_row, acks_per_msg };
+        let row = Row { size, msgs, emp_rate: msgs as f64 / slowest, nic_ns, tcp: tcp_row, acks_per_msg, busy_ns };
         if job.rank == 0 && !a.json {
             if rows.is_empty() {
                 print_header(a, pairs, window);
@@ -407,11 +418,21 @@ fn print_header(a: &BenchArgs, pairs: usize, window: usize) {
     println!(
         "# NIC µs/msg: the emulated NICs' CPU threads' time per message (engine + nic-cpu*; sender, receiver, ACKs)"
     );
+    println!("# busy µs/msg: of that, the time they spent working (on doorbells, frames, timers), polling left out");
     println!("# TCP µs/msg: both ends' user + system CPU time per message");
     println!("# ACKs/msg: ACK frames the NICs sent per message (coalesced; the handshakes' included)");
     println!(
-        "# {:<8} {:>10} {:>12} {:>10} {:>12} {:>9} {:>12} {:>12} {:>9}",
-        "Size", "Messages", "EMP msg/s", "EMP MB/s", "NIC µs/msg", "ACKs/msg", "TCP msg/s", "TCP µs/msg", "EMP/TCP"
+        "# {:<8} {:>10} {:>12} {:>10} {:>12} {:>13} {:>9} {:>12} {:>12} {:>9}",
+        "Size",
+        "Messages",
+        "EMP msg/s",
+        "EMP MB/s",
+        "NIC µs/msg",
+        "busy µs/msg",
+        "ACKs/msg",
+        "TCP msg/s",
+        "TCP µs/msg",
+        "EMP/TCP"
     );
 }
 
@@ -422,13 +443,15 @@ fn print_row(r: &Row) {
         None => ("-".into(), "-".into(), "-".into()),
     };
     let acks = r.acks_per_msg.map_or("-".to_string(), |a| format!("{a:.3}"));
+    let busy = r.busy_ns.map_or("-".to_string(), |b| format!("{:.3}", b / 1e3));
     println!(
-        "{:<10} {:>10} {:>12.0} {:>10.1} {:>12} {:>9} {:>12} {:>12} {:>9}",
+        "{:<10} {:>10} {:>12.0} {:>10.1} {:>12} {:>13} {:>9} {:>12} {:>12} {:>9}",
         r.size,
         r.msgs,
         r.emp_rate,
         r.emp_rate * r.size as f64 / 1e6,
         nic,
+        busy,
         acks,
         tr,
         tc,
@@ -437,7 +460,7 @@ fn print_row(r: &Row) {
 }
 
 /// `{"benchmark":"Rate","unit":"msg/s","pairs":1,"window":64,…,"rows":[{"size":8,"messages":…,"emp":…,
-/// "nic_us_per_msg":…,"nicd_us_per_msg":…,"tcp":…,"tcp_us_per_msg":…},…]}`.
+/// "nic_us_per_msg":…,"nicd_us_per_msg":…,"nic_busy_us_per_msg":…,"tcp":…,"tcp_us_per_msg":…},…]}`.
 fn json(a: &BenchArgs, pairs: usize, window: usize, rows: &[Row]) -> Json {
     let rows = rows
         .iter()
@@ -458,6 +481,7 @@ fn json(a: &BenchArgs, pairs: usize, window: usize, rows: &[Row]) -> Json {
                     row.push(("nicd_us_per_msg", Json::Null));
                 }
             }
+            row.push(("nic_busy_us_per_msg", r.busy_ns.map_or(Json::Null, |b| Json::Num(b / 1e3, 4))));
             row.push(("acks_per_msg", r.acks_per_msg.map_or(Json::Null, |a| Json::Num(a, 4))));
             if let Some((rate, ns)) = r.tcp {
                 row.push(("tcp", Json::Num(rate, 0)));
