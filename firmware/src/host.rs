@@ -63,6 +63,7 @@ impl Nic {
             Some(AdminOp::MrFence) => {
                 if mb.args[0] < self.layout.params.mr_entries as u64 {
                     self.mr_cursors.invalidate(mb.args[0] as usize);
+                    self.mr_entries.invalidate(mb.args[0] as usize);
                     admin_result::OK
                 } else {
                     admin_result::BAD_ARG
@@ -195,18 +196,28 @@ impl Nic {
     pub(crate) fn consume_rings<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
         let w = self.layout.port(port);
         let recv_prod = sram_u32(hal, w.ctl(ctl::RECV_PROD));
+        let (rc0, sc0) = (self.ports[port as usize].recv_cons, self.ports[port as usize].send_cons);
         let mut budget = w.recv_entries;
+        // Receives posted on every port; posting one changes only this
+        // port's list.
+        let mut posted = None;
         while ring::has_entry(recv_prod, self.ports[port as usize].recv_cons) && budget > 0 {
-            let posted: u32 = self.ports.iter().map(|p| p.posted.len() as u32).sum();
-            if posted >= self.cfg.recv_posted_max || !self.recv_fits() || !self.cq_has_room(hal, port) {
+            let total = *posted.get_or_insert_with(|| self.ports.iter().map(|p| p.posted.len() as u32).sum::<u32>());
+            debug_assert_eq!(total, self.ports.iter().map(|p| p.posted.len() as u32).sum::<u32>());
+            if total >= self.cfg.recv_posted_max || !self.recv_fits() || !self.cq_has_room(hal, port) {
                 break;
             }
             budget -= 1;
             let d = self.take_desc(hal, port, false);
+            let here = self.ports[port as usize].posted.len() as u32;
             self.post_recv(hal, now, port, &d);
+            posted = Some(total - here + self.ports[port as usize].posted.len() as u32);
         }
+        // Written only when moved: the host polls these words' cache line.
         let rc = self.ports[port as usize].recv_cons;
-        sram_put_u32(hal, w.ctl(ctl::RECV_CONS), rc);
+        if rc != rc0 {
+            sram_put_u32(hal, w.ctl(ctl::RECV_CONS), rc);
+        }
 
         let send_prod = sram_u32(hal, w.ctl(ctl::SEND_PROD));
         let mut budget = w.send_entries;
@@ -231,7 +242,9 @@ impl Nic {
             self.take_send_desc(hal, now, port, &d);
         }
         let sc = self.ports[port as usize].send_cons;
-        sram_put_u32(hal, w.ctl(ctl::SEND_CONS), sc);
+        if sc != sc0 {
+            sram_put_u32(hal, w.ctl(ctl::SEND_CONS), sc);
+        }
     }
 
     /// Copies the next descriptor out of a ring and reserves CQ room for it.

@@ -683,6 +683,7 @@ pub struct Nic {
     pub(crate) timers: TimerHeap,
     pub(crate) ready: VecDeque<u32>,
     pub(crate) mr_cursors: mr::CursorCache,
+    pub(crate) mr_entries: mr::EntryCache,
     pub(crate) counters: [u64; counter::COUNT],
     pub(crate) counters_dirty: bool,
     pub(crate) heartbeat: u32,
@@ -821,6 +822,7 @@ impl Nic {
             ),
             ready: VecDeque::new(),
             mr_cursors: mr::CursorCache::new(layout.params.mr_entries),
+            mr_entries: mr::EntryCache::new(),
             counters: [0; counter::COUNT],
             counters_dirty: true,
             heartbeat: 0,
@@ -1456,6 +1458,52 @@ mod tests {
             assert_eq!(nic.config().overflow_slots, 0, "no overflow buffer without FEATURE_OVERFLOW");
         }
         assert_eq!(nic.unexp_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn a_cached_mr_entry_stops_working_when_the_trusted_side_changes_it_unfenced() {
+        use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, MR_LOCAL_READ, MR_LOCAL_WRITE};
+        let (mut hal, nic) = booted(0);
+        let at = nic.layout.mr_entry(5);
+        let entry = |key: u32, port: u16, access: u8| {
+            let mut e = MrEntry { key, port, access, format: MrFormat::Chained as u8, length: 4096, ..Default::default() };
+            e.segs[0] = PhysSeg { addr: 0x1000, len: 4096, flags: 0 };
+            e
+        };
+        let rw = MR_LOCAL_READ | MR_LOCAL_WRITE;
+        let k1 = 0x0001_0005;
+        entry(k1, 2, rw).put(&mut hal.0[at..at + MrEntry::SIZE]);
+        for _ in 0..2 {
+            assert_eq!(nic.mr_lookup(&mut hal, 2, k1, 0, 4096, rw).map(|e| e.key), Ok(k1), "read, then cached");
+        }
+        assert_eq!(nic.mr_lookup(&mut hal, 2, k1, 1, 4096, rw).err(), Some(Status::AccessDenied), "past the end");
+        assert_eq!(nic.mr_lookup(&mut hal, 3, k1, 0, 8, rw).err(), Some(Status::BadKey), "another port's");
+        // Moved to port 3 (no fence): the old owner's use is refused at once.
+        entry(k1, 3, rw).put(&mut hal.0[at..at + MrEntry::SIZE]);
+        assert_eq!(nic.mr_lookup(&mut hal, 2, k1, 0, 8, rw).err(), Some(Status::BadKey));
+        assert!(nic.mr_lookup(&mut hal, 3, k1, 0, 8, rw).is_ok());
+        // Rights taken away.
+        entry(k1, 3, MR_LOCAL_READ).put(&mut hal.0[at..at + MrEntry::SIZE]);
+        assert_eq!(nic.mr_lookup(&mut hal, 3, k1, 0, 8, rw).err(), Some(Status::AccessDenied));
+        // Invalidated (zeroed, no fence), then the slot registered again
+        // under a new key: the old key is refused, the new one works.
+        MrEntry::default().put(&mut hal.0[at..at + MrEntry::SIZE]);
+        assert_eq!(nic.mr_lookup(&mut hal, 3, k1, 0, 8, MR_LOCAL_READ).err(), Some(Status::BadKey));
+        let k2 = 0x0002_0005;
+        let mut e2 = entry(k2, 3, rw);
+        e2.length = 64;
+        e2.segs[0].len = 64;
+        e2.put(&mut hal.0[at..at + MrEntry::SIZE]);
+        assert_eq!(nic.mr_lookup(&mut hal, 3, k1, 0, 8, rw).err(), Some(Status::BadKey));
+        assert_eq!(nic.mr_lookup(&mut hal, 3, k2, 0, 64, rw).map(|e| e.length), Ok(64), "the new entry, not the old");
+        assert_eq!(nic.mr_lookup(&mut hal, 3, k2, 0, 65, rw).err(), Some(Status::AccessDenied));
+        // A slot sharing the line (5 + 64) evicts it and is evicted in turn.
+        let at2 = nic.layout.mr_entry(69);
+        if 69 < nic.layout.params.mr_entries as usize {
+            entry(0x0001_0045, 3, rw).put(&mut hal.0[at2..at2 + MrEntry::SIZE]);
+            assert!(nic.mr_lookup(&mut hal, 3, 0x0001_0045, 0, 8, rw).is_ok());
+            assert!(nic.mr_lookup(&mut hal, 3, k2, 0, 64, rw).is_ok());
+        }
     }
 
     #[test]

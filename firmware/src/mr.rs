@@ -1,7 +1,9 @@
 //! Memory-region translation: (key, offset, length) → host bus addresses,
 //! through the MR table the trusted side wrote in SRAM (short, chained or
-//! indirect page lists, EMP thesis §2.3.2). The entry is re-read and
-//! re-checked on every use, so an invalidated key stops working at once.
+//! indirect page lists, EMP thesis §2.3.2). Validated entries are kept in
+//! a small cache, and each use re-reads the entry's first two words (key,
+//! owner, rights, format): an invalidated key stops working at once, and
+//! a changed owner is seen, without the whole entry read and decoded again.
 
 use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, Sge, Status, SEGS_PER_PAGE, SEG_LINK};
 use emp_uapi::fwabi::{HostSeg, HOST_SEGS_MAX};
@@ -52,6 +54,43 @@ impl CursorCache {
             *c = None;
         }
     }
+}
+
+/// Lines of [`EntryCache`]: entries of the regions in use at once (a
+/// port's send and receive buffers, its CQ) by a few ports.
+const ENTRY_LINES: usize = 64;
+
+/// Validated MR entries, direct-mapped by slot. A hit still re-reads the
+/// entry's header words (key; owner, rights, format) from SRAM and must
+/// find them unchanged: the trusted side zeroes an entry to invalidate it
+/// and rewrites its owner to move it, so either is seen on the next use,
+/// fenced or not. The rest of an entry (length, segments) changes only
+/// with a new registration, under a new key. `MrFence` drops the slot's
+/// line as well.
+#[derive(Debug)]
+pub(crate) struct EntryCache {
+    lines: core::cell::RefCell<[Option<MrEntry>; ENTRY_LINES]>,
+}
+
+impl EntryCache {
+    pub(crate) fn new() -> Self {
+        EntryCache { lines: core::cell::RefCell::new([None; ENTRY_LINES]) }
+    }
+
+    /// Forgets `slot`'s entry.
+    pub(crate) fn invalidate(&self, slot: usize) {
+        let mut lines = self.lines.borrow_mut();
+        let line = &mut lines[slot % ENTRY_LINES];
+        if line.is_some_and(|e| MrEntry::slot_of(e.key) == slot) {
+            *line = None;
+        }
+    }
+}
+
+/// An entry's first two little-endian words as SRAM holds them: the key,
+/// then owner port, access and format.
+fn header_words(e: &MrEntry) -> [u32; 2] {
+    [e.key, e.port as u32 | (e.access as u32) << 16 | (e.format as u32) << 24]
 }
 
 /// A transfer's NIC-side buffer, which also says the direction.
@@ -134,17 +173,46 @@ impl Nic {
         len: u64,
         access: u8,
     ) -> Result<MrEntry, Status> {
+        let line = self.mr_line(hal, port, key, off, len, access)?;
+        Ok(self.mr_entries.lines.borrow()[line].expect("checked entries are cached"))
+    }
+
+    /// [`Nic::mr_lookup`]'s checks, leaving the entry in the cache: its line.
+    fn mr_line<H: Hal>(
+        &self,
+        hal: &mut H,
+        port: u16,
+        key: u32,
+        off: u64,
+        len: u64,
+        access: u8,
+    ) -> Result<usize, Status> {
         let slot = MrEntry::slot_of(key);
         if slot >= self.layout.params.mr_entries as usize {
             return Err(Status::BadKey);
         }
-        let mut b = [0u8; MrEntry::SIZE];
-        hal.sram_read(self.layout.mr_entry(slot), &mut b);
-        let e = MrEntry::get(&b);
-        match e.validate() {
-            Ok(MrFormat::Invalid) | Err(_) => return Err(Status::BadKey),
-            Ok(_) => {}
+        let at = self.layout.mr_entry(slot);
+        let words = [crate::sram_u32(hal, at), crate::sram_u32(hal, at + 4)];
+        let line = slot % ENTRY_LINES;
+        let cached = |lines: &[Option<MrEntry>; ENTRY_LINES]| {
+            lines[line].as_ref().is_some_and(|e| MrEntry::slot_of(e.key) == slot && header_words(e) == words)
+        };
+        if !cached(&self.mr_entries.lines.borrow()) {
+            let mut b = [0u8; MrEntry::SIZE];
+            hal.sram_read(at, &mut b);
+            let e = MrEntry::get(&b);
+            match e.validate() {
+                Ok(MrFormat::Invalid) | Err(_) => return Err(Status::BadKey),
+                Ok(_) => {}
+            }
+            if header_words(&e) != words {
+                // The trusted side is rewriting the entry: it is not in use.
+                return Err(Status::BadKey);
+            }
+            self.mr_entries.lines.borrow_mut()[line] = Some(e);
         }
+        let lines = self.mr_entries.lines.borrow();
+        let e = lines[line].as_ref().expect("cached above");
         if e.key != key || e.port != port {
             return Err(Status::BadKey);
         }
@@ -152,7 +220,7 @@ impl Nic {
             return Err(Status::AccessDenied);
         }
         match off.checked_add(len) {
-            Some(end) if end <= e.length => Ok(e),
+            Some(end) if end <= e.length => Ok(line),
             _ => Err(Status::AccessDenied),
         }
     }
@@ -160,7 +228,7 @@ impl Nic {
     /// Checks every SGE of a descriptor against the MR table.
     pub(crate) fn check_sges<H: Hal>(&self, hal: &mut H, port: u16, sges: &[Sge], access: u8) -> Result<(), Status> {
         for s in sges {
-            self.mr_lookup(hal, port, s.key, s.offset, s.len as u64, access)?;
+            self.mr_line(hal, port, s.key, s.offset, s.len as u64, access)?;
         }
         Ok(())
     }
@@ -209,7 +277,10 @@ impl Nic {
         if buf.len() == 0 {
             return Ok(());
         }
-        let e = self.mr_lookup(hal, port, key, off, buf.len() as u64, access)?;
+        let line = self.mr_line(hal, port, key, off, buf.len() as u64, access)?;
+        // The entry is used in place: no copy of it per transfer.
+        let lines = self.mr_entries.lines.borrow();
+        let e = lines[line].as_ref().expect("checked entries are cached");
         match MrFormat::from_u8(e.format) {
             Some(MrFormat::Short) | Some(MrFormat::Chained) => {
                 let mut seg_start = 0u64;
@@ -229,7 +300,11 @@ impl Nic {
                 }
                 Err(Status::AccessDenied)
             }
-            Some(MrFormat::Indirect) => self.indirect_io(hal, &e, off, buf),
+            Some(MrFormat::Indirect) => {
+                let e = *e;
+                drop(lines);
+                self.indirect_io(hal, &e, off, buf)
+            }
             _ => Err(Status::BadKey),
         }
     }

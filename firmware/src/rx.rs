@@ -1011,7 +1011,10 @@ impl Nic {
     pub(crate) fn retire_rx(&mut self, r: u32, error: Option<Status>) -> (RxMsg, Option<Status>) {
         let mut m = self.rx.remove(r);
         self.rx_rings.give(core::mem::take(&mut m.masks));
-        self.peer_mut(m.peer).rx_active.retain(|&x| x != r);
+        let active = &mut self.peer_mut(m.peer).rx_active;
+        if let Some(i) = active.iter().position(|&x| x == r) {
+            active.remove(i);
+        }
         if error.is_none() {
             self.count(counter::MSGS_RX, 1);
         }

@@ -51,6 +51,16 @@ impl<T> Slots<T> {
     }
 }
 
+/// Takes `slot` out of a queue that holds it at most once, keeping the
+/// others' order: a search from the front, where the oldest entry (the
+/// one that usually finishes) is, not a pass over the whole queue.
+pub(crate) fn remove_once(queue: &mut std::collections::VecDeque<u32>, slot: u32) {
+    if let Some(i) = queue.iter().position(|&s| s == slot) {
+        queue.remove(i);
+    }
+    debug_assert!(!queue.contains(&slot), "a slot is queued once");
+}
+
 /// Fixed-length buffers lent to the records of one table (each record's
 /// window of per-group state): one per slot, all made at boot. A record
 /// takes one when it is created and gives it back when it retires, so

@@ -310,7 +310,7 @@ impl Nic {
         self.tx_rings.give(m.groups.into_slots());
         let p = self.peer_mut(m.peer);
         p.inflight_frames -= m.inflight_frames;
-        p.tx_queue.retain(|&s| s != slot);
+        crate::slots::remove_once(&mut p.tx_queue, slot);
     }
 
     /// `Config::fault_swap_sends`: the last two queued messages to `peer`
@@ -1020,7 +1020,7 @@ impl Nic {
         self.tx_rings.give(m.groups.into_slots());
         let p = self.peer_mut(m.peer);
         p.inflight_frames -= m.inflight_frames;
-        p.tx_queue.retain(|&s| s != slot);
+        crate::slots::remove_once(&mut p.tx_queue, slot);
         if p.not_to_send == Some(m.seq) {
             p.not_to_send = None;
         }

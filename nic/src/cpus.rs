@@ -164,8 +164,16 @@ impl Core {
             self.clock_base.get_or_init(|| now.saturating_sub(self.created.elapsed().as_nanos() as u64));
             self.wanted[0].store(false, Ordering::Release);
         }
-        let hal = hal_for(hw);
+        debug_assert!(Arc::ptr_eq(&self.nic, hw.shared()), "a CPU's hardware is its NIC's");
+        // The DMA map locked once for the call rather than per DMA (lock
+        // order: program, then DMA map; nothing holding the map waits for
+        // the program).
         let prog = lock(&self.program);
+        let dma = (!hw.writes_behind()).then(|| self.nic.dma.lock().expect("dma"));
+        if let Some(d) = &dma {
+            hw.hold_dma(d);
+        }
+        let hal = hal_for(hw);
         let before = self.deadline.load(Ordering::Relaxed);
         f(&self.lib, prog.0, &hal);
         let mut others = [false; CPUS_MAX as usize];
@@ -192,6 +200,8 @@ impl Core {
         // SAFETY: live state, the lock is held.
         let deadline = unsafe { (self.lib.poll_timeout)(prog.0) };
         self.deadline.store(deadline, Ordering::Release);
+        hw.release_dma();
+        drop(dma);
         drop(prog);
         if cpu != 0 && deadline < before {
             // The engine may be asleep until the old deadline.

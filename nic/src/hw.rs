@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use emp_uapi::fwabi::{FwHal, HostSeg};
 
+use crate::dma::DmaMap;
 use crate::dmaq::WriteBehind;
 use crate::nic::NicShared;
 use crate::sys::signal;
@@ -24,11 +25,61 @@ pub(crate) struct HwCtx {
     pub(crate) memberships: Vec<(u16, bool)>,
     /// Receive double buffering: DMA writes run on their own thread.
     write_behind: Option<WriteBehind>,
+    /// The NIC's DMA map while [`HwCtx::hold_dma`]'s caller holds its
+    /// lock for a whole call into the program; null otherwise.
+    dma_held: *const DmaMap,
 }
+
+// SAFETY: `dma_held` is non-null only inside one call into the program,
+// on the thread making it, while that thread holds the map's lock; the
+// rest of HwCtx is Send.
+unsafe impl Send for HwCtx {}
 
 impl HwCtx {
     pub(crate) fn new(shared: Arc<NicShared>) -> HwCtx {
-        HwCtx { shared, outbox: Vec::new(), pool: Vec::new(), memberships: Vec::new(), write_behind: None }
+        HwCtx {
+            shared,
+            outbox: Vec::new(),
+            pool: Vec::new(),
+            memberships: Vec::new(),
+            write_behind: None,
+            dma_held: core::ptr::null(),
+        }
+    }
+
+    /// The NIC this hardware belongs to.
+    pub(crate) fn shared(&self) -> &Arc<NicShared> {
+        &self.shared
+    }
+
+    /// Lets the program's DMAs use `map` (this NIC's, locked by the
+    /// caller) until [`HwCtx::release_dma`], instead of taking the lock
+    /// once per DMA. Not with receive double buffering
+    /// ([`HwCtx::writes_behind`]): its DMA thread takes the lock while the
+    /// program waits for it.
+    pub(crate) fn hold_dma(&mut self, map: &DmaMap) {
+        debug_assert!(self.write_behind.is_none(), "the DMA thread needs the lock");
+        self.dma_held = map;
+    }
+
+    /// Ends [`HwCtx::hold_dma`], before the caller drops the lock.
+    pub(crate) fn release_dma(&mut self) {
+        self.dma_held = core::ptr::null();
+    }
+
+    /// Whether this program's DMAs need the map locked per access.
+    pub(crate) fn writes_behind(&self) -> bool {
+        self.write_behind.is_some()
+    }
+
+    /// `f` on the DMA map: the held one, else locked for `f`.
+    fn with_dma<R>(&self, f: impl FnOnce(&DmaMap) -> R) -> R {
+        if self.dma_held.is_null() {
+            return f(&self.shared.dma.lock().expect("dma"));
+        }
+        // SAFETY: non-null only between `hold_dma` and `release_dma`, while
+        // the caller holds the lock whose guard derefs to this map.
+        f(unsafe { &*self.dma_held })
     }
 
     /// Receive double buffering on: this CPU's DMA writes go through `w`.
@@ -78,7 +129,7 @@ extern "C" fn hw_dma_read(ctx: *mut c_void, addr: u64, buf: *mut u8, len: usize)
     let (hw, buf) = unsafe { (&mut *ctx.cast::<HwCtx>(), core::slice::from_raw_parts_mut(buf, len)) };
     // A read sees every earlier write.
     hw.drain_writes();
-    match hw.shared.dma.lock().expect("dma").read(addr, buf) {
+    match hw.with_dma(|d| d.read(addr, buf)) {
         Ok(()) => 0,
         Err(_) => -1,
     }
@@ -89,7 +140,7 @@ extern "C" fn hw_dma_write(ctx: *mut c_void, addr: u64, data: *const u8, len: us
     let (hw, data) = unsafe { (&mut *ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
     let done = match &mut hw.write_behind {
         Some(w) => w.write(addr, data),
-        None => hw.shared.dma.lock().expect("dma").write(addr, data),
+        None => hw.with_dma(|d| d.write(addr, data)),
     };
     match done {
         Ok(()) => 0,
@@ -130,10 +181,7 @@ extern "C" fn hw_mac_transmit_host(
     // A read sees every earlier write.
     hw.drain_writes();
     let mut b = hw.pool.pop().unwrap_or_default();
-    let built = {
-        let dma = hw.shared.dma.lock().expect("dma");
-        build_from_host(&dma, header, segs, &mut b)
-    };
+    let built = hw.with_dma(|dma| build_from_host(dma, header, segs, &mut b));
     match built {
         Ok(()) => {
             hw.outbox.push((dst, b));
