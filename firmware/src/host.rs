@@ -183,13 +183,23 @@ impl Nic {
         sram_put_u32(hal, w.ctl(ctl::STATE), port_state::CLOSED);
     }
 
-    /// Room in the CQ for one more consumed descriptor.
-    fn cq_has_room<H: Hal>(&self, hal: &mut H, port: u16) -> bool {
+    /// Room in the CQ for one more consumed descriptor. `seen` is the
+    /// host's consumer index as last read in this pass over the rings: the
+    /// host only moves it forward, so room it shows is there, and the
+    /// index is read again only when it shows none.
+    fn cq_has_room<H: Hal>(&self, hal: &mut H, port: u16, seen: &mut Option<u32>) -> bool {
         let st = &self.ports[port as usize];
-        let cons = sram_u32(hal, self.layout.port(port).ctl(ctl::CQ_CONS));
         // A host that wrote a consumer index ahead of the producer gets no room.
-        ring::plausible(st.cq_prod, cons, st.cq_entries)
-            && ring::used(st.cq_prod, cons) + st.outstanding < st.cq_entries
+        let room = |cons| {
+            ring::plausible(st.cq_prod, cons, st.cq_entries)
+                && ring::used(st.cq_prod, cons) + st.outstanding < st.cq_entries
+        };
+        if seen.is_some_and(room) {
+            return true;
+        }
+        let cons = sram_u32(hal, self.layout.port(port).ctl(ctl::CQ_CONS));
+        *seen = Some(cons);
+        room(cons)
     }
 
     /// Consumes new descriptors from a port's rings.
@@ -197,6 +207,7 @@ impl Nic {
         let w = self.layout.port(port);
         let recv_prod = sram_u32(hal, w.ctl(ctl::RECV_PROD));
         let (rc0, sc0) = (self.ports[port as usize].recv_cons, self.ports[port as usize].send_cons);
+        let mut cq_cons = None;
         let mut budget = w.recv_entries;
         // Receives posted on every port; posting one changes only this
         // port's list.
@@ -204,7 +215,7 @@ impl Nic {
         while ring::has_entry(recv_prod, self.ports[port as usize].recv_cons) && budget > 0 {
             let total = *posted.get_or_insert_with(|| self.ports.iter().map(|p| p.posted.len() as u32).sum::<u32>());
             debug_assert_eq!(total, self.ports.iter().map(|p| p.posted.len() as u32).sum::<u32>());
-            if total >= self.cfg.recv_posted_max || !self.recv_fits() || !self.cq_has_room(hal, port) {
+            if total >= self.cfg.recv_posted_max || !self.recv_fits() || !self.cq_has_room(hal, port, &mut cq_cons) {
                 break;
             }
             budget -= 1;
@@ -222,7 +233,7 @@ impl Nic {
         let send_prod = sram_u32(hal, w.ctl(ctl::SEND_PROD));
         let mut budget = w.send_entries;
         while ring::has_entry(send_prod, self.ports[port as usize].send_cons) && budget > 0 {
-            if self.tx.is_full() || !self.cq_has_room(hal, port) {
+            if self.tx.is_full() || !self.cq_has_room(hal, port, &mut cq_cons) {
                 break;
             }
             let next = self.layout.port(port).send_slot(self.ports[port as usize].send_cons);
@@ -370,10 +381,12 @@ impl Nic {
         // own: a host that sees the new phase sees the whole entry, and the
         // fence also puts the payload this completion reports ahead of it.
         let (body, phase) = b.split_at(CQE_FLAGS_OFFSET);
-        let ok = self.region_io(hal, port, key, at, Buf::ToHost(body), MR_LOCAL_WRITE).is_ok() && {
-            hal.dma_fence();
-            self.region_io(hal, port, key, at + CQE_FLAGS_OFFSET as u64, Buf::ToHost(phase), MR_LOCAL_WRITE).is_ok()
-        };
+        let ok = self.mr_checked(hal, port, key, at, Cqe::SIZE as u64, MR_LOCAL_WRITE).is_ok_and(|cq| {
+            self.checked_io(hal, cq, at, Buf::ToHost(body)).is_ok() && {
+                hal.dma_fence();
+                self.checked_io(hal, cq, at + CQE_FLAGS_OFFSET as u64, Buf::ToHost(phase)).is_ok()
+            }
+        });
         if !ok {
             let o = sram_u32(hal, w.ctl(ctl::CQ_OVERRUNS));
             sram_put_u32(hal, w.ctl(ctl::CQ_OVERRUNS), o.wrapping_add(1));

@@ -1466,7 +1466,8 @@ mod tests {
         let (mut hal, nic) = booted(0);
         let at = nic.layout.mr_entry(5);
         let entry = |key: u32, port: u16, access: u8| {
-            let mut e = MrEntry { key, port, access, format: MrFormat::Chained as u8, length: 4096, ..Default::default() };
+            let mut e =
+                MrEntry { key, port, access, format: MrFormat::Chained as u8, length: 4096, ..Default::default() };
             e.segs[0] = PhysSeg { addr: 0x1000, len: 4096, flags: 0 };
             e
         };

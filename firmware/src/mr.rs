@@ -87,6 +87,15 @@ impl EntryCache {
     }
 }
 
+/// A range of a region checked by [`Nic::mr_checked`]: valid for moves
+/// inside it until the event ends (the cache line may be reused after).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MrChecked {
+    line: usize,
+    off: u64,
+    end: u64,
+}
+
 /// An entry's first two little-endian words as SRAM holds them: the key,
 /// then owner port, access and format.
 fn header_words(e: &MrEntry) -> [u32; 2] {
@@ -271,13 +280,48 @@ impl Nic {
         port: u16,
         key: u32,
         off: u64,
-        mut buf: Buf<'_>,
+        buf: Buf<'_>,
         access: u8,
     ) -> Result<(), Status> {
         if buf.len() == 0 {
             return Ok(());
         }
         let line = self.mr_line(hal, port, key, off, buf.len() as u64, access)?;
+        self.line_io(hal, line, off, buf)
+    }
+
+    /// [`Nic::region_io`] in a region already checked for
+    /// `[off, off + buf.len())` ([`Nic::mr_checked`]), with no check again:
+    /// what one event moves in pieces (a completion's body, then its
+    /// phase byte) is checked once.
+    pub(crate) fn checked_io<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        r: MrChecked,
+        off: u64,
+        buf: Buf<'_>,
+    ) -> Result<(), Status> {
+        debug_assert!(off >= r.off && off + buf.len() as u64 <= r.end, "inside the checked range");
+        self.line_io(hal, r.line, off, buf)
+    }
+
+    /// Checks `[off, off + len)` of region `key` for `access` once, for
+    /// [`Nic::checked_io`] within the same event.
+    pub(crate) fn mr_checked<H: Hal>(
+        &self,
+        hal: &mut H,
+        port: u16,
+        key: u32,
+        off: u64,
+        len: u64,
+        access: u8,
+    ) -> Result<MrChecked, Status> {
+        let line = self.mr_line(hal, port, key, off, len, access)?;
+        Ok(MrChecked { line, off, end: off + len })
+    }
+
+    /// Moves bytes between `buf` and the cached entry in `line` at `off`.
+    fn line_io<H: Hal>(&mut self, hal: &mut H, line: usize, off: u64, mut buf: Buf<'_>) -> Result<(), Status> {
         // The entry is used in place: no copy of it per transfer.
         let lines = self.mr_entries.lines.borrow();
         let e = lines[line].as_ref().expect("checked entries are cached");

@@ -198,7 +198,9 @@ impl Backend {
     pub(crate) fn busy(&self) -> Result<(u64, u64)> {
         match self {
             Backend::Direct(d) => d.busy(),
-            Backend::Kernel(_) => Err(Error::Protocol("NIC busy time is read through emp-nicd, not /dev/emp-nic".into())),
+            Backend::Kernel(_) => {
+                Err(Error::Protocol("NIC busy time is read through emp-nicd, not /dev/emp-nic".into()))
+            }
         }
     }
 
