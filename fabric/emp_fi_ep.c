@@ -19,10 +19,19 @@ static ssize_t ep_cancel(fid_t fid, void *context)
 		if (!q->in_use || q->ep != ep || q->kind != REQ_RECV || q->cancelled || q->imm_pool ||
 		    q->context != context)
 			continue;
-		/* EMP cannot take a posted receive back from the NIC. One whose
-		 * bytes land in a bounce slot (or nowhere) can be retired here:
-		 * a message that still matches it is kept for the next receive.
-		 * One placed in the caller's own memory cannot. */
+		/* The NIC takes it back if no message matched it yet: its own
+		 * completion (EMP_WC_CANCELED) then reports FI_ECANCELED. One
+		 * a message matched completes as it would have. */
+		int c = emp_cancel_recv(dom->dev, (uint64_t)(uintptr_t)q);
+		if (c >= 0) {
+			r = 0;
+			break;
+		}
+		/* The NIC could not answer (a control program without cancel).
+		 * A receive whose bytes land in a bounce slot (or nowhere) is
+		 * retired here: a message that still matches it is kept for the
+		 * next receive. One placed in the caller's own memory cannot be. */
+		FI_INFO(&emp_prov, FI_LOG_EP_DATA, "the NIC did not cancel: %s\n", strerror(-c));
 		if (q->slot < 0 && q->len) {
 			r = -FI_EBUSY;
 			break;

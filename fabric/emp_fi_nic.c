@@ -52,7 +52,8 @@ int status_errno(uint32_t status)
 	/* A collective whose group was destroyed (fi_close of its fid_mc) or
 	 * re-created under it. */
 	case EMP_WC_GROUP_INVALID:
-	case EMP_WC_STALE_GROUP: return FI_ECANCELED;
+	case EMP_WC_STALE_GROUP:
+	case EMP_WC_CANCELED: return FI_ECANCELED; /* a receive fi_cancel took back */
 	case EMP_WC_COLL_MISMATCH: return FI_EINVAL; /* members posted different operations */
 	case EMP_WC_REMOTE_PORT_CLOSED: return FI_ECONNREFUSED;
 	case EMP_WC_RETRY_LIMIT_EXCEEDED:

@@ -215,7 +215,14 @@ impl Nic {
         while ring::has_entry(recv_prod, self.ports[port as usize].recv_cons) && budget > 0 {
             let total = *posted.get_or_insert_with(|| self.ports.iter().map(|p| p.posted.len() as u32).sum::<u32>());
             debug_assert_eq!(total, self.ports.iter().map(|p| p.posted.len() as u32).sum::<u32>());
-            if total >= self.cfg.recv_posted_max || !self.recv_fits() || !self.cq_has_room(hal, port, &mut cq_cons) {
+            // Probes and cancels post nothing: they pass a full table (a
+            // cancel may be what frees it).
+            let next = w.recv_slot(self.ports[port as usize].recv_cons);
+            let posts = !matches!(Opcode::from_u8(peek_opcode(hal, next)), Some(Opcode::Probe | Opcode::Cancel));
+            if posts && (total >= self.cfg.recv_posted_max || !self.recv_fits()) {
+                break;
+            }
+            if !self.cq_has_room(hal, port, &mut cq_cons) {
                 break;
             }
             budget -= 1;
@@ -274,6 +281,7 @@ impl Nic {
         match d.validate() {
             Ok(Opcode::Recv) => {}
             Ok(Opcode::Probe) => return self.probe(hal, port, &ld),
+            Ok(Opcode::Cancel) => return self.cancel_recv(hal, port, &ld),
             _ => return self.bad_descriptor(hal, port, &ld, Opcode::Recv),
         }
         if let Err(st) = self.check_sges(hal, port, ld.sges(), MR_LOCAL_WRITE) {

@@ -526,8 +526,9 @@ impl LocalDesc {
     pub(crate) fn new(wd: &WorkDesc) -> LocalDesc {
         let mut wd = *wd;
         wd.num_sge = wd.num_sge.min(SGE_MAX as u8);
-        // Receives and probes always report: their completion is their result.
-        let reports = wd.opcode == Opcode::Recv as u8 || wd.opcode == Opcode::Probe as u8;
+        // Receives, probes and cancels always report: their completion is
+        // their result.
+        let reports = [Opcode::Recv, Opcode::Probe, Opcode::Cancel].iter().any(|&op| wd.opcode == op as u8);
         LocalDesc { signaled: wd.flags & WD_SIGNALED != 0 || reports, len: wd.total_len(), wd }
     }
 

@@ -740,6 +740,18 @@ impl Nic {
         self.complete(hal, port, c);
     }
 
+    /// A cancel (`Opcode::Cancel`, `tag` = the receive's `wr_id`): the
+    /// oldest such receive still posted goes back, completed `Canceled`.
+    pub(crate) fn cancel_recv<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
+        let posted = &mut self.ports[port as usize].posted;
+        let Some(i) = posted.iter().position(|r| r.wd.wr_id == d.wd.tag) else {
+            return self.complete(hal, port, Completion::of(d, Opcode::Cancel, Status::NoMessage));
+        };
+        let r = posted.remove(i).expect("found");
+        self.complete(hal, port, Completion::of(&r, Opcode::Recv, Status::Canceled));
+        self.complete(hal, port, Completion::of(d, Opcode::Cancel, Status::Success));
+    }
+
     /// A claimed receive (`WD_CLAIM`, `tag` = the handle): takes exactly
     /// the entry a probe claimed, else completes `NoMessage`.
     pub(crate) fn recv_claimed<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &LocalDesc) {

@@ -52,6 +52,7 @@ enum emp_wc_status {
 	EMP_WC_COLL_MISMATCH = 17,
 	EMP_WC_REMOTE_ACCESS_ERROR = 18,
 	EMP_WC_NO_MESSAGE = 19, /* since EMP_1.3: a probe or claimed receive found nothing */
+	EMP_WC_CANCELED = 20,   /* since EMP_1.7: a receive taken back by emp_cancel_recv */
 };
 
 /* The operation a completion reports (struct emp_wc.opcode). */
@@ -65,6 +66,7 @@ enum emp_wc_opcode {
 	EMP_WC_RDMA_READ = 12,      /* since EMP_1.2 */
 	EMP_WC_RECV_RDMA_IMM = 13,  /* a receive consumed by a write with immediate data (is_recv = 1) */
 	EMP_WC_PROBE = 14,          /* since EMP_1.3; only the library's own probes */
+	EMP_WC_CANCEL = 16,         /* since EMP_1.7; only the library's own cancels */
 };
 
 /* Reduction element types and operators (NIC-offloaded reduce/allreduce). */
@@ -319,6 +321,14 @@ int emp_probe_claim(struct emp_device *dev, uint16_t node, uint16_t port, uint64
  * completes as a receive; EMP_WC_NO_MESSAGE if the claim was used. */
 int emp_post_recv_claimed(struct emp_device *dev, uint64_t wr_id, const struct emp_probed *claimed,
 			  const struct emp_sge *sge, size_t n);
+
+/* Since EMP_1.7: takes back the posted receive wr_id (the oldest posted on
+ * this port with that wr_id) if no message matched it yet (MPI_Cancel,
+ * fi_cancel). Returns 1 when canceled: its completion, status
+ * EMP_WC_CANCELED, follows on the CQ; 0 when the NIC holds no such
+ * unmatched receive: it completes as it would have; or a negative errno.
+ * Waits only for the NIC's answer. */
+int emp_cancel_recv(struct emp_device *dev, uint64_t wr_id);
 
 /* Since EMP_1.4: port context switch (docs/context-switch.md; direct
  * attach and, with an emp.ko that has EMP_IOC_PORT_CTX, the kernel

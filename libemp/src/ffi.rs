@@ -687,6 +687,26 @@ pub unsafe extern "C" fn emp_probe_ex(
     unsafe { probe_into_ex(dev, Endpoint { node, port }, tag, ignore, claim != 0, out) }
 }
 
+/// Takes back the posted receive `wr_id` if no message matched it yet
+/// (since EMP_1.7): 1 when canceled (its completion, status
+/// `EMP_WC_CANCELED`, follows on the CQ), 0 when the NIC holds no such
+/// unmatched receive (it completes as it would have), else a negative errno.
+///
+/// # Safety
+/// `dev` is open.
+#[no_mangle]
+pub unsafe extern "C" fn emp_cancel_recv(dev: *mut EmpDevice, wr_id: u64) -> c_int {
+    if dev.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: the caller passes a live device.
+    let d = unsafe { &mut (*dev).0 };
+    match d.cancel_recv(wr_id) {
+        Ok(canceled) => canceled as c_int,
+        Err(e) => errno(&e),
+    }
+}
+
 /// Completions taken per `emp_poll_cq` / `emp_wait_cq` call at most.
 const WC_BATCH: usize = 64;
 

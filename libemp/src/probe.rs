@@ -7,6 +7,9 @@
 //! as `FI_DISCARD`). Probes go through the receive ring, in order with the
 //! receives posted before them, so a probe never reports a message an
 //! earlier receive takes.
+//!
+//! Cancels go the same way: [`Device::cancel_recv`] takes back a posted
+//! receive the NIC still holds unmatched (MPI_Cancel, `fi_cancel`).
 
 use std::time::Duration;
 
@@ -123,6 +126,52 @@ impl Device {
         };
         d.sge[..sges.len()].copy_from_slice(sges);
         self.post_raw(false, &d)
+    }
+
+    /// Posts a cancel of the oldest receive posted on this port with
+    /// `target` as its `wr_id`. Its completion (`wr_id`, opcode
+    /// [`Opcode::Cancel`]) is `Success` when the NIC took the receive back
+    /// — that receive then completes [`Status::Canceled`] — or `NoMessage`
+    /// when it holds no such unmatched receive (one already matched
+    /// completes as it would have). See [`Device::cancel_recv`] for the
+    /// blocking form.
+    ///
+    /// # Errors
+    /// [`Error::RingFull`].
+    pub fn post_cancel(&mut self, wr_id: u64, target: u64) -> Result<()> {
+        let d = WorkDesc { wr_id, opcode: Opcode::Cancel as u8, flags: WD_SIGNALED, tag: target, ..Default::default() };
+        self.post_raw(false, &d)
+    }
+
+    /// Takes back the posted receive `target` (its `wr_id`) if no message
+    /// matched it yet: true when canceled (the receive's own completion,
+    /// status [`Status::Canceled`], follows on the CQ), false when the NIC
+    /// holds no such unmatched receive (it completes as it would have).
+    /// Waits only for the NIC's answer.
+    ///
+    /// # Errors
+    /// A failed post or wait, or the cancel completing with an error.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # let mut dev = emp::Device::open()?;
+    /// # let buf = dev.alloc(64)?;
+    /// dev.post_recv(7, emp::ANY, 1, 0, &[buf.sge(0, 64)])?;
+    /// if dev.cancel_recv(7)? {
+    ///     let c = dev.wait_wr(7, None)?;
+    ///     assert_eq!(c.status, emp::Status::Canceled);
+    /// }
+    /// # Ok::<(), emp::Error>(())
+    /// ```
+    pub fn cancel_recv(&mut self, target: u64) -> Result<bool> {
+        let wr = self.internal_wr();
+        self.post_cancel(wr, target)?;
+        let c: Completion = self.wait_wr(wr, Some(Duration::from_secs(60)))?;
+        match c.status {
+            Status::Success => Ok(true),
+            Status::NoMessage => Ok(false),
+            st => Err(Error::Failed(st)),
+        }
     }
 
     fn probe_as(&mut self, src: Endpoint, tag: u64, ignore: u64, claim: bool) -> Result<Option<(Probed, u32)>> {

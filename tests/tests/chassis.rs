@@ -168,7 +168,7 @@ fn stats_row(dir: &Path, name: &str) -> u64 {
 fn tap_match_out_of_order_tags_two_ranks() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let c = Cluster::up("match2", &["-n", "2"]);
-    assert_tap(&c.run(2, &[env!("CARGO_BIN_EXE_tap-match")]), 7);
+    assert_tap(&c.run(2, &[env!("CARGO_BIN_EXE_tap-match")]), 8);
     assert!(stats_row(&c.dir, "unexp_eager") >= 2, "small unexpected messages counted");
     assert!(stats_row(&c.dir, "unexp_rdv") >= 4, "retained headers counted");
     assert!(stats_row(&c.dir, "rdv_pulls") >= 4, "rendezvous pulls counted");
@@ -179,7 +179,7 @@ fn tap_match_with_loss_on_the_udp_wire() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let c =
         Cluster::up("matchl", &["-n", "3", "--wire", "udp", "--loss", "0.03", "--dup", "0.02", "--reorder", "0.05"]);
-    assert_tap(&c.run(3, &[env!("CARGO_BIN_EXE_tap-match")]), 7);
+    assert_tap(&c.run(3, &[env!("CARGO_BIN_EXE_tap-match")]), 8);
     assert!(stats_row(&c.dir, "rdv_pulls") >= 4);
 }
 

@@ -282,6 +282,7 @@ struct emp_atomic_result {
 #define EMP_OP_RECV_RDMA_IMM 13U
 #define EMP_OP_PROBE 14U /* receive ring: peek (or claim) an unexpected message; no SGEs */
 #define EMP_OP_RBCAST 15U /* reliable broadcast over multicast; tag = EMP_RBCAST_TAG() */
+#define EMP_OP_CANCEL 16U /* receive ring: take back the posted receive whose wr_id is tag */
 /* Reliable broadcast algorithm (EMP_OP_RBCAST tag): co-roots (16 bits: the low
  * byte, then the high byte at bit 24), ACK every M, window, and the NAK bit. */
 #define EMP_RBCAST_TAG_NAK (1ULL << 32)
@@ -317,6 +318,7 @@ struct emp_atomic_result {
 #define EMP_STATUS_COLL_MISMATCH 17U      /* members disagree on the collective */
 #define EMP_STATUS_REMOTE_ACCESS_ERROR 18U /* target refused a remote atomic */
 #define EMP_STATUS_NO_MESSAGE 19U /* probe found nothing; claimed receive names nothing */
+#define EMP_STATUS_CANCELED 20U /* a receive taken back by EMP_OP_CANCEL */
 
 /* Completion flag: owner (phase) bit, flips each time the CQ wraps. */
 #define EMP_CQE_PHASE (1U << 0)

@@ -73,6 +73,14 @@ pub enum Opcode {
     /// [`crate::wire::rbcast_payload_max`] bytes. The root's completes as
     /// soon as its NIC copied the data into its window.
     Rbcast = 15,
+    /// Cancel (receive ring): takes back the oldest receive posted on this
+    /// port whose `wr_id` is `tag`, if the NIC still holds it unmatched.
+    /// That receive then completes [`Status::Canceled`] and the cancel
+    /// `Success`; else the cancel completes [`Status::NoMessage`] and the
+    /// receive (matched, or not posted) completes as it would have. No
+    /// SGEs; `node`, `port` and `ignore` are 0. Through the receive ring,
+    /// so it comes after every receive posted before it.
+    Cancel = 16,
 }
 
 impl Opcode {
@@ -94,6 +102,7 @@ impl Opcode {
             13 => Some(Opcode::RecvRdmaImm),
             14 => Some(Opcode::Probe),
             15 => Some(Opcode::Rbcast),
+            16 => Some(Opcode::Cancel),
             _ => None,
         }
     }
@@ -274,6 +283,7 @@ impl WorkDesc {
         let ok = match op {
             Opcode::Send | Opcode::Recv => true,
             Opcode::Probe => n == 0,
+            Opcode::Cancel => n == 0 && self.node == 0 && self.port == 0 && self.ignore == 0,
             Opcode::MultiSend => {
                 (self.port as usize) < GROUP_MEMBERS_MAX.div_ceil(crate::coll::MULTISEND_WINDOW) && self.ignore != 0
             }
@@ -394,6 +404,9 @@ pub enum Status {
     /// A probe found no unexpected message that matches; or a claimed
     /// receive names no message claimed on this port.
     NoMessage = 19,
+    /// A receive taken back by an [`Opcode::Cancel`] before any message
+    /// matched it.
+    Canceled = 20,
 }
 
 impl Status {
@@ -421,6 +434,7 @@ impl Status {
             17 => CollMismatch,
             18 => RemoteAccessError,
             19 => NoMessage,
+            20 => Canceled,
             _ => return None,
         })
     }
@@ -449,6 +463,7 @@ impl Status {
             CollMismatch => c"members disagree on the collective",
             RemoteAccessError => c"remote access refused by the target",
             NoMessage => c"no unexpected message matches",
+            Canceled => c"receive canceled",
         }
     }
 

@@ -1137,6 +1137,10 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
         }
         Opcode::RecvRdmaImm => {}
         Opcode::Probe => n = 0,
+        Opcode::Cancel => {
+            (d.node, d.port, d.ignore) = (0, 0, 0);
+            n = 0;
+        }
     }
     d.num_sge = n as u8;
     for s in d.sge.iter_mut().skip(n) {
@@ -1146,10 +1150,11 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
 
 /// Descriptors of every opcode a host may post (RECV_RDMA_IMM is a completion only), shaped to be valid.
 fn shaped_work_desc() -> impl Strategy<Value = WorkDesc> {
-    (arb_work_desc(), 1u8..=14, any::<u64>()).prop_map(|(mut d, opcode, seed)| {
+    (arb_work_desc(), 1u8..=15, any::<u64>()).prop_map(|(mut d, opcode, seed)| {
         d.opcode = match opcode {
             13 => Opcode::Probe as u8,
             14 => Opcode::Rbcast as u8,
+            15 => Opcode::Cancel as u8,
             o => o,
         };
         shape_operands(&mut d, seed);
@@ -1239,6 +1244,8 @@ fn operands_spec(d: &WorkDesc, op: Opcode) -> bool {
         Opcode::Send | Opcode::Recv => true,
         // No buffer.
         Opcode::Probe => n == 0,
+        // The receive's wr_id in tag; nothing else.
+        Opcode::Cancel => n == 0 && d.node == 0 && d.port == 0 && d.ignore == 0,
         // A rank window below 1024 / 64, a nonzero rank mask.
         Opcode::MultiSend => (d.port as u64) < members / 64 && d.ignore != 0,
         // root rank, tree index, no ignore.

@@ -315,13 +315,67 @@ fn immediate_data(c: &mut Ctx) -> Result<(), String> {
     }
 }
 
+/// A receive no message matched is taken back (completes `Canceled`) and
+/// takes no later message, even a wildcard one (hpcc's canceled
+/// `MPI_ANY_SOURCE` receive); a matched one is not, and completes; a
+/// cancel of nothing finds nothing.
+fn cancel(c: &mut Ctx) -> Result<(), String> {
+    let e = |e: emp::Error| e.to_string();
+    let t = tag(8, 1);
+    match c.rank() {
+        0 => {
+            c.sync("cancel-posted")?;
+            for (i, len) in [(0u64, 100usize), (1, 200_000)] {
+                pattern(800 + i, &mut c.sbuf.as_mut_slice()[..len]);
+                let s = c.send(1, t + i, 0, len)?;
+                expect_ok(&c.wait(s)?)?;
+                c.sync(&format!("cancel-sent{i}"))?;
+            }
+            Ok(())
+        }
+        1 => {
+            // A wildcard receive, canceled before anything was sent.
+            let wild = c.recv(ANY, 0, u64::MAX, 0, 64)?;
+            if !c.dev.cancel_recv(wild).map_err(e)? {
+                return Err("an unmatched receive was not canceled".into());
+            }
+            let rc = c.wait(wild)?;
+            if rc.status != Status::Canceled {
+                return Err(format!("the canceled receive completed {}", rc.status.as_str()));
+            }
+            if c.dev.cancel_recv(wild).map_err(e)? {
+                return Err("a receive was canceled twice".into());
+            }
+            c.sync("cancel-posted")?;
+            // The messages sent after it reach the receives posted after it.
+            for (i, len) in [(0u64, 100usize), (1, 200_000)] {
+                let r = c.recv(c.eps[0], t + i, 0, 0, len)?;
+                let rc = c.wait(r)?;
+                expect_ok(&rc).map_err(|s| format!("message {i}: {s}"))?;
+                check_pattern(800 + i, &c.rbuf.as_slice()[..len])?;
+                // Matched and done: nothing to take back.
+                if c.dev.cancel_recv(r).map_err(e)? {
+                    return Err("a completed receive was canceled".into());
+                }
+                c.sync(&format!("cancel-sent{i}"))?;
+            }
+            Ok(())
+        }
+        _ => {
+            c.sync("cancel-posted")?;
+            c.sync("cancel-sent0")?;
+            c.sync("cancel-sent1")
+        }
+    }
+}
+
 fn main() {
     let (job, mut dev, eps) = emp_tests::tap_start("tap-match", 2, emp_tests::WithoutRendezvous::Run);
     let quiet = job.rank != 0;
     let sbuf = dev.alloc(2 * BIG + 4096).expect("arena");
     let rbuf = dev.alloc(2 * BIG + 4096).expect("arena");
     let mut c = Ctx::new(dev, job, eps, sbuf, rbuf, T);
-    let tests: [emp_tests::TapCase<Ctx>; 7] = [
+    let tests: [emp_tests::TapCase<Ctx>; 8] = [
         ("out-of-order tags, 64 B (eager): tag 2 received first", small),
         ("out-of-order tags, 64 KiB (rendezvous pull)", large_64k),
         ("out-of-order tags, 4 MiB (rendezvous pull)", large_4m),
@@ -329,6 +383,7 @@ fn main() {
         ("rendezvous into a short receive: truncated, send completes", truncated),
         ("probe peeks, probe_claim reserves one message for its claimed receive", probe_and_claim),
         ("immediate data reaches the receive on every path, and probes", immediate_data),
+        ("cancel takes back an unmatched receive, never a matched one", cancel),
     ];
     emp_tests::run_tap(quiet, &mut c, &tests, |c, name| {
         let _ = c.sync(name);
