@@ -354,7 +354,7 @@ impl Nic {
 
     /// An ACK (`reason` `None`) or NACK for `data`, from a parked or unknown
     /// address (generation `gen`; 0 = unknown).
-    fn send_unaddressed_reply<H: Hal>(
+    pub(crate) fn send_unaddressed_reply<H: Hal>(
         &mut self,
         hal: &mut H,
         data: &FrameHeader,

@@ -149,6 +149,8 @@ impl Nic {
     /// Closes a port: everything outstanding completes `Flushed` (best
     /// effort: the process may be gone), every table entry is freed.
     pub(crate) fn port_close<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
+        // What was delivered, before anything half received is flushed.
+        self.linger_port(now, port);
         // Collectives first: their internal messages are flushed with them.
         self.groups_of_port_remove(hal, now, port);
         let peers: Vec<u32> = (0..self.peers.len() as u32)

@@ -91,6 +91,7 @@ mod group;
 mod guard;
 mod host;
 mod image;
+mod linger;
 pub mod mcast;
 mod mr;
 pub mod rbcast;
@@ -685,6 +686,8 @@ pub struct Nic {
     pub(crate) ready: VecDeque<u32>,
     pub(crate) mr_cursors: mr::CursorCache,
     pub(crate) mr_entries: mr::EntryCache,
+    /// Closed ports' delivered floors, per peer, for a while (TIME-WAIT).
+    pub(crate) linger: linger::LingerTable,
     pub(crate) counters: [u64; counter::COUNT],
     pub(crate) counters_dirty: bool,
     pub(crate) heartbeat: u32,
@@ -824,6 +827,7 @@ impl Nic {
             ready: VecDeque::new(),
             mr_cursors: mr::CursorCache::new(layout.params.mr_entries),
             mr_entries: mr::EntryCache::new(),
+            linger: linger::LingerTable::new(),
             counters: [0; counter::COUNT],
             counters_dirty: true,
             heartbeat: 0,
@@ -1186,6 +1190,9 @@ impl Nic {
     /// Checks internal invariants; returns the first one broken.
     pub fn invariants(&self) -> Result<(), String> {
         self.groups.check()?;
+        if self.linger.len() > linger::LINGER_MAX {
+            return Err(format!("{} lingering peers, over {}", self.linger.len(), linger::LINGER_MAX));
+        }
         let mut tx_seen = 0;
         if self.peer_index.len() + self.peer_free.len() != self.peers.len() {
             return Err(format!(

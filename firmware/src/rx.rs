@@ -352,8 +352,11 @@ impl Nic {
         let port = hdr.dst_port;
         let st = &self.ports[port as usize];
         if !st.open || (hdr.dst_gen != 0 && hdr.dst_gen != st.gen) {
-            // Closed, or meant for an earlier process on this port.
-            self.send_raw_nack(hal, hdr, NackReason::PortClosed);
+            // Closed, or meant for an earlier process on this port: unless
+            // that process had received it, refused.
+            if !self.linger_answer(hal, now, hdr) {
+                self.send_raw_nack(hal, hdr, NackReason::PortClosed);
+            }
             return None;
         }
         let Some(peer) = self.peer_for(now, port, hdr.src_node, hdr.src_port, hdr.tx_floor) else {

@@ -281,3 +281,33 @@ fn test_a_receiver_that_closes_right_after_its_receive_still_acks_it() {
     let sc = c.wait(0, s, 500 * MS).expect("send completes");
     assert_eq!(status(&sc), Status::Success, "the delivered message's send succeeds");
 }
+
+#[test]
+fn test_a_delivered_message_whose_ack_is_lost_after_the_receiver_closed_still_succeeds() {
+    // TIME-WAIT: the receiver delivers the message, its ACK (flushed at the
+    // close) is lost, and the port closes. The sender's retransmission
+    // must be acknowledged by what the closed port remembers, not refused
+    // as sent to a closed port; a message never delivered still fails.
+    let mut c = Cluster::new(2, coalescing(200 * US, 16), 0, 1500, WireConfig::default());
+    let acks_lost = Rc::new(RefCell::new(0u32));
+    let lost = acks_lost.clone();
+    c.world.drop_filter = Some(Box::new(move |src, _, b| {
+        let ack = src == 1 && matches!(Frame::parse(b), Ok(Frame::Ack { .. })) && *lost.borrow() == 0;
+        if ack {
+            *lost.borrow_mut() += 1;
+        }
+        ack
+    }));
+    let r = c.recv(1, (0, 0), 3, 0, 8);
+    let s = c.send(0, 1, 3, &payload(3));
+    assert_eq!(status(&c.wait(1, r, 10 * MS).expect("receive completes")), Status::Success);
+    c.close_port(1);
+    let sc = c.wait(0, s, 2_000 * MS).expect("send completes");
+    assert_eq!(*acks_lost.borrow(), 1, "the close's ACK was lost");
+    assert!(c.counter(0, counter::RETRANSMITS) >= 1, "the sender retransmitted into the closed port");
+    assert_eq!(status(&sc), Status::Success, "the delivered message's send succeeds");
+    // The next message finds the port closed.
+    let s2 = c.send(0, 1, 4, &payload(4));
+    let sc2 = c.wait(0, s2, 2_000 * MS).expect("send completes");
+    assert_eq!(status(&sc2), Status::RemotePortClosed, "a message not delivered is refused");
+}

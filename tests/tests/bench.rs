@@ -58,6 +58,43 @@ fn bench_rate_json_has_the_nic_cpu_per_message() {
     assert!(String::from_utf8_lossy(&misplaced.stderr).contains("options of `emp bench rate`"));
 }
 
+/// `emp bench ctxsw`: PM's Table 2 on the chassis. Every switch is
+/// checked by the benchmark itself (held messages received, queued sends
+/// delivered); here, every condition has its row, the images grow with
+/// what the buffers held, and the times are real.
+#[test]
+fn bench_ctxsw_json_has_table_2() {
+    let out = emp().args(["bench", "ctxsw", "--json", "--iters", "3"]).output().expect("run emp bench");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "emp bench ctxsw failed:
+{stdout}{stderr}"
+    );
+    let doc = stdout.trim();
+    if let Err(at) = json::validate(doc) {
+        panic!(
+            "stdout is not one JSON document (error at byte {at}):
+{stdout}"
+        );
+    }
+    let field = |row: &str, name: &str| -> f64 {
+        let r = doc.find(row).unwrap_or_else(|| panic!("no {row} in {doc}"));
+        let key = format!("\"{name}\":");
+        let at = r + doc[r..].find(&key).unwrap_or_else(|| panic!("no {name} in {doc}")) + key.len();
+        let num: String = doc[at..].chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+        num.parse().unwrap_or_else(|_| panic!("{name} of {row} is not a number in {doc}"))
+    };
+    let rows = ["no message", "send buffer full", "receive buffer full", "send and receive full"];
+    let image: Vec<f64> = rows.iter().map(|r| field(r, "image_bytes")).collect();
+    assert!(image[1] > image[0] && image[2] > image[0] && image[3] > image[1].max(image[2]), "images {image:?}");
+    for r in rows {
+        assert!(field(r, "save_us") > 0.0 && field(r, "restore_us") > 0.0, "{r} in {doc}");
+    }
+    assert_eq!(field("send buffer full", "sends"), 63.0);
+    assert_eq!(field("receive buffer full", "recvs"), 64.0);
+}
+
 /// emp-nicd's `--link-delay-us` takes effect: every frame leaves that long
 /// after it was sent, so a ping-pong's one-way latency (round trip / 2) is
 /// never below the delay. A lower bound: no load on the machine can make

@@ -6,6 +6,8 @@
 //! - [`rate`]: `rate`, message rate of 1…N sender/receiver pairs with the
 //!   NICs' CPU time per message, EMP beside TCP;
 //! - [`atomic`]: remote atomic latency, NIC-executed vs host-served;
+//! - [`ctxsw`]: `ctxsw`, PM's Table 2 on the chassis: a port's save and
+//!   restore time against what its buffers hold;
 //! - [`coll`]: `barrier`, `bcast`, `bcast-skew`, `bcast-tput`, `allreduce`, `reduce` over
 //!   `--nodes N` ranks, NIC-offloaded variants beside host baselines;
 //! - [`mpi`]: `mpi`, one MPI program under Open MPI's `mpirun` over EMP's
@@ -21,6 +23,7 @@
 
 mod atomic;
 mod coll;
+mod ctxsw;
 mod mpi;
 mod p2p;
 mod rate;
@@ -52,6 +55,9 @@ pub enum Kind {
     Rate,
     /// Remote atomic latency: NIC vs host-based responder.
     Atomic,
+    /// Port context switch: save and restore time against buffer
+    /// occupancy (PM's Table 2), `--iters` switches per condition.
+    Ctxsw,
     /// Collective: consecutive barriers (`--nodes`, `--algo`).
     Barrier,
     /// Collective: broadcast from rank 0, closed by a leaf's 0-byte answer.
@@ -125,7 +131,9 @@ pub struct BenchArgs {
     /// on NIC 1 of the private chassis.
     #[arg(long)]
     pub pairs: Option<usize>,
-    /// rate: messages per window (default 64, at most the port's rings).
+    /// rate: messages per window (default 64, at most the port's rings);
+    /// ctxsw: messages held in the full receive buffer (default 64, the
+    /// NIC's eager pool).
     #[arg(long)]
     pub window: Option<usize>,
     /// The emulated NIC daemons whose CPU time `rate` reads (set by `emp bench`).
@@ -220,8 +228,8 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
             _ => format!("--nodes {ranks}: at least 1"),
         });
     }
-    if a.kind != Kind::Rate && (a.pairs.is_some() || a.window.is_some()) {
-        return Err("--pairs and --window are options of `emp bench rate`".into());
+    if a.kind != Kind::Rate && (a.pairs.is_some() || (a.window.is_some() && a.kind != Kind::Ctxsw)) {
+        return Err("--pairs and --window are options of `emp bench rate` (ctxsw: --window, the messages held)".into());
     }
     if a.window == Some(0) {
         return Err("--window 0: at least 1 message per window".into());
@@ -561,6 +569,7 @@ pub fn rank(a: &BenchArgs) -> Result<(), String> {
     let eps = job.endpoints(dev.endpoint()).map_err(err)?;
     match a.kind {
         Kind::Atomic => atomic::rank(a, &job, dev, &eps),
+        Kind::Ctxsw => ctxsw::rank(a, &job, dev, &eps),
         _ => p2p::rank(a, &job, dev, &eps),
     }
 }
