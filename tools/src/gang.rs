@@ -296,8 +296,11 @@ impl Gang {
         if trace() {
             eprintln!("emp gang: job {name} out ({saved} ports saved)");
         }
-        if saved != ports {
-            return Err(format!("job {name}: saved {saved} of {ports} ports"));
+        // A save that fails is an error above; fewer saved than suspended
+        // means ports closed meanwhile: a rank that was exiting when it
+        // was stopped (its TAP summary printed) released its port.
+        if saved < ports && trace() {
+            eprintln!("emp gang: job {name}: {} of {ports} ports closed while being switched out", ports - saved);
         }
         job.out = true;
         Ok(true)

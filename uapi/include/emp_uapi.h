@@ -1019,6 +1019,7 @@ struct emp_gang {
 #define EMP_ATTACH_OP_PORT_RESTORE 26U
 #define EMP_ATTACH_OP_PORT_RESUME 27U
 #define EMP_ATTACH_OP_GANG 28U
+#define EMP_ATTACH_OP_BUSY 29U /* the NIC processors' working time: arg[0] ns, arg[1] batches */
 
 /* GANG actions (arg[0]) on every port of process arg[1] (emp gang). */
 #define EMP_GANG_SUSPEND 1

@@ -725,6 +725,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_ATTACH_OP_PORT_RESTORE = attach::op::PORT_RESTORE,
         EMP_ATTACH_OP_PORT_RESUME = attach::op::PORT_RESUME,
         EMP_ATTACH_OP_GANG = attach::op::GANG,
+        EMP_ATTACH_OP_BUSY = attach::op::BUSY,
         EMP_GANG_SUSPEND = attach::gang::SUSPEND,
         EMP_GANG_STABLE = attach::gang::STABLE,
         EMP_GANG_SAVE = attach::gang::SAVE,

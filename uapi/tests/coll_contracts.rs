@@ -386,7 +386,7 @@ fn wire_and_desc_enums_round_trip() {
             assert_eq!(r as u8, v);
         }
     }
-    assert_eq!(n_ops, 15);
+    assert_eq!(n_ops, 16);
     assert_eq!((0..=255u8).filter_map(FrameKind::from_u8).count(), 8);
     assert_eq!((0..=255u8).filter_map(NackReason::from_u8).count(), 9);
     for v in 0..64u32 {
@@ -401,7 +401,7 @@ fn wire_and_desc_enums_round_trip() {
 #[test]
 fn status_texts() {
     let all: Vec<Status> = (0..=255u8).filter_map(Status::from_u8).collect();
-    assert_eq!(all.len(), 20, "statuses 0..=19");
+    assert_eq!(all.len(), 21, "statuses 0..=20");
     let mut texts = Vec::new();
     for (i, s) in all.iter().enumerate() {
         assert_eq!(*s as u8 as usize, i, "statuses are dense");
