@@ -218,11 +218,12 @@ impl Nic {
             let total = *posted.get_or_insert_with(|| self.ports.iter().map(|p| p.posted.len() as u32).sum::<u32>());
             debug_assert_eq!(total, self.ports.iter().map(|p| p.posted.len() as u32).sum::<u32>());
             // Probes and cancels post nothing: they pass a full table (a
-            // cancel may be what frees it).
-            let next = w.recv_slot(self.ports[port as usize].recv_cons);
-            let posts = !matches!(Opcode::from_u8(peek_opcode(hal, next)), Some(Opcode::Probe | Opcode::Cancel));
-            if posts && (total >= self.cfg.recv_posted_max || !self.recv_fits()) {
-                break;
+            // cancel may be what frees it). Only then is the opcode peeked.
+            if total >= self.cfg.recv_posted_max || !self.recv_fits() {
+                let next = w.recv_slot(self.ports[port as usize].recv_cons);
+                if !matches!(Opcode::from_u8(peek_opcode(hal, next)), Some(Opcode::Probe | Opcode::Cancel)) {
+                    break;
+                }
             }
             if !self.cq_has_room(hal, port, &mut cq_cons) {
                 break;

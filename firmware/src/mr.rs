@@ -182,12 +182,13 @@ impl Nic {
         len: u64,
         access: u8,
     ) -> Result<MrEntry, Status> {
-        let line = self.mr_line(hal, port, key, off, len, access)?;
-        Ok(self.mr_entries.lines.borrow()[line].expect("checked entries are cached"))
+        let r = self.mr_checked(hal, port, key, off, len, access)?;
+        Ok(self.mr_entries.lines.borrow()[r.line].expect("checked entries are cached"))
     }
 
-    /// [`Nic::mr_lookup`]'s checks, leaving the entry in the cache: its line.
-    fn mr_line<H: Hal>(
+    /// [`Nic::mr_lookup`]'s checks, leaving the entry in the cache: the
+    /// range checked, for [`Nic::checked_io`] within the same event.
+    pub(crate) fn mr_checked<H: Hal>(
         &self,
         hal: &mut H,
         port: u16,
@@ -195,7 +196,7 @@ impl Nic {
         off: u64,
         len: u64,
         access: u8,
-    ) -> Result<usize, Status> {
+    ) -> Result<MrChecked, Status> {
         let slot = MrEntry::slot_of(key);
         if slot >= self.layout.params.mr_entries as usize {
             return Err(Status::BadKey);
@@ -229,7 +230,7 @@ impl Nic {
             return Err(Status::AccessDenied);
         }
         match off.checked_add(len) {
-            Some(end) if end <= e.length => Ok(line),
+            Some(end) if end <= e.length => Ok(MrChecked { line, off, end }),
             _ => Err(Status::AccessDenied),
         }
     }
@@ -237,7 +238,7 @@ impl Nic {
     /// Checks every SGE of a descriptor against the MR table.
     pub(crate) fn check_sges<H: Hal>(&self, hal: &mut H, port: u16, sges: &[Sge], access: u8) -> Result<(), Status> {
         for s in sges {
-            self.mr_line(hal, port, s.key, s.offset, s.len as u64, access)?;
+            self.mr_checked(hal, port, s.key, s.offset, s.len as u64, access)?;
         }
         Ok(())
     }
@@ -286,12 +287,12 @@ impl Nic {
         if buf.len() == 0 {
             return Ok(());
         }
-        let line = self.mr_line(hal, port, key, off, buf.len() as u64, access)?;
-        self.line_io(hal, line, off, buf)
+        let r = self.mr_checked(hal, port, key, off, buf.len() as u64, access)?;
+        self.line_io(hal, r.line, off, buf)
     }
 
     /// [`Nic::region_io`] in a region already checked for
-    /// `[off, off + buf.len())` ([`Nic::mr_checked`]), with no check again:
+    /// `[off, off + buf.len())` by [`Nic::mr_checked`], with no check again:
     /// what one event moves in pieces (a completion's body, then its
     /// phase byte) is checked once.
     pub(crate) fn checked_io<H: Hal>(
@@ -303,21 +304,6 @@ impl Nic {
     ) -> Result<(), Status> {
         debug_assert!(off >= r.off && off + buf.len() as u64 <= r.end, "inside the checked range");
         self.line_io(hal, r.line, off, buf)
-    }
-
-    /// Checks `[off, off + len)` of region `key` for `access` once, for
-    /// [`Nic::checked_io`] within the same event.
-    pub(crate) fn mr_checked<H: Hal>(
-        &self,
-        hal: &mut H,
-        port: u16,
-        key: u32,
-        off: u64,
-        len: u64,
-        access: u8,
-    ) -> Result<MrChecked, Status> {
-        let line = self.mr_line(hal, port, key, off, len, access)?;
-        Ok(MrChecked { line, off, end: off + len })
     }
 
     /// Moves bytes between `buf` and the cached entry in `line` at `off`.
