@@ -1506,6 +1506,12 @@ mod tests {
         assert_eq!(nic.mr_lookup(&mut hal, 3, k1, 0, 8, rw).err(), Some(Status::BadKey));
         assert_eq!(nic.mr_lookup(&mut hal, 3, k2, 0, 64, rw).map(|e| e.length), Ok(64), "the new entry, not the old");
         assert_eq!(nic.mr_lookup(&mut hal, 3, k2, 0, 65, rw).err(), Some(Status::AccessDenied));
+        // Registered again under the same key (a key generator that
+        // repeated) with a new secret and length: the new entry is used.
+        let mut e3 = entry(k2, 3, rw);
+        e3.secret = 0x5EC2;
+        e3.put(&mut hal.0[at..at + MrEntry::SIZE]);
+        assert_eq!(nic.mr_lookup(&mut hal, 3, k2, 0, 4096, rw).map(|e| e.length), Ok(4096), "not the cached 64 B one");
         // A slot sharing the line (5 + 64) evicts it and is evicted in turn.
         let at2 = nic.layout.mr_entry(69);
         if 69 < nic.layout.params.mr_entries as usize {

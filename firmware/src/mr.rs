@@ -1,8 +1,8 @@
 //! Memory-region translation: (key, offset, length) → host bus addresses,
 //! through the MR table the trusted side wrote in SRAM (short, chained or
 //! indirect page lists, EMP thesis §2.3.2). Validated entries are kept in
-//! a small cache, and each use re-reads the entry's first two words (key,
-//! owner, rights, format): an invalidated key stops working at once, and
+//! a small cache, and each use re-reads the entry's key, owner, rights,
+//! format and secret: an invalidated key stops working at once, and
 //! a changed owner is seen, without the whole entry read and decoded again.
 
 use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, Sge, Status, SEGS_PER_PAGE, SEG_LINK};
@@ -61,7 +61,7 @@ impl CursorCache {
 const ENTRY_LINES: usize = 64;
 
 /// Validated MR entries, direct-mapped by slot. A hit still re-reads the
-/// entry's header words (key; owner, rights, format) from SRAM and must
+/// entry's header words (key; owner, rights, format; secret) from SRAM and must
 /// find them unchanged: the trusted side zeroes an entry to invalidate it
 /// and rewrites its owner to move it, so either is seen on the next use,
 /// fenced or not. The rest of an entry (length, segments) changes only
@@ -96,10 +96,15 @@ pub(crate) struct MrChecked {
     end: u64,
 }
 
-/// An entry's first two little-endian words as SRAM holds them: the key,
-/// then owner port, access and format.
-fn header_words(e: &MrEntry) -> [u32; 2] {
-    [e.key, e.port as u32 | (e.access as u32) << 16 | (e.format as u32) << 24]
+/// Offset of `MrEntry::secret` in the entry.
+const SECRET_OFF: usize = 28;
+
+/// The words of an entry a cache hit re-reads, as SRAM holds them: the
+/// key; owner port, access and format; and the secret, drawn afresh for
+/// every registration, so a slot registered again under a key that
+/// happens to repeat is still told apart.
+fn header_words(e: &MrEntry) -> [u32; 3] {
+    [e.key, e.port as u32 | (e.access as u32) << 16 | (e.format as u32) << 24, e.secret]
 }
 
 /// A transfer's NIC-side buffer, which also says the direction.
@@ -202,7 +207,7 @@ impl Nic {
             return Err(Status::BadKey);
         }
         let at = self.layout.mr_entry(slot);
-        let words = [crate::sram_u32(hal, at), crate::sram_u32(hal, at + 4)];
+        let words = [crate::sram_u32(hal, at), crate::sram_u32(hal, at + 4), crate::sram_u32(hal, at + SECRET_OFF)];
         let line = slot % ENTRY_LINES;
         let cached = |lines: &[Option<MrEntry>; ENTRY_LINES]| {
             lines[line].as_ref().is_some_and(|e| MrEntry::slot_of(e.key) == slot && header_words(e) == words)
