@@ -29,7 +29,7 @@
 //! by `put_peer`/`get_peer` alone), the groups and collective operations
 //! (barriers, reductions) in progress, the queued messages (sends, and the
 //! collectives' own messages), the eager unexpected messages with their
-//! payload.
+//! payload, the persistent descriptors ([`STORED_IMAGE`] bytes each).
 
 use std::collections::VecDeque;
 
@@ -64,7 +64,8 @@ pub(crate) const PARKED_MAX: usize = 64;
 /// "ECTX".
 pub const IMAGE_MAGIC: u32 = 0x5854_4345;
 /// Image format version; a restore refuses any other.
-pub const IMAGE_VERSION: u16 = 3;
+/// 4: the persistent descriptors.
+pub const IMAGE_VERSION: u16 = 4;
 /// Bytes of the image header.
 pub const HEADER: usize = 80;
 /// Byte offset of the checksum in the header.
@@ -76,6 +77,9 @@ const TX_IMAGE: usize = 8 + WorkDesc::SIZE;
 /// Bytes of a queued collective message besides its data: peer index, kind,
 /// sequence, op index, data length, its collective header.
 const COLL_TX_IMAGE: usize = 12 + CollHeader::SIZE;
+/// Bytes of one persistent descriptor: ring (0 receive, 1 send), slot,
+/// two zero bytes, the descriptor.
+pub const STORED_IMAGE: usize = 4 + WorkDesc::SIZE;
 /// Queued message kinds.
 const TX_SEND: u16 = 0;
 const TX_COLL: u16 = 1;
@@ -125,6 +129,37 @@ mod pf {
     /// The receiver told this sender to stop and owes it an update.
     pub const FC_STOP_SENT: u16 = 64;
     pub const ALL: u16 = 127;
+}
+
+/// An image's persistent descriptors: each a valid send (send ring) or
+/// receive (receive ring) as stored, in a slot of its own. Their memory is
+/// checked when they start, as a stored descriptor's always is.
+fn check_stored(r: &mut Reader, n: usize) -> Result<Vec<(bool, u8, WorkDesc)>, Refusal> {
+    use emp_uapi::desc::{PERSIST_SLOTS, WD_CLAIM, WD_PERSIST};
+    if n > 2 * PERSIST_SLOTS {
+        return Err("persistent descriptors".into());
+    }
+    let mut out: Vec<(bool, u8, WorkDesc)> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (ring, slot, pad) = (r.u8()?, r.u8()?, r.u16()?);
+        let d = r.desc()?;
+        let send = match ring {
+            0 => false,
+            1 => true,
+            _ => return Err("persistent descriptor's ring".into()),
+        };
+        let own = if send { Opcode::Send } else { Opcode::Recv };
+        if pad != 0
+            || slot as usize >= PERSIST_SLOTS
+            || out.iter().any(|&(s, k, _)| (s, k) == (send, slot))
+            || d.validate() != Ok(own)
+            || d.flags & (WD_PERSIST | WD_CLAIM) != 0
+        {
+            return Err("persistent descriptor".into());
+        }
+        out.push((send, slot, d));
+    }
+    Ok(out)
 }
 
 fn put_desc(out: &mut Vec<u8>, d: &WorkDesc) {
@@ -265,6 +300,8 @@ struct Image {
     groups: Vec<(u32, GroupState)>,
     /// (group index, op record: its state, instance, descriptor, outcome).
     ops: Vec<(usize, CollOp)>,
+    /// Persistent descriptors: (send ring?, slot, descriptor).
+    stored: Vec<(bool, u8, WorkDesc)>,
 }
 
 /// A queued collective message of an image: its op (an index into the
@@ -556,7 +593,8 @@ impl Nic {
         let op = OP_IMAGE + WorkDesc::SIZE + 64 + (2 + emp_uapi::coll::GROUP_MEMBERS_MAX) * buf;
         let ops = self.cfg.coll_ops_max as usize * op;
         let tx = self.cfg.tx_max as usize * TX_IMAGE.max(COLL_TX_IMAGE + self.cfg.coll_buf_size as usize);
-        let all = HEADER + descs + self.cfg.peers_max as usize * PEER_IMAGE + tx + unexp + groups + ops;
+        let stored = 2 * emp_uapi::desc::PERSIST_SLOTS * STORED_IMAGE;
+        let all = HEADER + descs + self.cfg.peers_max as usize * PEER_IMAGE + tx + unexp + groups + ops + stored;
         all.min(CTX_IMAGE_MAX)
     }
 
@@ -621,7 +659,8 @@ impl Nic {
         for v in [st.cq_prod, cq_cons, st.send_cons, send_prod, st.recv_cons, recv_prod] {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        for n in [st.posted.len(), peers.len(), txs.len(), st.unexpected.len(), groups.len(), ops.len(), 0, 0] {
+        let n_stored = st.stored_sends.len() + st.stored_recvs.len();
+        for n in [st.posted.len(), peers.len(), txs.len(), st.unexpected.len(), groups.len(), ops.len(), n_stored, 0] {
             out.extend_from_slice(&(n as u16).to_le_bytes());
         }
         debug_assert_eq!(out.len(), HEADER);
@@ -674,6 +713,12 @@ impl Nic {
             out.extend_from_slice(&0u32.to_le_bytes());
             out.extend_from_slice(data);
         }
+        for (ring, table) in [(0u8, &st.stored_recvs), (1, &st.stored_sends)] {
+            for (slot, d) in table.iter() {
+                out.extend_from_slice(&[ring, slot, 0, 0]);
+                put_desc(&mut out, d);
+            }
+        }
         let len = out.len() as u32;
         out[8..12].copy_from_slice(&len.to_le_bytes());
         let sum = image_checksum(&out);
@@ -712,6 +757,8 @@ impl Nic {
         self.free_peers_of(port);
         let st = &mut self.ports[port as usize];
         st.posted.clear();
+        st.stored_sends.clear();
+        st.stored_recvs.clear();
         st.outstanding = 0;
         st.open = false;
         st.suspended = false;
@@ -801,8 +848,8 @@ impl Nic {
         let recv = (r.u32()?, r.u32()?);
         let (n_posted, n_peers, n_tx, n_unexp) =
             (r.u16()? as usize, r.u16()? as usize, r.u16()? as usize, r.u16()? as usize);
-        let (n_groups, n_ops) = (r.u16()? as usize, r.u16()? as usize);
-        if r.u32()? != 0 {
+        let (n_groups, n_ops, n_stored) = (r.u16()? as usize, r.u16()? as usize, r.u16()? as usize);
+        if r.u16()? != 0 {
             return Err("reserved bytes".into());
         }
         if cq_entries > 1 << 20 || !ring::valid_entries(cq_entries) || !ring::plausible(cq_prod, cq_cons, cq_entries) {
@@ -896,6 +943,7 @@ impl Nic {
             let imm = (flags & UNEXP_HAS_IMM != 0).then_some(imm);
             unexp.push((src_node, src_port, tag, imm, r.take(len as usize)?.to_vec()));
         }
+        let stored = check_stored(&mut r, n_stored)?;
         if !r.at_end() {
             return Err("trailing bytes".into());
         }
@@ -918,6 +966,7 @@ impl Nic {
             unexp,
             groups,
             ops,
+            stored,
         })
     }
 
@@ -954,6 +1003,10 @@ impl Nic {
             st.recv_cons = img.recv.0;
             st.posted = VecDeque::from(img.posted);
             st.mode = img.mode;
+            for &(send, slot, ref d) in &img.stored {
+                let table = if send { &mut st.stored_sends } else { &mut st.stored_recvs };
+                table.store(slot, d);
+            }
         }
         // The host's words too: it goes on from where it was.
         for (at, v) in [

@@ -5,10 +5,12 @@
 //! A descriptor is consumed only when the CQ has room for its completion, so
 //! the CQ can never overflow.
 
-use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, CQE_IMM, MR_LOCAL_READ, MR_LOCAL_WRITE};
+use emp_uapi::desc::{
+    Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, CQE_IMM, MR_LOCAL_READ, MR_LOCAL_WRITE, START_BYTES, WD_PERSIST,
+};
 use emp_uapi::ring;
 use emp_uapi::sram::{admin_result, ctl, port_state, AdminMailbox, AdminOp, RouteEntry};
-use emp_uapi::{sram::counter, Le};
+use emp_uapi::{sram::counter, DecodeError, Le};
 
 use crate::mr::Buf;
 use crate::{sram_put_u32, sram_u32, Hal, LocalDesc, Nic};
@@ -44,6 +46,15 @@ impl Completion {
             imm: None,
         }
     }
+}
+
+/// What a descriptor taken from a ring comes to.
+enum RingDesc {
+    /// Run it: a posted descriptor with its validation, or a started one
+    /// (validated when stored).
+    Run(WorkDesc, Result<Opcode, DecodeError>),
+    /// Nothing more to do: stored, or refused with a completion.
+    Done,
 }
 
 impl Nic {
@@ -119,6 +130,9 @@ impl Nic {
             st.mode = mode;
             st.addr = addr;
             st.suspended = false;
+            // Nothing stored by an earlier job in this slot runs.
+            st.stored_sends.clear();
+            st.stored_recvs.clear();
             // The trusted side zeroed the host-written words before opening.
             st.send_cons = sram_u32(hal, w.ctl(ctl::SEND_PROD));
             st.recv_cons = sram_u32(hal, w.ctl(ctl::RECV_PROD));
@@ -181,6 +195,8 @@ impl Nic {
         st.open = false;
         st.suspended = false;
         st.addr = port;
+        st.stored_sends.clear();
+        st.stored_recvs.clear();
         let w = self.layout.port(port);
         sram_put_u32(hal, w.ctl(ctl::STATE), port_state::CLOSED);
     }
@@ -268,7 +284,47 @@ impl Nic {
         }
     }
 
-    /// Copies the next descriptor out of a ring and reserves CQ room for it.
+    /// Resolves a descriptor just taken from `port`'s send (or receive)
+    /// ring: a start becomes the descriptor stored in its slot, with the
+    /// start's `wr_id`; a store is kept and its CQ reservation released.
+    /// A start of an empty slot, or a store of the other ring's kind, is
+    /// a bad descriptor.
+    fn ring_desc<H: Hal>(&mut self, hal: &mut H, port: u16, send: bool, d: &WorkDesc) -> RingDesc {
+        let own = if send { Opcode::Send } else { Opcode::Recv };
+        let v = d.validate();
+        match v {
+            Ok(Opcode::Start) => {
+                let st = &self.ports[port as usize];
+                let table = if send { &st.stored_sends } else { &st.stored_recvs };
+                match table.get(d.tag) {
+                    Some(s) => RingDesc::Run(WorkDesc { wr_id: d.wr_id, ..*s }, Ok(own)),
+                    None => {
+                        self.bad_descriptor(hal, port, &LocalDesc::new(d), Opcode::Start);
+                        RingDesc::Done
+                    }
+                }
+            }
+            Ok(op) if d.flags & WD_PERSIST != 0 => {
+                let ld = LocalDesc::new(d);
+                if op != own {
+                    self.bad_descriptor(hal, port, &ld, op);
+                    return RingDesc::Done;
+                }
+                let st = &mut self.ports[port as usize];
+                let table = if send { &mut st.stored_sends } else { &mut st.stored_recvs };
+                table.store(d.slot, d);
+                // A store reports only a failure.
+                let mut c = Completion::of(&ld, op, Status::Success);
+                c.signaled = false;
+                self.complete(hal, port, c);
+                RingDesc::Done
+            }
+            _ => RingDesc::Run(*d, v),
+        }
+    }
+
+    /// Copies the next descriptor out of a ring and reserves CQ room for
+    /// it. A start is read through its `tag` alone (`persist.rs`).
     fn take_desc<H: Hal>(&mut self, hal: &mut H, port: u16, send: bool) -> WorkDesc {
         let w = self.layout.port(port);
         let st = &mut self.ports[port as usize];
@@ -276,12 +332,23 @@ impl Nic {
         let off = if send { w.send_slot(*cons) } else { w.recv_slot(*cons) };
         *cons = cons.wrapping_add(1);
         st.outstanding += 1;
-        read_desc(hal, off)
+        let mut b = [0u8; WorkDesc::SIZE];
+        let (head, rest) = b.split_at_mut(START_BYTES);
+        hal.sram_read(off, head);
+        if head[core::mem::offset_of!(WorkDesc, opcode)] != Opcode::Start as u8 {
+            hal.sram_read(off + START_BYTES, rest);
+        }
+        WorkDesc::get(&b)
     }
 
     fn post_recv<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
+        let (d, v) = match self.ring_desc(hal, port, false, d) {
+            RingDesc::Run(d, v) => (d, v),
+            RingDesc::Done => return,
+        };
+        let d = &d;
         let ld = LocalDesc::new(d);
-        match d.validate() {
+        match v {
             Ok(Opcode::Recv) => {}
             Ok(Opcode::Probe) => return self.probe(hal, port, &ld),
             Ok(Opcode::Cancel) => return self.cancel_recv(hal, port, &ld),
@@ -308,8 +375,13 @@ impl Nic {
     /// One descriptor from the send ring, whatever its opcode: sends,
     /// collectives and atomics start here.
     fn take_send_desc<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
+        let (d, v) = match self.ring_desc(hal, port, true, d) {
+            RingDesc::Run(d, v) => (d, v),
+            RingDesc::Done => return,
+        };
+        let d = &d;
         let ld = LocalDesc::new(d);
-        match d.validate() {
+        match v {
             Ok(Opcode::Send) => {}
             Ok(op) if op.is_collective() => return self.post_coll(hal, now, port, ld, op),
             Ok(op) if op.is_atomic() => return self.post_atomic(hal, now, port, ld, op),

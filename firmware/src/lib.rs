@@ -94,6 +94,7 @@ mod image;
 mod linger;
 pub mod mcast;
 mod mr;
+mod persist;
 pub mod rbcast;
 mod rma;
 mod rx;
@@ -571,6 +572,9 @@ pub(crate) struct Port {
     /// Suspended for a context switch (C1): consumes no descriptor, starts
     /// no message, refuses new messages.
     pub suspended: bool,
+    /// Persistent descriptors of the send and receive rings (`persist.rs`).
+    pub stored_sends: persist::PersistTable,
+    pub stored_recvs: persist::PersistTable,
 }
 
 /// Peer = (local port, remote node, remote port): the unit of sequencing.
@@ -792,6 +796,8 @@ impl Nic {
                 mode: cfg.matching,
                 addr: i,
                 suspended: false,
+                stored_sends: Default::default(),
+                stored_recvs: Default::default(),
             })
             .collect();
         let nic = Nic {

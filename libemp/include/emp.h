@@ -67,6 +67,7 @@ enum emp_wc_opcode {
 	EMP_WC_RECV_RDMA_IMM = 13,  /* a receive consumed by a write with immediate data (is_recv = 1) */
 	EMP_WC_PROBE = 14,          /* since EMP_1.3; only the library's own probes */
 	EMP_WC_CANCEL = 16,         /* since EMP_1.7; only the library's own cancels */
+	EMP_WC_START = 17,          /* since EMP_1.8: a start of a persistent slot that holds nothing */
 };
 
 /* Reduction element types and operators (NIC-offloaded reduce/allreduce). */
@@ -329,6 +330,23 @@ int emp_post_recv_claimed(struct emp_device *dev, uint64_t wr_id, const struct e
  * unmatched receive: it completes as it would have; or a negative errno.
  * Waits only for the NIC's answer. */
 int emp_cancel_recv(struct emp_device *dev, uint64_t wr_id);
+
+/* Since EMP_1.8: persistent descriptors (MPI_Send_init / MPI_Recv_init /
+ * MPI_Start; EMP thesis 2.3.3). A send or receive is stored on the NIC in
+ * slot `slot` (below EMP_PERSIST_SLOTS) of its ring's table, replacing
+ * what the slot held; each start then writes 24 bytes into the ring and
+ * the NIC runs the stored descriptor with the start's wr_id, reading the
+ * buffer as it is at that moment. A store completes only when it fails
+ * (wr_id 0); starting an empty slot completes EMP_WC_BAD_DESCRIPTOR with
+ * opcode EMP_WC_START. Each returns 0, -EAGAIN when the ring is full, or a
+ * negative errno (-EINVAL for a slot out of range). */
+#define EMP_PERSIST_SLOTS 32U
+int emp_send_init(struct emp_device *dev, uint8_t slot, uint16_t node, uint16_t port, uint64_t tag,
+		  const struct emp_sge *sge, size_t n);
+int emp_recv_init(struct emp_device *dev, uint8_t slot, uint16_t node, uint16_t port, uint64_t tag,
+		  uint64_t ignore, const struct emp_sge *sge, size_t n);
+int emp_start_send(struct emp_device *dev, uint64_t wr_id, uint8_t slot);
+int emp_start_recv(struct emp_device *dev, uint64_t wr_id, uint8_t slot);
 
 /* Since EMP_1.4: port context switch (docs/context-switch.md; direct
  * attach and, with an emp.ko that has EMP_IOC_PORT_CTX, the kernel

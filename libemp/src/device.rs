@@ -373,6 +373,11 @@ impl Device {
     /// Writes `d` into the send (or receive) ring and wakes the NIC if it
     /// sleeps.
     pub(crate) fn post(&mut self, send: bool, d: &WorkDesc) -> Result<()> {
+        self.post_bytes(send, d, WorkDesc::SIZE)
+    }
+
+    /// As [`Device::post`], writing the descriptor's first `len` bytes.
+    pub(crate) fn post_bytes(&mut self, send: bool, d: &WorkDesc, len: usize) -> Result<()> {
         if self.nic_dead {
             return Err(nic_dead());
         }
@@ -380,7 +385,7 @@ impl Device {
             return Err(Error::invalid("the port is saved (context switch): restore it first"));
         }
         let ring = if send { &mut self.send } else { &mut self.recv };
-        ring.push(&self.window, d)?;
+        ring.push_bytes(&self.window, d, len)?;
         // Pairs with the NIC's fence before it sleeps: either it sees our
         // index, or we see that it sleeps and ring the doorbell.
         fence(Ordering::SeqCst);
@@ -388,7 +393,14 @@ impl Device {
         Ok(())
     }
 
-    fn desc(opcode: Opcode, wr_id: u64, ep: Endpoint, tag: u64, ignore: u64, sges: &[Sge]) -> Result<WorkDesc> {
+    pub(crate) fn desc(
+        opcode: Opcode,
+        wr_id: u64,
+        ep: Endpoint,
+        tag: u64,
+        ignore: u64,
+        sges: &[Sge],
+    ) -> Result<WorkDesc> {
         if sges.len() > SGE_MAX {
             return Err(Error::TooManySges);
         }

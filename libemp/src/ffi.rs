@@ -707,6 +707,92 @@ pub unsafe extern "C" fn emp_cancel_recv(dev: *mut EmpDevice, wr_id: u64) -> c_i
     }
 }
 
+/// Stores a send in persistent send slot `slot` (since EMP_1.8); 0,
+/// -EAGAIN when the ring is full, or a negative errno.
+///
+/// # Safety
+/// `dev` is open; `sge` points to `n` entries.
+#[no_mangle]
+pub unsafe extern "C" fn emp_send_init(
+    dev: *mut EmpDevice,
+    slot: u8,
+    node: u16,
+    port: u16,
+    tag: u64,
+    sge: *const Sge,
+    n: usize,
+) -> c_int {
+    if dev.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: the caller passes a live device and `n` readable SGEs.
+    let (d, s) = unsafe { (&mut (*dev).0, sges(sge, n)) };
+    match d.send_init(slot, Endpoint { node, port }, tag, s) {
+        Ok(()) => 0,
+        Err(e) => errno(&e),
+    }
+}
+
+/// Stores a receive in persistent receive slot `slot` (since EMP_1.8);
+/// as `emp_send_init`.
+///
+/// # Safety
+/// `dev` is open; `sge` points to `n` entries.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn emp_recv_init(
+    dev: *mut EmpDevice,
+    slot: u8,
+    node: u16,
+    port: u16,
+    tag: u64,
+    ignore: u64,
+    sge: *const Sge,
+    n: usize,
+) -> c_int {
+    if dev.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: the caller passes a live device and `n` readable SGEs.
+    let (d, s) = unsafe { (&mut (*dev).0, sges(sge, n)) };
+    match d.recv_init(slot, Endpoint { node, port }, tag, ignore, s) {
+        Ok(()) => 0,
+        Err(e) => errno(&e),
+    }
+}
+
+/// Starts persistent send slot `slot` with `wr_id` (since EMP_1.8).
+///
+/// # Safety
+/// `dev` is open.
+#[no_mangle]
+pub unsafe extern "C" fn emp_start_send(dev: *mut EmpDevice, wr_id: u64, slot: u8) -> c_int {
+    if dev.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: the caller passes a live device.
+    match unsafe { &mut (*dev).0 }.start_send(wr_id, slot) {
+        Ok(()) => 0,
+        Err(e) => errno(&e),
+    }
+}
+
+/// Starts persistent receive slot `slot` with `wr_id` (since EMP_1.8).
+///
+/// # Safety
+/// `dev` is open.
+#[no_mangle]
+pub unsafe extern "C" fn emp_start_recv(dev: *mut EmpDevice, wr_id: u64, slot: u8) -> c_int {
+    if dev.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: the caller passes a live device.
+    match unsafe { &mut (*dev).0 }.start_recv(wr_id, slot) {
+        Ok(()) => 0,
+        Err(e) => errno(&e),
+    }
+}
+
 /// Completions taken per `emp_poll_cq` / `emp_wait_cq` call at most.
 const WC_BATCH: usize = 64;
 

@@ -26,6 +26,7 @@ pub mod group;
 pub mod host_atomics;
 mod map;
 pub mod mcs;
+mod persist;
 mod pmix;
 mod probe;
 pub mod rdv;
@@ -48,6 +49,7 @@ pub use emp_uapi::coll::{BarrierAlgo, Dtype, RbcastAlgo, ReduceOp};
 pub use emp_uapi::desc::RemoteSge;
 pub use emp_uapi::desc::{
     Opcode, Sge, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_ATOMIC, MR_REMOTE_READ, MR_REMOTE_WRITE,
+    PERSIST_SLOTS,
 };
 pub use emp_uapi::{ANY_NODE, ANY_PORT};
 pub use group::{CostModel, Group, GroupOpts, RBCAST_THRESHOLD_DEFAULT};

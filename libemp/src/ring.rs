@@ -64,7 +64,10 @@ impl WorkRing {
 
     /// Writes `d` into the next free slot and publishes it to the NIC.
     /// [`Error::RingFull`] when the NIC has not consumed enough yet.
-    pub(crate) fn push(&mut self, window: &Window, d: &WorkDesc) -> Result<()> {
+    /// Only the descriptor's first `len` bytes are written (a start's
+    /// [`emp_uapi::desc::START_BYTES`]: the NIC reads no more of it).
+    pub(crate) fn push_bytes(&mut self, window: &Window, d: &WorkDesc, len: usize) -> Result<()> {
+        debug_assert!(len <= WorkDesc::SIZE);
         let (entries, cons_word, prod_word, slot) = match self.kind {
             RingKind::Send => {
                 (self.layout.send_entries, ctl::SEND_CONS, ctl::SEND_PROD, self.layout.send_slot(self.prod))
@@ -83,7 +86,7 @@ impl WorkRing {
         assert!(slot + WorkDesc::SIZE <= window.0.len(), "ring slot outside the window");
         // SAFETY: the slot lies inside the window (checked above), and the
         // NIC does not read it until the index below publishes it.
-        unsafe { core::ptr::copy_nonoverlapping(b.as_ptr(), window.0.ptr().add(slot), WorkDesc::SIZE) };
+        unsafe { core::ptr::copy_nonoverlapping(b.as_ptr(), window.0.ptr().add(slot), len.min(WorkDesc::SIZE)) };
         self.prod = self.prod.wrapping_add(1);
         // Release: the descriptor is visible before the index that
         // publishes it.

@@ -144,6 +144,7 @@ fn constants() -> BTreeMap<String, u64> {
         Opcode::RecvRdmaImm,
         Opcode::Probe,
         Opcode::Cancel,
+        Opcode::Start,
     ] {
         m.insert(format!("EMP_WC_{}", upper_snake(&format!("{op:?}"))), op as u64);
     }
@@ -162,6 +163,7 @@ fn constants() -> BTreeMap<String, u64> {
         m.insert(c.into(), algo as u64);
     }
     m.insert("EMP_WC_WITH_IMM".into(), emp::ffi::EMP_WC_WITH_IMM as u64);
+    m.insert("EMP_PERSIST_SLOTS".into(), emp::PERSIST_SLOTS as u64);
     m
 }
 
@@ -383,7 +385,8 @@ fn run(cmd: &mut Command) -> String {
 // ---------------------------------------------------------------------------
 
 /// The versions of the C ABI, oldest first: the nodes of `libemp.map`.
-const ABI_VERSIONS: &[&str] = &["EMP_1.0", "EMP_1.1", "EMP_1.2", "EMP_1.3", "EMP_1.4", "EMP_1.5", "EMP_1.6", "EMP_1.7"];
+const ABI_VERSIONS: &[&str] =
+    &["EMP_1.0", "EMP_1.1", "EMP_1.2", "EMP_1.3", "EMP_1.4", "EMP_1.5", "EMP_1.6", "EMP_1.7", "EMP_1.8"];
 
 /// The staticlib built with this test: in `deps/` next to it, as
 /// `libemp-<metadata hash>.a` (the copy one level up is refreshed only by

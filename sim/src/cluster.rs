@@ -405,6 +405,29 @@ impl Cluster {
         self.post(n, d, send, 0)
     }
 
+    /// Stores `d` in persistent slot `slot` of `node`'s send (or receive)
+    /// ring table (`WD_PERSIST`): it runs at each [`Cluster::start`]. A
+    /// receive's buffer is registered under the starts' wr_ids.
+    pub fn store(&mut self, n: u16, slot: u8, mut d: WorkDesc, send: bool) {
+        d.flags |= emp_uapi::desc::WD_PERSIST;
+        d.slot = slot;
+        self.post_desc(n, d, send);
+    }
+
+    /// Starts persistent slot `slot` of `node`'s send (or receive) ring;
+    /// returns the start's wr_id. The slot's bytes past the start's `tag`
+    /// are left as garbage: the NIC must not read them. A started receive
+    /// delivers into (`off`, `len`) of the data region (as stored).
+    pub fn start(&mut self, n: u16, slot: u8, send: bool, off: u64, len: u64) -> u64 {
+        let wr = self.bufs.len() as u64;
+        self.bufs.push((n, off, len));
+        let mut d = WorkDesc { wr_id: wr, opcode: Opcode::Start as u8, tag: slot as u64, ..Default::default() };
+        d.ignore = 0xDEAD_BEEF_0BAD_F00D;
+        d.sge[0] = emp_uapi::desc::Sge { key: 0xFFFF_FFFF, len: 7, offset: u64::MAX };
+        self.post_desc(n, d, send);
+        wr
+    }
+
     /// The data region key of `node`'s port 0.
     pub fn data_key(&self, n: u16) -> u32 {
         self.ports[n as usize].data.key
@@ -539,6 +562,14 @@ impl Cluster {
         let mut out = vec![0u8; len];
         self.ports[n as usize].data.read(&self.world.nodes[n as usize].mem, off, &mut out);
         out
+    }
+
+    /// Writes `data` at `off` of `node`'s data region (the host filling a
+    /// buffer a stored send reads).
+    pub fn write_data(&mut self, n: u16, off: u64, data: &[u8]) {
+        assert!(off + data.len() as u64 <= self.region, "beyond the data region");
+        let node = &mut self.world.nodes[n as usize];
+        self.ports[n as usize].data.write(&mut node.mem, off, data);
     }
 
     fn drain(&mut self, n: u16) {

@@ -52,6 +52,16 @@ fn bench_rate_json_has_the_nic_cpu_per_message() {
     let num: String = doc[at..].chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
     let acks: f64 = num.parse().unwrap_or_else(|_| panic!("{field} is not a number in {doc}"));
     assert!(acks > 0.0 && acks < 0.75, "{acks} ACK frames per message in {doc}");
+    // The same windows as persistent descriptors: each message a start.
+    let out = emp()
+        .args(["bench", "rate", "--json", "--persistent", "--sizes", "8,4096", "--iters", "10", "--no-tcp"])
+        .output()
+        .expect("run emp bench");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "emp bench rate --persistent failed:\n{stdout}{stderr}");
+    for key in ["\"descriptors\":\"persistent\"", "{\"size\":4096,\"messages\":640,"] {
+        assert!(stdout.contains(key), "missing {key} in {stdout}");
+    }
     let bad = emp().args(["bench", "rate", "--window", "0"]).output().expect("run emp bench");
     assert!(!bad.status.success(), "--window 0 accepted");
     let misplaced = emp().args(["bench", "bw", "--pairs", "2"]).output().expect("run emp bench");

@@ -283,6 +283,7 @@ struct emp_atomic_result {
 #define EMP_OP_PROBE 14U /* receive ring: peek (or claim) an unexpected message; no SGEs */
 #define EMP_OP_RBCAST 15U /* reliable broadcast over multicast; tag = EMP_RBCAST_TAG() */
 #define EMP_OP_CANCEL 16U /* receive ring: take back the posted receive whose wr_id is tag */
+#define EMP_OP_START 17U  /* run the persistent descriptor in slot tag of this ring's table */
 /* Reliable broadcast algorithm (EMP_OP_RBCAST tag): co-roots (16 bits: the low
  * byte, then the high byte at bit 24), ACK every M, window, and the NAK bit. */
 #define EMP_RBCAST_TAG_NAK (1ULL << 32)
@@ -295,7 +296,10 @@ struct emp_atomic_result {
 #define EMP_WD_SIGNALED (1U << 0)
 #define EMP_WD_IMM (1U << 1) /* RDMA_WRITE: tag is immediate data; SEND: ignore (32 bits) is */
 #define EMP_WD_CLAIM (1U << 2) /* PROBE: claim it; RECV: take the claimed message tag names */
-#define EMP_WD_FLAGS_ALL (EMP_WD_SIGNALED | EMP_WD_IMM | EMP_WD_CLAIM)
+#define EMP_WD_PERSIST (1U << 3) /* SEND/RECV: store in persistent slot `slot`, do not run */
+#define EMP_WD_FLAGS_ALL (EMP_WD_SIGNALED | EMP_WD_IMM | EMP_WD_CLAIM | EMP_WD_PERSIST)
+#define EMP_PERSIST_SLOTS 32U /* per ring and port */
+#define EMP_START_BYTES 24U   /* an EMP_OP_START is read through its tag */
 
 /* Completion status codes (emp_cqe.status). */
 #define EMP_STATUS_SUCCESS 0U
@@ -366,7 +370,7 @@ struct emp_work_desc {
 	uint8_t opcode;    /* EMP_OP_* */
 	uint8_t flags;     /* EMP_WD_* */
 	uint8_t num_sge;
-	uint8_t reserved0; /* zero */
+	uint8_t slot; /* EMP_WD_PERSIST: persistent slot; else zero */
 	uint16_t node;     /* send: destination; recv: source or EMP_ANY_NODE */
 	uint16_t port;     /* send: destination; recv: source or EMP_ANY_PORT */
 	uint64_t tag;

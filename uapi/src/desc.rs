@@ -81,6 +81,16 @@ pub enum Opcode {
     /// SGEs; `node`, `port` and `ignore` are 0. Through the receive ring,
     /// so it comes after every receive posted before it.
     Cancel = 16,
+    /// Start a persistent descriptor (EMP thesis §2.3.3, MPI_Start): the
+    /// send (on the send ring) or receive (on the receive ring) this port
+    /// stored with [`WD_PERSIST`] in slot `tag` of that ring's table runs
+    /// as if posted now, with this descriptor's `wr_id`; its completion
+    /// reports the stored opcode. The NIC reads only the slot's first
+    /// [`START_BYTES`] (`wr_id`, `opcode`, `flags` = 0, `num_sge` = 0,
+    /// `slot` = 0, `node` = 0, `port` = 0, `tag`): a re-post writes 24
+    /// bytes, the NIC decodes and validates nothing else. An empty slot
+    /// completes [`Status::BadDescriptor`].
+    Start = 17,
 }
 
 impl Opcode {
@@ -103,6 +113,7 @@ impl Opcode {
             14 => Some(Opcode::Probe),
             15 => Some(Opcode::Rbcast),
             16 => Some(Opcode::Cancel),
+            17 => Some(Opcode::Start),
             _ => None,
         }
     }
@@ -140,8 +151,18 @@ pub const WD_IMM: u8 = 1 << 1;
 /// take the claimed message whose handle is `tag` (`node`, `port` and
 /// `ignore` zero).
 pub const WD_CLAIM: u8 = 1 << 2;
+/// Descriptor flag: on a send or receive, store it in slot `slot` of its
+/// ring's persistent table (replacing what was there) instead of running
+/// it; [`Opcode::Start`] runs it, as often as the host likes. A store
+/// reports only a failure; the stored `WD_SIGNALED` applies to each start.
+/// Not with [`WD_CLAIM`].
+pub const WD_PERSIST: u8 = 1 << 3;
 /// All defined descriptor flags.
-pub const WD_FLAGS_ALL: u8 = WD_SIGNALED | WD_IMM | WD_CLAIM;
+pub const WD_FLAGS_ALL: u8 = WD_SIGNALED | WD_IMM | WD_CLAIM | WD_PERSIST;
+/// Slots of each ring's persistent table, per port.
+pub const PERSIST_SLOTS: usize = 32;
+/// Bytes of a ring slot an [`Opcode::Start`] is read from (through `tag`).
+pub const START_BYTES: usize = 24;
 
 le_struct! {
     /// One scatter/gather element: `len` bytes at `offset` within the memory
@@ -199,8 +220,9 @@ le_struct! {
         pub flags: u8,
         /// Valid entries in `sge`.
         pub num_sge: u8,
-        /// Reserved, zero.
-        pub reserved0: u8,
+        /// With [`WD_PERSIST`], the persistent slot it is stored in (below
+        /// [`PERSIST_SLOTS`]); else zero.
+        pub slot: u8,
         /// Send: destination node. Receive: source node or [`ANY_NODE`].
         pub node: u16,
         /// Send: destination port. Receive: source port or [`ANY_PORT`].
@@ -221,7 +243,7 @@ impl WorkDesc {
     /// what can be checked without the MR table.
     pub fn validate(&self) -> Result<Opcode, DecodeError> {
         let op = Opcode::from_u8(self.opcode).ok_or(DecodeError::BadKind)?;
-        if self.reserved0 != 0 {
+        if self.flags & WD_PERSIST == 0 && self.slot != 0 {
             return Err(DecodeError::ReservedNotZero);
         }
         if self.flags & !WD_FLAGS_ALL != 0 {
@@ -235,6 +257,13 @@ impl WorkDesc {
         }
         if self.flags & WD_CLAIM != 0 && !matches!(op, Opcode::Probe | Opcode::Recv) {
             return Err(DecodeError::ReservedNotZero);
+        }
+        if self.flags & WD_PERSIST != 0
+            && (!matches!(op, Opcode::Send | Opcode::Recv)
+                || self.flags & WD_CLAIM != 0
+                || self.slot as usize >= PERSIST_SLOTS)
+        {
+            return Err(DecodeError::BadIndex);
         }
         if op == Opcode::Recv
             && self.flags & WD_CLAIM != 0
@@ -262,6 +291,14 @@ impl WorkDesc {
         Ok(op)
     }
 
+    /// A start read from the first [`START_BYTES`] of a ring slot: the
+    /// rest of the slot (what an earlier descriptor left) is not its.
+    pub fn from_start_head(head: &[u8; START_BYTES]) -> WorkDesc {
+        let mut b = [0u8; WorkDesc::SIZE];
+        b[..START_BYTES].copy_from_slice(head);
+        WorkDesc::get(&b)
+    }
+
     /// The SGEs that name this port's memory (all of them, but the last
     /// of a remote-access descriptor).
     pub fn local_sges(&self) -> &[Sge] {
@@ -284,6 +321,14 @@ impl WorkDesc {
             Opcode::Send | Opcode::Recv => true,
             Opcode::Probe => n == 0,
             Opcode::Cancel => n == 0 && self.node == 0 && self.port == 0 && self.ignore == 0,
+            Opcode::Start => {
+                n == 0
+                    && self.flags == 0
+                    && self.node == 0
+                    && self.port == 0
+                    && self.ignore == 0
+                    && self.tag < PERSIST_SLOTS as u64
+            }
             Opcode::MultiSend => {
                 (self.port as usize) < GROUP_MEMBERS_MAX.div_ceil(crate::coll::MULTISEND_WINDOW) && self.ignore != 0
             }
@@ -517,6 +562,9 @@ le_struct! {
     }
     size = 40;
 }
+
+// A start is everything up to its `tag`.
+const _: () = assert!(START_BYTES == core::mem::offset_of!(WorkDesc, ignore));
 
 /// Byte offset of `Cqe::flags`: the entry's last byte, written last.
 pub const CQE_FLAGS_OFFSET: usize = core::mem::offset_of!(Cqe, flags);

@@ -219,7 +219,7 @@ fn structs() -> Vec<StructDesc> {
         ),
         st!("emp_sge", Sge { key, len, offset }),
         st!("emp_remote_sge", RemoteSge { key, secret, offset }),
-        st!("emp_work_desc", WorkDesc { wr_id, opcode, flags, num_sge, reserved0, node, port, tag, ignore, sge }),
+        st!("emp_work_desc", WorkDesc { wr_id, opcode, flags, num_sge, slot, node, port, tag, ignore, sge }),
         st!(
             "emp_cqe",
             Cqe { wr_id, tag, byte_len, msg_len, imm, reserved1, src_node, src_port, status, opcode, reserved, flags }
@@ -494,10 +494,14 @@ fn constants() -> Vec<ConstDesc> {
         EMP_OP_PROBE = Opcode::Probe as u8,
         EMP_OP_RBCAST = Opcode::Rbcast as u8,
         EMP_OP_CANCEL = Opcode::Cancel as u8,
+        EMP_OP_START = Opcode::Start as u8,
         EMP_WD_SIGNALED = desc::WD_SIGNALED,
         EMP_WD_IMM = desc::WD_IMM,
         EMP_WD_CLAIM = desc::WD_CLAIM,
         EMP_WD_FLAGS_ALL = desc::WD_FLAGS_ALL,
+        EMP_WD_PERSIST = desc::WD_PERSIST,
+        EMP_PERSIST_SLOTS = desc::PERSIST_SLOTS,
+        EMP_START_BYTES = desc::START_BYTES,
         EMP_STATUS_SUCCESS = Status::Success as u8,
         EMP_STATUS_TRUNCATED = Status::Truncated as u8,
         EMP_STATUS_REMOTE_PORT_CLOSED = Status::RemotePortClosed as u8,

@@ -386,7 +386,7 @@ fn wire_and_desc_enums_round_trip() {
             assert_eq!(r as u8, v);
         }
     }
-    assert_eq!(n_ops, 16);
+    assert_eq!(n_ops, 17);
     assert_eq!((0..=255u8).filter_map(FrameKind::from_u8).count(), 8);
     assert_eq!((0..=255u8).filter_map(NackReason::from_u8).count(), 9);
     for v in 0..64u32 {

@@ -103,7 +103,7 @@ arb_struct!(arb_work_desc -> WorkDesc {
     opcode: any::<u8>(),
     flags: any::<u8>(),
     num_sge: any::<u8>(),
-    reserved0: any::<u8>(),
+    slot: any::<u8>(),
     node: any::<u16>(),
     port: any::<u16>(),
     tag: any::<u64>(),
@@ -1024,11 +1024,11 @@ fn plausible_work_desc() -> impl Strategy<Value = WorkDesc> {
         prop_oneof![8 => Just(true), 1 => Just(false)],
         prop_oneof![8 => Just(true), 1 => Just(false)],
     )
-        .prop_map(|(mut d, opcode, flags, num_sge, reserved0, node, port, ignore, clean_tail, small_offsets)| {
+        .prop_map(|(mut d, opcode, flags, num_sge, slot, node, port, ignore, clean_tail, small_offsets)| {
             d.opcode = opcode;
             d.flags = flags;
             d.num_sge = num_sge;
-            d.reserved0 = reserved0;
+            d.slot = slot;
             d.node = node;
             d.port = port;
             d.ignore = if opcode == Opcode::Send as u8 && ignore != 0 && clean_tail { 0 } else { ignore };
@@ -1059,8 +1059,8 @@ fn next(x: &mut u64) -> u64 {
 fn shape_operands(d: &mut WorkDesc, seed: u64) {
     let mut x = seed | 1;
     let op = Opcode::from_u8(d.opcode).unwrap();
-    d.reserved0 = 0;
-    d.flags &= WD_FLAGS_ALL & !WD_IMM; // a remote write's own choice, below
+    d.slot = 0;
+    d.flags &= WD_FLAGS_ALL & !WD_IMM & !WD_PERSIST; // a remote write's own choice, below
     if op != Opcode::Probe {
         d.flags &= !WD_CLAIM; // a probe's own choice
     }
@@ -1141,6 +1141,16 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
             (d.node, d.port, d.ignore) = (0, 0, 0);
             n = 0;
         }
+        Opcode::Start => {
+            (d.node, d.port, d.ignore, d.flags) = (0, 0, 0, 0);
+            d.tag %= PERSIST_SLOTS as u64;
+            n = 0;
+        }
+    }
+    // Now and then a send or receive stored in a persistent slot.
+    if matches!(op, Opcode::Send | Opcode::Recv) && d.flags & WD_CLAIM == 0 && next(&mut x).is_multiple_of(4) {
+        d.flags |= WD_PERSIST;
+        d.slot = (next(&mut x) % PERSIST_SLOTS as u64) as u8;
     }
     d.num_sge = n as u8;
     for s in d.sge.iter_mut().skip(n) {
@@ -1150,11 +1160,12 @@ fn shape_operands(d: &mut WorkDesc, seed: u64) {
 
 /// Descriptors of every opcode a host may post (RECV_RDMA_IMM is a completion only), shaped to be valid.
 fn shaped_work_desc() -> impl Strategy<Value = WorkDesc> {
-    (arb_work_desc(), 1u8..=15, any::<u64>()).prop_map(|(mut d, opcode, seed)| {
+    (arb_work_desc(), 1u8..=16, any::<u64>()).prop_map(|(mut d, opcode, seed)| {
         d.opcode = match opcode {
             13 => Opcode::Probe as u8,
             14 => Opcode::Rbcast as u8,
             15 => Opcode::Cancel as u8,
+            16 => Opcode::Start as u8,
             o => o,
         };
         shape_operands(&mut d, seed);
@@ -1182,6 +1193,8 @@ fn plausible_operand_work_desc() -> impl Strategy<Value = WorkDesc> {
             12 => d.sge[1].offset += 1 + small % 7,
             13 => d.sge[0].len = small as u32 % 9,
             14 => d.num_sge = (small % 7) as u8,
+            16 => d.slot = small as u8,
+            17 => d.flags ^= WD_PERSIST,
             15 => {
                 // A reduce tag with another dtype / operator / tree byte.
                 let shift = 8 * (v % 3);
@@ -1196,7 +1209,8 @@ fn plausible_operand_work_desc() -> impl Strategy<Value = WorkDesc> {
 /// `validate` accepts exactly what its documentation says.
 fn work_desc_spec(d: &WorkDesc) -> Result<Opcode, DecodeError> {
     let op = Opcode::from_u8(d.opcode).ok_or(DecodeError::BadKind)?;
-    if d.reserved0 != 0 || d.flags & !WD_FLAGS_ALL != 0 {
+    // The slot is a stored descriptor's alone.
+    if (d.flags & WD_PERSIST == 0 && d.slot != 0) || d.flags & !WD_FLAGS_ALL != 0 {
         return Err(DecodeError::ReservedNotZero);
     }
     if d.num_sge as usize > SGE_MAX {
@@ -1208,6 +1222,12 @@ fn work_desc_spec(d: &WorkDesc) -> Result<Opcode, DecodeError> {
     // Claiming: a probe's choice; a receive's names a handle (32 bits) alone.
     if d.flags & WD_CLAIM != 0 && op != Opcode::Probe && op != Opcode::Recv {
         return Err(DecodeError::ReservedNotZero);
+    }
+    // Stored: a send or receive, not claimed, in one of 32 slots.
+    if d.flags & WD_PERSIST != 0
+        && (!matches!(op, Opcode::Send | Opcode::Recv) || d.flags & WD_CLAIM != 0 || d.slot >= 32)
+    {
+        return Err(DecodeError::BadIndex);
     }
     if op == Opcode::Recv && d.flags & WD_CLAIM != 0 && (d.node | d.port != 0 || d.ignore != 0 || d.tag >> 32 != 0) {
         return Err(DecodeError::BadIndex);
@@ -1246,6 +1266,8 @@ fn operands_spec(d: &WorkDesc, op: Opcode) -> bool {
         Opcode::Probe => n == 0,
         // The receive's wr_id in tag; nothing else.
         Opcode::Cancel => n == 0 && d.node == 0 && d.port == 0 && d.ignore == 0,
+        // A slot index below 32 in tag; nothing else, no flag.
+        Opcode::Start => n == 0 && d.flags == 0 && d.node == 0 && d.port == 0 && d.ignore == 0 && d.tag < 32,
         // A rank window below 1024 / 64, a nonzero rank mask.
         Opcode::MultiSend => (d.port as u64) < members / 64 && d.ignore != 0,
         // root rank, tree index, no ignore.

@@ -106,6 +106,10 @@ pub struct BenchArgs {
     /// Skip the TCP comparison.
     #[arg(long)]
     pub no_tcp: bool,
+    /// rate: post the windows' sends and receives as persistent
+    /// descriptors (stored once per size, each then a 24-byte start).
+    #[arg(long)]
+    pub persistent: bool,
     /// Wait for completions by blocking on the port's event (arm + eventfd)
     /// instead of polling: what ranks should do when they outnumber cores
     /// (e.g. guests under TCG sharing the host's CPUs with the NIC).
@@ -230,6 +234,9 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
     }
     if a.kind != Kind::Rate && (a.pairs.is_some() || (a.window.is_some() && a.kind != Kind::Ctxsw)) {
         return Err("--pairs and --window are options of `emp bench rate` (ctxsw: --window, the messages held)".into());
+    }
+    if a.persistent && a.kind != Kind::Rate {
+        return Err("--persistent is an option of `emp bench rate`".into());
     }
     if a.window == Some(0) {
         return Err("--window 0: at least 1 message per window".into());
@@ -520,6 +527,9 @@ fn rank_argv(a: &BenchArgs, ranks: usize) -> Result<Vec<String>, String> {
     }
     if a.blocking {
         argv.push("--blocking".into());
+    }
+    if a.persistent {
+        argv.push("--persistent".into());
     }
     if let Some(w) = a.window {
         argv.push(format!("--window={w}"));

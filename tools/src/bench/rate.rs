@@ -127,7 +127,12 @@ struct Emp {
     sends: usize,
     recvs: usize,
     hss: usize,
+    /// The window's messages are starts of persistent slot 0 (stored per size).
+    persistent: bool,
 }
+
+/// The persistent slot (send and receive) a window's messages start.
+const SLOT: u8 = 0;
 
 impl Emp {
     fn poll(&mut self) -> Result<(), String> {
@@ -159,10 +164,22 @@ impl Emp {
         Ok(())
     }
 
+    /// Stores this size's send and receive in the persistent slots.
+    fn store(&mut self, tag: u64, len: usize) -> Result<(), String> {
+        let sge = [self.buf.span().sge(0, len)];
+        self.dev.send_init(SLOT, self.peer, tag, &sge).map_err(err)?;
+        self.dev.recv_init(SLOT, self.peer, tag, 0, &sge).map_err(err)
+    }
+
     fn send(&mut self, tag: u64, len: usize, hs: bool) -> Result<(), String> {
         let span = if hs { self.hs.span() } else { self.buf.span() };
         loop {
-            match self.dev.post_send(0, self.peer, tag, &[span.sge(0, len)]) {
+            let posted = if self.persistent && !hs {
+                self.dev.start_send(0, SLOT)
+            } else {
+                self.dev.post_send(0, self.peer, tag, &[span.sge(0, len)])
+            };
+            match posted {
                 Ok(()) => return Ok(()),
                 Err(emp::Error::RingFull) => self.poll()?,
                 Err(e) => return Err(err(e)),
@@ -173,7 +190,12 @@ impl Emp {
     fn recv(&mut self, tag: u64, len: usize, hs: bool) -> Result<(), String> {
         let span = if hs { self.hs.span() } else { self.buf.span() };
         loop {
-            match self.dev.post_recv(1, self.peer, tag, 0, &[span.sge(0, len)]) {
+            let posted = if self.persistent && !hs {
+                self.dev.start_recv(1, SLOT)
+            } else {
+                self.dev.post_recv(1, self.peer, tag, 0, &[span.sge(0, len)])
+            };
+            match posted {
                 Ok(()) => return Ok(()),
                 Err(emp::Error::RingFull) => self.poll()?,
                 Err(e) => return Err(err(e)),
@@ -340,8 +362,19 @@ pub(super) fn rank(a: &BenchArgs, job: &Job) -> Result<(), String> {
     let peer = eps[job.rank ^ 1];
     let (buf, hs) = (dev.alloc(max).map_err(err)?, dev.alloc(64).map_err(err)?);
     let waiter = Waiter::blocking(a.blocking, STALL);
-    let mut emp =
-        Emp { dev, peer, sender, buf, hs, waiter, cqes: [Completion::default(); 64], sends: 0, recvs: 0, hss: 0 };
+    let mut emp = Emp {
+        dev,
+        peer,
+        sender,
+        buf,
+        hs,
+        waiter,
+        cqes: [Completion::default(); 64],
+        sends: 0,
+        recvs: 0,
+        hss: 0,
+        persistent: a.persistent,
+    };
     let mut tcp = if a.no_tcp { None } else { Some(tcp_pair(job, sender, max)?) };
     let pids = &a.nicd_pids;
     if job.rank == 0 && nic_cpu(pids).is_none() {
@@ -352,6 +385,9 @@ pub(super) fn rank(a: &BenchArgs, job: &Job) -> Result<(), String> {
         let (windows, warm) = windows_for(size, a.iters);
         let msgs = (pairs * window * windows) as u64;
         let tag = (i as u64 + 1) << 40;
+        if a.persistent {
+            emp.store(tag, size)?;
+        }
         if sender {
             emp.recv(tag | HS, 4, true)?;
         }
@@ -414,7 +450,10 @@ fn print_header(a: &BenchArgs, pairs: usize, window: usize) {
         .emp_path
         .clone()
         .unwrap_or_else(|| format!("EMP through {}", std::env::var("EMP_DEVICE").unwrap_or_default()));
-    println!("# EMP message rate, {pairs} pair(s), windows of {window}; {emp_path} vs TCP over loopback, same run");
+    let how = if a.persistent { "persistent descriptors (24-byte starts)" } else { "posted descriptors" };
+    println!(
+        "# EMP message rate, {pairs} pair(s), windows of {window}, {how}; {emp_path} vs TCP over loopback, same run"
+    );
     println!(
         "# NIC µs/msg: the emulated NICs' CPU threads' time per message (engine + nic-cpu*; sender, receiver, ACKs)"
     );
@@ -495,6 +534,7 @@ fn json(a: &BenchArgs, pairs: usize, window: usize, rows: &[Row]) -> Json {
         ("unit", Json::str("msg/s")),
         ("pairs", Json::Int(pairs as u64)),
         ("window", Json::Int(window as u64)),
+        ("descriptors", Json::str(if a.persistent { "persistent" } else { "posted" })),
         ("emp_path", Json::str(a.emp_path.as_deref().unwrap_or(""))),
         ("tcp_path", if a.no_tcp { Json::Null } else { Json::str("TCP over loopback") }),
         ("rows", Json::Arr(rows)),
