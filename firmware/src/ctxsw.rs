@@ -757,8 +757,7 @@ impl Nic {
         self.free_peers_of(port);
         let st = &mut self.ports[port as usize];
         st.posted.clear();
-        st.stored_sends.clear();
-        st.stored_recvs.clear();
+        st.forget_stored();
         st.outstanding = 0;
         st.open = false;
         st.suspended = false;
@@ -1004,8 +1003,7 @@ impl Nic {
             st.posted = VecDeque::from(img.posted);
             st.mode = img.mode;
             for &(send, slot, ref d) in &img.stored {
-                let table = if send { &mut st.stored_sends } else { &mut st.stored_recvs };
-                table.store(slot, d);
+                st.stored_mut(send).store(slot, d);
             }
         }
         // The host's words too: it goes on from where it was.

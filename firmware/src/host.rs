@@ -131,8 +131,7 @@ impl Nic {
             st.addr = addr;
             st.suspended = false;
             // Nothing stored by an earlier job in this slot runs.
-            st.stored_sends.clear();
-            st.stored_recvs.clear();
+            st.forget_stored();
             // The trusted side zeroed the host-written words before opening.
             st.send_cons = sram_u32(hal, w.ctl(ctl::SEND_PROD));
             st.recv_cons = sram_u32(hal, w.ctl(ctl::RECV_PROD));
@@ -195,8 +194,7 @@ impl Nic {
         st.open = false;
         st.suspended = false;
         st.addr = port;
-        st.stored_sends.clear();
-        st.stored_recvs.clear();
+        st.forget_stored();
         let w = self.layout.port(port);
         sram_put_u32(hal, w.ctl(ctl::STATE), port_state::CLOSED);
     }
@@ -293,26 +291,20 @@ impl Nic {
         let own = if send { Opcode::Send } else { Opcode::Recv };
         let v = d.validate();
         match v {
-            Ok(Opcode::Start) => {
-                let st = &self.ports[port as usize];
-                let table = if send { &st.stored_sends } else { &st.stored_recvs };
-                match table.get(d.tag) {
-                    Some(s) => RingDesc::Run(WorkDesc { wr_id: d.wr_id, ..*s }, Ok(own)),
-                    None => {
-                        self.bad_descriptor(hal, port, &LocalDesc::new(d), Opcode::Start);
-                        RingDesc::Done
-                    }
+            Ok(Opcode::Start) => match self.ports[port as usize].stored_mut(send).get(d.tag) {
+                Some(s) => RingDesc::Run(WorkDesc { wr_id: d.wr_id, ..*s }, Ok(own)),
+                None => {
+                    self.bad_descriptor(hal, port, &LocalDesc::new(d), Opcode::Start);
+                    RingDesc::Done
                 }
-            }
+            },
             Ok(op) if d.flags & WD_PERSIST != 0 => {
                 let ld = LocalDesc::new(d);
                 if op != own {
                     self.bad_descriptor(hal, port, &ld, op);
                     return RingDesc::Done;
                 }
-                let st = &mut self.ports[port as usize];
-                let table = if send { &mut st.stored_sends } else { &mut st.stored_recvs };
-                table.store(d.slot, d);
+                self.ports[port as usize].stored_mut(send).store(d.slot, d);
                 // A store reports only a failure.
                 let mut c = Completion::of(&ld, op, Status::Success);
                 c.signaled = false;

@@ -577,6 +577,23 @@ pub(crate) struct Port {
     pub stored_recvs: persist::PersistTable,
 }
 
+impl Port {
+    /// The persistent descriptors of the send (or receive) ring.
+    pub(crate) fn stored_mut(&mut self, send: bool) -> &mut persist::PersistTable {
+        if send {
+            &mut self.stored_sends
+        } else {
+            &mut self.stored_recvs
+        }
+    }
+
+    /// Forgets both rings' persistent descriptors (the port's job left).
+    pub(crate) fn forget_stored(&mut self) {
+        self.stored_sends.clear();
+        self.stored_recvs.clear();
+    }
+}
+
 /// Peer = (local port, remote node, remote port): the unit of sequencing.
 #[derive(Debug)]
 pub(crate) struct Peer {

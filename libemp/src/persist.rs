@@ -14,11 +14,17 @@ use emp_uapi::desc::{Opcode, Sge, WorkDesc, PERSIST_SLOTS, START_BYTES, WD_PERSI
 
 use crate::{Device, Endpoint, Error, Result};
 
+/// A slot the NIC's tables have, or the error that says how many there are.
+fn check_slot(slot: u8) -> Result<()> {
+    if slot as usize >= PERSIST_SLOTS {
+        return Err(Error::invalid(format!("persistent slot {slot}: the NIC has {PERSIST_SLOTS} per ring")));
+    }
+    Ok(())
+}
+
 impl Device {
     fn store(&mut self, send: bool, slot: u8, mut d: WorkDesc) -> Result<()> {
-        if slot as usize >= PERSIST_SLOTS {
-            return Err(Error::invalid(format!("persistent slot {slot}: the NIC has {PERSIST_SLOTS} per ring")));
-        }
+        check_slot(slot)?;
         d.flags |= WD_PERSIST;
         d.slot = slot;
         self.post(send, &d)
@@ -63,9 +69,7 @@ impl Device {
     }
 
     fn start(&mut self, send: bool, wr_id: u64, slot: u8) -> Result<()> {
-        if slot as usize >= PERSIST_SLOTS {
-            return Err(Error::invalid(format!("persistent slot {slot}: the NIC has {PERSIST_SLOTS} per ring")));
-        }
+        check_slot(slot)?;
         let d = WorkDesc { wr_id, opcode: Opcode::Start as u8, tag: slot as u64, ..Default::default() };
         self.post_bytes(send, &d, START_BYTES)
     }
