@@ -97,7 +97,7 @@ pub(crate) struct MrChecked {
 }
 
 /// Offset of `MrEntry::secret` in the entry.
-const SECRET_OFF: usize = 28;
+const SECRET_OFF: usize = core::mem::offset_of!(MrEntry, secret);
 
 /// The words of an entry a cache hit re-reads, as SRAM holds them: the
 /// key; owner port, access and format; and the secret, drawn afresh for
