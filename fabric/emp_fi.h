@@ -48,10 +48,20 @@
 #define EMP_FI_NAME "emp"
 #define EMP_FI_PROV_VERSION FI_VERSION(0, 1)
 /* Unregistered buffers up to this size are copied through registered
- * "bounce" slots; larger ones are registered for the operation. */
+ * "bounce" slots. Larger ones, up to BOUNCE_RUN_MAX, are copied through a
+ * run of consecutive slots where the NIC reaches the bounce memory without
+ * pinning (direct attach) and runs are free; the rest are registered for
+ * the operation (docs/libfabric.md, "Bounce runs"). */
 #define BOUNCE_SIZE (64u * 1024u)
 #define BOUNCE_SLOTS_MAX 512u
+#define BOUNCE_RUN_MAX (4u << 20)
+/* Slots for runs, in MiB (FI_EMP_BOUNCE_MB; 0: no runs). */
+#define BOUNCE_RUN_MB_DEFAULT 64u
+#define BOUNCE_RUN_MB_MAX 1024u
 #define INJECT_SIZE 4096u
+/* A non-blocking CQ read that found nothing this many times in a row gives
+ * the CPU away once (docs/libfabric.md, "Point-to-point performance"). */
+#define CQ_EMPTY_READS_PER_YIELD 16u
 /* With both FI_MSG and FI_TAGGED on one endpoint, untagged messages carry
  * this tag bit, which tagged ones may not use (mem_tag_format says so). */
 #define MSG_TAG_BIT (1ULL << 63)
@@ -130,7 +140,8 @@ struct emp_req {
 	bool cq_reserved;   /* holds a slot of its CQ */
 	void *buf;
 	size_t len;
-	int slot;	    /* bounce slot, or -1 */
+	int slot;	    /* bounce slot (the first of a run), or -1 */
+	unsigned nslot;	    /* slots from slot: 1, or a run's */
 	int64_t tmp_key;    /* registration for this operation, or -1 */
 	int mrc_ent;	    /* the registration cache's entry it uses, or -1 */
 	bool cancelled;	    /* reported as canceled; the NIC still holds it */
@@ -204,8 +215,10 @@ struct emp_fi_domain {
 	char *bounce;
 	uint32_t bounce_key;
 	uint64_t bounce_off;
-	int *free_slots;
+	uint64_t *slot_free; /* a bit per bounce slot, set when free */
 	size_t nslots, nfree_slots;
+	size_t run_slots, run_slots_max; /* slots held by runs, and their budget */
+	size_t runs, run_fallbacks; /* messages through runs, and those that found none */
 	struct emp_req *orphans; /* oldest first */
 	struct emp_fi_claim claims[CLAIMS_MAX];
 	size_t nclaims;
@@ -235,6 +248,7 @@ struct emp_fi_cq {
 	size_t size, head, count, reserved;
 	int refs;
 	int signal_fd;
+	unsigned empty_reads; /* fi_cq_read calls in a row that found nothing */
 };
 
 struct emp_fi_cntr {
@@ -328,6 +342,11 @@ static inline char *slot_ptr(struct emp_fi_domain *dom, int slot)
 	return dom->bounce + (size_t)slot * BOUNCE_SIZE;
 }
 
+static inline struct emp_sge slot_sge(struct emp_fi_domain *dom, int slot, size_t len)
+{
+	return (struct emp_sge){dom->bounce_key, (uint32_t)len, dom->bounce_off + (uint64_t)slot * BOUNCE_SIZE};
+}
+
 /* emp_fi_nic.c */
 struct emp_device *open_nic(int *err);
 int query_nic(struct emp_port_info *pi);
@@ -354,6 +373,9 @@ ssize_t tx_req_get(struct emp_fi_ep *ep, bool no_entry, uint64_t flags, void *co
 void tx_req_posted(struct emp_req *r, bool no_entry);
 const char *wc_strerror(int prov_errno, char *buf, size_t len);
 void req_release(struct emp_fi_domain *dom, struct emp_req *r);
+int slots_init(struct emp_fi_domain *dom);
+int slot_get(struct emp_fi_domain *dom, size_t n);
+void slot_put(struct emp_fi_domain *dom, int first, size_t n);
 void cq_push(struct emp_fi_cq *cq, const struct cq_ent *e);
 void req_report(struct emp_req *r, int err, size_t len, size_t olen, uint64_t tag, uint16_t node,
 		uint16_t port, uint32_t status);

@@ -609,14 +609,13 @@ static ssize_t coll_post(struct emp_fi_ep *ep, enum coll_kind kind, const void *
 		struct emp_sge send = {0}, recv = {0};
 		int n = place(dom, r, buf, bytes, NULL, true, true, &send);
 		if (n >= 0 && gets_result && bytes) {
-			if (!dom->nfree_slots) {
+			r->out_slot = slot_get(dom, 1);
+			if (r->out_slot < 0) {
 				n = -FI_EAGAIN;
 			} else {
-				r->out_slot = dom->free_slots[--dom->nfree_slots];
 				r->out_buf = result;
 				r->out_len = bytes;
-				recv = (struct emp_sge){dom->bounce_key, (uint32_t)bytes,
-							dom->bounce_off + (uint64_t)r->out_slot * BOUNCE_SIZE};
+				recv = slot_sge(dom, r->out_slot, bytes);
 			}
 		}
 		if (n < 0) {

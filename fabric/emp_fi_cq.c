@@ -53,10 +53,19 @@ static ssize_t cq_readfrom(struct fid_cq *fid, void *buf, size_t count, fi_addr_
 			n++;
 		}
 	}
+	/* Nothing for a while: let the emulated NIC (a process that may share
+	 * this core) run, instead of spinning through its time slice. Not at
+	 * every empty read: MPI's progress loop yields too, and a yield per
+	 * read doubled MPI's 8 B latency (7.1 µs against 3.8 µs here). */
+	bool yield = false;
+	if (n != -FI_EAGAIN) {
+		cq->empty_reads = 0;
+	} else if (++cq->empty_reads >= CQ_EMPTY_READS_PER_YIELD) {
+		cq->empty_reads = 0;
+		yield = true;
+	}
 	pthread_mutex_unlock(&cq->dom->lock);
-	/* Nothing yet: let the emulated NIC (a process that may share this
-	 * core) run, instead of spinning through its time slice. */
-	if (n == -FI_EAGAIN)
+	if (yield)
 		sched_yield();
 	return n;
 }

@@ -19,9 +19,12 @@ static int dom_close(struct fid *fid)
 	dom->fab->refs--;
 	pthread_mutex_unlock(&dom->fab->lock);
 	pthread_mutex_destroy(&dom->lock);
+	if (dom->runs || dom->run_fallbacks)
+		FI_INFO(&emp_prov, FI_LOG_DOMAIN, "bounce runs: %zu messages, %zu found none free (registered)\n",
+			dom->runs, dom->run_fallbacks);
 	mrc_fini(dom);
 	free(dom->reqs);
-	free(dom->free_slots);
+	free(dom->slot_free);
 	free(dom);
 	return 0;
 }
@@ -121,12 +124,12 @@ int dom_open(struct fid_fabric *fid, struct fi_info *info, struct fid_domain **o
 		goto fail;
 	dom->event_fd = emp_get_event_fd(dom->dev);
 	dom->nreqs = (size_t)dom->pi.send_entries + dom->pi.recv_entries;
-	dom->nslots = dom->nreqs < BOUNCE_SLOTS_MAX ? dom->nreqs : BOUNCE_SLOTS_MAX;
 	dom->reqs = calloc(dom->nreqs, sizeof *dom->reqs);
-	dom->free_slots = calloc(dom->nslots, sizeof *dom->free_slots);
-	dom->bounce = emp_alloc(dom->dev, dom->nslots * BOUNCE_SIZE, &dom->bounce_key, &dom->bounce_off);
 	r = -FI_ENOMEM;
-	if (!dom->reqs || !dom->free_slots || !dom->bounce)
+	if (!dom->reqs)
+		goto fail;
+	r = slots_init(dom);
+	if (r)
 		goto fail;
 	r = mrc_init(dom);
 	if (r)
@@ -135,9 +138,6 @@ int dom_open(struct fid_fabric *fid, struct fi_info *info, struct fid_domain **o
 		dom->reqs[i].next = dom->free_reqs;
 		dom->free_reqs = &dom->reqs[i];
 	}
-	for (size_t i = 0; i < dom->nslots; i++)
-		dom->free_slots[i] = (int)(dom->nslots - 1 - i);
-	dom->nfree_slots = dom->nslots;
 	pthread_mutex_init(&dom->lock, NULL);
 	dom->domain.fid.fclass = FI_CLASS_DOMAIN;
 	dom->domain.fid.context = context;
@@ -155,7 +155,7 @@ fail:
 	emp_close_device(dom->dev);
 	mrc_fini(dom);
 	free(dom->reqs);
-	free(dom->free_slots);
+	free(dom->slot_free);
 	free(dom);
 	return r;
 }

@@ -22,13 +22,35 @@ int place(struct emp_fi_domain *dom, struct emp_req *r, const void *buf, size_t 
 		return 1;
 	}
 	if (len <= BOUNCE_SIZE) {
-		if (!dom->nfree_slots)
+		int slot = slot_get(dom, 1);
+		if (slot < 0)
 			return -FI_EAGAIN;
-		r->slot = dom->free_slots[--dom->nfree_slots];
+		r->slot = slot;
+		r->nslot = 1;
 		if (copy_in)
-			memcpy(slot_ptr(dom, r->slot), buf, len);
-		*sge = (struct emp_sge){dom->bounce_key, (uint32_t)len, dom->bounce_off + (uint64_t)r->slot * BOUNCE_SIZE};
+			memcpy(slot_ptr(dom, slot), buf, len);
+		*sge = slot_sge(dom, slot, len);
 		return 1;
+	}
+	/* A run of slots: one copy by the host each way, and none of the
+	 * NIC's page walks (process_vm_readv/writev per frame) of memory
+	 * registered for this operation. None free: registered instead,
+	 * never waiting for one (a run can be held by a send whose receiver
+	 * has not posted yet). */
+	size_t n = (len + BOUNCE_SIZE - 1) / BOUNCE_SIZE;
+	if (!force_bounce && len <= BOUNCE_RUN_MAX && dom->run_slots_max) {
+		int slot = dom->run_slots + n <= dom->run_slots_max ? slot_get(dom, n) : -1;
+		if (slot >= 0) {
+			r->slot = slot;
+			r->nslot = (unsigned)n;
+			dom->run_slots += n;
+			dom->runs++;
+			if (copy_in)
+				memcpy(slot_ptr(dom, slot), buf, len);
+			*sge = slot_sge(dom, slot, len);
+			return 1;
+		}
+		dom->run_fallbacks++;
 	}
 	uint32_t cached_key;
 	int ent = mrc_get(dom, buf, len, &cached_key);

@@ -15,10 +15,105 @@ struct emp_req *req_get(struct emp_fi_domain *dom)
 	memset(r, 0, sizeof *r);
 	r->in_use = true;
 	r->slot = -1;
+	r->nslot = 0;
 	r->tmp_key = -1;
 	r->mrc_ent = -1;
 	r->out_slot = -1;
 	return r;
+}
+
+/* ---- bounce slots ---- */
+
+static bool slot_is_free(const struct emp_fi_domain *dom, size_t i)
+{
+	return dom->slot_free[i / 64] >> (i % 64) & 1;
+}
+
+static void slots_mark(struct emp_fi_domain *dom, size_t first, size_t n, bool free_)
+{
+	for (size_t i = first; i < first + n; i++) {
+		uint64_t bit = 1ULL << (i % 64);
+		dom->slot_free[i / 64] = free_ ? dom->slot_free[i / 64] | bit : dom->slot_free[i / 64] & ~bit;
+	}
+	dom->nfree_slots = free_ ? dom->nfree_slots + n : dom->nfree_slots - n;
+}
+
+/* The domain's bounce memory: a slot for each request, as many as
+ * BOUNCE_SLOTS_MAX, and where the NIC reaches it without pinning it
+ * (direct attach: the arena is a shared file, its pages made only when
+ * touched) FI_EMP_BOUNCE_MB more for runs. Runs take at most that budget,
+ * so a request always finds its single slot. */
+int slots_init(struct emp_fi_domain *dom)
+{
+	size_t single = dom->nreqs < BOUNCE_SLOTS_MAX ? dom->nreqs : BOUNCE_SLOTS_MAX;
+	unsigned long mb = BOUNCE_RUN_MB_DEFAULT;
+	const char *env = getenv("FI_EMP_BOUNCE_MB");
+	if (env && *env) {
+		char *end;
+		errno = 0;
+		unsigned long v = strtoul(env, &end, 10);
+		if (errno || *end || env[0] == '-' || v > BOUNCE_RUN_MB_MAX) {
+			FI_WARN(&emp_prov, FI_LOG_DOMAIN,
+				"FI_EMP_BOUNCE_MB=%s: the bounce memory for large messages is a number of MiB from 0 "
+				"(none) to %u\n",
+				env, BOUNCE_RUN_MB_MAX);
+			return -FI_EINVAL;
+		}
+		mb = v;
+	}
+	if (mb && emp_mr_by_address(dom->dev) != 1) {
+		FI_INFO(&emp_prov, FI_LOG_DOMAIN, "bounce runs off: this NIC pins registered pages\n");
+		mb = 0;
+	}
+	size_t runs = mb * ((1u << 20) / BOUNCE_SIZE);
+	dom->bounce = emp_alloc(dom->dev, (single + runs) * BOUNCE_SIZE, &dom->bounce_key, &dom->bounce_off);
+	if (!dom->bounce && runs) {
+		FI_INFO(&emp_prov, FI_LOG_DOMAIN, "bounce runs off: no room for %lu MiB in the arena\n", mb);
+		runs = 0;
+		dom->bounce = emp_alloc(dom->dev, single * BOUNCE_SIZE, &dom->bounce_key, &dom->bounce_off);
+	}
+	dom->nslots = single + runs;
+	dom->slot_free = calloc((dom->nslots + 63) / 64, sizeof *dom->slot_free);
+	if (!dom->bounce || !dom->slot_free)
+		return -FI_ENOMEM;
+	slots_mark(dom, 0, dom->nslots, true);
+	dom->run_slots_max = runs;
+	return 0;
+}
+
+/* The first of n free consecutive slots, taken, or -1. A single slot comes
+ * from the bottom and a run from the top, so singles do not split runs. */
+int slot_get(struct emp_fi_domain *dom, size_t n)
+{
+	if (!n || n > dom->nfree_slots)
+		return -1;
+	if (n == 1) {
+		for (size_t w = 0; w < (dom->nslots + 63) / 64; w++) {
+			if (dom->slot_free[w]) {
+				size_t i = w * 64 + (size_t)__builtin_ctzll(dom->slot_free[w]);
+				slots_mark(dom, i, 1, false);
+				return (int)i;
+			}
+		}
+		return -1;
+	}
+	size_t run = 0;
+	for (size_t i = dom->nslots; i-- > 0;) {
+		if (!slot_is_free(dom, i)) {
+			run = 0;
+			continue;
+		}
+		if (++run == n) {
+			slots_mark(dom, i, n, false);
+			return (int)i;
+		}
+	}
+	return -1;
+}
+
+void slot_put(struct emp_fi_domain *dom, int first, size_t n)
+{
+	slots_mark(dom, (size_t)first, n, true);
 }
 
 /* A request for one of `ep`'s transmit operations, once its transmit queue
@@ -77,10 +172,13 @@ void req_release(struct emp_fi_domain *dom, struct emp_req *r)
 		emp_dereg_mr(dom->dev, (uint32_t)r->tmp_key);
 	mrc_put(dom, r->mrc_ent);
 	r->mrc_ent = -1;
-	if (r->slot >= 0)
-		dom->free_slots[dom->nfree_slots++] = r->slot;
+	if (r->slot >= 0) {
+		slot_put(dom, r->slot, r->nslot);
+		if (r->nslot > 1)
+			dom->run_slots -= r->nslot;
+	}
 	if (r->out_slot >= 0)
-		dom->free_slots[dom->nfree_slots++] = r->out_slot;
+		slot_put(dom, r->out_slot, 1);
 	free(r->heap);
 	r->heap = NULL;
 	coll_done(r);

@@ -331,6 +331,12 @@ int emp_post_recv_claimed(struct emp_device *dev, uint64_t wr_id, const struct e
  * Waits only for the NIC's answer. */
 int emp_cancel_recv(struct emp_device *dev, uint64_t wr_id);
 
+/* Since EMP_1.9: how long blocking calls (emp_wait_cq, emp_barrier, ...)
+ * poll the CQ before sleeping on the port's event, in µs (default 20, or
+ * EMP_SPIN_US); 0 sleeps at once, the least CPU when the NIC does the
+ * work. Returns 0 or -EINVAL. */
+int emp_set_spin_us(struct emp_device *dev, uint32_t us);
+
 /* Since EMP_1.8: persistent descriptors (MPI_Send_init / MPI_Recv_init /
  * MPI_Start; EMP thesis 2.3.3). A send or receive is stored on the NIC in
  * slot `slot` (below EMP_PERSIST_SLOTS) of its ring's table, replacing

@@ -707,6 +707,22 @@ pub unsafe extern "C" fn emp_cancel_recv(dev: *mut EmpDevice, wr_id: u64) -> c_i
     }
 }
 
+/// How long blocking calls poll before they sleep on the port's event, in
+/// µs (since EMP_1.9; [`crate::Device::set_spin`]); 0 or -EINVAL.
+///
+/// # Safety
+/// `dev` is open.
+#[no_mangle]
+pub unsafe extern "C" fn emp_set_spin_us(dev: *mut EmpDevice, us: u32) -> c_int {
+    if dev.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: the caller passes a live device.
+    let d = unsafe { &mut (*dev).0 };
+    d.set_spin(std::time::Duration::from_micros(us.into()));
+    0
+}
+
 /// Stores a send in persistent send slot `slot` (since EMP_1.8); 0,
 /// -EAGAIN when the ring is full, or a negative errno.
 ///

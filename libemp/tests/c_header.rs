@@ -386,7 +386,7 @@ fn run(cmd: &mut Command) -> String {
 
 /// The versions of the C ABI, oldest first: the nodes of `libemp.map`.
 const ABI_VERSIONS: &[&str] =
-    &["EMP_1.0", "EMP_1.1", "EMP_1.2", "EMP_1.3", "EMP_1.4", "EMP_1.5", "EMP_1.6", "EMP_1.7", "EMP_1.8"];
+    &["EMP_1.0", "EMP_1.1", "EMP_1.2", "EMP_1.3", "EMP_1.4", "EMP_1.5", "EMP_1.6", "EMP_1.7", "EMP_1.8", "EMP_1.9"];
 
 /// The staticlib built with this test: in `deps/` next to it, as
 /// `libemp-<metadata hash>.a` (the copy one level up is refreshed only by
