@@ -37,6 +37,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod cores;
 pub mod wirekey;
 
 /// Most CPUs a NIC has (`cluster.nic_cpus`, `emp-nicd --nic-cpus`).

@@ -123,6 +123,11 @@ struct Args {
     /// or received frames (`mac-rx`: ACKs and NACKs before more sends).
     #[arg(long, value_enum, default_value_t = EventPriority::Mailbox)]
     event_priority: EventPriority,
+    /// Host cores every thread of this daemon runs on (`1`, `2-3`): the
+    /// NICs' own processors, as a real NIC has them, so the processes it
+    /// serves keep the other cores [default: any core].
+    #[arg(long)]
+    nic_cores: Option<String>,
     /// Control program: initial retransmission timeout (µs) [default: the
     /// program's, 500]. Above the worst scheduling delay of a loaded host,
     /// or every late ACK is a spurious retransmission.
@@ -304,6 +309,12 @@ fn main() -> ExitCode {
 }
 
 fn run(a: Args) -> Result<ExitCode, String> {
+    // Before any thread starts: each inherits the mask.
+    if let Some(list) = &a.nic_cores {
+        emp_config::cores::parse(list)
+            .and_then(|cores| emp_config::cores::pin(&cores))
+            .map_err(|e| format!("--nic-cores: {e}"))?;
+    }
     let p = setup(&a)?;
     if !(1..=emp_config::NIC_CPUS_MAX).contains(&p.nic_cpus) {
         return Err(format!(

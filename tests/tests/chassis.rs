@@ -69,6 +69,54 @@ fn nicd_threads(dir: &Path) -> Vec<String> {
     names
 }
 
+/// Each thread's allowed cores (`Cpus_allowed_list`) of the `emp-nicd`
+/// serving the chassis in `dir`, by thread name.
+fn nicd_thread_cores(dir: &Path) -> Vec<(String, String)> {
+    let want = dir.to_string_lossy().into_owned();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let p = e.path();
+        let Ok(cmd) = std::fs::read(p.join("cmdline")) else { continue };
+        let cmd = String::from_utf8_lossy(&cmd);
+        if !cmd.contains("emp-nicd") || !cmd.contains(&want) {
+            continue;
+        }
+        for t in std::fs::read_dir(p.join("task")).into_iter().flatten().flatten() {
+            let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().trim().to_string();
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            if let Some(l) = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")) {
+                out.push((name, l.trim().to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// `emp-nicd --nic-cores`: every thread of the daemon (engine, attach
+/// threads, the second NIC CPU's) stays on the cores given, the NICs
+/// serve, and a list it cannot honour is refused with the reason.
+#[test]
+fn nic_cores_keep_every_daemon_thread_on_them() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let core = (cores - 1).to_string();
+    let c = Cluster::up(
+        "nic-cores",
+        &["-n", "2", "--cpu-plan", "dsr", "--nic-cpus", "2", "--nicd-args", &format!("--nic-cores {core}")],
+    );
+    assert_tap(&c.run(2, &[env!("CARGO_BIN_EXE_tap-p2p")]), 10);
+    let threads = nicd_thread_cores(&c.dir);
+    assert!(threads.len() >= 3, "{threads:?}");
+    assert!(threads.iter().all(|(_, l)| *l == core), "not all on core {core}: {threads:?}");
+    drop(c);
+    let nicd = emp_tests::harness::bin_dir().join("emp-nicd");
+    for (list, why) in [("4095", "beyond the kernel's"), ("1-0", "runs backwards"), ("x", "not a core number")] {
+        let out = Command::new(&nicd).args(["--nics", "1", "--nic-cores", list]).output().expect("emp-nicd");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("--nic-cores") && err.contains(why), "{list}: {err}");
+    }
+}
+
 /// The NIC CPUs on threads of their own (`--nic-cpus 2`), every plan, under
 /// 8 % loss plus duplication and reordering: streamed and ping-pong
 /// messages arrive once, whole and in order, and nothing deadlocks.

@@ -193,6 +193,11 @@ pub struct BenchArgs {
     /// mpi: a quick check that every transport runs (2 sizes, few iterations).
     #[arg(long)]
     pub quick: bool,
+    /// mpi: host cores for the emulated NICs (`emp-nicd --nic-cores`, e.g.
+    /// `1`), as a real NIC has processors of its own; EMP's ranks then run
+    /// on the other cores, the other transports' ranks on every core.
+    #[arg(long)]
+    pub nic_cores: Option<String>,
     /// mpi: write one SVG plot per measure (against message size) here.
     #[arg(long)]
     pub plot_dir: Option<PathBuf>,
@@ -234,6 +239,9 @@ pub fn bench(a: &BenchArgs) -> Result<(), String> {
     }
     if a.kind != Kind::Rate && (a.pairs.is_some() || (a.window.is_some() && a.kind != Kind::Ctxsw)) {
         return Err("--pairs and --window are options of `emp bench rate` (ctxsw: --window, the messages held)".into());
+    }
+    if a.nic_cores.is_some() && a.kind != Kind::Mpi {
+        return Err("--nic-cores is an option of `emp bench mpi` (elsewhere: emp-nicd --nic-cores)".into());
     }
     if a.persistent && a.kind != Kind::Rate {
         return Err("--persistent is an option of `emp bench rate`".into());

@@ -210,7 +210,7 @@ impl Chassis {
             firmware: None,
             trusted_keys: None,
             udp_base,
-            nicd_args: None,
+            nicd_args: a.nic_cores.as_ref().map(|c| format!("--nic-cores {c}")),
         };
         let started = cluster::start(&dir, &up).map_err(|e| format!("starting a chassis for the benchmark: {e}"))?;
         say(a, started);
@@ -290,6 +290,57 @@ struct Plan {
     quick: bool,
     /// One transport's job at one rank count (mpirun's `--timeout`).
     limit: Duration,
+    /// With `--nic-cores`: the cores EMP's ranks run on (the others').
+    emp_cores: Option<Cores>,
+}
+
+/// A set of host cores, built before a fork so the child only makes the
+/// system call.
+#[derive(Clone, Copy)]
+struct Cores(libc::cpu_set_t);
+
+impl Cores {
+    fn of(cores: &[usize]) -> Cores {
+        // SAFETY: cpu_set_t is plain bits; all zero is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+        for &c in cores {
+            // SAFETY: `c` came from `emp_config::cores` (below CPU_SETSIZE).
+            unsafe { libc::CPU_SET(c, &mut set) };
+        }
+        Cores(set)
+    }
+
+    /// `cmd`, and every process it starts, runs on these cores.
+    fn apply(self, cmd: &mut Command) {
+        let set = self.0;
+        // SAFETY: the closure makes one system call on a set copied before
+        // the fork: nothing in it allocates or takes a lock.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+                if libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+/// `--nic-cores`: the NICs' cores and the rest, for EMP's ranks.
+fn split_cores(list: &str) -> Result<(Vec<usize>, Vec<usize>), String> {
+    let nic = emp_config::cores::parse(list).map_err(|e| format!("--nic-cores: {e}"))?;
+    let all = emp_config::cores::allowed().map_err(|e| format!("sched_getaffinity: {e}"))?;
+    if let Some(c) = nic.iter().find(|c| !all.contains(c)) {
+        return Err(format!(
+            "--nic-cores: core {c} is not one this process may run on ({})",
+            emp_config::cores::show(&all)
+        ));
+    }
+    let ranks: Vec<usize> = all.into_iter().filter(|c| !nic.contains(c)).collect();
+    if ranks.is_empty() {
+        return Err(format!("--nic-cores {list}: no core left for the ranks"));
+    }
+    Ok((nic, ranks))
 }
 
 impl Plan {
@@ -307,6 +358,9 @@ impl Plan {
             cmd.arg("-x").arg(format!("FI_PROVIDER_PATH={}", self.provider_dir.display()));
             cmd.arg("-x").arg(format!("EMP_CLUSTER={}", ch.cluster.display()));
             cmd.args(["-x", "EMP_HOST=chassis"]);
+        }
+        if let (Some(c), true) = (self.emp_cores, matches!(t, Transport::Emp | Transport::EmpColl)) {
+            c.apply(&mut cmd);
         }
         if t == Transport::EmpColl {
             cmd.arg("-x").arg(format!("LD_PRELOAD={}", self.provider_dir.join("libemp-mpicoll.so").display()));
@@ -373,6 +427,7 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     }
     let join = |v: &[usize]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
     let allreduce_sizes: Vec<usize> = if a.quick { vec![8] } else { vec![8, 64, 512, 4096, 32768] };
+    let split = a.nic_cores.as_deref().map(split_cores).transpose()?;
     let mpirun = on_path("mpirun").ok_or("mpirun not found: scripts/setup.sh installs openmpi-bin")?;
     let program = built("mpi_bench")?;
     let provider_dir = built("libemp-fi.so")?.parent().expect("in lib/").to_path_buf();
@@ -390,7 +445,18 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         reps,
         quick: a.quick,
         limit: Duration::from_secs(limit_s),
+        emp_cores: split.as_ref().map(|(_, ranks)| Cores::of(ranks)),
     };
+    if let Some((nic, ranks)) = &split {
+        say(
+            a,
+            format!(
+                "# emp's NICs on cores {}, its ranks on cores {}; the other transports' ranks on every core",
+                emp_config::cores::show(nic),
+                emp_config::cores::show(ranks)
+            ),
+        );
+    }
     let counts = rank_counts(max_ranks);
     let ch = Chassis::up(a, max_ranks)?;
     let mut res = Results::default();
@@ -441,7 +507,7 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
             }
         }
         if transports.contains(&Transport::Emp) {
-            match nic_barrier(a, &ch, ranks) {
+            match nic_barrier(a, &ch, ranks, plan.emp_cores) {
                 Ok(b) => {
                     res.nic_barrier.insert(ranks, b);
                 }
@@ -471,9 +537,12 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
 
 /// EMP's own barrier on the NICs (`emp bench barrier --algo nic-pe,nic-diss`
 /// on the same chassis): the best NIC variant, µs per barrier.
-fn nic_barrier(a: &BenchArgs, ch: &Chassis, ranks: usize) -> Result<(String, f64), String> {
+fn nic_barrier(a: &BenchArgs, ch: &Chassis, ranks: usize, cores: Option<Cores>) -> Result<(String, f64), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
+    if let Some(c) = cores {
+        c.apply(&mut cmd);
+    }
     cmd.args(["bench", "barrier", "--algo", "nic-pe,nic-diss", "--json", "--nodes", &ranks.to_string()])
         .arg("--dir")
         .arg(&ch.dir)
@@ -671,6 +740,7 @@ fn json(res: &Results, transports: &[Transport], a: &BenchArgs, reps: usize) -> 
         ("benchmark", Json::str("mpi")),
         ("reps", Json::Int(reps as u64)),
         ("wire", Json::str(format!("{:?}", a.wire).to_lowercase())),
+        ("nic_cores", a.nic_cores.as_deref().map_or(Json::Null, Json::str)),
         (
             "transports",
             Json::Arr(
