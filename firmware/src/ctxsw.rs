@@ -29,7 +29,8 @@
 //! by `put_peer`/`get_peer` alone), the groups and collective operations
 //! (barriers, reductions) in progress, the queued messages (sends, and the
 //! collectives' own messages), the eager unexpected messages with their
-//! payload, the persistent descriptors ([`STORED_IMAGE`] bytes each).
+//! payload, the persistent descriptors ([`STORED_IMAGE`] bytes each), the
+//! groups' reliable-broadcast states (`rbcast/image.rs`).
 
 use std::collections::VecDeque;
 
@@ -64,8 +65,8 @@ pub(crate) const PARKED_MAX: usize = 64;
 /// "ECTX".
 pub const IMAGE_MAGIC: u32 = 0x5854_4345;
 /// Image format version; a restore refuses any other.
-/// 4: the persistent descriptors.
-pub const IMAGE_VERSION: u16 = 4;
+/// 4: the persistent descriptors; 5: reliable-broadcast state.
+pub const IMAGE_VERSION: u16 = 5;
 /// Bytes of the image header.
 pub const HEADER: usize = 80;
 /// Byte offset of the checksum in the header.
@@ -302,6 +303,10 @@ struct Image {
     ops: Vec<(usize, CollOp)>,
     /// Persistent descriptors: (send ring?, slot, descriptor).
     stored: Vec<(bool, u8, WorkDesc)>,
+    /// (index into `groups`, its reliable-broadcast state).
+    rbcast: Vec<(usize, crate::rbcast::RbImage)>,
+    /// Receives posted for those broadcasts (descriptors outstanding).
+    rb_posted: usize,
 }
 
 /// A queued collective message of an image: its op (an index into the
@@ -532,7 +537,8 @@ impl Nic {
         if self.rma_reads.iter().any(|(_, r)| r.port == port) || self.atomics.iter().any(|(_, a)| a.port == port) {
             return Some("a remote read or atomic is outstanding");
         }
-        if st.outstanding != st.posted.len() as u32 + tx + posted_ops {
+        let rb_posted: usize = self.groups_of(port).into_iter().map(|s| self.rbcast_posted(s)).sum();
+        if st.outstanding != st.posted.len() as u32 + tx + posted_ops + rb_posted as u32 {
             return Some("a descriptor is outstanding");
         }
         None
@@ -540,12 +546,10 @@ impl Nic {
 
     /// What of `port`'s collective state an image cannot carry, if any.
     /// It carries its groups and its barriers and reductions (posted, or
-    /// recorded from early messages) with their messages not yet started;
-    /// not broadcasts or multisends (their data is in host memory and in
-    /// flight to several members at once), nor a group's reliable-broadcast
-    /// state once used (`rbcast/` keeps per-root sequences: a port whose
-    /// group has broadcast reliably is switched only while that state is
-    /// pristine, i.e. never in such a job).
+    /// recorded from early messages) with their messages not yet started,
+    /// and its groups' reliable-broadcast states once nothing of them is in
+    /// flight (`rbcast/image.rs`); not broadcasts or multisends (their data
+    /// is in host memory and in flight to several members at once).
     fn coll_unstable(&self, port: u16) -> Option<&'static str> {
         for (_, o) in self.coll_ops.iter().filter(|(_, o)| o.port == port) {
             if !matches!(o.state, CollState::Barrier(_) | CollState::Reduce(_)) {
@@ -557,10 +561,11 @@ impl Nic {
         }
         let mut rb_addrs = Vec::new();
         for s in self.groups_of(port) {
-            match self.rbcast_state_of(s) {
-                Some((_, false)) => return Some("a group's reliable-broadcast state is in use"),
-                Some((addr, true)) => rb_addrs.push(addr),
-                None => {}
+            if let Some(why) = self.rbcast_unsaveable(s) {
+                return Some(why);
+            }
+            if let Some((addr, _)) = self.rbcast_state_of(s) {
+                rb_addrs.push(addr);
             }
         }
         if self.mcast_addrs_of(port).any(|a| !rb_addrs.contains(&a)) {
@@ -594,7 +599,9 @@ impl Nic {
         let ops = self.cfg.coll_ops_max as usize * op;
         let tx = self.cfg.tx_max as usize * TX_IMAGE.max(COLL_TX_IMAGE + self.cfg.coll_buf_size as usize);
         let stored = 2 * emp_uapi::desc::PERSIST_SLOTS * STORED_IMAGE;
-        let all = HEADER + descs + self.cfg.peers_max as usize * PEER_IMAGE + tx + unexp + groups + ops + stored;
+        let rbcast = self.groups.slots.len() * self.rbcast_image_max(emp_uapi::coll::RBCAST_MEMBERS_MAX as u16);
+        let all =
+            HEADER + descs + self.cfg.peers_max as usize * PEER_IMAGE + tx + unexp + groups + ops + stored + rbcast;
         all.min(CTX_IMAGE_MAX)
     }
 
@@ -660,7 +667,13 @@ impl Nic {
             out.extend_from_slice(&v.to_le_bytes());
         }
         let n_stored = st.stored_sends.len() + st.stored_recvs.len();
-        for n in [st.posted.len(), peers.len(), txs.len(), st.unexpected.len(), groups.len(), ops.len(), n_stored, 0] {
+        let (mut rb_records, mut n_rb) = (Vec::new(), 0);
+        for (i, &s) in groups.iter().enumerate() {
+            n_rb += self.rbcast_put_image(s, i as u16, &mut rb_records) as usize;
+        }
+        let counts =
+            [st.posted.len(), peers.len(), txs.len(), st.unexpected.len(), groups.len(), ops.len(), n_stored, n_rb];
+        for n in counts {
             out.extend_from_slice(&(n as u16).to_le_bytes());
         }
         debug_assert_eq!(out.len(), HEADER);
@@ -719,6 +732,7 @@ impl Nic {
                 put_desc(&mut out, d);
             }
         }
+        out.extend_from_slice(&rb_records);
         let len = out.len() as u32;
         out[8..12].copy_from_slice(&len.to_le_bytes());
         let sum = image_checksum(&out);
@@ -748,9 +762,9 @@ impl Nic {
             }
         }
         for s in self.groups_of(port) {
-            // Pristine (`coll_unstable`): nothing to flush; it is built
-            // again on restore.
-            self.rbcast_group_removed(hal, now, s, emp_uapi::desc::Status::Flushed);
+            // Saveable (`coll_unstable`): nothing in flight; what it holds
+            // is in the image, and it is built again from it on restore.
+            self.rbcast_group_saved(hal, now, s);
             let g = self.groups.slots[s as usize].take().expect("indexed");
             self.groups.by_id.remove(&(g.port, g.id));
         }
@@ -848,8 +862,9 @@ impl Nic {
         let (n_posted, n_peers, n_tx, n_unexp) =
             (r.u16()? as usize, r.u16()? as usize, r.u16()? as usize, r.u16()? as usize);
         let (n_groups, n_ops, n_stored) = (r.u16()? as usize, r.u16()? as usize, r.u16()? as usize);
-        if r.u16()? != 0 {
-            return Err("reserved bytes".into());
+        let n_rb = r.u16()? as usize;
+        if n_rb > n_groups {
+            return Err("reliable-broadcast states".into());
         }
         if cq_entries > 1 << 20 || !ring::valid_entries(cq_entries) || !ring::plausible(cq_prod, cq_cons, cq_entries) {
             return Err("completion queue".into());
@@ -943,6 +958,17 @@ impl Nic {
             unexp.push((src_node, src_port, tag, imm, r.take(len as usize)?.to_vec()));
         }
         let stored = check_stored(&mut r, n_stored)?;
+        // Each group's state at most once, in group order.
+        let mut rbcast: Vec<(usize, crate::rbcast::RbImage)> = Vec::with_capacity(n_rb);
+        for _ in 0..n_rb {
+            let gi = r.u16()? as usize;
+            let (s, g) = groups.get(gi).ok_or("reliable-broadcast state of an unknown group")?;
+            if rbcast.last().is_some_and(|&(last, _)| last >= gi) {
+                return Err("reliable-broadcast states' order".into());
+            }
+            rbcast.push((gi, self.rbcast_get_image(hal, slot, &mut r, *s, g)?));
+        }
+        let rb_posted: usize = rbcast.iter().map(|(_, i)| i.posted.len()).sum();
         if !r.at_end() {
             return Err("trailing bytes".into());
         }
@@ -966,6 +992,8 @@ impl Nic {
             groups,
             ops,
             stored,
+            rbcast,
+            rb_posted,
         })
     }
 
@@ -986,7 +1014,7 @@ impl Nic {
         }
         let plain_tx = img.tx.iter().filter(|t| t.3.is_none()).count();
         let posted_ops = img.ops.iter().filter(|(_, o)| o.desc.is_some()).count();
-        let outstanding = (img.posted.len() + plain_tx + posted_ops) as u32;
+        let outstanding = (img.posted.len() + plain_tx + posted_ops + img.rb_posted) as u32;
         {
             let st = &mut self.ports[slot as usize];
             st.open = true;
@@ -1074,6 +1102,9 @@ impl Nic {
             self.groups.by_id.insert((g.port, g.id), s);
             self.groups.slots[s as usize] = Some(g);
             self.rbcast_group_loaded(hal, s);
+        }
+        for (gi, rb) in img.rbcast {
+            self.rbcast_install(group_slots[gi], rb);
         }
         let mut op_slots = Vec::with_capacity(img.ops.len());
         for (gi, mut o) in img.ops {

@@ -10,10 +10,11 @@ use emp_sim::cluster::{binomial_parents_wide, Cluster, SavedContext};
 use emp_sim::host::work_desc;
 use emp_sim::rng::Rng;
 use emp_sim::world::WireConfig;
-use emp_uapi::coll::{BarrierAlgo, Dtype, ReduceOp};
+use emp_uapi::coll::{rbcast_tag, BarrierAlgo, Dtype, RbcastAlgo, ReduceOp};
+use emp_uapi::desc::WorkDesc;
 use emp_uapi::desc::{Cqe, Opcode, Status, CQE_IMM};
 use emp_uapi::sram::{admin_result as ar, AdminOp, PORT_ADDR_EXPLICIT};
-use emp_uapi::{ANY_NODE, ANY_PORT};
+use emp_uapi::{Le, ANY_NODE, ANY_PORT};
 
 const MS: u64 = 1_000_000;
 
@@ -624,4 +625,240 @@ fn suspend_and_save_again(c: &mut Cluster) -> SavedContext {
         waited += 50_000;
     }
     c.save(1).unwrap_or_else(|r| panic!("save refused: {r}"))
+}
+
+/// Bytes of a reliable broadcast of round `k` from `root`.
+fn rb_data(k: usize, root: u16) -> Vec<u8> {
+    data(100 + (k * 37 + root as usize * 11) % 900, (k as u64) << 8 | root as u64)
+}
+
+/// The count of reliable-broadcast states an image carries (header bytes 78..80).
+fn rbcast_in_image(image: &[u8]) -> u16 {
+    u16::from_le_bytes([image[78], image[79]])
+}
+
+/// `n` ranks (one per NIC, one group) run `rounds` reliable broadcasts
+/// from rotating roots with scheme `algo`, each rank posting the next as
+/// soon as its last completed (roots run ahead: their posts complete at
+/// once), while at random moments the whole job is switched out (gang
+/// style), parked for a while and each rank restored into a random free
+/// slot. Every member receives every broadcast once, in posting order,
+/// with its bytes. Returns the switches, those put off, and how many
+/// images carried reliable-broadcast state.
+fn rbcasts_with_switches(seed: u64, n: u16, loss: f64, rounds: usize, algo: RbcastAlgo) -> CollRun {
+    let wire = WireConfig { loss, dup: loss / 2.0, reorder: loss, ..WireConfig::default() };
+    let mut c = Cluster::new(n, Config::default(), 0, 1500, wire);
+    c.world.reseed(seed);
+    let members: Vec<u16> = (0..n).collect();
+    let trees = vec![binomial_parents_wide(n as usize)];
+    assert!(c.create_group_wide(0, 7, 1, &members, &trees).iter().all(|&r| r == ar::OK));
+    let tag = rbcast_tag(algo);
+    let mut rng = Rng::new(seed);
+    let mut run = CollRun::default();
+    let mut round = vec![0usize; n as usize];
+    let mut posted = vec![0u64; n as usize];
+    let root_of = |k: usize| (k % n as usize) as u16;
+    let post =
+        |c: &mut Cluster, r: u16, k: usize| c.rbcast(r, 0, root_of(k), tag, &rb_data(k, root_of(k)), r == root_of(k));
+    for r in 0..n {
+        posted[r as usize] = post(&mut c, r, 0);
+    }
+    while round.iter().any(|&k| k < rounds) {
+        if c.world.now >= 60_000 * MS {
+            for r in 0..n {
+                let nic = &c.world.nodes[r as usize].nic;
+                eprintln!(
+                    "rank {r}: slot {} {:?} {:?} {:?} {:?}",
+                    c.port_slot(r),
+                    nic.rbcast_occupancy(),
+                    nic.rbcast_delivered(0),
+                    nic.rbcast_stats(),
+                    nic.port_unstable(c.port_slot(r))
+                );
+            }
+            panic!("seed {seed}: stuck in rounds {round:?}");
+        }
+        c.run_for(rng.range(2_000, 300_000));
+        for r in 0..n {
+            for cqe in c.completions(r) {
+                let k = round[r as usize];
+                assert!(k < rounds, "seed {seed}: rank {r}: a completion after its last broadcast");
+                assert_eq!(
+                    (cqe.wr_id, status(&cqe)),
+                    (posted[r as usize], Status::Success),
+                    "seed {seed}: rank {r} round {k}"
+                );
+                let want = rb_data(k, root_of(k));
+                if r != root_of(k) {
+                    assert_eq!(c.received(cqe.wr_id, want.len()), want, "seed {seed}: rank {r} round {k}: bytes");
+                }
+                round[r as usize] = k + 1;
+                if k + 1 < rounds {
+                    posted[r as usize] = post(&mut c, r, k + 1);
+                }
+            }
+        }
+        if run.switches + run.put_off >= 12 || !rng.chance(0.5) {
+            continue;
+        }
+        let Some(saved) = gang_save(&mut c, n, 100 * MS) else {
+            run.put_off += 1;
+            continue;
+        };
+        run.switches += 1;
+        for (r, ctx) in saved.iter().enumerate() {
+            run.mid_collective += (rbcast_in_image(&c.image(r as u16, ctx)) > 0) as usize;
+        }
+        if std::env::var_os("EMP_CTXSW_TRACE").is_some() {
+            eprintln!("switch at {} rounds {round:?}", c.world.now);
+        }
+        c.run_for(rng.range(0, 3 * MS));
+        for (r, ctx) in saved.iter().enumerate() {
+            let slot = free_slot(&c, r as u16, &mut rng);
+            assert_eq!(
+                c.restore(r as u16, ctx, slot),
+                ar::OK,
+                "seed {seed}: rank {r}: {:?}",
+                c.world.nodes[r].nic.restore_refusal()
+            );
+        }
+        for r in 0..n {
+            assert_eq!(c.resume(r), ar::OK);
+        }
+    }
+    c.run_for(200 * MS);
+    for r in 0..n {
+        assert!(c.completions(r).is_empty(), "seed {seed}: rank {r}: a completion twice");
+        let nic = &c.world.nodes[r as usize].nic;
+        assert!(nic.parked().is_empty(), "seed {seed}: rank {r}: still parked");
+        assert_eq!(nic.rbcast_occupancy(), (0, 0, 0), "seed {seed}: rank {r}: held at quiesce");
+        nic.invariants().unwrap_or_else(|e| panic!("seed {seed}: rank {r}: {e}"));
+    }
+    run
+}
+
+/// Reliable broadcasts' state travels in the image: a job that
+/// broadcasts reliably is switched (it used never to become stable) and
+/// loses, duplicates and reorders nothing, with every scheme, under loss.
+#[test]
+fn test_gang_switches_between_reliable_broadcasts_lose_nothing() {
+    let mut total = CollRun::default();
+    for seed in 0..seeds().div_ceil(40).max(6) {
+        let n = [4, 8, 6, 12][seed as usize % 4];
+        let algo = [
+            RbcastAlgo { coroots: 0, ack_every: 1, window: 0, nak: false },
+            RbcastAlgo { coroots: 1, ack_every: 3, window: 0, nak: false },
+            RbcastAlgo { coroots: 0, ack_every: 0, window: 0, nak: true },
+        ][seed as usize % 3];
+        let loss = if seed % 2 == 1 { 0.03 } else { 0.0 };
+        total.add(rbcasts_with_switches(seed, n, loss, 30, algo));
+    }
+    total.check();
+}
+
+/// A member's reliable-broadcast state (a posted receive, two messages
+/// held for receives not posted yet) is in its image; every byte of that
+/// record corrupted (checksum fixed) is refused with nothing changed, or
+/// is a consistent state the NIC can hold and save again; the good image
+/// restored into another slot delivers what it held, in order.
+#[test]
+fn test_corrupted_rbcast_state_is_refused_and_changes_nothing() {
+    let n = 3u16;
+    let mut c = Cluster::new(n, Config::default(), 0, 1500, WireConfig::default());
+    let members: Vec<u16> = (0..n).collect();
+    assert!(c.create_group_wide(0, 7, 1, &members, &[binomial_parents_wide(n as usize)]).iter().all(|&r| r == ar::OK));
+    let tag = rbcast_tag(RbcastAlgo::default());
+    let lens = [200usize, 300, 400];
+    let msg = |k: usize| data(lens[k], 90 + k as u64);
+    // Root 0 broadcasts three; rank 2 takes them all, rank 1 only the first.
+    let mut wrs1 = vec![c.rbcast(1, 0, 0, tag, &msg(0), false)];
+    let wrs2: Vec<u64> = (0..3).map(|k| c.rbcast(2, 0, 0, tag, &msg(k), false)).collect();
+    for k in 0..3 {
+        c.rbcast(0, 0, 0, tag, &msg(k), true);
+    }
+    // Rank 1 then waits for a broadcast of root 2's.
+    wrs1.push(c.rbcast(1, 0, 2, tag, &msg(0), false));
+    c.run_for(20 * MS);
+    let ctx = suspend_and_save(&mut c, 1);
+    let good = c.image(1, &ctx);
+    assert_eq!(rbcast_in_image(&good), 1, "the image carries the group's reliable-broadcast state");
+    // The record ends the image: fixed part, a row per member, the posted
+    // receive (descriptor and root), the two held messages (header, data).
+    let record = 46 + n as usize * 20 + (WorkDesc::SIZE + 4) + 2 * 16 + lens[1] + lens[2];
+    let from = good.len() - record;
+    assert_eq!(u16::from_le_bytes([good[from + 2], good[from + 3]]), n, "the record's member count at its place");
+    let before = (c.world.nodes[1].nic.occupancy(), c.world.nodes[1].nic.parked());
+    let refused_unchanged = |c: &mut Cluster, what: &str, bytes: &[u8]| {
+        c.write_image(1, &ctx, bytes);
+        let r = c.restore_len(1, &ctx, 1, ctx.len);
+        if r == ar::OK {
+            return false;
+        }
+        assert!(matches!(r, ar::BAD_IMAGE | ar::NO_ROOM), "{what}: result {r}");
+        let nic = &c.world.nodes[1].nic;
+        assert!(!nic.port_is_open(1), "{what}: the slot opened");
+        assert_eq!((nic.occupancy(), nic.parked()), before, "{what}: state changed");
+        true
+    };
+    let fixed = |mut b: Vec<u8>| {
+        let sum = image_checksum(&b);
+        b[12..16].copy_from_slice(&sum.to_le_bytes());
+        b
+    };
+    let mut rng = Rng::new(13);
+    let (mut refused, mut accepted) = (0, 0);
+    for at in from..good.len() {
+        let mut b = good.clone();
+        b[at] ^= 1 << rng.below(8);
+        if refused_unchanged(&mut c, &format!("record byte {}", at - from), &fixed(b)) {
+            refused += 1;
+        } else {
+            accepted += 1;
+            c.world.nodes[1].nic.invariants().unwrap_or_else(|e| panic!("record byte {}: {e}", at - from));
+            let again = suspend_and_save_again(&mut c);
+            assert_eq!(again.len, ctx.len, "record byte {}: re-saved image of another length", at - from);
+        }
+    }
+    // Named corruptions, each refused: another member count, a held
+    // message's sequence beyond what was received, a posted receive whose
+    // root is this rank, more receives than the NIC keeps.
+    let le16 = |b: &mut Vec<u8>, at: usize, v: u16| b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+    let held = from + 46 + n as usize * 20 + WorkDesc::SIZE + 4;
+    let posted_root = held - 4;
+    for (what, at, v) in [
+        ("member count", from + 2, n + 1),
+        ("posted receive's root", posted_root, 1),
+        ("held message's root", held, 3),
+        ("posted count", from + 42, 1000),
+    ] {
+        let mut b = good.clone();
+        le16(&mut b, at, v);
+        assert!(refused_unchanged(&mut c, what, &fixed(b)), "{what} accepted");
+    }
+    let mut b = good.clone();
+    b[held + 4..held + 8].copy_from_slice(&9u32.to_le_bytes());
+    assert!(refused_unchanged(&mut c, "held sequence", &fixed(b)), "held sequence accepted");
+    eprintln!("record of {record} bytes: {refused} corruptions refused, {accepted} still valid states");
+    // Flips in the held bytes are valid states; most of the rest are not.
+    assert!(refused >= (record - lens[1] - lens[2]) / 2, "too few corruptions refused");
+    c.write_image(1, &ctx, &good);
+    assert_eq!(c.restore(1, &ctx, 2), ar::OK, "{:?}", c.world.nodes[1].nic.restore_refusal());
+    assert_eq!(c.resume(1), ar::OK);
+    // Root 2 broadcasts; rank 1 then takes root 0's two held messages.
+    let from_2 = data(lens[0], 77);
+    c.rbcast(2, 0, 2, tag, &from_2, true);
+    let w0 = c.rbcast(0, 0, 2, tag, &from_2, false);
+    wrs1.extend((1..3).map(|k| c.rbcast(1, 0, 0, tag, &msg(k), false)));
+    for (i, &wr) in wrs1.iter().enumerate() {
+        let cqe = c.wait(1, wr, 200 * MS).unwrap_or_else(|| panic!("rank 1's receive {i} never completed"));
+        assert_eq!(status(&cqe), Status::Success, "rank 1 receive {i}");
+    }
+    assert_eq!(c.received(wrs1[1], lens[0]), from_2, "root 2's broadcast at rank 1");
+    for k in 1..3 {
+        assert_eq!(c.received(wrs1[k + 1], lens[k]), msg(k), "held message {k} at rank 1");
+    }
+    for (k, &wr) in wrs2.iter().enumerate() {
+        assert_eq!(status(&c.wait(2, wr, 200 * MS).expect("rank 2")), Status::Success, "rank 2 receive {k}");
+    }
+    assert_eq!(status(&c.wait(0, w0, 200 * MS).expect("rank 0")), Status::Success);
 }

@@ -35,6 +35,7 @@
 //!   sub-group; a co-root refuses new messages at zero credit for its
 //!   sub-group, which holds the root's window and so stalls the root too.
 
+mod image;
 mod state;
 
 use emp_uapi::coll::{rbcast_algo, CollHeader, CollKind, RBCAST_MEMBERS_MAX};
@@ -50,6 +51,7 @@ use crate::host::Completion;
 use crate::mr::Buf;
 use crate::{timer, Hal, LocalDesc, Nic};
 
+pub(crate) use image::RbImage;
 pub(crate) use state::RbGroup as RbGroupState;
 pub use state::RbcastStats;
 use state::{sub_size, tree_child, tree_children, Arrival, Frag, RbGroup, RootAlgo};
@@ -119,6 +121,94 @@ impl Nic {
     /// ([`RbGroup::pristine`]; `ctxsw.rs` keeps it out of a context image).
     pub(crate) fn rbcast_state_of(&self, slot: u32) -> Option<(u16, bool)> {
         self.rbcast.get(slot as usize)?.as_ref().map(|rb| (rb.addr, rb.pristine()))
+    }
+
+    /// Why group `slot`'s reliable-broadcast state cannot go into a port
+    /// context image now, if it cannot (`ctxsw.rs`: the port is not
+    /// stable yet).
+    pub(crate) fn rbcast_unsaveable(&self, slot: u32) -> Option<&'static str> {
+        let rb = self.rbcast.get(slot as usize)?.as_ref()?;
+        if let Some(why) = rb.unsaveable() {
+            return Some(why);
+        }
+        let ours = |c: &CollTx| c.op == RBCAST_OP && c.op_stamp == rb.stamp;
+        self.tx.iter().any(|(_, m)| m.coll.as_ref().is_some_and(|c| ours(c))).then_some("a reliable copy is queued")
+    }
+
+    /// Receives the host posted for group `slot`'s broadcasts (descriptors
+    /// outstanding).
+    pub(crate) fn rbcast_posted(&self, slot: u32) -> usize {
+        self.rbcast.get(slot as usize).and_then(|r| r.as_ref()).map_or(0, |rb| rb.posted.len())
+    }
+
+    /// Writes group `slot`'s record into a context image, as the image's
+    /// group `index`, when it has a state that is not pristine (a pristine
+    /// one is built again on restore); true when it wrote one.
+    pub(crate) fn rbcast_put_image(&self, slot: u32, index: u16, out: &mut Vec<u8>) -> bool {
+        match self.rbcast.get(slot as usize).and_then(|r| r.as_ref()) {
+            Some(rb) if !rb.pristine() => {
+                image::put(rb, index, out);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The largest record a group of `n` members can have here.
+    pub(crate) fn rbcast_image_max(&self, n: u16) -> usize {
+        let buf = wire::rbcast_payload_max(self.mtu);
+        let c = &self.cfg;
+        image::size(n as usize, c.rbcast_posted_max as usize, c.rbcast_rx_slots as usize, buf)
+    }
+
+    /// Reads and checks a record (after its group index) for group `g`,
+    /// which restores into table slot `table_slot` for port `port`: the
+    /// NIC must keep such state, and the posted receives' memory must be
+    /// the port's.
+    pub(crate) fn rbcast_get_image<H: Hal>(
+        &self,
+        hal: &mut H,
+        port: u16,
+        r: &mut crate::image::Reader,
+        table_slot: u32,
+        g: &crate::group::GroupState,
+    ) -> Result<RbImage, &'static str> {
+        let c = &self.cfg;
+        if c.rbcast_window == 0 || c.rbcast_rx_slots == 0 || g.n as usize > RBCAST_MEMBERS_MAX {
+            return Err("reliable-broadcast state for a NIC or group without it");
+        }
+        let limits = image::Limits {
+            n: g.n,
+            rank: g.rank,
+            table_slot,
+            posted_max: c.rbcast_posted_max as usize,
+            slots: c.rbcast_rx_slots as usize,
+            buf: wire::rbcast_payload_max(self.mtu),
+        };
+        let img = image::get(r, &limits)?;
+        for (ld, _) in &img.posted {
+            if self.check_sges(hal, port, ld.sges(), MR_LOCAL_WRITE).is_err() {
+                return Err("reliable-broadcast receive's memory");
+            }
+        }
+        Ok(img)
+    }
+
+    /// Installs a checked record into group `slot`'s state, fresh from
+    /// [`Nic::rbcast_group_loaded`].
+    pub(crate) fn rbcast_install(&mut self, slot: u32, img: RbImage) {
+        let rb = self.rbcast[slot as usize].as_mut().expect("checked: the NIC keeps the state");
+        rb.install(img);
+        debug_assert!(rb.check().is_ok(), "{:?}", rb.check());
+    }
+
+    /// Group `slot` leaves with its port's saved context: its posted
+    /// receives and held messages are in the image, so nothing completes.
+    pub(crate) fn rbcast_group_saved<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32) {
+        if let Some(rb) = self.rbcast.get_mut(slot as usize).and_then(|r| r.as_mut()) {
+            rb.posted.clear();
+        }
+        self.rbcast_group_removed(hal, now, slot, Status::Flushed);
     }
 
     /// Group `slot` goes: its posted receives end with `status`, reliable
@@ -335,7 +425,7 @@ impl Nic {
     fn rbcast_multicast<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, slot: u32, e: usize) {
         let g = self.groups.get(slot).expect("live group");
         let (id, epoch) = (g.id, g.epoch);
-        let (node, gen) = (self.node, self.ports[port as usize].gen);
+        let (node, gen, src) = (self.node, self.ports[port as usize].gen, self.ports[port as usize].addr);
         let rb = self.rb(slot);
         let w = &rb.window[e];
         let mut body = rb.data_header(e, id, epoch, 0);
@@ -352,7 +442,7 @@ impl Nic {
         rb.credit_owed_since = 0;
         rb.multicast_ns = now;
         // To every member's port: receivers look the group up by id.
-        let hdr = rbcast_frame_header(node, port, gen, rb.addr, 0, w.len);
+        let hdr = rbcast_frame_header(node, src, gen, rb.addr, 0, w.len);
         let mut buf = core::mem::take(&mut self.rbcast_frame);
         let rb = self.rbcast[slot as usize].as_ref().expect("live");
         let w = &rb.window[e];
@@ -488,7 +578,8 @@ impl Nic {
         let (node, rport) = g.endpoint(to);
         let hdr = {
             let w = &self.rbcast[slot as usize].as_ref().expect("live").window[e];
-            rbcast_frame_header(self.node, port, self.ports[port as usize].gen, node, rport, w.len)
+            let st = &self.ports[port as usize];
+            rbcast_frame_header(self.node, st.addr, st.gen, node, rport, w.len)
         };
         let mut buf = core::mem::take(&mut self.rbcast_frame);
         let rb = self.rbcast[slot as usize].as_ref().expect("live");
@@ -703,7 +794,8 @@ impl Nic {
             sender: rb.rank,
             ..Default::default()
         };
-        let hdr = rbcast_frame_header(self.node, port, self.ports[port as usize].gen, node, rport, 0);
+        let st = &self.ports[port as usize];
+        let hdr = rbcast_frame_header(self.node, st.addr, st.gen, node, rport, 0);
         let mut b = [0u8; FrameHeader::SIZE + RbcastHeader::SIZE];
         emit_rbcast(&hdr, &body, &[], &mut b).expect("fits");
         hal.mac_transmit(node, &b);
@@ -1073,7 +1165,8 @@ impl Nic {
         rb.multicast_ns = now;
         rb.stats.announces += 1;
         let addr = rb.addr;
-        let hdr = rbcast_frame_header(self.node, port, self.ports[port as usize].gen, addr, 0, 0);
+        let st = &self.ports[port as usize];
+        let hdr = rbcast_frame_header(self.node, st.addr, st.gen, addr, 0, 0);
         let mut b = [0u8; FrameHeader::SIZE + RbcastHeader::SIZE];
         emit_rbcast(&hdr, &body, &[], &mut b).expect("fits");
         let r = self.mcast_transmit(hal, &b);
@@ -1104,7 +1197,7 @@ impl Nic {
         }
         let g = self.groups.get(slot).expect("live group");
         let (id, epoch, port) = (g.id, g.epoch, g.port);
-        let gen = self.ports[port as usize].gen;
+        let (gen, src) = (self.ports[port as usize].gen, self.ports[port as usize].addr);
         let mut next = u64::MAX;
         let mut budget = RBCAST_ANNOUNCE_BURST;
         for e in 0..self.rb(slot).window.len() {
@@ -1127,7 +1220,7 @@ impl Nic {
             while let Some(m) = member.filter(|_| budget > 0) {
                 let to = emp_uapi::coll::abs_rank(c + 1 + m as u16, root, n);
                 let (node, rport) = self.groups.get(slot).expect("live group").endpoint(to);
-                let hdr = rbcast_frame_header(self.node, port, gen, node, rport, 0);
+                let hdr = rbcast_frame_header(self.node, src, gen, node, rport, 0);
                 emit_rbcast(&hdr, &body, &[], &mut b).expect("fits");
                 hal.mac_transmit(node, &b);
                 budget -= 1;
@@ -1273,8 +1366,9 @@ impl Nic {
     }
 }
 
-/// The header of a one-frame RBCAST frame from (`node`, `port` of
-/// generation `gen`) to `dst_node` (a node, or the group's multicast
+/// The header of a one-frame RBCAST frame from (`node`, the port at wire
+/// address `port` of generation `gen`: never its slot, which a port
+/// restored elsewhere does not share with its address) to `dst_node` (a node, or the group's multicast
 /// address) and `dst_port`, with `payload_len` data bytes.
 fn rbcast_frame_header(node: u16, port: u16, gen: u16, dst_node: u16, dst_port: u16, payload_len: u16) -> FrameHeader {
     FrameHeader {

@@ -238,6 +238,19 @@ impl AckClock {
         self.samples += 1;
     }
 
+    /// What a context image carries of it (`image.rs`).
+    pub(crate) fn words(&self) -> [u64; 3] {
+        [self.srtt_ns, self.rttvar_ns, self.samples]
+    }
+
+    /// From an image's words; `None` for a wait no network has (over
+    /// 2^40 ns, 18 minutes), which [`AckClock::deadline`]'s sum could not
+    /// hold.
+    pub(crate) fn from_words(w: [u64; 3]) -> Option<AckClock> {
+        let [srtt_ns, rttvar_ns, samples] = w;
+        (srtt_ns < 1 << 40 && rttvar_ns < 1 << 40).then_some(AckClock { srtt_ns, rttvar_ns, samples })
+    }
+
     /// Age past which an entry's missing ACKs count as lost, at most `rto`;
     /// `rto` itself before the first sample.
     pub(crate) fn deadline(&self, rto: u64) -> u64 {
@@ -455,6 +468,35 @@ impl RbGroup {
             && self.slots.iter().all(|s| !s.live)
             && self.posted.is_empty()
             && self.expected.iter().chain(&self.delivered).chain(&self.ack_sent).all(|&x| x == 0)
+    }
+
+    /// Why this state cannot go into a context image now, if it cannot: a
+    /// saved state carries sequences, credits, posted receives and the
+    /// messages held for them, never anything in flight. Each of these
+    /// settles by itself (ACKs arrive or are repaired for, owed ACKs and
+    /// credit updates leave on the group timer, gaps are repaired).
+    pub(crate) fn unsaveable(&self) -> Option<&'static str> {
+        if self.window.iter().any(|e| e.live) {
+            return Some("a reliable broadcast awaits its acknowledgements");
+        }
+        if self.ack_owed_since.iter().any(|&t| t != 0) {
+            return Some("a reliable-broadcast ACK is owed");
+        }
+        if self.credit_owed_since != 0 {
+            return Some("a reliable-broadcast credit update is owed");
+        }
+        if !self.starved.is_empty() {
+            return Some("a reliable-broadcast root waits for credit");
+        }
+        if self.front_off != 0 || self.front_err.is_some() {
+            return Some("a reliable broadcast is half handed over");
+        }
+        let gap = (0..self.n as usize).any(|r| r != self.rank as usize && seq_lt(self.expected[r], self.heard[r]));
+        let ahead = self.slots.iter().any(|s| s.live && !seq_lt(s.seq, self.expected[s.root as usize]));
+        if gap || ahead {
+            return Some("a reliable broadcast is missing");
+        }
+        None
     }
 
     /// The header of a DATA frame carrying window entry `e` of group
