@@ -26,9 +26,24 @@ fn two_collective_jobs_share_single_slot_nics_in_time_slices() {
     two_jobs("gangcoll", 2, env!("CARGO_BIN_EXE_tap-coll"), 12);
 }
 
+/// Two jobs of reliable broadcasts (every scheme: window, co-roots, ACK
+/// every M, NAKs) on the same single-slot NICs, switched in turn: their
+/// groups' reliable-broadcast state travels in the saved contexts, and the
+/// second job, at other wire addresses in the same slots, is reached by
+/// its own frames only.
+#[test]
+fn two_reliable_broadcast_jobs_share_single_slot_nics_in_time_slices() {
+    two_jobs_with("gangrb", 3, env!("CARGO_BIN_EXE_tap-rbcast"), 3, &[("EMP_TAP_RBCAST_ROUNDS", "150")]);
+}
+
 /// Two jobs running `program` (a TAP suite of `cases` cases) with `ranks`
 /// ranks on `ranks` NICs of one slot each.
 fn two_jobs(name: &str, ranks: usize, program: &str, cases: usize) {
+    two_jobs_with(name, ranks, program, cases, &[]);
+}
+
+/// As [`two_jobs`], with `env` set for the jobs.
+fn two_jobs_with(name: &str, ranks: usize, program: &str, cases: usize, env: &[(&str, &str)]) {
     let c = Cluster::up(name, &["-n", &ranks.to_string(), "--ports", "1"]);
     let job = format!("{ranks} {program}");
     let out = emp()
@@ -36,6 +51,7 @@ fn two_jobs(name: &str, ranks: usize, program: &str, cases: usize) {
         .arg(c.path())
         .args(["--job", &job, "--job", &job])
         .env("EMP_TAP_BIG_MB", "16")
+        .envs(env.iter().copied())
         .output()
         .expect("emp gang");
     let stdout = String::from_utf8_lossy(&out.stdout);
