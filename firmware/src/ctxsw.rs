@@ -56,7 +56,10 @@ use crate::{sram_put_u32, sram_u32, FlowControl, Hal, LocalDesc, MatchMode, Nic,
 pub(crate) struct Parked {
     pub addr: u16,
     pub gen: u16,
-    /// (node, port, next expected message) per peer.
+    /// (node, port, next expected message) per peer. A message whose
+    /// header the context retained (rendezvous) is below it too: its
+    /// sender's keepalive is ACKed like a finished message's, and that is
+    /// safe, as a held send completes only by its pull (`tx.rs`).
     pub expected: Vec<(u16, u16, u32)>,
 }
 
@@ -84,6 +87,9 @@ pub const STORED_IMAGE: usize = 4 + WorkDesc::SIZE;
 /// Queued message kinds.
 const TX_SEND: u16 = 0;
 const TX_COLL: u16 = 1;
+/// A send whose header its receiver retained (rendezvous): it waits for
+/// the receiver's pull.
+const TX_HELD: u16 = 2;
 /// A queued collective message whose op already completed (a barrier's last).
 const NO_OP: u16 = u16::MAX;
 /// Bytes of one group record: table slot, id, epoch, rank, members, span,
@@ -102,6 +108,12 @@ const OPF_ERROR: u8 = 4;
 const UNEXP_IMAGE: usize = 24;
 /// An eager entry's flag: the sender's immediate data is carried.
 const UNEXP_HAS_IMM: u16 = 1;
+/// A retained header (rendezvous): no payload; its message's length and
+/// sequence number follow ([`RETAINED_IMAGE`] bytes), its data is pulled
+/// from the sender when a receive matches.
+const UNEXP_RETAINED: u16 = 2;
+/// Bytes after a retained entry's fixed part: total length, sequence, zero.
+const RETAINED_IMAGE: usize = 16;
 
 /// FNV-1a over `b`, the checksum field counted as zero.
 pub fn image_checksum(b: &[u8]) -> u32 {
@@ -295,8 +307,10 @@ struct Image {
     posted: Vec<LocalDesc>,
     peers: Vec<PeerImage>,
     /// (peer index, sequence, descriptor, collective side).
-    tx: Vec<(usize, u32, LocalDesc, Option<CollImage>)>,
-    unexp: Vec<EagerImage>,
+    /// (peer index, sequence, descriptor, a collective's message, held
+    /// for its receiver's pull).
+    tx: Vec<(usize, u32, LocalDesc, Option<CollImage>, bool)>,
+    unexp: Vec<UnexpImage>,
     /// (table slot, group as loaded from the trusted side's table).
     groups: Vec<(u32, GroupState)>,
     /// (group index, op record: its state, instance, descriptor, outcome).
@@ -313,9 +327,15 @@ struct Image {
 /// image's ops, or [`NO_OP`]), header and NIC-held data.
 type CollImage = (u16, CollHeader, Vec<u8>);
 
-/// An eager unexpected message of an image: (source node, source port,
-/// tag, immediate data, payload).
-type EagerImage = (u16, u16, u64, Option<u32>, Vec<u8>);
+/// An unexpected message of an image: eager (its payload), or a retained
+/// header (rendezvous: its length and sequence number; no payload).
+struct UnexpImage {
+    src: (u16, u16),
+    tag: u64,
+    imm: Option<u32>,
+    data: Vec<u8>,
+    retained: Option<(u64, u32)>,
+}
 
 /// Why a restore was refused.
 enum Refusal {
@@ -515,20 +535,22 @@ impl Nic {
             if p.ack_owed.is_some() || p.ack_queued {
                 return Some("an ACK is owed (coalescing)");
             }
-            if p.rdv_entries > 0 || !p.atomic.queue.is_empty() {
-                return Some("a retained message or an atomic is outstanding");
+            if !p.atomic.queue.is_empty() {
+                return Some("an atomic is outstanding");
             }
             for &s in &p.tx_queue {
                 let m = self.tx.get(s).expect("queued");
-                if !m.restartable() {
+                if !m.restartable() && !m.held_for_pull() {
                     return Some("a message is being sent");
                 }
                 tx += m.coll.is_none() as u32;
             }
         }
-        let unexp_ok = |&e: &u32| self.unexp.get(e).is_some_and(|u| u.data.is_some() && u.claimed.is_none());
+        // Eager, or a retained header not being pulled; none claimed.
+        let unexp_ok =
+            |&e: &u32| self.unexp.get(e).is_some_and(|u| u.claimed.is_none() && (u.data.is_some() || u.pull.is_none()));
         if !st.unexpected.iter().all(unexp_ok) {
-            return Some("a retained or claimed unexpected message");
+            return Some("an unexpected message is being pulled or is claimed");
         }
         if let Some(why) = self.coll_unstable(port) {
             return Some(why);
@@ -590,7 +612,7 @@ impl Nic {
     fn image_max(&self) -> usize {
         let w = self.layout.port(0);
         let descs = (w.send_entries + w.recv_entries + self.cfg.recv_posted_max) as usize * WorkDesc::SIZE;
-        let unexp = self.unexp.capacity() as usize * (UNEXP_IMAGE + self.eager_slot_size() as usize);
+        let unexp = self.unexp.capacity() as usize * (UNEXP_IMAGE + RETAINED_IMAGE + self.eager_slot_size() as usize);
         let groups = self.groups.slots.len() * GROUP_IMAGE;
         // An op: its record, descriptor and state, a reduction's buffers
         // (own, result, one per child: at most every member).
@@ -706,7 +728,11 @@ impl Nic {
         for &(i, s) in &txs {
             let m = self.tx.get(s).expect("queued");
             out.extend_from_slice(&(i as u16).to_le_bytes());
-            let kind = if m.coll.is_some() { TX_COLL } else { TX_SEND };
+            let kind = match (&m.coll, m.held) {
+                (Some(_), _) => TX_COLL,
+                (None, true) => TX_HELD,
+                (None, false) => TX_SEND,
+            };
             out.extend_from_slice(&kind.to_le_bytes());
             out.extend_from_slice(&m.seq.to_le_bytes());
             match &m.coll {
@@ -716,14 +742,21 @@ impl Nic {
         }
         for &e in &st.unexpected {
             let u = self.unexp.get(e).expect("queued");
-            let data = self.eager_payload(e).expect("stable: eager only");
-            let flags = if u.imm.is_some() { UNEXP_HAS_IMM } else { 0 };
+            // Stable: eager, or retained and not being pulled.
+            let data = self.eager_payload(e).unwrap_or(&[]);
+            let retained = if u.data.is_none() { UNEXP_RETAINED } else { 0 };
+            let flags = if u.imm.is_some() { UNEXP_HAS_IMM } else { 0 } | retained;
             for v in [u.src_node, u.src_port, data.len() as u16, flags] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
             out.extend_from_slice(&u.tag.to_le_bytes());
             out.extend_from_slice(&u.imm.unwrap_or(0).to_le_bytes());
             out.extend_from_slice(&0u32.to_le_bytes());
+            if retained != 0 {
+                out.extend_from_slice(&u.total_len.to_le_bytes());
+                out.extend_from_slice(&u.seq.to_le_bytes());
+                out.extend_from_slice(&0u32.to_le_bytes());
+            }
             out.extend_from_slice(data);
         }
         for (ring, table) in [(0u8, &st.stored_recvs), (1, &st.stored_sends)] {
@@ -926,28 +959,31 @@ impl Nic {
             }
             if kind == TX_COLL {
                 let (ld, coll) = self.check_coll_tx(&mut r, p, &groups, &ops)?;
-                tx.push((i, seq, ld, Some(coll)));
+                tx.push((i, seq, ld, Some(coll), false));
                 continue;
             }
             let d = r.desc()?;
             let ld = LocalDesc::new(&d);
-            if kind != TX_SEND || d.validate() != Ok(Opcode::Send) || (d.node, d.port) != (p.node, p.rport) {
+            let plain = matches!(kind, TX_SEND | TX_HELD);
+            if !plain || d.validate() != Ok(Opcode::Send) || (d.node, d.port) != (p.node, p.rport) {
                 return Err("queued send".into());
             }
             if ld.len > self.cfg.msg_max || self.check_sges(hal, slot, ld.sges(), MR_LOCAL_READ).is_err() {
                 return Err("queued send's memory".into());
             }
-            tx.push((i, seq, ld, None));
+            tx.push((i, seq, ld, None, kind == TX_HELD));
         }
-        if n_unexp as u32 > self.eager_room() {
+        // Eager entries need an overflow slot each; retained headers count
+        // against the NIC's headers; all against its unexpected table.
+        if n_unexp as u32 > self.unexp.capacity() - self.unexp.used() {
             return Err(Refusal::NoRoom);
         }
-        let mut unexp = Vec::with_capacity(n_unexp);
+        let mut unexp: Vec<UnexpImage> = Vec::with_capacity(n_unexp);
         for _ in 0..n_unexp {
             let (src_node, src_port, len, flags) = (r.u16()?, r.u16()?, r.u16()?, r.u16()?);
             let tag = r.u64()?;
             let (imm, reserved) = (r.u32()?, r.u32()?);
-            if flags & !UNEXP_HAS_IMM != 0
+            if flags & !(UNEXP_HAS_IMM | UNEXP_RETAINED) != 0
                 || (flags & UNEXP_HAS_IMM == 0 && imm != 0)
                 || reserved != 0
                 || len as u32 > self.eager_slot_size()
@@ -955,7 +991,27 @@ impl Nic {
                 return Err("unexpected message".into());
             }
             let imm = (flags & UNEXP_HAS_IMM != 0).then_some(imm);
-            unexp.push((src_node, src_port, tag, imm, r.take(len as usize)?.to_vec()));
+            let retained = if flags & UNEXP_RETAINED != 0 {
+                let (total_len, seq, zero) = (r.u64()?, r.u32()?, r.u32()?);
+                // Taken from a peer of the image before the save: below its
+                // next expected message and within a window of it.
+                let p = peers.iter().find(|p| (p.node, p.rport) == (src_node, src_port));
+                let taken = p.is_some_and(|p| seq_lt(seq, p.rx_expected) && p.rx_expected.wrapping_sub(seq) < 1 << 20);
+                let twice =
+                    unexp.iter().any(|u| u.retained.is_some_and(|(_, s)| s == seq) && u.src == (src_node, src_port));
+                if len != 0 || zero != 0 || total_len > self.cfg.msg_max || !taken || twice {
+                    return Err("retained message".into());
+                }
+                Some((total_len, seq))
+            } else {
+                None
+            };
+            let data = r.take(len as usize)?.to_vec();
+            unexp.push(UnexpImage { src: (src_node, src_port), tag, imm, data, retained });
+        }
+        let n_retained = unexp.iter().filter(|u| u.retained.is_some()).count() as u32;
+        if n_unexp as u32 - n_retained > self.eager_room() || self.rdv_held + n_retained > self.cfg.unexp_headers {
+            return Err(Refusal::NoRoom);
         }
         let stored = check_stored(&mut r, n_stored)?;
         // Each group's state at most once, in group order.
@@ -1115,7 +1171,7 @@ impl Nic {
             }
             op_slots.push(self.coll_ops.insert_checked(o));
         }
-        for (i, seq, d, coll) in img.tx {
+        for (i, seq, d, coll, held) in img.tx {
             let coll = coll.map(|(op, hdr, data)| {
                 // A message of a completed op names no live record.
                 let (op, op_stamp) = match op_slots.get(op as usize) {
@@ -1129,11 +1185,18 @@ impl Nic {
                 let data = if data.is_empty() { CollData::None } else { CollData::Nic(data) };
                 CollTx { hdr: Some(hdr), data, op, op_stamp, limit: u32::MAX }
             });
-            self.restore_tx(now, slot, ids[i], d, seq, coll);
+            let t = self.restore_tx(now, slot, ids[i], d, seq, coll);
+            if held {
+                // Waits for its pull again, kept alive meanwhile.
+                self.hold_tx(now, t);
+            }
         }
-        for (node, port, tag, imm, data) in img.unexp {
-            let peer = self.find_peer(slot, node, port).unwrap_or(u32::MAX);
-            self.restore_eager(slot, peer, (node, port), tag, imm, &data);
+        for u in img.unexp {
+            let peer = self.find_peer(slot, u.src.0, u.src.1).unwrap_or(u32::MAX);
+            match u.retained {
+                None => self.restore_eager(slot, peer, u.src, u.tag, u.imm, &u.data),
+                Some((total_len, seq)) => self.restore_retained(slot, peer, u.src, u.tag, u.imm, total_len, seq),
+            }
         }
     }
 

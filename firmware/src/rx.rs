@@ -864,6 +864,39 @@ impl Nic {
         self.ports[port as usize].unexpected.push_back(e);
     }
 
+    /// A restored context's retained header (rendezvous) of message `seq`
+    /// from `peer`, appended to `port`'s queue (the caller checked the
+    /// table and the header count).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn restore_retained(
+        &mut self,
+        port: u16,
+        peer: u32,
+        src: (u16, u16),
+        tag: u64,
+        imm: Option<u32>,
+        total_len: u64,
+        seq: u32,
+    ) {
+        let entry = Unexpected {
+            port,
+            src_node: src.0,
+            src_port: src.1,
+            tag,
+            total_len,
+            imm,
+            data: None,
+            peer,
+            seq,
+            pull: None,
+            claimed: None,
+        };
+        let e = self.unexp.insert_checked(entry);
+        self.ports[port as usize].unexpected.push_back(e);
+        self.rdv_held += 1;
+        self.peer_mut(peer).rdv_entries += 1;
+    }
+
     /// The port closes: its unexpected entries go (pulls were flushed first).
     pub(crate) fn unexp_flush_port(&mut self, port: u16) {
         while let Some(&e) = self.ports[port as usize].unexpected.front() {

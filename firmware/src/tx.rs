@@ -174,6 +174,13 @@ impl TxMsg {
         self.next_frame == 0 && self.rewindable_unacked()
     }
 
+    /// A plain send whose receiver retained its header and has not pulled
+    /// it yet: a context image carries it as held (its descriptor and
+    /// sequence number), to wait for the pull again after the restore.
+    pub fn held_for_pull(&self) -> bool {
+        self.held && !self.pulling && self.coll.is_none() && self.rma.is_none()
+    }
+
     /// Nothing of it is acknowledged (nor retained, pulled), and a context
     /// image can carry it to send again: a plain send (its descriptor), or
     /// a barrier's or reduction's message (its collective header and the
@@ -261,8 +268,8 @@ impl Nic {
         desc: LocalDesc,
         seq: u32,
         coll: Option<crate::coll::CollTx>,
-    ) {
-        self.queue_tx(now, port, peer, desc, seq, coll.map(Box::new), None);
+    ) -> u32 {
+        self.queue_tx(now, port, peer, desc, seq, coll.map(Box::new), None)
     }
 
     /// Puts message `seq` to `peer` into the tx table and at the end of

@@ -862,3 +862,91 @@ fn test_corrupted_rbcast_state_is_refused_and_changes_nothing() {
     }
     assert_eq!(status(&c.wait(0, w0, 200 * MS).expect("rank 0")), Status::Success);
 }
+
+/// Rendezvous in the images: large messages whose receives are not posted
+/// are retained at the receiver (their headers) and held at the sender
+/// (their data, until pulled). Both ends are switched out — the receiver
+/// first, so the sender's keepalives reach a parked context, whose answer
+/// must not finish a send it has not pulled — and back into other slots; then the receives come, in another order, and each
+/// pulls its message intact; every send completes once, only after its
+/// pull. With loss, duplication and reordering too. A retained entry
+/// naming a message its sender never sent (beyond the peer's sequence) is
+/// refused.
+fn retained_messages_travel(loss: f64, seed: u64, count: u64) {
+    let wire = WireConfig { loss, dup: loss / 2.0, reorder: loss, ..WireConfig::default() };
+    let mut c = Cluster::new(2, Config::default(), 0, 1500, wire);
+    c.world.reseed(seed);
+    let lens = [20_000usize, 61_000, 9_000, 140_000];
+    let sends: Vec<u64> = (0..count)
+        .map(|i| match i % 2 {
+            0 => c.send(0, 1, 50 + i, &data(lens[i as usize], i)),
+            _ => c.send_imm(0, 1, 50 + i, &data(lens[i as usize], i), 0xAB00 | i as u32),
+        })
+        .collect();
+    c.run_for(20 * MS);
+    assert_eq!(c.world.nodes[1].nic.occupancy().unexp_entries as u64, count, "seed {seed}: the headers are retained");
+    assert!(c.completions(0).is_empty(), "seed {seed}: a send completed before its pull");
+    let rx = suspend_and_save(&mut c, 1);
+    // Keepalives (every rto_ns_max) reach the parked receiver.
+    let dups = c.counter(1, emp_uapi::sram::counter::DUPLICATES);
+    c.run_for(120 * MS);
+    assert!(
+        c.counter(1, emp_uapi::sram::counter::DUPLICATES) > dups,
+        "seed {seed}: no keepalive reached the parked context"
+    );
+    assert!(c.completions(0).is_empty(), "seed {seed}: a parked receiver finished a send it never pulled");
+    let tx = suspend_and_save(&mut c, 0);
+    for (n, ctx) in [(1u16, &rx), (0, &tx)] {
+        let image = c.image(n, ctx);
+        assert!(image.len() > 80, "seed {seed}: node {n}'s image");
+    }
+    // Forged: the receiver's image claims a fifth retained message, one
+    // beyond what its sender ever sent. Its checksum fixed, it is refused.
+    let good = c.image(1, &rx);
+    let n_unexp = u16::from_le_bytes([good[70], good[71]]);
+    assert_eq!(n_unexp as u64, count, "seed {seed}: the retained headers in the image");
+    let mut forged = good.clone();
+    let seq_at = forged.len() - 16 + 8; // the last entry's sequence number
+    let seq = u32::from_le_bytes(forged[seq_at..seq_at + 4].try_into().unwrap());
+    forged[seq_at..seq_at + 4].copy_from_slice(&(seq + 10).to_le_bytes());
+    let sum = image_checksum(&forged);
+    forged[12..16].copy_from_slice(&sum.to_le_bytes());
+    c.write_image(1, &rx, &forged);
+    assert_eq!(c.restore(1, &rx, 3), ar::BAD_IMAGE, "seed {seed}: a retained message never sent");
+    c.write_image(1, &rx, &good);
+    assert_eq!(c.restore(0, &tx, 2), ar::OK, "{:?}", c.world.nodes[0].nic.restore_refusal());
+    assert_eq!(c.restore(1, &rx, 3), ar::OK, "{:?}", c.world.nodes[1].nic.restore_refusal());
+    assert_eq!(c.resume(0), ar::OK);
+    assert_eq!(c.resume(1), ar::OK);
+    c.run_for(20 * MS);
+    assert!(c.completions(0).is_empty(), "seed {seed}: a send completed before its receive was posted");
+    for i in [3u64, 1, 0, 2].into_iter().filter(|&i| i < count) {
+        let len = lens[i as usize];
+        let r = c.recv(1, (0, 0), 50 + i, 0, len as u64);
+        let cqe = c.wait(1, r, 2_000 * MS).unwrap_or_else(|| panic!("seed {seed}: message {i} never pulled"));
+        assert_eq!((status(&cqe), cqe.tag, cqe.byte_len as usize), (Status::Success, 50 + i, len), "seed {seed}");
+        let imm = (i % 2 == 1).then_some(0xAB00 | i as u32);
+        assert_eq!((cqe.flags & CQE_IMM != 0).then_some(cqe.imm), imm, "seed {seed}: message {i}'s immediate data");
+        assert_eq!(c.received(r, len), data(len, i), "seed {seed}: message {i}'s bytes");
+    }
+    for (i, s) in sends.into_iter().enumerate() {
+        let cqe = c.wait(0, s, 2_000 * MS).unwrap_or_else(|| panic!("seed {seed}: send {i} never completed"));
+        assert_eq!(status(&cqe), Status::Success, "seed {seed}: send {i}");
+    }
+    c.run_for(50 * MS);
+    for n in 0..2 {
+        assert!(c.completions(n).is_empty(), "seed {seed}: node {n}: a completion twice");
+        let nic = &c.world.nodes[n as usize].nic;
+        assert_eq!(nic.occupancy().unexp_entries, 0, "seed {seed}: node {n}");
+        nic.invariants().unwrap_or_else(|e| panic!("seed {seed}: node {n}: {e}"));
+    }
+}
+
+#[test]
+fn test_retained_messages_travel_in_both_images() {
+    retained_messages_travel(0.0, 1, 4);
+    retained_messages_travel(0.0, 1, 1);
+    for seed in 2..6 {
+        retained_messages_travel(0.03, seed, [1, 4][seed as usize % 2]);
+    }
+}

@@ -1216,7 +1216,8 @@ fn work_desc_spec(d: &WorkDesc) -> Result<Opcode, DecodeError> {
     if d.num_sge as usize > SGE_MAX {
         return Err(DecodeError::BadIndex);
     }
-    if d.flags & WD_IMM != 0 && op != Opcode::RdmaWrite {
+    // Immediate data: a write's, or a send's (in `ignore`, 32 bits).
+    if d.flags & WD_IMM != 0 && op != Opcode::RdmaWrite && op != Opcode::Send {
         return Err(DecodeError::ReservedNotZero);
     }
     // Claiming: a probe's choice; a receive's names a handle (32 bits) alone.
@@ -1232,7 +1233,8 @@ fn work_desc_spec(d: &WorkDesc) -> Result<Opcode, DecodeError> {
     if op == Opcode::Recv && d.flags & WD_CLAIM != 0 && (d.node | d.port != 0 || d.ignore != 0 || d.tag >> 32 != 0) {
         return Err(DecodeError::BadIndex);
     }
-    if op == Opcode::Send && (d.ignore != 0 || d.node == ANY_NODE || d.port == ANY_PORT) {
+    let imm_max = if d.flags & WD_IMM != 0 { u32::MAX as u64 } else { 0 };
+    if op == Opcode::Send && (d.ignore > imm_max || d.node == ANY_NODE || d.port == ANY_PORT) {
         return Err(DecodeError::BadIndex);
     }
     if !operands_spec(d, op) {
