@@ -136,11 +136,6 @@ fn save_slot(admin: &Admin<'_>, file: u64, slot: u16, key: u32, offset: u64, roo
         if holder.file != file {
             return Err(EAGAIN);
         }
-        // The image carries no group: a port holding one never becomes
-        // stable, and its group slots would belong to the next job.
-        if st.groups.any_of_port(slot) {
-            return Err(EBUSY);
-        }
         (holder, st.read32(info.layout.port(slot).ctl(ctl::GEN))? as u16)
     };
     ctx_result(admin.run(AdminOp::PortSave, [slot as u64, key as u64, offset, room])?)?;
@@ -189,6 +184,7 @@ fn restore_slot(
         slot
     };
     let r = move_mrs(admin, file, slot)
+        .and_then(|()| super::group::move_file(info, &info.state.lock(), file, slot))
         .and_then(|()| admin.run6(AdminOp::PortRestore, [slot as u64, key as u64, offset, len, parked.identity(), 0]))
         .and_then(ctx_result);
     let mut st = info.state.lock();
@@ -245,8 +241,7 @@ impl Port {
     /// or switched out by the gang scheduler; `EALREADY` already in that
     /// state; `ENOENT` `key` is not a region of this port; `ENOSPC` no room
     /// (image or NIC tables); `EBADMSG` the image failed the control
-    /// program's checks (nothing changed); `EBUSY` no free slot (RESTORE)
-    /// or the port holds groups (SAVE: the image does not carry them);
+    /// program's checks (nothing changed); `EBUSY` no free slot (RESTORE);
     /// `EFAULT`, `ETIMEDOUT`, `ENODEV`. After a successful SAVE or RESTORE
     /// whose result cannot be written back, the step is done and `EFAULT`
     /// returned (the image's length is its header's word at byte 8).

@@ -15,13 +15,17 @@
 //! group of the caller's port by its first slot (admin `GroupClear`).
 //!
 //! Slot bookkeeping lives in the NIC state (`State::groups`), under its
-//! lock. A slot changes hands only with the admin mailbox held too
-//! (`NicInfo::admin`), so it cannot change while the command that loads or
-//! drops its group runs (that command runs without the state lock). When a
-//! port is released
-//! the NIC drops the port's groups as part of `PortClose` (a group can
-//! only be loaded for an open port) and `release_port` frees the port's
-//! slots here.
+//! lock, keyed by the file that created the group (not its slot: a port
+//! context saved and restored into another slot keeps its groups, as
+//! emp-nicd keys them by the port's identity). A slot changes hands only
+//! with the admin mailbox held too (`NicInfo::admin`), so it cannot change
+//! while the command that loads or drops its group runs (that command runs
+//! without the state lock). A saved context's groups keep their slots and
+//! SRAM entries (the NIC dropped them from its own tables at the save and
+//! loads them again at the restore, from entries `move_file` pointed at
+//! the new slot). When a file goes, the NIC has dropped its groups (its
+//! port closed, or its saved context discarded) and `release_file` frees
+//! their slots here.
 //!
 //! A child module of `port` (it reads the port's and the NIC state's
 //! private fields).
@@ -38,8 +42,8 @@ use crate::ioctl::{EmpGroupClear, EmpGroupSet};
 use crate::sram::{admin_result, AdminOp, GroupEntry, GroupView};
 use crate::{Le, ZEROS};
 
-/// Who holds each group table slot: `(port, group id)`, or nobody.
-pub(super) struct GroupSlots(KVec<Option<(u16, u32)>>);
+/// Who holds each group table slot: `(file, group id)`, or nobody.
+pub(super) struct GroupSlots(KVec<Option<(u64, u32)>>);
 
 impl GroupSlots {
     /// No slots (until `init`).
@@ -64,34 +68,28 @@ impl GroupSlots {
         self.0.len() as u32
     }
 
-    /// Whether `port` holds any slot (its context cannot be saved: the
-    /// image does not carry groups).
-    pub(super) fn any_of_port(&self, port: u16) -> bool {
-        self.0.iter().any(|g| matches!(g, Some((p, _)) if *p == port))
-    }
-
     /// Slots held by some port.
     pub(super) fn in_use(&self) -> u32 {
         self.0.iter().filter(|s| s.is_some()).count() as u32
     }
 
-    /// The slots (`port`, `id`) holds (a group's slots are consecutive).
-    fn run_of(&self, port: u16, id: u32) -> Option<Range<usize>> {
-        let me = Some((port, id));
+    /// The slots (`file`, `id`) holds (a group's slots are consecutive).
+    fn run_of(&self, file: u64, id: u32) -> Option<Range<usize>> {
+        let me = Some((file, id));
         let first = self.0.iter().position(|g| *g == me)?;
         let len = self.0[first..].iter().take_while(|g| **g == me).count();
         Some(first..first + len)
     }
 
-    /// `span` consecutive slots for (`port`, `id`), now held: its own run
+    /// `span` consecutive slots for (`file`, `id`), now held: its own run
     /// if the new span fits there, else the first free run. Returns the
     /// first slot and the run the group held before (`None`: a new group).
     ///
     /// # Errors
     /// `ENOSPC` when no run of `span` slots is free.
-    fn claim(&mut self, port: u16, id: u32, span: usize) -> Result<(usize, Option<Range<usize>>)> {
-        let me = Some((port, id));
-        let before = self.run_of(port, id);
+    fn claim(&mut self, file: u64, id: u32, span: usize) -> Result<(usize, Option<Range<usize>>)> {
+        let me = Some((file, id));
+        let before = self.run_of(file, id);
         let table = &self.0;
         let fits = |s: usize| s + span <= table.len() && table[s..s + span].iter().all(|g| g.is_none() || *g == me);
         let slot = before.clone().map(|r| r.start).filter(|&s| fits(s)).or_else(|| (0..table.len()).find(|&s| fits(s)));
@@ -115,22 +113,28 @@ impl GroupSlots {
         }
     }
 
-    /// Whether `slot` is the first slot of a group `port` holds.
-    fn first_of_port(&self, slot: u32, port: u16) -> bool {
+    /// Whether `slot` is the first slot of a group `file` holds.
+    fn first_of_file(&self, slot: u32, file: u64) -> bool {
         match self.0.get(slot as usize).copied().flatten() {
-            Some((p, id)) if p == port => self.run_of(p, id).is_some_and(|r| r.start == slot as usize),
+            Some((f, id)) if f == file => self.run_of(f, id).is_some_and(|r| r.start == slot as usize),
             _ => false,
         }
     }
 
-    /// Whether `port` holds `slot`.
-    fn held_by(&self, slot: u32, port: u16) -> bool {
-        self.0.get(slot as usize).copied().flatten().is_some_and(|(p, _)| p == port)
+    /// Whether `file` holds `slot`.
+    fn held_by(&self, slot: u32, file: u64) -> bool {
+        self.0.get(slot as usize).copied().flatten().is_some_and(|(f, _)| f == file)
     }
 
-    /// Whether (`port`, `id`) holds `slot`.
-    fn held_by_group(&self, slot: usize, port: u16, id: u32) -> bool {
-        self.0.get(slot).is_some_and(|g| *g == Some((port, id)))
+    /// Whether (`file`, `id`) holds `slot`.
+    fn held_by_group(&self, slot: usize, file: u64, id: u32) -> bool {
+        self.0.get(slot).is_some_and(|g| *g == Some((file, id)))
+    }
+
+    /// The first slot of each group `file` holds.
+    fn heads_of(&self, file: u64) -> impl Iterator<Item = usize> + '_ {
+        (0..self.0.len())
+            .filter(move |&s| matches!(self.0[s], Some((f, _)) if f == file) && (s == 0 || self.0[s - 1] != self.0[s]))
     }
 
     fn free(&mut self, slot: usize) {
@@ -140,12 +144,38 @@ impl GroupSlots {
     }
 }
 
-/// Frees every slot `port` holds and wipes their SRAM entries (the caller
-/// holds the admin mailbox and the NIC state lock, and has closed the port
-/// on the NIC, which dropped the port's groups there).
-pub(super) fn release_port(info: &NicInfo, st: &mut State, port: u16) {
+/// Points the group entries `file` holds at `slot`, where its saved
+/// context is being restored (the NIC loads them again from the table
+/// and checks they are that slot's). The caller holds the admin mailbox
+/// and the NIC state lock.
+pub(super) fn move_file(info: &NicInfo, st: &State, file: u64, slot: u16) -> Result {
+    let mut b = KBox::new([0u8; GroupEntry::SIZE], GFP_KERNEL)?;
+    let heads: KVec<usize> = {
+        let mut v = KVec::new();
+        for s in st.groups.heads_of(file) {
+            v.push(s, GFP_KERNEL)?;
+        }
+        v
+    };
+    for s in heads {
+        let off = info.layout.group_entry(s);
+        for (i, w) in b.chunks_mut(4).enumerate() {
+            w.copy_from_slice(&st.read32(off + 4 * i)?.to_le_bytes());
+        }
+        let mut e = GroupEntry::get(&b[..]);
+        e.port = slot;
+        e.put(&mut b[..]);
+        st.write_bytes(off, &b[..])?;
+    }
+    Ok(())
+}
+
+/// Frees every slot `file` holds and wipes their SRAM entries (the caller
+/// holds the admin mailbox and the NIC state lock, and the NIC has dropped
+/// the file's groups: its port closed, or its saved context discarded).
+pub(super) fn release_file(info: &NicInfo, st: &mut State, file: u64) {
     for slot in 0..st.groups.0.len() {
-        if st.groups.held_by(slot as u32, port) {
+        if st.groups.held_by(slot as u32, file) {
             st.groups.free(slot);
             // Best effort: a device that is gone has no table to wipe.
             let _ = st.write_bytes(info.layout.group_entry(slot), &ZEROS[..GroupEntry::SIZE]);
@@ -192,8 +222,15 @@ impl Port {
                 .reader()
                 .read_slice(&mut encoded[GroupEntry::SIZE..GroupEntry::SIZE + body_len])?;
         }
-        let caller = (self.info.node as u32) << 16 | self.slot() as u32;
-        if let Err(why) = (GroupView { entry: &e, body: &encoded[GroupEntry::SIZE..] }).check(caller) {
+        // Members are named by wire address (what QUERY gives peers), which
+        // is not the slot for a file opened while a saved context holds it:
+        // checked under the address, as the control program checks it; the
+        // entry itself names the slot.
+        let caller = (self.info.node as u32) << 16 | self.addr as u32;
+        e.port = self.addr;
+        let checked = (GroupView { entry: &e, body: &encoded[GroupEntry::SIZE..] }).check(caller);
+        e.port = self.slot();
+        if let Err(why) = checked {
             pr_debug!("emp: port {}: group entry refused: {}\n", self.slot(), why.as_str());
             return Err(EINVAL);
         }
@@ -206,7 +243,7 @@ impl Port {
                 return Err(ENODEV);
             }
             self.holds(&st)?;
-            let (slot, before) = st.groups.claim(self.slot(), e.group_id, span)?;
+            let (slot, before) = st.groups.claim(self.id, e.group_id, span)?;
             (slot, before, st.write_bytes(layout.group_entry(slot), &encoded[..]))
         };
         let r = written.and_then(|()| admin.run(AdminOp::GroupSet, [slot as u64, 0, 0, 0]));
@@ -232,7 +269,7 @@ impl Port {
             // The caller cannot learn the slot: undo a new group (a
             // replaced one stays loaded under its id, as on success).
             let admin = self.info.admin();
-            let ours = self.info.state.lock().groups.held_by_group(slot, self.slot(), e.group_id);
+            let ours = self.info.state.lock().groups.held_by_group(slot, self.id, e.group_id);
             if fresh && ours {
                 let _ = admin.run(AdminOp::GroupClear, [slot as u64, 0, 0, 0]);
                 let mut st = self.info.state.lock();
@@ -265,11 +302,11 @@ impl Port {
                 return Err(ENODEV);
             }
             self.holds(&st)?;
-            if !st.groups.first_of_port(q.slot, self.slot()) {
+            if !st.groups.first_of_file(q.slot, self.id) {
                 return Err(ENOENT);
             }
-            let (port, id) = st.groups.0[q.slot as usize].ok_or(ENOENT)?;
-            st.groups.run_of(port, id).ok_or(ENOENT)?
+            let (file, id) = st.groups.0[q.slot as usize].ok_or(ENOENT)?;
+            st.groups.run_of(file, id).ok_or(ENOENT)?
         };
         let r = admin.run(AdminOp::GroupClear, [q.slot as u64, 0, 0, 0]);
         let mut st = self.info.state.lock();

@@ -550,12 +550,11 @@ impl PinnedDrop for Port {
                         // The NIC flushes the port's work before any memory goes.
                         let _ = admin.run(AdminOp::PortClose, [slot as u64, 0, 0, 0]);
                     }
-                    let mut st = self.info.state.lock();
-                    st.holders[slot as usize] = Holder::NONE;
-                    // PortClose dropped the port's groups on the NIC (only an
-                    // open port can have any): free their slots.
-                    group::release_port(&self.info, &mut st, slot);
+                    self.info.state.lock().holders[slot as usize] = Holder::NONE;
                 }
+                // PortClose dropped the port's groups on the NIC, or the
+                // discard its saved context's: free their slots.
+                group::release_file(&self.info, &mut self.info.state.lock(), self.id);
                 (held, parked)
             };
             for r in regions.iter() {

@@ -18,8 +18,9 @@
 #      and one guest with two NICs (a rank on each);
 #   3b. gang scheduling through emp.ko: one guest with four NICs of one
 #      port slot each runs `emp gang --devices …` with two jobs of tap-p2p
-#      × 4 ranks (more ports than slots); every rank's suite passes, the
-#      switches go through EMP_IOC_GANG (run.sh --gang);
+#      × 4 ranks (more ports than slots), then two of tap-coll (their
+#      groups travel with the saved contexts); every rank's suite passes,
+#      the switches go through EMP_IOC_GANG (run.sh --gang);
 #   4. a tampered firmware image: the probe fails with the NIC's reason and
 #      no port device appears;
 #   5. `emp bench latency` between two guests, EMP against TCP over
@@ -84,6 +85,8 @@ step "two guests, NIC without interrupts (ivshmem-plain, polling)" scripts/vm/ru
 step "one guest with two NICs (/dev/emp-nic, /dev/emp-nic1): tap-p2p between them" scripts/vm/run.sh --two-nics
 show='^emp gang: ' step "gang scheduling through emp.ko: two jobs x 4 ranks (tap-p2p) on four one-slot NICs in one guest (emp gang --devices)" \
     env EMP_VM_TIMEOUT="${EMP_VM_GANG_TIMEOUT:-900}" scripts/vm/run.sh --gang
+show='^emp gang: ' step "gang scheduling of collectives through emp.ko: two jobs x 4 ranks (tap-coll, both creating group 1; groups saved and restored) on four one-slot NICs" \
+    env EMP_VM_TIMEOUT="${EMP_VM_GANG_TIMEOUT:-900}" EMP_GANG_PROGRAM=tap-coll scripts/vm/run.sh --gang
 
 bad="$log_dir/tampered.bin"
 cp firmware-blobs/emp-fw.bin "$bad"
