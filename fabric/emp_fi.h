@@ -348,6 +348,10 @@ static inline struct emp_sge slot_sge(struct emp_fi_domain *dom, int slot, size_
 }
 
 /* emp_fi_nic.c */
+/* Setting `name` from the environment: *out unchanged when unset or empty;
+ * -FI_EINVAL (with a warning saying `what` it is) unless a number from 0
+ * to max. */
+int env_number(const char *name, unsigned long max, const char *what, unsigned long *out);
 struct emp_device *open_nic(int *err);
 int query_nic(struct emp_port_info *pi);
 int status_errno(uint32_t status);

@@ -36,20 +36,10 @@ int mrc_init(struct emp_fi_domain *dom)
 {
 	struct mr_cache *c = &dom->mrc;
 	memset(c, 0, sizeof *c);
-	size_t cap = MRC_DEFAULT;
-	const char *env = getenv("FI_EMP_MR_CACHE");
-	if (env && *env) {
-		char *end;
-		errno = 0;
-		unsigned long v = strtoul(env, &end, 10);
-		if (errno || *end || env[0] == '-' || v > MRC_MAX) {
-			FI_WARN(&emp_prov, FI_LOG_DOMAIN,
-				"FI_EMP_MR_CACHE=%s: the registration cache's entries are a number from 0 (off) to %u\n",
-				env, MRC_MAX);
-			return -FI_EINVAL;
-		}
-		cap = v;
-	}
+	unsigned long cap = MRC_DEFAULT;
+	int r = env_number("FI_EMP_MR_CACHE", MRC_MAX, "the registration cache's entries (0: off)", &cap);
+	if (r)
+		return r;
 	if (cap && emp_mr_by_address(dom->dev) != 1) {
 		FI_INFO(&emp_prov, FI_LOG_DOMAIN, "registration cache off: this NIC pins registered pages\n");
 		cap = 0;

@@ -93,3 +93,19 @@ int64_t now_ms(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
+
+int env_number(const char *name, unsigned long max, const char *what, unsigned long *out)
+{
+	const char *env = getenv(name);
+	if (!env || !*env)
+		return 0;
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(env, &end, 10);
+	if (errno || *end || env[0] == '-' || v > max) {
+		FI_WARN(&emp_prov, FI_LOG_DOMAIN, "%s=%s: %s is a number from 0 to %lu\n", name, env, what, max);
+		return -FI_EINVAL;
+	}
+	*out = v;
+	return 0;
+}

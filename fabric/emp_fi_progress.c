@@ -47,20 +47,10 @@ int slots_init(struct emp_fi_domain *dom)
 {
 	size_t single = dom->nreqs < BOUNCE_SLOTS_MAX ? dom->nreqs : BOUNCE_SLOTS_MAX;
 	unsigned long mb = BOUNCE_RUN_MB_DEFAULT;
-	const char *env = getenv("FI_EMP_BOUNCE_MB");
-	if (env && *env) {
-		char *end;
-		errno = 0;
-		unsigned long v = strtoul(env, &end, 10);
-		if (errno || *end || env[0] == '-' || v > BOUNCE_RUN_MB_MAX) {
-			FI_WARN(&emp_prov, FI_LOG_DOMAIN,
-				"FI_EMP_BOUNCE_MB=%s: the bounce memory for large messages is a number of MiB from 0 "
-				"(none) to %u\n",
-				env, BOUNCE_RUN_MB_MAX);
-			return -FI_EINVAL;
-		}
-		mb = v;
-	}
+	int r = env_number("FI_EMP_BOUNCE_MB", BOUNCE_RUN_MB_MAX, "the bounce memory for large messages in MiB (0: none)",
+			   &mb);
+	if (r)
+		return r;
 	if (mb && emp_mr_by_address(dom->dev) != 1) {
 		FI_INFO(&emp_prov, FI_LOG_DOMAIN, "bounce runs off: this NIC pins registered pages\n");
 		mb = 0;

@@ -48,9 +48,7 @@ static void pclose_side(struct pside *s)
 	EXPECT(fi_close(&s->dom->fid), 0);
 }
 
-/* One entry or error entry from cq, waiting up to ~10 s: 1 for an entry, 0
- * for an error entry (in *ee), < 0 on timeout. */
-static int next_entry(struct fid_cq *cq, struct fi_cq_tagged_entry *e, fi_addr_t *src, struct fi_cq_err_entry *ee)
+int entry_or_error(struct fid_cq *cq, struct fi_cq_tagged_entry *e, fi_addr_t *src, struct fi_cq_err_entry *ee)
 {
 	for (int i = 0; i < 10000; i++) {
 		ssize_t r = fi_cq_readfrom(cq, e, 1, src);
@@ -76,7 +74,7 @@ static int peek(struct pside *s, uint64_t tag, uint64_t ignore, uint64_t extra, 
 	if (r)
 		return (int)r;
 	struct fi_cq_err_entry ee;
-	int got = next_entry(s->cq, e, src, &ee);
+	int got = entry_or_error(s->cq, e, src, &ee);
 	if (got == 0)
 		return ee.err == FI_ENOMSG && ee.op_context == ctx ? 0 : -1;
 	return got == 1 && e->op_context == ctx ? 1 : -1;
@@ -114,7 +112,7 @@ static void sent(struct pside *a, size_t n, uint64_t tag)
 {
 	struct fi_cq_tagged_entry e;
 	struct fi_cq_err_entry ee;
-	int r = next_entry(a->cq, &e, NULL, &ee);
+	int r = entry_or_error(a->cq, &e, NULL, &ee);
 	check(r == 1 && e.op_context == (void *)(uintptr_t)tag, "%zu B: the send with tag %#llx completed (%d, err %d)", n,
 	      (unsigned long long)tag, r, r == 0 ? ee.err : 0);
 }
@@ -152,7 +150,7 @@ static void probe_size(struct pside *a, struct pside *b, size_t n)
 	memset(rbuf, 0, n);
 	m.context = &ctx;
 	EXPECT(fi_trecvmsg(b->ep, &m, FI_CLAIM), 0);
-	check(next_entry(b->cq, &e, NULL, &ee) == 1 && e.op_context == &ctx && e.len == n && e.tag == 0x71,
+	check(entry_or_error(b->cq, &e, NULL, &ee) == 1 && e.op_context == &ctx && e.len == n && e.tag == 0x71,
 	      "%zu B: FI_CLAIM received the claimed message", n);
 	check(!memcmp(sbuf, rbuf, n), "%zu B: claimed data intact", n);
 	sent(a, n, 0x71);
@@ -171,7 +169,7 @@ static void probe_size(struct pside *a, struct pside *b, size_t n)
 	m.tag = 0x73;
 	m.context = &ctx;
 	EXPECT(fi_trecvmsg(b->ep, &m, FI_CLAIM | FI_DISCARD), 0);
-	check(next_entry(b->cq, &e, NULL, &ee) == 1 && e.op_context == &ctx && e.len == 0,
+	check(entry_or_error(b->cq, &e, NULL, &ee) == 1 && e.op_context == &ctx && e.len == 0,
 	      "%zu B: FI_CLAIM | FI_DISCARD completed with no data (len %zu)", n, e.len);
 	EXPECT(peek(b, 0x73, 0, 0, &ctx, &e, NULL), 0);
 	sent(a, n, 0x73);
@@ -186,10 +184,10 @@ static void probe_size(struct pside *a, struct pside *b, size_t n)
 	m.tag = 0x74;
 	m.context = &ctx;
 	EXPECT(fi_trecvmsg(b->ep, &m, FI_CLAIM), 0);
-	check(next_entry(b->cq, &e, NULL, &ee) == 1 && e.len == n, "%zu B: claimed the first of two", n);
+	check(entry_or_error(b->cq, &e, NULL, &ee) == 1 && e.len == n, "%zu B: claimed the first of two", n);
 	check(!memcmp(sbuf, rbuf, n), "%zu B: the older message's data", n);
 	EXPECT(fi_trecv(b->ep, rbuf, n, NULL, FI_ADDR_UNSPEC, 0x74, 0, (void *)0xb4), 0);
-	check(next_entry(b->cq, &e, NULL, &ee) == 1 && e.op_context == (void *)0xb4, "%zu B: a receive took the second", n);
+	check(entry_or_error(b->cq, &e, NULL, &ee) == 1 && e.op_context == (void *)0xb4, "%zu B: a receive took the second", n);
 	check(!memcmp(sbuf2, rbuf, n), "%zu B: the newer message's data", n);
 	sent(a, n, 0x74);
 	sent(a, n, 0x74);
@@ -212,18 +210,18 @@ static void out_of_order(struct pside *a, struct pside *b, size_t n)
 	send_one(a, two, n, 2);
 	memset(r, 0, n);
 	EXPECT(fi_trecv(b->ep, r, n, NULL, FI_ADDR_UNSPEC, 2, 0, (void *)0xb2), 0);
-	check(next_entry(b->cq, &e, NULL, &ee) == 1 && e.op_context == (void *)0xb2 && e.tag == 2 && e.len == n &&
+	check(entry_or_error(b->cq, &e, NULL, &ee) == 1 && e.op_context == (void *)0xb2 && e.tag == 2 && e.len == n &&
 		      !memcmp(r, two, n),
 	      "%zu B out of order: tag 2 received first, data intact", n);
 	memset(r, 0, n);
 	EXPECT(fi_trecv(b->ep, r, n, NULL, FI_ADDR_UNSPEC, 1, 0, (void *)0xb1), 0);
-	check(next_entry(b->cq, &e, NULL, &ee) == 1 && e.op_context == (void *)0xb1 && e.tag == 1 && e.len == n &&
+	check(entry_or_error(b->cq, &e, NULL, &ee) == 1 && e.op_context == (void *)0xb1 && e.tag == 1 && e.len == n &&
 		      !memcmp(r, one, n),
 	      "%zu B out of order: then tag 1, data intact", n);
 	/* Both sends complete, in whichever order. */
 	int done = 0;
 	for (int i = 0; i < 2; i++)
-		done += next_entry(a->cq, &e, NULL, &ee) == 1 && (e.op_context == (void *)1 || e.op_context == (void *)2);
+		done += entry_or_error(a->cq, &e, NULL, &ee) == 1 && (e.op_context == (void *)1 || e.op_context == (void *)2);
 	check(done == 2, "%zu B out of order: both sends completed", n);
 	free(one);
 	free(two);

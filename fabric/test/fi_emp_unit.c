@@ -285,24 +285,6 @@ static void test_mr_cache(void)
 	unsetenv("FI_EMP_MR_CACHE");
 }
 
-/* Polls for an entry or an error entry of cq, at most ~10 s: 1 for an
- * entry, 0 for an error entry (in *ee), < 0 on timeout. */
-static int next_entry(struct fid_cq *cq, struct fi_cq_tagged_entry *e, struct fi_cq_err_entry *ee)
-{
-	for (int i = 0; i < 10000; i++) {
-		ssize_t r = fi_cq_read(cq, e, 1);
-		if (r == 1)
-			return 1;
-		if (r == -FI_EAVAIL) {
-			memset(ee, 0, sizeof *ee);
-			return fi_cq_readerr(cq, ee, 0) == 1 ? 0 : -1;
-		}
-		r = fi_cq_sread(cq, e, 0, NULL, 1);
-		(void)r;
-	}
-	return -1;
-}
-
 /* Waits until b's NIC holds a message of `tag` (FI_PEEK finds it). */
 static int arrived(struct side *b, uint64_t tag)
 {
@@ -312,7 +294,7 @@ static int arrived(struct side *b, uint64_t tag)
 		struct fi_cq_err_entry ee;
 		if (fi_trecvmsg(b->ep, &m, FI_PEEK))
 			return 0;
-		int got = next_entry(b->cq, &e, &ee);
+		int got = entry_or_error(b->cq, &e, NULL, &ee);
 		if (got == 1)
 			return e.tag == tag;
 		if (got < 0 || ee.err != FI_ENOMSG)

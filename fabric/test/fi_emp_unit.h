@@ -16,6 +16,12 @@ void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 		      got_ < 0 ? fi_strerror((int)-got_) : "");                                         \
 	} while (0)
 
+/* fi_emp_probe.c: one entry or error entry from cq, waiting up to ~10 s:
+ * 1 for an entry, 0 for an error entry (in *ee), < 0 on timeout. */
+struct fi_cq_tagged_entry;
+struct fi_cq_err_entry;
+int entry_or_error(struct fid_cq *cq, struct fi_cq_tagged_entry *e, fi_addr_t *src, struct fi_cq_err_entry *ee);
+
 /* fi_emp_rma.c: FI_RMA's fi_getinfo answers, and the calls on two
  * endpoints opened with caps (their own domains on fabric). */
 void test_rma_getinfo(void);

@@ -1193,10 +1193,7 @@ impl Nic {
         }
         for u in img.unexp {
             let peer = self.find_peer(slot, u.src.0, u.src.1).unwrap_or(u32::MAX);
-            match u.retained {
-                None => self.restore_eager(slot, peer, u.src, u.tag, u.imm, &u.data),
-                Some((total_len, seq)) => self.restore_retained(slot, peer, u.src, u.tag, u.imm, total_len, seq),
-            }
+            self.restore_unexpected(slot, peer, u.src, u.tag, u.imm, &u.data, u.retained);
         }
     }
 

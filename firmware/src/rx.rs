@@ -833,9 +833,13 @@ impl Nic {
         self.overflow.available().min(self.unexp.capacity() - self.unexp.used())
     }
 
-    /// A restored context's eager unexpected entry, appended to `port`'s
-    /// queue (the caller checked `eager_room`).
-    pub(crate) fn restore_eager(
+    /// A restored context's unexpected entry, appended to `port`'s queue:
+    /// eager (`retained` `None`: its payload into an overflow slot; the
+    /// caller checked `eager_room`), or a retained header of message
+    /// `seq`, `total_len` bytes, from `peer` (the caller checked the table
+    /// and the header count).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn restore_unexpected(
         &mut self,
         port: u16,
         peer: u32,
@@ -843,41 +847,18 @@ impl Nic {
         tag: u64,
         imm: Option<u32>,
         payload: &[u8],
+        retained: Option<(u64, u32)>,
     ) {
-        let s = self.overflow.free.pop().expect("room checked");
-        self.overflow.slots[s as usize].data.clear();
-        self.overflow.slots[s as usize].data.extend_from_slice(payload);
-        let entry = Unexpected {
-            port,
-            src_node: src.0,
-            src_port: src.1,
-            tag,
-            total_len: payload.len() as u64,
-            imm,
-            data: Some(s),
-            peer,
-            seq: 0,
-            pull: None,
-            claimed: None,
+        let data = match retained {
+            Some(_) => None,
+            None => {
+                let s = self.overflow.free.pop().expect("room checked");
+                self.overflow.slots[s as usize].data.clear();
+                self.overflow.slots[s as usize].data.extend_from_slice(payload);
+                Some(s)
+            }
         };
-        let e = self.unexp.insert_checked(entry);
-        self.ports[port as usize].unexpected.push_back(e);
-    }
-
-    /// A restored context's retained header (rendezvous) of message `seq`
-    /// from `peer`, appended to `port`'s queue (the caller checked the
-    /// table and the header count).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn restore_retained(
-        &mut self,
-        port: u16,
-        peer: u32,
-        src: (u16, u16),
-        tag: u64,
-        imm: Option<u32>,
-        total_len: u64,
-        seq: u32,
-    ) {
+        let (total_len, seq) = retained.unwrap_or((payload.len() as u64, 0));
         let entry = Unexpected {
             port,
             src_node: src.0,
@@ -885,7 +866,7 @@ impl Nic {
             tag,
             total_len,
             imm,
-            data: None,
+            data,
             peer,
             seq,
             pull: None,
@@ -893,8 +874,10 @@ impl Nic {
         };
         let e = self.unexp.insert_checked(entry);
         self.ports[port as usize].unexpected.push_back(e);
-        self.rdv_held += 1;
-        self.peer_mut(peer).rdv_entries += 1;
+        if data.is_none() {
+            self.rdv_held += 1;
+            self.peer_mut(peer).rdv_entries += 1;
+        }
     }
 
     /// The port closes: its unexpected entries go (pulls were flushed first).

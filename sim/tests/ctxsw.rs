@@ -396,6 +396,63 @@ fn gang_save(c: &mut Cluster, n: u16, limit_ns: u64) -> Option<Vec<SavedContext>
     Some((0..n).map(|r| c.save(r).unwrap_or_else(|e| panic!("rank {r}: stable but save refused: {e}"))).collect())
 }
 
+/// After a gang save: parked for a while (peers' frames refused for
+/// retry), then every rank restored into a random free slot and resumed.
+fn gang_restore(c: &mut Cluster, saved: &[SavedContext], rng: &mut Rng, seed: u64) {
+    c.run_for(rng.range(0, 3 * MS));
+    for (r, ctx) in saved.iter().enumerate() {
+        let slot = free_slot(c, r as u16, rng);
+        assert_eq!(
+            c.restore(r as u16, ctx, slot),
+            ar::OK,
+            "seed {seed}: rank {r}: {:?}",
+            c.world.nodes[r].nic.restore_refusal()
+        );
+    }
+    for r in 0..saved.len() as u16 {
+        assert_eq!(c.resume(r), ar::OK);
+    }
+}
+
+/// Half the time, at most 12 tries a run: the whole job switched out
+/// (`gang_save`, put off when not stable within `stable_ns`), parked and
+/// restored (`gang_restore`); an image `caught` says holds an operation
+/// in progress counts as a switch mid-operation.
+fn maybe_gang_switch(
+    c: &mut Cluster,
+    n: u16,
+    rng: &mut Rng,
+    run: &mut CollRun,
+    stable_ns: u64,
+    caught: fn(&[u8]) -> bool,
+    seed: u64,
+) {
+    if run.switches + run.put_off >= 12 || !rng.chance(0.5) {
+        return;
+    }
+    let Some(saved) = gang_save(c, n, stable_ns) else {
+        run.put_off += 1;
+        return;
+    };
+    run.switches += 1;
+    for (r, ctx) in saved.iter().enumerate() {
+        run.mid_collective += caught(&c.image(r as u16, ctx)) as usize;
+    }
+    gang_restore(c, &saved, rng, seed);
+}
+
+/// After `quiet_ns` more: no rank completes anything twice, none is
+/// parked, every NIC's invariants hold.
+fn quiesced(c: &mut Cluster, n: u16, quiet_ns: u64, seed: u64) {
+    c.run_for(quiet_ns);
+    for r in 0..n {
+        assert!(c.completions(r).is_empty(), "seed {seed}: rank {r}: a completion twice");
+        let nic = &c.world.nodes[r as usize].nic;
+        assert!(nic.parked().is_empty(), "seed {seed}: rank {r}: still parked");
+        nic.invariants().unwrap_or_else(|e| panic!("seed {seed}: rank {r}: {e}"));
+    }
+}
+
 /// What a run of collectives under switches saw.
 #[derive(Default, Debug)]
 struct CollRun {
@@ -478,39 +535,9 @@ fn collectives_with_switches(seed: u64, n: u16, loss: f64, rounds: usize, algo: 
                 posted[r as usize] = post_round(&mut c, r, k + 1);
             }
         }
-        if run.switches + run.put_off >= 12 || !rng.chance(0.5) {
-            continue;
-        }
-        let Some(saved) = gang_save(&mut c, n, 20 * MS) else {
-            run.put_off += 1;
-            continue;
-        };
-        run.switches += 1;
-        for (r, ctx) in saved.iter().enumerate() {
-            run.mid_collective += (ops_in_image(&c.image(r as u16, ctx)) > 0) as usize;
-        }
-        // Parked: peers' frames (retransmissions) are refused for retry.
-        c.run_for(rng.range(0, 3 * MS));
-        for (r, ctx) in saved.iter().enumerate() {
-            let slot = free_slot(&c, r as u16, &mut rng);
-            assert_eq!(
-                c.restore(r as u16, ctx, slot),
-                ar::OK,
-                "seed {seed}: rank {r}: {:?}",
-                c.world.nodes[r].nic.restore_refusal()
-            );
-        }
-        for r in 0..n {
-            assert_eq!(c.resume(r), ar::OK);
-        }
+        maybe_gang_switch(&mut c, n, &mut rng, &mut run, 20 * MS, |i| ops_in_image(i) > 0, seed);
     }
-    c.run_for(20 * MS);
-    for r in 0..n {
-        assert!(c.completions(r).is_empty(), "seed {seed}: rank {r}: a completion twice");
-        let nic = &c.world.nodes[r as usize].nic;
-        assert!(nic.parked().is_empty(), "seed {seed}: rank {r}: still parked");
-        nic.invariants().unwrap_or_else(|e| panic!("seed {seed}: rank {r}: {e}"));
-    }
+    quiesced(&mut c, n, 20 * MS, seed);
     run
 }
 
@@ -563,24 +590,10 @@ fn test_corrupted_collective_image_is_refused_and_changes_nothing() {
     let ctx = suspend_and_save(&mut c, 1);
     let good = c.image(1, &ctx);
     assert!(ops_in_image(&good) >= 2, "the image carries the collectives in progress");
-    let before: (Occupancy, Vec<(u16, u16)>) = (c.world.nodes[1].nic.occupancy(), c.world.nodes[1].nic.parked());
-    let refused_unchanged = |c: &mut Cluster, what: &str, bytes: &[u8], len: u64| {
-        c.write_image(1, &ctx, bytes);
-        let r = c.restore_len(1, &ctx, 1, len);
-        if r == ar::OK {
-            return false;
-        }
-        assert!(matches!(r, ar::BAD_IMAGE | ar::NO_ROOM), "{what}: result {r}");
-        let nic = &c.world.nodes[1].nic;
-        assert!(!nic.port_is_open(1), "{what}: the slot opened");
-        assert_eq!((nic.occupancy(), nic.parked()), before, "{what}: state changed");
-        true
-    };
-    let fixed = |mut b: Vec<u8>| {
-        let sum = image_checksum(&b);
-        b[12..16].copy_from_slice(&sum.to_le_bytes());
-        b
-    };
+    let before = parked_state(&c);
+    let refused_unchanged =
+        |c: &mut Cluster, what: &str, bytes: &[u8], len: u64| refused_unchanged(c, &ctx, &before, what, bytes, len);
+    let fixed = with_checksum;
     let mut rng = Rng::new(11);
     let mut accepted = 0;
     for at in 0..good.len() {
@@ -614,6 +627,41 @@ fn test_corrupted_collective_image_is_refused_and_changes_nothing() {
         }
         assert_eq!(c.received(wrs[r as usize][1], COUNT * 8), coll_sum(n, 0), "allreduce at {r}");
     }
+}
+
+/// Rank 1's NIC as a refused restore must leave it: occupancy and parked contexts.
+fn parked_state(c: &Cluster) -> (Occupancy, Vec<(u16, u16)>) {
+    (c.world.nodes[1].nic.occupancy(), c.world.nodes[1].nic.parked())
+}
+
+/// `b` with its header's checksum made right (a forged image).
+fn with_checksum(mut b: Vec<u8>) -> Vec<u8> {
+    let sum = image_checksum(&b);
+    b[12..16].copy_from_slice(&sum.to_le_bytes());
+    b
+}
+
+/// Rank 1's saved context `ctx` replaced by `bytes` and restored (`len`
+/// bytes) into slot 1: false when accepted; else it must be refused as a
+/// bad image (or for room) with the slot closed and `before` unchanged.
+fn refused_unchanged(
+    c: &mut Cluster,
+    ctx: &SavedContext,
+    before: &(Occupancy, Vec<(u16, u16)>),
+    what: &str,
+    bytes: &[u8],
+    len: u64,
+) -> bool {
+    c.write_image(1, ctx, bytes);
+    let r = c.restore_len(1, ctx, 1, len);
+    if r == ar::OK {
+        return false;
+    }
+    assert!(matches!(r, ar::BAD_IMAGE | ar::NO_ROOM), "{what}: result {r}");
+    let nic = &c.world.nodes[1].nic;
+    assert!(!nic.port_is_open(1), "{what}: the slot opened");
+    assert_eq!(&(nic.occupancy(), nic.parked()), before, "{what}: state changed");
+    true
 }
 
 /// Rank 1, restored and suspended, saved again (in the same place).
@@ -698,41 +746,12 @@ fn rbcasts_with_switches(seed: u64, n: u16, loss: f64, rounds: usize, algo: Rbca
                 }
             }
         }
-        if run.switches + run.put_off >= 12 || !rng.chance(0.5) {
-            continue;
-        }
-        let Some(saved) = gang_save(&mut c, n, 100 * MS) else {
-            run.put_off += 1;
-            continue;
-        };
-        run.switches += 1;
-        for (r, ctx) in saved.iter().enumerate() {
-            run.mid_collective += (rbcast_in_image(&c.image(r as u16, ctx)) > 0) as usize;
-        }
-        if std::env::var_os("EMP_CTXSW_TRACE").is_some() {
-            eprintln!("switch at {} rounds {round:?}", c.world.now);
-        }
-        c.run_for(rng.range(0, 3 * MS));
-        for (r, ctx) in saved.iter().enumerate() {
-            let slot = free_slot(&c, r as u16, &mut rng);
-            assert_eq!(
-                c.restore(r as u16, ctx, slot),
-                ar::OK,
-                "seed {seed}: rank {r}: {:?}",
-                c.world.nodes[r].nic.restore_refusal()
-            );
-        }
-        for r in 0..n {
-            assert_eq!(c.resume(r), ar::OK);
-        }
+        maybe_gang_switch(&mut c, n, &mut rng, &mut run, 100 * MS, |i| rbcast_in_image(i) > 0, seed);
     }
-    c.run_for(200 * MS);
+    quiesced(&mut c, n, 200 * MS, seed);
     for r in 0..n {
-        assert!(c.completions(r).is_empty(), "seed {seed}: rank {r}: a completion twice");
         let nic = &c.world.nodes[r as usize].nic;
-        assert!(nic.parked().is_empty(), "seed {seed}: rank {r}: still parked");
         assert_eq!(nic.rbcast_occupancy(), (0, 0, 0), "seed {seed}: rank {r}: held at quiesce");
-        nic.invariants().unwrap_or_else(|e| panic!("seed {seed}: rank {r}: {e}"));
     }
     run
 }
@@ -787,24 +806,10 @@ fn test_corrupted_rbcast_state_is_refused_and_changes_nothing() {
     let record = 46 + n as usize * 20 + (WorkDesc::SIZE + 4) + 2 * 16 + lens[1] + lens[2];
     let from = good.len() - record;
     assert_eq!(u16::from_le_bytes([good[from + 2], good[from + 3]]), n, "the record's member count at its place");
-    let before = (c.world.nodes[1].nic.occupancy(), c.world.nodes[1].nic.parked());
-    let refused_unchanged = |c: &mut Cluster, what: &str, bytes: &[u8]| {
-        c.write_image(1, &ctx, bytes);
-        let r = c.restore_len(1, &ctx, 1, ctx.len);
-        if r == ar::OK {
-            return false;
-        }
-        assert!(matches!(r, ar::BAD_IMAGE | ar::NO_ROOM), "{what}: result {r}");
-        let nic = &c.world.nodes[1].nic;
-        assert!(!nic.port_is_open(1), "{what}: the slot opened");
-        assert_eq!((nic.occupancy(), nic.parked()), before, "{what}: state changed");
-        true
-    };
-    let fixed = |mut b: Vec<u8>| {
-        let sum = image_checksum(&b);
-        b[12..16].copy_from_slice(&sum.to_le_bytes());
-        b
-    };
+    let before = parked_state(&c);
+    let refused_unchanged =
+        |c: &mut Cluster, what: &str, bytes: &[u8]| refused_unchanged(c, &ctx, &before, what, bytes, ctx.len);
+    let fixed = with_checksum;
     let mut rng = Rng::new(13);
     let (mut refused, mut accepted) = (0, 0);
     for at in from..good.len() {

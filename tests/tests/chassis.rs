@@ -49,44 +49,37 @@ fn tap_p2p_on_two_nic_cpus_every_plan() {
     }
 }
 
-/// Names of the threads of the `emp-nicd` serving the chassis in `dir`.
-fn nicd_threads(dir: &Path) -> Vec<String> {
-    let mut names = Vec::new();
+/// The `/proc/PID/task/TID` directories of the `emp-nicd` serving the
+/// chassis in `dir`.
+fn nicd_tasks(dir: &Path) -> Vec<PathBuf> {
     let want = dir.to_string_lossy().into_owned();
+    let mut tasks = Vec::new();
     for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
         let p = e.path();
         let Ok(cmd) = std::fs::read(p.join("cmdline")) else { continue };
         let cmd = String::from_utf8_lossy(&cmd);
-        if !cmd.contains("emp-nicd") || !cmd.contains(&want) {
-            continue;
-        }
-        for t in std::fs::read_dir(p.join("task")).into_iter().flatten().flatten() {
-            if let Ok(n) = std::fs::read_to_string(t.path().join("comm")) {
-                names.push(n.trim().to_string());
-            }
+        if cmd.contains("emp-nicd") && cmd.contains(&want) {
+            tasks.extend(std::fs::read_dir(p.join("task")).into_iter().flatten().flatten().map(|t| t.path()));
         }
     }
-    names
+    tasks
+}
+
+/// Names of the threads of the `emp-nicd` serving the chassis in `dir`.
+fn nicd_threads(dir: &Path) -> Vec<String> {
+    let name = |t: &PathBuf| std::fs::read_to_string(t.join("comm")).ok().map(|n| n.trim().to_string());
+    nicd_tasks(dir).iter().filter_map(name).collect()
 }
 
 /// Each thread's allowed cores (`Cpus_allowed_list`) of the `emp-nicd`
 /// serving the chassis in `dir`, by thread name.
 fn nicd_thread_cores(dir: &Path) -> Vec<(String, String)> {
-    let want = dir.to_string_lossy().into_owned();
     let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let p = e.path();
-        let Ok(cmd) = std::fs::read(p.join("cmdline")) else { continue };
-        let cmd = String::from_utf8_lossy(&cmd);
-        if !cmd.contains("emp-nicd") || !cmd.contains(&want) {
-            continue;
-        }
-        for t in std::fs::read_dir(p.join("task")).into_iter().flatten().flatten() {
-            let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().trim().to_string();
-            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-            if let Some(l) = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")) {
-                out.push((name, l.trim().to_string()));
-            }
+    for t in nicd_tasks(dir) {
+        let name = std::fs::read_to_string(t.join("comm")).unwrap_or_default().trim().to_string();
+        let status = std::fs::read_to_string(t.join("status")).unwrap_or_default();
+        if let Some(l) = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")) {
+            out.push((name, l.trim().to_string()));
         }
     }
     out
