@@ -3,7 +3,10 @@
 //! mailbox, rings, completion queue) written exactly as the driver and the
 //! verbs library write them.
 
-use emp_uapi::desc::{Cqe, MrEntry, MrFormat, PhysSeg, Sge, WorkDesc, MR_INLINE_SEGS, SEGS_PER_PAGE, SEG_LINK};
+use emp_uapi::desc::{
+    Cqe, MrEntry, MrFormat, Opcode, PhysSeg, Sge, WorkDesc, MR_INLINE_SEGS, PERSIST_SLOTS, SEGS_PER_PAGE, SEG_LINK,
+    WD_PERSIST,
+};
 use emp_uapi::sram::{ctl, AdminMailbox, AdminOp, Layout, PortCtl, RouteEntry};
 use emp_uapi::{ring, Le, PAGE_SIZE};
 
@@ -333,9 +336,37 @@ pub struct HostPort {
     pub send_prod: u32,
     /// Receive ring producer.
     pub recv_prod: u32,
+    /// The next persistent slot of each ring ([`HostPort::post_persistent`]).
+    pub persist_send: u8,
+    pub persist_recv: u8,
 }
 
 impl HostPort {
+    /// Posts `d` as a persistent descriptor: stored (`WD_PERSIST`) into the
+    /// ring's next slot of [`PERSIST_SLOTS`] (round robin: a slot is stored
+    /// again only after the start that ran it, which the ring orders), then
+    /// started with `d`'s `wr_id`; both or neither (false: no room for two).
+    pub fn post_persistent(&mut self, sram: &mut [u8], layout: &Layout, mut d: WorkDesc, send: bool) -> bool {
+        let w = layout.port(self.port);
+        let (prod, cons_off, entries) = if send {
+            (self.send_prod, ctl::SEND_CONS, w.send_entries)
+        } else {
+            (self.recv_prod, ctl::RECV_CONS, w.recv_entries)
+        };
+        let cons = Sram(sram).u32(w.ctl(cons_off));
+        if !ring::has_room(prod.wrapping_add(1), cons, entries) {
+            return false;
+        }
+        let next = if send { &mut self.persist_send } else { &mut self.persist_recv };
+        let slot = *next;
+        *next = (slot + 1) % PERSIST_SLOTS as u8;
+        let start = WorkDesc { wr_id: d.wr_id, opcode: Opcode::Start as u8, tag: slot as u64, ..Default::default() };
+        d.wr_id = 0;
+        d.flags |= WD_PERSIST;
+        d.slot = slot;
+        self.post(sram, layout, &d, send) && self.post(sram, layout, &start, send)
+    }
+
     /// Writes a descriptor into the send (or receive) ring if it has room.
     pub fn post(&mut self, sram: &mut [u8], layout: &Layout, d: &WorkDesc, send: bool) -> bool {
         let w = layout.port(self.port);

@@ -92,6 +92,10 @@ struct OneArgs {
     /// payload read straight from host memory.
     #[arg(long)]
     immediate_sending: bool,
+    /// Probability a send or receive is posted as a persistent descriptor
+    /// (stored, then started: thesis §2.3.3).
+    #[arg(long, default_value_t = 0.0)]
+    persistent: f64,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -288,6 +292,11 @@ fn one(a: &OneArgs) -> ExitCode {
     spec.cpu_plan = a.cpu_plan;
     spec.weak_dma = a.weak_dma;
     spec.immediate_sending = a.immediate_sending;
+    if !(0.0..=1.0).contains(&a.persistent) {
+        eprintln!("emp-sim: --persistent {}: a probability, 0 to 1", a.persistent);
+        return ExitCode::from(2);
+    }
+    spec.persistent = a.persistent;
     spec.atomics = a.atomics;
     spec.collectives = a.collectives;
     spec.rma = a.rma;

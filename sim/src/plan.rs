@@ -31,6 +31,8 @@ pub(crate) struct MsgPlan {
     pub(crate) expect: Expect,
     pub(crate) sge_pieces: usize,
     pub(crate) corrupt: u8,
+    /// Posted as a stored descriptor and a start (thesis §2.3.3).
+    pub(crate) persistent: bool,
 }
 
 /// One posted receive and what it matches.
@@ -47,6 +49,8 @@ pub(crate) struct RecvPlan {
     /// Could match several messages: order is checked.
     pub(crate) ambiguous: bool,
     pub(crate) sge_pieces: usize,
+    /// Posted as a stored descriptor and a start (thesis §2.3.3).
+    pub(crate) persistent: bool,
 }
 
 /// A remote fetch-add(1) on the counter (or a misuse of one).

@@ -91,6 +91,10 @@ pub struct Spec {
     /// The NICs have Immediate Sending (`FEATURE_IMMEDIATE_SENDING`):
     /// one-frame sends go out with their payload read from host memory.
     pub immediate_sending: bool,
+    /// Probability a send or receive is posted as a persistent descriptor
+    /// (`WD_PERSIST` into one of the ring's slots, then a 24-byte start:
+    /// thesis §2.3.3) instead of a plain one.
+    pub persistent: f64,
 }
 
 impl Spec {
@@ -123,6 +127,7 @@ impl Spec {
             ack_delay_ns: Config::default().ack_delay_ns,
             ack_coalesce_max: Config::default().ack_coalesce_max,
             immediate_sending: false,
+            persistent: 0.0,
         }
     }
 
@@ -185,6 +190,8 @@ impl Spec {
             // ACKs under every fault (a lost one made good by the next).
             ack_delay_ns: [0, 0, 2_000, 20_000, 200_000][r.below(5) as usize],
             ack_coalesce_max: [1, 4, 16, 64][r.below(4) as usize],
+            // Drawn after everything else, for the same reason.
+            persistent: if r.chance(0.3) { 0.5 } else { 0.0 },
         }
     }
 
@@ -232,6 +239,9 @@ impl Spec {
         }
         if self.immediate_sending {
             cmd += " --immediate-sending";
+        }
+        if self.persistent > 0.0 {
+            cmd += &format!(" --persistent {}", self.persistent);
         }
         if let Some(p) = &self.wire.partition {
             cmd += &format!(" --partition-ms {}", p.end_ns / 1_000_000);
@@ -299,6 +309,8 @@ pub struct Report {
     /// Frames sent with their payload straight from host memory
     /// (Immediate Sending), all NICs.
     pub frames_sent_from_host: u64,
+    /// Sends and receives posted as persistent descriptors (store, start).
+    pub persistent_posts: u64,
 }
 
 impl Report {
@@ -408,6 +420,7 @@ fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
             expect: Expect::Deliver,
             sge_pieces,
             corrupt: 0,
+            persistent: false,
         });
     }
     if spec.errors {
@@ -423,6 +436,7 @@ fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
             expect: Expect::Fail(Status::RemotePortClosed),
             sge_pieces: 1,
             corrupt: 0,
+            persistent: false,
         };
         msgs.push(base.clone());
         msgs.push(MsgPlan { dst: eps[0], expect: Expect::Fail(Status::BadKey), corrupt: 1, ..base.clone() });
@@ -479,7 +493,19 @@ fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
                 Mode::MaskedAnySource => (ANY_NODE, ANY_PORT, class << 32, 0xFFFF_FFFF, max_len, true),
             };
             let buf_off = bump(dst, buf_len, r);
-            recvs.push(RecvPlan { dst, post_at, node, port, tag, ignore, buf_len, buf_off, ambiguous, sge_pieces });
+            recvs.push(RecvPlan {
+                dst,
+                post_at,
+                node,
+                port,
+                tag,
+                ignore,
+                buf_len,
+                buf_off,
+                ambiguous,
+                sge_pieces,
+                persistent: false,
+            });
         }
     }
     let (atomics, counter_at) = plan_atomics(spec, &eps, r, &mut bump);
@@ -487,6 +513,16 @@ fn make_plan(spec: &Spec, r: &mut Rng) -> Plan {
     let coll = (spec.collectives > 0)
         .then(|| CollPlan::draw(spec.seed, spec.collectives, &eps, spec.spread_ns, spec.mtu, r, &mut bump));
     let rma = plan_rma(spec, &eps, r, &mut bump);
+    // Drawn last and only when asked for, as the collectives. Not the
+    // sends that must fail: their failure is the plain post's.
+    if spec.persistent > 0.0 {
+        for m in msgs.iter_mut().filter(|m| m.corrupt == 0) {
+            m.persistent = r.chance(spec.persistent);
+        }
+        for rv in recvs.iter_mut() {
+            rv.persistent = r.chance(spec.persistent);
+        }
+    }
     Plan { msgs, recvs, atomics, counter_at, coll, rma, region_len }
 }
 
@@ -651,6 +687,8 @@ struct Driver {
     /// Per node, per port: the port's RMA window.
     rma_windows: Vec<Vec<crate::host::Region>>,
     outstanding: u64,
+    /// Sends and receives posted as a stored descriptor and a start.
+    persistent_posts: u64,
 }
 
 fn fail(spec: &Spec, what: String) -> Failure {
@@ -716,6 +754,7 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
         outstanding: (plan.msgs.len() + plan.recvs.len() + plan.atomics.len()) as u64
             + plan.coll.as_ref().map_or(0, |c| (c.ops.len() * c.members.len()) as u64)
             + plan.rma.iter().map(|o| 1 + (o.kind == RmaKind::WriteImm) as u64).sum::<u64>(),
+        persistent_posts: 0,
         plan,
     };
     d.setup(spec, &mut r).map_err(|e| fail(spec, e))?;
@@ -826,7 +865,17 @@ impl Driver {
                 if res != Some(ar::OK) {
                     return Err(format!("node {n} port {p}: open failed: {res:?}"));
                 }
-                ports.push(HostPort { port: p, data, cq, cq_entries, cq_head: 0, send_prod: 0, recv_prod: 0 });
+                ports.push(HostPort {
+                    port: p,
+                    data,
+                    cq,
+                    cq_entries,
+                    cq_head: 0,
+                    send_prod: 0,
+                    recv_prod: 0,
+                    persist_send: 0,
+                    persist_recv: 0,
+                });
             }
             self.ports.push(ports);
         }
@@ -944,7 +993,13 @@ impl Driver {
                             2 => d.num_sge = 7,
                             _ => {}
                         }
-                        hp.post(sram, &layout, &d, true)
+                        if m.persistent {
+                            let ok = hp.post_persistent(sram, &layout, d, true);
+                            self.persistent_posts += ok as u64;
+                            ok
+                        } else {
+                            hp.post(sram, &layout, &d, true)
+                        }
                     }
                     Post::Recv(i) => {
                         let rv = &self.plan.recvs[i as usize];
@@ -960,7 +1015,13 @@ impl Driver {
                             rv.buf_len,
                             rv.sge_pieces,
                         );
-                        hp.post(sram, &layout, &d, false)
+                        if rv.persistent {
+                            let ok = hp.post_persistent(sram, &layout, d, false);
+                            self.persistent_posts += ok as u64;
+                            ok
+                        } else {
+                            hp.post(sram, &layout, &d, false)
+                        }
                     }
                     Post::Atomic(i) => {
                         let a = &self.plan.atomics[i as usize];
@@ -1090,6 +1151,7 @@ impl Driver {
             sim_ns: self.world.now,
             events: self.world.events,
             frames_sent_from_host: self.world.nodes.iter().map(|n| n.mem.frames_sent_from_host).sum(),
+            persistent_posts: self.persistent_posts,
             wire: self.world.stats,
             delivered: tally.delivered,
             expected_errors: tally.expected_errors

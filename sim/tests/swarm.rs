@@ -40,6 +40,7 @@ struct Coverage {
     coll_refused: u64,
     weak_dma: u64,
     immediate_sending: u64,
+    persistent_runs: u64,
     rma_runs: u64,
     rma_ops: u64,
 }
@@ -91,6 +92,11 @@ fn swarm_every_seed_passes_every_invariant() {
                             r.frames_sent_from_host
                         );
                         c.immediate_sending += (r.frames_sent_from_host > 0) as u64;
+                        assert!(
+                            spec.persistent > 0.0 || r.persistent_posts == 0,
+                            "seed {seed}: persistent posts without the knob"
+                        );
+                        c.persistent_runs += (r.persistent_posts > 0) as u64;
                         c.rma_runs += (spec.rma > 0) as u64;
                         c.rma_ops += r.rma;
                         if spec.size_max >= 4 << 20 {
@@ -132,6 +138,7 @@ fn swarm_every_seed_passes_every_invariant() {
         assert!(c.retransmits > 1000);
         assert!(c.weak_dma > 100, "weakly ordered DMA: {} runs", c.weak_dma);
         assert!(c.immediate_sending > 100, "Immediate Sending: {} runs", c.immediate_sending);
+        assert!(c.persistent_runs > 100, "persistent descriptors: {} runs", c.persistent_runs);
         assert!(c.rma_runs > 100 && c.rma_ops > 1000, "RMA: {} runs, {} operations", c.rma_runs, c.rma_ops);
         assert!(
             c.atomic_runs > 100 && c.atomic_replays > 100,
