@@ -134,6 +134,24 @@ check_info() {
     }
 }
 
+# check_gang F: on F's NICs given one port slot each, two jobs of tap-p2p
+# × 4 ranks (one per namespace) take turns under `emp gang --config`: both
+# suites pass, with at least 4 switches.
+check_gang() {
+    local gconf="$bed/bed/gang.toml" out rc sw
+    sed '/^\[cluster\]$/a ports = 1' "$1" >"$gconf"
+    "$bin/emp" cluster up --config "$gconf" || return 1
+    out=$(EMP_TAP_BIG_MB=4 "$bin/emp" gang --config "$gconf" --dir "$bed/gang" --slice-ms 20 --stable-ms 500 \
+        --timeout 300 --job "4 $bin/tap-p2p" --job "4 $bin/tap-p2p" 2>&1)
+    rc=$?
+    "$bin/emp" cluster down --config "$gconf"
+    grep -E '^emp gang|passed|^not ok' <<<"$out"
+    [ "$rc" -eq 0 ] || return 1
+    [ "$(grep -c '# 10 passed, 0 failed' <<<"$out")" -eq 2 ] || { echo "# not both jobs' suites passed"; return 1; }
+    sw=$(sed -n 's/^emp gang: [0-9]* jobs, \([0-9]*\) switches.*/\1/p' <<<"$out")
+    [ "${sw:-0}" -ge 4 ] || { echo "# only ${sw:-0} switches: the jobs did not take turns"; return 1; }
+}
+
 finish() {
     echo "# netns suite: $((SECONDS - t_start)) s"
     echo "$passed passed, $failed failed"
@@ -193,6 +211,10 @@ for wire in $wires; do
         counted "faults over $wire" scripts/netns/faults.sh --config "$config" --name "$name"
     fi
     step "cluster down over $wire" "$bin/emp" cluster down --config "$config"
+    if [ "$wire" = udp ]; then
+        step "emp gang across 4 namespaces over $wire: two jobs x 4 ranks (tap-p2p) on one-slot NICs" \
+            check_gang "$config"
+    fi
     config=""
 done
 

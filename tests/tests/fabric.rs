@@ -417,7 +417,7 @@ fn netpipe_over_emp() {
 /// handing such a message to the oldest live receive it matches).
 /// It then hung now and then in LatencyBandwidth's ping-pongs, until the
 /// provider's fi_cancel went to the NIC (a canceled wildcard receive no
-/// longer takes a later message): 40 runs of 40 since (2026-12-02/06).
+/// longer takes a later message): 43 runs of 43 since (2026-12-02/06).
 #[test]
 fn hpcc_over_emp() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -15,6 +15,16 @@
 //! With `--devices` the NICs are reached through emp.ko (`/dev/emp-nic…`,
 //! e.g. in a guest): the same steps go to the driver (`EMP_IOC_GANG`), which
 //! keeps the saved images in kernel memory.
+//!
+//! With `--config` the NICs are a cluster file's nodes, each host's daemon
+//! reached through its socket in the host's `dir`, and rank r is started on
+//! node r mod nodes through its host's `launch` (as `emp run --config`).
+//! The scheduler stops and continues ranks by signal and names them to the
+//! daemons by pid, so every host must be this machine seen through a
+//! launcher that runs the rank in place (network namespaces, `ip netns
+//! exec`): a host whose socket is not here is refused, and a launcher that
+//! does not run the rank in place (a remote shell) never shows the daemon
+//! a port of that pid, which ends the start with its reason.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -30,6 +40,8 @@ pub struct GangArgs {
     pub dir: PathBuf,
     /// The NICs' kernel devices; empty: the cluster's daemons in `dir`.
     pub devices: Vec<String>,
+    /// A cluster file: its nodes' daemons, ranks through its hosts' launch.
+    pub config: Option<PathBuf>,
     /// Jobs, each "N program args…".
     pub jobs: Vec<String>,
     /// Time slice.
@@ -127,7 +139,25 @@ pub fn gang(a: &GangArgs) -> Result<i32, String> {
     if a.slice.is_zero() {
         return Err("emp gang: --slice-ms must be at least 1".into());
     }
-    let nics: Vec<String> = if a.devices.is_empty() {
+    let mut launch: Vec<Vec<String>> = Vec::new();
+    let nics: Vec<String> = if let Some(file) = &a.config {
+        let cfg = emp_config::ClusterConfig::load(file).map_err(|e| e.to_string())?;
+        let mut socks = Vec::new();
+        for node in &cfg.nodes {
+            let sock = cfg.socket(node.id).ok_or_else(|| format!("node {}: no socket", node.id))?;
+            if !sock.exists() {
+                return Err(format!(
+                    "emp gang --config: node {}'s NIC socket {} is not on this machine (up? every host must be \
+                     this machine behind its launcher, e.g. a network namespace)",
+                    node.id,
+                    sock.display()
+                ));
+            }
+            socks.push(sock.to_string_lossy().into_owned());
+            launch.push(cfg.host(&node.host).expect("checked on load").launch.clone());
+        }
+        socks
+    } else if a.devices.is_empty() {
         let s = read_state(&a.dir)?;
         (0..s.nics).map(|n| socket(&a.dir, n).to_string_lossy().into_owned()).collect()
     } else {
@@ -141,7 +171,7 @@ pub fn gang(a: &GangArgs) -> Result<i32, String> {
     }
     std::fs::create_dir_all(&a.dir).map_err(|e| format!("{}: {e}", a.dir.display()))?;
     let mut jobs = a.jobs.iter().enumerate().map(|(i, j)| Job::parse(j, &a.dir, i)).collect::<Result<Vec<_>, _>>()?;
-    let mut g = Gang { nics, stable: a.stable, switches: 0, unstable: 0 };
+    let mut g = Gang { nics, launch, stable: a.stable, switches: 0, unstable: 0 };
     let result = g.schedule(&mut jobs, a.slice, a.timeout);
     for j in &mut jobs {
         // SIGKILL ends a stopped rank too; it is never continued without
@@ -165,6 +195,8 @@ pub fn gang(a: &GangArgs) -> Result<i32, String> {
 struct Gang {
     /// Each NIC's daemon socket or kernel device (rank r uses r mod len).
     nics: Vec<String>,
+    /// With `--config`: each NIC's host's launch prefix (empty: here).
+    launch: Vec<Vec<String>>,
     stable: Duration,
     switches: u64,
     unstable: u64,
@@ -227,13 +259,28 @@ impl Gang {
     fn start_job(&mut self, job: &mut Job, name: usize) -> Result<(), String> {
         std::fs::create_dir_all(&job.rdv).map_err(|e| format!("{}: {e}", job.rdv.display()))?;
         for r in 0..job.ranks {
-            let mut cmd = Command::new(&job.argv[0]);
-            cmd.args(&job.argv[1..])
-                .env("EMP_DEVICE", self.sock(r))
-                .env("EMP_RANK", r.to_string())
-                .env("EMP_SIZE", job.ranks.to_string())
-                .env("EMP_RDV_DIR", &job.rdv);
-            let child = cmd.spawn().map_err(|e| format!("{}: {e}", job.argv[0]))?;
+            let env = [
+                ("EMP_DEVICE", self.sock(r).to_owned()),
+                ("EMP_RANK", r.to_string()),
+                ("EMP_SIZE", job.ranks.to_string()),
+                ("EMP_RDV_DIR", job.rdv.to_string_lossy().into_owned()),
+            ];
+            let launch = self.launch.get(r % self.nics.len()).filter(|l| !l.is_empty());
+            let mut cmd = match launch {
+                // Through `env`, as `emp run --config`: the launcher runs
+                // it in place, so the child's pid is the rank's.
+                Some(l) => {
+                    let mut c = Command::new(&l[0]);
+                    c.args(&l[1..]).arg("env").args(env.iter().map(|(k, v)| format!("{k}={v}"))).args(&job.argv);
+                    c
+                }
+                None => {
+                    let mut c = Command::new(&job.argv[0]);
+                    c.args(&job.argv[1..]).envs(env);
+                    c
+                }
+            };
+            let child = cmd.spawn().map_err(|e| format!("{}: {e}", cmd.get_program().to_string_lossy()))?;
             job.kids.push(Some(child));
         }
         job.started = true;
@@ -260,7 +307,13 @@ impl Gang {
                     return Ok(());
                 }
                 Ok(false) if Instant::now() < end => std::thread::sleep(Duration::from_millis(2)),
-                Ok(false) => return Err(format!("a rank of {} opened no port within {START_BOUND:?}", job.argv[0])),
+                Ok(false) => {
+                    return Err(format!(
+                        "a rank of {} opened no port under its pid within {START_BOUND:?} (with --config: does its \
+                         host's launcher run it in place?)",
+                        job.argv[0]
+                    ))
+                }
                 Err(e) => return Err(format!("asking the NIC for a rank's ports: {e}")),
             }
         }

@@ -62,6 +62,12 @@ enum Cmd {
         /// uses device r mod their number. Needs CAP_SYS_ADMIN.
         #[arg(long, value_delimiter = ',')]
         devices: Vec<String>,
+        /// A cluster file instead (docs/cluster.md): rank r on node r mod
+        /// nodes, started through its host's `launch`, which must run it in
+        /// place on this machine (a namespace: `ip netns exec`), so the
+        /// scheduler can stop it and reach its NIC's daemon.
+        #[arg(long, conflicts_with = "devices")]
+        config: Option<std::path::PathBuf>,
         /// Kill every job after this many seconds.
         #[arg(long)]
         timeout: Option<u64>,
@@ -241,10 +247,11 @@ fn main() -> ExitCode {
                 Err(e) => Err(e),
             }
         }
-        Cmd::Gang { jobs, slice_ms, stable_ms, dir, devices, timeout } => {
+        Cmd::Gang { jobs, slice_ms, stable_ms, dir, devices, config, timeout } => {
             let args = gang::GangArgs {
                 dir: cluster::dir_or_default(dir),
                 devices,
+                config,
                 jobs,
                 slice: std::time::Duration::from_millis(slice_ms),
                 stable: std::time::Duration::from_millis(stable_ms),
