@@ -37,11 +37,14 @@ pub fn parse(s: &str) -> Result<Vec<usize>, String> {
     Ok(out)
 }
 
-fn set_of(cores: &[usize]) -> libc::cpu_set_t {
+/// `cores` as the kernel's set (for `sched_setaffinity`, e.g. in a child
+/// before `exec`, where nothing may allocate); cores beyond the set are
+/// left out.
+pub fn set_of(cores: &[usize]) -> libc::cpu_set_t {
     // SAFETY: cpu_set_t is plain bits; all zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-    for &c in cores {
-        // SAFETY: `c` < CPU_SETSIZE (callers pass parsed or allowed cores).
+    for &c in cores.iter().filter(|&&c| c < CORES_MAX) {
+        // SAFETY: `c` < CPU_SETSIZE (filtered), inside the set.
         unsafe { libc::CPU_SET(c, &mut set) };
     }
     set

@@ -319,8 +319,6 @@ struct Image {
     stored: Vec<(bool, u8, WorkDesc)>,
     /// (index into `groups`, its reliable-broadcast state).
     rbcast: Vec<(usize, crate::rbcast::RbImage)>,
-    /// Receives posted for those broadcasts (descriptors outstanding).
-    rb_posted: usize,
 }
 
 /// A queued collective message of an image: its op (an index into the
@@ -1024,7 +1022,6 @@ impl Nic {
             }
             rbcast.push((gi, self.rbcast_get_image(hal, slot, &mut r, *s, g)?));
         }
-        let rb_posted: usize = rbcast.iter().map(|(_, i)| i.posted.len()).sum();
         if !r.at_end() {
             return Err("trailing bytes".into());
         }
@@ -1049,7 +1046,6 @@ impl Nic {
             ops,
             stored,
             rbcast,
-            rb_posted,
         })
     }
 
@@ -1070,7 +1066,8 @@ impl Nic {
         }
         let plain_tx = img.tx.iter().filter(|t| t.3.is_none()).count();
         let posted_ops = img.ops.iter().filter(|(_, o)| o.desc.is_some()).count();
-        let outstanding = (img.posted.len() + plain_tx + posted_ops + img.rb_posted) as u32;
+        let rb_posted: usize = img.rbcast.iter().map(|(_, rb)| rb.posted.len()).sum();
+        let outstanding = (img.posted.len() + plain_tx + posted_ops + rb_posted) as u32;
         {
             let st = &mut self.ports[slot as usize];
             st.open = true;

@@ -183,17 +183,7 @@ impl Cluster {
         );
         self.world.doorbell_now(n);
         match admin_result(&mut self.world.nodes[n as usize].sram, &layout) {
-            Some(ar::OK) => Ok(HostPort {
-                port,
-                data,
-                cq,
-                cq_entries: CQ_ENTRIES,
-                cq_head: 0,
-                send_prod: 0,
-                recv_prod: 0,
-                persist_send: 0,
-                persist_recv: 0,
-            }),
+            Some(ar::OK) => Ok(HostPort::new(port, data, cq, CQ_ENTRIES)),
             r => Err(r.unwrap_or(u32::MAX)),
         }
     }
@@ -339,17 +329,7 @@ impl Cluster {
         if r != ar::OK {
             return Err(r);
         }
-        Ok(HostPort {
-            port: slot,
-            data,
-            cq,
-            cq_entries: CQ_ENTRIES,
-            cq_head: 0,
-            send_prod: 0,
-            recv_prod: 0,
-            persist_send: 0,
-            persist_recv: 0,
-        })
+        Ok(HostPort::new(slot, data, cq, CQ_ENTRIES))
     }
 
     /// Closes the job port of `node` (as when its process dies).

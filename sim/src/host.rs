@@ -342,6 +342,21 @@ pub struct HostPort {
 }
 
 impl HostPort {
+    /// A port the NIC just opened: rings and CQ empty, nothing stored.
+    pub fn new(port: u16, data: Region, cq: Region, cq_entries: u32) -> HostPort {
+        HostPort {
+            port,
+            data,
+            cq,
+            cq_entries,
+            cq_head: 0,
+            send_prod: 0,
+            recv_prod: 0,
+            persist_send: 0,
+            persist_recv: 0,
+        }
+    }
+
     /// Posts `d` as a persistent descriptor: stored (`WD_PERSIST`) into the
     /// ring's next slot of [`PERSIST_SLOTS`] (round robin: a slot is stored
     /// again only after the start that ran it, which the ring orders), then

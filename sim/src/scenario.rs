@@ -865,17 +865,7 @@ impl Driver {
                 if res != Some(ar::OK) {
                     return Err(format!("node {n} port {p}: open failed: {res:?}"));
                 }
-                ports.push(HostPort {
-                    port: p,
-                    data,
-                    cq,
-                    cq_entries,
-                    cq_head: 0,
-                    send_prod: 0,
-                    recv_prod: 0,
-                    persist_send: 0,
-                    persist_recv: 0,
-                });
+                ports.push(HostPort::new(p, data, cq, cq_entries));
             }
             self.ports.push(ports);
         }

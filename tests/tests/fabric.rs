@@ -537,6 +537,21 @@ fn mpi4py_over_emp() {
     assert!(all.contains("time for 200 loops"), "no ringtest timing:\n{all}");
 }
 
+/// `emp bench mpi --quick --nodes 2` with `args`, outside any job's
+/// environment, killed after 5 minutes.
+fn bench_mpi_quick(args: &[&str]) -> Output {
+    let child = Command::new(bin_dir().join("emp"))
+        .args(["bench", "mpi", "--quick", "--nodes", "2", "--transport-timeout", "200"])
+        .args(args)
+        .env_remove("EMP_DEVICE")
+        .env_remove("EMP_CLUSTER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("emp bench mpi");
+    wait_timeout(child, Duration::from_secs(300))
+}
+
 /// `emp bench mpi --quick` on 2 ranks: the command works end to end (every
 /// transport runs the benchmark program, JSON and plots come out). A smoke
 /// check only: the figures are not judged here (docs/libfabric.md has the
@@ -550,16 +565,7 @@ fn emp_bench_mpi_runs() {
     let program = provider_dir().join("mpi_bench");
     assert!(program.exists(), "{} missing: fabric/build.sh builds it with mpicc", program.display());
     let plots = Scratch::new("bench-plots");
-    let child = Command::new(bin_dir().join("emp"))
-        .args(["bench", "mpi", "--quick", "--nodes", "2", "--transport-timeout", "200", "--json", "--plot-dir"])
-        .arg(&plots.0)
-        .env_remove("EMP_DEVICE")
-        .env_remove("EMP_CLUSTER")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("emp bench mpi");
-    let out = wait_timeout(child, Duration::from_secs(300));
+    let out = bench_mpi_quick(&["--json", "--plot-dir", &plots.0.to_string_lossy()]);
     let json = String::from_utf8_lossy(&out.stdout).into_owned();
     let all = text(&out);
     assert!(out.status.success(), "emp bench mpi failed:\n{all}");
@@ -598,18 +604,7 @@ fn emp_bench_mpi_with_the_nics_on_a_core_of_their_own() {
         return;
     }
     let cores = emp_config::cores::allowed().expect("sched_getaffinity");
-    let bench = |list: &str| {
-        let child = Command::new(bin_dir().join("emp"))
-            .args(["bench", "mpi", "--quick", "--nodes", "2", "--transports", "emp", "--transport-timeout", "200"])
-            .args(["--nic-cores", list, "--json"])
-            .env_remove("EMP_DEVICE")
-            .env_remove("EMP_CLUSTER")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("emp bench mpi");
-        wait_timeout(child, Duration::from_secs(300))
-    };
+    let bench = |list: &str| bench_mpi_quick(&["--transports", "emp", "--nic-cores", list, "--json"]);
     let all = emp_config::cores::show(&cores);
     let out = bench(&all);
     assert!(!out.status.success() && text(&out).contains("no core left for the ranks"), "{}", text(&out));

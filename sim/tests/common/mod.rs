@@ -55,17 +55,7 @@ impl Pair {
             admin_post(&mut node.sram, &layout, AdminOp::PortOpen, [0, cq.key as u64, 0, CQ_ENTRIES as u64, 0, 0]);
             world.doorbell_now(n);
             assert_eq!(admin_result(&mut world.nodes[n as usize].sram, &layout), Some(ar::OK));
-            ports.push(HostPort {
-                port: 0,
-                data,
-                cq,
-                cq_entries: CQ_ENTRIES,
-                cq_head: 0,
-                send_prod: 0,
-                recv_prod: 0,
-                persist_send: 0,
-                persist_recv: 0,
-            });
+            ports.push(HostPort::new(0, data, cq, CQ_ENTRIES));
         }
         Pair { world, ports, next_wr: 0 }
     }

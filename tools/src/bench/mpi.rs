@@ -301,13 +301,7 @@ struct Cores(libc::cpu_set_t);
 
 impl Cores {
     fn of(cores: &[usize]) -> Cores {
-        // SAFETY: cpu_set_t is plain bits; all zero is the empty set.
-        let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-        for &c in cores {
-            // SAFETY: `c` came from `emp_config::cores` (below CPU_SETSIZE).
-            unsafe { libc::CPU_SET(c, &mut set) };
-        }
-        Cores(set)
+        Cores(emp_config::cores::set_of(cores))
     }
 
     /// `cmd`, and every process it starts, runs on these cores.
