@@ -24,8 +24,10 @@
 //! The image is untrusted on restore (it sat in the job's memory): every
 //! field is checked before anything changes, and the trusted side names the
 //! parked identity it expects. Layout (little endian): a [`HEADER`]-byte
-//! header, then the send and receive rings' unconsumed descriptors, the
-//! posted receives, the peers ([`PEER_IMAGE`] bytes each, written and read
+//! header, then the send and receive rings' unconsumed descriptors, each
+//! ring's slots past its producer index that hold anything (raw: a stopped
+//! host may have written a descriptor there, or part of one, and not yet
+//! published it; [`UNPUBLISHED_IMAGE`] bytes each), the posted receives, the peers ([`PEER_IMAGE`] bytes each, written and read
 //! by `put_peer`/`get_peer` alone), the groups and collective operations
 //! (barriers, reductions) in progress, the queued messages (sends, and the
 //! collectives' own messages), the eager unexpected messages with their
@@ -68,14 +70,18 @@ pub(crate) const PARKED_MAX: usize = 64;
 /// "ECTX".
 pub const IMAGE_MAGIC: u32 = 0x5854_4345;
 /// Image format version; a restore refuses any other.
-/// 4: the persistent descriptors; 5: reliable-broadcast state.
-pub const IMAGE_VERSION: u16 = 5;
+/// 4: the persistent descriptors; 5: reliable-broadcast state; 6: the
+/// rings' unpublished slots.
+pub const IMAGE_VERSION: u16 = 6;
 /// Bytes of the image header.
 pub const HEADER: usize = 80;
 /// Byte offset of the checksum in the header.
 const CHECKSUM_AT: usize = 12;
 /// Bytes of one peer record.
 pub const PEER_IMAGE: usize = 52 + ATOMIC_RX_IMAGE;
+/// Bytes of one unpublished ring slot: its distance from the producer
+/// index, two zero bytes, the slot's bytes as the host left them.
+pub const UNPUBLISHED_IMAGE: usize = 4 + WorkDesc::SIZE;
 /// Bytes of one queued send besides its descriptor: peer index, kind, sequence.
 const TX_IMAGE: usize = 8 + WorkDesc::SIZE;
 /// Bytes of a queued collective message besides its data: peer index, kind,
@@ -129,6 +135,25 @@ pub fn image_checksum(b: &[u8]) -> u32 {
 /// context was saved with in the trusted side's table.
 fn members_checksum(g: &GroupState) -> u32 {
     g.members.iter().flat_map(|m| m.to_le_bytes()).fold(0x811c_9dc5u32, |h, x| (h ^ x as u32).wrapping_mul(0x0100_0193))
+}
+
+/// A ring's unpublished slots in an image: at most `free` (the ring's
+/// slots past its producer index), each at a distinct distance below
+/// `free`, in increasing order.
+fn read_unpublished(r: &mut Reader<'_>, free: u32) -> Result<Vec<(u32, [u8; WorkDesc::SIZE])>, &'static str> {
+    let n = r.u16()? as u32;
+    if n > free {
+        return Err("unpublished ring slots");
+    }
+    let mut out: Vec<(u32, [u8; WorkDesc::SIZE])> = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let (at, pad) = (r.u16()? as u32, r.u16()?);
+        if pad != 0 || at >= free || out.last().is_some_and(|&(last, _)| at <= last) {
+            return Err("unpublished ring slot");
+        }
+        out.push((at, r.take(WorkDesc::SIZE)?.try_into().expect("a descriptor's bytes")));
+    }
+    Ok(out)
 }
 
 /// Peer record flags.
@@ -304,6 +329,9 @@ struct Image {
     recv: (u32, u32),
     send_ring: Vec<WorkDesc>,
     recv_ring: Vec<WorkDesc>,
+    /// Per ring (send, receive): the slots past the producer index the
+    /// host had written, (distance from the producer index, bytes).
+    unpublished: [Vec<(u32, [u8; WorkDesc::SIZE])>; 2],
     posted: Vec<LocalDesc>,
     peers: Vec<PeerImage>,
     /// (peer index, sequence, descriptor, collective side).
@@ -711,6 +739,30 @@ impl Nic {
             out.extend_from_slice(&b);
             i = i.wrapping_add(1);
         }
+        // The host is stopped at any instruction, maybe half way through
+        // writing a descriptor it has not published yet, and the next job in
+        // this slot writes the same window: what it left past the producer
+        // index travels too, as raw bytes (the NIC checks a descriptor when it
+        // consumes it, as always). All-zero slots are left out.
+        for (send, cons, prod, entries) in
+            [(true, st.send_cons, send_prod, w.send_entries), (false, st.recv_cons, recv_prod, w.recv_entries)]
+        {
+            let count_at = out.len();
+            out.extend_from_slice(&0u16.to_le_bytes());
+            let mut count = 0u16;
+            for k in 0..entries - ring::used(prod, cons) {
+                let mut b = [0u8; WorkDesc::SIZE];
+                let idx = prod.wrapping_add(k);
+                hal.sram_read(if send { w.send_slot(idx) } else { w.recv_slot(idx) }, &mut b);
+                if b.iter().any(|&x| x != 0) {
+                    out.extend_from_slice(&(k as u16).to_le_bytes());
+                    out.extend_from_slice(&0u16.to_le_bytes());
+                    out.extend_from_slice(&b);
+                    count += 1;
+                }
+            }
+            out[count_at..count_at + 2].copy_from_slice(&count.to_le_bytes());
+        }
         for d in &st.posted {
             put_desc(&mut out, &d.wd);
         }
@@ -910,6 +962,10 @@ impl Nic {
         }
         let send_ring = (0..ring::used(send.1, send.0)).map(|_| r.desc()).collect::<Result<Vec<_>, _>>()?;
         let recv_ring = (0..ring::used(recv.1, recv.0)).map(|_| r.desc()).collect::<Result<Vec<_>, _>>()?;
+        let unpublished = [
+            read_unpublished(&mut r, w.send_entries - ring::used(send.1, send.0))?,
+            read_unpublished(&mut r, w.recv_entries - ring::used(recv.1, recv.0))?,
+        ];
         let posted_now: usize = self.ports.iter().map(|p| p.posted.len()).sum();
         if posted_now + n_posted > self.cfg.recv_posted_max as usize {
             return Err(Refusal::NoRoom);
@@ -1038,6 +1094,7 @@ impl Nic {
             recv,
             send_ring,
             recv_ring,
+            unpublished,
             posted,
             peers,
             tx,
@@ -1063,6 +1120,19 @@ impl Nic {
             let mut b = [0u8; WorkDesc::SIZE];
             d.put(&mut b);
             hal.sram_write(w.recv_slot(img.recv.0.wrapping_add(i as u32)), &b);
+        }
+        // Past the producer indices: what the host had left there, and
+        // zeros over whatever the slot's last job wrote.
+        for (send, (cons, prod), entries, saved) in [
+            (true, img.send, w.send_entries, &img.unpublished[0]),
+            (false, img.recv, w.recv_entries, &img.unpublished[1]),
+        ] {
+            let mut saved = saved.iter().peekable();
+            for k in 0..entries - ring::used(prod, cons) {
+                let b = saved.next_if(|(at, _)| *at == k).map_or([0u8; WorkDesc::SIZE], |(_, b)| *b);
+                let idx = prod.wrapping_add(k);
+                hal.sram_write(if send { w.send_slot(idx) } else { w.recv_slot(idx) }, &b);
+            }
         }
         let plain_tx = img.tx.iter().filter(|t| t.3.is_none()).count();
         let posted_ops = img.ops.iter().filter(|(_, o)| o.desc.is_some()).count();

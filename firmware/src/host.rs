@@ -139,6 +139,15 @@ impl Nic {
         };
         let st = &self.ports[p as usize];
         let (sc, rc) = (st.send_cons, st.recv_cons);
+        // The slot's last job may have left descriptors it never published:
+        // nothing of them is this job's to read (or to carry in an image).
+        let zero = [0u8; emp_uapi::desc::WorkDesc::SIZE];
+        for k in 0..w.send_entries {
+            hal.sram_write(w.send_slot(k), &zero);
+        }
+        for k in 0..w.recv_entries {
+            hal.sram_write(w.recv_slot(k), &zero);
+        }
         sram_put_u32(hal, w.ctl(ctl::SEND_CONS), sc);
         sram_put_u32(hal, w.ctl(ctl::RECV_CONS), rc);
         sram_put_u32(hal, w.ctl(ctl::CQ_PROD), 0);
@@ -330,6 +339,11 @@ impl Nic {
         if head[core::mem::offset_of!(WorkDesc, opcode)] != Opcode::Start as u8 {
             hal.sram_read(off + START_BYTES, rest);
         }
+        // A consumed slot is left zero, before the consumer index (or a
+        // completion) frees it: a slot past the producer index then holds
+        // only what the host wrote and has not published, and a context
+        // switch carries just that (`ctxsw.rs`, unpublished slots).
+        hal.sram_write(off, &[0u8; WorkDesc::SIZE]);
         WorkDesc::get(&b)
     }
 

@@ -113,7 +113,7 @@ use emp_uapi::wire::{self, Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
 use emp_uapi::Le;
 
 pub use cpu::CpuStep;
-pub use ctxsw::{image_checksum, IMAGE_MAGIC, IMAGE_VERSION};
+pub use ctxsw::{image_checksum, IMAGE_MAGIC, IMAGE_VERSION, UNPUBLISHED_IMAGE};
 pub use emp_uapi::fwabi::HostSeg;
 pub use timer::TimerHeap;
 

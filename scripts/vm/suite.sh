@@ -47,6 +47,10 @@ step() {
     else
         failed=$((failed + 1))
         echo "not ok - $name ($((SECONDS - t0)) s)"
+        # Why, first: a long guest console can be cut in the middle of a
+        # CI log, and the verdict lines are otherwise deep inside it.
+        grep -E '^vm[0-9]+: |^not ok|^# *(not ok|Bail out)|^emp gang: .*(rror|fail|did not|not stable)|panicked' \
+            "$log_dir/step.log" | head -n 40 | sed 's/^/#   why: /'
         sed 's/^/#   /' "$log_dir/step.log"
     fi
 }

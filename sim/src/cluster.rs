@@ -13,7 +13,7 @@ use emp_uapi::coll::{reduce_tag, BarrierAlgo, Dtype, ReduceOp, GROUP_INLINE_MAX,
 use emp_uapi::desc::{
     Cqe, MrEntry, Opcode, RemoteSge, Sge, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, WD_IMM, WD_SIGNALED,
 };
-use emp_uapi::sram::{admin_result as ar, AdminOp, GroupEntry, LayoutParams};
+use emp_uapi::sram::{admin_result as ar, ctl, AdminOp, GroupEntry, LayoutParams};
 use emp_uapi::{Le, PAGE_SIZE};
 
 use std::collections::VecDeque;
@@ -357,6 +357,58 @@ impl Cluster {
         let key = self.ports[n as usize].data.key;
         let d = work_desc(Opcode::Send as u8, self.bufs.len() as u64, dst, 0, tag, 0, key, off, data.len() as u64, 2);
         self.post(n, d, true, data.len() as u64)
+    }
+
+    /// A send of `data` from `node` to (dst node, port 0) whose descriptor
+    /// the host writes into its send ring's next slot only as far as
+    /// `written` bytes, and does not publish: a host stopped in the middle
+    /// of posting. [`Cluster::finish_unpublished`] writes the rest and
+    /// publishes it. Returns its wr_id and the descriptor's bytes.
+    pub fn send_unpublished(
+        &mut self,
+        n: u16,
+        dst: u16,
+        tag: u64,
+        data: &[u8],
+        written: usize,
+    ) -> (u64, [u8; WorkDesc::SIZE]) {
+        let off = self.alloc(n, data.len() as u64);
+        let node = &mut self.world.nodes[n as usize];
+        self.ports[n as usize].data.write(&mut node.mem, off, data);
+        let key = self.ports[n as usize].data.key;
+        let wr = self.bufs.len() as u64;
+        self.bufs.push((n, 0, 0));
+        let d = work_desc(Opcode::Send as u8, wr, dst, 0, tag, 0, key, off, data.len() as u64, 2);
+        let mut b = [0u8; WorkDesc::SIZE];
+        d.put(&mut b);
+        self.write_send_slot(n, &b[..written], 0);
+        (wr, b)
+    }
+
+    /// Writes `bytes[from..]` into `node`'s next send ring slot (in the
+    /// window of the slot its port is in now) and publishes the slot.
+    pub fn finish_unpublished(&mut self, n: u16, bytes: &[u8; WorkDesc::SIZE], from: usize) {
+        self.write_send_slot(n, &bytes[from..], from);
+        let layout = self.world.layout;
+        let hp = &mut self.ports[n as usize];
+        hp.send_prod = hp.send_prod.wrapping_add(1);
+        let w = layout.port(hp.port);
+        Sram(&mut self.world.nodes[n as usize].sram).put_u32(w.ctl(ctl::SEND_PROD), hp.send_prod);
+        self.world.ring(n);
+    }
+
+    fn write_send_slot(&mut self, n: u16, bytes: &[u8], at: usize) {
+        let hp = &self.ports[n as usize];
+        let slot = self.world.layout.port(hp.port).send_slot(hp.send_prod) + at;
+        self.world.nodes[n as usize].sram[slot..slot + bytes.len()].copy_from_slice(bytes);
+    }
+
+    /// The bytes of both rings of `node`'s port window (as its host sees them).
+    pub fn ring_bytes(&self, n: u16) -> Vec<u8> {
+        let w = self.world.layout.port(self.ports[n as usize].port);
+        let from = w.send_slot(0);
+        let to = w.recv_slot(0) + w.recv_entries as usize * WorkDesc::SIZE;
+        self.world.nodes[n as usize].sram[from..to].to_vec()
     }
 
     /// As [`Cluster::send`], with immediate data `imm` (`WD_IMM`): the

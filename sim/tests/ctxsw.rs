@@ -272,6 +272,60 @@ fn test_another_job_in_the_slot_gets_nothing() {
     assert_eq!(b_refused, ar::OK);
 }
 
+/// A host stops at any instruction: here half way through writing a send
+/// descriptor it has not published yet. Another job then runs in the slot
+/// and writes the same ring slots. Back (in its old slot or another), the
+/// first job finds both rings as it left them, and the send it finishes
+/// and publishes goes out intact. (The VM gang test lost such a send: the
+/// NIC ran the other job's bytes, "bad memory key", and the next message
+/// matched its receive.)
+#[test]
+fn test_a_half_written_descriptor_survives_another_job_in_the_slot() {
+    const WRITTEN: usize = 40;
+    for back_to in [0u16, 2] {
+        let mut c = Cluster::new(2, Config::default(), 0, 1500, WireConfig::default());
+        // History: five slots of the send ring consumed.
+        for i in 0..5 {
+            let s = c.send(1, 0, i, &data(100, i));
+            let r = c.recv(0, (1, 0), i, 0, 100);
+            assert_eq!(status(&c.wait(0, r, 50 * MS).expect("history received")), Status::Success);
+            assert_eq!(status(&c.wait(1, s, 50 * MS).expect("history sent")), Status::Success);
+        }
+        let (wr, bytes) = c.send_unpublished(1, 0, 42, &data(700, 42), WRITTEN);
+        let rings = c.ring_bytes(1);
+        // The NIC zeroed the slots it consumed: only the half-written one is not.
+        let at = 5 * WorkDesc::SIZE;
+        assert!(rings[at..at + WRITTEN] == bytes[..WRITTEN]);
+        assert!(rings[..at].iter().chain(&rings[at + WRITTEN..]).all(|&x| x == 0), "consumed slots left as they were");
+        let ctx = suspend_and_save(&mut c, 1);
+        assert!(c.image(1, &ctx).len() >= 84 + emp_firmware::UNPUBLISHED_IMAGE, "the half-written slot travels");
+        // Job B opens in the slot: none of A's descriptors are left for it
+        // to read. It sends through the same ring slots.
+        let mut b = c.open_other_job(1, 0, 9).expect("B opens in the slot");
+        assert!(c.ring_bytes(1).iter().all(|&x| x == 0), "back_to {back_to}: B's rings hold A's descriptors");
+        let layout = c.world.layout;
+        let b_recvs: Vec<u64> = (0..8).map(|i| c.recv(0, (1, 9), 500 + i, 0, 100)).collect();
+        for i in 0..8 {
+            let d = work_desc(Opcode::Send as u8, 900 + i, 0, 0, 500 + i, 0, b.data.key, i * 100, 100, 1);
+            assert!(b.post(&mut c.world.nodes[1].sram, &layout, &d, true));
+            c.world.ring(1);
+        }
+        for r in b_recvs {
+            assert_eq!(status(&c.wait(0, r, 50 * MS).expect("B's message")), Status::Success);
+        }
+        assert_eq!(c.admin(1, AdminOp::PortClose, [0; 6]), ar::OK);
+        assert_eq!(c.restore(1, &ctx, back_to), ar::OK);
+        assert!(c.ring_bytes(1) == rings, "back_to {back_to}: A's rings are not as it left them");
+        assert_eq!(c.resume(1), ar::OK);
+        c.finish_unpublished(1, &bytes, WRITTEN);
+        let r = c.recv(0, (1, 0), 42, 0, 700);
+        let cqe = c.wait(0, r, 50 * MS).expect("the half-written send arrives");
+        assert_eq!((status(&cqe), cqe.byte_len), (Status::Success, 700), "back_to {back_to}");
+        assert_eq!(c.received(r, 700), data(700, 42));
+        assert_eq!(status(&c.wait(1, wr, 50 * MS).expect("its completion")), Status::Success);
+    }
+}
+
 /// Every corruption of a saved image is refused, and the NIC is left as it
 /// was: the slot stays free, the context stays parked, no table changes;
 /// the intact image then restores and the job goes on.
