@@ -372,6 +372,11 @@ impl Cluster {
         data: &[u8],
         written: usize,
     ) -> (u64, [u8; WorkDesc::SIZE]) {
+        assert!(self.pending[n as usize].is_empty(), "descriptors still being written (cost model)");
+        let hp = &self.ports[n as usize];
+        let w = self.world.layout.port(hp.port);
+        let cons = Sram(&mut self.world.nodes[n as usize].sram).u32(w.ctl(ctl::SEND_CONS));
+        assert!(emp_uapi::ring::has_room(hp.send_prod, cons, w.send_entries), "send ring full");
         let off = self.alloc(n, data.len() as u64);
         let node = &mut self.world.nodes[n as usize];
         self.ports[n as usize].data.write(&mut node.mem, off, data);

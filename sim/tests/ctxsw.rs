@@ -59,9 +59,12 @@ fn free_slot(c: &Cluster, n: u16, rng: &mut Rng) -> u16 {
 
 /// Two ranks stream `msgs` messages (1 B – 20 KB, 1 to 14 frames) to each
 /// other while, at random moments, one or both (gang-style) are switched
-/// out and back into a random slot.
-/// Returns how many saved images carried queued sends (switched mid-stream).
-fn stream_with_switches(seed: u64, loss: f64, msgs: usize) -> usize {
+/// out and back into a random slot. The last [`LATE`] sends of each are
+/// posted along the way, and a switch may catch a host half way through
+/// writing one (unpublished): it finishes and publishes it after resuming.
+/// Returns how many saved images carried queued sends (switched
+/// mid-stream), and how many sends a switch caught half written.
+fn stream_with_switches(seed: u64, loss: f64, msgs: usize) -> (usize, usize) {
     let wire = WireConfig { loss, dup: loss / 2.0, reorder: loss, ..WireConfig::default() };
     let mut c = Cluster::new(2, Config::default(), 0, 1500, wire);
     let mut rng = Rng::new(seed);
@@ -77,12 +80,20 @@ fn stream_with_switches(seed: u64, loss: f64, msgs: usize) -> usize {
         }
     }
     let mut sends = [Vec::new(), Vec::new()];
-    for i in 0..msgs {
-        for (n, lens) in lens.iter().enumerate() {
-            let (n16, i64) = (n as u16, i as u64);
-            sends[n].push(c.send(n16, 1 - n16, i64, &data(lens[i], seed + i64 * 2 + n as u64)));
+    let send = |c: &mut Cluster, n: usize, i: usize| {
+        let (n16, i64) = (n as u16, i as u64);
+        c.send(n16, 1 - n16, i64, &data(lens[n][i], seed + i64 * 2 + n as u64))
+    };
+    let early = msgs.saturating_sub(LATE);
+    for i in 0..early {
+        for (n, s) in sends.iter_mut().enumerate() {
+            s.push(send(&mut c, n, i));
         }
     }
+    // The next late message of each node, and (node, descriptor, bytes
+    // written) of one caught half written by a switch.
+    let mut late = [early, early];
+    let mut half_written = 0;
     let mut got: Vec<Vec<Cqe>> = vec![Vec::new(), Vec::new()];
     let mut switches = 0;
     let mut mid_stream = 0;
@@ -93,6 +104,13 @@ fn stream_with_switches(seed: u64, loss: f64, msgs: usize) -> usize {
         c.run_for(rng.range(5_000, 150_000));
         for (n, g) in got.iter_mut().enumerate() {
             g.extend(c.completions(n as u16));
+        }
+        for n in 0..2 {
+            // Late sends go out by themselves once switches are over.
+            if late[n] < msgs && (switches >= 8 || rng.chance(0.2)) {
+                sends[n].push(send(&mut c, n, late[n]));
+                late[n] += 1;
+            }
         }
         if done(&got) || switches >= 8 || (switches > 0 && !rng.chance(0.6)) {
             continue;
@@ -110,7 +128,20 @@ fn stream_with_switches(seed: u64, loss: f64, msgs: usize) -> usize {
         let mut saved: Vec<(u16, SavedContext)> = Vec::new();
         let mut gave_up = false;
         let mut suspended = Vec::new();
+        let mut unfinished = Vec::new();
         for &n in &who {
+            let nu = n as usize;
+            if late[nu] < msgs && rng.chance(0.5) {
+                // Stopped in the middle of posting: part of the descriptor
+                // is in the ring, the producer index not yet moved.
+                let i = late[nu];
+                let written = rng.range(1, WorkDesc::SIZE as u64) as usize;
+                let (wr, bytes) =
+                    c.send_unpublished(n, 1 - n, i as u64, &data(lens[nu][i], seed + i as u64 * 2 + n as u64), written);
+                sends[nu].push(wr);
+                late[nu] += 1;
+                unfinished.push((n, bytes, written));
+            }
             suspended.push(n);
             let limit = if who.len() == 1 { 2_000 * MS } else { 20 * MS };
             match try_suspend_and_save(&mut c, n, limit) {
@@ -139,8 +170,13 @@ fn stream_with_switches(seed: u64, loss: f64, msgs: usize) -> usize {
         for n in suspended {
             assert_eq!(c.resume(n), ar::OK);
         }
+        for (n, bytes, written) in unfinished {
+            c.finish_unpublished(n, &bytes, written);
+            half_written += 1;
+        }
     }
     assert!(switches > aborted, "seed {seed}: every switch given up");
+    assert_eq!(late, [msgs, msgs], "seed {seed}: late sends left");
     for n in 0..2u16 {
         let from = 1 - n as usize;
         let g = &got[n as usize];
@@ -170,8 +206,11 @@ fn stream_with_switches(seed: u64, loss: f64, msgs: usize) -> usize {
         assert!(c.world.nodes[n].nic.parked().is_empty());
         c.world.nodes[n].nic.invariants().unwrap();
     }
-    mid_stream
+    (mid_stream, half_written)
 }
+
+/// Sends of each node in [`stream_with_switches`] posted along the way.
+const LATE: usize = 4;
 
 /// Seeds per random test (`EMP_CTXSW_SEEDS` overrides; a failure names its seed).
 fn seeds() -> u64 {
@@ -180,14 +219,18 @@ fn seeds() -> u64 {
 
 #[test]
 fn test_switches_at_random_moments_lose_nothing() {
-    let mid: usize = (0..seeds()).map(|seed| stream_with_switches(seed, 0.0, 40)).sum();
+    let (mid, half): (Vec<usize>, Vec<usize>) = (0..seeds()).map(|seed| stream_with_switches(seed, 0.0, 40)).unzip();
+    let (mid, half) = (mid.iter().sum::<usize>(), half.iter().sum::<usize>());
     assert!(mid > 10, "only {mid} switches caught messages queued");
+    assert!(half > 10, "only {half} switches caught a send half written");
 }
 
 #[test]
 fn test_switches_with_loss_lose_nothing() {
-    let mid: usize = (0..seeds()).map(|seed| stream_with_switches(1_000_000 + seed, 0.03, 40)).sum();
+    let (mid, half): (Vec<usize>, Vec<usize>) = (0..seeds()).map(|seed| stream_with_switches(1_000_000 + seed, 0.03, 40)).unzip();
+    let (mid, half) = (mid.iter().sum::<usize>(), half.iter().sum::<usize>());
     assert!(mid > 10, "only {mid} switches caught messages queued");
+    assert!(half > 10, "only {half} switches caught a send half written");
 }
 
 /// The immediate data message `i` of the eager test carries: none, zero
