@@ -227,7 +227,8 @@ fn test_switches_at_random_moments_lose_nothing() {
 
 #[test]
 fn test_switches_with_loss_lose_nothing() {
-    let (mid, half): (Vec<usize>, Vec<usize>) = (0..seeds()).map(|seed| stream_with_switches(1_000_000 + seed, 0.03, 40)).unzip();
+    let (mid, half): (Vec<usize>, Vec<usize>) =
+        (0..seeds()).map(|seed| stream_with_switches(1_000_000 + seed, 0.03, 40)).unzip();
     let (mid, half) = (mid.iter().sum::<usize>(), half.iter().sum::<usize>());
     assert!(mid > 10, "only {mid} switches caught messages queued");
     assert!(half > 10, "only {half} switches caught a send half written");
