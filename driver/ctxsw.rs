@@ -147,6 +147,9 @@ fn save_slot(admin: &Admin<'_>, file: u64, slot: u16, key: u32, offset: u64, roo
     let bit = 1u64 << slot;
     st.used &= !bit;
     st.holders[slot as usize] = Holder::NONE;
+    // The process still maps the window, which is the slot's, not the
+    // context's: its pages go (and fault SIGBUS until a restore).
+    st.zap_windows();
     let armed = st.armed & bit != 0;
     st.armed &= !bit;
     let event = core::mem::replace(&mut st.events[slot as usize], EventCtx::NONE);

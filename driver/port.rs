@@ -19,6 +19,10 @@
 //! never takes a port's `ctx` or `regions` (it cannot reach them): it
 //! finds a process's ports through `State::holders`, and a port's own
 //! ioctls check there, under `state`, that they still hold their slot.
+//! A window is filled on fault (`emp_window_fault`: mmap_lock, then
+//! `state`, then the page table lock); a save zaps the windows with
+//! `state` held (then the kernel's i_mmap lock and page table locks), so
+//! a page is never left mapped for a slot its file no longer holds.
 //!
 //! Unbind with files open is safe: the device is marked gone (later
 //! opens, ioctls and mmaps fail with `ENODEV`) and every user mapping of a
@@ -53,6 +57,7 @@ mod ctxsw;
 extern "C" {
     fn emp_ioremap(start: u64, len: usize) -> *mut core::ffi::c_void;
     fn emp_iounmap(base: *mut core::ffi::c_void);
+    fn emp_vma_window(vma: *mut core::ffi::c_void);
     fn emp_readl(base: *mut core::ffi::c_void, off: usize) -> u32;
     fn emp_writel(base: *mut core::ffi::c_void, off: usize, v: u32);
     fn emp_eventfd_signal(ctx: *mut bindings::eventfd_ctx);
@@ -194,6 +199,19 @@ struct SramMmio(*mut core::ffi::c_void);
 unsafe impl Send for SramMmio {}
 
 impl State {
+    /// Zaps every user mapping of every port window of the device: a page
+    /// touched again faults back in (`emp_window_fault`) if its file still
+    /// holds a slot, and raises SIGBUS if not. Called with `state` held
+    /// after a save freed a slot, so a process that runs while switched
+    /// out (continued by anyone) cannot reach the next job's window.
+    fn zap_windows(&self) {
+        if self.open > 0 && !self.mapping.0.is_null() {
+            // SAFETY: files are open, so the inode and its address space are
+            // alive (see `Mapping`); unmap_mapping_range only drops PTEs.
+            unsafe { bindings::unmap_mapping_range(self.mapping.0, 0, 0, 1) };
+        }
+    }
+
     fn write32(&self, off: usize, v: u32) -> Result {
         if self.gone || self.mmio.0.is_null() {
             return Err(ENODEV);
@@ -468,12 +486,9 @@ impl PinnedDrop for NicDev {
     fn drop(self: Pin<&mut Self>) {
         let mut st = self.info.state.lock();
         st.gone = true;
-        if st.open > 0 && !st.mapping.0.is_null() {
-            // SAFETY: files are open, so the inode and its address space are
-            // alive (see `Mapping`); zapping every user mapping of the port
-            // windows before BAR2 is released is what unmap_mapping_range is for.
-            unsafe { bindings::unmap_mapping_range(st.mapping.0, 0, 0, 1) };
-        }
+        // Every user mapping of the port windows goes before BAR2 is
+        // released; `gone` makes any later fault SIGBUS.
+        st.zap_windows();
         if !st.mmio.0.is_null() {
             // SAFETY: mapped in `attach_mmio`, unmapped once; `gone` keeps
             // every later access away (checked under this lock).
@@ -653,7 +668,6 @@ impl MiscDevice for Port {
             return Err(ENODEV);
         }
         me.holds(&st)?;
-        let w = me.info.layout.port(me.slot());
         let len = vma.end() - vma.start();
         // The whole window at offset 0, nothing else.
         // SAFETY: reading the pgoff of a vma undergoing setup.
@@ -664,19 +678,23 @@ impl MiscDevice for Port {
         if vma.executable() {
             return Err(EPERM);
         }
+        // A private (copy-on-write) mapping of device pages is meaningless,
+        // and vmf_insert_pfn must never see one.
+        if vma.flags() & kernel::mm::virt::flags::SHARED == 0 {
+            return Err(EINVAL);
+        }
         vma.try_clear_mayexec()?;
         vma.set_io();
         vma.set_dontcopy();
         vma.set_dontexpand();
-        let pfn = (me.info.bar_start + w.base as u64) / PAGE_SIZE as u64;
-        // SAFETY: the vma is being set up (VmaNew); the range is exactly the
-        // port's window inside BAR2 (page aligned, checked above), so the
-        // process can reach nothing of the NIC but its own port.
-        let r = unsafe {
-            bindings::remap_pfn_range(vma.as_ptr(), vma.start(), pfn as _, len, (*vma.as_ptr()).vm_page_prot)
-        };
+        // Filled page by page on fault (`emp_window_fault`), from the slot
+        // the port holds at that moment: a context switch can then take the
+        // window away (`State::zap_windows`) and a restore give it back.
+        // SAFETY: the vma is being set up under mmap_lock (VmaNew), shared
+        // (checked above); the shim sets its vm_ops and VM_PFNMAP.
+        unsafe { emp_vma_window(vma.as_ptr().cast()) };
         drop(st);
-        kernel::error::to_result(r)
+        Ok(())
     }
 
     /// Dispatches on the command's type, number and direction; its size
@@ -986,4 +1004,37 @@ impl Port {
         drop(region);
         Ok(0)
     }
+}
+
+/// A fault in a port window (shim.c's vm_ops): maps the page of the window
+/// of the slot the file's port holds now. SIGBUS while it holds none (its
+/// context saved, by itself or by GANG; the device gone) or past the
+/// window. Under `state`, so a save, which frees the slot and then zaps
+/// (`State::zap_windows`), never leaves a page of it mapped.
+///
+/// # Safety
+/// `private` is the `private_data` of the vma's file, a file of this
+/// driver's misc device, and `vma` the faulting vma (mmap_lock held).
+#[no_mangle]
+unsafe extern "C" fn emp_window_fault(
+    private: *mut core::ffi::c_void,
+    vma: *mut bindings::vm_area_struct,
+    address: usize,
+    pgoff: usize,
+) -> bindings::vm_fault_t {
+    // SAFETY: `open` stored the file's `Pin<KBox<Port>>` there (MiscDevice);
+    // the vma holds a reference to the file, so `release` has not run and
+    // the port is alive.
+    let me = unsafe { <Pin<KBox<Port>> as kernel::types::ForeignOwnable>::borrow(private) };
+    let st = me.info.state.lock();
+    let pages = me.info.layout.port_stride as usize / PAGE_SIZE;
+    if st.gone || me.holds(&st).is_err() || pgoff >= pages {
+        return bindings::vm_fault_reason_VM_FAULT_SIGBUS as bindings::vm_fault_t;
+    }
+    let w = me.info.layout.port(me.slot());
+    let pfn = (me.info.bar_start + w.base as u64) / PAGE_SIZE as u64 + pgoff as u64;
+    // SAFETY: a shared VM_PFNMAP vma (`mmap`) with the faulting address in
+    // it; the page is one of this port's own window in BAR2, so the process
+    // reaches nothing of the NIC but its port.
+    unsafe { bindings::vmf_insert_pfn(vma, address as _, pfn as _) }
 }

@@ -24,6 +24,9 @@ int emp_irq_setup(struct device *dev, void *cookie, irqreturn_t (*thread)(int, v
 void emp_irq_teardown(struct device *dev, int irq, void *cookie);
 void emp_eventfd_signal(struct eventfd_ctx *ctx);
 pid_t emp_current_tgid(void);
+void emp_vma_window(struct vm_area_struct *vma);
+/* In Rust (port.rs). */
+vm_fault_t emp_window_fault(void *port, struct vm_area_struct *vma, unsigned long address, unsigned long pgoff);
 
 phys_addr_t emp_page_to_phys(struct page *page)
 {
@@ -108,4 +111,25 @@ void emp_eventfd_signal(struct eventfd_ctx *ctx)
 pid_t emp_current_tgid(void)
 {
 	return task_tgid_nr(current);
+}
+
+/*
+ * A port window is filled on fault, from the slot its port holds at that
+ * moment (emp_window_fault), so a context switch can take it away
+ * (unmap_mapping_range) and a restore give it back. Rust 7.3 has no
+ * vm_operations_struct binding, nor a way to set VM_PFNMAP.
+ */
+static vm_fault_t emp_vm_fault(struct vm_fault *vmf)
+{
+	return emp_window_fault(vmf->vma->vm_file->private_data, vmf->vma, vmf->address, vmf->pgoff);
+}
+
+static const struct vm_operations_struct emp_window_ops = {
+	.fault = emp_vm_fault,
+};
+
+void emp_vma_window(struct vm_area_struct *vma)
+{
+	vma->vm_ops = &emp_window_ops;
+	vm_flags_set(vma, VM_PFNMAP | VM_DONTDUMP);
 }

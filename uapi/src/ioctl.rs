@@ -249,8 +249,8 @@ pub mod port_ctx {
     /// C2–C4: is the suspended port stable? (`result` 1 or 0).
     pub const STABLE: u32 = 2;
     /// C6: save the stable suspended port into its own memory; the slot is
-    /// freed and the window may no longer be used (mmap again after
-    /// RESTORE).
+    /// freed, and a touch of the port's window mapping raises SIGBUS until
+    /// RESTORE (the mapping then reaches the slot the port lives in).
     pub const SAVE: u32 = 3;
     /// C7: restore the saved port into any free slot, suspended.
     pub const RESTORE: u32 = 4;

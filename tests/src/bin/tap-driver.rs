@@ -108,15 +108,18 @@ fn main() {
         "mmap of the whole window at offset 0 works",
         if p == libc::MAP_FAILED { Err(format!("mmap: {}", std::io::Error::last_os_error())) } else { Ok(()) },
     );
+    // SAFETY: asking the kernel for a new mapping; no existing memory is touched.
+    let private = unsafe { libc::mmap(std::ptr::null_mut(), win, libc::PROT_READ, libc::MAP_PRIVATE, fd, 0) };
     let refused = [
         ("wrong size", map(win + 4096, libc::PROT_READ, 0), libc::EINVAL),
         ("nonzero offset", map(win, libc::PROT_READ, 4096), libc::EINVAL),
         ("executable", map(win, libc::PROT_READ | libc::PROT_EXEC, 0), libc::EPERM),
+        ("private", private, libc::EINVAL),
     ];
     let bad: Vec<String> =
         refused.iter().filter(|(_, p, _)| *p != libc::MAP_FAILED).map(|(w, _, _)| w.to_string()).collect();
     t.check(
-        "mmap out of range, wrong size or executable: refused",
+        "mmap out of range, wrong size, executable or private: refused",
         if bad.is_empty() { Ok(()) } else { Err(format!("accepted: {bad:?}")) },
     );
     registration_tests(&mut t, fd);

@@ -1225,6 +1225,73 @@ fn started_port(fd: i32, len: usize) -> Result<(usize, u32), String> {
     Ok((buf, key))
 }
 
+/// Forks a child that opens a port of `fd`'s device, maps its window,
+/// saves the port (PORT_CTX) and touches the mapping — after restoring
+/// and resuming it when `restore`. Returns the child's wait status: a
+/// window mapping is not inherited (VM_DONTCOPY), so the child makes its
+/// own, and may die of the touch.
+fn in_child(fd: i32, restore: bool) -> Result<i32, String> {
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
+    // SAFETY: fork in the single-threaded regression phase; the child only
+    // makes system calls and exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: errno {}", errno()));
+    }
+    if pid == 0 {
+        let code = window_after_save(&path, restore);
+        // SAFETY: leaving the child without running the parent's exit code.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    Ok(status)
+}
+
+/// [`in_child`]'s work; returns the exit code (0, or the step that failed),
+/// or dies touching the window of a saved port.
+fn window_after_save(path: &std::ffi::CStr, restore: bool) -> i32 {
+    use emp_uapi::sram::{ctl, port_state};
+    let fd = open_dev(path);
+    if fd < 0 {
+        return 10;
+    }
+    let sc = Scratch::new();
+    let Ok((_, key)) = started_port(fd, 256 * 1024) else { return 11 };
+    let win = query(fd, &sc).window_size as usize;
+    let Ok(p) = sys_mmap(0, win, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) else { return 12 };
+    // SAFETY: the port's window, mapped above (a saved port's faults).
+    let state = || unsafe { std::ptr::read_volatile((p + ctl::STATE) as *const u32) };
+    if state() != port_state::OPEN {
+        return 13;
+    }
+    if port_ctx_raw(fd, port_ctx::SUSPEND, 0, 0, 0).is_err() {
+        return 14;
+    }
+    let t0 = Instant::now();
+    while port_ctx_raw(fd, port_ctx::STABLE, 0, 0, 0) != Ok(1) {
+        if t0.elapsed().as_secs() > 5 {
+            return 15;
+        }
+    }
+    let Ok(image) = port_ctx_raw(fd, port_ctx::SAVE, key, 64 * 1024, 128 * 1024) else { return 16 };
+    if restore {
+        if port_ctx_raw(fd, port_ctx::RESTORE, key, 64 * 1024, image).is_err() {
+            return 17;
+        }
+        if port_ctx_raw(fd, port_ctx::RESUME, 0, 0, 0).is_err() {
+            return 18;
+        }
+    }
+    // Saved, this touch must fault; restored and resumed, it reads the port
+    // open through the same mapping.
+    if state() != port_state::OPEN {
+        return 19;
+    }
+    0
+}
+
 fn want_err(what: &str, r: Result<u64, i64>, ok: &[i32]) -> Result<(), String> {
     match r {
         Ok(v) => Err(format!("{what}: succeeded ({v}), wanted one of {ok:?}")),
@@ -1316,6 +1383,16 @@ const REGRESSIONS: &[(&str, Case)] = &[
             r
         },
     ),
+    ("a saved port's mapping faults (SIGBUS) until RESTORE, then reaches its window again (each in a child)", |fd| {
+        let saved = in_child(fd, false)?;
+        if !(libc::WIFSIGNALED(saved) && libc::WTERMSIG(saved) == libc::SIGBUS) {
+            return Err(format!("a touch of a saved port's window did not fault (status {saved:#x})"));
+        }
+        match in_child(fd, true)? {
+            0 => Ok(()),
+            st => Err(format!("the restored port's mapping: status {st:#x} (exit code = the step that failed)")),
+        }
+    }),
     ("a port saved and then closed: its context is discarded, nothing stays pinned (QUERY on another port)", |fd| {
         let len = 128 * 1024;
         let (buf, key) = started_port(fd, len)?;
