@@ -135,12 +135,41 @@ check_info() {
 }
 
 # check_gang F: on F's NICs given one port slot each, two jobs of tap-p2p
-# × 4 ranks (one per namespace) take turns under `emp gang --config`: both
-# suites pass, with at least 4 switches.
+# × 4 ranks (one per namespace) take turns under `emp gang --config`, each
+# node's ranks started and switched by an `emp gang-agent` in its
+# namespace: both suites pass, with at least 4 switches. Before the
+# daemons are up it is refused naming the node; a scheduler killed
+# mid-run leaves no rank behind (its agents kill theirs).
 check_gang() {
-    local gconf="$bed/bed/gang.toml" out rc sw
+    local gconf="$bed/bed/gang.toml" out rc sw pid left stopped
     sed '/^\[cluster\]$/a ports = 1' "$1" >"$gconf"
+    out=$("$bin/emp" gang --config "$gconf" --dir "$bed/gang" --job "4 $bin/tap-p2p" --job "4 $bin/tap-p2p" 2>&1)
+    rc=$?
+    grep -q 'node 0:' <<<"$out" && [ "$rc" -ne 0 ] || { echo "# with no daemon up: rc $rc, $out"; return 1; }
+    echo "# no daemon up: refused ($(head -n 1 <<<"$out"))"
     "$bin/emp" cluster up --config "$gconf" || return 1
+    EMP_TAP_BIG_MB=4 "$bin/emp" gang --config "$gconf" --dir "$bed/gang" --slice-ms 20 \
+        --job "4 $bin/tap-p2p" --job "4 $bin/tap-p2p" >/dev/null 2>&1 &
+    pid=$!
+    # Killed once a job is switched out (a rank stopped): a stopped rank
+    # never goes on by itself, so only its agent can end it.
+    stopped=0
+    for _ in $(seq 200); do
+        stopped=$(pgrep -f "^$bin/tap-p2p" | xargs -r ps -o stat= -p 2>/dev/null | grep -c '^T')
+        [ "$stopped" -gt 0 ] && break
+        sleep 0.05
+    done
+    kill -9 "$pid"
+    wait "$pid" 2>/dev/null
+    [ "$stopped" -gt 0 ] || { echo "# no rank was ever seen switched out"; return 1; }
+    for _ in $(seq 50); do
+        left=$(pgrep -f "^$bin/tap-p2p" | wc -l)
+        [ "$left" -eq 0 ] && break
+        sleep 0.1
+    done
+    [ "$left" -eq 0 ] || { echo "# $left ranks left after the scheduler was killed"; pkill -9 -f "^$bin/tap-p2p"; return 1; }
+    echo "# scheduler killed with $stopped ranks switched out: its agents killed every rank"
+    sleep 1
     out=$(EMP_TAP_BIG_MB=4 "$bin/emp" gang --config "$gconf" --dir "$bed/gang" --slice-ms 20 --stable-ms 500 \
         --timeout 300 --job "4 $bin/tap-p2p" --job "4 $bin/tap-p2p" 2>&1)
     rc=$?

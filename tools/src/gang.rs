@@ -16,15 +16,12 @@
 //! e.g. in a guest): the same steps go to the driver (`EMP_IOC_GANG`), which
 //! keeps the saved images in kernel memory.
 //!
-//! With `--config` the NICs are a cluster file's nodes, each host's daemon
-//! reached through its socket in the host's `dir`, and rank r is started on
-//! node r mod nodes through its host's `launch` (as `emp run --config`).
-//! The scheduler stops and continues ranks by signal and names them to the
-//! daemons by pid, so every host must be this machine seen through a
-//! launcher that runs the rank in place (network namespaces, `ip netns
-//! exec`): a host whose socket is not here is refused, and a launcher that
-//! does not run the rank in place (a remote shell) never shows the daemon
-//! a port of that pid, which ends the start with its reason.
+//! With `--config` the NICs are a cluster file's nodes, on any hosts: rank
+//! r runs on node r mod nodes. The scheduler starts one `emp gang-agent`
+//! per node through its host's `launch` prefix (`gang_agent.rs`), and the
+//! agent starts, signals, watches and reaps that node's ranks and carries
+//! the GANG steps to the node's daemon on its host: pids and sockets are
+//! the host's own, never the scheduler's.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -33,6 +30,7 @@ use std::time::{Duration, Instant};
 use emp_uapi::attach::gang;
 
 use crate::cluster::{read_state, socket};
+use crate::gang_agent::{exit_code, proc_state, Agent, Refusal};
 
 /// Settings of one `emp gang` run.
 pub struct GangArgs {
@@ -59,11 +57,26 @@ const RESTORE_BOUND: Duration = Duration::from_secs(2);
 /// How long a stopped rank may take to reach the stopped state.
 const STOP_BOUND: Duration = Duration::from_secs(2);
 
+/// A running rank: a child of this process, or of node `node`'s agent.
+enum Proc {
+    Here(Child),
+    There { node: usize, pid: u32 },
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        match self {
+            Proc::Here(c) => c.id(),
+            Proc::There { pid, .. } => *pid,
+        }
+    }
+}
+
 struct Job {
     ranks: usize,
     argv: Vec<String>,
     rdv: PathBuf,
-    kids: Vec<Option<Child>>,
+    kids: Vec<Option<Proc>>,
     started: bool,
     /// Exit status once every rank is gone.
     status: Option<i32>,
@@ -87,47 +100,74 @@ impl Job {
         Ok(Job { ranks, argv, rdv, kids: Vec::new(), started: false, status: None, out: false })
     }
 
-    fn live(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
-        self.kids.iter().enumerate().filter_map(|(r, k)| k.as_ref().map(|c| (r, c.id())))
+    fn live(&self) -> impl Iterator<Item = (usize, &Proc)> + '_ {
+        self.kids.iter().enumerate().filter_map(|(r, k)| k.as_ref().map(|p| (r, p)))
     }
 
-    fn signal(&self, sig: i32) {
-        for (_, pid) in self.live() {
-            // SAFETY: kill has no memory preconditions; `pid` is our child, not yet reaped.
-            unsafe { libc::kill(pid as i32, sig) };
+    fn signal(&self, agents: &mut [Agent], sig: i32) -> Result<(), String> {
+        for (_, p) in self.live() {
+            match p {
+                // SAFETY: kill has no memory preconditions; `pid` is our child, not yet reaped.
+                Proc::Here(c) => unsafe {
+                    libc::kill(c.id() as i32, sig);
+                },
+                Proc::There { node, pid } => {
+                    // A rank that exited meanwhile is reaped later.
+                    let _ = agents[*node].call(&["signal".into(), sig.to_string(), pid.to_string()])?;
+                }
+            }
         }
+        Ok(())
     }
 
-    fn kill(&mut self) {
-        for c in self.kids.iter_mut().flatten() {
-            let _ = c.kill();
-            let _ = c.wait();
+    fn kill(&mut self, agents: &mut [Agent]) {
+        for k in &mut self.kids {
+            match k.take() {
+                Some(Proc::Here(mut c)) => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                Some(Proc::There { node, pid }) => {
+                    let _ = agents[node].call(&["kill".into(), pid.to_string()]);
+                }
+                None => {}
+            }
         }
-        self.kids.iter_mut().for_each(|k| *k = None);
     }
 
     /// Reaps exited ranks; a failing rank ends the job.
-    fn reap(&mut self, name: usize) {
+    fn reap(&mut self, agents: &mut [Agent], name: usize) -> Result<(), String> {
         let mut failed = None;
         for (r, k) in self.kids.iter_mut().enumerate() {
-            let Some(c) = k else { continue };
-            if let Ok(Some(st)) = c.try_wait() {
-                *k = None;
-                let code = st.code().unwrap_or(128 + std::os::unix::process::ExitStatusExt::signal(&st).unwrap_or(0));
-                if code != 0 && failed.is_none() {
-                    eprintln!("emp gang: job {name} rank {r} exited with status {code}; stopping the job");
-                    failed = Some(code);
-                }
+            let code = match k {
+                None => continue,
+                Some(Proc::Here(c)) => match c.try_wait() {
+                    Ok(Some(st)) => exit_code(st),
+                    _ => continue,
+                },
+                Some(Proc::There { node, pid }) => match agents[*node].call(&["wait".into(), pid.to_string()])? {
+                    Ok(w) if w.first().map(String::as_str) == Some("exited") => {
+                        w.get(1).and_then(|c| c.parse().ok()).unwrap_or(1)
+                    }
+                    Ok(_) => continue,
+                    Err((_, e)) => return Err(format!("job {name} rank {r}: {e}")),
+                },
+            };
+            *k = None;
+            if code != 0 && failed.is_none() {
+                eprintln!("emp gang: job {name} rank {r} exited with status {code}; stopping the job");
+                failed = Some(code);
             }
         }
         if let Some(code) = failed {
             // Its ports go with its processes: the daemon releases them, or
             // discards their saved contexts if the job is switched out.
-            self.kill();
+            self.kill(agents);
             self.status = Some(code);
         } else if self.started && self.kids.iter().all(Option::is_none) {
             self.status.get_or_insert(0);
         }
+        Ok(())
     }
 }
 
@@ -139,22 +179,20 @@ pub fn gang(a: &GangArgs) -> Result<i32, String> {
     if a.slice.is_zero() {
         return Err("emp gang: --slice-ms must be at least 1".into());
     }
-    let mut launch: Vec<Vec<String>> = Vec::new();
+    let mut agents: Vec<Agent> = Vec::new();
     let nics: Vec<String> = if let Some(file) = &a.config {
         let cfg = emp_config::ClusterConfig::load(file).map_err(|e| e.to_string())?;
+        let emp = std::env::current_exe().map_err(|e| format!("cannot find this emp: {e}"))?;
+        let emp = emp.to_string_lossy();
         let mut socks = Vec::new();
         for node in &cfg.nodes {
             let sock = cfg.socket(node.id).ok_or_else(|| format!("node {}: no socket", node.id))?;
-            if !sock.exists() {
-                return Err(format!(
-                    "emp gang --config: node {}'s NIC socket {} is not on this machine (up? every host must be \
-                     this machine behind its launcher, e.g. a network namespace)",
-                    node.id,
-                    sock.display()
-                ));
-            }
-            socks.push(sock.to_string_lossy().into_owned());
-            launch.push(cfg.host(&node.host).expect("checked on load").launch.clone());
+            let sock = sock.to_string_lossy().into_owned();
+            let mut agent = Agent::start(&cfg.host(&node.host).expect("checked on load").launch, &emp, &sock)?;
+            // The node's daemon must answer on its host (up?).
+            agent.call(&["hello".into()])?.map_err(|(_, e)| format!("emp gang --config: node {}: {e}", node.id))?;
+            agents.push(agent);
+            socks.push(sock);
         }
         socks
     } else if a.devices.is_empty() {
@@ -171,12 +209,12 @@ pub fn gang(a: &GangArgs) -> Result<i32, String> {
     }
     std::fs::create_dir_all(&a.dir).map_err(|e| format!("{}: {e}", a.dir.display()))?;
     let mut jobs = a.jobs.iter().enumerate().map(|(i, j)| Job::parse(j, &a.dir, i)).collect::<Result<Vec<_>, _>>()?;
-    let mut g = Gang { nics, launch, stable: a.stable, switches: 0, unstable: 0 };
+    let mut g = Gang { nics, agents, stable: a.stable, switches: 0, unstable: 0 };
     let result = g.schedule(&mut jobs, a.slice, a.timeout);
     for j in &mut jobs {
         // SIGKILL ends a stopped rank too; it is never continued without
         // its ports (it would find its window serving another job).
-        j.kill();
+        j.kill(&mut g.agents);
         let _ = std::fs::remove_dir_all(&j.rdv);
     }
     let status = result?;
@@ -193,10 +231,12 @@ pub fn gang(a: &GangArgs) -> Result<i32, String> {
 }
 
 struct Gang {
-    /// Each NIC's daemon socket or kernel device (rank r uses r mod len).
+    /// Each NIC's daemon socket or kernel device (rank r uses r mod len),
+    /// as its host names it.
     nics: Vec<String>,
-    /// With `--config`: each NIC's host's launch prefix (empty: here).
-    launch: Vec<Vec<String>>,
+    /// With `--config`: each NIC's agent on its host (rank r uses r mod
+    /// len); empty: every rank and NIC is here.
+    agents: Vec<Agent>,
     stable: Duration,
     switches: u64,
     unstable: u64,
@@ -211,7 +251,7 @@ impl Gang {
         loop {
             for (i, j) in jobs.iter_mut().enumerate() {
                 if j.started && j.status.is_none() {
-                    j.reap(i);
+                    j.reap(&mut self.agents, i)?;
                 }
             }
             if jobs.iter().all(|j| j.status.is_some()) {
@@ -241,16 +281,53 @@ impl Gang {
         &self.nics[rank % self.nics.len()]
     }
 
+    /// GANG `action` on rank `r`'s process `p`, on its NIC: (arg0, arg1),
+    /// or the NIC's (or agent's) refusal. `Err` only when an agent is gone.
+    fn nic_gang(&mut self, r: usize, p: &Proc, action: u64) -> Result<Result<(u64, u64), Refusal>, String> {
+        match p {
+            Proc::Here(c) => Ok(match emp::nic_gang(self.sock(r), action, c.id() as i32) {
+                Ok(m) => Ok((m.arg[0], m.arg[1])),
+                Err(emp::Error::Nic { errno, .. }) => Err((errno, format!("the NIC refused (errno {errno})"))),
+                Err(e) => Err((0, e.to_string())),
+            }),
+            Proc::There { node, pid } => {
+                Ok(self.agents[*node].call(&["gang".into(), action.to_string(), pid.to_string()])?.map(|w| {
+                    let n = |i: usize| w.get(i).and_then(|x| x.parse().ok()).unwrap_or(0);
+                    (n(0), n(1))
+                }))
+            }
+        }
+    }
+
+    /// `/proc`'s state letter of `p` on its host (`None` once it is gone).
+    fn state(&mut self, p: &Proc) -> Result<Option<char>, String> {
+        match p {
+            Proc::Here(c) => Ok(proc_state(c.id())),
+            Proc::There { node, pid } => Ok(match self.agents[*node].call(&["state".into(), pid.to_string()])? {
+                Ok(w) => w.first().and_then(|l| l.chars().next()).filter(|&c| c != '-'),
+                // Reaped by the agent already: gone.
+                Err(_) => None,
+            }),
+        }
+    }
+
+    /// Has `p` exited (a zombie not reaped yet, or gone)?
+    fn exited(&mut self, p: &Proc) -> Result<bool, String> {
+        Ok(matches!(self.state(p)?, None | Some('Z' | 'X')))
+    }
+
     /// `action` on every live rank's ports; returns the replies' (`arg[0]`, `arg[1]`) summed.
-    fn each(&self, job: &Job, action: u64) -> Result<(u64, u64), String> {
+    fn each(&mut self, job: &Job, action: u64) -> Result<(u64, u64), String> {
         let mut sum = (0, 0);
-        for (r, pid) in job.live() {
-            match emp::nic_gang(self.sock(r), action, pid as i32) {
-                Ok(m) => sum = (sum.0 + m.arg[0], sum.1 + m.arg[1]),
+        for (r, p) in job.live() {
+            match self.nic_gang(r, p, action)? {
+                Ok(m) => sum = (sum.0 + m.0, sum.1 + m.1),
                 // A rank that exited and is not reaped yet: the daemon is
                 // releasing its ports on its own, there is nothing to switch.
-                Err(_) if exited(pid) => {}
-                Err(e) => return Err(format!("rank {r} (pid {pid}): {} its ports: {e}", action_name(action))),
+                Err(_) if self.exited(p)? => {}
+                Err((_, e)) => {
+                    return Err(format!("rank {r} (pid {}): {} its ports: {e}", p.pid(), action_name(action)))
+                }
             }
         }
         Ok(sum)
@@ -265,23 +342,20 @@ impl Gang {
                 ("EMP_SIZE", job.ranks.to_string()),
                 ("EMP_RDV_DIR", job.rdv.to_string_lossy().into_owned()),
             ];
-            let launch = self.launch.get(r % self.nics.len()).filter(|l| !l.is_empty());
-            let mut cmd = match launch {
-                // Through `env`, as `emp run --config`: the launcher runs
-                // it in place, so the child's pid is the rank's.
-                Some(l) => {
-                    let mut c = Command::new(&l[0]);
-                    c.args(&l[1..]).arg("env").args(env.iter().map(|(k, v)| format!("{k}={v}"))).args(&job.argv);
-                    c
-                }
-                None => {
-                    let mut c = Command::new(&job.argv[0]);
-                    c.args(&job.argv[1..]).envs(env);
-                    c
-                }
+            let p = if self.agents.is_empty() {
+                let mut c = Command::new(&job.argv[0]);
+                c.args(&job.argv[1..]).envs(env);
+                Proc::Here(c.spawn().map_err(|e| format!("{}: {e}", job.argv[0]))?)
+            } else {
+                let node = r % self.agents.len();
+                let mut req: Vec<String> = vec!["spawn".into(), env.len().to_string()];
+                req.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+                req.extend(job.argv.iter().cloned());
+                let w = self.agents[node].call(&req)?.map_err(|(_, e)| format!("node {node}: rank {r}: {e}"))?;
+                let pid = w.first().and_then(|p| p.parse().ok()).ok_or("a gang agent replied no pid")?;
+                Proc::There { node, pid }
             };
-            let child = cmd.spawn().map_err(|e| format!("{}: {e}", cmd.get_program().to_string_lossy()))?;
-            job.kids.push(Some(child));
+            job.kids.push(Some(p));
         }
         job.started = true;
         // Switching a rank out before it opened its port would leave it
@@ -289,33 +363,30 @@ impl Gang {
         let end = Instant::now() + START_BOUND;
         loop {
             // A rank that already exited needs no port; a failing one ends the job.
-            job.reap(name);
+            job.reap(&mut self.agents, name)?;
             if job.status.is_some() {
                 if trace() {
                     eprintln!("emp gang: job {name} ended before all its ranks had ports");
                 }
                 return Ok(());
             }
-            let opened = job.live().try_fold(true, |all, (r, pid)| {
-                emp::nic_gang(self.sock(r), gang::PORTS, pid as i32).map(|m| all && m.arg[0] > 0)
-            });
-            match opened {
-                Ok(true) => {
-                    if trace() {
-                        eprintln!("emp gang: job {name} in (started; every rank has its port)");
-                    }
-                    return Ok(());
+            let mut opened = true;
+            for (r, p) in job.live() {
+                match self.nic_gang(r, p, gang::PORTS)? {
+                    Ok((ports, _)) => opened &= ports > 0,
+                    Err((_, e)) => return Err(format!("asking the NIC for rank {r}'s ports: {e}")),
                 }
-                Ok(false) if Instant::now() < end => std::thread::sleep(Duration::from_millis(2)),
-                Ok(false) => {
-                    return Err(format!(
-                        "a rank of {} opened no port under its pid within {START_BOUND:?} (with --config: does its \
-                         host's launcher run it in place?)",
-                        job.argv[0]
-                    ))
-                }
-                Err(e) => return Err(format!("asking the NIC for a rank's ports: {e}")),
             }
+            if opened {
+                if trace() {
+                    eprintln!("emp gang: job {name} in (started; every rank has its port)");
+                }
+                return Ok(());
+            }
+            if Instant::now() >= end {
+                return Err(format!("a rank of {} opened no port within {START_BOUND:?}", job.argv[0]));
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 
@@ -323,8 +394,8 @@ impl Gang {
     /// time (they are resumed and the job runs on; a later slice retries:
     /// two peers suspended together may wait on each other).
     fn switch_out(&mut self, job: &mut Job, name: usize) -> Result<bool, String> {
-        job.signal(libc::SIGSTOP);
-        wait_stopped(job)?;
+        job.signal(&mut self.agents, libc::SIGSTOP)?;
+        self.wait_stopped(job)?;
         let (ports, _) = self.each(job, gang::SUSPEND)?;
         let end = Instant::now() + self.stable;
         loop {
@@ -339,7 +410,7 @@ impl Gang {
                     self.stable
                 );
                 self.each(job, gang::RESUME)?;
-                job.signal(libc::SIGCONT);
+                job.signal(&mut self.agents, libc::SIGCONT)?;
                 self.unstable += 1;
                 return Ok(false);
             }
@@ -368,18 +439,16 @@ impl Gang {
         // little while (`EBUSY`), so a taken slot is retried, bounded.
         let end = Instant::now() + RESTORE_BOUND;
         let mut restored = 0;
-        for (r, pid) in job.live() {
+        for (r, p) in job.live() {
             loop {
-                match emp::nic_gang(self.sock(r), gang::RESTORE, pid as i32) {
-                    Ok(m) => {
-                        restored += m.arg[0];
+                match self.nic_gang(r, p, gang::RESTORE)? {
+                    Ok((n, _)) => {
+                        restored += n;
                         break;
                     }
-                    Err(emp::Error::Nic { errno: libc::EBUSY, .. }) if Instant::now() < end => {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    Err(_) if exited(pid) => break,
-                    Err(e) => return Err(format!("job {name} rank {r}: restoring its ports: {e}")),
+                    Err((libc::EBUSY, _)) if Instant::now() < end => std::thread::sleep(Duration::from_millis(1)),
+                    Err(_) if self.exited(p)? => break,
+                    Err((_, e)) => return Err(format!("job {name} rank {r}: restoring its ports: {e}")),
                 }
             }
         }
@@ -388,7 +457,25 @@ impl Gang {
             eprintln!("emp gang: job {name} in ({restored} ports restored)");
         }
         job.out = false;
-        job.signal(libc::SIGCONT);
+        job.signal(&mut self.agents, libc::SIGCONT)
+    }
+
+    /// Waits until every live rank of `job` is stopped (its state `T` in
+    /// its host's /proc), so none is half way through touching its window.
+    fn wait_stopped(&mut self, job: &Job) -> Result<(), String> {
+        let end = Instant::now() + STOP_BOUND;
+        for (r, p) in job.live() {
+            loop {
+                // Gone (`None`, or a zombie) counts: it touches nothing any more.
+                if matches!(self.state(p)?, None | Some('T' | 't' | 'Z' | 'X')) {
+                    break;
+                }
+                if Instant::now() >= end {
+                    return Err(format!("rank {r} (pid {}) did not stop within {STOP_BOUND:?}", p.pid()));
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
         Ok(())
     }
 }
@@ -407,35 +494,4 @@ fn action_name(action: u64) -> &'static str {
         gang::RESUME => "resuming",
         _ => "counting",
     }
-}
-
-/// `/proc`'s state letter of `pid` (`None` once it is gone).
-fn proc_state(pid: u32) -> Option<char> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
-/// Has `pid` exited (a zombie not reaped yet, or gone)?
-fn exited(pid: u32) -> bool {
-    matches!(proc_state(pid), None | Some('Z' | 'X'))
-}
-
-/// Waits until every live rank of `job` is stopped (its state `T` in
-/// /proc), so none is half way through touching its window.
-fn wait_stopped(job: &Job) -> Result<(), String> {
-    let end = Instant::now() + STOP_BOUND;
-    for (r, pid) in job.live() {
-        loop {
-            let state = proc_state(pid);
-            // Gone (`None`, or a zombie) counts: it touches nothing any more.
-            if matches!(state, None | Some('T' | 't' | 'Z' | 'X')) {
-                break;
-            }
-            if Instant::now() >= end {
-                return Err(format!("rank {r} (pid {pid}) did not stop within {STOP_BOUND:?}"));
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
-    Ok(())
 }

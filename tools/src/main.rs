@@ -10,6 +10,7 @@ mod bench;
 mod cluster;
 mod fw;
 mod gang;
+mod gang_agent;
 mod hosts;
 mod info;
 mod run;
@@ -63,9 +64,9 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         devices: Vec<String>,
         /// A cluster file instead (docs/cluster.md): rank r on node r mod
-        /// nodes, started through its host's `launch`, which must run it in
-        /// place on this machine (a namespace: `ip netns exec`), so the
-        /// scheduler can stop it and reach its NIC's daemon.
+        /// nodes, started, stopped and switched by an `emp gang-agent` the
+        /// scheduler runs on the node's host through its `launch` (this
+        /// emp's path must work there).
         #[arg(long, conflicts_with = "devices")]
         config: Option<std::path::PathBuf>,
         /// Kill every job after this many seconds.
@@ -120,6 +121,14 @@ enum Cmd {
     /// One rank of a benchmark (started by `emp bench`).
     #[command(hide = true)]
     BenchRank(bench::BenchArgs),
+    /// `emp gang --config`'s agent on one node's host (started by it,
+    /// through the host's launch): requests on stdin, replies on stdout.
+    #[command(hide = true)]
+    GangAgent {
+        /// The node's NIC: its daemon's socket on this host.
+        #[arg(long)]
+        nic: String,
+    },
     /// A soak: N ranks, mixed traffic of random sizes, frame loss, ranks
     /// killed and replaced at random; every byte verified (docs/soak.md).
     Soak(soak::SoakArgs),
@@ -265,6 +274,7 @@ fn main() -> ExitCode {
         }
         Cmd::Bench(a) => bench::bench(&a),
         Cmd::BenchRank(a) => bench::rank(&a),
+        Cmd::GangAgent { nic } => gang_agent::serve(&nic).map(|_| ()),
         Cmd::Soak(a) => soak::soak(&a),
         Cmd::SoakRank(a) => soak::rank(&a),
     };
