@@ -223,6 +223,9 @@ impl Agent {
         let mut argv: Vec<String> = launch.to_vec();
         argv.extend([emp.to_owned(), "gang-agent".into(), "--nic".into(), nic.to_owned()]);
         let what = argv.join(" ");
+        if let Some(w) = argv[launch.len()..].iter().find(|w| !launch.is_empty() && !crate::hosts::shell_safe(w)) {
+            return Err(format!("{w:?} would be split by a remote shell ({what}); use plain paths"));
+        }
         let mut child = Command::new(&argv[0])
             .args(&argv[1..])
             .stdin(Stdio::piped())

@@ -258,7 +258,7 @@ const HEADER: &str = "node  host         status   reason                       p
 
 /// Words passed through a launcher that may hand them to a remote shell
 /// (ssh joins its arguments with spaces): refuse what a shell would split.
-fn shell_safe(w: &str) -> bool {
+pub(crate) fn shell_safe(w: &str) -> bool {
     !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-./:=@%+,".contains(&b))
 }
 
