@@ -753,7 +753,7 @@ impl Nic {
             for k in 0..entries - ring::used(prod, cons) {
                 let mut b = [0u8; WorkDesc::SIZE];
                 let idx = prod.wrapping_add(k);
-                hal.sram_read(if send { w.send_slot(idx) } else { w.recv_slot(idx) }, &mut b);
+                hal.sram_read(w.ring_slot(send, idx), &mut b);
                 if b.iter().any(|&x| x != 0) {
                     out.extend_from_slice(&(k as u16).to_le_bytes());
                     out.extend_from_slice(&0u16.to_le_bytes());
@@ -1131,7 +1131,7 @@ impl Nic {
             for k in 0..entries - ring::used(prod, cons) {
                 let b = saved.next_if(|(at, _)| *at == k).map_or([0u8; WorkDesc::SIZE], |(_, b)| *b);
                 let idx = prod.wrapping_add(k);
-                hal.sram_write(if send { w.send_slot(idx) } else { w.recv_slot(idx) }, &b);
+                hal.sram_write(w.ring_slot(send, idx), &b);
             }
         }
         let plain_tx = img.tx.iter().filter(|t| t.3.is_none()).count();

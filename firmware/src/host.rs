@@ -142,11 +142,10 @@ impl Nic {
         // The slot's last job may have left descriptors it never published:
         // nothing of them is this job's to read (or to carry in an image).
         let zero = [0u8; emp_uapi::desc::WorkDesc::SIZE];
-        for k in 0..w.send_entries {
-            hal.sram_write(w.send_slot(k), &zero);
-        }
-        for k in 0..w.recv_entries {
-            hal.sram_write(w.recv_slot(k), &zero);
+        for (send, entries) in [(true, w.send_entries), (false, w.recv_entries)] {
+            for k in 0..entries {
+                hal.sram_write(w.ring_slot(send, k), &zero);
+            }
         }
         sram_put_u32(hal, w.ctl(ctl::SEND_CONS), sc);
         sram_put_u32(hal, w.ctl(ctl::RECV_CONS), rc);
@@ -330,7 +329,7 @@ impl Nic {
         let w = self.layout.port(port);
         let st = &mut self.ports[port as usize];
         let cons = if send { &mut st.send_cons } else { &mut st.recv_cons };
-        let off = if send { w.send_slot(*cons) } else { w.recv_slot(*cons) };
+        let off = w.ring_slot(send, *cons);
         *cons = cons.wrapping_add(1);
         st.outstanding += 1;
         let mut b = [0u8; WorkDesc::SIZE];

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use emp_uapi::attach::gang;
 
 use crate::cluster::{read_state, socket};
-use crate::gang_agent::{exit_code, proc_state, Agent, Refusal};
+use crate::gang_agent::{exit_code, nic_gang, proc_state, Agent, Refusal};
 
 /// Settings of one `emp gang` run.
 pub struct GangArgs {
@@ -285,11 +285,7 @@ impl Gang {
     /// or the NIC's (or agent's) refusal. `Err` only when an agent is gone.
     fn nic_gang(&mut self, r: usize, p: &Proc, action: u64) -> Result<Result<(u64, u64), Refusal>, String> {
         match p {
-            Proc::Here(c) => Ok(match emp::nic_gang(self.sock(r), action, c.id() as i32) {
-                Ok(m) => Ok((m.arg[0], m.arg[1])),
-                Err(emp::Error::Nic { errno, .. }) => Err((errno, format!("the NIC refused (errno {errno})"))),
-                Err(e) => Err((0, e.to_string())),
-            }),
+            Proc::Here(c) => Ok(nic_gang(self.sock(r), action, c.id())),
             Proc::There { node, pid } => {
                 Ok(self.agents[*node].call(&["gang".into(), action.to_string(), pid.to_string()])?.map(|w| {
                     let n = |i: usize| w.get(i).and_then(|x| x.parse().ok()).unwrap_or(0);

@@ -87,6 +87,16 @@ pub(crate) fn exit_code(st: std::process::ExitStatus) -> i32 {
     st.code().unwrap_or(128 + st.signal().unwrap_or(0))
 }
 
+/// GANG `action` on `pid`'s ports at the NIC `nic` of this host: the
+/// reply's (`arg[0]`, `arg[1]`), or the refusal (errno, or 0, and why).
+pub(crate) fn nic_gang(nic: &str, action: u64, pid: u32) -> Result<(u64, u64), Refusal> {
+    match emp::nic_gang(nic, action, pid as i32) {
+        Ok(m) => Ok((m.arg[0], m.arg[1])),
+        Err(emp::Error::Nic { errno, .. }) => Err((errno, format!("the NIC refused (errno {errno})"))),
+        Err(e) => Err((0, e.to_string())),
+    }
+}
+
 /// Runs the agent until its input ends; kills every rank it started then.
 pub fn serve(nic: &str) -> Result<i32, String> {
     let mut kids: HashMap<u32, Child> = HashMap::new();
@@ -114,7 +124,7 @@ pub fn serve(nic: &str) -> Result<i32, String> {
 }
 
 /// An agent's error: (errno or 0, message).
-type AgentErr = (i32, String);
+type AgentErr = Refusal;
 
 fn request(nic: &str, kids: &mut HashMap<u32, Child>, w: &[String]) -> Result<Vec<String>, AgentErr> {
     let bad = |m: &str| (libc::EINVAL, m.to_owned());
@@ -190,11 +200,8 @@ fn request(nic: &str, kids: &mut HashMap<u32, Child>, w: &[String]) -> Result<Ve
         Some("gang") => {
             let action = num(1)?;
             let pid = own(kids, num(2)?)?;
-            match emp::nic_gang(nic, action, pid as i32) {
-                Ok(m) => Ok(vec![m.arg[0].to_string(), m.arg[1].to_string()]),
-                Err(emp::Error::Nic { errno, .. }) => Err((errno, format!("the NIC refused (errno {errno})"))),
-                Err(e) => Err((0, e.to_string())),
-            }
+            let (a0, a1) = nic_gang(nic, action, pid)?;
+            Ok(vec![a0.to_string(), a1.to_string()])
         }
         Some("hello") => match emp::nic_gang(nic, emp_uapi::attach::gang::PORTS, std::process::id() as i32) {
             Ok(_) => Ok(vec![]),

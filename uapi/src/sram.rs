@@ -951,6 +951,15 @@ impl PortWindow {
         self.base + PAGE_SIZE + ring::slot(idx, self.send_entries) as usize * WorkDesc::SIZE
     }
 
+    /// Offset of slot `idx` (wrapped) of the send ring, or the receive ring.
+    pub const fn ring_slot(&self, send: bool, idx: u32) -> usize {
+        if send {
+            self.send_slot(idx)
+        } else {
+            self.recv_slot(idx)
+        }
+    }
+
     /// Offset of receive ring slot `idx` (wrapped).
     pub const fn recv_slot(&self, idx: u32) -> usize {
         self.base
