@@ -399,6 +399,7 @@ fn wire_info(nic: &NicShared, wire: &WireSeat, out: &mut AttachMsg) {
         c.malformed,
     ];
     out.arg[wr::COUNTERS..wr::COUNTERS + wire_counter::COUNT].copy_from_slice(&counts);
+    out.arg[wr::FROM_HOST] = c.from_host;
     let name = v.interfaces.get(wire.local).cloned().flatten().unwrap_or_default();
     let mut name_bytes = [0u8; 16];
     let n = name.len().min(15);

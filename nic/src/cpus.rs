@@ -30,7 +30,7 @@ use emp_uapi::fwabi::FwHal;
 use emp_uapi::sram::ctl;
 
 use crate::fwlib::FwLib;
-use crate::hw::{hal_for, HwCtx};
+use crate::hw::{hal_for, HwCtx, Outgoing};
 use crate::nic::NicShared;
 use crate::sys::signal;
 
@@ -84,7 +84,7 @@ pub(crate) struct Core {
     /// Frames for `frame_cpu` when it is not A.
     rx: Mutex<VecDeque<Vec<u8>>>,
     /// Frames other CPUs transmitted, for the engine's wire.
-    tx: Mutex<Vec<(u16, Vec<u8>)>>,
+    tx: Mutex<Vec<Outgoing>>,
     memberships: Mutex<Vec<(u16, bool)>>,
     spare: Mutex<Vec<Vec<u8>>>,
     /// The program's next timer deadline (ns on the engine's clock).
@@ -353,8 +353,8 @@ impl Core {
             if hw.outbox.len() > room {
                 let lost = hw.outbox.len() - room;
                 self.dropped_tx.fetch_add(lost as u64, Ordering::Relaxed);
-                for (_, b) in hw.outbox.drain(room..) {
-                    hw.pool.push(b);
+                for o in hw.outbox.drain(room..) {
+                    hw.pool.push(o.frame);
                 }
             }
             tx.append(&mut hw.outbox);

@@ -5,6 +5,7 @@
 //! - process VM (space 2): `process_vm_readv/writev` into the process.
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 
 /// Arena space.
 pub const SPACE_ARENA: u64 = 1;
@@ -33,6 +34,10 @@ pub enum Region {
 // SAFETY: the arena mapping is shared memory owned by this Region; it is
 // only accessed through bounds-checked copies.
 unsafe impl Send for Region {}
+// SAFETY: `&Region` only allows bounds-checked byte copies in and out of
+// memory that the host process changes concurrently anyway; no Rust value
+// lives there.
+unsafe impl Sync for Region {}
 
 impl Region {
     /// Maps `len` bytes at `offset` of a process's memfd.
@@ -177,12 +182,100 @@ impl Drop for Region {
     }
 }
 
+/// Bytes of host memory mapped in this process, held for a frame that
+/// reads them after the DMA map's lock is gone (Immediate Sending: the
+/// wire sends the payload straight from host memory). Holding one keeps
+/// the mapping alive even if the host deregisters the region meanwhile.
+#[derive(Clone)]
+pub struct HostBytes {
+    _region: Arc<Region>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: `ptr..ptr+len` lies in the shared mapping `_region` keeps alive;
+// it is only read, by byte copies, which tolerate the host's concurrent stores.
+unsafe impl Send for HostBytes {}
+
+impl HostBytes {
+    /// Where the bytes are (valid while `self` lives).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends a copy of the bytes to `out`.
+    pub fn append_to(&self, out: &mut Vec<u8>) {
+        let at = out.len();
+        out.resize(at + self.len, 0);
+        // SAFETY: the source is in the live mapping (see the type); the
+        // destination was just sized.
+        unsafe { core::ptr::copy_nonoverlapping(self.ptr, out.as_mut_ptr().add(at), self.len) };
+    }
+}
+
+/// Most pieces of host memory one frame sends in place; a frame whose
+/// payload is scattered over more is built by copying.
+pub const HOST_PIECES_MAX: usize = 4;
+
+/// A frame's payload left in host memory: up to [`HOST_PIECES_MAX`]
+/// pieces, in order. No allocation: the pieces live inline.
+#[derive(Clone, Default)]
+pub struct HostPayload {
+    pieces: [Option<HostBytes>; HOST_PIECES_MAX],
+}
+
+impl HostPayload {
+    /// Adds the next piece; false (and nothing added) when full.
+    pub fn push(&mut self, b: HostBytes) -> bool {
+        match self.pieces.iter_mut().find(|p| p.is_none()) {
+            Some(slot) => {
+                *slot = Some(b);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The pieces, in order.
+    pub fn pieces(&self) -> impl Iterator<Item = &HostBytes> {
+        self.pieces.iter().map_while(Option::as_ref)
+    }
+
+    /// True when there is no piece (an ordinary, built frame).
+    pub fn is_empty(&self) -> bool {
+        self.pieces[0].is_none()
+    }
+
+    /// Bytes over all pieces.
+    pub fn len(&self) -> usize {
+        self.pieces().map(HostBytes::len).sum()
+    }
+
+    /// Appends a copy of every piece to `out`.
+    pub fn append_to(&self, out: &mut Vec<u8>) {
+        out.reserve(self.len());
+        self.pieces().for_each(|p| p.append_to(out));
+    }
+}
+
 /// Regions by id (the MR slot that owns them), or a guest's whole RAM.
+/// Shared with [`HostBytes`] a frame still reads, so a region removed
+/// while a frame is on its way stays mapped until the frame is sent.
 pub struct DmaMap {
-    regions: Vec<Option<Region>>,
+    regions: Vec<Option<Arc<Region>>>,
     /// For a NIC serving a QEMU guest: its RAM, addressed physically (the
     /// guest's driver writes guest-physical addresses into the MR table).
-    guest: Option<Region>,
+    guest: Option<Arc<Region>>,
 }
 
 impl DmaMap {
@@ -193,20 +286,22 @@ impl DmaMap {
 
     /// Serves a guest: DMA goes to its RAM by physical address.
     pub fn set_guest(&mut self, ram: Region) {
-        self.guest = Some(ram);
+        self.guest = Some(Arc::new(ram));
     }
 
     /// Installs region `id`.
     pub fn insert(&mut self, id: u16, r: Region) {
-        self.regions[id as usize] = Some(r);
+        self.regions[id as usize] = Some(Arc::new(r));
     }
 
-    /// Removes region `id`.
-    pub fn remove(&mut self, id: u16) -> Option<Region> {
-        self.regions.get_mut(id as usize)?.take()
+    /// Removes region `id` (its mapping goes once no frame holds it).
+    pub fn remove(&mut self, id: u16) {
+        if let Some(r) = self.regions.get_mut(id as usize) {
+            *r = None;
+        }
     }
 
-    fn resolve(&self, addr: u64) -> Option<(&Region, u64)> {
+    fn resolve(&self, addr: u64) -> Option<(&Arc<Region>, u64)> {
         if let Some(g) = &self.guest {
             // Anything outside guest RAM is refused (Region bounds-checks).
             return Some((g, addr));
@@ -215,7 +310,7 @@ impl DmaMap {
         let id = ((addr >> 40) & 0xFFFF) as usize;
         let off = addr & (REGION_MAX - 1);
         let r = self.regions.get(id)?.as_ref()?;
-        let ok = matches!((space, r), (SPACE_ARENA, Region::Arena { .. }) | (SPACE_VM, Region::Vm { .. }));
+        let ok = matches!((space, &**r), (SPACE_ARENA, Region::Arena { .. }) | (SPACE_VM, Region::Vm { .. }));
         ok.then_some((r, off))
     }
 
@@ -229,6 +324,18 @@ impl DmaMap {
         }
     }
 
+    /// The `len` bytes at `addr`, held where they are, when they are
+    /// mapped in this process (an arena or a guest's RAM); `None` for
+    /// process memory (reached by system calls) or a DMA that would fault.
+    pub fn hold(&self, addr: u64, len: usize) -> Option<HostBytes> {
+        self.check(addr, len).ok()?;
+        let (r, off) = self.resolve(addr)?;
+        let Region::Arena { base, .. } = &**r else { return None };
+        // SAFETY: `off + len` is within the mapping (checked above).
+        let ptr = unsafe { base.add(off as usize) }.cast_const();
+        Some(HostBytes { _region: r.clone(), ptr, len })
+    }
+
     /// DMA read.
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
         let (r, off) = self.resolve(addr).ok_or(DmaFault)?;
@@ -240,4 +347,25 @@ impl DmaMap {
         let (r, off) = self.resolve(addr).ok_or(DmaFault)?;
         r.write(off, data)
     }
+}
+
+/// A region for tests: `bytes` in a sealed memfd, mapped as a process's
+/// arena is.
+#[cfg(test)]
+pub(crate) fn test_arena(bytes: &[u8]) -> Region {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a plain syscall creating a new descriptor.
+    let fd = unsafe { libc::memfd_create(c"emp-test-arena".as_ptr(), libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = bytes.len().next_multiple_of(emp_uapi::PAGE_SIZE);
+    // SAFETY: valid descriptor; sizing, then sealing it against shrinking.
+    unsafe {
+        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t), 0);
+        assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+    }
+    let r = Region::map_arena(fd, 0, len as u64).expect("map the arena");
+    r.write(0, bytes).expect("fill it");
+    r
 }

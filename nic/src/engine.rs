@@ -143,8 +143,12 @@ impl Engine {
                     tracing::warn!(local = i, "multicast filter {addr:#x}: {e}");
                 }
             }
-            for (dst, f) in fw.take_outbox() {
-                self.wire.send(now, i, dst, f);
+            for o in fw.take_outbox() {
+                if o.host.is_empty() {
+                    self.wire.send(now, i, o.dst, o.frame);
+                } else {
+                    self.wire.send_host(now, i, o.dst, o.frame, o.host);
+                }
             }
         }
     }

@@ -12,7 +12,7 @@ use emp_uapi::sram::{FailReason, NicStatus, FEATURE_RX_DOUBLE_BUFFERING};
 use crate::cpus::{Core, Cpus};
 use crate::dmaq::WriteBehind;
 use crate::fwlib::FwLib;
-use crate::hw::{hal_for, HwCtx};
+use crate::hw::{hal_for, HwCtx, Outgoing};
 use crate::image::{verify, TrustedKeys};
 use crate::nic::NicShared;
 
@@ -110,9 +110,8 @@ impl Firmware {
         self.hw.memberships.drain(..)
     }
 
-    /// The frames the control program transmitted since the last call, as
-    /// (destination node, frame).
-    pub(crate) fn take_outbox(&mut self) -> std::vec::Drain<'_, (u16, Vec<u8>)> {
+    /// The frames the control program transmitted since the last call.
+    pub(crate) fn take_outbox(&mut self) -> std::vec::Drain<'_, Outgoing> {
         self.hw.outbox.drain(..)
     }
 

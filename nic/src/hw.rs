@@ -8,16 +8,25 @@ use std::sync::Arc;
 
 use emp_uapi::fwabi::{FwHal, HostSeg};
 
-use crate::dma::DmaMap;
+use crate::dma::{DmaFault, DmaMap, HostPayload, HOST_PIECES_MAX};
 use crate::dmaq::WriteBehind;
 use crate::nic::NicShared;
 use crate::sys::signal;
+
+/// A frame the control program transmitted, for the engine's wire: built
+/// whole in `frame`, or (Immediate Sending) its headers in `frame` and its
+/// payload still in host memory, in `host`, for the wire to send in place.
+pub(crate) struct Outgoing {
+    pub(crate) dst: u16,
+    pub(crate) frame: Vec<u8>,
+    pub(crate) host: HostPayload,
+}
 
 /// What the control program's hardware calls reach: one per NIC CPU (the
 /// part of the hardware a CPU owns alone, `cpus.rs`).
 pub(crate) struct HwCtx {
     shared: Arc<NicShared>,
-    pub(crate) outbox: Vec<(u16, Vec<u8>)>,
+    pub(crate) outbox: Vec<Outgoing>,
     /// Frame buffers for reuse (bounded): no allocation per frame.
     pub(crate) pool: Vec<Vec<u8>>,
     /// Multicast filter changes the control program asked for, for the
@@ -155,12 +164,15 @@ extern "C" fn hw_mac_transmit(ctx: *mut c_void, dst: u16, frame: *const u8, len:
     let mut b = hw.pool.pop().unwrap_or_default();
     b.clear();
     b.extend_from_slice(frame);
-    hw.outbox.push((dst, b));
+    hw.outbox.push(Outgoing { dst, frame: b, host: HostPayload::default() });
 }
 
-/// Immediate Sending: the frame is built in the MAC's buffer straight from
-/// host memory (no copy through the control program's frame buffer), after
-/// every segment was checked like a DMA read, so a bad one sends nothing.
+/// Immediate Sending: the frame leaves straight from host memory. Every
+/// segment is checked like a DMA read first, so a bad one sends nothing.
+/// Where the payload is mapped in this process (an arena, a guest's RAM)
+/// the wire sends it in place ([`HostPayload`]: the only copy is the
+/// wire's own, as a NIC's MAC reads host memory through its DMA engine);
+/// otherwise it is built in the MAC's buffer, one copy.
 extern "C" fn hw_mac_transmit_host(
     ctx: *mut c_void,
     dst: u16,
@@ -181,10 +193,17 @@ extern "C" fn hw_mac_transmit_host(
     // A read sees every earlier write.
     hw.drain_writes();
     let mut b = hw.pool.pop().unwrap_or_default();
-    let built = hw.with_dma(|dma| build_from_host(dma, header, segs, &mut b));
+    let built = hw.with_dma(|dma| match hold_from_host(dma, header, segs)? {
+        Some(host) => {
+            b.clear();
+            b.extend_from_slice(header);
+            Ok(host)
+        }
+        None => build_from_host(dma, header, segs, &mut b).map(|()| HostPayload::default()),
+    });
     match built {
-        Ok(()) => {
-            hw.outbox.push((dst, b));
+        Ok(host) => {
+            hw.outbox.push(Outgoing { dst, frame: b, host });
             0
         }
         Err(_) => {
@@ -194,26 +213,55 @@ extern "C" fn hw_mac_transmit_host(
     }
 }
 
-/// Fills `frame` with `header` then the host memory `segs` names; checks
-/// every segment (and the frame's size) before moving a byte.
-pub(crate) fn build_from_host(
-    dma: &crate::dma::DmaMap,
-    header: &[u8],
-    segs: &[HostSeg],
-    frame: &mut Vec<u8>,
-) -> Result<(), crate::dma::DmaFault> {
+/// Checks every segment (and the frame's size) as a DMA read would.
+fn check_host_frame(dma: &DmaMap, header: &[u8], segs: &[HostSeg]) -> Result<(), DmaFault> {
     let mut total = header.len() as u64;
     for s in segs {
-        let len = usize::try_from(s.len).map_err(|_| crate::dma::DmaFault)?;
+        let len = usize::try_from(s.len).map_err(|_| DmaFault)?;
         dma.check(s.addr, len)?;
         total += s.len;
     }
     if total > emp_uapi::wire::MTU_MAX as u64 {
-        return Err(crate::dma::DmaFault);
+        return Err(DmaFault);
     }
+    Ok(())
+}
+
+/// The payload `segs` names, held in host memory for the wire, when every
+/// segment is mapped here and there are at most [`HOST_PIECES_MAX`];
+/// `Ok(None)` when it must be copied instead.
+pub(crate) fn hold_from_host(
+    dma: &DmaMap,
+    header: &[u8],
+    segs: &[HostSeg],
+) -> Result<Option<HostPayload>, DmaFault> {
+    check_host_frame(dma, header, segs)?;
+    if segs.len() > HOST_PIECES_MAX {
+        return Ok(None);
+    }
+    let mut host = HostPayload::default();
+    for s in segs.iter().filter(|s| s.len > 0) {
+        match dma.hold(s.addr, s.len as usize) {
+            Some(piece) => assert!(host.push(piece), "at most HOST_PIECES_MAX segments"),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(host))
+}
+
+/// Fills `frame` with `header` then the host memory `segs` names; checks
+/// every segment (and the frame's size) before moving a byte.
+pub(crate) fn build_from_host(
+    dma: &DmaMap,
+    header: &[u8],
+    segs: &[HostSeg],
+    frame: &mut Vec<u8>,
+) -> Result<(), DmaFault> {
+    check_host_frame(dma, header, segs)?;
+    let total = header.len() + segs.iter().map(|s| s.len as usize).sum::<usize>();
     frame.clear();
     frame.extend_from_slice(header);
-    frame.resize(total as usize, 0);
+    frame.resize(total, 0);
     let mut at = header.len();
     for s in segs {
         let end = at + s.len as usize;
@@ -273,7 +321,7 @@ pub(crate) fn hal_for(hw: &mut HwCtx) -> FwHal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dma::{bus_addr, DmaMap, Region, SPACE_VM};
+    use crate::dma::{bus_addr, DmaMap, Region, SPACE_ARENA, SPACE_VM};
 
     /// A DMA map whose region 3 is `host` in this process (read the way a
     /// registered process' memory is).
@@ -300,6 +348,45 @@ mod tests {
         want.extend_from_slice(&host[100..400]);
         want.extend_from_slice(&host[2000..2005]);
         assert_eq!(frame, want);
+    }
+
+    #[test]
+    fn mapped_host_memory_is_held_for_the_wire_not_copied() {
+        let host: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 5) as u8).collect();
+        let mut map = DmaMap::new(8);
+        map.insert(2, crate::dma::test_arena(&host));
+        let header = [0x55u8; 48];
+        let segs = [
+            HostSeg { addr: bus_addr(SPACE_ARENA, 2, 10), len: 1000 },
+            HostSeg { addr: bus_addr(SPACE_ARENA, 2, 5000), len: 0 },
+            HostSeg { addr: bus_addr(SPACE_ARENA, 2, 4096), len: 3000 },
+        ];
+        let held = hold_from_host(&map, &header, &segs).expect("segments resolve").expect("an arena is mapped here");
+        assert_eq!(held.pieces().count(), 2, "an empty segment is no piece");
+        let mut built = Vec::new();
+        build_from_host(&map, &header, &segs, &mut built).unwrap();
+        let mut sent = header.to_vec();
+        held.append_to(&mut sent);
+        assert_eq!(sent, built, "the held pieces are the bytes a copy would have taken");
+        // The host deregisters the region while the frame is on its way:
+        // what the frame holds stays mapped and unchanged.
+        map.remove(2);
+        assert!(map.check(segs[0].addr, 1).is_err(), "the NIC no longer reaches it");
+        let mut again = header.to_vec();
+        held.append_to(&mut again);
+        assert_eq!(again, built);
+        // Process memory is reached by system calls, and more pieces than
+        // a frame holds are copied: both are built instead.
+        let vm = map_of(&host);
+        let vm_seg = [HostSeg { addr: bus_addr(SPACE_VM, 3, 0), len: 64 }];
+        assert!(hold_from_host(&vm, &header, &vm_seg).unwrap().is_none());
+        map.insert(2, crate::dma::test_arena(&host));
+        let many: Vec<HostSeg> =
+            (0..HOST_PIECES_MAX as u64 + 1).map(|i| HostSeg { addr: bus_addr(SPACE_ARENA, 2, i * 100), len: 10 }).collect();
+        assert!(hold_from_host(&map, &header, &many).unwrap().is_none());
+        // A bad segment is refused before anything is held.
+        let bad = [segs[0], HostSeg { addr: bus_addr(SPACE_ARENA, 2, 8100), len: 200 }];
+        assert!(hold_from_host(&map, &header, &bad).is_err());
     }
 
     #[test]

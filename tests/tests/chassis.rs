@@ -190,6 +190,9 @@ fn tap_p2p_with_immediate_sending() {
     );
     assert_tap(&c.run(8, &[env!("CARGO_BIN_EXE_tap-p2p")]), 10);
     assert!(stats_row(&c.dir, "retransmits") > 0, "loss was injected: frames were sent again from host memory");
+    // The payloads of arena buffers went to the sockets in place.
+    let from_host: u64 = (0..4).map(|n| emp::nic_wire_info(&c.sock(n)).expect("wire info").from_host).max().unwrap();
+    assert!(from_host > 0, "one-frame sends left straight from host memory");
 }
 
 /// The `emp stats` row `name`, summed over the NICs.

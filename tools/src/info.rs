@@ -55,7 +55,8 @@ fn fmt_link(l: &Link) -> String {
 
 /// The wire counters as `name=value` words (what scripts and tests read).
 pub fn fmt_counters(w: &WireInfo) -> String {
-    wire_counter::NAMES.iter().zip(&w.counters).map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>().join(" ")
+    let counts = wire_counter::NAMES.iter().zip(&w.counters).map(|(n, v)| format!("{n}={v}"));
+    counts.chain([format!("from_host={}", w.from_host)]).collect::<Vec<_>>().join(" ")
 }
 
 /// A daemon's wire authentication as one line (`auth=mac key=2 … bad_tag=0 …`).

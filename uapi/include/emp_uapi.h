@@ -1064,6 +1064,7 @@ struct emp_gang {
 #define EMP_WIRE_REPLY_COUNTERS 9
 #define EMP_WIRE_REPLY_DAEMON_PID 18
 #define EMP_WIRE_REPLY_MTU 19
+#define EMP_WIRE_REPLY_FROM_HOST 20
 #define EMP_WIRE_ROUTES_PER_PAGE 7
 
 /* WIRE_INFO wire counters: arg[EMP_WIRE_REPLY_COUNTERS + i]. */

@@ -266,6 +266,9 @@ pub mod wire_reply {
     pub const DAEMON_PID: usize = 18;
     /// The NIC's MTU.
     pub const MTU: usize = 19;
+    /// Datagrams the wire sent with their payload read in place from host
+    /// memory (Immediate Sending: no copy before the socket's own).
+    pub const FROM_HOST: usize = 20;
 }
 
 /// Wire counters in a `WIRE_INFO` reply: index from [`wire_reply::COUNTERS`].
@@ -331,7 +334,7 @@ pub const ROUTES_PER_PAGE: usize = 7;
 // A page and the `WIRE_INFO` fields fit in `AttachMsg::arg`, the counters
 // before the pid.
 const _: () = assert!(3 * ROUTES_PER_PAGE < 22);
-const _: () = assert!(wire_reply::MTU <= 21 && wire_reply::COUNTERS + wire_counter::COUNT <= wire_reply::DAEMON_PID);
+const _: () = assert!(wire_reply::MTU < wire_reply::FROM_HOST && wire_reply::FROM_HOST <= 21 && wire_reply::COUNTERS + wire_counter::COUNT <= wire_reply::DAEMON_PID);
 
 /// One route table entry as `WIRE_ROUTES` carries it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -760,6 +760,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_WIRE_REPLY_COUNTERS = attach::wire_reply::COUNTERS,
         EMP_WIRE_REPLY_DAEMON_PID = attach::wire_reply::DAEMON_PID,
         EMP_WIRE_REPLY_MTU = attach::wire_reply::MTU,
+        EMP_WIRE_REPLY_FROM_HOST = attach::wire_reply::FROM_HOST,
         EMP_WIRE_ROUTES_PER_PAGE = attach::ROUTES_PER_PAGE,
         EMP_WIRE_COUNTER_SENT = attach::wire_counter::SENT,
         EMP_WIRE_COUNTER_RECEIVED = attach::wire_counter::RECEIVED,

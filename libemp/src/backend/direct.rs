@@ -267,6 +267,9 @@ pub struct WireInfo {
     /// The wire's counters, in `emp_uapi::attach::wire_counter` order
     /// (names in `wire_counter::NAMES`).
     pub counters: [u64; wire_counter::COUNT],
+    /// Datagrams sent with their payload read in place from host memory
+    /// (Immediate Sending on a network wire).
+    pub from_host: u64,
 }
 
 impl WireInfo {
@@ -335,6 +338,7 @@ pub fn nic_wire_info(path: &str) -> Result<WireInfo> {
         mtu: r.arg[wr::MTU] as u32,
         link,
         counters,
+        from_host: r.arg[wr::FROM_HOST],
     })
 }
 

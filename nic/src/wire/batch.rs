@@ -4,6 +4,8 @@
 
 use std::os::fd::RawFd;
 
+use crate::dma::{HostPayload, HOST_PIECES_MAX};
+
 /// Datagrams per system call.
 pub(crate) const BATCH: usize = 32;
 /// Bytes per slot: a jumbo EMP frame (`MTU_MAX`) plus an Ethernet header,
@@ -85,6 +87,9 @@ pub(crate) struct SendBatch {
     /// Destination of each frame (`namelens[i] == 0`: none).
     names: Vec<libc::sockaddr_storage>,
     namelens: [libc::socklen_t; BATCH],
+    /// Each frame's payload still in host memory, sent after its slot's
+    /// bytes by the same system call (gather); held until then.
+    host: Vec<HostPayload>,
     n: usize,
 }
 
@@ -96,6 +101,7 @@ impl SendBatch {
             // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
             names: vec![unsafe { std::mem::zeroed() }; BATCH],
             namelens: [0; BATCH],
+            host: vec![HostPayload::default(); BATCH],
             n: 0,
         }
     }
@@ -117,6 +123,19 @@ impl SendBatch {
         true
     }
 
+    /// Queues a datagram to `to`: `head` copied into a slot, then `host`,
+    /// which the socket reads where it is. The caller keeps the whole
+    /// within [`SLOT`].
+    pub(crate) fn push_host_to(&mut self, to: &std::net::SocketAddr, head: &[u8], host: HostPayload) {
+        debug_assert!(!self.full() && head.len() + host.len() <= SLOT);
+        let i = self.n;
+        self.buf[i * SLOT..i * SLOT + head.len()].copy_from_slice(head);
+        self.namelens[i] = sockaddr_from_std(to, &mut self.names[i]);
+        self.lens[i] = head.len();
+        self.host[i] = host;
+        self.n += 1;
+    }
+
     /// Room for one more frame?
     pub(crate) fn full(&self) -> bool {
         self.n == BATCH
@@ -136,20 +155,32 @@ impl SendBatch {
     /// refused (buffer full, link down): those are lost, and the
     /// protocol's retransmission recovers them.
     pub(crate) fn flush(&mut self, fd: RawFd) -> usize {
+        if self.n == 0 {
+            return 0;
+        }
         let (mut sent, mut lost, mut stalls) = (0, 0, 0);
+        // Per frame: its slot, then its host pieces.
+        const IOVS: usize = 1 + HOST_PIECES_MAX;
+        let base = self.buf.as_mut_ptr();
+        let mut iov: [[libc::iovec; IOVS]; BATCH] =
+            [[libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 }; IOVS]; BATCH];
+        let mut iovlen = [1usize; BATCH];
+        for (i, v) in iov.iter_mut().enumerate().take(self.n) {
+            // SAFETY: slot i lies inside `buf` (BATCH * SLOT bytes).
+            v[0] = libc::iovec { iov_base: unsafe { base.add(i * SLOT) }.cast(), iov_len: self.lens[i] };
+            for (k, piece) in self.host[i].pieces().enumerate() {
+                // The socket only reads it; `self.host[i]` keeps it mapped until after the call.
+                v[1 + k] = libc::iovec { iov_base: piece.as_ptr().cast_mut().cast(), iov_len: piece.len() };
+                iovlen[i] = 2 + k;
+            }
+        }
         while sent < self.n {
-            let base = self.buf.as_mut_ptr();
-            let mut iov: [libc::iovec; BATCH] = std::array::from_fn(|i| libc::iovec {
-                // SAFETY: slot i lies inside `buf` (BATCH * SLOT bytes).
-                iov_base: unsafe { base.add(i * SLOT) }.cast(),
-                iov_len: self.lens[i],
-            });
             let names = self.names.as_mut_ptr();
             let mut msgs: [libc::mmsghdr; BATCH] = std::array::from_fn(|i| {
                 // SAFETY: msghdr is plain old data; the fields that matter are set below.
                 let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-                h.msg_iov = &mut iov[i];
-                h.msg_iovlen = 1;
+                h.msg_iov = iov[i].as_mut_ptr();
+                h.msg_iovlen = iovlen[i];
                 if self.namelens[i] > 0 {
                     // SAFETY: slot i of `names` (BATCH entries).
                     h.msg_name = unsafe { names.add(i) }.cast();
@@ -158,7 +189,8 @@ impl SendBatch {
                 libc::mmsghdr { msg_hdr: h, msg_len: 0 }
             });
             let rest = (self.n - sent) as u32;
-            // SAFETY: headers `sent..n` point at live, initialised slots.
+            // SAFETY: headers `sent..n` point at live, initialised slots and
+            // at host memory their `HostPayload`s keep mapped.
             let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr().add(sent), rest, libc::MSG_DONTWAIT) };
             if r > 0 {
                 sent += r as usize;
@@ -176,6 +208,8 @@ impl SendBatch {
             sent += 1;
             lost += 1;
         }
+        // The socket copied them: let the host memory go.
+        self.host[..self.n].iter_mut().for_each(|h| *h = HostPayload::default());
         self.n = 0;
         lost
     }

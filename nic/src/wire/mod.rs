@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use emp_uapi::wire::{Frame, FrameHeader, WIRE_VERSION};
+
+use crate::dma::HostPayload;
 use emp_uapi::Le;
 
 pub mod auth;
@@ -96,6 +98,9 @@ pub struct WireStats {
     /// Multicast transmissions sent as one unicast copy per node because
     /// the network refused multicast (UDP without multicast routing).
     pub mcast_fallback: u64,
+    /// Datagrams handed to the network with their payload read in place
+    /// from host memory (Immediate Sending: no copy before the socket's).
+    pub from_host: u64,
 }
 
 /// Live wire counters, shared with the threads that report them (`emp info`).
@@ -116,6 +121,7 @@ pub struct WireCounters {
     mcast_sent: AtomicU64,
     mcast_received: AtomicU64,
     mcast_fallback: AtomicU64,
+    from_host: AtomicU64,
 }
 
 impl WireCounters {
@@ -160,6 +166,7 @@ impl WireCounters {
             mcast_sent: g(&self.mcast_sent),
             mcast_received: g(&self.mcast_received),
             mcast_fallback: g(&self.mcast_fallback),
+            from_host: g(&self.from_host),
         }
     }
 }
@@ -253,6 +260,14 @@ pub enum WireKindInfo {
 pub trait Wire: Send {
     /// NIC `src` (local index) transmits to node `dst`.
     fn send(&mut self, now: u64, src: usize, dst: u16, frame: Vec<u8>);
+    /// As [`Wire::send`], for a frame whose payload is still in host memory
+    /// (Immediate Sending): `frame` holds its headers, `host` the rest. A
+    /// wire that can send from host memory in place does; by default the
+    /// payload is copied after the headers, one copy, as a MAC's buffer.
+    fn send_host(&mut self, now: u64, src: usize, dst: u16, mut frame: Vec<u8>, host: HostPayload) {
+        host.append_to(&mut frame);
+        self.send(now, src, dst, frame);
+    }
     /// Sends what [`Wire::send`] queued and what a link delay held until
     /// `now` (the engine calls it once per pass, so a wire can batch its
     /// system calls).
@@ -599,6 +614,26 @@ mod tests {
     }
 
     /// A valid ACK frame from `src` to `dst` (tests of the wires).
+    /// The headers of a one-frame data message of `payload_len` bytes
+    /// (the payload to be appended).
+    pub(crate) fn data_headers(src: u16, dst: u16, payload_len: usize) -> Vec<u8> {
+        use emp_uapi::wire::{emit_data_headers, FrameKind, MsgHeader};
+        let hdr = FrameHeader {
+            version: WIRE_VERSION,
+            kind: FrameKind::Data as u8,
+            src_node: src,
+            dst_node: dst,
+            frame_count: 1,
+            payload_len: payload_len as u16,
+            ..Default::default()
+        };
+        let msg = MsgHeader::new(0, payload_len as u64, None);
+        let mut out = vec![0u8; 256 + payload_len];
+        let n = emit_data_headers(&hdr, Some(&msg), &mut out).unwrap();
+        out.truncate(n);
+        out
+    }
+
     pub(crate) fn ack_frame(src: u16, dst: u16) -> Vec<u8> {
         use emp_uapi::wire::{emit_ack, AckBody, FrameHeader, FrameKind, WIRE_VERSION};
         let hdr = FrameHeader {

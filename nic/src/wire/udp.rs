@@ -15,6 +15,7 @@ use super::{
     check_source, claimed_source_of, inject, open_frame, DelayLine, Faults, Memberships, Prng, Refused, Wire,
     WireCounters,
 };
+use crate::dma::HostPayload;
 use crate::route::RouteTable;
 
 /// One UDP socket per local NIC.
@@ -191,6 +192,29 @@ impl UdpWire {
 }
 
 impl Wire for UdpWire {
+    /// Sent in place from host memory when nothing must hold or rewrite
+    /// the frame after this call: no link delay, no authentication (its
+    /// seal covers the whole frame), unicast. Loss and duplicates still apply.
+    fn send_host(&mut self, now: u64, src: usize, dst: u16, frame: Vec<u8>, host: HostPayload) {
+        let addr = self.dests[src].get(dst as usize).copied().flatten();
+        let in_place = self.auth.is_none() && !self.delayed.active() && !emp_uapi::wire::is_mcast(dst);
+        let (Some(addr), true, true) = (addr, in_place, frame.len() + host.len() <= SLOT) else {
+            let mut frame = frame;
+            host.append_to(&mut frame);
+            return self.send(now, src, dst, frame);
+        };
+        let (_, copies) = inject(&self.faults, &mut self.rng, &self.stats);
+        for _ in 0..copies {
+            if self.tx[src].full() {
+                let lost = self.tx[src].flush(self.socks[src].as_raw_fd());
+                WireCounters::add(&self.stats.lost, lost as u64);
+            }
+            self.tx[src].push_host_to(&addr, &frame, host.clone());
+            WireCounters::add(&self.stats.from_host, 1);
+        }
+        self.keep(frame);
+    }
+
     fn send(&mut self, now: u64, src: usize, dst: u16, frame: Vec<u8>) {
         if emp_uapi::wire::is_mcast(dst) {
             return self.send_mcast(now, src, dst, frame);
@@ -627,7 +651,7 @@ impl UdpWire {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::ack_frame;
+    use super::super::tests::{ack_frame, data_headers};
     use super::*;
     use crate::route::Route;
 
@@ -676,6 +700,50 @@ mod tests {
         w.flush(0);
         poll_until(&mut w, &mut rx, 6);
         assert_eq!(rx[0].len(), 1);
+    }
+
+    #[test]
+    fn immediate_sending_goes_out_from_host_memory_in_place() {
+        use crate::dma::{bus_addr, test_arena, DmaMap, SPACE_ARENA};
+        let probe = |_: ()| UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let (a, b) = (probe(()), probe(()));
+        let mut w = UdpWire::new(&[a, b], table(&[a, b]), Faults::default()).unwrap();
+        let mut rx = vec![VecDeque::new(), VecDeque::new()];
+        let host: Vec<u8> = (0..8192u32).map(|i| (i * 31 + 7) as u8).collect();
+        let mut map = DmaMap::new(4);
+        map.insert(1, test_arena(&host));
+        let hold = |map: &DmaMap, off: u64, len: usize| map.hold(bus_addr(SPACE_ARENA, 1, off), len).unwrap();
+        let mut payload = HostPayload::default();
+        assert!(payload.push(hold(&map, 100, 3000)) && payload.push(hold(&map, 6000, 1500)));
+        // An ordinary frame first, then the one from host memory: the
+        // batch keeps their order.
+        w.send(0, 0, 1, ack_frame(0, 1));
+        w.send_host(0, 0, 1, data_headers(0, 1, 4500), payload);
+        // The host deregisters the region before the wire sends: the frame
+        // holds the mapping, so its bytes still go.
+        map.remove(1);
+        w.flush(0);
+        poll_until(&mut w, &mut rx, 2);
+        let mut want = data_headers(0, 1, 4500);
+        want.extend_from_slice(&host[100..3100]);
+        want.extend_from_slice(&host[6000..7500]);
+        assert_eq!(rx[1].len(), 2, "{:?}", w.stats());
+        assert_eq!(rx[1][0], ack_frame(0, 1));
+        assert_eq!(rx[1][1], want, "headers, then the host pieces in order");
+        assert_eq!((w.stats().from_host, w.stats().frames), (1, 2));
+        // Duplicated on the wire: each copy from host memory.
+        drop(w);
+        let (a, b) = (probe(()), probe(()));
+        let mut w = UdpWire::new(&[a, b], table(&[a, b]), Faults { dup: 1.0, ..Faults::default() }).unwrap();
+        map.insert(1, test_arena(&host));
+        let mut payload = HostPayload::default();
+        assert!(payload.push(hold(&map, 0, 64)));
+        w.send_host(0, 0, 1, data_headers(0, 1, 64), payload);
+        w.flush(0);
+        rx[1].clear();
+        poll_until(&mut w, &mut rx, 2);
+        assert_eq!(rx[1].len(), 2);
+        assert_eq!(w.stats().from_host, 2);
     }
 
     #[test]
