@@ -230,11 +230,7 @@ fn check_host_frame(dma: &DmaMap, header: &[u8], segs: &[HostSeg]) -> Result<(),
 /// The payload `segs` names, held in host memory for the wire, when every
 /// segment is mapped here and there are at most [`HOST_PIECES_MAX`];
 /// `Ok(None)` when it must be copied instead.
-pub(crate) fn hold_from_host(
-    dma: &DmaMap,
-    header: &[u8],
-    segs: &[HostSeg],
-) -> Result<Option<HostPayload>, DmaFault> {
+pub(crate) fn hold_from_host(dma: &DmaMap, header: &[u8], segs: &[HostSeg]) -> Result<Option<HostPayload>, DmaFault> {
     check_host_frame(dma, header, segs)?;
     if segs.len() > HOST_PIECES_MAX {
         return Ok(None);
@@ -381,8 +377,9 @@ mod tests {
         let vm_seg = [HostSeg { addr: bus_addr(SPACE_VM, 3, 0), len: 64 }];
         assert!(hold_from_host(&vm, &header, &vm_seg).unwrap().is_none());
         map.insert(2, crate::dma::test_arena(&host));
-        let many: Vec<HostSeg> =
-            (0..HOST_PIECES_MAX as u64 + 1).map(|i| HostSeg { addr: bus_addr(SPACE_ARENA, 2, i * 100), len: 10 }).collect();
+        let many: Vec<HostSeg> = (0..HOST_PIECES_MAX as u64 + 1)
+            .map(|i| HostSeg { addr: bus_addr(SPACE_ARENA, 2, i * 100), len: 10 })
+            .collect();
         assert!(hold_from_host(&map, &header, &many).unwrap().is_none());
         // A bad segment is refused before anything is held.
         let bad = [segs[0], HostSeg { addr: bus_addr(SPACE_ARENA, 2, 8100), len: 200 }];

@@ -334,7 +334,11 @@ pub const ROUTES_PER_PAGE: usize = 7;
 // A page and the `WIRE_INFO` fields fit in `AttachMsg::arg`, the counters
 // before the pid.
 const _: () = assert!(3 * ROUTES_PER_PAGE < 22);
-const _: () = assert!(wire_reply::MTU < wire_reply::FROM_HOST && wire_reply::FROM_HOST <= 21 && wire_reply::COUNTERS + wire_counter::COUNT <= wire_reply::DAEMON_PID);
+const _: () = assert!(
+    wire_reply::MTU < wire_reply::FROM_HOST
+        && wire_reply::FROM_HOST <= 21
+        && wire_reply::COUNTERS + wire_counter::COUNT <= wire_reply::DAEMON_PID
+);
 
 /// One route table entry as `WIRE_ROUTES` carries it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
