@@ -10,8 +10,6 @@
 //! group of n members and t trees holds about n · (12 + 6 t) bytes here
 //! (members, an index by endpoint, parents and child lists per tree).
 
-use std::collections::HashMap;
-
 use emp_uapi::coll::TREE_ROOT_WIDE;
 use emp_uapi::desc::Status;
 use emp_uapi::sram::{admin_result, GroupEntry, GroupView};
@@ -158,12 +156,15 @@ impl GroupState {
 #[derive(Debug, Default)]
 pub(crate) struct Groups {
     pub slots: Vec<Option<GroupState>>,
-    pub by_id: HashMap<(u16, u32), u32>,
+    pub by_id: crate::keymap::KeyMap<(u16, u32), u32>,
 }
 
 impl Groups {
     pub(crate) fn new(entries: u32) -> Self {
-        Groups { slots: (0..entries).map(|_| None).collect(), by_id: HashMap::new() }
+        Groups {
+            slots: (0..entries).map(|_| None).collect(),
+            by_id: crate::keymap::KeyMap::with_capacity_and_hasher(entries as usize, Default::default()),
+        }
     }
 
     pub(crate) fn get(&self, slot: u32) -> Option<&GroupState> {

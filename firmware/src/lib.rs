@@ -91,6 +91,7 @@ mod group;
 mod guard;
 mod host;
 mod image;
+mod keymap;
 mod linger;
 pub mod mcast;
 mod mr;
@@ -102,7 +103,7 @@ mod slots;
 mod timer;
 mod tx;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use emp_uapi::desc::{Opcode, Sge, Status, WorkDesc, SGE_MAX, WD_SIGNALED};
 use emp_uapi::sram::{
@@ -687,7 +688,7 @@ pub struct Nic {
     pub(crate) mtu: u32,
     pub(crate) ports: Vec<Port>,
     pub(crate) peers: Vec<Option<Peer>>,
-    pub(crate) peer_index: HashMap<(u16, u16, u16), u32>,
+    pub(crate) peer_index: keymap::KeyMap<(u16, u16, u16), u32>,
     pub(crate) peer_free: Vec<u32>,
     pub(crate) tx: tx::TxTable,
     /// Group windows of the send records (one per `tx` slot).
@@ -823,7 +824,7 @@ impl Nic {
             mtu: header.mtu,
             ports,
             peers: (0..cfg.peers_max).map(|_| None).collect(),
-            peer_index: HashMap::new(),
+            peer_index: keymap::KeyMap::with_capacity_and_hasher(cfg.peers_max as usize, Default::default()),
             peer_free: (0..cfg.peers_max).rev().collect(),
             tx: slots::Slots::new(cfg.tx_max),
             tx_rings: slots::Rings::new(cfg.tx_max, cfg.window_groups()),
@@ -834,8 +835,6 @@ impl Nic {
             overflow: rx::Overflow::new(pool_slots, cfg.overflow_slot_size),
             unexp: slots::Slots::new(pool_slots + cfg.unexp_headers),
             rdv_held: 0,
-            // Live timers: one per live group of every send record, one
-            // per atomic request, one per read, the receive sweep.
             // Live timers: one per live group of every send record, one
             // per atomic request, one per read, one flow-control probe per
             // peer, the receive sweep and the ACK flush.
