@@ -29,6 +29,7 @@ use core::ffi::c_void;
 use emp_uapi::fwabi::FwHal;
 use emp_uapi::sram::ctl;
 
+use crate::dmaq::WriteBehind;
 use crate::fwlib::FwLib;
 use crate::hw::{hal_for, HwCtx, Outgoing};
 use crate::nic::NicShared;
@@ -95,6 +96,8 @@ pub(crate) struct Core {
     created: Instant,
     stop: AtomicBool,
     threads: OnceLock<Vec<Thread>>,
+    /// Receive double buffering: the NIC's DMA thread, shared by its CPUs.
+    write_behind: OnceLock<Arc<Mutex<WriteBehind>>>,
     /// Frames dropped because an area was full.
     pub(crate) dropped_rx: AtomicU64,
     pub(crate) dropped_tx: AtomicU64,
@@ -129,6 +132,7 @@ impl Core {
             created: Instant::now(),
             stop: AtomicBool::new(false),
             threads: OnceLock::new(),
+            write_behind: OnceLock::new(),
             dropped_rx: AtomicU64::new(0),
             dropped_tx: AtomicU64::new(0),
         }
@@ -301,9 +305,18 @@ impl Core {
         s
     }
 
+    /// Receive double buffering: every CPU's DMA writes go through `w`
+    /// (set before [`Cpus::start`]).
+    pub(crate) fn set_write_behind(&self, w: Arc<Mutex<WriteBehind>>) {
+        let _ = self.write_behind.set(w);
+    }
+
     /// Runs CPU `cpu` (≥ 1) until [`Cpus`] is dropped.
     fn cpu_thread(self: Arc<Core>, cpu: u32) {
         let mut hw = HwCtx::new(self.nic.clone());
+        if let Some(w) = self.write_behind.get() {
+            hw.set_write_behind(w.clone());
+        }
         let mut frames: VecDeque<Vec<u8>> = VecDeque::with_capacity(RX_BATCH);
         let mut idle_since = Instant::now();
         while !self.stop.load(Ordering::Acquire) {

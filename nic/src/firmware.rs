@@ -4,7 +4,7 @@
 //! hardware (`hw.rs`'s HAL trampolines reach SRAM, DMA, the MAC and the
 //! interrupt eventfds). The engine drives a `Firmware` and moves frames.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{FailReason, NicStatus, FEATURE_RX_DOUBLE_BUFFERING};
@@ -38,6 +38,18 @@ impl Firmware {
             return None;
         }
         let core = Arc::new(Core::new(lib, shared.clone(), state));
+        if shared.header().features & FEATURE_RX_DOUBLE_BUFFERING != 0 {
+            match WriteBehind::start(shared.clone()) {
+                // Every CPU of the NIC queues to this one DMA thread.
+                Ok(w) => {
+                    let w = Arc::new(Mutex::new(w));
+                    hw.set_write_behind(w.clone());
+                    core.set_write_behind(w);
+                }
+                // The NIC still works, writing in place.
+                Err(e) => tracing::error!(node = shared.node, "receive double buffering off: no DMA thread: {e}"),
+            }
+        }
         let cpus = match Cpus::start(&core) {
             Ok(c) => c,
             Err(e) => {
@@ -48,19 +60,6 @@ impl Firmware {
         };
         if core.threaded() {
             tracing::info!(node = shared.node, "NIC CPUs on threads of their own");
-        }
-        if shared.header().features & FEATURE_RX_DOUBLE_BUFFERING != 0 {
-            if core.threaded() {
-                // Another CPU's completion could overtake data still queued
-                // on this one's DMA thread: one CPU's writes stay in order.
-                tracing::warn!(node = shared.node, "receive double buffering off: NIC CPUs on threads");
-            } else {
-                match WriteBehind::start(shared.clone()) {
-                    Ok(w) => hw.set_write_behind(w),
-                    // The NIC still works, writing in place.
-                    Err(e) => tracing::error!(node = shared.node, "receive double buffering off: no DMA thread: {e}"),
-                }
-            }
         }
         Some(Firmware { core, hw, _cpus: cpus })
     }

@@ -4,7 +4,7 @@
 
 use core::ffi::c_void;
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use emp_uapi::fwabi::{FwHal, HostSeg};
 
@@ -32,8 +32,10 @@ pub(crate) struct HwCtx {
     /// Multicast filter changes the control program asked for, for the
     /// engine to apply to the wire (bounded: [`MEMBERSHIP_QUEUE_MAX`]).
     pub(crate) memberships: Vec<(u16, bool)>,
-    /// Receive double buffering: DMA writes run on their own thread.
-    write_behind: Option<WriteBehind>,
+    /// Receive double buffering: DMA writes run on the NIC's DMA thread,
+    /// one queue for all its CPUs (each queues under the program's lock, so
+    /// writes land in the order the program issued them, whichever CPU did).
+    write_behind: Option<Arc<Mutex<WriteBehind>>>,
     /// The NIC's DMA map while [`HwCtx::hold_dma`]'s caller holds its
     /// lock for a whole call into the program; null otherwise.
     dma_held: *const DmaMap,
@@ -92,15 +94,15 @@ impl HwCtx {
     }
 
     /// Receive double buffering on: this CPU's DMA writes go through `w`.
-    pub(crate) fn set_write_behind(&mut self, w: WriteBehind) {
+    pub(crate) fn set_write_behind(&mut self, w: Arc<Mutex<WriteBehind>>) {
         self.write_behind = Some(w);
     }
 
     /// Every DMA write queued so far is done (reads, fences and interrupts
     /// see them).
     fn drain_writes(&mut self) {
-        if let Some(w) = &mut self.write_behind {
-            w.drain();
+        if let Some(w) = &self.write_behind {
+            w.lock().expect("write-behind").drain();
         }
     }
 }
@@ -147,8 +149,8 @@ extern "C" fn hw_dma_read(ctx: *mut c_void, addr: u64, buf: *mut u8, len: usize)
 extern "C" fn hw_dma_write(ctx: *mut c_void, addr: u64, data: *const u8, len: usize) -> i32 {
     // SAFETY: as in `hw_dma_read`.
     let (hw, data) = unsafe { (&mut *ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
-    let done = match &mut hw.write_behind {
-        Some(w) => w.write(addr, data),
+    let done = match &hw.write_behind {
+        Some(w) => w.lock().expect("write-behind").write(addr, data),
         None => hw.with_dma(|d| d.write(addr, data)),
     };
     match done {

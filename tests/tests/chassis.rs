@@ -159,6 +159,40 @@ fn tap_p2p_with_rx_double_buffering() {
         &["-n", "4", "--loss", "0.05", "--reorder", "0.1", "--nicd-args", "--rx-double-buffering"],
     );
     assert_tap(&c.run(8, &[env!("CARGO_BIN_EXE_tap-p2p")]), 10);
+    // Both NIC CPUs on threads queue to the one DMA thread: a completion
+    // one CPU writes never lands before the payload the other queued.
+    let c = Cluster::up(
+        "p2p-db-cpus",
+        &[
+            "-n",
+            "2",
+            "--cpu-plan",
+            "dsr",
+            "--nic-cpus",
+            "2",
+            "--loss",
+            "0.05",
+            "--reorder",
+            "0.05",
+            "--nicd-args",
+            "--rx-double-buffering",
+        ],
+    );
+    let threads = nicd_threads(&c.dir);
+    assert!(threads.iter().any(|t| t == "emp-dma0"), "no DMA thread in {threads:?}");
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+        assert!(threads.iter().any(|t| t == "nic-cpu1-n0"), "no CPU B thread in {threads:?}");
+    }
+    let out = emp()
+        .args(["run", "--timeout", "300", "-n", "2", "--dir"])
+        .arg(&c.dir)
+        .env("EMP_STRESS_MSGS", "600")
+        .env("EMP_STRESS_ROUNDS", "300")
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_tap-stress"))
+        .output()
+        .expect("emp run");
+    assert_tap(&out, 2);
 }
 
 /// Immediate Sending (`emp-nicd --immediate-sending`): one-frame sends go
