@@ -725,19 +725,13 @@ impl Nic {
             out.extend_from_slice(&(n as u16).to_le_bytes());
         }
         debug_assert_eq!(out.len(), HEADER);
-        let mut i = st.send_cons;
-        while i != send_prod {
-            let mut b = [0u8; WorkDesc::SIZE];
-            hal.sram_read(w.send_slot(i), &mut b);
-            out.extend_from_slice(&b);
-            i = i.wrapping_add(1);
-        }
-        let mut i = st.recv_cons;
-        while i != recv_prod {
-            let mut b = [0u8; WorkDesc::SIZE];
-            hal.sram_read(w.recv_slot(i), &mut b);
-            out.extend_from_slice(&b);
-            i = i.wrapping_add(1);
+        // The published, not yet consumed descriptors: send ring, then receive.
+        for (send, cons, prod) in [(true, st.send_cons, send_prod), (false, st.recv_cons, recv_prod)] {
+            for k in 0..ring::used(prod, cons) {
+                let mut b = [0u8; WorkDesc::SIZE];
+                hal.sram_read(w.ring_slot(send, cons.wrapping_add(k)), &mut b);
+                out.extend_from_slice(&b);
+            }
         }
         // The host is stopped at any instruction, maybe half way through
         // writing a descriptor it has not published yet, and the next job in
