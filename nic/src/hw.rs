@@ -7,6 +7,7 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 
 use emp_uapi::fwabi::{FwHal, HostSeg};
+use emp_uapi::sram::AdminMailbox;
 
 use crate::dma::{DmaFault, DmaMap, HostPayload, HOST_PIECES_MAX};
 use crate::dmaq::WriteBehind;
@@ -130,7 +131,15 @@ extern "C" fn hw_sram_read(ctx: *mut c_void, off: usize, buf: *mut u8, len: usiz
 
 extern "C" fn hw_sram_write(ctx: *mut c_void, off: usize, data: *const u8, len: usize) {
     // SAFETY: as in `hw_sram_read`.
-    let (hw, data) = unsafe { (&*ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
+    let (hw, data) = unsafe { (&mut *ctx.cast::<HwCtx>(), core::slice::from_raw_parts(data, len)) };
+    if hw.write_behind.is_some() {
+        // An admin completion: the host reads what the operation DMAed (a
+        // saved context image) as soon as it sees it.
+        let admin = hw.shared.layout.admin_off as usize;
+        if off < admin + core::mem::size_of::<AdminMailbox>() && admin < off + len {
+            hw.drain_writes();
+        }
+    }
     hw.shared.sram.write(off, data);
 }
 
@@ -275,28 +284,35 @@ extern "C" fn hw_raise_interrupt(ctx: *mut c_void, vector: u16) {
     if vector == 0 {
         return; // Admin: control threads poll the mailbox.
     }
-    // The woken host must find the completion (its phase byte) written.
-    hw.drain_writes();
+    match &hw.write_behind {
+        // The woken host must find the completion (its phase byte)
+        // written: the DMA thread raises it after the writes before it.
+        Some(w) => w.lock().expect("write-behind").interrupt(vector),
+        None => deliver_interrupt(&hw.shared, vector),
+    }
+}
+
+/// Raises interrupt `vector` of `shared`'s NIC: port `vector - 1`'s
+/// eventfd, or a guest's MSI-X vector.
+pub(crate) fn deliver_interrupt(shared: &NicShared, vector: u16) {
     {
-        let ports = hw.shared.ports.lock().expect("ports");
+        let ports = shared.ports.lock().expect("ports");
         if let Some(Some(p)) = ports.get(vector as usize - 1) {
             // Under the lock: `release_port` cannot close the eventfd meanwhile.
             signal(p.event.as_raw_fd());
             return;
         }
     } // `ports` released: it is never held while taking `guest_irq` (see `NicShared`).
-    if let Some(irq) = &*hw.shared.guest_irq.lock().expect("guest_irq") {
+    if let Some(irq) = &*shared.guest_irq.lock().expect("guest_irq") {
         // A guest's port: one MSI-X vector; the guest's driver finds the
         // port(s) whose armed event the control program consumed.
         signal(irq.as_raw_fd());
     }
 }
 
-extern "C" fn hw_dma_fence(ctx: *mut c_void) {
-    // SAFETY: `ctx` is the engine's HwCtx, exclusively lent for this call.
-    let hw = unsafe { &mut *ctx.cast::<HwCtx>() };
-    // The DMA thread's writes happen before this (its progress lock).
-    hw.drain_writes();
+extern "C" fn hw_dma_fence(_ctx: *mut c_void) {
+    // With receive double buffering the DMA thread applies writes in the
+    // order issued, each after a release fence: nothing to wait for.
     // DMA writes are stores into memory the host maps: a release fence
     // keeps every earlier one ahead of every later one (the CQE phase byte).
     core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
