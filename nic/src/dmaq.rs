@@ -46,7 +46,7 @@ const INTERRUPTS: usize = 64;
 enum Job {
     /// `data` into host memory at `addr`; `small` says which pool it returns to.
     Write { addr: u64, data: Vec<u8>, small: bool },
-    /// Raise interrupt `vector` (see [`crate::hw::deliver_interrupt`]).
+    /// Raise interrupt `vector` (see [`NicShared::raise_interrupt`]).
     Interrupt(u16),
 }
 
@@ -103,7 +103,7 @@ impl WriteBehind {
                         // The NIC may already be gone (shutting down): the buffer goes with it.
                         let _ = if small { small_tx.send(data) } else { free_tx.send(data) };
                     }
-                    Job::Interrupt(vector) => crate::hw::deliver_interrupt(&s, vector),
+                    Job::Interrupt(vector) => s.raise_interrupt(vector),
                 }
                 *p.done.lock().expect("progress") += 1;
                 p.cv.notify_all();
@@ -149,7 +149,7 @@ impl WriteBehind {
     /// host memory.
     pub fn interrupt(&mut self, vector: u16) {
         if let Err(Job::Interrupt(v)) = self.queue(Job::Interrupt(vector)) {
-            crate::hw::deliver_interrupt(&self.shared, v);
+            self.shared.raise_interrupt(v);
         }
     }
 

@@ -3,7 +3,6 @@
 //! through one [`HwCtx`] per NIC CPU.
 
 use core::ffi::c_void;
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 
 use emp_uapi::fwabi::{FwHal, HostSeg};
@@ -12,7 +11,6 @@ use emp_uapi::sram::AdminMailbox;
 use crate::dma::{DmaFault, DmaMap, HostPayload, HOST_PIECES_MAX};
 use crate::dmaq::WriteBehind;
 use crate::nic::NicShared;
-use crate::sys::signal;
 
 /// A frame the control program transmitted, for the engine's wire: built
 /// whole in `frame`, or (Immediate Sending) its headers in `frame` and its
@@ -288,25 +286,7 @@ extern "C" fn hw_raise_interrupt(ctx: *mut c_void, vector: u16) {
         // The woken host must find the completion (its phase byte)
         // written: the DMA thread raises it after the writes before it.
         Some(w) => w.lock().expect("write-behind").interrupt(vector),
-        None => deliver_interrupt(&hw.shared, vector),
-    }
-}
-
-/// Raises interrupt `vector` of `shared`'s NIC: port `vector - 1`'s
-/// eventfd, or a guest's MSI-X vector.
-pub(crate) fn deliver_interrupt(shared: &NicShared, vector: u16) {
-    {
-        let ports = shared.ports.lock().expect("ports");
-        if let Some(Some(p)) = ports.get(vector as usize - 1) {
-            // Under the lock: `release_port` cannot close the eventfd meanwhile.
-            signal(p.event.as_raw_fd());
-            return;
-        }
-    } // `ports` released: it is never held while taking `guest_irq` (see `NicShared`).
-    if let Some(irq) = &*shared.guest_irq.lock().expect("guest_irq") {
-        // A guest's port: one MSI-X vector; the guest's driver finds the
-        // port(s) whose armed event the control program consumed.
-        signal(irq.as_raw_fd());
+        None => hw.shared.raise_interrupt(vector),
     }
 }
 

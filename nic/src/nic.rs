@@ -124,6 +124,10 @@ pub type Errno = i32;
 //   among them to get wrong; keep it that way rather than nest.
 // * `ports` guards the lifetime of each port's eventfds: whoever signals or
 //   sends one holds `ports` meanwhile, because `release_port` closes them.
+// * Receive double buffering's DMA thread (`dmaq.rs`) takes only leaves
+//   (`dma` per write, `ports` or `guest_irq` per queued interrupt), so the
+//   NIC CPUs may wait for it (a drain, a free buffer) under the program's
+//   lock: nothing it waits for waits for the program.
 //
 // `wake` and `ports_changed` are lock-free (an eventfd and an atomic).
 
@@ -824,6 +828,24 @@ impl NicShared {
     /// MR slots in use.
     pub fn mrs_in_use(&self) -> usize {
         self.layout.params.mr_entries as usize - self.mr_free.lock().expect("mr").len()
+    }
+
+    /// Raises interrupt `vector` (≥ 1): port `vector - 1`'s eventfd, or a
+    /// guest's MSI-X vector.
+    pub(crate) fn raise_interrupt(&self, vector: u16) {
+        {
+            let ports = self.ports.lock().expect("ports");
+            if let Some(Some(p)) = ports.get(vector as usize - 1) {
+                // Under the lock: `release_port` cannot close the eventfd meanwhile.
+                signal(p.event.as_raw_fd());
+                return;
+            }
+        } // `ports` released: it is never held while taking `guest_irq` (see `NicShared`).
+        if let Some(irq) = &*self.guest_irq.lock().expect("guest_irq") {
+            // A guest's port: one MSI-X vector; the guest's driver finds the
+            // port(s) whose armed event the control program consumed.
+            signal(irq.as_raw_fd());
+        }
     }
 
     /// NIC counters from SRAM.
