@@ -97,8 +97,9 @@ impl HwCtx {
         self.write_behind = Some(w);
     }
 
-    /// Every DMA write queued so far is done (reads, fences and interrupts
-    /// see them).
+    /// Every DMA write queued so far is done (DMA reads, frames sent from
+    /// host memory and admin completions see them; fences and interrupts
+    /// are ordered behind them by the DMA thread itself).
     fn drain_writes(&mut self) {
         if let Some(w) = &self.write_behind {
             w.lock().expect("write-behind").drain();

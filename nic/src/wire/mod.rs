@@ -613,20 +613,24 @@ mod tests {
         assert_eq!(check_source(2, Some(2), 2), Err(Refused::UnknownSource), "node 2 is outside a 2-node table");
     }
 
-    /// A valid ACK frame from `src` to `dst` (tests of the wires).
-    /// The headers of a one-frame data message of `payload_len` bytes
-    /// (the payload to be appended).
-    pub(crate) fn data_headers(src: u16, dst: u16, payload_len: usize) -> Vec<u8> {
-        use emp_uapi::wire::{emit_data_headers, FrameKind, MsgHeader};
-        let hdr = FrameHeader {
+    /// The header of a one-frame `kind` frame from `src` to `dst`.
+    fn one_frame_header(kind: emp_uapi::wire::FrameKind, src: u16, dst: u16, payload_len: usize) -> FrameHeader {
+        FrameHeader {
             version: WIRE_VERSION,
-            kind: FrameKind::Data as u8,
+            kind: kind as u8,
             src_node: src,
             dst_node: dst,
             frame_count: 1,
             payload_len: payload_len as u16,
             ..Default::default()
-        };
+        }
+    }
+
+    /// The headers of a one-frame data message of `payload_len` bytes
+    /// (the payload to be appended).
+    pub(crate) fn data_headers(src: u16, dst: u16, payload_len: usize) -> Vec<u8> {
+        use emp_uapi::wire::{emit_data_headers, FrameKind, MsgHeader};
+        let hdr = one_frame_header(FrameKind::Data, src, dst, payload_len);
         let msg = MsgHeader::new(0, payload_len as u64, None);
         let mut out = vec![0u8; 256 + payload_len];
         let n = emit_data_headers(&hdr, Some(&msg), &mut out).unwrap();
@@ -634,16 +638,10 @@ mod tests {
         out
     }
 
+    /// A valid ACK frame from `src` to `dst` (tests of the wires).
     pub(crate) fn ack_frame(src: u16, dst: u16) -> Vec<u8> {
-        use emp_uapi::wire::{emit_ack, AckBody, FrameHeader, FrameKind, WIRE_VERSION};
-        let hdr = FrameHeader {
-            version: WIRE_VERSION,
-            kind: FrameKind::Ack as u8,
-            src_node: src,
-            dst_node: dst,
-            frame_count: 1,
-            ..Default::default()
-        };
+        use emp_uapi::wire::{emit_ack, AckBody, FrameKind};
+        let hdr = one_frame_header(FrameKind::Ack, src, dst, 0);
         let mut out = vec![0u8; 256];
         let n = emit_ack(&hdr, &AckBody::default(), &mut out).unwrap();
         out.truncate(n);
