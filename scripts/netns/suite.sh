@@ -56,6 +56,8 @@ teardown() {
     if [ -n "$config" ]; then
         "$bin/emp" cluster down --config "$config" >/dev/null 2>&1 || true
     fi
+    # check_gang's pid namespaces (their init's death ends everything in them).
+    [ -f "$bed/pidns-holders" ] && xargs -r kill -9 <"$bed/pidns-holders" 2>/dev/null
     scripts/netns/bed.sh down --dir "$bed/bed" >/dev/null || echo "# bed teardown failed: see above" >&2
     rm -rf "$bed"
 }
@@ -140,14 +142,50 @@ check_info() {
 # namespace: both suites pass, with at least 4 switches. Before the
 # daemons are up it is refused naming the node; a scheduler killed
 # mid-run leaves no rank behind (its agents kill theirs).
+# Each host also gets a pid namespace of its own, as a machine has: its
+# daemon, agent and ranks see only each other's pids, and the scheduler
+# here sees none of theirs, so a scheduler that used a pid an agent knows
+# would signal the wrong process.
 check_gang() {
-    local gconf="$bed/bed/gang.toml" out rc sw pid left stopped
+    local rc
+    gang_in_pid_namespaces "$1"
+    rc=$?
+    # Whatever happened: no daemon of the gang file, no pid namespace left.
+    "$bin/emp" cluster down --config "$bed/bed/gang.toml" >/dev/null 2>&1
+    [ -f "$bed/pidns-holders" ] && xargs -r kill -9 <"$bed/pidns-holders" 2>/dev/null
+    rm -f "$bed/pidns-holders"
+    return "$rc"
+}
+
+gang_in_pid_namespaces() {
+    local gconf="$bed/bed/gang.toml" out rc sw pid left stopped i holder init
     sed '/^\[cluster\]$/a ports = 1' "$1" >"$gconf"
+    for i in 0 1 2 3; do
+        ip netns exec "$name-$i" unshare --pid --mount-proc --kill-child sleep 100000 &
+        holder=$!
+        disown "$holder" # killed by check_gang or teardown: no job report
+        echo "$holder" >>"$bed/pidns-holders"
+        init=""
+        for _ in $(seq 50); do
+            init=$(pgrep -P "$holder" sleep) && break
+            sleep 0.1
+        done
+        [ -n "$init" ] || { echo "# no pid namespace for host $name-$i"; return 1; }
+        sed -i "s|^launch = \[\"ip\", \"netns\", \"exec\", \"$name-$i\"\]$|launch = [\"nsenter\", \"-t\", \"$init\", \"-p\", \"-m\", \"-n\"]|" "$gconf"
+    done
+    [ "$(grep -c '^launch = \["nsenter"' "$gconf")" -eq 4 ] || { echo "# launch lines not rewritten:"; cat "$gconf"; return 1; }
     out=$("$bin/emp" gang --config "$gconf" --dir "$bed/gang" --job "4 $bin/tap-p2p" --job "4 $bin/tap-p2p" 2>&1)
     rc=$?
     grep -q 'node 0:' <<<"$out" && [ "$rc" -ne 0 ] || { echo "# with no daemon up: rc $rc, $out"; return 1; }
     echo "# no daemon up: refused ($(head -n 1 <<<"$out"))"
     "$bin/emp" cluster up --config "$gconf" || return 1
+    local ours apart=0
+    ours=$(readlink /proc/self/ns/pid)
+    for pid in $(pgrep -x emp-nicd); do
+        [ "$(readlink "/proc/$pid/ns/pid")" != "$ours" ] && apart=$((apart + 1))
+    done
+    [ "$apart" -ge 4 ] || { echo "# only $apart daemons in pid namespaces of their own"; return 1; }
+    echo "# $apart daemons, each in its host's pid namespace"
     EMP_TAP_BIG_MB=4 "$bin/emp" gang --config "$gconf" --dir "$bed/gang" --slice-ms 20 \
         --job "4 $bin/tap-p2p" --job "4 $bin/tap-p2p" >/dev/null 2>&1 &
     pid=$!
