@@ -76,8 +76,8 @@ elif [ "$two_nics" = 1 ]; then
     guest_cmd='ls /dev/emp-nic /dev/emp-nic1 && { as_user "EMP_DEVICE=/dev/emp-nic1 EMP_RANK=1 EMP_SIZE=2 EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p" & as_user "EMP_DEVICE=/dev/emp-nic EMP_RANK=0 EMP_SIZE=2 EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p"; wait; }'
 elif [ -n "$bench" ]; then
     vms=2
-    guest_cmd="/bin/busybox ip link set eth0 up && /bin/busybox ip addr add 10.9.0.\$((rank + 1))/24 dev eth0 && \\
-EMP_DEVICE=/dev/emp-nic EMP_RANK=\$rank EMP_SIZE=2 EMP_ARENA_MB=24 EMP_BENCH_TCP=10.9.0.1:7000 /bin/emp bench-rank latency --sizes=$bench ${EMP_BENCH_FLAGS:---blocking} && echo 'EMP-VM: bench ok'"
+    guest_cmd="/bin/busybox ip link set eth0 up && /bin/busybox ip addr add 198.18.9.\$((rank + 1))/24 dev eth0 && \\
+EMP_DEVICE=/dev/emp-nic EMP_RANK=\$rank EMP_SIZE=2 EMP_ARENA_MB=24 EMP_BENCH_TCP=198.18.9.1:7000 /bin/emp bench-rank latency --sizes=$bench ${EMP_BENCH_FLAGS:---blocking} && echo 'EMP-VM: bench ok'"
 elif [ -z "$guest_cmd" ] && [ -z "$expect_fail" ]; then
     if [ "$vms" -gt 1 ]; then
         guest_cmd='as_user "EMP_DEVICE=/dev/emp-nic EMP_RANK=$rank EMP_SIZE=$size EMP_TAP_BIG_MB=8 EMP_ARENA_MB=24 /bin/tap-p2p"'
