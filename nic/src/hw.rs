@@ -223,8 +223,9 @@ extern "C" fn hw_mac_transmit_host(
     }
 }
 
-/// Checks every segment (and the frame's size) as a DMA read would.
-fn check_host_frame(dma: &DmaMap, header: &[u8], segs: &[HostSeg]) -> Result<(), DmaFault> {
+/// Checks every segment (and the frame's size) as a DMA read would; the
+/// frame's length.
+fn check_host_frame(dma: &DmaMap, header: &[u8], segs: &[HostSeg]) -> Result<usize, DmaFault> {
     let mut total = header.len() as u64;
     for s in segs {
         let len = usize::try_from(s.len).map_err(|_| DmaFault)?;
@@ -234,7 +235,7 @@ fn check_host_frame(dma: &DmaMap, header: &[u8], segs: &[HostSeg]) -> Result<(),
     if total > emp_uapi::wire::MTU_MAX as u64 {
         return Err(DmaFault);
     }
-    Ok(())
+    Ok(total as usize)
 }
 
 /// The payload `segs` names, held in host memory for the wire, when every
@@ -263,8 +264,7 @@ pub(crate) fn build_from_host(
     segs: &[HostSeg],
     frame: &mut Vec<u8>,
 ) -> Result<(), DmaFault> {
-    check_host_frame(dma, header, segs)?;
-    let total = header.len() + segs.iter().map(|s| s.len as usize).sum::<usize>();
+    let total = check_host_frame(dma, header, segs)?;
     frame.clear();
     frame.extend_from_slice(header);
     frame.resize(total, 0);

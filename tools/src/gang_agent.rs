@@ -123,15 +123,12 @@ pub fn serve(nic: &str) -> Result<i32, String> {
     Ok(0)
 }
 
-/// An agent's error: (errno or 0, message).
-type AgentErr = Refusal;
-
-fn request(nic: &str, kids: &mut HashMap<u32, Child>, w: &[String]) -> Result<Vec<String>, AgentErr> {
+fn request(nic: &str, kids: &mut HashMap<u32, Child>, w: &[String]) -> Result<Vec<String>, Refusal> {
     let bad = |m: &str| (libc::EINVAL, m.to_owned());
-    let num = |i: usize| -> Result<u64, AgentErr> {
+    let num = |i: usize| -> Result<u64, Refusal> {
         w.get(i).and_then(|s| s.parse().ok()).ok_or_else(|| bad(&format!("{}: a number expected", w[0])))
     };
-    let own = |kids: &HashMap<u32, Child>, pid: u64| -> Result<u32, AgentErr> {
+    let own = |kids: &HashMap<u32, Child>, pid: u64| -> Result<u32, Refusal> {
         let pid = u32::try_from(pid).map_err(|_| bad("pid out of range"))?;
         if kids.contains_key(&pid) {
             Ok(pid)
@@ -203,10 +200,9 @@ fn request(nic: &str, kids: &mut HashMap<u32, Child>, w: &[String]) -> Result<Ve
             let (a0, a1) = nic_gang(nic, action, pid)?;
             Ok(vec![a0.to_string(), a1.to_string()])
         }
-        Some("hello") => match emp::nic_gang(nic, emp_uapi::attach::gang::PORTS, std::process::id() as i32) {
-            Ok(_) => Ok(vec![]),
-            Err(e) => Err((0, format!("the NIC at {nic}: {e}"))),
-        },
+        Some("hello") => nic_gang(nic, emp_uapi::attach::gang::PORTS, std::process::id())
+            .map(|_| vec![])
+            .map_err(|(errno, e)| (errno, format!("the NIC at {nic}: {e}"))),
         _ => Err(bad(&format!("unknown request {:?}", w.first()))),
     }
 }

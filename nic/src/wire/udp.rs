@@ -165,6 +165,14 @@ impl UdpWire {
         check_source(claimed, from, self.routes.len())
     }
 
+    /// Makes room in local NIC `src`'s batch by sending it when full.
+    fn make_room(&mut self, src: usize) {
+        if self.tx[src].full() {
+            let lost = self.tx[src].flush(self.socks[src].as_raw_fd());
+            WireCounters::add(&self.stats.lost, lost as u64);
+        }
+    }
+
     /// Queues one datagram for this pass's `sendmmsg`; one the socket
     /// refuses (buffer full) is a lost frame (reliability recovers it).
     fn transmit(&mut self, src: usize, to: SocketAddr, frame: &[u8]) {
@@ -172,10 +180,7 @@ impl UdpWire {
             WireCounters::add(&self.stats.lost, 1);
             return;
         }
-        if self.tx[src].full() {
-            let lost = self.tx[src].flush(self.socks[src].as_raw_fd());
-            WireCounters::add(&self.stats.lost, lost as u64);
-        }
+        self.make_room(src);
         let auth = &mut self.auth;
         // Sealed in the send slot itself: no copy, no allocation.
         let queued = self.tx[src].push_to_with(&to, |slot| {
@@ -205,10 +210,7 @@ impl Wire for UdpWire {
         };
         let (_, copies) = inject(&self.faults, &mut self.rng, &self.stats);
         for _ in 0..copies {
-            if self.tx[src].full() {
-                let lost = self.tx[src].flush(self.socks[src].as_raw_fd());
-                WireCounters::add(&self.stats.lost, lost as u64);
-            }
+            self.make_room(src);
             self.tx[src].push_host_to(&addr, &frame, host.clone());
             WireCounters::add(&self.stats.from_host, 1);
         }
