@@ -15,7 +15,6 @@
 use emp_uapi::seq_lt;
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, AckBody, FrameHeader, FrameKind, NackReason};
-use emp_uapi::Le;
 
 use crate::timer::Timer;
 use crate::{Hal, Nic};
@@ -254,14 +253,8 @@ impl Nic {
     /// The send-ack step: runs now, or on the CPU the plan gives it.
     fn emit_control<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) {
         match self.dispatch(hal, crate::cpu::Step::SendAck) {
-            Some(cpu) => self.enqueue(hal, cpu, crate::cpu::Work::Control { hdr: *hdr, body: *body }),
-            None => self.put_control(hal, hdr, body),
+            Some(cpu) => self.push_job(hal, cpu, crate::cpu::Job::Control { hdr: *hdr, body: *body }),
+            None => crate::cpu::put_control(hal, hdr, body),
         }
-    }
-
-    pub(crate) fn put_control<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) {
-        let mut b = [0u8; FrameHeader::SIZE + AckBody::SIZE];
-        wire::emit_ack(hdr, body, &mut b).expect("fits");
-        hal.mac_transmit(hdr.dst_node, &b);
     }
 }

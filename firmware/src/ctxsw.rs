@@ -472,7 +472,7 @@ impl Nic {
             fc_level: 2,
             ..Default::default()
         };
-        self.put_control(hal, &hdr, &body);
+        crate::cpu::put_control(hal, &hdr, &body);
         let c = if reason.is_some() { emp_uapi::sram::counter::NACKS_TX } else { emp_uapi::sram::counter::ACKS_TX };
         self.count(c, 1);
     }

@@ -9,7 +9,9 @@ use emp_uapi::fwabi::{FwConfig, FwHal};
 use emp_uapi::image::FIRMWARE_ABI;
 use emp_uapi::sram::FailReason;
 
-use crate::{fail, Config, DmaError, Hal, HostSeg, Nic};
+use std::sync::Arc;
+
+use crate::{fail, Area, Config, DmaError, Hal, HostSeg, Nic};
 
 /// Adapts the C function table to [`Hal`].
 struct CHal(FwHal);
@@ -218,6 +220,53 @@ pub unsafe extern "C" fn emp_fw_cpu_pending(nic: *mut c_void, cpu: u32) -> u32 {
 pub unsafe extern "C" fn emp_fw_frame_cpu(nic: *mut c_void) -> u32 {
     // SAFETY: the caller guarantees `nic` is live.
     unsafe { &*nic.cast::<Nic>() }.frame_cpu() as u32
+}
+
+/// A reference to the common area of the NIC's CPUs, for a CPU that runs
+/// its jobs without the program (`emp_fw_cpu_jobs`); released by
+/// `emp_fw_cpu_area_free`, and valid until then even after `emp_fw_free`.
+///
+/// # Safety
+/// `nic` came from `emp_fw_boot`; calls on it are not concurrent.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_cpu_area(nic: *mut c_void) -> *const c_void {
+    // SAFETY: the caller guarantees `nic` is live.
+    Arc::into_raw(unsafe { &*nic.cast::<Nic>() }.cpu_area()).cast()
+}
+
+/// Releases a reference from `emp_fw_cpu_area`.
+///
+/// # Safety
+/// `area` came from `emp_fw_cpu_area` and is not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_cpu_area_free(area: *const c_void) {
+    if !area.is_null() {
+        // SAFETY: `area` was made by `Arc::into_raw` in `emp_fw_cpu_area`.
+        drop(unsafe { Arc::from_raw(area.cast::<Area>()) });
+    }
+}
+
+/// Runs NIC CPU `cpu`'s jobs with `hal`, that CPU's hardware, without the
+/// program (concurrent calls into the program are allowed; concurrent
+/// calls for the same CPU wait for one another); returns how many ran.
+///
+/// # Safety
+/// `area` came from `emp_fw_cpu_area` and is live; `hal` is valid.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_cpu_jobs(area: *const c_void, hal: *const FwHal, cpu: u32) -> u32 {
+    // SAFETY: the caller guarantees both pointers are valid.
+    let (area, hal) = unsafe { (&*area.cast::<Area>(), &*hal) };
+    guarded(hal, 0, |h| area.run_jobs(h, cpu as usize) as u32)
+}
+
+/// Nonzero when NIC CPU `cpu` has steps that need the program.
+///
+/// # Safety
+/// `area` came from `emp_fw_cpu_area` and is live.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_cpu_wants_program(area: *const c_void, cpu: u32) -> u32 {
+    // SAFETY: the caller guarantees `area` is live.
+    u32::from(unsafe { &*area.cast::<Area>() }.wants_program(cpu as usize))
 }
 
 /// Frees the control program.

@@ -73,6 +73,9 @@ impl Nic {
             Some(AdminOp::PortClose) => self.admin_port_close(hal, now, mb.args[0]),
             Some(AdminOp::MrFence) => {
                 if mb.args[0] < self.layout.params.mr_entries as u64 {
+                    // Jobs name host memory by the translations of when
+                    // they were queued: none may outlive the fence.
+                    self.drain_jobs(hal);
                     self.mr_cursors.invalidate(mb.args[0] as usize);
                     self.mr_entries.invalidate(mb.args[0] as usize);
                     admin_result::OK

@@ -113,7 +113,7 @@ use emp_uapi::sram::{
 use emp_uapi::wire::{self, Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
 use emp_uapi::Le;
 
-pub use cpu::CpuStep;
+pub use cpu::{Area, CpuStep};
 pub use ctxsw::{image_checksum, IMAGE_MAGIC, IMAGE_VERSION, UNPUBLISHED_IMAGE};
 pub use emp_uapi::fwabi::HostSeg;
 pub use timer::TimerHeap;
@@ -855,7 +855,7 @@ impl Nic {
             heartbeat: 0,
             stamp: 0,
             cpu: 0,
-            queues: cpu::Queues::new(cfg.cpu_plan, header.mtu),
+            queues: cpu::Queues::new(cfg.cpu_plan),
             trace: VecDeque::with_capacity(32),
             sweep_armed: false,
             frame_buf: vec![0; MTU_MAX as usize],

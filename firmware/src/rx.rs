@@ -1017,10 +1017,7 @@ impl Nic {
         };
         let io = match (deferred, rma) {
             _ if n == 0 => Ok(()),
-            (Some(cpu), _) => {
-                self.enqueue_receive(hal, cpu, r, seq, off, &data[..n]);
-                Ok(())
-            }
+            (Some(cpu), _) => self.enqueue_receive(hal, cpu, r, seq, off, &data[..n]),
             (None, Some(t)) => self.remote_io(hal, port, &t, off, Buf::ToHost(&data[..n]), MR_REMOTE_WRITE),
             (None, None) => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE),
         };

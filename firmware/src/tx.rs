@@ -212,6 +212,19 @@ impl TxMsg {
 /// Bounded table of transmission records.
 pub(crate) type TxTable = crate::slots::Slots<TxMsg>;
 
+/// Where a data frame's headers end and what its payload is.
+struct DataFrame {
+    /// Header bytes written.
+    head: usize,
+    /// Payload bytes.
+    len: usize,
+    /// The payload's offset in the message.
+    off: u64,
+    port: u16,
+    dst: u16,
+    desc: LocalDesc,
+}
+
 impl Nic {
     /// Queues a validated send on its peer.
     pub(crate) fn enqueue_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc) {
@@ -466,26 +479,59 @@ impl Nic {
         self.stamp
     }
 
-    /// The transmission step: runs now, or on the CPU the plan gives it.
+    /// The transmission step: runs now, or on the CPU the plan gives it: a
+    /// plain frame as a job (headers built and payload named here, by send
+    /// bookkeeping), others as work.
     fn transmit<H: Hal>(&mut self, hal: &mut H, slot: u32, f: u32, retransmit: bool) -> Result<(), Status> {
         match self.dispatch(hal, crate::cpu::Step::Transmission) {
             Some(cpu) => {
-                let seq = self.tx.get(slot).expect("live").seq;
-                self.enqueue(hal, cpu, crate::cpu::Work::Transmit { slot, seq, frame: f, retransmit });
+                if !self.transmit_job(hal, cpu, slot, f, retransmit)? {
+                    let seq = self.tx.get(slot).expect("live").seq;
+                    self.enqueue(hal, cpu, crate::cpu::Work::Transmit { slot, seq, frame: f, retransmit });
+                }
                 Ok(())
             }
             None => self.send_frame(hal, slot, f, retransmit),
         }
     }
 
-    /// Builds frame `f` of a message from host memory and transmits it.
-    pub(crate) fn send_frame<H: Hal>(
+    /// Queues frame `f` of a plain send as a job for `cpu`: `false` when
+    /// the frame is not plain (a collective's, a remote access's) or its
+    /// payload too scattered to name, for the caller to queue as work.
+    fn transmit_job<H: Hal>(
         &mut self,
         hal: &mut H,
+        cpu: u8,
         slot: u32,
         f: u32,
         retransmit: bool,
-    ) -> Result<(), Status> {
+    ) -> Result<bool, Status> {
+        let m = self.tx.get(slot).expect("live");
+        if m.coll.is_some() || m.rma.is_some() {
+            return Ok(false);
+        }
+        let (seq, in_place) = (m.seq, self.immediate_sending && m.frame_count == 1);
+        let mut buf = core::mem::take(&mut self.frame_buf);
+        let d = self.data_frame_head(hal, slot, f, &mut buf);
+        let mut head = [0u8; crate::cpu::HEAD_MAX];
+        head[..d.head].copy_from_slice(&buf[..d.head]);
+        self.frame_buf = buf;
+        let mut g = core::mem::take(&mut self.host_segs);
+        g.clear();
+        let r = self.sge_io(hal, d.port, d.desc.sges(), d.off, Buf::Gather(d.len, &mut g), MR_LOCAL_READ);
+        let segs = crate::cpu::Segs::from_gathered(&g);
+        self.host_segs = g;
+        r?;
+        let Some(segs) = segs else { return Ok(false) };
+        let job = crate::cpu::Job::Transmit { slot, seq, dst: d.dst, head, head_len: d.head as u8, segs, in_place };
+        self.push_job(hal, cpu, job);
+        self.count(if retransmit { counter::RETRANSMITS } else { counter::TX_FRAMES }, 1);
+        Ok(true)
+    }
+
+    /// Frame `f` of tx record `slot`: flushes an ACK held back for its peer
+    /// first, then writes the frame's headers into `buf`.
+    fn data_frame_head<H: Hal>(&mut self, hal: &mut H, slot: u32, f: u32, buf: &mut [u8]) -> DataFrame {
         // An ACK held back for coalescing leaves before this frame: a
         // receiver's answer must never overtake the ACK of what it answers
         // (the sender would see the answer before its send completed).
@@ -523,9 +569,20 @@ impl Nic {
         } else {
             MsgHeader::new(m.desc.wd.tag, total, m.desc.wd.send_imm())
         };
-        let (port, dst, desc) = (m.port, p.node, m.desc);
+        let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), buf).expect("frame fits MTU_MAX");
+        DataFrame { head, len, off, port: m.port, dst: p.node, desc: m.desc }
+    }
+
+    /// Builds frame `f` of a message from host memory and transmits it.
+    pub(crate) fn send_frame<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        slot: u32,
+        f: u32,
+        retransmit: bool,
+    ) -> Result<(), Status> {
         let mut buf = core::mem::take(&mut self.frame_buf);
-        let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), &mut buf).expect("frame fits MTU_MAX");
+        let DataFrame { head, len, off, port, dst, desc } = self.data_frame_head(hal, slot, f, &mut buf);
         let m = self.tx.get(slot).expect("live");
         // Collective and RMA frames are built here, then sent whole.
         let built_here = m.coll.is_some() || m.rma.is_some();

@@ -6,12 +6,17 @@
 //! host thread: CPU A is the engine's thread (doorbells, timers, the wire),
 //! CPU B a thread of its own that runs B's queue and, when the plan
 //! classifies frames on B (DSR), the received frames. Like the Tigon2's two
-//! CPUs they share the control program's state, and one lock (`Core`'s
-//! `program`, the thesis' semaphore) admits one CPU to it at a time; what a
-//! CPU owns alone is its hardware context (its transmit outbox and frame
-//! buffers). Hand-offs between CPUs go through bounded areas: the frames
-//! waiting for CPU B, the frames CPU B transmitted for the engine to put on
-//! the wire, spare frame buffers, and a per-CPU "work waiting" flag.
+//! CPUs they share the control program's records, and one lock (`Core`'s
+//! `program`, the thesis' semaphore) admits one CPU to them at a time. What
+//! a CPU owns alone is its hardware context (its transmit outbox and frame
+//! buffers) and its jobs: data movement the other CPU queued in the
+//! program's common area (a frame's headers and the host memory its payload
+//! is read from, a received payload and where it goes, an ACK), which a CPU
+//! thread runs **without** the lock, beside the other CPU's steps
+//! (`firmware/src/cpu.rs`). Hand-offs between CPUs go through bounded
+//! areas: the jobs, the frames waiting for CPU B, the frames CPU B
+//! transmitted for the engine to put on the wire, spare frame buffers, and
+//! a per-CPU "work waiting" flag.
 //!
 //! Where the machine has fewer cores than CPUs, an image lacks the
 //! entry points this needs, or the plan uses one CPU, the CPUs are
@@ -30,7 +35,7 @@ use emp_uapi::fwabi::FwHal;
 use emp_uapi::sram::ctl;
 
 use crate::dmaq::WriteBehind;
-use crate::fwlib::FwLib;
+use crate::fwlib::{AreaFns, FwLib};
 use crate::hw::{hal_for, HwCtx, Outgoing};
 use crate::nic::NicShared;
 use crate::sys::signal;
@@ -63,6 +68,19 @@ struct Program(*mut c_void);
 // thread holds the `Mutex<Program>`, never by two at once.
 unsafe impl Send for Program {}
 
+/// The program's common area of its CPUs (`emp_fw_cpu_area`): reached
+/// without the program's lock, by its own entry points.
+struct Area {
+    fns: AreaFns,
+    ptr: *const c_void,
+}
+
+// SAFETY: the area is the program's `Sync` common area (its queues take
+// their own locks); the reference is released once, in `Core`'s drop.
+unsafe impl Send for Area {}
+// SAFETY: as above.
+unsafe impl Sync for Area {}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic of another CPU's thread is already reported; keep serving.
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -80,6 +98,9 @@ pub(crate) struct Core {
     frame_cpu: u32,
     /// CPUs past A have threads of their own.
     threaded: bool,
+    /// Threaded, and the program has a common area: CPUs past A run their
+    /// jobs without the program's lock.
+    area: Option<Area>,
     /// Per CPU: steps or frames wait for it.
     wanted: [AtomicBool; CPUS_MAX as usize],
     /// Frames for `frame_cpu` when it is not A.
@@ -98,6 +119,10 @@ pub(crate) struct Core {
     threads: OnceLock<Vec<Thread>>,
     /// Receive double buffering: the NIC's DMA thread, shared by its CPUs.
     write_behind: OnceLock<Arc<Mutex<WriteBehind>>>,
+    /// Jobs CPUs past A ran without the program, and the times they took
+    /// it (`describe`: how much of their work ran beside CPU A's).
+    jobs_unlocked: AtomicU64,
+    program_calls: AtomicU64,
     /// Frames dropped because an area was full.
     pub(crate) dropped_rx: AtomicU64,
     pub(crate) dropped_tx: AtomicU64,
@@ -115,6 +140,11 @@ impl Core {
         if nic.cpus >= 2 && cpus >= 2 && !threaded {
             tracing::info!(node = nic.node, cores, "NIC CPUs multiplexed on the engine thread");
         }
+        let area = lib.area.filter(|_| threaded).map(|fns| Area {
+            fns,
+            // SAFETY: `state` is live; nothing else calls into it yet.
+            ptr: unsafe { (fns.area)(state) },
+        });
         Core {
             lib,
             nic,
@@ -122,6 +152,7 @@ impl Core {
             cpus,
             frame_cpu,
             threaded,
+            area,
             wanted: Default::default(),
             rx: Mutex::new(VecDeque::with_capacity(RX_MAX)),
             tx: Mutex::new(Vec::new()),
@@ -133,6 +164,8 @@ impl Core {
             stop: AtomicBool::new(false),
             threads: OnceLock::new(),
             write_behind: OnceLock::new(),
+            jobs_unlocked: AtomicU64::new(0),
+            program_calls: AtomicU64::new(0),
             dropped_rx: AtomicU64::new(0),
             dropped_tx: AtomicU64::new(0),
         }
@@ -173,7 +206,7 @@ impl Core {
         // order: program, then DMA map; nothing holding the map waits for
         // the program).
         let prog = lock(&self.program);
-        let dma = (!hw.writes_behind()).then(|| self.nic.dma.lock().expect("dma"));
+        let dma = (!hw.writes_behind()).then(|| self.nic.dma.read().expect("dma"));
         if let Some(d) = &dma {
             hw.hold_dma(d);
         }
@@ -295,11 +328,13 @@ impl Core {
         let mut s = String::from_utf8_lossy(&buf[..n.min(buf.len())]).into_owned();
         if self.threaded {
             s += &format!(
-                "cpus: {} threads, frames on cpu {}, dropped rx {} tx {}\n",
+                "cpus: {} threads, frames on cpu {}, dropped rx {} tx {}, jobs without the program {}, program taken {}\n",
                 self.cpus,
                 self.frame_cpu,
                 self.dropped_rx.load(Ordering::Relaxed),
-                self.dropped_tx.load(Ordering::Relaxed)
+                self.dropped_tx.load(Ordering::Relaxed),
+                self.jobs_unlocked.load(Ordering::Relaxed),
+                self.program_calls.load(Ordering::Relaxed),
             );
         }
         s
@@ -340,6 +375,15 @@ impl Core {
             }
             let began = Instant::now();
             let now = self.now();
+            // Jobs first, without the program; the program only for what
+            // needs it (received frames, work, failed jobs).
+            if frames.is_empty() && !self.run_jobs(cpu, &mut hw) {
+                self.hand_over(&mut hw);
+                idle_since = Instant::now();
+                self.nic.busy.add(idle_since.duration_since(began).as_nanos() as u64);
+                continue;
+            }
+            self.program_calls.fetch_add(1, Ordering::Relaxed);
             self.call(cpu, &mut hw, now, |lib, state, hal| {
                 for f in &frames {
                     // SAFETY: live state under the lock, valid hal; `f` is
@@ -354,6 +398,30 @@ impl Core {
             idle_since = Instant::now();
             self.nic.busy.add(idle_since.duration_since(began).as_nanos() as u64);
         }
+    }
+
+    /// Runs CPU `cpu`'s jobs without the program, if it has a common area;
+    /// returns whether the CPU must take the program now.
+    fn run_jobs(&self, cpu: u32, hw: &mut HwCtx) -> bool {
+        let Some(a) = &self.area else { return true };
+        // The DMA map is read-locked (regions change rarely): a CPU inside
+        // the program holds it too.
+        let dma = (!hw.writes_behind()).then(|| self.nic.dma.read().expect("dma"));
+        if let Some(d) = &dma {
+            hw.hold_dma(d);
+        }
+        let hal = hal_for(hw);
+        // SAFETY: the area is live until `Core` drops; `hal` is this CPU's.
+        let ran = unsafe { (a.fns.jobs)(a.ptr, &hal, cpu) };
+        hw.release_dma();
+        drop(dma);
+        if ran > 0 {
+            self.jobs_unlocked.fetch_add(ran as u64, Ordering::Relaxed);
+            // There may be more: come back without parking.
+            self.wanted[cpu as usize].store(true, Ordering::Release);
+        }
+        // SAFETY: as above.
+        unsafe { (a.fns.wants_program)(a.ptr, cpu) != 0 }
     }
 
     /// Passes a CPU's transmitted frames and filter changes to the
@@ -396,6 +464,11 @@ impl Drop for Core {
         // SAFETY: `state` came from boot; every CPU thread has been joined
         // (they hold an Arc to this Core), so nothing uses it afterwards.
         unsafe { (self.lib.free)(prog.0) };
+        if let Some(a) = &self.area {
+            // SAFETY: the one reference taken in `new`, valid past `free`
+            // and not used afterwards.
+            unsafe { (a.fns.free)(a.ptr) };
+        }
     }
 }
 

@@ -95,7 +95,7 @@ impl WriteBehind {
                 std::sync::atomic::fence(Ordering::Release);
                 match job {
                     Job::Write { addr, data, small } => {
-                        if s.dma.lock().expect("dma").write(addr, &data).is_err()
+                        if s.dma.read().expect("dma").write(addr, &data).is_err()
                             && faults.fetch_add(1, Ordering::Relaxed) == 0
                         {
                             tracing::warn!(node = s.node, addr, "DMA write to a region removed while queued");
@@ -125,22 +125,22 @@ impl WriteBehind {
     /// resolve. A payload waits for a free frame buffer (two in flight at
     /// most), a small write for a small one.
     pub fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
-        self.shared.dma.lock().expect("dma").check(addr, data.len())?;
+        self.shared.dma.read().expect("dma").check(addr, data.len())?;
         if data.len() > BUFFER_BYTES {
             self.drain();
-            return self.shared.dma.lock().expect("dma").write(addr, data);
+            return self.shared.dma.read().expect("dma").write(addr, data);
         }
         let small = data.len() <= SMALL_BYTES;
         let free = if small { &self.free_small } else { &self.free };
         let Ok(mut buf) = free.recv() else {
             // The DMA thread is gone (it panicked): write in place.
-            return self.shared.dma.lock().expect("dma").write(addr, data);
+            return self.shared.dma.read().expect("dma").write(addr, data);
         };
         buf.clear();
         buf.extend_from_slice(data);
         if let Err(e) = self.queue(Job::Write { addr, data: buf, small }) {
             let Job::Write { data, .. } = e else { unreachable!("a write was queued") };
-            return self.shared.dma.lock().expect("dma").write(addr, &data);
+            return self.shared.dma.read().expect("dma").write(addr, &data);
         }
         Ok(())
     }
@@ -208,7 +208,7 @@ mod tests {
             cpus: 1,
         };
         let nic = power_on(&cfg, SramBacking::Memfd).expect("a NIC");
-        nic.dma.lock().unwrap().insert(1, test_arena(&[0u8; 16384]));
+        nic.dma.write().unwrap().insert(1, test_arena(&[0u8; 16384]));
         let (payload, phase) = (bus_addr(SPACE_ARENA, 1, 0), bus_addr(SPACE_ARENA, 1, 12000));
         let watcher = {
             let nic = nic.clone();
@@ -217,7 +217,7 @@ mod tests {
                 while seen < 250 {
                     let (mut p, mut body) = ([0u8], [0u8; 9000]);
                     {
-                        let dma = nic.dma.lock().unwrap();
+                        let dma = nic.dma.read().unwrap();
                         dma.read(phase, &mut p).unwrap();
                         dma.read(payload, &mut body).unwrap();
                     }
@@ -236,7 +236,7 @@ mod tests {
         assert!(w.issued == 500, "every write queued, none done in place");
         w.drain();
         let mut last = [0u8];
-        nic.dma.lock().unwrap().read(phase, &mut last).unwrap();
+        nic.dma.read().unwrap().read(phase, &mut last).unwrap();
         assert_eq!(last[0], 250, "drain waits for every write");
         assert!(watcher.join().expect("ordered") > 0);
         // A write that does not resolve fails at once, queuing nothing.

@@ -218,7 +218,7 @@ impl Engine {
                 if c.shared.loading() {
                     if let Some(ram) = &c.guest_ram {
                         match crate::dma::Region::map_guest_ram(ram) {
-                            Ok(r) => c.shared.dma.lock().expect("dma").set_guest(r),
+                            Ok(r) => c.shared.dma.write().expect("dma").set_guest(r),
                             Err(e) => tracing::error!(node = c.shared.node, "guest RAM {}: {e}", ram.display()),
                         }
                     }

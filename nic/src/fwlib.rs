@@ -20,6 +20,20 @@ type CpusFn = unsafe extern "C" fn(*mut c_void) -> u32;
 type CpuFn = unsafe extern "C" fn(*mut c_void, *const FwHal, u64, u32) -> u32;
 type CpuPendingFn = unsafe extern "C" fn(*mut c_void, u32) -> u32;
 type FrameCpuFn = unsafe extern "C" fn(*mut c_void) -> u32;
+type CpuAreaFn = unsafe extern "C" fn(*mut c_void) -> *const c_void;
+type CpuAreaFreeFn = unsafe extern "C" fn(*const c_void);
+type CpuJobsFn = unsafe extern "C" fn(*const c_void, *const FwHal, u32) -> u32;
+type CpuWantsProgramFn = unsafe extern "C" fn(*const c_void, u32) -> u32;
+
+/// The entry points through which a NIC CPU runs its jobs without the
+/// program (`emp_uapi::fwabi::SYM_CPU_AREA` and on).
+#[derive(Clone, Copy)]
+pub(crate) struct AreaFns {
+    pub(crate) area: CpuAreaFn,
+    pub(crate) free: CpuAreaFreeFn,
+    pub(crate) jobs: CpuJobsFn,
+    pub(crate) wants_program: CpuWantsProgramFn,
+}
 
 /// A loaded control program.
 pub struct FwLib {
@@ -37,6 +51,8 @@ pub struct FwLib {
     pub(crate) cpu_pending: Option<CpuPendingFn>,
     /// Absent in older images, as `cpu_pending`.
     pub(crate) frame_cpu: Option<FrameCpuFn>,
+    /// Absent in older images: their CPUs run only holding the program.
+    pub(crate) area: Option<AreaFns>,
 }
 
 // SAFETY: the library handle and function pointers are plain addresses;
@@ -119,6 +135,19 @@ impl FwLib {
                 // SAFETY: the symbol has this signature per `emp_uapi::fwabi`.
                 unsafe { core::mem::transmute::<*mut c_void, FrameCpuFn>(p) }
             }),
+            area: (|| {
+                let (a, f) = (sym(fwabi::SYM_CPU_AREA).ok()?, sym(fwabi::SYM_CPU_AREA_FREE).ok()?);
+                let (j, w) = (sym(fwabi::SYM_CPU_JOBS).ok()?, sym(fwabi::SYM_CPU_WANTS_PROGRAM).ok()?);
+                // SAFETY: the symbols have these signatures per `emp_uapi::fwabi`.
+                Some(unsafe {
+                    AreaFns {
+                        area: core::mem::transmute::<*mut c_void, CpuAreaFn>(a),
+                        free: core::mem::transmute::<*mut c_void, CpuAreaFreeFn>(f),
+                        jobs: core::mem::transmute::<*mut c_void, CpuJobsFn>(j),
+                        wants_program: core::mem::transmute::<*mut c_void, CpuWantsProgramFn>(w),
+                    }
+                })
+            })(),
         })
     }
 }

@@ -32,8 +32,9 @@ pub(crate) struct HwCtx {
     /// engine to apply to the wire (bounded: [`MEMBERSHIP_QUEUE_MAX`]).
     pub(crate) memberships: Vec<(u16, bool)>,
     /// Receive double buffering: DMA writes run on the NIC's DMA thread,
-    /// one queue for all its CPUs (each queues under the program's lock, so
-    /// writes land in the order the program issued them, whichever CPU did).
+    /// one queue for all its CPUs: each CPU's writes land in the order it
+    /// issued them, and a receive's completion is written by the CPU that
+    /// wrote its payload (`firmware/src/cpu.rs`), so never before it.
     write_behind: Option<Arc<Mutex<WriteBehind>>>,
     /// The NIC's DMA map while [`HwCtx::hold_dma`]'s caller holds its
     /// lock for a whole call into the program; null otherwise.
@@ -85,7 +86,7 @@ impl HwCtx {
     /// `f` on the DMA map: the held one, else locked for `f`.
     fn with_dma<R>(&self, f: impl FnOnce(&DmaMap) -> R) -> R {
         if self.dma_held.is_null() {
-            return f(&self.shared.dma.lock().expect("dma"));
+            return f(&self.shared.dma.read().expect("dma"));
         }
         // SAFETY: non-null only between `hold_dma` and `release_dma`, while
         // the caller holds the lock whose guard derefs to this map.

@@ -5,7 +5,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, MR_ACCESS_ALL, MR_INLINE_SEGS};
@@ -141,7 +141,7 @@ pub struct NicShared {
     /// SRAM.
     pub sram: Sram,
     /// DMA regions by MR slot.
-    pub dma: Mutex<DmaMap>,
+    pub dma: RwLock<DmaMap>,
     /// Ports by number.
     pub ports: Mutex<Vec<Option<PortState>>>,
     mr_free: Mutex<Vec<u16>>,
@@ -313,7 +313,7 @@ impl NicShared {
             at += n;
             i += 1;
         }
-        self.dma.lock().expect("dma").insert(slot, region);
+        self.dma.write().expect("dma").insert(slot, region);
         let mut b = [0u8; MrEntry::SIZE];
         e.put(&mut b);
         self.sram.write(self.layout.mr_entry(slot as usize), &b);
@@ -358,7 +358,7 @@ impl NicShared {
             // After the fence no DMA uses the old translation.
             self.admin(AdminOp::MrFence, [slot as u64, 0, 0, 0, 0, 0])?;
         }
-        self.dma.lock().expect("dma").remove(slot as u16);
+        self.dma.write().expect("dma").remove(slot as u16);
         self.mr_free.lock().expect("mr").push(slot as u16);
         if let Some(ps) = self.ports.lock().expect("ports").get_mut(port as usize).and_then(|p| p.as_mut()) {
             ps.keys.retain(|&k| k != key);
@@ -706,7 +706,7 @@ impl NicShared {
         if offset.checked_add(buf.len() as u64).is_none_or(|end| end > e.length) {
             return Err(libc::EINVAL);
         }
-        let dma = self.dma.lock().expect("dma");
+        let dma = self.dma.read().expect("dma");
         let (mut at, mut done) = (0u64, 0usize);
         for seg in e.segs.iter().take_while(|s| s.len > 0) {
             let (lo, hi) = (at, at + seg.len as u64);
@@ -885,7 +885,7 @@ pub fn power_on(cfg: &NicConfig, backing: SramBacking<'_>) -> std::io::Result<Ar
         node: cfg.node,
         layout,
         sram,
-        dma: Mutex::new(DmaMap::new(layout.params.mr_entries as usize)),
+        dma: RwLock::new(DmaMap::new(layout.params.mr_entries as usize)),
         ports: Mutex::new((0..layout.params.ports).map(|_| None).collect()),
         mr_free: Mutex::new((0..layout.params.mr_entries as u16).rev().collect()),
         admin: Mutex::new(()),

@@ -44,6 +44,22 @@ pub const SYM_CPU_PENDING: &str = "emp_fw_cpu_pending";
 /// `extern "C" fn(*mut c_void) -> u32`: the NIC CPU received frames are
 /// handed to (optional, as [`SYM_CPU_PENDING`]).
 pub const SYM_FRAME_CPU: &str = "emp_fw_frame_cpu";
+/// `extern "C" fn(*mut c_void) -> *const c_void`: a reference to the
+/// common area of the NIC's CPUs, valid until [`SYM_CPU_AREA_FREE`] even
+/// after the program is freed (optional: without it, every CPU runs only
+/// holding the program).
+pub const SYM_CPU_AREA: &str = "emp_fw_cpu_area";
+/// `extern "C" fn(*const c_void)`: releases a [`SYM_CPU_AREA`] reference.
+pub const SYM_CPU_AREA_FREE: &str = "emp_fw_cpu_area_free";
+/// `extern "C" fn(*const c_void, *const FwHal, u32) -> u32`: runs one NIC
+/// CPU's jobs (data movement another CPU queued) through the area, with
+/// that CPU's hardware, **without** the program: it may run while another
+/// CPU is inside the program. Returns how many ran.
+pub const SYM_CPU_JOBS: &str = "emp_fw_cpu_jobs";
+/// `extern "C" fn(*const c_void, u32) -> u32`: nonzero when one NIC CPU
+/// has steps that need the program (work queued for it, failed jobs to
+/// report); read without the program.
+pub const SYM_CPU_WANTS_PROGRAM: &str = "emp_fw_cpu_wants_program";
 
 /// Hardware services, as C function pointers over an opaque context.
 /// Return codes: 0 = done, nonzero = the DMA failed.
