@@ -17,6 +17,10 @@
 //!   frames built from a collective's or remote access's state); the CPU
 //!   runs them holding the program (the thesis' semaphore).
 //!
+//! Jobs are used once a driver running the CPUs on threads takes the area
+//! (`Config::cpu_jobs`; the swarm turns it on for half its seeds): on one
+//! thread, a job only costs a copy more than the work it replaces.
+//!
 //! A CPU runs its jobs before its work, so everything queued to it keeps
 //! the order that matters: a record's payloads before its completion, an
 //! owed ACK before the frame that answers it (ACKs are always jobs).
@@ -43,15 +47,16 @@
 //! CPU's timeline.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use emp_uapi::fwabi::{HostSeg, HOST_SEGS_MAX};
+use emp_uapi::fwabi::HostSeg;
 use emp_uapi::image::cpu_plan;
 use emp_uapi::wire::{AckBody, FrameHeader, MsgHeader, MTU_MAX};
 use emp_uapi::Le;
 
 use crate::mr::{Buf, HostSegs};
+use crate::ring::{Consumer, Producer, Ring};
 use emp_uapi::desc::Status;
 
 use crate::{Hal, Nic};
@@ -129,6 +134,8 @@ pub(crate) enum Work {
     Receive { slot: u32, seq: u32, off: u64, data: Vec<u8> },
     /// Every frame of rx record `slot` is in: complete the receive.
     Finish { slot: u32, seq: u32 },
+    /// Put an ACK/NACK on the wire (as [`Job::Control`], without jobs).
+    Control { hdr: FrameHeader, body: AckBody },
     /// Update the send record an ACK names (DSR: classified on the other CPU).
     Ack { hdr: FrameHeader, body: AckBody },
 }
@@ -146,28 +153,27 @@ pub(crate) const JOBS_MAX: usize = 256;
 /// CPU that outran the other), a new one is made and kept afterwards.
 const PAYLOAD_BUFS: usize = 64;
 
-/// `Area::wants_program` bits: work waits in the program's queue; failed
-/// jobs wait to be reported.
-const WANT_WORK: u32 = 1;
-const WANT_FAILED: u32 = 2;
-
 /// The headers of a data frame: the frame and message headers.
 pub(crate) const HEAD_MAX: usize = FrameHeader::SIZE + MsgHeader::SIZE;
 
-/// Host memory named by bus address, in order (at most `HOST_SEGS_MAX`).
+/// Most host segments a job names: a frame's payload rarely spans more
+/// than a page boundary or two, and a small job keeps the rings small.
+const JOB_SEGS_MAX: usize = 4;
+
+/// Host memory named by bus address, in order (at most `JOB_SEGS_MAX`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Segs {
-    segs: [HostSeg; HOST_SEGS_MAX],
+    segs: [HostSeg; JOB_SEGS_MAX],
     n: u8,
 }
 
 impl Segs {
-    /// The segments gathered in `g`, unless it overflowed.
+    /// The segments gathered in `g`, unless there are too many.
     pub(crate) fn from_gathered(g: &HostSegs) -> Option<Segs> {
-        if g.overflowed {
+        if g.overflowed || g.segs.len() > JOB_SEGS_MAX {
             return None;
         }
-        let mut s = Segs { segs: [HostSeg::default(); HOST_SEGS_MAX], n: g.segs.len() as u8 };
+        let mut s = Segs { segs: [HostSeg::default(); JOB_SEGS_MAX], n: g.segs.len() as u8 };
         s.segs[..g.segs.len()].copy_from_slice(&g.segs);
         Some(s)
     }
@@ -203,6 +209,10 @@ pub(crate) enum Failed {
 /// What one CPU owns while it runs its jobs.
 #[derive(Debug)]
 struct Runner {
+    /// The right to take this CPU's jobs.
+    jobs: Consumer,
+    /// The right to give payload buffers back to the program.
+    returned: Producer,
     /// One frame of scratch: a frame is built here from its headers and
     /// the payload read from host memory.
     frame: Vec<u8>,
@@ -216,51 +226,69 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The common area of a NIC's CPUs: their job queues and what each owns to
-/// run them, and the payload buffers passed between them. Shared by the
-/// program (which queues jobs, holding itself) and by a CPU running its
-/// jobs without the program. Lock order: a runner, then a job queue or the
-/// payload pool (leaves).
+/// The common area of a NIC's CPUs: their job queues, what each owns to
+/// run them, and the payload buffers they give back. Shared by the program
+/// (which queues jobs, holding itself) and by a CPU running its jobs
+/// without the program. The queues are single-producer single-consumer
+/// rings (`ring.rs`): the program holds their producer side, a CPU's runner
+/// (one mutex per CPU, taken per batch of jobs) their consumer side.
 #[derive(Debug)]
 pub struct Area {
-    jobs: [Mutex<VecDeque<Job>>; 2],
-    /// Jobs queued per CPU (as `jobs`' lengths; read without their locks,
-    /// so a CPU with none takes no lock).
-    queued: [AtomicU32; 2],
+    jobs: [Ring<Job>; 2],
+    /// Payload buffers a CPU's jobs are done with, back to the program.
+    returned: [Ring<Vec<u8>>; 2],
     runners: [Mutex<Runner>; 2],
-    payloads: Mutex<Vec<Vec<u8>>>,
-    /// Per CPU: work waiting in the program's queue, or failed jobs to
-    /// report: the CPU must take the program. Written holding the program
-    /// (work) or the CPU's runner (failures).
-    wants_program: [AtomicU32; 2],
+    /// Per CPU: work waits in the program's queue (written holding the
+    /// program), or failed jobs wait to be reported (written holding the
+    /// CPU's runner). Either way the CPU must take the program.
+    work_waiting: [AtomicBool; 2],
+    failed: [AtomicBool; 2],
+    /// Jobs run so far, all CPUs (added once per batch).
+    jobs_run: AtomicU64,
+}
+
+/// The program's side of an [`Area`].
+#[derive(Debug)]
+struct AreaTokens {
+    jobs: [Producer; 2],
+    returned: [Consumer; 2],
 }
 
 impl Area {
-    fn new(plan: u32) -> Area {
+    fn new(plan: u32) -> (Area, AreaTokens) {
         let two = cpus(plan) > 1;
-        let (jobs, bufs, frame) = if two { (JOBS_MAX, PAYLOAD_BUFS, MTU_MAX as usize) } else { (0, 0, 0) };
-        let runner = || Mutex::new(Runner { frame: vec![0; frame], failed: Vec::with_capacity(jobs) });
-        Area {
-            jobs: [Mutex::new(VecDeque::with_capacity(jobs)), Mutex::new(VecDeque::with_capacity(jobs))],
-            queued: Default::default(),
-            runners: [runner(), runner()],
-            payloads: Mutex::new((0..bufs).map(|_| Vec::with_capacity(MTU_MAX as usize)).collect()),
-            wants_program: Default::default(),
-        }
+        let (jobs, frame) = if two { (JOBS_MAX, MTU_MAX as usize) } else { (0, 0) };
+        let (j0, jp0, jc0) = Ring::new(jobs);
+        let (j1, jp1, jc1) = Ring::new(jobs);
+        let (r0, rp0, rc0) = Ring::new(jobs + PAYLOAD_BUFS);
+        let (r1, rp1, rc1) = Ring::new(jobs + PAYLOAD_BUFS);
+        let runner = |jobs_c, returned| {
+            Mutex::new(Runner { jobs: jobs_c, returned, frame: vec![0; frame], failed: Vec::with_capacity(jobs) })
+        };
+        let area = Area {
+            jobs: [j0, j1],
+            returned: [r0, r1],
+            runners: [runner(jc0, rp0), runner(jc1, rp1)],
+            work_waiting: Default::default(),
+            failed: Default::default(),
+            jobs_run: AtomicU64::new(0),
+        };
+        (area, AreaTokens { jobs: [jp0, jp1], returned: [rc0, rc1] })
+    }
+
+    /// Jobs run so far, every CPU.
+    pub fn jobs_run(&self) -> u64 {
+        self.jobs_run.load(Ordering::Relaxed)
     }
 
     /// Jobs waiting for `cpu`.
     pub fn jobs_pending(&self, cpu: usize) -> usize {
-        self.queued.get(cpu).map_or(0, |q| q.load(Ordering::Acquire) as usize)
+        self.jobs.get(cpu).map_or(0, |q| q.len())
     }
 
     /// `cpu` has work that needs the program: queued work or failed jobs.
     pub fn wants_program(&self, cpu: usize) -> bool {
-        self.wants_program.get(cpu).is_some_and(|w| w.load(Ordering::Acquire) != 0)
-    }
-
-    fn has_failed(&self, cpu: usize) -> bool {
-        self.wants_program[cpu].load(Ordering::Acquire) & WANT_FAILED != 0
+        cpu < 2 && (self.work_waiting[cpu].load(Ordering::Acquire) || self.failed[cpu].load(Ordering::Acquire))
     }
 
     /// Runs `cpu`'s queued jobs (at most `JOBS_MAX`) with `hal`, the
@@ -285,34 +313,34 @@ impl Area {
     fn run_batch<H: Hal>(&self, hal: &mut H, cpu: usize, r: &mut Runner) -> usize {
         let mut ran = 0;
         while ran < JOBS_MAX {
-            let Some(job) = lock(&self.jobs[cpu]).pop_front() else { break };
-            self.queued[cpu].fetch_sub(1, Ordering::AcqRel);
+            let Some(job) = self.jobs[cpu].pop(&mut r.jobs) else { break };
             ran += 1;
-            if let Some(f) = self.run(hal, cpu as u8, &mut r.frame, job) {
-                r.failed.push(f);
-                self.wants_program[cpu].fetch_or(WANT_FAILED, Ordering::Release);
-            }
+            self.run(hal, cpu, r, job);
+        }
+        if ran > 0 {
+            self.jobs_run.fetch_add(ran as u64, Ordering::Relaxed);
         }
         ran
     }
 
-    fn run<H: Hal>(&self, hal: &mut H, cpu: u8, frame: &mut [u8], job: Job) -> Option<Failed> {
-        match job {
+    /// Runs `job` as CPU `cpu`, holding its runner `r`.
+    fn run<H: Hal>(&self, hal: &mut H, cpu: usize, r: &mut Runner, job: Job) {
+        let failed = match job {
             Job::Transmit { slot, seq, dst, head, head_len, segs, in_place } => {
-                hal.cpu_step(cpu, CpuStep::Transmission, true);
+                hal.cpu_step(cpu as u8, CpuStep::Transmission, true);
                 let head = &head[..head_len as usize];
                 let sent = if in_place {
                     hal.mac_transmit_host(dst, head, segs.as_slice()).is_ok()
                 } else {
-                    frame_from_host(hal, frame, head, segs.as_slice())
-                        .map(|n| hal.mac_transmit(dst, &frame[..n]))
+                    frame_from_host(hal, &mut r.frame, head, segs.as_slice())
+                        .map(|n| hal.mac_transmit(dst, &r.frame[..n]))
                         .is_some()
                 };
                 (!sent).then_some(Failed::Transmit { slot, seq })
             }
             Job::Receive { slot, seq, segs, data } => {
-                hal.cpu_step(cpu, CpuStep::RecvFrame, true);
-                hal.cpu_step(cpu, CpuStep::Receiving, false);
+                hal.cpu_step(cpu as u8, CpuStep::RecvFrame, true);
+                hal.cpu_step(cpu as u8, CpuStep::Receiving, false);
                 let mut at = 0;
                 let mut ok = true;
                 for s in segs.as_slice() {
@@ -323,49 +351,38 @@ impl Area {
                     }
                     at = end;
                 }
-                self.give_payload(data);
+                // Past the ring's room (buffers made when one CPU outran
+                // the other), the buffer is freed.
+                let _ = self.returned[cpu].push(&mut r.returned, data);
                 (!ok).then_some(Failed::Receive { slot, seq })
             }
             Job::Control { hdr, body } => {
-                hal.cpu_step(cpu, CpuStep::SendAck, true);
+                hal.cpu_step(cpu as u8, CpuStep::SendAck, true);
                 put_control(hal, &hdr, &body);
                 None
             }
+        };
+        if let Some(f) = failed {
+            r.failed.push(f);
+            self.failed[cpu].store(true, Ordering::Release);
         }
     }
 
-    /// A payload buffer holding `data`, from the pool when it has one.
-    fn take_payload(&self, data: &[u8]) -> Vec<u8> {
-        let mut buf = lock(&self.payloads).pop().unwrap_or_default();
-        buf.clear();
-        buf.extend_from_slice(data);
-        buf
-    }
-
-    fn give_payload(&self, buf: Vec<u8>) {
-        lock(&self.payloads).push(buf);
-    }
-
-    /// Takes `cpu`'s failed jobs (holding the program and the runner).
+    /// Takes `cpu`'s failed jobs (holding the program).
     fn take_failed(&self, cpu: usize, out: &mut Vec<Failed>) {
-        if !self.has_failed(cpu) {
+        if !self.failed[cpu].load(Ordering::Acquire) {
             return;
         }
         let mut r = lock(&self.runners[cpu]);
         out.append(&mut r.failed);
-        self.wants_program[cpu].fetch_and(!WANT_FAILED, Ordering::Release);
+        self.failed[cpu].store(false, Ordering::Release);
     }
 
     /// Says whether `cpu` has work in the program's queue (holding it).
     fn set_work_waiting(&self, cpu: usize, waiting: bool) {
-        let w = &self.wants_program[cpu];
-        if (w.load(Ordering::Relaxed) & WANT_WORK != 0) == waiting {
-            return;
-        }
-        if waiting {
-            self.wants_program[cpu].fetch_or(WANT_WORK, Ordering::Release);
-        } else {
-            self.wants_program[cpu].fetch_and(!WANT_WORK, Ordering::Release);
+        let w = &self.work_waiting[cpu];
+        if w.load(Ordering::Relaxed) != waiting {
+            w.store(waiting, Ordering::Release);
         }
     }
 }
@@ -390,11 +407,15 @@ pub(crate) fn put_control<H: Hal>(hal: &mut H, hdr: &FrameHeader, body: &AckBody
     hal.mac_transmit(hdr.dst_node, &b);
 }
 
-/// The per-CPU work queues, and the area shared with the CPUs.
+/// The per-CPU work queues, and the program's side of the area shared
+/// with the CPUs.
 #[derive(Debug)]
 pub(crate) struct Queues {
     q: [VecDeque<Work>; 2],
     area: Arc<Area>,
+    tokens: AreaTokens,
+    /// Payload buffers for queued receives (`PAYLOAD_BUFS` made at boot).
+    payloads: Vec<Vec<u8>>,
     /// Failed jobs being reported (scratch, `JOBS_MAX`).
     failed: Vec<Failed>,
 }
@@ -403,8 +424,32 @@ impl Queues {
     /// Queues for `plan`; job queues and payload buffers only when it uses
     /// two CPUs.
     pub(crate) fn new(plan: u32) -> Queues {
-        let jobs = if cpus(plan) > 1 { JOBS_MAX } else { 0 };
-        Queues { q: Default::default(), area: Arc::new(Area::new(plan)), failed: Vec::with_capacity(jobs) }
+        let two = cpus(plan) > 1;
+        let (area, tokens) = Area::new(plan);
+        let bufs = if two { PAYLOAD_BUFS } else { 0 };
+        Queues {
+            q: Default::default(),
+            area: Arc::new(area),
+            tokens,
+            payloads: (0..bufs).map(|_| Vec::with_capacity(MTU_MAX as usize)).collect(),
+            failed: Vec::with_capacity(if two { JOBS_MAX } else { 0 }),
+        }
+    }
+
+    /// A payload buffer holding `data`: a free one, one a CPU gave back, or
+    /// (one CPU outran the other) a new one.
+    fn take_payload(&mut self, data: &[u8]) -> Vec<u8> {
+        if self.payloads.is_empty() {
+            for (ring, c) in self.area.returned.iter().zip(&mut self.tokens.returned) {
+                while let Some(b) = ring.pop(c) {
+                    self.payloads.push(b);
+                }
+            }
+        }
+        let mut buf = self.payloads.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(data);
+        buf
     }
 }
 
@@ -441,9 +486,25 @@ impl Nic {
     }
 
     /// The common area of this NIC's CPUs, for a driver that runs a CPU's
-    /// jobs without the program ([`Area::run_jobs`]).
-    pub fn cpu_area(&self) -> Arc<Area> {
+    /// jobs without the program ([`Area::run_jobs`]): from now on, data
+    /// movement goes to another CPU as jobs ([`crate::Config::cpu_jobs`]).
+    pub fn cpu_area(&mut self) -> Arc<Area> {
+        self.cfg.cpu_jobs = true;
         self.queues.area.clone()
+    }
+
+    /// Jobs this NIC's CPUs ran so far.
+    pub fn cpu_jobs_run(&self) -> u64 {
+        self.queues.area.jobs_run()
+    }
+
+    /// Send ack on `cpu`, which `dispatch` gave.
+    pub(crate) fn enqueue_control<H: Hal>(&mut self, hal: &mut H, cpu: u8, hdr: &FrameHeader, body: &AckBody) {
+        if self.cfg.cpu_jobs {
+            self.push_job(hal, cpu, Job::Control { hdr: *hdr, body: *body });
+        } else {
+            self.enqueue(hal, cpu, Work::Control { hdr: *hdr, body: *body });
+        }
     }
 
     /// Receive ack: whole on this CPU, or (DSR) classified here and the send
@@ -460,9 +521,10 @@ impl Nic {
     }
 
     /// Queues the DMA of received `data` into rx record `slot` (message
-    /// `seq`) at message offset `off` on `cpu`, which `dispatch` gave: a job
-    /// when the record's buffer there is named in at most `HOST_SEGS_MAX`
-    /// segments (checked here, so a bad buffer fails now), else work.
+    /// `seq`) at message offset `off` on `cpu`, which `dispatch` gave: with
+    /// jobs, a job when the record's buffer there is named in at most
+    /// `JOB_SEGS_MAX` segments (checked here, so a bad buffer fails now);
+    /// else work.
     pub(crate) fn enqueue_receive<H: Hal>(
         &mut self,
         hal: &mut H,
@@ -472,6 +534,11 @@ impl Nic {
         off: u64,
         data: &[u8],
     ) -> Result<(), Status> {
+        if !self.cfg.cpu_jobs {
+            let data = self.queues.take_payload(data);
+            self.enqueue(hal, cpu, Work::Receive { slot, seq, off, data });
+            return Ok(());
+        }
         let m = self.rx.get(slot).expect("live");
         let (port, desc) = (m.port, m.desc);
         let mut g = core::mem::take(&mut self.host_segs);
@@ -481,7 +548,7 @@ impl Nic {
         let segs = Segs::from_gathered(&g);
         self.host_segs = g;
         r?;
-        let data = self.queues.area.take_payload(data);
+        let data = self.queues.take_payload(data);
         match segs {
             Some(segs) => self.push_job(hal, cpu, Job::Receive { slot, seq, segs, data }),
             None => self.enqueue(hal, cpu, Work::Receive { slot, seq, off, data }),
@@ -492,18 +559,16 @@ impl Nic {
     /// Queues `job` for `cpu`; when its queue is full, runs what waits
     /// there first (in order: a CPU's jobs never overtake one another).
     pub(crate) fn push_job<H: Hal>(&mut self, hal: &mut H, cpu: u8, job: Job) {
-        let area = &self.queues.area;
-        let mut job = Some(job);
-        while let Some(j) = job.take() {
-            let mut q = lock(&area.jobs[cpu as usize]);
-            if q.len() < JOBS_MAX {
-                q.push_back(j);
-                area.queued[cpu as usize].fetch_add(1, Ordering::AcqRel);
-            } else {
-                drop(q);
-                job = Some(j);
-                area.run_jobs(hal, cpu as usize);
+        let q = &mut self.queues;
+        let c = cpu as usize;
+        let mut job = job;
+        while let Err(j) = q.area.jobs[c].push(&mut q.tokens.jobs[c], job) {
+            if q.area.run_jobs(hal, c) == 0 {
+                // No queue at all (a one-CPU plan): run it here.
+                q.area.run(hal, c, &mut lock(&q.area.runners[c]), j);
+                break;
             }
+            job = j;
         }
         hal.cpu_event(cpu, 1);
     }
@@ -532,7 +597,7 @@ impl Nic {
     pub fn cpu_pending(&self, cpu: usize) -> usize {
         let Some(q) = self.queues.q.get(cpu) else { return 0 };
         let area = &self.queues.area;
-        q.len() + area.jobs_pending(cpu) + usize::from(area.has_failed(cpu))
+        q.len() + area.jobs_pending(cpu) + usize::from(area.failed[cpu].load(Ordering::Acquire))
     }
 
     /// Runs CPU `cpu`'s queued steps: its jobs, then the failures of its
@@ -586,6 +651,7 @@ impl Nic {
             Work::Transmit { .. } => CpuStep::Transmission,
             Work::Receive { .. } => CpuStep::RecvFrame,
             Work::Finish { .. } => CpuStep::Complete,
+            Work::Control { .. } => CpuStep::SendAck,
             Work::Ack { .. } => CpuStep::RecvAckUpdate,
         };
         hal.cpu_step(self.cpu, step, true);
@@ -606,13 +672,14 @@ impl Nic {
                         self.rx_error(slot, e);
                     }
                 }
-                self.queues.area.give_payload(data);
+                self.queues.payloads.push(data);
             }
             Work::Finish { slot, seq } => {
                 if self.rx.get(slot).is_some_and(|m| m.seq == seq) {
                     self.finish_rx(hal, now, slot, None);
                 }
             }
+            Work::Control { hdr, body } => put_control(hal, &hdr, &body),
             Work::Ack { hdr, body } => {
                 // The port may have closed since the ACK was classified.
                 if self.ports.get(hdr.dst_port as usize).is_some_and(|p| p.open) {

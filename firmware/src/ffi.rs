@@ -230,8 +230,8 @@ pub unsafe extern "C" fn emp_fw_frame_cpu(nic: *mut c_void) -> u32 {
 /// `nic` came from `emp_fw_boot`; calls on it are not concurrent.
 #[no_mangle]
 pub unsafe extern "C" fn emp_fw_cpu_area(nic: *mut c_void) -> *const c_void {
-    // SAFETY: the caller guarantees `nic` is live.
-    Arc::into_raw(unsafe { &*nic.cast::<Nic>() }.cpu_area()).cast()
+    // SAFETY: the caller guarantees `nic` is live and not in use.
+    Arc::into_raw(unsafe { &mut *nic.cast::<Nic>() }.cpu_area()).cast()
 }
 
 /// Releases a reference from `emp_fw_cpu_area`.

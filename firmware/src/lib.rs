@@ -56,7 +56,8 @@
 //!   matching, receive records and their frame accounting, the overflow
 //!   buffer.
 //! - `control.rs`: building and sending ACKs and NACKs.
-//! - `cpu.rs`: NIC CPU plans and the work one CPU queues for another.
+//! - `cpu.rs`: NIC CPU plans, the jobs and work one CPU queues for another;
+//!   `ring.rs`: the lock-free ring those hand-offs go through.
 //! - `timer.rs`: the timer heap. `slots.rs`: bounded tables addressed by slot.
 //! - `group.rs`: the group table.
 //! - `coll/mod.rs`: collective operation records (`CollOp`, `CollState`),
@@ -97,6 +98,7 @@ pub mod mcast;
 mod mr;
 mod persist;
 pub mod rbcast;
+mod ring;
 mod rma;
 mod rx;
 mod slots;
@@ -276,6 +278,11 @@ pub struct Config {
     pub gen_seed: u16,
     /// How the steps are split over the NIC CPUs (`emp_uapi::image::cpu_plan`).
     pub cpu_plan: u32,
+    /// Data movement handed to another CPU goes as jobs, which that CPU can
+    /// run without the program ([`Area::run_jobs`]), rather than as work.
+    /// A driver running the CPUs on threads turns it on by taking the area
+    /// ([`Nic::cpu_area`]); on one thread a job only costs a copy more.
+    pub cpu_jobs: bool,
     /// Collective operations (posted, or known from early messages).
     pub coll_ops_max: u32,
     /// Instances of a group ahead of the host's posts whose messages are
@@ -367,6 +374,7 @@ impl Default for Config {
             msg_max: 1 << 30,
             gen_seed: 1,
             cpu_plan: emp_uapi::image::cpu_plan::BASE,
+            cpu_jobs: false,
             coll_ops_max: 256,
             coll_window: 8,
             coll_bufs: 64,

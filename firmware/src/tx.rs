@@ -479,13 +479,13 @@ impl Nic {
         self.stamp
     }
 
-    /// The transmission step: runs now, or on the CPU the plan gives it: a
-    /// plain frame as a job (headers built and payload named here, by send
-    /// bookkeeping), others as work.
+    /// The transmission step: runs now, or on the CPU the plan gives it:
+    /// with jobs, a plain frame as a job (headers built and payload named
+    /// here, by send bookkeeping); others as work.
     fn transmit<H: Hal>(&mut self, hal: &mut H, slot: u32, f: u32, retransmit: bool) -> Result<(), Status> {
         match self.dispatch(hal, crate::cpu::Step::Transmission) {
             Some(cpu) => {
-                if !self.transmit_job(hal, cpu, slot, f, retransmit)? {
+                if !(self.cfg.cpu_jobs && self.transmit_job(hal, cpu, slot, f, retransmit)?) {
                     let seq = self.tx.get(slot).expect("live").seq;
                     self.enqueue(hal, cpu, crate::cpu::Work::Transmit { slot, seq, frame: f, retransmit });
                 }

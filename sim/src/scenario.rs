@@ -70,6 +70,10 @@ pub struct Spec {
     pub errors: bool,
     /// NIC CPU plan (`emp_uapi::image::cpu_plan`).
     pub cpu_plan: u32,
+    /// Data movement goes between the NIC's CPUs as jobs (as with CPUs on
+    /// threads, `firmware::Config::cpu_jobs`) rather than as work. Swarm:
+    /// odd seeds.
+    pub cpu_jobs: bool,
     /// Wire behaviour.
     pub wire: WireConfig,
     /// Drawn by [`Spec::swarm`] (replayed by seed) or set from flags.
@@ -118,6 +122,7 @@ impl Spec {
             truncate_prob: 0.0,
             errors: false,
             cpu_plan: 0,
+            cpu_jobs: false,
             wire: WireConfig::default(),
             swarm: false,
             atomics: 0,
@@ -162,6 +167,7 @@ impl Spec {
             truncate_prob: if r.chance(0.3) { 0.1 } else { 0.0 },
             errors: r.chance(0.15),
             cpu_plan: r.below(5) as u32,
+            cpu_jobs: seed % 2 == 1,
             wire: WireConfig {
                 latency_ns: r.range(1_000, 50_000),
                 bandwidth_bps: [1_000_000_000, 10_000_000_000, 25_000_000_000][r.below(3) as usize],
@@ -274,6 +280,7 @@ impl Spec {
             // smaller bound is a resource deadlock the application owns,
             // as with a verbs queue depth).
             cpu_plan: self.cpu_plan,
+            cpu_jobs: self.cpu_jobs,
             tx_max: self.messages.max(1024),
             recv_posted_max: self.messages.max(4096),
             ack_delay_ns: self.ack_delay_ns,
@@ -309,6 +316,8 @@ pub struct Report {
     /// Frames sent with their payload straight from host memory
     /// (Immediate Sending), all NICs.
     pub frames_sent_from_host: u64,
+    /// Jobs the NICs' CPUs ran (data movement handed between them).
+    pub cpu_jobs_run: u64,
     /// Sends and receives posted as persistent descriptors (store, start).
     pub persistent_posts: u64,
 }
@@ -1141,6 +1150,7 @@ impl Driver {
             sim_ns: self.world.now,
             events: self.world.events,
             frames_sent_from_host: self.world.nodes.iter().map(|n| n.mem.frames_sent_from_host).sum(),
+            cpu_jobs_run: self.world.nodes.iter().map(|n| n.nic.cpu_jobs_run()).sum(),
             persistent_posts: self.persistent_posts,
             wire: self.world.stats,
             delivered: tally.delivered,

@@ -40,6 +40,7 @@ struct Coverage {
     coll_refused: u64,
     weak_dma: u64,
     immediate_sending: u64,
+    cpu_jobs_runs: u64,
     persistent_runs: u64,
     rma_runs: u64,
     rma_ops: u64,
@@ -92,6 +93,14 @@ fn swarm_every_seed_passes_every_invariant() {
                             r.frames_sent_from_host
                         );
                         c.immediate_sending += (r.frames_sent_from_host > 0) as u64;
+                        // Jobs only where they are turned on, and only
+                        // between two CPUs.
+                        assert!(
+                            (spec.cpu_jobs && spec.cpu_plan != emp_uapi::image::cpu_plan::BASE) || r.cpu_jobs_run == 0,
+                            "seed {seed}: {} jobs without cpu_jobs or with one CPU",
+                            r.cpu_jobs_run
+                        );
+                        c.cpu_jobs_runs += (r.cpu_jobs_run > 0) as u64;
                         assert!(
                             spec.persistent > 0.0 || r.persistent_posts == 0,
                             "seed {seed}: persistent posts without the knob"
@@ -138,6 +147,7 @@ fn swarm_every_seed_passes_every_invariant() {
         assert!(c.retransmits > 1000);
         assert!(c.weak_dma > 100, "weakly ordered DMA: {} runs", c.weak_dma);
         assert!(c.immediate_sending > 100, "Immediate Sending: {} runs", c.immediate_sending);
+        assert!(c.cpu_jobs_runs > 100, "jobs between NIC CPUs: {} runs", c.cpu_jobs_runs);
         assert!(c.persistent_runs > 100, "persistent descriptors: {} runs", c.persistent_runs);
         assert!(c.rma_runs > 100 && c.rma_ops > 1000, "RMA: {} runs, {} operations", c.rma_runs, c.rma_ops);
         assert!(
