@@ -7,11 +7,15 @@
 //!
 //! Most timers are armed in deadline order: every first transmission arms
 //! its group's retransmission timer at now + the same `rto_ns`, and nearly
-//! all of them are answered and left stale. Those go to a FIFO (O(1) each
-//! way) instead of the min-heap, which keeps the rest (backed-off
-//! retransmissions, ACK flushes, probes); popping takes the lesser of the
-//! two fronts. Timers due at the same time fire in the order they were
-//! armed (each entry carries its arming sequence number).
+//! all of them are answered and left stale. Those go to FIFO lanes (O(1)
+//! each way) instead of the min-heap, which keeps the rest (backed-off
+//! retransmissions, ACK flushes, probes). An entry joins the lane whose
+//! last deadline is the latest not after its own (patience sorting), so a
+//! timer armed further out now and then (the receive sweep, a keepalive)
+//! takes a lane of its own instead of sending every retransmission timer
+//! after it to the heap. Popping takes the least of the fronts. Timers due
+//! at the same time fire in the order they were armed (each entry carries
+//! its arming sequence number).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -43,24 +47,28 @@ struct Entry {
     timer: Timer,
 }
 
-/// Deadline-ordered timers: a FIFO of entries armed in order, and a heap.
+/// FIFO lanes: the first takes every timer, the others a quarter each.
+const LANES: usize = 3;
+
+/// Deadline-ordered timers: FIFO lanes of entries armed in order, and a heap.
 #[derive(Debug, Default)]
 pub struct TimerHeap {
     heap: BinaryHeap<Reverse<Entry>>,
-    /// Entries in ascending order, at most `in_order_max`.
-    in_order: VecDeque<Entry>,
-    in_order_max: usize,
+    /// Entries in ascending order, each at most `lane_max[i]`.
+    lanes: [VecDeque<Entry>; LANES],
+    lane_max: [usize; LANES],
     /// Arming sequence number of the next timer.
     seq: u64,
 }
 
 impl TimerHeap {
-    /// Room for `cap` timers in each part.
+    /// Room for `cap` timers in the heap and in the lanes (allocated now).
     pub fn with_capacity(cap: usize) -> TimerHeap {
+        let lane_max = [cap, cap / 4, cap / 4];
         TimerHeap {
             heap: BinaryHeap::with_capacity(cap),
-            in_order: VecDeque::with_capacity(cap),
-            in_order_max: cap,
+            lanes: lane_max.map(VecDeque::with_capacity),
+            lane_max,
             seq: 0,
         }
     }
@@ -73,29 +81,47 @@ impl TimerHeap {
     /// Keeps only the timers `live` says are still wanted (in place).
     pub(crate) fn retain(&mut self, mut live: impl FnMut(&Timer) -> bool) {
         self.heap.retain(|Reverse(e)| live(&e.timer));
-        self.in_order.retain(|e| live(&e.timer));
+        for l in &mut self.lanes {
+            l.retain(|e| live(&e.timer));
+        }
     }
 
     /// Arms `t` at `deadline`.
     pub fn arm(&mut self, deadline: u64, t: Timer) {
         let e = Entry { deadline, seq: self.seq, timer: t };
         self.seq += 1;
-        let in_order = self.in_order.back().is_none_or(|last| last.deadline <= deadline);
-        if in_order && self.in_order.len() < self.in_order_max {
-            self.in_order.push_back(e);
-        } else {
-            self.heap.push(Reverse(e));
+        // The lane with room whose last deadline is the latest not after
+        // this one (an empty lane last).
+        let mut best: Option<(usize, Option<u64>)> = None;
+        for (i, l) in self.lanes.iter().enumerate() {
+            if l.len() >= self.lane_max[i] {
+                continue;
+            }
+            let last = l.back().map(|b| b.deadline);
+            if last.is_some_and(|d| d > deadline) {
+                continue;
+            }
+            if best.is_none_or(|(_, b)| last > b) {
+                best = Some((i, last));
+            }
+        }
+        match best {
+            Some((i, _)) => self.lanes[i].push_back(e),
+            None => self.heap.push(Reverse(e)),
         }
     }
 
-    /// The earlier of the two parts' first entries: true for the FIFO's.
-    fn first_in_order(&self) -> Option<bool> {
-        match (self.in_order.front(), self.heap.peek()) {
-            (None, None) => None,
-            (Some(_), None) => Some(true),
-            (None, Some(_)) => Some(false),
-            (Some(a), Some(Reverse(b))) => Some(a < b),
+    /// Where the first entry is: `Some(lane)`, or `None` for the heap.
+    fn first(&self) -> Option<Option<usize>> {
+        let mut min: Option<(&Entry, Option<usize>)> = self.heap.peek().map(|Reverse(e)| (e, None));
+        for (i, l) in self.lanes.iter().enumerate() {
+            if let Some(e) = l.front() {
+                if min.is_none_or(|(m, _)| e < m) {
+                    min = Some((e, Some(i)));
+                }
+            }
         }
+        min.map(|(_, at)| at)
     }
 
     /// Pops one timer due at `now`.
@@ -103,28 +129,28 @@ impl TimerHeap {
         if self.next_deadline()? > now {
             return None;
         }
-        match self.first_in_order()? {
-            true => self.in_order.pop_front().map(|e| e.timer),
-            false => self.heap.pop().map(|Reverse(e)| e.timer),
+        match self.first()? {
+            Some(i) => self.lanes[i].pop_front().map(|e| e.timer),
+            None => self.heap.pop().map(|Reverse(e)| e.timer),
         }
     }
 
     /// Earliest deadline (possibly of a cancelled timer).
     pub fn next_deadline(&self) -> Option<u64> {
-        match self.first_in_order()? {
-            true => self.in_order.front().map(|e| e.deadline),
-            false => self.heap.peek().map(|Reverse(e)| e.deadline),
+        match self.first()? {
+            Some(i) => self.lanes[i].front().map(|e| e.deadline),
+            None => self.heap.peek().map(|Reverse(e)| e.deadline),
         }
     }
 
     /// Entries held, live or stale.
     pub fn len(&self) -> usize {
-        self.heap.len() + self.in_order.len()
+        self.heap.len() + self.lanes.iter().map(VecDeque::len).sum::<usize>()
     }
 
     /// True when no entry is held.
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty() && self.in_order.is_empty()
+        self.len() == 0
     }
 }
 
@@ -188,8 +214,30 @@ mod tests {
                 }
                 assert_eq!(ours.len(), plain.len());
                 assert_eq!(ours.next_deadline(), plain.peek().map(|Reverse((d, _, _))| *d));
-                assert!(ours.in_order.len() <= cap && ours.in_order.capacity() >= ours.in_order.len());
+                for (l, max) in ours.lanes.iter().zip(ours.lane_max) {
+                    assert!(l.len() <= max && l.capacity() >= max, "bounded, allocated at boot");
+                }
             }
         }
+    }
+
+    /// Retransmission timers armed at now + RTO, with a timer further out
+    /// now and then (the receive sweep): none goes to the heap.
+    #[test]
+    fn a_timer_further_out_does_not_send_the_rest_to_the_heap() {
+        let mut t = TimerHeap::with_capacity(4096);
+        let (mut now, mut popped) = (0u64, 0);
+        for i in 0..100_000u32 {
+            now += 10;
+            t.arm(now + 1_000, Timer::Group { slot: i % 64, group: 0, stamp: i });
+            if i % 1_000 == 0 {
+                t.arm(now + 50_000, Timer::RxSweep);
+            }
+            while t.pop_expired(now).is_some() {
+                popped += 1;
+            }
+            assert!(t.heap.is_empty(), "armed {i}: {} in the heap", t.heap.len());
+        }
+        assert!(popped > 90_000);
     }
 }
