@@ -1070,12 +1070,20 @@ impl Nic {
     /// Retires receive record `r` and reports it to its owner (`error`
     /// overrides the record's own).
     pub(crate) fn finish_rx<H: Hal>(&mut self, hal: &mut H, now: u64, r: u32, error: Option<Status>) {
-        let (m, error) = self.retire_rx(r, error);
-        match m.owner {
-            RxOwner::Recv => self.complete_recv(hal, &m, error),
-            RxOwner::Bcast { op, stamp } => self.bcast_rx_done(hal, now, op, stamp, error),
-            RxOwner::RmaWrite { imm } => self.rma_write_done(hal, &m, imm, error),
-            RxOwner::ReadResp { slot, stamp } => self.read_resp_done(hal, slot, stamp, error),
+        match self.rx.get(r).expect("live").owner {
+            RxOwner::Recv => self.finish_recv(hal, r, error),
+            RxOwner::Bcast { op, stamp } => {
+                let (_, error) = self.retire_rx(r, error);
+                self.bcast_rx_done(hal, now, op, stamp, error)
+            }
+            RxOwner::RmaWrite { imm } => {
+                let (m, error) = self.retire_rx(r, error);
+                self.rma_write_done(hal, &m, imm, error)
+            }
+            RxOwner::ReadResp { slot, stamp } => {
+                let (_, error) = self.retire_rx(r, error);
+                self.read_resp_done(hal, slot, stamp, error)
+            }
         }
     }
 

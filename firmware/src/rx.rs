@@ -1037,21 +1037,32 @@ impl Nic {
     /// (`error`, which overrides, else the record's own). The dispatcher
     /// (`Nic::finish_rx`) reports it to its owner.
     pub(crate) fn retire_rx(&mut self, r: u32, error: Option<Status>) -> (RxMsg, Option<Status>) {
-        let mut m = self.rx.remove(r);
-        self.rx_rings.give(core::mem::take(&mut m.masks));
-        let active = &mut self.peer_mut(m.peer).rx_active;
+        let error = self.unlink_rx(r, error);
+        (self.rx.remove(r), error)
+    }
+
+    /// Unlinks finished receive record `r` from its peer and gives back
+    /// its group windows; returns its error as [`Nic::retire_rx`] does. The
+    /// record stays in its slot for the caller to report, then free.
+    fn unlink_rx(&mut self, r: u32, error: Option<Status>) -> Option<Status> {
+        let m = self.rx.get_mut(r);
+        let (masks, peer, own) = (core::mem::take(&mut m.masks), m.peer, m.error);
+        self.rx_rings.give(masks);
+        let active = &mut self.peer_mut(peer).rx_active;
         if let Some(i) = active.iter().position(|&x| x == r) {
             active.remove(i);
         }
         if error.is_none() {
             self.count(counter::MSGS_RX, 1);
         }
-        let error = error.or(m.error);
-        (m, error)
+        error.or(own)
     }
 
-    /// Completes the posted receive a retired record belonged to.
-    pub(crate) fn complete_recv<H: Hal>(&mut self, hal: &mut H, m: &RxMsg, error: Option<Status>) {
+    /// Retires a receive's record `r` (posted by the host) and completes
+    /// it, without moving the record out of its table.
+    pub(crate) fn finish_recv<H: Hal>(&mut self, hal: &mut H, r: u32, error: Option<Status>) {
+        let error = self.unlink_rx(r, error);
+        let m = self.rx.get(r).expect("live");
         debug_assert_eq!(m.owner, RxOwner::Recv);
         let status = match error {
             Some(e) => e,
@@ -1066,7 +1077,9 @@ impl Nic {
         c.src_port = src.rport;
         c.msg_len = m.total_len.min(u32::MAX as u64) as u32;
         c.imm = m.imm;
-        self.complete(hal, m.port, c);
+        let port = m.port;
+        self.rx.free(r);
+        self.complete(hal, port, c);
     }
 
     /// Every quarter of the idle timeout: abort partially received

@@ -42,6 +42,15 @@ impl<T> Slots<T> {
     pub(crate) fn insert_checked(&mut self, v: T) -> u32 {
         self.insert(v).expect("caller checked is_full")
     }
+    /// Drops record `s` where it is (no move out of the table).
+    /// # Panics
+    /// When `s` is free.
+    pub(crate) fn free(&mut self, s: u32) {
+        let v = &mut self.slots[s as usize];
+        assert!(v.is_some(), "live record");
+        *v = None;
+        self.free.push(s);
+    }
     /// # Panics
     /// When `s` is free.
     pub(crate) fn remove(&mut self, s: u32) -> T {

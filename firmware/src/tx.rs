@@ -100,6 +100,11 @@ impl SendWindow {
         self.slots
     }
 
+    /// The slots, to give back to the pool (the window is empty after).
+    pub fn take_slots(&mut self) -> Box<[Group]> {
+        core::mem::take(&mut self.slots)
+    }
+
     /// Bytes of state, the same for every message length.
     pub fn state_bytes(&self) -> usize {
         core::mem::size_of::<Self>() + core::mem::size_of_val(&*self.slots)
@@ -211,6 +216,13 @@ impl TxMsg {
 
 /// Bounded table of transmission records.
 pub(crate) type TxTable = crate::slots::Slots<TxMsg>;
+
+/// How a finished send record is reported.
+enum TxDone {
+    Coll(Box<crate::coll::CollTx>),
+    Rma(crate::rma::RmaTx, LocalDesc),
+    Send(Completion),
+}
 
 /// Where a data frame's headers end and what its payload is.
 struct DataFrame {
@@ -1080,26 +1092,36 @@ impl Nic {
 
     /// Retires a transmission record and reports it.
     pub(crate) fn finish_tx<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, status: Status) {
-        let m = self.tx.remove(slot);
-        self.tx_rings.give(m.groups.into_slots());
-        let p = self.peer_mut(m.peer);
-        p.inflight_frames -= m.inflight_frames;
+        // What the report needs is taken out and the record dropped where
+        // it is: moving a whole record out of its table costs a copy.
+        let m = self.tx.get_mut(slot);
+        let window = m.groups.take_slots();
+        let (peer, seq, inflight, port) = (m.peer, m.seq, m.inflight_frames, m.port);
+        let done = match (m.coll.take(), m.rma) {
+            (Some(c), _) => TxDone::Coll(c),
+            (None, Some(rma)) => TxDone::Rma(rma, m.desc),
+            (None, None) => {
+                let mut c = Completion::of(&m.desc, Opcode::Send, status);
+                c.byte_len = m.desc.len.min(u32::MAX as u64) as u32;
+                TxDone::Send(c)
+            }
+        };
+        self.tx.free(slot);
+        self.tx_rings.give(window);
+        let p = self.peer_mut(peer);
+        p.inflight_frames -= inflight;
         crate::slots::remove_once(&mut p.tx_queue, slot);
-        if p.not_to_send == Some(m.seq) {
+        if p.not_to_send == Some(seq) {
             p.not_to_send = None;
         }
         if status == Status::Success {
             self.count(counter::MSGS_TX, 1);
         }
-        self.mark_ready(m.peer);
-        match (m.coll, m.rma) {
-            (Some(c), _) => self.coll_tx_done(hal, now, &c, status),
-            (None, Some(rma)) => self.rma_tx_done(hal, now, m.port, &m.desc, &rma, status),
-            (None, None) => {
-                let mut c = Completion::of(&m.desc, Opcode::Send, status);
-                c.byte_len = m.desc.len.min(u32::MAX as u64) as u32;
-                self.complete(hal, m.port, c);
-            }
+        self.mark_ready(peer);
+        match done {
+            TxDone::Coll(c) => self.coll_tx_done(hal, now, &c, status),
+            TxDone::Rma(rma, desc) => self.rma_tx_done(hal, now, port, &desc, &rma, status),
+            TxDone::Send(c) => self.complete(hal, port, c),
         }
         self.rbcast_unstall(now);
         self.coll_unstall(hal, now);
