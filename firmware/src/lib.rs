@@ -688,6 +688,10 @@ impl Peer {
     }
 }
 
+/// Every counter's bit in `Nic::counters_dirty`.
+const ALL_COUNTERS: u64 = (1 << counter::COUNT) - 1;
+const _: () = assert!(counter::COUNT <= 64, "one dirty bit per counter");
+
 /// Everything the control program holds.
 pub struct Nic {
     pub(crate) cfg: Config,
@@ -719,7 +723,10 @@ pub struct Nic {
     /// Closed ports' delivered floors, per peer, for a while (TIME-WAIT).
     pub(crate) linger: linger::LingerTable,
     pub(crate) counters: [u64; counter::COUNT],
-    pub(crate) counters_dirty: bool,
+    /// Counters changed since they were last published, one bit each: only
+    /// those are written to SRAM (a whole table per event cost 7 % of a
+    /// small message's NIC time).
+    pub(crate) counters_dirty: u64,
     pub(crate) heartbeat: u32,
     /// Source of timer stamps (unique across slot reuse).
     pub(crate) stamp: u32,
@@ -859,7 +866,7 @@ impl Nic {
             mr_entries: mr::EntryCache::new(),
             linger: linger::LingerTable::new(),
             counters: [0; counter::COUNT],
-            counters_dirty: true,
+            counters_dirty: ALL_COUNTERS,
             heartbeat: 0,
             stamp: 0,
             cpu: 0,
@@ -1308,19 +1315,22 @@ impl Nic {
 
     pub(crate) fn count(&mut self, c: usize, n: u64) {
         self.counters[c] += n;
-        self.counters_dirty = true;
+        self.counters_dirty |= 1 << c;
     }
 
     /// Publishes counters and the heartbeat in the SRAM header.
     pub(crate) fn publish<H: Hal>(&mut self, hal: &mut H) {
-        if !self.counters_dirty {
+        if self.counters_dirty == 0 {
             return;
         }
-        self.counters_dirty = false;
+        let mut dirty = core::mem::take(&mut self.counters_dirty);
         self.heartbeat = self.heartbeat.wrapping_add(1);
-        let mut b = [0u8; 8 * counter::COUNT];
-        self.counters.put(&mut b);
-        hal.sram_write(core::mem::offset_of!(SramHeader, counters), &b);
+        let at = core::mem::offset_of!(SramHeader, counters);
+        while dirty != 0 {
+            let c = dirty.trailing_zeros() as usize;
+            dirty &= dirty - 1;
+            hal.sram_write(at + 8 * c, &self.counters[c].to_le_bytes());
+        }
         hal.sram_write(core::mem::offset_of!(SramHeader, heartbeat), &self.heartbeat.to_le_bytes());
     }
 

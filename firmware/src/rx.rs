@@ -961,7 +961,7 @@ impl Nic {
             }
             FrameOutcome::Accepted { out_of_order, group_done, missing, all_done } => {
                 if out_of_order {
-                    self.counters[counter::OUT_OF_ORDER] += 1;
+                    self.count(counter::OUT_OF_ORDER, 1);
                 }
                 (group_done, missing, all_done)
             }
