@@ -1046,8 +1046,9 @@ impl Nic {
     /// record stays in its slot for the caller to report, then free.
     fn unlink_rx(&mut self, r: u32, error: Option<Status>) -> Option<Status> {
         let m = self.rx.get_mut(r);
+        let used = (m.group_count() as usize).min(m.masks.len());
         let (masks, peer, own) = (core::mem::take(&mut m.masks), m.peer, m.error);
-        self.rx_rings.give(masks);
+        self.rx_rings.give(masks, used);
         let active = &mut self.peer_mut(peer).rx_active;
         if let Some(i) = active.iter().position(|&x| x == r) {
             active.remove(i);

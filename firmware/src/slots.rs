@@ -73,14 +73,16 @@ pub(crate) fn remove_once(queue: &mut std::collections::VecDeque<u32>, slot: u32
 /// Fixed-length buffers lent to the records of one table (each record's
 /// window of per-group state): one per slot, all made at boot. A record
 /// takes one when it is created and gives it back when it retires, so
-/// creating a record never allocates, whatever its message's length.
+/// creating a record never allocates, whatever its message's length. A
+/// buffer is given back with the length of the prefix its record used,
+/// which is cleared then: a small message clears one entry, not a window.
 #[derive(Debug)]
 pub(crate) struct Rings<E> {
     free: Vec<Box<[E]>>,
     len: usize,
 }
 
-impl<E: Copy + Default> Rings<E> {
+impl<E: Copy + Default + PartialEq> Rings<E> {
     /// `count` buffers of `len` elements.
     pub(crate) fn new(count: u32, len: u32) -> Self {
         Rings {
@@ -94,13 +96,14 @@ impl<E: Copy + Default> Rings<E> {
     /// When none is left: there is one per slot of the table the records
     /// live in, and callers take one only for a record the table has room for.
     pub(crate) fn take(&mut self) -> Box<[E]> {
-        let mut b = self.free.pop().expect("one ring per table slot");
-        b.fill(E::default());
-        b
+        self.free.pop().expect("one ring per table slot")
     }
-    /// Returns a buffer `take` handed out.
-    pub(crate) fn give(&mut self, b: Box<[E]>) {
+    /// Returns a buffer `take` handed out, of which its record wrote at
+    /// most the first `used` entries.
+    pub(crate) fn give(&mut self, mut b: Box<[E]>, used: usize) {
         assert_eq!(b.len(), self.len, "a ring of this pool");
+        b[..used.min(self.len)].fill(E::default());
+        debug_assert!(b.iter().all(|e| *e == E::default()), "a record wrote past the prefix it gave");
         self.free.push(b);
     }
     /// Buffers not lent out.

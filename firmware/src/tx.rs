@@ -14,7 +14,7 @@ use crate::timer::Timer;
 use crate::{FlowControl, Hal, LocalDesc, Nic};
 
 /// One group of frames.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Group {
     pub acked: bool,
     /// Timeouts so far (reset when the receiver says it is alive but not ready).
@@ -95,14 +95,17 @@ impl SendWindow {
         Some(freed)
     }
 
-    /// The slots, to give back to the pool.
-    pub fn into_slots(self) -> Box<[Group]> {
-        self.slots
+    /// The slots, to give back to the pool, and how many of them the
+    /// message could use (`Rings::give`).
+    pub fn into_slots(self) -> (Box<[Group]>, usize) {
+        let used = (self.count as usize).min(self.slots.len());
+        (self.slots, used)
     }
 
-    /// The slots, to give back to the pool (the window is empty after).
-    pub fn take_slots(&mut self) -> Box<[Group]> {
-        core::mem::take(&mut self.slots)
+    /// As [`SendWindow::into_slots`], leaving the window empty.
+    pub fn take_slots(&mut self) -> (Box<[Group]>, usize) {
+        let used = (self.count as usize).min(self.slots.len());
+        (core::mem::take(&mut self.slots), used)
     }
 
     /// Bytes of state, the same for every message length.
@@ -339,7 +342,8 @@ impl Nic {
     /// saved context carries it (`ctxsw.rs`).
     pub(crate) fn unqueue_tx(&mut self, slot: u32) {
         let m = self.tx.remove(slot);
-        self.tx_rings.give(m.groups.into_slots());
+        let (window, used) = m.groups.into_slots();
+        self.tx_rings.give(window, used);
         let p = self.peer_mut(m.peer);
         p.inflight_frames -= m.inflight_frames;
         crate::slots::remove_once(&mut p.tx_queue, slot);
@@ -1107,7 +1111,7 @@ impl Nic {
             }
         };
         self.tx.free(slot);
-        self.tx_rings.give(window);
+        self.tx_rings.give(window.0, window.1);
         let p = self.peer_mut(peer);
         p.inflight_frames -= inflight;
         crate::slots::remove_once(&mut p.tx_queue, slot);
