@@ -222,7 +222,9 @@ impl Core {
                 // SAFETY: as above.
                 *other = c as u32 != cpu && unsafe { pending(prog.0, c as u32) } > 0;
             }
-        } else {
+        } else if self.cpus > 1 {
+            // One CPU queues nothing for another: its plan runs every step
+            // in place.
             loop {
                 let mut ran = 0;
                 for c in 0..self.cpus {
