@@ -23,7 +23,8 @@
 //!
 //! A CPU runs its jobs before its work, so everything queued to it keeps
 //! the order that matters: a record's payloads before its completion, an
-//! owed ACK before the frame that answers it (ACKs are always jobs).
+//! owed ACK before the frame that answers it (with jobs, an ACK for
+//! another CPU is always a job; without, both are work in one queue).
 //!
 //! The steps are the thesis' Table 3.1 ones, and the plans its Table 3.2:
 //!
@@ -50,6 +51,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use emp_uapi::desc::Status;
 use emp_uapi::fwabi::HostSeg;
 use emp_uapi::image::cpu_plan;
 use emp_uapi::wire::{AckBody, FrameHeader, MsgHeader, MTU_MAX};
@@ -57,7 +59,6 @@ use emp_uapi::Le;
 
 use crate::mr::{Buf, HostSegs};
 use crate::ring::{Consumer, Producer, Ring};
-use emp_uapi::desc::Status;
 
 use crate::{Hal, Nic};
 

@@ -75,8 +75,9 @@ struct Area {
     ptr: *const c_void,
 }
 
-// SAFETY: the area is the program's `Sync` common area (its queues take
-// their own locks); the reference is released once, in `Core`'s drop.
+// SAFETY: the area is the program's `Sync` common area (its rings and
+// runners synchronise themselves); the reference is released once, in
+// `Core`'s drop.
 unsafe impl Send for Area {}
 // SAFETY: as above.
 unsafe impl Sync for Area {}

@@ -122,6 +122,14 @@ pub type Errno = i32;
 //   leaves: each is taken on its own and released before the next one is
 //   taken (or `admin`). No two are ever held together, so there is no order
 //   among them to get wrong; keep it that way rather than nest.
+// * The exception to the rule above: `dma` is a read-write lock, and a NIC
+//   CPU holds it for reading through a whole call into the program
+//   (`cpus.rs`: the program, then `dma`) or a whole batch of its jobs
+//   (`dma`, then that CPU's runner inside the program's common area). Under
+//   it the HAL takes leaves (`ports` to raise an interrupt). The program's
+//   holder may wait for a runner (an `MrFence` drains the jobs; a full job
+//   ring), and a runner's holder waits for nothing: its jobs only move
+//   bytes and queue frames. Region changes take `dma` for writing, alone.
 // * `ports` guards the lifetime of each port's eventfds: whoever signals or
 //   sends one holds `ports` meanwhile, because `release_port` closes them.
 // * Receive double buffering's DMA thread (`dmaq.rs`) takes only leaves
