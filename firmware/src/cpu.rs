@@ -690,3 +690,139 @@ impl Nic {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DmaError;
+    use emp_uapi::wire::FrameKind;
+
+    /// Host memory of 4 KiB at bus address 0x1000; the rest refuses DMA.
+    /// Records what the MAC was given.
+    struct Hw {
+        mem: Vec<u8>,
+        sent: Vec<(u16, Vec<u8>)>,
+    }
+
+    impl Hw {
+        fn range(&self, addr: u64, len: usize) -> Result<core::ops::Range<usize>, DmaError> {
+            let at = addr.checked_sub(0x1000).ok_or(DmaError)? as usize;
+            (at + len <= self.mem.len()).then_some(at..at + len).ok_or(DmaError)
+        }
+    }
+
+    impl Hal for Hw {
+        fn sram_read(&mut self, _: usize, buf: &mut [u8]) {
+            buf.fill(0);
+        }
+        fn sram_write(&mut self, _: usize, _: &[u8]) {}
+        fn dma_read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+            let r = self.range(addr, buf.len())?;
+            buf.copy_from_slice(&self.mem[r]);
+            Ok(())
+        }
+        fn dma_write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
+            let r = self.range(addr, data.len())?;
+            self.mem[r].copy_from_slice(data);
+            Ok(())
+        }
+        fn dma_fence(&mut self) {}
+        fn mac_transmit(&mut self, dst: u16, frame: &[u8]) {
+            self.sent.push((dst, frame.to_vec()));
+        }
+        fn mac_transmit_host(&mut self, dst: u16, head: &[u8], segs: &[HostSeg]) -> Result<(), DmaError> {
+            let mut f = head.to_vec();
+            for s in segs {
+                let r = self.range(s.addr, s.len as usize)?;
+                f.extend_from_slice(&self.mem[r]);
+            }
+            self.sent.push((dst, f));
+            Ok(())
+        }
+        fn raise_interrupt(&mut self, _: u16) {}
+    }
+
+    fn segs(list: &[(u64, u64)]) -> Segs {
+        let mut g = HostSegs::new();
+        g.segs.extend(list.iter().map(|&(addr, len)| HostSeg { addr, len }));
+        Segs::from_gathered(&g).expect("few enough")
+    }
+
+    fn head(tag: u8) -> [u8; HEAD_MAX] {
+        [tag; HEAD_MAX]
+    }
+
+    #[test]
+    fn jobs_run_in_order_without_the_program_and_give_their_buffers_back() {
+        let (area, mut t) = Area::new(cpu_plan::SR);
+        let mut hw = Hw { mem: (0..4096).map(|i| i as u8).collect(), sent: Vec::new() };
+        let push = |t: &mut AreaTokens, j| area.jobs[1].push(&mut t.jobs[1], j).map_err(|_| "full").unwrap();
+        // A frame from two pieces of host memory, an ACK, a payload written
+        // into host memory, and the same frame named in place.
+        let two = segs(&[(0x1000, 8), (0x1100, 4)]);
+        push(
+            &mut t,
+            Job::Transmit { slot: 1, seq: 7, dst: 3, head: head(0xAA), head_len: 4, segs: two, in_place: false },
+        );
+        let hdr = FrameHeader { kind: FrameKind::Ack as u8, dst_node: 5, ..Default::default() };
+        push(&mut t, Job::Control { hdr, body: AckBody::default() });
+        push(&mut t, Job::Receive { slot: 2, seq: 9, segs: segs(&[(0x1800, 3)]), data: vec![9, 8, 7] });
+        push(
+            &mut t,
+            Job::Transmit { slot: 1, seq: 7, dst: 3, head: head(0xBB), head_len: 2, segs: two, in_place: true },
+        );
+        assert_eq!(area.jobs_pending(1), 4);
+        assert!(!area.wants_program(1), "nothing here needs the program");
+        assert_eq!(area.run_jobs(&mut hw, 1), 4);
+        assert_eq!(area.jobs_pending(1), 0);
+        let want: Vec<u8> = [0xAA; 4].iter().copied().chain(0..8).chain(0..4).collect();
+        assert_eq!(hw.sent[0], (3, want), "headers, then the payload's pieces in order");
+        assert_eq!(hw.sent[1].0, 5, "the ACK to its node");
+        assert_eq!(&hw.mem[0x800..0x803], &[9, 8, 7], "the payload in host memory");
+        assert_eq!(hw.sent[2].1[..2], [0xBB, 0xBB], "in place: the same frame");
+        assert_eq!(hw.sent[2].1[2..], hw.sent[0].1[4..]);
+        assert_eq!(area.jobs_run(), 4);
+        // The payload buffer came back to the program.
+        assert_eq!(area.returned[1].pop(&mut t.returned[1]), Some(vec![9, 8, 7]));
+    }
+
+    #[test]
+    fn a_job_whose_dma_fails_is_reported_to_the_program_once() {
+        let (area, mut t) = Area::new(cpu_plan::SR);
+        let mut hw = Hw { mem: vec![0; 4096], sent: Vec::new() };
+        let outside = segs(&[(0x9000, 8)]);
+        let jobs = [
+            Job::Receive { slot: 2, seq: 9, segs: outside, data: vec![0; 8] },
+            Job::Transmit { slot: 1, seq: 7, dst: 3, head: head(1), head_len: 4, segs: outside, in_place: false },
+            Job::Transmit { slot: 4, seq: 8, dst: 3, head: head(1), head_len: 4, segs: outside, in_place: true },
+        ];
+        for j in jobs {
+            area.jobs[1].push(&mut t.jobs[1], j).map_err(|_| "full").unwrap();
+        }
+        assert_eq!(area.run_jobs(&mut hw, 1), 3);
+        assert!(hw.sent.is_empty(), "nothing half-read goes on the wire");
+        assert!(area.wants_program(1), "failures need the program");
+        let mut failed = Vec::new();
+        area.take_failed(1, &mut failed);
+        let want = [
+            Failed::Receive { slot: 2, seq: 9 },
+            Failed::Transmit { slot: 1, seq: 7 },
+            Failed::Transmit { slot: 4, seq: 8 },
+        ];
+        assert_eq!(failed, want);
+        assert!(!area.wants_program(1));
+        area.take_failed(1, &mut failed);
+        assert_eq!(failed.len(), 3, "reported once");
+    }
+
+    #[test]
+    fn a_payload_in_more_pieces_than_a_job_names_is_not_a_job() {
+        let mut g = HostSegs::new();
+        for i in 0..JOB_SEGS_MAX as u64 + 1 {
+            g.segs.push(HostSeg { addr: 0x1000 + 0x100 * i, len: 8 });
+        }
+        assert!(Segs::from_gathered(&g).is_none());
+        g.segs.pop();
+        assert_eq!(Segs::from_gathered(&g).map(|s| s.as_slice().len()), Some(JOB_SEGS_MAX));
+    }
+}
