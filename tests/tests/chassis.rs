@@ -226,6 +226,39 @@ fn tap_p2p_with_rx_double_buffering() {
         .output()
         .expect("emp run");
     assert_tap(&out, 2);
+    // SR: CPU B's transmissions (named in place: Immediate Sending) and
+    // receiving DMAs are jobs it runs without the program, its writes
+    // through the same DMA thread.
+    let c = Cluster::up(
+        "p2p-db-jobs",
+        &[
+            "-n",
+            "2",
+            "--cpu-plan",
+            "sr",
+            "--nic-cpus",
+            "2",
+            "--loss",
+            "0.05",
+            "--reorder",
+            "0.05",
+            "--nicd-args",
+            "--rx-double-buffering --immediate-sending",
+        ],
+    );
+    let out = emp()
+        .args(["run", "--timeout", "300", "-n", "2", "--dir"])
+        .arg(&c.dir)
+        .env("EMP_STRESS_MSGS", "200")
+        .env("EMP_STRESS_ROUNDS", "50")
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_tap-stress"))
+        .output()
+        .expect("emp run");
+    assert_tap(&out, 2);
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+        assert!(jobs_without_the_program(&c.dir) > 0, "CPU B ran no job without the program");
+    }
 }
 
 /// Immediate Sending (`emp-nicd --immediate-sending`): one-frame sends go

@@ -1161,6 +1161,15 @@ struct emp_attach_msg {
 #define EMP_FW_SYM_CPU_PENDING "emp_fw_cpu_pending"
 /* uint32_t emp_fw_frame_cpu(void *nic); the CPU received frames go to */
 #define EMP_FW_SYM_FRAME_CPU "emp_fw_frame_cpu"
+/* Optional: a CPU on a thread of its own runs its jobs without the program. */
+/* const void *emp_fw_cpu_area(void *nic); a reference to the CPUs' common area */
+#define EMP_FW_SYM_CPU_AREA "emp_fw_cpu_area"
+/* void emp_fw_cpu_area_free(const void *area); */
+#define EMP_FW_SYM_CPU_AREA_FREE "emp_fw_cpu_area_free"
+/* uint32_t emp_fw_cpu_jobs(const void *area, const struct emp_fw_hal *hal, uint32_t cpu); jobs run */
+#define EMP_FW_SYM_CPU_JOBS "emp_fw_cpu_jobs"
+/* uint32_t emp_fw_cpu_wants_program(const void *area, uint32_t cpu); nonzero: take the program */
+#define EMP_FW_SYM_CPU_WANTS_PROGRAM "emp_fw_cpu_wants_program"
 
 /* A run of host memory by bus address. */
 struct emp_fw_host_seg {

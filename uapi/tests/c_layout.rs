@@ -831,6 +831,10 @@ fn string_constants() -> Vec<StrConstDesc> {
         EMP_FW_SYM_CPU = fwabi::SYM_CPU,
         EMP_FW_SYM_CPU_PENDING = fwabi::SYM_CPU_PENDING,
         EMP_FW_SYM_FRAME_CPU = fwabi::SYM_FRAME_CPU,
+        EMP_FW_SYM_CPU_AREA = fwabi::SYM_CPU_AREA,
+        EMP_FW_SYM_CPU_AREA_FREE = fwabi::SYM_CPU_AREA_FREE,
+        EMP_FW_SYM_CPU_JOBS = fwabi::SYM_CPU_JOBS,
+        EMP_FW_SYM_CPU_WANTS_PROGRAM = fwabi::SYM_CPU_WANTS_PROGRAM,
     ]
 }
 
