@@ -724,8 +724,7 @@ pub struct Nic {
     pub(crate) linger: linger::LingerTable,
     pub(crate) counters: [u64; counter::COUNT],
     /// Counters changed since they were last published, one bit each: only
-    /// those are written to SRAM (a whole table per event cost 7 % of a
-    /// small message's NIC time).
+    /// those are written to SRAM, not the whole table after every event.
     pub(crate) counters_dirty: u64,
     pub(crate) heartbeat: u32,
     /// Source of timer stamps (unique across slot reuse).

@@ -1099,7 +1099,7 @@ impl Nic {
         // What the report needs is taken out and the record dropped where
         // it is: moving a whole record out of its table costs a copy.
         let m = self.tx.get_mut(slot);
-        let window = m.groups.take_slots();
+        let (window, used) = m.groups.take_slots();
         let (peer, seq, inflight, port) = (m.peer, m.seq, m.inflight_frames, m.port);
         let done = match (m.coll.take(), m.rma) {
             (Some(c), _) => TxDone::Coll(c),
@@ -1111,7 +1111,7 @@ impl Nic {
             }
         };
         self.tx.free(slot);
-        self.tx_rings.give(window.0, window.1);
+        self.tx_rings.give(window, used);
         let p = self.peer_mut(peer);
         p.inflight_frames -= inflight;
         crate::slots::remove_once(&mut p.tx_queue, slot);
