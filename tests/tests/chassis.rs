@@ -130,15 +130,7 @@ fn two_nic_cpu_threads_under_loss_every_plan() {
         } else {
             assert!(!threads.iter().any(|t| t.starts_with("nic-cpu")), "{plan}: {threads:?}");
         }
-        let out = emp()
-            .args(["run", "--timeout", if long { "3600" } else { "300" }, "-n", "2", "--dir"])
-            .arg(&c.dir)
-            .env("EMP_STRESS_MSGS", msgs)
-            .env("EMP_STRESS_ROUNDS", rounds)
-            .arg("--")
-            .arg(env!("CARGO_BIN_EXE_tap-stress"))
-            .output()
-            .expect("emp run");
+        let out = tap_stress(&c.dir, msgs, rounds, if long { "3600" } else { "300" });
         eprintln!("plan {plan}:");
         assert_tap(&out, 2);
         assert!(stats_row(&c.dir, "retransmits") > 0, "{plan}: 8 % loss, yet no retransmission");
@@ -150,6 +142,20 @@ fn two_nic_cpu_threads_under_loss_every_plan() {
             eprintln!("plan {plan}: {unlocked} jobs without the program");
         }
     }
+}
+
+/// tap-stress on two ranks of the chassis in `dir`: `msgs` streamed
+/// messages, then `rounds` ping-pong rounds, within `timeout` seconds.
+fn tap_stress(dir: &Path, msgs: &str, rounds: &str, timeout: &str) -> std::process::Output {
+    emp()
+        .args(["run", "--timeout", timeout, "-n", "2", "--dir"])
+        .arg(dir)
+        .env("EMP_STRESS_MSGS", msgs)
+        .env("EMP_STRESS_ROUNDS", rounds)
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_tap-stress"))
+        .output()
+        .expect("emp run")
 }
 
 /// The jobs the NIC CPU threads of the chassis in `dir` ran without the
@@ -193,71 +199,26 @@ fn tap_p2p_with_rx_double_buffering() {
     );
     assert_tap(&c.run(8, &[env!("CARGO_BIN_EXE_tap-p2p")]), 10);
     // Both NIC CPUs on threads queue to the one DMA thread: a completion
-    // one CPU writes never lands before the payload the other queued.
-    let c = Cluster::up(
-        "p2p-db-cpus",
-        &[
-            "-n",
-            "2",
-            "--cpu-plan",
-            "dsr",
-            "--nic-cpus",
-            "2",
-            "--loss",
-            "0.05",
-            "--reorder",
-            "0.05",
-            "--nicd-args",
-            "--rx-double-buffering",
-        ],
-    );
-    let threads = nicd_threads(&c.dir);
-    assert!(threads.iter().any(|t| t == "emp-dma0"), "no DMA thread in {threads:?}");
-    if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
-        assert!(threads.iter().any(|t| t == "nic-cpu1-n0"), "no CPU B thread in {threads:?}");
-    }
-    let out = emp()
-        .args(["run", "--timeout", "300", "-n", "2", "--dir"])
-        .arg(&c.dir)
-        .env("EMP_STRESS_MSGS", "200")
-        .env("EMP_STRESS_ROUNDS", "50")
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_tap-stress"))
-        .output()
-        .expect("emp run");
-    assert_tap(&out, 2);
+    // one CPU writes never lands before the payload the other queued (DSR).
     // SR: CPU B's transmissions (named in place: Immediate Sending) and
     // receiving DMAs are jobs it runs without the program, its writes
     // through the same DMA thread.
-    let c = Cluster::up(
-        "p2p-db-jobs",
-        &[
-            "-n",
-            "2",
-            "--cpu-plan",
-            "sr",
-            "--nic-cpus",
-            "2",
-            "--loss",
-            "0.05",
-            "--reorder",
-            "0.05",
-            "--nicd-args",
-            "--rx-double-buffering --immediate-sending",
-        ],
-    );
-    let out = emp()
-        .args(["run", "--timeout", "300", "-n", "2", "--dir"])
-        .arg(&c.dir)
-        .env("EMP_STRESS_MSGS", "200")
-        .env("EMP_STRESS_ROUNDS", "50")
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_tap-stress"))
-        .output()
-        .expect("emp run");
-    assert_tap(&out, 2);
-    if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
-        assert!(jobs_without_the_program(&c.dir) > 0, "CPU B ran no job without the program");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (name, plan, nicd) in [
+        ("p2p-db-cpus", "dsr", "--rx-double-buffering"),
+        ("p2p-db-jobs", "sr", "--rx-double-buffering --immediate-sending"),
+    ] {
+        let args = ["-n", "2", "--cpu-plan", plan, "--nic-cpus", "2", "--loss", "0.05", "--reorder", "0.05"];
+        let c = Cluster::up(name, &[&args[..], &["--nicd-args", nicd]].concat());
+        let threads = nicd_threads(&c.dir);
+        assert!(threads.iter().any(|t| t == "emp-dma0"), "{plan}: no DMA thread in {threads:?}");
+        if cores >= 2 {
+            assert!(threads.iter().any(|t| t == "nic-cpu1-n0"), "{plan}: no CPU B thread in {threads:?}");
+        }
+        assert_tap(&tap_stress(&c.dir, "200", "50", "300"), 2);
+        if plan == "sr" && cores >= 2 {
+            assert!(jobs_without_the_program(&c.dir) > 0, "{plan}: CPU B ran no job without the program");
+        }
     }
 }
 
