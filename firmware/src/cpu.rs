@@ -542,19 +542,33 @@ impl Nic {
         }
         let m = self.rx.get(slot).expect("live");
         let (port, desc) = (m.port, m.desc);
-        let mut g = core::mem::take(&mut self.host_segs);
-        g.clear();
-        let r =
-            self.sge_io(hal, port, desc.sges(), off, Buf::Gather(data.len(), &mut g), emp_uapi::desc::MR_LOCAL_WRITE);
-        let segs = Segs::from_gathered(&g);
-        self.host_segs = g;
-        r?;
+        let segs = self.job_segs(hal, port, &desc, off, data.len(), emp_uapi::desc::MR_LOCAL_WRITE)?;
         let data = self.queues.take_payload(data);
         match segs {
             Some(segs) => self.push_job(hal, cpu, Job::Receive { slot, seq, segs, data }),
             None => self.enqueue(hal, cpu, Work::Receive { slot, seq, off, data }),
         }
         Ok(())
+    }
+
+    /// The host segments of `len` bytes at message offset `off` of `desc`'s
+    /// buffers on `port`, checked for `access`: `None` when more than a
+    /// job names.
+    pub(crate) fn job_segs<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        port: u16,
+        desc: &crate::LocalDesc,
+        off: u64,
+        len: usize,
+        access: u8,
+    ) -> Result<Option<Segs>, Status> {
+        let mut g = core::mem::take(&mut self.host_segs);
+        g.clear();
+        let r = self.sge_io(hal, port, desc.sges(), off, Buf::Gather(len, &mut g), access);
+        let segs = Segs::from_gathered(&g);
+        self.host_segs = g;
+        r.map(|()| segs)
     }
 
     /// Queues `job` for `cpu`; when its queue is full, runs what waits

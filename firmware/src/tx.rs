@@ -532,13 +532,7 @@ impl Nic {
         let mut head = [0u8; crate::cpu::HEAD_MAX];
         head[..d.head].copy_from_slice(&buf[..d.head]);
         self.frame_buf = buf;
-        let mut g = core::mem::take(&mut self.host_segs);
-        g.clear();
-        let r = self.sge_io(hal, d.port, d.desc.sges(), d.off, Buf::Gather(d.len, &mut g), MR_LOCAL_READ);
-        let segs = crate::cpu::Segs::from_gathered(&g);
-        self.host_segs = g;
-        r?;
-        let Some(segs) = segs else { return Ok(false) };
+        let Some(segs) = self.job_segs(hal, d.port, &d.desc, d.off, d.len, MR_LOCAL_READ)? else { return Ok(false) };
         let job = crate::cpu::Job::Transmit { slot, seq, dst: d.dst, head, head_len: d.head as u8, segs, in_place };
         self.push_job(hal, cpu, job);
         self.count(if retransmit { counter::RETRANSMITS } else { counter::TX_FRAMES }, 1);
