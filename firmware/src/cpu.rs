@@ -7,14 +7,16 @@
 //! - **Jobs** ([`Job`], in the common [`Area`]): data movement whose
 //!   bookkeeping the queuing CPU already did — a plain frame's headers and
 //!   the host segments its payload is read from, a received payload and the
-//!   host segments it goes to, an ACK to put on the wire. The CPU that
+//!   host segments it goes to, an ACK to put on the wire, a receive's CQE
+//!   and the CQ slot the program took for it. The CPU that
 //!   takes a job touches no record of the program: where the NIC runs its
 //!   CPUs on threads, it runs its jobs without the program's lock
 //!   ([`Area::run_jobs`]), beside the other CPU's steps. This is the state
 //!   each CPU owns: its job queue, its frame scratch, its failures.
 //! - **Work** ([`Work`], in the program's [`Queues`]): steps that read or
-//!   change records (a receive's completion, an ACK's send-record update,
-//!   frames built from a collective's or remote access's state); the CPU
+//!   change records (an ACK's send-record update, frames built from a
+//!   collective's or remote access's state, a receive whose payload was too
+//!   scattered for a job, and its completion); the CPU
 //!   runs them holding the program (the thesis' semaphore).
 //!
 //! Jobs are used once a driver running the CPUs on threads takes the area
@@ -51,9 +53,10 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use emp_uapi::desc::Status;
+use emp_uapi::desc::{Cqe, Status, CQE_FLAGS_OFFSET};
 use emp_uapi::fwabi::HostSeg;
 use emp_uapi::image::cpu_plan;
+use emp_uapi::sram::counter;
 use emp_uapi::wire::{AckBody, FrameHeader, MsgHeader, MTU_MAX};
 use emp_uapi::Le;
 
@@ -196,6 +199,11 @@ pub(crate) enum Job {
     Receive { slot: u32, seq: u32, segs: Segs, data: Vec<u8> },
     /// Send ack: put an ACK/NACK on the wire.
     Control { hdr: FrameHeader, body: AckBody },
+    /// A receive's completion: `cqe` written to `segs` (its CQ slot, taken
+    /// by the program), then the port's interrupt raised if the host armed
+    /// it (SRAM word `arm`). It follows the receive's payload jobs (`rx`:
+    /// record and message), and says `DmaError` if one of them failed.
+    Complete { rx: (u32, u32), port: u16, cqe: Cqe, segs: Segs, arm: u32 },
 }
 
 /// A job whose DMA failed, for its CPU to report holding the program.
@@ -205,6 +213,11 @@ pub(crate) enum Failed {
     Transmit { slot: u32, seq: u32 },
     /// The receive of rx record `slot` (message `seq`) fails with one.
     Receive { slot: u32, seq: u32 },
+    /// A receive completed by a job on `port` went wrong after its record
+    /// retired: a payload's DMA failed (`failed`: the job turned its
+    /// success into `DmaError`), or the CQE could not be written
+    /// (`!written`: the host unmapped its CQ).
+    Completion { port: u16, failed: bool, written: bool },
 }
 
 /// What one CPU owns while it runs its jobs.
@@ -220,6 +233,9 @@ struct Runner {
     /// Failed jobs not yet reported (at most `JOBS_MAX` between two
     /// reports: a run takes at most that many).
     failed: Vec<Failed>,
+    /// Per rx record slot: the message whose payload DMA failed here, for
+    /// its completion job to report (its record may be retired by then).
+    rx_failed: Vec<Option<u32>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -256,15 +272,23 @@ struct AreaTokens {
 }
 
 impl Area {
-    fn new(plan: u32) -> (Area, AreaTokens) {
+    /// The area of `plan`'s CPUs, for a program of `rx_max` receive records.
+    fn new(plan: u32, rx_max: u32) -> (Area, AreaTokens) {
         let two = cpus(plan) > 1;
+        let rx_slots = if two { rx_max as usize } else { 0 };
         let (jobs, frame) = if two { (JOBS_MAX, MTU_MAX as usize) } else { (0, 0) };
         let (j0, jp0, jc0) = Ring::new(jobs);
         let (j1, jp1, jc1) = Ring::new(jobs);
         let (r0, rp0, rc0) = Ring::new(jobs + PAYLOAD_BUFS);
         let (r1, rp1, rc1) = Ring::new(jobs + PAYLOAD_BUFS);
         let runner = |jobs_c, returned| {
-            Mutex::new(Runner { jobs: jobs_c, returned, frame: vec![0; frame], failed: Vec::with_capacity(jobs) })
+            Mutex::new(Runner {
+                jobs: jobs_c,
+                returned,
+                frame: vec![0; frame],
+                failed: Vec::with_capacity(jobs),
+                rx_failed: vec![None; rx_slots],
+            })
         };
         let area = Area {
             jobs: [j0, j1],
@@ -355,7 +379,33 @@ impl Area {
                 // Past the ring's room (buffers made when one CPU outran
                 // the other), the buffer is freed.
                 let _ = self.returned[cpu].push(&mut r.returned, data);
+                if !ok {
+                    if let Some(f) = r.rx_failed.get_mut(slot as usize) {
+                        *f = Some(seq);
+                    }
+                }
                 (!ok).then_some(Failed::Receive { slot, seq })
+            }
+            Job::Complete { rx: (slot, seq), port, mut cqe, segs, arm } => {
+                hal.cpu_step(cpu as u8, CpuStep::Complete, true);
+                let payload_failed =
+                    r.rx_failed.get_mut(slot as usize).is_some_and(|f| f.take_if(|s| *s == seq).is_some());
+                let failed = payload_failed && cqe.status == Status::Success as u8;
+                if failed {
+                    cqe.status = Status::DmaError as u8;
+                }
+                let mut b = [0u8; Cqe::SIZE];
+                cqe.put(&mut b);
+                // As `Nic::complete`: the body, a fence, the phase byte.
+                let ok = segs_write(hal, segs.as_slice(), 0, &b[..CQE_FLAGS_OFFSET]) && {
+                    hal.dma_fence();
+                    segs_write(hal, segs.as_slice(), CQE_FLAGS_OFFSET, &b[CQE_FLAGS_OFFSET..])
+                };
+                if ok && crate::sram_u32(hal, arm as usize) != 0 {
+                    crate::sram_put_u32(hal, arm as usize, 0);
+                    hal.raise_interrupt(1 + port);
+                }
+                (failed || !ok).then_some(Failed::Completion { port, failed, written: ok })
             }
             Job::Control { hdr, body } => {
                 hal.cpu_step(cpu as u8, CpuStep::SendAck, true);
@@ -386,6 +436,28 @@ impl Area {
             w.store(waiting, Ordering::Release);
         }
     }
+}
+
+/// Writes `data` to the host memory `segs` names, from byte `off` of it;
+/// whether every byte was written.
+fn segs_write<H: Hal>(hal: &mut H, segs: &[HostSeg], off: usize, data: &[u8]) -> bool {
+    let (mut skip, mut at) = (off, 0);
+    for s in segs {
+        let len = s.len as usize;
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let n = (len - skip).min(data.len() - at);
+        if hal.dma_write(s.addr + skip as u64, &data[at..at + n]).is_err() {
+            return false;
+        }
+        (skip, at) = (0, at + n);
+        if at == data.len() {
+            return true;
+        }
+    }
+    at == data.len()
 }
 
 /// Builds a frame in `frame` from `head` and the payload read from host
@@ -419,14 +491,16 @@ pub(crate) struct Queues {
     payloads: Vec<Vec<u8>>,
     /// Failed jobs being reported (scratch, `JOBS_MAX`).
     failed: Vec<Failed>,
+    /// Work each CPU ran (steps holding the program).
+    work_run: [u64; 2],
 }
 
 impl Queues {
     /// Queues for `plan`; job queues and payload buffers only when it uses
     /// two CPUs.
-    pub(crate) fn new(plan: u32) -> Queues {
+    pub(crate) fn new(plan: u32, rx_max: u32) -> Queues {
         let two = cpus(plan) > 1;
-        let (area, tokens) = Area::new(plan);
+        let (area, tokens) = Area::new(plan, rx_max);
         let bufs = if two { PAYLOAD_BUFS } else { 0 };
         Queues {
             q: Default::default(),
@@ -434,6 +508,7 @@ impl Queues {
             tokens,
             payloads: (0..bufs).map(|_| Vec::with_capacity(MTU_MAX as usize)).collect(),
             failed: Vec::with_capacity(if two { JOBS_MAX } else { 0 }),
+            work_run: [0; 2],
         }
     }
 
@@ -499,6 +574,12 @@ impl Nic {
         self.queues.area.jobs_run()
     }
 
+    /// Work queued for CPU `cpu` that it ran so far: steps it took the
+    /// program for (failed jobs' reports included).
+    pub fn cpu_work_run(&self, cpu: usize) -> u64 {
+        self.queues.work_run.get(cpu).copied().unwrap_or(0)
+    }
+
     /// Send ack on `cpu`, which `dispatch` gave.
     pub(crate) fn enqueue_control<H: Hal>(&mut self, hal: &mut H, cpu: u8, hdr: &FrameHeader, body: &AckBody) {
         if self.cfg.cpu_jobs {
@@ -546,7 +627,10 @@ impl Nic {
         let data = self.queues.take_payload(data);
         match segs {
             Some(segs) => self.push_job(hal, cpu, Job::Receive { slot, seq, segs, data }),
-            None => self.enqueue(hal, cpu, Work::Receive { slot, seq, off, data }),
+            None => {
+                self.rx.get_mut(slot).payload_as_work = true;
+                self.enqueue(hal, cpu, Work::Receive { slot, seq, off, data })
+            }
         }
         Ok(())
     }
@@ -623,13 +707,15 @@ impl Nic {
         }
         let prev = core::mem::replace(&mut self.cpu, cpu as u8);
         let mut ran = self.queues.area.run_jobs(hal, cpu);
-        ran += self.report_failed(hal, now, cpu);
+        let failed = self.report_failed(hal, now, cpu);
+        ran += failed;
         let n = self.queues.q[cpu].len();
         for _ in 0..n {
             let Some(w) = self.queues.q[cpu].pop_front() else { break };
             self.run_work(hal, now, w);
         }
         ran += n;
+        self.queues.work_run[cpu] += (n + failed) as u64;
         self.queues.area.set_work_waiting(cpu, !self.queues.q[cpu].is_empty());
         self.send_ready_peers(hal, now);
         self.cpu = prev;
@@ -653,6 +739,17 @@ impl Nic {
                 Failed::Receive { slot, seq } => {
                     if self.rx.get(slot).is_some_and(|m| m.seq == seq) {
                         self.rx_error(slot, Status::DmaError);
+                    }
+                }
+                Failed::Completion { port, failed, written } => {
+                    if failed {
+                        // It was counted as received when its record retired.
+                        self.count(counter::MSGS_FAILED, 1);
+                        self.count(counter::MSGS_RX, 0);
+                        self.counters[counter::MSGS_RX] = self.counters[counter::MSGS_RX].saturating_sub(1);
+                    }
+                    if !written {
+                        self.cq_overrun(hal, port);
                     }
                 }
             }
@@ -716,6 +813,15 @@ mod tests {
     struct Hw {
         mem: Vec<u8>,
         sent: Vec<(u16, Vec<u8>)>,
+        /// The ARM word of the port (SRAM offset `ARM`), and the interrupts raised.
+        armed: u32,
+        raised: Vec<u16>,
+    }
+
+    const ARM: usize = 0x40;
+
+    fn hw(mem: Vec<u8>) -> Hw {
+        Hw { mem, sent: Vec::new(), armed: 0, raised: Vec::new() }
     }
 
     impl Hw {
@@ -726,10 +832,17 @@ mod tests {
     }
 
     impl Hal for Hw {
-        fn sram_read(&mut self, _: usize, buf: &mut [u8]) {
+        fn sram_read(&mut self, off: usize, buf: &mut [u8]) {
             buf.fill(0);
+            if off == ARM {
+                buf[..4].copy_from_slice(&self.armed.to_le_bytes());
+            }
         }
-        fn sram_write(&mut self, _: usize, _: &[u8]) {}
+        fn sram_write(&mut self, off: usize, data: &[u8]) {
+            if off == ARM {
+                self.armed = u32::from_le_bytes(data[..4].try_into().unwrap());
+            }
+        }
         fn dma_read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
             let r = self.range(addr, buf.len())?;
             buf.copy_from_slice(&self.mem[r]);
@@ -753,7 +866,9 @@ mod tests {
             self.sent.push((dst, f));
             Ok(())
         }
-        fn raise_interrupt(&mut self, _: u16) {}
+        fn raise_interrupt(&mut self, vector: u16) {
+            self.raised.push(vector);
+        }
     }
 
     fn segs(list: &[(u64, u64)]) -> Segs {
@@ -768,8 +883,8 @@ mod tests {
 
     #[test]
     fn jobs_run_in_order_without_the_program_and_give_their_buffers_back() {
-        let (area, mut t) = Area::new(cpu_plan::SR);
-        let mut hw = Hw { mem: (0..4096).map(|i| i as u8).collect(), sent: Vec::new() };
+        let (area, mut t) = Area::new(cpu_plan::SR, 8);
+        let mut hw = hw((0..4096).map(|i| i as u8).collect());
         let push = |t: &mut AreaTokens, j| area.jobs[1].push(&mut t.jobs[1], j).map_err(|_| "full").unwrap();
         // A frame from two pieces of host memory, an ACK, a payload written
         // into host memory, and the same frame named in place.
@@ -802,8 +917,8 @@ mod tests {
 
     #[test]
     fn a_job_whose_dma_fails_is_reported_to_the_program_once() {
-        let (area, mut t) = Area::new(cpu_plan::SR);
-        let mut hw = Hw { mem: vec![0; 4096], sent: Vec::new() };
+        let (area, mut t) = Area::new(cpu_plan::SR, 8);
+        let mut hw = hw(vec![0; 4096]);
         let outside = segs(&[(0x9000, 8)]);
         let jobs = [
             Job::Receive { slot: 2, seq: 9, segs: outside, data: vec![0; 8] },
@@ -827,6 +942,61 @@ mod tests {
         assert!(!area.wants_program(1));
         area.take_failed(1, &mut failed);
         assert_eq!(failed.len(), 3, "reported once");
+    }
+
+    fn cqe(status: Status, phase: u8) -> Cqe {
+        Cqe { wr_id: 0x77, byte_len: 3, status: status as u8, flags: phase, ..Default::default() }
+    }
+
+    #[test]
+    fn a_receive_completes_after_its_payload_without_the_program() {
+        let (area, mut t) = Area::new(cpu_plan::RO, 8);
+        let mut hw = hw(vec![0; 4096]);
+        hw.armed = 1;
+        let push = |t: &mut AreaTokens, j| area.jobs[1].push(&mut t.jobs[1], j).map_err(|_| "full").unwrap();
+        push(&mut t, Job::Receive { slot: 2, seq: 9, segs: segs(&[(0x1800, 3)]), data: vec![9, 8, 7] });
+        // The CQE's slot in two pieces (the phase byte alone in the second).
+        let slot = segs(&[(0x1100, CQE_FLAGS_OFFSET as u64), (0x1200, 1)]);
+        push(&mut t, Job::Complete { rx: (2, 9), port: 3, cqe: cqe(Status::Success, 1), segs: slot, arm: ARM as u32 });
+        assert!(!area.wants_program(1));
+        assert_eq!(area.run_jobs(&mut hw, 1), 2);
+        assert_eq!(&hw.mem[0x800..0x803], &[9, 8, 7]);
+        let mut b = [0u8; Cqe::SIZE];
+        b[..CQE_FLAGS_OFFSET].copy_from_slice(&hw.mem[0x100..0x100 + CQE_FLAGS_OFFSET]);
+        b[CQE_FLAGS_OFFSET] = hw.mem[0x200];
+        assert_eq!(Cqe::get(&b), cqe(Status::Success, 1), "the entry, phase byte included");
+        assert_eq!((hw.armed, hw.raised.as_slice()), (0, &[4][..]), "the armed port's interrupt, once");
+        assert!(!area.wants_program(1), "nothing to report");
+    }
+
+    #[test]
+    fn a_completion_after_a_failed_payload_says_so_and_a_lost_cqe_is_reported() {
+        let (area, mut t) = Area::new(cpu_plan::RO, 8);
+        let mut hw = hw(vec![0; 4096]);
+        let push = |t: &mut AreaTokens, j| area.jobs[1].push(&mut t.jobs[1], j).map_err(|_| "full").unwrap();
+        let at = segs(&[(0x1100, Cqe::SIZE as u64)]);
+        let jobs = [
+            Job::Receive { slot: 2, seq: 9, segs: segs(&[(0x9000, 3)]), data: vec![1; 3] },
+            // Another message's completion in that slot is not affected.
+            Job::Complete { rx: (2, 8), port: 3, cqe: cqe(Status::Success, 1), segs: at, arm: ARM as u32 },
+            Job::Complete { rx: (2, 9), port: 3, cqe: cqe(Status::Success, 1), segs: at, arm: ARM as u32 },
+            // A CQ the host unmapped.
+            Job::Complete { rx: (5, 1), port: 4, cqe: cqe(Status::Truncated, 1), segs: segs(&[(0x9000, 40)]), arm: 0 },
+        ];
+        for j in jobs {
+            push(&mut t, j);
+        }
+        assert_eq!(area.run_jobs(&mut hw, 1), 4);
+        assert_eq!(Cqe::get(&hw.mem[0x100..0x100 + Cqe::SIZE]).status, Status::DmaError as u8);
+        let mut failed = Vec::new();
+        area.take_failed(1, &mut failed);
+        let want = [
+            Failed::Receive { slot: 2, seq: 9 },
+            Failed::Completion { port: 3, failed: true, written: true },
+            Failed::Completion { port: 4, failed: false, written: false },
+        ];
+        assert_eq!(failed, want);
+        assert!(hw.raised.is_empty(), "nothing armed");
     }
 
     #[test]

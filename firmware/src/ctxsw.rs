@@ -659,6 +659,9 @@ impl Nic {
         if args[1] > u32::MAX as u64 {
             return admin_result::BAD_ARG;
         }
+        // A job another CPU is running (a completion being written) ends
+        // before the image is taken.
+        self.drain_jobs(hal);
         if self.port_unstable(p).is_some() {
             return admin_result::NOT_STABLE;
         }

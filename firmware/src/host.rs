@@ -173,6 +173,9 @@ impl Nic {
     /// Closes a port: everything outstanding completes `Flushed` (best
     /// effort: the process may be gone), every table entry is freed.
     pub(crate) fn port_close<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
+        // Jobs name the port's memory (a completion's CQ slot): none may
+        // outlive the port.
+        self.drain_jobs(hal);
         // What was delivered, before anything half received is flushed.
         self.linger_port(now, port);
         // Collectives first: their internal messages are flushed with them.
@@ -437,6 +440,35 @@ impl Nic {
     /// Reports a finished descriptor: writes a CQE unless it is an
     /// unsignaled success, and releases its CQ reservation.
     pub(crate) fn complete<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
+        let Some((cqe, at)) = self.next_cqe(hal, port, c) else { return };
+        let mut b = [0u8; Cqe::SIZE];
+        cqe.put(&mut b);
+        let key = self.ports[port as usize].cq_key;
+        // The body, a fence, then the phase byte (the entry's last) on its
+        // own: a host that sees the new phase sees the whole entry, and the
+        // fence also puts the payload this completion reports ahead of it.
+        let (body, phase) = b.split_at(CQE_FLAGS_OFFSET);
+        let ok = self.mr_checked(hal, port, key, at, Cqe::SIZE as u64, MR_LOCAL_WRITE).is_ok_and(|cq| {
+            self.checked_io(hal, cq, at, Buf::ToHost(body)).is_ok() && {
+                hal.dma_fence();
+                self.checked_io(hal, cq, at + CQE_FLAGS_OFFSET as u64, Buf::ToHost(phase)).is_ok()
+            }
+        });
+        if !ok {
+            self.cq_overrun(hal, port);
+            return;
+        }
+        self.advance_cq(hal, port);
+        if sram_u32(hal, self.layout.port(port).ctl(ctl::ARM)) != 0 {
+            sram_put_u32(hal, self.layout.port(port).ctl(ctl::ARM), 0);
+            hal.raise_interrupt(1 + port);
+        }
+    }
+
+    /// Releases a finished descriptor's CQ reservation and builds its CQE
+    /// for the CQ's next slot: the entry and its offset in the CQ's region,
+    /// or `None` when none is written (an unsignaled success).
+    fn next_cqe<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) -> Option<(Cqe, u64)> {
         hal.cpu_step(self.cpu, crate::CpuStep::Complete, false);
         let st = &mut self.ports[port as usize];
         debug_assert!(st.outstanding > 0, "completion without a consumed descriptor");
@@ -445,11 +477,10 @@ impl Nic {
             self.count(counter::MSGS_FAILED, 1);
         }
         if !c.signaled && c.status == Status::Success {
-            return;
+            return None;
         }
         let st = &self.ports[port as usize];
-        let (key, entries, prod) = (st.cq_key, st.cq_entries, st.cq_prod);
-        let idx = ring::slot(prod, entries);
+        let (entries, prod) = (st.cq_entries, st.cq_prod);
         let cqe = Cqe {
             wr_id: c.wr_id,
             tag: c.tag,
@@ -464,32 +495,61 @@ impl Nic {
             reserved: 0,
             flags: ring::cqe_phase(prod, entries) | if c.imm.is_some() { CQE_IMM } else { 0 },
         };
-        let mut b = [0u8; Cqe::SIZE];
-        cqe.put(&mut b);
-        let at = st.cq_offset + idx as u64 * Cqe::SIZE as u64;
-        let w = self.layout.port(port);
-        // The body, a fence, then the phase byte (the entry's last) on its
-        // own: a host that sees the new phase sees the whole entry, and the
-        // fence also puts the payload this completion reports ahead of it.
-        let (body, phase) = b.split_at(CQE_FLAGS_OFFSET);
-        let ok = self.mr_checked(hal, port, key, at, Cqe::SIZE as u64, MR_LOCAL_WRITE).is_ok_and(|cq| {
-            self.checked_io(hal, cq, at, Buf::ToHost(body)).is_ok() && {
-                hal.dma_fence();
-                self.checked_io(hal, cq, at + CQE_FLAGS_OFFSET as u64, Buf::ToHost(phase)).is_ok()
-            }
-        });
-        if !ok {
-            let o = sram_u32(hal, w.ctl(ctl::CQ_OVERRUNS));
-            sram_put_u32(hal, w.ctl(ctl::CQ_OVERRUNS), o.wrapping_add(1));
-            return;
-        }
+        Some((cqe, st.cq_offset + ring::slot(prod, entries) as u64 * Cqe::SIZE as u64))
+    }
+
+    /// The CQ's next slot is written: it is the host's.
+    fn advance_cq<H: Hal>(&mut self, hal: &mut H, port: u16) {
         let st = &mut self.ports[port as usize];
         st.cq_prod = st.cq_prod.wrapping_add(1);
-        sram_put_u32(hal, w.ctl(ctl::CQ_PROD), st.cq_prod);
-        if sram_u32(hal, w.ctl(ctl::ARM)) != 0 {
-            sram_put_u32(hal, w.ctl(ctl::ARM), 0);
-            hal.raise_interrupt(1 + port);
-        }
+        let prod = st.cq_prod;
+        sram_put_u32(hal, self.layout.port(port).ctl(ctl::CQ_PROD), prod);
+    }
+
+    /// A CQE could not be written (the host unmapped its CQ): counted where
+    /// the host sees it.
+    pub(crate) fn cq_overrun<H: Hal>(&mut self, hal: &mut H, port: u16) {
+        let at = self.layout.port(port).ctl(ctl::CQ_OVERRUNS);
+        let o = sram_u32(hal, at);
+        sram_put_u32(hal, at, o.wrapping_add(1));
+    }
+
+    /// Host memory of the CQ's next slot on `port`, when a job can name it
+    /// (checked for writing): where another CPU writes this port's next
+    /// CQE without the program ([`Nic::complete_on`]); `None` when a job
+    /// cannot name it.
+    pub(crate) fn next_cqe_segs<H: Hal>(&mut self, hal: &mut H, port: u16) -> Option<crate::cpu::Segs> {
+        let st = &self.ports[port as usize];
+        let (key, entries, prod) = (st.cq_key, st.cq_entries, st.cq_prod);
+        let at = st.cq_offset + ring::slot(prod, entries) as u64 * Cqe::SIZE as u64;
+        let cq = self.mr_checked(hal, port, key, at, Cqe::SIZE as u64, MR_LOCAL_WRITE).ok()?;
+        let mut g = core::mem::take(&mut self.host_segs);
+        g.clear();
+        let r = self.checked_io(hal, cq, at, Buf::Gather(Cqe::SIZE, &mut g));
+        let segs = crate::cpu::Segs::from_gathered(&g);
+        self.host_segs = g;
+        r.ok().and(segs)
+    }
+
+    /// Completes a descriptor on CPU `cpu` (which `dispatch` gave) without
+    /// the program: the CQ's next slot (`segs`, from
+    /// [`Nic::next_cqe_segs`]) is taken here, and a job writes the CQE
+    /// there after the jobs queued before it (a receive's payload, `rx`
+    /// naming its record and message). The host reads its CQ in order, so
+    /// an entry written after it here stays unseen until this one is.
+    pub(crate) fn complete_on<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        cpu: u8,
+        port: u16,
+        rx: (u32, u32),
+        c: Completion,
+        segs: crate::cpu::Segs,
+    ) {
+        let Some((cqe, _)) = self.next_cqe(hal, port, c) else { return };
+        self.advance_cq(hal, port);
+        let arm = self.layout.port(port).ctl(ctl::ARM) as u32;
+        self.push_job(hal, cpu, crate::cpu::Job::Complete { rx, port, cqe, segs, arm });
     }
 }
 

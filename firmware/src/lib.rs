@@ -869,7 +869,7 @@ impl Nic {
             heartbeat: 0,
             stamp: 0,
             cpu: 0,
-            queues: cpu::Queues::new(cfg.cpu_plan),
+            queues: cpu::Queues::new(cfg.cpu_plan, cfg.rx_max),
             trace: VecDeque::with_capacity(32),
             sweep_armed: false,
             frame_buf: vec![0; MTU_MAX as usize],

@@ -79,6 +79,9 @@ pub(crate) struct RxMsg {
     pub contig: u32,
     /// Frames acknowledged together (the NIC's `Config::group_size`).
     pub group_size: u32,
+    /// A payload of it was queued to another CPU as work, not as a job:
+    /// its completion must follow it there as work too.
+    pub payload_as_work: bool,
 }
 
 /// What recording a frame in its receive record found.
@@ -139,6 +142,7 @@ impl RxMsg {
             owner,
             contig: 0,
             group_size,
+            payload_as_work: false,
         }
     }
 
@@ -988,7 +992,7 @@ impl Nic {
         let finish = all_done && deferred.is_none();
         if let (true, Some(cpu)) = (all_done, deferred) {
             // After this record's last payload DMA on the receiving CPU.
-            self.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq });
+            self.finish_recv_on(hal, cpu, r);
         }
         Some(Accepted { owner, stored_from, contig, finish })
     }
@@ -1062,6 +1066,32 @@ impl Nic {
     /// Retires a receive's record `r` (posted by the host) and completes
     /// it, without moving the record out of its table.
     pub(crate) fn finish_recv<H: Hal>(&mut self, hal: &mut H, r: u32, error: Option<Status>) {
+        let (port, c) = self.retire_recv(r, error);
+        self.complete(hal, port, c);
+    }
+
+    /// Completes receive record `r`, whose last payload DMA is queued on
+    /// CPU `cpu`, there: its CQE is written by a job after that DMA
+    /// ([`Nic::complete_on`]), so the CPU takes no program for it. Else
+    /// (no jobs, a payload of it queued as work, a CQ slot a job cannot
+    /// name) the completion is queued there as work.
+    fn finish_recv_on<H: Hal>(&mut self, hal: &mut H, cpu: u8, r: u32) {
+        let m = self.rx.get(r).expect("live");
+        let (port, seq) = (m.port, m.seq);
+        if self.cfg.cpu_jobs && !m.payload_as_work && m.owner == RxOwner::Recv {
+            // Nothing is retired unless the CQE's slot can be named.
+            if let Some(segs) = self.next_cqe_segs(hal, port) {
+                let (port, c) = self.retire_recv(r, None);
+                self.complete_on(hal, cpu, port, (r, seq), c, segs);
+                return;
+            }
+        }
+        self.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq });
+    }
+
+    /// Retires receive record `r` (posted by the host); its port and
+    /// completion (`error` overrides the record's own).
+    fn retire_recv(&mut self, r: u32, error: Option<Status>) -> (u16, Completion) {
         let error = self.unlink_rx(r, error);
         let m = self.rx.get(r).expect("live");
         debug_assert_eq!(m.owner, RxOwner::Recv);
@@ -1080,7 +1110,7 @@ impl Nic {
         c.imm = m.imm;
         let port = m.port;
         self.rx.free(r);
-        self.complete(hal, port, c);
+        (port, c)
     }
 
     /// Every quarter of the idle timeout: abort partially received

@@ -11,7 +11,8 @@
 //! a CPU owns alone is its hardware context (its transmit outbox and frame
 //! buffers) and its jobs: data movement the other CPU queued in the
 //! program's common area (a frame's headers and the host memory its payload
-//! is read from, a received payload and where it goes, an ACK), which a CPU
+//! is read from, a received payload and where it goes, an ACK, a receive's
+//! completion in the CQ slot the program took for it), which a CPU
 //! thread runs **without** the lock, beside the other CPU's steps
 //! (`firmware/src/cpu.rs`). Hand-offs between CPUs go through bounded
 //! areas: the jobs, the frames waiting for CPU B, the frames CPU B

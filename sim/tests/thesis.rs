@@ -173,3 +173,48 @@ fn every_plan_delivers_exactly_once_in_order_under_loss_on_per_cpu_timelines() {
         assert!(c.world.stats.lost > 0, "{name}: the wire lost nothing");
     }
 }
+
+#[test]
+fn with_jobs_cpu_b_of_so_ro_and_sr_never_takes_the_program() {
+    // A NIC running its CPUs on threads hands CPU B its steps as jobs:
+    // transmissions, send acks, payload DMAs and receives' completions
+    // (SO, RO, SR), none of which needs the program's records. DSR's B
+    // classifies frames, which does: frames run holding the program.
+    const MSGS: u64 = 40;
+    for (plan, name) in thesis::PLANS {
+        let cfg = emp_firmware::Config { cpu_plan: plan, cpu_jobs: true, ..Default::default() };
+        let mut c = Cluster::new(2, cfg, 0, 1500, Machine::thesis().wire);
+        let len = |i: u64| 10 + (i * 2_741) % 9_000;
+        let mut recvs = Vec::new();
+        for (src, dst) in [(0u16, 1u16), (1, 0)] {
+            for i in 0..MSGS {
+                recvs.push((dst, i, c.recv(dst, (src, 0), 7, 0, len(i))));
+            }
+        }
+        let sends: Vec<_> = (0..MSGS)
+            .flat_map(|i| [(0u16, 1u16), (1, 0)].map(|(src, dst)| (src, i, dst)))
+            .map(|(src, i, dst)| (src, c.send(src, dst, 7, &vec![i as u8; len(i) as usize])))
+            .collect();
+        for &(dst, i, wr) in &recvs {
+            let cqe = c.wait(dst, wr, 10_000_000_000).unwrap_or_else(|| panic!("{name}: #{i} to {dst} never arrived"));
+            assert_eq!((cqe.status, cqe.byte_len as u64), (0, len(i)), "{name}: #{i} to {dst}");
+            assert_eq!(c.received(wr, len(i) as usize), vec![i as u8; len(i) as usize], "{name}: #{i} to {dst}");
+        }
+        for &(src, wr) in &sends {
+            let cqe = c.wait(src, wr, 10_000_000_000).unwrap_or_else(|| panic!("{name}: send {wr} never completed"));
+            assert_eq!(cqe.status, 0, "{name}: send {wr}");
+        }
+        for n in 0..2 {
+            let nic = &c.world.nodes[n].nic;
+            match plan {
+                cpu_plan::BASE => assert_eq!(nic.cpu_jobs_run(), 0, "{name}: one CPU, no jobs"),
+                // B classifies frames (holding the program), A applies the ACKs.
+                cpu_plan::DSR => assert!(nic.cpu_work_run(0) > 0, "{name}: A updated no send record"),
+                _ => {
+                    assert!(nic.cpu_jobs_run() > MSGS, "{name}: node {n} ran {} jobs", nic.cpu_jobs_run());
+                    assert_eq!(nic.cpu_work_run(1), 0, "{name}: node {n}'s CPU B took the program");
+                }
+            }
+        }
+    }
+}
