@@ -493,6 +493,10 @@ pub(crate) struct Queues {
     failed: Vec<Failed>,
     /// Work each CPU ran (steps holding the program).
     work_run: [u64; 2],
+    /// CPUs past A run their jobs on threads of their own, without the
+    /// program ([`Nic::cpu_area`]): holding it, they run them only when
+    /// work must follow them.
+    jobs_outside: bool,
 }
 
 impl Queues {
@@ -509,6 +513,7 @@ impl Queues {
             payloads: (0..bufs).map(|_| Vec::with_capacity(MTU_MAX as usize)).collect(),
             failed: Vec::with_capacity(if two { JOBS_MAX } else { 0 }),
             work_run: [0; 2],
+            jobs_outside: false,
         }
     }
 
@@ -539,7 +544,11 @@ impl Nic {
         if step == Step::Transmission {
             hal.cpu_step(self.cpu, CpuStep::SendBookkeep, false);
         }
-        if cpu != self.cpu && self.queues.q[cpu as usize].len() < QUEUE_MAX {
+        // A CPU past A queues its own payload DMAs as jobs too: they then
+        // run after it lets go of the program (DSR's B receives the frames
+        // it classifies), beside the other CPU's steps.
+        let job_here = cpu == self.cpu && cpu != 0 && self.cfg.cpu_jobs && step == Step::Receiving;
+        if (cpu != self.cpu || job_here) && self.queues.q[cpu as usize].len() < QUEUE_MAX {
             return Some(cpu);
         }
         let here = match step {
@@ -566,6 +575,7 @@ impl Nic {
     /// movement goes to another CPU as jobs ([`crate::Config::cpu_jobs`]).
     pub fn cpu_area(&mut self) -> Arc<Area> {
         self.cfg.cpu_jobs = true;
+        self.queues.jobs_outside = true;
         self.queues.area.clone()
     }
 
@@ -706,7 +716,10 @@ impl Nic {
             return 0;
         }
         let prev = core::mem::replace(&mut self.cpu, cpu as u8);
-        let mut ran = self.queues.area.run_jobs(hal, cpu);
+        // Jobs go before work; with no work, a CPU whose thread runs its
+        // jobs without the program leaves them to it.
+        let leave = self.queues.jobs_outside && cpu != 0 && self.queues.q[cpu].is_empty();
+        let mut ran = if leave { 0 } else { self.queues.area.run_jobs(hal, cpu) };
         let failed = self.report_failed(hal, now, cpu);
         ran += failed;
         let n = self.queues.q[cpu].len();

@@ -398,6 +398,11 @@ impl Core {
             // Buffers of frames it took become its transmit buffers; the
             // surplus goes back to the other CPUs (`balance`).
             hw.pool.extend(frames.drain(..));
+            if self.area.is_some() {
+                // Holding the program it queued jobs for itself (the
+                // payloads of the frames it classified): run them next.
+                self.wanted[cpu as usize].store(true, Ordering::Release);
+            }
             self.hand_over(&mut hw);
             idle_since = Instant::now();
             self.nic.busy.add(idle_since.duration_since(began).as_nanos() as u64);
