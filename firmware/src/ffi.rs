@@ -9,6 +9,7 @@ use emp_uapi::fwabi::{FwConfig, FwHal};
 use emp_uapi::image::FIRMWARE_ABI;
 use emp_uapi::sram::FailReason;
 
+use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::{fail, Area, Config, DmaError, Hal, HostSeg, Nic};
@@ -16,12 +17,51 @@ use crate::{fail, Area, Config, DmaError, Hal, HostSeg, Nic};
 /// Adapts the C function table to [`Hal`].
 struct CHal(FwHal);
 
+impl CHal {
+    /// SRAM `[off, off + len)` in place, when the NIC mapped it for the call.
+    fn sram_at(&self, off: usize, len: usize) -> Option<*mut u8> {
+        let end = off.checked_add(len)?;
+        if self.0.sram_base.is_null() || end > self.0.sram_len {
+            return None;
+        }
+        // SAFETY: `off` is inside the mapping, which is `sram_len` bytes
+        // from `sram_base` for the call (`FwHal::sram_base`).
+        Some(unsafe { self.0.sram_base.add(off) })
+    }
+}
+
 impl Hal for CHal {
     fn sram_read(&mut self, off: usize, buf: &mut [u8]) {
-        (self.0.sram_read)(self.0.ctx, off, buf.as_mut_ptr(), buf.len());
+        let Some(at) = self.sram_at(off, buf.len()) else {
+            // Not mapped, or out of range: the NIC's call answers (zeros).
+            return (self.0.sram_read)(self.0.ctx, off, buf.as_mut_ptr(), buf.len());
+        };
+        if buf.len() == 4 && off.is_multiple_of(4) {
+            // SAFETY: in the mapping and 4-byte aligned (the mapping is
+            // page aligned); SRAM is shared with the host, which atomics
+            // are for, and `AtomicU32` has `u32`'s layout.
+            let w = unsafe { &*at.cast::<AtomicU32>() };
+            buf.copy_from_slice(&w.load(Ordering::Acquire).to_ne_bytes());
+            return;
+        }
+        // SAFETY: `len` bytes in the mapping; the host may change them
+        // meanwhile, which a byte copy tolerates (as the NIC's own does).
+        unsafe { core::ptr::copy_nonoverlapping(at, buf.as_mut_ptr(), buf.len()) };
+        fence(Ordering::Acquire);
     }
     fn sram_write(&mut self, off: usize, data: &[u8]) {
-        (self.0.sram_write)(self.0.ctx, off, data.as_ptr(), data.len());
+        let Some(at) = self.sram_at(off, data.len()) else {
+            return (self.0.sram_write)(self.0.ctx, off, data.as_ptr(), data.len());
+        };
+        if let (Ok(word), true) = (<[u8; 4]>::try_from(data), off.is_multiple_of(4)) {
+            // SAFETY: as in `sram_read`.
+            let w = unsafe { &*at.cast::<AtomicU32>() };
+            w.store(u32::from_ne_bytes(word), Ordering::Release);
+            return;
+        }
+        fence(Ordering::Release);
+        // SAFETY: `len` bytes in the mapping, which nothing of ours aliases.
+        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), at, data.len()) };
     }
     fn dma_read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         match (self.0.dma_read)(self.0.ctx, addr, buf.as_mut_ptr(), buf.len()) {
@@ -278,5 +318,80 @@ pub unsafe extern "C" fn emp_fw_free(nic: *mut c_void) {
     if !nic.is_null() {
         // SAFETY: `nic` was made by `Box::into_raw` in `emp_fw_boot`.
         drop(unsafe { Box::from_raw(nic.cast::<Nic>()) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// SRAM accesses that went through the NIC's calls.
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+
+    extern "C" fn sram_read(_: *mut c_void, _: usize, buf: *mut u8, len: usize) {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `buf` is the caller's buffer of `len` bytes.
+        unsafe { core::slice::from_raw_parts_mut(buf, len) }.fill(0xEE);
+    }
+    extern "C" fn sram_write(_: *mut c_void, _: usize, _: *const u8, _: usize) {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+    }
+    extern "C" fn dma(_: *mut c_void, _: u64, _: *mut u8, _: usize) -> i32 {
+        -1
+    }
+    extern "C" fn dma_w(_: *mut c_void, _: u64, _: *const u8, _: usize) -> i32 {
+        -1
+    }
+    extern "C" fn mac(_: *mut c_void, _: u16, _: *const u8, _: usize) {}
+    extern "C" fn irq(_: *mut c_void, _: u16) {}
+    extern "C" fn fence_(_: *mut c_void) {}
+    extern "C" fn mcast(_: *mut c_void, _: u16, _: u8) {}
+    extern "C" fn mac_host(_: *mut c_void, _: u16, _: *const u8, _: usize, _: *const HostSeg, _: usize) -> i32 {
+        -1
+    }
+
+    fn hal(sram: &mut [u32]) -> CHal {
+        CHal(FwHal {
+            ctx: core::ptr::null_mut(),
+            sram_read,
+            sram_write,
+            dma_read: dma,
+            dma_write: dma_w,
+            mac_transmit: mac,
+            raise_interrupt: irq,
+            dma_fence: fence_,
+            mcast_membership: mcast,
+            mac_transmit_host: mac_host,
+            sram_base: sram.as_mut_ptr().cast(),
+            sram_len: sram.len() * 4,
+        })
+    }
+
+    #[test]
+    fn mapped_sram_is_used_in_place_and_the_rest_goes_through_the_nic() {
+        let mut sram = [0u32; 16];
+        let mut h = hal(&mut sram);
+        CALLS.store(0, Ordering::Relaxed);
+        h.sram_write(8, &7u32.to_ne_bytes());
+        h.sram_write(13, &[1, 2, 3]);
+        let (mut w, mut b) = ([0u8; 4], [0u8; 3]);
+        h.sram_read(8, &mut w);
+        h.sram_read(13, &mut b);
+        assert_eq!((u32::from_ne_bytes(w), b), (7, [1, 2, 3]));
+        assert_eq!(CALLS.load(Ordering::Relaxed), 0, "in place");
+        // Past the mapping, or across its end: the NIC answers.
+        h.sram_read(64, &mut w);
+        h.sram_read(62, &mut w);
+        assert_eq!(w, [0xEE; 4]);
+        h.sram_write(64, &[1]);
+        assert_eq!(CALLS.load(Ordering::Relaxed), 3);
+        let bytes: Vec<u8> = sram.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        assert_eq!((&bytes[8..12], &bytes[13..16]), (&7u32.to_ne_bytes()[..], &[1, 2, 3][..]));
+        // Not mapped: every access calls.
+        let mut h = hal(&mut []);
+        h.0.sram_base = core::ptr::null_mut();
+        h.sram_read(0, &mut w);
+        assert_eq!(CALLS.load(Ordering::Relaxed), 4);
     }
 }

@@ -312,6 +312,10 @@ pub(crate) fn hal_for(hw: &mut HwCtx) -> FwHal {
         raise_interrupt: hw_raise_interrupt,
         dma_fence: hw_dma_fence,
         mcast_membership: hw_mcast_membership,
+        // With receive double buffering an admin completion's SRAM write
+        // waits for the DMA thread (`hw_sram_write`): every access calls.
+        sram_base: if hw.writes_behind() { core::ptr::null_mut() } else { hw.shared.sram.as_mut_ptr() },
+        sram_len: hw.shared.sram.len(),
     }
 }
 #[cfg(test)]

@@ -126,6 +126,12 @@ impl Sram {
         Ok(Sram { base: base.cast(), len, _whole: fd, ports: Vec::new() })
     }
 
+    /// The mapping's first byte, for a control program that reads and
+    /// writes SRAM in place (`FwHal::sram_base`): valid while this lives.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.base
+    }
+
     /// Bytes of SRAM.
     pub fn len(&self) -> usize {
         self.len

@@ -752,7 +752,7 @@ struct emp_port_ctl {
 /* Image magic: "EMPFWIMG" little-endian. */
 #define EMP_IMAGE_MAGIC 0x474D495746504D45ULL
 #define EMP_IMAGE_HEADER_VERSION 1U
-#define EMP_FIRMWARE_ABI 4U
+#define EMP_FIRMWARE_ABI 5U
 /* Bytes covered by the signature (everything before `signature`). */
 #define EMP_IMAGE_SIGNED_LEN 152U
 /* Largest payload accepted. */
@@ -1206,6 +1206,11 @@ struct emp_fw_hal {
 	 * (nonzero, nothing sent, when one does not resolve) */
 	int32_t (*mac_transmit_host)(void *ctx, uint16_t dst_node, const uint8_t *header, size_t header_len,
 				     const struct emp_fw_host_seg *segs, size_t nsegs);
+	/* SRAM mapped for the call: sram_len bytes the control program reads
+	 * and writes in place (4-byte words as acquire loads and release
+	 * stores); NULL: only through sram_read and sram_write */
+	uint8_t *sram_base;
+	size_t sram_len;
 };
 
 /* Control-program tunables passed at boot; zero means "use the default". */
@@ -1252,7 +1257,7 @@ EMP_STATIC_ASSERT(sizeof(struct emp_set_eventfd) == 16, "emp_set_eventfd");
 EMP_STATIC_ASSERT(sizeof(struct emp_arm) == 8, "emp_arm");
 EMP_STATIC_ASSERT(sizeof(struct emp_start) == 24, "emp_start");
 EMP_STATIC_ASSERT(sizeof(struct emp_attach_msg) == 192, "emp_attach_msg");
-EMP_STATIC_ASSERT(sizeof(struct emp_fw_hal) == 10 * sizeof(void *), "emp_fw_hal");
+EMP_STATIC_ASSERT(sizeof(struct emp_fw_hal) == 12 * sizeof(void *), "emp_fw_hal");
 EMP_STATIC_ASSERT(sizeof(struct emp_fw_host_seg) == 16, "emp_fw_host_seg");
 EMP_STATIC_ASSERT(sizeof(struct emp_fw_config) == 48, "emp_fw_config");
 

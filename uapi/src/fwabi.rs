@@ -98,6 +98,16 @@ pub struct FwHal {
         segs: *const HostSeg,
         nsegs: usize,
     ) -> i32,
+    /// SRAM, mapped for the duration of the call: `sram_len` bytes the
+    /// control program reads and writes in place, without a call per access
+    /// (an aligned 4-byte word as an acquire load or a release store, other
+    /// ranges as a copy after a release fence or before an acquire fence,
+    /// as `sram_read` and `sram_write` do). Null: SRAM only through those
+    /// two (a NIC that must see the writes, e.g. to order them after its
+    /// own DMA).
+    pub sram_base: *mut u8,
+    /// Bytes at `sram_base`.
+    pub sram_len: usize,
 }
 
 /// A run of host memory by bus address, as a DMA read would name it.

@@ -69,6 +69,8 @@ macro_rules! int_kind {
     )*};
 }
 int_kind!(u8 => "uint8_t", u16 => "uint16_t", u32 => "uint32_t", u64 => "uint64_t", i32 => "int32_t", i64 => "int64_t");
+// `size_t` is `uint64_t` on the targets (LP64): C's type test cannot tell them apart.
+int_kind!(usize => "uint64_t");
 
 impl Kind for Sge {
     const ELEM_SIZE: usize = size_of::<Sge>();
@@ -93,6 +95,7 @@ macro_rules! ptr_kind {
 }
 ptr_kind! {
     "void *" => *mut c_void,
+    "uint8_t *" => *mut u8,
     "void (*)(void *, size_t, uint8_t *, size_t)" => extern "C" fn(*mut c_void, usize, *mut u8, usize),
     "void (*)(void *, size_t, const uint8_t *, size_t)" => extern "C" fn(*mut c_void, usize, *const u8, usize),
     "int32_t (*)(void *, uint64_t, uint8_t *, size_t)" => extern "C" fn(*mut c_void, u64, *mut u8, usize) -> i32,
@@ -383,7 +386,9 @@ fn structs() -> Vec<StructDesc> {
                 raise_interrupt,
                 dma_fence,
                 mcast_membership,
-                mac_transmit_host
+                mac_transmit_host,
+                sram_base,
+                sram_len
             }
         ),
         st_repr_c!("emp_fw_host_seg", HostSeg { addr, len }),
