@@ -234,9 +234,8 @@ impl Engine {
                 c.fw.as_mut().expect("checked").doorbell(now);
                 did = true;
             }
-            for _ in 0..256 {
-                let Some(f) = self.rx[i].pop_front() else { break };
-                c.fw.as_mut().expect("checked").frame(now, f);
+            if !self.rx[i].is_empty() {
+                c.fw.as_mut().expect("checked").frames(now, &mut self.rx[i], 256);
                 did = true;
             }
             if mac_rx_first && Self::host_changed(c) {

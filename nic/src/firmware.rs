@@ -4,6 +4,7 @@
 //! hardware (`hw.rs`'s HAL trampolines reach SRAM, DMA, the MAC and the
 //! interrupt eventfds). The engine drives a `Firmware` and moves frames.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use emp_uapi::fwabi::FwConfig;
@@ -15,6 +16,11 @@ use crate::fwlib::FwLib;
 use crate::hw::{hal_for, HwCtx, Outgoing};
 use crate::image::{verify, TrustedKeys};
 use crate::nic::NicShared;
+
+/// Received frames' buffers a NIC keeps for later transmits: 1024 frames
+/// (about 1.5 MB at MTU 1500) cover the engine's 256-frame receive batch on
+/// a few NICs, and a burst cannot pin memory for good.
+const FRAME_POOL_MAX: usize = 1024;
 
 /// A running control program: its state and CPUs (`cpus.rs`), and CPU A's
 /// hardware context, which the engine's thread drives.
@@ -70,7 +76,36 @@ impl Firmware {
         self.core.collect(&mut self.hw);
     }
 
-    pub(crate) fn frame(&mut self, now: u64, f: Vec<u8>) {
+    /// Hands the control program the first `max` of `rx`'s received frames
+    /// (taking them out), in one call: one lock and one look at its timers
+    /// for the batch, not for each frame.
+    pub(crate) fn frames(&mut self, now: u64, rx: &mut VecDeque<Vec<u8>>, max: usize) {
+        if self.core.frames_elsewhere() {
+            for _ in 0..max {
+                let Some(f) = rx.pop_front() else { break };
+                self.frame(now, f);
+            }
+            return;
+        }
+        let n = rx.len().min(max);
+        if n == 0 {
+            return;
+        }
+        self.core.call(0, &mut self.hw, now, |lib, st, hal| {
+            for f in rx.iter().take(n) {
+                // SAFETY: live state under the lock, valid hal; `f` is valid
+                // for its length.
+                unsafe { (lib.frame)(st, hal, now, f.as_ptr(), f.len()) };
+            }
+        });
+        self.core.collect(&mut self.hw);
+        // The buffers are kept for later transmits (bounded as in `frame`).
+        let keep = FRAME_POOL_MAX.saturating_sub(self.hw.pool.len()).min(n);
+        self.hw.pool.extend(rx.drain(..keep));
+        rx.drain(..n - keep);
+    }
+
+    fn frame(&mut self, now: u64, f: Vec<u8>) {
         let f = if self.core.frames_elsewhere() {
             // The plan classifies frames on another CPU: hand it over.
             match self.core.hand_frame(now, f) {
@@ -84,10 +119,8 @@ impl Firmware {
             self.core.collect(&mut self.hw);
             f
         };
-        // Keep the buffer for a later transmit, up to a bound: 1024 frames
-        // (about 1.5 MB at MTU 1500) cover the engine's 256-frame receive
-        // batch on a few NICs, and a burst cannot pin memory for good.
-        if self.hw.pool.len() < 1024 {
+        // Keep the buffer for a later transmit, up to a bound.
+        if self.hw.pool.len() < FRAME_POOL_MAX {
             self.hw.pool.push(f);
         }
     }
