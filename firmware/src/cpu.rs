@@ -195,14 +195,15 @@ pub(crate) enum Job {
     /// `in_place` (Immediate Sending), named to the MAC as they are.
     Transmit { slot: u32, seq: u32, dst: u16, head: [u8; HEAD_MAX], head_len: u8, segs: Segs, in_place: bool },
     /// Receiving: `data` DMAed to `segs` (the payload buffer goes back to
-    /// the area's pool after).
-    Receive { slot: u32, seq: u32, segs: Segs, data: Vec<u8> },
+    /// the area's pool after), for rx record `slot` (`id`: its stamp,
+    /// unique across the slot's reuse).
+    Receive { slot: u32, id: u32, segs: Segs, data: Vec<u8> },
     /// Send ack: put an ACK/NACK on the wire.
     Control { hdr: FrameHeader, body: AckBody },
     /// A receive's completion: `cqe` written to `segs` (its CQ slot, taken
     /// by the program), then the port's interrupt raised if the host armed
     /// it (SRAM word `arm`). It follows the receive's payload jobs (`rx`:
-    /// record and message), and says `DmaError` if one of them failed.
+    /// its record's slot and stamp), and says `DmaError` if one failed.
     Complete { rx: (u32, u32), port: u16, cqe: Cqe, segs: Segs, arm: u32 },
 }
 
@@ -211,8 +212,8 @@ pub(crate) enum Job {
 pub(crate) enum Failed {
     /// The send of tx record `slot` (message `seq`) fails with a DMA error.
     Transmit { slot: u32, seq: u32 },
-    /// The receive of rx record `slot` (message `seq`) fails with one.
-    Receive { slot: u32, seq: u32 },
+    /// The receive of rx record `slot` (stamp `id`) fails with one.
+    Receive { slot: u32, id: u32 },
     /// A receive completed by a job on `port` went wrong after its record
     /// retired: a payload's DMA failed (`failed`: the job turned its
     /// success into `DmaError`), or the CQE could not be written
@@ -233,8 +234,8 @@ struct Runner {
     /// Failed jobs not yet reported (at most `JOBS_MAX` between two
     /// reports: a run takes at most that many).
     failed: Vec<Failed>,
-    /// Per rx record slot: the message whose payload DMA failed here, for
-    /// its completion job to report (its record may be retired by then).
+    /// Per rx record slot: the record (its stamp) whose payload DMA failed
+    /// here, for its completion job to report (it may be retired by then).
     rx_failed: Vec<Option<u32>>,
 }
 
@@ -363,7 +364,7 @@ impl Area {
                 };
                 (!sent).then_some(Failed::Transmit { slot, seq })
             }
-            Job::Receive { slot, seq, segs, data } => {
+            Job::Receive { slot, id, segs, data } => {
                 hal.cpu_step(cpu as u8, CpuStep::RecvFrame, true);
                 hal.cpu_step(cpu as u8, CpuStep::Receiving, false);
                 let mut at = 0;
@@ -381,10 +382,10 @@ impl Area {
                 let _ = self.returned[cpu].push(&mut r.returned, data);
                 if !ok {
                     if let Some(f) = r.rx_failed.get_mut(slot as usize) {
-                        *f = Some(seq);
+                        *f = Some(id);
                     }
                 }
-                (!ok).then_some(Failed::Receive { slot, seq })
+                (!ok).then_some(Failed::Receive { slot, id })
             }
             Job::Complete { rx: (slot, seq), port, mut cqe, segs, arm } => {
                 hal.cpu_step(cpu as u8, CpuStep::Complete, true);
@@ -632,11 +633,11 @@ impl Nic {
             return Ok(());
         }
         let m = self.rx.get(slot).expect("live");
-        let (port, desc) = (m.port, m.desc);
+        let (port, desc, id) = (m.port, m.desc, m.stamp);
         let segs = self.job_segs(hal, port, &desc, off, data.len(), emp_uapi::desc::MR_LOCAL_WRITE)?;
         let data = self.queues.take_payload(data);
         match segs {
-            Some(segs) => self.push_job(hal, cpu, Job::Receive { slot, seq, segs, data }),
+            Some(segs) => self.push_job(hal, cpu, Job::Receive { slot, id, segs, data }),
             None => {
                 self.rx.get_mut(slot).payload_as_work = true;
                 self.enqueue(hal, cpu, Work::Receive { slot, seq, off, data })
@@ -749,8 +750,8 @@ impl Nic {
                         self.finish_tx(hal, now, slot, Status::DmaError);
                     }
                 }
-                Failed::Receive { slot, seq } => {
-                    if self.rx.get(slot).is_some_and(|m| m.seq == seq) {
+                Failed::Receive { slot, id } => {
+                    if self.rx.get(slot).is_some_and(|m| m.stamp == id) {
                         self.rx_error(slot, Status::DmaError);
                     }
                 }
@@ -908,7 +909,7 @@ mod tests {
         );
         let hdr = FrameHeader { kind: FrameKind::Ack as u8, dst_node: 5, ..Default::default() };
         push(&mut t, Job::Control { hdr, body: AckBody::default() });
-        push(&mut t, Job::Receive { slot: 2, seq: 9, segs: segs(&[(0x1800, 3)]), data: vec![9, 8, 7] });
+        push(&mut t, Job::Receive { slot: 2, id: 9, segs: segs(&[(0x1800, 3)]), data: vec![9, 8, 7] });
         push(
             &mut t,
             Job::Transmit { slot: 1, seq: 7, dst: 3, head: head(0xBB), head_len: 2, segs: two, in_place: true },
@@ -934,7 +935,7 @@ mod tests {
         let mut hw = hw(vec![0; 4096]);
         let outside = segs(&[(0x9000, 8)]);
         let jobs = [
-            Job::Receive { slot: 2, seq: 9, segs: outside, data: vec![0; 8] },
+            Job::Receive { slot: 2, id: 9, segs: outside, data: vec![0; 8] },
             Job::Transmit { slot: 1, seq: 7, dst: 3, head: head(1), head_len: 4, segs: outside, in_place: false },
             Job::Transmit { slot: 4, seq: 8, dst: 3, head: head(1), head_len: 4, segs: outside, in_place: true },
         ];
@@ -947,7 +948,7 @@ mod tests {
         let mut failed = Vec::new();
         area.take_failed(1, &mut failed);
         let want = [
-            Failed::Receive { slot: 2, seq: 9 },
+            Failed::Receive { slot: 2, id: 9 },
             Failed::Transmit { slot: 1, seq: 7 },
             Failed::Transmit { slot: 4, seq: 8 },
         ];
@@ -967,7 +968,7 @@ mod tests {
         let mut hw = hw(vec![0; 4096]);
         hw.armed = 1;
         let push = |t: &mut AreaTokens, j| area.jobs[1].push(&mut t.jobs[1], j).map_err(|_| "full").unwrap();
-        push(&mut t, Job::Receive { slot: 2, seq: 9, segs: segs(&[(0x1800, 3)]), data: vec![9, 8, 7] });
+        push(&mut t, Job::Receive { slot: 2, id: 9, segs: segs(&[(0x1800, 3)]), data: vec![9, 8, 7] });
         // The CQE's slot in two pieces (the phase byte alone in the second).
         let slot = segs(&[(0x1100, CQE_FLAGS_OFFSET as u64), (0x1200, 1)]);
         push(&mut t, Job::Complete { rx: (2, 9), port: 3, cqe: cqe(Status::Success, 1), segs: slot, arm: ARM as u32 });
@@ -989,8 +990,8 @@ mod tests {
         let push = |t: &mut AreaTokens, j| area.jobs[1].push(&mut t.jobs[1], j).map_err(|_| "full").unwrap();
         let at = segs(&[(0x1100, Cqe::SIZE as u64)]);
         let jobs = [
-            Job::Receive { slot: 2, seq: 9, segs: segs(&[(0x9000, 3)]), data: vec![1; 3] },
-            // Another message's completion in that slot is not affected.
+            Job::Receive { slot: 2, id: 9, segs: segs(&[(0x9000, 3)]), data: vec![1; 3] },
+            // Another record's completion in that slot is not affected.
             Job::Complete { rx: (2, 8), port: 3, cqe: cqe(Status::Success, 1), segs: at, arm: ARM as u32 },
             Job::Complete { rx: (2, 9), port: 3, cqe: cqe(Status::Success, 1), segs: at, arm: ARM as u32 },
             // A CQ the host unmapped.
@@ -1004,7 +1005,7 @@ mod tests {
         let mut failed = Vec::new();
         area.take_failed(1, &mut failed);
         let want = [
-            Failed::Receive { slot: 2, seq: 9 },
+            Failed::Receive { slot: 2, id: 9 },
             Failed::Completion { port: 3, failed: true, written: true },
             Failed::Completion { port: 4, failed: false, written: false },
         ];

@@ -535,7 +535,7 @@ impl Nic {
     /// the program: the CQ's next slot (`segs`, from
     /// [`Nic::next_cqe_segs`]) is taken here, and a job writes the CQE
     /// there after the jobs queued before it (a receive's payload, `rx`
-    /// naming its record and message). The host reads its CQ in order, so
+    /// naming its record: slot and stamp). The host reads its CQ in order, so
     /// an entry written after it here stays unseen until this one is.
     pub(crate) fn complete_on<H: Hal>(
         &mut self,

@@ -79,6 +79,9 @@ pub(crate) struct RxMsg {
     pub contig: u32,
     /// Frames acknowledged together (the NIC's `Config::group_size`).
     pub group_size: u32,
+    /// Names this record across its slot's reuse (`Nic::next_stamp`), for
+    /// jobs that outlive it (a completion written after it retired).
+    pub stamp: u32,
     /// A payload of it was queued to another CPU as work, not as a job:
     /// its completion must follow it there as work too.
     pub payload_as_work: bool,
@@ -142,6 +145,7 @@ impl RxMsg {
             owner,
             contig: 0,
             group_size,
+            stamp: 0,
             payload_as_work: false,
         }
     }
@@ -680,7 +684,8 @@ impl Nic {
             return None;
         }
         let masks = self.rx_rings.take();
-        let rec = RxMsg::new(hdr.dst_port, peer, hdr, msg, desc, owner, self.cfg.group_size, masks, now);
+        let mut rec = RxMsg::new(hdr.dst_port, peer, hdr, msg, desc, owner, self.cfg.group_size, masks, now);
+        rec.stamp = self.next_stamp();
         let r = self.rx.insert_checked(rec);
         self.peer_mut(peer).rx_active.push(r);
         self.arm_rx_sweep(now);
@@ -1077,12 +1082,12 @@ impl Nic {
     /// name) the completion is queued there as work.
     fn finish_recv_on<H: Hal>(&mut self, hal: &mut H, cpu: u8, r: u32) {
         let m = self.rx.get(r).expect("live");
-        let (port, seq) = (m.port, m.seq);
+        let (port, seq, id) = (m.port, m.seq, m.stamp);
         if self.cfg.cpu_jobs && !m.payload_as_work && m.owner == RxOwner::Recv {
             // Nothing is retired unless the CQE's slot can be named.
             if let Some(segs) = self.next_cqe_segs(hal, port) {
                 let (port, c) = self.retire_recv(r, None);
-                self.complete_on(hal, cpu, port, (r, seq), c, segs);
+                self.complete_on(hal, cpu, port, (r, id), c, segs);
                 return;
             }
         }
