@@ -105,6 +105,9 @@ pub(crate) struct Core {
     area: Option<Area>,
     /// Per CPU: steps or frames wait for it.
     wanted: [AtomicBool; CPUS_MAX as usize],
+    /// Frames or filter changes other CPUs handed to the engine wait in
+    /// `tx` and `memberships`.
+    handed: AtomicBool,
     /// Frames for `frame_cpu` when it is not A.
     rx: Mutex<VecDeque<Vec<u8>>>,
     /// Frames other CPUs transmitted, for the engine's wire.
@@ -156,6 +159,7 @@ impl Core {
             threaded,
             area,
             wanted: Default::default(),
+            handed: AtomicBool::new(false),
             rx: Mutex::new(VecDeque::with_capacity(RX_MAX)),
             tx: Mutex::new(Vec::new()),
             memberships: Mutex::new(Vec::new()),
@@ -256,9 +260,15 @@ impl Core {
     /// Tells CPU `cpu` work waits for it.
     fn want(&self, cpu: u32) {
         self.wanted[cpu as usize].store(true, Ordering::SeqCst);
+        self.wake(cpu);
+    }
+
+    /// Wakes CPU `cpu` if it sleeps (its flags already say why).
+    fn wake(&self, cpu: u32) {
         if cpu == 0 {
             // Pairs with the engine's fence between saying it sleeps and
-            // its last look at `deadline()`: one side sees the other.
+            // its last look at `deadline()` and `handed()`: one side sees
+            // the other.
             fence(Ordering::SeqCst);
             let l = &self.nic.layout;
             if l.params.ports == 0 || self.nic.sram.u32(l.port(0).ctl(ctl::NIC_SLEEPING)) != 0 {
@@ -269,21 +279,42 @@ impl Core {
         }
     }
 
-    /// Hands received `frame` to the frame CPU's thread (MAC to CPU B).
-    /// Returns the frame when the area is full (dropped: the caller keeps
-    /// the buffer).
-    pub(crate) fn hand_frame(&self, now: u64, frame: Vec<u8>) -> Option<Vec<u8>> {
+    /// Hands the first `n` of received `frames` to the frame CPU's thread
+    /// at once (MAC to CPU B), taking them out; returns how many. Those
+    /// past the area's room stay in `frames`: dropped, as a full receive
+    /// ring drops them (the caller keeps their buffers).
+    pub(crate) fn hand_frames(&self, now: u64, frames: &mut VecDeque<Vec<u8>>, n: usize) -> usize {
         self.clock_base.get_or_init(|| now.saturating_sub(self.created.elapsed().as_nanos() as u64));
-        {
+        let n = n.min(frames.len());
+        let handed = {
             let mut rx = lock(&self.rx);
-            if rx.len() >= RX_MAX {
-                self.dropped_rx.fetch_add(1, Ordering::Relaxed);
-                return Some(frame);
-            }
-            rx.push_back(frame);
+            let k = n.min(RX_MAX.saturating_sub(rx.len()));
+            rx.extend(frames.drain(..k));
+            k
+        };
+        if handed < n {
+            self.dropped_rx.fetch_add((n - handed) as u64, Ordering::Relaxed);
         }
-        self.want(self.frame_cpu);
-        None
+        if handed > 0 {
+            self.want(self.frame_cpu);
+        }
+        handed
+    }
+
+    /// Whether other CPUs handed the engine frames or filter changes since
+    /// it last took them ([`Core::take_handed`]).
+    pub(crate) fn handed(&self) -> bool {
+        self.handed.load(Ordering::Acquire)
+    }
+
+    /// Takes what other CPUs handed the engine into CPU A's context,
+    /// without the program; false when nothing waited.
+    pub(crate) fn take_handed(&self, hw: &mut HwCtx) -> bool {
+        if !self.handed() || !self.handed.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        self.collect(hw);
+        true
     }
 
     /// Moves what other CPUs transmitted into CPU A's context, and keeps
@@ -462,7 +493,10 @@ impl Core {
         }
         self.balance(&mut hw.pool);
         if wake {
-            self.want(0);
+            // The engine only needs to put them on the wire: no call into
+            // the program for it (`take_handed`).
+            self.handed.store(true, Ordering::SeqCst);
+            self.wake(0);
         }
     }
 }

@@ -242,6 +242,8 @@ impl Engine {
                 c.fw.as_mut().expect("checked").doorbell(now);
                 did = true;
             }
+            // What a NIC CPU thread transmitted, for the wire (`flush`).
+            did |= c.fw.as_mut().expect("checked").take_handed();
             // A timer armed with no delay while handling this round (a
             // coalesced ACK) fires now, as the hardware's would: a host
             // that saw its receive complete may close its port at once.
@@ -325,7 +327,7 @@ impl Engine {
         // and reading `nic_sleeping`: one of the two sides sees the other.
         fence(Ordering::SeqCst);
         // A NIC CPU thread may have handed this one work meanwhile (`cpus.rs`).
-        let handed = self.cards.iter().any(|c| c.fw.as_ref().is_some_and(|f| f.deadline() <= now));
+        let handed = self.cards.iter().any(|c| c.fw.as_ref().is_some_and(|f| f.deadline() <= now || f.handed()));
         if handed || self.cards.iter_mut().any(Self::host_changed) {
             // Rewind the snapshot so the next pass sees the change too.
             for c in &mut self.cards {

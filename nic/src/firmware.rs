@@ -78,51 +78,42 @@ impl Firmware {
 
     /// Hands the control program the first `max` of `rx`'s received frames
     /// (taking them out), in one call: one lock and one look at its timers
-    /// for the batch, not for each frame.
+    /// for the batch, not for each frame. Where the plan classifies frames
+    /// on another CPU, they go to that CPU's thread, also at once.
     pub(crate) fn frames(&mut self, now: u64, rx: &mut VecDeque<Vec<u8>>, max: usize) {
-        if self.core.frames_elsewhere() {
-            for _ in 0..max {
-                let Some(f) = rx.pop_front() else { break };
-                self.frame(now, f);
-            }
-            return;
-        }
-        let n = rx.len().min(max);
+        let mut n = rx.len().min(max);
         if n == 0 {
             return;
         }
-        self.core.call(0, &mut self.hw, now, |lib, st, hal| {
-            for f in rx.iter().take(n) {
-                // SAFETY: live state under the lock, valid hal; `f` is valid
-                // for its length.
-                unsafe { (lib.frame)(st, hal, now, f.as_ptr(), f.len()) };
-            }
-        });
-        self.core.collect(&mut self.hw);
-        // The buffers are kept for later transmits (bounded as in `frame`).
+        if self.core.frames_elsewhere() {
+            // The plan classifies frames on another CPU: hand them over;
+            // what its full area drops is only kept as buffers.
+            n -= self.core.hand_frames(now, rx, n);
+        } else {
+            self.core.call(0, &mut self.hw, now, |lib, st, hal| {
+                for f in rx.iter().take(n) {
+                    // SAFETY: live state under the lock, valid hal; `f` is
+                    // valid for its length.
+                    unsafe { (lib.frame)(st, hal, now, f.as_ptr(), f.len()) };
+                }
+            });
+            self.core.collect(&mut self.hw);
+        }
+        // The buffers are kept for later transmits, up to a bound.
         let keep = FRAME_POOL_MAX.saturating_sub(self.hw.pool.len()).min(n);
         self.hw.pool.extend(rx.drain(..keep));
         rx.drain(..n - keep);
     }
 
-    fn frame(&mut self, now: u64, f: Vec<u8>) {
-        let f = if self.core.frames_elsewhere() {
-            // The plan classifies frames on another CPU: hand it over.
-            match self.core.hand_frame(now, f) {
-                None => return,
-                Some(dropped) => dropped,
-            }
-        } else {
-            // SAFETY: live state under the lock, valid hal; `f` is valid for its length.
-            self.core
-                .call(0, &mut self.hw, now, |lib, st, hal| unsafe { (lib.frame)(st, hal, now, f.as_ptr(), f.len()) });
-            self.core.collect(&mut self.hw);
-            f
-        };
-        // Keep the buffer for a later transmit, up to a bound.
-        if self.hw.pool.len() < FRAME_POOL_MAX {
-            self.hw.pool.push(f);
-        }
+    /// Takes the frames and filter changes another CPU handed the engine
+    /// (no call into the program); false when none waited.
+    pub(crate) fn take_handed(&mut self) -> bool {
+        self.core.take_handed(&mut self.hw)
+    }
+
+    /// Another CPU handed the engine frames or filter changes.
+    pub(crate) fn handed(&self) -> bool {
+        self.core.handed()
     }
 
     pub(crate) fn timeout(&mut self, now: u64) {
