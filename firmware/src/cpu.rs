@@ -367,16 +367,7 @@ impl Area {
             Job::Receive { slot, id, segs, data } => {
                 hal.cpu_step(cpu as u8, CpuStep::RecvFrame, true);
                 hal.cpu_step(cpu as u8, CpuStep::Receiving, false);
-                let mut at = 0;
-                let mut ok = true;
-                for s in segs.as_slice() {
-                    let end = at + s.len as usize;
-                    if hal.dma_write(s.addr, &data[at..end]).is_err() {
-                        ok = false;
-                        break;
-                    }
-                    at = end;
-                }
+                let ok = segs_write(hal, segs.as_slice(), 0, &data);
                 // Past the ring's room (buffers made when one CPU outran
                 // the other), the buffer is freed.
                 let _ = self.returned[cpu].push(&mut r.returned, data);
@@ -387,10 +378,10 @@ impl Area {
                 }
                 (!ok).then_some(Failed::Receive { slot, id })
             }
-            Job::Complete { rx: (slot, seq), port, mut cqe, segs, arm } => {
+            Job::Complete { rx: (slot, id), port, mut cqe, segs, arm } => {
                 hal.cpu_step(cpu as u8, CpuStep::Complete, true);
                 let payload_failed =
-                    r.rx_failed.get_mut(slot as usize).is_some_and(|f| f.take_if(|s| *s == seq).is_some());
+                    r.rx_failed.get_mut(slot as usize).is_some_and(|f| f.take_if(|s| *s == id).is_some());
                 let failed = payload_failed && cqe.status == Status::Success as u8;
                 if failed {
                     cqe.status = Status::DmaError as u8;

@@ -711,7 +711,7 @@ struct emp_port_ctl {
 	/* NIC-written cache line */
 	uint32_t send_cons;
 	uint32_t recv_cons;
-	uint32_t cq_prod;
+	uint32_t cq_prod;      /* CQ slots taken (an entry is new by its phase byte) */
 	uint32_t cq_overruns;
 	uint32_t nic_sleeping; /* nonzero while the NIC sleeps on the doorbell:
 	                        * the host rings the doorbell only then */

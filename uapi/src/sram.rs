@@ -889,7 +889,10 @@ le_struct! {
         pub send_cons: u32,
         /// NIC: receive ring consumer index.
         pub recv_cons: u32,
-        /// NIC: completions written (free-running).
+        /// NIC: CQ slots taken for completions (free-running). A slot's
+        /// entry may be written after the index moves past it (by another
+        /// NIC CPU): the host knows an entry by its phase byte, never by
+        /// this index.
         pub cq_prod: u32,
         /// NIC: completions dropped because the CQ was full.
         pub cq_overruns: u32,
