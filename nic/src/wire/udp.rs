@@ -661,6 +661,25 @@ mod tests {
         RouteTable::new(addrs.iter().map(|&a| Route { udp: Some(a), mac: None }).collect())
     }
 
+    /// A wire of `n` NICs on loopback `lo`, routed to one another, and
+    /// their addresses: ports free a moment ago, drawn again when one was
+    /// taken meanwhile (tests run in parallel and draw from the same
+    /// ephemeral range, so a probed port can be gone when it is bound).
+    pub(super) fn on_loopback(lo: &str, n: usize, faults: Faults) -> (UdpWire, Vec<SocketAddr>) {
+        for _ in 0..20 {
+            // Held together, so one draw never repeats a port.
+            let socks: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind(format!("{lo}:0")).unwrap()).collect();
+            let addrs: Vec<SocketAddr> = socks.iter().map(|s| s.local_addr().unwrap()).collect();
+            drop(socks);
+            match UdpWire::new(&addrs, table(&addrs), faults) {
+                Ok(w) => return (w, addrs),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("no {n} free ports on {lo} in 20 draws");
+    }
+
     fn poll_until(w: &mut UdpWire, rx: &mut [VecDeque<Vec<u8>>], want_seen: u64) {
         for _ in 0..200 {
             w.poll(0, rx);
@@ -675,9 +694,8 @@ mod tests {
 
     /// Two nodes on loopback (one wire, two sockets) and a forger socket.
     fn checks_on(lo: &str) {
-        let probe = |_: ()| UdpSocket::bind(format!("{lo}:0")).unwrap().local_addr().unwrap();
-        let (a, b) = (probe(()), probe(()));
-        let mut w = UdpWire::new(&[a, b], table(&[a, b]), Faults::default()).unwrap();
+        let (mut w, addrs) = on_loopback(lo, 2, Faults::default());
+        let b = addrs[1];
         let mut rx = vec![VecDeque::new(), VecDeque::new()];
         // Real traffic: node 0 → node 1.
         w.send(0, 0, 1, ack_frame(0, 1));
@@ -707,9 +725,7 @@ mod tests {
     #[test]
     fn immediate_sending_goes_out_from_host_memory_in_place() {
         use crate::dma::{bus_addr, test_arena, DmaMap, SPACE_ARENA};
-        let probe = |_: ()| UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let (a, b) = (probe(()), probe(()));
-        let mut w = UdpWire::new(&[a, b], table(&[a, b]), Faults::default()).unwrap();
+        let (mut w, _) = on_loopback("127.0.0.1", 2, Faults::default());
         let mut rx = vec![VecDeque::new(), VecDeque::new()];
         let host: Vec<u8> = (0..8192u32).map(|i| (i * 31 + 7) as u8).collect();
         let mut map = DmaMap::new(4);
@@ -735,8 +751,7 @@ mod tests {
         assert_eq!((w.stats().from_host, w.stats().frames), (1, 2));
         // Duplicated on the wire: each copy from host memory.
         drop(w);
-        let (a, b) = (probe(()), probe(()));
-        let mut w = UdpWire::new(&[a, b], table(&[a, b]), Faults { dup: 1.0, ..Faults::default() }).unwrap();
+        let (mut w, _) = on_loopback("127.0.0.1", 2, Faults { dup: 1.0, ..Faults::default() });
         map.insert(1, test_arena(&host));
         let mut payload = HostPayload::default();
         assert!(payload.push(hold(&map, 0, 64)));
@@ -750,11 +765,9 @@ mod tests {
 
     #[test]
     fn link_delay_holds_frames_until_due_in_order() {
-        let probe = |_: ()| UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let (a, b) = (probe(()), probe(()));
         let delay = 2_000_000;
         let faults = Faults { link_delay_ns: delay, ..Faults::default() };
-        let mut w = UdpWire::new(&[a, b], table(&[a, b]), faults).unwrap();
+        let (mut w, _) = on_loopback("127.0.0.1", 2, faults);
         let mut rx = vec![VecDeque::new(), VecDeque::new()];
         let (first, mut second) = (ack_frame(0, 1), ack_frame(0, 1));
         second[8] ^= 0x5a; // some header byte: tells the two apart
@@ -788,9 +801,8 @@ mod tests {
             p
         };
         let (good, bad) = (key("good", 3), key("bad", 4));
-        let probe = |_: ()| UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let (a, b) = (probe(()), probe(()));
-        let mut w = UdpWire::new(&[a, b], table(&[a, b]), Faults::default()).unwrap();
+        let (mut w, addrs) = on_loopback("127.0.0.1", 2, Faults::default());
+        let b = addrs[1];
         w.authenticate(Auth::new(AuthShared::load(AuthMode::Mac, &good).unwrap(), 2, 2));
         let mut rx = vec![VecDeque::new(), VecDeque::new()];
         w.send(0, 0, 1, ack_frame(0, 1));
@@ -837,18 +849,15 @@ mod tests {
 #[cfg(test)]
 mod mcast_tests {
     use super::super::tests::ack_frame;
+    use super::tests::on_loopback;
     use super::*;
-    use crate::route::Route;
     use emp_uapi::wire::MCAST_BASE;
 
     const GROUP: u16 = MCAST_BASE + 9;
 
     /// `n` NICs on loopback, multicast on (IP, or replicated when `why`).
     fn wire(n: usize, faults: Faults, replicated: Option<&str>) -> UdpWire {
-        let addrs: Vec<SocketAddr> =
-            (0..n).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()).collect();
-        let routes = RouteTable::new(addrs.iter().map(|&a| Route { udp: Some(a), mac: None }).collect());
-        let mut w = UdpWire::new(&addrs, routes, faults).unwrap();
+        let (mut w, _) = on_loopback("127.0.0.1", n, faults);
         match replicated {
             Some(why) => w.enable_replicated_multicast(why),
             None => {
@@ -939,9 +948,7 @@ mod mcast_tests {
 
     #[test]
     fn multicast_needs_enabling_and_a_group() {
-        let a = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let mut w =
-            UdpWire::new(&[a], RouteTable::new(vec![Route { udp: Some(a), mac: None }]), Faults::default()).unwrap();
+        let (mut w, _) = on_loopback("127.0.0.1", 1, Faults::default());
         assert!(w.set_membership(0, GROUP, true).unwrap_err().contains("not enabled"));
         w.enable_replicated_multicast("test");
         assert!(w.set_membership(0, 5, true).unwrap_err().contains("not a multicast address"));
