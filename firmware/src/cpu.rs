@@ -53,13 +53,14 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use emp_uapi::desc::{Cqe, Status, CQE_FLAGS_OFFSET};
+use emp_uapi::desc::{Cqe, Status};
 use emp_uapi::fwabi::HostSeg;
 use emp_uapi::image::cpu_plan;
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{AckBody, FrameHeader, MsgHeader, MTU_MAX};
 use emp_uapi::Le;
 
+use crate::host::{publish_cqe, raise_if_armed};
 use crate::mr::{Buf, HostSegs};
 use crate::ring::{Consumer, Producer, Ring};
 
@@ -386,16 +387,9 @@ impl Area {
                 if failed {
                     cqe.status = Status::DmaError as u8;
                 }
-                let mut b = [0u8; Cqe::SIZE];
-                cqe.put(&mut b);
-                // As `Nic::complete`: the body, a fence, the phase byte.
-                let ok = segs_write(hal, segs.as_slice(), 0, &b[..CQE_FLAGS_OFFSET]) && {
-                    hal.dma_fence();
-                    segs_write(hal, segs.as_slice(), CQE_FLAGS_OFFSET, &b[CQE_FLAGS_OFFSET..])
-                };
-                if ok && crate::sram_u32(hal, arm as usize) != 0 {
-                    crate::sram_put_u32(hal, arm as usize, 0);
-                    hal.raise_interrupt(1 + port);
+                let ok = publish_cqe(hal, &cqe, |hal, off, bytes| segs_write(hal, segs.as_slice(), off, bytes));
+                if ok {
+                    raise_if_armed(hal, arm as usize, port);
                 }
                 (failed || !ok).then_some(Failed::Completion { port, failed, written: ok })
             }
@@ -750,8 +744,7 @@ impl Nic {
                     if failed {
                         // It was counted as received when its record retired.
                         self.count(counter::MSGS_FAILED, 1);
-                        self.count(counter::MSGS_RX, 0);
-                        self.counters[counter::MSGS_RX] = self.counters[counter::MSGS_RX].saturating_sub(1);
+                        self.uncount(counter::MSGS_RX, 1);
                     }
                     if !written {
                         self.cq_overrun(hal, port);
@@ -811,6 +804,7 @@ impl Nic {
 mod tests {
     use super::*;
     use crate::DmaError;
+    use emp_uapi::desc::CQE_FLAGS_OFFSET;
     use emp_uapi::wire::FrameKind;
 
     /// Host memory of 4 KiB at bus address 0x1000; the rest refuses DMA.

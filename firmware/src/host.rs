@@ -440,35 +440,31 @@ impl Nic {
     /// Reports a finished descriptor: writes a CQE unless it is an
     /// unsignaled success, and releases its CQ reservation.
     pub(crate) fn complete<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
-        let Some((cqe, at)) = self.next_cqe(hal, port, c) else { return };
-        let mut b = [0u8; Cqe::SIZE];
-        cqe.put(&mut b);
-        let key = self.ports[port as usize].cq_key;
-        // The body, a fence, then the phase byte (the entry's last) on its
-        // own: a host that sees the new phase sees the whole entry, and the
-        // fence also puts the payload this completion reports ahead of it.
-        let (body, phase) = b.split_at(CQE_FLAGS_OFFSET);
+        let Some(cqe) = self.next_cqe(hal, port, c) else { return };
+        let (key, at) = (self.ports[port as usize].cq_key, self.cq_slot_offset(port));
         let ok = self.mr_checked(hal, port, key, at, Cqe::SIZE as u64, MR_LOCAL_WRITE).is_ok_and(|cq| {
-            self.checked_io(hal, cq, at, Buf::ToHost(body)).is_ok() && {
-                hal.dma_fence();
-                self.checked_io(hal, cq, at + CQE_FLAGS_OFFSET as u64, Buf::ToHost(phase)).is_ok()
-            }
+            publish_cqe(hal, &cqe, |hal, off, bytes| {
+                self.checked_io(hal, cq, at + off as u64, Buf::ToHost(bytes)).is_ok()
+            })
         });
         if !ok {
             self.cq_overrun(hal, port);
             return;
         }
         self.advance_cq(hal, port);
-        if sram_u32(hal, self.layout.port(port).ctl(ctl::ARM)) != 0 {
-            sram_put_u32(hal, self.layout.port(port).ctl(ctl::ARM), 0);
-            hal.raise_interrupt(1 + port);
-        }
+        raise_if_armed(hal, self.layout.port(port).ctl(ctl::ARM), port);
+    }
+
+    /// Offset of the CQ's next slot on `port` in the CQ's region.
+    fn cq_slot_offset(&self, port: u16) -> u64 {
+        let st = &self.ports[port as usize];
+        st.cq_offset + ring::slot(st.cq_prod, st.cq_entries) as u64 * Cqe::SIZE as u64
     }
 
     /// Releases a finished descriptor's CQ reservation and builds its CQE
-    /// for the CQ's next slot: the entry and its offset in the CQ's region,
-    /// or `None` when none is written (an unsignaled success).
-    fn next_cqe<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) -> Option<(Cqe, u64)> {
+    /// for the CQ's next slot, or `None` when none is written (an
+    /// unsignaled success).
+    fn next_cqe<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) -> Option<Cqe> {
         hal.cpu_step(self.cpu, crate::CpuStep::Complete, false);
         let st = &mut self.ports[port as usize];
         debug_assert!(st.outstanding > 0, "completion without a consumed descriptor");
@@ -495,7 +491,7 @@ impl Nic {
             reserved: 0,
             flags: ring::cqe_phase(prod, entries) | if c.imm.is_some() { CQE_IMM } else { 0 },
         };
-        Some((cqe, st.cq_offset + ring::slot(prod, entries) as u64 * Cqe::SIZE as u64))
+        Some(cqe)
     }
 
     /// The CQ's next slot is written: it is the host's.
@@ -519,9 +515,7 @@ impl Nic {
     /// CQE without the program ([`Nic::complete_on`]); `None` when a job
     /// cannot name it.
     pub(crate) fn next_cqe_segs<H: Hal>(&mut self, hal: &mut H, port: u16) -> Option<crate::cpu::Segs> {
-        let st = &self.ports[port as usize];
-        let (key, entries, prod) = (st.cq_key, st.cq_entries, st.cq_prod);
-        let at = st.cq_offset + ring::slot(prod, entries) as u64 * Cqe::SIZE as u64;
+        let (key, at) = (self.ports[port as usize].cq_key, self.cq_slot_offset(port));
         let cq = self.mr_checked(hal, port, key, at, Cqe::SIZE as u64, MR_LOCAL_WRITE).ok()?;
         let mut g = core::mem::take(&mut self.host_segs);
         g.clear();
@@ -546,10 +540,33 @@ impl Nic {
         c: Completion,
         segs: crate::cpu::Segs,
     ) {
-        let Some((cqe, _)) = self.next_cqe(hal, port, c) else { return };
+        let Some(cqe) = self.next_cqe(hal, port, c) else { return };
         self.advance_cq(hal, port);
         let arm = self.layout.port(port).ctl(ctl::ARM) as u32;
         self.push_job(hal, cpu, crate::cpu::Job::Complete { rx, port, cqe, segs, arm });
+    }
+}
+
+/// Writes `cqe` through `write(hal, offset in the entry, bytes)`: the body,
+/// a fence, then the phase byte (the entry's last) on its own. A host that
+/// sees the new phase sees the whole entry, and the fence also puts the
+/// payload the completion reports ahead of it. Whether both writes were done.
+pub(crate) fn publish_cqe<H: Hal>(hal: &mut H, cqe: &Cqe, mut write: impl FnMut(&mut H, usize, &[u8]) -> bool) -> bool {
+    let mut b = [0u8; Cqe::SIZE];
+    cqe.put(&mut b);
+    let (body, phase) = b.split_at(CQE_FLAGS_OFFSET);
+    write(hal, 0, body) && {
+        hal.dma_fence();
+        write(hal, CQE_FLAGS_OFFSET, phase)
+    }
+}
+
+/// Raises `port`'s interrupt if the host armed it (SRAM word `arm`), and
+/// disarms it: one interrupt per arming.
+pub(crate) fn raise_if_armed<H: Hal>(hal: &mut H, arm: usize, port: u16) {
+    if sram_u32(hal, arm) != 0 {
+        sram_put_u32(hal, arm, 0);
+        hal.raise_interrupt(1 + port);
     }
 }
 

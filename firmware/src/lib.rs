@@ -1317,6 +1317,12 @@ impl Nic {
         self.counters_dirty |= 1 << c;
     }
 
+    /// Takes back `n` of counter `c` (an event counted too early).
+    pub(crate) fn uncount(&mut self, c: usize, n: u64) {
+        self.counters[c] = self.counters[c].saturating_sub(n);
+        self.counters_dirty |= 1 << c;
+    }
+
     /// Publishes counters and the heartbeat in the SRAM header.
     pub(crate) fn publish<H: Hal>(&mut self, hal: &mut H) {
         if self.counters_dirty == 0 {
