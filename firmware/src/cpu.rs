@@ -53,14 +53,13 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use emp_uapi::desc::{Cqe, Status};
+use emp_uapi::desc::{Cqe, Status, CQE_FLAGS_OFFSET};
 use emp_uapi::fwabi::HostSeg;
 use emp_uapi::image::cpu_plan;
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{AckBody, FrameHeader, MsgHeader, MTU_MAX};
 use emp_uapi::Le;
 
-use crate::host::{publish_cqe, raise_if_armed};
 use crate::mr::{Buf, HostSegs};
 use crate::ring::{Consumer, Producer, Ring};
 
@@ -421,6 +420,29 @@ impl Area {
         if w.load(Ordering::Relaxed) != waiting {
             w.store(waiting, Ordering::Release);
         }
+    }
+}
+
+/// Writes `cqe` through `write(hal, offset in the entry, bytes)`: the body,
+/// a fence, then the phase byte (the entry's last) on its own. A host that
+/// sees the new phase sees the whole entry, and the fence also puts the
+/// payload the completion reports ahead of it. Whether both writes were done.
+pub(crate) fn publish_cqe<H: Hal>(hal: &mut H, cqe: &Cqe, mut write: impl FnMut(&mut H, usize, &[u8]) -> bool) -> bool {
+    let mut b = [0u8; Cqe::SIZE];
+    cqe.put(&mut b);
+    let (body, phase) = b.split_at(CQE_FLAGS_OFFSET);
+    write(hal, 0, body) && {
+        hal.dma_fence();
+        write(hal, CQE_FLAGS_OFFSET, phase)
+    }
+}
+
+/// Raises `port`'s interrupt if the host armed it (SRAM word `arm`), and
+/// disarms it: one interrupt per arming.
+pub(crate) fn raise_if_armed<H: Hal>(hal: &mut H, arm: usize, port: u16) {
+    if crate::sram_u32(hal, arm) != 0 {
+        crate::sram_put_u32(hal, arm, 0);
+        hal.raise_interrupt(1 + port);
     }
 }
 
@@ -804,7 +826,6 @@ impl Nic {
 mod tests {
     use super::*;
     use crate::DmaError;
-    use emp_uapi::desc::CQE_FLAGS_OFFSET;
     use emp_uapi::wire::FrameKind;
 
     /// Host memory of 4 KiB at bus address 0x1000; the rest refuses DMA.

@@ -5,9 +5,7 @@
 //! A descriptor is consumed only when the CQ has room for its completion, so
 //! the CQ can never overflow.
 
-use emp_uapi::desc::{
-    Cqe, Opcode, Status, WorkDesc, CQE_FLAGS_OFFSET, CQE_IMM, MR_LOCAL_READ, MR_LOCAL_WRITE, START_BYTES, WD_PERSIST,
-};
+use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_IMM, MR_LOCAL_READ, MR_LOCAL_WRITE, START_BYTES, WD_PERSIST};
 use emp_uapi::ring;
 use emp_uapi::sram::{admin_result, ctl, port_state, AdminMailbox, AdminOp, RouteEntry};
 use emp_uapi::{sram::counter, DecodeError, Le};
@@ -443,7 +441,7 @@ impl Nic {
         let Some(cqe) = self.next_cqe(hal, port, c) else { return };
         let (key, at) = (self.ports[port as usize].cq_key, self.cq_slot_offset(port));
         let ok = self.mr_checked(hal, port, key, at, Cqe::SIZE as u64, MR_LOCAL_WRITE).is_ok_and(|cq| {
-            publish_cqe(hal, &cqe, |hal, off, bytes| {
+            crate::cpu::publish_cqe(hal, &cqe, |hal, off, bytes| {
                 self.checked_io(hal, cq, at + off as u64, Buf::ToHost(bytes)).is_ok()
             })
         });
@@ -452,7 +450,7 @@ impl Nic {
             return;
         }
         self.advance_cq(hal, port);
-        raise_if_armed(hal, self.layout.port(port).ctl(ctl::ARM), port);
+        crate::cpu::raise_if_armed(hal, self.layout.port(port).ctl(ctl::ARM), port);
     }
 
     /// Offset of the CQ's next slot on `port` in the CQ's region.
@@ -544,29 +542,6 @@ impl Nic {
         self.advance_cq(hal, port);
         let arm = self.layout.port(port).ctl(ctl::ARM) as u32;
         self.push_job(hal, cpu, crate::cpu::Job::Complete { rx, port, cqe, segs, arm });
-    }
-}
-
-/// Writes `cqe` through `write(hal, offset in the entry, bytes)`: the body,
-/// a fence, then the phase byte (the entry's last) on its own. A host that
-/// sees the new phase sees the whole entry, and the fence also puts the
-/// payload the completion reports ahead of it. Whether both writes were done.
-pub(crate) fn publish_cqe<H: Hal>(hal: &mut H, cqe: &Cqe, mut write: impl FnMut(&mut H, usize, &[u8]) -> bool) -> bool {
-    let mut b = [0u8; Cqe::SIZE];
-    cqe.put(&mut b);
-    let (body, phase) = b.split_at(CQE_FLAGS_OFFSET);
-    write(hal, 0, body) && {
-        hal.dma_fence();
-        write(hal, CQE_FLAGS_OFFSET, phase)
-    }
-}
-
-/// Raises `port`'s interrupt if the host armed it (SRAM word `arm`), and
-/// disarms it: one interrupt per arming.
-pub(crate) fn raise_if_armed<H: Hal>(hal: &mut H, arm: usize, port: u16) {
-    if sram_u32(hal, arm) != 0 {
-        sram_put_u32(hal, arm, 0);
-        hal.raise_interrupt(1 + port);
     }
 }
 
