@@ -5,7 +5,7 @@
 use core::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use emp_uapi::fwabi::{FwConfig, FwHal};
+use emp_uapi::fwabi::{FwConfig, FwHal, DMA_WINDOW_SHIFT};
 use emp_uapi::image::FIRMWARE_ABI;
 use emp_uapi::sram::FailReason;
 
@@ -27,6 +27,29 @@ impl CHal {
         // SAFETY: `off` is inside the mapping, which is `sram_len` bytes
         // from `sram_base` for the call (`FwHal::sram_base`).
         Some(unsafe { self.0.sram_base.add(off) })
+    }
+
+    /// Host memory at bus address `[addr, addr + len)` in place, when the
+    /// NIC mapped its window for the call (`FwHal::dma_windows`).
+    fn dma_at(&self, addr: u64, len: usize) -> Option<*mut u8> {
+        if self.0.dma_windows.is_null() {
+            return None;
+        }
+        let tag = addr >> DMA_WINDOW_SHIFT;
+        let i = (tag & 0xFFFF) as usize;
+        if i >= self.0.dma_windows_len {
+            return None;
+        }
+        // SAFETY: `i` is below `dma_windows_len`, the table's length for
+        // the call.
+        let w = unsafe { &*self.0.dma_windows.add(i) };
+        let off = addr & ((1 << DMA_WINDOW_SHIFT) - 1);
+        if w.tag != tag || w.base.is_null() || off.checked_add(len as u64)? > w.len {
+            return None;
+        }
+        // SAFETY: `off + len` is within the window's `len` mapped bytes at
+        // `base`, valid for the call (`FwHal::dma_windows`).
+        Some(unsafe { w.base.add(off as usize) })
     }
 }
 
@@ -64,12 +87,24 @@ impl Hal for CHal {
         unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), at, data.len()) };
     }
     fn dma_read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        if let Some(at) = self.dma_at(addr, buf.len()) {
+            // SAFETY: `len` bytes of the window; the host may change them
+            // meanwhile, which a byte copy tolerates (as the NIC's own does).
+            unsafe { core::ptr::copy_nonoverlapping(at, buf.as_mut_ptr(), buf.len()) };
+            return Ok(());
+        }
         match (self.0.dma_read)(self.0.ctx, addr, buf.as_mut_ptr(), buf.len()) {
             0 => Ok(()),
             _ => Err(DmaError),
         }
     }
     fn dma_write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
+        if let Some(at) = self.dma_at(addr, data.len()) {
+            // SAFETY: `len` bytes of the window, which nothing of ours
+            // aliases.
+            unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), at, data.len()) };
+            return Ok(());
+        }
         match (self.0.dma_write)(self.0.ctx, addr, data.as_ptr(), data.len()) {
             0 => Ok(()),
             _ => Err(DmaError),
@@ -98,7 +133,12 @@ impl Hal for CHal {
         (self.0.raise_interrupt)(self.0.ctx, vector);
     }
     fn dma_fence(&mut self) {
-        (self.0.dma_fence)(self.0.ctx);
+        if self.0.dma_windows.is_null() {
+            return (self.0.dma_fence)(self.0.ctx);
+        }
+        // Writes in place are stores into memory the host maps, as the
+        // NIC's own are: a release fence orders them (`FwHal::dma_fence`).
+        fence(Ordering::Release);
     }
 }
 
@@ -324,6 +364,7 @@ pub unsafe extern "C" fn emp_fw_free(nic: *mut c_void) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use emp_uapi::fwabi::DmaWindow;
     use std::sync::atomic::AtomicUsize;
 
     /// SRAM accesses that went through the NIC's calls.
@@ -337,10 +378,14 @@ mod tests {
     extern "C" fn sram_write(_: *mut c_void, _: usize, _: *const u8, _: usize) {
         CALLS.fetch_add(1, Ordering::Relaxed);
     }
+    static DMA_CALLS: AtomicUsize = AtomicUsize::new(0);
+
     extern "C" fn dma(_: *mut c_void, _: u64, _: *mut u8, _: usize) -> i32 {
+        DMA_CALLS.fetch_add(1, Ordering::Relaxed);
         -1
     }
     extern "C" fn dma_w(_: *mut c_void, _: u64, _: *const u8, _: usize) -> i32 {
+        DMA_CALLS.fetch_add(1, Ordering::Relaxed);
         -1
     }
     extern "C" fn mac(_: *mut c_void, _: u16, _: *const u8, _: usize) {}
@@ -365,6 +410,8 @@ mod tests {
             mac_transmit_host: mac_host,
             sram_base: sram.as_mut_ptr().cast(),
             sram_len: sram.len() * 4,
+            dma_windows: core::ptr::null(),
+            dma_windows_len: 0,
         })
     }
 
@@ -393,5 +440,39 @@ mod tests {
         h.0.sram_base = core::ptr::null_mut();
         h.sram_read(0, &mut w);
         assert_eq!(CALLS.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn mapped_host_memory_is_used_in_place_and_the_rest_goes_through_the_nic() {
+        let mut host = [0u8; 64];
+        let tag = (1u64 << 16) | 2; // space 1, window 2
+        let windows = [
+            DmaWindow { tag: u64::MAX, base: core::ptr::null_mut(), len: 0 },
+            DmaWindow { tag: u64::MAX, base: core::ptr::null_mut(), len: 0 },
+            DmaWindow { tag, base: host.as_mut_ptr(), len: 48 },
+        ];
+        let mut h = hal(&mut []);
+        h.0.dma_windows = windows.as_ptr();
+        h.0.dma_windows_len = windows.len();
+        let at = |off: u64| (tag << DMA_WINDOW_SHIFT) | off;
+        DMA_CALLS.store(0, Ordering::Relaxed);
+        assert_eq!(h.dma_write(at(40), &[9; 8]), Ok(()));
+        let mut b = [0u8; 8];
+        assert_eq!(h.dma_read(at(40), &mut b), Ok(()));
+        assert_eq!(b, [9; 8]);
+        h.dma_fence();
+        assert_eq!(DMA_CALLS.load(Ordering::Relaxed), 0, "in place");
+        // Past the window's end, another space's tag, an unused or a
+        // missing window: the NIC answers (here, a fault).
+        assert_eq!(h.dma_write(at(41), &[1; 8]), Err(DmaError));
+        assert_eq!(h.dma_read((((2 << 16) | 2) << DMA_WINDOW_SHIFT) | 40, &mut b), Err(DmaError));
+        assert_eq!(h.dma_read(((1 << 16) << DMA_WINDOW_SHIFT) | 40, &mut b), Err(DmaError));
+        assert_eq!(h.dma_read(((1 << 16 | 7) << DMA_WINDOW_SHIFT) | 40, &mut b), Err(DmaError));
+        assert_eq!(DMA_CALLS.load(Ordering::Relaxed), 4);
+        assert_eq!((&host[40..48], host[48]), (&[9u8; 8][..], 0), "nothing past the window");
+        // Not mapped: every DMA calls.
+        h.0.dma_windows = core::ptr::null();
+        assert_eq!(h.dma_read(at(40), &mut b), Err(DmaError));
+        assert_eq!(DMA_CALLS.load(Ordering::Relaxed), 5);
     }
 }

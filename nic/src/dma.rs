@@ -7,16 +7,18 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
+use emp_uapi::fwabi::{DmaWindow, DMA_WINDOW_SHIFT};
+
 /// Arena space.
 pub const SPACE_ARENA: u64 = 1;
 /// Process-memory space.
 pub const SPACE_VM: u64 = 2;
 /// Largest region (offset bits).
-pub const REGION_MAX: u64 = 1 << 40;
+pub const REGION_MAX: u64 = 1 << DMA_WINDOW_SHIFT;
 
 /// Bus address of `offset` in region `id` of `space`.
 pub const fn bus_addr(space: u64, id: u16, offset: u64) -> u64 {
-    (space << 56) | ((id as u64) << 40) | offset
+    (space << (DMA_WINDOW_SHIFT + 16)) | ((id as u64) << DMA_WINDOW_SHIFT) | offset
 }
 
 /// A DMA that missed: outside every region, or the process memory is gone.
@@ -276,12 +278,33 @@ pub struct DmaMap {
     /// For a NIC serving a QEMU guest: its RAM, addressed physically (the
     /// guest's driver writes guest-physical addresses into the MR table).
     guest: Option<Arc<Region>>,
+    /// The arenas of `regions` as the control program's windows, by id
+    /// (`FwHal::dma_windows`): it copies in and out of them in place.
+    windows: Vec<DmaWindow>,
 }
+
+// SAFETY: `windows` only names the mappings of the arenas `regions` holds
+// (the same Arcs, dropped only with their window entry cleared first);
+// they are shared memory reached by bounds-checked byte copies, as
+// `Region` is (Send and Sync above).
+unsafe impl Send for DmaMap {}
+// SAFETY: as for Send; `&DmaMap` changes nothing.
+unsafe impl Sync for DmaMap {}
+
+/// A window that holds no address.
+const NO_WINDOW: DmaWindow = DmaWindow { tag: u64::MAX, base: core::ptr::null_mut(), len: 0 };
 
 impl DmaMap {
     /// Room for `n` regions.
     pub fn new(n: usize) -> DmaMap {
-        DmaMap { regions: (0..n).map(|_| None).collect(), guest: None }
+        DmaMap { regions: (0..n).map(|_| None).collect(), guest: None, windows: vec![NO_WINDOW; n] }
+    }
+
+    /// The arenas as the control program's windows (`FwHal::dma_windows`),
+    /// valid while this map is neither changed nor dropped; `None` for a
+    /// guest's RAM, which is addressed physically.
+    pub fn windows(&self) -> Option<&[DmaWindow]> {
+        self.guest.is_none().then_some(&self.windows[..])
     }
 
     /// Serves a guest: DMA goes to its RAM by physical address.
@@ -291,12 +314,19 @@ impl DmaMap {
 
     /// Installs region `id`.
     pub fn insert(&mut self, id: u16, r: Region) {
+        self.windows[id as usize] = match &r {
+            Region::Arena { base, len, .. } => {
+                DmaWindow { tag: bus_addr(SPACE_ARENA, id, 0) >> DMA_WINDOW_SHIFT, base: *base, len: *len as u64 }
+            }
+            Region::Vm { .. } => NO_WINDOW,
+        };
         self.regions[id as usize] = Some(Arc::new(r));
     }
 
     /// Removes region `id` (its mapping goes once no frame holds it).
     pub fn remove(&mut self, id: u16) {
         if let Some(r) = self.regions.get_mut(id as usize) {
+            self.windows[id as usize] = NO_WINDOW;
             *r = None;
         }
     }
@@ -306,8 +336,8 @@ impl DmaMap {
             // Anything outside guest RAM is refused (Region bounds-checks).
             return Some((g, addr));
         }
-        let space = addr >> 56;
-        let id = ((addr >> 40) & 0xFFFF) as usize;
+        let space = addr >> (DMA_WINDOW_SHIFT + 16);
+        let id = ((addr >> DMA_WINDOW_SHIFT) & 0xFFFF) as usize;
         let off = addr & (REGION_MAX - 1);
         let r = self.regions.get(id)?.as_ref()?;
         let ok = matches!((space, &**r), (SPACE_ARENA, Region::Arena { .. }) | (SPACE_VM, Region::Vm { .. }));

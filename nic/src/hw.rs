@@ -5,7 +5,7 @@
 use core::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use emp_uapi::fwabi::{FwHal, HostSeg};
+use emp_uapi::fwabi::{DmaWindow, FwHal, HostSeg};
 use emp_uapi::sram::AdminMailbox;
 
 use crate::dma::{DmaFault, DmaMap, HostPayload, HOST_PIECES_MAX};
@@ -76,6 +76,15 @@ impl HwCtx {
     /// Ends [`HwCtx::hold_dma`], before the caller drops the lock.
     pub(crate) fn release_dma(&mut self) {
         self.dma_held = core::ptr::null();
+    }
+
+    /// The held DMA map's windows for the control program, if it has any.
+    fn held_windows(&self) -> Option<&[DmaWindow]> {
+        if self.dma_held.is_null() {
+            return None;
+        }
+        // SAFETY: as in `with_dma`.
+        unsafe { &*self.dma_held }.windows()
     }
 
     /// Whether this program's DMAs need the map locked per access.
@@ -316,12 +325,19 @@ pub(crate) fn hal_for(hw: &mut HwCtx) -> FwHal {
         // waits for the DMA thread (`hw_sram_write`): every access calls.
         sram_base: if hw.writes_behind() { core::ptr::null_mut() } else { hw.shared.sram.as_mut_ptr() },
         sram_len: hw.shared.sram.len(),
+        // Host memory in place only while the call holds the DMA map
+        // (`hold_dma`, never with receive double buffering, whose DMA
+        // thread orders the writes): the windows stay put until
+        // `release_dma`.
+        dma_windows: hw.held_windows().map_or(core::ptr::null(), <[_]>::as_ptr),
+        dma_windows_len: hw.held_windows().map_or(0, <[_]>::len),
     }
 }
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dma::{bus_addr, DmaMap, Region, SPACE_ARENA, SPACE_VM};
+    use emp_uapi::fwabi::DMA_WINDOW_SHIFT;
 
     /// A DMA map whose region 3 is `host` in this process (read the way a
     /// registered process' memory is).
@@ -331,6 +347,32 @@ mod tests {
         let pid = unsafe { libc::getpid() };
         map.insert(3, Region::Vm { pid, addr: host.as_ptr() as u64, len: host.len() as u64 });
         map
+    }
+
+    #[test]
+    fn arenas_are_the_programs_dma_windows_and_nothing_else_is() {
+        let host: Vec<u8> = (0..4096u32).map(|i| (i * 3 + 1) as u8).collect();
+        let mut map = map_of(&host); // region 3: process memory
+        map.insert(5, crate::dma::test_arena(&host));
+        let w = map.windows().expect("no guest");
+        assert_eq!(w.len(), 8);
+        let addr = bus_addr(SPACE_ARENA, 5, 100);
+        assert_eq!((w[5].tag, w[5].len), (addr >> DMA_WINDOW_SHIFT, 4096));
+        // The window is the mapping a DMA through the map reaches.
+        // SAFETY: 100 + 8 bytes within the window's 4096 mapped bytes.
+        let in_place = unsafe { core::slice::from_raw_parts(w[5].base.add(100), 8) };
+        let mut b = [0u8; 8];
+        map.read(addr, &mut b).expect("mapped");
+        assert_eq!((in_place, &b[..]), (&host[100..108], &host[100..108]));
+        // Process memory, an empty slot, a removed arena: no window.
+        for i in [0, 3] {
+            assert!(w[i].base.is_null() && w[i].tag == u64::MAX, "window {i}");
+        }
+        map.remove(5);
+        assert!(map.windows().expect("no guest")[5].base.is_null());
+        // A guest's RAM is addressed physically: no windows at all.
+        map.set_guest(crate::dma::test_arena(&host));
+        assert!(map.windows().is_none());
     }
 
     #[test]

@@ -752,7 +752,7 @@ struct emp_port_ctl {
 /* Image magic: "EMPFWIMG" little-endian. */
 #define EMP_IMAGE_MAGIC 0x474D495746504D45ULL
 #define EMP_IMAGE_HEADER_VERSION 1U
-#define EMP_FIRMWARE_ABI 5U
+#define EMP_FIRMWARE_ABI 6U
 /* Bytes covered by the signature (everything before `signature`). */
 #define EMP_IMAGE_SIGNED_LEN 152U
 /* Largest payload accepted. */
@@ -1179,6 +1179,15 @@ struct emp_fw_host_seg {
 
 #define EMP_FW_HOST_SEGS_MAX 16U /* segments per mac_transmit_host */
 
+/* One window of host memory the NIC mapped (struct emp_fw_hal.dma_windows). */
+struct emp_fw_dma_window {
+	uint64_t tag;  /* addr >> EMP_FW_DMA_WINDOW_SHIFT held; UINT64_MAX: unused */
+	uint8_t *base; /* first byte, in the NIC's process; NULL: unused */
+	uint64_t len;  /* bytes at base */
+};
+
+#define EMP_FW_DMA_WINDOW_SHIFT 40U
+
 /* Hardware services over an opaque context. DMA calls return 0 when done,
  * nonzero when the DMA failed. */
 struct emp_fw_hal {
@@ -1211,6 +1220,13 @@ struct emp_fw_hal {
 	 * stores); NULL: only through sram_read and sram_write */
 	uint8_t *sram_base;
 	size_t sram_len;
+	/* host memory mapped for the call: addr is in window
+	 * (addr >> EMP_FW_DMA_WINDOW_SHIFT) & 0xFFFF when its tag equals
+	 * addr >> EMP_FW_DMA_WINDOW_SHIFT and offset + len fits; read and
+	 * written in place (byte copies; dma_fence a release fence), anything
+	 * else through dma_read / dma_write; NULL: every DMA through them */
+	const struct emp_fw_dma_window *dma_windows;
+	size_t dma_windows_len;
 };
 
 /* Control-program tunables passed at boot; zero means "use the default". */
@@ -1257,7 +1273,8 @@ EMP_STATIC_ASSERT(sizeof(struct emp_set_eventfd) == 16, "emp_set_eventfd");
 EMP_STATIC_ASSERT(sizeof(struct emp_arm) == 8, "emp_arm");
 EMP_STATIC_ASSERT(sizeof(struct emp_start) == 24, "emp_start");
 EMP_STATIC_ASSERT(sizeof(struct emp_attach_msg) == 192, "emp_attach_msg");
-EMP_STATIC_ASSERT(sizeof(struct emp_fw_hal) == 12 * sizeof(void *), "emp_fw_hal");
+EMP_STATIC_ASSERT(sizeof(struct emp_fw_hal) == 14 * sizeof(void *), "emp_fw_hal");
+EMP_STATIC_ASSERT(sizeof(struct emp_fw_dma_window) == 24, "emp_fw_dma_window");
 EMP_STATIC_ASSERT(sizeof(struct emp_fw_host_seg) == 16, "emp_fw_host_seg");
 EMP_STATIC_ASSERT(sizeof(struct emp_fw_config) == 48, "emp_fw_config");
 

@@ -108,6 +108,35 @@ pub struct FwHal {
     pub sram_base: *mut u8,
     /// Bytes at `sram_base`.
     pub sram_len: usize,
+    /// Host memory mapped for the duration of the call, as windows the
+    /// control program reads and writes in place instead of calling
+    /// `dma_read` / `dma_write` (a byte copy, as those do; `dma_fence` is
+    /// then a release fence in place). A bus address `addr` is in window
+    /// `(addr >> DMA_WINDOW_SHIFT) & 0xFFFF` when that window's `tag`
+    /// equals `addr >> DMA_WINDOW_SHIFT` and its offset
+    /// (`addr` below bit `DMA_WINDOW_SHIFT`) plus the length is at most `len`;
+    /// any other address goes through the calls, which also fault it. Null:
+    /// every DMA through the calls (a NIC that must order them itself, or
+    /// whose host memory is not mapped in its process).
+    pub dma_windows: *const DmaWindow,
+    /// Windows at `dma_windows`.
+    pub dma_windows_len: usize,
+}
+
+/// Bus address bits above the offset in a [`DmaWindow`].
+pub const DMA_WINDOW_SHIFT: u32 = 40;
+/// One window of host memory mapped in the NIC's process (see
+/// [`FwHal::dma_windows`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaWindow {
+    /// `addr >> DMA_WINDOW_SHIFT` of the addresses it holds; `u64::MAX`
+    /// for an unused window.
+    pub tag: u64,
+    /// The window's first byte in the NIC's process; null when unused.
+    pub base: *mut u8,
+    /// Bytes at `base`.
+    pub len: u64,
 }
 
 /// A run of host memory by bus address, as a DMA read would name it.

@@ -13,8 +13,8 @@ pub const IMAGE_MAGIC: u64 = u64::from_le_bytes(*b"EMPFWIMG");
 /// Version of this header format.
 pub const IMAGE_HEADER_VERSION: u32 = 1;
 /// ABI between the NIC hardware model and the control program.
-/// 2: `FwHal::dma_fence`. 4: `FwHal::mac_transmit_host`. 5: `FwHal::sram_base`.
-pub const FIRMWARE_ABI: u32 = 5;
+/// 2: `FwHal::dma_fence`. 4: `FwHal::mac_transmit_host`. 5: `FwHal::sram_base`. 6: `FwHal::dma_windows`.
+pub const FIRMWARE_ABI: u32 = 6;
 /// Bytes covered by the signature (everything before `signature`).
 pub const SIGNED_LEN: usize = core::mem::offset_of!(ImageHeader, signature);
 /// Largest payload accepted.

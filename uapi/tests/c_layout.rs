@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use emp_uapi::attach::{self, AttachMsg};
 use emp_uapi::coll::{self, BarrierAlgo, CollHeader, CollKind, Dtype, ReduceOp};
 use emp_uapi::desc::{self, *};
-use emp_uapi::fwabi::{self, FwConfig, FwHal, HostSeg};
+use emp_uapi::fwabi::{self, DmaWindow, FwConfig, FwHal, HostSeg};
 use emp_uapi::image::{self, *};
 use emp_uapi::ioctl::*;
 use emp_uapi::sram::{self, *};
@@ -96,6 +96,7 @@ macro_rules! ptr_kind {
 ptr_kind! {
     "void *" => *mut c_void,
     "uint8_t *" => *mut u8,
+    "const struct emp_fw_dma_window *" => *const DmaWindow,
     "void (*)(void *, size_t, uint8_t *, size_t)" => extern "C" fn(*mut c_void, usize, *mut u8, usize),
     "void (*)(void *, size_t, const uint8_t *, size_t)" => extern "C" fn(*mut c_void, usize, *const u8, usize),
     "int32_t (*)(void *, uint64_t, uint8_t *, size_t)" => extern "C" fn(*mut c_void, u64, *mut u8, usize) -> i32,
@@ -388,9 +389,12 @@ fn structs() -> Vec<StructDesc> {
                 mcast_membership,
                 mac_transmit_host,
                 sram_base,
-                sram_len
+                sram_len,
+                dma_windows,
+                dma_windows_len
             }
         ),
+        st_repr_c!("emp_fw_dma_window", DmaWindow { tag, base, len }),
         st_repr_c!("emp_fw_host_seg", HostSeg { addr, len }),
         st_repr_c!(
             "emp_fw_config",
@@ -677,6 +681,7 @@ fn constants() -> Vec<ConstDesc> {
         EMP_IMAGE_HEADER_VERSION = image::IMAGE_HEADER_VERSION,
         EMP_FIRMWARE_ABI = image::FIRMWARE_ABI,
         EMP_FW_HOST_SEGS_MAX = fwabi::HOST_SEGS_MAX,
+        EMP_FW_DMA_WINDOW_SHIFT = fwabi::DMA_WINDOW_SHIFT,
         EMP_IMAGE_SIGNED_LEN = image::SIGNED_LEN,
         EMP_IMAGE_PAYLOAD_MAX = image::PAYLOAD_MAX,
         EMP_CPU_PLAN_BASE = cpu_plan::BASE,
