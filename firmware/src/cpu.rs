@@ -548,15 +548,10 @@ impl Nic {
     /// runs). Transmission is preceded by the frame's send bookkeeping,
     /// always here.
     pub(crate) fn dispatch<H: Hal>(&mut self, hal: &mut H, step: Step) -> Option<u8> {
-        let cpu = cpu_of(self.cfg.cpu_plan, step);
         if step == Step::Transmission {
             hal.cpu_step(self.cpu, CpuStep::SendBookkeep, false);
         }
-        // A CPU past A queues its own payload DMAs as jobs too: they then
-        // run after it lets go of the program (DSR's B receives the frames
-        // it classifies), beside the other CPU's steps.
-        let job_here = cpu == self.cpu && cpu != 0 && self.cfg.cpu_jobs && step == Step::Receiving;
-        if (cpu != self.cpu || job_here) && self.queues.q[cpu as usize].len() < QUEUE_MAX {
+        if let Some(cpu) = self.queued_to(step) {
             return Some(cpu);
         }
         let here = match step {
@@ -571,6 +566,17 @@ impl Nic {
         };
         hal.cpu_step(self.cpu, here, false);
         None
+    }
+
+    /// Where [`Nic::dispatch`] would queue `step` (`None`: it runs here,
+    /// now), without reporting anything.
+    pub(crate) fn queued_to(&self, step: Step) -> Option<u8> {
+        let cpu = cpu_of(self.cfg.cpu_plan, step);
+        // A CPU past A queues its own payload DMAs as jobs too: they then
+        // run after it lets go of the program (DSR's B receives the frames
+        // it classifies), beside the other CPU's steps.
+        let job_here = cpu == self.cpu && cpu != 0 && self.cfg.cpu_jobs && step == Step::Receiving;
+        ((cpu != self.cpu || job_here) && self.queues.q[cpu as usize].len() < QUEUE_MAX).then_some(cpu)
     }
 
     /// The CPU frames arrive on (a driver runs `handle_frame` there).

@@ -344,6 +344,9 @@ pub(crate) enum RxTrace {
 /// What happened to the header frame of the next message from a peer.
 enum MatchOutcome {
     Matched(u32),
+    /// A one-frame message for this posted receive, received here and now:
+    /// it needs no receive record ([`Nic::receive_whole`]).
+    Whole(LocalDesc),
     Overflowed,
     /// Kept as a retained header: the sender waits for the pull.
     Retained,
@@ -442,6 +445,10 @@ impl Nic {
         match self.try_match(now, peer, hdr, msg, payload) {
             MatchOutcome::Matched(r) => {
                 self.deliver(hal, now, r, hdr, Some(msg), payload);
+                self.nack_gap(hal, peer);
+            }
+            MatchOutcome::Whole(desc) => {
+                self.receive_whole(hal, now, peer, hdr, msg, payload, &desc);
                 self.nack_gap(hal, peer);
             }
             MatchOutcome::Overflowed => {
@@ -614,6 +621,17 @@ impl Nic {
         let posted = &self.ports[port as usize].posted;
         if let Some(i) = posted.iter().position(|d| d.matches(hdr.src_node, hdr.src_port, msg.tag)) {
             let desc = posted[i];
+            // A record for a message whose only frame is here, whose
+            // payload this CPU stores now, would be opened and retired
+            // within this frame: none is made. Any other message, or a
+            // frame whose payload disagrees with its header, takes the
+            // record's path (which checks and counts it).
+            let whole = hdr.frame_count == 1 && payload.len() as u64 == msg.total_len;
+            if whole && self.queued_to(crate::cpu::Step::Receiving).is_none() {
+                self.ports[port as usize].posted.remove(i);
+                self.rx_took_next(peer, hdr.msg_seq);
+                return MatchOutcome::Whole(desc);
+            }
             let Some(r) = self.rx_open(now, peer, hdr, msg, desc, RxOwner::Recv) else {
                 return MatchOutcome::NotReady;
             };
@@ -1100,22 +1118,65 @@ impl Nic {
         let error = self.unlink_rx(r, error);
         let m = self.rx.get(r).expect("live");
         debug_assert_eq!(m.owner, RxOwner::Recv);
-        let status = match error {
-            Some(e) => e,
-            None if m.total_len > m.desc.len => Status::Truncated,
-            None => Status::Success,
-        };
-        let src = self.peer(m.peer);
-        let mut c = Completion::of(&m.desc, Opcode::Recv, status);
-        c.byte_len = m.total_len.min(m.desc.len) as u32;
-        c.tag = m.tag;
-        c.src_node = src.node;
-        c.src_port = src.rport;
-        c.msg_len = m.total_len.min(u32::MAX as u64) as u32;
-        c.imm = m.imm;
+        let c = self.recv_completion(&m.desc, m.peer, (m.tag, m.total_len, m.imm), error);
         let port = m.port;
         self.rx.free(r);
         (port, c)
+    }
+
+    /// The completion of a receive into `desc` of the message
+    /// (tag, length, immediate data) from `peer`, failed with `error`.
+    fn recv_completion(
+        &self,
+        desc: &LocalDesc,
+        peer: u32,
+        (tag, total_len, imm): (u64, u64, Option<u32>),
+        error: Option<Status>,
+    ) -> Completion {
+        let status = match error {
+            Some(e) => e,
+            None if total_len > desc.len => Status::Truncated,
+            None => Status::Success,
+        };
+        let src = self.peer(peer);
+        let mut c = Completion::of(desc, Opcode::Recv, status);
+        c.byte_len = total_len.min(desc.len) as u32;
+        c.tag = tag;
+        c.src_node = src.node;
+        c.src_port = src.rport;
+        c.msg_len = total_len.min(u32::MAX as u64) as u32;
+        c.imm = imm;
+        c
+    }
+
+    /// Receives a one-frame message matched by `desc` in one step, as its
+    /// record would have within this frame (`try_match` chose it): the
+    /// payload into host memory, the ACK owed, the completion. A failed
+    /// DMA completes the receive with its error, as the record's would.
+    #[allow(clippy::too_many_arguments)]
+    fn receive_whole<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        peer: u32,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        payload: &[u8],
+        desc: &LocalDesc,
+    ) {
+        let port = hdr.dst_port;
+        let ran_here = self.dispatch(hal, crate::cpu::Step::Receiving);
+        debug_assert_eq!(ran_here, None, "try_match checked that it runs here");
+        let n = (desc.len.min(payload.len() as u64)) as usize;
+        let io = match n {
+            0 => Ok(()),
+            _ => self.sge_io(hal, port, desc.sges(), 0, Buf::ToHost(&payload[..n]), MR_LOCAL_WRITE),
+        };
+        self.count(counter::RX_FRAMES, 1);
+        self.ack_message(hal, now, peer, hdr.msg_seq, 0);
+        self.count(counter::MSGS_RX, 1);
+        let c = self.recv_completion(desc, peer, (msg.tag, msg.total_len, msg.imm()), io.err());
+        self.complete(hal, port, c);
     }
 
     /// Every quarter of the idle timeout: abort partially received

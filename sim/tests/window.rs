@@ -91,3 +91,41 @@ fn test_lost_oldest_group_stops_the_sender_at_the_window() {
     assert_eq!(p.read(1, 0, len as usize), data);
     assert_eq!(p.counter(1, counter::DROPPED_UNEXPECTED), 0, "nothing arrived beyond the window");
 }
+
+#[test]
+fn test_one_frame_message_takes_no_receive_record() {
+    // One receive record, held by a three-frame message whose frame 1 is
+    // lost once: a one-frame message behind it is still received at once
+    // (it needs no record), not refused for want of one.
+    let cfg = Config { rx_max: 1, ..Config::default() };
+    let mut p = Pair::new(cfg, 1500, [1 << 20, 1 << 20]);
+    let mut dropped = false;
+    p.world.drop_filter = Some(Box::new(move |_, _, bytes: &[u8]| match Frame::parse(bytes) {
+        Ok(Frame::Data { hdr, .. }) if hdr.kind == FrameKind::Data as u8 && hdr.frame_index == 1 && !dropped => {
+            dropped = true;
+            true
+        }
+        _ => false,
+    }));
+    let big: Vec<u8> = (0..4000u32).map(|i| (i * 7 + 3) as u8).collect();
+    p.write(0, 0, &big);
+    p.write(0, 8192, b"one frame");
+    let (big_rx, small_rx) = (p.recv(1, 1, 0, 4000), p.recv(1, 2, 8192, 64));
+    p.send(0, 1, 0, 4000);
+    p.send(0, 2, 8192, 9);
+    let mut done = Vec::new();
+    while done.len() < 2 {
+        assert!(p.step(), "a receive stalled");
+        while let Some(c) = p.poll(1) {
+            assert_eq!(Status::from_u8(c.status), Some(Status::Success));
+            if c.wr_id == small_rx {
+                assert_eq!(p.occupancy(1).rx_msgs, 1, "the long message's record is live");
+            }
+            done.push(c.wr_id);
+        }
+    }
+    assert_eq!(done, [small_rx, big_rx], "the one-frame message completed first");
+    assert_eq!((p.read(1, 8192, 9), p.read(1, 0, 4000)), (b"one frame".to_vec(), big));
+    assert_eq!(p.counter(1, counter::DROPPED_UNEXPECTED), 0, "nothing refused");
+    assert_eq!(p.occupancy(1).rx_msgs, 0);
+}
