@@ -212,16 +212,29 @@ pub unsafe extern "C" fn emp_fw_doorbell(nic: *mut c_void, hal: *const FwHal, no
     unsafe { with_nic(nic, hal, |n, h| n.handle_doorbell(h, now)) }
 }
 
-/// A frame arrived.
+/// Frames arrived: `n` of them, `frames[i]` of `lens[i]` bytes, in order.
 ///
 /// # Safety
-/// As `emp_fw_doorbell`; `frame` points to `len` readable bytes.
+/// As `emp_fw_doorbell`; `frames` and `lens` hold `n` entries each, and
+/// `frames[i]` points to `lens[i]` readable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn emp_fw_frame(nic: *mut c_void, hal: *const FwHal, now: u64, frame: *const u8, len: usize) {
-    // SAFETY: the caller guarantees `frame` is valid for `len` bytes.
-    let bytes = unsafe { core::slice::from_raw_parts(frame, len) };
+pub unsafe extern "C" fn emp_fw_frames(
+    nic: *mut c_void,
+    hal: *const FwHal,
+    now: u64,
+    frames: *const *const u8,
+    lens: *const usize,
+    n: usize,
+) {
+    if n == 0 {
+        return;
+    }
+    // SAFETY: the caller guarantees `n` entries in each array.
+    let (frames, lens) = unsafe { (core::slice::from_raw_parts(frames, n), core::slice::from_raw_parts(lens, n)) };
+    // SAFETY: the caller guarantees each frame is valid for its length.
+    let bytes = frames.iter().zip(lens).map(|(&f, &len)| unsafe { core::slice::from_raw_parts(f, len) });
     // SAFETY: forwarded caller guarantees.
-    unsafe { with_nic(nic, hal, |n, h| n.handle_frame(h, now, bytes)) }
+    unsafe { with_nic(nic, hal, |nic, h| nic.handle_frames(h, now, bytes)) }
 }
 
 /// Timers may be due.
@@ -292,7 +305,7 @@ pub unsafe extern "C" fn emp_fw_cpu_pending(nic: *mut c_void, cpu: u32) -> u32 {
     unsafe { &*nic.cast::<Nic>() }.cpu_pending(cpu as usize) as u32
 }
 
-/// The NIC CPU whose thread takes received frames (`emp_fw_frame`).
+/// The NIC CPU whose thread takes received frames (`emp_fw_frames`).
 ///
 /// # Safety
 /// `nic` came from `emp_fw_boot`.

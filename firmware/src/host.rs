@@ -450,7 +450,11 @@ impl Nic {
             return;
         }
         self.advance_cq(hal, port);
-        crate::cpu::raise_if_armed(hal, self.layout.port(port).ctl(ctl::ARM), port);
+        let st = &mut self.ports[port as usize];
+        if !st.cq_written {
+            st.cq_written = true;
+            self.cq_written.push(port);
+        }
     }
 
     /// Offset of the CQ's next slot on `port` in the CQ's region.

@@ -581,6 +581,9 @@ pub(crate) struct Port {
     /// Suspended for a context switch (C1): consumes no descriptor, starts
     /// no message, refuses new messages.
     pub suspended: bool,
+    /// A completion was written this call: the ARM word is read once, as
+    /// the call ends (`Nic::publish`).
+    pub cq_written: bool,
     /// Persistent descriptors of the send and receive rings (`persist.rs`).
     pub stored_sends: persist::PersistTable,
     pub stored_recvs: persist::PersistTable,
@@ -769,6 +772,9 @@ pub struct Nic {
     pub(crate) ack_due: VecDeque<(u64, u32)>,
     /// The `AckFlush` timer is armed.
     pub(crate) ack_timer_armed: bool,
+    /// Ports whose CQ got an entry this call, each once
+    /// (`Port::cq_written`; bounded by the ports).
+    pub(crate) cq_written: Vec<u16>,
     /// Some sender was told `FC_STOP` and waits for an update.
     pub(crate) fc_updates_owed: bool,
     /// Reliable-broadcast state per group slot.
@@ -828,6 +834,7 @@ impl Nic {
                 mode: cfg.matching,
                 addr: i,
                 suspended: false,
+                cq_written: false,
                 stored_sends: Default::default(),
                 stored_recvs: Default::default(),
             })
@@ -886,6 +893,7 @@ impl Nic {
             restore_refusal: None,
             ack_due: VecDeque::with_capacity(cfg.peers_max as usize),
             ack_timer_armed: false,
+            cq_written: Vec::with_capacity(layout.params.ports as usize),
             fc_updates_owed: false,
             rbcast: (0..layout.params.group_entries).map(|_| None).collect(),
             rbcast_join_failed: 0,
@@ -919,8 +927,16 @@ impl Nic {
 
     /// A frame arrived from the MAC.
     pub fn handle_frame<H: Hal>(&mut self, hal: &mut H, now: u64, bytes: &[u8]) {
-        self.cpu = cpu::cpu_of(self.cfg.cpu_plan, cpu::Step::Classify);
-        self.receive_frame(hal, now, bytes);
+        self.handle_frames(hal, now, core::iter::once(bytes));
+    }
+
+    /// Frames arrived from the MAC, handled in order; what their handling
+    /// leaves to do is done once, after the last.
+    pub fn handle_frames<'a, H: Hal>(&mut self, hal: &mut H, now: u64, frames: impl IntoIterator<Item = &'a [u8]>) {
+        for bytes in frames {
+            self.cpu = cpu::cpu_of(self.cfg.cpu_plan, cpu::Step::Classify);
+            self.receive_frame(hal, now, bytes);
+        }
         // Completions may have freed table or CQ room that descriptors
         // still in the rings were waiting for: the NIC polls producer
         // indices, it does not rely on a doorbell for them.
@@ -1323,8 +1339,23 @@ impl Nic {
         self.counters_dirty |= 1 << c;
     }
 
-    /// Publishes counters and the heartbeat in the SRAM header.
+    /// Ends a call: raises the interrupt of every port that got a
+    /// completion and whose host armed it, then publishes counters and the
+    /// heartbeat in the SRAM header.
     pub(crate) fn publish<H: Hal>(&mut self, hal: &mut H) {
+        // The ARM word shares its cache line with the words the host writes
+        // as it posts and consumes: read per port per call, not per entry.
+        let mut written = core::mem::take(&mut self.cq_written);
+        for &port in &written {
+            let st = &mut self.ports[port as usize];
+            st.cq_written = false;
+            // A port closed meanwhile has no host waiting on it.
+            if st.open {
+                crate::cpu::raise_if_armed(hal, self.layout.port(port).ctl(emp_uapi::sram::ctl::ARM), port);
+            }
+        }
+        written.clear();
+        self.cq_written = written;
         if self.counters_dirty == 0 {
             return;
         }

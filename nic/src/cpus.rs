@@ -420,11 +420,8 @@ impl Core {
             }
             self.program_calls.fetch_add(1, Ordering::Relaxed);
             self.call(cpu, &mut hw, now, |lib, state, hal| {
-                for f in &frames {
-                    // SAFETY: live state under the lock, valid hal; `f` is
-                    // valid for its length.
-                    unsafe { (lib.frame)(state, hal, now, f.as_ptr(), f.len()) };
-                }
+                // SAFETY: live state under the lock, valid hal.
+                unsafe { lib.frames(state, hal, now, &frames) };
             });
             // Buffers of frames it took become its transmit buffers; the
             // surplus goes back to the other CPUs (`balance`).

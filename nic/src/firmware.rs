@@ -91,11 +91,8 @@ impl Firmware {
             n -= self.core.hand_frames(now, rx, n);
         } else {
             self.core.call(0, &mut self.hw, now, |lib, st, hal| {
-                for f in rx.iter().take(n) {
-                    // SAFETY: live state under the lock, valid hal; `f` is
-                    // valid for its length.
-                    unsafe { (lib.frame)(st, hal, now, f.as_ptr(), f.len()) };
-                }
+                // SAFETY: live state under the lock, valid hal.
+                unsafe { lib.frames(st, hal, now, rx.iter().take(n)) };
             });
             self.core.collect(&mut self.hw);
         }

@@ -12,7 +12,7 @@ use emp_uapi::image::FIRMWARE_ABI;
 
 type BootFn = unsafe extern "C" fn(*const FwHal, *const FwConfig) -> *mut c_void;
 type EventFn = unsafe extern "C" fn(*mut c_void, *const FwHal, u64);
-type FrameFn = unsafe extern "C" fn(*mut c_void, *const FwHal, u64, *const u8, usize);
+type FramesFn = unsafe extern "C" fn(*mut c_void, *const FwHal, u64, *const *const u8, *const usize, usize);
 type PollFn = unsafe extern "C" fn(*mut c_void) -> u64;
 type DescribeFn = unsafe extern "C" fn(*mut c_void, *mut u8, usize) -> usize;
 type FreeFn = unsafe extern "C" fn(*mut c_void);
@@ -40,7 +40,7 @@ pub struct FwLib {
     handle: *mut c_void,
     pub(crate) boot: BootFn,
     pub(crate) doorbell: EventFn,
-    pub(crate) frame: FrameFn,
+    frames: FramesFn,
     pub(crate) timeout: EventFn,
     pub(crate) poll_timeout: PollFn,
     pub(crate) describe: DescribeFn,
@@ -54,6 +54,38 @@ pub struct FwLib {
     /// Absent in older images: their CPUs run only holding the program.
     pub(crate) area: Option<AreaFns>,
 }
+
+impl FwLib {
+    /// Hands the control program `frames`, in order, in calls of at most
+    /// [`FRAMES_PER_CALL`].
+    ///
+    /// # Safety
+    /// `state` is the program's live state and the caller holds it (the
+    /// NIC's lock); `hal` is valid for the call.
+    pub(crate) unsafe fn frames<'a>(
+        &self,
+        state: *mut c_void,
+        hal: &FwHal,
+        now: u64,
+        frames: impl IntoIterator<Item = &'a Vec<u8>>,
+    ) {
+        let mut frames = frames.into_iter().peekable();
+        while frames.peek().is_some() {
+            let (mut at, mut lens) = ([core::ptr::null::<u8>(); FRAMES_PER_CALL], [0usize; FRAMES_PER_CALL]);
+            let mut n = 0;
+            for f in frames.by_ref().take(FRAMES_PER_CALL) {
+                (at[n], lens[n]) = (f.as_ptr(), f.len());
+                n += 1;
+            }
+            // SAFETY: the caller's guarantees; `at[i]` is valid for `lens[i]`
+            // bytes (borrowed from `frames` for the call), `n` entries each.
+            unsafe { (self.frames)(state, hal, now, at.as_ptr(), lens.as_ptr(), n) };
+        }
+    }
+}
+
+/// Most frames one `emp_fw_frames` call carries.
+pub(crate) const FRAMES_PER_CALL: usize = 256;
 
 // SAFETY: the library handle and function pointers are plain addresses;
 // the control program's state is driven by one thread at a time (the NIC's
@@ -120,7 +152,7 @@ impl FwLib {
             handle,
             boot: get!(fwabi::SYM_BOOT, BootFn),
             doorbell: get!(fwabi::SYM_DOORBELL, EventFn),
-            frame: get!(fwabi::SYM_FRAME, FrameFn),
+            frames: get!(fwabi::SYM_FRAMES, FramesFn),
             timeout: get!(fwabi::SYM_TIMEOUT, EventFn),
             poll_timeout: get!(fwabi::SYM_POLL_TIMEOUT, PollFn),
             describe: get!(fwabi::SYM_DESCRIBE, DescribeFn),

@@ -129,3 +129,41 @@ fn test_one_frame_message_takes_no_receive_record() {
     assert_eq!(p.counter(1, counter::DROPPED_UNEXPECTED), 0, "nothing refused");
     assert_eq!(p.occupancy(1).rx_msgs, 0);
 }
+
+#[test]
+fn test_an_armed_port_is_interrupted_once_after_its_completions() {
+    use emp_sim::host::Sram;
+    use emp_uapi::sram::ctl;
+    let mut p = Pair::new(Config::default(), 1500, [1 << 16, 1 << 16]);
+    let arm = p.world.layout.port(0).ctl(ctl::ARM);
+    let arm_word = |p: &mut Pair, n: usize| Sram(&mut p.world.nodes[n].sram).u32(arm);
+    let exchange = |p: &mut Pair, n: u32| {
+        let mut got = 0;
+        for i in 0..n {
+            p.recv(1, i as u64, 64 * i as u64, 64);
+        }
+        for i in 0..n {
+            p.send(0, i as u64, 64 * i as u64, 8);
+        }
+        while got < 2 * n {
+            assert!(p.step(), "stalled");
+            got += p.poll(0).is_some() as u32 + p.poll(1).is_some() as u32;
+        }
+    };
+    let irqs = |p: &Pair| [p.world.nodes[0].interrupts, p.world.nodes[1].interrupts];
+    // Not armed: completions raise nothing (the admin mailbox's own
+    // interrupts, of the ports' opening, came before).
+    let before = irqs(&p);
+    exchange(&mut p, 3);
+    assert_eq!(irqs(&p), before);
+    // Both hosts arm: one interrupt each, however many entries follow,
+    // and the NIC disarms.
+    for n in 0..2 {
+        Sram(&mut p.world.nodes[n].sram).put_u32(arm, 1);
+    }
+    exchange(&mut p, 3);
+    assert_eq!(irqs(&p), before.map(|i| i + 1));
+    assert_eq!([arm_word(&mut p, 0), arm_word(&mut p, 1)], [0, 0], "disarmed");
+    exchange(&mut p, 2);
+    assert_eq!(irqs(&p), before.map(|i| i + 1), "once per arming");
+}

@@ -1141,9 +1141,11 @@ struct emp_attach_msg {
 #define EMP_FW_SYM_BOOT "emp_fw_boot"
 /* void emp_fw_doorbell(void *fw, const struct emp_fw_hal *, uint64_t now); */
 #define EMP_FW_SYM_DOORBELL "emp_fw_doorbell"
-/* void emp_fw_frame(void *fw, const struct emp_fw_hal *, uint64_t now,
- *                   const uint8_t *frame, size_t len); */
-#define EMP_FW_SYM_FRAME "emp_fw_frame"
+/* void emp_fw_frames(void *fw, const struct emp_fw_hal *, uint64_t now,
+ *                    const uint8_t *const *frames, const size_t *lens, size_t n);
+ * n frames received, handled in order; the work they leave (rings freed
+ * for, peers made ready, counters, interrupts) done once after the last */
+#define EMP_FW_SYM_FRAMES "emp_fw_frames"
 /* void emp_fw_timeout(void *fw, const struct emp_fw_hal *, uint64_t now); */
 #define EMP_FW_SYM_TIMEOUT "emp_fw_timeout"
 /* uint64_t emp_fw_poll_timeout(void *fw); next deadline, UINT64_MAX = none */

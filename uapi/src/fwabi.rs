@@ -6,7 +6,7 @@
 //! (or vice versa): the image is loaded, not linked.
 //!
 //! Calling order: `emp_fw_abi` (must equal [`crate::image::FIRMWARE_ABI`]),
-//! `emp_fw_boot` once, then `emp_fw_doorbell` / `emp_fw_frame` /
+//! `emp_fw_boot` once, then `emp_fw_doorbell` / `emp_fw_frames` /
 //! `emp_fw_timeout` as events happen, `emp_fw_poll_timeout` after each,
 //! `emp_fw_free` at shutdown. Calls for one NIC never overlap: a NIC whose
 //! CPUs run on several threads serializes them with one lock (the thesis'
@@ -21,8 +21,11 @@ pub const SYM_ABI: &str = "emp_fw_abi";
 pub const SYM_BOOT: &str = "emp_fw_boot";
 /// `extern "C" fn(*mut c_void, *const FwHal, u64)`: host doorbell.
 pub const SYM_DOORBELL: &str = "emp_fw_doorbell";
-/// `extern "C" fn(*mut c_void, *const FwHal, u64, *const u8, usize)`: frame received.
-pub const SYM_FRAME: &str = "emp_fw_frame";
+/// `extern "C" fn(*mut c_void, *const FwHal, u64, *const *const u8, *const usize, usize)`:
+/// frames received, `n` of them (`frames[i]`, `lens[i]` bytes), handled in
+/// order in one call: what each frame's handling leaves to do (rings freed
+/// for, peers made ready, counters, interrupts) is done once, after the last.
+pub const SYM_FRAMES: &str = "emp_fw_frames";
 /// `extern "C" fn(*mut c_void, *const FwHal, u64)`: timers due.
 pub const SYM_TIMEOUT: &str = "emp_fw_timeout";
 /// `extern "C" fn(*mut c_void) -> u64`: next deadline, `u64::MAX` = none.

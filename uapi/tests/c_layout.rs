@@ -832,7 +832,7 @@ fn string_constants() -> Vec<StrConstDesc> {
         EMP_FW_SYM_ABI = fwabi::SYM_ABI,
         EMP_FW_SYM_BOOT = fwabi::SYM_BOOT,
         EMP_FW_SYM_DOORBELL = fwabi::SYM_DOORBELL,
-        EMP_FW_SYM_FRAME = fwabi::SYM_FRAME,
+        EMP_FW_SYM_FRAMES = fwabi::SYM_FRAMES,
         EMP_FW_SYM_TIMEOUT = fwabi::SYM_TIMEOUT,
         EMP_FW_SYM_POLL_TIMEOUT = fwabi::SYM_POLL_TIMEOUT,
         EMP_FW_SYM_DESCRIBE = fwabi::SYM_DESCRIBE,
