@@ -109,7 +109,7 @@ use std::collections::VecDeque;
 
 use emp_uapi::desc::{Opcode, Sge, Status, WorkDesc, SGE_MAX, WD_SIGNALED};
 use emp_uapi::sram::{
-    counter, FailReason, Layout, NicStatus, SramHeader, FEATURE_IMMEDIATE_SENDING, FEATURE_MODIFIED_ACK_NACK,
+    counter, ctl, FailReason, Layout, NicStatus, SramHeader, FEATURE_IMMEDIATE_SENDING, FEATURE_MODIFIED_ACK_NACK,
     FEATURE_ORDERED_REFUSAL, FEATURE_OVERFLOW,
 };
 use emp_uapi::wire::{self, Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
@@ -1351,7 +1351,7 @@ impl Nic {
             st.cq_written = false;
             // A port closed meanwhile has no host waiting on it.
             if st.open {
-                crate::cpu::raise_if_armed(hal, self.layout.port(port).ctl(emp_uapi::sram::ctl::ARM), port);
+                crate::cpu::raise_if_armed(hal, self.layout.port(port).ctl(ctl::ARM), port);
             }
         }
         written.clear();
