@@ -26,7 +26,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
@@ -128,6 +128,10 @@ pub(crate) struct Core {
     /// it (`describe`: how much of their work ran beside CPU A's).
     jobs_unlocked: AtomicU64,
     program_calls: AtomicU64,
+    /// Per CPU: the times it found the program taken by another CPU, and
+    /// how long it waited for it in all (ns).
+    program_waits: [AtomicU64; CPUS_MAX as usize],
+    program_wait_ns: [AtomicU64; CPUS_MAX as usize],
     /// Frames dropped because an area was full.
     pub(crate) dropped_rx: AtomicU64,
     pub(crate) dropped_tx: AtomicU64,
@@ -172,6 +176,8 @@ impl Core {
             write_behind: OnceLock::new(),
             jobs_unlocked: AtomicU64::new(0),
             program_calls: AtomicU64::new(0),
+            program_waits: Default::default(),
+            program_wait_ns: Default::default(),
             dropped_rx: AtomicU64::new(0),
             dropped_tx: AtomicU64::new(0),
         }
@@ -211,7 +217,19 @@ impl Core {
         // The DMA map locked once for the call rather than per DMA (lock
         // order: program, then DMA map; nothing holding the map waits for
         // the program).
-        let prog = lock(&self.program);
+        let prog = match self.program.try_lock() {
+            Ok(prog) => prog,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                // Another CPU holds the program (the thesis' semaphore):
+                // counted, for the table dump.
+                let began = Instant::now();
+                let prog = lock(&self.program);
+                self.program_waits[cpu as usize].fetch_add(1, Ordering::Relaxed);
+                self.program_wait_ns[cpu as usize].fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                prog
+            }
+        };
         let dma = (!hw.writes_behind()).then(|| self.nic.dma.read().expect("dma"));
         if let Some(d) = &dma {
             hw.hold_dma(d);
@@ -371,6 +389,13 @@ impl Core {
                 self.jobs_unlocked.load(Ordering::Relaxed),
                 self.program_calls.load(Ordering::Relaxed),
             );
+            for cpu in 0..self.cpus as usize {
+                s += &format!(
+                    "cpu {cpu}: program taken by another CPU {} times, waited {} us\n",
+                    self.program_waits[cpu].load(Ordering::Relaxed),
+                    self.program_wait_ns[cpu].load(Ordering::Relaxed) / 1000,
+                );
+            }
         }
         s
     }

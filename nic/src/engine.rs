@@ -30,6 +30,18 @@ struct Card {
     guest_ram: Option<std::path::PathBuf>,
     /// Last seen host-written words: admin seq, then per port send/recv/cq.
     seen: Vec<u32>,
+    /// Calls into the control program by kind, for the table dump.
+    calls: Calls,
+}
+
+/// The engine's calls into one NIC's control program (table dump): how
+/// much each call batches.
+#[derive(Clone, Copy, Debug, Default)]
+struct Calls {
+    doorbells: u64,
+    frame_batches: u64,
+    frames: u64,
+    timers: u64,
 }
 
 /// The engine thread's state.
@@ -90,7 +102,7 @@ impl Engine {
             .map(|(shared, fw, fw_cfg)| {
                 epoll_add(ep, shared.wake.as_raw_fd());
                 let n = 1 + 3 * shared.layout.params.ports as usize;
-                Card { shared, fw, fw_cfg, guest_ram: None, seen: vec![0; n] }
+                Card { shared, fw, fw_cfg, guest_ram: None, seen: vec![0; n], calls: Calls::default() }
             })
             .collect();
         let rx = cards.iter().map(|_| VecDeque::new()).collect();
@@ -176,6 +188,7 @@ impl Engine {
             fw.swap_frame_pool(&mut self.pool);
             fw.timeout(now);
             fw.swap_frame_pool(&mut self.pool);
+            self.cards[i].calls.timers += 1;
             self.flush(i, now);
             self.cards[i].shared.busy.add(self.now().saturating_sub(began));
             self.wire.flush(now);
@@ -232,14 +245,18 @@ impl Engine {
             c.fw.as_mut().expect("checked").swap_frame_pool(&mut self.pool);
             if !mac_rx_first && Self::host_changed(c) {
                 c.fw.as_mut().expect("checked").doorbell(now);
+                c.calls.doorbells += 1;
                 did = true;
             }
             if !self.rx[i].is_empty() {
-                c.fw.as_mut().expect("checked").frames(now, &mut self.rx[i], 256);
+                c.calls.frame_batches += 1;
+                c.calls.frames += self.rx[i].len().min(FRAMES_PER_ROUND) as u64;
+                c.fw.as_mut().expect("checked").frames(now, &mut self.rx[i], FRAMES_PER_ROUND);
                 did = true;
             }
             if mac_rx_first && Self::host_changed(c) {
                 c.fw.as_mut().expect("checked").doorbell(now);
+                c.calls.doorbells += 1;
                 did = true;
             }
             // What a NIC CPU thread transmitted, for the wire (`flush`).
@@ -251,6 +268,7 @@ impl Engine {
             let fw = c.fw.as_mut().expect("checked");
             if fw.deadline() == now {
                 fw.timeout(now);
+                c.calls.timers += 1;
                 did = true;
             }
             c.fw.as_mut().expect("checked").swap_frame_pool(&mut self.pool);
@@ -376,6 +394,11 @@ impl Engine {
                     &c.seen[1 + 3 * p as usize..4 + 3 * p as usize]
                 );
             }
+            let k = c.calls;
+            text += &format!(
+                "engine calls: doorbells {}, frame batches {} carrying {} frames, timers {}\n",
+                k.doorbells, k.frame_batches, k.frames, k.timers
+            );
             tracing::info!(node = c.shared.node, "tables:\n{text}");
         }
     }
@@ -413,6 +436,9 @@ impl Engine {
 /// Rounds of doorbells and frames per pass before the timers (see
 /// `Engine::pass`): at least 3 (a frame, its answer, the answer handled).
 const SETTLE_ROUNDS: usize = 4;
+
+/// Received frames a NIC is handed in one call (`Firmware::frames`).
+const FRAMES_PER_ROUND: usize = 256;
 
 /// NICs whose timers fire in one pass (the rest in the next).
 const TIMER_FIRINGS: usize = 16;

@@ -134,13 +134,20 @@ fn two_nic_cpu_threads_under_loss_every_plan() {
         eprintln!("plan {plan}:");
         assert_tap(&out, 2);
         assert!(stats_row(&c.dir, "retransmits") > 0, "{plan}: 8 % loss, yet no retransmission");
+        let dump = table_dump(&c.dir);
+        // The engine's calls per NIC: frames reach the program in batches.
+        let (batches, frames) = (dumped(&dump, "frame batches "), dumped(&dump, " carrying "));
+        assert_eq!((batches.len(), frames.len()), (2, 2), "{plan}: a line per NIC in {dump}");
+        assert!(batches.iter().zip(&frames).all(|(b, f)| *b > 0 && f >= b), "{plan}: {batches:?} {frames:?}");
         if plan != "base" && cores >= 2 {
             // CPU B's transmissions, receiving DMAs, completions and ACKs
             // are jobs it runs without the program, beside CPU A (DSR's B
             // queues the DMAs of the frames it classifies for itself).
-            let unlocked = jobs_without_the_program(&c.dir);
+            let unlocked: u64 = dumped(&dump, "jobs without the program ").iter().sum();
             assert!(unlocked > 0, "{plan}: CPU B ran no job without the program");
-            eprintln!("plan {plan}: {unlocked} jobs without the program");
+            let waits = dumped(&dump, "program taken by another CPU ");
+            assert_eq!(waits.len(), 4, "{plan}: each CPU of each NIC says how often it waited: {dump}");
+            eprintln!("plan {plan}: {unlocked} jobs without the program, program found taken {waits:?}");
         }
     }
 }
@@ -159,10 +166,10 @@ fn tap_stress(dir: &Path, msgs: &str, rounds: &str, timeout: &str) -> std::proce
         .expect("emp run")
 }
 
-/// The jobs the NIC CPU threads of the chassis in `dir` ran without the
-/// control program, from the daemon's table dump (SIGUSR1) in its log.
-fn jobs_without_the_program(dir: &Path) -> u64 {
-    const KEY: &str = "jobs without the program ";
+/// The daemon's table dump (SIGUSR1) of the two-NIC chassis in `dir`: what
+/// it logged, once both NICs' tables are in.
+fn table_dump(dir: &Path) -> String {
+    const LAST: &str = "engine calls: ";
     let log = dir.join("nicd.0.log");
     let before = std::fs::read_to_string(&log).unwrap_or_default().len();
     let pid = nicd_tasks(dir)
@@ -173,16 +180,20 @@ fn jobs_without_the_program(dir: &Path) -> u64 {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0, "SIGUSR1 to {pid}");
     for _ in 0..100 {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let dumped: Vec<u64> = text[before.min(text.len())..]
-            .lines()
-            .filter_map(|l| l.split(KEY).nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
-            .collect();
-        if dumped.len() >= 2 {
-            return dumped.iter().sum();
+        let dump = &text[before.min(text.len())..];
+        if dump.matches(LAST).count() >= 2 {
+            return dump.to_string();
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    panic!("no table dump with {KEY:?} in {}", log.display());
+    panic!("no table dump with {LAST:?} for both NICs in {}", log.display());
+}
+
+/// The number after `key` on each line of `dump` that has it.
+fn dumped(dump: &str, key: &str) -> Vec<u64> {
+    dump.lines()
+        .filter_map(|l| l.split(key).nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .collect()
 }
 
 /// Receive double buffering (`emp-nicd --rx-double-buffering`): the NIC's
@@ -218,7 +229,8 @@ fn tap_p2p_with_rx_double_buffering() {
         }
         assert_tap(&tap_stress(&c.dir, "200", "50", "300"), 2);
         if plan == "sr" && cores >= 2 {
-            assert!(jobs_without_the_program(&c.dir) > 0, "{plan}: CPU B ran no job without the program");
+            let unlocked: u64 = dumped(&table_dump(&c.dir), "jobs without the program ").iter().sum();
+            assert!(unlocked > 0, "{plan}: CPU B ran no job without the program");
         }
     }
 }
