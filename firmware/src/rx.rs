@@ -1167,7 +1167,7 @@ impl Nic {
         let port = hdr.dst_port;
         let ran_here = self.dispatch(hal, crate::cpu::Step::Receiving);
         debug_assert_eq!(ran_here, None, "try_match checked that it runs here");
-        let n = (desc.len.min(payload.len() as u64)) as usize;
+        let n = desc.len.min(payload.len() as u64) as usize;
         let io = match n {
             0 => Ok(()),
             _ => self.sge_io(hal, port, desc.sges(), 0, Buf::ToHost(&payload[..n]), MR_LOCAL_WRITE),

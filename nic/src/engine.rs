@@ -16,6 +16,7 @@ use emp_uapi::fwabi::FwConfig;
 use emp_uapi::sram::{ctl, AdminMailbox, NicStatus, NIC_ALIVE_PERIOD_NS};
 
 use crate::firmware::{boot_staged, Firmware};
+use crate::fwlib::FRAMES_PER_CALL;
 use crate::image::TrustedKeys;
 use crate::nic::NicShared;
 use crate::sys::{drain, epoll_add, signal};
@@ -250,8 +251,8 @@ impl Engine {
             }
             if !self.rx[i].is_empty() {
                 c.calls.frame_batches += 1;
-                c.calls.frames += self.rx[i].len().min(FRAMES_PER_ROUND) as u64;
-                c.fw.as_mut().expect("checked").frames(now, &mut self.rx[i], FRAMES_PER_ROUND);
+                c.calls.frames += self.rx[i].len().min(FRAMES_PER_CALL) as u64;
+                c.fw.as_mut().expect("checked").frames(now, &mut self.rx[i], FRAMES_PER_CALL);
                 did = true;
             }
             if mac_rx_first && Self::host_changed(c) {
@@ -436,9 +437,6 @@ impl Engine {
 /// Rounds of doorbells and frames per pass before the timers (see
 /// `Engine::pass`): at least 3 (a frame, its answer, the answer handled).
 const SETTLE_ROUNDS: usize = 4;
-
-/// Received frames a NIC is handed in one call (`Firmware::frames`).
-const FRAMES_PER_ROUND: usize = 256;
 
 /// NICs whose timers fire in one pass (the rest in the next).
 const TIMER_FIRINGS: usize = 16;
