@@ -251,7 +251,7 @@ impl Nic {
         let hdr = FrameHeader {
             version: wire::WIRE_VERSION,
             kind: FrameKind::AtomicReq as u8,
-            dst_gen: p.remote_gen,
+            dst_gen: self.send.peer(a.peer).remote_gen,
             src_node: self.node,
             dst_node: p.node,
             src_port: self.ports[a.port as usize].addr,
@@ -358,10 +358,10 @@ impl Nic {
             while let Some(&s) = self.peer(peer).atomic.queue.front() {
                 self.atomic_finish(hal, s, Status::RemotePortClosed, 0);
             }
-            self.peer_mut(peer).remote_gen = 0;
+            self.send.peer_mut(peer).remote_gen = 0;
             return;
         }
-        self.peer_mut(peer).remote_gen = hdr.src_gen;
+        self.send.peer_mut(peer).remote_gen = hdr.src_gen;
         self.atomic_finish(hal, slot, status, res.old);
         self.atomic_pump(hal, now, peer);
     }

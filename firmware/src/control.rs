@@ -24,15 +24,15 @@ impl Nic {
     /// overflow slots on the port, and a coarse "slow down" level.
     fn rx_credits(&self, port: u16) -> (u16, u8) {
         let st = &self.ports[port as usize];
-        let posted = st.posted.len() as u32;
+        let posted = self.recv.ports[port as usize].posted.len() as u32;
         // Messages the port would accept now: posted receives, then what
         // its mode holds for unexpected ones (the pool, retained headers).
         let held = match st.mode {
             crate::MatchMode::Unexpected => {
-                let room = self.overflow.available() + self.cfg.unexp_headers.saturating_sub(self.rdv_held);
-                room.min(self.unexp.capacity() - self.unexp.used())
+                let room = self.recv.overflow.available() + self.cfg.unexp_headers.saturating_sub(self.recv.rdv_held);
+                room.min(self.recv.unexp.capacity() - self.recv.unexp.used())
             }
-            crate::MatchMode::OrderedRefusal if self.cfg.overflow_slots > 0 => self.overflow.available(),
+            crate::MatchMode::OrderedRefusal if self.cfg.overflow_slots > 0 => self.recv.overflow.available(),
             crate::MatchMode::OrderedRefusal => 0,
         };
         let credits = posted + held;
@@ -48,17 +48,17 @@ impl Nic {
     /// message, or the oldest before it not wholly received here (a record
     /// still missing frames, a retained header whose data is not pulled).
     pub(crate) fn rx_ack_floor(&self, peer: u32) -> u32 {
-        let p = self.peer(peer);
+        let p = self.recv.peer(peer);
         let mut floor = p.rx_expected;
         for &r in &p.rx_active {
-            let m = self.rx.get(r).expect("active record");
+            let m = self.recv.rx.get(r).expect("active record");
             if m.frames_received < m.frame_count && seq_lt(m.seq, floor) {
                 floor = m.seq;
             }
         }
         if p.rdv_entries > 0 {
-            for &e in &self.ports[p.port as usize].unexpected {
-                let retained = self.unexp.get(e).filter(|u| u.data.is_none() && u.peer == peer);
+            for &e in &self.recv.ports[self.peer(peer).port as usize].unexpected {
+                let retained = self.recv.unexp.get(e).filter(|u| u.data.is_none() && u.peer == peer);
                 if let Some(u) = retained.filter(|u| seq_lt(u.seq, floor)) {
                     floor = u.seq;
                 }
@@ -78,14 +78,14 @@ impl Nic {
             self.flush_ack(hal, peer);
             return self.send_ack(hal, peer, seq, g);
         }
-        if let Some((owed, _)) = self.peer(peer).ack_owed {
+        if let Some((owed, _)) = self.recv.peer(peer).ack_owed {
             // The new ACK covers the owed one only if the floor passed it
             // (an earlier message may still be arriving): else send it now.
             if !seq_lt(owed, self.rx_ack_floor(peer)) {
                 self.flush_ack(hal, peer);
             }
         }
-        let p = self.peer_mut(peer);
+        let p = self.recv.peer_mut(peer);
         p.ack_owed = Some((seq, g));
         p.acks_owed += 1;
         if p.acks_owed >= limit {
@@ -94,9 +94,9 @@ impl Nic {
         if !p.ack_queued {
             p.ack_queued = true;
             let due = now + self.cfg.ack_delay_ns;
-            self.ack_due.push_back((due, peer));
-            if !self.ack_timer_armed {
-                self.ack_timer_armed = true;
+            self.recv.ack_due.push_back((due, peer));
+            if !self.recv.ack_timer_armed {
+                self.recv.ack_timer_armed = true;
                 self.arm_timer(due, Timer::AckFlush);
             }
         }
@@ -104,7 +104,7 @@ impl Nic {
 
     /// Sends the ACK `peer` is owed, if any.
     pub(crate) fn flush_ack<H: Hal>(&mut self, hal: &mut H, peer: u32) {
-        let p = self.peer_mut(peer);
+        let p = self.recv.peer_mut(peer);
         if let Some((seq, g)) = p.ack_owed.take() {
             p.acks_owed = 0;
             self.send_ack(hal, peer, seq, g);
@@ -113,15 +113,15 @@ impl Nic {
 
     /// The `AckFlush` timer: sends every coalesced ACK that fell due.
     pub(crate) fn on_ack_flush<H: Hal>(&mut self, hal: &mut H, now: u64) {
-        self.ack_timer_armed = false;
-        while let Some(&(due, peer)) = self.ack_due.front() {
+        self.recv.ack_timer_armed = false;
+        while let Some(&(due, peer)) = self.recv.ack_due.front() {
             if due > now {
-                self.ack_timer_armed = true;
+                self.recv.ack_timer_armed = true;
                 return self.arm_timer(due, Timer::AckFlush);
             }
-            self.ack_due.pop_front();
+            self.recv.ack_due.pop_front();
             if self.peers[peer as usize].is_some() {
-                self.peer_mut(peer).ack_queued = false;
+                self.recv.peer_mut(peer).ack_queued = false;
                 self.flush_ack(hal, peer);
             }
         }
@@ -131,17 +131,19 @@ impl Nic {
     /// ACK of no group). Runs at the end of every entry point while any
     /// sender waits; if the update is lost the sender's probe takes over.
     pub(crate) fn send_fc_updates<H: Hal>(&mut self, hal: &mut H) {
-        if !self.fc_updates_owed {
+        if !self.recv.fc_updates_owed {
             return;
         }
-        self.fc_updates_owed = false;
+        self.recv.fc_updates_owed = false;
         for peer in 0..self.peers.len() as u32 {
-            let Some(p) = self.peers[peer as usize].as_ref().filter(|p| p.fc_stop_sent) else { continue };
-            if self.rx_credits(p.port).1 == wire::FC_STOP {
-                self.fc_updates_owed = true;
+            if !self.peer_live(peer) || !self.recv.peer(peer).fc_stop_sent {
                 continue;
             }
-            let seq = p.rx_expected.wrapping_sub(1);
+            if self.rx_credits(self.peer(peer).port).1 == wire::FC_STOP {
+                self.recv.fc_updates_owed = true;
+                continue;
+            }
+            let seq = self.recv.peer(peer).rx_expected.wrapping_sub(1);
             self.send_ack(hal, peer, seq, wire::ACK_NO_GROUP);
         }
     }
@@ -153,7 +155,7 @@ impl Nic {
         FrameHeader {
             version: wire::WIRE_VERSION,
             kind: kind as u8,
-            dst_gen: p.rx_gen.unwrap_or(0),
+            dst_gen: self.recv.peer(peer).rx_gen.unwrap_or(0),
             src_node: self.node,
             dst_node: p.node,
             src_port: self.ports[p.port as usize].addr,
@@ -183,14 +185,14 @@ impl Nic {
     /// `floor`: an owed ACK the floor covers is paid; a stopped sender is
     /// remembered until it gets an update.
     fn note_fc_sent(&mut self, peer: u32, fc_level: u8, floor: u32) {
-        let p = self.peer_mut(peer);
+        let p = self.recv.peer_mut(peer);
         if p.ack_owed.is_some_and(|(s, _)| seq_lt(s, floor)) {
             p.ack_owed = None;
             p.acks_owed = 0;
         }
         p.fc_stop_sent = fc_level == wire::FC_STOP;
         if p.fc_stop_sent {
-            self.fc_updates_owed = true;
+            self.recv.fc_updates_owed = true;
         }
     }
 

@@ -645,14 +645,14 @@ impl Nic {
             self.enqueue(hal, cpu, Work::Receive { slot, seq, off, data });
             return Ok(());
         }
-        let m = self.rx.get(slot).expect("live");
+        let m = self.recv.rx.get(slot).expect("live");
         let (port, desc, id) = (m.port, m.desc, m.stamp);
         let segs = self.job_segs(hal, port, &desc, off, data.len(), emp_uapi::desc::MR_LOCAL_WRITE)?;
         let data = self.queues.take_payload(data);
         match segs {
             Some(segs) => self.push_job(hal, cpu, Job::Receive { slot, id, segs, data }),
             None => {
-                self.rx.get_mut(slot).payload_as_work = true;
+                self.recv.rx.get_mut(slot).payload_as_work = true;
                 self.enqueue(hal, cpu, Work::Receive { slot, seq, off, data })
             }
         }
@@ -759,12 +759,12 @@ impl Nic {
         for f in failed.drain(..) {
             match f {
                 Failed::Transmit { slot, seq } => {
-                    if self.tx.get(slot).is_some_and(|m| m.seq == seq) {
+                    if self.send.tx.get(slot).is_some_and(|m| m.seq == seq) {
                         self.finish_tx(hal, now, slot, Status::DmaError);
                     }
                 }
                 Failed::Receive { slot, id } => {
-                    if self.rx.get(slot).is_some_and(|m| m.stamp == id) {
+                    if self.recv.rx.get(slot).is_some_and(|m| m.stamp == id) {
                         self.rx_error(slot, Status::DmaError);
                     }
                 }
@@ -795,7 +795,7 @@ impl Nic {
         hal.cpu_step(self.cpu, step, true);
         match w {
             Work::Transmit { slot, seq, frame, retransmit } => {
-                if self.tx.get(slot).is_some_and(|m| m.seq == seq) {
+                if self.send.tx.get(slot).is_some_and(|m| m.seq == seq) {
                     if let Err(st) = self.send_frame(hal, slot, frame, retransmit) {
                         self.finish_tx(hal, now, slot, st);
                     }
@@ -803,7 +803,7 @@ impl Nic {
             }
             Work::Receive { slot, seq, off, data } => {
                 hal.cpu_step(self.cpu, CpuStep::Receiving, false);
-                if let Some(m) = self.rx.get(slot).filter(|m| m.seq == seq) {
+                if let Some(m) = self.recv.rx.get(slot).filter(|m| m.seq == seq) {
                     let (port, desc) = (m.port, m.desc);
                     let to = Buf::ToHost(&data);
                     if let Err(e) = self.sge_io(hal, port, desc.sges(), off, to, emp_uapi::desc::MR_LOCAL_WRITE) {
@@ -813,7 +813,7 @@ impl Nic {
                 self.queues.payloads.push(data);
             }
             Work::Finish { slot, seq } => {
-                if self.rx.get(slot).is_some_and(|m| m.seq == seq) {
+                if self.recv.rx.get(slot).is_some_and(|m| m.seq == seq) {
                     self.finish_rx(hal, now, slot, None);
                 }
             }

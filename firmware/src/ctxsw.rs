@@ -49,7 +49,7 @@ use crate::group::GroupState;
 use crate::image::Reader;
 use crate::mr::Buf;
 use crate::timer::Timer;
-use crate::{sram_put_u32, sram_u32, FlowControl, Hal, LocalDesc, MatchMode, Nic, Peer};
+use crate::{sram_put_u32, sram_u32, FlowControl, Hal, LocalDesc, MatchMode, Nic, Peer, PeerRecv, PeerSend};
 
 /// A saved context as the NIC remembers it: its identity, and per sender
 /// the next message it expected, so that a sender whose last ACK was lost
@@ -231,38 +231,38 @@ struct PeerImage {
     fc_stop_sent: bool,
 }
 
-fn put_peer(out: &mut Vec<u8>, p: &Peer) {
+fn put_peer(out: &mut Vec<u8>, p: &Peer, send: &PeerSend, recv: &PeerRecv) {
     let start = out.len();
     let mut flags = 0;
     for (on, f) in [
-        (p.rx_gen.is_some(), pf::RX_GEN),
-        (p.rnr_seq.is_some(), pf::RNR),
-        (p.rnr_coll, pf::RNR_COLL),
-        (p.rx_taken, pf::RX_TAKEN),
-        (p.not_to_send.is_some(), pf::NOT_TO_SEND),
+        (recv.rx_gen.is_some(), pf::RX_GEN),
+        (recv.rnr_seq.is_some(), pf::RNR),
+        (recv.rnr_coll, pf::RNR_COLL),
+        (recv.rx_taken, pf::RX_TAKEN),
+        (send.not_to_send.is_some(), pf::NOT_TO_SEND),
         (p.atomic.rx.is_some(), pf::ATOMIC_RX),
-        (p.fc_stop_sent, pf::FC_STOP_SENT),
+        (recv.fc_stop_sent, pf::FC_STOP_SENT),
     ] {
         if on {
             flags |= f;
         }
     }
-    for v in [p.node, p.rport, p.remote_gen, flags, p.rx_gen.unwrap_or(0), p.fc_level as u16] {
+    for v in [p.node, p.rport, send.remote_gen, flags, recv.rx_gen.unwrap_or(0), send.fc_level as u16] {
         out.extend_from_slice(&v.to_le_bytes());
     }
     for v in [
-        p.tx_seq_next,
-        p.credits,
-        p.not_to_send.unwrap_or(0),
-        p.rx_expected,
-        p.max_seen,
-        p.rnr_seq.unwrap_or(0),
+        send.tx_seq_next,
+        send.credits,
+        send.not_to_send.unwrap_or(0),
+        recv.rx_expected,
+        recv.max_seen,
+        recv.rnr_seq.unwrap_or(0),
         p.atomic.seq_next,
         0,
     ] {
         out.extend_from_slice(&v.to_le_bytes());
     }
-    out.extend_from_slice(&p.rnr_tag.to_le_bytes());
+    out.extend_from_slice(&recv.rnr_tag.to_le_bytes());
     match &p.atomic.rx {
         Some(rx) => rx.save(out),
         None => out.resize(out.len() + ATOMIC_RX_IMAGE, 0),
@@ -505,13 +505,13 @@ impl Nic {
             .filter(|&i| self.peers[i as usize].as_ref().is_some_and(|x| x.port == p))
             .collect();
         for i in mine {
-            if !self.peer(i).tx_queue.is_empty() {
+            if !self.send.peer(i).tx_queue.is_empty() {
                 self.mark_ready(i);
             }
             // A sender refused while suspended: ask for the message now
             // rather than after its backoff.
-            let (expected, refused) = (self.peer(i).rx_expected, self.peer(i).rnr_seq);
-            if refused == Some(expected) && !self.peer(i).rnr_coll {
+            let (expected, refused) = (self.recv.peer(i).rx_expected, self.recv.peer(i).rnr_seq);
+            if refused == Some(expected) && !self.recv.peer(i).rnr_coll {
                 self.send_nack(hal, i, expected, 0, 1, NackReason::Loss);
             }
         }
@@ -554,18 +554,18 @@ impl Nic {
         }
         let mut tx = 0u32;
         for i in self.peers_of(port) {
-            let p = self.peer(i);
-            if !p.rx_active.is_empty() {
+            let recv = self.recv.peer(i);
+            if !recv.rx_active.is_empty() {
                 return Some("a message is being received");
             }
-            if p.ack_owed.is_some() || p.ack_queued {
+            if recv.ack_owed.is_some() || recv.ack_queued {
                 return Some("an ACK is owed (coalescing)");
             }
-            if !p.atomic.queue.is_empty() {
+            if !self.peer(i).atomic.queue.is_empty() {
                 return Some("an atomic is outstanding");
             }
-            for &s in &p.tx_queue {
-                let m = self.tx.get(s).expect("queued");
+            for &s in &self.send.peer(i).tx_queue {
+                let m = self.send.tx.get(s).expect("queued");
                 if !m.restartable() && !m.held_for_pull() {
                     return Some("a message is being sent");
                 }
@@ -573,9 +573,11 @@ impl Nic {
             }
         }
         // Eager, or a retained header not being pulled; none claimed.
-        let unexp_ok =
-            |&e: &u32| self.unexp.get(e).is_some_and(|u| u.claimed.is_none() && (u.data.is_some() || u.pull.is_none()));
-        if !st.unexpected.iter().all(unexp_ok) {
+        let unexp_ok = |&e: &u32| {
+            self.recv.unexp.get(e).is_some_and(|u| u.claimed.is_none() && (u.data.is_some() || u.pull.is_none()))
+        };
+        let recv = &self.recv.ports[port as usize];
+        if !recv.unexpected.iter().all(unexp_ok) {
             return Some("an unexpected message is being pulled or is claimed");
         }
         if let Some(why) = self.coll_unstable(port) {
@@ -586,7 +588,7 @@ impl Nic {
             return Some("a remote read or atomic is outstanding");
         }
         let rb_posted: usize = self.groups_of(port).into_iter().map(|s| self.rbcast_posted(s)).sum();
-        if st.outstanding != st.posted.len() as u32 + tx + posted_ops + rb_posted as u32 {
+        if st.outstanding != recv.posted.len() as u32 + tx + posted_ops + rb_posted as u32 {
             return Some("a descriptor is outstanding");
         }
         None
@@ -638,7 +640,8 @@ impl Nic {
     fn image_max(&self) -> usize {
         let w = self.layout.port(0);
         let descs = (w.send_entries + w.recv_entries + self.cfg.recv_posted_max) as usize * WorkDesc::SIZE;
-        let unexp = self.unexp.capacity() as usize * (UNEXP_IMAGE + RETAINED_IMAGE + self.eager_slot_size() as usize);
+        let unexp =
+            self.recv.unexp.capacity() as usize * (UNEXP_IMAGE + RETAINED_IMAGE + self.eager_slot_size() as usize);
         let groups = self.groups.slots.len() * GROUP_IMAGE;
         // An op: its record, descriptor and state, a reduction's buffers
         // (own, result, one per child: at most every member).
@@ -684,17 +687,21 @@ impl Nic {
 
     fn encode_image<H: Hal>(&self, hal: &mut H, port: u16) -> Vec<u8> {
         let st = &self.ports[port as usize];
+        let (ss, rs) = (&self.send.ports[port as usize], &self.recv.ports[port as usize]);
         let w = self.layout.port(port);
         let (send_prod, recv_prod) = (sram_u32(hal, w.ctl(ctl::SEND_PROD)), sram_u32(hal, w.ctl(ctl::RECV_PROD)));
         // A host that wrote an implausible producer index loses nothing of
         // the NIC's: its ring is saved as far as it can be valid.
         let clamp = |prod: u32, cons: u32, n: u32| if ring::used(prod, cons) <= n { prod } else { cons };
-        let send_prod = clamp(send_prod, st.send_cons, w.send_entries);
-        let recv_prod = clamp(recv_prod, st.recv_cons, w.recv_entries);
+        let send_prod = clamp(send_prod, ss.cons, w.send_entries);
+        let recv_prod = clamp(recv_prod, rs.cons, w.recv_entries);
         let cq_cons = sram_u32(hal, w.ctl(ctl::CQ_CONS));
         let peers = self.peers_of(port);
-        let txs: Vec<(usize, u32)> =
-            peers.iter().enumerate().flat_map(|(i, &p)| self.peer(p).tx_queue.iter().map(move |&s| (i, s))).collect();
+        let txs: Vec<(usize, u32)> = peers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &p)| self.send.peer(p).tx_queue.iter().map(move |&s| (i, s)))
+            .collect();
         let groups = self.groups_of(port);
         let ops = self.ops_of(port);
         let mut out = Vec::with_capacity(HEADER);
@@ -714,22 +721,22 @@ impl Nic {
         out.extend_from_slice(&st.cq_key.to_le_bytes());
         out.extend_from_slice(&st.cq_entries.to_le_bytes());
         out.extend_from_slice(&st.cq_offset.to_le_bytes());
-        for v in [st.cq_prod, cq_cons, st.send_cons, send_prod, st.recv_cons, recv_prod] {
+        for v in [st.cq_prod, cq_cons, ss.cons, send_prod, rs.cons, recv_prod] {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        let n_stored = st.stored_sends.len() + st.stored_recvs.len();
+        let n_stored = ss.stored.len() + rs.stored.len();
         let (mut rb_records, mut n_rb) = (Vec::new(), 0);
         for (i, &s) in groups.iter().enumerate() {
             n_rb += self.rbcast_put_image(s, i as u16, &mut rb_records) as usize;
         }
         let counts =
-            [st.posted.len(), peers.len(), txs.len(), st.unexpected.len(), groups.len(), ops.len(), n_stored, n_rb];
+            [rs.posted.len(), peers.len(), txs.len(), rs.unexpected.len(), groups.len(), ops.len(), n_stored, n_rb];
         for n in counts {
             out.extend_from_slice(&(n as u16).to_le_bytes());
         }
         debug_assert_eq!(out.len(), HEADER);
         // The published, not yet consumed descriptors: send ring, then receive.
-        for (send, cons, prod) in [(true, st.send_cons, send_prod), (false, st.recv_cons, recv_prod)] {
+        for (send, cons, prod) in [(true, ss.cons, send_prod), (false, rs.cons, recv_prod)] {
             for k in 0..ring::used(prod, cons) {
                 let mut b = [0u8; WorkDesc::SIZE];
                 hal.sram_read(w.ring_slot(send, cons.wrapping_add(k)), &mut b);
@@ -742,7 +749,7 @@ impl Nic {
         // index travels too, as raw bytes (the NIC checks a descriptor when it
         // consumes it, as always). All-zero slots are left out.
         for (send, cons, prod, entries) in
-            [(true, st.send_cons, send_prod, w.send_entries), (false, st.recv_cons, recv_prod, w.recv_entries)]
+            [(true, ss.cons, send_prod, w.send_entries), (false, rs.cons, recv_prod, w.recv_entries)]
         {
             let count_at = out.len();
             out.extend_from_slice(&0u16.to_le_bytes());
@@ -760,11 +767,11 @@ impl Nic {
             }
             out[count_at..count_at + 2].copy_from_slice(&count.to_le_bytes());
         }
-        for d in &st.posted {
+        for d in &rs.posted {
             put_desc(&mut out, &d.wd);
         }
         for &p in &peers {
-            put_peer(&mut out, self.peer(p));
+            put_peer(&mut out, self.peer(p), self.send.peer(p), self.recv.peer(p));
         }
         for &s in &groups {
             self.put_group(&mut out, s);
@@ -773,7 +780,7 @@ impl Nic {
             self.put_op(&mut out, o, &groups);
         }
         for &(i, s) in &txs {
-            let m = self.tx.get(s).expect("queued");
+            let m = self.send.tx.get(s).expect("queued");
             out.extend_from_slice(&(i as u16).to_le_bytes());
             let kind = match (&m.coll, m.held) {
                 (Some(_), _) => TX_COLL,
@@ -787,8 +794,8 @@ impl Nic {
                 Some(c) => self.put_coll_tx(&mut out, c, &ops),
             }
         }
-        for &e in &st.unexpected {
-            let u = self.unexp.get(e).expect("queued");
+        for &e in &rs.unexpected {
+            let u = self.recv.unexp.get(e).expect("queued");
             // Stable: eager, or retained and not being pulled.
             let data = self.eager_payload(e).unwrap_or(&[]);
             let retained = if u.data.is_none() { UNEXP_RETAINED } else { 0 };
@@ -806,7 +813,7 @@ impl Nic {
             }
             out.extend_from_slice(data);
         }
-        for (ring, table) in [(0u8, &st.stored_recvs), (1, &st.stored_sends)] {
+        for (ring, table) in [(0u8, &rs.stored), (1, &ss.stored)] {
             for (slot, d) in table.iter() {
                 out.extend_from_slice(&[ring, slot, 0, 0]);
                 put_desc(&mut out, d);
@@ -823,14 +830,18 @@ impl Nic {
     /// After a save: the port's records leave the NIC (carried by the
     /// image, not completed), the slot is freed, its address parked.
     fn release_saved<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
-        let expected =
-            self.peers_of(port).iter().map(|&i| self.peer(i)).map(|p| (p.node, p.rport, p.rx_expected)).collect();
+        let expected = self
+            .peers_of(port)
+            .iter()
+            .map(|&i| (self.peer(i), self.recv.peer(i)))
+            .map(|(p, r)| (p.node, p.rport, r.rx_expected))
+            .collect();
         for i in self.peers_of(port) {
-            while let Some(&s) = self.peer(i).tx_queue.front() {
+            while let Some(&s) = self.send.peer(i).tx_queue.front() {
                 self.unqueue_tx(s);
             }
         }
-        while let Some(&e) = self.ports[port as usize].unexpected.front() {
+        while let Some(&e) = self.recv.ports[port as usize].unexpected.front() {
             self.unexp_remove(e);
         }
         // Its collectives leave with it, not completed (their messages
@@ -849,9 +860,9 @@ impl Nic {
             self.groups.by_id.remove(&(g.port, g.id));
         }
         self.free_peers_of(port);
+        self.recv.ports[port as usize].posted.clear();
+        self.forget_stored(port);
         let st = &mut self.ports[port as usize];
-        st.posted.clear();
-        st.forget_stored();
         st.outstanding = 0;
         st.open = false;
         st.suspended = false;
@@ -963,7 +974,7 @@ impl Nic {
             read_unpublished(&mut r, w.send_entries - ring::used(send.1, send.0))?,
             read_unpublished(&mut r, w.recv_entries - ring::used(recv.1, recv.0))?,
         ];
-        let posted_now: usize = self.ports.iter().map(|p| p.posted.len()).sum();
+        let posted_now = self.recv.posted_total() as usize;
         if posted_now + n_posted > self.cfg.recv_posted_max as usize {
             return Err(Refusal::NoRoom);
         }
@@ -992,7 +1003,7 @@ impl Nic {
         }
         let groups = self.check_groups(hal, (slot, addr), &mut r, n_groups)?;
         let ops = self.check_ops(hal, slot, &mut r, n_ops, &groups)?;
-        if n_tx as u32 > self.tx.capacity() - self.tx.used() || n_tx as u32 > self.tx_rings.available() {
+        if n_tx as u32 > self.send.tx.capacity() - self.send.tx.used() || n_tx as u32 > self.send.tx_rings.available() {
             return Err(Refusal::NoRoom);
         }
         let mut tx = Vec::with_capacity(n_tx);
@@ -1026,7 +1037,7 @@ impl Nic {
         }
         // Eager entries need an overflow slot each; retained headers count
         // against the NIC's headers; all against its unexpected table.
-        if n_unexp as u32 > self.unexp.capacity() - self.unexp.used() {
+        if n_unexp as u32 > self.recv.unexp.capacity() - self.recv.unexp.used() {
             return Err(Refusal::NoRoom);
         }
         let mut unexp: Vec<UnexpImage> = Vec::with_capacity(n_unexp);
@@ -1061,7 +1072,7 @@ impl Nic {
             unexp.push(UnexpImage { src: (src_node, src_port), tag, imm, data, retained });
         }
         let n_retained = unexp.iter().filter(|u| u.retained.is_some()).count() as u32;
-        if n_unexp as u32 - n_retained > self.eager_room() || self.rdv_held + n_retained > self.cfg.unexp_headers {
+        if n_unexp as u32 - n_retained > self.eager_room() || self.recv.rdv_held + n_retained > self.cfg.unexp_headers {
             return Err(Refusal::NoRoom);
         }
         let stored = check_stored(&mut r, n_stored)?;
@@ -1146,13 +1157,13 @@ impl Nic {
             st.cq_entries = img.cq_entries;
             st.cq_prod = img.cq_prod;
             st.outstanding = outstanding;
-            st.send_cons = img.send.0;
-            st.recv_cons = img.recv.0;
-            st.posted = VecDeque::from(img.posted);
             st.mode = img.mode;
-            for &(send, slot, ref d) in &img.stored {
-                st.stored_mut(send).store(slot, d);
-            }
+        }
+        self.send.ports[slot as usize].cons = img.send.0;
+        self.recv.ports[slot as usize].cons = img.recv.0;
+        self.recv.ports[slot as usize].posted = VecDeque::from(img.posted);
+        for &(send, at, ref d) in &img.stored {
+            self.stored_mut(slot, send).store(at, d);
         }
         // The host's words too: it goes on from where it was.
         for (at, v) in [
@@ -1172,49 +1183,45 @@ impl Nic {
         let mut ids = Vec::with_capacity(img.peers.len());
         for p in img.peers {
             let i = self.peer_free.pop().expect("room checked");
-            self.peers[i as usize] = Some(Peer {
+            let key = Peer {
                 port: slot,
                 node: p.node,
                 rport: p.rport,
-                tx_seq_next: p.tx_seq_next,
-                tx_queue: VecDeque::new(),
-                inflight_frames: 0,
-                credits: p.credits,
-                not_to_send: p.not_to_send,
-                ready: false,
-                remote_gen: p.remote_gen,
-                rx_gen: p.rx_gen,
-                rx_gen_ns: now,
-                rx_expected: p.rx_expected,
-                rnr_seq: p.rnr_seq,
-                rnr_tag: p.rnr_tag,
-                rnr_coll: p.rnr_coll,
-                rx_active: Vec::new(),
-                last_loss_nack_ns: 0,
-                max_seen: p.max_seen,
                 atomic: crate::atomic::PeerAtomics {
                     seq_next: p.atomic_seq_next,
                     queue: VecDeque::new(),
                     rx: p.atomic_rx,
                 },
                 last_ns: now,
-                rx_taken: p.rx_taken,
-                rdv_entries: 0,
+            };
+            let send = PeerSend {
+                tx_seq_next: p.tx_seq_next,
+                credits: p.credits,
+                not_to_send: p.not_to_send,
+                remote_gen: p.remote_gen,
                 fc_level: p.fc_level,
                 fc_stop_ns: now,
-                // Stable when saved: no ACK was owed.
-                ack_owed: None,
-                acks_owed: 0,
-                ack_queued: false,
+                ..PeerSend::new()
+            };
+            // Stable when saved: nothing was being received, no ACK was owed.
+            let recv = PeerRecv {
+                rx_gen: p.rx_gen,
+                rx_expected: p.rx_expected,
+                rnr_seq: p.rnr_seq,
+                rnr_tag: p.rnr_tag,
+                rnr_coll: p.rnr_coll,
+                max_seen: p.max_seen,
+                rx_taken: p.rx_taken,
                 fc_stop_sent: p.fc_stop_sent,
-            });
-            self.peer_index.insert((slot, p.node, p.rport), i);
+                ..PeerRecv::new(now, p.rx_expected)
+            };
+            self.install_peer(i, key, send, recv);
             // A sender told to stop probes if the update never comes; a
             // receiver that told one to stop sends the update when it has room.
             if p.fc_level == wire::FC_STOP && self.cfg.flow_control == FlowControl::Piggyback {
                 self.arm_timer(now.saturating_add(self.cfg.rnr_delay_ns_max), Timer::FcProbe { peer: i });
             }
-            self.fc_updates_owed |= p.fc_stop_sent;
+            self.recv.fc_updates_owed |= p.fc_stop_sent;
             ids.push(i);
         }
         let group_slots: Vec<u32> = img.groups.iter().map(|&(s, _)| s).collect();

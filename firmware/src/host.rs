@@ -11,7 +11,7 @@ use emp_uapi::sram::{admin_result, ctl, port_state, AdminMailbox, AdminOp, Route
 use emp_uapi::{sram::counter, DecodeError, Le};
 
 use crate::mr::Buf;
-use crate::{sram_put_u32, sram_u32, Hal, LocalDesc, Nic};
+use crate::{persist, sram_put_u32, sram_u32, Hal, LocalDesc, Nic};
 
 /// What a completion reports.
 #[derive(Clone, Copy, Debug)]
@@ -56,6 +56,21 @@ enum RingDesc {
 }
 
 impl Nic {
+    /// The persistent descriptors of `port`'s send (or receive) ring.
+    pub(crate) fn stored_mut(&mut self, port: u16, send: bool) -> &mut persist::PersistTable {
+        if send {
+            &mut self.send.ports[port as usize].stored
+        } else {
+            &mut self.recv.ports[port as usize].stored
+        }
+    }
+
+    /// Forgets both rings' persistent descriptors of `port` (its job left).
+    pub(crate) fn forget_stored(&mut self, port: u16) {
+        self.send.ports[port as usize].stored.clear();
+        self.recv.ports[port as usize].stored.clear();
+    }
+
     /// Executes a pending admin command, if any.
     pub(crate) fn service_admin<H: Hal>(&mut self, hal: &mut H, now: u64) {
         let off = self.layout.admin_off as usize;
@@ -131,15 +146,14 @@ impl Nic {
             st.mode = mode;
             st.addr = addr;
             st.suspended = false;
-            // Nothing stored by an earlier job in this slot runs.
-            st.forget_stored();
-            // The trusted side zeroed the host-written words before opening.
-            st.send_cons = sram_u32(hal, w.ctl(ctl::SEND_PROD));
-            st.recv_cons = sram_u32(hal, w.ctl(ctl::RECV_PROD));
             st.gen
         };
-        let st = &self.ports[p as usize];
-        let (sc, rc) = (st.send_cons, st.recv_cons);
+        // Nothing stored by an earlier job in this slot runs.
+        self.forget_stored(p);
+        // The trusted side zeroed the host-written words before opening.
+        let (sc, rc) = (sram_u32(hal, w.ctl(ctl::SEND_PROD)), sram_u32(hal, w.ctl(ctl::RECV_PROD)));
+        self.send.ports[p as usize].cons = sc;
+        self.recv.ports[p as usize].cons = rc;
         // The slot's last job may have left descriptors it never published:
         // nothing of them is this job's to read (or to carry in an image).
         let zero = [0u8; emp_uapi::desc::WorkDesc::SIZE];
@@ -186,14 +200,14 @@ impl Nic {
             // (coalescing), the sender would retransmit into a closed port
             // and fail a send that in fact arrived.
             self.flush_ack(hal, i);
-            while let Some(&slot) = self.peer(i).tx_queue.front() {
+            while let Some(&slot) = self.send.peer(i).tx_queue.front() {
                 self.finish_tx(hal, now, slot, Status::Flushed);
             }
-            while let Some(&slot) = self.peer(i).rx_active.first() {
+            while let Some(&slot) = self.recv.peer(i).rx_active.first() {
                 self.finish_rx(hal, now, slot, Some(Status::Flushed));
             }
         }
-        while let Some(d) = self.ports[port as usize].posted.pop_front() {
+        while let Some(d) = self.recv.ports[port as usize].posted.pop_front() {
             self.complete(hal, port, Completion::of(&d, Opcode::Recv, Status::Flushed));
         }
         self.atomic_flush_port(hal, port);
@@ -206,7 +220,7 @@ impl Nic {
         st.open = false;
         st.suspended = false;
         st.addr = port;
-        st.forget_stored();
+        self.forget_stored(port);
         let w = self.layout.port(port);
         sram_put_u32(hal, w.ctl(ctl::STATE), port_state::CLOSED);
     }
@@ -234,19 +248,19 @@ impl Nic {
     pub(crate) fn consume_rings<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
         let w = self.layout.port(port);
         let recv_prod = sram_u32(hal, w.ctl(ctl::RECV_PROD));
-        let (rc0, sc0) = (self.ports[port as usize].recv_cons, self.ports[port as usize].send_cons);
+        let (rc0, sc0) = (self.recv.ports[port as usize].cons, self.send.ports[port as usize].cons);
         let mut cq_cons = None;
         let mut budget = w.recv_entries;
         // Receives posted on every port; posting one changes only this
         // port's list.
         let mut posted = None;
-        while ring::has_entry(recv_prod, self.ports[port as usize].recv_cons) && budget > 0 {
-            let total = *posted.get_or_insert_with(|| self.ports.iter().map(|p| p.posted.len() as u32).sum::<u32>());
-            debug_assert_eq!(total, self.ports.iter().map(|p| p.posted.len() as u32).sum::<u32>());
+        while ring::has_entry(recv_prod, self.recv.ports[port as usize].cons) && budget > 0 {
+            let total = *posted.get_or_insert_with(|| self.recv.posted_total());
+            debug_assert_eq!(total, self.recv.posted_total());
             // Probes and cancels post nothing: they pass a full table (a
             // cancel may be what frees it). Only then is the opcode peeked.
             if total >= self.cfg.recv_posted_max || !self.recv_fits() {
-                let next = w.recv_slot(self.ports[port as usize].recv_cons);
+                let next = w.recv_slot(self.recv.ports[port as usize].cons);
                 if !matches!(Opcode::from_u8(peek_opcode(hal, next)), Some(Opcode::Probe | Opcode::Cancel)) {
                     break;
                 }
@@ -256,23 +270,23 @@ impl Nic {
             }
             budget -= 1;
             let d = self.take_desc(hal, port, false);
-            let here = self.ports[port as usize].posted.len() as u32;
+            let here = self.recv.ports[port as usize].posted.len() as u32;
             self.post_recv(hal, now, port, &d);
-            posted = Some(total - here + self.ports[port as usize].posted.len() as u32);
+            posted = Some(total - here + self.recv.ports[port as usize].posted.len() as u32);
         }
         // Written only when moved: the host polls these words' cache line.
-        let rc = self.ports[port as usize].recv_cons;
+        let rc = self.recv.ports[port as usize].cons;
         if rc != rc0 {
             sram_put_u32(hal, w.ctl(ctl::RECV_CONS), rc);
         }
 
         let send_prod = sram_u32(hal, w.ctl(ctl::SEND_PROD));
         let mut budget = w.send_entries;
-        while ring::has_entry(send_prod, self.ports[port as usize].send_cons) && budget > 0 {
-            if self.tx.is_full() || !self.cq_has_room(hal, port, &mut cq_cons) {
+        while ring::has_entry(send_prod, self.send.ports[port as usize].cons) && budget > 0 {
+            if self.send.tx.is_full() || !self.cq_has_room(hal, port, &mut cq_cons) {
                 break;
             }
-            let next = self.layout.port(port).send_slot(self.ports[port as usize].send_cons);
+            let next = self.layout.port(port).send_slot(self.send.ports[port as usize].cons);
             let opcode = Opcode::from_u8(peek_opcode(hal, next));
             let fits = |op: Opcode| self.coll_fits(op) && (!op.is_atomic() || self.atomic_fits()) && self.rma_fits(op);
             if opcode.is_some_and(|op| !fits(op)) {
@@ -288,7 +302,7 @@ impl Nic {
             let d = self.take_desc(hal, port, true);
             self.take_send_desc(hal, now, port, &d);
         }
-        let sc = self.ports[port as usize].send_cons;
+        let sc = self.send.ports[port as usize].cons;
         if sc != sc0 {
             sram_put_u32(hal, w.ctl(ctl::SEND_CONS), sc);
         }
@@ -303,7 +317,7 @@ impl Nic {
         let own = if send { Opcode::Send } else { Opcode::Recv };
         let v = d.validate();
         match v {
-            Ok(Opcode::Start) => match self.ports[port as usize].stored_mut(send).get(d.tag) {
+            Ok(Opcode::Start) => match self.stored_mut(port, send).get(d.tag) {
                 Some(s) => RingDesc::Run(WorkDesc { wr_id: d.wr_id, ..*s }, Ok(own)),
                 None => {
                     self.bad_descriptor(hal, port, &LocalDesc::new(d), Opcode::Start);
@@ -316,7 +330,7 @@ impl Nic {
                     self.bad_descriptor(hal, port, &ld, op);
                     return RingDesc::Done;
                 }
-                self.ports[port as usize].stored_mut(send).store(d.slot, d);
+                self.stored_mut(port, send).store(d.slot, d);
                 // A store reports only a failure.
                 let mut c = Completion::of(&ld, op, Status::Success);
                 c.signaled = false;
@@ -331,11 +345,11 @@ impl Nic {
     /// it. A start is read through its `tag` alone (`persist.rs`).
     fn take_desc<H: Hal>(&mut self, hal: &mut H, port: u16, send: bool) -> WorkDesc {
         let w = self.layout.port(port);
-        let st = &mut self.ports[port as usize];
-        let cons = if send { &mut st.send_cons } else { &mut st.recv_cons };
+        let cons =
+            if send { &mut self.send.ports[port as usize].cons } else { &mut self.recv.ports[port as usize].cons };
         let off = w.ring_slot(send, *cons);
         *cons = cons.wrapping_add(1);
-        st.outstanding += 1;
+        self.ports[port as usize].outstanding += 1;
         let mut b = [0u8; WorkDesc::SIZE];
         let (head, rest) = b.split_at_mut(START_BYTES);
         hal.sram_read(off, head);
@@ -372,10 +386,10 @@ impl Nic {
         if self.match_unexpected(hal, now, port, &ld) {
             return;
         }
-        self.ports[port as usize].posted.push_back(ld);
+        self.recv.ports[port as usize].posted.push_back(ld);
         // `kick_refused` scans every peer slot (1024 by default): with no
         // live peer waiting for a receive (almost always), skip it.
-        let refused = |&i: &u32| self.peers[i as usize].as_ref().is_some_and(|p| p.rnr_seq.is_some());
+        let refused = |&i: &u32| self.recv.peer(i).rnr_seq.is_some();
         if self.peer_index.values().any(refused) {
             self.kick_refused(hal, port, &ld);
         }

@@ -96,6 +96,7 @@ mod keymap;
 mod linger;
 pub mod mcast;
 mod mr;
+mod peer;
 mod persist;
 pub mod rbcast;
 mod ring;
@@ -118,6 +119,7 @@ use emp_uapi::Le;
 pub use cpu::{Area, CpuStep};
 pub use ctxsw::{image_checksum, IMAGE_MAGIC, IMAGE_VERSION, UNPUBLISHED_IMAGE};
 pub use emp_uapi::fwabi::HostSeg;
+pub(crate) use peer::{Peer, PeerRecv, PeerSend};
 pub use timer::TimerHeap;
 
 use rx::{DataVerdict, RxOwner};
@@ -566,12 +568,6 @@ pub(crate) struct Port {
     pub cq_prod: u32,
     /// Descriptors consumed and not yet completed (CQ space is reserved for them).
     pub outstanding: u32,
-    pub send_cons: u32,
-    pub recv_cons: u32,
-    /// Posted receives, in posting order.
-    pub posted: VecDeque<LocalDesc>,
-    /// Unexpected entries (`Nic::unexp` slots), in arrival order.
-    pub unexpected: VecDeque<u32>,
     /// What a message no posted receive matches gets.
     pub mode: MatchMode,
     /// The port number peers address it by (`FrameHeader::{src,dst}_port`):
@@ -584,116 +580,137 @@ pub(crate) struct Port {
     /// A completion was written this call: the ARM word is read once, as
     /// the call ends (`Nic::publish`).
     pub cq_written: bool,
-    /// Persistent descriptors of the send and receive rings (`persist.rs`).
-    pub stored_sends: persist::PersistTable,
-    pub stored_recvs: persist::PersistTable,
 }
 
-impl Port {
-    /// The persistent descriptors of the send (or receive) ring.
-    pub(crate) fn stored_mut(&mut self, send: bool) -> &mut persist::PersistTable {
-        if send {
-            &mut self.stored_sends
-        } else {
-            &mut self.stored_recvs
-        }
-    }
-
-    /// Forgets both rings' persistent descriptors (the port's job left).
-    pub(crate) fn forget_stored(&mut self) {
-        self.stored_sends.clear();
-        self.stored_recvs.clear();
-    }
+/// The send side's part of a port: its send ring.
+#[derive(Debug, Default)]
+pub(crate) struct PortSend {
+    /// The send ring's consumer index.
+    pub cons: u32,
+    /// The send ring's persistent descriptors (`persist.rs`).
+    pub stored: persist::PersistTable,
 }
 
-/// Peer = (local port, remote node, remote port): the unit of sequencing.
-#[derive(Debug)]
-pub(crate) struct Peer {
-    pub port: u16,
-    pub node: u16,
-    pub rport: u16,
-    // Send side.
-    pub tx_seq_next: u32,
-    /// Outstanding messages to this peer, in sequence order (tx slots).
-    pub tx_queue: VecDeque<u32>,
-    pub inflight_frames: u32,
-    pub credits: u32,
-    /// The receiver's last flow-control level (`wire::FC_*`): how much to
-    /// slow down below `credits`.
-    pub fc_level: u8,
-    /// When the receiver said stop (`FC_STOP`): one probe message may go
-    /// `rnr_delay_ns_max` later if no update came.
-    pub fc_stop_ns: u64,
-    /// Modified ACK/NACK: the sender is in Not-to-send until this message is accepted.
-    pub not_to_send: Option<u32>,
-    pub ready: bool,
-    /// The remote port's generation, learned from its ACKs (0 = unknown).
-    pub remote_gen: u16,
-    // Receive side.
-    pub rx_gen: Option<u16>,
-    /// Last time a DATA frame of `rx_gen` was admitted.
-    pub rx_gen_ns: u64,
-    pub rx_expected: u32,
-    /// Message the receiver refused for lack of buffers (RNR), if any, and
-    /// its tag (PM's record of the refused ⟨sender, message⟩).
-    pub rnr_seq: Option<u32>,
-    pub rnr_tag: u64,
-    /// The refused message is a collective one (lifted by `coll_kick`).
-    pub rnr_coll: bool,
-    /// Messages being received from this peer (rx slots).
-    pub rx_active: Vec<u32>,
-    pub last_loss_nack_ns: u64,
-    /// Highest message sequence number seen from this sender.
-    pub max_seen: u32,
-    /// Remote atomics, both directions (own sequence space).
-    pub atomic: atomic::PeerAtomics,
-    /// Last time this entry was looked up (for reclaiming the least
-    /// recently used idle entry when the table is full).
-    pub last_ns: u64,
-    /// A message from this sender was consumed (matched, taken into the
-    /// overflow buffer or by a collective): `rx_expected` now carries
-    /// history the sender's next frame does not repeat.
-    pub rx_taken: bool,
-    /// Retained unexpected headers from this sender (they name this entry).
-    pub rdv_entries: u32,
-    /// Coalesced ACK owed to this sender (`control.rs`): the last wholly
-    /// received message's (sequence, group) whose ACK waits, and how many
-    /// messages' ACKs wait with it.
-    pub ack_owed: Option<(u32, u32)>,
-    pub acks_owed: u32,
-    /// This entry is in `Nic::ack_due`.
-    pub ack_queued: bool,
-    /// This sender was told `FC_STOP`: it is sent an update once the port
-    /// has room again (lost if the entry is reclaimed: the sender probes).
-    pub fc_stop_sent: bool,
-}
-
-impl Peer {
-    /// May this entry be dropped and later rebuilt from the next frame
-    /// without breaking exactly-once delivery? Never while anything is
-    /// outstanding, nor once it has sent (the remote end's receive state
-    /// follows our sequence numbers) or answered atomics (its replay
-    /// cache). An entry that consumed messages only after `rx_idle_ns`
-    /// without a frame: longer than the sender's whole retry budget, so
-    /// every message it had was acknowledged or abandoned and the floor
-    /// its next frame carries says where to resume.
-    fn reclaimable(&self, now: u64, rx_idle_ns: u64) -> bool {
-        let quiet = self.tx_queue.is_empty()
-            && self.rx_active.is_empty()
-            && !self.ready
-            && self.tx_seq_next == 0
-            && self.atomic.seq_next == 0
-            && self.atomic.queue.is_empty()
-            && self.atomic.rx.is_none()
-            && self.rdv_entries == 0
-            && self.ack_owed.is_none();
-        quiet && (!self.rx_taken || now.saturating_sub(self.last_ns) >= rx_idle_ns)
-    }
+/// The receive side's part of a port: its receive ring, and the receives
+/// and unexpected messages waiting to meet.
+#[derive(Debug, Default)]
+pub(crate) struct PortRecv {
+    /// The receive ring's consumer index.
+    pub cons: u32,
+    /// Posted receives, in posting order.
+    pub posted: VecDeque<LocalDesc>,
+    /// Unexpected entries (`RecvSide::unexp` slots), in arrival order.
+    pub unexpected: VecDeque<u32>,
+    /// The receive ring's persistent descriptors (`persist.rs`).
+    pub stored: persist::PersistTable,
 }
 
 /// Every counter's bit in `Nic::counters_dirty`.
 const ALL_COUNTERS: u64 = (1 << counter::COUNT) - 1;
 const _: () = assert!(counter::COUNT <= 64, "one dirty bit per counter");
+
+/// What the send side of the program owns: CPU A's under DSR
+/// (docs/nic-cpus.md, "The records split between the CPUs").
+#[derive(Debug)]
+pub(crate) struct SendSide {
+    /// Send halves of the peer entries, by peer slot.
+    pub(crate) peers: Vec<PeerSend>,
+    /// Peers with a message or frame ready to go, each once (`PeerSend::ready`).
+    pub(crate) ready: VecDeque<u32>,
+    /// Send halves of the ports, by port slot.
+    pub(crate) ports: Vec<PortSend>,
+    /// The send records.
+    pub(crate) tx: tx::TxTable,
+    /// Group windows of the send records (one per `tx` slot).
+    pub(crate) tx_rings: slots::Rings<tx::Group>,
+}
+
+impl SendSide {
+    fn new(cfg: &Config, ports: u16) -> SendSide {
+        SendSide {
+            peers: (0..cfg.peers_max).map(|_| PeerSend::new()).collect(),
+            ports: (0..ports).map(|_| PortSend::default()).collect(),
+            ready: VecDeque::new(),
+            tx: slots::Slots::new(cfg.tx_max),
+            tx_rings: slots::Rings::new(cfg.tx_max, cfg.window_groups()),
+        }
+    }
+
+    pub(crate) fn peer(&self, i: u32) -> &PeerSend {
+        &self.peers[i as usize]
+    }
+
+    pub(crate) fn peer_mut(&mut self, i: u32) -> &mut PeerSend {
+        &mut self.peers[i as usize]
+    }
+}
+
+/// What the receive side of the program owns: CPU B's under DSR.
+#[derive(Debug)]
+pub(crate) struct RecvSide {
+    /// Receive halves of the peer entries, by peer slot.
+    pub(crate) peers: Vec<PeerRecv>,
+    /// Receive halves of the ports, by port slot.
+    pub(crate) ports: Vec<PortRecv>,
+    /// The receive records.
+    pub(crate) rx: rx::RxTable,
+    /// Group windows of the receive records (one per `rx` slot).
+    pub(crate) rx_rings: slots::Rings<u32>,
+    /// The eager pool (or PM's overflow buffer) unexpected payloads wait in.
+    pub(crate) overflow: rx::Overflow,
+    /// Unexpected entries of every port (eager and retained headers).
+    pub(crate) unexp: rx::UnexpTable,
+    /// Entries of `unexp` that are retained headers.
+    pub(crate) rdv_held: u32,
+    /// Peers owing a coalesced ACK, with when it is due, oldest first
+    /// (each peer at most once: `PeerRecv::ack_queued`; bounded by the table).
+    pub(crate) ack_due: VecDeque<(u64, u32)>,
+    /// The `AckFlush` timer is armed.
+    pub(crate) ack_timer_armed: bool,
+    /// Some sender was told `FC_STOP` and waits for an update.
+    pub(crate) fc_updates_owed: bool,
+    /// An RxSweep timer is armed.
+    pub(crate) sweep_armed: bool,
+    /// Last DATA-frame decisions (seq, frame index, rx_expected, outcome),
+    /// for diagnosis (`describe_peers`).
+    pub(crate) trace: VecDeque<(u32, u32, u32, rx::RxTrace)>,
+}
+
+impl RecvSide {
+    /// `pool_slots`: the eager pool's (or overflow buffer's) slots.
+    fn new(cfg: &Config, ports: u16, pool_slots: u32) -> RecvSide {
+        let unexpected = (pool_slots + cfg.unexp_headers) as usize;
+        RecvSide {
+            peers: (0..cfg.peers_max).map(|_| PeerRecv::new(0, 0)).collect(),
+            ports: (0..ports)
+                .map(|_| PortRecv { unexpected: VecDeque::with_capacity(unexpected), ..Default::default() })
+                .collect(),
+            rx: slots::Slots::new(cfg.rx_max),
+            rx_rings: slots::Rings::new(cfg.rx_max, cfg.window_groups()),
+            overflow: rx::Overflow::new(pool_slots, cfg.overflow_slot_size),
+            unexp: slots::Slots::new(pool_slots + cfg.unexp_headers),
+            rdv_held: 0,
+            ack_due: VecDeque::with_capacity(cfg.peers_max as usize),
+            ack_timer_armed: false,
+            fc_updates_owed: false,
+            sweep_armed: false,
+            trace: VecDeque::with_capacity(32),
+        }
+    }
+
+    /// Receives posted on every port.
+    pub(crate) fn posted_total(&self) -> u32 {
+        self.ports.iter().map(|p| p.posted.len() as u32).sum()
+    }
+
+    pub(crate) fn peer(&self, i: u32) -> &PeerRecv {
+        &self.peers[i as usize]
+    }
+
+    pub(crate) fn peer_mut(&mut self, i: u32) -> &mut PeerRecv {
+        &mut self.peers[i as usize]
+    }
+}
 
 /// Everything the control program holds.
 pub struct Nic {
@@ -705,22 +722,14 @@ pub struct Nic {
     pub(crate) peers: Vec<Option<Peer>>,
     pub(crate) peer_index: keymap::KeyMap<(u16, u16, u16), u32>,
     pub(crate) peer_free: Vec<u32>,
-    pub(crate) tx: tx::TxTable,
-    /// Group windows of the send records (one per `tx` slot).
-    pub(crate) tx_rings: slots::Rings<tx::Group>,
-    pub(crate) rx: rx::RxTable,
-    /// Group windows of the receive records (one per `rx` slot).
-    pub(crate) rx_rings: slots::Rings<u32>,
+    /// The send side's records.
+    pub(crate) send: SendSide,
+    /// The receive side's records.
+    pub(crate) recv: RecvSide,
     pub(crate) atomics: atomic::AtomicTable,
     /// Remote reads being performed.
     pub(crate) rma_reads: rma::ReadTable,
-    pub(crate) overflow: rx::Overflow,
-    /// Unexpected entries of every port (eager and retained headers).
-    pub(crate) unexp: rx::UnexpTable,
-    /// Entries of `unexp` that are retained headers.
-    pub(crate) rdv_held: u32,
     pub(crate) timers: TimerHeap,
-    pub(crate) ready: VecDeque<u32>,
     pub(crate) mr_cursors: mr::CursorCache,
     pub(crate) mr_entries: mr::EntryCache,
     /// Closed ports' delivered floors, per peer, for a while (TIME-WAIT).
@@ -735,11 +744,6 @@ pub struct Nic {
     /// The NIC CPU running now, and the other CPU's queued steps.
     pub(crate) cpu: u8,
     pub(crate) queues: cpu::Queues,
-    /// Last DATA-frame decisions (seq, frame index, rx_expected, outcome),
-    /// for diagnosis (`describe_peers`).
-    pub(crate) trace: VecDeque<(u32, u32, u32, rx::RxTrace)>,
-    /// An RxSweep timer is armed.
-    pub(crate) sweep_armed: bool,
     /// One frame of scratch: payloads pass through here between DMA and MAC;
     /// whole messages are never staged on the NIC.
     pub(crate) frame_buf: Vec<u8>,
@@ -767,16 +771,9 @@ pub struct Nic {
     pub(crate) parked: Vec<ctxsw::Parked>,
     /// Why the last restore refused its image (diagnosis).
     pub(crate) restore_refusal: Option<&'static str>,
-    /// Peers owing a coalesced ACK, with when it is due, oldest first
-    /// (each peer at most once: `Peer::ack_queued`; bounded by the table).
-    pub(crate) ack_due: VecDeque<(u64, u32)>,
-    /// The `AckFlush` timer is armed.
-    pub(crate) ack_timer_armed: bool,
     /// Ports whose CQ got an entry this call, each once
     /// (`Port::cq_written`; bounded by the ports).
     pub(crate) cq_written: Vec<u16>,
-    /// Some sender was told `FC_STOP` and waits for an update.
-    pub(crate) fc_updates_owed: bool,
     /// Reliable-broadcast state per group slot.
     pub(crate) rbcast: Vec<Option<rbcast::RbGroupState>>,
     /// Groups whose port could not join their multicast address.
@@ -827,16 +824,10 @@ impl Nic {
                 cq_entries: 0,
                 cq_prod: 0,
                 outstanding: 0,
-                send_cons: 0,
-                recv_cons: 0,
-                posted: VecDeque::new(),
-                unexpected: VecDeque::with_capacity((pool_slots + cfg.unexp_headers) as usize),
                 mode: cfg.matching,
                 addr: i,
                 suspended: false,
                 cq_written: false,
-                stored_sends: Default::default(),
-                stored_recvs: Default::default(),
             })
             .collect();
         let nic = Nic {
@@ -847,15 +838,10 @@ impl Nic {
             peers: (0..cfg.peers_max).map(|_| None).collect(),
             peer_index: keymap::KeyMap::with_capacity_and_hasher(cfg.peers_max as usize, Default::default()),
             peer_free: (0..cfg.peers_max).rev().collect(),
-            tx: slots::Slots::new(cfg.tx_max),
-            tx_rings: slots::Rings::new(cfg.tx_max, cfg.window_groups()),
-            rx: slots::Slots::new(cfg.rx_max),
-            rx_rings: slots::Rings::new(cfg.rx_max, cfg.window_groups()),
+            send: SendSide::new(&cfg, layout.params.ports),
+            recv: RecvSide::new(&cfg, layout.params.ports, pool_slots),
             atomics: slots::Slots::new(cfg.atomic_max),
             rma_reads: slots::Slots::new(cfg.rma_reads_max),
-            overflow: rx::Overflow::new(pool_slots, cfg.overflow_slot_size),
-            unexp: slots::Slots::new(pool_slots + cfg.unexp_headers),
-            rdv_held: 0,
             // Live timers: one per live group of every send record, one
             // per atomic request, one per read, one flow-control probe per
             // peer, the receive sweep and the ACK flush.
@@ -867,7 +853,6 @@ impl Nic {
                     + layout.params.group_entries as usize
                     + 2,
             ),
-            ready: VecDeque::new(),
             mr_cursors: mr::CursorCache::new(layout.params.mr_entries),
             mr_entries: mr::EntryCache::new(),
             linger: linger::LingerTable::new(),
@@ -877,8 +862,6 @@ impl Nic {
             stamp: 0,
             cpu: 0,
             queues: cpu::Queues::new(cfg.cpu_plan, cfg.rx_max),
-            trace: VecDeque::with_capacity(32),
-            sweep_armed: false,
             frame_buf: vec![0; MTU_MAX as usize],
             immediate_sending: header.features & FEATURE_IMMEDIATE_SENDING != 0,
             host_segs: mr::HostSegs::new(),
@@ -891,10 +874,7 @@ impl Nic {
             mcast: mcast::Mcast::default(),
             parked: Vec::with_capacity(ctxsw::PARKED_MAX),
             restore_refusal: None,
-            ack_due: VecDeque::with_capacity(cfg.peers_max as usize),
-            ack_timer_armed: false,
             cq_written: Vec::with_capacity(layout.params.ports as usize),
-            fc_updates_owed: false,
             rbcast: (0..layout.params.group_entries).map(|_| None).collect(),
             rbcast_join_failed: 0,
             rbcast_frame: vec![0; MTU_MAX as usize],
@@ -1092,7 +1072,7 @@ impl Nic {
     /// Retires receive record `r` and reports it to its owner (`error`
     /// overrides the record's own).
     pub(crate) fn finish_rx<H: Hal>(&mut self, hal: &mut H, now: u64, r: u32, error: Option<Status>) {
-        match self.rx.get(r).expect("live").owner {
+        match self.recv.rx.get(r).expect("live").owner {
             RxOwner::Recv => self.finish_recv(hal, r, error),
             RxOwner::Bcast { op, stamp } => {
                 let (_, error) = self.retire_rx(r, error);
@@ -1154,15 +1134,13 @@ impl Nic {
     fn timer_live(&self, t: &timer::Timer) -> bool {
         match *t {
             timer::Timer::Group { slot, group, stamp } => {
-                self.tx.get(slot).and_then(|m| m.groups.get(group)).is_some_and(|g| g.stamp == stamp)
+                self.send.tx.get(slot).and_then(|m| m.groups.get(group)).is_some_and(|g| g.stamp == stamp)
             }
             timer::Timer::RxSweep => true,
             timer::Timer::Atomic { slot, stamp } => self.atomics.get(slot).is_some_and(|a| a.stamp == stamp),
             timer::Timer::RmaRead { slot, stamp } => self.rma_reads.get(slot).is_some_and(|r| r.timer == stamp),
             timer::Timer::AckFlush => true,
-            timer::Timer::FcProbe { peer } => {
-                self.peers.get(peer as usize).and_then(Option::as_ref).is_some_and(|p| p.fc_level == wire::FC_STOP)
-            }
+            timer::Timer::FcProbe { peer } => self.peer_live(peer) && self.send.peer(peer).fc_level == wire::FC_STOP,
             timer::Timer::Rbcast { group, stamp } => self.rbcast_timer_live(group, stamp),
         }
     }
@@ -1182,18 +1160,18 @@ impl Nic {
     /// (each record and its group window): bounded by the window, whatever
     /// the messages' lengths.
     pub fn message_state_bytes(&self) -> usize {
-        let tx: usize = self.tx.iter().map(|(_, m)| m.state_bytes()).sum();
-        tx + self.rx.iter().map(|(_, m)| m.state_bytes()).sum::<usize>()
+        let tx: usize = self.send.tx.iter().map(|(_, m)| m.state_bytes()).sum();
+        tx + self.recv.rx.iter().map(|(_, m)| m.state_bytes()).sum::<usize>()
     }
 
     /// Table occupancy.
     pub fn occupancy(&self) -> Occupancy {
         Occupancy {
-            tx_msgs: self.tx.used(),
-            rx_msgs: self.rx.used(),
-            posted_recvs: self.ports.iter().map(|p| p.posted.len() as u32).sum(),
-            overflow_used: self.overflow.used(),
-            unexp_entries: self.unexp.used(),
+            tx_msgs: self.send.tx.used(),
+            rx_msgs: self.recv.rx.used(),
+            posted_recvs: self.recv.posted_total(),
+            overflow_used: self.recv.overflow.used(),
+            unexp_entries: self.recv.unexp.used(),
             peers: self.peer_index.len() as u32,
             ports_open: self.ports.iter().filter(|p| p.open).count() as u32,
             coll_ops: self.coll_ops.used(),
@@ -1210,21 +1188,23 @@ impl Nic {
     pub fn describe_peers(&self) -> String {
         let mut s = String::new();
         for (i, p) in self.ports.iter().enumerate().filter(|(_, p)| p.open) {
+            let (send, recv) = (&self.send.ports[i], &self.recv.ports[i]);
             s += &format!(
                 "  port {i}: send_cons {} recv_cons {} cq_prod {}/{} outstanding {} posted {} unexpected {} ({})\n",
-                p.send_cons,
-                p.recv_cons,
+                send.cons,
+                recv.cons,
                 p.cq_prod,
                 p.cq_entries,
                 p.outstanding,
-                p.posted.len(),
-                p.unexpected.len(),
+                recv.posted.len(),
+                recv.unexpected.len(),
                 p.mode.name()
             );
         }
-        s += &format!("  recent rx decisions (seq, frame, expected, outcome): {:?}\n", self.trace);
-        for p in self.peers.iter().flatten() {
-            let head = p.tx_queue.front().and_then(|&t| self.tx.get(t)).map(|m| {
+        s += &format!("  recent rx decisions (seq, frame, expected, outcome): {:?}\n", self.recv.trace);
+        for i in (0..self.peers.len() as u32).filter(|&i| self.peer_live(i)) {
+            let (p, send, recv) = (self.peer(i), self.send.peer(i), self.recv.peer(i));
+            let head = send.tx_queue.front().and_then(|&t| self.send.tx.get(t)).map(|m| {
                 let armed = m.groups.live().filter(|&g| m.groups.get(g).is_some_and(|x| x.stamp != 0)).count();
                 format!(
                     "head seq {} queued at {} ns next {}/{} acked below {}/{} armed {} rnr {}",
@@ -1240,8 +1220,8 @@ impl Nic {
             });
             s += &format!(
                 "  port {} -> ({},{}): tx_next {} queued {} inflight {} credits {} fc {} nts {:?} {:?} | rx_expected {} rnr {:?} active {} ack owed {:?}×{}\n",
-                p.port, p.node, p.rport, p.tx_seq_next, p.tx_queue.len(), p.inflight_frames, p.credits, p.fc_level,
-                p.not_to_send, head, p.rx_expected, p.rnr_seq, p.rx_active.len(), p.ack_owed, p.acks_owed
+                p.port, p.node, p.rport, send.tx_seq_next, send.tx_queue.len(), send.inflight_frames, send.credits, send.fc_level,
+                send.not_to_send, head, recv.rx_expected, recv.rnr_seq, recv.rx_active.len(), recv.ack_owed, recv.acks_owed
             );
         }
         s
@@ -1266,9 +1246,10 @@ impl Nic {
             if self.peer_index.get(&(p.port, p.node, p.rport)) != Some(&i) {
                 return Err(format!("peer {i} not indexed"));
             }
+            let (send, recv) = (self.send.peer(i), self.recv.peer(i));
             let mut inflight = 0;
-            for &s in &p.tx_queue {
-                let m = self.tx.get(s).ok_or_else(|| format!("peer {i} queues free tx slot {s}"))?;
+            for &s in &send.tx_queue {
+                let m = self.send.tx.get(s).ok_or_else(|| format!("peer {i} queues free tx slot {s}"))?;
                 if m.peer != i {
                     return Err(format!("tx slot {s} belongs to peer {} not {i}", m.peer));
                 }
@@ -1278,54 +1259,46 @@ impl Nic {
                 inflight += m.inflight_frames;
                 tx_seen += 1;
             }
-            if inflight != p.inflight_frames {
-                return Err(format!("peer {i} inflight {} != sum {inflight}", p.inflight_frames));
+            if inflight != send.inflight_frames {
+                return Err(format!("peer {i} inflight {} != sum {inflight}", send.inflight_frames));
             }
-            if p.ack_owed.is_some() && !p.ack_queued {
+            if recv.ack_owed.is_some() && !recv.ack_queued {
                 return Err(format!("peer {i} owes an ACK no timer will send"));
             }
-            if p.ack_queued && !self.ack_due.iter().any(|&(_, x)| x == i) {
+            if recv.ack_queued && !self.recv.ack_due.iter().any(|&(_, x)| x == i) {
                 return Err(format!("peer {i} is marked queued but not in ack_due"));
             }
-            for &r in &p.rx_active {
-                let m = self.rx.get(r).ok_or_else(|| format!("peer {i} lists free rx slot {r}"))?;
+            for &r in &recv.rx_active {
+                let m = self.recv.rx.get(r).ok_or_else(|| format!("peer {i} lists free rx slot {r}"))?;
                 if m.peer != i {
                     return Err(format!("rx slot {r} belongs to peer {} not {i}", m.peer));
                 }
             }
         }
-        if !self.ack_due.is_empty() && !self.ack_timer_armed {
-            return Err(format!("{} coalesced ACKs due and no AckFlush timer", self.ack_due.len()));
+        if !self.recv.ack_due.is_empty() && !self.recv.ack_timer_armed {
+            return Err(format!("{} coalesced ACKs due and no AckFlush timer", self.recv.ack_due.len()));
         }
-        if tx_seen != self.tx.used() {
-            return Err(format!("{} tx records, {tx_seen} queued", self.tx.used()));
+        if tx_seen != self.send.tx.used() {
+            return Err(format!("{} tx records, {tx_seen} queued", self.send.tx.used()));
         }
-        for (table, used, rings) in
-            [("tx", self.tx.used(), self.tx_rings.available()), ("rx", self.rx.used(), self.rx_rings.available())]
-        {
+        for (table, used, rings) in [
+            ("tx", self.send.tx.used(), self.send.tx_rings.available()),
+            ("rx", self.recv.rx.used(), self.recv.rx_rings.available()),
+        ] {
             let max = if table == "tx" { self.cfg.tx_max } else { self.cfg.rx_max };
             if used + rings != max {
                 return Err(format!("{used} {table} records and {rings} free group windows of {max}"));
             }
         }
-        let rx_listed: usize = self.live_peers().map(|(_, p)| p.rx_active.len()).sum();
-        if rx_listed as u32 != self.rx.used() {
-            return Err(format!("{} rx records, {rx_listed} listed", self.rx.used()));
+        let rx_listed: usize = self.live_peers().map(|(i, _)| self.recv.peer(i).rx_active.len()).sum();
+        if rx_listed as u32 != self.recv.rx.used() {
+            return Err(format!("{} rx records, {rx_listed} listed", self.recv.rx.used()));
         }
         self.unexp_invariants()?;
         self.coll_invariants()?;
         self.rbcast_invariants()?;
         self.rma_invariants()?;
         self.atomic_invariants()
-    }
-
-    /// Live peer entries (by the index: the table itself is mostly empty,
-    /// and the invariants walk it after every handler in debug runs).
-    pub(crate) fn live_peers(&self) -> impl Iterator<Item = (u32, &Peer)> {
-        self.peer_index.values().map(|&i| {
-            let p = self.peers[i as usize].as_ref();
-            (i, p.expect("indexed peer is live"))
-        })
     }
 
     pub(crate) fn count(&mut self, c: usize, n: u64) {
@@ -1368,99 +1341,6 @@ impl Nic {
             hal.sram_write(at + 8 * c, &self.counters[c].to_le_bytes());
         }
         hal.sram_write(core::mem::offset_of!(SramHeader, heartbeat), &self.heartbeat.to_le_bytes());
-    }
-
-    /// Looks up a peer entry.
-    pub(crate) fn find_peer(&self, port: u16, node: u16, rport: u16) -> Option<u32> {
-        self.peer_index.get(&(port, node, rport)).copied()
-    }
-
-    /// Finds or creates a peer entry, reclaiming the least recently used
-    /// reclaimable one ([`Peer::reclaimable`]) when the table is full;
-    /// `None` when none is.
-    pub(crate) fn peer_for(&mut self, now: u64, port: u16, node: u16, rport: u16, rx_floor: u32) -> Option<u32> {
-        if let Some(i) = self.find_peer(port, node, rport) {
-            self.peer_mut(i).last_ns = now;
-            return Some(i);
-        }
-        if self.peer_free.is_empty() {
-            self.reclaim_peer(now);
-        }
-        let i = self.peer_free.pop()?;
-        self.peers[i as usize] = Some(Peer {
-            port,
-            node,
-            rport,
-            tx_seq_next: 0,
-            tx_queue: VecDeque::new(),
-            inflight_frames: 0,
-            // Until the receiver has said how much room it has: one message.
-            credits: 1,
-            fc_level: wire::FC_GO,
-            fc_stop_ns: 0,
-            not_to_send: None,
-            ready: false,
-            remote_gen: 0,
-            rx_gen: None,
-            rx_gen_ns: now,
-            rx_expected: rx_floor,
-            rnr_seq: None,
-            rnr_tag: 0,
-            rnr_coll: false,
-            rx_active: Vec::new(),
-            last_loss_nack_ns: 0,
-            max_seen: rx_floor,
-            atomic: Default::default(),
-            last_ns: now,
-            rx_taken: false,
-            rdv_entries: 0,
-            ack_owed: None,
-            acks_owed: 0,
-            ack_queued: false,
-            fc_stop_sent: false,
-        });
-        self.peer_index.insert((port, node, rport), i);
-        Some(i)
-    }
-
-    /// Frees the least recently used reclaimable peer entry, if any. Runs
-    /// only when the table is full: one scan of it.
-    fn reclaim_peer(&mut self, now: u64) {
-        let idle = self.cfg.rx_idle_timeout_ns;
-        let victim = self
-            .live_peers()
-            .filter(|(_, p)| p.reclaimable(now, idle))
-            .min_by_key(|&(i, p)| (p.last_ns, i))
-            .map(|(i, _)| i);
-        let Some(i) = victim else { return };
-        let p = self.peers[i as usize].take().expect("indexed peer is live");
-        self.peer_index.remove(&(p.port, p.node, p.rport));
-        self.peer_free.push(i);
-        self.ack_due.retain(|&(_, x)| x != i);
-        self.count(counter::PEERS_RECLAIMED, 1);
-    }
-
-    pub(crate) fn peer(&self, i: u32) -> &Peer {
-        self.peers[i as usize].as_ref().expect("live peer")
-    }
-
-    pub(crate) fn peer_mut(&mut self, i: u32) -> &mut Peer {
-        self.peers[i as usize].as_mut().expect("live peer")
-    }
-
-    /// Frees every peer entry of a closed port (their records are gone).
-    pub(crate) fn free_peers_of(&mut self, port: u16) {
-        for i in 0..self.peers.len() {
-            if self.peers[i].as_ref().is_some_and(|p| p.port == port) {
-                let p = self.peers[i].take().expect("checked");
-                debug_assert!(p.tx_queue.is_empty() && p.rx_active.is_empty() && p.atomic.queue.is_empty());
-                debug_assert_eq!(p.rdv_entries, 0);
-                self.peer_index.remove(&(p.port, p.node, p.rport));
-                self.peer_free.push(i as u32);
-            }
-        }
-        self.ready.retain(|&i| self.peers[i as usize].is_some());
-        self.ack_due.retain(|&(_, i)| self.peers[i as usize].is_some());
     }
 }
 
@@ -1541,8 +1421,8 @@ mod tests {
         let (_, nic) = booted(0);
         let cfg = Config::default();
         assert_eq!(nic.config().matching, MatchMode::Unexpected);
-        assert_eq!(nic.overflow.available(), cfg.unexp_slots, "the eager pool");
-        assert_eq!(nic.unexp.capacity(), cfg.unexp_slots + cfg.unexp_headers);
+        assert_eq!(nic.recv.overflow.available(), cfg.unexp_slots, "the eager pool");
+        assert_eq!(nic.recv.unexp.capacity(), cfg.unexp_slots + cfg.unexp_headers);
         assert!(nic.ports.iter().all(|p| p.mode == MatchMode::Unexpected));
         for f in [FEATURE_ORDERED_REFUSAL, FEATURE_MODIFIED_ACK_NACK] {
             let (_, nic) = booted(f);

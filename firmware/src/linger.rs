@@ -96,7 +96,7 @@ impl Nic {
         let until = now.saturating_add(self.linger_ns());
         for i in 0..self.peers.len() as u32 {
             let Some(p) = self.peers[i as usize].as_ref().filter(|p| p.port == port) else { continue };
-            let Some(rgen) = p.rx_gen else { continue }; // Never received from.
+            let Some(rgen) = self.recv.peer(i).rx_gen else { continue }; // Never received from.
             let (node, rport) = (p.node, p.rport);
             let floor = self.rx_ack_floor(i);
             self.linger.remember(now, Lingering { slot: port, addr, gen, node, rport, rgen, floor, until });

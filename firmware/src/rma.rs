@@ -164,12 +164,12 @@ impl Nic {
     /// A posted receive `d` matched retained header `e`: pull its data from
     /// the sender into `d` (the caller checked `recv_fits`).
     pub(crate) fn rdv_pull(&mut self, now: u64, port: u16, e: u32, d: &LocalDesc) {
-        let u = *self.unexp.get(e).expect("live entry");
+        let u = *self.recv.unexp.get(e).expect("live entry");
         let want = u.total_len.min(d.len);
         let stamp = self.next_stamp();
         let rdv = Some(RdvPull { entry: e, tag: u.tag, total_len: u.total_len, imm: u.imm });
         let slot = self.rma_reads.insert_checked(ReadTx { port, peer: u.peer, desc: *d, stamp, timer: 0, want, rdv });
-        self.unexp.get_mut(e).pull = Some((slot, stamp));
+        self.recv.unexp.get_mut(e).pull = Some((slot, stamp));
         let hdr = RmaHeader {
             op: rma_op::RDV_READ,
             offset: u.seq as u64,
@@ -246,7 +246,7 @@ impl Nic {
                 }
                 // A rendezvous response: the held send it carried is done.
                 if let Some((s, seq)) = rma.rdv_send {
-                    if self.tx.get(s).is_some_and(|m| m.seq == seq && m.held) {
+                    if self.send.tx.get(s).is_some_and(|m| m.seq == seq && m.held) {
                         self.finish_tx(hal, now, s, status);
                     }
                 }
@@ -278,7 +278,7 @@ impl Nic {
     fn read_arriving(&self, slot: u32, stamp: u32) -> bool {
         let Some(r) = self.rma_reads.get(slot) else { return false };
         let owner = RxOwner::ReadResp { slot, stamp };
-        self.peer(r.peer).rx_active.iter().any(|&x| self.rx.get(x).is_some_and(|m| m.owner == owner))
+        self.recv.peer(r.peer).rx_active.iter().any(|&x| self.recv.rx.get(x).is_some_and(|m| m.owner == owner))
     }
 
     /// Retires read `slot` and completes its descriptor (a rendezvous
@@ -287,7 +287,7 @@ impl Nic {
         let r = self.rma_reads.remove(slot);
         let (node, rport) = (self.peer(r.peer).node, self.peer(r.peer).rport);
         if let Some(p) = r.rdv {
-            if self.unexp.get(p.entry).is_some_and(|u| u.pull == Some((slot, r.stamp))) {
+            if self.recv.unexp.get(p.entry).is_some_and(|u| u.pull == Some((slot, r.stamp))) {
                 self.unexp_remove(p.entry);
             }
             let status = match status {
@@ -359,7 +359,7 @@ impl Nic {
                     return self.send_nack(hal, peer, seq, 0, 0, NackReason::RemoteAccess);
                 }
                 let (owner, desc, at) = if rh.op == rma_op::WRITE_IMM {
-                    let posted = &self.ports[port as usize].posted;
+                    let posted = &self.recv.ports[port as usize].posted;
                     match posted.iter().position(|d| d.matches(hdr.src_node, hdr.src_port, rh.cookie)) {
                         Some(i) => (RxOwner::RmaWrite { imm: true }, posted[i], Some(i)),
                         None => return self.refuse_next(hal, peer, hdr, Some(rh.cookie)),
@@ -371,9 +371,9 @@ impl Nic {
                 let Some(r) = self.rx_open(now, peer, hdr, &msg, desc, owner) else {
                     return self.refuse_next(hal, peer, hdr, Some(rh.cookie));
                 };
-                self.rx.get_mut(r).rma = Some(t);
+                self.recv.rx.get_mut(r).rma = Some(t);
                 if let Some(i) = at {
-                    self.ports[port as usize].posted.remove(i);
+                    self.recv.ports[port as usize].posted.remove(i);
                 }
                 self.rx_took_next(peer, seq);
                 self.deliver(hal, now, r, hdr, Some(&msg), payload);
@@ -387,7 +387,7 @@ impl Nic {
                 if rh.len as u64 + HDR > self.cfg.msg_max {
                     return self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge);
                 }
-                if self.tx.is_full() {
+                if self.send.tx.is_full() {
                     // No record for the answer now: the requester retries.
                     return self.refuse_next(hal, peer, hdr, Some(0));
                 }
@@ -436,18 +436,18 @@ impl Nic {
         let seq = hdr.msg_seq;
         let target = u32::try_from(rh.offset).ok().and_then(|s| self.find_tx(peer, s));
         let held = target.filter(|&s| {
-            let m = self.tx.get(s).expect("queued");
+            let m = self.send.tx.get(s).expect("queued");
             m.pullable() && !m.pulling && rh.len as u64 <= m.desc.len
         });
         let Some(s) = held else {
             return self.send_nack(hal, peer, seq, 0, 0, NackReason::RemoteAccess);
         };
-        if self.tx.is_full() {
+        if self.send.tx.is_full() {
             // No record for the answer now: the puller retries.
             return self.refuse_next(hal, peer, hdr, Some(0));
         }
         self.hold_tx(now, s);
-        let m = self.tx.get_mut(s);
+        let m = self.send.tx.get_mut(s);
         m.pulling = true;
         let (port, desc, send_seq) = (m.port, m.desc, m.seq);
         self.rx_took_next(peer, seq);

@@ -380,23 +380,23 @@ impl Nic {
             return None;
         }
         self.skip_to_floor(hal, now, peer, hdr.tx_floor);
-        if seq_lt(self.peer(peer).max_seen, hdr.msg_seq) {
-            self.peer_mut(peer).max_seen = hdr.msg_seq;
+        if seq_lt(self.recv.peer(peer).max_seen, hdr.msg_seq) {
+            self.recv.peer_mut(peer).max_seen = hdr.msg_seq;
         }
         Some(peer)
     }
 
     /// Where an admitted DATA frame from `peer` belongs (reads state only).
     pub(crate) fn classify_data(&self, peer: u32, hdr: &FrameHeader) -> DataVerdict {
-        let p = self.peer(peer);
+        let p = self.recv.peer(peer);
         let seq = hdr.msg_seq;
-        if let Some(r) = p.rx_active.iter().copied().find(|&r| self.rx.get(r).is_some_and(|m| m.seq == seq)) {
+        if let Some(r) = p.rx_active.iter().copied().find(|&r| self.recv.rx.get(r).is_some_and(|m| m.seq == seq)) {
             return DataVerdict::Active(r);
         }
         if seq_lt(seq, p.rx_expected) {
             let retained =
-                |&e: &u32| self.unexp.get(e).is_some_and(|u| u.data.is_none() && u.peer == peer && u.seq == seq);
-            if self.ports[hdr.dst_port as usize].unexpected.iter().any(retained) {
+                |&e: &u32| self.recv.unexp.get(e).is_some_and(|u| u.data.is_none() && u.peer == peer && u.seq == seq);
+            if self.recv.ports[hdr.dst_port as usize].unexpected.iter().any(retained) {
                 return DataVerdict::Retained;
             }
             return DataVerdict::Old;
@@ -425,7 +425,7 @@ impl Nic {
 
     /// A frame of a message finished here: its ACK was lost. ACK again.
     pub(crate) fn on_old_data<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader) {
-        self.note(hdr, self.peer(peer).rx_expected, RxTrace::OutOfTurn);
+        self.note(hdr, self.recv.peer(peer).rx_expected, RxTrace::OutOfTurn);
         self.count(counter::DUPLICATES, 1);
         self.send_ack(hal, peer, hdr.msg_seq, hdr.frame_index / self.cfg.group_size);
     }
@@ -467,7 +467,7 @@ impl Nic {
     /// The next message from `peer` was taken (consumed by the NIC, or given
     /// a receive record): later ones may follow.
     pub(crate) fn rx_took_next(&mut self, peer: u32, seq: u32) {
-        let p = self.peer_mut(peer);
+        let p = self.recv.peer_mut(peer);
         p.rx_expected = seq.wrapping_add(1);
         p.rnr_seq = None;
         p.rnr_coll = false;
@@ -479,9 +479,9 @@ impl Nic {
     /// so a matching post asks the sender for it at once.
     pub(crate) fn refuse_next<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader, tag: Option<u64>) {
         let seq = hdr.msg_seq;
-        self.note(hdr, self.peer(peer).rx_expected, RxTrace::Refused);
+        self.note(hdr, self.recv.peer(peer).rx_expected, RxTrace::Refused);
         self.count(counter::DROPPED_UNEXPECTED, 1);
-        let p = self.peer_mut(peer);
+        let p = self.recv.peer_mut(peer);
         p.rnr_seq = Some(seq);
         p.rnr_coll = tag.is_none();
         if let Some(tag) = tag {
@@ -495,7 +495,7 @@ impl Nic {
     /// answered once per group transmission, on its last frame.
     pub(crate) fn on_early_data<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader) {
         let seq = hdr.msg_seq;
-        let expected = self.peer(peer).rx_expected;
+        let expected = self.recv.peer(peer).rx_expected;
         self.note(hdr, expected, RxTrace::OutOfTurn);
         self.count(counter::DROPPED_UNEXPECTED, 1);
         let g = hdr.frame_index / self.cfg.group_size;
@@ -503,15 +503,15 @@ impl Nic {
         if hdr.frame_index + 1 != end {
             return;
         }
-        let refused = self.peer(peer).rnr_seq == Some(expected);
+        let refused = self.recv.peer(peer).rnr_seq == Some(expected);
         if refused {
             if self.cfg.flow_control != FlowControl::ModifiedAckNack || seq == expected {
                 // Alive but not ready: keeps the sender from burning retries.
                 self.send_nack(hal, peer, seq, g, 0, NackReason::NoMatch);
             }
-        } else if now >= self.peer(peer).last_loss_nack_ns + self.cfg.rto_ns / 2 {
+        } else if now >= self.recv.peer(peer).last_loss_nack_ns + self.cfg.rto_ns / 2 {
             // The expected message's header frame was lost: ask for it now.
-            self.peer_mut(peer).last_loss_nack_ns = now;
+            self.recv.peer_mut(peer).last_loss_nack_ns = now;
             self.send_nack(hal, peer, expected, 0, 1, NackReason::Loss);
         }
     }
@@ -520,10 +520,10 @@ impl Nic {
     /// messages were already seen and dropped (they arrived before their
     /// turn): ask for it now rather than wait for the sender's timer.
     pub(crate) fn nack_gap<H: Hal>(&mut self, hal: &mut H, peer: u32) {
-        let p = self.peer(peer);
+        let p = self.recv.peer(peer);
         if seq_le(p.rx_expected, p.max_seen) {
             let expected = p.rx_expected;
-            self.peer_mut(peer).last_loss_nack_ns = 0;
+            self.recv.peer_mut(peer).last_loss_nack_ns = 0;
             self.send_nack(hal, peer, expected, 0, 1, NackReason::Loss);
         }
     }
@@ -533,46 +533,47 @@ impl Nic {
     pub(crate) fn kick_refused<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
         for peer in 0..self.peers.len() as u32 {
             let refused = self.peers[peer as usize].as_ref().filter(|p| {
+                let r = self.recv.peer(peer);
                 p.port == port
-                    && !p.rnr_coll
-                    && p.rnr_seq == Some(p.rx_expected)
-                    && d.matches(p.node, p.rport, p.rnr_tag)
+                    && !r.rnr_coll
+                    && r.rnr_seq == Some(r.rx_expected)
+                    && d.matches(p.node, p.rport, r.rnr_tag)
             });
-            if let Some(seq) = refused.map(|p| p.rx_expected) {
+            if let Some(seq) = refused.map(|_| self.recv.peer(peer).rx_expected) {
                 self.send_nack(hal, peer, seq, 0, 1, NackReason::Loss);
             }
         }
     }
 
     fn note(&mut self, hdr: &FrameHeader, expected: u32, outcome: RxTrace) {
-        if self.trace.len() == 32 {
-            self.trace.pop_front();
+        if self.recv.trace.len() == 32 {
+            self.recv.trace.pop_front();
         }
-        self.trace.push_back((hdr.msg_seq, hdr.frame_index, expected, outcome));
+        self.recv.trace.push_back((hdr.msg_seq, hdr.frame_index, expected, outcome));
     }
 
     /// Tracks the sender's port generation; a new incarnation
     /// ([`crate::Config::new_incarnation`]) resets the receive side.
     /// Returns false for frames from an older incarnation.
     fn check_incarnation<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader) -> bool {
-        let p = self.peer(peer);
+        let p = self.recv.peer(peer);
         match p.rx_gen {
             None => {
-                let p = self.peer_mut(peer);
+                let p = self.recv.peer_mut(peer);
                 p.rx_gen = Some(hdr.src_gen);
                 p.rx_gen_ns = now;
                 true
             }
             Some(g) if g == hdr.src_gen => {
-                self.peer_mut(peer).rx_gen_ns = now;
+                self.recv.peer_mut(peer).rx_gen_ns = now;
                 true
             }
             Some(g) if self.cfg.new_incarnation(g, p.rx_gen_ns, hdr.src_gen, now) => {
-                while let Some(&r) = self.peer(peer).rx_active.first() {
+                while let Some(&r) = self.recv.peer(peer).rx_active.first() {
                     self.finish_rx(hal, now, r, Some(Status::SenderAborted));
                 }
                 self.unexp_drop_peer(peer);
-                let p = self.peer_mut(peer);
+                let p = self.recv.peer_mut(peer);
                 p.rx_gen = Some(hdr.src_gen);
                 p.rx_gen_ns = now;
                 p.rx_expected = hdr.tx_floor;
@@ -586,21 +587,21 @@ impl Nic {
     /// The sender finished or abandoned everything below `floor`: skip
     /// those messages and abort any partially received one.
     fn skip_to_floor<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, floor: u32) {
-        if !seq_lt(self.peer(peer).rx_expected, floor) {
+        if !seq_lt(self.recv.peer(peer).rx_expected, floor) {
             return;
         }
         // Finishing a record takes it out of `rx_active`: the next one moves up.
         let mut i = 0;
-        while let Some(&r) = self.peer(peer).rx_active.get(i) {
+        while let Some(&r) = self.recv.peer(peer).rx_active.get(i) {
             // A complete record only waits for its receiving CPU: keep it.
-            let m = self.rx.get(r).expect("active record");
+            let m = self.recv.rx.get(r).expect("active record");
             if seq_lt(m.seq, floor) && m.frames_received < m.frame_count {
                 self.finish_rx(hal, now, r, Some(Status::SenderAborted));
             } else {
                 i += 1;
             }
         }
-        let p = self.peer_mut(peer);
+        let p = self.recv.peer_mut(peer);
         p.rx_expected = floor;
         if p.rnr_seq.is_some_and(|s| seq_lt(s, floor)) {
             p.rnr_seq = None;
@@ -618,7 +619,7 @@ impl Nic {
         if frame_count != hdr.frame_count as u64 {
             return MatchOutcome::TooLarge; // Sender's MTU differs: refuse loudly.
         }
-        let posted = &self.ports[port as usize].posted;
+        let posted = &self.recv.ports[port as usize].posted;
         if let Some(i) = posted.iter().position(|d| d.matches(hdr.src_node, hdr.src_port, msg.tag)) {
             let desc = posted[i];
             // A record for a message whose only frame is here, whose
@@ -628,14 +629,14 @@ impl Nic {
             // record's path (which checks and counts it).
             let whole = hdr.frame_count == 1 && payload.len() as u64 == msg.total_len;
             if whole && self.queued_to(crate::cpu::Step::Receiving).is_none() {
-                self.ports[port as usize].posted.remove(i);
+                self.recv.ports[port as usize].posted.remove(i);
                 self.rx_took_next(peer, hdr.msg_seq);
                 return MatchOutcome::Whole(desc);
             }
             let Some(r) = self.rx_open(now, peer, hdr, msg, desc, RxOwner::Recv) else {
                 return MatchOutcome::NotReady;
             };
-            self.ports[port as usize].posted.remove(i);
+            self.recv.ports[port as usize].posted.remove(i);
             self.rx_took_next(peer, hdr.msg_seq);
             return MatchOutcome::Matched(r);
         }
@@ -654,14 +655,14 @@ impl Nic {
             pull: None,
             claimed: None,
         };
-        let fits = pool && hdr.frame_count == 1 && msg.total_len <= self.overflow.slot_size as u64;
-        if fits && !self.unexp.is_full() {
-            if let Some(s) = self.overflow.free.pop() {
-                self.overflow.slots[s as usize].data.clear();
-                self.overflow.slots[s as usize].data.extend_from_slice(payload);
+        let fits = pool && hdr.frame_count == 1 && msg.total_len <= self.recv.overflow.slot_size as u64;
+        if fits && !self.recv.unexp.is_full() {
+            if let Some(s) = self.recv.overflow.free.pop() {
+                self.recv.overflow.slots[s as usize].data.clear();
+                self.recv.overflow.slots[s as usize].data.extend_from_slice(payload);
                 entry.data = Some(s);
-                let e = self.unexp.insert_checked(entry);
-                self.ports[port as usize].unexpected.push_back(e);
+                let e = self.recv.unexp.insert_checked(entry);
+                self.recv.ports[port as usize].unexpected.push_back(e);
                 self.rx_took_next(peer, hdr.msg_seq);
                 self.count(counter::OVERFLOW_MSGS, 1);
                 self.count(counter::RX_FRAMES, 1);
@@ -673,11 +674,11 @@ impl Nic {
             }
         }
         if mode == MatchMode::Unexpected {
-            if self.rdv_held < self.cfg.unexp_headers && !self.unexp.is_full() {
-                let e = self.unexp.insert_checked(entry);
-                self.ports[port as usize].unexpected.push_back(e);
-                self.rdv_held += 1;
-                self.peer_mut(peer).rdv_entries += 1;
+            if self.recv.rdv_held < self.cfg.unexp_headers && !self.recv.unexp.is_full() {
+                let e = self.recv.unexp.insert_checked(entry);
+                self.recv.ports[port as usize].unexpected.push_back(e);
+                self.recv.rdv_held += 1;
+                self.recv.peer_mut(peer).rdv_entries += 1;
                 self.rx_took_next(peer, hdr.msg_seq);
                 self.count(counter::UNEXP_RDV, 1);
                 return MatchOutcome::Retained;
@@ -698,22 +699,22 @@ impl Nic {
         desc: LocalDesc,
         owner: RxOwner,
     ) -> Option<u32> {
-        if self.rx.is_full() {
+        if self.recv.rx.is_full() {
             return None;
         }
-        let masks = self.rx_rings.take();
+        let masks = self.recv.rx_rings.take();
         let mut rec = RxMsg::new(hdr.dst_port, peer, hdr, msg, desc, owner, self.cfg.group_size, masks, now);
         rec.stamp = self.next_stamp();
-        let r = self.rx.insert_checked(rec);
-        self.peer_mut(peer).rx_active.push(r);
+        let r = self.recv.rx.insert_checked(rec);
+        self.recv.peer_mut(peer).rx_active.push(r);
         self.arm_rx_sweep(now);
         Some(r)
     }
 
     /// Partially received messages are swept for idleness while any exists.
     pub(crate) fn arm_rx_sweep(&mut self, now: u64) {
-        if !self.sweep_armed {
-            self.sweep_armed = true;
+        if !self.recv.sweep_armed {
+            self.recv.sweep_armed = true;
             self.arm_timer(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
         }
     }
@@ -723,7 +724,7 @@ impl Nic {
     /// tables have room the receive waits in its ring (so it cannot pass
     /// the entry and take a later message).
     pub(crate) fn recv_fits(&self) -> bool {
-        !self.rma_reads.is_full() && !self.tx.is_full()
+        !self.rma_reads.is_full() && !self.send.tx.is_full()
     }
 
     /// A receive was posted: take the oldest matching unexpected message
@@ -743,8 +744,8 @@ impl Nic {
     /// The oldest unexpected entry of `port` that receive or probe `d`
     /// matches, passing by entries being pulled or claimed.
     fn find_unexpected(&self, port: u16, d: &LocalDesc) -> Option<u32> {
-        self.ports[port as usize].unexpected.iter().copied().find(|&e| {
-            let u = self.unexp.get(e).expect("queued entry is live");
+        self.recv.ports[port as usize].unexpected.iter().copied().find(|&e| {
+            let u = self.recv.unexp.get(e).expect("queued entry is live");
             u.pull.is_none() && u.claimed.is_none() && d.matches(u.src_node, u.src_port, u.tag)
         })
     }
@@ -758,10 +759,10 @@ impl Nic {
         let mut c = Completion::of(d, Opcode::Probe, Status::Success);
         if d.wd.flags & emp_uapi::desc::WD_CLAIM != 0 {
             let stamp = self.next_stamp() as u16;
-            self.unexp.get_mut(e).claimed = Some(stamp);
+            self.recv.unexp.get_mut(e).claimed = Some(stamp);
             c.byte_len = claim_handle(e, stamp);
         }
-        let u = self.unexp.get(e).expect("found");
+        let u = self.recv.unexp.get(e).expect("found");
         c.tag = u.tag;
         c.src_node = u.src_node;
         c.src_port = u.src_port;
@@ -773,7 +774,7 @@ impl Nic {
     /// A cancel (`Opcode::Cancel`, `tag` = the receive's `wr_id`): the
     /// oldest such receive still posted goes back, completed `Canceled`.
     pub(crate) fn cancel_recv<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
-        let posted = &mut self.ports[port as usize].posted;
+        let posted = &mut self.recv.ports[port as usize].posted;
         let Some(i) = posted.iter().position(|r| r.wd.wr_id == d.wd.tag) else {
             return self.complete(hal, port, Completion::of(d, Opcode::Cancel, Status::NoMessage));
         };
@@ -786,7 +787,7 @@ impl Nic {
     /// the entry a probe claimed, else completes `NoMessage`.
     pub(crate) fn recv_claimed<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &LocalDesc) {
         let (e, stamp) = ((d.wd.tag >> 16) as u32, d.wd.tag as u16);
-        let ok = self.unexp.get(e).is_some_and(|u| u.port == port && u.claimed == Some(stamp) && u.pull.is_none());
+        let ok = self.recv.unexp.get(e).is_some_and(|u| u.port == port && u.claimed == Some(stamp) && u.pull.is_none());
         if !ok {
             return self.complete(hal, port, Completion::of(d, Opcode::Recv, Status::NoMessage));
         }
@@ -796,20 +797,20 @@ impl Nic {
     /// Receive `d` takes unexpected entry `e`: an eager one is copied and
     /// completed now, a retained header starts its pull.
     fn take_unexpected<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, e: u32, d: &LocalDesc) {
-        let u = *self.unexp.get(e).expect("found");
+        let u = *self.recv.unexp.get(e).expect("found");
         let Some(s) = u.data else {
             return self.rdv_pull(now, port, e, d);
         };
-        let q = &mut self.ports[port as usize].unexpected;
+        let q = &mut self.recv.ports[port as usize].unexpected;
         let i = q.iter().position(|&x| x == e).expect("queued");
         q.remove(i);
-        self.unexp.remove(e);
-        let data = core::mem::take(&mut self.overflow.slots[s as usize].data);
+        self.recv.unexp.remove(e);
+        let data = core::mem::take(&mut self.recv.overflow.slots[s as usize].data);
         let total = data.len() as u64;
         let n = total.min(d.len) as usize;
         let io = self.sge_io(hal, port, d.sges(), 0, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE);
-        self.overflow.slots[s as usize].data = data;
-        self.overflow.free(s);
+        self.recv.overflow.slots[s as usize].data = data;
+        self.recv.overflow.free(s);
         let status = match io {
             Err(e) => e,
             Ok(()) if total > d.len => Status::Truncated,
@@ -829,16 +830,16 @@ impl Nic {
     /// Takes unexpected entry `e` out of its port's queue and the table,
     /// if it is still there; returns it.
     pub(crate) fn unexp_remove(&mut self, e: u32) -> Option<Unexpected> {
-        let u = *self.unexp.get(e)?;
-        let q = &mut self.ports[u.port as usize].unexpected;
+        let u = *self.recv.unexp.get(e)?;
+        let q = &mut self.recv.ports[u.port as usize].unexpected;
         let i = q.iter().position(|&x| x == e)?;
         q.remove(i);
-        self.unexp.remove(e);
+        self.recv.unexp.remove(e);
         match u.data {
-            Some(s) => self.overflow.free(s),
+            Some(s) => self.recv.overflow.free(s),
             None => {
-                self.rdv_held -= 1;
-                self.peer_mut(u.peer).rdv_entries -= 1;
+                self.recv.rdv_held -= 1;
+                self.recv.peer_mut(u.peer).rdv_entries -= 1;
             }
         }
         Some(u)
@@ -846,18 +847,18 @@ impl Nic {
 
     /// The payload of eager unexpected entry `e` (`None` for a retained header).
     pub(crate) fn eager_payload(&self, e: u32) -> Option<&[u8]> {
-        let s = self.unexp.get(e)?.data?;
-        Some(&self.overflow.slots[s as usize].data)
+        let s = self.recv.unexp.get(e)?.data?;
+        Some(&self.recv.overflow.slots[s as usize].data)
     }
 
     /// Largest payload an eager entry holds.
     pub(crate) fn eager_slot_size(&self) -> u32 {
-        self.overflow.slot_size
+        self.recv.overflow.slot_size
     }
 
     /// Eager entries that can be added now.
     pub(crate) fn eager_room(&self) -> u32 {
-        self.overflow.available().min(self.unexp.capacity() - self.unexp.used())
+        self.recv.overflow.available().min(self.recv.unexp.capacity() - self.recv.unexp.used())
     }
 
     /// A restored context's unexpected entry, appended to `port`'s queue:
@@ -879,9 +880,9 @@ impl Nic {
         let data = match retained {
             Some(_) => None,
             None => {
-                let s = self.overflow.free.pop().expect("room checked");
-                self.overflow.slots[s as usize].data.clear();
-                self.overflow.slots[s as usize].data.extend_from_slice(payload);
+                let s = self.recv.overflow.free.pop().expect("room checked");
+                self.recv.overflow.slots[s as usize].data.clear();
+                self.recv.overflow.slots[s as usize].data.extend_from_slice(payload);
                 Some(s)
             }
         };
@@ -899,17 +900,17 @@ impl Nic {
             pull: None,
             claimed: None,
         };
-        let e = self.unexp.insert_checked(entry);
-        self.ports[port as usize].unexpected.push_back(e);
+        let e = self.recv.unexp.insert_checked(entry);
+        self.recv.ports[port as usize].unexpected.push_back(e);
         if data.is_none() {
-            self.rdv_held += 1;
-            self.peer_mut(peer).rdv_entries += 1;
+            self.recv.rdv_held += 1;
+            self.recv.peer_mut(peer).rdv_entries += 1;
         }
     }
 
     /// The port closes: its unexpected entries go (pulls were flushed first).
     pub(crate) fn unexp_flush_port(&mut self, port: u16) {
-        while let Some(&e) = self.ports[port as usize].unexpected.front() {
+        while let Some(&e) = self.recv.ports[port as usize].unexpected.front() {
             self.unexp_remove(e);
         }
     }
@@ -919,11 +920,11 @@ impl Nic {
     /// pull already under way fails on its own, with an error).
     pub(crate) fn unexp_drop_peer(&mut self, peer: u32) {
         let port = self.peer(peer).port as usize;
-        let mine: Vec<u32> = self.ports[port]
+        let mine: Vec<u32> = self.recv.ports[port]
             .unexpected
             .iter()
             .copied()
-            .filter(|&e| self.unexp.get(e).is_some_and(|u| u.data.is_none() && u.peer == peer && u.pull.is_none()))
+            .filter(|&e| self.recv.unexp.get(e).is_some_and(|u| u.data.is_none() && u.peer == peer && u.pull.is_none()))
             .collect();
         for e in mine {
             self.unexp_remove(e);
@@ -933,28 +934,28 @@ impl Nic {
 
     /// Checks the unexpected entries against the queues and pools.
     pub(crate) fn unexp_invariants(&self) -> Result<(), String> {
-        let queued: usize = self.ports.iter().map(|p| p.unexpected.len()).sum();
-        if queued as u32 != self.unexp.used() {
-            return Err(format!("{} unexpected entries, {queued} queued", self.unexp.used()));
+        let queued: usize = self.recv.ports.iter().map(|p| p.unexpected.len()).sum();
+        if queued as u32 != self.recv.unexp.used() {
+            return Err(format!("{} unexpected entries, {queued} queued", self.recv.unexp.used()));
         }
-        let eager = self.unexp.iter().filter(|(_, u)| u.data.is_some()).count() as u32;
-        if eager != self.overflow.used() || self.unexp.used() - eager != self.rdv_held {
+        let eager = self.recv.unexp.iter().filter(|(_, u)| u.data.is_some()).count() as u32;
+        if eager != self.recv.overflow.used() || self.recv.unexp.used() - eager != self.recv.rdv_held {
             return Err(format!(
                 "{eager} eager entries for {} pool slots; {} headers counted {}",
-                self.overflow.used(),
-                self.unexp.used() - eager,
-                self.rdv_held
+                self.recv.overflow.used(),
+                self.recv.unexp.used() - eager,
+                self.recv.rdv_held
             ));
         }
-        for (e, u) in self.unexp.iter().filter(|(_, u)| u.data.is_none()) {
+        for (e, u) in self.recv.unexp.iter().filter(|(_, u)| u.data.is_none()) {
             let p = self.peers[u.peer as usize].as_ref().ok_or_else(|| format!("header {e} of a free peer"))?;
             if p.port != u.port || (p.node, p.rport) != (u.src_node, u.src_port) {
                 return Err(format!("header {e} names peer {} of another endpoint", u.peer));
             }
         }
-        let held: u32 = self.live_peers().map(|(_, p)| p.rdv_entries).sum();
-        if held != self.rdv_held {
-            return Err(format!("peers count {held} headers, {} held", self.rdv_held));
+        let held: u32 = self.live_peers().map(|(i, _)| self.recv.peer(i).rdv_entries).sum();
+        if held != self.recv.rdv_held {
+            return Err(format!("peers count {held} headers, {} held", self.recv.rdv_held));
         }
         Ok(())
     }
@@ -970,7 +971,7 @@ impl Nic {
         msg: Option<&MsgHeader>,
         payload: &[u8],
     ) -> Option<Accepted> {
-        let m = self.rx.get(r).expect("live");
+        let m = self.recv.rx.get(r).expect("live");
         if !m.fits(hdr, msg, payload.len(), self.mtu) {
             self.count(counter::DROPPED_MALFORMED, 1);
             return None;
@@ -978,7 +979,7 @@ impl Nic {
         let (peer, seq, owner) = (m.peer, m.seq, m.owner);
         let f = hdr.frame_index;
         let g = f / self.cfg.group_size;
-        let (group_done, missing, all_done) = match self.rx.get_mut(r).record(f) {
+        let (group_done, missing, all_done) = match self.recv.rx.get_mut(r).record(f) {
             FrameOutcome::Duplicate { group_complete } => {
                 self.count(counter::DUPLICATES, 1);
                 if group_complete {
@@ -1001,7 +1002,7 @@ impl Nic {
         };
         let (deferred, stored_from) = self.store_payload(hal, r, f, payload);
         self.count(counter::RX_FRAMES, 1);
-        let m = self.rx.get_mut(r);
+        let m = self.recv.rx.get_mut(r);
         m.last_activity = now;
         let contig = m.contig;
         if group_done && all_done && owner == RxOwner::Recv {
@@ -1026,7 +1027,7 @@ impl Nic {
     /// finishes there too), and where the delivered bytes start in
     /// `payload` when all of them were written.
     fn store_payload<H: Hal>(&mut self, hal: &mut H, r: u32, f: u32, payload: &[u8]) -> (Option<u8>, Option<usize>) {
-        let m = self.rx.get(r).expect("live");
+        let m = self.recv.rx.get(r).expect("live");
         let (port, seq, desc, rma) = (m.port, m.seq, m.desc, m.rma);
         let off = wire::frame_offset(f, self.mtu);
         let (off, data_at) = match m.skip.checked_sub(off) {
@@ -1057,7 +1058,7 @@ impl Nic {
 
     /// A payload DMA failed: the receive will complete with `e`.
     pub(crate) fn rx_error(&mut self, r: u32, e: Status) {
-        self.rx.get_mut(r).error.get_or_insert(e);
+        self.recv.rx.get_mut(r).error.get_or_insert(e);
     }
 
     /// Removes a finished receive record; returns it and its error
@@ -1065,18 +1066,18 @@ impl Nic {
     /// (`Nic::finish_rx`) reports it to its owner.
     pub(crate) fn retire_rx(&mut self, r: u32, error: Option<Status>) -> (RxMsg, Option<Status>) {
         let error = self.unlink_rx(r, error);
-        (self.rx.remove(r), error)
+        (self.recv.rx.remove(r), error)
     }
 
     /// Unlinks finished receive record `r` from its peer and gives back
     /// its group windows; returns its error as [`Nic::retire_rx`] does. The
     /// record stays in its slot for the caller to report, then free.
     fn unlink_rx(&mut self, r: u32, error: Option<Status>) -> Option<Status> {
-        let m = self.rx.get_mut(r);
+        let m = self.recv.rx.get_mut(r);
         let used = (m.group_count() as usize).min(m.masks.len());
         let (masks, peer, own) = (core::mem::take(&mut m.masks), m.peer, m.error);
-        self.rx_rings.give(masks, used);
-        let active = &mut self.peer_mut(peer).rx_active;
+        self.recv.rx_rings.give(masks, used);
+        let active = &mut self.recv.peer_mut(peer).rx_active;
         if let Some(i) = active.iter().position(|&x| x == r) {
             active.remove(i);
         }
@@ -1099,7 +1100,7 @@ impl Nic {
     /// (no jobs, a payload of it queued as work, a CQ slot a job cannot
     /// name) the completion is queued there as work.
     fn finish_recv_on<H: Hal>(&mut self, hal: &mut H, cpu: u8, r: u32) {
-        let m = self.rx.get(r).expect("live");
+        let m = self.recv.rx.get(r).expect("live");
         let (port, seq, id) = (m.port, m.seq, m.stamp);
         if self.cfg.cpu_jobs && !m.payload_as_work && m.owner == RxOwner::Recv {
             // Nothing is retired unless the CQE's slot can be named.
@@ -1116,11 +1117,11 @@ impl Nic {
     /// completion (`error` overrides the record's own).
     fn retire_recv(&mut self, r: u32, error: Option<Status>) -> (u16, Completion) {
         let error = self.unlink_rx(r, error);
-        let m = self.rx.get(r).expect("live");
+        let m = self.recv.rx.get(r).expect("live");
         debug_assert_eq!(m.owner, RxOwner::Recv);
         let c = self.recv_completion(&m.desc, m.peer, (m.tag, m.total_len, m.imm), error);
         let port = m.port;
-        self.rx.free(r);
+        self.recv.rx.free(r);
         (port, c)
     }
 
@@ -1184,12 +1185,12 @@ impl Nic {
     /// records, not one per message).
     pub(crate) fn on_rx_sweep<H: Hal>(&mut self, hal: &mut H, now: u64) {
         for r in 0..self.cfg.rx_max {
-            if self.rx.get(r).is_some_and(|m| now >= m.last_activity + self.cfg.rx_idle_timeout_ns) {
+            if self.recv.rx.get(r).is_some_and(|m| now >= m.last_activity + self.cfg.rx_idle_timeout_ns) {
                 self.finish_rx(hal, now, r, Some(Status::SenderAborted));
             }
         }
-        self.sweep_armed = self.rx.used() > 0;
-        if self.sweep_armed {
+        self.recv.sweep_armed = self.recv.rx.used() > 0;
+        if self.recv.sweep_armed {
             self.arm_timer(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
         }
     }

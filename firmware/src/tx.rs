@@ -273,7 +273,7 @@ impl Nic {
         rma: Option<crate::rma::RmaTx>,
     ) -> u32 {
         let seq = {
-            let p = self.peer_mut(peer);
+            let p = self.send.peer_mut(peer);
             let s = p.tx_seq_next;
             p.tx_seq_next = s.wrapping_add(1);
             s
@@ -316,14 +316,14 @@ impl Nic {
         let len = rma.as_ref().map_or(desc.len, |r| crate::rma::HDR + r.data_len);
         let frame_count = wire::frames_for(len, self.mtu) as u32;
         let groups = frame_count.div_ceil(self.cfg.group_size);
-        let slot = self.tx.insert_checked(TxMsg {
+        let slot = self.send.tx.insert_checked(TxMsg {
             port,
             peer,
             desc,
             seq,
             frame_count,
             next_frame: 0,
-            groups: SendWindow::new(groups, self.tx_rings.take()),
+            groups: SendWindow::new(groups, self.send.tx_rings.take()),
             inflight_frames: 0,
             rnr_retries: 0,
             rnr_waiting: false,
@@ -334,17 +334,17 @@ impl Nic {
             held: false,
             pulling: false,
         });
-        self.peer_mut(peer).tx_queue.push_back(slot);
+        self.send.peer_mut(peer).tx_queue.push_back(slot);
         slot
     }
 
     /// Takes a message out of its peer's queue without completing it: a
     /// saved context carries it (`ctxsw.rs`).
     pub(crate) fn unqueue_tx(&mut self, slot: u32) {
-        let m = self.tx.remove(slot);
+        let m = self.send.tx.remove(slot);
         let (window, used) = m.groups.into_slots();
-        self.tx_rings.give(window, used);
-        let p = self.peer_mut(m.peer);
+        self.send.tx_rings.give(window, used);
+        let p = self.send.peer_mut(m.peer);
         p.inflight_frames -= m.inflight_frames;
         crate::slots::remove_once(&mut p.tx_queue, slot);
     }
@@ -354,29 +354,29 @@ impl Nic {
     /// started, so the receiver gets them swapped (a deliberate ordering
     /// bug, for proving order checks).
     fn fault_swap_with_previous(&mut self, peer: u32) {
-        let q = &self.peer(peer).tx_queue;
+        let q = &self.send.peer(peer).tx_queue;
         let n = q.len();
         if n < 2 {
             return;
         }
         let (a, b) = (q[n - 2], q[n - 1]);
         let idle = |m: &TxMsg| m.next_frame == 0 && !m.held && m.coll.is_none() && m.rma.is_none();
-        if !(idle(self.tx.get(a).expect("queued")) && idle(self.tx.get(b).expect("queued"))) {
+        if !(idle(self.send.tx.get(a).expect("queued")) && idle(self.send.tx.get(b).expect("queued"))) {
             return;
         }
-        let (sa, sb) = (self.tx.get(a).expect("queued").seq, self.tx.get(b).expect("queued").seq);
-        self.tx.get_mut(a).seq = sb;
-        self.tx.get_mut(b).seq = sa;
-        let q = &mut self.peer_mut(peer).tx_queue;
+        let (sa, sb) = (self.send.tx.get(a).expect("queued").seq, self.send.tx.get(b).expect("queued").seq);
+        self.send.tx.get_mut(a).seq = sb;
+        self.send.tx.get_mut(b).seq = sa;
+        let q = &mut self.send.peer_mut(peer).tx_queue;
         let n = q.len();
         q.swap(n - 2, n - 1);
     }
 
     pub(crate) fn mark_ready(&mut self, peer: u32) {
-        let p = self.peer_mut(peer);
+        let p = self.send.peer_mut(peer);
         if !p.ready {
             p.ready = true;
-            self.ready.push_back(peer);
+            self.send.ready.push_back(peer);
         }
     }
 
@@ -384,13 +384,13 @@ impl Nic {
     pub(crate) fn send_ready_peers<H: Hal>(&mut self, hal: &mut H, now: u64) {
         // Each peer is taken once per call; a peer that becomes ready again
         // while sending waits for the next call.
-        let n = self.ready.len();
+        let n = self.send.ready.len();
         for _ in 0..n {
-            let Some(p) = self.ready.pop_front() else { break };
+            let Some(p) = self.send.ready.pop_front() else { break };
             if self.peers[p as usize].is_none() {
                 continue;
             }
-            self.peer_mut(p).ready = false;
+            self.send.peer_mut(p).ready = false;
             self.send_peer(hal, now, p);
         }
     }
@@ -402,17 +402,17 @@ impl Nic {
         // forwarded broadcast whose frames were not here when it was
         // refused): the receiver can only accept it, and answer, once it
         // holds every frame of a group.
-        let refused = self.peer(peer).not_to_send;
+        let refused = self.send.peer(peer).not_to_send;
         let msgs_max = match self.cfg.flow_control {
             FlowControl::Piggyback => self.piggyback_limit(now, peer),
             _ => u32::MAX,
         };
         let mut started = 0u32;
         let mut qi = 0usize;
-        while let Some(&slot) = self.peer(peer).tx_queue.get(qi) {
+        while let Some(&slot) = self.send.peer(peer).tx_queue.get(qi) {
             qi += 1;
             let (next, count) = {
-                let m = self.tx.get(slot).expect("queued");
+                let m = self.send.tx.get(slot).expect("queued");
                 if refused.is_some_and(|r| seq_lt(r, m.seq)) {
                     return;
                 }
@@ -438,7 +438,7 @@ impl Nic {
                 // C1: a suspended port starts no message; later ones the
                 // receiver started taking (an earlier one was refused and
                 // rewound, `rewind_refused`) go on to their end.
-                let m = self.tx.get(slot).expect("queued");
+                let m = self.send.tx.get(slot).expect("queued");
                 if self.ports[m.port as usize].suspended && m.rewindable_unacked() {
                     continue;
                 }
@@ -446,10 +446,10 @@ impl Nic {
             }
             let (gs, window) = (self.cfg.group_size, self.cfg.window_frames);
             for f in next..count {
-                if self.peer(peer).inflight_frames >= window {
+                if self.send.peer(peer).inflight_frames >= window {
                     return;
                 }
-                let m = self.tx.get(slot).expect("queued");
+                let m = self.send.tx.get(slot).expect("queued");
                 if f >= m.limit {
                     // A forwarded broadcast frame not here yet: later
                     // messages to this peer wait behind it, in order.
@@ -468,11 +468,11 @@ impl Nic {
                 }
                 let g = f / self.cfg.group_size;
                 let (_, end) = wire::group_range(self.cfg.group_size, count, g);
-                let m = self.tx.get_mut(slot);
+                let m = self.send.tx.get_mut(slot);
                 m.next_frame = f + 1;
                 m.inflight_frames += 1;
                 m.groups.get_mut(g).expect("a frame in the window is of a live group").inflight += 1;
-                self.peer_mut(peer).inflight_frames += 1;
+                self.send.peer_mut(peer).inflight_frames += 1;
                 if f + 1 == end {
                     self.arm_group(now, slot, g, None);
                 }
@@ -484,7 +484,7 @@ impl Nic {
     fn arm_group(&mut self, now: u64, slot: u32, g: u32, delay: Option<u64>) {
         let stamp = self.next_stamp();
         let (rto, rto_max) = (self.cfg.rto_ns, self.cfg.rto_ns_max);
-        let grp = self.tx.get_mut(slot).groups.get_mut(g).expect("a live group is armed");
+        let grp = self.send.tx.get_mut(slot).groups.get_mut(g).expect("a live group is armed");
         grp.stamp = stamp;
         let backoff = rto.saturating_mul(1u64 << grp.retries.min(20)).min(rto_max);
         self.arm_timer(now + delay.unwrap_or(backoff), Timer::Group { slot, group: g, stamp });
@@ -502,7 +502,7 @@ impl Nic {
         match self.dispatch(hal, crate::cpu::Step::Transmission) {
             Some(cpu) => {
                 if !(self.cfg.cpu_jobs && self.transmit_job(hal, cpu, slot, f, retransmit)?) {
-                    let seq = self.tx.get(slot).expect("live").seq;
+                    let seq = self.send.tx.get(slot).expect("live").seq;
                     self.enqueue(hal, cpu, crate::cpu::Work::Transmit { slot, seq, frame: f, retransmit });
                 }
                 Ok(())
@@ -522,7 +522,7 @@ impl Nic {
         f: u32,
         retransmit: bool,
     ) -> Result<bool, Status> {
-        let m = self.tx.get(slot).expect("live");
+        let m = self.send.tx.get(slot).expect("live");
         if m.coll.is_some() || m.rma.is_some() {
             return Ok(false);
         }
@@ -545,11 +545,11 @@ impl Nic {
         // An ACK held back for coalescing leaves before this frame: a
         // receiver's answer must never overtake the ACK of what it answers
         // (the sender would see the answer before its send completed).
-        let peer = self.tx.get(slot).expect("live").peer;
-        if self.peer(peer).ack_owed.is_some() {
+        let peer = self.send.tx.get(slot).expect("live").peer;
+        if self.recv.peer(peer).ack_owed.is_some() {
             self.flush_ack(hal, peer);
         }
-        let m = self.tx.get(slot).expect("live");
+        let m = self.send.tx.get(slot).expect("live");
         let p = self.peer(m.peer);
         let off = wire::frame_offset(f, self.mtu);
         let total = m.msg_len();
@@ -562,7 +562,7 @@ impl Nic {
         let hdr = FrameHeader {
             version: wire::WIRE_VERSION,
             kind: kind as u8,
-            dst_gen: p.remote_gen,
+            dst_gen: self.send.peer(m.peer).remote_gen,
             src_node: self.node,
             dst_node: p.node,
             src_port: self.ports[m.port as usize].addr,
@@ -593,7 +593,7 @@ impl Nic {
     ) -> Result<(), Status> {
         let mut buf = core::mem::take(&mut self.frame_buf);
         let DataFrame { head, len, off, port, dst, desc } = self.data_frame_head(hal, slot, f, &mut buf);
-        let m = self.tx.get(slot).expect("live");
+        let m = self.send.tx.get(slot).expect("live");
         // Collective and RMA frames are built here, then sent whole.
         let built_here = m.coll.is_some() || m.rma.is_some();
         let r = match (&m.coll, m.rma) {
@@ -660,15 +660,15 @@ impl Nic {
     /// or held: taken by the receiver as a retained header, so skipping it
     /// skips nothing the receiver still waits for.
     pub(crate) fn tx_floor(&self, peer: u32) -> u32 {
-        let p = self.peer(peer);
-        let first = p.tx_queue.iter().map(|&s| self.tx.get(s).expect("queued")).find(|m| !m.held);
+        let p = self.send.peer(peer);
+        let first = p.tx_queue.iter().map(|&s| self.send.tx.get(s).expect("queued")).find(|m| !m.held);
         first.map_or(p.tx_seq_next, |m| m.seq)
     }
 
     /// Resends the frames of group `g` already sent once (all of them, or
     /// those in `mask` relative to the group's first frame).
     fn resend_group<H: Hal>(&mut self, hal: &mut H, slot: u32, g: u32, mask: u32) -> Result<(), Status> {
-        let m = self.tx.get(slot).expect("live");
+        let m = self.send.tx.get(slot).expect("live");
         let (first, end) = wire::group_range(self.cfg.group_size, m.frame_count, g);
         let end = end.min(m.next_frame);
         for f in first..end {
@@ -682,19 +682,19 @@ impl Nic {
     pub(crate) fn on_group_timeout<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, stamp: u32) {
         // Stamps are unique across slot reuse; the slot may now hold a
         // shorter message, and an acknowledged group's slot another group.
-        let Some(&grp) = self.tx.get(slot).and_then(|m| m.groups.get(g)) else { return };
+        let Some(&grp) = self.send.tx.get(slot).and_then(|m| m.groups.get(g)) else { return };
         if grp.stamp != stamp || grp.acked {
             return;
         }
-        if self.tx.get(slot).is_some_and(|m| m.held) {
+        if self.send.tx.get(slot).is_some_and(|m| m.held) {
             return self.on_held_keepalive(hal, now, slot);
         }
-        let (port, peer) = self.tx.get(slot).map(|m| (m.port, m.peer)).expect("live");
+        let (port, peer) = self.send.tx.get(slot).map(|m| (m.port, m.peer)).expect("live");
         if self.ports[port as usize].suspended {
             // Behind a message it does not send, the receiver cannot take
             // it: rewound, not retried until it fails.
             self.rewind_blocked(peer);
-            if self.tx.get(slot).expect("live").next_frame == 0 {
+            if self.send.tx.get(slot).expect("live").next_frame == 0 {
                 return;
             }
         }
@@ -702,7 +702,7 @@ impl Nic {
         if grp.retries >= self.cfg.retry_limit {
             return self.finish_tx(hal, now, slot, Status::RetryLimitExceeded);
         }
-        self.tx.get_mut(slot).groups.get_mut(g).expect("live").retries += 1;
+        self.send.tx.get_mut(slot).groups.get_mut(g).expect("live").retries += 1;
         if let Err(st) = self.resend_group(hal, slot, g, u32::MAX) {
             return self.finish_tx(hal, now, slot, st);
         }
@@ -714,7 +714,7 @@ impl Nic {
     /// every `rto_ns_max` until its pull arrives (the receiver answers
     /// `Retained` while it holds the header; `PortClosed` if it went).
     pub(crate) fn hold_tx(&mut self, now: u64, slot: u32) {
-        let m = self.tx.get_mut(slot);
+        let m = self.send.tx.get_mut(slot);
         if m.held {
             return;
         }
@@ -729,7 +729,7 @@ impl Nic {
         }
         m.inflight_frames -= freed;
         let (peer, live0) = (m.peer, m.groups.get(0).is_some());
-        self.peer_mut(peer).inflight_frames -= freed;
+        self.send.peer_mut(peer).inflight_frames -= freed;
         if live0 {
             let keepalive = self.cfg.rto_ns_max;
             self.arm_group(now, slot, 0, Some(keepalive));
@@ -740,7 +740,7 @@ impl Nic {
     /// A held message's keepalive: frame 0 again, unless its pull is under
     /// way; a receiver silent for `retry_limit` keepalives is gone.
     fn on_held_keepalive<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32) {
-        let m = self.tx.get_mut(slot);
+        let m = self.send.tx.get_mut(slot);
         if m.pulling {
             return; // The response's own retransmission takes over.
         }
@@ -762,7 +762,7 @@ impl Nic {
     /// had no divide), or none until an update — or, if the update was
     /// lost, one probe `rnr_delay_ns_max` after the stop.
     fn piggyback_limit(&self, now: u64, peer: u32) -> u32 {
-        let p = self.peer(peer);
+        let p = self.send.peer(peer);
         match p.fc_level {
             wire::FC_GO => p.credits.max(1),
             wire::FC_SLOW => (p.credits >> 1).max(1),
@@ -779,7 +779,7 @@ impl Nic {
     }
 
     pub(crate) fn find_tx(&self, peer: u32, seq: u32) -> Option<u32> {
-        self.peer(peer).tx_queue.iter().copied().find(|&s| self.tx.get(s).is_some_and(|m| m.seq == seq))
+        self.send.peer(peer).tx_queue.iter().copied().find(|&s| self.send.tx.get(s).is_some_and(|m| m.seq == seq))
     }
 
     /// An ACK for group `body.group` of message `hdr.msg_seq`, and for
@@ -793,15 +793,15 @@ impl Nic {
             return self.mark_ready(peer);
         }
         let Some(slot) = self.find_tx(peer, hdr.msg_seq) else { return };
-        if self.tx.get(slot).is_some_and(|m| m.held) {
+        if self.send.tx.get(slot).is_some_and(|m| m.held) {
             // Its groups are not acknowledged: its pull's response completes it.
             return;
         }
-        if self.peer(peer).not_to_send == Some(hdr.msg_seq) {
+        if self.send.peer(peer).not_to_send == Some(hdr.msg_seq) {
             // Modified ACK/NACK: the refused message was accepted; back to Normal.
-            self.peer_mut(peer).not_to_send = None;
+            self.send.peer_mut(peer).not_to_send = None;
         }
-        let m = self.tx.get_mut(slot);
+        let m = self.send.tx.get_mut(slot);
         let was_refused = core::mem::take(&mut m.rnr_waiting);
         let seq = m.seq;
         if body.group >= m.groups.count() {
@@ -813,7 +813,7 @@ impl Nic {
             m.next_frame = m.next_frame.max(m.groups.una() * self.cfg.group_size).min(m.frame_count);
             m.inflight_frames -= n;
             let done = m.groups.done();
-            self.peer_mut(peer).inflight_frames -= n;
+            self.send.peer_mut(peer).inflight_frames -= n;
             if done {
                 self.finish_tx(hal, now, slot, Status::Success);
             }
@@ -830,14 +830,14 @@ impl Nic {
     fn resume_refused<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, after: u32) {
         // The queue is in sequence order; each message found is taken out
         // of waiting, and one that fails leaves the queue.
-        let waiting = |nic: &Nic, s: u32| nic.tx.get(s).is_some_and(|m| m.rnr_waiting && seq_lt(after, m.seq));
-        while let Some(s) = self.peer(peer).tx_queue.iter().copied().find(|&s| waiting(self, s)) {
-            let m = self.tx.get_mut(s);
+        let waiting = |nic: &Nic, s: u32| nic.send.tx.get(s).is_some_and(|m| m.rnr_waiting && seq_lt(after, m.seq));
+        while let Some(s) = self.send.peer(peer).tx_queue.iter().copied().find(|&s| waiting(self, s)) {
+            let m = self.send.tx.get_mut(s);
             m.rnr_waiting = false;
             m.rnr_retries = 0;
             // Resending changes no group's acknowledgement or frames in flight.
             for g in m.groups.live() {
-                let grp = self.tx.get(s).expect("live").groups.get(g).expect("live");
+                let grp = self.send.tx.get(s).expect("live").groups.get(g).expect("live");
                 if grp.acked || grp.inflight == 0 {
                     continue;
                 }
@@ -863,8 +863,8 @@ impl Nic {
         let mut refused_done = None;
         let mut i = 0;
         // The queue is in sequence order; finishing a record takes it out.
-        while let Some(&slot) = self.peer(peer).tx_queue.get(i) {
-            let m = self.tx.get(slot).expect("queued");
+        while let Some(&slot) = self.send.peer(peer).tx_queue.get(i) {
+            let m = self.send.tx.get(slot).expect("queued");
             if !seq_lt(m.seq, floor) {
                 break;
             }
@@ -886,7 +886,7 @@ impl Nic {
     /// much to slow down; a stop arms the probe that outlives a lost update.
     fn learn_remote(&mut self, now: u64, peer: u32, hdr: &FrameHeader, body: &AckBody) {
         let probe = self.cfg.flow_control == FlowControl::Piggyback;
-        let p = self.peer_mut(peer);
+        let p = self.send.peer_mut(peer);
         p.credits = body.rx_credits as u32;
         p.remote_gen = hdr.src_gen;
         let stopped = p.fc_level == wire::FC_STOP;
@@ -911,10 +911,10 @@ impl Nic {
         let Some(peer) = self.find_peer(hdr.dst_port, hdr.src_node, hdr.src_port) else { return };
         if reason == NackReason::PortClosed {
             // Everything queued to a closed port fails now.
-            while let Some(&slot) = self.peer(peer).tx_queue.front() {
+            while let Some(&slot) = self.send.peer(peer).tx_queue.front() {
                 self.finish_tx(hal, now, slot, Status::RemotePortClosed);
             }
-            self.peer_mut(peer).remote_gen = 0;
+            self.send.peer_mut(peer).remote_gen = 0;
             return;
         }
         self.learn_remote(now, peer, hdr, body);
@@ -925,27 +925,27 @@ impl Nic {
         }
         let Some(slot) = self.find_tx(peer, hdr.msg_seq) else { return };
         let g = body.group;
-        if g >= self.tx.get(slot).expect("live").groups.count() {
+        if g >= self.send.tx.get(slot).expect("live").groups.count() {
             return;
         }
-        if reason == NackReason::Retained && self.tx.get(slot).expect("live").pullable() {
+        if reason == NackReason::Retained && self.send.tx.get(slot).expect("live").pullable() {
             // The receiver is alive and still holds the header.
             self.hold_tx(now, slot);
-            if let Some(grp) = self.tx.get_mut(slot).groups.get_mut(0) {
+            if let Some(grp) = self.send.tx.get_mut(slot).groups.get_mut(0) {
                 grp.retries = 0;
             }
             return;
         }
-        if self.tx.get(slot).expect("live").held {
+        if self.send.tx.get(slot).expect("live").held {
             return; // Only the pull moves a held message on.
         }
         match reason {
             NackReason::Loss if g == 0 && body.missing_mask & 1 != 0 => {
                 // No header reached the receiver: nothing of the message was
                 // kept, so every unacknowledged group goes again.
-                let groups = self.tx.get(slot).expect("live").groups.live();
+                let groups = self.send.tx.get(slot).expect("live").groups.live();
                 for g in groups {
-                    if self.tx.get(slot).is_none() {
+                    if self.send.tx.get(slot).is_none() {
                         break;
                     }
                     self.on_loss_nack(hal, now, slot, g, u32::MAX);
@@ -966,12 +966,12 @@ impl Nic {
 
     fn on_loss_nack<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, mask: u32) {
         // Groups outside the window are acknowledged, or have nothing in flight.
-        let Some(&grp) = self.tx.get(slot).expect("live").groups.get(g) else { return };
+        let Some(&grp) = self.send.tx.get(slot).expect("live").groups.get(g) else { return };
         // One fast retransmission per half RTO: a burst of NACKs costs one resend.
         if grp.acked || grp.inflight == 0 || grp.nack_resend_ns.is_some_and(|t| now < t + self.cfg.rto_ns / 2) {
             return;
         }
-        self.tx.get_mut(slot).groups.get_mut(g).expect("live").nack_resend_ns = Some(now);
+        self.send.tx.get_mut(slot).groups.get_mut(g).expect("live").nack_resend_ns = Some(now);
         if let Err(st) = self.resend_group(hal, slot, g, mask) {
             return self.finish_tx(hal, now, slot, st);
         }
@@ -983,13 +983,13 @@ impl Nic {
     /// The receiver is alive but had no buffer for the message: resend
     /// after a delay, without counting it as a lost attempt.
     fn on_not_ready<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, slot: u32, g: u32) {
-        let seq = self.tx.get(slot).expect("live").seq;
-        if let Some(refused) = self.peer(peer).not_to_send {
+        let seq = self.send.tx.get(slot).expect("live").seq;
+        if let Some(refused) = self.send.peer(peer).not_to_send {
             if seq_lt(refused, seq) {
                 return; // Already rewound behind the refused message.
             }
         }
-        let m = self.tx.get_mut(slot);
+        let m = self.send.tx.get_mut(slot);
         m.rnr_retries += 1;
         m.rnr_waiting = true;
         if self.cfg.rnr_retry_limit != 0 && m.rnr_retries > self.cfg.rnr_retry_limit {
@@ -1005,10 +1005,10 @@ impl Nic {
             self.arm_group(now, slot, g, Some(delay));
         }
         if self.cfg.flow_control == FlowControl::ModifiedAckNack && g == 0 {
-            self.peer_mut(peer).not_to_send = Some(seq);
+            self.send.peer_mut(peer).not_to_send = Some(seq);
             self.rewind_after(peer, seq);
         }
-        let port = self.tx.get(slot).expect("live").port;
+        let port = self.send.tx.get(slot).expect("live").port;
         if self.ports[port as usize].suspended {
             self.rewind_refused(slot);
             self.rewind_blocked(peer);
@@ -1022,7 +1022,7 @@ impl Nic {
     /// nothing of it (a late duplicate it took is deduplicated by sequence
     /// number when the message comes again).
     pub(crate) fn rewind_refused(&mut self, slot: u32) {
-        if self.tx.get(slot).is_some_and(|m| m.rnr_waiting && m.rewindable_unacked()) {
+        if self.send.tx.get(slot).is_some_and(|m| m.rnr_waiting && m.rewindable_unacked()) {
             self.rewind_to_start(slot);
         }
     }
@@ -1033,9 +1033,9 @@ impl Nic {
     /// they are rewound too, rather than retransmitted until they fail.
     pub(crate) fn rewind_blocked(&mut self, peer: u32) {
         let mut blocked = false;
-        for qi in 0..self.peer(peer).tx_queue.len() {
-            let s = self.peer(peer).tx_queue[qi];
-            let m = self.tx.get(s).expect("queued");
+        for qi in 0..self.send.peer(peer).tx_queue.len() {
+            let s = self.send.peer(peer).tx_queue[qi];
+            let m = self.send.tx.get(s).expect("queued");
             if m.next_frame == 0 {
                 blocked = true;
             } else if blocked && m.rewindable_unacked() {
@@ -1045,7 +1045,7 @@ impl Nic {
     }
 
     fn rewind_to_start(&mut self, slot: u32) {
-        let m = self.tx.get_mut(slot);
+        let m = self.send.tx.get_mut(slot);
         let mut freed = 0;
         for g in m.groups.live() {
             let grp = m.groups.get_mut(g).expect("live");
@@ -1056,7 +1056,7 @@ impl Nic {
         m.next_frame = 0;
         m.rnr_waiting = false;
         let peer = m.peer;
-        self.peer_mut(peer).inflight_frames -= freed;
+        self.send.peer_mut(peer).inflight_frames -= freed;
         self.mark_ready(peer);
     }
 
@@ -1065,12 +1065,12 @@ impl Nic {
     /// unacknowledged group once the refused one is accepted.
     fn rewind_after(&mut self, peer: u32, seq: u32) {
         let gs = self.cfg.group_size;
-        for qi in 0..self.peer(peer).tx_queue.len() {
-            let s = self.peer(peer).tx_queue[qi];
-            if !seq_lt(seq, self.tx.get(s).expect("queued").seq) {
+        for qi in 0..self.send.peer(peer).tx_queue.len() {
+            let s = self.send.peer(peer).tx_queue[qi];
+            if !seq_lt(seq, self.send.tx.get(s).expect("queued").seq) {
                 continue;
             }
-            let m = self.tx.get_mut(s);
+            let m = self.send.tx.get_mut(s);
             let mut freed = 0;
             for g in m.groups.live() {
                 let grp = m.groups.get_mut(g).expect("live");
@@ -1084,7 +1084,7 @@ impl Nic {
             m.inflight_frames -= freed;
             // The oldest unacknowledged group is the first to go again.
             m.next_frame = m.next_frame.min(m.groups.una() * gs);
-            self.peer_mut(peer).inflight_frames -= freed;
+            self.send.peer_mut(peer).inflight_frames -= freed;
         }
     }
 
@@ -1092,7 +1092,7 @@ impl Nic {
     pub(crate) fn finish_tx<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, status: Status) {
         // What the report needs is taken out and the record dropped where
         // it is: moving a whole record out of its table costs a copy.
-        let m = self.tx.get_mut(slot);
+        let m = self.send.tx.get_mut(slot);
         let (window, used) = m.groups.take_slots();
         let (peer, seq, inflight, port) = (m.peer, m.seq, m.inflight_frames, m.port);
         let done = match (m.coll.take(), m.rma) {
@@ -1104,9 +1104,9 @@ impl Nic {
                 TxDone::Send(c)
             }
         };
-        self.tx.free(slot);
-        self.tx_rings.give(window, used);
-        let p = self.peer_mut(peer);
+        self.send.tx.free(slot);
+        self.send.tx_rings.give(window, used);
+        let p = self.send.peer_mut(peer);
         p.inflight_frames -= inflight;
         crate::slots::remove_once(&mut p.tx_queue, slot);
         if p.not_to_send == Some(seq) {

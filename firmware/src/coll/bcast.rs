@@ -103,7 +103,7 @@ impl Nic {
         if rel == 0 || g.parent(tree, rel) != Some(rel_rank(ch.sender, root, g.n)) || again {
             return Err(NackReason::CollMismatch);
         }
-        if self.rx.is_full() || wire::frames_for(msg.total_len, self.mtu) != hdr.frame_count as u64 {
+        if self.recv.rx.is_full() || wire::frames_for(msg.total_len, self.mtu) != hdr.frame_count as u64 {
             return Err(NackReason::NoMatch);
         }
         Ok(())
@@ -151,11 +151,11 @@ impl Nic {
         // Only this op's own forwarding records (a finished one's slot may
         // hold another message by now).
         for t in self.coll_ops.get(op).expect("live").state.fwd().to_vec() {
-            let Some(m) = self.tx.get(t) else { continue };
+            let Some(m) = self.send.tx.get(t) else { continue };
             let ours = m.coll.as_ref().is_some_and(|c| c.op == op && c.op_stamp == stamp);
             if ours && m.limit < contig {
                 let peer = m.peer;
-                self.tx.get_mut(t).limit = contig;
+                self.send.tx.get_mut(t).limit = contig;
                 self.mark_ready(peer);
             }
         }
@@ -188,7 +188,7 @@ impl Nic {
             u32::MAX
         } else {
             // Frames already here (the receive record, or all of them).
-            b.rx.and_then(|r| self.rx.get(r)).map_or(if b.rx_done { u32::MAX } else { 0 }, |m| m.contig)
+            b.rx.and_then(|r| self.recv.rx.get(r)).map_or(if b.rx_done { u32::MAX } else { 0 }, |m| m.contig)
         };
         loop {
             let dest = self.coll_ops.get(op).expect("live").state.fwd().len() as u32;

@@ -119,7 +119,7 @@ impl Nic {
         data_off: u64,
         out: &mut [u8],
     ) -> Result<(), Status> {
-        let m = self.tx.get(tx).expect("live");
+        let m = self.send.tx.get(tx).expect("live");
         let c = m.coll.as_ref().expect("collective message");
         let CollData::Host { dest } = c.data else { unreachable!("host data only") };
         let (op, stamp, port, desc) = (c.op, c.op_stamp, m.port, m.desc);
@@ -151,7 +151,7 @@ impl Nic {
             let needs = match fwd.get(d as usize) {
                 None => true,
                 // The slot may hold another message by now.
-                Some(&t) => self.tx.get(t).is_some_and(|m| {
+                Some(&t) => self.send.tx.get(t).is_some_and(|m| {
                     m.coll.as_ref().is_some_and(|c| {
                         c.op == op && c.op_stamp == o.stamp && matches!(c.data, CollData::Host { dest } if dest == d)
                     }) && m.next_frame <= f

@@ -653,7 +653,7 @@ impl Nic {
         data: CollData,
         limit: u32,
     ) -> Result<Option<u32>, Status> {
-        if self.tx.is_full() {
+        if self.send.tx.is_full() {
             self.coll_ops.get_mut(op).stalled = true;
             self.coll_stalled = true;
             return Ok(None);
@@ -750,7 +750,7 @@ impl Nic {
         }
         let stalled: Vec<u32> = self.coll_ops.iter().filter(|(_, o)| o.stalled).map(|(s, _)| s).collect();
         for op in stalled {
-            if self.tx.is_full() {
+            if self.send.tx.is_full() {
                 break;
             }
             self.coll_progress(hal, now, op);
@@ -815,6 +815,7 @@ impl Nic {
             // Failed first, so finishing its messages cannot start new ones.
             self.coll_ops.get_mut(op).error.get_or_insert(status);
             let rxs: Vec<u32> = self
+                .recv
                 .rx
                 .iter()
                 .filter(|(_, m)| m.owner == crate::rx::RxOwner::Bcast { op, stamp })
@@ -830,6 +831,7 @@ impl Nic {
             }
             let early = self.coll_ops.get(op).expect("live").desc.is_none();
             let txs: Vec<u32> = self
+                .send
                 .tx
                 .iter()
                 .filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == op && c.op_stamp == stamp))
@@ -860,13 +862,12 @@ impl Nic {
     /// ask their senders to resend at once instead of after their backoff.
     pub(crate) fn coll_kick<H: Hal>(&mut self, hal: &mut H, port: u16) {
         let refused: Vec<(u32, u32)> = self
-            .peers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| {
-                let p = p.as_ref()?;
-                (p.port == port && p.rnr_coll && p.rnr_seq == Some(p.rx_expected)).then_some((i as u32, p.rx_expected))
+            .live_peers()
+            .filter(|&(i, p)| {
+                let r = self.recv.peer(i);
+                p.port == port && r.rnr_coll && r.rnr_seq == Some(r.rx_expected)
             })
+            .map(|(i, _)| (i, self.recv.peer(i).rx_expected))
             .collect();
         for (peer, seq) in refused {
             self.send_nack(hal, peer, seq, 0, 1, NackReason::Loss);
@@ -885,7 +886,7 @@ impl Nic {
         }
         // Internal messages by (op, stamp), in one pass over the send table.
         let queued: Vec<(u32, u32)> =
-            self.tx.iter().filter_map(|(_, m)| m.coll.as_ref().map(|c| (c.op, c.op_stamp))).collect();
+            self.send.tx.iter().filter_map(|(_, m)| m.coll.as_ref().map(|c| (c.op, c.op_stamp))).collect();
         for (s, o) in self.coll_ops.iter() {
             let g = self.groups.get(o.group).ok_or_else(|| format!("coll op {s} of a free group slot {}", o.group))?;
             if g.port != o.port {

@@ -132,7 +132,11 @@ impl Nic {
             return Some(why);
         }
         let ours = |c: &CollTx| c.op == RBCAST_OP && c.op_stamp == rb.stamp;
-        self.tx.iter().any(|(_, m)| m.coll.as_ref().is_some_and(|c| ours(c))).then_some("a reliable copy is queued")
+        self.send
+            .tx
+            .iter()
+            .any(|(_, m)| m.coll.as_ref().is_some_and(|c| ours(c)))
+            .then_some("a reliable copy is queued")
     }
 
     /// Receives the host posted for group `slot`'s broadcasts (descriptors
@@ -221,6 +225,7 @@ impl Nic {
             self.complete(hal, port, Completion::of(&ld, Opcode::Rbcast, status));
         }
         let ours: Vec<u32> = self
+            .send
             .tx
             .iter()
             .filter(|(_, m)| m.coll.as_ref().is_some_and(|c| c.op == RBCAST_OP && c.op_stamp == rb.stamp))
@@ -510,7 +515,7 @@ impl Nic {
     /// transmission record or peer (retried when a record frees:
     /// [`Nic::rbcast_unstall`]).
     fn rbcast_send_p2p(&mut self, now: u64, slot: u32, e: usize, to: u16, coroot: u16) -> bool {
-        if self.tx.is_full() {
+        if self.send.tx.is_full() {
             self.rbcast_stalled = true;
             return false;
         }
