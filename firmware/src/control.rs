@@ -16,7 +16,6 @@ use emp_uapi::seq_lt;
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, AckBody, FrameHeader, FrameKind, NackReason};
 
-use crate::timer::Timer;
 use crate::{Hal, Nic};
 
 impl Nic {
@@ -95,10 +94,7 @@ impl Nic {
             p.ack_queued = true;
             let due = now + self.cfg.ack_delay_ns;
             self.recv.ack_due.push_back((due, peer));
-            if !self.recv.ack_timer_armed {
-                self.recv.ack_timer_armed = true;
-                self.arm_timer(due, Timer::AckFlush);
-            }
+            self.recv.ack_flush_at.get_or_insert(due);
         }
     }
 
@@ -111,13 +107,14 @@ impl Nic {
         }
     }
 
-    /// The `AckFlush` timer: sends every coalesced ACK that fell due.
+    /// The ACK-flush timer (`RecvSide::ack_flush_at`): sends every
+    /// coalesced ACK that fell due.
     pub(crate) fn on_ack_flush<H: Hal>(&mut self, hal: &mut H, now: u64) {
-        self.recv.ack_timer_armed = false;
+        self.recv.ack_flush_at = None;
         while let Some(&(due, peer)) = self.recv.ack_due.front() {
             if due > now {
-                self.recv.ack_timer_armed = true;
-                return self.arm_timer(due, Timer::AckFlush);
+                self.recv.ack_flush_at = Some(due);
+                return;
             }
             self.recv.ack_due.pop_front();
             if self.peers[peer as usize].is_some() {

@@ -665,12 +665,13 @@ pub(crate) struct RecvSide {
     /// Peers owing a coalesced ACK, with when it is due, oldest first
     /// (each peer at most once: `PeerRecv::ack_queued`; bounded by the table).
     pub(crate) ack_due: VecDeque<(u64, u32)>,
-    /// The `AckFlush` timer is armed.
-    pub(crate) ack_timer_armed: bool,
+    /// When the coalesced ACKs' timer fires (`Nic::on_ack_flush`), if armed.
+    pub(crate) ack_flush_at: Option<u64>,
     /// Some sender was told `FC_STOP` and waits for an update.
     pub(crate) fc_updates_owed: bool,
-    /// An RxSweep timer is armed.
-    pub(crate) sweep_armed: bool,
+    /// When the sweep for idle partial receives runs (`Nic::on_rx_sweep`),
+    /// if armed: while any receive record is live.
+    pub(crate) sweep_at: Option<u64>,
     /// Last DATA-frame decisions (seq, frame index, rx_expected, outcome),
     /// for diagnosis (`describe_peers`).
     pub(crate) trace: VecDeque<(u32, u32, u32, rx::RxTrace)>,
@@ -691,10 +692,31 @@ impl RecvSide {
             unexp: slots::Slots::new(pool_slots + cfg.unexp_headers),
             rdv_held: 0,
             ack_due: VecDeque::with_capacity(cfg.peers_max as usize),
-            ack_timer_armed: false,
+            ack_flush_at: None,
             fc_updates_owed: false,
-            sweep_armed: false,
+            sweep_at: None,
             trace: VecDeque::with_capacity(32),
+        }
+    }
+
+    /// The receive side's next timer: the ACK flush or the sweep.
+    fn next_deadline(&self) -> Option<u64> {
+        match (self.ack_flush_at, self.sweep_at) {
+            (Some(a), Some(s)) => Some(a.min(s)),
+            (a, s) => a.or(s),
+        }
+    }
+
+    /// Disarms and returns the receive side's timer due first if it is due
+    /// by `now` and before `before` (the other timers' next deadline).
+    fn take_expired(&mut self, now: u64, before: Option<u64>) -> Option<RecvTimer> {
+        let at = self.next_deadline().filter(|&at| at <= now && before.is_none_or(|b| at < b))?;
+        if self.ack_flush_at == Some(at) {
+            self.ack_flush_at = None;
+            Some(RecvTimer::AckFlush)
+        } else {
+            self.sweep_at = None;
+            Some(RecvTimer::Sweep)
         }
     }
 
@@ -710,6 +732,13 @@ impl RecvSide {
     pub(crate) fn peer_mut(&mut self, i: u32) -> &mut PeerRecv {
         &mut self.peers[i as usize]
     }
+}
+
+/// The receive side's two timers: one deadline each, not a heap entry.
+#[derive(Clone, Copy, Debug)]
+enum RecvTimer {
+    AckFlush,
+    Sweep,
 }
 
 /// Everything the control program holds.
@@ -844,14 +873,14 @@ impl Nic {
             rma_reads: slots::Slots::new(cfg.rma_reads_max),
             // Live timers: one per live group of every send record, one
             // per atomic request, one per read, one flow-control probe per
-            // peer, the receive sweep and the ACK flush.
+            // peer, one per reliable-broadcast group (the receive side's
+            // two are its own: `RecvSide::next_deadline`).
             timers: TimerHeap::with_capacity(
                 cfg.tx_max as usize * cfg.window_groups() as usize
                     + cfg.atomic_max as usize
                     + cfg.rma_reads_max as usize
                     + cfg.peers_max as usize
-                    + layout.params.group_entries as usize
-                    + 2,
+                    + layout.params.group_entries as usize,
             ),
             mr_cursors: mr::CursorCache::new(layout.params.mr_entries),
             mr_entries: mr::EntryCache::new(),
@@ -1101,13 +1130,20 @@ impl Nic {
     /// Time passed: fire expired timers (no-op when nothing expired).
     pub fn handle_timeout<H: Hal>(&mut self, hal: &mut H, now: u64) {
         self.cpu = 0;
-        while let Some(t) = self.timers.pop_expired(now) {
+        loop {
+            // In deadline order across both stores (ties: the heap's first).
+            if let Some(t) = self.recv.take_expired(now, self.timers.next_deadline()) {
+                match t {
+                    RecvTimer::AckFlush => self.on_ack_flush(hal, now),
+                    RecvTimer::Sweep => self.on_rx_sweep(hal, now),
+                }
+                continue;
+            }
+            let Some(t) = self.timers.pop_expired(now) else { break };
             match t {
                 timer::Timer::Group { slot, group, stamp } => self.on_group_timeout(hal, now, slot, group, stamp),
-                timer::Timer::RxSweep => self.on_rx_sweep(hal, now),
                 timer::Timer::Atomic { slot, stamp } => self.on_atomic_timeout(hal, now, slot, stamp),
                 timer::Timer::RmaRead { slot, stamp } => self.on_read_timeout(hal, now, slot, stamp),
-                timer::Timer::AckFlush => self.on_ack_flush(hal, now),
                 timer::Timer::FcProbe { peer } => self.on_fc_probe(peer),
                 timer::Timer::Rbcast { group, stamp } => self.rbcast_tick(hal, now, group, stamp),
             }
@@ -1136,10 +1172,8 @@ impl Nic {
             timer::Timer::Group { slot, group, stamp } => {
                 self.send.tx.get(slot).and_then(|m| m.groups.get(group)).is_some_and(|g| g.stamp == stamp)
             }
-            timer::Timer::RxSweep => true,
             timer::Timer::Atomic { slot, stamp } => self.atomics.get(slot).is_some_and(|a| a.stamp == stamp),
             timer::Timer::RmaRead { slot, stamp } => self.rma_reads.get(slot).is_some_and(|r| r.timer == stamp),
-            timer::Timer::AckFlush => true,
             timer::Timer::FcProbe { peer } => self.peer_live(peer) && self.send.peer(peer).fc_level == wire::FC_STOP,
             timer::Timer::Rbcast { group, stamp } => self.rbcast_timer_live(group, stamp),
         }
@@ -1148,7 +1182,10 @@ impl Nic {
     /// Earliest time `handle_timeout` has work (may be early: a spurious
     /// call is a no-op).
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.timers.next_deadline()
+        match (self.timers.next_deadline(), self.recv.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Counters (also published in the SRAM header).
@@ -1275,7 +1312,10 @@ impl Nic {
                 }
             }
         }
-        if !self.recv.ack_due.is_empty() && !self.recv.ack_timer_armed {
+        if self.recv.rx.used() > 0 && self.recv.sweep_at.is_none() {
+            return Err(format!("{} receive records and no sweep for idle ones", self.recv.rx.used()));
+        }
+        if !self.recv.ack_due.is_empty() && self.recv.ack_flush_at.is_none() {
             return Err(format!("{} coalesced ACKs due and no AckFlush timer", self.recv.ack_due.len()));
         }
         if tx_seen != self.send.tx.used() {

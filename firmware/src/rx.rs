@@ -21,7 +21,6 @@ use emp_uapi::{seq_le, seq_lt, Le};
 
 use crate::host::Completion;
 use crate::mr::Buf;
-use crate::timer::Timer;
 use crate::{FlowControl, Hal, LocalDesc, MatchMode, Nic};
 
 /// Who a receive record reports to when it finishes. The receive path
@@ -713,10 +712,7 @@ impl Nic {
 
     /// Partially received messages are swept for idleness while any exists.
     pub(crate) fn arm_rx_sweep(&mut self, now: u64) {
-        if !self.recv.sweep_armed {
-            self.recv.sweep_armed = true;
-            self.arm_timer(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
-        }
+        self.recv.sweep_at.get_or_insert(now + self.cfg.rx_idle_timeout_ns / 4);
     }
 
     /// May a receive be posted now? One that matches a retained header
@@ -1189,10 +1185,7 @@ impl Nic {
                 self.finish_rx(hal, now, r, Some(Status::SenderAborted));
             }
         }
-        self.recv.sweep_armed = self.recv.rx.used() > 0;
-        if self.recv.sweep_armed {
-            self.arm_timer(now + self.cfg.rx_idle_timeout_ns / 4, Timer::RxSweep);
-        }
+        self.recv.sweep_at = (self.recv.rx.used() > 0).then_some(now + self.cfg.rx_idle_timeout_ns / 4);
     }
 }
 

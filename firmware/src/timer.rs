@@ -11,7 +11,7 @@
 //! each way) instead of the min-heap, which keeps the rest (backed-off
 //! retransmissions, ACK flushes, probes). An entry joins the lane whose
 //! last deadline is the latest not after its own (patience sorting), so a
-//! timer armed further out now and then (the receive sweep, a keepalive)
+//! timer armed further out now and then (a remote read's response, a keepalive)
 //! takes a lane of its own instead of sending every retransmission timer
 //! after it to the heap. Popping takes the least of the fronts. Timers due
 //! at the same time fire in the order they were armed (each entry carries
@@ -25,14 +25,10 @@ use std::collections::{BinaryHeap, VecDeque};
 pub enum Timer {
     /// Retransmission timer of group `group` of tx record `slot`.
     Group { slot: u32, group: u32, stamp: u32 },
-    /// Periodic sweep for partially received messages that went idle.
-    RxSweep,
     /// Retransmission timer of remote atomic request `slot`.
     Atomic { slot: u32, stamp: u32 },
     /// Response timer of remote read `slot`.
     RmaRead { slot: u32, stamp: u32 },
-    /// Coalesced ACKs fall due (`Nic::ack_due`).
-    AckFlush,
     /// Peer `peer` was told to stop sending: it may probe now.
     FcProbe { peer: u32 },
     /// Reliable-broadcast timer of group slot `group` (`rbcast/`).
@@ -189,7 +185,11 @@ mod tests {
                         arm(&mut ours, &mut plain, now + 1_000, t);
                     }
                     6 | 7 => {
-                        let t = if next() % 2 == 0 { Timer::AckFlush } else { Timer::FcProbe { peer: i % 3 } };
+                        let t = if next() % 2 == 0 {
+                            Timer::Atomic { slot: i % 5, stamp: i }
+                        } else {
+                            Timer::FcProbe { peer: i % 3 }
+                        };
                         let d = now + next() % 3_000;
                         arm(&mut ours, &mut plain, d, t);
                     }
@@ -222,7 +222,7 @@ mod tests {
     }
 
     /// Retransmission timers armed at now + RTO, with a timer further out
-    /// now and then (the receive sweep): none goes to the heap.
+    /// now and then (a remote read's response timer): none goes to the heap.
     #[test]
     fn a_timer_further_out_does_not_send_the_rest_to_the_heap() {
         let mut t = TimerHeap::with_capacity(4096);
@@ -231,7 +231,7 @@ mod tests {
             now += 10;
             t.arm(now + 1_000, Timer::Group { slot: i % 64, group: 0, stamp: i });
             if i % 1_000 == 0 {
-                t.arm(now + 50_000, Timer::RxSweep);
+                t.arm(now + 50_000, Timer::RmaRead { slot: 0, stamp: i });
             }
             while t.pop_expired(now).is_some() {
                 popped += 1;
