@@ -588,7 +588,7 @@ impl Nic {
             return Some("a remote read or atomic is outstanding");
         }
         let rb_posted: usize = self.groups_of(port).into_iter().map(|s| self.rbcast_posted(s)).sum();
-        if st.outstanding != recv.posted.len() as u32 + tx + posted_ops + rb_posted as u32 {
+        if self.cqs.ports[port as usize].outstanding != recv.posted.len() as u32 + tx + posted_ops + rb_posted as u32 {
             return Some("a descriptor is outstanding");
         }
         None
@@ -721,7 +721,7 @@ impl Nic {
         out.extend_from_slice(&st.cq_key.to_le_bytes());
         out.extend_from_slice(&st.cq_entries.to_le_bytes());
         out.extend_from_slice(&st.cq_offset.to_le_bytes());
-        for v in [st.cq_prod, cq_cons, ss.cons, send_prod, rs.cons, recv_prod] {
+        for v in [self.cqs.ports[port as usize].prod, cq_cons, ss.cons, send_prod, rs.cons, recv_prod] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         let n_stored = ss.stored.len() + rs.stored.len();
@@ -862,8 +862,8 @@ impl Nic {
         self.free_peers_of(port);
         self.recv.ports[port as usize].posted.clear();
         self.forget_stored(port);
+        self.cqs.ports[port as usize].outstanding = 0;
         let st = &mut self.ports[port as usize];
-        st.outstanding = 0;
         st.open = false;
         st.suspended = false;
         self.parked.push(Parked { addr: st.addr, gen: st.gen, expected });
@@ -1155,10 +1155,10 @@ impl Nic {
             st.cq_key = img.cq_key;
             st.cq_offset = img.cq_offset;
             st.cq_entries = img.cq_entries;
-            st.cq_prod = img.cq_prod;
-            st.outstanding = outstanding;
             st.mode = img.mode;
         }
+        let cq = &mut self.cqs.ports[slot as usize];
+        (cq.prod, cq.outstanding) = (img.cq_prod, outstanding);
         self.send.ports[slot as usize].cons = img.send.0;
         self.recv.ports[slot as usize].cons = img.recv.0;
         self.recv.ports[slot as usize].posted = VecDeque::from(img.posted);

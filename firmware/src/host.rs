@@ -141,13 +141,13 @@ impl Nic {
             st.cq_key = cq_key as u32;
             st.cq_offset = cq_offset;
             st.cq_entries = cq_entries as u32;
-            st.cq_prod = 0;
-            st.outstanding = 0;
             st.mode = mode;
             st.addr = addr;
             st.suspended = false;
             st.gen
         };
+        let cq = &mut self.cqs.ports[p as usize];
+        (cq.prod, cq.outstanding) = (0, 0);
         // Nothing stored by an earlier job in this slot runs.
         self.forget_stored(p);
         // The trusted side zeroed the host-written words before opening.
@@ -215,7 +215,7 @@ impl Nic {
         self.unexp_flush_port(port);
         self.free_peers_of(port);
         self.mcast_leave_all(hal, port);
-        debug_assert_eq!(self.ports[port as usize].outstanding, 0);
+        debug_assert_eq!(self.cqs.ports[port as usize].outstanding, 0);
         let st = &mut self.ports[port as usize];
         st.open = false;
         st.suspended = false;
@@ -230,12 +230,10 @@ impl Nic {
     /// host only moves it forward, so room it shows is there, and the
     /// index is read again only when it shows none.
     fn cq_has_room<H: Hal>(&self, hal: &mut H, port: u16, seen: &mut Option<u32>) -> bool {
-        let st = &self.ports[port as usize];
+        let (cq, entries) = (&self.cqs.ports[port as usize], self.ports[port as usize].cq_entries);
         // A host that wrote a consumer index ahead of the producer gets no room.
-        let room = |cons| {
-            ring::plausible(st.cq_prod, cons, st.cq_entries)
-                && ring::used(st.cq_prod, cons) + st.outstanding < st.cq_entries
-        };
+        let room =
+            |cons| ring::plausible(cq.prod, cons, entries) && ring::used(cq.prod, cons) + cq.outstanding < entries;
         if seen.is_some_and(room) {
             return true;
         }
@@ -349,7 +347,7 @@ impl Nic {
             if send { &mut self.send.ports[port as usize].cons } else { &mut self.recv.ports[port as usize].cons };
         let off = w.ring_slot(send, *cons);
         *cons = cons.wrapping_add(1);
-        self.ports[port as usize].outstanding += 1;
+        self.cqs.ports[port as usize].outstanding += 1;
         let mut b = [0u8; WorkDesc::SIZE];
         let (head, rest) = b.split_at_mut(START_BYTES);
         hal.sram_read(off, head);
@@ -464,17 +462,17 @@ impl Nic {
             return;
         }
         self.advance_cq(hal, port);
-        let st = &mut self.ports[port as usize];
-        if !st.cq_written {
-            st.cq_written = true;
-            self.cq_written.push(port);
+        let cq = &mut self.cqs.ports[port as usize];
+        if !cq.written {
+            cq.written = true;
+            self.cqs.written.push(port);
         }
     }
 
     /// Offset of the CQ's next slot on `port` in the CQ's region.
     fn cq_slot_offset(&self, port: u16) -> u64 {
         let st = &self.ports[port as usize];
-        st.cq_offset + ring::slot(st.cq_prod, st.cq_entries) as u64 * Cqe::SIZE as u64
+        st.cq_offset + ring::slot(self.cqs.ports[port as usize].prod, st.cq_entries) as u64 * Cqe::SIZE as u64
     }
 
     /// Releases a finished descriptor's CQ reservation and builds its CQE
@@ -482,17 +480,16 @@ impl Nic {
     /// unsignaled success).
     fn next_cqe<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) -> Option<Cqe> {
         hal.cpu_step(self.cpu, crate::CpuStep::Complete, false);
-        let st = &mut self.ports[port as usize];
-        debug_assert!(st.outstanding > 0, "completion without a consumed descriptor");
-        st.outstanding = st.outstanding.saturating_sub(1);
+        let cq = &mut self.cqs.ports[port as usize];
+        debug_assert!(cq.outstanding > 0, "completion without a consumed descriptor");
+        cq.outstanding = cq.outstanding.saturating_sub(1);
         if c.status != Status::Success {
             self.count(counter::MSGS_FAILED, 1);
         }
         if !c.signaled && c.status == Status::Success {
             return None;
         }
-        let st = &self.ports[port as usize];
-        let (entries, prod) = (st.cq_entries, st.cq_prod);
+        let (entries, prod) = (self.ports[port as usize].cq_entries, self.cqs.ports[port as usize].prod);
         let cqe = Cqe {
             wr_id: c.wr_id,
             tag: c.tag,
@@ -512,9 +509,9 @@ impl Nic {
 
     /// The CQ's next slot is written: it is the host's.
     fn advance_cq<H: Hal>(&mut self, hal: &mut H, port: u16) {
-        let st = &mut self.ports[port as usize];
-        st.cq_prod = st.cq_prod.wrapping_add(1);
-        let prod = st.cq_prod;
+        let cq = &mut self.cqs.ports[port as usize];
+        cq.prod = cq.prod.wrapping_add(1);
+        let prod = cq.prod;
         sram_put_u32(hal, self.layout.port(port).ctl(ctl::CQ_PROD), prod);
     }
 

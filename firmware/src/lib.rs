@@ -557,17 +557,18 @@ impl LocalDesc {
     }
 }
 
-/// Per-port state.
+/// Per-port state both sides read: set when the port opens, suspends,
+/// resumes or closes (admin commands), read-only between them. What each
+/// side changes as it runs is in its own part ([`PortSend`], [`PortRecv`],
+/// [`PortCq`]).
 #[derive(Debug)]
 pub(crate) struct Port {
     pub open: bool,
     pub gen: u16,
+    /// The CQ: its memory region, offset in it, and size.
     pub cq_key: u32,
     pub cq_offset: u64,
     pub cq_entries: u32,
-    pub cq_prod: u32,
-    /// Descriptors consumed and not yet completed (CQ space is reserved for them).
-    pub outstanding: u32,
     /// What a message no posted receive matches gets.
     pub mode: MatchMode,
     /// The port number peers address it by (`FrameHeader::{src,dst}_port`):
@@ -577,9 +578,27 @@ pub(crate) struct Port {
     /// Suspended for a context switch (C1): consumes no descriptor, starts
     /// no message, refuses new messages.
     pub suspended: bool,
+}
+
+/// A port's CQ as its producer keeps it. Both sides complete descriptors
+/// into it: under DSR, this is what takes the semaphore (docs/nic-cpus.md).
+#[derive(Debug, Default)]
+pub(crate) struct PortCq {
+    pub prod: u32,
+    /// Descriptors consumed and not yet completed (CQ space is reserved for them).
+    pub outstanding: u32,
     /// A completion was written this call: the ARM word is read once, as
     /// the call ends (`Nic::publish`).
-    pub cq_written: bool,
+    pub written: bool,
+}
+
+/// Every port's CQ producer, and the ports written to this call.
+#[derive(Debug)]
+pub(crate) struct Cqs {
+    pub(crate) ports: Vec<PortCq>,
+    /// Ports whose CQ got an entry this call, each once (`PortCq::written`;
+    /// bounded by the ports).
+    pub(crate) written: Vec<u16>,
 }
 
 /// The send side's part of a port: its send ring.
@@ -800,9 +819,8 @@ pub struct Nic {
     pub(crate) parked: Vec<ctxsw::Parked>,
     /// Why the last restore refused its image (diagnosis).
     pub(crate) restore_refusal: Option<&'static str>,
-    /// Ports whose CQ got an entry this call, each once
-    /// (`Port::cq_written`; bounded by the ports).
-    pub(crate) cq_written: Vec<u16>,
+    /// The CQs' producer state.
+    pub(crate) cqs: Cqs,
     /// Reliable-broadcast state per group slot.
     pub(crate) rbcast: Vec<Option<rbcast::RbGroupState>>,
     /// Groups whose port could not join their multicast address.
@@ -851,12 +869,9 @@ impl Nic {
                 cq_key: 0,
                 cq_offset: 0,
                 cq_entries: 0,
-                cq_prod: 0,
-                outstanding: 0,
                 mode: cfg.matching,
                 addr: i,
                 suspended: false,
-                cq_written: false,
             })
             .collect();
         let nic = Nic {
@@ -903,7 +918,10 @@ impl Nic {
             mcast: mcast::Mcast::default(),
             parked: Vec::with_capacity(ctxsw::PARKED_MAX),
             restore_refusal: None,
-            cq_written: Vec::with_capacity(layout.params.ports as usize),
+            cqs: Cqs {
+                ports: (0..layout.params.ports).map(|_| PortCq::default()).collect(),
+                written: Vec::with_capacity(layout.params.ports as usize),
+            },
             rbcast: (0..layout.params.group_entries).map(|_| None).collect(),
             rbcast_join_failed: 0,
             rbcast_frame: vec![0; MTU_MAX as usize],
@@ -1225,14 +1243,14 @@ impl Nic {
     pub fn describe_peers(&self) -> String {
         let mut s = String::new();
         for (i, p) in self.ports.iter().enumerate().filter(|(_, p)| p.open) {
-            let (send, recv) = (&self.send.ports[i], &self.recv.ports[i]);
+            let (send, recv, cq) = (&self.send.ports[i], &self.recv.ports[i], &self.cqs.ports[i]);
             s += &format!(
                 "  port {i}: send_cons {} recv_cons {} cq_prod {}/{} outstanding {} posted {} unexpected {} ({})\n",
                 send.cons,
                 recv.cons,
-                p.cq_prod,
+                cq.prod,
                 p.cq_entries,
-                p.outstanding,
+                cq.outstanding,
                 recv.posted.len(),
                 recv.unexpected.len(),
                 p.mode.name()
@@ -1358,17 +1376,16 @@ impl Nic {
     pub(crate) fn publish<H: Hal>(&mut self, hal: &mut H) {
         // The ARM word shares its cache line with the words the host writes
         // as it posts and consumes: read per port per call, not per entry.
-        let mut written = core::mem::take(&mut self.cq_written);
+        let mut written = core::mem::take(&mut self.cqs.written);
         for &port in &written {
-            let st = &mut self.ports[port as usize];
-            st.cq_written = false;
+            self.cqs.ports[port as usize].written = false;
             // A port closed meanwhile has no host waiting on it.
-            if st.open {
+            if self.ports[port as usize].open {
                 crate::cpu::raise_if_armed(hal, self.layout.port(port).ctl(ctl::ARM), port);
             }
         }
         written.clear();
-        self.cq_written = written;
+        self.cqs.written = written;
         if self.counters_dirty == 0 {
             return;
         }
