@@ -89,8 +89,7 @@ impl Nic {
                     // Jobs name host memory by the translations of when
                     // they were queued: none may outlive the fence.
                     self.drain_jobs(hal);
-                    self.mr_cursors.invalidate(mb.args[0] as usize);
-                    self.mr_entries.invalidate(mb.args[0] as usize);
+                    self.mr_invalidate(mb.args[0] as usize);
                     admin_result::OK
                 } else {
                     admin_result::BAD_ARG

@@ -671,6 +671,8 @@ pub(crate) struct RecvSide {
     pub(crate) peers: Vec<PeerRecv>,
     /// Receive halves of the ports, by port slot.
     pub(crate) ports: Vec<PortRecv>,
+    /// The receive side's MR cache.
+    pub(crate) mr: mr::MrCache,
     /// The receive records.
     pub(crate) rx: rx::RxTable,
     /// Group windows of the receive records (one per `rx` slot).
@@ -698,13 +700,15 @@ pub(crate) struct RecvSide {
 
 impl RecvSide {
     /// `pool_slots`: the eager pool's (or overflow buffer's) slots.
-    fn new(cfg: &Config, ports: u16, pool_slots: u32) -> RecvSide {
+    fn new(cfg: &Config, layout: &Layout, pool_slots: u32) -> RecvSide {
+        let ports = layout.params.ports;
         let unexpected = (pool_slots + cfg.unexp_headers) as usize;
         RecvSide {
             peers: (0..cfg.peers_max).map(|_| PeerRecv::new(0, 0)).collect(),
             ports: (0..ports)
                 .map(|_| PortRecv { unexpected: VecDeque::with_capacity(unexpected), ..Default::default() })
                 .collect(),
+            mr: mr::MrCache::new(layout.params.mr_entries),
             rx: slots::Slots::new(cfg.rx_max),
             rx_rings: slots::Rings::new(cfg.rx_max, cfg.window_groups()),
             overflow: rx::Overflow::new(pool_slots, cfg.overflow_slot_size),
@@ -778,8 +782,8 @@ pub struct Nic {
     /// Remote reads being performed.
     pub(crate) rma_reads: rma::ReadTable,
     pub(crate) timers: TimerHeap,
-    pub(crate) mr_cursors: mr::CursorCache,
-    pub(crate) mr_entries: mr::EntryCache,
+    /// CPU A's MR cache (the receive side has its own).
+    pub(crate) mr: mr::MrCache,
     /// Closed ports' delivered floors, per peer, for a while (TIME-WAIT).
     pub(crate) linger: linger::LingerTable,
     pub(crate) counters: [u64; counter::COUNT],
@@ -883,7 +887,7 @@ impl Nic {
             peer_index: keymap::KeyMap::with_capacity_and_hasher(cfg.peers_max as usize, Default::default()),
             peer_free: (0..cfg.peers_max).rev().collect(),
             send: SendSide::new(&cfg, layout.params.ports),
-            recv: RecvSide::new(&cfg, layout.params.ports, pool_slots),
+            recv: RecvSide::new(&cfg, &layout, pool_slots),
             atomics: slots::Slots::new(cfg.atomic_max),
             rma_reads: slots::Slots::new(cfg.rma_reads_max),
             // Live timers: one per live group of every send record, one
@@ -897,8 +901,7 @@ impl Nic {
                     + cfg.peers_max as usize
                     + layout.params.group_entries as usize,
             ),
-            mr_cursors: mr::CursorCache::new(layout.params.mr_entries),
-            mr_entries: mr::EntryCache::new(),
+            mr: mr::MrCache::new(layout.params.mr_entries),
             linger: linger::LingerTable::new(),
             counters: [0; counter::COUNT],
             counters_dirty: ALL_COUNTERS,

@@ -9,6 +9,8 @@ use emp_uapi::desc::{MrEntry, MrFormat, PhysSeg, Sge, Status, SEGS_PER_PAGE, SEG
 use emp_uapi::fwabi::{HostSeg, HOST_SEGS_MAX};
 use emp_uapi::Le;
 
+use emp_uapi::sram::Layout;
+
 use crate::{Hal, Nic};
 
 /// What the NIC learned about one indirect page list: where each page of
@@ -39,17 +41,17 @@ const PAGE_CACHE: usize = 16;
 
 /// One translation directory per MR slot.
 #[derive(Debug)]
-pub(crate) struct CursorCache {
+struct CursorCache {
     dirs: Vec<Option<Directory>>,
 }
 
 impl CursorCache {
-    pub(crate) fn new(entries: u32) -> Self {
+    fn new(entries: u32) -> Self {
         CursorCache { dirs: vec![None; entries as usize] }
     }
 
     /// Forgets what was learned about `slot` (its entry changed).
-    pub(crate) fn invalidate(&mut self, slot: usize) {
+    fn invalidate(&mut self, slot: usize) {
         if let Some(c) = self.dirs.get_mut(slot) {
             *c = None;
         }
@@ -68,17 +70,17 @@ const ENTRY_LINES: usize = 64;
 /// with a new registration, under a new key. `MrFence` drops the slot's
 /// line as well.
 #[derive(Debug)]
-pub(crate) struct EntryCache {
+struct EntryCache {
     lines: core::cell::RefCell<[Option<MrEntry>; ENTRY_LINES]>,
 }
 
 impl EntryCache {
-    pub(crate) fn new() -> Self {
+    fn new() -> Self {
         EntryCache { lines: core::cell::RefCell::new([None; ENTRY_LINES]) }
     }
 
     /// Forgets `slot`'s entry.
-    pub(crate) fn invalidate(&self, slot: usize) {
+    fn invalidate(&self, slot: usize) {
         let mut lines = self.lines.borrow_mut();
         let line = &mut lines[slot % ENTRY_LINES];
         if line.is_some_and(|e| MrEntry::slot_of(e.key) == slot) {
@@ -175,27 +177,50 @@ impl Buf<'_> {
     }
 }
 
-impl Nic {
+/// What one CPU learned about the MR table: each CPU keeps its own, as
+/// the Tigon2's CPUs kept hot state in their own scratchpads
+/// (docs/nic-cpus.md); `MrFence` clears every CPU's.
+#[derive(Debug)]
+pub(crate) struct MrCache {
+    cursors: CursorCache,
+    entries: EntryCache,
+}
+
+impl MrCache {
+    pub(crate) fn new(mr_entries: u32) -> MrCache {
+        MrCache { cursors: CursorCache::new(mr_entries), entries: EntryCache::new() }
+    }
+
+    /// Forgets what was learned about `slot` (its entry changed).
+    pub(crate) fn invalidate(&mut self, slot: usize) {
+        self.cursors.invalidate(slot);
+        self.entries.invalidate(slot);
+    }
+}
+
+impl MrCache {
     /// Reads and checks the MR entry `key` names for `port` with `access`,
     /// covering `[off, off + len)`.
-    pub(crate) fn mr_lookup<H: Hal>(
+    pub(crate) fn lookup<H: Hal>(
         &self,
         hal: &mut H,
+        layout: &Layout,
         port: u16,
         key: u32,
         off: u64,
         len: u64,
         access: u8,
     ) -> Result<MrEntry, Status> {
-        let r = self.mr_checked(hal, port, key, off, len, access)?;
-        Ok(self.mr_entries.lines.borrow()[r.line].expect("checked entries are cached"))
+        let r = self.checked(hal, layout, port, key, off, len, access)?;
+        Ok(self.entries.lines.borrow()[r.line].expect("checked entries are cached"))
     }
 
-    /// [`Nic::mr_lookup`]'s checks, leaving the entry in the cache: the
-    /// range checked, for [`Nic::checked_io`] within the same event.
-    pub(crate) fn mr_checked<H: Hal>(
+    /// [`MrCache::lookup`]'s checks, leaving the entry in the cache: the
+    /// range checked, for [`MrCache::checked_io`] within the same event.
+    pub(crate) fn checked<H: Hal>(
         &self,
         hal: &mut H,
+        layout: &Layout,
         port: u16,
         key: u32,
         off: u64,
@@ -203,16 +228,16 @@ impl Nic {
         access: u8,
     ) -> Result<MrChecked, Status> {
         let slot = MrEntry::slot_of(key);
-        if slot >= self.layout.params.mr_entries as usize {
+        if slot >= layout.params.mr_entries as usize {
             return Err(Status::BadKey);
         }
-        let at = self.layout.mr_entry(slot);
+        let at = layout.mr_entry(slot);
         let words = [crate::sram_u32(hal, at), crate::sram_u32(hal, at + 4), crate::sram_u32(hal, at + SECRET_OFF)];
         let line = slot % ENTRY_LINES;
         let cached = |lines: &[Option<MrEntry>; ENTRY_LINES]| {
             lines[line].as_ref().is_some_and(|e| MrEntry::slot_of(e.key) == slot && header_words(e) == words)
         };
-        if !cached(&self.mr_entries.lines.borrow()) {
+        if !cached(&self.entries.lines.borrow()) {
             let mut b = [0u8; MrEntry::SIZE];
             hal.sram_read(at, &mut b);
             let e = MrEntry::get(&b);
@@ -224,9 +249,9 @@ impl Nic {
                 // The trusted side is rewriting the entry: it is not in use.
                 return Err(Status::BadKey);
             }
-            self.mr_entries.lines.borrow_mut()[line] = Some(e);
+            self.entries.lines.borrow_mut()[line] = Some(e);
         }
-        let lines = self.mr_entries.lines.borrow();
+        let lines = self.entries.lines.borrow();
         let e = lines[line].as_ref().expect("cached above");
         if e.key != key || e.port != port {
             return Err(Status::BadKey);
@@ -241,9 +266,16 @@ impl Nic {
     }
 
     /// Checks every SGE of a descriptor against the MR table.
-    pub(crate) fn check_sges<H: Hal>(&self, hal: &mut H, port: u16, sges: &[Sge], access: u8) -> Result<(), Status> {
+    pub(crate) fn check_sges<H: Hal>(
+        &self,
+        hal: &mut H,
+        layout: &Layout,
+        port: u16,
+        sges: &[Sge],
+        access: u8,
+    ) -> Result<(), Status> {
         for s in sges {
-            self.mr_checked(hal, port, s.key, s.offset, s.len as u64, access)?;
+            self.checked(hal, layout, port, s.key, s.offset, s.len as u64, access)?;
         }
         Ok(())
     }
@@ -251,9 +283,11 @@ impl Nic {
     /// Moves `buf.len()` bytes between `buf` and the message described by
     /// `sges`, starting at message offset `msg_off`. Bytes beyond the SGEs'
     /// total are an error.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn sge_io<H: Hal>(
         &mut self,
         hal: &mut H,
+        layout: &Layout,
         port: u16,
         sges: &[Sge],
         msg_off: u64,
@@ -271,7 +305,7 @@ impl Nic {
                 continue;
             }
             let chunk = buf.slice((lo - msg_off) as usize, (hi - msg_off) as usize);
-            self.region_io(hal, port, s.key, s.offset + (lo - s_start), chunk, access)?;
+            self.region_io(hal, layout, port, s.key, s.offset + (lo - s_start), chunk, access)?;
         }
         if pos < want_end {
             return Err(Status::AccessDenied);
@@ -280,9 +314,11 @@ impl Nic {
     }
 
     /// Moves bytes between `buf` and region `key` at offset `off`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn region_io<H: Hal>(
         &mut self,
         hal: &mut H,
+        layout: &Layout,
         port: u16,
         key: u32,
         off: u64,
@@ -292,12 +328,12 @@ impl Nic {
         if buf.len() == 0 {
             return Ok(());
         }
-        let r = self.mr_checked(hal, port, key, off, buf.len() as u64, access)?;
+        let r = self.checked(hal, layout, port, key, off, buf.len() as u64, access)?;
         self.line_io(hal, r.line, off, buf)
     }
 
-    /// [`Nic::region_io`] in a region already checked for
-    /// `[off, off + buf.len())` by [`Nic::mr_checked`], with no check again:
+    /// [`MrCache::region_io`] in a region already checked for
+    /// `[off, off + buf.len())` by [`MrCache::checked`], with no check again:
     /// what one event moves in pieces (a completion's body, then its
     /// phase byte) is checked once.
     pub(crate) fn checked_io<H: Hal>(
@@ -314,7 +350,7 @@ impl Nic {
     /// Moves bytes between `buf` and the cached entry in `line` at `off`.
     fn line_io<H: Hal>(&mut self, hal: &mut H, line: usize, off: u64, mut buf: Buf<'_>) -> Result<(), Status> {
         // The entry is used in place: no copy of it per transfer.
-        let lines = self.mr_entries.lines.borrow();
+        let lines = self.entries.lines.borrow();
         let e = lines[line].as_ref().expect("checked entries are cached");
         match MrFormat::from_u8(e.format) {
             Some(MrFormat::Short) | Some(MrFormat::Chained) => {
@@ -346,13 +382,89 @@ impl Nic {
 
     fn indirect_io<H: Hal>(&mut self, hal: &mut H, e: &MrEntry, off: u64, buf: Buf<'_>) -> Result<(), Status> {
         let slot = MrEntry::slot_of(e.key);
-        let mut d = match self.mr_cursors.dirs[slot].take() {
+        let mut d = match self.cursors.dirs[slot].take() {
             Some(d) if d.key == e.key => d,
             _ => build_directory(hal, e)?,
         };
         let r = directory_io(hal, &mut d, off, buf);
-        self.mr_cursors.dirs[slot] = Some(d);
+        self.cursors.dirs[slot] = Some(d);
         r
+    }
+}
+
+impl Nic {
+    /// [`MrCache::lookup`] through this CPU's cache.
+    pub(crate) fn mr_lookup<H: Hal>(
+        &self,
+        hal: &mut H,
+        port: u16,
+        key: u32,
+        off: u64,
+        len: u64,
+        access: u8,
+    ) -> Result<MrEntry, Status> {
+        self.mr.lookup(hal, &self.layout, port, key, off, len, access)
+    }
+
+    /// [`MrCache::checked`] through this CPU's cache.
+    pub(crate) fn mr_checked<H: Hal>(
+        &self,
+        hal: &mut H,
+        port: u16,
+        key: u32,
+        off: u64,
+        len: u64,
+        access: u8,
+    ) -> Result<MrChecked, Status> {
+        self.mr.checked(hal, &self.layout, port, key, off, len, access)
+    }
+
+    /// [`MrCache::check_sges`] through this CPU's cache.
+    pub(crate) fn check_sges<H: Hal>(&self, hal: &mut H, port: u16, sges: &[Sge], access: u8) -> Result<(), Status> {
+        self.mr.check_sges(hal, &self.layout, port, sges, access)
+    }
+
+    /// [`MrCache::sge_io`] through this CPU's cache.
+    pub(crate) fn sge_io<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        port: u16,
+        sges: &[Sge],
+        msg_off: u64,
+        buf: Buf<'_>,
+        access: u8,
+    ) -> Result<(), Status> {
+        self.mr.sge_io(hal, &self.layout, port, sges, msg_off, buf, access)
+    }
+
+    /// [`MrCache::region_io`] through this CPU's cache.
+    pub(crate) fn region_io<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        port: u16,
+        key: u32,
+        off: u64,
+        buf: Buf<'_>,
+        access: u8,
+    ) -> Result<(), Status> {
+        self.mr.region_io(hal, &self.layout, port, key, off, buf, access)
+    }
+
+    /// [`MrCache::checked_io`] through this CPU's cache.
+    pub(crate) fn checked_io<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        r: MrChecked,
+        off: u64,
+        buf: Buf<'_>,
+    ) -> Result<(), Status> {
+        self.mr.checked_io(hal, r, off, buf)
+    }
+
+    /// Every CPU forgets what it learned about MR slot `slot` (`MrFence`).
+    pub(crate) fn mr_invalidate(&mut self, slot: usize) {
+        self.mr.invalidate(slot);
+        self.recv.mr.invalidate(slot);
     }
 }
 
