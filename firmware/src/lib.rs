@@ -85,6 +85,7 @@ mod atomic;
 mod coll;
 mod combine;
 mod control;
+mod counters;
 mod cpu;
 mod ctxsw;
 mod ffi;
@@ -624,10 +625,6 @@ pub(crate) struct PortRecv {
     pub stored: persist::PersistTable,
 }
 
-/// Every counter's bit in `Nic::counters_dirty`.
-const ALL_COUNTERS: u64 = (1 << counter::COUNT) - 1;
-const _: () = assert!(counter::COUNT <= 64, "one dirty bit per counter");
-
 /// What the send side of the program owns: CPU A's under DSR
 /// (docs/nic-cpus.md, "The records split between the CPUs").
 #[derive(Debug)]
@@ -673,6 +670,8 @@ pub(crate) struct RecvSide {
     pub(crate) ports: Vec<PortRecv>,
     /// The receive side's MR cache.
     pub(crate) mr: mr::MrCache,
+    /// The receive side's counts.
+    pub(crate) counters: counters::Counters,
     /// The receive records.
     pub(crate) rx: rx::RxTable,
     /// Group windows of the receive records (one per `rx` slot).
@@ -709,6 +708,7 @@ impl RecvSide {
                 .map(|_| PortRecv { unexpected: VecDeque::with_capacity(unexpected), ..Default::default() })
                 .collect(),
             mr: mr::MrCache::new(layout.params.mr_entries),
+            counters: counters::Counters::new(),
             rx: slots::Slots::new(cfg.rx_max),
             rx_rings: slots::Rings::new(cfg.rx_max, cfg.window_groups()),
             overflow: rx::Overflow::new(pool_slots, cfg.overflow_slot_size),
@@ -786,10 +786,8 @@ pub struct Nic {
     pub(crate) mr: mr::MrCache,
     /// Closed ports' delivered floors, per peer, for a while (TIME-WAIT).
     pub(crate) linger: linger::LingerTable,
-    pub(crate) counters: [u64; counter::COUNT],
-    /// Counters changed since they were last published, one bit each: only
-    /// those are written to SRAM, not the whole table after every event.
-    pub(crate) counters_dirty: u64,
+    /// CPU A's counts, and the whole program's (the receive side has its own).
+    pub(crate) counters: counters::Counters,
     pub(crate) heartbeat: u32,
     /// Source of timer stamps (unique across slot reuse).
     pub(crate) stamp: u32,
@@ -903,8 +901,7 @@ impl Nic {
             ),
             mr: mr::MrCache::new(layout.params.mr_entries),
             linger: linger::LingerTable::new(),
-            counters: [0; counter::COUNT],
-            counters_dirty: ALL_COUNTERS,
+            counters: counters::Counters::new(),
             heartbeat: 0,
             stamp: 0,
             cpu: 0,
@@ -1210,8 +1207,8 @@ impl Nic {
     }
 
     /// Counters (also published in the SRAM header).
-    pub fn counters(&self) -> &[u64; counter::COUNT] {
-        &self.counters
+    pub fn counters(&self) -> [u64; counter::COUNT] {
+        core::array::from_fn(|c| self.counters.sum(&self.recv.counters, c))
     }
 
     /// Bytes of per-message state the live send and receive records hold
@@ -1363,14 +1360,12 @@ impl Nic {
     }
 
     pub(crate) fn count(&mut self, c: usize, n: u64) {
-        self.counters[c] += n;
-        self.counters_dirty |= 1 << c;
+        self.counters.add(c, n);
     }
 
     /// Takes back `n` of counter `c` (an event counted too early).
     pub(crate) fn uncount(&mut self, c: usize, n: u64) {
-        self.counters[c] = self.counters[c].saturating_sub(n);
-        self.counters_dirty |= 1 << c;
+        self.counters.sub(c, n);
     }
 
     /// Ends a call: raises the interrupt of every port that got a
@@ -1389,16 +1384,16 @@ impl Nic {
         }
         written.clear();
         self.cqs.written = written;
-        if self.counters_dirty == 0 {
+        let mut dirty = self.counters.take_dirty() | self.recv.counters.take_dirty();
+        if dirty == 0 {
             return;
         }
-        let mut dirty = core::mem::take(&mut self.counters_dirty);
         self.heartbeat = self.heartbeat.wrapping_add(1);
         let at = core::mem::offset_of!(SramHeader, counters);
         while dirty != 0 {
             let c = dirty.trailing_zeros() as usize;
             dirty &= dirty - 1;
-            hal.sram_write(at + 8 * c, &self.counters[c].to_le_bytes());
+            hal.sram_write(at + 8 * c, &self.counters.sum(&self.recv.counters, c).to_le_bytes());
         }
         hal.sram_write(core::mem::offset_of!(SramHeader, heartbeat), &self.heartbeat.to_le_bytes());
     }
