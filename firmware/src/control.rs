@@ -252,7 +252,7 @@ impl Nic {
     /// The send-ack step: runs now, or on the CPU the plan gives it.
     fn emit_control<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) {
         match self.dispatch(hal, crate::cpu::Step::SendAck) {
-            Some(cpu) => self.enqueue_control(hal, cpu, hdr, body),
+            Some(cpu) => self.queues.enqueue_control(hal, &self.cfg, cpu, hdr, body),
             None => crate::cpu::put_control(hal, hdr, body),
         }
     }

@@ -63,7 +63,7 @@ use emp_uapi::Le;
 use crate::mr::{Buf, HostSegs};
 use crate::ring::{Consumer, Producer, Ring};
 
-use crate::{Hal, Nic};
+use crate::{Config, Hal, Nic};
 
 /// Steps that can move between CPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -508,6 +508,81 @@ pub(crate) struct Queues {
 }
 
 impl Queues {
+    /// Where `step` runs when CPU `cpu` reaches it under `cfg`'s plan:
+    /// `Some(cpu)` to queue it there, `None` to run it now (its cost is
+    /// then reported to `hal` here; a queued one's when it runs).
+    /// Transmission is preceded by the frame's send bookkeeping, always here.
+    pub(crate) fn dispatch<H: Hal>(&self, hal: &mut H, cfg: &Config, cpu: u8, step: Step) -> Option<u8> {
+        if step == Step::Transmission {
+            hal.cpu_step(cpu, CpuStep::SendBookkeep, false);
+        }
+        if let Some(to) = self.queued_to(cfg, cpu, step) {
+            return Some(to);
+        }
+        let here = match step {
+            Step::Transmission => CpuStep::Transmission,
+            Step::Receiving => {
+                hal.cpu_step(cpu, CpuStep::RecvFrame, false);
+                CpuStep::Receiving
+            }
+            Step::SendAck => CpuStep::SendAck,
+            Step::Classify => CpuStep::RecvBookkeep,
+            Step::AckUpdate => CpuStep::RecvAckUpdate,
+        };
+        hal.cpu_step(cpu, here, false);
+        None
+    }
+
+    /// Where [`Queues::dispatch`] would queue `step` (`None`: it runs
+    /// here, now), without reporting anything.
+    pub(crate) fn queued_to(&self, cfg: &Config, cpu: u8, step: Step) -> Option<u8> {
+        let to = cpu_of(cfg.cpu_plan, step);
+        // A CPU past A queues its own payload DMAs as jobs too: they then
+        // run after it lets go of the program (DSR's B receives the frames
+        // it classifies), beside the other CPU's steps.
+        let job_here = to == cpu && to != 0 && cfg.cpu_jobs && step == Step::Receiving;
+        ((to != cpu || job_here) && self.q[to as usize].len() < QUEUE_MAX).then_some(to)
+    }
+
+    /// Send ack on `cpu`, which `dispatch` gave.
+    pub(crate) fn enqueue_control<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        cfg: &Config,
+        cpu: u8,
+        hdr: &FrameHeader,
+        body: &AckBody,
+    ) {
+        if cfg.cpu_jobs {
+            self.push_job(hal, cpu, Job::Control { hdr: *hdr, body: *body });
+        } else {
+            self.enqueue(hal, cpu, Work::Control { hdr: *hdr, body: *body });
+        }
+    }
+
+    /// Queues `job` for `cpu`; when its queue is full, runs what waits
+    /// there first (in order: a CPU's jobs never overtake one another).
+    pub(crate) fn push_job<H: Hal>(&mut self, hal: &mut H, cpu: u8, job: Job) {
+        let c = cpu as usize;
+        let mut job = job;
+        while let Err(j) = self.area.jobs[c].push(&mut self.tokens.jobs[c], job) {
+            if self.area.run_jobs(hal, c) == 0 {
+                // No queue at all (a one-CPU plan): run it here.
+                self.area.run(hal, c, &mut lock(&self.area.runners[c]), j);
+                break;
+            }
+            job = j;
+        }
+        hal.cpu_event(cpu, 1);
+    }
+
+    /// Queues work `w` for `cpu`: a step it runs holding the program.
+    pub(crate) fn enqueue<H: Hal>(&mut self, hal: &mut H, cpu: u8, w: Work) {
+        self.q[cpu as usize].push_back(w);
+        self.area.set_work_waiting(cpu as usize, true);
+        hal.cpu_event(cpu, 1);
+    }
+
     /// Queues for `plan`; job queues and payload buffers only when it uses
     /// two CPUs.
     pub(crate) fn new(plan: u32, rx_max: u32) -> Queues {
@@ -544,39 +619,14 @@ impl Queues {
 
 impl Nic {
     /// Where `step` runs: `Some(cpu)` to queue it there, `None` to run it
-    /// now (its cost is then reported to `hal` here; a queued one's when it
-    /// runs). Transmission is preceded by the frame's send bookkeeping,
-    /// always here.
+    /// now ([`Queues::dispatch`]).
     pub(crate) fn dispatch<H: Hal>(&mut self, hal: &mut H, step: Step) -> Option<u8> {
-        if step == Step::Transmission {
-            hal.cpu_step(self.cpu, CpuStep::SendBookkeep, false);
-        }
-        if let Some(cpu) = self.queued_to(step) {
-            return Some(cpu);
-        }
-        let here = match step {
-            Step::Transmission => CpuStep::Transmission,
-            Step::Receiving => {
-                hal.cpu_step(self.cpu, CpuStep::RecvFrame, false);
-                CpuStep::Receiving
-            }
-            Step::SendAck => CpuStep::SendAck,
-            Step::Classify => CpuStep::RecvBookkeep,
-            Step::AckUpdate => CpuStep::RecvAckUpdate,
-        };
-        hal.cpu_step(self.cpu, here, false);
-        None
+        self.queues.dispatch(hal, &self.cfg, self.cpu, step)
     }
 
-    /// Where [`Nic::dispatch`] would queue `step` (`None`: it runs here,
-    /// now), without reporting anything.
+    /// Where [`Nic::dispatch`] would queue `step`, without reporting anything.
     pub(crate) fn queued_to(&self, step: Step) -> Option<u8> {
-        let cpu = cpu_of(self.cfg.cpu_plan, step);
-        // A CPU past A queues its own payload DMAs as jobs too: they then
-        // run after it lets go of the program (DSR's B receives the frames
-        // it classifies), beside the other CPU's steps.
-        let job_here = cpu == self.cpu && cpu != 0 && self.cfg.cpu_jobs && step == Step::Receiving;
-        ((cpu != self.cpu || job_here) && self.queues.q[cpu as usize].len() < QUEUE_MAX).then_some(cpu)
+        self.queues.queued_to(&self.cfg, self.cpu, step)
     }
 
     /// The CPU frames arrive on (a driver runs `handle_frame` there).
@@ -604,22 +654,13 @@ impl Nic {
         self.queues.work_run.get(cpu).copied().unwrap_or(0)
     }
 
-    /// Send ack on `cpu`, which `dispatch` gave.
-    pub(crate) fn enqueue_control<H: Hal>(&mut self, hal: &mut H, cpu: u8, hdr: &FrameHeader, body: &AckBody) {
-        if self.cfg.cpu_jobs {
-            self.push_job(hal, cpu, Job::Control { hdr: *hdr, body: *body });
-        } else {
-            self.enqueue(hal, cpu, Work::Control { hdr: *hdr, body: *body });
-        }
-    }
-
     /// Receive ack: whole on this CPU, or (DSR) classified here and the send
     /// record updated on the send CPU.
     pub(crate) fn recv_ack<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &AckBody) {
         let cpu = cpu_of(self.cfg.cpu_plan, Step::AckUpdate);
         if cpu != self.cpu && self.queues.q[cpu as usize].len() < QUEUE_MAX {
             hal.cpu_step(self.cpu, CpuStep::RecvAckClassify, false);
-            self.enqueue(hal, cpu, Work::Ack { hdr: *hdr, body: *body });
+            self.queues.enqueue(hal, cpu, Work::Ack { hdr: *hdr, body: *body });
         } else {
             hal.cpu_step(self.cpu, CpuStep::RecvAck, false);
             self.on_ack(hal, now, hdr, body);
@@ -642,7 +683,7 @@ impl Nic {
     ) -> Result<(), Status> {
         if !self.cfg.cpu_jobs {
             let data = self.queues.take_payload(data);
-            self.enqueue(hal, cpu, Work::Receive { slot, seq, off, data });
+            self.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data });
             return Ok(());
         }
         let m = self.recv.rx.get(slot).expect("live");
@@ -650,10 +691,10 @@ impl Nic {
         let segs = self.job_segs(hal, port, &desc, off, data.len(), emp_uapi::desc::MR_LOCAL_WRITE)?;
         let data = self.queues.take_payload(data);
         match segs {
-            Some(segs) => self.push_job(hal, cpu, Job::Receive { slot, id, segs, data }),
+            Some(segs) => self.queues.push_job(hal, cpu, Job::Receive { slot, id, segs, data }),
             None => {
                 self.recv.rx.get_mut(slot).payload_as_work = true;
-                self.enqueue(hal, cpu, Work::Receive { slot, seq, off, data })
+                self.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data })
             }
         }
         Ok(())
@@ -679,23 +720,6 @@ impl Nic {
         r.map(|()| segs)
     }
 
-    /// Queues `job` for `cpu`; when its queue is full, runs what waits
-    /// there first (in order: a CPU's jobs never overtake one another).
-    pub(crate) fn push_job<H: Hal>(&mut self, hal: &mut H, cpu: u8, job: Job) {
-        let q = &mut self.queues;
-        let c = cpu as usize;
-        let mut job = job;
-        while let Err(j) = q.area.jobs[c].push(&mut q.tokens.jobs[c], job) {
-            if q.area.run_jobs(hal, c) == 0 {
-                // No queue at all (a one-CPU plan): run it here.
-                q.area.run(hal, c, &mut lock(&q.area.runners[c]), j);
-                break;
-            }
-            job = j;
-        }
-        hal.cpu_event(cpu, 1);
-    }
-
     /// Runs every CPU's queued jobs here, after waiting for a CPU running
     /// its own: afterwards no job names host memory by an old translation
     /// (`MrFence`).
@@ -703,12 +727,6 @@ impl Nic {
         for cpu in 0..self.cpus() {
             self.queues.area.drain(hal, cpu);
         }
-    }
-
-    pub(crate) fn enqueue<H: Hal>(&mut self, hal: &mut H, cpu: u8, w: Work) {
-        self.queues.q[cpu as usize].push_back(w);
-        self.queues.area.set_work_waiting(cpu as usize, true);
-        hal.cpu_event(cpu, 1);
     }
 
     /// NIC CPUs in use.
@@ -775,7 +793,7 @@ impl Nic {
                         self.uncount(counter::MSGS_RX, 1);
                     }
                     if !written {
-                        self.cq_overrun(hal, port);
+                        crate::cq::cq_overrun(hal, &self.layout, port);
                     }
                 }
             }

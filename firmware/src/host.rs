@@ -5,11 +5,12 @@
 //! A descriptor is consumed only when the CQ has room for its completion, so
 //! the CQ can never overflow.
 
-use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, CQE_IMM, MR_LOCAL_READ, MR_LOCAL_WRITE, START_BYTES, WD_PERSIST};
+use emp_uapi::desc::{Cqe, Opcode, Status, WorkDesc, MR_LOCAL_READ, MR_LOCAL_WRITE, START_BYTES, WD_PERSIST};
 use emp_uapi::ring;
 use emp_uapi::sram::{admin_result, ctl, port_state, AdminMailbox, AdminOp, RouteEntry};
 use emp_uapi::{sram::counter, DecodeError, Le};
 
+use crate::cq::Completer;
 use crate::mr::Buf;
 use crate::{persist, sram_put_u32, sram_u32, Hal, LocalDesc, Nic};
 
@@ -224,23 +225,6 @@ impl Nic {
         sram_put_u32(hal, w.ctl(ctl::STATE), port_state::CLOSED);
     }
 
-    /// Room in the CQ for one more consumed descriptor. `seen` is the
-    /// host's consumer index as last read in this pass over the rings: the
-    /// host only moves it forward, so room it shows is there, and the
-    /// index is read again only when it shows none.
-    fn cq_has_room<H: Hal>(&self, hal: &mut H, port: u16, seen: &mut Option<u32>) -> bool {
-        let (cq, entries) = (&self.cqs.ports[port as usize], self.ports[port as usize].cq_entries);
-        // A host that wrote a consumer index ahead of the producer gets no room.
-        let room =
-            |cons| ring::plausible(cq.prod, cons, entries) && ring::used(cq.prod, cons) + cq.outstanding < entries;
-        if seen.is_some_and(room) {
-            return true;
-        }
-        let cons = sram_u32(hal, self.layout.port(port).ctl(ctl::CQ_CONS));
-        *seen = Some(cons);
-        room(cons)
-    }
-
     /// Consumes new descriptors from a port's rings.
     pub(crate) fn consume_rings<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
         let w = self.layout.port(port);
@@ -262,7 +246,7 @@ impl Nic {
                     break;
                 }
             }
-            if !self.cq_has_room(hal, port, &mut cq_cons) {
+            if !self.cqs.has_room(hal, &self.layout, &self.ports, port, &mut cq_cons) {
                 break;
             }
             budget -= 1;
@@ -280,7 +264,7 @@ impl Nic {
         let send_prod = sram_u32(hal, w.ctl(ctl::SEND_PROD));
         let mut budget = w.send_entries;
         while ring::has_entry(send_prod, self.send.ports[port as usize].cons) && budget > 0 {
-            if self.send.tx.is_full() || !self.cq_has_room(hal, port, &mut cq_cons) {
+            if self.send.tx.is_full() || !self.cqs.has_room(hal, &self.layout, &self.ports, port, &mut cq_cons) {
                 break;
             }
             let next = self.layout.port(port).send_slot(self.send.ports[port as usize].cons);
@@ -446,80 +430,16 @@ impl Nic {
         sram_u32(hal, self.layout.route_entry(node as usize) + core::mem::offset_of!(RouteEntry, valid)) == 1
     }
 
-    /// Reports a finished descriptor: writes a CQE unless it is an
-    /// unsignaled success, and releases its CQ reservation.
+    /// Reports a finished descriptor on this CPU ([`Cqs::complete`]).
     pub(crate) fn complete<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
-        let Some(cqe) = self.next_cqe(hal, port, c) else { return };
-        let (key, at) = (self.ports[port as usize].cq_key, self.cq_slot_offset(port));
-        let ok = self.mr_checked(hal, port, key, at, Cqe::SIZE as u64, MR_LOCAL_WRITE).is_ok_and(|cq| {
-            crate::cpu::publish_cqe(hal, &cqe, |hal, off, bytes| {
-                self.checked_io(hal, cq, at + off as u64, Buf::ToHost(bytes)).is_ok()
-            })
-        });
-        if !ok {
-            self.cq_overrun(hal, port);
-            return;
-        }
-        self.advance_cq(hal, port);
-        let cq = &mut self.cqs.ports[port as usize];
-        if !cq.written {
-            cq.written = true;
-            self.cqs.written.push(port);
-        }
-    }
-
-    /// Offset of the CQ's next slot on `port` in the CQ's region.
-    fn cq_slot_offset(&self, port: u16) -> u64 {
-        let st = &self.ports[port as usize];
-        st.cq_offset + ring::slot(self.cqs.ports[port as usize].prod, st.cq_entries) as u64 * Cqe::SIZE as u64
-    }
-
-    /// Releases a finished descriptor's CQ reservation and builds its CQE
-    /// for the CQ's next slot, or `None` when none is written (an
-    /// unsignaled success).
-    fn next_cqe<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) -> Option<Cqe> {
-        hal.cpu_step(self.cpu, crate::CpuStep::Complete, false);
-        let cq = &mut self.cqs.ports[port as usize];
-        debug_assert!(cq.outstanding > 0, "completion without a consumed descriptor");
-        cq.outstanding = cq.outstanding.saturating_sub(1);
-        if c.status != Status::Success {
-            self.count(counter::MSGS_FAILED, 1);
-        }
-        if !c.signaled && c.status == Status::Success {
-            return None;
-        }
-        let (entries, prod) = (self.ports[port as usize].cq_entries, self.cqs.ports[port as usize].prod);
-        let cqe = Cqe {
-            wr_id: c.wr_id,
-            tag: c.tag,
-            byte_len: c.byte_len,
-            msg_len: c.msg_len,
-            imm: c.imm.unwrap_or(0),
-            reserved1: 0,
-            src_node: c.src_node,
-            src_port: c.src_port,
-            status: c.status as u8,
-            opcode: c.opcode as u8,
-            reserved: 0,
-            flags: ring::cqe_phase(prod, entries) | if c.imm.is_some() { CQE_IMM } else { 0 },
+        let by = Completer {
+            layout: &self.layout,
+            ports: &self.ports,
+            cpu: self.cpu,
+            mr: &mut self.mr,
+            counters: &mut self.counters,
         };
-        Some(cqe)
-    }
-
-    /// The CQ's next slot is written: it is the host's.
-    fn advance_cq<H: Hal>(&mut self, hal: &mut H, port: u16) {
-        let cq = &mut self.cqs.ports[port as usize];
-        cq.prod = cq.prod.wrapping_add(1);
-        let prod = cq.prod;
-        sram_put_u32(hal, self.layout.port(port).ctl(ctl::CQ_PROD), prod);
-    }
-
-    /// A CQE could not be written (the host unmapped its CQ): counted where
-    /// the host sees it.
-    pub(crate) fn cq_overrun<H: Hal>(&mut self, hal: &mut H, port: u16) {
-        let at = self.layout.port(port).ctl(ctl::CQ_OVERRUNS);
-        let o = sram_u32(hal, at);
-        sram_put_u32(hal, at, o.wrapping_add(1));
+        self.cqs.complete(hal, by, port, c)
     }
 
     /// Host memory of the CQ's next slot on `port`, when a job can name it
@@ -527,11 +447,10 @@ impl Nic {
     /// CQE without the program ([`Nic::complete_on`]); `None` when a job
     /// cannot name it.
     pub(crate) fn next_cqe_segs<H: Hal>(&mut self, hal: &mut H, port: u16) -> Option<crate::cpu::Segs> {
-        let (key, at) = (self.ports[port as usize].cq_key, self.cq_slot_offset(port));
-        let cq = self.mr_checked(hal, port, key, at, Cqe::SIZE as u64, MR_LOCAL_WRITE).ok()?;
+        let cq = self.cqs.next_slot(hal, &self.layout, &self.ports, &self.mr, port)?;
         let mut g = core::mem::take(&mut self.host_segs);
         g.clear();
-        let r = self.checked_io(hal, cq, at, Buf::Gather(Cqe::SIZE, &mut g));
+        let r = self.checked_io(hal, cq.checked, cq.off, Buf::Gather(Cqe::SIZE, &mut g));
         let segs = crate::cpu::Segs::from_gathered(&g);
         self.host_segs = g;
         r.ok().and(segs)
@@ -552,10 +471,10 @@ impl Nic {
         c: Completion,
         segs: crate::cpu::Segs,
     ) {
-        let Some(cqe) = self.next_cqe(hal, port, c) else { return };
-        self.advance_cq(hal, port);
+        let Some(cqe) = self.cqs.next_cqe(hal, self.cpu, &self.ports, &mut self.counters, port, c) else { return };
+        self.cqs.advance(hal, &self.layout, port);
         let arm = self.layout.port(port).ctl(ctl::ARM) as u32;
-        self.push_job(hal, cpu, crate::cpu::Job::Complete { rx, port, cqe, segs, arm });
+        self.queues.push_job(hal, cpu, crate::cpu::Job::Complete { rx, port, cqe, segs, arm });
     }
 }
 

@@ -87,6 +87,7 @@ mod combine;
 mod control;
 mod counters;
 mod cpu;
+mod cq;
 mod ctxsw;
 mod ffi;
 mod group;
@@ -118,6 +119,7 @@ use emp_uapi::wire::{self, Frame, FrameHeader, MsgHeader, NackReason, MTU_MAX};
 use emp_uapi::Le;
 
 pub use cpu::{Area, CpuStep};
+pub(crate) use cq::Cqs;
 pub use ctxsw::{image_checksum, IMAGE_MAGIC, IMAGE_VERSION, UNPUBLISHED_IMAGE};
 pub use emp_uapi::fwabi::HostSeg;
 pub(crate) use peer::{Peer, PeerRecv, PeerSend};
@@ -581,27 +583,6 @@ pub(crate) struct Port {
     pub suspended: bool,
 }
 
-/// A port's CQ as its producer keeps it. Both sides complete descriptors
-/// into it: under DSR, this is what takes the semaphore (docs/nic-cpus.md).
-#[derive(Debug, Default)]
-pub(crate) struct PortCq {
-    pub prod: u32,
-    /// Descriptors consumed and not yet completed (CQ space is reserved for them).
-    pub outstanding: u32,
-    /// A completion was written this call: the ARM word is read once, as
-    /// the call ends (`Nic::publish`).
-    pub written: bool,
-}
-
-/// Every port's CQ producer, and the ports written to this call.
-#[derive(Debug)]
-pub(crate) struct Cqs {
-    pub(crate) ports: Vec<PortCq>,
-    /// Ports whose CQ got an entry this call, each once (`PortCq::written`;
-    /// bounded by the ports).
-    pub(crate) written: Vec<u16>,
-}
-
 /// The send side's part of a port: its send ring.
 #[derive(Debug, Default)]
 pub(crate) struct PortSend {
@@ -918,10 +899,7 @@ impl Nic {
             mcast: mcast::Mcast::default(),
             parked: Vec::with_capacity(ctxsw::PARKED_MAX),
             restore_refusal: None,
-            cqs: Cqs {
-                ports: (0..layout.params.ports).map(|_| PortCq::default()).collect(),
-                written: Vec::with_capacity(layout.params.ports as usize),
-            },
+            cqs: Cqs::new(layout.params.ports),
             rbcast: (0..layout.params.group_entries).map(|_| None).collect(),
             rbcast_join_failed: 0,
             rbcast_frame: vec![0; MTU_MAX as usize],

@@ -406,19 +406,6 @@ impl Nic {
         self.mr.lookup(hal, &self.layout, port, key, off, len, access)
     }
 
-    /// [`MrCache::checked`] through this CPU's cache.
-    pub(crate) fn mr_checked<H: Hal>(
-        &self,
-        hal: &mut H,
-        port: u16,
-        key: u32,
-        off: u64,
-        len: u64,
-        access: u8,
-    ) -> Result<MrChecked, Status> {
-        self.mr.checked(hal, &self.layout, port, key, off, len, access)
-    }
-
     /// [`MrCache::check_sges`] through this CPU's cache.
     pub(crate) fn check_sges<H: Hal>(&self, hal: &mut H, port: u16, sges: &[Sge], access: u8) -> Result<(), Status> {
         self.mr.check_sges(hal, &self.layout, port, sges, access)

@@ -1106,7 +1106,7 @@ impl Nic {
                 return;
             }
         }
-        self.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq });
+        self.queues.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq });
     }
 
     /// Retires receive record `r` (posted by the host); its port and

@@ -503,7 +503,7 @@ impl Nic {
             Some(cpu) => {
                 if !(self.cfg.cpu_jobs && self.transmit_job(hal, cpu, slot, f, retransmit)?) {
                     let seq = self.send.tx.get(slot).expect("live").seq;
-                    self.enqueue(hal, cpu, crate::cpu::Work::Transmit { slot, seq, frame: f, retransmit });
+                    self.queues.enqueue(hal, cpu, crate::cpu::Work::Transmit { slot, seq, frame: f, retransmit });
                 }
                 Ok(())
             }
@@ -534,7 +534,7 @@ impl Nic {
         self.frame_buf = buf;
         let Some(segs) = self.job_segs(hal, d.port, &d.desc, d.off, d.len, MR_LOCAL_READ)? else { return Ok(false) };
         let job = crate::cpu::Job::Transmit { slot, seq, dst: d.dst, head, head_len: d.head as u8, segs, in_place };
-        self.push_job(hal, cpu, job);
+        self.queues.push_job(hal, cpu, job);
         self.count(if retransmit { counter::RETRANSMITS } else { counter::TX_FRAMES }, 1);
         Ok(true)
     }

@@ -1,0 +1,175 @@
+//! Completion queues as their producer keeps them: the one structure both
+//! sides of the program write (a send completes on the send side, a
+//! receive on the receive side), so under DSR it is what takes the
+//! semaphore (docs/nic-cpus.md). A CQE is written in place in host memory
+//! through the completing CPU's own MR cache; the host learns of it by its
+//! phase byte, and of the producer index by `CQ_PROD`.
+
+use emp_uapi::desc::{Cqe, Status, CQE_IMM, MR_LOCAL_WRITE};
+use emp_uapi::ring;
+use emp_uapi::sram::{counter, ctl, Layout};
+use emp_uapi::Le;
+
+use crate::counters::Counters;
+use crate::host::Completion;
+use crate::mr::{Buf, MrCache, MrChecked};
+use crate::{sram_put_u32, sram_u32, Hal, Port};
+
+/// A port's CQ as its producer keeps it.
+#[derive(Debug, Default)]
+pub(crate) struct PortCq {
+    pub prod: u32,
+    /// Descriptors consumed and not yet completed (CQ space is reserved for them).
+    pub outstanding: u32,
+    /// A completion was written this call: the ARM word is read once, as
+    /// the call ends (`Nic::publish`).
+    pub written: bool,
+}
+
+/// Every port's CQ producer, and the ports written to this call.
+#[derive(Debug)]
+pub(crate) struct Cqs {
+    pub(crate) ports: Vec<PortCq>,
+    /// Ports whose CQ got an entry this call, each once (`PortCq::written`;
+    /// bounded by the ports).
+    pub(crate) written: Vec<u16>,
+}
+
+/// The CPU completing a descriptor: what it reads of the ports, and its
+/// own MR cache and counters.
+pub(crate) struct Completer<'a> {
+    pub layout: &'a Layout,
+    pub ports: &'a [Port],
+    pub cpu: u8,
+    pub mr: &'a mut MrCache,
+    pub counters: &'a mut Counters,
+}
+
+impl Cqs {
+    pub(crate) fn new(ports: u16) -> Cqs {
+        Cqs { ports: (0..ports).map(|_| PortCq::default()).collect(), written: Vec::with_capacity(ports as usize) }
+    }
+
+    /// Room in `port`'s CQ for one more consumed descriptor. `seen` is the
+    /// host's consumer index as last read in this pass over the rings: the
+    /// host only moves it forward, so room it shows is there, and the
+    /// index is read again only when it shows none.
+    pub(crate) fn has_room<H: Hal>(
+        &self,
+        hal: &mut H,
+        layout: &Layout,
+        ports: &[Port],
+        port: u16,
+        seen: &mut Option<u32>,
+    ) -> bool {
+        let (cq, entries) = (&self.ports[port as usize], ports[port as usize].cq_entries);
+        // A host that wrote a consumer index ahead of the producer gets no room.
+        let room =
+            |cons| ring::plausible(cq.prod, cons, entries) && ring::used(cq.prod, cons) + cq.outstanding < entries;
+        if seen.is_some_and(room) {
+            return true;
+        }
+        let cons = sram_u32(hal, layout.port(port).ctl(ctl::CQ_CONS));
+        *seen = Some(cons);
+        room(cons)
+    }
+
+    /// Reports a finished descriptor: writes a CQE unless it is an
+    /// unsignaled success, and releases its CQ reservation.
+    pub(crate) fn complete<H: Hal>(&mut self, hal: &mut H, by: Completer<'_>, port: u16, c: Completion) {
+        let Some(cqe) = self.next_cqe(hal, by.cpu, by.ports, by.counters, port, c) else { return };
+        let Some(cq) = self.next_slot(hal, by.layout, by.ports, by.mr, port) else {
+            return cq_overrun(hal, by.layout, port);
+        };
+        let at = cq.off;
+        let ok = crate::cpu::publish_cqe(hal, &cqe, |hal, off, bytes| {
+            by.mr.checked_io(hal, cq.checked, at + off as u64, Buf::ToHost(bytes)).is_ok()
+        });
+        if !ok {
+            return cq_overrun(hal, by.layout, port);
+        }
+        self.advance(hal, by.layout, port);
+        let pcq = &mut self.ports[port as usize];
+        if !pcq.written {
+            pcq.written = true;
+            self.written.push(port);
+        }
+    }
+
+    /// `port`'s CQ's next slot, checked for writing through `mr`: `None`
+    /// when the host unmapped its CQ.
+    pub(crate) fn next_slot<H: Hal>(
+        &self,
+        hal: &mut H,
+        layout: &Layout,
+        ports: &[Port],
+        mr: &MrCache,
+        port: u16,
+    ) -> Option<CqSlot> {
+        let st = &ports[port as usize];
+        let off = st.cq_offset + ring::slot(self.ports[port as usize].prod, st.cq_entries) as u64 * Cqe::SIZE as u64;
+        let checked = mr.checked(hal, layout, port, st.cq_key, off, Cqe::SIZE as u64, MR_LOCAL_WRITE).ok()?;
+        Some(CqSlot { checked, off })
+    }
+
+    /// Releases a finished descriptor's CQ reservation and builds its CQE
+    /// for the CQ's next slot, or `None` when none is written (an
+    /// unsignaled success).
+    pub(crate) fn next_cqe<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        cpu: u8,
+        ports: &[Port],
+        counters: &mut Counters,
+        port: u16,
+        c: Completion,
+    ) -> Option<Cqe> {
+        hal.cpu_step(cpu, crate::CpuStep::Complete, false);
+        let cq = &mut self.ports[port as usize];
+        debug_assert!(cq.outstanding > 0, "completion without a consumed descriptor");
+        cq.outstanding = cq.outstanding.saturating_sub(1);
+        if c.status != Status::Success {
+            counters.add(counter::MSGS_FAILED, 1);
+        }
+        if !c.signaled && c.status == Status::Success {
+            return None;
+        }
+        let (entries, prod) = (ports[port as usize].cq_entries, cq.prod);
+        Some(Cqe {
+            wr_id: c.wr_id,
+            tag: c.tag,
+            byte_len: c.byte_len,
+            msg_len: c.msg_len,
+            imm: c.imm.unwrap_or(0),
+            reserved1: 0,
+            src_node: c.src_node,
+            src_port: c.src_port,
+            status: c.status as u8,
+            opcode: c.opcode as u8,
+            reserved: 0,
+            flags: ring::cqe_phase(prod, entries) | if c.imm.is_some() { CQE_IMM } else { 0 },
+        })
+    }
+
+    /// The CQ's next slot is written: it is the host's.
+    pub(crate) fn advance<H: Hal>(&mut self, hal: &mut H, layout: &Layout, port: u16) {
+        let cq = &mut self.ports[port as usize];
+        cq.prod = cq.prod.wrapping_add(1);
+        sram_put_u32(hal, layout.port(port).ctl(ctl::CQ_PROD), cq.prod);
+    }
+}
+
+/// A CQ's next slot, checked for writing: at offset `off` of the CQ's region.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CqSlot {
+    pub checked: MrChecked,
+    pub off: u64,
+}
+
+/// A CQE could not be written (the host unmapped its CQ): counted where
+/// the host sees it.
+pub(crate) fn cq_overrun<H: Hal>(hal: &mut H, layout: &Layout, port: u16) {
+    let at = layout.port(port).ctl(ctl::CQ_OVERRUNS);
+    let o = sram_u32(hal, at);
+    sram_put_u32(hal, at, o.wrapping_add(1));
+}
