@@ -482,7 +482,7 @@ impl Nic {
     }
 
     fn atomic_reply<H: Hal>(&mut self, hal: &mut H, peer: u32, seq: u32, status: Status, old: u64) {
-        let mut hdr = self.ack_header(peer, FrameKind::AtomicResp, seq, 0);
+        let mut hdr = self.recv_cpu().ack_header(peer, FrameKind::AtomicResp, seq, 0);
         // Atomics keep their own record of the requester's incarnation.
         hdr.dst_gen = self.peer(peer).atomic.rx.as_ref().map_or(0, |r| r.gen);
         put_resp(hal, &hdr, status, old);
@@ -490,7 +490,7 @@ impl Nic {
 
     /// A reply to a requester we keep no state for (closed port, full table).
     fn atomic_reply_raw<H: Hal>(&mut self, hal: &mut H, req: &FrameHeader, status: Status) {
-        let hdr = self.raw_reply_header(req, FrameKind::AtomicResp);
+        let hdr = self.recv_cpu().raw_reply_header(req, FrameKind::AtomicResp);
         put_resp(hal, &hdr, status, 0);
         self.count(counter::NACKS_TX, 1);
     }

@@ -16,9 +16,10 @@ use emp_uapi::seq_lt;
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, AckBody, FrameHeader, FrameKind, NackReason};
 
-use crate::{Hal, Nic};
+use crate::recv_cpu::RecvCpu;
+use crate::Hal;
 
-impl Nic {
+impl RecvCpu<'_> {
     /// Receiver state piggybacked on ACKs: posted receives plus free
     /// overflow slots on the port, and a coarse "slow down" level.
     fn rx_credits(&self, port: u16) -> (u16, u8) {
@@ -252,7 +253,7 @@ impl Nic {
     /// The send-ack step: runs now, or on the CPU the plan gives it.
     fn emit_control<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) {
         match self.dispatch(hal, crate::cpu::Step::SendAck) {
-            Some(cpu) => self.queues.enqueue_control(hal, &self.cfg, cpu, hdr, body),
+            Some(cpu) => self.queues.enqueue_control(hal, self.cfg, cpu, hdr, body),
             None => crate::cpu::put_control(hal, hdr, body),
         }
     }

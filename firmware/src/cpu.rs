@@ -60,7 +60,10 @@ use emp_uapi::sram::counter;
 use emp_uapi::wire::{AckBody, FrameHeader, MsgHeader, MTU_MAX};
 use emp_uapi::Le;
 
-use crate::mr::{Buf, HostSegs};
+use emp_uapi::sram::Layout;
+
+use crate::mr::{Buf, HostSegs, MrCache};
+use crate::recv_cpu::RecvCpu;
 use crate::ring::{Consumer, Producer, Ring};
 
 use crate::{Config, Hal, Nic};
@@ -624,11 +627,6 @@ impl Nic {
         self.queues.dispatch(hal, &self.cfg, self.cpu, step)
     }
 
-    /// Where [`Nic::dispatch`] would queue `step`, without reporting anything.
-    pub(crate) fn queued_to(&self, step: Step) -> Option<u8> {
-        self.queues.queued_to(&self.cfg, self.cpu, step)
-    }
-
     /// The CPU frames arrive on (a driver runs `handle_frame` there).
     pub fn frame_cpu(&self) -> usize {
         cpu_of(self.cfg.cpu_plan, Step::Classify) as usize
@@ -667,42 +665,9 @@ impl Nic {
         }
     }
 
-    /// Queues the DMA of received `data` into rx record `slot` (message
-    /// `seq`) at message offset `off` on `cpu`, which `dispatch` gave: with
-    /// jobs, a job when the record's buffer there is named in at most
-    /// `JOB_SEGS_MAX` segments (checked here, so a bad buffer fails now);
-    /// else work.
-    pub(crate) fn enqueue_receive<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        cpu: u8,
-        slot: u32,
-        seq: u32,
-        off: u64,
-        data: &[u8],
-    ) -> Result<(), Status> {
-        if !self.cfg.cpu_jobs {
-            let data = self.queues.take_payload(data);
-            self.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data });
-            return Ok(());
-        }
-        let m = self.recv.rx.get(slot).expect("live");
-        let (port, desc, id) = (m.port, m.desc, m.stamp);
-        let segs = self.job_segs(hal, port, &desc, off, data.len(), emp_uapi::desc::MR_LOCAL_WRITE)?;
-        let data = self.queues.take_payload(data);
-        match segs {
-            Some(segs) => self.queues.push_job(hal, cpu, Job::Receive { slot, id, segs, data }),
-            None => {
-                self.recv.rx.get_mut(slot).payload_as_work = true;
-                self.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data })
-            }
-        }
-        Ok(())
-    }
-
     /// The host segments of `len` bytes at message offset `off` of `desc`'s
     /// buffers on `port`, checked for `access`: `None` when more than a
-    /// job names.
+    /// job names ([`job_segs`], through this CPU's MR cache).
     pub(crate) fn job_segs<H: Hal>(
         &mut self,
         hal: &mut H,
@@ -712,12 +677,7 @@ impl Nic {
         len: usize,
         access: u8,
     ) -> Result<Option<Segs>, Status> {
-        let mut g = core::mem::take(&mut self.host_segs);
-        g.clear();
-        let r = self.sge_io(hal, port, desc.sges(), off, Buf::Gather(len, &mut g), access);
-        let segs = Segs::from_gathered(&g);
-        self.host_segs = g;
-        r.map(|()| segs)
+        job_segs(hal, &mut self.mr, &self.layout, &mut self.host_segs, port, desc, off, len, access)
     }
 
     /// Runs every CPU's queued jobs here, after waiting for a CPU running
@@ -783,7 +743,7 @@ impl Nic {
                 }
                 Failed::Receive { slot, id } => {
                     if self.recv.rx.get(slot).is_some_and(|m| m.stamp == id) {
-                        self.rx_error(slot, Status::DmaError);
+                        self.recv_cpu().rx_error(slot, Status::DmaError);
                     }
                 }
                 Failed::Completion { port, failed, written } => {
@@ -825,7 +785,7 @@ impl Nic {
                     let (port, desc) = (m.port, m.desc);
                     let to = Buf::ToHost(&data);
                     if let Err(e) = self.sge_io(hal, port, desc.sges(), off, to, emp_uapi::desc::MR_LOCAL_WRITE) {
-                        self.rx_error(slot, e);
+                        self.recv_cpu().rx_error(slot, e);
                     }
                 }
                 self.queues.payloads.push(data);
@@ -843,6 +803,63 @@ impl Nic {
                 }
             }
         }
+    }
+}
+
+/// The host segments of `len` bytes at message offset `off` of `desc`'s
+/// buffers on `port`, checked for `access` through `mr`, gathered in
+/// `scratch`: `None` when more than a job names.
+#[allow(clippy::too_many_arguments)]
+fn job_segs<H: Hal>(
+    hal: &mut H,
+    mr: &mut MrCache,
+    layout: &Layout,
+    scratch: &mut HostSegs,
+    port: u16,
+    desc: &crate::LocalDesc,
+    off: u64,
+    len: usize,
+    access: u8,
+) -> Result<Option<Segs>, Status> {
+    scratch.clear();
+    let r = mr.sge_io(hal, layout, port, desc.sges(), off, Buf::Gather(len, scratch), access);
+    r.map(|()| Segs::from_gathered(scratch))
+}
+
+impl RecvCpu<'_> {
+    /// Queues the DMA of received `data` into rx record `slot` (message
+    /// `seq`) at message offset `off` on `cpu`, which `dispatch` gave: with
+    /// jobs, a job when the record's buffer there is named in at most
+    /// `JOB_SEGS_MAX` segments (checked here, so a bad buffer fails now);
+    /// else work.
+    pub(crate) fn enqueue_receive<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        cpu: u8,
+        slot: u32,
+        seq: u32,
+        off: u64,
+        data: &[u8],
+    ) -> Result<(), Status> {
+        if !self.cfg.cpu_jobs {
+            let data = self.queues.take_payload(data);
+            self.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data });
+            return Ok(());
+        }
+        let m = self.recv.rx.get(slot).expect("live");
+        let (port, desc, id) = (m.port, m.desc, m.stamp);
+        let (mr, scratch) = (&mut *self.mr, &mut self.recv.host_segs);
+        let segs =
+            job_segs(hal, mr, self.layout, scratch, port, &desc, off, data.len(), emp_uapi::desc::MR_LOCAL_WRITE)?;
+        let data = self.queues.take_payload(data);
+        match segs {
+            Some(segs) => self.queues.push_job(hal, cpu, Job::Receive { slot, id, segs, data }),
+            None => {
+                self.recv.rx.get_mut(slot).payload_as_work = true;
+                self.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data })
+            }
+        }
+        Ok(())
     }
 }
 

@@ -512,7 +512,7 @@ impl Nic {
             // rather than after its backoff.
             let (expected, refused) = (self.recv.peer(i).rx_expected, self.recv.peer(i).rnr_seq);
             if refused == Some(expected) && !self.recv.peer(i).rnr_coll {
-                self.send_nack(hal, i, expected, 0, 1, NackReason::Loss);
+                self.recv_cpu().send_nack(hal, i, expected, 0, 1, NackReason::Loss);
             }
         }
         // Collective messages it refused, likewise.

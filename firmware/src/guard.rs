@@ -20,7 +20,9 @@
 use emp_uapi::desc::{MrEntry, Status};
 use emp_uapi::sram::{counter, ctl};
 
-use crate::mr::Buf;
+use emp_uapi::sram::Layout;
+
+use crate::mr::{Buf, MrCache};
 use crate::{sram_put_u32, sram_u32, Hal, Nic};
 
 /// Source nodes the guard tracks at once.
@@ -126,7 +128,7 @@ impl Nic {
             self.remote_refused(hal, port, true);
             return Err(Status::RemoteAccessError);
         }
-        if self.remote_lookup(hal, port, t.key, t.secret, t.offset, t.len, access).is_ok() {
+        if self.mr.remote_lookup(hal, &self.layout, port, t.key, t.secret, t.offset, t.len, access).is_ok() {
             return Ok(());
         }
         let (max, window, throttle) =
@@ -137,28 +139,7 @@ impl Nic {
     }
 
     /// [`Nic::mr_lookup`] plus the region's secret.
-    #[allow(clippy::too_many_arguments)]
-    fn remote_lookup<H: Hal>(
-        &self,
-        hal: &mut H,
-        port: u16,
-        key: u32,
-        secret: u32,
-        off: u64,
-        len: u64,
-        access: u8,
-    ) -> Result<MrEntry, Status> {
-        let e = self.mr_lookup(hal, port, key, off, len, access)?;
-        // A secret of 0 is never handed out (`MrEntry::make_key`).
-        if e.secret != secret || secret == 0 {
-            return Err(Status::BadKey);
-        }
-        Ok(e)
-    }
-
-    /// Moves bytes between `buf` and a remote access's region, re-checking
-    /// the key and secret (the region may have been deregistered since the
-    /// access was admitted).
+    /// [`MrCache::remote_io`] through this CPU's cache.
     pub(crate) fn remote_io<H: Hal>(
         &mut self,
         hal: &mut H,
@@ -168,12 +149,7 @@ impl Nic {
         buf: Buf<'_>,
         access: u8,
     ) -> Result<(), Status> {
-        if buf.len() == 0 {
-            return Ok(());
-        }
-        let off = t.offset + off_in;
-        self.remote_lookup(hal, port, t.key, t.secret, off, buf.len() as u64, access)?;
-        self.region_io(hal, port, t.key, off, buf, access)
+        self.mr.remote_io(hal, &self.layout, port, t, off_in, buf, access)
     }
 
     /// Counts a refused remote access to `port`, globally and in the
@@ -192,6 +168,51 @@ impl Nic {
         if throttled {
             bump(hal, ctl::REMOTE_THROTTLED);
         }
+    }
+}
+
+impl MrCache {
+    /// [`MrCache::lookup`], and the remote access's secret too.
+    #[allow(clippy::too_many_arguments)]
+    fn remote_lookup<H: Hal>(
+        &self,
+        hal: &mut H,
+        layout: &Layout,
+        port: u16,
+        key: u32,
+        secret: u32,
+        off: u64,
+        len: u64,
+        access: u8,
+    ) -> Result<MrEntry, Status> {
+        let e = self.lookup(hal, layout, port, key, off, len, access)?;
+        // A secret of 0 is never handed out (`MrEntry::make_key`).
+        if e.secret != secret || secret == 0 {
+            return Err(Status::BadKey);
+        }
+        Ok(e)
+    }
+
+    /// Moves bytes between `buf` and a remote access's region, re-checking
+    /// the key and secret (the region may have been deregistered since the
+    /// access was admitted).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn remote_io<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        layout: &Layout,
+        port: u16,
+        t: &RemoteTarget,
+        off_in: u64,
+        buf: Buf<'_>,
+        access: u8,
+    ) -> Result<(), Status> {
+        if buf.len() == 0 {
+            return Ok(());
+        }
+        let off = t.offset + off_in;
+        self.remote_lookup(hal, layout, port, t.key, t.secret, off, buf.len() as u64, access)?;
+        self.region_io(hal, layout, port, t.key, off, buf, access)
     }
 }
 

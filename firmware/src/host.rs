@@ -12,6 +12,7 @@ use emp_uapi::{sram::counter, DecodeError, Le};
 
 use crate::cq::Completer;
 use crate::mr::Buf;
+use crate::recv_cpu::RecvCpu;
 use crate::{persist, sram_put_u32, sram_u32, Hal, LocalDesc, Nic};
 
 /// What a completion reports.
@@ -90,7 +91,7 @@ impl Nic {
                     // Jobs name host memory by the translations of when
                     // they were queued: none may outlive the fence.
                     self.drain_jobs(hal);
-                    self.mr_invalidate(mb.args[0] as usize);
+                    self.mr.invalidate(mb.args[0] as usize);
                     admin_result::OK
                 } else {
                     admin_result::BAD_ARG
@@ -199,7 +200,7 @@ impl Nic {
             // Messages already delivered keep their ACK: owed but unsent
             // (coalescing), the sender would retransmit into a closed port
             // and fail a send that in fact arrived.
-            self.flush_ack(hal, i);
+            self.recv_cpu().flush_ack(hal, i);
             while let Some(&slot) = self.send.peer(i).tx_queue.front() {
                 self.finish_tx(hal, now, slot, Status::Flushed);
             }
@@ -372,7 +373,7 @@ impl Nic {
         // live peer waiting for a receive (almost always), skip it.
         let refused = |&i: &u32| self.recv.peer(i).rnr_seq.is_some();
         if self.peer_index.values().any(refused) {
-            self.kick_refused(hal, port, &ld);
+            self.recv_cpu().kick_refused(hal, port, &ld);
         }
     }
 
@@ -441,19 +442,19 @@ impl Nic {
         };
         self.cqs.complete(hal, by, port, c)
     }
+}
 
+impl RecvCpu<'_> {
     /// Host memory of the CQ's next slot on `port`, when a job can name it
     /// (checked for writing): where another CPU writes this port's next
     /// CQE without the program ([`Nic::complete_on`]); `None` when a job
     /// cannot name it.
     pub(crate) fn next_cqe_segs<H: Hal>(&mut self, hal: &mut H, port: u16) -> Option<crate::cpu::Segs> {
-        let cq = self.cqs.next_slot(hal, &self.layout, &self.ports, &self.mr, port)?;
-        let mut g = core::mem::take(&mut self.host_segs);
+        let cq = self.cqs.next_slot(hal, self.layout, self.ports, self.mr, port)?;
+        let g = &mut self.recv.host_segs;
         g.clear();
-        let r = self.checked_io(hal, cq.checked, cq.off, Buf::Gather(Cqe::SIZE, &mut g));
-        let segs = crate::cpu::Segs::from_gathered(&g);
-        self.host_segs = g;
-        r.ok().and(segs)
+        let r = self.mr.checked_io(hal, cq.checked, cq.off, Buf::Gather(Cqe::SIZE, g));
+        r.ok().and(crate::cpu::Segs::from_gathered(g))
     }
 
     /// Completes a descriptor on CPU `cpu` (which `dispatch` gave) without
@@ -471,8 +472,8 @@ impl Nic {
         c: Completion,
         segs: crate::cpu::Segs,
     ) {
-        let Some(cqe) = self.cqs.next_cqe(hal, self.cpu, &self.ports, &mut self.counters, port, c) else { return };
-        self.cqs.advance(hal, &self.layout, port);
+        let Some(cqe) = self.cqs.next_cqe(hal, self.cpu, self.ports, &mut self.recv.counters, port, c) else { return };
+        self.cqs.advance(hal, self.layout, port);
         let arm = self.layout.port(port).ctl(ctl::ARM) as u32;
         self.queues.push_job(hal, cpu, crate::cpu::Job::Complete { rx, port, cqe, segs, arm });
     }

@@ -101,6 +101,7 @@ mod mr;
 mod peer;
 mod persist;
 pub mod rbcast;
+mod recv_cpu;
 mod ring;
 mod rma;
 mod rx;
@@ -649,10 +650,12 @@ pub(crate) struct RecvSide {
     pub(crate) peers: Vec<PeerRecv>,
     /// Receive halves of the ports, by port slot.
     pub(crate) ports: Vec<PortRecv>,
-    /// The receive side's MR cache.
-    pub(crate) mr: mr::MrCache,
     /// The receive side's counts.
     pub(crate) counters: counters::Counters,
+    /// Scratch for the host segments a job names (allocated once).
+    pub(crate) host_segs: mr::HostSegs,
+    /// Source of the receive records' stamps (unique across slot reuse).
+    pub(crate) stamp: u32,
     /// The receive records.
     pub(crate) rx: rx::RxTable,
     /// Group windows of the receive records (one per `rx` slot).
@@ -680,16 +683,16 @@ pub(crate) struct RecvSide {
 
 impl RecvSide {
     /// `pool_slots`: the eager pool's (or overflow buffer's) slots.
-    fn new(cfg: &Config, layout: &Layout, pool_slots: u32) -> RecvSide {
-        let ports = layout.params.ports;
+    fn new(cfg: &Config, ports: u16, pool_slots: u32) -> RecvSide {
         let unexpected = (pool_slots + cfg.unexp_headers) as usize;
         RecvSide {
             peers: (0..cfg.peers_max).map(|_| PeerRecv::new(0, 0)).collect(),
             ports: (0..ports)
                 .map(|_| PortRecv { unexpected: VecDeque::with_capacity(unexpected), ..Default::default() })
                 .collect(),
-            mr: mr::MrCache::new(layout.params.mr_entries),
             counters: counters::Counters::new(),
+            host_segs: mr::HostSegs::new(),
+            stamp: 0,
             rx: slots::Slots::new(cfg.rx_max),
             rx_rings: slots::Rings::new(cfg.rx_max, cfg.window_groups()),
             overflow: rx::Overflow::new(pool_slots, cfg.overflow_slot_size),
@@ -722,6 +725,12 @@ impl RecvSide {
             self.sweep_at = None;
             Some(RecvTimer::Sweep)
         }
+    }
+
+    /// A stamp for a receive record or a claim.
+    pub(crate) fn next_stamp(&mut self) -> u32 {
+        self.stamp = self.stamp.wrapping_add(1).max(1);
+        self.stamp
     }
 
     /// Receives posted on every port.
@@ -763,7 +772,7 @@ pub struct Nic {
     /// Remote reads being performed.
     pub(crate) rma_reads: rma::ReadTable,
     pub(crate) timers: TimerHeap,
-    /// CPU A's MR cache (the receive side has its own).
+    /// What the program learned about the MR table (`mr.rs`).
     pub(crate) mr: mr::MrCache,
     /// Closed ports' delivered floors, per peer, for a while (TIME-WAIT).
     pub(crate) linger: linger::LingerTable,
@@ -866,7 +875,7 @@ impl Nic {
             peer_index: keymap::KeyMap::with_capacity_and_hasher(cfg.peers_max as usize, Default::default()),
             peer_free: (0..cfg.peers_max).rev().collect(),
             send: SendSide::new(&cfg, layout.params.ports),
-            recv: RecvSide::new(&cfg, &layout, pool_slots),
+            recv: RecvSide::new(&cfg, layout.params.ports, pool_slots),
             atomics: slots::Slots::new(cfg.atomic_max),
             rma_reads: slots::Slots::new(cfg.rma_reads_max),
             // Live timers: one per live group of every send record, one
@@ -926,7 +935,7 @@ impl Nic {
         self.service_admin(hal, now);
         self.poll_rings(hal, now);
         self.send_ready_peers(hal, now);
-        self.send_fc_updates(hal);
+        self.recv_cpu().send_fc_updates(hal);
         self.publish(hal);
     }
 
@@ -947,7 +956,7 @@ impl Nic {
         // indices, it does not rely on a doorbell for them.
         self.poll_rings(hal, now);
         self.send_ready_peers(hal, now);
-        self.send_fc_updates(hal);
+        self.recv_cpu().send_fc_updates(hal);
         self.publish(hal);
     }
 
@@ -1011,23 +1020,23 @@ impl Nic {
     /// collective layer.
     fn on_data<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, msg: Option<&MsgHeader>, payload: &[u8]) {
         let Some(peer) = self.admit_data(hal, now, hdr) else { return };
-        let verdict = self.classify_data(peer, hdr);
+        let verdict = self.recv_cpu().classify_data(peer, hdr);
         if self.ports[hdr.dst_port as usize].suspended {
             // C1: a suspended port finishes the messages it is receiving
             // but starts none; the sender retries after resume.
             if let DataVerdict::NextMsg | DataVerdict::CollFirst | DataVerdict::RmaFirst = verdict {
                 let tag = msg.map(|m| m.tag).filter(|_| !matches!(verdict, DataVerdict::CollFirst));
-                return self.refuse_next(hal, peer, hdr, tag);
+                return self.recv_cpu().refuse_next(hal, peer, hdr, tag);
             }
         }
         match verdict {
             DataVerdict::Active(r) => self.deliver(hal, now, r, hdr, msg, payload),
-            DataVerdict::Old => self.on_old_data(hal, peer, hdr),
-            DataVerdict::Retained => self.on_retained_data(hal, peer, hdr),
-            DataVerdict::Early => self.on_early_data(hal, now, peer, hdr),
+            DataVerdict::Old => self.recv_cpu().on_old_data(hal, peer, hdr),
+            DataVerdict::Retained => self.recv_cpu().on_retained_data(hal, peer, hdr),
+            DataVerdict::Early => self.recv_cpu().on_early_data(hal, now, peer, hdr),
             DataVerdict::NextMsg => {
                 let msg = msg.expect("frame 0 carries the message header");
-                self.on_next_msg(hal, now, peer, hdr, msg, payload);
+                self.recv_cpu().on_next_msg(hal, now, peer, hdr, msg, payload);
             }
             DataVerdict::CollFirst => {
                 let msg = msg.expect("frame 0 carries the message header");
@@ -1053,19 +1062,19 @@ impl Nic {
         let seq = hdr.msg_seq;
         match self.coll_accept(hal, now, hdr, msg, payload) {
             coll::CollAccept::Consumed => {
-                self.rx_took_next(peer, seq);
-                self.send_ack(hal, peer, seq, 0);
-                self.nack_gap(hal, peer);
+                self.recv_cpu().rx_took_next(peer, seq);
+                self.recv_cpu().send_ack(hal, peer, seq, 0);
+                self.recv_cpu().nack_gap(hal, peer);
             }
             coll::CollAccept::Receive(r) => {
-                self.rx_took_next(peer, seq);
+                self.recv_cpu().rx_took_next(peer, seq);
                 self.deliver(hal, now, r, hdr, Some(msg), payload);
-                self.nack_gap(hal, peer);
+                self.recv_cpu().nack_gap(hal, peer);
             }
-            coll::CollAccept::Refuse(NackReason::NoMatch) => self.refuse_next(hal, peer, hdr, None),
+            coll::CollAccept::Refuse(NackReason::NoMatch) => self.recv_cpu().refuse_next(hal, peer, hdr, None),
             coll::CollAccept::Refuse(reason) => {
                 self.count(counter::DROPPED_UNEXPECTED, 1);
-                self.send_nack(hal, peer, seq, 0, 0, reason);
+                self.recv_cpu().send_nack(hal, peer, seq, 0, 0, reason);
             }
         }
     }
@@ -1081,7 +1090,7 @@ impl Nic {
         msg: Option<&MsgHeader>,
         payload: &[u8],
     ) {
-        let Some(a) = self.accept_frame(hal, now, r, hdr, msg, payload) else { return };
+        let Some(a) = self.recv_cpu().accept_frame(hal, now, r, hdr, msg, payload) else { return };
         if let RxOwner::Bcast { op, stamp } = a.owner {
             if let Some(at) = a.stored_from {
                 // Forwarding sends what it just received, not a host read-back.
@@ -1098,17 +1107,17 @@ impl Nic {
     /// overrides the record's own).
     pub(crate) fn finish_rx<H: Hal>(&mut self, hal: &mut H, now: u64, r: u32, error: Option<Status>) {
         match self.recv.rx.get(r).expect("live").owner {
-            RxOwner::Recv => self.finish_recv(hal, r, error),
+            RxOwner::Recv => self.recv_cpu().finish_recv(hal, r, error),
             RxOwner::Bcast { op, stamp } => {
-                let (_, error) = self.retire_rx(r, error);
+                let (_, error) = self.recv_cpu().retire_rx(r, error);
                 self.bcast_rx_done(hal, now, op, stamp, error)
             }
             RxOwner::RmaWrite { imm } => {
-                let (m, error) = self.retire_rx(r, error);
+                let (m, error) = self.recv_cpu().retire_rx(r, error);
                 self.rma_write_done(hal, &m, imm, error)
             }
             RxOwner::ReadResp { slot, stamp } => {
-                let (_, error) = self.retire_rx(r, error);
+                let (_, error) = self.recv_cpu().retire_rx(r, error);
                 self.read_resp_done(hal, slot, stamp, error)
             }
         }
@@ -1130,7 +1139,7 @@ impl Nic {
             // In deadline order across both stores (ties: the heap's first).
             if let Some(t) = self.recv.take_expired(now, self.timers.next_deadline()) {
                 match t {
-                    RecvTimer::AckFlush => self.on_ack_flush(hal, now),
+                    RecvTimer::AckFlush => self.recv_cpu().on_ack_flush(hal, now),
                     RecvTimer::Sweep => self.on_rx_sweep(hal, now),
                 }
                 continue;
@@ -1146,7 +1155,7 @@ impl Nic {
         }
         self.poll_rings(hal, now);
         self.send_ready_peers(hal, now);
-        self.send_fc_updates(hal);
+        self.recv_cpu().send_fc_updates(hal);
         self.publish(hal);
     }
 

@@ -98,7 +98,7 @@ impl Nic {
             let Some(p) = self.peers[i as usize].as_ref().filter(|p| p.port == port) else { continue };
             let Some(rgen) = self.recv.peer(i).rx_gen else { continue }; // Never received from.
             let (node, rport) = (p.node, p.rport);
-            let floor = self.rx_ack_floor(i);
+            let floor = self.recv_cpu().rx_ack_floor(i);
             self.linger.remember(now, Lingering { slot: port, addr, gen, node, rport, rgen, floor, until });
         }
     }

@@ -177,9 +177,8 @@ impl Buf<'_> {
     }
 }
 
-/// What one CPU learned about the MR table: each CPU keeps its own, as
-/// the Tigon2's CPUs kept hot state in their own scratchpads
-/// (docs/nic-cpus.md); `MrFence` clears every CPU's.
+/// What the program learned about the MR table: translation directories
+/// and validated entries (`MrFence` clears a slot's).
 #[derive(Debug)]
 pub(crate) struct MrCache {
     cursors: CursorCache,
@@ -435,23 +434,6 @@ impl Nic {
         access: u8,
     ) -> Result<(), Status> {
         self.mr.region_io(hal, &self.layout, port, key, off, buf, access)
-    }
-
-    /// [`MrCache::checked_io`] through this CPU's cache.
-    pub(crate) fn checked_io<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        r: MrChecked,
-        off: u64,
-        buf: Buf<'_>,
-    ) -> Result<(), Status> {
-        self.mr.checked_io(hal, r, off, buf)
-    }
-
-    /// Every CPU forgets what it learned about MR slot `slot` (`MrFence`).
-    pub(crate) fn mr_invalidate(&mut self, slot: usize) {
-        self.mr.invalidate(slot);
-        self.recv.mr.invalidate(slot);
     }
 }
 

@@ -348,7 +348,7 @@ impl Nic {
             return self.count(counter::DROPPED_MALFORMED, 1); // Checked by Frame::parse.
         };
         if msg.total_len > self.cfg.msg_max || wire::frames_for(msg.total_len, self.mtu) != hdr.frame_count as u64 {
-            return self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge);
+            return self.recv_cpu().send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge);
         }
         let port = hdr.dst_port;
         let data_len = msg.total_len - HDR;
@@ -356,50 +356,50 @@ impl Nic {
             rma_op::WRITE | rma_op::WRITE_IMM => {
                 let t = RemoteTarget { key: rh.rkey, secret: rh.secret, offset: rh.offset, len: data_len };
                 if self.remote_admit(hal, now, hdr.src_node, port, &t, MR_REMOTE_WRITE).is_err() {
-                    return self.send_nack(hal, peer, seq, 0, 0, NackReason::RemoteAccess);
+                    return self.recv_cpu().send_nack(hal, peer, seq, 0, 0, NackReason::RemoteAccess);
                 }
                 let (owner, desc, at) = if rh.op == rma_op::WRITE_IMM {
                     let posted = &self.recv.ports[port as usize].posted;
                     match posted.iter().position(|d| d.matches(hdr.src_node, hdr.src_port, rh.cookie)) {
                         Some(i) => (RxOwner::RmaWrite { imm: true }, posted[i], Some(i)),
-                        None => return self.refuse_next(hal, peer, hdr, Some(rh.cookie)),
+                        None => return self.recv_cpu().refuse_next(hal, peer, hdr, Some(rh.cookie)),
                     }
                 } else {
                     (RxOwner::RmaWrite { imm: false }, LocalDesc::new(&WorkDesc::default()), None)
                 };
                 let msg = MsgHeader { tag: rh.cookie, ..*msg };
-                let Some(r) = self.rx_open(now, peer, hdr, &msg, desc, owner) else {
-                    return self.refuse_next(hal, peer, hdr, Some(rh.cookie));
+                let Some(r) = self.recv_cpu().rx_open(now, peer, hdr, &msg, desc, owner) else {
+                    return self.recv_cpu().refuse_next(hal, peer, hdr, Some(rh.cookie));
                 };
                 self.recv.rx.get_mut(r).rma = Some(t);
                 if let Some(i) = at {
                     self.recv.ports[port as usize].posted.remove(i);
                 }
-                self.rx_took_next(peer, seq);
+                self.recv_cpu().rx_took_next(peer, seq);
                 self.deliver(hal, now, r, hdr, Some(&msg), payload);
-                self.nack_gap(hal, peer);
+                self.recv_cpu().nack_gap(hal, peer);
             }
             rma_op::READ_REQ => {
                 let t = RemoteTarget { key: rh.rkey, secret: rh.secret, offset: rh.offset, len: rh.len as u64 };
                 if self.remote_admit(hal, now, hdr.src_node, port, &t, MR_REMOTE_READ).is_err() {
-                    return self.send_nack(hal, peer, seq, 0, 0, NackReason::RemoteAccess);
+                    return self.recv_cpu().send_nack(hal, peer, seq, 0, 0, NackReason::RemoteAccess);
                 }
                 if rh.len as u64 + HDR > self.cfg.msg_max {
-                    return self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge);
+                    return self.recv_cpu().send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge);
                 }
                 if self.send.tx.is_full() {
                     // No record for the answer now: the requester retries.
-                    return self.refuse_next(hal, peer, hdr, Some(0));
+                    return self.recv_cpu().refuse_next(hal, peer, hdr, Some(0));
                 }
-                self.rx_took_next(peer, seq);
+                self.recv_cpu().rx_took_next(peer, seq);
                 self.count(counter::RX_FRAMES, 1);
                 self.count(counter::MSGS_RX, 1);
-                self.send_ack(hal, peer, seq, 0);
+                self.recv_cpu().send_ack(hal, peer, seq, 0);
                 let resp = RmaHeader { op: rma_op::READ_RESP, cookie: rh.cookie, ..Default::default() };
                 let rma =
                     RmaTx { hdr: resp, source: RmaSource::Remote(t), data_len: t.len, read: None, rdv_send: None };
                 self.enqueue_tx_rma(now, port, peer, LocalDesc::new(&WorkDesc::default()), rma);
-                self.nack_gap(hal, peer);
+                self.recv_cpu().nack_gap(hal, peer);
             }
             rma_op::RDV_READ => self.on_rdv_read(hal, now, peer, hdr, &rh),
             _ => {
@@ -409,21 +409,21 @@ impl Nic {
                 match read.map(|r| (r.desc, r.want)) {
                     Some((desc, want)) if want == data_len => {
                         let owner = RxOwner::ReadResp { slot, stamp };
-                        let Some(r) = self.rx_open(now, peer, hdr, msg, desc, owner) else {
-                            return self.refuse_next(hal, peer, hdr, Some(0));
+                        let Some(r) = self.recv_cpu().rx_open(now, peer, hdr, msg, desc, owner) else {
+                            return self.recv_cpu().refuse_next(hal, peer, hdr, Some(0));
                         };
-                        self.rx_took_next(peer, seq);
+                        self.recv_cpu().rx_took_next(peer, seq);
                         self.deliver(hal, now, r, hdr, Some(msg), payload);
                     }
                     _ => {
                         // A response for a read given up (or a forgery):
                         // taken and dropped, so the responder stops sending.
                         self.count(counter::DROPPED_UNEXPECTED, 1);
-                        self.rx_took_next(peer, seq);
-                        self.send_ack(hal, peer, seq, 0);
+                        self.recv_cpu().rx_took_next(peer, seq);
+                        self.recv_cpu().send_ack(hal, peer, seq, 0);
                     }
                 }
-                self.nack_gap(hal, peer);
+                self.recv_cpu().nack_gap(hal, peer);
             }
         }
     }
@@ -440,20 +440,20 @@ impl Nic {
             m.pullable() && !m.pulling && rh.len as u64 <= m.desc.len
         });
         let Some(s) = held else {
-            return self.send_nack(hal, peer, seq, 0, 0, NackReason::RemoteAccess);
+            return self.recv_cpu().send_nack(hal, peer, seq, 0, 0, NackReason::RemoteAccess);
         };
         if self.send.tx.is_full() {
             // No record for the answer now: the puller retries.
-            return self.refuse_next(hal, peer, hdr, Some(0));
+            return self.recv_cpu().refuse_next(hal, peer, hdr, Some(0));
         }
         self.hold_tx(now, s);
         let m = self.send.tx.get_mut(s);
         m.pulling = true;
         let (port, desc, send_seq) = (m.port, m.desc, m.seq);
-        self.rx_took_next(peer, seq);
+        self.recv_cpu().rx_took_next(peer, seq);
         self.count(counter::RX_FRAMES, 1);
         self.count(counter::MSGS_RX, 1);
-        self.send_ack(hal, peer, seq, 0);
+        self.recv_cpu().send_ack(hal, peer, seq, 0);
         let resp = RmaHeader { op: rma_op::READ_RESP, cookie: rh.cookie, ..Default::default() };
         let rma = RmaTx {
             hdr: resp,
@@ -463,7 +463,7 @@ impl Nic {
             rdv_send: Some((s, send_seq)),
         };
         self.enqueue_tx_rma(now, port, peer, desc, rma);
-        self.nack_gap(hal, peer);
+        self.recv_cpu().nack_gap(hal, peer);
     }
 
     /// A remote write's receive record finished: with immediate data, its

@@ -21,6 +21,7 @@ use emp_uapi::{seq_le, seq_lt, Le};
 
 use crate::host::Completion;
 use crate::mr::Buf;
+use crate::recv_cpu::RecvCpu;
 use crate::{FlowControl, Hal, LocalDesc, MatchMode, Nic};
 
 /// Who a receive record reports to when it finishes. The receive path
@@ -365,16 +366,16 @@ impl Nic {
             // Closed, or meant for an earlier process on this port: unless
             // that process had received it, refused.
             if !self.linger_answer(hal, now, hdr) {
-                self.send_raw_nack(hal, hdr, NackReason::PortClosed);
+                self.recv_cpu().send_raw_nack(hal, hdr, NackReason::PortClosed);
             }
             return None;
         }
         let Some(peer) = self.peer_for(now, port, hdr.src_node, hdr.src_port, hdr.tx_floor) else {
-            self.send_raw_nack(hal, hdr, NackReason::PeerTableFull);
+            self.recv_cpu().send_raw_nack(hal, hdr, NackReason::PeerTableFull);
             return None;
         };
         if !self.check_incarnation(hal, now, peer, hdr) {
-            self.note(hdr, 0, RxTrace::OldIncarnation);
+            self.recv_cpu().note(hdr, 0, RxTrace::OldIncarnation);
             self.count(counter::DROPPED_UNEXPECTED, 1);
             return None;
         }
@@ -383,172 +384,6 @@ impl Nic {
             self.recv.peer_mut(peer).max_seen = hdr.msg_seq;
         }
         Some(peer)
-    }
-
-    /// Where an admitted DATA frame from `peer` belongs (reads state only).
-    pub(crate) fn classify_data(&self, peer: u32, hdr: &FrameHeader) -> DataVerdict {
-        let p = self.recv.peer(peer);
-        let seq = hdr.msg_seq;
-        if let Some(r) = p.rx_active.iter().copied().find(|&r| self.recv.rx.get(r).is_some_and(|m| m.seq == seq)) {
-            return DataVerdict::Active(r);
-        }
-        if seq_lt(seq, p.rx_expected) {
-            let retained =
-                |&e: &u32| self.recv.unexp.get(e).is_some_and(|u| u.data.is_none() && u.peer == peer && u.seq == seq);
-            if self.recv.ports[hdr.dst_port as usize].unexpected.iter().any(retained) {
-                return DataVerdict::Retained;
-            }
-            return DataVerdict::Old;
-        }
-        if seq != p.rx_expected || hdr.frame_index != 0 {
-            return DataVerdict::Early;
-        }
-        match FrameKind::from_u8(hdr.kind) {
-            Some(FrameKind::CollData) => DataVerdict::CollFirst,
-            Some(FrameKind::Rma) => DataVerdict::RmaFirst,
-            _ => DataVerdict::NextMsg,
-        }
-    }
-
-    /// A frame of a retained message: the sender missed the `Retained`
-    /// answer (or keeps the message alive while it waits): answered on its
-    /// group's last frame, not kept.
-    pub(crate) fn on_retained_data<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader) {
-        self.count(counter::DUPLICATES, 1);
-        let g = hdr.frame_index / self.cfg.group_size;
-        let (_, end) = wire::group_range(self.cfg.group_size, hdr.frame_count, g);
-        if hdr.frame_index == 0 || hdr.frame_index + 1 == end {
-            self.send_nack(hal, peer, hdr.msg_seq, 0, 0, NackReason::Retained);
-        }
-    }
-
-    /// A frame of a message finished here: its ACK was lost. ACK again.
-    pub(crate) fn on_old_data<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader) {
-        self.note(hdr, self.recv.peer(peer).rx_expected, RxTrace::OutOfTurn);
-        self.count(counter::DUPLICATES, 1);
-        self.send_ack(hal, peer, hdr.msg_seq, hdr.frame_index / self.cfg.group_size);
-    }
-
-    /// The header frame of the next (non-collective) message: match it
-    /// against the posted receives or the overflow buffer, else refuse it.
-    pub(crate) fn on_next_msg<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        now: u64,
-        peer: u32,
-        hdr: &FrameHeader,
-        msg: &MsgHeader,
-        payload: &[u8],
-    ) {
-        let seq = hdr.msg_seq;
-        match self.try_match(now, peer, hdr, msg, payload) {
-            MatchOutcome::Matched(r) => {
-                self.deliver(hal, now, r, hdr, Some(msg), payload);
-                self.nack_gap(hal, peer);
-            }
-            MatchOutcome::Whole(desc) => {
-                self.receive_whole(hal, now, peer, hdr, msg, payload, &desc);
-                self.nack_gap(hal, peer);
-            }
-            MatchOutcome::Overflowed => {
-                self.ack_message(hal, now, peer, seq, 0);
-                self.nack_gap(hal, peer);
-            }
-            MatchOutcome::Retained => {
-                self.send_nack(hal, peer, seq, 0, 0, NackReason::Retained);
-                self.nack_gap(hal, peer);
-            }
-            MatchOutcome::TooLarge => self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge),
-            MatchOutcome::NotReady => self.refuse_next(hal, peer, hdr, Some(msg.tag)),
-        }
-    }
-
-    /// The next message from `peer` was taken (consumed by the NIC, or given
-    /// a receive record): later ones may follow.
-    pub(crate) fn rx_took_next(&mut self, peer: u32, seq: u32) {
-        let p = self.recv.peer_mut(peer);
-        p.rx_expected = seq.wrapping_add(1);
-        p.rnr_seq = None;
-        p.rnr_coll = false;
-        p.rx_taken = true;
-    }
-
-    /// No buffer for the next message: NACK it as not ready and remember it
-    /// (its tag; `None` for a collective message, lifted by `coll_kick`),
-    /// so a matching post asks the sender for it at once.
-    pub(crate) fn refuse_next<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader, tag: Option<u64>) {
-        let seq = hdr.msg_seq;
-        self.note(hdr, self.recv.peer(peer).rx_expected, RxTrace::Refused);
-        self.count(counter::DROPPED_UNEXPECTED, 1);
-        let p = self.recv.peer_mut(peer);
-        p.rnr_seq = Some(seq);
-        p.rnr_coll = tag.is_none();
-        if let Some(tag) = tag {
-            p.rnr_tag = tag;
-        }
-        self.send_nack(hal, peer, seq, 0, 0, NackReason::NoMatch);
-    }
-
-    /// A frame of a message that cannot be matched yet: its own header is
-    /// missing, or an earlier message of this peer is not matched. Dropped;
-    /// answered once per group transmission, on its last frame.
-    pub(crate) fn on_early_data<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader) {
-        let seq = hdr.msg_seq;
-        let expected = self.recv.peer(peer).rx_expected;
-        self.note(hdr, expected, RxTrace::OutOfTurn);
-        self.count(counter::DROPPED_UNEXPECTED, 1);
-        let g = hdr.frame_index / self.cfg.group_size;
-        let (_, end) = wire::group_range(self.cfg.group_size, hdr.frame_count, g);
-        if hdr.frame_index + 1 != end {
-            return;
-        }
-        let refused = self.recv.peer(peer).rnr_seq == Some(expected);
-        if refused {
-            if self.cfg.flow_control != FlowControl::ModifiedAckNack || seq == expected {
-                // Alive but not ready: keeps the sender from burning retries.
-                self.send_nack(hal, peer, seq, g, 0, NackReason::NoMatch);
-            }
-        } else if now >= self.recv.peer(peer).last_loss_nack_ns + self.cfg.rto_ns / 2 {
-            // The expected message's header frame was lost: ask for it now.
-            self.recv.peer_mut(peer).last_loss_nack_ns = now;
-            self.send_nack(hal, peer, expected, 0, 1, NackReason::Loss);
-        }
-    }
-
-    /// The next message became matchable, but frames of it or of later
-    /// messages were already seen and dropped (they arrived before their
-    /// turn): ask for it now rather than wait for the sender's timer.
-    pub(crate) fn nack_gap<H: Hal>(&mut self, hal: &mut H, peer: u32) {
-        let p = self.recv.peer(peer);
-        if seq_le(p.rx_expected, p.max_seen) {
-            let expected = p.rx_expected;
-            self.recv.peer_mut(peer).last_loss_nack_ns = 0;
-            self.send_nack(hal, peer, expected, 0, 1, NackReason::Loss);
-        }
-    }
-
-    /// A receive was posted: if it matches a message this port refused,
-    /// tell that sender to send it now instead of waiting out its backoff.
-    pub(crate) fn kick_refused<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
-        for peer in 0..self.peers.len() as u32 {
-            let refused = self.peers[peer as usize].as_ref().filter(|p| {
-                let r = self.recv.peer(peer);
-                p.port == port
-                    && !r.rnr_coll
-                    && r.rnr_seq == Some(r.rx_expected)
-                    && d.matches(p.node, p.rport, r.rnr_tag)
-            });
-            if let Some(seq) = refused.map(|_| self.recv.peer(peer).rx_expected) {
-                self.send_nack(hal, peer, seq, 0, 1, NackReason::Loss);
-            }
-        }
-    }
-
-    fn note(&mut self, hdr: &FrameHeader, expected: u32, outcome: RxTrace) {
-        if self.recv.trace.len() == 32 {
-            self.recv.trace.pop_front();
-        }
-        self.recv.trace.push_back((hdr.msg_seq, hdr.frame_index, expected, outcome));
     }
 
     /// Tracks the sender's port generation; a new incarnation
@@ -605,114 +440,6 @@ impl Nic {
         if p.rnr_seq.is_some_and(|s| seq_lt(s, floor)) {
             p.rnr_seq = None;
         }
-    }
-
-    /// Matches the header frame of the next message against the port's
-    /// posted receives (in posting order), else the overflow buffer.
-    fn try_match(&mut self, now: u64, peer: u32, hdr: &FrameHeader, msg: &MsgHeader, payload: &[u8]) -> MatchOutcome {
-        if msg.total_len > self.cfg.msg_max {
-            return MatchOutcome::TooLarge;
-        }
-        let port = hdr.dst_port;
-        let frame_count = wire::frames_for(msg.total_len, self.mtu);
-        if frame_count != hdr.frame_count as u64 {
-            return MatchOutcome::TooLarge; // Sender's MTU differs: refuse loudly.
-        }
-        let posted = &self.recv.ports[port as usize].posted;
-        if let Some(i) = posted.iter().position(|d| d.matches(hdr.src_node, hdr.src_port, msg.tag)) {
-            let desc = posted[i];
-            // A record for a message whose only frame is here, whose
-            // payload this CPU stores now, would be opened and retired
-            // within this frame: none is made. Any other message, or a
-            // frame whose payload disagrees with its header, takes the
-            // record's path (which checks and counts it).
-            let whole = hdr.frame_count == 1 && payload.len() as u64 == msg.total_len;
-            if whole && self.queued_to(crate::cpu::Step::Receiving).is_none() {
-                self.recv.ports[port as usize].posted.remove(i);
-                self.rx_took_next(peer, hdr.msg_seq);
-                return MatchOutcome::Whole(desc);
-            }
-            let Some(r) = self.rx_open(now, peer, hdr, msg, desc, RxOwner::Recv) else {
-                return MatchOutcome::NotReady;
-            };
-            self.recv.ports[port as usize].posted.remove(i);
-            self.rx_took_next(peer, hdr.msg_seq);
-            return MatchOutcome::Matched(r);
-        }
-        let mode = self.ports[port as usize].mode;
-        let pool = mode == MatchMode::Unexpected || self.cfg.overflow_slots > 0;
-        let mut entry = Unexpected {
-            port,
-            src_node: hdr.src_node,
-            src_port: hdr.src_port,
-            tag: msg.tag,
-            total_len: msg.total_len,
-            imm: msg.imm(),
-            data: None,
-            peer,
-            seq: hdr.msg_seq,
-            pull: None,
-            claimed: None,
-        };
-        let fits = pool && hdr.frame_count == 1 && msg.total_len <= self.recv.overflow.slot_size as u64;
-        if fits && !self.recv.unexp.is_full() {
-            if let Some(s) = self.recv.overflow.free.pop() {
-                self.recv.overflow.slots[s as usize].data.clear();
-                self.recv.overflow.slots[s as usize].data.extend_from_slice(payload);
-                entry.data = Some(s);
-                let e = self.recv.unexp.insert_checked(entry);
-                self.recv.ports[port as usize].unexpected.push_back(e);
-                self.rx_took_next(peer, hdr.msg_seq);
-                self.count(counter::OVERFLOW_MSGS, 1);
-                self.count(counter::RX_FRAMES, 1);
-                if mode == MatchMode::Unexpected {
-                    self.count(counter::UNEXP_EAGER, 1);
-                    self.count(counter::UNEXP_BYTES, msg.total_len);
-                }
-                return MatchOutcome::Overflowed;
-            }
-        }
-        if mode == MatchMode::Unexpected {
-            if self.recv.rdv_held < self.cfg.unexp_headers && !self.recv.unexp.is_full() {
-                let e = self.recv.unexp.insert_checked(entry);
-                self.recv.ports[port as usize].unexpected.push_back(e);
-                self.recv.rdv_held += 1;
-                self.recv.peer_mut(peer).rdv_entries += 1;
-                self.rx_took_next(peer, hdr.msg_seq);
-                self.count(counter::UNEXP_RDV, 1);
-                return MatchOutcome::Retained;
-            }
-            self.count(counter::UNEXP_REFUSED_FULL, 1);
-        }
-        MatchOutcome::NotReady
-    }
-
-    /// Opens a receive record for the message whose header frame is
-    /// `hdr`/`msg` from `peer`, landing in `desc`; `None` when the table is full.
-    pub(crate) fn rx_open(
-        &mut self,
-        now: u64,
-        peer: u32,
-        hdr: &FrameHeader,
-        msg: &MsgHeader,
-        desc: LocalDesc,
-        owner: RxOwner,
-    ) -> Option<u32> {
-        if self.recv.rx.is_full() {
-            return None;
-        }
-        let masks = self.recv.rx_rings.take();
-        let mut rec = RxMsg::new(hdr.dst_port, peer, hdr, msg, desc, owner, self.cfg.group_size, masks, now);
-        rec.stamp = self.next_stamp();
-        let r = self.recv.rx.insert_checked(rec);
-        self.recv.peer_mut(peer).rx_active.push(r);
-        self.arm_rx_sweep(now);
-        Some(r)
-    }
-
-    /// Partially received messages are swept for idleness while any exists.
-    pub(crate) fn arm_rx_sweep(&mut self, now: u64) {
-        self.recv.sweep_at.get_or_insert(now + self.cfg.rx_idle_timeout_ns / 4);
     }
 
     /// May a receive be posted now? One that matches a retained header
@@ -956,6 +683,298 @@ impl Nic {
         Ok(())
     }
 
+    /// Every quarter of the idle timeout: abort partially received
+    /// messages no frame arrived for within the timeout (one timer for all
+    /// records, not one per message).
+    pub(crate) fn on_rx_sweep<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        for r in 0..self.cfg.rx_max {
+            if self.recv.rx.get(r).is_some_and(|m| now >= m.last_activity + self.cfg.rx_idle_timeout_ns) {
+                self.finish_rx(hal, now, r, Some(Status::SenderAborted));
+            }
+        }
+        self.recv.sweep_at = (self.recv.rx.used() > 0).then_some(now + self.cfg.rx_idle_timeout_ns / 4);
+    }
+}
+
+impl RecvCpu<'_> {
+    /// Where an admitted DATA frame from `peer` belongs (reads state only).
+    pub(crate) fn classify_data(&self, peer: u32, hdr: &FrameHeader) -> DataVerdict {
+        let p = self.recv.peer(peer);
+        let seq = hdr.msg_seq;
+        if let Some(r) = p.rx_active.iter().copied().find(|&r| self.recv.rx.get(r).is_some_and(|m| m.seq == seq)) {
+            return DataVerdict::Active(r);
+        }
+        if seq_lt(seq, p.rx_expected) {
+            let retained =
+                |&e: &u32| self.recv.unexp.get(e).is_some_and(|u| u.data.is_none() && u.peer == peer && u.seq == seq);
+            if self.recv.ports[hdr.dst_port as usize].unexpected.iter().any(retained) {
+                return DataVerdict::Retained;
+            }
+            return DataVerdict::Old;
+        }
+        if seq != p.rx_expected || hdr.frame_index != 0 {
+            return DataVerdict::Early;
+        }
+        match FrameKind::from_u8(hdr.kind) {
+            Some(FrameKind::CollData) => DataVerdict::CollFirst,
+            Some(FrameKind::Rma) => DataVerdict::RmaFirst,
+            _ => DataVerdict::NextMsg,
+        }
+    }
+
+    /// A frame of a retained message: the sender missed the `Retained`
+    /// answer (or keeps the message alive while it waits): answered on its
+    /// group's last frame, not kept.
+    pub(crate) fn on_retained_data<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader) {
+        self.count(counter::DUPLICATES, 1);
+        let g = hdr.frame_index / self.cfg.group_size;
+        let (_, end) = wire::group_range(self.cfg.group_size, hdr.frame_count, g);
+        if hdr.frame_index == 0 || hdr.frame_index + 1 == end {
+            self.send_nack(hal, peer, hdr.msg_seq, 0, 0, NackReason::Retained);
+        }
+    }
+
+    /// A frame of a message finished here: its ACK was lost. ACK again.
+    pub(crate) fn on_old_data<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader) {
+        self.note(hdr, self.recv.peer(peer).rx_expected, RxTrace::OutOfTurn);
+        self.count(counter::DUPLICATES, 1);
+        let g = hdr.frame_index / self.cfg.group_size;
+        self.send_ack(hal, peer, hdr.msg_seq, g);
+    }
+
+    /// The header frame of the next (non-collective) message: match it
+    /// against the posted receives or the overflow buffer, else refuse it.
+    pub(crate) fn on_next_msg<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        peer: u32,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        payload: &[u8],
+    ) {
+        let seq = hdr.msg_seq;
+        match self.try_match(now, peer, hdr, msg, payload) {
+            MatchOutcome::Matched(r) => {
+                // A record of the receive path's own (`RxOwner::Recv`).
+                if self.accept_frame(hal, now, r, hdr, Some(msg), payload).is_some_and(|a| a.finish) {
+                    self.finish_recv(hal, r, None);
+                }
+                self.nack_gap(hal, peer);
+            }
+            MatchOutcome::Whole(desc) => {
+                self.receive_whole(hal, now, peer, hdr, msg, payload, &desc);
+                self.nack_gap(hal, peer);
+            }
+            MatchOutcome::Overflowed => {
+                self.ack_message(hal, now, peer, seq, 0);
+                self.nack_gap(hal, peer);
+            }
+            MatchOutcome::Retained => {
+                self.send_nack(hal, peer, seq, 0, 0, NackReason::Retained);
+                self.nack_gap(hal, peer);
+            }
+            MatchOutcome::TooLarge => self.send_nack(hal, peer, seq, 0, 0, NackReason::TooLarge),
+            MatchOutcome::NotReady => self.refuse_next(hal, peer, hdr, Some(msg.tag)),
+        }
+    }
+
+    /// The next message from `peer` was taken (consumed by the NIC, or given
+    /// a receive record): later ones may follow.
+    pub(crate) fn rx_took_next(&mut self, peer: u32, seq: u32) {
+        let p = self.recv.peer_mut(peer);
+        p.rx_expected = seq.wrapping_add(1);
+        p.rnr_seq = None;
+        p.rnr_coll = false;
+        p.rx_taken = true;
+    }
+
+    /// No buffer for the next message: NACK it as not ready and remember it
+    /// (its tag; `None` for a collective message, lifted by `coll_kick`),
+    /// so a matching post asks the sender for it at once.
+    pub(crate) fn refuse_next<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader, tag: Option<u64>) {
+        let seq = hdr.msg_seq;
+        self.note(hdr, self.recv.peer(peer).rx_expected, RxTrace::Refused);
+        self.count(counter::DROPPED_UNEXPECTED, 1);
+        let p = self.recv.peer_mut(peer);
+        p.rnr_seq = Some(seq);
+        p.rnr_coll = tag.is_none();
+        if let Some(tag) = tag {
+            p.rnr_tag = tag;
+        }
+        self.send_nack(hal, peer, seq, 0, 0, NackReason::NoMatch);
+    }
+
+    /// A frame of a message that cannot be matched yet: its own header is
+    /// missing, or an earlier message of this peer is not matched. Dropped;
+    /// answered once per group transmission, on its last frame.
+    pub(crate) fn on_early_data<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader) {
+        let seq = hdr.msg_seq;
+        let expected = self.recv.peer(peer).rx_expected;
+        self.note(hdr, expected, RxTrace::OutOfTurn);
+        self.count(counter::DROPPED_UNEXPECTED, 1);
+        let g = hdr.frame_index / self.cfg.group_size;
+        let (_, end) = wire::group_range(self.cfg.group_size, hdr.frame_count, g);
+        if hdr.frame_index + 1 != end {
+            return;
+        }
+        let refused = self.recv.peer(peer).rnr_seq == Some(expected);
+        if refused {
+            if self.cfg.flow_control != FlowControl::ModifiedAckNack || seq == expected {
+                // Alive but not ready: keeps the sender from burning retries.
+                self.send_nack(hal, peer, seq, g, 0, NackReason::NoMatch);
+            }
+        } else if now >= self.recv.peer(peer).last_loss_nack_ns + self.cfg.rto_ns / 2 {
+            // The expected message's header frame was lost: ask for it now.
+            self.recv.peer_mut(peer).last_loss_nack_ns = now;
+            self.send_nack(hal, peer, expected, 0, 1, NackReason::Loss);
+        }
+    }
+
+    /// The next message became matchable, but frames of it or of later
+    /// messages were already seen and dropped (they arrived before their
+    /// turn): ask for it now rather than wait for the sender's timer.
+    pub(crate) fn nack_gap<H: Hal>(&mut self, hal: &mut H, peer: u32) {
+        let p = self.recv.peer(peer);
+        if seq_le(p.rx_expected, p.max_seen) {
+            let expected = p.rx_expected;
+            self.recv.peer_mut(peer).last_loss_nack_ns = 0;
+            self.send_nack(hal, peer, expected, 0, 1, NackReason::Loss);
+        }
+    }
+
+    /// A receive was posted: if it matches a message this port refused,
+    /// tell that sender to send it now instead of waiting out its backoff.
+    pub(crate) fn kick_refused<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
+        for peer in 0..self.peers.len() as u32 {
+            let refused = self.peers[peer as usize].as_ref().filter(|p| {
+                let r = self.recv.peer(peer);
+                p.port == port
+                    && !r.rnr_coll
+                    && r.rnr_seq == Some(r.rx_expected)
+                    && d.matches(p.node, p.rport, r.rnr_tag)
+            });
+            if let Some(seq) = refused.map(|_| self.recv.peer(peer).rx_expected) {
+                self.send_nack(hal, peer, seq, 0, 1, NackReason::Loss);
+            }
+        }
+    }
+
+    fn note(&mut self, hdr: &FrameHeader, expected: u32, outcome: RxTrace) {
+        if self.recv.trace.len() == 32 {
+            self.recv.trace.pop_front();
+        }
+        self.recv.trace.push_back((hdr.msg_seq, hdr.frame_index, expected, outcome));
+    }
+
+    /// Matches the header frame of the next message against the port's
+    /// posted receives (in posting order), else the overflow buffer.
+    fn try_match(&mut self, now: u64, peer: u32, hdr: &FrameHeader, msg: &MsgHeader, payload: &[u8]) -> MatchOutcome {
+        if msg.total_len > self.cfg.msg_max {
+            return MatchOutcome::TooLarge;
+        }
+        let port = hdr.dst_port;
+        let frame_count = wire::frames_for(msg.total_len, self.mtu);
+        if frame_count != hdr.frame_count as u64 {
+            return MatchOutcome::TooLarge; // Sender's MTU differs: refuse loudly.
+        }
+        let posted = &self.recv.ports[port as usize].posted;
+        if let Some(i) = posted.iter().position(|d| d.matches(hdr.src_node, hdr.src_port, msg.tag)) {
+            let desc = posted[i];
+            // A record for a message whose only frame is here, whose
+            // payload this CPU stores now, would be opened and retired
+            // within this frame: none is made. Any other message, or a
+            // frame whose payload disagrees with its header, takes the
+            // record's path (which checks and counts it).
+            let whole = hdr.frame_count == 1 && payload.len() as u64 == msg.total_len;
+            if whole && self.queued_to(crate::cpu::Step::Receiving).is_none() {
+                self.recv.ports[port as usize].posted.remove(i);
+                self.rx_took_next(peer, hdr.msg_seq);
+                return MatchOutcome::Whole(desc);
+            }
+            let Some(r) = self.rx_open(now, peer, hdr, msg, desc, RxOwner::Recv) else {
+                return MatchOutcome::NotReady;
+            };
+            self.recv.ports[port as usize].posted.remove(i);
+            self.rx_took_next(peer, hdr.msg_seq);
+            return MatchOutcome::Matched(r);
+        }
+        let mode = self.ports[port as usize].mode;
+        let pool = mode == MatchMode::Unexpected || self.cfg.overflow_slots > 0;
+        let mut entry = Unexpected {
+            port,
+            src_node: hdr.src_node,
+            src_port: hdr.src_port,
+            tag: msg.tag,
+            total_len: msg.total_len,
+            imm: msg.imm(),
+            data: None,
+            peer,
+            seq: hdr.msg_seq,
+            pull: None,
+            claimed: None,
+        };
+        let fits = pool && hdr.frame_count == 1 && msg.total_len <= self.recv.overflow.slot_size as u64;
+        if fits && !self.recv.unexp.is_full() {
+            if let Some(s) = self.recv.overflow.free.pop() {
+                self.recv.overflow.slots[s as usize].data.clear();
+                self.recv.overflow.slots[s as usize].data.extend_from_slice(payload);
+                entry.data = Some(s);
+                let e = self.recv.unexp.insert_checked(entry);
+                self.recv.ports[port as usize].unexpected.push_back(e);
+                self.rx_took_next(peer, hdr.msg_seq);
+                self.count(counter::OVERFLOW_MSGS, 1);
+                self.count(counter::RX_FRAMES, 1);
+                if mode == MatchMode::Unexpected {
+                    self.count(counter::UNEXP_EAGER, 1);
+                    self.count(counter::UNEXP_BYTES, msg.total_len);
+                }
+                return MatchOutcome::Overflowed;
+            }
+        }
+        if mode == MatchMode::Unexpected {
+            if self.recv.rdv_held < self.cfg.unexp_headers && !self.recv.unexp.is_full() {
+                let e = self.recv.unexp.insert_checked(entry);
+                self.recv.ports[port as usize].unexpected.push_back(e);
+                self.recv.rdv_held += 1;
+                self.recv.peer_mut(peer).rdv_entries += 1;
+                self.rx_took_next(peer, hdr.msg_seq);
+                self.count(counter::UNEXP_RDV, 1);
+                return MatchOutcome::Retained;
+            }
+            self.count(counter::UNEXP_REFUSED_FULL, 1);
+        }
+        MatchOutcome::NotReady
+    }
+
+    /// Opens a receive record for the message whose header frame is
+    /// `hdr`/`msg` from `peer`, landing in `desc`; `None` when the table is full.
+    pub(crate) fn rx_open(
+        &mut self,
+        now: u64,
+        peer: u32,
+        hdr: &FrameHeader,
+        msg: &MsgHeader,
+        desc: LocalDesc,
+        owner: RxOwner,
+    ) -> Option<u32> {
+        if self.recv.rx.is_full() {
+            return None;
+        }
+        let masks = self.recv.rx_rings.take();
+        let mut rec = RxMsg::new(hdr.dst_port, peer, hdr, msg, desc, owner, self.cfg.group_size, masks, now);
+        rec.stamp = self.recv.next_stamp();
+        let r = self.recv.rx.insert_checked(rec);
+        self.recv.peer_mut(peer).rx_active.push(r);
+        self.arm_rx_sweep(now);
+        Some(r)
+    }
+
+    /// Partially received messages are swept for idleness while any exists.
+    pub(crate) fn arm_rx_sweep(&mut self, now: u64) {
+        self.recv.sweep_at.get_or_insert(now + self.cfg.rx_idle_timeout_ns / 4);
+    }
+
     /// A DATA frame of a matched message: recorded, stored, acknowledged.
     /// `None` when it was malformed or a duplicate.
     pub(crate) fn accept_frame<H: Hal>(
@@ -1042,8 +1061,12 @@ impl Nic {
         let io = match (deferred, rma) {
             _ if n == 0 => Ok(()),
             (Some(cpu), _) => self.enqueue_receive(hal, cpu, r, seq, off, &data[..n]),
-            (None, Some(t)) => self.remote_io(hal, port, &t, off, Buf::ToHost(&data[..n]), MR_REMOTE_WRITE),
-            (None, None) => self.sge_io(hal, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE),
+            (None, Some(t)) => {
+                self.mr.remote_io(hal, self.layout, port, &t, off, Buf::ToHost(&data[..n]), MR_REMOTE_WRITE)
+            }
+            (None, None) => {
+                self.mr.sge_io(hal, self.layout, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE)
+            }
         };
         let stored = io.is_ok() && n == data.len();
         if let Err(e) = io {
@@ -1167,25 +1190,13 @@ impl Nic {
         let n = desc.len.min(payload.len() as u64) as usize;
         let io = match n {
             0 => Ok(()),
-            _ => self.sge_io(hal, port, desc.sges(), 0, Buf::ToHost(&payload[..n]), MR_LOCAL_WRITE),
+            _ => self.mr.sge_io(hal, self.layout, port, desc.sges(), 0, Buf::ToHost(&payload[..n]), MR_LOCAL_WRITE),
         };
         self.count(counter::RX_FRAMES, 1);
         self.ack_message(hal, now, peer, hdr.msg_seq, 0);
         self.count(counter::MSGS_RX, 1);
         let c = self.recv_completion(desc, peer, (msg.tag, msg.total_len, msg.imm()), io.err());
         self.complete(hal, port, c);
-    }
-
-    /// Every quarter of the idle timeout: abort partially received
-    /// messages no frame arrived for within the timeout (one timer for all
-    /// records, not one per message).
-    pub(crate) fn on_rx_sweep<H: Hal>(&mut self, hal: &mut H, now: u64) {
-        for r in 0..self.cfg.rx_max {
-            if self.recv.rx.get(r).is_some_and(|m| now >= m.last_activity + self.cfg.rx_idle_timeout_ns) {
-                self.finish_rx(hal, now, r, Some(Status::SenderAborted));
-            }
-        }
-        self.recv.sweep_at = (self.recv.rx.used() > 0).then_some(now + self.cfg.rx_idle_timeout_ns / 4);
     }
 }
 

@@ -547,7 +547,7 @@ impl Nic {
         // (the sender would see the answer before its send completed).
         let peer = self.send.tx.get(slot).expect("live").peer;
         if self.recv.peer(peer).ack_owed.is_some() {
-            self.flush_ack(hal, peer);
+            self.recv_cpu().flush_ack(hal, peer);
         }
         let m = self.send.tx.get(slot).expect("live");
         let p = self.peer(m.peer);

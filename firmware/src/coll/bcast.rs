@@ -70,7 +70,7 @@ impl Nic {
         let port = hdr.dst_port;
         let peer = self.find_peer(port, hdr.src_node, hdr.src_port).expect("frame's peer exists");
         let owner = crate::rx::RxOwner::Bcast { op, stamp };
-        let r = self.rx_open(now, peer, hdr, msg, data, owner).expect("checked not full");
+        let r = self.recv_cpu().rx_open(now, peer, hdr, msg, data, owner).expect("checked not full");
         self.bcast_mut(op).rx = Some(r);
         // Children are fed from where the data lands, frame by frame.
         self.coll_progress(hal, now, op);

@@ -870,7 +870,7 @@ impl Nic {
             .map(|(i, _)| (i, self.recv.peer(i).rx_expected))
             .collect();
         for (peer, seq) in refused {
-            self.send_nack(hal, peer, seq, 0, 1, NackReason::Loss);
+            self.recv_cpu().send_nack(hal, peer, seq, 0, 1, NackReason::Loss);
         }
     }
 }
