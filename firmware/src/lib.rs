@@ -679,6 +679,9 @@ pub(crate) struct RecvSide {
     /// Last DATA-frame decisions (seq, frame index, rx_expected, outcome),
     /// for diagnosis (`describe_peers`).
     pub(crate) trace: VecDeque<(u32, u32, u32, rx::RxTrace)>,
+    /// DATA frames the receive side took alone, and those that needed the
+    /// whole program (`Nic::data_frames`).
+    pub(crate) data_frames: [u64; 2],
 }
 
 impl RecvSide {
@@ -703,6 +706,7 @@ impl RecvSide {
             fc_updates_owed: false,
             sweep_at: None,
             trace: VecDeque::with_capacity(32),
+            data_frames: [0; 2],
         }
     }
 
@@ -1015,29 +1019,23 @@ impl Nic {
         }
     }
 
-    /// A DATA (or collective DATA) frame: admitted and classified by the
-    /// receive path; the header frame of a collective message goes to the
-    /// collective layer.
+    /// A DATA (or collective DATA) frame: the receive side takes it alone
+    /// when it can (`RecvCpu::try_data`); else admitted here, and the
+    /// header frame of a collective or remote-access message, or a frame of
+    /// a record another layer owns, goes to that layer.
     fn on_data<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, msg: Option<&MsgHeader>, payload: &[u8]) {
+        if self.recv_cpu().try_data(hal, now, hdr, msg, payload) {
+            self.recv.data_frames[0] += 1;
+            return;
+        }
+        self.recv.data_frames[1] += 1;
         let Some(peer) = self.admit_data(hal, now, hdr) else { return };
         let verdict = self.recv_cpu().classify_data(peer, hdr);
-        if self.ports[hdr.dst_port as usize].suspended {
-            // C1: a suspended port finishes the messages it is receiving
-            // but starts none; the sender retries after resume.
-            if let DataVerdict::NextMsg | DataVerdict::CollFirst | DataVerdict::RmaFirst = verdict {
-                let tag = msg.map(|m| m.tag).filter(|_| !matches!(verdict, DataVerdict::CollFirst));
-                return self.recv_cpu().refuse_next(hal, peer, hdr, tag);
-            }
+        if self.recv_cpu().on_verdict(hal, now, peer, verdict, hdr, msg, payload) {
+            return;
         }
         match verdict {
             DataVerdict::Active(r) => self.deliver(hal, now, r, hdr, msg, payload),
-            DataVerdict::Old => self.recv_cpu().on_old_data(hal, peer, hdr),
-            DataVerdict::Retained => self.recv_cpu().on_retained_data(hal, peer, hdr),
-            DataVerdict::Early => self.recv_cpu().on_early_data(hal, now, peer, hdr),
-            DataVerdict::NextMsg => {
-                let msg = msg.expect("frame 0 carries the message header");
-                self.recv_cpu().on_next_msg(hal, now, peer, hdr, msg, payload);
-            }
             DataVerdict::CollFirst => {
                 let msg = msg.expect("frame 0 carries the message header");
                 self.on_coll_first(hal, now, peer, hdr, msg, payload);
@@ -1046,6 +1044,7 @@ impl Nic {
                 let msg = msg.expect("frame 0 carries the message header");
                 self.on_rma_first(hal, now, peer, hdr, msg, payload);
             }
+            _ => unreachable!("the receive side acts on every other verdict"),
         }
     }
 
@@ -1191,6 +1190,14 @@ impl Nic {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// DATA frames received so far: those the receive side took alone
+    /// (`RecvCpu`: it reached nothing of the send side), and those that
+    /// needed the whole program (a new sender or incarnation, a closed
+    /// port, a collective or remote-access message).
+    pub fn data_frames(&self) -> (u64, u64) {
+        (self.recv.data_frames[0], self.recv.data_frames[1])
     }
 
     /// Counters (also published in the SRAM header).

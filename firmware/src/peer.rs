@@ -114,6 +114,9 @@ pub(crate) struct PeerRecv {
     /// This sender was told `FC_STOP`: it is sent an update once the port
     /// has room again (lost if the entry is reclaimed: the sender probes).
     pub fc_stop_sent: bool,
+    /// Last time a frame of this sender was admitted by the receive side
+    /// (`Peer::last_ns` is the table's own lookups).
+    pub last_ns: u64,
 }
 
 impl PeerRecv {
@@ -135,6 +138,7 @@ impl PeerRecv {
             acks_owed: 0,
             ack_queued: false,
             fc_stop_sent: false,
+            last_ns: now,
         }
     }
 
@@ -161,7 +165,12 @@ impl Nic {
             && p.atomic.seq_next == 0
             && p.atomic.queue.is_empty()
             && p.atomic.rx.is_none();
-        quiet && (!recv.rx_taken || now.saturating_sub(p.last_ns) >= rx_idle_ns)
+        quiet && (!recv.rx_taken || now.saturating_sub(self.last_used(i)) >= rx_idle_ns)
+    }
+
+    /// When entry `i` was last used, by the table's lookups or the receive side.
+    fn last_used(&self, i: u32) -> u64 {
+        self.peer(i).last_ns.max(self.recv.peer(i).last_ns)
     }
 
     /// Looks up a peer entry.
@@ -203,7 +212,7 @@ impl Nic {
         let victim = self
             .live_peers()
             .filter(|&(i, _)| self.reclaimable(i, now, idle))
-            .min_by_key(|&(i, p)| (p.last_ns, i))
+            .min_by_key(|&(i, _)| (self.last_used(i), i))
             .map(|(i, _)| i);
         let Some(i) = victim else { return };
         self.remove_peer(i);

@@ -26,6 +26,7 @@ pub(crate) struct RecvCpu<'a> {
     pub(crate) mtu: u32,
     pub(crate) ports: &'a [Port],
     pub(crate) peers: &'a [Option<Peer>],
+    pub(crate) peer_index: &'a crate::keymap::KeyMap<(u16, u16, u16), u32>,
     /// The CPU running it.
     pub(crate) cpu: u8,
     pub(crate) recv: &'a mut RecvSide,
@@ -46,6 +47,7 @@ impl Nic {
             mtu: self.mtu,
             ports: &self.ports,
             peers: &self.peers,
+            peer_index: &self.peer_index,
             cpu: self.cpu,
             recv: &mut self.recv,
             mr: &mut self.mr,

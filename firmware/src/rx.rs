@@ -307,7 +307,8 @@ pub(crate) struct Accepted {
     pub finish: bool,
 }
 
-/// Where an admitted DATA frame belongs (`Nic::classify_data`).
+/// Where an admitted DATA frame belongs (`RecvCpu::classify_data`).
+#[derive(Clone, Copy, Debug)]
 pub(crate) enum DataVerdict {
     /// A frame of a message being received, into record `r`.
     Active(u32),
@@ -327,6 +328,18 @@ pub(crate) enum DataVerdict {
     /// A frame that cannot be matched yet (its message's header frame is
     /// missing, or an earlier message is not matched).
     Early,
+}
+
+/// A DATA frame's sender incarnation against the one the receiver knows
+/// (`RecvCpu::incarnation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Incarnation {
+    /// The same (or the first frame from it): admitted.
+    Same,
+    /// An older one: dropped.
+    Old,
+    /// A newer one: the receive side is reset for it.
+    New,
 }
 
 /// What the receive path did with a DATA frame out of the ordinary, kept in
@@ -374,48 +387,20 @@ impl Nic {
             self.recv_cpu().send_raw_nack(hal, hdr, NackReason::PeerTableFull);
             return None;
         };
-        if !self.check_incarnation(hal, now, peer, hdr) {
-            self.recv_cpu().note(hdr, 0, RxTrace::OldIncarnation);
-            self.count(counter::DROPPED_UNEXPECTED, 1);
-            return None;
-        }
-        self.skip_to_floor(hal, now, peer, hdr.tx_floor);
-        if seq_lt(self.recv.peer(peer).max_seen, hdr.msg_seq) {
-            self.recv.peer_mut(peer).max_seen = hdr.msg_seq;
-        }
-        Some(peer)
-    }
-
-    /// Tracks the sender's port generation; a new incarnation
-    /// ([`crate::Config::new_incarnation`]) resets the receive side.
-    /// Returns false for frames from an older incarnation.
-    fn check_incarnation<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader) -> bool {
-        let p = self.recv.peer(peer);
-        match p.rx_gen {
-            None => {
-                let p = self.recv.peer_mut(peer);
-                p.rx_gen = Some(hdr.src_gen);
-                p.rx_gen_ns = now;
-                true
-            }
-            Some(g) if g == hdr.src_gen => {
-                self.recv.peer_mut(peer).rx_gen_ns = now;
-                true
-            }
-            Some(g) if self.cfg.new_incarnation(g, p.rx_gen_ns, hdr.src_gen, now) => {
+        match self.recv_cpu().incarnation(now, peer, hdr) {
+            Incarnation::Same => {}
+            Incarnation::Old => return None,
+            Incarnation::New => {
                 while let Some(&r) = self.recv.peer(peer).rx_active.first() {
                     self.finish_rx(hal, now, r, Some(Status::SenderAborted));
                 }
                 self.unexp_drop_peer(peer);
-                let p = self.recv.peer_mut(peer);
-                p.rx_gen = Some(hdr.src_gen);
-                p.rx_gen_ns = now;
-                p.rx_expected = hdr.tx_floor;
-                p.rnr_seq = None;
-                true
+                self.recv_cpu().new_incarnation(now, peer, hdr);
             }
-            Some(_) => false,
         }
+        self.skip_to_floor(hal, now, peer, hdr.tx_floor);
+        self.recv_cpu().admitted(now, peer, hdr);
+        Some(peer)
     }
 
     /// The sender finished or abandoned everything below `floor`: skip
@@ -425,21 +410,10 @@ impl Nic {
             return;
         }
         // Finishing a record takes it out of `rx_active`: the next one moves up.
-        let mut i = 0;
-        while let Some(&r) = self.recv.peer(peer).rx_active.get(i) {
-            // A complete record only waits for its receiving CPU: keep it.
-            let m = self.recv.rx.get(r).expect("active record");
-            if seq_lt(m.seq, floor) && m.frames_received < m.frame_count {
-                self.finish_rx(hal, now, r, Some(Status::SenderAborted));
-            } else {
-                i += 1;
-            }
+        while let Some(r) = self.recv_cpu().aborted_by_floor(peer, floor) {
+            self.finish_rx(hal, now, r, Some(Status::SenderAborted));
         }
-        let p = self.recv.peer_mut(peer);
-        p.rx_expected = floor;
-        if p.rnr_seq.is_some_and(|s| seq_lt(s, floor)) {
-            p.rnr_seq = None;
-        }
+        self.recv_cpu().set_floor(peer, floor);
     }
 
     /// May a receive be posted now? One that matches a retained header
@@ -697,6 +671,144 @@ impl Nic {
 }
 
 impl RecvCpu<'_> {
+    /// A DATA frame (naming a slot by now), handled by the receive side
+    /// alone when it can be: an open port, a known sender of the same
+    /// incarnation, and a message of the receive path's own. `false` when
+    /// it needs the whole program (`Nic::on_data`): a closed port, a new
+    /// sender or incarnation, a floor that aborts records, a collective or
+    /// remote-access message. What changed by then, the whole program's
+    /// admission does again the same way.
+    pub(crate) fn try_data<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        hdr: &FrameHeader,
+        msg: Option<&MsgHeader>,
+        payload: &[u8],
+    ) -> bool {
+        let st = &self.ports[hdr.dst_port as usize];
+        if !st.open || (hdr.dst_gen != 0 && hdr.dst_gen != st.gen) {
+            return false;
+        }
+        let Some(&peer) = self.peer_index.get(&(hdr.dst_port, hdr.src_node, hdr.src_port)) else { return false };
+        match self.incarnation(now, peer, hdr) {
+            Incarnation::Same => {}
+            Incarnation::Old => return true,
+            Incarnation::New => return false,
+        }
+        if seq_lt(self.recv.peer(peer).rx_expected, hdr.tx_floor) {
+            if self.aborted_by_floor(peer, hdr.tx_floor).is_some() {
+                return false;
+            }
+            self.set_floor(peer, hdr.tx_floor);
+        }
+        self.admitted(now, peer, hdr);
+        let verdict = self.classify_data(peer, hdr);
+        self.on_verdict(hal, now, peer, verdict, hdr, msg, payload)
+    }
+
+    /// Acts on the verdict for an admitted DATA frame from `peer`, unless
+    /// it needs the whole program (`false`): a frame of a record another
+    /// layer owns, or the first frame of a collective or remote-access
+    /// message on a port that is not suspended.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn on_verdict<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        peer: u32,
+        verdict: DataVerdict,
+        hdr: &FrameHeader,
+        msg: Option<&MsgHeader>,
+        payload: &[u8],
+    ) -> bool {
+        if self.ports[hdr.dst_port as usize].suspended {
+            // C1: a suspended port finishes the messages it is receiving
+            // but starts none; the sender retries after resume.
+            if let DataVerdict::NextMsg | DataVerdict::CollFirst | DataVerdict::RmaFirst = verdict {
+                let tag = msg.map(|m| m.tag).filter(|_| !matches!(verdict, DataVerdict::CollFirst));
+                self.refuse_next(hal, peer, hdr, tag);
+                return true;
+            }
+        }
+        match verdict {
+            DataVerdict::Active(r) => {
+                if self.recv.rx.get(r).is_none_or(|m| m.owner != RxOwner::Recv) {
+                    return false;
+                }
+                if self.accept_frame(hal, now, r, hdr, msg, payload).is_some_and(|a| a.finish) {
+                    self.finish_recv(hal, r, None);
+                }
+            }
+            DataVerdict::Old => self.on_old_data(hal, peer, hdr),
+            DataVerdict::Retained => self.on_retained_data(hal, peer, hdr),
+            DataVerdict::Early => self.on_early_data(hal, now, peer, hdr),
+            DataVerdict::NextMsg => {
+                let msg = msg.expect("frame 0 carries the message header");
+                self.on_next_msg(hal, now, peer, hdr, msg, payload);
+            }
+            DataVerdict::CollFirst | DataVerdict::RmaFirst => return false,
+        }
+        true
+    }
+
+    /// Tracks the sender's port generation: a first frame sets it, one of
+    /// an older incarnation is dropped here, a new incarnation
+    /// ([`crate::Config::new_incarnation`]) is for the whole program to
+    /// reset the receive side for (`Nic::admit_data`).
+    fn incarnation(&mut self, now: u64, peer: u32, hdr: &FrameHeader) -> Incarnation {
+        let p = self.recv.peer(peer);
+        match p.rx_gen {
+            Some(g) if g == hdr.src_gen => {}
+            None => self.recv.peer_mut(peer).rx_gen = Some(hdr.src_gen),
+            Some(g) if self.cfg.new_incarnation(g, p.rx_gen_ns, hdr.src_gen, now) => return Incarnation::New,
+            Some(_) => {
+                self.note(hdr, 0, RxTrace::OldIncarnation);
+                self.count(counter::DROPPED_UNEXPECTED, 1);
+                return Incarnation::Old;
+            }
+        }
+        self.recv.peer_mut(peer).rx_gen_ns = now;
+        Incarnation::Same
+    }
+
+    /// The sender's port is a new incarnation and its old one's records
+    /// are gone: receive from it as from a new sender, from `tx_floor` on.
+    pub(crate) fn new_incarnation(&mut self, now: u64, peer: u32, hdr: &FrameHeader) {
+        let p = self.recv.peer_mut(peer);
+        p.rx_gen = Some(hdr.src_gen);
+        p.rx_gen_ns = now;
+        p.rx_expected = hdr.tx_floor;
+        p.rnr_seq = None;
+    }
+
+    /// A partially received message from `peer` below `floor` (the sender
+    /// gave it up), if any: its record is to be aborted. A complete record
+    /// only waits for its receiving CPU: it is kept.
+    pub(crate) fn aborted_by_floor(&self, peer: u32, floor: u32) -> Option<u32> {
+        let partial = |m: &RxMsg| seq_lt(m.seq, floor) && m.frames_received < m.frame_count;
+        self.recv.peer(peer).rx_active.iter().copied().find(|&r| self.recv.rx.get(r).is_some_and(partial))
+    }
+
+    /// Skips the messages from `peer` below `floor` (none is being received).
+    pub(crate) fn set_floor(&mut self, peer: u32, floor: u32) {
+        let p = self.recv.peer_mut(peer);
+        p.rx_expected = floor;
+        if p.rnr_seq.is_some_and(|s| seq_lt(s, floor)) {
+            p.rnr_seq = None;
+        }
+    }
+
+    /// A DATA frame from `peer` was admitted: the highest sequence seen
+    /// and when the entry was last used follow it.
+    pub(crate) fn admitted(&mut self, now: u64, peer: u32, hdr: &FrameHeader) {
+        let p = self.recv.peer_mut(peer);
+        p.last_ns = now;
+        if seq_lt(p.max_seen, hdr.msg_seq) {
+            p.max_seen = hdr.msg_seq;
+        }
+    }
+
     /// Where an admitted DATA frame from `peer` belongs (reads state only).
     pub(crate) fn classify_data(&self, peer: u32, hdr: &FrameHeader) -> DataVerdict {
         let p = self.recv.peer(peer);
