@@ -42,8 +42,8 @@ use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, atomic_op, AtomicBody, AtomicResult, FrameHeader, FrameKind, ATOMIC_WINDOW};
 use emp_uapi::{seq_lt, Le};
 
+use crate::cq::Completion;
 use crate::guard::RemoteTarget;
-use crate::host::Completion;
 use crate::mr::Buf;
 use crate::timer::Timer;
 use crate::{Hal, LocalDesc, Nic};

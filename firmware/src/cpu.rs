@@ -53,7 +53,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use emp_uapi::desc::{Cqe, Status, CQE_FLAGS_OFFSET};
+use emp_uapi::desc::{Cqe, Status};
 use emp_uapi::fwabi::HostSeg;
 use emp_uapi::image::cpu_plan;
 use emp_uapi::sram::counter;
@@ -63,7 +63,6 @@ use emp_uapi::Le;
 use emp_uapi::sram::Layout;
 
 use crate::mr::{Buf, HostSegs, MrCache};
-use crate::recv_cpu::RecvCpu;
 use crate::ring::{Consumer, Producer, Ring};
 
 use crate::{Config, Hal, Nic};
@@ -389,7 +388,8 @@ impl Area {
                 if failed {
                     cqe.status = Status::DmaError as u8;
                 }
-                let ok = publish_cqe(hal, &cqe, |hal, off, bytes| segs_write(hal, segs.as_slice(), off, bytes));
+                let ok =
+                    crate::cq::publish_cqe(hal, &cqe, |hal, off, bytes| segs_write(hal, segs.as_slice(), off, bytes));
                 if ok {
                     raise_if_armed(hal, arm as usize, port);
                 }
@@ -423,20 +423,6 @@ impl Area {
         if w.load(Ordering::Relaxed) != waiting {
             w.store(waiting, Ordering::Release);
         }
-    }
-}
-
-/// Writes `cqe` through `write(hal, offset in the entry, bytes)`: the body,
-/// a fence, then the phase byte (the entry's last) on its own. A host that
-/// sees the new phase sees the whole entry, and the fence also puts the
-/// payload the completion reports ahead of it. Whether both writes were done.
-pub(crate) fn publish_cqe<H: Hal>(hal: &mut H, cqe: &Cqe, mut write: impl FnMut(&mut H, usize, &[u8]) -> bool) -> bool {
-    let mut b = [0u8; Cqe::SIZE];
-    cqe.put(&mut b);
-    let (body, phase) = b.split_at(CQE_FLAGS_OFFSET);
-    write(hal, 0, body) && {
-        hal.dma_fence();
-        write(hal, CQE_FLAGS_OFFSET, phase)
     }
 }
 
@@ -605,7 +591,7 @@ impl Queues {
 
     /// A payload buffer holding `data`: a free one, one a CPU gave back, or
     /// (one CPU outran the other) a new one.
-    fn take_payload(&mut self, data: &[u8]) -> Vec<u8> {
+    pub(crate) fn take_payload(&mut self, data: &[u8]) -> Vec<u8> {
         if self.payloads.is_empty() {
             for (ring, c) in self.area.returned.iter().zip(&mut self.tokens.returned) {
                 while let Some(b) = ring.pop(c) {
@@ -810,7 +796,7 @@ impl Nic {
 /// buffers on `port`, checked for `access` through `mr`, gathered in
 /// `scratch`: `None` when more than a job names.
 #[allow(clippy::too_many_arguments)]
-fn job_segs<H: Hal>(
+pub(crate) fn job_segs<H: Hal>(
     hal: &mut H,
     mr: &mut MrCache,
     layout: &Layout,
@@ -826,47 +812,11 @@ fn job_segs<H: Hal>(
     r.map(|()| Segs::from_gathered(scratch))
 }
 
-impl RecvCpu<'_> {
-    /// Queues the DMA of received `data` into rx record `slot` (message
-    /// `seq`) at message offset `off` on `cpu`, which `dispatch` gave: with
-    /// jobs, a job when the record's buffer there is named in at most
-    /// `JOB_SEGS_MAX` segments (checked here, so a bad buffer fails now);
-    /// else work.
-    pub(crate) fn enqueue_receive<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        cpu: u8,
-        slot: u32,
-        seq: u32,
-        off: u64,
-        data: &[u8],
-    ) -> Result<(), Status> {
-        if !self.cfg.cpu_jobs {
-            let data = self.queues.take_payload(data);
-            self.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data });
-            return Ok(());
-        }
-        let m = self.recv.rx.get(slot).expect("live");
-        let (port, desc, id) = (m.port, m.desc, m.stamp);
-        let (mr, scratch) = (&mut *self.mr, &mut self.recv.host_segs);
-        let segs =
-            job_segs(hal, mr, self.layout, scratch, port, &desc, off, data.len(), emp_uapi::desc::MR_LOCAL_WRITE)?;
-        let data = self.queues.take_payload(data);
-        match segs {
-            Some(segs) => self.queues.push_job(hal, cpu, Job::Receive { slot, id, segs, data }),
-            None => {
-                self.recv.rx.get_mut(slot).payload_as_work = true;
-                self.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data })
-            }
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::DmaError;
+    use emp_uapi::desc::CQE_FLAGS_OFFSET;
     use emp_uapi::wire::FrameKind;
 
     /// Host memory of 4 KiB at bus address 0x1000; the rest refuses DMA.

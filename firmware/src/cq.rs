@@ -5,15 +5,47 @@
 //! through the completing CPU's own MR cache; the host learns of it by its
 //! phase byte, and of the producer index by `CQ_PROD`.
 
-use emp_uapi::desc::{Cqe, Status, CQE_IMM, MR_LOCAL_WRITE};
+use emp_uapi::desc::{Cqe, Opcode, Status, CQE_FLAGS_OFFSET, CQE_IMM, MR_LOCAL_WRITE};
 use emp_uapi::ring;
 use emp_uapi::sram::{counter, ctl, Layout};
 use emp_uapi::Le;
 
 use crate::counters::Counters;
-use crate::host::Completion;
 use crate::mr::{Buf, MrCache, MrChecked};
-use crate::{sram_put_u32, sram_u32, Hal, Port};
+use crate::{sram_put_u32, sram_u32, Hal, LocalDesc, Port};
+
+/// What a completion reports.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Completion {
+    pub wr_id: u64,
+    pub opcode: Opcode,
+    pub status: Status,
+    pub byte_len: u32,
+    pub signaled: bool,
+    pub tag: u64,
+    pub src_node: u16,
+    pub src_port: u16,
+    pub msg_len: u32,
+    /// A receive's or probe's immediate data (the sender's `WD_IMM`).
+    pub imm: Option<u32>,
+}
+
+impl Completion {
+    pub(crate) fn of(d: &LocalDesc, opcode: Opcode, status: Status) -> Completion {
+        Completion {
+            wr_id: d.wd.wr_id,
+            opcode,
+            status,
+            byte_len: 0,
+            signaled: d.signaled,
+            tag: 0,
+            src_node: 0,
+            src_port: 0,
+            msg_len: 0,
+            imm: None,
+        }
+    }
+}
 
 /// A port's CQ as its producer keeps it.
 #[derive(Debug, Default)]
@@ -82,7 +114,7 @@ impl Cqs {
             return cq_overrun(hal, by.layout, port);
         };
         let at = cq.off;
-        let ok = crate::cpu::publish_cqe(hal, &cqe, |hal, off, bytes| {
+        let ok = publish_cqe(hal, &cqe, |hal, off, bytes| {
             by.mr.checked_io(hal, cq.checked, at + off as u64, Buf::ToHost(bytes)).is_ok()
         });
         if !ok {
@@ -172,4 +204,18 @@ pub(crate) fn cq_overrun<H: Hal>(hal: &mut H, layout: &Layout, port: u16) {
     let at = layout.port(port).ctl(ctl::CQ_OVERRUNS);
     let o = sram_u32(hal, at);
     sram_put_u32(hal, at, o.wrapping_add(1));
+}
+
+/// Writes `cqe` through `write(hal, offset in the entry, bytes)`: the body,
+/// a fence, then the phase byte (the entry's last) on its own. A host that
+/// sees the new phase sees the whole entry, and the fence also puts the
+/// payload the completion reports ahead of it. Whether both writes were done.
+pub(crate) fn publish_cqe<H: Hal>(hal: &mut H, cqe: &Cqe, mut write: impl FnMut(&mut H, usize, &[u8]) -> bool) -> bool {
+    let mut b = [0u8; Cqe::SIZE];
+    cqe.put(&mut b);
+    let (body, phase) = b.split_at(CQE_FLAGS_OFFSET);
+    write(hal, 0, body) && {
+        hal.dma_fence();
+        write(hal, CQE_FLAGS_OFFSET, phase)
+    }
 }

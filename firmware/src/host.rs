@@ -10,43 +10,8 @@ use emp_uapi::ring;
 use emp_uapi::sram::{admin_result, ctl, port_state, AdminMailbox, AdminOp, RouteEntry};
 use emp_uapi::{sram::counter, DecodeError, Le};
 
-use crate::cq::Completer;
-use crate::mr::Buf;
-use crate::recv_cpu::RecvCpu;
+use crate::cq::{Completer, Completion};
 use crate::{persist, sram_put_u32, sram_u32, Hal, LocalDesc, Nic};
-
-/// What a completion reports.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Completion {
-    pub wr_id: u64,
-    pub opcode: Opcode,
-    pub status: Status,
-    pub byte_len: u32,
-    pub signaled: bool,
-    pub tag: u64,
-    pub src_node: u16,
-    pub src_port: u16,
-    pub msg_len: u32,
-    /// A receive's or probe's immediate data (the sender's `WD_IMM`).
-    pub imm: Option<u32>,
-}
-
-impl Completion {
-    pub(crate) fn of(d: &LocalDesc, opcode: Opcode, status: Status) -> Completion {
-        Completion {
-            wr_id: d.wd.wr_id,
-            opcode,
-            status,
-            byte_len: 0,
-            signaled: d.signaled,
-            tag: 0,
-            src_node: 0,
-            src_port: 0,
-            msg_len: 0,
-            imm: None,
-        }
-    }
-}
 
 /// What a descriptor taken from a ring comes to.
 enum RingDesc {
@@ -431,7 +396,7 @@ impl Nic {
         sram_u32(hal, self.layout.route_entry(node as usize) + core::mem::offset_of!(RouteEntry, valid)) == 1
     }
 
-    /// Reports a finished descriptor on this CPU ([`Cqs::complete`]).
+    /// Reports a finished descriptor on this CPU ([`crate::cq::Cqs::complete`]).
     pub(crate) fn complete<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
         let by = Completer {
             layout: &self.layout,
@@ -441,41 +406,6 @@ impl Nic {
             counters: &mut self.counters,
         };
         self.cqs.complete(hal, by, port, c)
-    }
-}
-
-impl RecvCpu<'_> {
-    /// Host memory of the CQ's next slot on `port`, when a job can name it
-    /// (checked for writing): where another CPU writes this port's next
-    /// CQE without the program ([`Nic::complete_on`]); `None` when a job
-    /// cannot name it.
-    pub(crate) fn next_cqe_segs<H: Hal>(&mut self, hal: &mut H, port: u16) -> Option<crate::cpu::Segs> {
-        let cq = self.cqs.next_slot(hal, self.layout, self.ports, self.mr, port)?;
-        let g = &mut self.recv.host_segs;
-        g.clear();
-        let r = self.mr.checked_io(hal, cq.checked, cq.off, Buf::Gather(Cqe::SIZE, g));
-        r.ok().and(crate::cpu::Segs::from_gathered(g))
-    }
-
-    /// Completes a descriptor on CPU `cpu` (which `dispatch` gave) without
-    /// the program: the CQ's next slot (`segs`, from
-    /// [`Nic::next_cqe_segs`]) is taken here, and a job writes the CQE
-    /// there after the jobs queued before it (a receive's payload, `rx`
-    /// naming its record: slot and stamp). The host reads its CQ in order, so
-    /// an entry written after it here stays unseen until this one is.
-    pub(crate) fn complete_on<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        cpu: u8,
-        port: u16,
-        rx: (u32, u32),
-        c: Completion,
-        segs: crate::cpu::Segs,
-    ) {
-        let Some(cqe) = self.cqs.next_cqe(hal, self.cpu, self.ports, &mut self.recv.counters, port, c) else { return };
-        self.cqs.advance(hal, self.layout, port);
-        let arm = self.layout.port(port).ctl(ctl::ARM) as u32;
-        self.queues.push_job(hal, cpu, crate::cpu::Job::Complete { rx, port, cqe, segs, arm });
     }
 }
 

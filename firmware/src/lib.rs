@@ -32,7 +32,13 @@
 //! each other through `Nic`; leaf state owns its own logic. Each file adds
 //! an `impl Nic` block for its concern (`host`: rings and completions,
 //! `tx`: sending, `rx`: receiving, `control`: ACK/NACK emission, `coll`:
-//! collectives, `atomic`: remote atomics, `cpu`: the NIC CPU plan); leaf
+//! collectives, `atomic`: remote atomics, `cpu`: the NIC CPU plan). The
+//! records are split the way the NIC's CPUs split them (docs/nic-cpus.md):
+//! the send side's (`SendSide`), the receive side's (`RecvSide`), the
+//! CQs both write (`cq::Cqs`), and what the admin commands set, which both
+//! only read; the receive path runs on `recv_cpu::RecvCpu`, a view that
+//! reaches no send-side state, and goes to the whole `Nic` only for what
+//! needs it (`RecvCpu::try_data` says when). Leaf
 //! records (`rx::RxMsg`, `tx::TxMsg`, `coll::CollState`) own their
 //! bookkeeping and return outcomes (`RxMsg::record -> FrameOutcome`, a
 //! barrier's or reduction's `next() -> Send/Deliver/Wait/Done`) rather than
@@ -42,9 +48,16 @@
 //!
 //! # Files
 //!
-//! - `lib.rs`: [`Hal`], [`Config`], [`Nic`] and its entry points, the frame
-//!   dispatcher (`receive_frame`, `on_data`, `deliver`, `finish_rx`), peers,
-//!   counters, [`Nic::invariants`].
+//! - `lib.rs`: [`Hal`], [`Config`], [`Nic`] and its entry points, the send
+//!   and receive sides' records (`SendSide`, `RecvSide`), the frame
+//!   dispatcher (`receive_frame`, `on_data`, `deliver`, `finish_rx`),
+//!   [`Nic::invariants`].
+//! - `peer.rs`: peer entries in three parts (the table's, the send half,
+//!   the receive half) and the table that gives them out.
+//! - `recv_cpu.rs`: `RecvCpu`, the receive side at work, and its
+//!   hand-offs to other CPUs (a payload's DMA, a completion by a job).
+//! - `cq.rs`: completions and the CQs' producer side, written by both sides.
+//! - `counters.rs`: event counters, one set per side, published summed.
 //! - `ffi.rs`: the C entry points a NIC loads (`emp_fw_*`, see
 //!   `emp_uapi::fwabi`) and the adapter from their hardware table to `Hal`.
 //! - `host.rs`: the admin mailbox, port open and close, the descriptor
@@ -55,10 +68,11 @@
 //! - `rx.rs`: the receive side: admitting and classifying DATA frames,
 //!   matching, receive records and their frame accounting, the overflow
 //!   buffer.
-//! - `control.rs`: building and sending ACKs and NACKs.
+//! - `control.rs`: building and sending ACKs and NACKs (on `RecvCpu`).
 //! - `cpu.rs`: NIC CPU plans, the jobs and work one CPU queues for another;
 //!   `ring.rs`: the lock-free ring those hand-offs go through.
-//! - `timer.rs`: the timer heap. `slots.rs`: bounded tables addressed by slot.
+//! - `timer.rs`: the timer heap (the receive side's two timers are plain
+//!   deadlines of its own). `slots.rs`: bounded tables addressed by slot.
 //! - `group.rs`: the group table.
 //! - `coll/mod.rs`: collective operation records (`CollOp`, `CollState`),
 //!   posting, accepting collective messages, progress, completion, flush.
@@ -564,7 +578,7 @@ impl LocalDesc {
 /// Per-port state both sides read: set when the port opens, suspends,
 /// resumes or closes (admin commands), read-only between them. What each
 /// side changes as it runs is in its own part ([`PortSend`], [`PortRecv`],
-/// [`PortCq`]).
+/// [`crate::cq::PortCq`]).
 #[derive(Debug)]
 pub(crate) struct Port {
     pub open: bool,
@@ -669,7 +683,7 @@ pub(crate) struct RecvSide {
     /// Peers owing a coalesced ACK, with when it is due, oldest first
     /// (each peer at most once: `PeerRecv::ack_queued`; bounded by the table).
     pub(crate) ack_due: VecDeque<(u64, u32)>,
-    /// When the coalesced ACKs' timer fires (`Nic::on_ack_flush`), if armed.
+    /// When the coalesced ACKs' timer fires (`RecvCpu::on_ack_flush`), if armed.
     pub(crate) ack_flush_at: Option<u64>,
     /// Some sender was told `FC_STOP` and waits for an update.
     pub(crate) fc_updates_owed: bool,

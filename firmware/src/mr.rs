@@ -89,7 +89,7 @@ impl EntryCache {
     }
 }
 
-/// A range of a region checked by [`Nic::mr_checked`]: valid for moves
+/// A range of a region checked by [`MrCache::checked`]: valid for moves
 /// inside it until the event ends (the cache line may be reused after).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct MrChecked {

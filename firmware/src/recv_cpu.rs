@@ -8,14 +8,17 @@
 //! owns, checked by the compiler.
 //!
 //! The whole program builds one with [`Nic::recv_cpu`] and calls the
-//! receive path through it.
+//! receive path through it. This file also holds the receive side's
+//! hand-offs to other CPUs: a payload's DMA, and a completion written by a
+//! job after it.
 
-use emp_uapi::sram::Layout;
+use emp_uapi::desc::{Cqe, Status};
+use emp_uapi::sram::{ctl, Layout};
+use emp_uapi::Le;
 
-use crate::cpu::{Queues, Step};
-use crate::cq::Completer;
-use crate::host::Completion;
-use crate::mr::MrCache;
+use crate::cpu::{job_segs, Job, Queues, Step, Work};
+use crate::cq::{Completer, Completion};
+use crate::mr::{Buf, MrCache};
 use crate::{Config, Cqs, Hal, Nic, Peer, Port, RecvSide};
 
 /// The receive side and what it may reach (module doc).
@@ -92,5 +95,77 @@ impl RecvCpu<'_> {
             counters: &mut self.recv.counters,
         };
         self.cqs.complete(hal, by, port, c)
+    }
+}
+
+impl RecvCpu<'_> {
+    /// Queues the DMA of received `data` into rx record `slot` (message
+    /// `seq`) at message offset `off` on `cpu`, which `dispatch` gave: with
+    /// jobs, a job when the record's buffer there is named in at most
+    /// `JOB_SEGS_MAX` segments (checked here, so a bad buffer fails now);
+    /// else work.
+    pub(crate) fn enqueue_receive<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        cpu: u8,
+        slot: u32,
+        seq: u32,
+        off: u64,
+        data: &[u8],
+    ) -> Result<(), Status> {
+        if !self.cfg.cpu_jobs {
+            let data = self.queues.take_payload(data);
+            self.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data });
+            return Ok(());
+        }
+        let m = self.recv.rx.get(slot).expect("live");
+        let (port, desc, id) = (m.port, m.desc, m.stamp);
+        let (mr, scratch) = (&mut *self.mr, &mut self.recv.host_segs);
+        let segs =
+            job_segs(hal, mr, self.layout, scratch, port, &desc, off, data.len(), emp_uapi::desc::MR_LOCAL_WRITE)?;
+        let data = self.queues.take_payload(data);
+        match segs {
+            Some(segs) => self.queues.push_job(hal, cpu, Job::Receive { slot, id, segs, data }),
+            None => {
+                self.recv.rx.get_mut(slot).payload_as_work = true;
+                self.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data })
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RecvCpu<'_> {
+    /// Host memory of the CQ's next slot on `port`, when a job can name it
+    /// (checked for writing): where another CPU writes this port's next
+    /// CQE without the program ([`RecvCpu::complete_on`]); `None` when a job
+    /// cannot name it.
+    pub(crate) fn next_cqe_segs<H: Hal>(&mut self, hal: &mut H, port: u16) -> Option<crate::cpu::Segs> {
+        let cq = self.cqs.next_slot(hal, self.layout, self.ports, self.mr, port)?;
+        let g = &mut self.recv.host_segs;
+        g.clear();
+        let r = self.mr.checked_io(hal, cq.checked, cq.off, Buf::Gather(Cqe::SIZE, g));
+        r.ok().and(crate::cpu::Segs::from_gathered(g))
+    }
+
+    /// Completes a descriptor on CPU `cpu` (which `dispatch` gave) without
+    /// the program: the CQ's next slot (`segs`, from
+    /// [`RecvCpu::next_cqe_segs`]) is taken here, and a job writes the CQE
+    /// there after the jobs queued before it (a receive's payload, `rx`
+    /// naming its record: slot and stamp). The host reads its CQ in order, so
+    /// an entry written after it here stays unseen until this one is.
+    pub(crate) fn complete_on<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        cpu: u8,
+        port: u16,
+        rx: (u32, u32),
+        c: Completion,
+        segs: crate::cpu::Segs,
+    ) {
+        let Some(cqe) = self.cqs.next_cqe(hal, self.cpu, self.ports, &mut self.recv.counters, port, c) else { return };
+        self.cqs.advance(hal, self.layout, port);
+        let arm = self.layout.port(port).ctl(ctl::ARM) as u32;
+        self.queues.push_job(hal, cpu, crate::cpu::Job::Complete { rx, port, cqe, segs, arm });
     }
 }

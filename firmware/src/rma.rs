@@ -45,8 +45,8 @@ use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, rma_op, FrameHeader, MsgHeader, NackReason, RmaHeader};
 use emp_uapi::Le;
 
+use crate::cq::Completion;
 use crate::guard::RemoteTarget;
-use crate::host::Completion;
 use crate::mr::Buf;
 use crate::rx::RxOwner;
 use crate::timer::Timer;

@@ -19,7 +19,7 @@ use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, FrameHeader, FrameKind, MsgHeader, NackReason};
 use emp_uapi::{seq_le, seq_lt, Le};
 
-use crate::host::Completion;
+use crate::cq::Completion;
 use crate::mr::Buf;
 use crate::recv_cpu::RecvCpu;
 use crate::{FlowControl, Hal, LocalDesc, MatchMode, Nic};
@@ -63,7 +63,7 @@ pub(crate) struct RxMsg {
     /// most 32 frames). A slot is cleared when `base` passes it. The sender
     /// sends nothing beyond (it agrees on `window_frames` and
     /// `group_size`); the slots come from a pool sized at boot
-    /// (`Nic::rx_rings`), so the state does not grow with the message.
+    /// (`RecvSide::rx_rings`), so the state does not grow with the message.
     masks: Box<[u32]>,
     pub frames_received: u32,
     pub highest: u32,
@@ -343,7 +343,7 @@ pub(crate) enum Incarnation {
 }
 
 /// What the receive path did with a DATA frame out of the ordinary, kept in
-/// `Nic::trace` for diagnosis.
+/// `RecvSide::trace` for diagnosis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RxTrace {
     /// From an older incarnation of the sender's port: dropped.
@@ -358,7 +358,7 @@ pub(crate) enum RxTrace {
 enum MatchOutcome {
     Matched(u32),
     /// A one-frame message for this posted receive, received here and now:
-    /// it needs no receive record ([`Nic::receive_whole`]).
+    /// it needs no receive record ([`RecvCpu::receive_whole`]).
     Whole(LocalDesc),
     Overflowed,
     /// Kept as a retained header: the sender waits for the pull.
@@ -1201,7 +1201,7 @@ impl RecvCpu<'_> {
     }
 
     /// Unlinks finished receive record `r` from its peer and gives back
-    /// its group windows; returns its error as [`Nic::retire_rx`] does. The
+    /// its group windows; returns its error as [`RecvCpu::retire_rx`] does. The
     /// record stays in its slot for the caller to report, then free.
     fn unlink_rx(&mut self, r: u32, error: Option<Status>) -> Option<Status> {
         let m = self.recv.rx.get_mut(r);
@@ -1227,7 +1227,7 @@ impl RecvCpu<'_> {
 
     /// Completes receive record `r`, whose last payload DMA is queued on
     /// CPU `cpu`, there: its CQE is written by a job after that DMA
-    /// ([`Nic::complete_on`]), so the CPU takes no program for it. Else
+    /// ([`RecvCpu::complete_on`]), so the CPU takes no program for it. Else
     /// (no jobs, a payload of it queued as work, a CQ slot a job cannot
     /// name) the completion is queued there as work.
     fn finish_recv_on<H: Hal>(&mut self, hal: &mut H, cpu: u8, r: u32) {

@@ -8,7 +8,7 @@ use emp_uapi::seq_lt;
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, AckBody, FrameHeader, FrameKind, MsgHeader, NackReason};
 
-use crate::host::Completion;
+use crate::cq::Completion;
 use crate::mr::Buf;
 use crate::timer::Timer;
 use crate::{FlowControl, Hal, LocalDesc, Nic};
@@ -33,7 +33,7 @@ pub(crate) struct Group {
 /// frame, so at most `Config::window_groups` groups are live, group g in
 /// slot `g % slots.len()`. A slot is cleared when `una` passes it, ready
 /// for the group one window later. The slots come from a pool sized at
-/// boot (`Nic::tx_rings`): the state does not grow with the message.
+/// boot (`SendSide::tx_rings`): the state does not grow with the message.
 #[derive(Debug)]
 pub(crate) struct SendWindow {
     /// Oldest unacknowledged group.

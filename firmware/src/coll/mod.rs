@@ -39,8 +39,8 @@ use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, FrameHeader, MsgHeader, NackReason};
 use emp_uapi::Le;
 
+use crate::cq::Completion;
 use crate::group::GroupState;
-use crate::host::Completion;
 use crate::{Hal, LocalDesc, Nic};
 
 use barrier::barrier_algo_of;

@@ -47,7 +47,7 @@ use emp_uapi::wire::{
 use emp_uapi::{seq_lt, Le};
 
 use crate::coll::{CollAccept, CollData, CollTx, RBCAST_OP};
-use crate::host::Completion;
+use crate::cq::Completion;
 use crate::mr::Buf;
 use crate::{timer, Hal, LocalDesc, Nic};
 
