@@ -565,6 +565,11 @@ impl Queues {
         hal.cpu_event(cpu, 1);
     }
 
+    /// `cpu`'s work queue is at its bound: a step for it runs inline.
+    pub(crate) fn full(&self, cpu: u8) -> bool {
+        self.q[cpu as usize].len() >= QUEUE_MAX
+    }
+
     /// Queues work `w` for `cpu`: a step it runs holding the program.
     pub(crate) fn enqueue<H: Hal>(&mut self, hal: &mut H, cpu: u8, w: Work) {
         self.q[cpu as usize].push_back(w);
@@ -641,11 +646,7 @@ impl Nic {
     /// Receive ack: whole on this CPU, or (DSR) classified here and the send
     /// record updated on the send CPU.
     pub(crate) fn recv_ack<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &AckBody) {
-        let cpu = cpu_of(self.cfg.cpu_plan, Step::AckUpdate);
-        if cpu != self.cpu && self.queues.q[cpu as usize].len() < QUEUE_MAX {
-            hal.cpu_step(self.cpu, CpuStep::RecvAckClassify, false);
-            self.queues.enqueue(hal, cpu, Work::Ack { hdr: *hdr, body: *body });
-        } else {
+        if !self.recv_cpu().classify_ack(hal, hdr, body) {
             hal.cpu_step(self.cpu, CpuStep::RecvAck, false);
             self.on_ack(hal, now, hdr, body);
         }

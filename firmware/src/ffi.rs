@@ -266,7 +266,13 @@ pub unsafe extern "C" fn emp_fw_poll_timeout(nic: *mut c_void) -> u64 {
 pub unsafe extern "C" fn emp_fw_describe(nic: *mut c_void, buf: *mut u8, cap: usize) -> usize {
     // SAFETY: the caller guarantees `nic` is live and `buf` writable.
     let (nic, out) = unsafe { (&*nic.cast::<Nic>(), core::slice::from_raw_parts_mut(buf, cap)) };
-    let text = format!("{:?}\n{}{}", nic.occupancy(), nic.describe_peers(), nic.describe_mcast());
+    let (alone, whole) = nic.data_frames();
+    let text = format!(
+        "{:?}\n{}{}  receive side: DATA frames alone {alone}, with the whole program {whole}\n",
+        nic.occupancy(),
+        nic.describe_peers(),
+        nic.describe_mcast()
+    );
     let n = text.len().min(cap);
     out[..n].copy_from_slice(&text.as_bytes()[..n]);
     n

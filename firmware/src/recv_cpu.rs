@@ -14,11 +14,13 @@
 
 use emp_uapi::desc::{Cqe, Status};
 use emp_uapi::sram::{ctl, Layout};
+use emp_uapi::wire::{AckBody, FrameHeader};
 use emp_uapi::Le;
 
-use crate::cpu::{job_segs, Job, Queues, Step, Work};
+use crate::cpu::{cpu_of, job_segs, Job, Queues, Step, Work};
 use crate::cq::{Completer, Completion};
 use crate::mr::{Buf, MrCache};
+use crate::CpuStep;
 use crate::{Config, Cqs, Hal, Nic, Peer, Port, RecvSide};
 
 /// The receive side and what it may reach (module doc).
@@ -82,6 +84,19 @@ impl RecvCpu<'_> {
     /// Where `step` would be queued ([`Queues::queued_to`]).
     pub(crate) fn queued_to(&self, step: Step) -> Option<u8> {
         self.queues.queued_to(self.cfg, self.cpu, step)
+    }
+
+    /// Receive ack's first half (DSR's split, Table 3.2): when the send
+    /// record's update runs on another CPU, the ACK is classified here and
+    /// handed to it (`Work::Ack`); `false` when it is whole on this CPU.
+    pub(crate) fn classify_ack<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) -> bool {
+        let cpu = cpu_of(self.cfg.cpu_plan, Step::AckUpdate);
+        if cpu == self.cpu || self.queues.full(cpu) {
+            return false;
+        }
+        hal.cpu_step(self.cpu, CpuStep::RecvAckClassify, false);
+        self.queues.enqueue(hal, cpu, Work::Ack { hdr: *hdr, body: *body });
+        true
     }
 
     /// Reports a finished descriptor ([`Cqs::complete`]), through this

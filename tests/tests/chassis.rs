@@ -139,6 +139,12 @@ fn two_nic_cpu_threads_under_loss_every_plan() {
         let (batches, frames) = (dumped(&dump, "frame batches "), dumped(&dump, " carrying "));
         assert_eq!((batches.len(), frames.len()), (2, 2), "{plan}: a line per NIC in {dump}");
         assert!(batches.iter().zip(&frames).all(|(b, f)| *b > 0 && f >= b), "{plan}: {batches:?} {frames:?}");
+        // Each NIC's receive side takes the DATA frames alone but for what
+        // needs the whole program (a new sender's first, and the like).
+        let (alone, whole) = (dumped(&dump, "DATA frames alone "), dumped(&dump, "with the whole program "));
+        assert_eq!((alone.len(), whole.len()), (2, 2), "{plan}: a line per NIC in {dump}");
+        assert!(alone.iter().zip(&whole).all(|(a, w)| a > w), "{plan}: alone {alone:?}, whole {whole:?}");
+        eprintln!("plan {plan}: DATA frames per NIC, receive side alone {alone:?}, whole program {whole:?}");
         if plan != "base" && cores >= 2 {
             // CPU B's transmissions, receiving DMAs, completions and ACKs
             // are jobs it runs without the program, beside CPU A (DSR's B
