@@ -654,7 +654,7 @@ impl Nic {
 
     /// The host segments of `len` bytes at message offset `off` of `desc`'s
     /// buffers on `port`, checked for `access`: `None` when more than a
-    /// job names ([`job_segs`], through this CPU's MR cache).
+    /// job names ([`job_segs`], through the program's MR cache).
     pub(crate) fn job_segs<H: Hal>(
         &mut self,
         hal: &mut H,

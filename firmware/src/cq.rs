@@ -2,7 +2,7 @@
 //! sides of the program write (a send completes on the send side, a
 //! receive on the receive side), so under DSR it is what takes the
 //! semaphore (docs/nic-cpus.md). A CQE is written in place in host memory
-//! through the completing CPU's own MR cache; the host learns of it by its
+//! through the MR cache the completing side is lent; the host learns of it by its
 //! phase byte, and of the producer index by `CQ_PROD`.
 
 use emp_uapi::desc::{Cqe, Opcode, Status, CQE_FLAGS_OFFSET, CQE_IMM, MR_LOCAL_WRITE};
@@ -67,8 +67,8 @@ pub(crate) struct Cqs {
     pub(crate) written: Vec<u16>,
 }
 
-/// The CPU completing a descriptor: what it reads of the ports, and its
-/// own MR cache and counters.
+/// The side completing a descriptor: the CPU it runs on, what it reads of
+/// the ports, the MR cache it is lent, and its own counters.
 pub(crate) struct Completer<'a> {
     pub layout: &'a Layout,
     pub ports: &'a [Port],

@@ -139,7 +139,7 @@ impl Nic {
     }
 
     /// [`Nic::mr_lookup`] plus the region's secret.
-    /// [`MrCache::remote_io`] through this CPU's cache.
+    /// [`MrCache::remote_io`] through the program's MR cache.
     pub(crate) fn remote_io<H: Hal>(
         &mut self,
         hal: &mut H,

@@ -392,7 +392,7 @@ impl MrCache {
 }
 
 impl Nic {
-    /// [`MrCache::lookup`] through this CPU's cache.
+    /// [`MrCache::lookup`] through the program's MR cache.
     pub(crate) fn mr_lookup<H: Hal>(
         &self,
         hal: &mut H,
@@ -405,12 +405,12 @@ impl Nic {
         self.mr.lookup(hal, &self.layout, port, key, off, len, access)
     }
 
-    /// [`MrCache::check_sges`] through this CPU's cache.
+    /// [`MrCache::check_sges`] through the program's MR cache.
     pub(crate) fn check_sges<H: Hal>(&self, hal: &mut H, port: u16, sges: &[Sge], access: u8) -> Result<(), Status> {
         self.mr.check_sges(hal, &self.layout, port, sges, access)
     }
 
-    /// [`MrCache::sge_io`] through this CPU's cache.
+    /// [`MrCache::sge_io`] through the program's MR cache.
     pub(crate) fn sge_io<H: Hal>(
         &mut self,
         hal: &mut H,
@@ -423,7 +423,7 @@ impl Nic {
         self.mr.sge_io(hal, &self.layout, port, sges, msg_off, buf, access)
     }
 
-    /// [`MrCache::region_io`] through this CPU's cache.
+    /// [`MrCache::region_io`] through the program's MR cache.
     pub(crate) fn region_io<H: Hal>(
         &mut self,
         hal: &mut H,

@@ -20,8 +20,7 @@ use emp_uapi::Le;
 use crate::cpu::{cpu_of, job_segs, Job, Queues, Step, Work};
 use crate::cq::{Completer, Completion};
 use crate::mr::{Buf, MrCache};
-use crate::CpuStep;
-use crate::{Config, Cqs, Hal, Nic, Peer, Port, RecvSide};
+use crate::{Config, CpuStep, Cqs, Hal, Nic, Peer, Port, RecvSide};
 
 /// The receive side and what it may reach (module doc).
 pub(crate) struct RecvCpu<'a> {
@@ -99,8 +98,8 @@ impl RecvCpu<'_> {
         true
     }
 
-    /// Reports a finished descriptor ([`Cqs::complete`]), through this
-    /// side's MR cache.
+    /// Reports a finished descriptor ([`Cqs::complete`]), counted on the
+    /// receive side.
     pub(crate) fn complete<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
         let by = Completer {
             layout: self.layout,
@@ -111,9 +110,7 @@ impl RecvCpu<'_> {
         };
         self.cqs.complete(hal, by, port, c)
     }
-}
 
-impl RecvCpu<'_> {
     /// Queues the DMA of received `data` into rx record `slot` (message
     /// `seq`) at message offset `off` on `cpu`, which `dispatch` gave: with
     /// jobs, a job when the record's buffer there is named in at most
@@ -148,9 +145,7 @@ impl RecvCpu<'_> {
         }
         Ok(())
     }
-}
 
-impl RecvCpu<'_> {
     /// Host memory of the CQ's next slot on `port`, when a job can name it
     /// (checked for writing): where another CPU writes this port's next
     /// CQE without the program ([`RecvCpu::complete_on`]); `None` when a job
