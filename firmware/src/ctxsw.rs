@@ -48,7 +48,7 @@ use crate::coll::{CollData, CollOp, CollState, CollTx, Params};
 use crate::group::GroupState;
 use crate::image::Reader;
 use crate::mr::Buf;
-use crate::timer::Timer;
+use crate::timer::SendTimer;
 use crate::{sram_put_u32, sram_u32, FlowControl, Hal, LocalDesc, MatchMode, Nic, Peer, PeerRecv, PeerSend};
 
 /// A saved context as the NIC remembers it: its identity, and per sender
@@ -1219,7 +1219,8 @@ impl Nic {
             // A sender told to stop probes if the update never comes; a
             // receiver that told one to stop sends the update when it has room.
             if p.fc_level == wire::FC_STOP && self.cfg.flow_control == FlowControl::Piggyback {
-                self.arm_timer(now.saturating_add(self.cfg.rnr_delay_ns_max), Timer::FcProbe { peer: i });
+                let at = now.saturating_add(self.cfg.rnr_delay_ns_max);
+                self.send.arm_timer(&self.peers, at, SendTimer::FcProbe { peer: i });
             }
             self.recv.fc_updates_owed |= p.fc_stop_sent;
             ids.push(i);

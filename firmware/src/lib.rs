@@ -71,8 +71,9 @@
 //! - `control.rs`: building and sending ACKs and NACKs (on `RecvCpu`).
 //! - `cpu.rs`: NIC CPU plans, the jobs and work one CPU queues for another;
 //!   `ring.rs`: the lock-free ring those hand-offs go through.
-//! - `timer.rs`: the timer heap (the receive side's two timers are plain
-//!   deadlines of its own). `slots.rs`: bounded tables addressed by slot.
+//! - `timer.rs`: the timer heaps: the send side's (retransmissions,
+//!   probes) and the whole program's (the receive side's two timers are
+//!   plain deadlines of its own). `slots.rs`: bounded tables addressed by slot.
 //! - `group.rs`: the group table.
 //! - `coll/mod.rs`: collective operation records (`CollOp`, `CollState`),
 //!   posting, accepting collective messages, progress, completion, flush.
@@ -139,6 +140,7 @@ pub use ctxsw::{image_checksum, IMAGE_MAGIC, IMAGE_VERSION, UNPUBLISHED_IMAGE};
 pub use emp_uapi::fwabi::HostSeg;
 pub(crate) use peer::{Peer, PeerRecv, PeerSend};
 pub use timer::TimerHeap;
+use timer::SendTimer;
 
 use rx::{DataVerdict, RxOwner};
 
@@ -635,6 +637,11 @@ pub(crate) struct SendSide {
     pub(crate) tx: tx::TxTable,
     /// Group windows of the send records (one per `tx` slot).
     pub(crate) tx_rings: slots::Rings<tx::Group>,
+    /// The send side's timers: groups' retransmissions and flow-control
+    /// probes (the whole program's are `Nic::timers`).
+    pub(crate) timers: TimerHeap<timer::SendTimer>,
+    /// Source of the groups' timer stamps (unique across slot reuse).
+    pub(crate) stamp: u32,
 }
 
 impl SendSide {
@@ -645,6 +652,41 @@ impl SendSide {
             ready: VecDeque::new(),
             tx: slots::Slots::new(cfg.tx_max),
             tx_rings: slots::Rings::new(cfg.tx_max, cfg.window_groups()),
+            // Live timers: one per live group of every send record, one
+            // flow-control probe per peer.
+            timers: TimerHeap::with_capacity(
+                cfg.tx_max as usize * cfg.window_groups() as usize + cfg.peers_max as usize,
+            ),
+            stamp: 0,
+        }
+    }
+
+    /// A stamp for a group's timer.
+    pub(crate) fn next_stamp(&mut self) -> u32 {
+        self.stamp = self.stamp.wrapping_add(1).max(1);
+        self.stamp
+    }
+
+    /// Arms timer `t` at `deadline`; when the store is full, the stale
+    /// entries go first (as [`Nic::arm_timer`]). `peers` is the peer table.
+    pub(crate) fn arm_timer(&mut self, peers: &[Option<Peer>], deadline: u64, t: timer::SendTimer) {
+        if self.timers.is_full() {
+            let mut timers = core::mem::take(&mut self.timers);
+            timers.retain(|t| self.timer_live(peers, t));
+            self.timers = timers;
+        }
+        self.timers.arm(deadline, t);
+    }
+
+    /// Would the handler of `t` act on it (its stamp still current)?
+    fn timer_live(&self, peers: &[Option<Peer>], t: &timer::SendTimer) -> bool {
+        match *t {
+            timer::SendTimer::Group { slot, group, stamp } => {
+                self.tx.get(slot).and_then(|m| m.groups.get(group)).is_some_and(|g| g.stamp == stamp)
+            }
+            timer::SendTimer::FcProbe { peer } => {
+                peers.get(peer as usize).is_some_and(Option::is_some) && self.peer(peer).fc_level == wire::FC_STOP
+            }
         }
     }
 
@@ -726,10 +768,7 @@ impl RecvSide {
 
     /// The receive side's next timer: the ACK flush or the sweep.
     fn next_deadline(&self) -> Option<u64> {
-        match (self.ack_flush_at, self.sweep_at) {
-            (Some(a), Some(s)) => Some(a.min(s)),
-            (a, s) => a.or(s),
-        }
+        earliest(self.ack_flush_at, self.sweep_at)
     }
 
     /// Disarms and returns the receive side's timer due first if it is due
@@ -896,16 +935,12 @@ impl Nic {
             recv: RecvSide::new(&cfg, layout.params.ports, pool_slots),
             atomics: slots::Slots::new(cfg.atomic_max),
             rma_reads: slots::Slots::new(cfg.rma_reads_max),
-            // Live timers: one per live group of every send record, one
-            // per atomic request, one per read, one flow-control probe per
-            // peer, one per reliable-broadcast group (the receive side's
-            // two are its own: `RecvSide::next_deadline`).
+            // Live timers: one per atomic request, one per read, one per
+            // reliable-broadcast group (the send side's are its own,
+            // `SendSide::timers`, and so are the receive side's two,
+            // `RecvSide::next_deadline`).
             timers: TimerHeap::with_capacity(
-                cfg.tx_max as usize * cfg.window_groups() as usize
-                    + cfg.atomic_max as usize
-                    + cfg.rma_reads_max as usize
-                    + cfg.peers_max as usize
-                    + layout.params.group_entries as usize,
+                cfg.atomic_max as usize + cfg.rma_reads_max as usize + layout.params.group_entries as usize,
             ),
             mr: mr::MrCache::new(layout.params.mr_entries),
             linger: linger::LingerTable::new(),
@@ -1149,20 +1184,30 @@ impl Nic {
     pub fn handle_timeout<H: Hal>(&mut self, hal: &mut H, now: u64) {
         self.cpu = 0;
         loop {
-            // In deadline order across both stores (ties: the heap's first).
-            if let Some(t) = self.recv.take_expired(now, self.timers.next_deadline()) {
+            // In deadline order across the three stores (ties: the send
+            // side's first, then the whole program's, then the receive
+            // side's).
+            let (send_at, prog_at) = (self.send.timers.next_deadline(), self.timers.next_deadline());
+            let heaps_at = earliest(send_at, prog_at);
+            if let Some(t) = self.recv.take_expired(now, heaps_at) {
                 match t {
                     RecvTimer::AckFlush => self.recv_cpu().on_ack_flush(hal, now),
                     RecvTimer::Sweep => self.on_rx_sweep(hal, now),
                 }
                 continue;
             }
+            if send_at.is_some() && send_at == heaps_at {
+                let Some(t) = self.send.timers.pop_expired(now) else { break };
+                match t {
+                    SendTimer::Group { slot, group, stamp } => self.on_group_timeout(hal, now, slot, group, stamp),
+                    SendTimer::FcProbe { peer } => self.on_fc_probe(peer),
+                }
+                continue;
+            }
             let Some(t) = self.timers.pop_expired(now) else { break };
             match t {
-                timer::Timer::Group { slot, group, stamp } => self.on_group_timeout(hal, now, slot, group, stamp),
                 timer::Timer::Atomic { slot, stamp } => self.on_atomic_timeout(hal, now, slot, stamp),
                 timer::Timer::RmaRead { slot, stamp } => self.on_read_timeout(hal, now, slot, stamp),
-                timer::Timer::FcProbe { peer } => self.on_fc_probe(peer),
                 timer::Timer::Rbcast { group, stamp } => self.rbcast_tick(hal, now, group, stamp),
             }
         }
@@ -1187,12 +1232,8 @@ impl Nic {
     /// Would the handler of `t` act on it (its stamp still current)?
     fn timer_live(&self, t: &timer::Timer) -> bool {
         match *t {
-            timer::Timer::Group { slot, group, stamp } => {
-                self.send.tx.get(slot).and_then(|m| m.groups.get(group)).is_some_and(|g| g.stamp == stamp)
-            }
             timer::Timer::Atomic { slot, stamp } => self.atomics.get(slot).is_some_and(|a| a.stamp == stamp),
             timer::Timer::RmaRead { slot, stamp } => self.rma_reads.get(slot).is_some_and(|r| r.timer == stamp),
-            timer::Timer::FcProbe { peer } => self.peer_live(peer) && self.send.peer(peer).fc_level == wire::FC_STOP,
             timer::Timer::Rbcast { group, stamp } => self.rbcast_timer_live(group, stamp),
         }
     }
@@ -1200,10 +1241,8 @@ impl Nic {
     /// Earliest time `handle_timeout` has work (may be early: a spurious
     /// call is a no-op).
     pub fn poll_timeout(&self) -> Option<u64> {
-        match (self.timers.next_deadline(), self.recv.next_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let heaps = earliest(self.send.timers.next_deadline(), self.timers.next_deadline());
+        earliest(heaps, self.recv.next_deadline())
     }
 
     /// DATA frames received so far: those the receive side took alone
@@ -1407,6 +1446,14 @@ impl Nic {
     }
 }
 
+/// The earlier of two optional deadlines.
+fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 fn set_status<H: Hal>(hal: &mut H, status: NicStatus, reason: FailReason) {
     hal.sram_write(core::mem::offset_of!(SramHeader, fail_reason), &(reason as u32).to_le_bytes());
     hal.sram_write(core::mem::offset_of!(SramHeader, status), &(status as u32).to_le_bytes());
@@ -1551,7 +1598,7 @@ mod tests {
     #[test]
     fn timers_pop_in_deadline_order() {
         let mut t = TimerHeap::default();
-        let g = |slot| timer::Timer::Group { slot, group: 0, stamp: 1 };
+        let g = |slot| timer::Timer::Atomic { slot, stamp: 1 };
         t.arm(30, g(3));
         t.arm(10, g(1));
         t.arm(20, g(2));

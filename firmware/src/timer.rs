@@ -2,14 +2,16 @@
 //! timer keeps a stamp; re-arming or cancelling bumps the stamp, and a
 //! popped entry whose stamp no longer matches is ignored by its handler.
 //! The store is sized at boot for every timer that can be live at once;
-//! when it is full, the stale entries are dropped (`Nic::arm_timer`), so
-//! arming never allocates.
+//! when it is full, the stale entries are dropped (`Nic::arm_timer`,
+//! `SendSide::arm_timer`), so arming never allocates. The send side has a
+//! store of its own ([`SendTimer`]: what CPU A owns under DSR), the whole
+//! program another ([`Timer`]).
 //!
 //! Most timers are armed in deadline order: every first transmission arms
 //! its group's retransmission timer at now + the same `rto_ns`, and nearly
 //! all of them are answered and left stale. Those go to FIFO lanes (O(1)
 //! each way) instead of the min-heap, which keeps the rest (backed-off
-//! retransmissions, ACK flushes, probes). An entry joins the lane whose
+//! retransmissions, probes). An entry joins the lane whose
 //! last deadline is the latest not after its own (patience sorting), so a
 //! timer armed further out now and then (a remote read's response, a keepalive)
 //! takes a lane of its own instead of sending every retransmission timer
@@ -20,46 +22,58 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-/// What a timer is for.
+/// What one of the whole program's timers is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Timer {
-    /// Retransmission timer of group `group` of tx record `slot`.
-    Group { slot: u32, group: u32, stamp: u32 },
     /// Retransmission timer of remote atomic request `slot`.
     Atomic { slot: u32, stamp: u32 },
     /// Response timer of remote read `slot`.
     RmaRead { slot: u32, stamp: u32 },
-    /// Peer `peer` was told to stop sending: it may probe now.
-    FcProbe { peer: u32 },
     /// Reliable-broadcast timer of group slot `group` (`rbcast/`).
     Rbcast { group: u32, stamp: u32 },
 }
 
+/// What one of the send side's timers is for (`SendSide::timers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SendTimer {
+    /// Retransmission timer of group `group` of tx record `slot`.
+    Group { slot: u32, group: u32, stamp: u32 },
+    /// Peer `peer` was told to stop sending: it may probe now.
+    FcProbe { peer: u32 },
+}
+
 /// One armed timer: ordered by deadline, then by when it was armed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Entry {
+struct Entry<T> {
     deadline: u64,
     seq: u64,
-    timer: Timer,
+    timer: T,
 }
 
 /// FIFO lanes: the first takes every timer, the others a quarter each.
 const LANES: usize = 3;
 
-/// Deadline-ordered timers: FIFO lanes of entries armed in order, and a heap.
-#[derive(Debug, Default)]
-pub struct TimerHeap {
-    heap: BinaryHeap<Reverse<Entry>>,
+/// Deadline-ordered timers of kind `T`: FIFO lanes of entries armed in
+/// order, and a heap.
+#[derive(Debug)]
+pub struct TimerHeap<T = Timer> {
+    heap: BinaryHeap<Reverse<Entry<T>>>,
     /// Entries in ascending order, each at most `lane_max[i]`.
-    lanes: [VecDeque<Entry>; LANES],
+    lanes: [VecDeque<Entry<T>>; LANES],
     lane_max: [usize; LANES],
     /// Arming sequence number of the next timer.
     seq: u64,
 }
 
-impl TimerHeap {
+impl<T: Copy + Ord> Default for TimerHeap<T> {
+    fn default() -> Self {
+        TimerHeap::with_capacity(0)
+    }
+}
+
+impl<T: Copy + Ord> TimerHeap<T> {
     /// Room for `cap` timers in the heap and in the lanes (allocated now).
-    pub fn with_capacity(cap: usize) -> TimerHeap {
+    pub fn with_capacity(cap: usize) -> TimerHeap<T> {
         let lane_max = [cap, cap / 4, cap / 4];
         TimerHeap {
             heap: BinaryHeap::with_capacity(cap),
@@ -75,7 +89,7 @@ impl TimerHeap {
     }
 
     /// Keeps only the timers `live` says are still wanted (in place).
-    pub(crate) fn retain(&mut self, mut live: impl FnMut(&Timer) -> bool) {
+    pub(crate) fn retain(&mut self, mut live: impl FnMut(&T) -> bool) {
         self.heap.retain(|Reverse(e)| live(&e.timer));
         for l in &mut self.lanes {
             l.retain(|e| live(&e.timer));
@@ -83,7 +97,7 @@ impl TimerHeap {
     }
 
     /// Arms `t` at `deadline`.
-    pub fn arm(&mut self, deadline: u64, t: Timer) {
+    pub fn arm(&mut self, deadline: u64, t: T) {
         let e = Entry { deadline, seq: self.seq, timer: t };
         self.seq += 1;
         // The lane with room whose last deadline is the latest not after
@@ -109,7 +123,7 @@ impl TimerHeap {
 
     /// Where the first entry is: `Some(lane)`, or `None` for the heap.
     fn first(&self) -> Option<Option<usize>> {
-        let mut min: Option<(&Entry, Option<usize>)> = self.heap.peek().map(|Reverse(e)| (e, None));
+        let mut min: Option<(&Entry<T>, Option<usize>)> = self.heap.peek().map(|Reverse(e)| (e, None));
         for (i, l) in self.lanes.iter().enumerate() {
             if let Some(e) = l.front() {
                 if min.is_none_or(|(m, _)| e < m) {
@@ -121,7 +135,7 @@ impl TimerHeap {
     }
 
     /// Pops one timer due at `now`.
-    pub fn pop_expired(&mut self, now: u64) -> Option<Timer> {
+    pub fn pop_expired(&mut self, now: u64) -> Option<T> {
         if self.next_deadline()? > now {
             return None;
         }
@@ -154,6 +168,15 @@ impl TimerHeap {
 mod tests {
     use super::*;
 
+    /// Timers of a test: the kinds only matter for their order.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+    enum Timer {
+        Group { slot: u32, group: u32, stamp: u32 },
+        Atomic { slot: u32, stamp: u32 },
+        RmaRead { slot: u32, stamp: u32 },
+        FcProbe { peer: u32 },
+    }
+
     /// Against one plain heap of (deadline, arming order): the same timers
     /// pop in the same order, whatever order they were armed in, with
     /// stale ones dropped midway.
@@ -171,7 +194,7 @@ mod tests {
             let mut plain = BinaryHeap::new();
             let mut now = 0u64;
             let mut seq = 0u64;
-            let mut arm = |ours: &mut TimerHeap, plain: &mut BinaryHeap<_>, d: u64, t: Timer| {
+            let mut arm = |ours: &mut TimerHeap<Timer>, plain: &mut BinaryHeap<_>, d: u64, t: Timer| {
                 ours.arm(d, t);
                 plain.push(Reverse((d, seq, t)));
                 seq += 1;

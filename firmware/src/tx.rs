@@ -10,7 +10,7 @@ use emp_uapi::wire::{self, AckBody, FrameHeader, FrameKind, MsgHeader, NackReaso
 
 use crate::cq::Completion;
 use crate::mr::Buf;
-use crate::timer::Timer;
+use crate::timer::SendTimer;
 use crate::{FlowControl, Hal, LocalDesc, Nic};
 
 /// One group of frames.
@@ -482,12 +482,12 @@ impl Nic {
 
     /// Arms (or re-arms) a group's retransmission timer.
     fn arm_group(&mut self, now: u64, slot: u32, g: u32, delay: Option<u64>) {
-        let stamp = self.next_stamp();
+        let stamp = self.send.next_stamp();
         let (rto, rto_max) = (self.cfg.rto_ns, self.cfg.rto_ns_max);
         let grp = self.send.tx.get_mut(slot).groups.get_mut(g).expect("a live group is armed");
         grp.stamp = stamp;
         let backoff = rto.saturating_mul(1u64 << grp.retries.min(20)).min(rto_max);
-        self.arm_timer(now + delay.unwrap_or(backoff), Timer::Group { slot, group: g, stamp });
+        self.send.arm_timer(&self.peers, now + delay.unwrap_or(backoff), SendTimer::Group { slot, group: g, stamp });
     }
 
     pub(crate) fn next_stamp(&mut self) -> u32 {
@@ -895,7 +895,7 @@ impl Nic {
             p.fc_stop_ns = now;
             if probe {
                 let at = now.saturating_add(self.cfg.rnr_delay_ns_max);
-                self.arm_timer(at, Timer::FcProbe { peer });
+                self.send.arm_timer(&self.peers, at, SendTimer::FcProbe { peer });
             }
         }
     }
