@@ -139,8 +139,8 @@ pub(crate) use cq::Cqs;
 pub use ctxsw::{image_checksum, IMAGE_MAGIC, IMAGE_VERSION, UNPUBLISHED_IMAGE};
 pub use emp_uapi::fwabi::HostSeg;
 pub(crate) use peer::{Peer, PeerRecv, PeerSend};
-pub use timer::TimerHeap;
 use timer::SendTimer;
+pub use timer::TimerHeap;
 
 use rx::{DataVerdict, RxOwner};
 
