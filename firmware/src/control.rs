@@ -85,6 +85,7 @@ impl RecvCpu<'_> {
                 self.flush_ack(hal, peer);
             }
         }
+        self.ack_held.set(peer, true);
         let p = self.recv.peer_mut(peer);
         p.ack_owed = Some((seq, g));
         p.acks_owed += 1;
@@ -104,6 +105,7 @@ impl RecvCpu<'_> {
         let p = self.recv.peer_mut(peer);
         if let Some((seq, g)) = p.ack_owed.take() {
             p.acks_owed = 0;
+            self.ack_held.set(peer, false);
             self.send_ack(hal, peer, seq, g);
         }
     }
@@ -187,6 +189,7 @@ impl RecvCpu<'_> {
         if p.ack_owed.is_some_and(|(s, _)| seq_lt(s, floor)) {
             p.ack_owed = None;
             p.acks_owed = 0;
+            self.ack_held.set(peer, false);
         }
         p.fc_stop_sent = fc_level == wire::FC_STOP;
         if p.fc_stop_sent {

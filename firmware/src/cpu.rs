@@ -652,21 +652,6 @@ impl Nic {
         }
     }
 
-    /// The host segments of `len` bytes at message offset `off` of `desc`'s
-    /// buffers on `port`, checked for `access`: `None` when more than a
-    /// job names ([`job_segs`], through the program's MR cache).
-    pub(crate) fn job_segs<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        port: u16,
-        desc: &crate::LocalDesc,
-        off: u64,
-        len: usize,
-        access: u8,
-    ) -> Result<Option<Segs>, Status> {
-        job_segs(hal, &mut self.mr, &self.layout, &mut self.host_segs, port, desc, off, len, access)
-    }
-
     /// Runs every CPU's queued jobs here, after waiting for a CPU running
     /// its own: afterwards no job names host memory by an old translation
     /// (`MrFence`).

@@ -506,7 +506,7 @@ impl Nic {
             .collect();
         for i in mine {
             if !self.send.peer(i).tx_queue.is_empty() {
-                self.mark_ready(i);
+                self.send.mark_ready(i);
             }
             // A sender refused while suspended: ask for the message now
             // rather than after its backoff.

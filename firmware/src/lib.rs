@@ -38,7 +38,9 @@
 //! CQs both write (`cq::Cqs`), and what the admin commands set, which both
 //! only read; the receive path runs on `recv_cpu::RecvCpu`, a view that
 //! reaches no send-side state, and goes to the whole `Nic` only for what
-//! needs it (`RecvCpu::try_data` says when). Leaf
+//! needs it (`RecvCpu::try_data` says when); the send path runs on
+//! `send_cpu::SendCpu`, which reaches no receive-side state and stops for
+//! what needs more (`send_cpu::SendStop`, `SendSide::done`). Leaf
 //! records (`rx::RxMsg`, `tx::TxMsg`, `coll::CollState`) own their
 //! bookkeeping and return outcomes (`RxMsg::record -> FrameOutcome`, a
 //! barrier's or reduction's `next() -> Send/Deliver/Wait/Done`) rather than
@@ -56,6 +58,8 @@
 //!   the receive half) and the table that gives them out.
 //! - `recv_cpu.rs`: `RecvCpu`, the receive side at work, and its
 //!   hand-offs to other CPUs (a payload's DMA, a completion by a job).
+//! - `send_cpu.rs`: `SendCpu`, the send side at work, and what it stops
+//!   for (`SendStop`).
 //! - `cq.rs`: completions and the CQs' producer side, written by both sides.
 //! - `counters.rs`: event counters, one set per side, published summed.
 //! - `ffi.rs`: the C entry points a NIC loads (`emp_fw_*`, see
@@ -64,7 +68,8 @@
 //!   rings, completions.
 //! - `mr.rs`: memory-region translation and DMA through it.
 //! - `tx.rs`: the send side: transmission records, windows, flow control,
-//!   retransmission, handling ACKs and NACKs.
+//!   retransmission, handling ACKs and NACKs (the send path on `SendCpu`,
+//!   retransmission and NACKs on the whole program).
 //! - `rx.rs`: the receive side: admitting and classifying DATA frames,
 //!   matching, receive records and their frame accounting, the overflow
 //!   buffer.
@@ -120,6 +125,7 @@ mod recv_cpu;
 mod ring;
 mod rma;
 mod rx;
+mod send_cpu;
 mod slots;
 mod timer;
 mod tx;
@@ -642,6 +648,18 @@ pub(crate) struct SendSide {
     pub(crate) timers: TimerHeap<timer::SendTimer>,
     /// Source of the groups' timer stamps (unique across slot reuse).
     pub(crate) stamp: u32,
+    /// Collective and remote-access records the send side finished, whose
+    /// reports the whole program makes (`Nic::after_send`), in order:
+    /// (what, status, port). Each record finishes once: bounded by `tx`.
+    pub(crate) done: VecDeque<(tx::TxDone, Status, u16)>,
+    /// A record was freed since the whole program last looked: operations
+    /// waiting for one may go on.
+    pub(crate) freed: bool,
+    /// First transmissions of frames by the send side's loop alone, and of
+    /// those it stopped for and the whole program built (`Nic::send_frames`).
+    pub(crate) frames: [u64; 2],
+    /// Times it stopped for an ACK the receive side held.
+    pub(crate) acks_first: u64,
 }
 
 impl SendSide {
@@ -658,6 +676,10 @@ impl SendSide {
                 cfg.tx_max as usize * cfg.window_groups() as usize + cfg.peers_max as usize,
             ),
             stamp: 0,
+            done: VecDeque::with_capacity(cfg.tx_max as usize),
+            freed: false,
+            frames: [0; 2],
+            acks_first: 0,
         }
     }
 
@@ -870,6 +892,8 @@ pub struct Nic {
     pub(crate) restore_refusal: Option<&'static str>,
     /// The CQs' producer state.
     pub(crate) cqs: Cqs,
+    /// The ACKs the receive side holds back, per peer (the common area's).
+    pub(crate) ack_held: peer::AckHeld,
     /// Reliable-broadcast state per group slot.
     pub(crate) rbcast: Vec<Option<rbcast::RbGroupState>>,
     /// Groups whose port could not join their multicast address.
@@ -962,6 +986,7 @@ impl Nic {
             parked: Vec::with_capacity(ctxsw::PARKED_MAX),
             restore_refusal: None,
             cqs: Cqs::new(layout.params.ports),
+            ack_held: peer::AckHeld::new(cfg.peers_max),
             rbcast: (0..layout.params.group_entries).map(|_| None).collect(),
             rbcast_join_failed: 0,
             rbcast_frame: vec![0; MTU_MAX as usize],
@@ -1253,6 +1278,15 @@ impl Nic {
         (self.recv.data_frames[0], self.recv.data_frames[1])
     }
 
+    /// Frames the send side's loop sent (first transmissions): alone
+    /// (`SendCpu`: it reached nothing of the receive side), and built by
+    /// the whole program (a collective's or remote access's); and how
+    /// often a frame waited for an ACK the receive side held
+    /// (`SendStop`).
+    pub fn send_frames(&self) -> (u64, u64, u64) {
+        (self.send.frames[0], self.send.frames[1], self.send.acks_first)
+    }
+
     /// Counters (also published in the SRAM header).
     pub fn counters(&self) -> [u64; counter::COUNT] {
         core::array::from_fn(|c| self.counters.sum(&self.recv.counters, c))
@@ -1364,6 +1398,13 @@ impl Nic {
             if inflight != send.inflight_frames {
                 return Err(format!("peer {i} inflight {} != sum {inflight}", send.inflight_frames));
             }
+            if recv.ack_owed.is_some() != self.ack_held.get(i) {
+                return Err(format!(
+                    "peer {i}: an ACK owed is {:?}, the common area says {}",
+                    recv.ack_owed,
+                    self.ack_held.get(i)
+                ));
+            }
             if recv.ack_owed.is_some() && !recv.ack_queued {
                 return Err(format!("peer {i} owes an ACK no timer will send"));
             }
@@ -1382,6 +1423,13 @@ impl Nic {
         }
         if !self.recv.ack_due.is_empty() && self.recv.ack_flush_at.is_none() {
             return Err(format!("{} coalesced ACKs due and no AckFlush timer", self.recv.ack_due.len()));
+        }
+        if !self.send.done.is_empty() || self.send.freed {
+            return Err(format!(
+                "the send side left {} reports and a freed record ({}) the whole program did not take",
+                self.send.done.len(),
+                self.send.freed
+            ));
         }
         if tx_seen != self.send.tx.used() {
             return Err(format!("{} tx records, {tx_seen} queued", self.send.tx.used()));

@@ -148,6 +148,33 @@ impl PeerRecv {
     }
 }
 
+/// Per peer slot: the receive side holds back a coalesced ACK for it
+/// (`PeerRecv::ack_owed` is set). A word of the CPUs' common area: the
+/// receive side writes it, the send side reads it and has the ACK sent
+/// before a data frame to that peer (an answer must never overtake the
+/// ACK of what it answers).
+#[derive(Debug)]
+pub(crate) struct AckHeld(Vec<u64>);
+
+impl AckHeld {
+    pub(crate) fn new(peers: u32) -> AckHeld {
+        AckHeld(vec![0; peers.div_ceil(64) as usize])
+    }
+
+    pub(crate) fn get(&self, i: u32) -> bool {
+        self.0[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+
+    pub(crate) fn set(&mut self, i: u32, held: bool) {
+        let (w, b) = ((i / 64) as usize, 1u64 << (i % 64));
+        if held {
+            self.0[w] |= b;
+        } else {
+            self.0[w] &= !b;
+        }
+    }
+}
+
 impl Nic {
     /// May entry `i` be dropped and later rebuilt from the next frame
     /// without breaking exactly-once delivery? Never while anything is
@@ -201,6 +228,7 @@ impl Nic {
         debug_assert!(self.peers[i as usize].is_none(), "peer slot {i} is free");
         self.peer_index.insert((p.port, p.node, p.rport), i);
         self.peers[i as usize] = Some(p);
+        self.ack_held.set(i, recv.ack_owed.is_some());
         self.send.peers[i as usize] = send;
         self.recv.peers[i as usize] = recv;
     }

@@ -20,6 +20,7 @@ use emp_uapi::Le;
 use crate::cpu::{cpu_of, job_segs, Job, Queues, Step, Work};
 use crate::cq::{Completer, Completion};
 use crate::mr::{Buf, MrCache};
+use crate::peer::AckHeld;
 use crate::{Config, CpuStep, Cqs, Hal, Nic, Peer, Port, RecvSide};
 
 /// The receive side and what it may reach (module doc).
@@ -39,6 +40,8 @@ pub(crate) struct RecvCpu<'a> {
     pub(crate) mr: &'a mut MrCache,
     pub(crate) cqs: &'a mut Cqs,
     pub(crate) queues: &'a mut Queues,
+    /// The common area's word of the ACKs it holds back (it writes it).
+    pub(crate) ack_held: &'a mut AckHeld,
 }
 
 impl Nic {
@@ -57,6 +60,7 @@ impl Nic {
             mr: &mut self.mr,
             cqs: &mut self.cqs,
             queues: &mut self.queues,
+            ack_held: &mut self.ack_held,
         }
     }
 }

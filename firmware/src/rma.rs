@@ -434,7 +434,7 @@ impl Nic {
     /// pulled already, longer than the message) is refused.
     fn on_rdv_read<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader, rh: &RmaHeader) {
         let seq = hdr.msg_seq;
-        let target = u32::try_from(rh.offset).ok().and_then(|s| self.find_tx(peer, s));
+        let target = u32::try_from(rh.offset).ok().and_then(|s| self.send.find_tx(peer, s));
         let held = target.filter(|&s| {
             let m = self.send.tx.get(s).expect("queued");
             m.pullable() && !m.pulling && rh.len as u64 <= m.desc.len

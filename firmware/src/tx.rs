@@ -8,10 +8,12 @@ use emp_uapi::seq_lt;
 use emp_uapi::sram::counter;
 use emp_uapi::wire::{self, AckBody, FrameHeader, FrameKind, MsgHeader, NackReason};
 
-use crate::cq::Completion;
+use crate::cpu::{job_segs, Step, Work};
+use crate::cq::{Completer, Completion};
 use crate::mr::Buf;
+use crate::send_cpu::{SendCpu, SendStop};
 use crate::timer::SendTimer;
-use crate::{FlowControl, Hal, LocalDesc, Nic};
+use crate::{FlowControl, Hal, LocalDesc, Nic, SendSide};
 
 /// One group of frames.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -221,14 +223,15 @@ impl TxMsg {
 pub(crate) type TxTable = crate::slots::Slots<TxMsg>;
 
 /// How a finished send record is reported.
-enum TxDone {
+#[derive(Debug)]
+pub(crate) enum TxDone {
     Coll(Box<crate::coll::CollTx>),
     Rma(crate::rma::RmaTx, LocalDesc),
     Send(Completion),
 }
 
 /// Where a data frame's headers end and what its payload is.
-struct DataFrame {
+pub(crate) struct DataFrame {
     /// Header bytes written.
     head: usize,
     /// Payload bytes.
@@ -282,7 +285,7 @@ impl Nic {
         if self.cfg.fault_swap_sends && seq % 2 == 1 {
             self.fault_swap_with_previous(peer);
         }
-        self.mark_ready(peer);
+        self.send.mark_ready(peer);
         slot
     }
 
@@ -372,15 +375,10 @@ impl Nic {
         q.swap(n - 2, n - 1);
     }
 
-    pub(crate) fn mark_ready(&mut self, peer: u32) {
-        let p = self.send.peer_mut(peer);
-        if !p.ready {
-            p.ready = true;
-            self.send.ready.push_back(peer);
-        }
-    }
-
-    /// Sends what windows and flow control allow, peer by peer.
+    /// Sends what windows and flow control allow, peer by peer: the send
+    /// side's loop ([`SendCpu::send_peer`]), with what it stops for done
+    /// here (an ACK the receive side holds, a frame built from a
+    /// collective's or remote access's state).
     pub(crate) fn send_ready_peers<H: Hal>(&mut self, hal: &mut H, now: u64) {
         // Each peer is taken once per call; a peer that becomes ready again
         // while sending waits for the next call.
@@ -391,103 +389,27 @@ impl Nic {
                 continue;
             }
             self.send.peer_mut(p).ready = false;
-            self.send_peer(hal, now, p);
-        }
-    }
-
-    fn send_peer<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32) {
-        // Modified ACK/NACK: the receiver refuses everything after the
-        // refused message, so nothing after it goes out. The refused
-        // message itself may still send frames it has not sent yet (a
-        // forwarded broadcast whose frames were not here when it was
-        // refused): the receiver can only accept it, and answer, once it
-        // holds every frame of a group.
-        let refused = self.send.peer(peer).not_to_send;
-        let msgs_max = match self.cfg.flow_control {
-            FlowControl::Piggyback => self.piggyback_limit(now, peer),
-            _ => u32::MAX,
-        };
-        let mut started = 0u32;
-        let mut qi = 0usize;
-        while let Some(&slot) = self.send.peer(peer).tx_queue.get(qi) {
-            qi += 1;
-            let (next, count) = {
-                let m = self.send.tx.get(slot).expect("queued");
-                if refused.is_some_and(|r| seq_lt(r, m.seq)) {
-                    return;
-                }
-                if m.held {
-                    continue; // Waits for its pull; later messages go on.
-                }
-                // A rewind (`rewind_after`) may have put `next_frame` back
-                // into a group whose ACK, for frames sent before it, came
-                // since: acknowledged frames do not go again.
-                let acked = m.groups.una().saturating_mul(self.cfg.group_size).min(m.frame_count);
-                (m.next_frame.max(acked), m.frame_count)
-            };
-            if next > 0 || next == count {
-                started += 1;
-            }
-            if next == count {
-                continue;
-            }
-            if next == 0 {
-                if started >= msgs_max {
-                    return;
-                }
-                // C1: a suspended port starts no message; later ones the
-                // receiver started taking (an earlier one was refused and
-                // rewound, `rewind_refused`) go on to their end.
-                let m = self.send.tx.get(slot).expect("queued");
-                if self.ports[m.port as usize].suspended && m.rewindable_unacked() {
-                    continue;
-                }
-                started += 1;
-            }
-            let (gs, window) = (self.cfg.group_size, self.cfg.window_frames);
-            for f in next..count {
-                if self.send.peer(peer).inflight_frames >= window {
-                    return;
-                }
-                let m = self.send.tx.get(slot).expect("queued");
-                if f >= m.limit {
-                    // A forwarded broadcast frame not here yet: later
-                    // messages to this peer wait behind it, in order.
-                    return;
-                }
-                if !m.in_window(f, gs, window) {
-                    // The oldest unacknowledged group holds the window (a
-                    // loss): acknowledged groups above it do not open it,
-                    // and later messages wait behind this one, in order.
-                    return;
-                }
-                if let Err(st) = self.transmit(hal, slot, f, false) {
-                    self.finish_tx(hal, now, slot, st);
-                    qi -= 1;
-                    break;
-                }
-                let g = f / self.cfg.group_size;
-                let (_, end) = wire::group_range(self.cfg.group_size, count, g);
-                let m = self.send.tx.get_mut(slot);
-                m.next_frame = f + 1;
-                m.inflight_frames += 1;
-                m.groups.get_mut(g).expect("a frame in the window is of a live group").inflight += 1;
-                self.send.peer_mut(peer).inflight_frames += 1;
-                if f + 1 == end {
-                    self.arm_group(now, slot, g, None);
+            while let Some(stop) = self.send_cpu().send_peer(hal, now, p) {
+                match stop {
+                    SendStop::AckHeld { peer } => self.ack_first(hal, peer),
+                    SendStop::Special { slot, frame } => match self.transmit(hal, slot, frame, false) {
+                        Ok(()) => {
+                            self.send.frames[1] += 1;
+                            self.send_cpu().frame_sent(now, slot, frame);
+                        }
+                        Err(st) => self.finish_tx(hal, now, slot, st),
+                    },
                 }
             }
         }
+        self.after_send(hal, now);
     }
 
-    /// Arms (or re-arms) a group's retransmission timer.
-    fn arm_group(&mut self, now: u64, slot: u32, g: u32, delay: Option<u64>) {
-        let stamp = self.send.next_stamp();
-        let (rto, rto_max) = (self.cfg.rto_ns, self.cfg.rto_ns_max);
-        let grp = self.send.tx.get_mut(slot).groups.get_mut(g).expect("a live group is armed");
-        grp.stamp = stamp;
-        let backoff = rto.saturating_mul(1u64 << grp.retries.min(20)).min(rto_max);
-        self.send.arm_timer(&self.peers, now + delay.unwrap_or(backoff), SendTimer::Group { slot, group: g, stamp });
+    /// The ACK the receive side holds for `peer` goes before the data
+    /// frame the send side stopped at.
+    fn ack_first<H: Hal>(&mut self, hal: &mut H, peer: u32) {
+        self.send.acks_first += 1;
+        self.recv_cpu().flush_ack(hal, peer);
     }
 
     pub(crate) fn next_stamp(&mut self) -> u32 {
@@ -495,95 +417,27 @@ impl Nic {
         self.stamp
     }
 
-    /// The transmission step: runs now, or on the CPU the plan gives it:
-    /// with jobs, a plain frame as a job (headers built and payload named
-    /// here, by send bookkeeping); others as work.
-    fn transmit<H: Hal>(&mut self, hal: &mut H, slot: u32, f: u32, retransmit: bool) -> Result<(), Status> {
-        match self.dispatch(hal, crate::cpu::Step::Transmission) {
-            Some(cpu) => {
-                if !(self.cfg.cpu_jobs && self.transmit_job(hal, cpu, slot, f, retransmit)?) {
-                    let seq = self.send.tx.get(slot).expect("live").seq;
-                    self.queues.enqueue(hal, cpu, crate::cpu::Work::Transmit { slot, seq, frame: f, retransmit });
+    /// The transmission step for any record ([`SendCpu::transmit`]): what
+    /// the send side stops for is done here.
+    pub(crate) fn transmit<H: Hal>(&mut self, hal: &mut H, slot: u32, f: u32, retransmit: bool) -> Result<(), Status> {
+        loop {
+            match self.send_cpu().transmit(hal, slot, f, retransmit)? {
+                None => return Ok(()),
+                Some(SendStop::AckHeld { peer }) => self.ack_first(hal, peer),
+                Some(SendStop::Special { .. }) => {
+                    // Built here, now: the step runs on this CPU.
+                    let here = self.dispatch(hal, crate::cpu::Step::Transmission);
+                    debug_assert_eq!(here, None);
+                    return self.send_frame(hal, slot, f, retransmit);
                 }
-                Ok(())
             }
-            None => self.send_frame(hal, slot, f, retransmit),
         }
     }
 
-    /// Queues frame `f` of a plain send as a job for `cpu`: `false` when
-    /// the frame is not plain (a collective's, a remote access's) or its
-    /// payload too scattered to name, for the caller to queue as work.
-    fn transmit_job<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        cpu: u8,
-        slot: u32,
-        f: u32,
-        retransmit: bool,
-    ) -> Result<bool, Status> {
-        let m = self.send.tx.get(slot).expect("live");
-        if m.coll.is_some() || m.rma.is_some() {
-            return Ok(false);
-        }
-        let (seq, in_place) = (m.seq, self.immediate_sending && m.frame_count == 1);
-        let mut buf = core::mem::take(&mut self.frame_buf);
-        let d = self.data_frame_head(hal, slot, f, &mut buf);
-        let mut head = [0u8; crate::cpu::HEAD_MAX];
-        head[..d.head].copy_from_slice(&buf[..d.head]);
-        self.frame_buf = buf;
-        let Some(segs) = self.job_segs(hal, d.port, &d.desc, d.off, d.len, MR_LOCAL_READ)? else { return Ok(false) };
-        let job = crate::cpu::Job::Transmit { slot, seq, dst: d.dst, head, head_len: d.head as u8, segs, in_place };
-        self.queues.push_job(hal, cpu, job);
-        self.count(if retransmit { counter::RETRANSMITS } else { counter::TX_FRAMES }, 1);
-        Ok(true)
-    }
-
-    /// Frame `f` of tx record `slot`: flushes an ACK held back for its peer
-    /// first, then writes the frame's headers into `buf`.
-    fn data_frame_head<H: Hal>(&mut self, hal: &mut H, slot: u32, f: u32, buf: &mut [u8]) -> DataFrame {
-        // An ACK held back for coalescing leaves before this frame: a
-        // receiver's answer must never overtake the ACK of what it answers
-        // (the sender would see the answer before its send completed).
-        let peer = self.send.tx.get(slot).expect("live").peer;
-        if self.recv.peer(peer).ack_owed.is_some() {
-            self.recv_cpu().flush_ack(hal, peer);
-        }
-        let m = self.send.tx.get(slot).expect("live");
-        let p = self.peer(m.peer);
-        let off = wire::frame_offset(f, self.mtu);
-        let total = m.msg_len();
-        let len = (wire::payload_capacity(self.mtu, f) as u64).min(total - off.min(total)) as usize;
-        let kind = match (&m.coll, &m.rma) {
-            (Some(c), _) if c.hdr.is_some() => FrameKind::CollData,
-            (_, Some(_)) => FrameKind::Rma,
-            _ => FrameKind::Data,
-        };
-        let hdr = FrameHeader {
-            version: wire::WIRE_VERSION,
-            kind: kind as u8,
-            dst_gen: self.send.peer(m.peer).remote_gen,
-            src_node: self.node,
-            dst_node: p.node,
-            src_port: self.ports[m.port as usize].addr,
-            dst_port: p.rport,
-            src_gen: self.ports[m.port as usize].gen,
-            payload_len: len as u16,
-            msg_seq: m.seq,
-            tx_floor: self.tx_floor(m.peer),
-            frame_index: f,
-            frame_count: m.frame_count,
-        };
-        let msg = if m.rma.is_some() {
-            MsgHeader::new(0, total, None)
-        } else {
-            MsgHeader::new(m.desc.wd.tag, total, m.desc.wd.send_imm())
-        };
-        let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), buf).expect("frame fits MTU_MAX");
-        DataFrame { head, len, off, port: m.port, dst: p.node, desc: m.desc }
-    }
-
-    /// Builds frame `f` of a message from host memory and transmits it.
+    /// Builds frame `f` of any message and transmits it: a collective's
+    /// or remote access's from their state here, a plain send's on the
+    /// send side ([`SendCpu::send_frame`]). An ACK held for the peer goes
+    /// first.
     pub(crate) fn send_frame<H: Hal>(
         &mut self,
         hal: &mut H,
@@ -591,11 +445,15 @@ impl Nic {
         f: u32,
         retransmit: bool,
     ) -> Result<(), Status> {
-        let mut buf = core::mem::take(&mut self.frame_buf);
-        let DataFrame { head, len, off, port, dst, desc } = self.data_frame_head(hal, slot, f, &mut buf);
         let m = self.send.tx.get(slot).expect("live");
-        // Collective and RMA frames are built here, then sent whole.
-        let built_here = m.coll.is_some() || m.rma.is_some();
+        let (peer, plain) = (m.peer, m.coll.is_none() && m.rma.is_none());
+        self.recv_cpu().flush_ack(hal, peer);
+        if plain {
+            return self.send_cpu().send_frame(hal, slot, f, retransmit);
+        }
+        let mut buf = core::mem::take(&mut self.frame_buf);
+        let DataFrame { head, len, off, port, dst, desc } = self.send_cpu().data_frame_head(slot, f, &mut buf);
+        let m = self.send.tx.get(slot).expect("live");
         let r = match (&m.coll, m.rma) {
             (Some(c), _) => match Nic::coll_payload(c, off, &mut buf[head..head + len]) {
                 // The rest is host data (broadcast, multisend): from the
@@ -609,60 +467,16 @@ impl Nic {
                 }
                 None => Ok(()),
             },
-            (None, None) if self.immediate_sending && m.frame_count == 1 => {
-                // Immediate Sending: the NIC reads the payload from host
-                // memory as it sends. A retransmission names it again: the
-                // send completes only once ACKed, so the host keeps it.
-                let mut segs = core::mem::take(&mut self.host_segs);
-                segs.clear();
-                let r = self.sge_io(hal, port, desc.sges(), off, Buf::Gather(len, &mut segs), MR_LOCAL_READ);
-                let r = match r {
-                    Ok(()) if !segs.overflowed => {
-                        let sent = hal.mac_transmit_host(dst, &buf[..head], &segs.segs);
-                        sent.map_err(|_| Status::DmaError)
-                    }
-                    // Too scattered to name: store and forward.
-                    Ok(()) => self.store_and_forward(hal, port, &desc, off, dst, &mut buf[..head + len], head),
-                    Err(st) => Err(st),
-                };
-                self.host_segs = segs;
-                r
-            }
-            (None, None) => self.store_and_forward(hal, port, &desc, off, dst, &mut buf[..head + len], head),
+            (None, None) => unreachable!("a plain send's frame is the send side's"),
         };
-        if r.is_ok() && built_here {
+        // Collective and RMA frames are built here, then sent whole.
+        if r.is_ok() {
             hal.mac_transmit(dst, &buf[..head + len]);
         }
         self.frame_buf = buf;
         r?;
         self.count(if retransmit { counter::RETRANSMITS } else { counter::TX_FRAMES }, 1);
         Ok(())
-    }
-
-    /// Reads a plain send's payload into `frame` after its `head` bytes of
-    /// headers, then hands the whole frame to the MAC.
-    fn store_and_forward<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        port: u16,
-        desc: &LocalDesc,
-        off: u64,
-        dst: u16,
-        frame: &mut [u8],
-        head: usize,
-    ) -> Result<(), Status> {
-        self.sge_io(hal, port, desc.sges(), off, Buf::FromHost(&mut frame[head..]), MR_LOCAL_READ)?;
-        hal.mac_transmit(dst, frame);
-        Ok(())
-    }
-
-    /// Every message below this sequence number is finished at the sender,
-    /// or held: taken by the receiver as a retained header, so skipping it
-    /// skips nothing the receiver still waits for.
-    pub(crate) fn tx_floor(&self, peer: u32) -> u32 {
-        let p = self.send.peer(peer);
-        let first = p.tx_queue.iter().map(|&s| self.send.tx.get(s).expect("queued")).find(|m| !m.held);
-        first.map_or(p.tx_seq_next, |m| m.seq)
     }
 
     /// Resends the frames of group `g` already sent once (all of them, or
@@ -706,7 +520,7 @@ impl Nic {
         if let Err(st) = self.resend_group(hal, slot, g, u32::MAX) {
             return self.finish_tx(hal, now, slot, st);
         }
-        self.arm_group(now, slot, g, None);
+        self.send_cpu().arm_group(now, slot, g, None);
     }
 
     /// The receiver retained message `slot`'s header: stop sending it,
@@ -732,9 +546,9 @@ impl Nic {
         self.send.peer_mut(peer).inflight_frames -= freed;
         if live0 {
             let keepalive = self.cfg.rto_ns_max;
-            self.arm_group(now, slot, 0, Some(keepalive));
+            self.send_cpu().arm_group(now, slot, 0, Some(keepalive));
         }
-        self.mark_ready(peer);
+        self.send.mark_ready(peer);
     }
 
     /// A held message's keepalive: frame 0 again, unless its pull is under
@@ -753,75 +567,24 @@ impl Nic {
             return self.finish_tx(hal, now, slot, st);
         }
         let keepalive = self.cfg.rto_ns_max;
-        self.arm_group(now, slot, 0, Some(keepalive));
-    }
-
-    /// EMP's piggybacked flow control (thesis §2.3.1), both levels: the
-    /// messages the receiver has room for (`credits`), and how much to slow
-    /// down below that (`fc_level`): all of them, half (a shift: the Tigon
-    /// had no divide), or none until an update — or, if the update was
-    /// lost, one probe `rnr_delay_ns_max` after the stop.
-    fn piggyback_limit(&self, now: u64, peer: u32) -> u32 {
-        let p = self.send.peer(peer);
-        match p.fc_level {
-            wire::FC_GO => p.credits.max(1),
-            wire::FC_SLOW => (p.credits >> 1).max(1),
-            _ if now >= p.fc_stop_ns.saturating_add(self.cfg.rnr_delay_ns_max) => 1,
-            _ => 0,
-        }
+        self.send_cpu().arm_group(now, slot, 0, Some(keepalive));
     }
 
     /// The `FcProbe` timer: a sender told to stop may send its probe.
     pub(crate) fn on_fc_probe(&mut self, peer: u32) {
         if self.peers.get(peer as usize).is_some_and(Option::is_some) {
-            self.mark_ready(peer);
+            self.send.mark_ready(peer);
         }
     }
 
-    pub(crate) fn find_tx(&self, peer: u32, seq: u32) -> Option<u32> {
-        self.send.peer(peer).tx_queue.iter().copied().find(|&s| self.send.tx.get(s).is_some_and(|m| m.seq == seq))
-    }
-
-    /// An ACK for group `body.group` of message `hdr.msg_seq`, and for
-    /// every message before `body.rx_expected` (cumulative).
+    /// An ACK: its send-record half on the send side
+    /// ([`SendCpu::on_ack`]), then the refused messages it lets go again
+    /// and what the send side left to the whole program.
     pub(crate) fn on_ack<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &AckBody) {
-        let Some(peer) = self.find_peer(hdr.dst_port, hdr.src_node, hdr.src_port) else { return };
-        self.learn_remote(now, peer, hdr, body);
-        self.ack_below(hal, now, peer, hdr, body.rx_expected);
-        if body.group == wire::ACK_NO_GROUP {
-            // A flow-control update: the new room may let messages go.
-            return self.mark_ready(peer);
+        if let Some((peer, after)) = self.send_cpu().on_ack(hal, now, hdr, body) {
+            self.resume_refused(hal, now, peer, after);
         }
-        let Some(slot) = self.find_tx(peer, hdr.msg_seq) else { return };
-        if self.send.tx.get(slot).is_some_and(|m| m.held) {
-            // Its groups are not acknowledged: its pull's response completes it.
-            return;
-        }
-        if self.send.peer(peer).not_to_send == Some(hdr.msg_seq) {
-            // Modified ACK/NACK: the refused message was accepted; back to Normal.
-            self.send.peer_mut(peer).not_to_send = None;
-        }
-        let m = self.send.tx.get_mut(slot);
-        let was_refused = core::mem::take(&mut m.rnr_waiting);
-        let seq = m.seq;
-        if body.group >= m.groups.count() {
-            return;
-        }
-        if let Some(n) = m.groups.ack(body.group) {
-            // A message rewound on a suspended port (`rewind_refused`) that
-            // the receiver took after all: it goes on past what is acknowledged.
-            m.next_frame = m.next_frame.max(m.groups.una() * self.cfg.group_size).min(m.frame_count);
-            m.inflight_frames -= n;
-            let done = m.groups.done();
-            self.send.peer_mut(peer).inflight_frames -= n;
-            if done {
-                self.finish_tx(hal, now, slot, Status::Success);
-            }
-        }
-        if was_refused {
-            self.resume_refused(hal, now, peer, seq);
-        }
-        self.mark_ready(peer);
+        self.after_send(hal, now);
     }
 
     /// A message the receiver had refused was accepted: the receiver has
@@ -845,57 +608,7 @@ impl Nic {
                     self.finish_tx(hal, now, s, st);
                     break;
                 }
-                self.arm_group(now, s, g, None);
-            }
-        }
-    }
-
-    /// PM's cumulative ACK (seed 003 §3.3: Ack(r, i) frees every Buf(r, j),
-    /// j ≤ i): the receiver has every message before `floor` wholly, so
-    /// each still queued is done — but a held one, whose data the receiver
-    /// pulls (its read response's ACK completes it). Only from a receiver
-    /// that addressed this incarnation of the port: a stale ACK meant for an
-    /// earlier process here names sequence numbers that are not ours.
-    fn ack_below<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, hdr: &FrameHeader, floor: u32) {
-        if hdr.dst_gen == 0 || hdr.dst_gen != self.ports[hdr.dst_port as usize].gen {
-            return;
-        }
-        let mut refused_done = None;
-        let mut i = 0;
-        // The queue is in sequence order; finishing a record takes it out.
-        while let Some(&slot) = self.send.peer(peer).tx_queue.get(i) {
-            let m = self.send.tx.get(slot).expect("queued");
-            if !seq_lt(m.seq, floor) {
-                break;
-            }
-            if m.held {
-                i += 1;
-                continue;
-            }
-            if m.rnr_waiting {
-                refused_done = Some(m.seq);
-            }
-            self.finish_tx(hal, now, slot, Status::Success);
-        }
-        if let Some(seq) = refused_done {
-            self.resume_refused(hal, now, peer, seq);
-        }
-    }
-
-    /// Receiver state piggybacked on ACKs and NACKs: its room, and how
-    /// much to slow down; a stop arms the probe that outlives a lost update.
-    fn learn_remote(&mut self, now: u64, peer: u32, hdr: &FrameHeader, body: &AckBody) {
-        let probe = self.cfg.flow_control == FlowControl::Piggyback;
-        let p = self.send.peer_mut(peer);
-        p.credits = body.rx_credits as u32;
-        p.remote_gen = hdr.src_gen;
-        let stopped = p.fc_level == wire::FC_STOP;
-        p.fc_level = body.fc_level.min(wire::FC_STOP);
-        if p.fc_level == wire::FC_STOP && !stopped {
-            p.fc_stop_ns = now;
-            if probe {
-                let at = now.saturating_add(self.cfg.rnr_delay_ns_max);
-                self.send.arm_timer(&self.peers, at, SendTimer::FcProbe { peer });
+                self.send_cpu().arm_group(now, s, g, None);
             }
         }
     }
@@ -917,13 +630,16 @@ impl Nic {
             self.send.peer_mut(peer).remote_gen = 0;
             return;
         }
-        self.learn_remote(now, peer, hdr, body);
+        self.send_cpu().learn_remote(now, peer, hdr, body);
         if reason != NackReason::PeerTableFull {
             // A NACK from the peer's state is cumulative too (a raw one,
             // from a receiver keeping no state for us, carries no floor).
-            self.ack_below(hal, now, peer, hdr, body.rx_expected);
+            if let Some(after) = self.send_cpu().ack_below(hal, peer, hdr, body.rx_expected) {
+                self.resume_refused(hal, now, peer, after);
+            }
+            self.after_send(hal, now);
         }
-        let Some(slot) = self.find_tx(peer, hdr.msg_seq) else { return };
+        let Some(slot) = self.send.find_tx(peer, hdr.msg_seq) else { return };
         let g = body.group;
         if g >= self.send.tx.get(slot).expect("live").groups.count() {
             return;
@@ -976,7 +692,7 @@ impl Nic {
             return self.finish_tx(hal, now, slot, st);
         }
         if grp.stamp != 0 {
-            self.arm_group(now, slot, g, None);
+            self.send_cpu().arm_group(now, slot, g, None);
         }
     }
 
@@ -1002,7 +718,7 @@ impl Nic {
             // RNR backoff: a receiver that stays unready costs less and less.
             let shift = (m.rnr_retries - 1).min(20);
             let delay = self.cfg.rnr_delay_ns.saturating_mul(1 << shift).min(self.cfg.rnr_delay_ns_max);
-            self.arm_group(now, slot, g, Some(delay));
+            self.send_cpu().arm_group(now, slot, g, Some(delay));
         }
         if self.cfg.flow_control == FlowControl::ModifiedAckNack && g == 0 {
             self.send.peer_mut(peer).not_to_send = Some(seq);
@@ -1057,7 +773,7 @@ impl Nic {
         m.rnr_waiting = false;
         let peer = m.peer;
         self.send.peer_mut(peer).inflight_frames -= freed;
-        self.mark_ready(peer);
+        self.send.mark_ready(peer);
     }
 
     /// Modified ACK/NACK: the receiver refuses everything after a refused
@@ -1088,8 +804,464 @@ impl Nic {
         }
     }
 
-    /// Retires a transmission record and reports it.
+    /// Retires a transmission record and reports it ([`SendCpu::finish_tx`],
+    /// then [`Nic::after_send`]).
     pub(crate) fn finish_tx<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, status: Status) {
+        self.send_cpu().finish_tx(hal, slot, status);
+        self.after_send(hal, now);
+    }
+
+    /// What the send side left to the whole program: the reports of the
+    /// collective and remote-access records it finished, and the
+    /// operations that wait for a free record.
+    pub(crate) fn after_send<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        while let Some((done, status, port)) = self.send.done.pop_front() {
+            match done {
+                TxDone::Coll(c) => self.coll_tx_done(hal, now, &c, status),
+                TxDone::Rma(rma, desc) => self.rma_tx_done(hal, now, port, &desc, &rma, status),
+                TxDone::Send(_) => unreachable!("the send side reports its own"),
+            }
+        }
+        if core::mem::take(&mut self.send.freed) {
+            self.rbcast_unstall(now);
+            self.coll_unstall(hal, now);
+        }
+    }
+}
+
+impl SendSide {
+    pub(crate) fn mark_ready(&mut self, peer: u32) {
+        let p = self.peer_mut(peer);
+        if !p.ready {
+            p.ready = true;
+            self.ready.push_back(peer);
+        }
+    }
+
+    pub(crate) fn find_tx(&self, peer: u32, seq: u32) -> Option<u32> {
+        self.peer(peer).tx_queue.iter().copied().find(|&s| self.tx.get(s).is_some_and(|m| m.seq == seq))
+    }
+
+    /// Every message below this sequence number is finished at the sender,
+    /// or held: taken by the receiver as a retained header, so skipping it
+    /// skips nothing the receiver still waits for.
+    pub(crate) fn tx_floor(&self, peer: u32) -> u32 {
+        let p = self.peer(peer);
+        let first = p.tx_queue.iter().map(|&s| self.tx.get(s).expect("queued")).find(|m| !m.held);
+        first.map_or(p.tx_seq_next, |m| m.seq)
+    }
+}
+
+impl SendCpu<'_> {
+    fn count(&mut self, c: usize, n: u64) {
+        self.counters.add(c, n);
+    }
+
+    /// Reports a finished descriptor ([`crate::Cqs::complete`]).
+    fn complete<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
+        let by =
+            Completer { layout: self.layout, ports: self.ports, cpu: self.cpu, mr: self.mr, counters: self.counters };
+        self.cqs.complete(hal, by, port, c)
+    }
+
+    /// Sends what `peer`'s window and flow control allow; `Some` when it
+    /// stops for what the send side cannot do (the caller does it and
+    /// calls again: everything this loop decides is read from the records,
+    /// so it goes on where it stopped).
+    pub(crate) fn send_peer<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32) -> Option<SendStop> {
+        // Modified ACK/NACK: the receiver refuses everything after the
+        // refused message, so nothing after it goes out. The refused
+        // message itself may still send frames it has not sent yet (a
+        // forwarded broadcast whose frames were not here when it was
+        // refused): the receiver can only accept it, and answer, once it
+        // holds every frame of a group.
+        let refused = self.send.peer(peer).not_to_send;
+        let msgs_max = match self.cfg.flow_control {
+            FlowControl::Piggyback => self.piggyback_limit(now, peer),
+            _ => u32::MAX,
+        };
+        let mut started = 0u32;
+        let mut qi = 0usize;
+        while let Some(&slot) = self.send.peer(peer).tx_queue.get(qi) {
+            qi += 1;
+            let (next, count) = {
+                let m = self.send.tx.get(slot).expect("queued");
+                if refused.is_some_and(|r| seq_lt(r, m.seq)) {
+                    return None;
+                }
+                if m.held {
+                    continue; // Waits for its pull; later messages go on.
+                }
+                // A rewind (`rewind_after`) may have put `next_frame` back
+                // into a group whose ACK, for frames sent before it, came
+                // since: acknowledged frames do not go again.
+                let acked = m.groups.una().saturating_mul(self.cfg.group_size).min(m.frame_count);
+                (m.next_frame.max(acked), m.frame_count)
+            };
+            if next > 0 || next == count {
+                started += 1;
+            }
+            if next == count {
+                continue;
+            }
+            if next == 0 {
+                if started >= msgs_max {
+                    return None;
+                }
+                // C1: a suspended port starts no message; later ones the
+                // receiver started taking (an earlier one was refused and
+                // rewound, `rewind_refused`) go on to their end.
+                let m = self.send.tx.get(slot).expect("queued");
+                if self.ports[m.port as usize].suspended && m.rewindable_unacked() {
+                    continue;
+                }
+                started += 1;
+            }
+            let window = self.cfg.window_frames;
+            for f in next..count {
+                if self.send.peer(peer).inflight_frames >= window {
+                    return None;
+                }
+                let m = self.send.tx.get(slot).expect("queued");
+                if f >= m.limit {
+                    // A forwarded broadcast frame not here yet: later
+                    // messages to this peer wait behind it, in order.
+                    return None;
+                }
+                if !m.in_window(f, self.cfg.group_size, window) {
+                    // The oldest unacknowledged group holds the window (a
+                    // loss): acknowledged groups above it do not open it,
+                    // and later messages wait behind this one, in order.
+                    return None;
+                }
+                match self.transmit(hal, slot, f, false) {
+                    Ok(None) => {
+                        self.send.frames[0] += 1;
+                        self.frame_sent(now, slot, f);
+                    }
+                    Ok(Some(stop)) => return Some(stop),
+                    Err(st) => {
+                        self.finish_tx(hal, slot, st);
+                        qi -= 1;
+                        break;
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Frame `f` of record `slot` went (or was handed to its CPU): it is
+    /// in the window, and the group it completes is armed.
+    pub(crate) fn frame_sent(&mut self, now: u64, slot: u32, f: u32) {
+        let gs = self.cfg.group_size;
+        let m = self.send.tx.get_mut(slot);
+        let g = f / gs;
+        let (_, end) = wire::group_range(gs, m.frame_count, g);
+        m.next_frame = f + 1;
+        m.inflight_frames += 1;
+        m.groups.get_mut(g).expect("a frame in the window is of a live group").inflight += 1;
+        let peer = m.peer;
+        self.send.peer_mut(peer).inflight_frames += 1;
+        if f + 1 == end {
+            self.arm_group(now, slot, g, None);
+        }
+    }
+
+    /// Arms (or re-arms) a group's retransmission timer.
+    pub(crate) fn arm_group(&mut self, now: u64, slot: u32, g: u32, delay: Option<u64>) {
+        let stamp = self.send.next_stamp();
+        let (rto, rto_max) = (self.cfg.rto_ns, self.cfg.rto_ns_max);
+        let grp = self.send.tx.get_mut(slot).groups.get_mut(g).expect("a live group is armed");
+        grp.stamp = stamp;
+        let backoff = rto.saturating_mul(1u64 << grp.retries.min(20)).min(rto_max);
+        self.send.arm_timer(self.peers, now + delay.unwrap_or(backoff), SendTimer::Group { slot, group: g, stamp });
+    }
+
+    /// The transmission step: runs now, or on the CPU the plan gives it:
+    /// with jobs, a plain frame as a job (headers built and payload named
+    /// here, by send bookkeeping); others as work. Stops first, with
+    /// nothing done, when the frame would be built here and an ACK is held
+    /// for the peer, or it is a collective's or remote access's.
+    pub(crate) fn transmit<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        slot: u32,
+        f: u32,
+        retransmit: bool,
+    ) -> Result<Option<SendStop>, Status> {
+        let m = self.send.tx.get(slot).expect("live");
+        let (peer, plain) = (m.peer, m.coll.is_none() && m.rma.is_none());
+        let queued = self.queues.queued_to(self.cfg, self.cpu, Step::Transmission);
+        if (queued.is_none() || (self.cfg.cpu_jobs && plain)) && self.ack_held.get(peer) {
+            return Ok(Some(SendStop::AckHeld { peer }));
+        }
+        if queued.is_none() && !plain {
+            return Ok(Some(SendStop::Special { slot, frame: f }));
+        }
+        match self.queues.dispatch(hal, self.cfg, self.cpu, Step::Transmission) {
+            Some(cpu) => {
+                if !(self.cfg.cpu_jobs && plain && self.transmit_job(hal, cpu, slot, f, retransmit)?) {
+                    let seq = self.send.tx.get(slot).expect("live").seq;
+                    self.queues.enqueue(hal, cpu, Work::Transmit { slot, seq, frame: f, retransmit });
+                }
+            }
+            None => self.send_frame(hal, slot, f, retransmit)?,
+        }
+        Ok(None)
+    }
+
+    /// Queues frame `f` of a plain send as a job for `cpu`: `false` when
+    /// its payload is too scattered to name, for the caller to queue as
+    /// work.
+    fn transmit_job<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        cpu: u8,
+        slot: u32,
+        f: u32,
+        retransmit: bool,
+    ) -> Result<bool, Status> {
+        let m = self.send.tx.get(slot).expect("live");
+        let (seq, in_place) = (m.seq, self.immediate_sending && m.frame_count == 1);
+        let mut buf = core::mem::take(self.frame_buf);
+        let d = self.data_frame_head(slot, f, &mut buf);
+        let mut head = [0u8; crate::cpu::HEAD_MAX];
+        head[..d.head].copy_from_slice(&buf[..d.head]);
+        *self.frame_buf = buf;
+        let segs = job_segs(hal, self.mr, self.layout, self.host_segs, d.port, &d.desc, d.off, d.len, MR_LOCAL_READ)?;
+        let Some(segs) = segs else { return Ok(false) };
+        let job = crate::cpu::Job::Transmit { slot, seq, dst: d.dst, head, head_len: d.head as u8, segs, in_place };
+        self.queues.push_job(hal, cpu, job);
+        self.count(if retransmit { counter::RETRANSMITS } else { counter::TX_FRAMES }, 1);
+        Ok(true)
+    }
+
+    /// Writes the headers of frame `f` of tx record `slot` into `buf`. An
+    /// ACK held for the peer went first (an answer must never overtake the
+    /// ACK of what it answers: the sender would see the answer before its
+    /// send completed).
+    pub(crate) fn data_frame_head(&self, slot: u32, f: u32, buf: &mut [u8]) -> DataFrame {
+        let m = self.send.tx.get(slot).expect("live");
+        debug_assert!(!self.ack_held.get(m.peer), "the ACK held for peer {} goes before its data", m.peer);
+        let p = self.peers[m.peer as usize].as_ref().expect("live peer");
+        let off = wire::frame_offset(f, self.mtu);
+        let total = m.msg_len();
+        let len = (wire::payload_capacity(self.mtu, f) as u64).min(total - off.min(total)) as usize;
+        let kind = match (&m.coll, &m.rma) {
+            (Some(c), _) if c.hdr.is_some() => FrameKind::CollData,
+            (_, Some(_)) => FrameKind::Rma,
+            _ => FrameKind::Data,
+        };
+        let hdr = FrameHeader {
+            version: wire::WIRE_VERSION,
+            kind: kind as u8,
+            dst_gen: self.send.peer(m.peer).remote_gen,
+            src_node: self.node,
+            dst_node: p.node,
+            src_port: self.ports[m.port as usize].addr,
+            dst_port: p.rport,
+            src_gen: self.ports[m.port as usize].gen,
+            payload_len: len as u16,
+            msg_seq: m.seq,
+            tx_floor: self.send.tx_floor(m.peer),
+            frame_index: f,
+            frame_count: m.frame_count,
+        };
+        let msg = if m.rma.is_some() {
+            MsgHeader::new(0, total, None)
+        } else {
+            MsgHeader::new(m.desc.wd.tag, total, m.desc.wd.send_imm())
+        };
+        let head = wire::emit_data_headers(&hdr, (f == 0).then_some(&msg), buf).expect("frame fits MTU_MAX");
+        DataFrame { head, len, off, port: m.port, dst: p.node, desc: m.desc }
+    }
+
+    /// Builds frame `f` of a plain send from host memory and transmits it.
+    pub(crate) fn send_frame<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        slot: u32,
+        f: u32,
+        retransmit: bool,
+    ) -> Result<(), Status> {
+        let mut buf = core::mem::take(self.frame_buf);
+        let DataFrame { head, len, off, port, dst, desc } = self.data_frame_head(slot, f, &mut buf);
+        let m = self.send.tx.get(slot).expect("live");
+        debug_assert!(m.coll.is_none() && m.rma.is_none(), "a plain send");
+        let r = if self.immediate_sending && m.frame_count == 1 {
+            // Immediate Sending: the NIC reads the payload from host
+            // memory as it sends. A retransmission names it again: the
+            // send completes only once ACKed, so the host keeps it.
+            let mut segs = core::mem::take(self.host_segs);
+            segs.clear();
+            let r =
+                self.mr.sge_io(hal, self.layout, port, desc.sges(), off, Buf::Gather(len, &mut segs), MR_LOCAL_READ);
+            let r = match r {
+                Ok(()) if !segs.overflowed => {
+                    let sent = hal.mac_transmit_host(dst, &buf[..head], &segs.segs);
+                    sent.map_err(|_| Status::DmaError)
+                }
+                // Too scattered to name: store and forward.
+                Ok(()) => self.store_and_forward(hal, port, &desc, off, dst, &mut buf[..head + len], head),
+                Err(st) => Err(st),
+            };
+            *self.host_segs = segs;
+            r
+        } else {
+            self.store_and_forward(hal, port, &desc, off, dst, &mut buf[..head + len], head)
+        };
+        *self.frame_buf = buf;
+        r?;
+        self.count(if retransmit { counter::RETRANSMITS } else { counter::TX_FRAMES }, 1);
+        Ok(())
+    }
+
+    /// Reads a plain send's payload into `frame` after its `head` bytes of
+    /// headers, then hands the whole frame to the MAC.
+    #[allow(clippy::too_many_arguments)]
+    fn store_and_forward<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        port: u16,
+        desc: &LocalDesc,
+        off: u64,
+        dst: u16,
+        frame: &mut [u8],
+        head: usize,
+    ) -> Result<(), Status> {
+        self.mr.sge_io(hal, self.layout, port, desc.sges(), off, Buf::FromHost(&mut frame[head..]), MR_LOCAL_READ)?;
+        hal.mac_transmit(dst, frame);
+        Ok(())
+    }
+
+    /// EMP's piggybacked flow control (thesis §2.3.1), both levels: the
+    /// messages the receiver has room for (`credits`), and how much to slow
+    /// down below that (`fc_level`): all of them, half (a shift: the Tigon
+    /// had no divide), or none until an update — or, if the update was
+    /// lost, one probe `rnr_delay_ns_max` after the stop.
+    fn piggyback_limit(&self, now: u64, peer: u32) -> u32 {
+        let p = self.send.peer(peer);
+        match p.fc_level {
+            wire::FC_GO => p.credits.max(1),
+            wire::FC_SLOW => (p.credits >> 1).max(1),
+            _ if now >= p.fc_stop_ns.saturating_add(self.cfg.rnr_delay_ns_max) => 1,
+            _ => 0,
+        }
+    }
+
+    /// Receive ack's send-record half (Table 3.2's update): an ACK for
+    /// group `body.group` of message `hdr.msg_seq`, and for every message
+    /// before `body.rx_expected` (cumulative). Returns the refused messages
+    /// the receiver has buffers for again, `(peer, after)`: those to `peer`
+    /// after sequence `after` go again now (`Nic::resume_refused`: a
+    /// resend may build a collective's frame).
+    pub(crate) fn on_ack<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        hdr: &FrameHeader,
+        body: &AckBody,
+    ) -> Option<(u32, u32)> {
+        let peer = self.peer_index.get(&(hdr.dst_port, hdr.src_node, hdr.src_port)).copied()?;
+        self.learn_remote(now, peer, hdr, body);
+        let below = self.ack_below(hal, peer, hdr, body.rx_expected);
+        let resume = |after: Option<u32>| Some((peer, after?));
+        if body.group == wire::ACK_NO_GROUP {
+            // A flow-control update: the new room may let messages go.
+            self.send.mark_ready(peer);
+            return resume(below);
+        }
+        let Some(slot) = self.send.find_tx(peer, hdr.msg_seq) else { return resume(below) };
+        if self.send.tx.get(slot).is_some_and(|m| m.held) {
+            // Its groups are not acknowledged: its pull's response completes it.
+            return resume(below);
+        }
+        if self.send.peer(peer).not_to_send == Some(hdr.msg_seq) {
+            // Modified ACK/NACK: the refused message was accepted; back to Normal.
+            self.send.peer_mut(peer).not_to_send = None;
+        }
+        let m = self.send.tx.get_mut(slot);
+        let was_refused = core::mem::take(&mut m.rnr_waiting);
+        let seq = m.seq;
+        if body.group >= m.groups.count() {
+            return resume(below);
+        }
+        if let Some(n) = m.groups.ack(body.group) {
+            // A message rewound on a suspended port (`rewind_refused`) that
+            // the receiver took after all: it goes on past what is acknowledged.
+            m.next_frame = m.next_frame.max(m.groups.una() * self.cfg.group_size).min(m.frame_count);
+            m.inflight_frames -= n;
+            let done = m.groups.done();
+            self.send.peer_mut(peer).inflight_frames -= n;
+            if done {
+                self.finish_tx(hal, slot, Status::Success);
+            }
+        }
+        self.send.mark_ready(peer);
+        // Both resume the refused messages after the earlier one.
+        match (below, was_refused) {
+            (Some(b), true) if seq_lt(b, seq) => resume(Some(b)),
+            (_, true) => resume(Some(seq)),
+            (b, false) => resume(b),
+        }
+    }
+
+    /// PM's cumulative ACK (seed 003 §3.3: Ack(r, i) frees every Buf(r, j),
+    /// j ≤ i): the receiver has every message before `floor` wholly, so
+    /// each still queued is done — but a held one, whose data the receiver
+    /// pulls (its read response's ACK completes it). Only from a receiver
+    /// that addressed this incarnation of the port: a stale ACK meant for an
+    /// earlier process here names sequence numbers that are not ours.
+    /// Returns the last refused message it finished, after which the
+    /// refused ones go again.
+    pub(crate) fn ack_below<H: Hal>(&mut self, hal: &mut H, peer: u32, hdr: &FrameHeader, floor: u32) -> Option<u32> {
+        if hdr.dst_gen == 0 || hdr.dst_gen != self.ports[hdr.dst_port as usize].gen {
+            return None;
+        }
+        let mut refused_done = None;
+        let mut i = 0;
+        // The queue is in sequence order; finishing a record takes it out.
+        while let Some(&slot) = self.send.peer(peer).tx_queue.get(i) {
+            let m = self.send.tx.get(slot).expect("queued");
+            if !seq_lt(m.seq, floor) {
+                break;
+            }
+            if m.held {
+                i += 1;
+                continue;
+            }
+            if m.rnr_waiting {
+                refused_done = Some(m.seq);
+            }
+            self.finish_tx(hal, slot, Status::Success);
+        }
+        refused_done
+    }
+
+    /// Receiver state piggybacked on ACKs and NACKs: its room, and how
+    /// much to slow down; a stop arms the probe that outlives a lost update.
+    pub(crate) fn learn_remote(&mut self, now: u64, peer: u32, hdr: &FrameHeader, body: &AckBody) {
+        let probe = self.cfg.flow_control == FlowControl::Piggyback;
+        let p = self.send.peer_mut(peer);
+        p.credits = body.rx_credits as u32;
+        p.remote_gen = hdr.src_gen;
+        let stopped = p.fc_level == wire::FC_STOP;
+        p.fc_level = body.fc_level.min(wire::FC_STOP);
+        if p.fc_level == wire::FC_STOP && !stopped {
+            p.fc_stop_ns = now;
+            if probe {
+                let at = now.saturating_add(self.cfg.rnr_delay_ns_max);
+                self.send.arm_timer(self.peers, at, SendTimer::FcProbe { peer });
+            }
+        }
+    }
+
+    /// Retires a transmission record and reports it: a plain send's
+    /// completion here; a collective's or remote access's report is left
+    /// to the whole program ([`SendSide::done`], `Nic::after_send`), and so
+    /// are the operations that wait for a free record (`SendSide::freed`).
+    pub(crate) fn finish_tx<H: Hal>(&mut self, hal: &mut H, slot: u32, status: Status) {
         // What the report needs is taken out and the record dropped where
         // it is: moving a whole record out of its table costs a copy.
         let m = self.send.tx.get_mut(slot);
@@ -1115,14 +1287,12 @@ impl Nic {
         if status == Status::Success {
             self.count(counter::MSGS_TX, 1);
         }
-        self.mark_ready(peer);
+        self.send.mark_ready(peer);
         match done {
-            TxDone::Coll(c) => self.coll_tx_done(hal, now, &c, status),
-            TxDone::Rma(rma, desc) => self.rma_tx_done(hal, now, port, &desc, &rma, status),
             TxDone::Send(c) => self.complete(hal, port, c),
+            done => self.send.done.push_back((done, status, port)),
         }
-        self.rbcast_unstall(now);
-        self.coll_unstall(hal, now);
+        self.send.freed = true;
     }
 }
 

@@ -1,13 +1,17 @@
 //! The receive side at work (`RecvCpu`, docs/nic-cpus.md) reaches nothing
-//! of the send side, by its type. These tests check that it is the one
-//! that takes a stream's DATA frames: only what needs the whole program
-//! (here, the first frame from a new sender) goes past it.
+//! of the send side, by its type, and the send side (`SendCpu`) nothing of
+//! the receive side. These tests check that each is the one that handles a
+//! stream: only what needs the whole program (the first frame from a new
+//! sender, an ACK the receive side holds) goes past it.
 
 mod common;
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use common::Pair;
 use emp_firmware::Config;
-use emp_uapi::desc::Status;
+use emp_uapi::desc::{Opcode, Status};
 use emp_uapi::sram::counter;
 use emp_uapi::wire::Frame;
 
@@ -46,4 +50,84 @@ fn a_streams_data_frames_are_taken_by_the_receive_side_alone() {
     assert_eq!(whole, 1, "only the new sender's first frame needs the whole program");
     assert!(alone + whole >= p.counter(1, counter::RX_FRAMES), "every frame taken went one way or the other");
     assert!(alone >= MSGS * 2, "{alone} frames taken alone");
+}
+
+/// The send side (`SendCpu`) sends a stream's frames alone: it stops for
+/// nothing when no collective is queued and no ACK is held.
+#[test]
+fn a_streams_frames_are_sent_by_the_send_side_alone() {
+    let mut p = Pair::new(Config::default(), 1500, [1 << 20, 1 << 20]);
+    const MSGS: u64 = 60;
+    for i in 0..MSGS {
+        let len = if i % 2 == 0 { 64 } else { 4000 };
+        p.recv(1, i, i * 4096, len);
+        p.send(0, i, i * 4096, len);
+    }
+    let mut sent = 0;
+    while sent < MSGS {
+        assert!(p.step(), "the stream stalled at {sent} sent");
+        while let Some(c) = p.poll(0) {
+            assert_eq!(Status::from_u8(c.status), Some(Status::Success));
+            sent += 1;
+        }
+        while p.poll(1).is_some() {}
+    }
+    let (alone, built, _) = p.world.nodes[0].nic.send_frames();
+    assert_eq!(built, 0, "no frame needed the whole program");
+    assert_eq!(alone, p.counter(0, counter::TX_FRAMES), "every first transmission was the send side's");
+    assert_eq!(alone, MSGS / 2 * 4, "one frame and three frames, alternating");
+}
+
+/// An answer never overtakes the ACK of what it answers: with ACKs held
+/// back for coalescing (`ack_delay_ns`), the send side stops before the
+/// reply (`SendStop::AckHeld`) and the held ACK goes on the wire first.
+#[test]
+fn a_reply_goes_after_the_ack_the_receive_side_held() {
+    let d = Config::default();
+    let cfg = Config { ack_delay_ns: d.rto_ns / 2, ..d };
+    let mut p = Pair::new(cfg, 1500, [1 << 16, 1 << 16]);
+    // What node 1 puts on the wire, in order: ACK floors and DATA sequences.
+    let wire: Rc<RefCell<Vec<(bool, u32)>>> = Rc::default();
+    let seen = wire.clone();
+    p.world.drop_filter = Some(Box::new(move |src, _, bytes: &[u8]| {
+        match Frame::parse(bytes) {
+            Ok(Frame::Ack { body, .. }) if src == 1 => seen.borrow_mut().push((true, body.rx_expected)),
+            Ok(Frame::Data { hdr, .. }) if src == 1 => seen.borrow_mut().push((false, hdr.msg_seq)),
+            _ => {}
+        }
+        false
+    }));
+    const ROUNDS: u64 = 20;
+    let mut got = [0u64; 2];
+    for i in 0..ROUNDS {
+        p.recv(1, i, 0, 64);
+        p.recv(0, i, 4096, 64);
+        p.send(0, i, 0, 64);
+        while got[1] <= i {
+            assert!(p.step(), "round {i}: the ping never arrived");
+            while let Some(c) = p.poll(1) {
+                got[1] += u64::from(c.opcode == Opcode::Recv as u8);
+            }
+            while let Some(c) = p.poll(0) {
+                got[0] += u64::from(c.opcode == Opcode::Recv as u8);
+            }
+        }
+        p.send(1, i, 4096, 64);
+        while got[0] <= i {
+            assert!(p.step(), "round {i}: the reply never arrived");
+            while let Some(c) = p.poll(0) {
+                got[0] += u64::from(c.opcode == Opcode::Recv as u8);
+            }
+            while p.poll(1).is_some() {}
+        }
+    }
+    let wire = wire.borrow();
+    for (at, &(ack, seq)) in wire.iter().enumerate() {
+        if !ack {
+            let acked = wire[..at].iter().any(|&(a, floor)| a && floor > seq);
+            assert!(acked, "reply {seq} went before the ACK of ping {seq}: {wire:?}");
+        }
+    }
+    let (_, _, acks_first) = p.world.nodes[1].nic.send_frames();
+    assert!(acks_first >= ROUNDS, "the send side stopped for the held ACK {acks_first} times");
 }

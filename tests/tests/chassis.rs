@@ -145,6 +145,12 @@ fn two_nic_cpu_threads_under_loss_every_plan() {
         assert_eq!((alone.len(), whole.len()), (2, 2), "{plan}: a line per NIC in {dump}");
         assert!(alone.iter().zip(&whole).all(|(a, w)| a > w), "{plan}: alone {alone:?}, whole {whole:?}");
         eprintln!("plan {plan}: DATA frames per NIC, receive side alone {alone:?}, whole program {whole:?}");
+        // And each NIC's send side sends the frames alone but for those the
+        // whole program builds (a remote read's response: the pulls).
+        let (sent, built) = (dumped(&dump, "frames sent alone "), dumped(&dump, "built by the whole program "));
+        assert_eq!((sent.len(), built.len()), (2, 2), "{plan}: a line per NIC in {dump}");
+        assert!(sent.iter().all(|&s| s > 0), "{plan}: send side alone {sent:?}");
+        eprintln!("plan {plan}: frames per NIC, send side alone {sent:?}, whole program {built:?}");
         if plan != "base" && cores >= 2 {
             // CPU B's transmissions, receiving DMAs, completions and ACKs
             // are jobs it runs without the program, beside CPU A (DSR's B

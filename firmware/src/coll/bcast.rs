@@ -156,7 +156,7 @@ impl Nic {
             if ours && m.limit < contig {
                 let peer = m.peer;
                 self.send.tx.get_mut(t).limit = contig;
-                self.mark_ready(peer);
+                self.send.mark_ready(peer);
             }
         }
     }
