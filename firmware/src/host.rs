@@ -10,16 +10,88 @@ use emp_uapi::ring;
 use emp_uapi::sram::{admin_result, ctl, port_state, AdminMailbox, AdminOp, RouteEntry};
 use emp_uapi::{sram::counter, DecodeError, Le};
 
+use emp_uapi::sram::Layout;
+
 use crate::cq::{Completer, Completion};
+use crate::send_cpu::SendCpu;
 use crate::{persist, sram_put_u32, sram_u32, Hal, LocalDesc, Nic};
 
-/// What a descriptor taken from a ring comes to.
+/// What a descriptor taken from a ring comes to ([`ring_desc`]).
 enum RingDesc {
     /// Run it: a posted descriptor with its validation, or a started one
     /// (validated when stored).
     Run(WorkDesc, Result<Opcode, DecodeError>),
-    /// Nothing more to do: stored, or refused with a completion.
-    Done,
+    /// Refused: reported as a bad descriptor of this opcode.
+    Bad(LocalDesc, Opcode),
+    /// Stored: reported only if it failed (an unsignaled completion).
+    Stored(Completion),
+}
+
+/// What the send side stops at in a send ring ([`SendCpu::take_sends`]):
+/// the whole program goes on from there.
+pub(crate) enum RingStop {
+    /// The next descriptor is not a plain send (a collective, an atomic, a
+    /// remote access, a receive on the wrong ring): not taken.
+    Program,
+    /// A send taken and checked, to a peer the table holds no entry for
+    /// yet (`Nic::send_to_new_peer`).
+    NewPeer(LocalDesc),
+}
+
+/// Resolves a descriptor just taken from a ring whose persistent
+/// descriptors are `stored`: a start becomes the descriptor stored in its
+/// slot, with the start's `wr_id`; a store is kept, and its CQ reservation
+/// released with an unsignaled completion. A start of an empty slot, or a
+/// store of the other ring's kind, is a bad descriptor.
+fn ring_desc(stored: &mut persist::PersistTable, send: bool, d: &WorkDesc) -> RingDesc {
+    let own = if send { Opcode::Send } else { Opcode::Recv };
+    let v = d.validate();
+    match v {
+        Ok(Opcode::Start) => match stored.get(d.tag) {
+            Some(s) => RingDesc::Run(WorkDesc { wr_id: d.wr_id, ..*s }, Ok(own)),
+            None => RingDesc::Bad(LocalDesc::new(d), Opcode::Start),
+        },
+        Ok(op) if d.flags & WD_PERSIST != 0 => {
+            let ld = LocalDesc::new(d);
+            if op != own {
+                return RingDesc::Bad(ld, op);
+            }
+            stored.store(d.slot, d);
+            // A store reports only a failure.
+            let mut c = Completion::of(&ld, op, Status::Success);
+            c.signaled = false;
+            RingDesc::Stored(c)
+        }
+        _ => RingDesc::Run(*d, v),
+    }
+}
+
+/// Copies the next descriptor out of `port`'s send (or receive) ring, at
+/// consumer index `cons` (advanced), and reserves CQ room for it
+/// (`outstanding`). A start is read through its `tag` alone (`persist.rs`).
+fn take_desc<H: Hal>(
+    hal: &mut H,
+    layout: &Layout,
+    port: u16,
+    send: bool,
+    cons: &mut u32,
+    outstanding: &mut u32,
+) -> WorkDesc {
+    let off = layout.port(port).ring_slot(send, *cons);
+    *cons = cons.wrapping_add(1);
+    *outstanding += 1;
+    let mut b = [0u8; WorkDesc::SIZE];
+    let (head, rest) = b.split_at_mut(START_BYTES);
+    hal.sram_read(off, head);
+    if head[core::mem::offset_of!(WorkDesc, opcode)] != Opcode::Start as u8 {
+        hal.sram_read(off + START_BYTES, rest);
+    }
+    // A consumed slot is left zero, before the consumer index (or a
+    // completion) frees it: a slot past the producer index then holds
+    // only what the host wrote and has not published, and a context
+    // switch carries just that (`ctxsw.rs`, unpublished slots).
+    hal.sram_write(off, &[0u8; WorkDesc::SIZE]);
+    WorkDesc::get(&b)
 }
 
 impl Nic {
@@ -227,27 +299,20 @@ impl Nic {
             sram_put_u32(hal, w.ctl(ctl::RECV_CONS), rc);
         }
 
-        let send_prod = sram_u32(hal, w.ctl(ctl::SEND_PROD));
+        // Plain sends are the send side's; it stops where the next
+        // descriptor needs the whole program.
         let mut budget = w.send_entries;
-        while ring::has_entry(send_prod, self.send.ports[port as usize].cons) && budget > 0 {
-            if self.send.tx.is_full() || !self.cqs.has_room(hal, &self.layout, &self.ports, port, &mut cq_cons) {
-                break;
-            }
-            let next = self.layout.port(port).send_slot(self.send.ports[port as usize].cons);
-            let opcode = Opcode::from_u8(peek_opcode(hal, next));
-            let fits = |op: Opcode| self.coll_fits(op) && (!op.is_atomic() || self.atomic_fits()) && self.rma_fits(op);
-            if opcode.is_some_and(|op| !fits(op)) {
-                break; // Stays in the ring until an operation or atomic record frees.
-            }
-            if opcode == Some(Opcode::Rbcast) {
-                let wd = read_desc(hal, next);
-                if !self.rbcast_admit(hal, now, port, &wd) {
-                    break; // The reliable broadcast's root stalls (window or credits).
+        loop {
+            match self.send_cpu().take_sends(hal, now, port, &mut budget, &mut cq_cons) {
+                None => break,
+                Some(RingStop::NewPeer(ld)) => self.send_to_new_peer(hal, now, port, ld),
+                Some(RingStop::Program) => {
+                    if !self.take_send_program(hal, now, port) {
+                        break;
+                    }
+                    budget -= 1;
                 }
             }
-            budget -= 1;
-            let d = self.take_desc(hal, port, true);
-            self.take_send_desc(hal, now, port, &d);
         }
         let sc = self.send.ports[port as usize].cons;
         if sc != sc0 {
@@ -255,67 +320,38 @@ impl Nic {
         }
     }
 
-    /// Resolves a descriptor just taken from `port`'s send (or receive)
-    /// ring: a start becomes the descriptor stored in its slot, with the
-    /// start's `wr_id`; a store is kept and its CQ reservation released.
-    /// A start of an empty slot, or a store of the other ring's kind, is
-    /// a bad descriptor.
-    fn ring_desc<H: Hal>(&mut self, hal: &mut H, port: u16, send: bool, d: &WorkDesc) -> RingDesc {
-        let own = if send { Opcode::Send } else { Opcode::Recv };
-        let v = d.validate();
-        match v {
-            Ok(Opcode::Start) => match self.stored_mut(port, send).get(d.tag) {
-                Some(s) => RingDesc::Run(WorkDesc { wr_id: d.wr_id, ..*s }, Ok(own)),
-                None => {
-                    self.bad_descriptor(hal, port, &LocalDesc::new(d), Opcode::Start);
-                    RingDesc::Done
-                }
-            },
-            Ok(op) if d.flags & WD_PERSIST != 0 => {
-                let ld = LocalDesc::new(d);
-                if op != own {
-                    self.bad_descriptor(hal, port, &ld, op);
-                    return RingDesc::Done;
-                }
-                self.stored_mut(port, send).store(d.slot, d);
-                // A store reports only a failure.
-                let mut c = Completion::of(&ld, op, Status::Success);
-                c.signaled = false;
-                self.complete(hal, port, c);
-                RingDesc::Done
+    /// A descriptor taken from one of `port`'s rings ([`ring_desc`]):
+    /// what there is to run, or `None` when it was stored or refused (and
+    /// reported).
+    fn ring_desc<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        port: u16,
+        send: bool,
+        d: &WorkDesc,
+    ) -> Option<(WorkDesc, Result<Opcode, DecodeError>)> {
+        match ring_desc(self.stored_mut(port, send), send, d) {
+            RingDesc::Run(d, v) => Some((d, v)),
+            RingDesc::Bad(ld, op) => {
+                self.bad_descriptor(hal, port, &ld, op);
+                None
             }
-            _ => RingDesc::Run(*d, v),
+            RingDesc::Stored(c) => {
+                self.complete(hal, port, c);
+                None
+            }
         }
     }
 
-    /// Copies the next descriptor out of a ring and reserves CQ room for
-    /// it. A start is read through its `tag` alone (`persist.rs`).
+    /// Copies the next descriptor out of a ring ([`take_desc`]).
     fn take_desc<H: Hal>(&mut self, hal: &mut H, port: u16, send: bool) -> WorkDesc {
-        let w = self.layout.port(port);
         let cons =
             if send { &mut self.send.ports[port as usize].cons } else { &mut self.recv.ports[port as usize].cons };
-        let off = w.ring_slot(send, *cons);
-        *cons = cons.wrapping_add(1);
-        self.cqs.ports[port as usize].outstanding += 1;
-        let mut b = [0u8; WorkDesc::SIZE];
-        let (head, rest) = b.split_at_mut(START_BYTES);
-        hal.sram_read(off, head);
-        if head[core::mem::offset_of!(WorkDesc, opcode)] != Opcode::Start as u8 {
-            hal.sram_read(off + START_BYTES, rest);
-        }
-        // A consumed slot is left zero, before the consumer index (or a
-        // completion) frees it: a slot past the producer index then holds
-        // only what the host wrote and has not published, and a context
-        // switch carries just that (`ctxsw.rs`, unpublished slots).
-        hal.sram_write(off, &[0u8; WorkDesc::SIZE]);
-        WorkDesc::get(&b)
+        take_desc(hal, &self.layout, port, send, cons, &mut self.cqs.ports[port as usize].outstanding)
     }
 
     fn post_recv<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
-        let (d, v) = match self.ring_desc(hal, port, false, d) {
-            RingDesc::Run(d, v) => (d, v),
-            RingDesc::Done => return,
-        };
+        let Some((d, v)) = self.ring_desc(hal, port, false, d) else { return };
         let d = &d;
         let ld = LocalDesc::new(d);
         match v {
@@ -342,13 +378,32 @@ impl Nic {
         }
     }
 
+    /// The send ring's next descriptor, which the send side stopped at
+    /// (`RingStop::Program`: the caller checked CQ and table room): taken
+    /// unless it must wait in the ring for a record to free; `false` then.
+    fn take_send_program<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) -> bool {
+        let next = self.layout.port(port).send_slot(self.send.ports[port as usize].cons);
+        let opcode = Opcode::from_u8(peek_opcode(hal, next));
+        let fits = |op: Opcode| self.coll_fits(op) && (!op.is_atomic() || self.atomic_fits()) && self.rma_fits(op);
+        if opcode.is_some_and(|op| !fits(op)) {
+            return false; // Stays in the ring until an operation or atomic record frees.
+        }
+        if opcode == Some(Opcode::Rbcast) {
+            let wd = read_desc(hal, next);
+            if !self.rbcast_admit(hal, now, port, &wd) {
+                return false; // The reliable broadcast's root stalls (window or credits).
+            }
+        }
+        let d = self.take_desc(hal, port, true);
+        self.send.descs[1] += 1;
+        self.take_send_desc(hal, now, port, &d);
+        true
+    }
+
     /// One descriptor from the send ring, whatever its opcode: sends,
     /// collectives and atomics start here.
     fn take_send_desc<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
-        let (d, v) = match self.ring_desc(hal, port, true, d) {
-            RingDesc::Run(d, v) => (d, v),
-            RingDesc::Done => return,
-        };
+        let Some((d, v)) = self.ring_desc(hal, port, true, d) else { return };
         let d = &d;
         let ld = LocalDesc::new(d);
         match v {
@@ -367,19 +422,18 @@ impl Nic {
                 )
             }
         }
-        if let Err(st) = self.check_sges(hal, port, ld.sges(), MR_LOCAL_READ) {
-            return self.complete(hal, port, Completion::of(&ld, Opcode::Send, st));
+        if let Some(ld) = self.send_cpu().post_send(hal, now, port, ld) {
+            self.send_to_new_peer(hal, now, port, ld);
         }
-        if ld.len > self.cfg.msg_max {
-            return self.complete(hal, port, Completion::of(&ld, Opcode::Send, Status::TooLarge));
-        }
-        if !self.route_valid(hal, ld.wd.node) {
-            return self.bad_descriptor(hal, port, &ld, Opcode::Send);
-        }
+    }
+
+    /// A checked send to a peer the table holds no entry for yet: one is
+    /// made (`peer_for`), or the send fails (`TableFull`).
+    fn send_to_new_peer<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, ld: LocalDesc) {
         let Some(peer) = self.peer_for(now, port, ld.wd.node, ld.wd.port, 0) else {
             return self.complete(hal, port, Completion::of(&ld, Opcode::Send, Status::TableFull));
         };
-        self.enqueue_tx(now, port, peer, ld);
+        self.send_cpu().enqueue_tx(now, port, peer, ld);
     }
 
     pub(crate) fn bad_descriptor<H: Hal>(&mut self, hal: &mut H, port: u16, ld: &LocalDesc, op: Opcode) {
@@ -390,10 +444,7 @@ impl Nic {
     }
 
     pub(crate) fn route_valid<H: Hal>(&self, hal: &mut H, node: u16) -> bool {
-        if node as u32 >= self.layout.params.route_entries {
-            return false;
-        }
-        sram_u32(hal, self.layout.route_entry(node as usize) + core::mem::offset_of!(RouteEntry, valid)) == 1
+        route_valid(hal, &self.layout, node)
     }
 
     /// Reports a finished descriptor on this CPU ([`crate::cq::Cqs::complete`]).
@@ -406,6 +457,106 @@ impl Nic {
             counters: &mut self.counters,
         };
         self.cqs.complete(hal, by, port, c)
+    }
+}
+
+/// Does the route table name `node` (a node of this cluster)?
+fn route_valid<H: Hal>(hal: &mut H, layout: &Layout, node: u16) -> bool {
+    if node as u32 >= layout.params.route_entries {
+        return false;
+    }
+    sram_u32(hal, layout.route_entry(node as usize) + core::mem::offset_of!(RouteEntry, valid)) == 1
+}
+
+impl SendCpu<'_> {
+    /// Takes plain sends from `port`'s send ring, as CQ and table room and
+    /// `budget` (descriptors this call may still take) allow, and queues
+    /// each on its peer. Stops where the whole program must go on
+    /// ([`RingStop`]); `None` when the ring is empty or the rest waits
+    /// for room.
+    pub(crate) fn take_sends<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        port: u16,
+        budget: &mut u32,
+        cq_cons: &mut Option<u32>,
+    ) -> Option<RingStop> {
+        let w = self.layout.port(port);
+        let prod = sram_u32(hal, w.ctl(ctl::SEND_PROD));
+        while ring::has_entry(prod, self.send.ports[port as usize].cons) && *budget > 0 {
+            if self.send.tx.is_full() || !self.cqs.has_room(hal, self.layout, self.ports, port, cq_cons) {
+                return None;
+            }
+            let next = w.send_slot(self.send.ports[port as usize].cons);
+            match Opcode::from_u8(peek_opcode(hal, next)) {
+                // A start names a stored send; an unknown opcode is refused here.
+                None | Some(Opcode::Send | Opcode::Start) => {}
+                Some(_) => return Some(RingStop::Program),
+            }
+            *budget -= 1;
+            let (cons, outstanding) =
+                (&mut self.send.ports[port as usize].cons, &mut self.cqs.ports[port as usize].outstanding);
+            let d = take_desc(hal, self.layout, port, true, cons, outstanding);
+            if let Some(ld) = self.take_send(hal, now, port, &d) {
+                self.send.descs[1] += 1;
+                return Some(RingStop::NewPeer(ld));
+            }
+            self.send.descs[0] += 1;
+        }
+        None
+    }
+
+    /// A send (or a start of a stored one) just taken from the ring; `Some`
+    /// when its peer needs an entry first.
+    fn take_send<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) -> Option<LocalDesc> {
+        let (d, v) = match ring_desc(&mut self.send.ports[port as usize].stored, true, d) {
+            RingDesc::Run(d, v) => (d, v),
+            RingDesc::Bad(ld, op) => {
+                self.bad_descriptor(hal, port, &ld, op);
+                return None;
+            }
+            RingDesc::Stored(c) => {
+                self.complete(hal, port, c);
+                return None;
+            }
+        };
+        let ld = LocalDesc::new(&d);
+        if v != Ok(Opcode::Send) {
+            // A malformed descriptor is reported under the opcode it claims.
+            let op = Opcode::from_u8(d.opcode).filter(|&o| o != Opcode::Recv).unwrap_or(Opcode::Send);
+            self.bad_descriptor(hal, port, &ld, op);
+            return None;
+        }
+        self.post_send(hal, now, port, ld)
+    }
+
+    /// A validated send: checked, and queued on its peer; `Some` when the
+    /// peer table holds no entry for it yet (`Nic::send_to_new_peer`).
+    pub(crate) fn post_send<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, ld: LocalDesc) -> Option<LocalDesc> {
+        if let Err(st) = self.mr.check_sges(hal, self.layout, port, ld.sges(), MR_LOCAL_READ) {
+            self.complete(hal, port, Completion::of(&ld, Opcode::Send, st));
+            return None;
+        }
+        if ld.len > self.cfg.msg_max {
+            self.complete(hal, port, Completion::of(&ld, Opcode::Send, Status::TooLarge));
+            return None;
+        }
+        if !route_valid(hal, self.layout, ld.wd.node) {
+            self.bad_descriptor(hal, port, &ld, Opcode::Send);
+            return None;
+        }
+        let Some(&peer) = self.peer_index.get(&(port, ld.wd.node, ld.wd.port)) else { return Some(ld) };
+        self.send.peer_mut(peer).last_ns = now;
+        self.enqueue_tx(now, port, peer, ld);
+        None
+    }
+
+    fn bad_descriptor<H: Hal>(&mut self, hal: &mut H, port: u16, ld: &LocalDesc, op: Opcode) {
+        self.counters.add(counter::BAD_DESCRIPTORS, 1);
+        let mut c = Completion::of(ld, op, Status::BadDescriptor);
+        c.signaled = true;
+        self.complete(hal, port, c);
     }
 }
 

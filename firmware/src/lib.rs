@@ -660,6 +660,9 @@ pub(crate) struct SendSide {
     pub(crate) frames: [u64; 2],
     /// Times it stopped for an ACK the receive side held.
     pub(crate) acks_first: u64,
+    /// Send-ring descriptors it took alone, and those that needed the
+    /// whole program (`Nic::send_descs`).
+    pub(crate) descs: [u64; 2],
 }
 
 impl SendSide {
@@ -680,6 +683,7 @@ impl SendSide {
             freed: false,
             frames: [0; 2],
             acks_first: 0,
+            descs: [0; 2],
         }
     }
 
@@ -1285,6 +1289,13 @@ impl Nic {
     /// (`SendStop`).
     pub fn send_frames(&self) -> (u64, u64, u64) {
         (self.send.frames[0], self.send.frames[1], self.send.acks_first)
+    }
+
+    /// Send-ring descriptors taken: by the send side alone (plain sends to
+    /// a known peer, stores, starts, refusals), and with the whole program
+    /// (a new peer, a collective, an atomic, a remote access).
+    pub fn send_descs(&self) -> (u64, u64) {
+        (self.send.descs[0], self.send.descs[1])
     }
 
     /// Counters (also published in the SRAM header).

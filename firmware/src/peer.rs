@@ -54,6 +54,9 @@ pub(crate) struct PeerSend {
     pub ready: bool,
     /// The remote port's generation, learned from its ACKs (0 = unknown).
     pub remote_gen: u16,
+    /// Last time the send side queued a message to this peer
+    /// (`Peer::last_ns` is the table's own lookups).
+    pub last_ns: u64,
 }
 
 impl PeerSend {
@@ -70,6 +73,7 @@ impl PeerSend {
             not_to_send: None,
             ready: false,
             remote_gen: 0,
+            last_ns: 0,
         }
     }
 
@@ -195,9 +199,9 @@ impl Nic {
         quiet && (!recv.rx_taken || now.saturating_sub(self.last_used(i)) >= rx_idle_ns)
     }
 
-    /// When entry `i` was last used, by the table's lookups or the receive side.
+    /// When entry `i` was last used, by the table's lookups or either side.
     fn last_used(&self, i: u32) -> u64 {
-        self.peer(i).last_ns.max(self.recv.peer(i).last_ns)
+        self.peer(i).last_ns.max(self.send.peer(i).last_ns).max(self.recv.peer(i).last_ns)
     }
 
     /// Looks up a peer entry.

@@ -244,14 +244,9 @@ pub(crate) struct DataFrame {
 }
 
 impl Nic {
-    /// Queues a validated send on its peer.
-    pub(crate) fn enqueue_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc) {
-        self.enqueue_tx_as(now, port, peer, desc, None, None);
-    }
-
     /// Queues an RMA message (remote write, read request or response).
     pub(crate) fn enqueue_tx_rma(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc, rma: crate::rma::RmaTx) {
-        self.enqueue_tx_as(now, port, peer, desc, None, Some(rma));
+        self.send_cpu().enqueue_tx_as(now, port, peer, desc, None, Some(rma));
     }
 
     /// Queues an internal collective message on its peer.
@@ -263,30 +258,7 @@ impl Nic {
         desc: LocalDesc,
         coll: crate::coll::CollTx,
     ) -> u32 {
-        self.enqueue_tx_as(now, port, peer, desc, Some(Box::new(coll)), None)
-    }
-
-    fn enqueue_tx_as(
-        &mut self,
-        now: u64,
-        port: u16,
-        peer: u32,
-        desc: LocalDesc,
-        coll: Option<Box<crate::coll::CollTx>>,
-        rma: Option<crate::rma::RmaTx>,
-    ) -> u32 {
-        let seq = {
-            let p = self.send.peer_mut(peer);
-            let s = p.tx_seq_next;
-            p.tx_seq_next = s.wrapping_add(1);
-            s
-        };
-        let slot = self.queue_tx(now, port, peer, desc, seq, coll, rma);
-        if self.cfg.fault_swap_sends && seq % 2 == 1 {
-            self.fault_swap_with_previous(peer);
-        }
-        self.send.mark_ready(peer);
-        slot
+        self.send_cpu().enqueue_tx_as(now, port, peer, desc, Some(Box::new(coll)), None)
     }
 
     /// A restored context's message, queued with the sequence number it
@@ -300,45 +272,7 @@ impl Nic {
         seq: u32,
         coll: Option<crate::coll::CollTx>,
     ) -> u32 {
-        self.queue_tx(now, port, peer, desc, seq, coll.map(Box::new), None)
-    }
-
-    /// Puts message `seq` to `peer` into the tx table and at the end of
-    /// the peer's queue, nothing of it sent yet; returns its slot.
-    #[allow(clippy::too_many_arguments)]
-    fn queue_tx(
-        &mut self,
-        now: u64,
-        port: u16,
-        peer: u32,
-        desc: LocalDesc,
-        seq: u32,
-        coll: Option<Box<crate::coll::CollTx>>,
-        rma: Option<crate::rma::RmaTx>,
-    ) -> u32 {
-        let len = rma.as_ref().map_or(desc.len, |r| crate::rma::HDR + r.data_len);
-        let frame_count = wire::frames_for(len, self.mtu) as u32;
-        let groups = frame_count.div_ceil(self.cfg.group_size);
-        let slot = self.send.tx.insert_checked(TxMsg {
-            port,
-            peer,
-            desc,
-            seq,
-            frame_count,
-            next_frame: 0,
-            groups: SendWindow::new(groups, self.send.tx_rings.take()),
-            inflight_frames: 0,
-            rnr_retries: 0,
-            rnr_waiting: false,
-            queued_ns: now,
-            limit: coll.as_ref().map_or(u32::MAX, |c| c.limit),
-            coll,
-            rma,
-            held: false,
-            pulling: false,
-        });
-        self.send.peer_mut(peer).tx_queue.push_back(slot);
-        slot
+        self.send_cpu().queue_tx(now, port, peer, desc, seq, coll.map(Box::new), None)
     }
 
     /// Takes a message out of its peer's queue without completing it: a
@@ -350,29 +284,6 @@ impl Nic {
         let p = self.send.peer_mut(m.peer);
         p.inflight_frames -= m.inflight_frames;
         crate::slots::remove_once(&mut p.tx_queue, slot);
-    }
-
-    /// `Config::fault_swap_sends`: the last two queued messages to `peer`
-    /// trade sequence numbers and places when the earlier one has not
-    /// started, so the receiver gets them swapped (a deliberate ordering
-    /// bug, for proving order checks).
-    fn fault_swap_with_previous(&mut self, peer: u32) {
-        let q = &self.send.peer(peer).tx_queue;
-        let n = q.len();
-        if n < 2 {
-            return;
-        }
-        let (a, b) = (q[n - 2], q[n - 1]);
-        let idle = |m: &TxMsg| m.next_frame == 0 && !m.held && m.coll.is_none() && m.rma.is_none();
-        if !(idle(self.send.tx.get(a).expect("queued")) && idle(self.send.tx.get(b).expect("queued"))) {
-            return;
-        }
-        let (sa, sb) = (self.send.tx.get(a).expect("queued").seq, self.send.tx.get(b).expect("queued").seq);
-        self.send.tx.get_mut(a).seq = sb;
-        self.send.tx.get_mut(b).seq = sa;
-        let q = &mut self.send.peer_mut(peer).tx_queue;
-        let n = q.len();
-        q.swap(n - 2, n - 1);
     }
 
     /// Sends what windows and flow control allow, peer by peer: the send
@@ -853,12 +764,97 @@ impl SendSide {
 }
 
 impl SendCpu<'_> {
+    /// Queues a validated send on its peer.
+    pub(crate) fn enqueue_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc) {
+        self.enqueue_tx_as(now, port, peer, desc, None, None);
+    }
+    pub(crate) fn enqueue_tx_as(
+        &mut self,
+        now: u64,
+        port: u16,
+        peer: u32,
+        desc: LocalDesc,
+        coll: Option<Box<crate::coll::CollTx>>,
+        rma: Option<crate::rma::RmaTx>,
+    ) -> u32 {
+        let seq = {
+            let p = self.send.peer_mut(peer);
+            let s = p.tx_seq_next;
+            p.tx_seq_next = s.wrapping_add(1);
+            s
+        };
+        let slot = self.queue_tx(now, port, peer, desc, seq, coll, rma);
+        if self.cfg.fault_swap_sends && seq % 2 == 1 {
+            self.fault_swap_with_previous(peer);
+        }
+        self.send.mark_ready(peer);
+        slot
+    }
+    /// Puts message `seq` to `peer` into the tx table and at the end of
+    /// the peer's queue, nothing of it sent yet; returns its slot.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn queue_tx(
+        &mut self,
+        now: u64,
+        port: u16,
+        peer: u32,
+        desc: LocalDesc,
+        seq: u32,
+        coll: Option<Box<crate::coll::CollTx>>,
+        rma: Option<crate::rma::RmaTx>,
+    ) -> u32 {
+        let len = rma.as_ref().map_or(desc.len, |r| crate::rma::HDR + r.data_len);
+        let frame_count = wire::frames_for(len, self.mtu) as u32;
+        let groups = frame_count.div_ceil(self.cfg.group_size);
+        let slot = self.send.tx.insert_checked(TxMsg {
+            port,
+            peer,
+            desc,
+            seq,
+            frame_count,
+            next_frame: 0,
+            groups: SendWindow::new(groups, self.send.tx_rings.take()),
+            inflight_frames: 0,
+            rnr_retries: 0,
+            rnr_waiting: false,
+            queued_ns: now,
+            limit: coll.as_ref().map_or(u32::MAX, |c| c.limit),
+            coll,
+            rma,
+            held: false,
+            pulling: false,
+        });
+        self.send.peer_mut(peer).tx_queue.push_back(slot);
+        slot
+    }
+    /// `Config::fault_swap_sends`: the last two queued messages to `peer`
+    /// trade sequence numbers and places when the earlier one has not
+    /// started, so the receiver gets them swapped (a deliberate ordering
+    /// bug, for proving order checks).
+    fn fault_swap_with_previous(&mut self, peer: u32) {
+        let q = &self.send.peer(peer).tx_queue;
+        let n = q.len();
+        if n < 2 {
+            return;
+        }
+        let (a, b) = (q[n - 2], q[n - 1]);
+        let idle = |m: &TxMsg| m.next_frame == 0 && !m.held && m.coll.is_none() && m.rma.is_none();
+        if !(idle(self.send.tx.get(a).expect("queued")) && idle(self.send.tx.get(b).expect("queued"))) {
+            return;
+        }
+        let (sa, sb) = (self.send.tx.get(a).expect("queued").seq, self.send.tx.get(b).expect("queued").seq);
+        self.send.tx.get_mut(a).seq = sb;
+        self.send.tx.get_mut(b).seq = sa;
+        let q = &mut self.send.peer_mut(peer).tx_queue;
+        let n = q.len();
+        q.swap(n - 2, n - 1);
+    }
     fn count(&mut self, c: usize, n: u64) {
         self.counters.add(c, n);
     }
 
     /// Reports a finished descriptor ([`crate::Cqs::complete`]).
-    fn complete<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
+    pub(crate) fn complete<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
         let by =
             Completer { layout: self.layout, ports: self.ports, cpu: self.cpu, mr: self.mr, counters: self.counters };
         self.cqs.complete(hal, by, port, c)

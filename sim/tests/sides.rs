@@ -76,6 +76,9 @@ fn a_streams_frames_are_sent_by_the_send_side_alone() {
     assert_eq!(built, 0, "no frame needed the whole program");
     assert_eq!(alone, p.counter(0, counter::TX_FRAMES), "every first transmission was the send side's");
     assert_eq!(alone, MSGS / 2 * 4, "one frame and three frames, alternating");
+    let (descs, descs_whole) = p.world.nodes[0].nic.send_descs();
+    assert_eq!(descs_whole, 1, "only the first send, to a new peer, needed the whole program");
+    assert_eq!(descs, MSGS - 1, "the send side took the others from the ring alone");
 }
 
 /// An answer never overtakes the ACK of what it answers: with ACKs held

@@ -150,7 +150,11 @@ fn two_nic_cpu_threads_under_loss_every_plan() {
         let (sent, built) = (dumped(&dump, "frames sent alone "), dumped(&dump, "built by the whole program "));
         assert_eq!((sent.len(), built.len()), (2, 2), "{plan}: a line per NIC in {dump}");
         assert!(sent.iter().all(|&s| s > 0), "{plan}: send side alone {sent:?}");
-        eprintln!("plan {plan}: frames per NIC, send side alone {sent:?}, whole program {built:?}");
+        let descs = (dumped(&dump, "descriptors taken alone "), dumped(&dump, "needing the whole program "));
+        assert!(descs.0.iter().all(|&d| d > 0), "{plan}: descriptors taken alone {descs:?}");
+        eprintln!(
+            "plan {plan}: frames per NIC, send side alone {sent:?}, whole program {built:?}; descriptors {descs:?}"
+        );
         if plan != "base" && cores >= 2 {
             // CPU B's transmissions, receiving DMAs, completions and ACKs
             // are jobs it runs without the program, beside CPU A (DSR's B
