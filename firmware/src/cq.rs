@@ -45,6 +45,12 @@ impl Completion {
             imm: None,
         }
     }
+
+    /// A refused descriptor, reported as `op` whether or not it asked for
+    /// a completion.
+    pub(crate) fn bad_descriptor(d: &LocalDesc, op: Opcode) -> Completion {
+        Completion { signaled: true, ..Completion::of(d, op, Status::BadDescriptor) }
+    }
 }
 
 /// A port's CQ as its producer keeps it.

@@ -267,10 +267,12 @@ pub unsafe extern "C" fn emp_fw_describe(nic: *mut c_void, buf: *mut u8, cap: us
     // SAFETY: the caller guarantees `nic` is live and `buf` writable.
     let (nic, out) = unsafe { (&*nic.cast::<Nic>(), core::slice::from_raw_parts_mut(buf, cap)) };
     let (alone, whole) = nic.data_frames();
+    let (recvs, recvs_whole) = nic.recv_descs();
     let (sent, built, acks_first) = nic.send_frames();
     let (descs, descs_whole) = nic.send_descs();
     let text = format!(
-        "{:?}\n{}{}  receive side: DATA frames alone {alone}, with the whole program {whole}\n  \
+        "{:?}\n{}{}  receive side: DATA frames alone {alone}, with the whole program {whole}; \
+         receives taken alone {recvs}, by the whole program {recvs_whole}\n  \
          send side: frames sent alone {sent}, built by the whole program {built}, after a held ACK {acks_first}; \
          descriptors taken alone {descs}, needing the whole program {descs_whole}\n",
         nic.occupancy(),

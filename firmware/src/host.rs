@@ -13,6 +13,7 @@ use emp_uapi::{sram::counter, DecodeError, Le};
 use emp_uapi::sram::Layout;
 
 use crate::cq::{Completer, Completion};
+use crate::recv_cpu::RecvCpu;
 use crate::send_cpu::SendCpu;
 use crate::{persist, sram_put_u32, sram_u32, Hal, LocalDesc, Nic};
 
@@ -266,32 +267,16 @@ impl Nic {
     /// Consumes new descriptors from a port's rings.
     pub(crate) fn consume_rings<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16) {
         let w = self.layout.port(port);
-        let recv_prod = sram_u32(hal, w.ctl(ctl::RECV_PROD));
         let (rc0, sc0) = (self.recv.ports[port as usize].cons, self.send.ports[port as usize].cons);
         let mut cq_cons = None;
+        // Receives are the receive side's; it stops while retained headers
+        // wait (a receive may start a pull).
         let mut budget = w.recv_entries;
-        // Receives posted on every port; posting one changes only this
-        // port's list.
-        let mut posted = None;
-        while ring::has_entry(recv_prod, self.recv.ports[port as usize].cons) && budget > 0 {
-            let total = *posted.get_or_insert_with(|| self.recv.posted_total());
-            debug_assert_eq!(total, self.recv.posted_total());
-            // Probes and cancels post nothing: they pass a full table (a
-            // cancel may be what frees it). Only then is the opcode peeked.
-            if total >= self.cfg.recv_posted_max || !self.recv_fits() {
-                let next = w.recv_slot(self.recv.ports[port as usize].cons);
-                if !matches!(Opcode::from_u8(peek_opcode(hal, next)), Some(Opcode::Probe | Opcode::Cancel)) {
-                    break;
-                }
-            }
-            if !self.cqs.has_room(hal, &self.layout, &self.ports, port, &mut cq_cons) {
+        while self.recv_cpu().take_recvs(hal, port, &mut budget, &mut cq_cons) {
+            if !self.take_recv_program(hal, now, port, &mut cq_cons) {
                 break;
             }
             budget -= 1;
-            let d = self.take_desc(hal, port, false);
-            let here = self.recv.ports[port as usize].posted.len() as u32;
-            self.post_recv(hal, now, port, &d);
-            posted = Some(total - here + self.recv.ports[port as usize].posted.len() as u32);
         }
         // Written only when moved: the host polls these words' cache line.
         let rc = self.recv.ports[port as usize].cons;
@@ -350,32 +335,27 @@ impl Nic {
         take_desc(hal, &self.layout, port, send, cons, &mut self.cqs.ports[port as usize].outstanding)
     }
 
-    fn post_recv<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) {
-        let Some((d, v)) = self.ring_desc(hal, port, false, d) else { return };
-        let d = &d;
-        let ld = LocalDesc::new(d);
-        match v {
-            Ok(Opcode::Recv) => {}
-            Ok(Opcode::Probe) => return self.probe(hal, port, &ld),
-            Ok(Opcode::Cancel) => return self.cancel_recv(hal, port, &ld),
-            _ => return self.bad_descriptor(hal, port, &ld, Opcode::Recv),
+    /// The receive ring's next descriptor, which the receive side stopped
+    /// at (retained headers wait): posted unless the posted table is full,
+    /// or a pull it may start has no read or send record; `false` then.
+    fn take_recv_program<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, cq_cons: &mut Option<u32>) -> bool {
+        // Probes and cancels post nothing: they pass a full table (a
+        // cancel may be what frees it). Only then is the opcode peeked.
+        if self.recv.posted_total() >= self.cfg.recv_posted_max || !self.recv_fits() {
+            let next = self.layout.port(port).recv_slot(self.recv.ports[port as usize].cons);
+            if !matches!(Opcode::from_u8(peek_opcode(hal, next)), Some(Opcode::Probe | Opcode::Cancel)) {
+                return false;
+            }
         }
-        if let Err(st) = self.check_sges(hal, port, ld.sges(), MR_LOCAL_WRITE) {
-            return self.complete(hal, port, Completion::of(&ld, Opcode::Recv, st));
+        if !self.cqs.has_room(hal, &self.layout, &self.ports, port, cq_cons) {
+            return false;
         }
-        if d.flags & emp_uapi::desc::WD_CLAIM != 0 {
-            return self.recv_claimed(hal, now, port, &ld);
+        let d = self.take_desc(hal, port, false);
+        self.recv.descs[1] += 1;
+        if let Some((e, ld)) = self.recv_cpu().post_recv(hal, port, &d) {
+            self.rdv_pull(now, port, e, &ld);
         }
-        if self.match_unexpected(hal, now, port, &ld) {
-            return;
-        }
-        self.recv.ports[port as usize].posted.push_back(ld);
-        // `kick_refused` scans every peer slot (1024 by default): with no
-        // live peer waiting for a receive (almost always), skip it.
-        let refused = |&i: &u32| self.recv.peer(i).rnr_seq.is_some();
-        if self.peer_index.values().any(refused) {
-            self.recv_cpu().kick_refused(hal, port, &ld);
-        }
+        true
     }
 
     /// The send ring's next descriptor, which the send side stopped at
@@ -438,9 +418,7 @@ impl Nic {
 
     pub(crate) fn bad_descriptor<H: Hal>(&mut self, hal: &mut H, port: u16, ld: &LocalDesc, op: Opcode) {
         self.count(counter::BAD_DESCRIPTORS, 1);
-        let mut c = Completion::of(ld, op, Status::BadDescriptor);
-        c.signaled = true;
-        self.complete(hal, port, c);
+        self.complete(hal, port, Completion::bad_descriptor(ld, op));
     }
 
     pub(crate) fn route_valid<H: Hal>(&self, hal: &mut H, node: u16) -> bool {
@@ -554,9 +532,109 @@ impl SendCpu<'_> {
 
     fn bad_descriptor<H: Hal>(&mut self, hal: &mut H, port: u16, ld: &LocalDesc, op: Opcode) {
         self.counters.add(counter::BAD_DESCRIPTORS, 1);
-        let mut c = Completion::of(ld, op, Status::BadDescriptor);
-        c.signaled = true;
-        self.complete(hal, port, c);
+        self.complete(hal, port, Completion::bad_descriptor(ld, op));
+    }
+}
+
+impl RecvCpu<'_> {
+    /// Posts receives (and runs probes and cancels) from `port`'s receive
+    /// ring, as the posted table, CQ room and `budget` (descriptors this
+    /// call may still take) allow; `true` when it stopped for the whole
+    /// program: retained headers wait, and a receive may start a pull.
+    pub(crate) fn take_recvs<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        port: u16,
+        budget: &mut u32,
+        cq_cons: &mut Option<u32>,
+    ) -> bool {
+        let w = self.layout.port(port);
+        let prod = sram_u32(hal, w.ctl(ctl::RECV_PROD));
+        // Receives posted on every port; posting one changes only this
+        // port's list.
+        let mut total = self.recv.posted_total();
+        while ring::has_entry(prod, self.recv.ports[port as usize].cons) && *budget > 0 {
+            debug_assert_eq!(total, self.recv.posted_total());
+            if self.recv.rdv_held > 0 {
+                return true;
+            }
+            // Probes and cancels post nothing: they pass a full table (a
+            // cancel may be what frees it). Only then is the opcode peeked.
+            if total >= self.cfg.recv_posted_max {
+                let next = w.recv_slot(self.recv.ports[port as usize].cons);
+                if !matches!(Opcode::from_u8(peek_opcode(hal, next)), Some(Opcode::Probe | Opcode::Cancel)) {
+                    return false;
+                }
+            }
+            if !self.cqs.has_room(hal, self.layout, self.ports, port, cq_cons) {
+                return false;
+            }
+            *budget -= 1;
+            let (cons, outstanding) =
+                (&mut self.recv.ports[port as usize].cons, &mut self.cqs.ports[port as usize].outstanding);
+            let d = take_desc(hal, self.layout, port, false, cons, outstanding);
+            let here = self.recv.ports[port as usize].posted.len() as u32;
+            let pull = self.post_recv(hal, port, &d);
+            debug_assert!(pull.is_none(), "no retained header, so no pull");
+            self.recv.descs[0] += 1;
+            total = total - here + self.recv.ports[port as usize].posted.len() as u32;
+        }
+        false
+    }
+
+    /// One descriptor from the receive ring: a receive is matched against
+    /// the unexpected messages, else posted; a probe or cancel runs. `Some`
+    /// when the receive takes a retained header, whose pull is the whole
+    /// program's (`Nic::rdv_pull`).
+    pub(crate) fn post_recv<H: Hal>(&mut self, hal: &mut H, port: u16, d: &WorkDesc) -> Option<(u32, LocalDesc)> {
+        let (d, v) = match ring_desc(&mut self.recv.ports[port as usize].stored, false, d) {
+            RingDesc::Run(d, v) => (d, v),
+            RingDesc::Bad(ld, op) => {
+                self.count(counter::BAD_DESCRIPTORS, 1);
+                self.complete(hal, port, Completion::bad_descriptor(&ld, op));
+                return None;
+            }
+            RingDesc::Stored(c) => {
+                self.complete(hal, port, c);
+                return None;
+            }
+        };
+        let ld = LocalDesc::new(&d);
+        match v {
+            Ok(Opcode::Recv) => {}
+            Ok(Opcode::Probe) => {
+                self.probe(hal, port, &ld);
+                return None;
+            }
+            Ok(Opcode::Cancel) => {
+                self.cancel_recv(hal, port, &ld);
+                return None;
+            }
+            _ => {
+                self.count(counter::BAD_DESCRIPTORS, 1);
+                self.complete(hal, port, Completion::bad_descriptor(&ld, Opcode::Recv));
+                return None;
+            }
+        }
+        if let Err(st) = self.mr.check_sges(hal, self.layout, port, ld.sges(), MR_LOCAL_WRITE) {
+            self.complete(hal, port, Completion::of(&ld, Opcode::Recv, st));
+            return None;
+        }
+        let pull = if d.flags & emp_uapi::desc::WD_CLAIM != 0 {
+            self.recv_claimed(hal, port, &ld)
+        } else if let Some(e) = self.find_unexpected(port, &ld) {
+            self.take_unexpected(hal, port, e, &ld)
+        } else {
+            self.recv.ports[port as usize].posted.push_back(ld);
+            // `kick_refused` scans every peer slot (1024 by default): with no
+            // live peer waiting for a receive (almost always), skip it.
+            let refused = |&i: &u32| self.recv.peer(i).rnr_seq.is_some();
+            if self.peer_index.values().any(refused) {
+                self.kick_refused(hal, port, &ld);
+            }
+            None
+        };
+        pull.map(|e| (e, ld))
     }
 }
 

@@ -764,6 +764,9 @@ pub(crate) struct RecvSide {
     /// DATA frames the receive side took alone, and those that needed the
     /// whole program (`Nic::data_frames`).
     pub(crate) data_frames: [u64; 2],
+    /// Receive-ring descriptors it took alone, and those the whole program
+    /// took (`Nic::recv_descs`).
+    pub(crate) descs: [u64; 2],
 }
 
 impl RecvSide {
@@ -789,6 +792,7 @@ impl RecvSide {
             sweep_at: None,
             trace: VecDeque::with_capacity(32),
             data_frames: [0; 2],
+            descs: [0; 2],
         }
     }
 
@@ -1289,6 +1293,13 @@ impl Nic {
     /// (`SendStop`).
     pub fn send_frames(&self) -> (u64, u64, u64) {
         (self.send.frames[0], self.send.frames[1], self.send.acks_first)
+    }
+
+    /// Receive-ring descriptors taken: by the receive side alone, and by
+    /// the whole program (while retained headers wait: a receive may
+    /// start a pull).
+    pub fn recv_descs(&self) -> (u64, u64) {
+        (self.recv.descs[0], self.recv.descs[1])
     }
 
     /// Send-ring descriptors taken: by the send side alone (plain sends to

@@ -424,106 +424,6 @@ impl Nic {
         !self.rma_reads.is_full() && !self.send.tx.is_full()
     }
 
-    /// A receive was posted: take the oldest matching unexpected message
-    /// (arrival order, so same-match order holds). An eager one is copied
-    /// into the receive now; a retained header starts its pull. False when
-    /// none matches.
-    pub(crate) fn match_unexpected<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &LocalDesc) -> bool {
-        match self.find_unexpected(port, d) {
-            Some(e) => {
-                self.take_unexpected(hal, now, port, e, d);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// The oldest unexpected entry of `port` that receive or probe `d`
-    /// matches, passing by entries being pulled or claimed.
-    fn find_unexpected(&self, port: u16, d: &LocalDesc) -> Option<u32> {
-        self.recv.ports[port as usize].unexpected.iter().copied().find(|&e| {
-            let u = self.recv.unexp.get(e).expect("queued entry is live");
-            u.pull.is_none() && u.claimed.is_none() && d.matches(u.src_node, u.src_port, u.tag)
-        })
-    }
-
-    /// A probe (`Opcode::Probe`): reports the oldest matching unexpected
-    /// message without receiving it; with `WD_CLAIM` claims it.
-    pub(crate) fn probe<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
-        let Some(e) = self.find_unexpected(port, d) else {
-            return self.complete(hal, port, Completion::of(d, Opcode::Probe, Status::NoMessage));
-        };
-        let mut c = Completion::of(d, Opcode::Probe, Status::Success);
-        if d.wd.flags & emp_uapi::desc::WD_CLAIM != 0 {
-            let stamp = self.next_stamp() as u16;
-            self.recv.unexp.get_mut(e).claimed = Some(stamp);
-            c.byte_len = claim_handle(e, stamp);
-        }
-        let u = self.recv.unexp.get(e).expect("found");
-        c.tag = u.tag;
-        c.src_node = u.src_node;
-        c.src_port = u.src_port;
-        c.msg_len = u.total_len.min(u32::MAX as u64) as u32;
-        c.imm = u.imm;
-        self.complete(hal, port, c);
-    }
-
-    /// A cancel (`Opcode::Cancel`, `tag` = the receive's `wr_id`): the
-    /// oldest such receive still posted goes back, completed `Canceled`.
-    pub(crate) fn cancel_recv<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
-        let posted = &mut self.recv.ports[port as usize].posted;
-        let Some(i) = posted.iter().position(|r| r.wd.wr_id == d.wd.tag) else {
-            return self.complete(hal, port, Completion::of(d, Opcode::Cancel, Status::NoMessage));
-        };
-        let r = posted.remove(i).expect("found");
-        self.complete(hal, port, Completion::of(&r, Opcode::Recv, Status::Canceled));
-        self.complete(hal, port, Completion::of(d, Opcode::Cancel, Status::Success));
-    }
-
-    /// A claimed receive (`WD_CLAIM`, `tag` = the handle): takes exactly
-    /// the entry a probe claimed, else completes `NoMessage`.
-    pub(crate) fn recv_claimed<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &LocalDesc) {
-        let (e, stamp) = ((d.wd.tag >> 16) as u32, d.wd.tag as u16);
-        let ok = self.recv.unexp.get(e).is_some_and(|u| u.port == port && u.claimed == Some(stamp) && u.pull.is_none());
-        if !ok {
-            return self.complete(hal, port, Completion::of(d, Opcode::Recv, Status::NoMessage));
-        }
-        self.take_unexpected(hal, now, port, e, d);
-    }
-
-    /// Receive `d` takes unexpected entry `e`: an eager one is copied and
-    /// completed now, a retained header starts its pull.
-    fn take_unexpected<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, e: u32, d: &LocalDesc) {
-        let u = *self.recv.unexp.get(e).expect("found");
-        let Some(s) = u.data else {
-            return self.rdv_pull(now, port, e, d);
-        };
-        let q = &mut self.recv.ports[port as usize].unexpected;
-        let i = q.iter().position(|&x| x == e).expect("queued");
-        q.remove(i);
-        self.recv.unexp.remove(e);
-        let data = core::mem::take(&mut self.recv.overflow.slots[s as usize].data);
-        let total = data.len() as u64;
-        let n = total.min(d.len) as usize;
-        let io = self.sge_io(hal, port, d.sges(), 0, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE);
-        self.recv.overflow.slots[s as usize].data = data;
-        self.recv.overflow.free(s);
-        let status = match io {
-            Err(e) => e,
-            Ok(()) if total > d.len => Status::Truncated,
-            Ok(()) => Status::Success,
-        };
-        self.count(counter::MSGS_RX, 1);
-        let mut c = Completion::of(d, Opcode::Recv, status);
-        c.byte_len = n as u32;
-        c.tag = u.tag;
-        c.src_node = u.src_node;
-        c.src_port = u.src_port;
-        c.msg_len = total.min(u32::MAX as u64) as u32;
-        c.imm = u.imm;
-        self.complete(hal, port, c);
-    }
-
     /// Takes unexpected entry `e` out of its port's queue and the table,
     /// if it is still there; returns it.
     pub(crate) fn unexp_remove(&mut self, e: u32) -> Option<Unexpected> {
@@ -671,6 +571,94 @@ impl Nic {
 }
 
 impl RecvCpu<'_> {
+    /// The oldest unexpected entry of `port` that receive or probe `d`
+    /// matches, passing by entries being pulled or claimed.
+    pub(crate) fn find_unexpected(&self, port: u16, d: &LocalDesc) -> Option<u32> {
+        self.recv.ports[port as usize].unexpected.iter().copied().find(|&e| {
+            let u = self.recv.unexp.get(e).expect("queued entry is live");
+            u.pull.is_none() && u.claimed.is_none() && d.matches(u.src_node, u.src_port, u.tag)
+        })
+    }
+
+    /// A probe (`Opcode::Probe`): reports the oldest matching unexpected
+    /// message without receiving it; with `WD_CLAIM` claims it.
+    pub(crate) fn probe<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
+        let Some(e) = self.find_unexpected(port, d) else {
+            return self.complete(hal, port, Completion::of(d, Opcode::Probe, Status::NoMessage));
+        };
+        let mut c = Completion::of(d, Opcode::Probe, Status::Success);
+        if d.wd.flags & emp_uapi::desc::WD_CLAIM != 0 {
+            let stamp = self.recv.next_stamp() as u16;
+            self.recv.unexp.get_mut(e).claimed = Some(stamp);
+            c.byte_len = claim_handle(e, stamp);
+        }
+        let u = self.recv.unexp.get(e).expect("found");
+        c.tag = u.tag;
+        c.src_node = u.src_node;
+        c.src_port = u.src_port;
+        c.msg_len = u.total_len.min(u32::MAX as u64) as u32;
+        c.imm = u.imm;
+        self.complete(hal, port, c);
+    }
+
+    /// A cancel (`Opcode::Cancel`, `tag` = the receive's `wr_id`): the
+    /// oldest such receive still posted goes back, completed `Canceled`.
+    pub(crate) fn cancel_recv<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) {
+        let posted = &mut self.recv.ports[port as usize].posted;
+        let Some(i) = posted.iter().position(|r| r.wd.wr_id == d.wd.tag) else {
+            return self.complete(hal, port, Completion::of(d, Opcode::Cancel, Status::NoMessage));
+        };
+        let r = posted.remove(i).expect("found");
+        self.complete(hal, port, Completion::of(&r, Opcode::Recv, Status::Canceled));
+        self.complete(hal, port, Completion::of(d, Opcode::Cancel, Status::Success));
+    }
+
+    /// A claimed receive (`WD_CLAIM`, `tag` = the handle): takes exactly
+    /// the entry a probe claimed, else completes `NoMessage`. `Some` as
+    /// [`RecvCpu::take_unexpected`].
+    pub(crate) fn recv_claimed<H: Hal>(&mut self, hal: &mut H, port: u16, d: &LocalDesc) -> Option<u32> {
+        let (e, stamp) = ((d.wd.tag >> 16) as u32, d.wd.tag as u16);
+        let ok = self.recv.unexp.get(e).is_some_and(|u| u.port == port && u.claimed == Some(stamp) && u.pull.is_none());
+        if !ok {
+            self.complete(hal, port, Completion::of(d, Opcode::Recv, Status::NoMessage));
+            return None;
+        }
+        self.take_unexpected(hal, port, e, d)
+    }
+
+    /// Receive `d` takes unexpected entry `e`: an eager one is copied and
+    /// completed now; a retained header is returned, for its pull
+    /// (`Nic::rdv_pull`: a read and a send record, the whole program's).
+    pub(crate) fn take_unexpected<H: Hal>(&mut self, hal: &mut H, port: u16, e: u32, d: &LocalDesc) -> Option<u32> {
+        let u = *self.recv.unexp.get(e).expect("found");
+        let Some(s) = u.data else { return Some(e) };
+        let q = &mut self.recv.ports[port as usize].unexpected;
+        let i = q.iter().position(|&x| x == e).expect("queued");
+        q.remove(i);
+        self.recv.unexp.remove(e);
+        let data = core::mem::take(&mut self.recv.overflow.slots[s as usize].data);
+        let total = data.len() as u64;
+        let n = total.min(d.len) as usize;
+        let io = self.mr.sge_io(hal, self.layout, port, d.sges(), 0, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE);
+        self.recv.overflow.slots[s as usize].data = data;
+        self.recv.overflow.free(s);
+        let status = match io {
+            Err(e) => e,
+            Ok(()) if total > d.len => Status::Truncated,
+            Ok(()) => Status::Success,
+        };
+        self.count(counter::MSGS_RX, 1);
+        let mut c = Completion::of(d, Opcode::Recv, status);
+        c.byte_len = n as u32;
+        c.tag = u.tag;
+        c.src_node = u.src_node;
+        c.src_port = u.src_port;
+        c.msg_len = total.min(u32::MAX as u64) as u32;
+        c.imm = u.imm;
+        self.complete(hal, port, c);
+        None
+    }
+
     /// A DATA frame (naming a slot by now), handled by the receive side
     /// alone when it can be: an open port, a known sender of the same
     /// incarnation, and a message of the receive path's own. `false` when

@@ -50,6 +50,7 @@ fn a_streams_data_frames_are_taken_by_the_receive_side_alone() {
     assert_eq!(whole, 1, "only the new sender's first frame needs the whole program");
     assert!(alone + whole >= p.counter(1, counter::RX_FRAMES), "every frame taken went one way or the other");
     assert!(alone >= MSGS * 2, "{alone} frames taken alone");
+    assert_eq!(p.world.nodes[1].nic.recv_descs(), (MSGS, 0), "the receive side posted every receive alone");
 }
 
 /// The send side (`SendCpu`) sends a stream's frames alone: it stops for

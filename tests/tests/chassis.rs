@@ -144,7 +144,9 @@ fn two_nic_cpu_threads_under_loss_every_plan() {
         let (alone, whole) = (dumped(&dump, "DATA frames alone "), dumped(&dump, "with the whole program "));
         assert_eq!((alone.len(), whole.len()), (2, 2), "{plan}: a line per NIC in {dump}");
         assert!(alone.iter().zip(&whole).all(|(a, w)| a > w), "{plan}: alone {alone:?}, whole {whole:?}");
-        eprintln!("plan {plan}: DATA frames per NIC, receive side alone {alone:?}, whole program {whole:?}");
+        let recvs = (dumped(&dump, "receives taken alone "), dumped(&dump, ", by the whole program "));
+        assert_eq!((recvs.0.len(), recvs.1.len()), (2, 2), "{plan}: a line per NIC in {dump}");
+        eprintln!("plan {plan}: DATA frames per NIC, receive side alone {alone:?}, whole program {whole:?}; receives {recvs:?}");
         // And each NIC's send side sends the frames alone but for those the
         // whole program builds (a remote read's response: the pulls).
         let (sent, built) = (dumped(&dump, "frames sent alone "), dumped(&dump, "built by the whole program "));
