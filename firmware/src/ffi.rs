@@ -270,11 +270,14 @@ pub unsafe extern "C" fn emp_fw_describe(nic: *mut c_void, buf: *mut u8, cap: us
     let (recvs, recvs_whole) = nic.recv_descs();
     let (sent, built, acks_first) = nic.send_frames();
     let (descs, descs_whole) = nic.send_descs();
+    let [(doorbells, doorbells_whole), (batches, batches_whole)] = nic.entries();
     let text = format!(
         "{:?}\n{}{}  receive side: DATA frames alone {alone}, with the whole program {whole}; \
          receives taken alone {recvs}, by the whole program {recvs_whole}\n  \
          send side: frames sent alone {sent}, built by the whole program {built}, after a held ACK {acks_first}; \
-         descriptors taken alone {descs}, needing the whole program {descs_whole}\n",
+         descriptors taken alone {descs}, needing the whole program {descs_whole}\n  \
+         entries: doorbells alone {doorbells}, doorbells with the program {doorbells_whole}; \
+         frame batches alone {batches}, frame batches with the program {batches_whole}\n",
         nic.occupancy(),
         nic.describe_peers(),
         nic.describe_mcast()

@@ -120,6 +120,7 @@ impl Nic {
         if mb.request_seq == mb.done_seq {
             return;
         }
+        self.whole = true;
         let result = match AdminOp::from_u32(mb.op) {
             Some(AdminOp::Nop) => admin_result::OK,
             Some(AdminOp::PortOpen) => self.port_open(hal, &mb.args),
@@ -273,6 +274,7 @@ impl Nic {
         // wait (a receive may start a pull).
         let mut budget = w.recv_entries;
         while self.recv_cpu().take_recvs(hal, port, &mut budget, &mut cq_cons) {
+            self.whole = true;
             if !self.take_recv_program(hal, now, port, &mut cq_cons) {
                 break;
             }
@@ -290,8 +292,12 @@ impl Nic {
         loop {
             match self.send_cpu().take_sends(hal, now, port, &mut budget, &mut cq_cons) {
                 None => break,
-                Some(RingStop::NewPeer(ld)) => self.send_to_new_peer(hal, now, port, ld),
+                Some(RingStop::NewPeer(ld)) => {
+                    self.whole = true;
+                    self.send_to_new_peer(hal, now, port, ld);
+                }
                 Some(RingStop::Program) => {
+                    self.whole = true;
                     if !self.take_send_program(hal, now, port) {
                         break;
                     }

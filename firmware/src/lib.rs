@@ -902,6 +902,11 @@ pub struct Nic {
     pub(crate) cqs: Cqs,
     /// The ACKs the receive side holds back, per peer (the common area's).
     pub(crate) ack_held: peer::AckHeld,
+    /// This call needed more than the two sides' views (`Nic::entries`).
+    pub(crate) whole: bool,
+    /// Doorbells and frame batches: handled by the sides' views alone, and
+    /// needing the whole program.
+    pub(crate) entries: [[u64; 2]; 2],
     /// Reliable-broadcast state per group slot.
     pub(crate) rbcast: Vec<Option<rbcast::RbGroupState>>,
     /// Groups whose port could not join their multicast address.
@@ -995,6 +1000,8 @@ impl Nic {
             restore_refusal: None,
             cqs: Cqs::new(layout.params.ports),
             ack_held: peer::AckHeld::new(cfg.peers_max),
+            whole: false,
+            entries: [[0; 2]; 2],
             rbcast: (0..layout.params.group_entries).map(|_| None).collect(),
             rbcast_join_failed: 0,
             rbcast_frame: vec![0; MTU_MAX as usize],
@@ -1018,11 +1025,13 @@ impl Nic {
     /// The host may have posted work: run admin commands, consume rings.
     pub fn handle_doorbell<H: Hal>(&mut self, hal: &mut H, now: u64) {
         self.cpu = 0;
+        self.whole = false;
         self.service_admin(hal, now);
         self.poll_rings(hal, now);
         self.send_ready_peers(hal, now);
         self.recv_cpu().send_fc_updates(hal);
         self.publish(hal);
+        self.entries[0][self.whole as usize] += 1;
     }
 
     /// A frame arrived from the MAC.
@@ -1033,6 +1042,7 @@ impl Nic {
     /// Frames arrived from the MAC, handled in order; what their handling
     /// leaves to do is done once, after the last.
     pub fn handle_frames<'a, H: Hal>(&mut self, hal: &mut H, now: u64, frames: impl IntoIterator<Item = &'a [u8]>) {
+        self.whole = false;
         for bytes in frames {
             self.cpu = cpu::cpu_of(self.cfg.cpu_plan, cpu::Step::Classify);
             self.receive_frame(hal, now, bytes);
@@ -1044,6 +1054,7 @@ impl Nic {
         self.send_ready_peers(hal, now);
         self.recv_cpu().send_fc_updates(hal);
         self.publish(hal);
+        self.entries[1][self.whole as usize] += 1;
     }
 
     /// Dispatches a received frame by kind.
@@ -1055,6 +1066,7 @@ impl Nic {
                     && self.route_valid(hal, f.header().src_node) =>
             {
                 let hdr = *f.header();
+                self.whole = true;
                 if let Frame::Rbcast { body, data, .. } = f {
                     // For every local port whose group it is, whatever port it names.
                     return self.rbcast_on_mcast(hal, now, &hdr, &body, data);
@@ -1071,8 +1083,13 @@ impl Nic {
         // header names the slot that holds it.
         match self.slot_for_frame(frame.header().dst_port) {
             Some(slot) => frame.header_mut().dst_port = slot,
-            None => return self.refuse_unaddressed(hal, &frame),
+            None => {
+                self.whole = true;
+                return self.refuse_unaddressed(hal, &frame);
+            }
         }
+        // Beside DATA and ACK frames, the sides' views take none.
+        self.whole |= !matches!(frame, Frame::Data { .. } | Frame::Ack { .. });
         match frame {
             Frame::Data { hdr, msg, payload } => {
                 hal.cpu_step(self.cpu, CpuStep::RecvBookkeep, false);
@@ -1111,6 +1128,7 @@ impl Nic {
             return;
         }
         self.recv.data_frames[1] += 1;
+        self.whole = true;
         let Some(peer) = self.admit_data(hal, now, hdr) else { return };
         let verdict = self.recv_cpu().classify_data(peer, hdr);
         if self.recv_cpu().on_verdict(hal, now, peer, verdict, hdr, msg, payload) {
@@ -1276,6 +1294,14 @@ impl Nic {
     pub fn poll_timeout(&self) -> Option<u64> {
         let heaps = earliest(self.send.timers.next_deadline(), self.timers.next_deadline());
         earliest(heaps, self.recv.next_deadline())
+    }
+
+    /// Doorbells and frame batches so far, each as (handled by the two
+    /// sides' views alone, needing the whole program): how much of the
+    /// program's work the NIC CPUs could do beside each other, each with
+    /// its own side (docs/nic-cpus.md).
+    pub fn entries(&self) -> [(u64, u64); 2] {
+        self.entries.map(|[a, w]| (a, w))
     }
 
     /// DATA frames received so far: those the receive side took alone

@@ -303,13 +303,16 @@ impl Nic {
             while let Some(stop) = self.send_cpu().send_peer(hal, now, p) {
                 match stop {
                     SendStop::AckHeld { peer } => self.ack_first(hal, peer),
-                    SendStop::Special { slot, frame } => match self.transmit(hal, slot, frame, false) {
-                        Ok(()) => {
-                            self.send.frames[1] += 1;
-                            self.send_cpu().frame_sent(now, slot, frame);
+                    SendStop::Special { slot, frame } => {
+                        self.whole = true;
+                        match self.transmit(hal, slot, frame, false) {
+                            Ok(()) => {
+                                self.send.frames[1] += 1;
+                                self.send_cpu().frame_sent(now, slot, frame);
+                            }
+                            Err(st) => self.finish_tx(hal, now, slot, st),
                         }
-                        Err(st) => self.finish_tx(hal, now, slot, st),
-                    },
+                    }
                 }
             }
         }
@@ -493,6 +496,7 @@ impl Nic {
     /// and what the send side left to the whole program.
     pub(crate) fn on_ack<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &AckBody) {
         if let Some((peer, after)) = self.send_cpu().on_ack(hal, now, hdr, body) {
+            self.whole = true;
             self.resume_refused(hal, now, peer, after);
         }
         self.after_send(hal, now);
@@ -726,6 +730,8 @@ impl Nic {
     /// collective and remote-access records it finished, and the
     /// operations that wait for a free record.
     pub(crate) fn after_send<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        let stalled = self.coll_stalled || self.rbcast_stalled;
+        self.whole |= !self.send.done.is_empty() || (self.send.freed && stalled);
         while let Some((done, status, port)) = self.send.done.pop_front() {
             match done {
                 TxDone::Coll(c) => self.coll_tx_done(hal, now, &c, status),

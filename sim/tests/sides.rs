@@ -51,6 +51,9 @@ fn a_streams_data_frames_are_taken_by_the_receive_side_alone() {
     assert!(alone + whole >= p.counter(1, counter::RX_FRAMES), "every frame taken went one way or the other");
     assert!(alone >= MSGS * 2, "{alone} frames taken alone");
     assert_eq!(p.world.nodes[1].nic.recv_descs(), (MSGS, 0), "the receive side posted every receive alone");
+    let [_, (batches, batches_whole)] = p.world.nodes[1].nic.entries();
+    eprintln!("receiver's frame batches: {batches} by the sides alone, {batches_whole} with the whole program");
+    assert!(batches > 10 * batches_whole, "the receiver's frame batches needed only the sides");
 }
 
 /// The send side (`SendCpu`) sends a stream's frames alone: it stops for
@@ -80,6 +83,9 @@ fn a_streams_frames_are_sent_by_the_send_side_alone() {
     let (descs, descs_whole) = p.world.nodes[0].nic.send_descs();
     assert_eq!(descs_whole, 1, "only the first send, to a new peer, needed the whole program");
     assert_eq!(descs, MSGS - 1, "the send side took the others from the ring alone");
+    let [_, (batches, batches_whole)] = p.world.nodes[0].nic.entries();
+    eprintln!("sender's frame batches (ACKs): {batches} by the sides alone, {batches_whole} with the whole program");
+    assert!(batches > 10 * batches_whole.max(1), "the sender's ACKs needed only the sides");
 }
 
 /// An answer never overtakes the ACK of what it answers: with ACKs held
@@ -131,6 +137,11 @@ fn a_reply_goes_after_the_ack_the_receive_side_held() {
             let acked = wire[..at].iter().any(|&(a, floor)| a && floor > seq);
             assert!(acked, "reply {seq} went before the ACK of ping {seq}: {wire:?}");
         }
+    }
+    for n in 0..2 {
+        let [(doorbells, whole), _] = p.world.nodes[n].nic.entries();
+        eprintln!("node {n}'s doorbells: {doorbells} by the sides alone, {whole} with the whole program");
+        assert!(doorbells >= ROUNDS - 2 && whole <= 2, "node {n}: posting and sending needed only the sides");
     }
     let (_, _, acks_first) = p.world.nodes[1].nic.send_frames();
     assert!(acks_first >= ROUNDS, "the send side stopped for the held ACK {acks_first} times");

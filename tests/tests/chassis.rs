@@ -157,6 +157,13 @@ fn two_nic_cpu_threads_under_loss_every_plan() {
         eprintln!(
             "plan {plan}: frames per NIC, send side alone {sent:?}, whole program {built:?}; descriptors {descs:?}"
         );
+        // Which calls needed more than the sides' views (docs/nic-cpus.md).
+        let doorbells = (dumped(&dump, "doorbells alone "), dumped(&dump, "doorbells with the program "));
+        let batches = (dumped(&dump, "frame batches alone "), dumped(&dump, "frame batches with the program "));
+        assert_eq!((doorbells.0.len(), batches.1.len()), (2, 2), "{plan}: a line per NIC in {dump}");
+        eprintln!(
+            "plan {plan}: per NIC, doorbells (sides alone, whole program) {doorbells:?}, frame batches {batches:?}"
+        );
         if plan != "base" && cores >= 2 {
             // CPU B's transmissions, receiving DMAs, completions and ACKs
             // are jobs it runs without the program, beside CPU A (DSR's B
