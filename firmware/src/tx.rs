@@ -774,6 +774,7 @@ impl SendCpu<'_> {
     pub(crate) fn enqueue_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc) {
         self.enqueue_tx_as(now, port, peer, desc, None, None);
     }
+
     pub(crate) fn enqueue_tx_as(
         &mut self,
         now: u64,
@@ -796,6 +797,7 @@ impl SendCpu<'_> {
         self.send.mark_ready(peer);
         slot
     }
+
     /// Puts message `seq` to `peer` into the tx table and at the end of
     /// the peer's queue, nothing of it sent yet; returns its slot.
     #[allow(clippy::too_many_arguments)]
@@ -833,6 +835,7 @@ impl SendCpu<'_> {
         self.send.peer_mut(peer).tx_queue.push_back(slot);
         slot
     }
+
     /// `Config::fault_swap_sends`: the last two queued messages to `peer`
     /// trade sequence numbers and places when the earlier one has not
     /// started, so the receiver gets them swapped (a deliberate ordering
@@ -855,6 +858,7 @@ impl SendCpu<'_> {
         let n = q.len();
         q.swap(n - 2, n - 1);
     }
+
     fn count(&mut self, c: usize, n: u64) {
         self.counters.add(c, n);
     }
