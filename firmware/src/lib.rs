@@ -148,7 +148,7 @@ pub(crate) use peer::{Peer, PeerRecv, PeerSend};
 use timer::SendTimer;
 pub use timer::TimerHeap;
 
-use rx::{DataVerdict, RxOwner};
+use rx::{DataVerdict, RxMsg, RxOwner};
 
 /// A failed DMA (address outside host memory, process gone, …).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -764,6 +764,10 @@ pub(crate) struct RecvSide {
     /// DATA frames the receive side took alone, and those that needed the
     /// whole program (`Nic::data_frames`).
     pub(crate) data_frames: [u64; 2],
+    /// Remote-access records it retired, with their errors, whose reports
+    /// the whole program makes (`Nic::after_recv`), in order. Each record
+    /// retires once: bounded by `rx`.
+    pub(crate) done: VecDeque<(rx::RxMsg, Option<Status>)>,
     /// Receive-ring descriptors it took alone, and those the whole program
     /// took (`Nic::recv_descs`).
     pub(crate) descs: [u64; 2],
@@ -793,6 +797,7 @@ impl RecvSide {
             trace: VecDeque::with_capacity(32),
             data_frames: [0; 2],
             descs: [0; 2],
+            done: VecDeque::with_capacity(cfg.rx_max as usize),
         }
     }
 
@@ -1125,14 +1130,14 @@ impl Nic {
     fn on_data<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, msg: Option<&MsgHeader>, payload: &[u8]) {
         if self.recv_cpu().try_data(hal, now, hdr, msg, payload) {
             self.recv.data_frames[0] += 1;
-            return;
+            return self.after_recv(hal, now);
         }
         self.recv.data_frames[1] += 1;
         self.whole = true;
         let Some(peer) = self.admit_data(hal, now, hdr) else { return };
         let verdict = self.recv_cpu().classify_data(peer, hdr);
         if self.recv_cpu().on_verdict(hal, now, peer, verdict, hdr, msg, payload) {
-            return;
+            return self.after_recv(hal, now);
         }
         match verdict {
             DataVerdict::Active(r) => self.deliver(hal, now, r, hdr, msg, payload),
@@ -1205,20 +1210,30 @@ impl Nic {
     /// Retires receive record `r` and reports it to its owner (`error`
     /// overrides the record's own).
     pub(crate) fn finish_rx<H: Hal>(&mut self, hal: &mut H, now: u64, r: u32, error: Option<Status>) {
-        match self.recv.rx.get(r).expect("live").owner {
-            RxOwner::Recv => self.recv_cpu().finish_recv(hal, r, error),
-            RxOwner::Bcast { op, stamp } => {
-                let (_, error) = self.recv_cpu().retire_rx(r, error);
-                self.bcast_rx_done(hal, now, op, stamp, error)
-            }
-            RxOwner::RmaWrite { imm } => {
-                let (m, error) = self.recv_cpu().retire_rx(r, error);
-                self.rma_write_done(hal, &m, imm, error)
-            }
-            RxOwner::ReadResp { slot, stamp } => {
-                let (_, error) = self.recv_cpu().retire_rx(r, error);
-                self.read_resp_done(hal, slot, stamp, error)
-            }
+        if self.recv.rx.get(r).expect("live").owner == RxOwner::Recv {
+            return self.recv_cpu().finish_recv(hal, r, error);
+        }
+        let (m, error) = self.recv_cpu().retire_rx(r, error);
+        self.report_rx(hal, now, &m, error);
+    }
+
+    /// Reports retired receive record `m` to the layer that owns it (not
+    /// a posted receive: that one completes on the receive side).
+    fn report_rx<H: Hal>(&mut self, hal: &mut H, now: u64, m: &RxMsg, error: Option<Status>) {
+        match m.owner {
+            RxOwner::Recv => unreachable!("a posted receive completes on the receive side"),
+            RxOwner::Bcast { op, stamp } => self.bcast_rx_done(hal, now, op, stamp, error),
+            RxOwner::RmaWrite { imm } => self.rma_write_done(hal, m, imm, error),
+            RxOwner::ReadResp { slot, stamp } => self.read_resp_done(hal, slot, stamp, error),
+        }
+    }
+
+    /// What the receive side left to the whole program: the reports of
+    /// the remote-access records it retired (`RecvSide::done`).
+    fn after_recv<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        while let Some((m, error)) = self.recv.done.pop_front() {
+            self.whole = true;
+            self.report_rx(hal, now, &m, error);
         }
     }
 
@@ -1471,6 +1486,12 @@ impl Nic {
         }
         if !self.recv.ack_due.is_empty() && self.recv.ack_flush_at.is_none() {
             return Err(format!("{} coalesced ACKs due and no AckFlush timer", self.recv.ack_due.len()));
+        }
+        if !self.recv.done.is_empty() {
+            return Err(format!(
+                "the receive side left {} reports the whole program did not take",
+                self.recv.done.len()
+            ));
         }
         if !self.send.done.is_empty() || self.send.freed {
             return Err(format!(

@@ -721,11 +721,20 @@ impl RecvCpu<'_> {
         }
         match verdict {
             DataVerdict::Active(r) => {
-                if self.recv.rx.get(r).is_none_or(|m| m.owner != RxOwner::Recv) {
+                // A broadcast's frames feed its forwarding: the whole program's.
+                let Some(owner) = self.recv.rx.get(r).map(|m| m.owner) else { return false };
+                if matches!(owner, RxOwner::Bcast { .. }) {
                     return false;
                 }
                 if self.accept_frame(hal, now, r, hdr, msg, payload).is_some_and(|a| a.finish) {
-                    self.finish_recv(hal, r, None);
+                    if owner == RxOwner::Recv {
+                        self.finish_recv(hal, r, None);
+                    } else {
+                        // A remote write's or read response's report is
+                        // the whole program's (`Nic::after_recv`).
+                        let (m, error) = self.retire_rx(r, None);
+                        self.recv.done.push_back((m, error));
+                    }
                 }
             }
             DataVerdict::Old => self.on_old_data(hal, peer, hdr),

@@ -11,7 +11,9 @@ use std::rc::Rc;
 
 use common::Pair;
 use emp_firmware::Config;
-use emp_uapi::desc::{Opcode, Status};
+use emp_sim::cluster::Cluster;
+use emp_sim::world::WireConfig;
+use emp_uapi::desc::{Opcode, Status, MR_LOCAL_READ, MR_LOCAL_WRITE, MR_REMOTE_READ, MR_REMOTE_WRITE};
 use emp_uapi::sram::counter;
 use emp_uapi::wire::Frame;
 
@@ -145,4 +147,29 @@ fn a_reply_goes_after_the_ack_the_receive_side_held() {
     }
     let (_, _, acks_first) = p.world.nodes[1].nic.send_frames();
     assert!(acks_first >= ROUNDS, "the send side stopped for the held ACK {acks_first} times");
+}
+
+/// A remote write's and a read response's frames after the first are the
+/// receive side's too: only the first (the remote-access header) and the
+/// report of the retired record need the whole program.
+#[test]
+fn remote_access_frames_after_the_first_are_the_receive_sides() {
+    let mut c = Cluster::new(2, Config::default(), 0, 1500, WireConfig::default());
+    let rw = MR_LOCAL_READ | MR_LOCAL_WRITE | MR_REMOTE_READ | MR_REMOTE_WRITE;
+    let key = c.reg_mr(0, 64 << 10, rw);
+    let secret = c.secret(0, key);
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let wr = c.rma_write(1, 0, &data, (key, secret, 100), None);
+    let cqe = c.wait(1, wr, 1_000_000_000).expect("the write completes");
+    assert_eq!(Status::from_u8(cqe.status), Some(Status::Success));
+    let wr = c.rma_read(1, 0, data.len() as u64, (key, secret, 100));
+    let cqe = c.wait(1, wr, 1_000_000_000).expect("the read completes");
+    assert_eq!(Status::from_u8(cqe.status), Some(Status::Success));
+    let [(alone0, whole0), (alone1, whole1)] = [0, 1].map(|n| c.world.nodes[n].nic.data_frames());
+    // The target: the write's first frame and the read request; the
+    // initiator: the response's first frame.
+    assert_eq!((whole0, whole1), (2, 1), "only the first frames needed the whole program");
+    // 10 000 bytes and a remote-access header, at 1 500 bytes a frame: 7
+    // frames each way, 6 after the first.
+    assert_eq!((alone0, alone1), (6, 6), "the rest were the receive side's");
 }
