@@ -17,16 +17,9 @@ use crate::recv_cpu::RecvCpu;
 use crate::send_cpu::SendCpu;
 use crate::{persist, sram_put_u32, sram_u32, Hal, LocalDesc, Nic};
 
-/// What a descriptor taken from a ring comes to ([`ring_desc`]).
-enum RingDesc {
-    /// Run it: a posted descriptor with its validation, or a started one
-    /// (validated when stored).
-    Run(WorkDesc, Result<Opcode, DecodeError>),
-    /// Refused: reported as a bad descriptor of this opcode.
-    Bad(LocalDesc, Opcode),
-    /// Stored: reported only if it failed (an unsignaled completion).
-    Stored(Completion),
-}
+/// A descriptor taken from a ring, to run: a posted descriptor with its
+/// validation, or a started one (validated when stored).
+type RingRun = (WorkDesc, Result<Opcode, DecodeError>);
 
 /// What the send side stops at in a send ring ([`SendCpu::take_sends`]):
 /// the whole program goes on from there.
@@ -41,29 +34,27 @@ pub(crate) enum RingStop {
 
 /// Resolves a descriptor just taken from a ring whose persistent
 /// descriptors are `stored`: a start becomes the descriptor stored in its
-/// slot, with the start's `wr_id`; a store is kept, and its CQ reservation
-/// released with an unsignaled completion. A start of an empty slot, or a
-/// store of the other ring's kind, is a bad descriptor.
-fn ring_desc(stored: &mut persist::PersistTable, send: bool, d: &WorkDesc) -> RingDesc {
+/// slot, with the start's `wr_id`; a store is kept. `Err`: nothing to run,
+/// only the completion to report — a store's, unsignaled (it reports only a
+/// failure), or a bad descriptor's: a start of an empty slot, a store of
+/// the other ring's kind.
+fn ring_desc(stored: &mut persist::PersistTable, send: bool, d: &WorkDesc) -> Result<RingRun, Completion> {
     let own = if send { Opcode::Send } else { Opcode::Recv };
     let v = d.validate();
     match v {
         Ok(Opcode::Start) => match stored.get(d.tag) {
-            Some(s) => RingDesc::Run(WorkDesc { wr_id: d.wr_id, ..*s }, Ok(own)),
-            None => RingDesc::Bad(LocalDesc::new(d), Opcode::Start),
+            Some(s) => Ok((WorkDesc { wr_id: d.wr_id, ..*s }, Ok(own))),
+            None => Err(Completion::bad_descriptor(&LocalDesc::new(d), Opcode::Start)),
         },
         Ok(op) if d.flags & WD_PERSIST != 0 => {
             let ld = LocalDesc::new(d);
             if op != own {
-                return RingDesc::Bad(ld, op);
+                return Err(Completion::bad_descriptor(&ld, op));
             }
             stored.store(d.slot, d);
-            // A store reports only a failure.
-            let mut c = Completion::of(&ld, op, Status::Success);
-            c.signaled = false;
-            RingDesc::Stored(c)
+            Err(Completion { signaled: false, ..Completion::of(&ld, op, Status::Success) })
         }
-        _ => RingDesc::Run(*d, v),
+        _ => Ok((*d, v)),
     }
 }
 
@@ -314,24 +305,8 @@ impl Nic {
     /// A descriptor taken from one of `port`'s rings ([`ring_desc`]):
     /// what there is to run, or `None` when it was stored or refused (and
     /// reported).
-    fn ring_desc<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        port: u16,
-        send: bool,
-        d: &WorkDesc,
-    ) -> Option<(WorkDesc, Result<Opcode, DecodeError>)> {
-        match ring_desc(self.stored_mut(port, send), send, d) {
-            RingDesc::Run(d, v) => Some((d, v)),
-            RingDesc::Bad(ld, op) => {
-                self.bad_descriptor(hal, port, &ld, op);
-                None
-            }
-            RingDesc::Stored(c) => {
-                self.complete(hal, port, c);
-                None
-            }
-        }
+    fn ring_desc<H: Hal>(&mut self, hal: &mut H, port: u16, send: bool, d: &WorkDesc) -> Option<RingRun> {
+        ring_desc(self.stored_mut(port, send), send, d).map_err(|c| self.refuse(hal, port, c)).ok()
     }
 
     /// Copies the next descriptor out of a ring ([`take_desc`]).
@@ -345,13 +320,9 @@ impl Nic {
     /// at (retained headers wait): posted unless the posted table is full,
     /// or a pull it may start has no read or send record; `false` then.
     fn take_recv_program<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, cq_cons: &mut Option<u32>) -> bool {
-        // Probes and cancels post nothing: they pass a full table (a
-        // cancel may be what frees it). Only then is the opcode peeked.
-        if self.recv.posted_total() >= self.cfg.recv_posted_max || !self.recv_fits() {
-            let next = self.layout.port(port).recv_slot(self.recv.ports[port as usize].cons);
-            if !matches!(Opcode::from_u8(peek_opcode(hal, next)), Some(Opcode::Probe | Opcode::Cancel)) {
-                return false;
-            }
+        let full = self.recv.posted_total() >= self.cfg.recv_posted_max || !self.recv_fits();
+        if full && !posts_nothing(hal, &self.layout, port, self.recv.ports[port as usize].cons) {
+            return false;
         }
         if !self.cqs.has_room(hal, &self.layout, &self.ports, port, cq_cons) {
             return false;
@@ -423,8 +394,15 @@ impl Nic {
     }
 
     pub(crate) fn bad_descriptor<H: Hal>(&mut self, hal: &mut H, port: u16, ld: &LocalDesc, op: Opcode) {
-        self.count(counter::BAD_DESCRIPTORS, 1);
-        self.complete(hal, port, Completion::bad_descriptor(ld, op));
+        self.refuse(hal, port, Completion::bad_descriptor(ld, op));
+    }
+
+    /// Reports a descriptor that runs no further; a bad one is counted.
+    fn refuse<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
+        if c.status == Status::BadDescriptor {
+            self.count(counter::BAD_DESCRIPTORS, 1);
+        }
+        self.complete(hal, port, c);
     }
 
     pub(crate) fn route_valid<H: Hal>(&self, hal: &mut H, node: u16) -> bool {
@@ -495,13 +473,9 @@ impl SendCpu<'_> {
     /// when its peer needs an entry first.
     fn take_send<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, d: &WorkDesc) -> Option<LocalDesc> {
         let (d, v) = match ring_desc(&mut self.send.ports[port as usize].stored, true, d) {
-            RingDesc::Run(d, v) => (d, v),
-            RingDesc::Bad(ld, op) => {
-                self.bad_descriptor(hal, port, &ld, op);
-                return None;
-            }
-            RingDesc::Stored(c) => {
-                self.complete(hal, port, c);
+            Ok(run) => run,
+            Err(c) => {
+                self.refuse(hal, port, c);
                 return None;
             }
         };
@@ -509,7 +483,7 @@ impl SendCpu<'_> {
         if v != Ok(Opcode::Send) {
             // A malformed descriptor is reported under the opcode it claims.
             let op = Opcode::from_u8(d.opcode).filter(|&o| o != Opcode::Recv).unwrap_or(Opcode::Send);
-            self.bad_descriptor(hal, port, &ld, op);
+            self.refuse(hal, port, Completion::bad_descriptor(&ld, op));
             return None;
         }
         self.post_send(hal, now, port, ld)
@@ -527,7 +501,7 @@ impl SendCpu<'_> {
             return None;
         }
         if !route_valid(hal, self.layout, ld.wd.node) {
-            self.bad_descriptor(hal, port, &ld, Opcode::Send);
+            self.refuse(hal, port, Completion::bad_descriptor(&ld, Opcode::Send));
             return None;
         }
         let Some(&peer) = self.peer_index.get(&(port, ld.wd.node, ld.wd.port)) else { return Some(ld) };
@@ -536,9 +510,12 @@ impl SendCpu<'_> {
         None
     }
 
-    fn bad_descriptor<H: Hal>(&mut self, hal: &mut H, port: u16, ld: &LocalDesc, op: Opcode) {
-        self.counters.add(counter::BAD_DESCRIPTORS, 1);
-        self.complete(hal, port, Completion::bad_descriptor(ld, op));
+    /// Reports a descriptor that runs no further; a bad one is counted.
+    fn refuse<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
+        if c.status == Status::BadDescriptor {
+            self.counters.add(counter::BAD_DESCRIPTORS, 1);
+        }
+        self.complete(hal, port, c);
     }
 }
 
@@ -564,13 +541,10 @@ impl RecvCpu<'_> {
             if self.recv.rdv_held > 0 {
                 return true;
             }
-            // Probes and cancels post nothing: they pass a full table (a
-            // cancel may be what frees it). Only then is the opcode peeked.
-            if total >= self.cfg.recv_posted_max {
-                let next = w.recv_slot(self.recv.ports[port as usize].cons);
-                if !matches!(Opcode::from_u8(peek_opcode(hal, next)), Some(Opcode::Probe | Opcode::Cancel)) {
-                    return false;
-                }
+            if total >= self.cfg.recv_posted_max
+                && !posts_nothing(hal, self.layout, port, self.recv.ports[port as usize].cons)
+            {
+                return false;
             }
             if !self.cqs.has_room(hal, self.layout, self.ports, port, cq_cons) {
                 return false;
@@ -594,14 +568,9 @@ impl RecvCpu<'_> {
     /// program's (`Nic::rdv_pull`).
     pub(crate) fn post_recv<H: Hal>(&mut self, hal: &mut H, port: u16, d: &WorkDesc) -> Option<(u32, LocalDesc)> {
         let (d, v) = match ring_desc(&mut self.recv.ports[port as usize].stored, false, d) {
-            RingDesc::Run(d, v) => (d, v),
-            RingDesc::Bad(ld, op) => {
-                self.count(counter::BAD_DESCRIPTORS, 1);
-                self.complete(hal, port, Completion::bad_descriptor(&ld, op));
-                return None;
-            }
-            RingDesc::Stored(c) => {
-                self.complete(hal, port, c);
+            Ok(run) => run,
+            Err(c) => {
+                self.refuse(hal, port, c);
                 return None;
             }
         };
@@ -617,8 +586,7 @@ impl RecvCpu<'_> {
                 return None;
             }
             _ => {
-                self.count(counter::BAD_DESCRIPTORS, 1);
-                self.complete(hal, port, Completion::bad_descriptor(&ld, Opcode::Recv));
+                self.refuse(hal, port, Completion::bad_descriptor(&ld, Opcode::Recv));
                 return None;
             }
         }
@@ -642,6 +610,22 @@ impl RecvCpu<'_> {
         };
         pull.map(|e| (e, ld))
     }
+
+    /// Reports a descriptor that runs no further; a bad one is counted.
+    fn refuse<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
+        if c.status == Status::BadDescriptor {
+            self.count(counter::BAD_DESCRIPTORS, 1);
+        }
+        self.complete(hal, port, c);
+    }
+}
+
+/// The receive ring's descriptor at consumer index `cons` posts nothing (a
+/// probe or a cancel): it may pass a full posted table (a cancel may be
+/// what frees it). Only then is the opcode peeked.
+fn posts_nothing<H: Hal>(hal: &mut H, layout: &Layout, port: u16, cons: u32) -> bool {
+    let next = layout.port(port).recv_slot(cons);
+    matches!(Opcode::from_u8(peek_opcode(hal, next)), Some(Opcode::Probe | Opcode::Cancel))
 }
 
 /// The opcode byte of the descriptor at `off`, without consuming it.

@@ -647,7 +647,7 @@ pub(crate) struct SendSide {
     /// probes (the whole program's are `Nic::timers`).
     pub(crate) timers: TimerHeap<timer::SendTimer>,
     /// Source of the groups' timer stamps (unique across slot reuse).
-    pub(crate) stamp: u32,
+    pub(crate) stamp: timer::Stamps,
     /// Collective and remote-access records the send side finished, whose
     /// reports the whole program makes (`Nic::after_send`), in order:
     /// (what, status, port). Each record finishes once: bounded by `tx`.
@@ -678,19 +678,13 @@ impl SendSide {
             timers: TimerHeap::with_capacity(
                 cfg.tx_max as usize * cfg.window_groups() as usize + cfg.peers_max as usize,
             ),
-            stamp: 0,
+            stamp: timer::Stamps::default(),
             done: VecDeque::with_capacity(cfg.tx_max as usize),
             freed: false,
             frames: [0; 2],
             acks_first: 0,
             descs: [0; 2],
         }
-    }
-
-    /// A stamp for a group's timer.
-    pub(crate) fn next_stamp(&mut self) -> u32 {
-        self.stamp = self.stamp.wrapping_add(1).max(1);
-        self.stamp
     }
 
     /// Arms timer `t` at `deadline`; when the store is full, the stale
@@ -737,7 +731,7 @@ pub(crate) struct RecvSide {
     /// Scratch for the host segments a job names (allocated once).
     pub(crate) host_segs: mr::HostSegs,
     /// Source of the receive records' stamps (unique across slot reuse).
-    pub(crate) stamp: u32,
+    pub(crate) stamp: timer::Stamps,
     /// The receive records.
     pub(crate) rx: rx::RxTable,
     /// Group windows of the receive records (one per `rx` slot).
@@ -784,7 +778,7 @@ impl RecvSide {
                 .collect(),
             counters: counters::Counters::new(),
             host_segs: mr::HostSegs::new(),
-            stamp: 0,
+            stamp: timer::Stamps::default(),
             rx: slots::Slots::new(cfg.rx_max),
             rx_rings: slots::Rings::new(cfg.rx_max, cfg.window_groups()),
             overflow: rx::Overflow::new(pool_slots, cfg.overflow_slot_size),
@@ -817,12 +811,6 @@ impl RecvSide {
             self.sweep_at = None;
             Some(RecvTimer::Sweep)
         }
-    }
-
-    /// A stamp for a receive record or a claim.
-    pub(crate) fn next_stamp(&mut self) -> u32 {
-        self.stamp = self.stamp.wrapping_add(1).max(1);
-        self.stamp
     }
 
     /// Receives posted on every port.
@@ -872,7 +860,7 @@ pub struct Nic {
     pub(crate) counters: counters::Counters,
     pub(crate) heartbeat: u32,
     /// Source of timer stamps (unique across slot reuse).
-    pub(crate) stamp: u32,
+    pub(crate) stamp: timer::Stamps,
     /// The NIC CPU running now, and the other CPU's queued steps.
     pub(crate) cpu: u8,
     pub(crate) queues: cpu::Queues,
@@ -988,7 +976,7 @@ impl Nic {
             linger: linger::LingerTable::new(),
             counters: counters::Counters::new(),
             heartbeat: 0,
-            stamp: 0,
+            stamp: timer::Stamps::default(),
             cpu: 0,
             queues: cpu::Queues::new(cfg.cpu_plan, cfg.rx_max),
             frame_buf: vec![0; MTU_MAX as usize],

@@ -588,7 +588,7 @@ impl RecvCpu<'_> {
         };
         let mut c = Completion::of(d, Opcode::Probe, Status::Success);
         if d.wd.flags & emp_uapi::desc::WD_CLAIM != 0 {
-            let stamp = self.recv.next_stamp() as u16;
+            let stamp = self.recv.stamp.next() as u16;
             self.recv.unexp.get_mut(e).claimed = Some(stamp);
             c.byte_len = claim_handle(e, stamp);
         }
@@ -1072,7 +1072,7 @@ impl RecvCpu<'_> {
         }
         let masks = self.recv.rx_rings.take();
         let mut rec = RxMsg::new(hdr.dst_port, peer, hdr, msg, desc, owner, self.cfg.group_size, masks, now);
-        rec.stamp = self.recv.next_stamp();
+        rec.stamp = self.recv.stamp.next();
         let r = self.recv.rx.insert_checked(rec);
         self.recv.peer_mut(peer).rx_active.push(r);
         self.arm_rx_sweep(now);

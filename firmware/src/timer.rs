@@ -42,6 +42,18 @@ pub enum SendTimer {
     FcProbe { peer: u32 },
 }
 
+/// A source of stamps: nonzero, and unique across a record slot's reuse
+/// for as long as a stale timer or handle can outlive it (0 means none).
+#[derive(Debug, Default)]
+pub(crate) struct Stamps(u32);
+
+impl Stamps {
+    pub(crate) fn next(&mut self) -> u32 {
+        self.0 = self.0.wrapping_add(1).max(1);
+        self.0
+    }
+}
+
 /// One armed timer: ordered by deadline, then by when it was armed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Entry<T> {

@@ -327,8 +327,7 @@ impl Nic {
     }
 
     pub(crate) fn next_stamp(&mut self) -> u32 {
-        self.stamp = self.stamp.wrapping_add(1).max(1);
-        self.stamp
+        self.stamp.next()
     }
 
     /// The transmission step for any record ([`SendCpu::transmit`]): what
@@ -976,7 +975,7 @@ impl SendCpu<'_> {
 
     /// Arms (or re-arms) a group's retransmission timer.
     pub(crate) fn arm_group(&mut self, now: u64, slot: u32, g: u32, delay: Option<u64>) {
-        let stamp = self.send.next_stamp();
+        let stamp = self.send.stamp.next();
         let (rto, rto_max) = (self.cfg.rto_ns, self.cfg.rto_ns_max);
         let grp = self.send.tx.get_mut(slot).groups.get_mut(g).expect("a live group is armed");
         grp.stamp = stamp;
