@@ -255,9 +255,13 @@ impl RecvCpu<'_> {
 
     /// The send-ack step: runs now, or on the CPU the plan gives it.
     fn emit_control<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) {
-        match self.dispatch(hal, crate::cpu::Step::SendAck) {
-            Some(cpu) => self.queues.enqueue_control(hal, self.cfg, cpu, hdr, body),
-            None => crate::cpu::put_control(hal, hdr, body),
+        let g = self.shared.lock();
+        match g.queues.dispatch(hal, self.cfg, self.cpu, crate::cpu::Step::SendAck) {
+            Some(cpu) => g.queues.enqueue_control(hal, self.cfg, cpu, hdr, body),
+            None => {
+                drop(g);
+                crate::cpu::put_control(hal, hdr, body)
+            }
         }
     }
 }

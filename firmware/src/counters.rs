@@ -1,7 +1,12 @@
 //! Event counters as one CPU keeps them. Each side of the program counts
 //! its own events (`Nic::counters` for CPU A's and the whole program's,
 //! `RecvSide::counters` for the receive side's), so neither writes what
-//! the other does; the table published in SRAM is their sum.
+//! the other does; the table published in SRAM is their sum. A side's
+//! counts are words the other side reads while it writes them (it sums
+//! them when it publishes, running alone beside it): each is written only
+//! by its owner, with a plain load and store, and read atomically.
+
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use emp_uapi::sram::counter;
 
@@ -15,38 +20,43 @@ pub(crate) struct Counters {
     /// Wrapping: one side may take back what the other counted (an event
     /// counted too early), so a side's own value may go "below zero"; the
     /// sum is the count.
-    values: [u64; counter::COUNT],
+    values: [AtomicU64; counter::COUNT],
     /// Counters changed since they were last published, one bit each: only
     /// those are written to SRAM, not the whole table after every event.
-    dirty: u64,
+    /// Only the owner reads it.
+    dirty: AtomicU64,
 }
 
 impl Counters {
     /// Zeroes, all to be published.
     pub(crate) fn new() -> Counters {
-        Counters { values: [0; counter::COUNT], dirty: ALL }
+        Counters { values: core::array::from_fn(|_| AtomicU64::new(0)), dirty: AtomicU64::new(ALL) }
     }
 
-    pub(crate) fn add(&mut self, c: usize, n: u64) {
-        self.values[c] = self.values[c].wrapping_add(n);
-        self.dirty |= 1 << c;
+    /// Its owner counts `n` events (a load and a store: no one else writes).
+    pub(crate) fn add(&self, c: usize, n: u64) {
+        self.values[c].store(self.values[c].load(Relaxed).wrapping_add(n), Relaxed);
+        self.dirty.store(self.dirty.load(Relaxed) | 1 << c, Relaxed);
     }
 
     /// Takes back `n` of counter `c` (an event counted too early, maybe by
     /// the other side).
-    pub(crate) fn sub(&mut self, c: usize, n: u64) {
-        self.values[c] = self.values[c].wrapping_sub(n);
-        self.dirty |= 1 << c;
+    pub(crate) fn sub(&self, c: usize, n: u64) {
+        self.values[c].store(self.values[c].load(Relaxed).wrapping_sub(n), Relaxed);
+        self.dirty.store(self.dirty.load(Relaxed) | 1 << c, Relaxed);
     }
 
-    /// The counters changed since the last call, one bit each.
-    pub(crate) fn take_dirty(&mut self) -> u64 {
-        core::mem::take(&mut self.dirty)
+    /// The counters changed since the last call, one bit each (its owner
+    /// asks).
+    pub(crate) fn take_dirty(&self) -> u64 {
+        let d = self.dirty.load(Relaxed);
+        self.dirty.store(0, Relaxed);
+        d
     }
 
     /// Counter `c`: this side's part plus `other`'s.
     pub(crate) fn sum(&self, other: &Counters, c: usize) -> u64 {
-        self.values[c].wrapping_add(other.values[c])
+        self.values[c].load(Relaxed).wrapping_add(other.values[c].load(Relaxed))
     }
 }
 
@@ -56,7 +66,7 @@ mod tests {
 
     #[test]
     fn a_count_taken_back_by_the_other_side_sums_right_and_both_are_published() {
-        let (mut a, mut b) = (Counters::new(), Counters::new());
+        let (a, b) = (Counters::new(), Counters::new());
         assert_eq!(a.take_dirty(), ALL, "everything is published once at boot");
         b.take_dirty();
         b.add(counter::MSGS_RX, 3);

@@ -565,6 +565,13 @@ impl Queues {
         hal.cpu_event(cpu, 1);
     }
 
+    /// The CPUs with work or jobs waiting, one bit each.
+    pub(crate) fn waiting(&self) -> u32 {
+        (0..self.q.len())
+            .filter(|&c| !self.q[c].is_empty() || self.area.jobs_pending(c) > 0 || self.area.wants_program(c))
+            .fold(0, |m, c| m | 1 << c)
+    }
+
     /// `cpu`'s work queue is at its bound: a step for it runs inline.
     pub(crate) fn full(&self, cpu: u8) -> bool {
         self.q[cpu as usize].len() >= QUEUE_MAX
@@ -680,6 +687,7 @@ impl Nic {
             return 0;
         }
         let prev = core::mem::replace(&mut self.cpu, cpu as u8);
+        self.after_sides(hal, now);
         // Jobs go before work; with no work, a CPU whose thread runs its
         // jobs without the program leaves them to it.
         let leave = self.queues.jobs_outside && cpu != 0 && self.queues.q[cpu].is_empty();

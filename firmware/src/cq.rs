@@ -80,7 +80,7 @@ pub(crate) struct Completer<'a> {
     pub ports: &'a [Port],
     pub cpu: u8,
     pub mr: &'a mut MrCache,
-    pub counters: &'a mut Counters,
+    pub counters: &'a Counters,
 }
 
 impl Cqs {
@@ -158,7 +158,7 @@ impl Cqs {
         hal: &mut H,
         cpu: u8,
         ports: &[Port],
-        counters: &mut Counters,
+        counters: &Counters,
         port: u16,
         c: Completion,
     ) -> Option<Cqe> {

@@ -5,14 +5,14 @@
 use core::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use emp_uapi::fwabi::{FwConfig, FwHal, DMA_WINDOW_SHIFT};
+use emp_uapi::fwabi::{self, FwConfig, FwHal, DMA_WINDOW_SHIFT};
 use emp_uapi::image::FIRMWARE_ABI;
 use emp_uapi::sram::FailReason;
 
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::{fail, Area, Config, DmaError, Hal, HostSeg, Nic};
+use crate::{fail, Area, Config, DmaError, Hal, HostSeg, Nic, SideRun};
 
 /// Adapts the C function table to [`Hal`].
 struct CHal(FwHal);
@@ -271,13 +271,16 @@ pub unsafe extern "C" fn emp_fw_describe(nic: *mut c_void, buf: *mut u8, cap: us
     let (sent, built, acks_first) = nic.send_frames();
     let (descs, descs_whole) = nic.send_descs();
     let [(doorbells, doorbells_whole), (batches, batches_whole)] = nic.entries();
+    let (recv_doorbells, recv_batches, send_doorbells) = nic.side_entries();
     let text = format!(
         "{:?}\n{}{}  receive side: DATA frames alone {alone}, with the whole program {whole}; \
          receives taken alone {recvs}, by the whole program {recvs_whole}\n  \
          send side: frames sent alone {sent}, built by the whole program {built}, after a held ACK {acks_first}; \
          descriptors taken alone {descs}, needing the whole program {descs_whole}\n  \
          entries: doorbells alone {doorbells}, doorbells with the program {doorbells_whole}; \
-         frame batches alone {batches}, frame batches with the program {batches_whole}\n",
+         frame batches alone {batches}, frame batches with the program {batches_whole}\n  \
+         sides alone: receive-side doorbells {recv_doorbells}, receive-side batches {recv_batches}, \
+         send-side doorbells {send_doorbells}\n",
         nic.occupancy(),
         nic.describe_peers(),
         nic.describe_mcast()
@@ -375,6 +378,81 @@ pub unsafe extern "C" fn emp_fw_cpu_jobs(area: *const c_void, hal: *const FwHal,
 pub unsafe extern "C" fn emp_fw_cpu_wants_program(area: *const c_void, cpu: u32) -> u32 {
     // SAFETY: the caller guarantees `area` is live.
     u32::from(unsafe { &*area.cast::<Area>() }.wants_program(cpu as usize))
+}
+
+/// Received frames, on the receive side alone ([`Nic::recv_side_frames`]):
+/// `n` of them as for `emp_fw_frames`; writes to `taken` how many it took
+/// and returns `SIDE_WHOLE` (the whole program takes the rest) and the CPUs
+/// to wake (`emp_uapi::fwabi::SYM_RECV_SIDE_FRAMES`).
+///
+/// # Safety
+/// As `emp_fw_frames`, except that the caller holds only the receive side:
+/// no other call reaches it, nor runs a whole-program entry point, until
+/// this returns (the send side's entry points may); `taken` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_recv_side_frames(
+    nic: *mut c_void,
+    hal: *const FwHal,
+    now: u64,
+    frames: *const *const u8,
+    lens: *const usize,
+    n: usize,
+    taken: *mut usize,
+) -> u32 {
+    let (frames, lens) = if n == 0 {
+        (&[][..], &[][..])
+    } else {
+        // SAFETY: the caller guarantees `n` entries in each array.
+        unsafe { (core::slice::from_raw_parts(frames, n), core::slice::from_raw_parts(lens, n)) }
+    };
+    // SAFETY: the caller guarantees each frame is valid for its length.
+    let bytes = frames.iter().zip(lens).map(|(&f, &len)| unsafe { core::slice::from_raw_parts(f, len) });
+    // SAFETY: the caller guarantees `hal` is valid.
+    let hal = unsafe { &*hal };
+    // SAFETY: the caller holds the receive side (the contract above).
+    let run = guarded(hal, SideRun::default(), |h| unsafe { Nic::recv_side_frames(nic.cast(), h, now, bytes) });
+    // SAFETY: the caller guarantees `taken` is writable.
+    unsafe { taken.write(run.taken) };
+    side_result(run)
+}
+
+/// A doorbell's receive-side part, alone ([`Nic::recv_side_doorbell`]).
+///
+/// # Safety
+/// As `emp_fw_recv_side_frames`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_recv_side_doorbell(nic: *mut c_void, hal: *const FwHal, _now: u64) -> u32 {
+    // SAFETY: the caller guarantees `hal` is valid.
+    let hal = unsafe { &*hal };
+    // SAFETY: the caller holds the receive side.
+    side_result(guarded(hal, SideRun::default(), |h| unsafe { Nic::recv_side_doorbell(nic.cast(), h) }))
+}
+
+/// A doorbell's send-side part, alone ([`Nic::send_side_doorbell`]).
+///
+/// # Safety
+/// As `emp_fw_recv_side_frames`, with the send side held instead.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_send_side_doorbell(nic: *mut c_void, hal: *const FwHal, now: u64) -> u32 {
+    // SAFETY: the caller guarantees `hal` is valid.
+    let hal = unsafe { &*hal };
+    // SAFETY: the caller holds the send side.
+    side_result(guarded(hal, SideRun::default(), |h| unsafe { Nic::send_side_doorbell(nic.cast(), h, now) }))
+}
+
+fn side_result(run: SideRun) -> u32 {
+    (u32::from(run.whole) * fwabi::SIDE_WHOLE) | (run.wake << fwabi::SIDE_WAKE_SHIFT)
+}
+
+/// The next timer deadline as published ([`Nic::published_deadline`]),
+/// `u64::MAX` when none; holding no lock.
+///
+/// # Safety
+/// `nic` came from `emp_fw_boot` and is live.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_deadline(nic: *mut c_void) -> u64 {
+    // SAFETY: the caller guarantees `nic` is live.
+    unsafe { Nic::published_deadline(nic.cast()) }.unwrap_or(u64::MAX)
 }
 
 /// Frees the control program.

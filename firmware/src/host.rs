@@ -104,13 +104,8 @@ impl Nic {
 
     /// Executes a pending admin command, if any.
     pub(crate) fn service_admin<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        let Some(mb) = admin_request(hal, &self.layout) else { return };
         let off = self.layout.admin_off as usize;
-        let mut b = [0u8; AdminMailbox::SIZE];
-        hal.sram_read(off, &mut b);
-        let mb = AdminMailbox::get(&b);
-        if mb.request_seq == mb.done_seq {
-            return;
-        }
         self.whole = true;
         let result = match AdminOp::from_u32(mb.op) {
             Some(AdminOp::Nop) => admin_result::OK,
@@ -386,7 +381,7 @@ impl Nic {
 
     /// A checked send to a peer the table holds no entry for yet: one is
     /// made (`peer_for`), or the send fails (`TableFull`).
-    fn send_to_new_peer<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, ld: LocalDesc) {
+    pub(crate) fn send_to_new_peer<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, ld: LocalDesc) {
         let Some(peer) = self.peer_for(now, port, ld.wd.node, ld.wd.port, 0) else {
             return self.complete(hal, port, Completion::of(&ld, Opcode::Send, Status::TableFull));
         };
@@ -422,8 +417,21 @@ impl Nic {
     }
 }
 
+/// The admin mailbox, when a request waits in it.
+fn admin_request<H: Hal>(hal: &mut H, layout: &Layout) -> Option<AdminMailbox> {
+    let mut b = [0u8; AdminMailbox::SIZE];
+    hal.sram_read(layout.admin_off as usize, &mut b);
+    let mb = AdminMailbox::get(&b);
+    (mb.request_seq != mb.done_seq).then_some(mb)
+}
+
+/// Does an admin request wait (the whole program's)?
+pub(crate) fn admin_pending<H: Hal>(hal: &mut H, layout: &Layout) -> bool {
+    admin_request(hal, layout).is_some()
+}
+
 /// Does the route table name `node` (a node of this cluster)?
-fn route_valid<H: Hal>(hal: &mut H, layout: &Layout, node: u16) -> bool {
+pub(crate) fn route_valid<H: Hal>(hal: &mut H, layout: &Layout, node: u16) -> bool {
     if node as u32 >= layout.params.route_entries {
         return false;
     }
@@ -447,7 +455,7 @@ impl SendCpu<'_> {
         let w = self.layout.port(port);
         let prod = sram_u32(hal, w.ctl(ctl::SEND_PROD));
         while ring::has_entry(prod, self.send.ports[port as usize].cons) && *budget > 0 {
-            if self.send.tx.is_full() || !self.cqs.has_room(hal, self.layout, self.ports, port, cq_cons) {
+            if self.send.tx.is_full() {
                 return None;
             }
             let next = w.send_slot(self.send.ports[port as usize].cons);
@@ -456,10 +464,17 @@ impl SendCpu<'_> {
                 None | Some(Opcode::Send | Opcode::Start) => {}
                 Some(_) => return Some(RingStop::Program),
             }
+            // The CQ's room is checked and reserved in one hold of the
+            // semaphore: the receive side reserves on the same CQ.
+            let g = self.shared.lock();
+            if !g.cqs.has_room(hal, self.layout, self.ports, port, cq_cons) {
+                return None;
+            }
             *budget -= 1;
             let (cons, outstanding) =
-                (&mut self.send.ports[port as usize].cons, &mut self.cqs.ports[port as usize].outstanding);
+                (&mut self.send.ports[port as usize].cons, &mut g.cqs.ports[port as usize].outstanding);
             let d = take_desc(hal, self.layout, port, true, cons, outstanding);
+            drop(g);
             if let Some(ld) = self.take_send(hal, now, port, &d) {
                 self.send.descs[1] += 1;
                 return Some(RingStop::NewPeer(ld));
@@ -492,7 +507,8 @@ impl SendCpu<'_> {
     /// A validated send: checked, and queued on its peer; `Some` when the
     /// peer table holds no entry for it yet (`Nic::send_to_new_peer`).
     pub(crate) fn post_send<H: Hal>(&mut self, hal: &mut H, now: u64, port: u16, ld: LocalDesc) -> Option<LocalDesc> {
-        if let Err(st) = self.mr.check_sges(hal, self.layout, port, ld.sges(), MR_LOCAL_READ) {
+        let checked = self.shared.lock().mr.check_sges(hal, self.layout, port, ld.sges(), MR_LOCAL_READ);
+        if let Err(st) = checked {
             self.complete(hal, port, Completion::of(&ld, Opcode::Send, st));
             return None;
         }
@@ -546,13 +562,15 @@ impl RecvCpu<'_> {
             {
                 return false;
             }
-            if !self.cqs.has_room(hal, self.layout, self.ports, port, cq_cons) {
+            let g = self.shared.lock();
+            if !g.cqs.has_room(hal, self.layout, self.ports, port, cq_cons) {
                 return false;
             }
             *budget -= 1;
             let (cons, outstanding) =
-                (&mut self.recv.ports[port as usize].cons, &mut self.cqs.ports[port as usize].outstanding);
+                (&mut self.recv.ports[port as usize].cons, &mut g.cqs.ports[port as usize].outstanding);
             let d = take_desc(hal, self.layout, port, false, cons, outstanding);
+            drop(g);
             let here = self.recv.ports[port as usize].posted.len() as u32;
             let pull = self.post_recv(hal, port, &d);
             debug_assert!(pull.is_none(), "no retained header, so no pull");
@@ -590,7 +608,8 @@ impl RecvCpu<'_> {
                 return None;
             }
         }
-        if let Err(st) = self.mr.check_sges(hal, self.layout, port, ld.sges(), MR_LOCAL_WRITE) {
+        let checked = self.shared.lock().mr.check_sges(hal, self.layout, port, ld.sges(), MR_LOCAL_WRITE);
+        if let Err(st) = checked {
             self.complete(hal, port, Completion::of(&ld, Opcode::Recv, st));
             return None;
         }

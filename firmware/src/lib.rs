@@ -125,7 +125,9 @@ mod recv_cpu;
 mod ring;
 mod rma;
 mod rx;
+mod sem;
 mod send_cpu;
+mod sides;
 mod slots;
 mod timer;
 mod tx;
@@ -145,6 +147,7 @@ pub(crate) use cq::Cqs;
 pub use ctxsw::{image_checksum, IMAGE_MAGIC, IMAGE_VERSION, UNPUBLISHED_IMAGE};
 pub use emp_uapi::fwabi::HostSeg;
 pub(crate) use peer::{Peer, PeerRecv, PeerSend};
+pub use sides::SideRun;
 use timer::SendTimer;
 pub use timer::TimerHeap;
 
@@ -663,6 +666,13 @@ pub(crate) struct SendSide {
     /// Send-ring descriptors it took alone, and those that needed the
     /// whole program (`Nic::send_descs`).
     pub(crate) descs: [u64; 2],
+    /// A send the send side took alone from a ring (port, descriptor), to
+    /// a peer without an entry: the whole program makes one and queues it
+    /// first thing (`Nic::after_sides`).
+    pub(crate) new_peer: Option<(u16, LocalDesc)>,
+    /// Doorbells whose send-side part ran alone without stopping
+    /// (`Nic::side_entries`).
+    pub(crate) doorbells_alone: u64,
 }
 
 impl SendSide {
@@ -684,6 +694,8 @@ impl SendSide {
             frames: [0; 2],
             acks_first: 0,
             descs: [0; 2],
+            new_peer: None,
+            doorbells_alone: 0,
         }
     }
 
@@ -765,6 +777,13 @@ pub(crate) struct RecvSide {
     /// Receive-ring descriptors it took alone, and those the whole program
     /// took (`Nic::recv_descs`).
     pub(crate) descs: [u64; 2],
+    /// It stopped, alone, at a DATA frame whose bookkeeping step it had
+    /// begun: the whole program takes that frame without beginning it
+    /// again (one step per frame in the CPUs' cost model).
+    pub(crate) charged: bool,
+    /// Doorbells and frame batches it ran alone without stopping
+    /// (`Nic::side_entries`).
+    pub(crate) alone: [u64; 2],
 }
 
 impl RecvSide {
@@ -792,6 +811,8 @@ impl RecvSide {
             data_frames: [0; 2],
             descs: [0; 2],
             done: VecDeque::with_capacity(cfg.rx_max as usize),
+            charged: false,
+            alone: [0; 2],
         }
     }
 
@@ -895,6 +916,12 @@ pub struct Nic {
     pub(crate) cqs: Cqs,
     /// The ACKs the receive side holds back, per peer (the common area's).
     pub(crate) ack_held: peer::AckHeld,
+    /// The semaphore: what both sides write (`cqs`, `mr`, `queues`) is
+    /// taken through it by a side running alone (`sem.rs`).
+    pub(crate) sem: sem::Semaphore,
+    /// The timers' next deadlines as each store published them, for a
+    /// driver to read while sides run (`sides.rs`).
+    pub(crate) deadlines: sides::Deadlines,
     /// This call needed more than the two sides' views (`Nic::entries`).
     pub(crate) whole: bool,
     /// Doorbells and frame batches: handled by the sides' views alone, and
@@ -993,6 +1020,8 @@ impl Nic {
             restore_refusal: None,
             cqs: Cqs::new(layout.params.ports),
             ack_held: peer::AckHeld::new(cfg.peers_max),
+            sem: sem::Semaphore::default(),
+            deadlines: sides::Deadlines::new(),
             whole: false,
             entries: [[0; 2]; 2],
             rbcast: (0..layout.params.group_entries).map(|_| None).collect(),
@@ -1001,6 +1030,7 @@ impl Nic {
             rbcast_stalled: false,
             cfg,
         };
+        nic.publish_deadlines();
         set_status(hal, NicStatus::Running, FailReason::None);
         Ok(nic)
     }
@@ -1019,6 +1049,7 @@ impl Nic {
     pub fn handle_doorbell<H: Hal>(&mut self, hal: &mut H, now: u64) {
         self.cpu = 0;
         self.whole = false;
+        self.after_sides(hal, now);
         self.service_admin(hal, now);
         self.poll_rings(hal, now);
         self.send_ready_peers(hal, now);
@@ -1036,6 +1067,7 @@ impl Nic {
     /// leaves to do is done once, after the last.
     pub fn handle_frames<'a, H: Hal>(&mut self, hal: &mut H, now: u64, frames: impl IntoIterator<Item = &'a [u8]>) {
         self.whole = false;
+        self.after_sides(hal, now);
         for bytes in frames {
             self.cpu = cpu::cpu_of(self.cfg.cpu_plan, cpu::Step::Classify);
             self.receive_frame(hal, now, bytes);
@@ -1085,7 +1117,9 @@ impl Nic {
         self.whole |= !matches!(frame, Frame::Data { .. } | Frame::Ack { .. });
         match frame {
             Frame::Data { hdr, msg, payload } => {
-                hal.cpu_step(self.cpu, CpuStep::RecvBookkeep, false);
+                if !core::mem::take(&mut self.recv.charged) {
+                    hal.cpu_step(self.cpu, CpuStep::RecvBookkeep, false);
+                }
                 self.on_data(hal, now, &hdr, msg.as_ref(), payload)
             }
             Frame::Ack { hdr, body } => {
@@ -1218,11 +1252,24 @@ impl Nic {
 
     /// What the receive side left to the whole program: the reports of
     /// the remote-access records it retired (`RecvSide::done`).
-    fn after_recv<H: Hal>(&mut self, hal: &mut H, now: u64) {
+    pub(crate) fn after_recv<H: Hal>(&mut self, hal: &mut H, now: u64) {
         while let Some((m, error)) = self.recv.done.pop_front() {
             self.whole = true;
             self.report_rx(hal, now, &m, error);
         }
+    }
+
+    /// What the sides, running alone, left to the whole program: a send
+    /// to a peer without an entry, taken from its ring (it goes before
+    /// anything taken after it), and the reports of records they retired.
+    /// Every whole-program entry point begins here.
+    pub(crate) fn after_sides<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        if let Some((port, ld)) = self.send.new_peer.take() {
+            self.whole = true;
+            self.send_to_new_peer(hal, now, port, ld);
+        }
+        self.after_recv(hal, now);
+        self.after_send(hal, now);
     }
 
     fn poll_rings<H: Hal>(&mut self, hal: &mut H, now: u64) {
@@ -1237,6 +1284,7 @@ impl Nic {
     /// Time passed: fire expired timers (no-op when nothing expired).
     pub fn handle_timeout<H: Hal>(&mut self, hal: &mut H, now: u64) {
         self.cpu = 0;
+        self.after_sides(hal, now);
         loop {
             // In deadline order across the three stores (ties: the send
             // side's first, then the whole program's, then the receive
@@ -1488,6 +1536,12 @@ impl Nic {
                 self.send.freed
             ));
         }
+        if let Some((port, _)) = self.send.new_peer {
+            return Err(format!("a send of port {port} the send side took for a new peer was left"));
+        }
+        if self.recv.charged {
+            return Err("the receive side stopped at a frame the whole program did not take".into());
+        }
         if tx_seen != self.send.tx.used() {
             return Err(format!("{} tx records, {tx_seen} queued", self.send.tx.used()));
         }
@@ -1536,17 +1590,13 @@ impl Nic {
         }
         written.clear();
         self.cqs.written = written;
-        let mut dirty = self.counters.take_dirty() | self.recv.counters.take_dirty();
+        self.publish_deadlines();
+        let dirty = self.counters.take_dirty() | self.recv.counters.take_dirty();
         if dirty == 0 {
             return;
         }
         self.heartbeat = self.heartbeat.wrapping_add(1);
-        let at = core::mem::offset_of!(SramHeader, counters);
-        while dirty != 0 {
-            let c = dirty.trailing_zeros() as usize;
-            dirty &= dirty - 1;
-            hal.sram_write(at + 8 * c, &self.counters.sum(&self.recv.counters, c).to_le_bytes());
-        }
+        sides::publish_counters(hal, dirty, &self.counters, &self.recv.counters);
         hal.sram_write(core::mem::offset_of!(SramHeader, heartbeat), &self.heartbeat.to_le_bytes());
     }
 }

@@ -16,6 +16,7 @@
 //! slot's halves are reset when it is given out again.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use emp_uapi::sram::counter;
 use emp_uapi::wire;
@@ -158,24 +159,26 @@ impl PeerRecv {
 /// before a data frame to that peer (an answer must never overtake the
 /// ACK of what it answers).
 #[derive(Debug)]
-pub(crate) struct AckHeld(Vec<u64>);
+pub(crate) struct AckHeld(Vec<AtomicU64>);
 
 impl AckHeld {
     pub(crate) fn new(peers: u32) -> AckHeld {
-        AckHeld(vec![0; peers.div_ceil(64) as usize])
+        AckHeld((0..peers.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
     }
 
+    /// Read by the send side while the receive side may write it: the
+    /// bit is set before the receive's completion is written (release),
+    /// so a send the host posted after seeing that completion sees it.
     pub(crate) fn get(&self, i: u32) -> bool {
-        self.0[(i / 64) as usize] & (1 << (i % 64)) != 0
+        self.0[(i / 64) as usize].load(Ordering::Acquire) & (1 << (i % 64)) != 0
     }
 
-    pub(crate) fn set(&mut self, i: u32, held: bool) {
-        let (w, b) = ((i / 64) as usize, 1u64 << (i % 64));
-        if held {
-            self.0[w] |= b;
-        } else {
-            self.0[w] &= !b;
-        }
+    /// Only the receive side writes (or the whole program), so a load
+    /// and a store suffice: no read-modify-write.
+    pub(crate) fn set(&self, i: u32, held: bool) {
+        let (w, b) = (&self.0[(i / 64) as usize], 1u64 << (i % 64));
+        let v = w.load(Ordering::Relaxed);
+        w.store(if held { v | b } else { v & !b }, Ordering::Release);
     }
 }
 

@@ -12,16 +12,19 @@
 //! hand-offs to other CPUs: a payload's DMA, and a completion written by a
 //! job after it.
 
+use core::ptr::{addr_of, addr_of_mut};
+
 use emp_uapi::desc::{Cqe, Status};
 use emp_uapi::sram::{ctl, Layout};
 use emp_uapi::wire::{AckBody, FrameHeader};
 use emp_uapi::Le;
 
-use crate::cpu::{cpu_of, job_segs, Job, Queues, Step, Work};
+use crate::cpu::{cpu_of, job_segs, Job, Step, Work};
 use crate::cq::{Completer, Completion};
-use crate::mr::{Buf, MrCache};
+use crate::mr::Buf;
 use crate::peer::AckHeld;
-use crate::{Config, CpuStep, Cqs, Hal, Nic, Peer, Port, RecvSide};
+use crate::sem::Shared;
+use crate::{Config, CpuStep, Hal, Nic, Peer, Port, RecvSide};
 
 /// The receive side and what it may reach (module doc).
 pub(crate) struct RecvCpu<'a> {
@@ -35,13 +38,12 @@ pub(crate) struct RecvCpu<'a> {
     /// The CPU running it.
     pub(crate) cpu: u8,
     pub(crate) recv: &'a mut RecvSide,
-    /// The program's MR cache: one for every CPU (what the thesis' and
-    /// PM's figures were reproduced with), lent to the receive side.
-    pub(crate) mr: &'a mut MrCache,
-    pub(crate) cqs: &'a mut Cqs,
-    pub(crate) queues: &'a mut Queues,
+    /// What both sides write: the CQs, the program's MR cache (one for
+    /// every CPU, what the thesis' and PM's figures were reproduced with),
+    /// the hand-offs to other CPUs.
+    pub(crate) shared: Shared<'a>,
     /// The common area's word of the ACKs it holds back (it writes it).
-    pub(crate) ack_held: &'a mut AckHeld,
+    pub(crate) ack_held: &'a AckHeld,
 }
 
 impl Nic {
@@ -57,10 +59,46 @@ impl Nic {
             peer_index: &self.peer_index,
             cpu: self.cpu,
             recv: &mut self.recv,
-            mr: &mut self.mr,
-            cqs: &mut self.cqs,
-            queues: &mut self.queues,
-            ack_held: &mut self.ack_held,
+            shared: Shared::Held { cqs: &mut self.cqs, mr: &mut self.mr, queues: &mut self.queues },
+            ack_held: &self.ack_held,
+        }
+    }
+}
+
+impl<'a> RecvCpu<'a> {
+    /// The receive side's view for a CPU running it alone, beside the
+    /// send side's (`crate::sides`): built from the program's fields, never
+    /// a reference to the whole program; what both sides write is taken
+    /// through the semaphore per access.
+    ///
+    /// # Safety
+    /// `this` is live, and while the view lives nothing reaches the
+    /// receive side or runs the whole program; the send side's view may
+    /// (it reaches none of these fields mutably but the semaphore's, and
+    /// the atomics of the common area).
+    pub(crate) unsafe fn alone(this: *mut Nic, cpu: u8) -> RecvCpu<'a> {
+        // SAFETY: per the contract above, these fields are read by others
+        // at most, the receive side is ours, and the semaphore's fields are
+        // reached only through it.
+        unsafe {
+            RecvCpu {
+                cfg: &*addr_of!((*this).cfg),
+                layout: &*addr_of!((*this).layout),
+                node: *addr_of!((*this).node),
+                mtu: *addr_of!((*this).mtu),
+                ports: &*addr_of!((*this).ports),
+                peers: &*addr_of!((*this).peers),
+                peer_index: &*addr_of!((*this).peer_index),
+                cpu,
+                recv: &mut *addr_of_mut!((*this).recv),
+                shared: Shared::Taken {
+                    sem: &*addr_of!((*this).sem),
+                    cqs: addr_of_mut!((*this).cqs),
+                    mr: addr_of_mut!((*this).mr),
+                    queues: addr_of_mut!((*this).queues),
+                },
+                ack_held: &*addr_of!((*this).ack_held),
+            }
         }
     }
 }
@@ -81,12 +119,12 @@ impl RecvCpu<'_> {
 
     /// Where `step` runs ([`Queues::dispatch`]).
     pub(crate) fn dispatch<H: Hal>(&mut self, hal: &mut H, step: Step) -> Option<u8> {
-        self.queues.dispatch(hal, self.cfg, self.cpu, step)
+        self.shared.lock().queues.dispatch(hal, self.cfg, self.cpu, step)
     }
 
     /// Where `step` would be queued ([`Queues::queued_to`]).
-    pub(crate) fn queued_to(&self, step: Step) -> Option<u8> {
-        self.queues.queued_to(self.cfg, self.cpu, step)
+    pub(crate) fn queued_to(&mut self, step: Step) -> Option<u8> {
+        self.shared.lock().queues.queued_to(self.cfg, self.cpu, step)
     }
 
     /// Receive ack's first half (DSR's split, Table 3.2): when the send
@@ -94,25 +132,30 @@ impl RecvCpu<'_> {
     /// handed to it (`Work::Ack`); `false` when it is whole on this CPU.
     pub(crate) fn classify_ack<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) -> bool {
         let cpu = cpu_of(self.cfg.cpu_plan, Step::AckUpdate);
-        if cpu == self.cpu || self.queues.full(cpu) {
+        if cpu == self.cpu {
+            return false;
+        }
+        let c = self.shared.lock();
+        if c.queues.full(cpu) {
             return false;
         }
         hal.cpu_step(self.cpu, CpuStep::RecvAckClassify, false);
-        self.queues.enqueue(hal, cpu, Work::Ack { hdr: *hdr, body: *body });
+        c.queues.enqueue(hal, cpu, Work::Ack { hdr: *hdr, body: *body });
         true
     }
 
     /// Reports a finished descriptor ([`Cqs::complete`]), counted on the
     /// receive side.
     pub(crate) fn complete<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
+        let g = self.shared.lock();
         let by = Completer {
             layout: self.layout,
             ports: self.ports,
             cpu: self.cpu,
-            mr: self.mr,
+            mr: g.mr,
             counters: &mut self.recv.counters,
         };
-        self.cqs.complete(hal, by, port, c)
+        g.cqs.complete(hal, by, port, c)
     }
 
     /// Queues the DMA of received `data` into rx record `slot` (message
@@ -129,57 +172,65 @@ impl RecvCpu<'_> {
         off: u64,
         data: &[u8],
     ) -> Result<(), Status> {
+        let g = self.shared.lock();
         if !self.cfg.cpu_jobs {
-            let data = self.queues.take_payload(data);
-            self.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data });
+            let data = g.queues.take_payload(data);
+            g.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data });
             return Ok(());
         }
         let m = self.recv.rx.get(slot).expect("live");
         let (port, desc, id) = (m.port, m.desc, m.stamp);
-        let (mr, scratch) = (&mut *self.mr, &mut self.recv.host_segs);
+        let scratch = &mut self.recv.host_segs;
         let segs =
-            job_segs(hal, mr, self.layout, scratch, port, &desc, off, data.len(), emp_uapi::desc::MR_LOCAL_WRITE)?;
-        let data = self.queues.take_payload(data);
+            job_segs(hal, g.mr, self.layout, scratch, port, &desc, off, data.len(), emp_uapi::desc::MR_LOCAL_WRITE)?;
+        let data = g.queues.take_payload(data);
         match segs {
-            Some(segs) => self.queues.push_job(hal, cpu, Job::Receive { slot, id, segs, data }),
+            Some(segs) => g.queues.push_job(hal, cpu, Job::Receive { slot, id, segs, data }),
             None => {
                 self.recv.rx.get_mut(slot).payload_as_work = true;
-                self.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data })
+                g.queues.enqueue(hal, cpu, Work::Receive { slot, seq, off, data })
             }
         }
         Ok(())
     }
 
-    /// Host memory of the CQ's next slot on `port`, when a job can name it
-    /// (checked for writing): where another CPU writes this port's next
-    /// CQE without the program ([`RecvCpu::complete_on`]); `None` when a job
-    /// cannot name it.
-    pub(crate) fn next_cqe_segs<H: Hal>(&mut self, hal: &mut H, port: u16) -> Option<crate::cpu::Segs> {
-        let cq = self.cqs.next_slot(hal, self.layout, self.ports, self.mr, port)?;
-        let g = &mut self.recv.host_segs;
-        g.clear();
-        let r = self.mr.checked_io(hal, cq.checked, cq.off, Buf::Gather(Cqe::SIZE, g));
-        r.ok().and(crate::cpu::Segs::from_gathered(g))
-    }
-
-    /// Completes a descriptor on CPU `cpu` (which `dispatch` gave) without
-    /// the program: the CQ's next slot (`segs`, from
-    /// [`RecvCpu::next_cqe_segs`]) is taken here, and a job writes the CQE
-    /// there after the jobs queued before it (a receive's payload, `rx`
-    /// naming its record: slot and stamp). The host reads its CQ in order, so
-    /// an entry written after it here stays unseen until this one is.
-    pub(crate) fn complete_on<H: Hal>(
-        &mut self,
-        hal: &mut H,
-        cpu: u8,
-        port: u16,
-        rx: (u32, u32),
-        c: Completion,
-        segs: crate::cpu::Segs,
-    ) {
-        let Some(cqe) = self.cqs.next_cqe(hal, self.cpu, self.ports, &mut self.recv.counters, port, c) else { return };
-        self.cqs.advance(hal, self.layout, port);
-        let arm = self.layout.port(port).ctl(ctl::ARM) as u32;
-        self.queues.push_job(hal, cpu, crate::cpu::Job::Complete { rx, port, cqe, segs, arm });
+    /// Completes receive record `r` on CPU `cpu` without the program when
+    /// a job can name the CQ's next slot on its port (checked for
+    /// writing): the slot is taken here, the record retired, and a job
+    /// writes the CQE there after the jobs queued before it (the receive's
+    /// payload). The host reads its CQ in order, so an entry written after
+    /// it here stays unseen until this one is. `false`, with nothing
+    /// done, when a job cannot name the slot. The semaphore is held from
+    /// naming the slot to taking it, so the other side takes no slot
+    /// between.
+    pub(crate) fn complete_on(&mut self, hal: &mut impl Hal, cpu: u8, r: u32) -> bool {
+        let (port, id) = {
+            let m = self.recv.rx.get(r).expect("live");
+            (m.port, m.stamp)
+        };
+        let mut shared = self.shared.lend();
+        let g = shared.lock();
+        let Some(cq) = g.cqs.next_slot(hal, self.layout, self.ports, g.mr, port) else {
+            drop(g);
+            self.shared = shared;
+            return false;
+        };
+        let h = &mut self.recv.host_segs;
+        h.clear();
+        let io = g.mr.checked_io(hal, cq.checked, cq.off, Buf::Gather(Cqe::SIZE, h));
+        let Some(segs) = io.ok().and(crate::cpu::Segs::from_gathered(h)) else {
+            drop(g);
+            self.shared = shared;
+            return false;
+        };
+        let (port, c) = self.retire_recv(r, None);
+        if let Some(cqe) = g.cqs.next_cqe(hal, self.cpu, self.ports, &self.recv.counters, port, c) {
+            g.cqs.advance(hal, self.layout, port);
+            let arm = self.layout.port(port).ctl(ctl::ARM) as u32;
+            g.queues.push_job(hal, cpu, crate::cpu::Job::Complete { rx: (r, id), port, cqe, segs, arm });
+        }
+        drop(g);
+        self.shared = shared;
+        true
     }
 }

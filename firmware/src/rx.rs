@@ -639,7 +639,8 @@ impl RecvCpu<'_> {
         let data = core::mem::take(&mut self.recv.overflow.slots[s as usize].data);
         let total = data.len() as u64;
         let n = total.min(d.len) as usize;
-        let io = self.mr.sge_io(hal, self.layout, port, d.sges(), 0, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE);
+        let io =
+            self.shared.lock().mr.sge_io(hal, self.layout, port, d.sges(), 0, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE);
         self.recv.overflow.slots[s as usize].data = data;
         self.recv.overflow.free(s);
         let status = match io {
@@ -1170,12 +1171,24 @@ impl RecvCpu<'_> {
         let io = match (deferred, rma) {
             _ if n == 0 => Ok(()),
             (Some(cpu), _) => self.enqueue_receive(hal, cpu, r, seq, off, &data[..n]),
-            (None, Some(t)) => {
-                self.mr.remote_io(hal, self.layout, port, &t, off, Buf::ToHost(&data[..n]), MR_REMOTE_WRITE)
-            }
-            (None, None) => {
-                self.mr.sge_io(hal, self.layout, port, desc.sges(), off, Buf::ToHost(&data[..n]), MR_LOCAL_WRITE)
-            }
+            (None, Some(t)) => self.shared.lock().mr.remote_io(
+                hal,
+                self.layout,
+                port,
+                &t,
+                off,
+                Buf::ToHost(&data[..n]),
+                MR_REMOTE_WRITE,
+            ),
+            (None, None) => self.shared.lock().mr.sge_io(
+                hal,
+                self.layout,
+                port,
+                desc.sges(),
+                off,
+                Buf::ToHost(&data[..n]),
+                MR_LOCAL_WRITE,
+            ),
         };
         let stored = io.is_ok() && n == data.len();
         if let Err(e) = io {
@@ -1229,21 +1242,17 @@ impl RecvCpu<'_> {
     /// name) the completion is queued there as work.
     fn finish_recv_on<H: Hal>(&mut self, hal: &mut H, cpu: u8, r: u32) {
         let m = self.recv.rx.get(r).expect("live");
-        let (port, seq, id) = (m.port, m.seq, m.stamp);
-        if self.cfg.cpu_jobs && !m.payload_as_work && m.owner == RxOwner::Recv {
-            // Nothing is retired unless the CQE's slot can be named.
-            if let Some(segs) = self.next_cqe_segs(hal, port) {
-                let (port, c) = self.retire_recv(r, None);
-                self.complete_on(hal, cpu, port, (r, id), c, segs);
-                return;
-            }
+        let seq = m.seq;
+        // Nothing is retired unless the CQE's slot can be named.
+        if self.cfg.cpu_jobs && !m.payload_as_work && m.owner == RxOwner::Recv && self.complete_on(hal, cpu, r) {
+            return;
         }
-        self.queues.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq });
+        self.shared.lock().queues.enqueue(hal, cpu, crate::cpu::Work::Finish { slot: r, seq });
     }
 
     /// Retires receive record `r` (posted by the host); its port and
     /// completion (`error` overrides the record's own).
-    fn retire_recv(&mut self, r: u32, error: Option<Status>) -> (u16, Completion) {
+    pub(crate) fn retire_recv(&mut self, r: u32, error: Option<Status>) -> (u16, Completion) {
         let error = self.unlink_rx(r, error);
         let m = self.recv.rx.get(r).expect("live");
         debug_assert_eq!(m.owner, RxOwner::Recv);
@@ -1299,7 +1308,15 @@ impl RecvCpu<'_> {
         let n = desc.len.min(payload.len() as u64) as usize;
         let io = match n {
             0 => Ok(()),
-            _ => self.mr.sge_io(hal, self.layout, port, desc.sges(), 0, Buf::ToHost(&payload[..n]), MR_LOCAL_WRITE),
+            _ => self.shared.lock().mr.sge_io(
+                hal,
+                self.layout,
+                port,
+                desc.sges(),
+                0,
+                Buf::ToHost(&payload[..n]),
+                MR_LOCAL_WRITE,
+            ),
         };
         self.count(counter::RX_FRAMES, 1);
         self.ack_message(hal, now, peer, hdr.msg_seq, 0);

@@ -16,14 +16,16 @@
 //! the transmission step, a plain send's frames, receive ack's
 //! send-record half (`SendCpu::on_ack`), retiring records.
 
+use core::ptr::{addr_of, addr_of_mut};
+
 use emp_uapi::sram::Layout;
 
 use crate::counters::Counters;
-use crate::cpu::Queues;
 use crate::keymap::KeyMap;
-use crate::mr::{HostSegs, MrCache};
+use crate::mr::HostSegs;
 use crate::peer::AckHeld;
-use crate::{Config, Cqs, Nic, Peer, Port, SendSide};
+use crate::sem::Shared;
+use crate::{Config, Nic, Peer, Port, SendSide};
 
 /// The send side and what it may reach (module doc).
 pub(crate) struct SendCpu<'a> {
@@ -37,12 +39,11 @@ pub(crate) struct SendCpu<'a> {
     /// The CPU running it.
     pub(crate) cpu: u8,
     pub(crate) send: &'a mut SendSide,
-    /// The program's MR cache, lent to the send side.
-    pub(crate) mr: &'a mut MrCache,
-    pub(crate) cqs: &'a mut Cqs,
-    pub(crate) queues: &'a mut Queues,
+    /// What both sides write: the CQs, the program's MR cache, the
+    /// hand-offs to other CPUs.
+    pub(crate) shared: Shared<'a>,
     /// CPU A's counts (and the whole program's).
-    pub(crate) counters: &'a mut Counters,
+    pub(crate) counters: &'a Counters,
     /// The ACKs the receive side holds back: one goes before a data frame
     /// to its peer.
     pub(crate) ack_held: &'a AckHeld,
@@ -66,6 +67,49 @@ pub(crate) enum SendStop {
     Special { slot: u32, frame: u32 },
 }
 
+impl<'a> SendCpu<'a> {
+    /// The send side's view for a CPU running it alone, beside the
+    /// receive side's (`crate::sides`): built from the program's fields,
+    /// never a reference to the whole program; what both sides write is
+    /// taken through the semaphore per access.
+    ///
+    /// # Safety
+    /// `this` is live, and while the view lives nothing reaches the send
+    /// side (its records, CPU A's counts, the frame scratch) or runs the
+    /// whole program; the receive side's view may (it reaches none of
+    /// these fields mutably but the semaphore's, and the atomics of the
+    /// common area).
+    pub(crate) unsafe fn alone(this: *mut Nic, cpu: u8) -> SendCpu<'a> {
+        // SAFETY: per the contract above, these fields are read by others
+        // at most, the send side's are ours, and the semaphore's fields
+        // are reached only through it.
+        unsafe {
+            SendCpu {
+                cfg: &*addr_of!((*this).cfg),
+                layout: &*addr_of!((*this).layout),
+                node: *addr_of!((*this).node),
+                mtu: *addr_of!((*this).mtu),
+                ports: &*addr_of!((*this).ports),
+                peers: &*addr_of!((*this).peers),
+                peer_index: &*addr_of!((*this).peer_index),
+                cpu,
+                send: &mut *addr_of_mut!((*this).send),
+                shared: Shared::Taken {
+                    sem: &*addr_of!((*this).sem),
+                    cqs: addr_of_mut!((*this).cqs),
+                    mr: addr_of_mut!((*this).mr),
+                    queues: addr_of_mut!((*this).queues),
+                },
+                counters: &*addr_of!((*this).counters),
+                ack_held: &*addr_of!((*this).ack_held),
+                frame_buf: &mut *addr_of_mut!((*this).frame_buf),
+                host_segs: &mut *addr_of_mut!((*this).host_segs),
+                immediate_sending: *addr_of!((*this).immediate_sending),
+            }
+        }
+    }
+}
+
 impl Nic {
     /// The send side's view of this program, on the CPU running now.
     pub(crate) fn send_cpu(&mut self) -> SendCpu<'_> {
@@ -79,10 +123,8 @@ impl Nic {
             peer_index: &self.peer_index,
             cpu: self.cpu,
             send: &mut self.send,
-            mr: &mut self.mr,
-            cqs: &mut self.cqs,
-            queues: &mut self.queues,
-            counters: &mut self.counters,
+            shared: Shared::Held { cqs: &mut self.cqs, mr: &mut self.mr, queues: &mut self.queues },
+            counters: &self.counters,
             ack_held: &self.ack_held,
             frame_buf: &mut self.frame_buf,
             host_segs: &mut self.host_segs,

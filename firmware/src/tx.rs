@@ -864,9 +864,9 @@ impl SendCpu<'_> {
 
     /// Reports a finished descriptor ([`crate::Cqs::complete`]).
     pub(crate) fn complete<H: Hal>(&mut self, hal: &mut H, port: u16, c: Completion) {
-        let by =
-            Completer { layout: self.layout, ports: self.ports, cpu: self.cpu, mr: self.mr, counters: self.counters };
-        self.cqs.complete(hal, by, port, c)
+        let g = self.shared.lock();
+        let by = Completer { layout: self.layout, ports: self.ports, cpu: self.cpu, mr: g.mr, counters: self.counters };
+        g.cqs.complete(hal, by, port, c)
     }
 
     /// Sends what `peer`'s window and flow control allow; `Some` when it
@@ -997,18 +997,19 @@ impl SendCpu<'_> {
     ) -> Result<Option<SendStop>, Status> {
         let m = self.send.tx.get(slot).expect("live");
         let (peer, plain) = (m.peer, m.coll.is_none() && m.rma.is_none());
-        let queued = self.queues.queued_to(self.cfg, self.cpu, Step::Transmission);
+        let queued = self.shared.lock().queues.queued_to(self.cfg, self.cpu, Step::Transmission);
         if (queued.is_none() || (self.cfg.cpu_jobs && plain)) && self.ack_held.get(peer) {
             return Ok(Some(SendStop::AckHeld { peer }));
         }
         if queued.is_none() && !plain {
             return Ok(Some(SendStop::Special { slot, frame: f }));
         }
-        match self.queues.dispatch(hal, self.cfg, self.cpu, Step::Transmission) {
+        let to = self.shared.lock().queues.dispatch(hal, self.cfg, self.cpu, Step::Transmission);
+        match to {
             Some(cpu) => {
                 if !(self.cfg.cpu_jobs && plain && self.transmit_job(hal, cpu, slot, f, retransmit)?) {
                     let seq = self.send.tx.get(slot).expect("live").seq;
-                    self.queues.enqueue(hal, cpu, Work::Transmit { slot, seq, frame: f, retransmit });
+                    self.shared.lock().queues.enqueue(hal, cpu, Work::Transmit { slot, seq, frame: f, retransmit });
                 }
             }
             None => self.send_frame(hal, slot, f, retransmit)?,
@@ -1034,10 +1035,12 @@ impl SendCpu<'_> {
         let mut head = [0u8; crate::cpu::HEAD_MAX];
         head[..d.head].copy_from_slice(&buf[..d.head]);
         *self.frame_buf = buf;
-        let segs = job_segs(hal, self.mr, self.layout, self.host_segs, d.port, &d.desc, d.off, d.len, MR_LOCAL_READ)?;
+        let g = self.shared.lock();
+        let segs = job_segs(hal, g.mr, self.layout, self.host_segs, d.port, &d.desc, d.off, d.len, MR_LOCAL_READ)?;
         let Some(segs) = segs else { return Ok(false) };
         let job = crate::cpu::Job::Transmit { slot, seq, dst: d.dst, head, head_len: d.head as u8, segs, in_place };
-        self.queues.push_job(hal, cpu, job);
+        g.queues.push_job(hal, cpu, job);
+        drop(g);
         self.count(if retransmit { counter::RETRANSMITS } else { counter::TX_FRAMES }, 1);
         Ok(true)
     }
@@ -1048,7 +1051,13 @@ impl SendCpu<'_> {
     /// send completed).
     pub(crate) fn data_frame_head(&self, slot: u32, f: u32, buf: &mut [u8]) -> DataFrame {
         let m = self.send.tx.get(slot).expect("live");
-        debug_assert!(!self.ack_held.get(m.peer), "the ACK held for peer {} goes before its data", m.peer);
+        // Beside the receive side, an ACK it holds now was held after the
+        // check: it answers nothing this frame carries.
+        debug_assert!(
+            self.shared.per_access() || !self.ack_held.get(m.peer),
+            "the ACK held for peer {} goes before its data",
+            m.peer
+        );
         let p = self.peers[m.peer as usize].as_ref().expect("live peer");
         let off = wire::frame_offset(f, self.mtu);
         let total = m.msg_len();
@@ -1100,8 +1109,15 @@ impl SendCpu<'_> {
             // send completes only once ACKed, so the host keeps it.
             let mut segs = core::mem::take(self.host_segs);
             segs.clear();
-            let r =
-                self.mr.sge_io(hal, self.layout, port, desc.sges(), off, Buf::Gather(len, &mut segs), MR_LOCAL_READ);
+            let r = self.shared.lock().mr.sge_io(
+                hal,
+                self.layout,
+                port,
+                desc.sges(),
+                off,
+                Buf::Gather(len, &mut segs),
+                MR_LOCAL_READ,
+            );
             let r = match r {
                 Ok(()) if !segs.overflowed => {
                     let sent = hal.mac_transmit_host(dst, &buf[..head], &segs.segs);
@@ -1135,7 +1151,9 @@ impl SendCpu<'_> {
         frame: &mut [u8],
         head: usize,
     ) -> Result<(), Status> {
-        self.mr.sge_io(hal, self.layout, port, desc.sges(), off, Buf::FromHost(&mut frame[head..]), MR_LOCAL_READ)?;
+        let g = self.shared.lock();
+        g.mr.sge_io(hal, self.layout, port, desc.sges(), off, Buf::FromHost(&mut frame[head..]), MR_LOCAL_READ)?;
+        drop(g);
         hal.mac_transmit(dst, frame);
         Ok(())
     }

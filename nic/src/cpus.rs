@@ -32,11 +32,11 @@ use std::time::{Duration, Instant};
 
 use core::ffi::c_void;
 
-use emp_uapi::fwabi::FwHal;
+use emp_uapi::fwabi::{self, FwHal};
 use emp_uapi::sram::ctl;
 
 use crate::dmaq::WriteBehind;
-use crate::fwlib::{AreaFns, FwLib};
+use crate::fwlib::{AreaFns, FwLib, SideFns};
 use crate::hw::{hal_for, HwCtx, Outgoing};
 use crate::nic::NicShared;
 use crate::sys::signal;
@@ -83,17 +83,57 @@ unsafe impl Send for Area {}
 // SAFETY: as above.
 unsafe impl Sync for Area {}
 
+/// The program's state for the sides' entry points, which run holding one
+/// side's lock (`Core::side_locks`) and not `Core::program`.
+struct SideState(*mut c_void);
+
+// SAFETY: used only by the sides' entry points, each called holding its
+// side's lock; the firmware's contract lets the two sides run at once,
+// and a whole-program call holds both locks.
+unsafe impl Send for SideState {}
+// SAFETY: as above.
+unsafe impl Sync for SideState {}
+
+/// `Core::side_locks`' indices.
+const SEND_SIDE: usize = 0;
+const RECV_SIDE: usize = 1;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic of another CPU's thread is already reported; keep serving.
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Takes `m`; when another CPU holds it, counts the wait in `waits` and
+/// its length in `wait_ns`.
+fn take<'m, T>(m: &'m Mutex<T>, waits: &AtomicU64, wait_ns: &AtomicU64) -> MutexGuard<'m, T> {
+    match m.try_lock() {
+        Ok(g) => g,
+        Err(TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(TryLockError::WouldBlock) => {
+            let began = Instant::now();
+            let g = lock(m);
+            waits.fetch_add(1, Ordering::Relaxed);
+            wait_ns.fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            g
+        }
+    }
 }
 
 /// One NIC's running control program and what its CPUs share.
 pub(crate) struct Core {
     pub(crate) lib: Arc<FwLib>,
     nic: Arc<NicShared>,
-    /// The semaphore: the CPU holding it runs the control program.
+    /// The whole program: the CPU holding it (and both sides' locks) runs
+    /// any of the control program's entry points.
     program: Mutex<Program>,
+    /// Threaded, and the image has the sides' entry points: a doorbell and
+    /// received frames go to the sides first, each holding only its own
+    /// side's lock (send, receive), beside the other.
+    sides: Option<(SideFns, SideState)>,
+    /// The send side's and the receive side's locks. Lock order: program,
+    /// send side, receive side; a side's entry point holds only its own,
+    /// and takes nothing else while it does.
+    side_locks: [Mutex<()>; 2],
     /// CPUs in the plan.
     cpus: u32,
     /// The CPU received frames are handed to.
@@ -132,6 +172,14 @@ pub(crate) struct Core {
     /// how long it waited for it in all (ns).
     program_waits: [AtomicU64; CPUS_MAX as usize],
     program_wait_ns: [AtomicU64; CPUS_MAX as usize],
+    /// Calls of the sides' entry points per CPU, and those that left work
+    /// to the whole program.
+    side_calls: [AtomicU64; CPUS_MAX as usize],
+    side_stops: [AtomicU64; CPUS_MAX as usize],
+    /// Per CPU: the times it found a side's lock taken, and how long it
+    /// waited for it in all (ns).
+    side_waits: [AtomicU64; CPUS_MAX as usize],
+    side_wait_ns: [AtomicU64; CPUS_MAX as usize],
     /// Frames dropped because an area was full.
     pub(crate) dropped_rx: AtomicU64,
     pub(crate) dropped_tx: AtomicU64,
@@ -154,10 +202,13 @@ impl Core {
             // SAFETY: `state` is live; nothing else calls into it yet.
             ptr: unsafe { (fns.area)(state) },
         });
+        let sides = lib.sides.filter(|_| threaded).map(|s| (s, SideState(state)));
         Core {
             lib,
             nic,
             program: Mutex::new(Program(state)),
+            sides,
+            side_locks: Default::default(),
             cpus,
             frame_cpu,
             threaded,
@@ -178,6 +229,10 @@ impl Core {
             program_calls: AtomicU64::new(0),
             program_waits: Default::default(),
             program_wait_ns: Default::default(),
+            side_calls: Default::default(),
+            side_stops: Default::default(),
+            side_waits: Default::default(),
+            side_wait_ns: Default::default(),
             dropped_rx: AtomicU64::new(0),
             dropped_tx: AtomicU64::new(0),
         }
@@ -196,6 +251,11 @@ impl Core {
     pub(crate) fn deadline(&self) -> u64 {
         if self.wanted[0].load(Ordering::Acquire) {
             0
+        } else if let Some((s, st)) = &self.sides {
+            // What every store last published: sides run while others
+            // call, so no one call's view is the latest.
+            // SAFETY: live state; the entry point takes no lock.
+            unsafe { (s.deadline)(st.0) }
         } else {
             self.deadline.load(Ordering::Acquire)
         }
@@ -217,19 +277,14 @@ impl Core {
         // The DMA map locked once for the call rather than per DMA (lock
         // order: program, then DMA map; nothing holding the map waits for
         // the program).
-        let prog = match self.program.try_lock() {
-            Ok(prog) => prog,
-            Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                // Another CPU holds the program (the thesis' semaphore):
-                // counted, for the table dump.
-                let began = Instant::now();
-                let prog = lock(&self.program);
-                self.program_waits[cpu as usize].fetch_add(1, Ordering::Relaxed);
-                self.program_wait_ns[cpu as usize].fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                prog
-            }
-        };
+        let c = cpu as usize;
+        // Another CPU holds the program, or runs a side: counted, for the
+        // table dump.
+        let prog = take(&self.program, &self.program_waits[c], &self.program_wait_ns[c]);
+        let sides = self
+            .sides
+            .as_ref()
+            .map(|_| self.side_locks.each_ref().map(|l| take(l, &self.side_waits[c], &self.side_wait_ns[c])));
         let dma = (!hw.writes_behind()).then(|| self.nic.dma.read().expect("dma"));
         if let Some(d) = &dma {
             hw.hold_dma(d);
@@ -265,6 +320,7 @@ impl Core {
         self.deadline.store(deadline, Ordering::Release);
         hw.release_dma();
         drop(dma);
+        drop(sides);
         drop(prog);
         if cpu != 0 && deadline < before {
             // The engine may be asleep until the old deadline.
@@ -273,6 +329,100 @@ impl Core {
         for (c, _) in others.iter().enumerate().filter(|(_, &o)| o) {
             self.want(c as u32);
         }
+    }
+
+    /// A doorbell as CPU `cpu`: on the receive side, then the send side,
+    /// each alone holding its own side's lock, where the image and threads
+    /// allow; the whole program when either stops.
+    pub(crate) fn doorbell(&self, cpu: u32, hw: &mut HwCtx, now: u64) {
+        if self.sides.is_some() {
+            // SAFETY: live state, valid hal; `side_call` holds the side.
+            let r = self.side_call(cpu, RECV_SIDE, hw, now, |s, st, hal| unsafe { (s.recv_doorbell)(st, hal, now) });
+            if r & fwabi::SIDE_WHOLE == 0 {
+                // SAFETY: as above.
+                let r =
+                    self.side_call(cpu, SEND_SIDE, hw, now, |s, st, hal| unsafe { (s.send_doorbell)(st, hal, now) });
+                if r & fwabi::SIDE_WHOLE == 0 {
+                    return;
+                }
+            }
+            self.side_stops[cpu as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: live state under the lock, valid hal.
+        self.call(cpu, hw, now, |lib, st, hal| unsafe { (lib.doorbell)(st, hal, now) });
+    }
+
+    /// Received `frames` as CPU `cpu`: on the receive side alone (holding
+    /// its lock) where the image and threads allow, then the whole program
+    /// for those it left.
+    pub(crate) fn frames(&self, cpu: u32, hw: &mut HwCtx, now: u64, frames: &[Vec<u8>]) {
+        let mut from = 0;
+        if self.sides.is_some() {
+            let mut taken = 0;
+            let r = self.side_call(cpu, RECV_SIDE, hw, now, |s, st, hal| {
+                // SAFETY: live state, valid hal; `side_call` holds the
+                // receive side.
+                let (n, r) = unsafe { s.recv_frames(st, hal, now, frames) };
+                taken = n;
+                r
+            });
+            if r & fwabi::SIDE_WHOLE == 0 {
+                return;
+            }
+            self.side_stops[cpu as usize].fetch_add(1, Ordering::Relaxed);
+            from = taken;
+        }
+        self.program_calls.fetch_add(u64::from(cpu != 0), Ordering::Relaxed);
+        self.call(cpu, hw, now, |lib, state, hal| {
+            // SAFETY: live state under the lock, valid hal.
+            unsafe { lib.frames(state, hal, now, &frames[from..]) };
+        });
+    }
+
+    /// Runs `f`, a side's entry point, as CPU `cpu` holding only side
+    /// `side`'s lock; wakes the CPUs it queued steps for, and the engine
+    /// if the next deadline moved earlier. Returns `f`'s result.
+    fn side_call(
+        &self,
+        cpu: u32,
+        side: usize,
+        hw: &mut HwCtx,
+        now: u64,
+        f: impl FnOnce(&SideFns, *mut c_void, &FwHal) -> u32,
+    ) -> u32 {
+        let (s, st) = self.sides.as_ref().expect("sides on");
+        let c = cpu as usize;
+        if cpu == 0 {
+            self.clock_base.get_or_init(|| now.saturating_sub(self.created.elapsed().as_nanos() as u64));
+        }
+        let held = take(&self.side_locks[side], &self.side_waits[c], &self.side_wait_ns[c]);
+        let dma = (!hw.writes_behind()).then(|| self.nic.dma.read().expect("dma"));
+        if let Some(d) = &dma {
+            hw.hold_dma(d);
+        }
+        let hal = hal_for(hw);
+        // SAFETY: live state; the entry point takes no lock.
+        let before = unsafe { (s.deadline)(st.0) };
+        let r = f(s, st.0, &hal);
+        // SAFETY: as above.
+        let after = unsafe { (s.deadline)(st.0) };
+        hw.release_dma();
+        drop(dma);
+        drop(held);
+        self.side_calls[c].fetch_add(1, Ordering::Relaxed);
+        let mut wake = r >> fwabi::SIDE_WAKE_SHIFT;
+        if cpu != 0 && after < before {
+            // The engine may be asleep until the old deadline.
+            wake |= 1;
+        }
+        for other in (0..self.cpus).filter(|&o| wake & (1 << o) != 0) {
+            if other == cpu {
+                self.wanted[c].store(true, Ordering::Release);
+            } else {
+                self.want(other);
+            }
+        }
+        r
     }
 
     /// Tells CPU `cpu` work waits for it.
@@ -375,8 +525,11 @@ impl Core {
     pub(crate) fn describe(&self) -> String {
         let mut buf = vec![0u8; 64 << 10];
         let prog = lock(&self.program);
-        // SAFETY: live state (lock held); `buf` is writable for its length.
+        let sides = self.sides.as_ref().map(|_| self.side_locks.each_ref().map(lock));
+        // SAFETY: live state (the whole program held); `buf` is writable
+        // for its length.
         let n = unsafe { (self.lib.describe)(prog.0, buf.as_mut_ptr(), buf.len()) };
+        drop(sides);
         drop(prog);
         let mut s = String::from_utf8_lossy(&buf[..n.min(buf.len())]).into_owned();
         if self.threaded {
@@ -391,9 +544,15 @@ impl Core {
             );
             for cpu in 0..self.cpus as usize {
                 s += &format!(
-                    "cpu {cpu}: program taken by another CPU {} times, waited {} us\n",
+                    "cpu {cpu}: program taken by another CPU {} times, waited {} us; \
+                     sides' entry points {} calls, {} left work to the program; \
+                     a side's lock taken by another CPU {} times, waited {} us\n",
                     self.program_waits[cpu].load(Ordering::Relaxed),
                     self.program_wait_ns[cpu].load(Ordering::Relaxed) / 1000,
+                    self.side_calls[cpu].load(Ordering::Relaxed),
+                    self.side_stops[cpu].load(Ordering::Relaxed),
+                    self.side_waits[cpu].load(Ordering::Relaxed),
+                    self.side_wait_ns[cpu].load(Ordering::Relaxed) / 1000,
                 );
             }
         }
@@ -443,17 +602,19 @@ impl Core {
                 self.nic.busy.add(idle_since.duration_since(began).as_nanos() as u64);
                 continue;
             }
-            self.program_calls.fetch_add(1, Ordering::Relaxed);
-            self.call(cpu, &mut hw, now, |lib, state, hal| {
-                // SAFETY: live state under the lock, valid hal.
-                unsafe { lib.frames(state, hal, now, &frames) };
-            });
+            if frames.is_empty() {
+                // Its work or failed jobs: the whole program's.
+                self.program_calls.fetch_add(1, Ordering::Relaxed);
+                self.call(cpu, &mut hw, now, |_, _, _| {});
+            } else {
+                self.frames(cpu, &mut hw, now, frames.make_contiguous());
+            }
             // Buffers of frames it took become its transmit buffers; the
             // surplus goes back to the other CPUs (`balance`).
             hw.pool.extend(frames.drain(..));
             if self.area.is_some() {
-                // Holding the program it queued jobs for itself (the
-                // payloads of the frames it classified): run them next.
+                // It queued jobs for itself (the payloads of the frames it
+                // classified): run them next.
                 self.wanted[cpu as usize].store(true, Ordering::Release);
             }
             self.hand_over(&mut hw);

@@ -71,8 +71,7 @@ impl Firmware {
     }
 
     pub(crate) fn doorbell(&mut self, now: u64) {
-        // SAFETY: live state under the lock, valid hal.
-        self.core.call(0, &mut self.hw, now, |lib, st, hal| unsafe { (lib.doorbell)(st, hal, now) });
+        self.core.doorbell(0, &mut self.hw, now);
         self.core.collect(&mut self.hw);
     }
 
@@ -90,10 +89,7 @@ impl Firmware {
             // what its full area drops is only kept as buffers.
             n -= self.core.hand_frames(now, rx, n);
         } else {
-            self.core.call(0, &mut self.hw, now, |lib, st, hal| {
-                // SAFETY: live state under the lock, valid hal.
-                unsafe { lib.frames(st, hal, now, rx.iter().take(n)) };
-            });
+            self.core.frames(0, &mut self.hw, now, &rx.make_contiguous()[..n]);
             self.core.collect(&mut self.hw);
         }
         // The buffers are kept for later transmits, up to a bound.

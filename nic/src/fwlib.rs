@@ -24,6 +24,55 @@ type CpuAreaFn = unsafe extern "C" fn(*mut c_void) -> *const c_void;
 type CpuAreaFreeFn = unsafe extern "C" fn(*const c_void);
 type CpuJobsFn = unsafe extern "C" fn(*const c_void, *const FwHal, u32) -> u32;
 type CpuWantsProgramFn = unsafe extern "C" fn(*const c_void, u32) -> u32;
+type SideFramesFn =
+    unsafe extern "C" fn(*mut c_void, *const FwHal, u64, *const *const u8, *const usize, usize, *mut usize) -> u32;
+type SideFn = unsafe extern "C" fn(*mut c_void, *const FwHal, u64) -> u32;
+
+/// The sides' entry points (`emp_uapi::fwabi::SYM_RECV_SIDE_FRAMES` and
+/// on): each runs holding one side of the program, beside the other's.
+#[derive(Clone, Copy)]
+pub(crate) struct SideFns {
+    recv_frames: SideFramesFn,
+    pub(crate) recv_doorbell: SideFn,
+    pub(crate) send_doorbell: SideFn,
+    pub(crate) deadline: PollFn,
+}
+
+impl SideFns {
+    /// Hands the receive side `frames`, in order, in calls of at most
+    /// [`FRAMES_PER_CALL`], until one stops; returns how many it took and
+    /// its result (`fwabi::SIDE_WHOLE`, the CPUs to wake).
+    ///
+    /// # Safety
+    /// `state` is the program's live state and the caller holds its
+    /// receive side; `hal` is valid for the call.
+    pub(crate) unsafe fn recv_frames(
+        &self,
+        state: *mut c_void,
+        hal: &FwHal,
+        now: u64,
+        frames: &[Vec<u8>],
+    ) -> (usize, u32) {
+        let (mut done, mut result) = (0, 0);
+        for chunk in frames.chunks(FRAMES_PER_CALL) {
+            let (mut at, mut lens) = ([core::ptr::null::<u8>(); FRAMES_PER_CALL], [0usize; FRAMES_PER_CALL]);
+            for (i, f) in chunk.iter().enumerate() {
+                (at[i], lens[i]) = (f.as_ptr(), f.len());
+            }
+            let mut taken = 0;
+            // SAFETY: the caller's guarantees; `at[i]` is valid for `lens[i]`
+            // bytes (borrowed from `frames` for the call), `chunk.len()`
+            // entries each; `taken` is writable.
+            let r = unsafe { (self.recv_frames)(state, hal, now, at.as_ptr(), lens.as_ptr(), chunk.len(), &mut taken) };
+            done += taken.min(chunk.len());
+            result |= r;
+            if r & fwabi::SIDE_WHOLE != 0 {
+                break;
+            }
+        }
+        (done, result)
+    }
+}
 
 /// The entry points through which a NIC CPU runs its jobs without the
 /// program (`emp_uapi::fwabi::SYM_CPU_AREA` and on).
@@ -53,6 +102,8 @@ pub struct FwLib {
     pub(crate) frame_cpu: Option<FrameCpuFn>,
     /// Absent in older images: their CPUs run only holding the program.
     pub(crate) area: Option<AreaFns>,
+    /// Absent in older images: every call takes the whole program.
+    pub(crate) sides: Option<SideFns>,
 }
 
 impl FwLib {
@@ -177,6 +228,19 @@ impl FwLib {
                         free: core::mem::transmute::<*mut c_void, CpuAreaFreeFn>(f),
                         jobs: core::mem::transmute::<*mut c_void, CpuJobsFn>(j),
                         wants_program: core::mem::transmute::<*mut c_void, CpuWantsProgramFn>(w),
+                    }
+                })
+            })(),
+            sides: (|| {
+                let (f, r) = (sym(fwabi::SYM_RECV_SIDE_FRAMES).ok()?, sym(fwabi::SYM_RECV_SIDE_DOORBELL).ok()?);
+                let (s, d) = (sym(fwabi::SYM_SEND_SIDE_DOORBELL).ok()?, sym(fwabi::SYM_DEADLINE).ok()?);
+                // SAFETY: the symbols have these signatures per `emp_uapi::fwabi`.
+                Some(unsafe {
+                    SideFns {
+                        recv_frames: core::mem::transmute::<*mut c_void, SideFramesFn>(f),
+                        recv_doorbell: core::mem::transmute::<*mut c_void, SideFn>(r),
+                        send_doorbell: core::mem::transmute::<*mut c_void, SideFn>(s),
+                        deadline: core::mem::transmute::<*mut c_void, PollFn>(d),
                     }
                 })
             })(),

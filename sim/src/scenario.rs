@@ -74,6 +74,9 @@ pub struct Spec {
     /// threads, `firmware::Config::cpu_jobs`) rather than as work. Swarm:
     /// odd seeds.
     pub cpu_jobs: bool,
+    /// Doorbells and frames go to the sides' entry points first
+    /// ([`crate::world::World::sides`]). Swarm: seeds 2 and 3 mod 4.
+    pub sides: bool,
     /// Wire behaviour.
     pub wire: WireConfig,
     /// Drawn by [`Spec::swarm`] (replayed by seed) or set from flags.
@@ -123,6 +126,7 @@ impl Spec {
             errors: false,
             cpu_plan: 0,
             cpu_jobs: false,
+            sides: false,
             wire: WireConfig::default(),
             swarm: false,
             atomics: 0,
@@ -168,6 +172,7 @@ impl Spec {
             errors: r.chance(0.15),
             cpu_plan: r.below(5) as u32,
             cpu_jobs: seed % 2 == 1,
+            sides: seed % 4 >= 2,
             wire: WireConfig {
                 latency_ns: r.range(1_000, 50_000),
                 bandwidth_bps: [1_000_000_000, 10_000_000_000, 25_000_000_000][r.below(3) as usize],
@@ -318,6 +323,9 @@ pub struct Report {
     pub frames_sent_from_host: u64,
     /// Jobs the NICs' CPUs ran (data movement handed between them).
     pub cpu_jobs_run: u64,
+    /// Doorbells and frame batches the NICs' sides ran alone, without the
+    /// whole program (`Nic::side_entries`).
+    pub side_entries: u64,
     /// Sends and receives posted as persistent descriptors (store, start).
     pub persistent_posts: u64,
 }
@@ -749,6 +757,7 @@ pub fn run(spec: &Spec) -> Result<Report, Failure> {
     if spec.weak_dma {
         world.weak_dma(spec.seed);
     }
+    world.sides = spec.sides;
     let mut d = Driver {
         world,
         ports: Vec::new(),
@@ -1151,6 +1160,7 @@ impl Driver {
             events: self.world.events,
             frames_sent_from_host: self.world.nodes.iter().map(|n| n.mem.frames_sent_from_host).sum(),
             cpu_jobs_run: self.world.nodes.iter().map(|n| n.nic.cpu_jobs_run()).sum(),
+            side_entries: self.world.nodes.iter().map(|n| n.nic.side_entries()).map(|(a, b, c)| a + b + c).sum(),
             persistent_posts: self.persistent_posts,
             wire: self.world.stats,
             delivered: tally.delivered,

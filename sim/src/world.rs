@@ -502,6 +502,11 @@ pub struct World {
     pool: Vec<Vec<u8>>,
     /// Test hook: return true to lose a frame (src, dst, bytes).
     pub drop_filter: Option<DropFilter>,
+    /// Doorbells and frames go to the sides' entry points first, the whole
+    /// program only for what they leave (`Nic::doorbell_by_sides`,
+    /// `Nic::frames_by_sides`), as a daemon running the NIC's CPUs on
+    /// threads calls them; off by default.
+    pub sides: bool,
     /// The switch's multicast table: the member nodes of each address
     /// (sorted), as their MACs asked (`Hal::mcast_membership`).
     mcast_members: std::collections::BTreeMap<u16, Vec<u16>>,
@@ -589,6 +594,7 @@ impl World {
             out: Vec::new(),
             pool: Vec::new(),
             drop_filter: None,
+            sides: false,
             mcast_members: std::collections::BTreeMap::new(),
             mcast_changes: Vec::new(),
         }
@@ -700,7 +706,11 @@ impl World {
             Kind::Frame => {
                 let data = ev.data;
                 let cpu = Self::entry_cpu(&self.nodes[node as usize], &Kind::Frame);
-                self.run_nic(node, 1, cpu, |nic, hal, now| nic.handle_frame(hal, now, &data));
+                if self.sides {
+                    self.run_nic(node, 1, cpu, |nic, hal, now| nic.frames_by_sides(hal, now, &[&data]));
+                } else {
+                    self.run_nic(node, 1, cpu, |nic, hal, now| nic.handle_frame(hal, now, &data));
+                }
                 if self.pool.len() < 4096 {
                     self.pool.push(data);
                 }
@@ -711,7 +721,11 @@ impl World {
             }
             Kind::Doorbell => {
                 self.nodes[node as usize].doorbell_at = None;
-                self.run_nic(node, 0, 0, |nic, hal, now| nic.handle_doorbell(hal, now));
+                if self.sides {
+                    self.run_nic(node, 0, 0, |nic, hal, now| nic.doorbell_by_sides(hal, now));
+                } else {
+                    self.run_nic(node, 0, 0, |nic, hal, now| nic.handle_doorbell(hal, now));
+                }
             }
             Kind::Reveal => unreachable!("handled above"),
         }

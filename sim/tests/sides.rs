@@ -173,3 +173,87 @@ fn remote_access_frames_after_the_first_are_the_receive_sides() {
     // frames each way, 6 after the first.
     assert_eq!((alone0, alone1), (6, 6), "the rest were the receive side's");
 }
+
+/// The completions each node saw, in order: (opcode, tag, status).
+type Seen = [Vec<(u8, u64, u8)>; 2];
+
+/// Streams `MSGS` messages from node 0 to node 1 (one frame and three,
+/// alternating; every 20th DATA frame lost) and returns the completions
+/// each node saw.
+fn stream(cfg: Config, sides: bool) -> (Pair, Seen) {
+    let mut p = Pair::new(cfg, 1500, [1 << 20, 1 << 20]);
+    p.world.sides = sides;
+    let mut data = 0u32;
+    p.world.drop_filter = Some(Box::new(move |_, _, bytes: &[u8]| {
+        matches!(Frame::parse(bytes), Ok(Frame::Data { .. })) && {
+            data += 1;
+            data % 20 == 0
+        }
+    }));
+    const MSGS: u64 = 100;
+    let len = |i: u64| if i % 2 == 0 { 64 } else { 4000 };
+    for i in 0..MSGS {
+        p.recv(1, i, i * 4096, len(i));
+    }
+    // Sends in batches of 10, each posted once the one before completed:
+    // a doorbell per batch.
+    let (mut seen, mut posted): (Seen, u64) = Default::default();
+    while seen[0].len() < MSGS as usize || seen[1].len() < MSGS as usize {
+        if seen[0].len() as u64 == posted && posted < MSGS {
+            for i in posted..posted + 10 {
+                p.send(0, i, i * 4096, len(i));
+            }
+            posted += 10;
+        }
+        assert!(p.step(), "the stream stalled at {} sent, {} received", seen[0].len(), seen[1].len());
+        for (n, s) in seen.iter_mut().enumerate() {
+            while let Some(c) = p.poll(n as u16) {
+                s.push((c.opcode, c.tag, c.status));
+            }
+        }
+    }
+    (p, seen)
+}
+
+/// The sides' entry points (`Nic::recv_side_frames`,
+/// `Nic::recv_side_doorbell`, `Nic::send_side_doorbell`), which a daemon
+/// calls holding one side's lock, handle a stream by themselves: the
+/// whole program runs only for the first send to a new peer, its first
+/// frame, and loss. What the hosts see is what they see without them.
+#[test]
+fn a_stream_runs_on_the_sides_entry_points_alone() {
+    let (_, without) = stream(Config::default(), false);
+    let (p, with) = stream(Config::default(), true);
+    assert_eq!(with, without, "the same completions, in the same order, with the sides' entry points");
+    assert!(with[1].iter().all(|&(_, _, st)| st == Status::Success as u8));
+    let (rx_doorbells, rx_batches, _) = p.world.nodes[1].nic.side_entries();
+    let [(_, _), (_, batches_whole)] = p.world.nodes[1].nic.entries();
+    eprintln!("receiver: {rx_doorbells} doorbells and {rx_batches} frame batches alone, {batches_whole} batches whole");
+    assert!(rx_batches > 10 * batches_whole, "the receiver's frames went to the receive side alone");
+    assert!(rx_doorbells > 0, "the receiver's receives were posted by the receive side alone");
+    let (_, _, tx_doorbells) = p.world.nodes[0].nic.side_entries();
+    let [(a, w), _] = p.world.nodes[0].nic.entries();
+    eprintln!("sender: {tx_doorbells} doorbells alone, {} whole", a + w);
+    assert!(tx_doorbells >= 9, "the sender's doorbells after the first needed only the send side");
+    assert!(a + w <= 2, "only the port's opening and the first send (to a new peer) took the whole program");
+    assert_eq!(p.world.nodes[0].nic.send_descs().1, 1, "the send to a new peer went to the whole program");
+    // The counters both sides published sum to what the NICs counted.
+    assert_eq!(p.counter(1, counter::MSGS_RX), 100);
+    assert_eq!(p.counter(0, counter::MSGS_TX), 100);
+}
+
+/// Under DSR the receive side classifies an ACK and hands it to CPU A
+/// (receive ack's first half): at the sender, the ACK frames' batches run
+/// on the receive side alone too.
+#[test]
+fn under_dsr_the_senders_acks_are_classified_on_the_receive_side_alone() {
+    let cfg = Config { cpu_plan: emp_uapi::image::cpu_plan::DSR, ..Config::default() };
+    let (_, without) = stream(cfg, false);
+    let (p, with) = stream(cfg, true);
+    assert_eq!(with, without, "the same completions, in the same order, with the sides' entry points");
+    let (_, batches, _) = p.world.nodes[0].nic.side_entries();
+    let [_, (_, batches_whole)] = p.world.nodes[0].nic.entries();
+    eprintln!("sender's ACK batches: {batches} alone, {batches_whole} whole");
+    // NACKs (every 20th DATA frame is lost) still need the whole program.
+    assert!(batches > batches_whole, "the sender's ACKs were classified alone");
+}

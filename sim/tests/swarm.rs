@@ -41,6 +41,7 @@ struct Coverage {
     weak_dma: u64,
     immediate_sending: u64,
     cpu_jobs_runs: u64,
+    side_runs: u64,
     persistent_runs: u64,
     rma_runs: u64,
     rma_ops: u64,
@@ -102,6 +103,12 @@ fn swarm_every_seed_passes_every_invariant() {
                         );
                         c.cpu_jobs_runs += (r.cpu_jobs_run > 0) as u64;
                         assert!(
+                            spec.sides || r.side_entries == 0,
+                            "seed {seed}: {} entries on the sides alone without the knob",
+                            r.side_entries
+                        );
+                        c.side_runs += (r.side_entries > 0) as u64;
+                        assert!(
                             spec.persistent > 0.0 || r.persistent_posts == 0,
                             "seed {seed}: persistent posts without the knob"
                         );
@@ -148,6 +155,7 @@ fn swarm_every_seed_passes_every_invariant() {
         assert!(c.weak_dma > 100, "weakly ordered DMA: {} runs", c.weak_dma);
         assert!(c.immediate_sending > 100, "Immediate Sending: {} runs", c.immediate_sending);
         assert!(c.cpu_jobs_runs > 100, "jobs between NIC CPUs: {} runs", c.cpu_jobs_runs);
+        assert!(c.side_runs > 100, "the sides' entry points alone: {} runs", c.side_runs);
         assert!(c.persistent_runs > 100, "persistent descriptors: {} runs", c.persistent_runs);
         assert!(c.rma_runs > 100 && c.rma_ops > 1000, "RMA: {} runs, {} operations", c.rma_runs, c.rma_ops);
         assert!(

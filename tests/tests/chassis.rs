@@ -173,6 +173,22 @@ fn two_nic_cpu_threads_under_loss_every_plan() {
             let waits = dumped(&dump, "program taken by another CPU ");
             assert_eq!(waits.len(), 4, "{plan}: each CPU of each NIC says how often it waited: {dump}");
             eprintln!("plan {plan}: {unlocked} jobs without the program, program found taken {waits:?}");
+            // The sides' entry points, each holding only its side's lock:
+            // the doorbells' and the received batches' common case.
+            let sides = (
+                dumped(&dump, "receive-side doorbells "),
+                dumped(&dump, "receive-side batches "),
+                dumped(&dump, "send-side doorbells "),
+            );
+            assert_eq!((sides.0.len(), sides.1.len(), sides.2.len()), (2, 2, 2), "{plan}: a line per NIC in {dump}");
+            assert!(sides.2.iter().all(|&d| d > 0), "{plan}: no doorbell's send side ran alone: {sides:?}");
+            assert!(
+                sides.1.iter().all(|&b| b > 0),
+                "{plan}: no batch of frames ran on the receive side alone: {sides:?}"
+            );
+            let calls = dumped(&dump, "sides' entry points ");
+            let lock_waits = dumped(&dump, "a side's lock taken by another CPU ");
+            eprintln!("plan {plan}: sides alone {sides:?}; per CPU, side calls {calls:?}, a side's lock found taken {lock_waits:?}");
         }
     }
 }

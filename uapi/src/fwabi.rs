@@ -63,6 +63,31 @@ pub const SYM_CPU_JOBS: &str = "emp_fw_cpu_jobs";
 /// has steps that need the program (work queued for it, failed jobs to
 /// report); read without the program.
 pub const SYM_CPU_WANTS_PROGRAM: &str = "emp_fw_cpu_wants_program";
+/// The sides' entry points (optional, all four or none: without them
+/// every call takes the whole program). A side's entry point runs while
+/// the other side's may run on another thread; the caller holds a lock per
+/// side, and the whole program's entry points need both (docs/nic-cpus.md).
+/// Each returns [`SIDE_WHOLE`] when the whole program must run next, and
+/// in the bits from [`SIDE_WAKE_SHIFT`] the CPUs it queued steps for.
+///
+/// `extern "C" fn(*mut c_void, *const FwHal, u64, *const *const u8,
+/// *const usize, usize, *mut usize) -> u32`: received frames, on the
+/// receive side alone; writes how many it took (the whole program's
+/// [`SYM_FRAMES`] takes the rest).
+pub const SYM_RECV_SIDE_FRAMES: &str = "emp_fw_recv_side_frames";
+/// `extern "C" fn(*mut c_void, *const FwHal, u64) -> u32`: a doorbell's
+/// receive-side part, alone (the receive rings).
+pub const SYM_RECV_SIDE_DOORBELL: &str = "emp_fw_recv_side_doorbell";
+/// `extern "C" fn(*mut c_void, *const FwHal, u64) -> u32`: a doorbell's
+/// send-side part, alone (the send rings, then sending).
+pub const SYM_SEND_SIDE_DOORBELL: &str = "emp_fw_send_side_doorbell";
+/// `extern "C" fn(*mut c_void) -> u64`: the next timer deadline, as the
+/// sides and the whole program last published it; read holding no lock.
+pub const SYM_DEADLINE: &str = "emp_fw_deadline";
+/// A side's entry point stopped: the whole program must run next.
+pub const SIDE_WHOLE: u32 = 1;
+/// Bit `SIDE_WAKE_SHIFT + c` of a side's result: steps wait for CPU `c`.
+pub const SIDE_WAKE_SHIFT: u32 = 8;
 
 /// Hardware services, as C function pointers over an opaque context.
 /// Return codes: 0 = done, nonzero = the DMA failed.
