@@ -314,6 +314,11 @@ impl Area {
         self.jobs.get(cpu).map_or(0, |q| q.len())
     }
 
+    /// `cpu` has failed jobs to report (the program's).
+    pub(crate) fn failed_jobs(&self, cpu: usize) -> bool {
+        cpu < 2 && self.failed[cpu].load(Ordering::Acquire)
+    }
+
     /// `cpu` has work that needs the program: queued work or failed jobs.
     pub fn wants_program(&self, cpu: usize) -> bool {
         cpu < 2 && (self.work_waiting[cpu].load(Ordering::Acquire) || self.failed[cpu].load(Ordering::Acquire))
@@ -563,6 +568,33 @@ impl Queues {
             job = j;
         }
         hal.cpu_event(cpu, 1);
+    }
+
+    /// The common area (its jobs run without the program, and without
+    /// the semaphore).
+    pub(crate) fn area(&self) -> Arc<Area> {
+        self.area.clone()
+    }
+
+    /// Takes the first of `cpu`'s work if it is receive ack's send-record
+    /// half (`Work::Ack`): the ACK's header and body.
+    pub(crate) fn pop_ack(&mut self, cpu: u8) -> Option<(FrameHeader, AckBody)> {
+        let q = &mut self.q[cpu as usize];
+        let Some(&Work::Ack { hdr, body }) = q.front() else { return None };
+        q.pop_front();
+        Some((hdr, body))
+    }
+
+    /// `cpu` ran `n` of its work outside the program (`Nic::send_side_cpu`).
+    pub(crate) fn ran_work(&mut self, cpu: u8, n: usize) {
+        let c = cpu as usize;
+        self.work_run[c] += n as u64;
+        self.area.set_work_waiting(c, !self.q[c].is_empty());
+    }
+
+    /// `cpu` has work waiting in its queue.
+    pub(crate) fn has_work(&self, cpu: u8) -> bool {
+        !self.q[cpu as usize].is_empty()
     }
 
     /// The CPUs with work or jobs waiting, one bit each.

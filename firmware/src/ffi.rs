@@ -272,6 +272,7 @@ pub unsafe extern "C" fn emp_fw_describe(nic: *mut c_void, buf: *mut u8, cap: us
     let (descs, descs_whole) = nic.send_descs();
     let [(doorbells, doorbells_whole), (batches, batches_whole)] = nic.entries();
     let (recv_doorbells, recv_batches, send_doorbells) = nic.side_entries();
+    let queue_runs = nic.side_queue_runs();
     let text = format!(
         "{:?}\n{}{}  receive side: DATA frames alone {alone}, with the whole program {whole}; \
          receives taken alone {recvs}, by the whole program {recvs_whole}\n  \
@@ -280,7 +281,7 @@ pub unsafe extern "C" fn emp_fw_describe(nic: *mut c_void, buf: *mut u8, cap: us
          entries: doorbells alone {doorbells}, doorbells with the program {doorbells_whole}; \
          frame batches alone {batches}, frame batches with the program {batches_whole}\n  \
          sides alone: receive-side doorbells {recv_doorbells}, receive-side batches {recv_batches}, \
-         send-side doorbells {send_doorbells}\n",
+         send-side doorbells {send_doorbells}, send-side queue runs {queue_runs}\n",
         nic.occupancy(),
         nic.describe_peers(),
         nic.describe_mcast()
@@ -438,6 +439,19 @@ pub unsafe extern "C" fn emp_fw_send_side_doorbell(nic: *mut c_void, hal: *const
     let hal = unsafe { &*hal };
     // SAFETY: the caller holds the send side.
     side_result(guarded(hal, SideRun::default(), |h| unsafe { Nic::send_side_doorbell(nic.cast(), h, now) }))
+}
+
+/// One NIC CPU's queue on the send side alone ([`Nic::send_side_cpu`]).
+///
+/// # Safety
+/// As `emp_fw_send_side_doorbell`.
+#[no_mangle]
+pub unsafe extern "C" fn emp_fw_send_side_cpu(nic: *mut c_void, hal: *const FwHal, now: u64, cpu: u32) -> u32 {
+    // SAFETY: the caller guarantees `hal` is valid.
+    let hal = unsafe { &*hal };
+    let cpu = cpu.min(1) as u8;
+    // SAFETY: the caller holds the send side.
+    side_result(guarded(hal, SideRun::default(), |h| unsafe { Nic::send_side_cpu(nic.cast(), h, now, cpu) }))
 }
 
 fn side_result(run: SideRun) -> u32 {

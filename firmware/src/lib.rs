@@ -673,6 +673,12 @@ pub(crate) struct SendSide {
     /// Doorbells whose send-side part ran alone without stopping
     /// (`Nic::side_entries`).
     pub(crate) doorbells_alone: u64,
+    /// An ACK the send side took alone let refused messages go again
+    /// (peer, after which): the whole program resends them first thing
+    /// (`Nic::after_sides`).
+    pub(crate) resume: Option<(u32, u32)>,
+    /// CPU queue runs (`Nic::send_side_cpu`) that took no whole program.
+    pub(crate) queue_runs_alone: u64,
 }
 
 impl SendSide {
@@ -696,6 +702,8 @@ impl SendSide {
             descs: [0; 2],
             new_peer: None,
             doorbells_alone: 0,
+            resume: None,
+            queue_runs_alone: 0,
         }
     }
 
@@ -922,6 +930,10 @@ pub struct Nic {
     /// The timers' next deadlines as each store published them, for a
     /// driver to read while sides run (`sides.rs`).
     pub(crate) deadlines: sides::Deadlines,
+    /// Collectives or reliable broadcasts wait for a free send record
+    /// (`coll_stalled || rbcast_stalled`), as the whole program last
+    /// published it: a side that frees one leaves the wake-up to it.
+    pub(crate) stalled: core::sync::atomic::AtomicBool,
     /// This call needed more than the two sides' views (`Nic::entries`).
     pub(crate) whole: bool,
     /// Doorbells and frame batches: handled by the sides' views alone, and
@@ -1022,6 +1034,7 @@ impl Nic {
             ack_held: peer::AckHeld::new(cfg.peers_max),
             sem: sem::Semaphore::default(),
             deadlines: sides::Deadlines::new(),
+            stalled: core::sync::atomic::AtomicBool::new(false),
             whole: false,
             entries: [[0; 2]; 2],
             rbcast: (0..layout.params.group_entries).map(|_| None).collect(),
@@ -1267,6 +1280,10 @@ impl Nic {
         if let Some((port, ld)) = self.send.new_peer.take() {
             self.whole = true;
             self.send_to_new_peer(hal, now, port, ld);
+        }
+        if let Some((peer, after)) = self.send.resume.take() {
+            self.whole = true;
+            self.resume_refused(hal, now, peer, after);
         }
         self.after_recv(hal, now);
         self.after_send(hal, now);
@@ -1539,6 +1556,9 @@ impl Nic {
         if let Some((port, _)) = self.send.new_peer {
             return Err(format!("a send of port {port} the send side took for a new peer was left"));
         }
+        if self.send.resume.is_some() {
+            return Err("refused messages an ACK let go were left unsent".into());
+        }
         if self.recv.charged {
             return Err("the receive side stopped at a frame the whole program did not take".into());
         }
@@ -1591,6 +1611,8 @@ impl Nic {
         written.clear();
         self.cqs.written = written;
         self.publish_deadlines();
+        let stalled = self.coll_stalled || self.rbcast_stalled;
+        self.stalled.store(stalled, core::sync::atomic::Ordering::Release);
         let dirty = self.counters.take_dirty() | self.recv.counters.take_dirty();
         if dirty == 0 {
             return;

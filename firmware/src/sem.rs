@@ -25,15 +25,24 @@ pub(crate) struct Semaphore(AtomicBool);
 /// across a call that takes it again), not contention: a holder keeps it
 /// for one access.
 const SPIN_LIMIT: u64 = 1 << 32;
+/// A holder keeps it for one access (well under a microsecond): spinning
+/// longer means it lost its core.
+const SPINS_BEFORE_YIELD: u64 = 256;
 
 impl Semaphore {
     fn acquire(&self) {
         let mut spins = 0u64;
         while self.0.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             while self.0.load(Ordering::Relaxed) {
-                spin_loop();
                 spins += 1;
                 assert!(spins < SPIN_LIMIT, "the semaphore is never let go: taken again by its holder?");
+                if spins % SPINS_BEFORE_YIELD == 0 {
+                    // The holder may be off its core (the emulated NIC's
+                    // CPUs share the host's): let it run.
+                    std::thread::yield_now();
+                } else {
+                    spin_loop();
+                }
             }
         }
     }

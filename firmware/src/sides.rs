@@ -187,18 +187,59 @@ impl Nic {
         // side's counts and the deadlines are atomics the send side only
         // reads or owns.
         let (mut v, other) = unsafe { (SendCpu::alone(this, 0), &*addr_of!((*this).recv.counters)) };
-        let whole =
-            crate::host::admin_pending(hal, v.layout) || v.rings_alone(hal, now) || v.send_ready_alone(hal, now);
+        // SAFETY: the flag is an atomic the whole program writes.
+        let stalled = unsafe { &*addr_of!((*this).stalled) }.load(Ordering::Acquire);
+        let whole = crate::host::admin_pending(hal, v.layout)
+            || v.rings_alone(hal, now)
+            || v.send_ready_alone(hal, now, stalled);
         if !whole {
             v.send.doorbells_alone += 1;
         }
-        let mut shared = v.shared.lend();
-        publish_alone(hal, &mut shared, v.layout, v.ports, v.counters, other);
-        v.shared = shared;
-        let wake = v.shared.lock().queues.waiting();
         // SAFETY: `this` is live (the caller's contract).
-        unsafe { deadlines(this) }.set(SEND, v.send.timers.next_deadline());
-        SideRun { taken: 0, whole, wake }
+        unsafe { v.end_alone(hal, this, other, whole) }
+    }
+
+    /// CPU `cpu`'s queue, on the send side alone: its jobs (which need no
+    /// record), then its work while that is receive ack's send-record half
+    /// (`Work::Ack`, which DSR's receive side hands it), then what the
+    /// freed windows let go. Stops at the first other work, a failed job,
+    /// or a finished record the whole program reports; refused messages an
+    /// ACK lets go wait for it in `SendSide::resume`.
+    ///
+    /// # Safety
+    /// As [`Nic::send_side_doorbell`].
+    pub unsafe fn send_side_cpu<H: Hal>(this: *mut Nic, hal: &mut H, now: u64, cpu: u8) -> SideRun {
+        // SAFETY: as in `send_side_doorbell`; the flag is an atomic the
+        // whole program writes.
+        let (mut v, other, stalled) = unsafe {
+            let stalled = (*addr_of!((*this).stalled)).load(Ordering::Acquire);
+            (SendCpu::alone(this, cpu), &*addr_of!((*this).recv.counters), stalled)
+        };
+        let area = v.shared.lock().queues.area();
+        area.run_jobs(hal, cpu as usize);
+        let mut whole = area.failed_jobs(cpu as usize);
+        let mut ran = 0;
+        while !whole {
+            let Some((hdr, body)) = v.shared.lock().queues.pop_ack(cpu) else { break };
+            ran += 1;
+            hal.cpu_step(cpu, CpuStep::RecvAckUpdate, true);
+            // The port may have closed since the ACK was classified.
+            if v.ports.get(hdr.dst_port as usize).is_some_and(|p| p.open) {
+                v.send.resume = v.on_ack(hal, now, &hdr, &body);
+            }
+            whole = v.send.resume.is_some() || !v.send.done.is_empty();
+        }
+        {
+            let g = v.shared.lock();
+            g.queues.ran_work(cpu, ran);
+            whole |= g.queues.has_work(cpu);
+        }
+        whole = whole || v.send_ready_alone(hal, now, stalled);
+        if !whole {
+            v.send.queue_runs_alone += 1;
+        }
+        // SAFETY: `this` is live (the caller's contract).
+        unsafe { v.end_alone(hal, this, other, whole) }
     }
 
     /// Received frames as a driver running the sides on threads handles
@@ -224,11 +265,26 @@ impl Nic {
         }
     }
 
+    /// CPU `cpu`'s queue as a driver running the sides on threads runs
+    /// it: CPU A's on the send side alone first (its jobs and the ACKs
+    /// DSR's receive side handed it), then the whole program for the rest.
+    pub fn cpu_by_sides<H: Hal>(&mut self, hal: &mut H, now: u64, cpu: usize) {
+        // SAFETY: `self` is borrowed uniquely: nothing else runs.
+        if cpu != 0 || unsafe { Nic::send_side_cpu(self, hal, now, 0) }.whole {
+            self.handle_cpu(hal, now, cpu);
+        }
+    }
+
     /// Entries the sides ran alone (receive side: doorbells, frame
     /// batches; send side: doorbells), beside the whole program's
     /// ([`Nic::entries`]).
     pub fn side_entries(&self) -> (u64, u64, u64) {
         (self.recv.alone[0], self.recv.alone[1], self.send.doorbells_alone)
+    }
+
+    /// CPU queue runs the send side made alone (`Nic::send_side_cpu`).
+    pub fn side_queue_runs(&self) -> u64 {
+        self.send.queue_runs_alone
     }
 }
 
@@ -343,8 +399,8 @@ impl SendCpu<'_> {
     /// when the whole program must go on: a peer's sending stopped (the
     /// peer stays first in the ready queue, nothing of its next frame
     /// done), or a record finished whose report, or whose freeing, is the
-    /// whole program's.
-    fn send_ready_alone<H: Hal>(&mut self, hal: &mut H, now: u64) -> bool {
+    /// whole program's (`stalled`: operations wait for a free record).
+    fn send_ready_alone<H: Hal>(&mut self, hal: &mut H, now: u64, stalled: bool) -> bool {
         for _ in 0..self.send.ready.len() {
             let Some(p) = self.send.ready.pop_front() else { break };
             if self.peers[p as usize].is_none() {
@@ -357,7 +413,27 @@ impl SendCpu<'_> {
                 return true;
             }
         }
+        // A freed record wakes what waits for one: the whole program's,
+        // if anything waits (as it last said).
+        if self.send.freed && !stalled {
+            self.send.freed = false;
+        }
         !self.send.done.is_empty() || self.send.freed
+    }
+
+    /// Ends a call of the send side alone: publishes, says whom to wake,
+    /// and publishes its next deadline.
+    ///
+    /// # Safety
+    /// `this` is the program this view was made from, live.
+    unsafe fn end_alone<H: Hal>(&mut self, hal: &mut H, this: *const Nic, other: &Counters, whole: bool) -> SideRun {
+        let mut shared = self.shared.lend();
+        publish_alone(hal, &mut shared, self.layout, self.ports, self.counters, other);
+        self.shared = shared;
+        let wake = self.shared.lock().queues.waiting();
+        // SAFETY: per the contract above.
+        unsafe { deadlines(this) }.set(SEND, self.send.timers.next_deadline());
+        SideRun { taken: 0, whole, wake }
     }
 }
 

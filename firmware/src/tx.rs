@@ -504,7 +504,7 @@ impl Nic {
     /// A message the receiver had refused was accepted: the receiver has
     /// buffers again, so the later messages it also refused are resent now
     /// instead of each waiting out its own backoff.
-    fn resume_refused<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, after: u32) {
+    pub(crate) fn resume_refused<H: Hal>(&mut self, hal: &mut H, now: u64, peer: u32, after: u32) {
         // The queue is in sequence order; each message found is taken out
         // of waiting, and one that fails leaves the queue.
         let waiting = |nic: &Nic, s: u32| nic.send.tx.get(s).is_some_and(|m| m.rnr_waiting && seq_lt(after, m.seq));

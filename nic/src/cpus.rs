@@ -352,6 +352,28 @@ impl Core {
         self.call(cpu, hw, now, |lib, st, hal| unsafe { (lib.doorbell)(st, hal, now) });
     }
 
+    /// Timers due, or work waiting for CPU A (`deadline()` said 0): CPU A's
+    /// queue on the send side alone first, where the image and threads
+    /// allow (its jobs, the ACKs DSR's receive side handed it); the whole
+    /// program when that stops or a timer is due.
+    pub(crate) fn timeout(&self, hw: &mut HwCtx, now: u64) {
+        if let Some((s, st)) = &self.sides {
+            self.wanted[0].store(false, Ordering::Release);
+            // SAFETY: live state, valid hal; `side_call` holds the send side.
+            let r = self.side_call(0, SEND_SIDE, hw, now, |s, st, hal| unsafe { (s.send_cpu)(st, hal, now, 0) });
+            // SAFETY: live state; the entry point takes no lock.
+            let due = unsafe { (s.deadline)(st.0) } <= now;
+            if r & fwabi::SIDE_WHOLE == 0 && !due {
+                return;
+            }
+            if r & fwabi::SIDE_WHOLE != 0 {
+                self.side_stops[0].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // SAFETY: live state under the lock, valid hal.
+        self.call(0, hw, now, |lib, st, hal| unsafe { (lib.timeout)(st, hal, now) });
+    }
+
     /// Received `frames` as CPU `cpu`: on the receive side alone (holding
     /// its lock) where the image and threads allow, then the whole program
     /// for those it left.

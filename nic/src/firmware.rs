@@ -110,8 +110,7 @@ impl Firmware {
     }
 
     pub(crate) fn timeout(&mut self, now: u64) {
-        // SAFETY: live state under the lock, valid hal.
-        self.core.call(0, &mut self.hw, now, |lib, st, hal| unsafe { (lib.timeout)(st, hal, now) });
+        self.core.timeout(&mut self.hw, now);
         self.core.collect(&mut self.hw);
     }
 

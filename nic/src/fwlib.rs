@@ -27,6 +27,7 @@ type CpuWantsProgramFn = unsafe extern "C" fn(*const c_void, u32) -> u32;
 type SideFramesFn =
     unsafe extern "C" fn(*mut c_void, *const FwHal, u64, *const *const u8, *const usize, usize, *mut usize) -> u32;
 type SideFn = unsafe extern "C" fn(*mut c_void, *const FwHal, u64) -> u32;
+type SideCpuFn = unsafe extern "C" fn(*mut c_void, *const FwHal, u64, u32) -> u32;
 
 /// The sides' entry points (`emp_uapi::fwabi::SYM_RECV_SIDE_FRAMES` and
 /// on): each runs holding one side of the program, beside the other's.
@@ -35,6 +36,7 @@ pub(crate) struct SideFns {
     recv_frames: SideFramesFn,
     pub(crate) recv_doorbell: SideFn,
     pub(crate) send_doorbell: SideFn,
+    pub(crate) send_cpu: SideCpuFn,
     pub(crate) deadline: PollFn,
 }
 
@@ -234,12 +236,14 @@ impl FwLib {
             sides: (|| {
                 let (f, r) = (sym(fwabi::SYM_RECV_SIDE_FRAMES).ok()?, sym(fwabi::SYM_RECV_SIDE_DOORBELL).ok()?);
                 let (s, d) = (sym(fwabi::SYM_SEND_SIDE_DOORBELL).ok()?, sym(fwabi::SYM_DEADLINE).ok()?);
+                let c = sym(fwabi::SYM_SEND_SIDE_CPU).ok()?;
                 // SAFETY: the symbols have these signatures per `emp_uapi::fwabi`.
                 Some(unsafe {
                     SideFns {
                         recv_frames: core::mem::transmute::<*mut c_void, SideFramesFn>(f),
                         recv_doorbell: core::mem::transmute::<*mut c_void, SideFn>(r),
                         send_doorbell: core::mem::transmute::<*mut c_void, SideFn>(s),
+                        send_cpu: core::mem::transmute::<*mut c_void, SideCpuFn>(c),
                         deadline: core::mem::transmute::<*mut c_void, PollFn>(d),
                     }
                 })

@@ -784,7 +784,11 @@ impl World {
             // the NIC is one processor).
             while (0..n.nic.cpus()).any(|c| n.nic.cpu_pending(c) > 0) {
                 for c in 0..n.nic.cpus() {
-                    n.nic.handle_cpu(&mut hal, now, c);
+                    if self.sides {
+                        n.nic.cpu_by_sides(&mut hal, now, c);
+                    } else {
+                        n.nic.handle_cpu(&mut hal, now, c);
+                    }
                 }
             }
             drop(fw);

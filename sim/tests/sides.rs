@@ -256,4 +256,8 @@ fn under_dsr_the_senders_acks_are_classified_on_the_receive_side_alone() {
     eprintln!("sender's ACK batches: {batches} alone, {batches_whole} whole");
     // NACKs (every 20th DATA frame is lost) still need the whole program.
     assert!(batches > batches_whole, "the sender's ACKs were classified alone");
+    // And CPU A updated the send records from them on the send side alone.
+    let runs = p.world.nodes[0].nic.side_queue_runs();
+    eprintln!("sender's CPU A: {runs} queue runs on the send side alone");
+    assert!(runs * 2 > batches, "CPU A took the classified ACKs alone: {runs} runs for {batches} batches");
 }

@@ -186,6 +186,11 @@ fn two_nic_cpu_threads_under_loss_every_plan() {
                 sides.1.iter().all(|&b| b > 0),
                 "{plan}: no batch of frames ran on the receive side alone: {sides:?}"
             );
+            if plan == "dsr" {
+                // CPU A takes the ACKs DSR's B classified on the send side alone.
+                let runs = dumped(&dump, "send-side queue runs ");
+                assert!(runs.iter().all(|&r| r > 0), "{plan}: no send-side queue run alone: {runs:?}");
+            }
             let calls = dumped(&dump, "sides' entry points ");
             let lock_waits = dumped(&dump, "a side's lock taken by another CPU ");
             eprintln!("plan {plan}: sides alone {sides:?}; per CPU, side calls {calls:?}, a side's lock found taken {lock_waits:?}");

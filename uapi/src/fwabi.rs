@@ -63,7 +63,7 @@ pub const SYM_CPU_JOBS: &str = "emp_fw_cpu_jobs";
 /// has steps that need the program (work queued for it, failed jobs to
 /// report); read without the program.
 pub const SYM_CPU_WANTS_PROGRAM: &str = "emp_fw_cpu_wants_program";
-/// The sides' entry points (optional, all four or none: without them
+/// The sides' entry points (optional, all five or none: without them
 /// every call takes the whole program). A side's entry point runs while
 /// the other side's may run on another thread; the caller holds a lock per
 /// side, and the whole program's entry points need both (docs/nic-cpus.md).
@@ -81,6 +81,11 @@ pub const SYM_RECV_SIDE_DOORBELL: &str = "emp_fw_recv_side_doorbell";
 /// `extern "C" fn(*mut c_void, *const FwHal, u64) -> u32`: a doorbell's
 /// send-side part, alone (the send rings, then sending).
 pub const SYM_SEND_SIDE_DOORBELL: &str = "emp_fw_send_side_doorbell";
+/// `extern "C" fn(*mut c_void, *const FwHal, u64, u32) -> u32`: one NIC
+/// CPU's queue on the send side alone (its jobs, and the ACKs handed to
+/// it for the send records' update); the whole program's [`SYM_CPU`] runs
+/// what it leaves.
+pub const SYM_SEND_SIDE_CPU: &str = "emp_fw_send_side_cpu";
 /// `extern "C" fn(*mut c_void) -> u64`: the next timer deadline, as the
 /// sides and the whole program last published it; read holding no lock.
 pub const SYM_DEADLINE: &str = "emp_fw_deadline";
