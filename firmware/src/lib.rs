@@ -11,6 +11,12 @@
 //! 3. [`Nic::handle_frame`] for every frame the MAC received;
 //! 4. [`Nic::handle_timeout`] when `poll_timeout()` has passed.
 //!
+//! A driver that runs the NIC's CPUs on threads may call the sides' entry
+//! points instead, each holding one side of the program (`sides.rs`:
+//! [`Nic::recv_side_frames`], [`Nic::recv_side_doorbell`],
+//! [`Nic::send_side_doorbell`], [`Nic::send_side_cpu`]), and the whole
+//! program's for what they leave.
+//!
 //! The protocol is the EMP thesis' (seed 004 ch. 2): tagged messages to
 //! (node, port) endpoints, pre-posted receives matched on (source, tag) with
 //! wildcards and an ignore mask in posting order, fragmentation into MTU
@@ -60,6 +66,10 @@
 //!   hand-offs to other CPUs (a payload's DMA, a completion by a job).
 //! - `send_cpu.rs`: `SendCpu`, the send side at work, and what it stops
 //!   for (`SendStop`).
+//! - `sides.rs`: the sides' entry points, which run each holding only its
+//!   side, beside the other's, and what they leave the whole program.
+//! - `sem.rs`: the semaphore, through which a side running alone reaches
+//!   what both sides write (the CQs, the MR cache, the hand-offs).
 //! - `cq.rs`: completions and the CQs' producer side, written by both sides.
 //! - `counters.rs`: event counters, one set per side, published summed.
 //! - `ffi.rs`: the C entry points a NIC loads (`emp_fw_*`, see

@@ -102,7 +102,7 @@ impl Nic {
     /// messages from known senders, and (when the plan updates send
     /// records on another CPU) ACKs, classified and handed to it. Stops at
     /// the first frame that needs more, with nothing of it done, or after
-    /// a frame that left a report to the whole program; then takes the
+    /// a frame that left a report to the whole program; else takes the
     /// receive rings and sends owed flow-control updates.
     ///
     /// # Safety
@@ -135,8 +135,11 @@ impl Nic {
                 break;
             }
         }
-        run.whole |= v.rings_alone(hal);
-        v.send_fc_updates(hal);
+        // The whole program, if it goes on, takes the rings after the rest.
+        if !run.whole {
+            run.whole = v.rings_alone(hal);
+            v.send_fc_updates(hal);
+        }
         if !run.whole {
             v.recv.alone[1] += 1;
         }
