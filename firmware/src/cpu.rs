@@ -57,7 +57,7 @@ use emp_uapi::desc::{Cqe, Status};
 use emp_uapi::fwabi::HostSeg;
 use emp_uapi::image::cpu_plan;
 use emp_uapi::sram::counter;
-use emp_uapi::wire::{AckBody, FrameHeader, MsgHeader, MTU_MAX};
+use emp_uapi::wire::{AckBody, FrameHeader, MsgHeader, NackReason, MTU_MAX};
 use emp_uapi::Le;
 
 use emp_uapi::sram::Layout;
@@ -142,8 +142,9 @@ pub(crate) enum Work {
     Finish { slot: u32, seq: u32 },
     /// Put an ACK/NACK on the wire (as [`Job::Control`], without jobs).
     Control { hdr: FrameHeader, body: AckBody },
-    /// Update the send record an ACK names (DSR: classified on the other CPU).
-    Ack { hdr: FrameHeader, body: AckBody },
+    /// Update the send record an ACK (or, with `nack`, a NACK) names
+    /// (DSR: classified on the other CPU).
+    Ack { hdr: FrameHeader, body: AckBody, nack: Option<NackReason> },
 }
 
 /// Bound of each work queue: beyond it a step runs inline (never dropped).
@@ -576,13 +577,16 @@ impl Queues {
         self.area.clone()
     }
 
-    /// Takes the first of `cpu`'s work if it is receive ack's send-record
-    /// half (`Work::Ack`): the ACK's header and body.
-    pub(crate) fn pop_ack(&mut self, cpu: u8) -> Option<(FrameHeader, AckBody)> {
-        let q = &mut self.q[cpu as usize];
-        let Some(&Work::Ack { hdr, body }) = q.front() else { return None };
-        q.pop_front();
-        Some((hdr, body))
+    /// The first of `cpu`'s work if it is receive ack's send-record half
+    /// (`Work::Ack`): the ACK's or NACK's header, body and reason.
+    pub(crate) fn peek_ack(&self, cpu: u8) -> Option<(FrameHeader, AckBody, Option<NackReason>)> {
+        let Some(&Work::Ack { hdr, body, nack }) = self.q[cpu as usize].front() else { return None };
+        Some((hdr, body, nack))
+    }
+
+    /// Drops the first of `cpu`'s work (taken after [`Queues::peek_ack`]).
+    pub(crate) fn pop_work(&mut self, cpu: u8) {
+        self.q[cpu as usize].pop_front();
     }
 
     /// `cpu` ran `n` of its work outside the program (`Nic::send_side_cpu`).
@@ -685,9 +689,24 @@ impl Nic {
     /// Receive ack: whole on this CPU, or (DSR) classified here and the send
     /// record updated on the send CPU.
     pub(crate) fn recv_ack<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &AckBody) {
-        if !self.recv_cpu().classify_ack(hal, hdr, body) {
+        if !self.recv_cpu().classify_ack(hal, hdr, body, None) {
             hal.cpu_step(self.cpu, CpuStep::RecvAck, false);
             self.on_ack(hal, now, hdr, body);
+        }
+    }
+
+    /// A NACK frame, the same way: classified and handed over under DSR.
+    pub(crate) fn recv_nack<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        hdr: &FrameHeader,
+        body: &AckBody,
+        reason: NackReason,
+    ) {
+        if !self.recv_cpu().classify_ack(hal, hdr, body, Some(reason)) {
+            hal.cpu_step(self.cpu, CpuStep::RecvAck, false);
+            self.on_nack(hal, now, hdr, body, reason);
         }
     }
 
@@ -808,10 +827,13 @@ impl Nic {
                 }
             }
             Work::Control { hdr, body } => put_control(hal, &hdr, &body),
-            Work::Ack { hdr, body } => {
+            Work::Ack { hdr, body, nack } => {
                 // The port may have closed since the ACK was classified.
                 if self.ports.get(hdr.dst_port as usize).is_some_and(|p| p.open) {
-                    self.on_ack(hal, now, &hdr, &body);
+                    match nack {
+                        None => self.on_ack(hal, now, &hdr, &body),
+                        Some(reason) => self.on_nack(hal, now, &hdr, &body, reason),
+                    }
                 }
             }
         }

@@ -689,6 +689,13 @@ pub(crate) struct SendSide {
     pub(crate) resume: Option<(u32, u32)>,
     /// CPU queue runs (`Nic::send_side_cpu`) that took no whole program.
     pub(crate) queue_runs_alone: u64,
+    /// A NACK the send side took alone whose step after what it
+    /// acknowledges waits for the refused messages it let go
+    /// (`Nic::nack_rest`, after `resume`).
+    pub(crate) nack_rest: Option<(FrameHeader, wire::AckBody)>,
+    /// A resend the send side stopped at a frame it cannot send alone
+    /// (`Nic::finish_resend`).
+    pub(crate) resend: Option<tx::Resend>,
 }
 
 impl SendSide {
@@ -714,6 +721,8 @@ impl SendSide {
             doorbells_alone: 0,
             resume: None,
             queue_runs_alone: 0,
+            nack_rest: None,
+            resend: None,
         }
     }
 
@@ -1136,8 +1145,8 @@ impl Nic {
                 return self.refuse_unaddressed(hal, &frame);
             }
         }
-        // Beside DATA and ACK frames, the sides' views take none.
-        self.whole |= !matches!(frame, Frame::Data { .. } | Frame::Ack { .. });
+        // Beside DATA, ACK and NACK frames, the sides' views take none.
+        self.whole |= !matches!(frame, Frame::Data { .. } | Frame::Ack { .. } | Frame::Nack { .. });
         match frame {
             Frame::Data { hdr, msg, payload } => {
                 if !core::mem::take(&mut self.recv.charged) {
@@ -1153,9 +1162,8 @@ impl Nic {
             }
             Frame::Nack { hdr, body, reason } => {
                 self.count(counter::ACKS_RX, 1);
-                hal.cpu_step(self.cpu, CpuStep::RecvAck, false);
                 if self.ports[hdr.dst_port as usize].open {
-                    self.on_nack(hal, now, &hdr, &body, reason);
+                    self.recv_nack(hal, now, &hdr, &body, reason);
                 }
             }
             Frame::AtomicReq { hdr, body } => self.on_atomic_req(hal, now, &hdr, &body),
@@ -1294,6 +1302,17 @@ impl Nic {
         if let Some((peer, after)) = self.send.resume.take() {
             self.whole = true;
             self.resume_refused(hal, now, peer, after);
+        }
+        if let Some((hdr, body)) = self.send.nack_rest.take() {
+            self.whole = true;
+            self.after_send(hal, now);
+            if let Some(peer) = self.find_peer(hdr.dst_port, hdr.src_node, hdr.src_port) {
+                self.nack_rest(hal, now, peer, &hdr, &body, NackReason::Loss);
+            }
+        }
+        if let Some(r) = self.send.resend.take() {
+            self.whole = true;
+            self.finish_resend(hal, now, r);
         }
         self.after_recv(hal, now);
         self.after_send(hal, now);
@@ -1566,8 +1585,14 @@ impl Nic {
         if let Some((port, _)) = self.send.new_peer {
             return Err(format!("a send of port {port} the send side took for a new peer was left"));
         }
-        if self.send.resume.is_some() {
-            return Err("refused messages an ACK let go were left unsent".into());
+        if self.send.resume.is_some() || self.send.nack_rest.is_some() || self.send.resend.is_some() {
+            return Err(format!(
+                "the send side left work the whole program did not take: refused messages to resend {:?}, \
+                 a NACK's rest {}, a resend {:?}",
+                self.send.resume,
+                self.send.nack_rest.is_some(),
+                self.send.resend
+            ));
         }
         if self.recv.charged {
             return Err("the receive side stopped at a frame the whole program did not take".into());

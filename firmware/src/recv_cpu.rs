@@ -16,7 +16,7 @@ use core::ptr::{addr_of, addr_of_mut};
 
 use emp_uapi::desc::{Cqe, Status};
 use emp_uapi::sram::{ctl, Layout};
-use emp_uapi::wire::{AckBody, FrameHeader};
+use emp_uapi::wire::{AckBody, FrameHeader, NackReason};
 use emp_uapi::Le;
 
 use crate::cpu::{cpu_of, job_segs, Job, Step, Work};
@@ -130,7 +130,13 @@ impl RecvCpu<'_> {
     /// Receive ack's first half (DSR's split, Table 3.2): when the send
     /// record's update runs on another CPU, the ACK is classified here and
     /// handed to it (`Work::Ack`); `false` when it is whole on this CPU.
-    pub(crate) fn classify_ack<H: Hal>(&mut self, hal: &mut H, hdr: &FrameHeader, body: &AckBody) -> bool {
+    pub(crate) fn classify_ack<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        hdr: &FrameHeader,
+        body: &AckBody,
+        nack: Option<NackReason>,
+    ) -> bool {
         let cpu = cpu_of(self.cfg.cpu_plan, Step::AckUpdate);
         if cpu == self.cpu {
             return false;
@@ -140,7 +146,7 @@ impl RecvCpu<'_> {
             return false;
         }
         hal.cpu_step(self.cpu, CpuStep::RecvAckClassify, false);
-        c.queues.enqueue(hal, cpu, Work::Ack { hdr: *hdr, body: *body });
+        c.queues.enqueue(hal, cpu, Work::Ack { hdr: *hdr, body: *body, nack });
         true
     }
 

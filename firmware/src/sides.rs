@@ -19,7 +19,7 @@ use core::ptr::addr_of;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use emp_uapi::sram::{counter, ctl, SramHeader};
-use emp_uapi::wire::{self, Frame};
+use emp_uapi::wire::{self, AckBody, Frame, FrameHeader, NackReason};
 
 use crate::counters::Counters;
 use crate::cpu::{cpu_of, raise_if_armed, Step};
@@ -223,14 +223,23 @@ impl Nic {
         let mut whole = area.failed_jobs(cpu as usize);
         let mut ran = 0;
         while !whole {
-            let Some((hdr, body)) = v.shared.lock().queues.pop_ack(cpu) else { break };
+            let Some((hdr, body, nack)) = v.shared.lock().queues.peek_ack(cpu) else { break };
+            // The port may have closed since the ACK was classified.
+            let open = v.ports.get(hdr.dst_port as usize).is_some_and(|p| p.open);
+            if open && nack.is_some_and(|r| !v.nack_alone_ok(r, &hdr, &body)) {
+                whole = true;
+                break;
+            }
+            v.shared.lock().queues.pop_work(cpu);
             ran += 1;
             hal.cpu_step(cpu, CpuStep::RecvAckUpdate, true);
-            // The port may have closed since the ACK was classified.
-            if v.ports.get(hdr.dst_port as usize).is_some_and(|p| p.open) {
-                v.send.resume = v.on_ack(hal, now, &hdr, &body);
+            if open {
+                match nack {
+                    None => v.send.resume = v.on_ack(hal, now, &hdr, &body),
+                    Some(_) => v.loss_nack_alone(hal, now, &hdr, &body),
+                }
             }
-            whole = v.send.resume.is_some() || !v.send.done.is_empty();
+            whole = v.send.resume.is_some() || v.send.resend.is_some() || !v.send.done.is_empty();
         }
         {
             let g = v.shared.lock();
@@ -319,7 +328,15 @@ impl RecvCpu<'_> {
                 false
             }
             Frame::Ack { hdr, body } => {
-                let taken = !self.ports[hdr.dst_port as usize].open || self.classify_ack(hal, &hdr, &body);
+                let taken = !self.ports[hdr.dst_port as usize].open || self.classify_ack(hal, &hdr, &body, None);
+                if taken {
+                    self.count(counter::ACKS_RX, 1);
+                }
+                taken
+            }
+            Frame::Nack { hdr, body, reason } => {
+                let open = self.ports[hdr.dst_port as usize].open;
+                let taken = !open || self.classify_ack(hal, &hdr, &body, Some(reason));
                 if taken {
                     self.count(counter::ACKS_RX, 1);
                 }
@@ -422,6 +439,42 @@ impl SendCpu<'_> {
             self.send.freed = false;
         }
         !self.send.done.is_empty() || self.send.freed
+    }
+
+    /// Can a NACK with `reason` be taken on the send side alone? A loss
+    /// NACK for one group of a message whose frames it can resend, while
+    /// no ACK is held for the peer (the resend would stop at once); not a
+    /// lost header (every group goes again), nor any other reason.
+    fn nack_alone_ok(&self, reason: NackReason, hdr: &FrameHeader, body: &AckBody) -> bool {
+        if reason != NackReason::Loss || (body.group == 0 && body.missing_mask & 1 != 0) {
+            return false;
+        }
+        let Some(&peer) = self.peer_index.get(&(hdr.dst_port, hdr.src_node, hdr.src_port)) else { return true };
+        !self.ack_held.get(peer)
+    }
+
+    /// A loss NACK ([`SendCpu::nack_alone_ok`]) on the send side: what it
+    /// says of the receiver's room and what it acknowledges, then the
+    /// group's missing frames again. What needs the whole program waits
+    /// for it: refused messages to resend first, with the rest of the NACK
+    /// after them (`SendSide::resume`, `nack_rest`); a resend that stopped
+    /// (`SendSide::resend`).
+    fn loss_nack_alone<H: Hal>(&mut self, hal: &mut H, now: u64, hdr: &FrameHeader, body: &AckBody) {
+        let Some(&peer) = self.peer_index.get(&(hdr.dst_port, hdr.src_node, hdr.src_port)) else { return };
+        self.learn_remote(now, peer, hdr, body);
+        if let Some(after) = self.ack_below(hal, peer, hdr, body.rx_expected) {
+            self.send.resume = Some((peer, after));
+        }
+        if self.send.resume.is_some() || !self.send.done.is_empty() {
+            self.send.nack_rest = Some((*hdr, *body));
+            return;
+        }
+        let Some(slot) = self.send.find_tx(peer, hdr.msg_seq) else { return };
+        let m = self.send.tx.get(slot).expect("live");
+        if body.group >= m.groups.count() || m.held {
+            return;
+        }
+        self.send.resend = self.on_loss_nack(hal, now, slot, body.group, body.missing_mask);
     }
 
     /// Ends a call of the send side alone: publishes, says whom to wake,

@@ -395,15 +395,35 @@ impl Nic {
     /// Resends the frames of group `g` already sent once (all of them, or
     /// those in `mask` relative to the group's first frame).
     fn resend_group<H: Hal>(&mut self, hal: &mut H, slot: u32, g: u32, mask: u32) -> Result<(), Status> {
+        self.resend_from(hal, slot, g, mask, 0)
+    }
+
+    /// Resends the frames of group `g` of record `slot` that `mask` names
+    /// (bit `i`: the group's frame `i`), from frame `from` on.
+    fn resend_from<H: Hal>(&mut self, hal: &mut H, slot: u32, g: u32, mask: u32, from: u32) -> Result<(), Status> {
         let m = self.send.tx.get(slot).expect("live");
         let (first, end) = wire::group_range(self.cfg.group_size, m.frame_count, g);
         let end = end.min(m.next_frame);
-        for f in first..end {
+        for f in first.max(from)..end {
             if mask & (1 << (f - first)) != 0 {
                 self.transmit(hal, slot, f, true)?;
             }
         }
         Ok(())
+    }
+
+    /// Goes on with a resend the send side stopped (`SendCpu::on_loss_nack`):
+    /// from the frame it stopped at, then re-arms the group's timer.
+    pub(crate) fn finish_resend<H: Hal>(&mut self, hal: &mut H, now: u64, r: Resend) {
+        if self.send.tx.get(r.slot).is_none_or(|m| m.seq != r.seq) {
+            return;
+        }
+        if let Err(st) = self.resend_from(hal, r.slot, r.group, r.mask, r.from) {
+            return self.finish_tx(hal, now, r.slot, st);
+        }
+        if r.arm {
+            self.send_cpu().arm_group(now, r.slot, r.group, None);
+        }
     }
 
     pub(crate) fn on_group_timeout<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, stamp: u32) {
@@ -553,6 +573,20 @@ impl Nic {
             }
             self.after_send(hal, now);
         }
+        self.nack_rest(hal, now, peer, hdr, body, reason);
+    }
+
+    /// A NACK's step after what it acknowledges: what it says of the
+    /// message it names.
+    pub(crate) fn nack_rest<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        peer: u32,
+        hdr: &FrameHeader,
+        body: &AckBody,
+        reason: NackReason,
+    ) {
         let Some(slot) = self.send.find_tx(peer, hdr.msg_seq) else { return };
         let g = body.group;
         if g >= self.send.tx.get(slot).expect("live").groups.count() {
@@ -595,19 +629,10 @@ impl Nic {
     }
 
     fn on_loss_nack<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32, mask: u32) {
-        // Groups outside the window are acknowledged, or have nothing in flight.
-        let Some(&grp) = self.send.tx.get(slot).expect("live").groups.get(g) else { return };
-        // One fast retransmission per half RTO: a burst of NACKs costs one resend.
-        if grp.acked || grp.inflight == 0 || grp.nack_resend_ns.is_some_and(|t| now < t + self.cfg.rto_ns / 2) {
-            return;
+        if let Some(r) = self.send_cpu().on_loss_nack(hal, now, slot, g, mask) {
+            self.finish_resend(hal, now, r);
         }
-        self.send.tx.get_mut(slot).groups.get_mut(g).expect("live").nack_resend_ns = Some(now);
-        if let Err(st) = self.resend_group(hal, slot, g, mask) {
-            return self.finish_tx(hal, now, slot, st);
-        }
-        if grp.stamp != 0 {
-            self.send_cpu().arm_group(now, slot, g, None);
-        }
+        self.after_send(hal, now);
     }
 
     /// The receiver is alive but had no buffer for the message: resend
@@ -768,7 +793,63 @@ impl SendSide {
     }
 }
 
+/// A resend the send side stopped at a frame it cannot send alone
+/// (`SendStop`): group `group` of record `slot` (message `seq`), the frames
+/// `mask` names from frame `from` on, and whether the group's timer is
+/// re-armed after (`Nic::finish_resend`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Resend {
+    pub(crate) slot: u32,
+    pub(crate) seq: u32,
+    pub(crate) group: u32,
+    pub(crate) mask: u32,
+    pub(crate) from: u32,
+    pub(crate) arm: bool,
+}
+
 impl SendCpu<'_> {
+    /// A loss NACK for group `g` of record `slot`: the frames `mask` names
+    /// go again, once per half RTO (a burst of NACKs costs one resend),
+    /// and the group's timer is re-armed. `Some` when the resend stopped at
+    /// a frame the whole program must send: the rest of it.
+    pub(crate) fn on_loss_nack<H: Hal>(
+        &mut self,
+        hal: &mut H,
+        now: u64,
+        slot: u32,
+        g: u32,
+        mask: u32,
+    ) -> Option<Resend> {
+        // Groups outside the window are acknowledged, or have nothing in flight.
+        let m = self.send.tx.get(slot).expect("live");
+        let (seq, &grp) = (m.seq, m.groups.get(g)?);
+        if grp.acked || grp.inflight == 0 || grp.nack_resend_ns.is_some_and(|t| now < t + self.cfg.rto_ns / 2) {
+            return None;
+        }
+        self.send.tx.get_mut(slot).groups.get_mut(g).expect("live").nack_resend_ns = Some(now);
+        let arm = grp.stamp != 0;
+        match self.resend_group(hal, slot, g, mask) {
+            Err(st) => self.finish_tx(hal, slot, st),
+            Ok(Some(from)) => return Some(Resend { slot, seq, group: g, mask, from, arm }),
+            Ok(None) if arm => self.arm_group(now, slot, g, None),
+            Ok(None) => {}
+        }
+        None
+    }
+
+    /// Resends the frames of group `g` of record `slot` that `mask` names;
+    /// `Some(f)` when it stopped at frame `f` (nothing of it done).
+    fn resend_group<H: Hal>(&mut self, hal: &mut H, slot: u32, g: u32, mask: u32) -> Result<Option<u32>, Status> {
+        let m = self.send.tx.get(slot).expect("live");
+        let (first, end) = wire::group_range(self.cfg.group_size, m.frame_count, g);
+        for f in first..end.min(m.next_frame) {
+            if mask & (1 << (f - first)) != 0 && self.transmit(hal, slot, f, true)?.is_some() {
+                return Ok(Some(f));
+            }
+        }
+        Ok(None)
+    }
+
     /// Queues a validated send on its peer.
     pub(crate) fn enqueue_tx(&mut self, now: u64, port: u16, peer: u32, desc: LocalDesc) {
         self.enqueue_tx_as(now, port, peer, desc, None, None);

@@ -242,9 +242,10 @@ fn a_stream_runs_on_the_sides_entry_points_alone() {
     assert_eq!(p.counter(0, counter::MSGS_TX), 100);
 }
 
-/// Under DSR the receive side classifies an ACK and hands it to CPU A
-/// (receive ack's first half): at the sender, the ACK frames' batches run
-/// on the receive side alone too.
+/// Under DSR the receive side classifies an ACK or NACK and hands it to
+/// CPU A (receive ack's first half): at the sender, the ACK frames'
+/// batches run on the receive side alone too, and CPU A updates the send
+/// records and resends what loss NACKs name on the send side alone.
 #[test]
 fn under_dsr_the_senders_acks_are_classified_on_the_receive_side_alone() {
     let cfg = Config { cpu_plan: emp_uapi::image::cpu_plan::DSR, ..Config::default() };
@@ -254,8 +255,8 @@ fn under_dsr_the_senders_acks_are_classified_on_the_receive_side_alone() {
     let (_, batches, _) = p.world.nodes[0].nic.side_entries();
     let [_, (_, batches_whole)] = p.world.nodes[0].nic.entries();
     eprintln!("sender's ACK batches: {batches} alone, {batches_whole} whole");
-    // NACKs (every 20th DATA frame is lost) still need the whole program.
-    assert!(batches > batches_whole, "the sender's ACKs were classified alone");
+    // Every 20th DATA frame is lost: loss NACKs are classified alone too.
+    assert_eq!(batches_whole, 0, "the sender's ACKs and NACKs were classified alone ({batches} batches)");
     // And CPU A updated the send records from them on the send side alone.
     let runs = p.world.nodes[0].nic.side_queue_runs();
     eprintln!("sender's CPU A: {runs} queue runs on the send side alone");
