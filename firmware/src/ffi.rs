@@ -280,7 +280,7 @@ pub unsafe extern "C" fn emp_fw_describe(nic: *mut c_void, buf: *mut u8, cap: us
          descriptors taken alone {descs}, needing the whole program {descs_whole}\n  \
          entries: doorbells alone {doorbells}, doorbells with the program {doorbells_whole}; \
          frame batches alone {batches}, frame batches with the program {batches_whole}\n  \
-         sides alone: receive-side doorbells {recv_doorbells}, receive-side batches {recv_batches}, \
+         sides alone: receive-side rings and timers {recv_doorbells}, receive-side batches {recv_batches}, \
          send-side doorbells {send_doorbells}, send-side queue runs {queue_runs}\n",
         nic.occupancy(),
         nic.describe_peers(),
@@ -422,11 +422,11 @@ pub unsafe extern "C" fn emp_fw_recv_side_frames(
 /// # Safety
 /// As `emp_fw_recv_side_frames`.
 #[no_mangle]
-pub unsafe extern "C" fn emp_fw_recv_side_doorbell(nic: *mut c_void, hal: *const FwHal, _now: u64) -> u32 {
+pub unsafe extern "C" fn emp_fw_recv_side_doorbell(nic: *mut c_void, hal: *const FwHal, now: u64) -> u32 {
     // SAFETY: the caller guarantees `hal` is valid.
     let hal = unsafe { &*hal };
     // SAFETY: the caller holds the receive side.
-    side_result(guarded(hal, SideRun::default(), |h| unsafe { Nic::recv_side_doorbell(nic.cast(), h) }))
+    side_result(guarded(hal, SideRun::default(), |h| unsafe { Nic::recv_side_doorbell(nic.cast(), h, now) }))
 }
 
 /// A doorbell's send-side part, alone ([`Nic::send_side_doorbell`]).

@@ -808,8 +808,8 @@ pub(crate) struct RecvSide {
     /// begun: the whole program takes that frame without beginning it
     /// again (one step per frame in the CPUs' cost model).
     pub(crate) charged: bool,
-    /// Doorbells and frame batches it ran alone without stopping
-    /// (`Nic::side_entries`).
+    /// Its rings and timers (on a doorbell or a timer) and frame batches,
+    /// run alone without stopping (`Nic::side_entries`).
     pub(crate) alone: [u64; 2],
 }
 
@@ -848,6 +848,12 @@ impl RecvSide {
         earliest(self.ack_flush_at, self.sweep_at)
     }
 
+    /// The receive side's timer due first by `now`, left armed.
+    pub(crate) fn peek_expired(&self, now: u64) -> Option<RecvTimer> {
+        let at = self.next_deadline().filter(|&at| at <= now)?;
+        Some(if self.ack_flush_at == Some(at) { RecvTimer::AckFlush } else { RecvTimer::Sweep })
+    }
+
     /// Disarms and returns the receive side's timer due first if it is due
     /// by `now` and before `before` (the other timers' next deadline).
     fn take_expired(&mut self, now: u64, before: Option<u64>) -> Option<RecvTimer> {
@@ -877,7 +883,7 @@ impl RecvSide {
 
 /// The receive side's two timers: one deadline each, not a heap entry.
 #[derive(Clone, Copy, Debug)]
-enum RecvTimer {
+pub(crate) enum RecvTimer {
     AckFlush,
     Sweep,
 }

@@ -27,7 +27,7 @@ use crate::host::route_valid;
 use crate::recv_cpu::RecvCpu;
 use crate::sem::Shared;
 use crate::send_cpu::SendCpu;
-use crate::{sram_put_u32, CpuStep, Hal, Nic};
+use crate::{sram_put_u32, CpuStep, Hal, Nic, RecvTimer};
 
 /// What a side's entry point did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -151,18 +151,20 @@ impl Nic {
     }
 
     /// A doorbell's receive-side part, alone: the receive rings (probes,
-    /// cancels, receives, unexpected messages taken at once) and owed
+    /// cancels, receives, unexpected messages taken at once), the
+    /// coalesced ACKs due by `now` (its ACK-flush timer), and owed
     /// flow-control updates. `whole` when a ring stopped for the whole
-    /// program (retained headers wait).
+    /// program (retained headers wait), or its idle sweep is due (the
+    /// whole program's).
     ///
     /// # Safety
     /// As [`Nic::recv_side_frames`].
-    pub unsafe fn recv_side_doorbell<H: Hal>(this: *mut Nic, hal: &mut H) -> SideRun {
+    pub unsafe fn recv_side_doorbell<H: Hal>(this: *mut Nic, hal: &mut H, now: u64) -> SideRun {
         // SAFETY: the caller's contract is `RecvCpu::alone`'s; CPU A's
         // counts and the deadlines are atomics the receive side only reads
         // or owns.
         let (mut v, other) = unsafe { (RecvCpu::alone(this, 0), &*addr_of!((*this).counters)) };
-        let whole = v.rings_alone(hal);
+        let whole = v.timers_alone(hal, now) || v.rings_alone(hal);
         v.send_fc_updates(hal);
         if !whole {
             v.recv.alone[0] += 1;
@@ -204,7 +206,8 @@ impl Nic {
 
     /// CPU `cpu`'s queue, on the send side alone: its jobs (which need no
     /// record), then its work while that is receive ack's send-record half
-    /// (`Work::Ack`, which DSR's receive side hands it), then what the
+    /// (`Work::Ack`, which DSR's receive side hands it), then the send
+    /// side's timers due by `now` (`SendCpu::timers_alone`), then what the
     /// freed windows let go. Stops at the first other work, a failed job,
     /// or a finished record the whole program reports; refused messages an
     /// ACK lets go wait for it in `SendSide::resume`.
@@ -246,7 +249,7 @@ impl Nic {
             g.queues.ran_work(cpu, ran);
             whole |= g.queues.has_work(cpu);
         }
-        whole = whole || v.send_ready_alone(hal, now, stalled);
+        whole = whole || v.timers_alone(hal, now) || v.send_ready_alone(hal, now, stalled);
         if !whole {
             v.send.queue_runs_alone += 1;
         }
@@ -270,7 +273,7 @@ impl Nic {
     /// the whole program if either stopped.
     pub fn doorbell_by_sides<H: Hal>(&mut self, hal: &mut H, now: u64) {
         // SAFETY: `self` is borrowed uniquely: nothing else runs.
-        let recv = unsafe { Nic::recv_side_doorbell(self, hal) };
+        let recv = unsafe { Nic::recv_side_doorbell(self, hal, now) };
         // SAFETY: as above.
         if recv.whole || unsafe { Nic::send_side_doorbell(self, hal, now) }.whole {
             self.handle_doorbell(hal, now);
@@ -287,9 +290,26 @@ impl Nic {
         }
     }
 
-    /// Entries the sides ran alone (receive side: doorbells, frame
-    /// batches; send side: doorbells), beside the whole program's
-    /// ([`Nic::entries`]).
+    /// Timers due (or CPU A's queue) as a driver running the sides on
+    /// threads handles them: CPU A's queue and the send side's timers on
+    /// the send side, the receive side's due ACKs on the receive side, each
+    /// alone, then the whole program if either stopped or another timer
+    /// is due.
+    pub fn timeout_by_sides<H: Hal>(&mut self, hal: &mut H, now: u64) {
+        // SAFETY: `self` is borrowed uniquely: nothing else runs.
+        let send = unsafe { Nic::send_side_cpu(self, hal, now, 0) };
+        // SAFETY: as above.
+        let recv = unsafe { Nic::recv_side_doorbell(self, hal, now) };
+        // SAFETY: as above.
+        let due = unsafe { Nic::published_deadline(self) }.is_some_and(|at| at <= now);
+        if send.whole || recv.whole || due {
+            self.handle_timeout(hal, now);
+        }
+    }
+
+    /// Entries the sides ran alone (receive side: its rings and timers on
+    /// a doorbell or a timer, frame batches; send side: doorbells), beside
+    /// the whole program's ([`Nic::entries`]).
     pub fn side_entries(&self) -> (u64, u64, u64) {
         (self.recv.alone[0], self.recv.alone[1], self.send.doorbells_alone)
     }
@@ -355,6 +375,18 @@ impl RecvCpu<'_> {
             return Some(addr);
         }
         self.ports.iter().position(|p| p.open && p.addr == addr).map(|s| s as u16)
+    }
+
+    /// Sends the coalesced ACKs due by `now`; `true` when the idle sweep
+    /// is due (the whole program's: it may fail records of other layers).
+    fn timers_alone<H: Hal>(&mut self, hal: &mut H, now: u64) -> bool {
+        match self.recv.peek_expired(now) {
+            Some(RecvTimer::AckFlush) => self.on_ack_flush(hal, now),
+            Some(RecvTimer::Sweep) => return true,
+            None => return false,
+        }
+        // It re-arms only for ACKs due later: what is due now is the sweep.
+        self.recv.peek_expired(now).is_some()
     }
 
     /// Takes every running port's receive ring; `true` when one stopped

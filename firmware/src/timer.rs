@@ -157,6 +157,17 @@ impl<T: Copy + Ord> TimerHeap<T> {
         }
     }
 
+    /// The timer [`TimerHeap::pop_expired`] would return, left in place.
+    pub fn peek_expired(&self, now: u64) -> Option<&T> {
+        if self.next_deadline()? > now {
+            return None;
+        }
+        match self.first()? {
+            Some(i) => self.lanes[i].front().map(|e| &e.timer),
+            None => self.heap.peek().map(|Reverse(e)| &e.timer),
+        }
+    }
+
     /// Earliest deadline (possibly of a cancelled timer).
     pub fn next_deadline(&self) -> Option<u64> {
         match self.first()? {

@@ -445,15 +445,10 @@ impl Nic {
                 return;
             }
         }
-        self.count(counter::TIMEOUTS, 1);
-        if grp.retries >= self.cfg.retry_limit {
-            return self.finish_tx(hal, now, slot, Status::RetryLimitExceeded);
+        if let Some(r) = self.send_cpu().group_timeout(hal, now, slot, g) {
+            self.finish_resend(hal, now, r);
         }
-        self.send.tx.get_mut(slot).groups.get_mut(g).expect("live").retries += 1;
-        if let Err(st) = self.resend_group(hal, slot, g, u32::MAX) {
-            return self.finish_tx(hal, now, slot, st);
-        }
-        self.send_cpu().arm_group(now, slot, g, None);
+        self.after_send(hal, now);
     }
 
     /// The receiver retained message `slot`'s header: stop sending it,
@@ -835,6 +830,62 @@ impl SendCpu<'_> {
             Ok(None) => {}
         }
         None
+    }
+
+    /// A retransmission timeout of live group `g` of record `slot` (neither
+    /// held nor on a suspended port): counted, then the group goes again
+    /// and its timer is re-armed with backoff, or the record fails past its
+    /// retries. `Some` when the resend stopped at a frame the whole program
+    /// must send: the rest of it.
+    pub(crate) fn group_timeout<H: Hal>(&mut self, hal: &mut H, now: u64, slot: u32, g: u32) -> Option<Resend> {
+        self.count(counter::TIMEOUTS, 1);
+        let m = self.send.tx.get_mut(slot);
+        let seq = m.seq;
+        let grp = m.groups.get_mut(g).expect("live");
+        if grp.retries >= self.cfg.retry_limit {
+            self.finish_tx(hal, slot, Status::RetryLimitExceeded);
+            return None;
+        }
+        grp.retries += 1;
+        match self.resend_group(hal, slot, g, u32::MAX) {
+            Err(st) => self.finish_tx(hal, slot, st),
+            Ok(Some(from)) => return Some(Resend { slot, seq, group: g, mask: u32::MAX, from, arm: true }),
+            Ok(None) => self.arm_group(now, slot, g, None),
+        }
+        None
+    }
+
+    /// The send side's timers due by `now`, alone: retransmission timeouts
+    /// and flow-control probes, in deadline order. Stops, the timer left
+    /// armed, at a group whose message is held (its keepalive) or whose
+    /// port is suspended (the rewind): the whole program's. `true` when it
+    /// stopped, or left work to the whole program (a resend it could not
+    /// finish, a record's report).
+    pub(crate) fn timers_alone<H: Hal>(&mut self, hal: &mut H, now: u64) -> bool {
+        while let Some(&t) = self.send.timers.peek_expired(now) {
+            if let SendTimer::Group { slot, group, stamp } = t {
+                let live = self
+                    .send
+                    .tx
+                    .get(slot)
+                    .filter(|m| m.groups.get(group).is_some_and(|x| x.stamp == stamp && !x.acked));
+                if live.is_some_and(|m| m.held || self.ports[m.port as usize].suspended) {
+                    return true;
+                }
+                self.send.timers.pop_expired(now);
+                if live.is_some() {
+                    self.send.resend = self.group_timeout(hal, now, slot, group);
+                }
+            } else if let Some(SendTimer::FcProbe { peer }) = self.send.timers.pop_expired(now) {
+                if self.peers.get(peer as usize).is_some_and(Option::is_some) {
+                    self.send.mark_ready(peer);
+                }
+            }
+            if self.send.resend.is_some() || !self.send.done.is_empty() {
+                return true;
+            }
+        }
+        false
     }
 
     /// Resends the frames of group `g` of record `slot` that `mask` names;

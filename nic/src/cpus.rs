@@ -353,14 +353,18 @@ impl Core {
     }
 
     /// Timers due, or work waiting for CPU A (`deadline()` said 0): CPU A's
-    /// queue on the send side alone first, where the image and threads
-    /// allow (its jobs, the ACKs DSR's receive side handed it); the whole
-    /// program when that stops or a timer is due.
+    /// queue and the send side's timers on the send side alone first, then
+    /// the receive side's due ACKs on the receive side alone, where the
+    /// image and threads allow; the whole program when either stops or
+    /// another timer is due.
     pub(crate) fn timeout(&self, hw: &mut HwCtx, now: u64) {
         if let Some((s, st)) = &self.sides {
             self.wanted[0].store(false, Ordering::Release);
             // SAFETY: live state, valid hal; `side_call` holds the send side.
             let r = self.side_call(0, SEND_SIDE, hw, now, |s, st, hal| unsafe { (s.send_cpu)(st, hal, now, 0) });
+            // The receive side's due ACKs (and rings).
+            // SAFETY: as above, the receive side held.
+            let r = r | self.side_call(0, RECV_SIDE, hw, now, |s, st, hal| unsafe { (s.recv_doorbell)(st, hal, now) });
             // SAFETY: live state; the entry point takes no lock.
             let due = unsafe { (s.deadline)(st.0) } <= now;
             if r & fwabi::SIDE_WHOLE == 0 && !due {

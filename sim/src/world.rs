@@ -717,7 +717,11 @@ impl World {
             }
             Kind::Timer => {
                 self.nodes[node as usize].timer_at = None;
-                self.run_nic(node, 0, 0, |nic, hal, now| nic.handle_timeout(hal, now));
+                if self.sides {
+                    self.run_nic(node, 0, 0, |nic, hal, now| nic.timeout_by_sides(hal, now));
+                } else {
+                    self.run_nic(node, 0, 0, |nic, hal, now| nic.handle_timeout(hal, now));
+                }
             }
             Kind::Doorbell => {
                 self.nodes[node as usize].doorbell_at = None;

@@ -176,7 +176,7 @@ fn two_nic_cpu_threads_under_loss_every_plan() {
             // The sides' entry points, each holding only its side's lock:
             // the doorbells' and the received batches' common case.
             let sides = (
-                dumped(&dump, "receive-side doorbells "),
+                dumped(&dump, "receive-side rings and timers "),
                 dumped(&dump, "receive-side batches "),
                 dumped(&dump, "send-side doorbells "),
             );

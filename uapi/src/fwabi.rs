@@ -76,15 +76,17 @@ pub const SYM_CPU_WANTS_PROGRAM: &str = "emp_fw_cpu_wants_program";
 /// [`SYM_FRAMES`] takes the rest).
 pub const SYM_RECV_SIDE_FRAMES: &str = "emp_fw_recv_side_frames";
 /// `extern "C" fn(*mut c_void, *const FwHal, u64) -> u32`: a doorbell's
-/// receive-side part, alone (the receive rings).
+/// receive-side part, alone (the receive rings, and the coalesced ACKs due
+/// by then).
 pub const SYM_RECV_SIDE_DOORBELL: &str = "emp_fw_recv_side_doorbell";
 /// `extern "C" fn(*mut c_void, *const FwHal, u64) -> u32`: a doorbell's
 /// send-side part, alone (the send rings, then sending).
 pub const SYM_SEND_SIDE_DOORBELL: &str = "emp_fw_send_side_doorbell";
 /// `extern "C" fn(*mut c_void, *const FwHal, u64, u32) -> u32`: one NIC
-/// CPU's queue on the send side alone (its jobs, and the ACKs handed to
-/// it for the send records' update); the whole program's [`SYM_CPU`] runs
-/// what it leaves.
+/// CPU's queue on the send side alone (its jobs, the ACKs and loss NACKs
+/// handed to it for the send records' update, the send side's timers due
+/// by then); the whole program's [`SYM_CPU`] and [`SYM_TIMEOUT`] run what
+/// it leaves.
 pub const SYM_SEND_SIDE_CPU: &str = "emp_fw_send_side_cpu";
 /// `extern "C" fn(*mut c_void) -> u64`: the next timer deadline, as the
 /// sides and the whole program last published it; read holding no lock.
