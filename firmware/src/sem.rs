@@ -2,7 +2,7 @@
 //! semaphore for what both write). What both sides of the program write —
 //! the CQs' producer side, the MR cache, the hand-offs to other CPUs —
 //! is taken through it, per access, by a side running alone beside the
-//! other (`Nic::recv_side_frames`, `Nic::send_side_doorbell`); the whole
+//! other (the sides' entry points, `sides.rs`); the whole
 //! program holds every side, so its views reach the same structures
 //! directly ([`Shared::Held`]) and pay nothing.
 //!

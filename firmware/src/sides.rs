@@ -1,8 +1,9 @@
 //! The entry points a side runs alone (docs/nic-cpus.md, "Each CPU on its
 //! own side"): the thesis' DSR ran its two CPUs at once, each on its own
 //! part of the state, with the semaphore for what both write. Here a
-//! doorbell and a batch of received frames first run on the sides' views
-//! alone — the receive side's [`RecvCpu`], the send side's [`SendCpu`],
+//! doorbell, a batch of received frames, CPU A's queue and the sides'
+//! timers first run on the sides' views alone — the receive side's
+//! [`RecvCpu`], the send side's [`SendCpu`],
 //! each reaching what both write only through the semaphore
 //! ([`crate::sem`]) — and say when the whole program must go on
 //! ([`SideRun::whole`]), with nothing of the step they stopped at done.
@@ -12,7 +13,8 @@
 //! side's entry point holding only that side's: the receive side's while
 //! CPU A runs the send side's. The whole program's entry points
 //! (`Nic::handle_*`) need both. The safe wrappers
-//! ([`Nic::frames_by_sides`], [`Nic::doorbell_by_sides`]) do what such a
+//! ([`Nic::frames_by_sides`], [`Nic::doorbell_by_sides`],
+//! [`Nic::cpu_by_sides`], [`Nic::timeout_by_sides`]) do what such a
 //! driver does, for one thread (the simulator).
 
 use core::ptr::addr_of;
@@ -36,8 +38,9 @@ pub struct SideRun {
     /// the rest.
     pub taken: usize,
     /// The whole program must run next (`Nic::handle_frames` with the
-    /// frames not taken, or `Nic::handle_doorbell`): something needs more
-    /// than the side reaches.
+    /// frames not taken, `Nic::handle_doorbell`, `Nic::handle_cpu` or
+    /// `Nic::handle_timeout`, as the entry point was): something needs
+    /// more than the side reaches.
     pub whole: bool,
     /// CPUs with steps or jobs waiting, one bit each: what the caller
     /// wakes (beside its own).

@@ -6,10 +6,13 @@
 //! host thread: CPU A is the engine's thread (doorbells, timers, the wire),
 //! CPU B a thread of its own that runs B's queue and, when the plan
 //! classifies frames on B (DSR), the received frames. Like the Tigon2's two
-//! CPUs they share the control program's records, and one lock (`Core`'s
-//! `program`, the thesis' semaphore) admits one CPU to them at a time. What
-//! a CPU owns alone is its hardware context (its transmit outbox and frame
-//! buffers) and its jobs: data movement the other CPU queued in the
+//! CPUs they share the control program's records: each side of the
+//! program (send, receive) has a lock (`Core::side_locks`) a CPU holds
+//! while it runs that side's entry points alone, what both sides write is
+//! taken through the program's own semaphore per access, and the whole
+//! program (`Core::program`, then both sides' locks) admits one CPU at a
+//! time to everything. What a CPU owns alone is its hardware context (its
+//! transmit outbox and frame buffers) and its jobs: data movement the other CPU queued in the
 //! program's common area (a frame's headers and the host memory its payload
 //! is read from, a received payload and where it goes, an ACK, a receive's
 //! completion in the CQ slot the program took for it), which a CPU

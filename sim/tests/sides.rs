@@ -20,14 +20,8 @@ use emp_uapi::wire::Frame;
 #[test]
 fn a_streams_data_frames_are_taken_by_the_receive_side_alone() {
     let mut p = Pair::new(Config::default(), 1500, [1 << 20, 1 << 20]);
-    // Every 20th DATA frame is lost: retransmissions, gaps and NACKs too.
-    let mut data = 0u32;
-    p.world.drop_filter = Some(Box::new(move |_, _, bytes: &[u8]| {
-        matches!(Frame::parse(bytes), Ok(Frame::Data { .. })) && {
-            data += 1;
-            data % 20 == 0
-        }
-    }));
+    // Retransmissions, gaps and NACKs too.
+    lose_every_20th_data_frame(&mut p);
     const MSGS: u64 = 100;
     for i in 0..MSGS {
         // One-frame and three-frame messages, alternating.
@@ -174,6 +168,17 @@ fn remote_access_frames_after_the_first_are_the_receive_sides() {
     assert_eq!((alone0, alone1), (6, 6), "the rest were the receive side's");
 }
 
+/// Every 20th DATA frame on the wire is lost.
+fn lose_every_20th_data_frame(p: &mut Pair) {
+    let mut data = 0u32;
+    p.world.drop_filter = Some(Box::new(move |_, _, bytes: &[u8]| {
+        matches!(Frame::parse(bytes), Ok(Frame::Data { .. })) && {
+            data += 1;
+            data % 20 == 0
+        }
+    }));
+}
+
 /// The completions each node saw, in order: (opcode, tag, status).
 type Seen = [Vec<(u8, u64, u8)>; 2];
 
@@ -183,13 +188,7 @@ type Seen = [Vec<(u8, u64, u8)>; 2];
 fn stream(cfg: Config, sides: bool) -> (Pair, Seen) {
     let mut p = Pair::new(cfg, 1500, [1 << 20, 1 << 20]);
     p.world.sides = sides;
-    let mut data = 0u32;
-    p.world.drop_filter = Some(Box::new(move |_, _, bytes: &[u8]| {
-        matches!(Frame::parse(bytes), Ok(Frame::Data { .. })) && {
-            data += 1;
-            data % 20 == 0
-        }
-    }));
+    lose_every_20th_data_frame(&mut p);
     const MSGS: u64 = 100;
     let len = |i: u64| if i % 2 == 0 { 64 } else { 4000 };
     for i in 0..MSGS {

@@ -1172,6 +1172,24 @@ struct emp_attach_msg {
 #define EMP_FW_SYM_CPU_JOBS "emp_fw_cpu_jobs"
 /* uint32_t emp_fw_cpu_wants_program(const void *area, uint32_t cpu); nonzero: take the program */
 #define EMP_FW_SYM_CPU_WANTS_PROGRAM "emp_fw_cpu_wants_program"
+/* Optional, all five or none: the sides' entry points, each run holding one
+ * side of the program (send, receive) beside the other's; the whole
+ * program's entry points need both. Each returns EMP_FW_SIDE_WHOLE when
+ * the whole program must run next, and from bit EMP_FW_SIDE_WAKE_SHIFT the
+ * CPUs it queued steps for. */
+/* uint32_t emp_fw_recv_side_frames(void *nic, const struct emp_fw_hal *hal, uint64_t now,
+ *     const uint8_t *const *frames, const size_t *lens, size_t n, size_t *taken); */
+#define EMP_FW_SYM_RECV_SIDE_FRAMES "emp_fw_recv_side_frames"
+/* uint32_t emp_fw_recv_side_doorbell(void *nic, const struct emp_fw_hal *hal, uint64_t now); */
+#define EMP_FW_SYM_RECV_SIDE_DOORBELL "emp_fw_recv_side_doorbell"
+/* uint32_t emp_fw_send_side_doorbell(void *nic, const struct emp_fw_hal *hal, uint64_t now); */
+#define EMP_FW_SYM_SEND_SIDE_DOORBELL "emp_fw_send_side_doorbell"
+/* uint32_t emp_fw_send_side_cpu(void *nic, const struct emp_fw_hal *hal, uint64_t now, uint32_t cpu); */
+#define EMP_FW_SYM_SEND_SIDE_CPU "emp_fw_send_side_cpu"
+/* uint64_t emp_fw_deadline(void *nic); the next deadline as published, holding no lock */
+#define EMP_FW_SYM_DEADLINE "emp_fw_deadline"
+#define EMP_FW_SIDE_WHOLE 1U
+#define EMP_FW_SIDE_WAKE_SHIFT 8U
 
 /* A run of host memory by bus address. */
 struct emp_fw_host_seg {

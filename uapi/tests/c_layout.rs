@@ -682,6 +682,8 @@ fn constants() -> Vec<ConstDesc> {
         EMP_FIRMWARE_ABI = image::FIRMWARE_ABI,
         EMP_FW_HOST_SEGS_MAX = fwabi::HOST_SEGS_MAX,
         EMP_FW_DMA_WINDOW_SHIFT = fwabi::DMA_WINDOW_SHIFT,
+        EMP_FW_SIDE_WHOLE = fwabi::SIDE_WHOLE,
+        EMP_FW_SIDE_WAKE_SHIFT = fwabi::SIDE_WAKE_SHIFT,
         EMP_IMAGE_SIGNED_LEN = image::SIGNED_LEN,
         EMP_IMAGE_PAYLOAD_MAX = image::PAYLOAD_MAX,
         EMP_CPU_PLAN_BASE = cpu_plan::BASE,
@@ -845,6 +847,11 @@ fn string_constants() -> Vec<StrConstDesc> {
         EMP_FW_SYM_CPU_AREA_FREE = fwabi::SYM_CPU_AREA_FREE,
         EMP_FW_SYM_CPU_JOBS = fwabi::SYM_CPU_JOBS,
         EMP_FW_SYM_CPU_WANTS_PROGRAM = fwabi::SYM_CPU_WANTS_PROGRAM,
+        EMP_FW_SYM_RECV_SIDE_FRAMES = fwabi::SYM_RECV_SIDE_FRAMES,
+        EMP_FW_SYM_RECV_SIDE_DOORBELL = fwabi::SYM_RECV_SIDE_DOORBELL,
+        EMP_FW_SYM_SEND_SIDE_DOORBELL = fwabi::SYM_SEND_SIDE_DOORBELL,
+        EMP_FW_SYM_SEND_SIDE_CPU = fwabi::SYM_SEND_SIDE_CPU,
+        EMP_FW_SYM_DEADLINE = fwabi::SYM_DEADLINE,
     ]
 }
 
