@@ -226,11 +226,15 @@ pub unsafe extern "C" fn emp_fw_frames(
     lens: *const usize,
     n: usize,
 ) {
-    if n == 0 {
-        return;
-    }
-    // SAFETY: the caller guarantees `n` entries in each array.
-    let (frames, lens) = unsafe { (core::slice::from_raw_parts(frames, n), core::slice::from_raw_parts(lens, n)) };
+    // With none, what a batch leaves to do still runs: what the receive
+    // side, having taken every frame alone, stopped for
+    // (`emp_fw_recv_side_frames`).
+    let (frames, lens) = if n == 0 {
+        (&[][..], &[][..])
+    } else {
+        // SAFETY: the caller guarantees `n` entries in each array.
+        unsafe { (core::slice::from_raw_parts(frames, n), core::slice::from_raw_parts(lens, n)) }
+    };
     // SAFETY: the caller guarantees each frame is valid for its length.
     let bytes = frames.iter().zip(lens).map(|(&f, &len)| unsafe { core::slice::from_raw_parts(f, len) });
     // SAFETY: forwarded caller guarantees.

@@ -110,7 +110,7 @@ pub struct FwLib {
 
 impl FwLib {
     /// Hands the control program `frames`, in order, in calls of at most
-    /// [`FRAMES_PER_CALL`].
+    /// [`FRAMES_PER_CALL`] (one call when there are none).
     ///
     /// # Safety
     /// `state` is the program's live state and the caller holds it (the
@@ -122,8 +122,11 @@ impl FwLib {
         now: u64,
         frames: impl IntoIterator<Item = &'a Vec<u8>>,
     ) {
+        // At least one call: with no frames, the program still does what a
+        // batch leaves (what the receive side stopped for after taking
+        // every frame alone).
         let mut frames = frames.into_iter().peekable();
-        while frames.peek().is_some() {
+        loop {
             let (mut at, mut lens) = ([core::ptr::null::<u8>(); FRAMES_PER_CALL], [0usize; FRAMES_PER_CALL]);
             let mut n = 0;
             for f in frames.by_ref().take(FRAMES_PER_CALL) {
@@ -133,6 +136,9 @@ impl FwLib {
             // SAFETY: the caller's guarantees; `at[i]` is valid for `lens[i]`
             // bytes (borrowed from `frames` for the call), `n` entries each.
             unsafe { (self.frames)(state, hal, now, at.as_ptr(), lens.as_ptr(), n) };
+            if frames.peek().is_none() {
+                break;
+            }
         }
     }
 }
