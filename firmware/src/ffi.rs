@@ -229,6 +229,18 @@ pub unsafe extern "C" fn emp_fw_frames(
     // With none, what a batch leaves to do still runs: what the receive
     // side, having taken every frame alone, stopped for
     // (`emp_fw_recv_side_frames`).
+    // SAFETY: forwarded caller guarantees.
+    let bytes = unsafe { frame_slices(frames, lens, n) };
+    // SAFETY: forwarded caller guarantees.
+    unsafe { with_nic(nic, hal, |nic, h| nic.handle_frames(h, now, bytes)) }
+}
+
+/// The `n` frames of a frames call, as byte slices.
+///
+/// # Safety
+/// Unless `n` is 0, `frames` and `lens` hold `n` entries each, and
+/// `frames[i]` points to `lens[i]` readable bytes, valid for `'a`.
+unsafe fn frame_slices<'a>(frames: *const *const u8, lens: *const usize, n: usize) -> impl Iterator<Item = &'a [u8]> {
     let (frames, lens) = if n == 0 {
         (&[][..], &[][..])
     } else {
@@ -236,9 +248,7 @@ pub unsafe extern "C" fn emp_fw_frames(
         unsafe { (core::slice::from_raw_parts(frames, n), core::slice::from_raw_parts(lens, n)) }
     };
     // SAFETY: the caller guarantees each frame is valid for its length.
-    let bytes = frames.iter().zip(lens).map(|(&f, &len)| unsafe { core::slice::from_raw_parts(f, len) });
-    // SAFETY: forwarded caller guarantees.
-    unsafe { with_nic(nic, hal, |nic, h| nic.handle_frames(h, now, bytes)) }
+    frames.iter().zip(lens).map(|(&f, &len)| unsafe { core::slice::from_raw_parts(f, len) })
 }
 
 /// Timers may be due.
@@ -404,14 +414,8 @@ pub unsafe extern "C" fn emp_fw_recv_side_frames(
     n: usize,
     taken: *mut usize,
 ) -> u32 {
-    let (frames, lens) = if n == 0 {
-        (&[][..], &[][..])
-    } else {
-        // SAFETY: the caller guarantees `n` entries in each array.
-        unsafe { (core::slice::from_raw_parts(frames, n), core::slice::from_raw_parts(lens, n)) }
-    };
-    // SAFETY: the caller guarantees each frame is valid for its length.
-    let bytes = frames.iter().zip(lens).map(|(&f, &len)| unsafe { core::slice::from_raw_parts(f, len) });
+    // SAFETY: the caller's guarantees are `frame_slices`'.
+    let bytes = unsafe { frame_slices(frames, lens, n) };
     // SAFETY: the caller guarantees `hal` is valid.
     let hal = unsafe { &*hal };
     // SAFETY: the caller holds the receive side (the contract above).

@@ -619,6 +619,14 @@ pub(crate) struct Port {
     pub suspended: bool,
 }
 
+impl Port {
+    /// Its rings are taken: open, and not suspended (C1: a suspended
+    /// port's rings wait for its resume).
+    pub(crate) fn takes_rings(&self) -> bool {
+        self.open && !self.suspended
+    }
+}
+
 /// The send side's part of a port: its send ring.
 #[derive(Debug, Default)]
 pub(crate) struct PortSend {
@@ -1327,7 +1335,7 @@ impl Nic {
     fn poll_rings<H: Hal>(&mut self, hal: &mut H, now: u64) {
         for p in 0..self.ports.len() as u16 {
             // A suspended port's rings wait for its resume (C1).
-            if self.ports[p as usize].open && !self.ports[p as usize].suspended {
+            if self.ports[p as usize].takes_rings() {
                 self.consume_rings(hal, now, p);
             }
         }

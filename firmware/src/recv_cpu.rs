@@ -23,7 +23,7 @@ use crate::cpu::{cpu_of, job_segs, Job, Step, Work};
 use crate::cq::{Completer, Completion};
 use crate::mr::Buf;
 use crate::peer::AckHeld;
-use crate::sem::Shared;
+use crate::sem::{Guard, Shared};
 use crate::{Config, CpuStep, Hal, Nic, Peer, Port, RecvSide};
 
 /// The receive side and what it may reach (module doc).
@@ -91,12 +91,7 @@ impl<'a> RecvCpu<'a> {
                 peer_index: &*addr_of!((*this).peer_index),
                 cpu,
                 recv: &mut *addr_of_mut!((*this).recv),
-                shared: Shared::Taken {
-                    sem: &*addr_of!((*this).sem),
-                    cqs: addr_of_mut!((*this).cqs),
-                    mr: addr_of_mut!((*this).mr),
-                    queues: addr_of_mut!((*this).queues),
-                },
+                shared: Shared::taken(this),
                 ack_held: &*addr_of!((*this).ack_held),
             }
         }
@@ -210,33 +205,27 @@ impl RecvCpu<'_> {
     /// naming the slot to taking it, so the other side takes no slot
     /// between.
     pub(crate) fn complete_on(&mut self, hal: &mut impl Hal, cpu: u8, r: u32) -> bool {
-        let (port, id) = {
-            let m = self.recv.rx.get(r).expect("live");
-            (m.port, m.stamp)
-        };
         let mut shared = self.shared.lend();
-        let g = shared.lock();
-        let Some(cq) = g.cqs.next_slot(hal, self.layout, self.ports, g.mr, port) else {
-            drop(g);
-            self.shared = shared;
-            return false;
-        };
+        let done = self.complete_on_held(hal, &mut shared.lock(), cpu, r);
+        self.shared = shared;
+        done
+    }
+
+    /// [`RecvCpu::complete_on`], the semaphore held (`g`).
+    fn complete_on_held(&mut self, hal: &mut impl Hal, g: &mut Guard, cpu: u8, r: u32) -> bool {
+        let m = self.recv.rx.get(r).expect("live");
+        let (port, id) = (m.port, m.stamp);
+        let Some(cq) = g.cqs.next_slot(hal, self.layout, self.ports, g.mr, port) else { return false };
         let h = &mut self.recv.host_segs;
         h.clear();
         let io = g.mr.checked_io(hal, cq.checked, cq.off, Buf::Gather(Cqe::SIZE, h));
-        let Some(segs) = io.ok().and(crate::cpu::Segs::from_gathered(h)) else {
-            drop(g);
-            self.shared = shared;
-            return false;
-        };
+        let Some(segs) = io.ok().and(crate::cpu::Segs::from_gathered(h)) else { return false };
         let (port, c) = self.retire_recv(r, None);
         if let Some(cqe) = g.cqs.next_cqe(hal, self.cpu, self.ports, &self.recv.counters, port, c) {
             g.cqs.advance(hal, self.layout, port);
             let arm = self.layout.port(port).ctl(ctl::ARM) as u32;
             g.queues.push_job(hal, cpu, crate::cpu::Job::Complete { rx: (r, id), port, cqe, segs, arm });
         }
-        drop(g);
-        self.shared = shared;
         true
     }
 }

@@ -83,6 +83,28 @@ impl Drop for Guard<'_> {
     }
 }
 
+impl<'a> Shared<'a> {
+    /// The semaphore's structures of program `this`, for a side running
+    /// alone.
+    ///
+    /// # Safety
+    /// `this` is live for `'a`, and while the result lives nothing
+    /// reaches `cqs`, `mr` or `queues` but through the semaphore (the
+    /// whole program does not run).
+    pub(crate) unsafe fn taken(this: *mut crate::Nic) -> Shared<'a> {
+        use core::ptr::{addr_of, addr_of_mut};
+        // SAFETY: per the contract above; only field addresses are taken.
+        unsafe {
+            Shared::Taken {
+                sem: &*addr_of!((*this).sem),
+                cqs: addr_of_mut!((*this).cqs),
+                mr: addr_of_mut!((*this).mr),
+                queues: addr_of_mut!((*this).queues),
+            }
+        }
+    }
+}
+
 impl Shared<'_> {
     /// Takes the semaphore (when another side may run) for one access.
     pub(crate) fn lock(&mut self) -> Guard<'_> {

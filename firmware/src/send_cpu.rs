@@ -94,12 +94,7 @@ impl<'a> SendCpu<'a> {
                 peer_index: &*addr_of!((*this).peer_index),
                 cpu,
                 send: &mut *addr_of_mut!((*this).send),
-                shared: Shared::Taken {
-                    sem: &*addr_of!((*this).sem),
-                    cqs: addr_of_mut!((*this).cqs),
-                    mr: addr_of_mut!((*this).mr),
-                    queues: addr_of_mut!((*this).queues),
-                },
+                shared: Shared::taken(this),
                 counters: &*addr_of!((*this).counters),
                 ack_held: &*addr_of!((*this).ack_held),
                 frame_buf: &mut *addr_of_mut!((*this).frame_buf),

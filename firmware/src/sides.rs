@@ -72,6 +72,16 @@ impl Deadlines {
     }
 }
 
+/// Whether operations wait for a free send record, as the whole program
+/// last published it.
+///
+/// # Safety
+/// `this` is live. (An atomic only the whole program writes.)
+unsafe fn stalled(this: *const Nic) -> bool {
+    // SAFETY: per the contract above.
+    unsafe { &*addr_of!((*this).stalled) }.load(Ordering::Acquire)
+}
+
 /// The program's published deadlines, reached while sides run.
 ///
 /// # Safety
@@ -120,12 +130,8 @@ impl Nic {
         frames: impl IntoIterator<Item = &'f [u8]>,
     ) -> SideRun {
         // SAFETY: the caller's contract (above) is `RecvCpu::alone`'s; the
-        // configuration is only read; CPU A's counts are atomics the
-        // receive side only reads.
-        let (mut v, other) = unsafe {
-            let plan = (*addr_of!((*this).cfg)).cpu_plan;
-            (RecvCpu::alone(this, cpu_of(plan, Step::Classify)), &*addr_of!((*this).counters))
-        };
+        // configuration is only read.
+        let mut v = unsafe { RecvCpu::alone(this, cpu_of((*addr_of!((*this).cfg)).cpu_plan, Step::Classify)) };
         let mut run = SideRun::default();
         for bytes in frames {
             if !v.frame_alone(hal, now, bytes) {
@@ -146,11 +152,8 @@ impl Nic {
         if !run.whole {
             v.recv.alone[1] += 1;
         }
-        v.publish_alone(hal, other);
-        run.wake = v.shared.lock().queues.waiting();
         // SAFETY: `this` is live (the caller's contract).
-        unsafe { deadlines(this) }.set(RECV, v.recv.next_deadline());
-        run
+        SideRun { taken: run.taken, ..unsafe { v.end_alone(hal, this, run.whole) } }
     }
 
     /// A doorbell's receive-side part, alone: the receive rings (probes,
@@ -163,20 +166,15 @@ impl Nic {
     /// # Safety
     /// As [`Nic::recv_side_frames`].
     pub unsafe fn recv_side_doorbell<H: Hal>(this: *mut Nic, hal: &mut H, now: u64) -> SideRun {
-        // SAFETY: the caller's contract is `RecvCpu::alone`'s; CPU A's
-        // counts and the deadlines are atomics the receive side only reads
-        // or owns.
-        let (mut v, other) = unsafe { (RecvCpu::alone(this, 0), &*addr_of!((*this).counters)) };
+        // SAFETY: the caller's contract is `RecvCpu::alone`'s.
+        let mut v = unsafe { RecvCpu::alone(this, 0) };
         let whole = v.timers_alone(hal, now) || v.rings_alone(hal);
         v.send_fc_updates(hal);
         if !whole {
             v.recv.alone[0] += 1;
         }
-        v.publish_alone(hal, other);
-        let wake = v.shared.lock().queues.waiting();
         // SAFETY: `this` is live (the caller's contract).
-        unsafe { deadlines(this) }.set(RECV, v.recv.next_deadline());
-        SideRun { taken: 0, whole, wake }
+        unsafe { v.end_alone(hal, this, whole) }
     }
 
     /// A doorbell's send-side part, alone: plain sends taken from the send
@@ -191,12 +189,8 @@ impl Nic {
     /// program's entry points (the receive side's may run at once, on
     /// another thread).
     pub unsafe fn send_side_doorbell<H: Hal>(this: *mut Nic, hal: &mut H, now: u64) -> SideRun {
-        // SAFETY: the caller's contract is `SendCpu::alone`'s; the receive
-        // side's counts and the deadlines are atomics the send side only
-        // reads or owns.
-        let (mut v, other) = unsafe { (SendCpu::alone(this, 0), &*addr_of!((*this).recv.counters)) };
-        // SAFETY: the flag is an atomic the whole program writes.
-        let stalled = unsafe { &*addr_of!((*this).stalled) }.load(Ordering::Acquire);
+        // SAFETY: the caller's contract is `SendCpu::alone`'s.
+        let (mut v, stalled) = unsafe { (SendCpu::alone(this, 0), stalled(this)) };
         let whole = crate::host::admin_pending(hal, v.layout)
             || v.rings_alone(hal, now)
             || v.send_ready_alone(hal, now, stalled);
@@ -204,7 +198,7 @@ impl Nic {
             v.send.doorbells_alone += 1;
         }
         // SAFETY: `this` is live (the caller's contract).
-        unsafe { v.end_alone(hal, this, other, whole) }
+        unsafe { v.end_alone(hal, this, whole) }
     }
 
     /// CPU `cpu`'s queue, on the send side alone: its jobs (which need no
@@ -218,12 +212,8 @@ impl Nic {
     /// # Safety
     /// As [`Nic::send_side_doorbell`].
     pub unsafe fn send_side_cpu<H: Hal>(this: *mut Nic, hal: &mut H, now: u64, cpu: u8) -> SideRun {
-        // SAFETY: as in `send_side_doorbell`; the flag is an atomic the
-        // whole program writes.
-        let (mut v, other, stalled) = unsafe {
-            let stalled = (*addr_of!((*this).stalled)).load(Ordering::Acquire);
-            (SendCpu::alone(this, cpu), &*addr_of!((*this).recv.counters), stalled)
-        };
+        // SAFETY: as in `send_side_doorbell`.
+        let (mut v, stalled) = unsafe { (SendCpu::alone(this, cpu), stalled(this)) };
         let area = v.shared.lock().queues.area();
         area.run_jobs(hal, cpu as usize);
         let mut whole = area.failed_jobs(cpu as usize);
@@ -257,7 +247,7 @@ impl Nic {
             v.send.queue_runs_alone += 1;
         }
         // SAFETY: `this` is live (the caller's contract).
-        unsafe { v.end_alone(hal, this, other, whole) }
+        unsafe { v.end_alone(hal, this, whole) }
     }
 
     /// Received frames as a driver running the sides on threads handles
@@ -396,8 +386,7 @@ impl RecvCpu<'_> {
     /// for the whole program.
     fn rings_alone<H: Hal>(&mut self, hal: &mut H) -> bool {
         for p in 0..self.ports.len() as u16 {
-            let st = &self.ports[p as usize];
-            if !st.open || st.suspended {
+            if !self.ports[p as usize].takes_rings() {
                 continue;
             }
             let w = self.layout.port(p);
@@ -414,10 +403,21 @@ impl RecvCpu<'_> {
         false
     }
 
-    fn publish_alone<H: Hal>(&mut self, hal: &mut H, other: &Counters) {
+    /// Ends a call of the receive side alone: publishes, says whom to
+    /// wake, and publishes its next deadline.
+    ///
+    /// # Safety
+    /// `this` is the program this view was made from, live.
+    unsafe fn end_alone<H: Hal>(&mut self, hal: &mut H, this: *const Nic, whole: bool) -> SideRun {
+        // SAFETY: CPU A's counts are atomics the receive side only reads.
+        let other = unsafe { &*addr_of!((*this).counters) };
         let mut shared = self.shared.lend();
         publish_alone(hal, &mut shared, self.layout, self.ports, &self.recv.counters, other);
         self.shared = shared;
+        let wake = self.shared.lock().queues.waiting();
+        // SAFETY: per the contract above.
+        unsafe { deadlines(this) }.set(RECV, self.recv.next_deadline());
+        SideRun { taken: 0, whole, wake }
     }
 }
 
@@ -427,8 +427,7 @@ impl SendCpu<'_> {
     /// `SendSide::new_peer`).
     fn rings_alone<H: Hal>(&mut self, hal: &mut H, now: u64) -> bool {
         for p in 0..self.ports.len() as u16 {
-            let st = &self.ports[p as usize];
-            if !st.open || st.suspended {
+            if !self.ports[p as usize].takes_rings() {
                 continue;
             }
             let w = self.layout.port(p);
@@ -517,7 +516,10 @@ impl SendCpu<'_> {
     ///
     /// # Safety
     /// `this` is the program this view was made from, live.
-    unsafe fn end_alone<H: Hal>(&mut self, hal: &mut H, this: *const Nic, other: &Counters, whole: bool) -> SideRun {
+    unsafe fn end_alone<H: Hal>(&mut self, hal: &mut H, this: *const Nic, whole: bool) -> SideRun {
+        // SAFETY: the receive side's counts are atomics the send side only
+        // reads.
+        let other = unsafe { &*addr_of!((*this).recv.counters) };
         let mut shared = self.shared.lend();
         publish_alone(hal, &mut shared, self.layout, self.ports, self.counters, other);
         self.shared = shared;
